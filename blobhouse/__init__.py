@@ -1,0 +1,45 @@
+"""blobhouse: multimodal blob tables with cross-row dedup, stored as standard Lance 2.2 datasets.
+
+>>> import tempfile, pyarrow as pa
+>>> import blobhouse
+>>> rows = pa.table({"frame": [0, 1], "image": blobhouse.blob_array([b"jpeg", b"jpeg"])})
+>>> table = blobhouse.write_table(rows, tempfile.mkdtemp() + "/frames")
+>>> table.read_blobs("image", [1])
+[b'jpeg']
+"""
+
+from blobhouse.errors import (
+    BlobhouseError,
+    ExternalBlobError,
+    InvalidInputError,
+    RefIdConflictError,
+    SchemaError,
+    TableExistsError,
+    TableNotFoundError,
+)
+from blobhouse.placement import Kind, Placement
+from blobhouse.rangeio import REF_TYPE, BlobRef, open_ref, read_ranges
+from blobhouse.table import Table, open_table, write_table
+from blobhouse.values import Blob, blob_array, blob_field
+
+__all__ = [
+    "REF_TYPE",
+    "Blob",
+    "BlobRef",
+    "BlobhouseError",
+    "ExternalBlobError",
+    "InvalidInputError",
+    "Kind",
+    "Placement",
+    "RefIdConflictError",
+    "SchemaError",
+    "Table",
+    "TableExistsError",
+    "TableNotFoundError",
+    "blob_array",
+    "blob_field",
+    "open_ref",
+    "open_table",
+    "read_ranges",
+    "write_table",
+]

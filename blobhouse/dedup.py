@@ -1,0 +1,112 @@
+"""Dedup: which rows share one stored payload.
+
+Three modes, chosen per write (or per column):
+
+- ``"content"`` (default): byte-identical payloads share one copy (blake3-256 of the bytes).
+- ``"ref_id"``: rows with the same positive ref_id share one copy (seed 000). Unlike the seed,
+  every later row's bytes are checked against the first one's (size and hash): a mismatch is a
+  :class:`RefIdConflictError` naming column, ref_id and rows.
+- ``"off"``: every row stores its own copy.
+
+The scope is one data file: a :class:`DedupIndex` lives as long as the file being written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import blake3
+
+from blobhouse.errors import InvalidInputError, RefIdConflictError
+
+DedupMode = Literal["content", "ref_id", "off"]
+DEDUP_MODES: tuple[str, ...] = ("content", "ref_id", "off")
+
+
+def content_hash(payload: memoryview | bytes) -> bytes:
+    """blake3-256 of ``payload``.
+
+    >>> content_hash(b"abc").hex()[:16]
+    '6437b3ac38465133'
+    """
+    return blake3.blake3(payload).digest()
+
+
+def dedup_modes(dedup: str | Mapping[str, str], columns: list[str]) -> dict[str, DedupMode]:
+    """The dedup mode of each blob column: one mode for all, or a mapping column -> mode."""
+    if isinstance(dedup, str):
+        modes = dict.fromkeys(columns, dedup)
+    else:
+        unknown = set(dedup) - set(columns)
+        if unknown:
+            raise InvalidInputError(f"dedup names unknown blob column(s) {sorted(unknown)}")
+        modes = {c: dedup.get(c, "content") for c in columns}
+    for column, mode in modes.items():
+        if mode not in DEDUP_MODES:
+            raise InvalidInputError(
+                f"dedup mode {mode!r} for column {column!r}; choose one of {DEDUP_MODES}"
+            )
+    return modes  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What the first row of a shared payload looked like: checked against later rows."""
+
+    size: int
+    digest: bytes | None
+    row: int
+    external: tuple[str, int, int] | None = None
+
+
+class DedupIndex:
+    """Dedup keys seen in one data file, with the fingerprint of their first row.
+
+    >>> index = DedupIndex()
+    >>> key = index.key("content", "img", ref_id=None, digest=b"h")
+    >>> index.first_seen(key, Fingerprint(3, b"h", row=0), column="img", ref_id=None)
+    True
+    >>> index.first_seen(key, Fingerprint(3, b"h", row=5), column="img", ref_id=None)
+    False
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[Hashable, Fingerprint] = {}
+
+    @staticmethod
+    def key(mode: DedupMode, column: str, *, ref_id: int | None, digest: bytes | None) -> Hashable:
+        """The key rows share a payload by, or None when the row shares nothing."""
+        if mode == "ref_id":
+            return ("ref", column, ref_id) if ref_id else None
+        if mode == "content" and digest is not None:
+            return ("content", digest)
+        return None
+
+    def first_seen(
+        self, key: Hashable, fingerprint: Fingerprint, *, column: str, ref_id: int | None
+    ) -> bool:
+        """Record ``key``; True the first time. Later rows must match the first (ref_id mode)."""
+        first = self._seen.get(key)
+        if first is None:
+            self._seen[key] = fingerprint
+            return True
+        if (first.size, first.digest, first.external) != (
+            fingerprint.size,
+            fingerprint.digest,
+            fingerprint.external,
+        ):
+            raise RefIdConflictError(
+                f"blob column {column!r}: ref_id {ref_id} is used by row {first.row} "
+                f"({_describe(first)}) and row {fingerprint.row} ({_describe(fingerprint)}) "
+                "with different contents; rows sharing a ref_id must carry identical bytes"
+            )
+        return False
+
+
+def _describe(fp: Fingerprint) -> str:
+    if fp.external is not None:
+        uri, position, size = fp.external
+        return f"uri {uri} [{position}, +{size})"
+    return f"{fp.size} bytes, blake3 {fp.digest.hex()[:12] if fp.digest else '-'}"

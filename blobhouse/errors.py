@@ -1,0 +1,35 @@
+"""Errors raised by blobhouse.
+
+Every error that comes from bad input names what was wrong (column, row, ref_id, path)
+and is raised before anything is committed, so the table stays at its previous version.
+"""
+
+from __future__ import annotations
+
+
+class BlobhouseError(Exception):
+    """Base class of every error blobhouse raises on purpose."""
+
+
+class InvalidInputError(BlobhouseError, ValueError):
+    """Input data or options that blobhouse cannot write as asked."""
+
+
+class SchemaError(InvalidInputError):
+    """A schema that cannot hold blob columns as asked (unknown column, blob in a list...)."""
+
+
+class RefIdConflictError(InvalidInputError):
+    """Two rows share a ref_id but carry different bytes."""
+
+
+class ExternalBlobError(InvalidInputError):
+    """An external URI outside the table's allowed bases, missing, or with a bad range."""
+
+
+class TableExistsError(BlobhouseError, FileExistsError):
+    """``mode="create"`` on a table that already exists."""
+
+
+class TableNotFoundError(BlobhouseError, FileNotFoundError):
+    """Opening a table that does not exist."""

@@ -1,0 +1,499 @@
+"""Write pipeline: logical blob values -> dedup key -> placement -> prepared values -> data file.
+
+:func:`plan_write` resolves what a write means for a given input schema (which columns are blobs,
+their placement and dedup mode, the data file and table schemas). :class:`DataFileWriter` writes
+one Lance data file and its sidecars from logical batches, and :func:`write_data_files` splits a
+stream of batches into data files by rows and bytes. Everything below the plan is per data file,
+so the same code runs in a Python process and in a Spark task.
+
+Small payloads wait in a bounded window before they are placed: a payload that appears more
+than once in the window is packed once and shared instead of being inlined.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from lance.blob import blob_field as lance_blob_field
+from lance.fragment import DataFile, FragmentMetadata
+
+from blobhouse.dedup import DedupIndex, DedupMode, Fingerprint, content_hash, dedup_modes
+from blobhouse.errors import InvalidInputError, SchemaError
+from blobhouse.placement import (
+    AllowedBases,
+    Kind,
+    MiB,
+    Placement,
+    object_size,
+    placement_metadata,
+)
+from blobhouse.session import (
+    BlobSession,
+    PackedSidecar,
+    PreparedBlob,
+    prepared_array,
+    prepared_field,
+)
+from blobhouse.values import (
+    ColumnPath,
+    LogicalColumn,
+    find_blob_columns,
+    get_column,
+    get_field,
+    path_name,
+    replace_column,
+    replace_field,
+    stored_blob_columns,
+)
+
+DEFAULT_MAX_ROWS_PER_FILE = 1024 * 1024
+DEFAULT_MAX_BYTES_PER_FILE = 90 * 1024 * MiB
+WINDOW_BYTES = 64 * MiB
+
+
+@dataclass(frozen=True)
+class BlobColumnPlan:
+    """How one blob column is written."""
+
+    path: ColumnPath
+    placement: Placement
+    dedup: DedupMode
+    ref_id_column: str | None = None
+
+    @property
+    def name(self) -> str:
+        return path_name(self.path)
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """What a write means for one input schema: built once, used by every data file."""
+
+    columns: tuple[BlobColumnPlan, ...]
+    input_schema: pa.Schema
+    file_schema: pa.Schema
+    table_schema: pa.Schema
+    allowed_bases: AllowedBases = field(default_factory=AllowedBases)
+    max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE
+    max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE
+
+
+def plan_write(
+    input_schema: pa.Schema,
+    *,
+    blob_columns: Iterable[str] = (),
+    ref_id_columns: Mapping[str, str] | None = None,
+    dedup: str | Mapping[str, str] = "content",
+    placement: Mapping[str, Mapping[str, int]] | None = None,
+    table_schema: pa.Schema | None = None,
+    allowed_bases: AllowedBases | None = None,
+    max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE,
+    max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE,
+) -> WritePlan:
+    """Resolve a write of ``input_schema``; ``table_schema`` is the existing table's (append).
+
+    Placement of a column: ``placement[column]`` > the input field's metadata > the table's
+    field metadata > Lance's defaults.
+    """
+    if max_rows_per_file < 1 or max_bytes_per_file < 1:
+        raise InvalidInputError("max_rows_per_file and max_bytes_per_file must be positive")
+    named = set(blob_columns)
+    if table_schema is not None:
+        named |= {path_name(p) for p in stored_blob_columns(table_schema)}
+    paths = find_blob_columns(input_schema, sorted(named))
+    names = [path_name(p) for p in paths]
+    ref_id_columns = dict(ref_id_columns or {})
+    _check_ref_id_columns(input_schema, ref_id_columns, names)
+    placement = dict(placement or {})
+    unknown = set(placement) - set(names)
+    if unknown:
+        raise InvalidInputError(f"placement names unknown blob column(s) {sorted(unknown)}")
+    modes = dedup_modes(dedup, names)
+
+    columns = []
+    file_schema, new_table_schema = input_schema, input_schema
+    for path, name in zip(paths, names, strict=True):
+        in_field = get_field(input_schema, path)
+        column_placement = Placement()
+        if table_schema is not None:
+            column_placement = column_placement.updated(get_field(table_schema, path).metadata)
+        column_placement = column_placement.updated(in_field.metadata).updated(placement.get(name))
+        columns.append(
+            BlobColumnPlan(path, column_placement, modes[name], ref_id_columns.get(name))
+        )
+        file_schema = replace_field(file_schema, path, prepared_field(path[-1], in_field.nullable))
+        kept = _placement_to_keep(in_field, table_schema, path, placement.get(name))
+        table_field = lance_blob_field(path[-1], nullable=in_field.nullable)
+        new_table_schema = replace_field(
+            new_table_schema, path, table_field.with_metadata(kept) if kept else table_field
+        )
+    if table_schema is not None:
+        _check_same_schema(new_table_schema, table_schema)
+        new_table_schema = table_schema
+    return WritePlan(
+        columns=tuple(columns),
+        input_schema=input_schema,
+        file_schema=file_schema,
+        table_schema=new_table_schema,
+        allowed_bases=allowed_bases or AllowedBases(),
+        max_rows_per_file=max_rows_per_file,
+        max_bytes_per_file=max_bytes_per_file,
+    )
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A complete data file (and its sidecars), ready to be committed as a fragment."""
+
+    name: str
+    num_rows: int
+    size_bytes: int
+    sidecars: tuple[str, ...]
+    sidecar_bytes: int
+
+    def fragment(self, field_ids: list[int]) -> FragmentMetadata:
+        """Fragment metadata for this file; ``field_ids`` are the table's leaf field ids."""
+        data_file = DataFile(
+            self.name, field_ids, list(range(len(field_ids))), 2, 2, self.size_bytes
+        )
+        return FragmentMetadata(id=0, files=[data_file], physical_rows=self.num_rows)
+
+
+class DataFileWriter:
+    """Writes one Lance data file and its sidecars from logical batches.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse.values import blob_array
+    >>> batch = pa.record_batch({"img": blob_array([b"a" * 10, b"a" * 10])})
+    >>> writer = DataFileWriter(plan_write(batch.schema), tempfile.mkdtemp())
+    >>> writer.write(batch)
+    >>> written = writer.finish()
+    >>> written.num_rows, written.sidecar_bytes  # two rows, one shared copy
+    (2, 10)
+    """
+
+    def __init__(
+        self, plan: WritePlan, data_dir: str, storage_options: dict[str, str] | None = None
+    ) -> None:
+        self.plan = plan
+        self.session = BlobSession(f"{data_dir}/{uuid.uuid4().hex}.lance", storage_options)
+        index = DedupIndex()
+        self.placers = [
+            _ColumnPlacer(c, self.session, index, plan.allowed_bases) for c in plan.columns
+        ]
+        self.num_rows = 0
+        self._file_bytes = 0
+        self._writer = None
+        self._window: list[tuple[pa.RecordBatch, list[_Decided]]] = []
+        self._window_bytes = 0
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes handed to the data file and the sidecars so far."""
+        return self._file_bytes + sum(p.sidecar_bytes for p in self.placers)
+
+    def write(self, batch: pa.RecordBatch, first_row: int = 0) -> None:
+        """Add ``batch``; ``first_row`` is its first row's index in the whole write (errors)."""
+        decided = [p.decide(batch, first_row) for p in self.placers]
+        self._window.append((batch, decided))
+        self._window_bytes += batch.nbytes
+        self.num_rows += batch.num_rows
+        if self._window_bytes >= WINDOW_BYTES:
+            self._flush()
+
+    def finish(self) -> WrittenFile:
+        """Write what is pending, close the data file and its sidecars."""
+        self._flush()
+        for placer in self.placers:
+            placer.close()
+        writer = self._data_file()
+        writer.close()
+        return WrittenFile(
+            name=self.session.data_file_name,
+            num_rows=self.num_rows,
+            size_bytes=writer.size_bytes,
+            sidecars=tuple(self.session.sidecars),
+            sidecar_bytes=sum(p.sidecar_bytes for p in self.placers),
+        )
+
+    def abort(self) -> None:
+        """Remove everything this writer put on storage."""
+        self._writer = None
+        self.session.abort()
+
+    def _data_file(self):
+        if self._writer is None:
+            self._writer = self.session.open_data_file(self.plan.file_schema)
+        return self._writer
+
+    def _flush(self) -> None:
+        counts: Counter[Hashable] = Counter(
+            d.key
+            for _, decided in self._window
+            for column in decided
+            for d in column.values
+            if isinstance(d, _Pending) and d.key is not None
+        )
+        for batch, decided in self._window:
+            for placer, column in zip(self.placers, decided, strict=True):
+                values = placer.resolve(column, counts)
+                batch = replace_column(
+                    batch,
+                    placer.plan.path,
+                    prepared_array(values),
+                    get_field(self.plan.file_schema, placer.plan.path),
+                )
+            out = pa.RecordBatch.from_arrays(batch.columns, schema=self.plan.file_schema)
+            self._data_file().write_batch(out)
+            self._file_bytes += out.nbytes
+        self._window.clear()
+        self._window_bytes = 0
+
+
+def write_data_files(
+    batches: Iterable[pa.RecordBatch],
+    plan: WritePlan,
+    data_dir: str,
+    storage_options: dict[str, str] | None = None,
+) -> list[WrittenFile]:
+    """Write ``batches`` into as many data files as the plan's limits need.
+
+    On any error, every file written so far is removed and the error is raised.
+    """
+    written: list[WrittenFile] = []
+    writer: DataFileWriter | None = None
+    row = 0
+    try:
+        for batch in batches:
+            batch = _conform(batch, plan.input_schema)
+            by_bytes = max(1, int(batch.num_rows * WINDOW_BYTES / max(batch.nbytes, 1)))
+            start = 0
+            while start < batch.num_rows:
+                writer = writer or DataFileWriter(plan, data_dir, storage_options)
+                take = min(
+                    batch.num_rows - start, by_bytes, plan.max_rows_per_file - writer.num_rows
+                )
+                writer.write(batch.slice(start, take), first_row=row)
+                start += take
+                row += take
+                if (
+                    writer.num_rows >= plan.max_rows_per_file
+                    or writer.bytes_written >= plan.max_bytes_per_file
+                ):
+                    written.append(writer.finish())
+                    writer = None
+        if writer is not None:
+            written.append(writer.finish())
+            writer = None
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        remove_written(written, data_dir, storage_options)
+        raise
+    return written
+
+
+def remove_written(
+    files: Iterable[WrittenFile], data_dir: str, storage_options: dict[str, str] | None = None
+) -> None:
+    """Delete data files and sidecars that were written but will never be committed."""
+    for written in files:
+        session = BlobSession(f"{data_dir}/{written.name}", storage_options)
+        session.sidecars = list(written.sidecars)
+        session.abort()
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A small payload whose placement waits until its window is flushed."""
+
+    row: int
+    key: Hashable | None
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """One blob column of one batch: placed values, and small payloads still pending."""
+
+    column: LogicalColumn
+    values: list[PreparedBlob | _Pending | None]
+
+
+class _ColumnPlacer:
+    """Places the payloads of one blob column of one data file."""
+
+    def __init__(
+        self, plan: BlobColumnPlan, session: BlobSession, index: DedupIndex, bases: AllowedBases
+    ) -> None:
+        self.plan = plan
+        self.session = session
+        self.index = index
+        self.bases = bases
+        self.stored: dict[Hashable, PreparedBlob] = {}
+        self.inlined: set[Hashable] = set()
+        self.sidecar_bytes = 0
+        self._pack: PackedSidecar | None = None
+        self._object_sizes: dict[str, int] = {}
+
+    def decide(self, batch: pa.RecordBatch, first_row: int) -> _Decided:
+        """Place every row that can be placed now; small payloads wait as :class:`_Pending`."""
+        ref_ids = batch.column(self.plan.ref_id_column) if self.plan.ref_id_column else None
+        column = LogicalColumn(
+            get_column(batch, self.plan.path), self.plan.name, ref_ids, first_row=first_row
+        )
+        values = [self._decide_row(column, row, first_row + row) for row in range(column.length)]
+        return _Decided(column, values)
+
+    def resolve(self, decided: _Decided, counts: Counter) -> list[PreparedBlob | None]:
+        """Final values of one batch: pending payloads are packed if shared, else inlined."""
+        return [
+            self._resolve_pending(decided.column, v, counts) if isinstance(v, _Pending) else v
+            for v in decided.values
+        ]
+
+    def close(self) -> None:
+        if self._pack is not None:
+            self._pack.close()
+            self._pack = None
+
+    def _decide_row(self, column: LogicalColumn, row: int, global_row: int):
+        if not column.valid[row]:
+            return None
+        ref_id = column.ref_id[row] if column.ref_id is not None else None
+        if column.uri is not None and column.uri[row] is not None:
+            return self._external(column, row, global_row, ref_id)
+        payload = column.payload(row)
+        digest = None
+        if self.plan.dedup == "content" or (self.plan.dedup == "ref_id" and ref_id):
+            digest = content_hash(payload)
+        key = self.index.key(self.plan.dedup, self.plan.name, ref_id=ref_id, digest=digest)
+        if key is not None:
+            fingerprint = Fingerprint(len(payload), digest, global_row)
+            if not self.index.first_seen(key, fingerprint, column=self.plan.name, ref_id=ref_id):
+                if key in self.stored:
+                    return self.stored[key]
+                return _Pending(row, key)
+        if self.plan.placement.kind_for(len(payload), shared=False) == Kind.INLINE:
+            return _Pending(row, key)
+        value = self._store(payload, self.plan.placement.kind_for(len(payload), shared=True))
+        if key is not None:
+            self.stored[key] = value
+        return value
+
+    def _resolve_pending(
+        self, column: LogicalColumn, pending: _Pending, counts: Counter
+    ) -> PreparedBlob:
+        key = pending.key
+        if key in self.stored:
+            return self.stored[key]
+        payload = column.payload(pending.row)
+        if key is not None and (counts[key] > 1 or key in self.inlined):
+            value = self._store(payload, Kind.PACKED)
+            self.stored[key] = value
+            return value
+        if key is not None:
+            self.inlined.add(key)
+        return PreparedBlob(Kind.INLINE, size=len(payload), data=payload)
+
+    def _store(self, payload: memoryview, kind: Kind) -> PreparedBlob:
+        self.sidecar_bytes += len(payload)
+        if kind == Kind.DEDICATED:
+            sidecar = self.session.new_dedicated()
+            sidecar.write(payload)
+            return sidecar.finish()
+        limit = self.plan.placement.pack_file_size_threshold
+        if self._pack is not None and self._pack.size and self._pack.size + len(payload) > limit:
+            self._pack.close()
+            self._pack = None
+        if self._pack is None:
+            self._pack = self.session.new_packed()
+        return self._pack.write(payload)
+
+    def _external(
+        self, column: LogicalColumn, row: int, global_row: int, ref_id: int | None
+    ) -> PreparedBlob:
+        name = self.plan.name
+        uri = self.bases.check(column.uri[row], column=name, row=global_row)
+        if uri not in self._object_sizes:
+            self._object_sizes[uri] = object_size(uri, column=name, row=global_row)
+        object_bytes = self._object_sizes[uri]
+        position = column.position[row] if column.position is not None else None
+        size = column.size[row] if column.size is not None else None
+        if position is None:
+            position, size = 0, object_bytes
+        if position + size > object_bytes:
+            raise InvalidInputError(
+                f"blob column {name!r}, row {global_row}: range [{position}, +{size}) is past "
+                f"the end of {uri} ({object_bytes} bytes)"
+            )
+        if self.plan.dedup == "ref_id" and ref_id:
+            key = self.index.key("ref_id", name, ref_id=ref_id, digest=None)
+            fingerprint = Fingerprint(size, None, global_row, external=(uri, position, size))
+            self.index.first_seen(key, fingerprint, column=name, ref_id=ref_id)
+        return PreparedBlob(Kind.EXTERNAL, size=size, position=position, uri=uri)
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    if batch.schema == schema:
+        return batch
+    if batch.schema.names != schema.names:
+        raise SchemaError(
+            f"batch columns {batch.schema.names} differ from the first batch's {schema.names}"
+        )
+    try:
+        return batch.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SchemaError(f"batch schema differs from the first batch's: {exc}") from None
+
+
+def _check_ref_id_columns(
+    schema: pa.Schema, ref_id_columns: dict[str, str], names: list[str]
+) -> None:
+    for blob, ref in ref_id_columns.items():
+        if blob not in names:
+            raise SchemaError(
+                f"ref_id_columns names {blob!r}, which is not a blob column (blob columns: {names})"
+            )
+        if ref not in schema.names:
+            raise SchemaError(
+                f"ref_id column {ref!r} for blob column {blob!r} is not in the "
+                f"data (columns: {schema.names})"
+            )
+        if not pa.types.is_integer(schema.field(ref).type):
+            raise SchemaError(
+                f"ref_id column {ref!r} must be an integer column, got {schema.field(ref).type}"
+            )
+
+
+def _placement_to_keep(
+    in_field: pa.Field,
+    table_schema: pa.Schema | None,
+    path: ColumnPath,
+    write_overrides: Mapping[str, int] | None,
+) -> dict[bytes, bytes]:
+    """Placement metadata the table schema records for a column created by this write."""
+    kept = placement_metadata(in_field.metadata)
+    if table_schema is not None:
+        kept = {**placement_metadata(get_field(table_schema, path).metadata), **kept}
+    return {**kept, **Placement.overrides(**dict(write_overrides or {}))}
+
+
+def _check_same_schema(new: pa.Schema, existing: pa.Schema) -> None:
+    def shape(schema: pa.Schema) -> list[tuple[str, str]]:
+        return [(f.name, str(f.type)) for f in schema]
+
+    if shape(new) != shape(existing):
+        got = dict(shape(new))
+        want = dict(shape(existing))
+        diffs = [
+            f"{n}: table has {want.get(n, '-')}, data has {got.get(n, '-')}"
+            for n in dict.fromkeys([*want, *got])
+            if want.get(n) != got.get(n)
+        ]
+        if not diffs:
+            diffs = [f"column order: table {existing.names}, data {new.names}"]
+        raise SchemaError("data does not match the table's schema: " + "; ".join(diffs))

@@ -1,0 +1,172 @@
+"""Placement: where a payload goes (inline, packed, dedicated, external) and which URIs may be
+referenced.
+
+Thresholds equal Lance's defaults and are stored in Lance's own field metadata keys, so they
+are kept with the table and honoured by stock Lance writers too.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import posixpath
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from urllib.parse import unquote, urlsplit
+
+import pyarrow.fs as pafs
+
+from blobhouse.errors import ExternalBlobError, InvalidInputError
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+_META_KEYS = {
+    "inline_size_threshold": b"lance-encoding:blob-inline-size-threshold",
+    "dedicated_size_threshold": b"lance-encoding:blob-dedicated-size-threshold",
+    "pack_file_size_threshold": b"lance-encoding:blob-pack-file-size-threshold",
+}
+
+
+class Kind(enum.IntEnum):
+    """Blob v2 descriptor kinds as Lance stores them."""
+
+    INLINE = 0
+    PACKED = 1
+    DEDICATED = 2
+    EXTERNAL = 3
+    MANAGED = 4
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Size thresholds of one blob column.
+
+    As in Lance, a payload above ``dedicated_size_threshold`` gets a dedicated sidecar; else it
+    is inline when ``size <= inline_size_threshold``, packed otherwise. A payload several rows
+    share is never inline (an inline copy cannot be shared).
+
+    >>> Placement().kind_for(1000, shared=False).name, Placement().kind_for(1000, shared=True).name
+    ('INLINE', 'PACKED')
+    """
+
+    inline_size_threshold: int = 64 * KiB
+    dedicated_size_threshold: int = 4 * MiB
+    pack_file_size_threshold: int = 1 * GiB
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidInputError(f"{f.name} must be a non-negative int, got {value!r}")
+        if self.dedicated_size_threshold <= 0 or self.pack_file_size_threshold <= 0:
+            raise InvalidInputError("dedicated and pack file thresholds must be positive")
+
+    def kind_for(self, size: int, *, shared: bool) -> Kind:
+        """Where a payload of ``size`` bytes goes."""
+        if size > self.dedicated_size_threshold:
+            return Kind.DEDICATED
+        if size <= self.inline_size_threshold and not shared:
+            return Kind.INLINE
+        return Kind.PACKED
+
+    def updated(self, overrides: Mapping[bytes, bytes] | Mapping[str, int] | None) -> Placement:
+        """This placement with the thresholds in ``overrides`` (field metadata or kwargs)."""
+        if not overrides:
+            return self
+        changes: dict[str, int] = {}
+        for name, key in _META_KEYS.items():
+            if name in overrides:
+                changes[name] = overrides[name]  # type: ignore[index]
+            elif key in overrides:
+                changes[name] = int(overrides[key])  # type: ignore[index]
+        unknown = {k for k in overrides if isinstance(k, str)} - set(_META_KEYS)
+        if unknown:
+            raise InvalidInputError(
+                f"unknown placement option(s) {sorted(unknown)}; known: {sorted(_META_KEYS)}"
+            )
+        return replace(self, **changes)
+
+    @staticmethod
+    def overrides(**thresholds: int | None) -> dict[bytes, bytes]:
+        """Field metadata that records the given thresholds (None = not overridden)."""
+        given = {k: v for k, v in thresholds.items() if v is not None}
+        Placement().updated(given)  # validates names and values
+        return {_META_KEYS[k]: str(v).encode() for k, v in given.items()}
+
+
+def placement_metadata(metadata: Mapping[bytes, bytes] | None) -> dict[bytes, bytes]:
+    """The placement keys of a field's metadata."""
+    keys = set(_META_KEYS.values())
+    return {k: v for k, v in (metadata or {}).items() if k in keys}
+
+
+class AllowedBases:
+    """The URI prefixes external blobs may live under, kept with the table.
+
+    >>> bases = AllowedBases(["/data/videos"])
+    >>> bases.check("/data/videos/a.mp4", column="video", row=0)
+    'file:///data/videos/a.mp4'
+    """
+
+    def __init__(self, bases: Iterable[str] = ()) -> None:
+        self.bases = sorted({normalize_uri(b).rstrip("/") for b in bases})
+
+    def __bool__(self) -> bool:
+        return bool(self.bases)
+
+    def check(self, uri: str, *, column: str, row: int) -> str:
+        """The normalized form of ``uri``, or :class:`ExternalBlobError` if not allowed."""
+        try:
+            normalized = normalize_uri(uri)
+        except InvalidInputError as exc:
+            raise ExternalBlobError(f"blob column {column!r}, row {row}: {exc}") from None
+        for base in self.bases:
+            if normalized.startswith(base + "/"):
+                return normalized
+        allowed = self.bases or "none (pass allowed_bases=[...] when creating the table)"
+        raise ExternalBlobError(
+            f"blob column {column!r}, row {row}: external uri {uri!r} is outside the "
+            f"table's allowed bases; allowed: {allowed}"
+        )
+
+
+def normalize_uri(uri: str) -> str:
+    """An absolute URI with ``.`` and ``..`` resolved; local paths become ``file://`` URIs.
+
+    >>> normalize_uri("/a/b/../c")
+    'file:///a/c'
+    """
+    parts = urlsplit(uri)
+    if parts.scheme in ("", "file"):
+        path = unquote(parts.path) if parts.scheme else uri
+        if not path:
+            raise InvalidInputError(f"empty path in uri {uri!r}")
+        return "file://" + os.path.realpath(os.path.abspath(path))
+    if not parts.netloc:
+        raise InvalidInputError(f"uri {uri!r} has no bucket or host")
+    path = posixpath.normpath("/" + parts.path.lstrip("/")) if parts.path else ""
+    return f"{parts.scheme}://{parts.netloc}{path if path != '/' else ''}"
+
+
+def uri_to_path(uri: str) -> str:
+    """The local path of a ``file://`` URI (other URIs unchanged)."""
+    return unquote(urlsplit(uri).path) if uri.startswith("file://") else uri
+
+
+def object_size(uri: str, *, column: str, row: int) -> int:
+    """Size in bytes of the object at ``uri``; :class:`ExternalBlobError` if it is missing."""
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+        info = fs.get_file_info(path)
+    except (OSError, ValueError) as exc:
+        raise ExternalBlobError(
+            f"blob column {column!r}, row {row}: cannot stat external uri {uri!r}: {exc}"
+        ) from None
+    if info.type != pafs.FileType.File:
+        raise ExternalBlobError(
+            f"blob column {column!r}, row {row}: external uri {uri!r} does not exist "
+            "or is not a file"
+        )
+    return info.size

@@ -1,0 +1,419 @@
+"""Table: create / append / overwrite blob tables, read them back, one Lance transaction per write.
+
+A blobhouse table is a standard Lance 2.2 dataset. Its schema metadata ``blobhouse`` keeps the
+table's settings (the allowed external bases); stock Lance readers ignore it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import chain
+from typing import Any, BinaryIO, Literal
+
+import lance
+import pyarrow as pa
+from lance import LanceDataset, LanceOperation
+from lance.schema import LanceSchema
+
+from blobhouse.errors import InvalidInputError, TableExistsError, TableNotFoundError
+from blobhouse.pipeline import (
+    DEFAULT_MAX_BYTES_PER_FILE,
+    DEFAULT_MAX_ROWS_PER_FILE,
+    plan_write,
+    remove_written,
+    write_data_files,
+)
+from blobhouse.placement import AllowedBases, uri_to_path
+from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, refs_from_arrow
+from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
+from blobhouse.values import (
+    Blob,
+    ColumnPath,
+    blob_array,
+    get_column,
+    path_name,
+    replace_column,
+    replace_field,
+    stored_blob_columns,
+)
+
+BlobsMode = Literal["refs", "bytes", "descriptors"]
+WriteMode = Literal["create", "append", "overwrite"]
+_META_KEY = b"blobhouse"
+_ROW_ADDRESS = "_rowaddr"
+
+
+def write_table(
+    data: Any,
+    uri: str,
+    *,
+    mode: WriteMode = "create",
+    blob_columns: Sequence[str] = (),
+    ref_id_columns: Mapping[str, str] | None = None,
+    dedup: str | Mapping[str, str] = "content",
+    placement: Mapping[str, Mapping[str, int]] | None = None,
+    allowed_bases: Sequence[str] | None = None,
+    max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE,
+    max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE,
+    storage_options: dict[str, str] | None = None,
+) -> Table:
+    """Write ``data`` to the blob table at ``uri`` in one Lance transaction.
+
+    ``data`` is a pyarrow Table, RecordBatch, RecordBatchReader, iterable of RecordBatches, or a
+    pandas DataFrame. ``mode="append"`` creates the table when it is missing. If anything fails,
+    the table stays at its previous version and what this call wrote is removed.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> frames = pa.table({"frame": [0, 1, 2], "image": blob_array([b"cat"] * 3)})
+    >>> table = write_table(frames, tempfile.mkdtemp() + "/t")
+    >>> table.read_blobs("image", [0, 2])
+    [b'cat', b'cat']
+    """
+    if mode not in ("create", "append", "overwrite"):
+        raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
+    path, root_uri = _table_root(uri)
+    existing = _open_dataset(path, None, storage_options)
+    if mode == "create" and existing is not None:
+        raise TableExistsError(f"table {uri} already exists (use mode='append' or 'overwrite')")
+    appending = mode == "append" and existing is not None
+    bases = _allowed_bases(existing, allowed_bases, appending)
+    schema, batches = _input_stream(data)
+    plan = plan_write(
+        schema,
+        blob_columns=blob_columns,
+        ref_id_columns=ref_id_columns,
+        dedup=dedup,
+        placement=placement,
+        table_schema=existing.schema if appending else None,
+        allowed_bases=bases,
+        max_rows_per_file=max_rows_per_file,
+        max_bytes_per_file=max_bytes_per_file,
+    )
+    data_dir = f"{path}/data"
+    written = write_data_files(batches, plan, data_dir, storage_options)
+    try:
+        if appending:
+            ids = leaf_field_ids(existing.lance_schema.fields())
+            operation = LanceOperation.Append([w.fragment(ids) for w in written])
+        else:
+            table_schema = plan.table_schema.with_metadata({_META_KEY: _settings(bases)})
+            ids = leaf_field_ids(LanceSchema.from_pyarrow(table_schema).fields())
+            operation = LanceOperation.Overwrite(table_schema, [w.fragment(ids) for w in written])
+        dataset = LanceDataset.commit(
+            path,
+            operation,
+            read_version=existing.version if existing is not None else None,
+            storage_options=storage_options,
+        )
+    except BaseException:
+        remove_written(written, data_dir, storage_options)
+        raise
+    return Table(dataset, root_uri, storage_options)
+
+
+def open_table(
+    uri: str, version: int | None = None, storage_options: dict[str, str] | None = None
+) -> Table:
+    """Open the table at ``uri``, at its latest version or at ``version``.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, open_table, write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> _ = write_table(pa.table({"image": blob_array([b"x"])}), uri)
+    >>> open_table(uri).count_rows()
+    1
+    """
+    path, root_uri = _table_root(uri)
+    dataset = _open_dataset(path, version, storage_options)
+    if dataset is None:
+        at = f" at version {version}" if version is not None else ""
+        raise TableNotFoundError(f"no table at {uri}{at}")
+    return Table(dataset, root_uri, storage_options)
+
+
+class Table:
+    """A blob table at one version. Blob columns read as references unless asked otherwise.
+
+    ``blobs`` selects how blob columns come back: ``"refs"`` (``struct<uri, position, size>``,
+    absolute and self-contained), ``"bytes"`` (``large_binary``), or ``"descriptors"`` (Lance's
+    stored descriptors).
+    """
+
+    def __init__(
+        self, dataset: LanceDataset, root_uri: str, storage_options: dict[str, str] | None = None
+    ) -> None:
+        self.dataset = dataset
+        self.uri = root_uri
+        self.storage_options = storage_options
+        self._resolver: ReferenceResolver | None = None
+
+    def __repr__(self) -> str:
+        return f"Table({self.uri!r}, version={self.version}, rows={self.count_rows()})"
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table's Lance schema (blob columns as Lance blob fields)."""
+        return self.dataset.schema
+
+    @property
+    def version(self) -> int:
+        return self.dataset.version
+
+    @property
+    def blob_columns(self) -> list[str]:
+        """Names of the blob columns (``parent.child`` inside structs)."""
+        return [path_name(p) for p in stored_blob_columns(self.schema)]
+
+    @property
+    def allowed_bases(self) -> list[str]:
+        """URI prefixes external blobs of this table may live under."""
+        return list(_settings_of(self.schema).get("allowed_bases", []))
+
+    def versions(self) -> list[dict]:
+        """Every version of the table (``version``, ``timestamp``, ``metadata``)."""
+        return self.dataset.versions()
+
+    def checkout(self, version: int) -> Table:
+        """This table at another version."""
+        return open_table(self.uri, version, self.storage_options)
+
+    def count_rows(self, filter: str | None = None) -> int:
+        return self.dataset.count_rows(filter)
+
+    def delete(self, filter: str) -> None:
+        """Delete the rows matching the SQL ``filter``, as a new version."""
+        self.dataset.delete(filter)
+        self._resolver = None
+
+    def scan(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        blobs: BlobsMode = "refs",
+        batch_size: int | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream the table as record batches (memory stays bounded by the batch size)."""
+        columns, paths = self._selection(columns, blobs)
+        scanner = self.dataset.scanner(
+            columns=columns,
+            filter=filter,
+            batch_size=batch_size,
+            with_row_address=bool(paths),
+        )
+        for batch in scanner.to_batches():
+            yield self._convert(batch, paths, blobs)
+
+    def to_arrow(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        blobs: BlobsMode = "refs",
+    ) -> pa.Table:
+        """The table (or the selected columns / rows) as a pyarrow Table.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"id": [1, 2], "img": blob_array([b"a", b"b"])}),
+        ...                 tempfile.mkdtemp() + "/t")
+        >>> t.to_arrow(filter="id = 2", blobs="bytes").to_pylist()
+        [{'id': 2, 'img': b'b'}]
+        """
+        batches = list(self.scan(columns, filter, blobs))
+        if batches:
+            return pa.Table.from_batches(batches)
+        return self._empty(columns, blobs)
+
+    def take(
+        self,
+        indices: Sequence[int],
+        columns: Sequence[str] | None = None,
+        blobs: BlobsMode = "refs",
+    ) -> pa.Table:
+        """Rows at ``indices`` (positions among the live rows), in the order asked."""
+        indices = self._check_indices(indices)
+        columns, paths = self._selection(columns, blobs)
+        extra = [_ROW_ADDRESS] if paths else []
+        taken = self.dataset.take(indices, columns=[*columns, *extra])
+        batches = [self._convert(b, paths, blobs) for b in taken.to_batches()]
+        if batches:
+            return pa.Table.from_batches(batches)
+        return self._empty(columns, blobs)
+
+    def blob_refs(self, column: str, indices: Sequence[int]) -> pa.StructArray:
+        """Resolved references ``struct<uri, position, size>`` of ``column`` at ``indices``."""
+        path = self._blob_path(column)
+        taken = self.take(indices, columns=[path[0]], blobs="refs")
+        return (
+            get_column(taken.combine_chunks().to_batches()[0], path)
+            if len(taken)
+            else (pa.array([], type=REF_TYPE))
+        )
+
+    def read_blobs(self, column: str, indices: Sequence[int]) -> list[bytes | None]:
+        """The bytes of ``column`` at ``indices`` (None for null), with coalesced ranged reads."""
+        return read_ranges(refs_from_arrow(self.blob_refs(column, indices)))
+
+    def open_blob(self, column: str, index: int) -> BinaryIO | None:
+        """A seekable file object over one blob (None if the value is null)."""
+        (ref,) = refs_from_arrow(self.blob_refs(column, [index]))
+        return None if ref is None else open_ref(ref)
+
+    def stats(self) -> dict:
+        """Per blob column and kind: logical bytes, physical bytes and dedup ratio."""
+        from blobhouse.maintenance import blob_stats
+
+        return blob_stats(self)
+
+    def resolver(self) -> ReferenceResolver:
+        if self._resolver is None:
+            self._resolver = ReferenceResolver(self.dataset, self.uri)
+        return self._resolver
+
+    def _blob_path(self, column: str) -> ColumnPath:
+        path = tuple(column.split("."))
+        if path not in stored_blob_columns(self.schema):
+            raise InvalidInputError(
+                f"{column!r} is not a blob column of this table (blob columns: {self.blob_columns})"
+            )
+        return path
+
+    def _selection(
+        self, columns: Sequence[str] | None, blobs: str
+    ) -> tuple[list[str], list[ColumnPath]]:
+        if blobs not in ("refs", "bytes", "descriptors"):
+            raise InvalidInputError(
+                f"blobs must be 'refs', 'bytes' or 'descriptors', got {blobs!r}"
+            )
+        columns = list(columns) if columns is not None else list(self.schema.names)
+        unknown = [c for c in columns if c not in self.schema.names]
+        if unknown:
+            raise InvalidInputError(f"unknown column(s) {unknown}; columns: {self.schema.names}")
+        if blobs == "descriptors":
+            return columns, []
+        return columns, [p for p in stored_blob_columns(self.schema) if p[0] in columns]
+
+    def _check_indices(self, indices: Sequence[int]) -> list[int]:
+        indices = [int(i) for i in indices]
+        rows = self.count_rows()
+        bad = [i for i in indices if not 0 <= i < rows]
+        if bad:
+            raise IndexError(f"row indices {bad[:5]} out of range for a table of {rows} rows")
+        return indices
+
+    def _convert(
+        self, batch: pa.RecordBatch, paths: list[ColumnPath], blobs: str
+    ) -> pa.RecordBatch:
+        if not paths:
+            return batch
+        addresses = batch.column(_ROW_ADDRESS)
+        for path in paths:
+            refs = self.resolver().resolve(
+                get_column(batch, path), addresses, field_id(self.dataset, path)
+            )
+            if blobs == "bytes":
+                values = pa.array(read_ranges(refs_from_arrow(refs)), type=pa.large_binary())
+                batch = replace_column(batch, path, values, pa.field(path[-1], pa.large_binary()))
+            else:
+                batch = replace_column(batch, path, refs, pa.field(path[-1], REF_TYPE))
+        return batch.drop_columns([_ROW_ADDRESS])
+
+    def _empty(self, columns: Sequence[str] | None, blobs: str) -> pa.Table:
+        columns, paths = self._selection(columns, blobs)
+        schema = self.dataset.scanner(columns=columns).projected_schema
+        out_type = pa.large_binary() if blobs == "bytes" else REF_TYPE
+        for path in paths:
+            schema = replace_field(schema, path, pa.field(path[-1], out_type))
+        return schema.empty_table()
+
+
+def _table_root(uri: str) -> tuple[str, str]:
+    """(path Lance opens, absolute URI references are built from) of a table URI."""
+    if "://" not in uri or uri.startswith("file://"):
+        path = os.path.abspath(uri_to_path(uri))
+        return path, "file://" + path
+    return uri.rstrip("/"), uri.rstrip("/")
+
+
+def _open_dataset(
+    path: str, version: int | None, storage_options: dict[str, str] | None
+) -> LanceDataset | None:
+    if "://" not in path and not os.path.isdir(os.path.join(path, "_versions")):
+        return None
+    try:
+        return lance.dataset(path, version=version, storage_options=storage_options)
+    except (ValueError, OSError) as exc:
+        if "not found" in str(exc).lower() or "does not exist" in str(exc).lower():
+            return None
+        raise
+
+
+def _settings(bases: AllowedBases) -> bytes:
+    return json.dumps({"format": 1, "allowed_bases": bases.bases}).encode()
+
+
+def _settings_of(schema: pa.Schema) -> dict:
+    raw = (schema.metadata or {}).get(_META_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def _allowed_bases(
+    existing: LanceDataset | None, given: Sequence[str] | None, appending: bool
+) -> AllowedBases:
+    kept = (
+        AllowedBases(_settings_of(existing.schema).get("allowed_bases", []))
+        if existing
+        else (AllowedBases())
+    )
+    if given is None:
+        return kept
+    requested = AllowedBases(given)
+    if appending and requested.bases != kept.bases:
+        raise InvalidInputError(
+            f"allowed_bases are set when a table is created or overwritten; this table's are "
+            f"{kept.bases}, the append asked for {requested.bases}"
+        )
+    return requested
+
+
+def _input_stream(data: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """Schema and batches of any accepted input, without materializing a stream."""
+    if _is_pandas(data):
+        data = _from_pandas(data)
+    if isinstance(data, pa.Table):
+        return data.schema, iter(data.to_batches())
+    if isinstance(data, pa.RecordBatch):
+        return data.schema, iter([data])
+    if isinstance(data, pa.RecordBatchReader):
+        return data.schema, iter(data)
+    if isinstance(data, Iterable) and not isinstance(data, str | bytes | dict):
+        batches = iter(data)
+        first = next(batches, None)
+        if not isinstance(first, pa.RecordBatch):
+            raise InvalidInputError(
+                "an iterable input must yield pyarrow RecordBatches (got "
+                f"{type(first).__name__}); pass a pyarrow Table to write an empty table"
+            )
+        return first.schema, chain([first], batches)
+    raise InvalidInputError(
+        f"cannot write a {type(data).__name__}; pass a pyarrow Table, RecordBatch, "
+        "RecordBatchReader, iterable of RecordBatches, or a pandas DataFrame"
+    )
+
+
+def _is_pandas(data: Any) -> bool:
+    return type(data).__module__.startswith("pandas") and type(data).__name__ == "DataFrame"
+
+
+def _from_pandas(frame) -> pa.Table:
+    """A pandas DataFrame as Arrow; object columns holding :class:`Blob` become blob arrays."""
+    columns = {}
+    for name in frame.columns:
+        values = frame[name]
+        if values.dtype == object and any(isinstance(v, Blob) for v in values):
+            columns[name] = blob_array(values.tolist())
+        else:
+            columns[name] = pa.Array.from_pandas(values)
+    return pa.table(columns)
