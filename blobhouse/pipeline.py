@@ -222,7 +222,10 @@ class DataFileWriter:
 
     def abort(self) -> None:
         """Remove everything this writer put on storage."""
+        # drop open writers first: Lance removes their temporary files when they are dropped
         self._writer = None
+        for placer in self.placers:
+            placer.discard()
         self.session.abort()
 
     def _data_file(self):
@@ -244,7 +247,7 @@ class DataFileWriter:
                 batch = replace_column(
                     batch,
                     placer.plan.path,
-                    prepared_array(values),
+                    prepared_array(values, column.column.data),
                     get_field(self.plan.file_schema, placer.plan.path),
                 )
             out = pa.RecordBatch.from_arrays(batch.columns, schema=self.plan.file_schema)
@@ -360,6 +363,9 @@ class _ColumnPlacer:
             self._pack.close()
             self._pack = None
 
+    def discard(self) -> None:
+        self._pack = None
+
     def _decide_row(self, column: LogicalColumn, row: int, global_row: int):
         if not column.valid[row]:
             return None
@@ -397,7 +403,7 @@ class _ColumnPlacer:
             return value
         if key is not None:
             self.inlined.add(key)
-        return PreparedBlob(Kind.INLINE, size=len(payload), data=payload)
+        return PreparedBlob(Kind.INLINE, size=len(payload))
 
     def _store(self, payload: memoryview, kind: Kind) -> PreparedBlob:
         self.sidecar_bytes += len(payload)

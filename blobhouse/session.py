@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from lance.blob import BlobDescriptorArrayBuilder
 from lance.file import LanceFileSession, LanceFileWriter
 
@@ -43,8 +44,13 @@ def prepared_field(name: str, nullable: bool = True) -> pa.Field:
     return pa.field(name, PREPARED_TYPE, nullable=nullable, metadata=_PREPARED_FIELD.metadata)
 
 
-def prepared_array(values: Sequence[PreparedBlob | None]) -> pa.StructArray:
+def prepared_array(
+    values: Sequence[PreparedBlob | None], data: pa.Array | None = None
+) -> pa.StructArray:
     """A prepared blob column from per-row values (None = null row).
+
+    Inline rows carry their bytes in ``PreparedBlob.data``, or, when ``data`` (a binary array
+    aligned with ``values``) is given, are taken from it without a round trip through Python.
 
     >>> arr = prepared_array([PreparedBlob(Kind.PACKED, size=3, blob_id=1), None])
     >>> arr.null_count, arr.type == PREPARED_TYPE
@@ -57,12 +63,15 @@ def prepared_array(values: Sequence[PreparedBlob | None]) -> pa.StructArray:
                 column.append(None)
             continue
         columns["kind"].append(int(value.kind))
-        columns["data"].append(value.data)
+        columns["data"].append(value.data if data is None else None)
         columns["uri"].append(value.uri)
         columns["blob_id"].append(value.blob_id)
         columns["blob_size"].append(value.size)
         columns["position"].append(value.position)
     children = [pa.array(columns[f.name], type=f.type) for f in PREPARED_TYPE]
+    if data is not None:
+        inline = pa.array([v is not None and v.kind == Kind.INLINE for v in values])
+        children[1] = pc.if_else(inline, data.cast(pa.large_binary()), children[1])
     mask = pa.array([v is None for v in values], type=pa.bool_())
     return pa.StructArray.from_arrays(children, fields=list(PREPARED_TYPE), mask=mask)
 

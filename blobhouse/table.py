@@ -6,6 +6,7 @@ table's settings (the allowed external bases); stock Lance readers ignore it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -93,7 +94,12 @@ def write_table(
         max_bytes_per_file=max_bytes_per_file,
     )
     data_dir = f"{path}/data"
-    written = write_data_files(batches, plan, data_dir, storage_options)
+    try:
+        written = write_data_files(batches, plan, data_dir, storage_options)
+    except BaseException:
+        if existing is None:
+            _remove_empty_local_dirs(data_dir, path)
+        raise
     try:
         if appending:
             ids = leaf_field_ids(existing.lance_schema.fields())
@@ -110,6 +116,8 @@ def write_table(
         )
     except BaseException:
         remove_written(written, data_dir, storage_options)
+        if existing is None:
+            _remove_empty_local_dirs(data_dir, path)
         raise
     return Table(dataset, root_uri, storage_options)
 
@@ -348,6 +356,14 @@ def _open_dataset(
         if "not found" in str(exc).lower() or "does not exist" in str(exc).lower():
             return None
         raise
+
+
+def _remove_empty_local_dirs(*paths: str) -> None:
+    """Remove directories a failed create made, if they are local and empty."""
+    for path in paths:
+        if "://" not in path:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
 
 
 def _settings(bases: AllowedBases) -> bytes:

@@ -274,7 +274,8 @@ def _replace_in(
 class LogicalColumn:
     """One blob column of one batch, normalized so each row is null, bytes, or a URI.
 
-    ``payload(row)`` returns a zero-copy memoryview of the row's bytes. ``first_row`` is the
+    ``payload(row)`` returns a zero-copy memoryview of the row's bytes (for hashing and
+    sidecar writes; ``data`` is the column's bytes as a ``large_binary`` array). ``first_row`` is the
     index of the batch's first row in the whole write, for error messages.
     """
 
@@ -304,6 +305,9 @@ class LogicalColumn:
         self.ref_id = _int_list(
             ref_ids if ref_ids is not None else struct_ref_ids, column, "ref_id"
         )
+        if data is not None and not pa.types.is_large_binary(data.type):
+            data = data.cast(pa.large_binary())
+        self.data = data
         self._offsets, self._data = _binary_buffers(data)
         self.has_data = None if data is None else _validity(data)
         self._check_rows()

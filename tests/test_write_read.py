@@ -46,11 +46,22 @@ def sample(external_path: str) -> tuple[pa.Table, list[bytes | None]]:
         Blob(data=b""),
         Blob(uri="file://" + external_path, position=100, size=50),
     ]
-    expected = [SMALL, SHARED_SMALL, SHARED_SMALL, MEDIUM, LARGE, LARGE, content, None, b"",
-                content[100:150]]
-    table = pa.table({"id": pa.array(range(10), pa.int64()), "media": blob_array(values)},
-                     schema=pa.schema([pa.field("id", pa.int64()),
-                                       blob_field("media", **PLACEMENT)]))
+    expected = [
+        SMALL,
+        SHARED_SMALL,
+        SHARED_SMALL,
+        MEDIUM,
+        LARGE,
+        LARGE,
+        content,
+        None,
+        b"",
+        content[100:150],
+    ]
+    table = pa.table(
+        {"id": pa.array(range(10), pa.int64()), "media": blob_array(values)},
+        schema=pa.schema([pa.field("id", pa.int64()), blob_field("media", **PLACEMENT)]),
+    )
     return table, expected
 
 
@@ -90,8 +101,18 @@ def test_rows_sharing_a_payload_share_one_stored_copy(table_uri, external, dedup
     write(data, table_uri, base, dedup=dedup)
     d = stock_descriptors(table_uri, "media")
     kinds = [None if x is None else x["kind"] for x in d]
-    assert kinds == [Kind.INLINE, Kind.PACKED, Kind.PACKED, Kind.PACKED, Kind.DEDICATED,
-                     Kind.DEDICATED, Kind.EXTERNAL, None, Kind.INLINE, Kind.EXTERNAL]
+    assert kinds == [
+        Kind.INLINE,
+        Kind.PACKED,
+        Kind.PACKED,
+        Kind.PACKED,
+        Kind.DEDICATED,
+        Kind.DEDICATED,
+        Kind.EXTERNAL,
+        None,
+        Kind.INLINE,
+        Kind.EXTERNAL,
+    ]
     assert (d[1]["blob_id"], d[1]["position"]) == (d[2]["blob_id"], d[2]["position"])
     assert d[4]["blob_id"] == d[5]["blob_id"]
     assert d[6]["blob_uri"] == "file://" + os.path.realpath(path)
@@ -113,9 +134,11 @@ def test_placement_matches_stock_lance_defaults(table_uri, tmp_path):
     write_table(pa.table({"b": blob_array(payloads)}), table_uri, dedup="off")
     stock_uri = str(tmp_path / "stock")
     lance.write_dataset(
-        pa.table({"b": lance.blob.blob_array(payloads)},
-                 schema=pa.schema([lance.blob.blob_field("b")])),
-        stock_uri, data_storage_version="2.2",
+        pa.table(
+            {"b": lance.blob.blob_array(payloads)}, schema=pa.schema([lance.blob.blob_field("b")])
+        ),
+        stock_uri,
+        data_storage_version="2.2",
     )
     ours = [d["kind"] for d in stock_descriptors(table_uri, "b")]
     theirs = [d["kind"] for d in stock_descriptors(stock_uri, "b")]
@@ -125,26 +148,40 @@ def test_placement_matches_stock_lance_defaults(table_uri, tmp_path):
 def test_placement_overrides_per_column_are_kept_with_the_table(table_uri):
     payload = os.urandom(1000)
     schema = pa.schema([blob_field("a", inline_size_threshold=0), blob_field("b")])
-    table = write_table(pa.table({"a": blob_array([payload]), "b": blob_array([payload])},
-                                 schema=schema), table_uri, dedup="off")
+    table = write_table(
+        pa.table({"a": blob_array([payload]), "b": blob_array([payload])}, schema=schema),
+        table_uri,
+        dedup="off",
+    )
     assert stock_descriptors(table_uri, "a")[0]["kind"] == Kind.PACKED
     assert stock_descriptors(table_uri, "b")[0]["kind"] == Kind.INLINE
     # appends follow the thresholds stored with the table, and stock pylance keeps them too
-    write_table(pa.table({"a": blob_array([payload]), "b": blob_array([payload])}),
-                table_uri, mode="append", dedup="off")
+    write_table(
+        pa.table({"a": blob_array([payload]), "b": blob_array([payload])}),
+        table_uri,
+        mode="append",
+        dedup="off",
+    )
     assert stock_descriptors(table_uri, "a")[1]["kind"] == Kind.PACKED
     assert table.schema.field("a").metadata[b"lance-encoding:blob-inline-size-threshold"] == b"0"
     # a write-time override wins for that write
-    write_table(pa.table({"a": blob_array([payload]), "b": blob_array([payload])}),
-                table_uri, mode="append", dedup="off",
-                placement={"b": {"dedicated_size_threshold": 500}})
+    write_table(
+        pa.table({"a": blob_array([payload]), "b": blob_array([payload])}),
+        table_uri,
+        mode="append",
+        dedup="off",
+        placement={"b": {"dedicated_size_threshold": 500}},
+    )
     assert stock_descriptors(table_uri, "b")[2]["kind"] == Kind.DEDICATED
 
 
 def test_pack_sidecars_roll_over(table_uri):
     payloads = [os.urandom(70_000) for _ in range(6)]
-    write_table(pa.table({"b": blob_array(payloads)}), table_uri,
-                placement={"b": {"pack_file_size_threshold": 150_000}})
+    write_table(
+        pa.table({"b": blob_array(payloads)}),
+        table_uri,
+        placement={"b": {"pack_file_size_threshold": 150_000}},
+    )
     d = stock_descriptors(table_uri, "b")
     assert [x["kind"] for x in d] == [Kind.PACKED] * 6
     assert len({x["blob_id"] for x in d}) == 3
@@ -153,9 +190,13 @@ def test_pack_sidecars_roll_over(table_uri):
 
 def test_binary_columns_named_as_blob_columns(table_uri):
     payloads = [os.urandom(10), os.urandom(100_000), None]
-    data = pa.table({"img": pa.array(payloads, pa.binary()),
-                     "big": pa.array(payloads, pa.large_binary()),
-                     "plain": pa.array([b"x", b"y", b"z"])})
+    data = pa.table(
+        {
+            "img": pa.array(payloads, pa.binary()),
+            "big": pa.array(payloads, pa.large_binary()),
+            "plain": pa.array([b"x", b"y", b"z"]),
+        }
+    )
     table = write_table(data, table_uri, blob_columns=["img", "big"])
     assert table.blob_columns == ["img", "big"]
     assert table.schema.field("plain").type == pa.binary()
@@ -166,10 +207,20 @@ def test_binary_columns_named_as_blob_columns(table_uri):
 def test_ref_id_column_carries_the_ref_ids(table_uri):
     video = [os.urandom(200_000), os.urandom(200_000)]
     rows = [video[0]] * 5 + [video[1]] * 5
-    data = pa.table({"frame": range(10), "video_ref": [1] * 5 + [2] * 5,
-                     "video": pa.array(rows, pa.large_binary())})
-    table = write_table(data, table_uri, blob_columns=["video"], dedup="ref_id",
-                        ref_id_columns={"video": "video_ref"})
+    data = pa.table(
+        {
+            "frame": range(10),
+            "video_ref": [1] * 5 + [2] * 5,
+            "video": pa.array(rows, pa.large_binary()),
+        }
+    )
+    table = write_table(
+        data,
+        table_uri,
+        blob_columns=["video"],
+        dedup="ref_id",
+        ref_id_columns={"video": "video_ref"},
+    )
     assert stock_read(table_uri, "video") == rows
     stats = table.stats()["columns"]["video"]
     assert stats["physical_bytes"] == 400_000
@@ -179,11 +230,21 @@ def test_ref_id_column_carries_the_ref_ids(table_uri):
 
 def test_blob_columns_inside_structs(table_uri):
     image = os.urandom(80_000)
-    meta_type = pa.struct([pa.field("camera", pa.string()), pa.field("image", pa.large_binary()),
-                           pa.field("thumb", blobhouse.values.LOGICAL_BLOB_TYPE)])
-    meta = pa.array([{"camera": "left", "image": image, "thumb": {"data": b"t1"}},
-                     {"camera": "right", "image": image, "thumb": {"data": b"t2"}},
-                     None], type=meta_type)
+    meta_type = pa.struct(
+        [
+            pa.field("camera", pa.string()),
+            pa.field("image", pa.large_binary()),
+            pa.field("thumb", blobhouse.values.LOGICAL_BLOB_TYPE),
+        ]
+    )
+    meta = pa.array(
+        [
+            {"camera": "left", "image": image, "thumb": {"data": b"t1"}},
+            {"camera": "right", "image": image, "thumb": {"data": b"t2"}},
+            None,
+        ],
+        type=meta_type,
+    )
     data = pa.table({"id": [1, 2, 3], "meta": meta, "tags": [["a"], [], None]})
     table = write_table(data, table_uri, blob_columns=["meta.image"])
     assert sorted(table.blob_columns) == ["meta.image", "meta.thumb"]
@@ -231,7 +292,9 @@ def test_take_filter_versions_and_delete(table_uri):
     payloads = [os.urandom(1000 * (i + 1)) for i in range(5)]
     table = write_table(pa.table({"id": range(5), "b": blob_array(payloads)}), table_uri)
     assert table.take([4, 1], blobs="bytes").to_pylist() == [
-        {"id": 4, "b": payloads[4]}, {"id": 1, "b": payloads[1]}]
+        {"id": 4, "b": payloads[4]},
+        {"id": 1, "b": payloads[1]},
+    ]
     assert table.to_arrow(filter="id >= 3", blobs="bytes").column("b").to_pylist() == payloads[3:]
     v1 = table.version
     table.delete("id = 0")
@@ -274,8 +337,9 @@ def test_empty_create_then_append(table_uri):
     table = write_table(schema.empty_table(), table_uri)
     assert table.count_rows() == 0
     assert table.to_arrow().schema.field("b").type == REF_TYPE
-    write_table(pa.table({"id": [1], "b": blob_array([b"x"])}, schema=schema), table_uri,
-                mode="append")
+    write_table(
+        pa.table({"id": [1], "b": blob_array([b"x"])}, schema=schema), table_uri, mode="append"
+    )
     assert stock_read(table_uri, "b") == [b"x"]
 
 

@@ -1,0 +1,142 @@
+"""Cross-row dedup inside each data file: ref_id (seed 000), content, off."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pyarrow as pa
+import pytest
+from conftest import disk_bytes, stock_descriptors, stock_read
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from blobhouse import Blob, Kind, blob_array, write_table
+
+MB = 1_000_000
+
+
+def test_seed_scenario_20_rows_one_6mb_payload_with_one_ref_id(table_uri):
+    payload = os.urandom(6 * MB)
+    rows = [Blob(data=payload, ref_id=42)] * 20
+    write_table(pa.table({"id": range(20), "video": blob_array(rows)}), table_uri, dedup="ref_id")
+    assert disk_bytes(table_uri) <= 1.05 * 6 * MB
+    assert stock_read(table_uri, "video") == [payload] * 20
+
+
+def test_1000_rows_from_50_distinct_1mb_payloads_content_dedup(table_uri):
+    rng = random.Random(7)
+    distinct = [rng.randbytes(MB) for _ in range(50)]
+    rows = [distinct[i % 50] for i in range(1000)]
+    rng.shuffle(rows)
+    table = write_table(
+        pa.table({"img": pa.array(rows, pa.large_binary())}), table_uri, blob_columns=["img"]
+    )
+    assert len(table.dataset.get_fragments()) == 1
+    assert disk_bytes(table_uri) <= 1.05 * 50 * MB
+    assert stock_read(table_uri, "img") == rows
+    stats = table.stats()
+    assert stats["physical_bytes"] == 50 * MB
+    assert stats["dedup_ratio"] == 20.0
+
+
+def test_without_dedup_every_row_is_stored(table_uri):
+    payload = os.urandom(MB)
+    write_table(pa.table({"b": blob_array([payload] * 5)}), table_uri, dedup="off")
+    assert disk_bytes(table_uri) >= 5 * MB
+
+
+def test_shared_small_payloads_are_packed_once_never_inlined(table_uri):
+    small = os.urandom(500)
+    rows = [small, os.urandom(10), small, small]
+    write_table(pa.table({"b": blob_array(rows)}), table_uri)
+    d = stock_descriptors(table_uri, "b")
+    assert [x["kind"] for x in d] == [Kind.PACKED, Kind.INLINE, Kind.PACKED, Kind.PACKED]
+    assert len({(x["blob_id"], x["position"]) for x in (d[0], d[2], d[3])}) == 1
+
+
+def test_small_payload_shared_across_batches_is_packed_once(table_uri):
+    small = os.urandom(300)
+    batches = [pa.record_batch({"b": blob_array([small, os.urandom(5)])}) for _ in range(4)]
+    write_table(batches, table_uri)
+    d = stock_descriptors(table_uri, "b")
+    shared = [x for i, x in enumerate(d) if i % 2 == 0]
+    assert {x["kind"] for x in shared} == {Kind.PACKED}
+    assert len({(x["blob_id"], x["position"]) for x in shared}) == 1
+
+
+def test_ref_id_zero_or_null_means_no_sharing(table_uri):
+    a, b = os.urandom(100_000), os.urandom(100_000)
+    rows = [Blob(data=a, ref_id=0), Blob(data=b, ref_id=0), Blob(data=a), Blob(data=a, ref_id=3)]
+    write_table(pa.table({"b": blob_array(rows)}), table_uri, dedup="ref_id")
+    d = stock_descriptors(table_uri, "b")
+    assert len({(x["blob_id"], x["position"]) for x in d}) == 4
+    assert stock_read(table_uri, "b") == [a, b, a, a]
+
+
+def test_ref_ids_are_per_column(table_uri):
+    a, b = os.urandom(70_000), os.urandom(70_000)
+    data = pa.table(
+        {"x": blob_array([Blob(data=a, ref_id=1)]), "y": blob_array([Blob(data=b, ref_id=1)])}
+    )
+    write_table(data, table_uri, dedup="ref_id")
+    assert stock_read(table_uri, "x") == [a] and stock_read(table_uri, "y") == [b]
+
+
+def test_dedup_mode_per_column(table_uri):
+    a = os.urandom(100_000)
+    data = pa.table({"x": blob_array([a, a]), "y": blob_array([a, a])})
+    table = write_table(data, table_uri, dedup={"x": "content", "y": "off"})
+    cols = table.stats()["columns"]
+    assert cols["x"]["physical_bytes"] == 100_000
+    assert cols["y"]["physical_bytes"] == 200_000
+
+
+def test_files_split_by_rows_and_bytes_keep_dedup_inside_each_file(table_uri, tmp_path):
+    payload = os.urandom(100_000)
+    table = write_table(pa.table({"b": blob_array([payload] * 10)}), table_uri, max_rows_per_file=4)
+    assert [f.count_rows() for f in table.dataset.get_fragments()] == [4, 4, 2]
+    assert table.stats()["physical_bytes"] == 3 * 100_000
+    assert stock_read(table_uri, "b") == [payload] * 10
+    uri = str(tmp_path / "by_bytes")
+    unique = [os.urandom(100_000) for _ in range(10)]
+    by_bytes = write_table(
+        iter([pa.record_batch({"b": blob_array([p])}) for p in unique]),
+        uri,
+        max_bytes_per_file=250_000,
+    )
+    assert len(by_bytes.dataset.get_fragments()) == 4
+    assert stock_read(uri, "b") == unique
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=st.lists(st.sampled_from([0, 1, 700, 65_536, 65_537, 150_000]), min_size=1, max_size=6),
+    picks=st.lists(st.integers(0, 5), min_size=1, max_size=40),
+    dedup=st.sampled_from(["content", "ref_id", "off"]),
+    batch_rows=st.integers(1, 7),
+)
+def test_any_mix_reads_back_and_stores_each_payload_once(
+    tmp_path_factory, sizes, picks, dedup, batch_rows
+):
+    uri = str(tmp_path_factory.mktemp("prop") / "t")
+    distinct = [os.urandom(s) for s in sizes]
+    chosen = [p % len(distinct) for p in picks]
+    rows = [Blob(data=distinct[c], ref_id=c + 1) for c in chosen]
+    batches = [
+        pa.record_batch({"b": blob_array(rows[i : i + batch_rows])})
+        for i in range(0, len(rows), batch_rows)
+    ]
+    table = write_table(batches, uri, dedup=dedup)
+    expected = [distinct[c] for c in chosen]
+    assert stock_read(uri, "b") == expected
+    assert table.read_blobs("b", list(range(len(rows)))) == expected
+    physical = table.stats()["physical_bytes"]
+    if dedup == "off":
+        assert physical == sum(len(p) for p in expected)
+    elif dedup == "ref_id":
+        assert physical == sum(len(distinct[c]) for c in set(chosen))
+    else:
+        assert physical == sum(len(p) for p in {distinct[c] for c in chosen})

@@ -1,0 +1,56 @@
+"""Streaming writes: peak memory does not grow with the size of the table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+MB = 1 << 20
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, resource, sys
+    import numpy as np
+    import pyarrow as pa
+    from blobhouse import write_table
+
+    uri, total_mb = sys.argv[1], int(sys.argv[2])
+    rng = np.random.default_rng(0)
+
+    def batches():
+        # 4 MB per batch: two 1 MB payloads, forty 50 KB payloads (inline), one repeated
+        shared = rng.bytes(1 << 20)
+        for i in range(total_mb // 4):
+            payloads = [rng.bytes(1 << 20), shared] + [rng.bytes(50 << 10) for _ in range(40)]
+            payloads += [rng.bytes(1 << 20)]
+            yield pa.record_batch({"i": pa.array([i] * len(payloads)),
+                                   "b": pa.array(payloads, pa.large_binary())})
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    table = write_table(batches(), uri, blob_columns=["b"], max_rows_per_file=2000)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"peak_kb": peak, "before_kb": before, "rows": table.count_rows()}))
+    """
+)
+
+
+def run(uri: str, total_mb: int) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, uri, str(total_mb)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_peak_memory_is_flat_as_the_table_grows(tmp_path):
+    small = run(str(tmp_path / "small"), 64)
+    large = run(str(tmp_path / "large"), 640)
+    assert large["rows"] == 10 * small["rows"]
+    growth_mb = (large["peak_kb"] - small["peak_kb"]) / 1024
+    # ten times the data may not cost more than a fraction of one window of extra memory
+    assert growth_mb < 48, f"peak RSS grew by {growth_mb:.0f} MB for 10x the data"
