@@ -274,8 +274,8 @@ def _replace_in(
 class LogicalColumn:
     """One blob column of one batch, normalized so each row is null, bytes, or a URI.
 
-    ``payload(row)`` returns a zero-copy memoryview of the row's bytes (for hashing and
-    sidecar writes; ``data`` is the column's bytes as a ``large_binary`` array). ``first_row`` is the
+    ``payload(row)`` returns a zero-copy memoryview of the row's bytes (for hashing and sidecar
+    writes); ``data`` is the column's bytes as a ``large_binary`` array. ``first_row`` is the
     index of the batch's first row in the whole write, for error messages.
     """
 

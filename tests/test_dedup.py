@@ -6,7 +6,6 @@ import os
 import random
 
 import pyarrow as pa
-import pytest
 from conftest import disk_bytes, stock_descriptors, stock_read
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -33,7 +33,8 @@ def external(tmp_path):
 
 def sample(external_path: str) -> tuple[pa.Table, list[bytes | None]]:
     """Ten rows covering inline, shared small, packed, dedicated, external, null, empty."""
-    content = open(external_path, "rb").read()
+    with open(external_path, "rb") as f:
+        content = f.read()
     values = [
         Blob(data=SMALL),
         Blob(data=SHARED_SMALL, ref_id=5),
