@@ -59,11 +59,50 @@ def refs_to_arrow(refs: Sequence[BlobRef | None]) -> pa.StructArray:
     )
 
 
-def read_ranges(refs: Sequence[BlobRef | None], *, threads: int = READ_THREADS) -> list:
-    """The bytes of every reference, in order (None for None).
+@dataclass(frozen=True)
+class RangeRead:
+    """One physical read: bytes ``[start, end)`` of ``uri``, serving the references ``members``
+    (indices into the list given to :func:`plan_reads`)."""
 
-    The same range is read once; overlapping or adjacent ranges of one object are merged into
-    one read (up to 64 MiB); reads run in parallel.
+    uri: str
+    start: int
+    end: int
+    members: tuple[int, ...]
+
+
+def plan_reads(refs: Sequence[BlobRef | None]) -> list[RangeRead]:
+    """The reads that serve ``refs``: overlapping or adjacent ranges of one object merge into one
+    read of at most 64 MiB (a range larger than that is read on its own), so the same range is
+    never read twice.
+
+    >>> [(r.start, r.end, r.members) for r in plan_reads(
+    ...     [BlobRef("a", 0, 10), BlobRef("a", 10, 5), BlobRef("a", 0, 10), BlobRef("a", 99, 1)])]
+    [(0, 15, (0, 2, 1)), (99, 100, (3,))]
+    """
+    by_uri: dict[str, list[int]] = defaultdict(list)
+    for index, ref in enumerate(refs):
+        if ref is not None:
+            by_uri[ref.uri].append(index)
+    reads = []
+    for uri, indices in by_uri.items():
+        ordered = sorted(indices, key=lambda i: (refs[i].position, refs[i].end))
+        first = refs[ordered[0]]
+        start, end, members = first.position, first.end, [ordered[0]]
+        for index in ordered[1:]:
+            ref = refs[index]
+            if ref.position <= end and max(end, ref.end) - start <= MAX_READ_BYTES:
+                end = max(end, ref.end)
+                members.append(index)
+                continue
+            reads.append(RangeRead(uri, start, end, tuple(members)))
+            start, end, members = ref.position, ref.end, [index]
+        reads.append(RangeRead(uri, start, end, tuple(members)))
+    return reads
+
+
+def read_ranges(refs: Sequence[BlobRef | None], *, threads: int = READ_THREADS) -> list:
+    """The bytes of every reference, in order (None for None), read as :func:`plan_reads` plans,
+    objects and ranges in parallel.
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
@@ -71,21 +110,18 @@ def read_ranges(refs: Sequence[BlobRef | None], *, threads: int = READ_THREADS) 
     >>> read_ranges([BlobRef("file://" + path, 6, 5), BlobRef("file://" + path, 0, 5), None])
     [b'world', b'hello', None]
     """
-    by_uri: dict[str, list[int]] = defaultdict(list)
-    for index, ref in enumerate(refs):
-        if ref is not None:
-            by_uri[ref.uri].append(index)
-    reads = [group for uri, indices in by_uri.items() for group in _merge(uri, indices, refs)]
+    reads = plan_reads(refs)
     out: list[bytes | None] = [None] * len(refs)
 
-    def run(read: tuple[str, int, int, list[int]]) -> None:
-        uri, start, end, members = read
-        raw = _read(uri, start, end - start)
-        data = memoryview(raw)
-        for index in members:
+    def run(read: RangeRead) -> None:
+        raw = _read(read.uri, read.start, read.end - read.start)
+        view = memoryview(raw)
+        for index in read.members:
             ref = refs[index]
-            whole = ref.position == start and ref.end == end
-            out[index] = raw if whole else bytes(data[ref.position - start : ref.end - start])
+            whole = ref.position == read.start and ref.end == read.end
+            out[index] = (
+                raw if whole else bytes(view[ref.position - read.start : ref.end - read.start])
+            )
 
     if len(reads) == 1 or threads <= 1:
         for read in reads:
@@ -108,21 +144,6 @@ def open_ref(ref: BlobRef) -> io.BufferedReader:
     b'rld'
     """
     return io.BufferedReader(_RangeFile(ref))
-
-
-def _merge(uri: str, indices: list[int], refs: Sequence[BlobRef | None]):
-    """Group the references of one object into merged reads ``(uri, start, end, members)``."""
-    ordered = sorted(indices, key=lambda i: (refs[i].position, refs[i].end))
-    start, end, members = refs[ordered[0]].position, refs[ordered[0]].end, [ordered[0]]
-    for index in ordered[1:]:
-        ref = refs[index]
-        if ref.position <= end and max(end, ref.end) - start <= MAX_READ_BYTES:
-            end = max(end, ref.end)
-            members.append(index)
-            continue
-        yield uri, start, end, members
-        start, end, members = ref.position, ref.end, [index]
-    yield uri, start, end, members
 
 
 def _read(uri: str, position: int, size: int) -> bytes:

@@ -1,0 +1,74 @@
+"""Ranged reads of resolved references: coalescing, parallel objects, clear errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from blobhouse import BlobRef, read_ranges
+from blobhouse.rangeio import MAX_READ_BYTES, open_ref, plan_reads
+
+
+@pytest.fixture
+def objects(tmp_path):
+    paths = []
+    for name in ("a.bin", "b.bin"):
+        path = tmp_path / name
+        path.write_bytes(os.urandom(200_000))
+        paths.append("file://" + str(path))
+    return paths
+
+
+def test_same_range_once_adjacent_and_overlapping_merged(objects):
+    a, b = objects
+    refs = [
+        BlobRef(a, 0, 100),
+        BlobRef(a, 100, 50),
+        BlobRef(a, 20, 10),
+        BlobRef(a, 0, 100),
+        BlobRef(a, 5000, 10),
+        BlobRef(b, 0, 10),
+        None,
+    ]
+    reads = plan_reads(refs)
+    assert sorted((r.uri, r.start, r.end) for r in reads) == [
+        (a, 0, 150),
+        (a, 5000, 5010),
+        (b, 0, 10),
+    ]
+    assert sum(len(r.members) for r in reads) == 6
+
+
+def test_read_ranges_returns_exact_bytes_in_order(objects):
+    a, b = objects
+    content = {u: Path(u.removeprefix("file://")).read_bytes() for u in objects}
+    refs = [BlobRef(u, p, s) for u in (b, a) for p, s in ((0, 1), (10, 90_000), (199_999, 1))]
+    refs.insert(2, None)
+    got = read_ranges(refs)
+    want = [None if r is None else content[r.uri][r.position : r.end] for r in refs]
+    assert got == want
+
+
+def test_merged_reads_are_capped(objects):
+    a, _ = objects
+    size = MAX_READ_BYTES // 2 + 1
+    reads = plan_reads([BlobRef(a, 0, size), BlobRef(a, size, size)])
+    assert len(reads) == 2
+
+
+def test_short_read_names_the_object(objects):
+    a, _ = objects
+    with pytest.raises(OSError, match=r"short read from .*a\.bin"):
+        read_ranges([BlobRef(a, 199_990, 100)])
+
+
+def test_open_ref_reads_and_seeks_within_the_range(objects):
+    a, _ = objects
+    content = Path(a.removeprefix("file://")).read_bytes()
+    f = open_ref(BlobRef(a, 1000, 500))
+    assert f.read(10) == content[1000:1010]
+    f.seek(490)
+    assert f.read() == content[1490:1500]
+    assert f.read() == b""

@@ -1,0 +1,70 @@
+"""The blob session: blob_id allocation, sidecar naming, cleanup."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from conftest import stock_read
+
+from blobhouse import write_table
+from blobhouse.errors import BlobhouseError
+from blobhouse.session import BlobSession, sidecar_name
+
+
+def test_sidecar_names_match_lance():
+    assert sidecar_name(1) == "1" + "0" * 31 + ".blob"
+    assert sidecar_name(2) == "01" + "0" * 30 + ".blob"
+    assert sidecar_name(6) == "011" + "0" * 29 + ".blob"
+
+
+def test_allocator_skips_zero_reused_and_existing_ids(tmp_path):
+    data = tmp_path / "data"
+    (data / "f").mkdir(parents=True)
+    for taken in (1, 3):
+        (data / "f" / sidecar_name(taken)).write_bytes(b"someone else's")
+    session = BlobSession(str(data / "f.lance"))
+    assert [session.allocate_blob_id() for _ in range(3)] == [2, 4, 5]
+    packed = session.new_packed()
+    assert packed.blob_id == 6
+    packed.write(b"abc")
+    packed.close()
+    session.abort()
+    # only what the session created is removed
+    assert sorted(os.listdir(data / "f")) == sorted(sidecar_name(i) for i in (1, 3))
+
+
+def test_sidecar_writers_record_positions_and_sizes(tmp_path):
+    session = BlobSession(str(tmp_path / "data" / "g.lance"))
+    pack = session.new_packed()
+    first, second = pack.write(b"hello"), pack.write(memoryview(b"world!"))
+    pack.close()
+    assert (first.position, first.size, second.position, second.size) == (0, 5, 5, 6)
+    dedicated = session.new_dedicated()
+    for chunk in (b"ab", b"cd", b"e"):
+        dedicated.write(chunk)
+    value = dedicated.finish()
+    assert (value.blob_id, value.size, value.position) == (2, 5, 0)
+    path = tmp_path / "data" / "g" / sidecar_name(2)
+    assert path.read_bytes() == b"abcde"
+
+
+def test_data_file_path_must_be_a_lance_file(tmp_path):
+    with pytest.raises(BlobhouseError, match=r"must end in \.lance"):
+        BlobSession(str(tmp_path / "data" / "x.parquet"))
+
+
+def test_appends_never_touch_sidecars_of_committed_files(table_uri):
+    first = [os.urandom(100_000) for _ in range(3)]
+    write_table(pa.table({"b": pa.array(first, pa.large_binary())}), table_uri, blob_columns=["b"])
+    before = {p: Path(p).read_bytes() for p in _sidecars(table_uri)}
+    second = [os.urandom(100_000) for _ in range(3)]
+    write_table(pa.table({"b": pa.array(second, pa.large_binary())}), table_uri, mode="append")
+    assert {p: Path(p).read_bytes() for p in before} == before
+    assert stock_read(table_uri, "b") == first + second
+
+
+def _sidecars(uri: str) -> list[str]:
+    return [os.path.join(r, n) for r, _, ns in os.walk(uri) for n in ns if n.endswith(".blob")]
