@@ -24,6 +24,8 @@ REF_TYPE = pa.struct(
 )
 MAX_READ_BYTES = 64 * MiB
 READ_THREADS = 16
+PARALLEL_MIN_BYTES = 4 * MiB
+OPEN_BUFFER_BYTES = 1 * MiB
 
 
 @dataclass(frozen=True)
@@ -113,23 +115,40 @@ def read_ranges(refs: Sequence[BlobRef | None], *, threads: int = READ_THREADS) 
     reads = plan_reads(refs)
     out: list[bytes | None] = [None] * len(refs)
 
-    def run(read: RangeRead) -> None:
-        raw = _read(read.uri, read.start, read.end - read.start)
-        view = memoryview(raw)
-        for index in read.members:
-            ref = refs[index]
-            whole = ref.position == read.start and ref.end == read.end
-            out[index] = (
-                raw if whole else bytes(view[ref.position - read.start : ref.end - read.start])
-            )
+    def run(group: list[RangeRead]) -> None:
+        with _ObjectReader() as reader:
+            for read in group:
+                raw = reader.read(read.uri, read.start, read.end - read.start)
+                view = memoryview(raw)
+                for index in read.members:
+                    ref = refs[index]
+                    if ref.position == read.start and ref.end == read.end:
+                        out[index] = raw
+                    else:
+                        out[index] = bytes(view[ref.position - read.start : ref.end - read.start])
 
-    if len(reads) == 1 or threads <= 1:
-        for read in reads:
-            run(read)
+    groups = _balanced_groups(reads, threads)
+    if len(groups) <= 1:
+        for group in groups:
+            run(group)
     else:
-        with ThreadPoolExecutor(min(threads, len(reads))) as pool:
-            list(pool.map(run, reads))
+        with ThreadPoolExecutor(len(groups)) as pool:
+            list(pool.map(run, groups))
     return out
+
+
+def _balanced_groups(reads: list[RangeRead], threads: int) -> list[list[RangeRead]]:
+    """Split reads into at most ``threads`` groups of similar byte counts; small work stays in
+    one group (a thread per tiny read costs more than the read)."""
+    total = sum(r.end - r.start for r in reads)
+    count = max(1, min(threads, len(reads), total // PARALLEL_MIN_BYTES))
+    groups: list[list[RangeRead]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for read in sorted(reads, key=lambda r: r.start - r.end):
+        target = loads.index(min(loads))
+        groups[target].append(read)
+        loads[target] += read.end - read.start
+    return [g for g in groups if g]
 
 
 def open_ref(ref: BlobRef) -> io.BufferedReader:
@@ -143,34 +162,55 @@ def open_ref(ref: BlobRef) -> io.BufferedReader:
     2
     b'rld'
     """
-    return io.BufferedReader(_RangeFile(ref))
+    return io.BufferedReader(_RangeFile(ref), buffer_size=OPEN_BUFFER_BYTES)
 
 
-def _read(uri: str, position: int, size: int) -> bytes:
-    if size == 0:
-        return b""
-    if uri.startswith("file://") or "://" not in uri:
-        fd = os.open(uri_to_path(uri), os.O_RDONLY)
-        try:
-            data = os.pread(fd, size, position)
-        finally:
+class _ObjectReader:
+    """Ranged reads that keep each object open while a group of reads runs."""
+
+    def __init__(self) -> None:
+        self._local: dict[str, int] = {}
+        self._remote: dict[str, object] = {}
+
+    def __enter__(self) -> _ObjectReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self._local.values():
             os.close(fd)
-    else:
-        fs, path = pafs.FileSystem.from_uri(uri)
-        with fs.open_input_file(path) as f:
-            data = f.read_at(size, position)
-    if len(data) != size:
-        raise OSError(
-            f"short read from {uri}: wanted {size} bytes at {position}, got {len(data)} "
-            "(the object is smaller than the reference says)"
-        )
-    return data
+        for handle in self._remote.values():
+            handle.close()
+
+    def read(self, uri: str, position: int, size: int) -> bytes:
+        if size == 0:
+            return b""
+        if uri.startswith("file://") or "://" not in uri:
+            if uri not in self._local:
+                self._local[uri] = os.open(uri_to_path(uri), os.O_RDONLY)
+            data = os.pread(self._local[uri], size, position)
+        else:
+            if uri not in self._remote:
+                fs, path = pafs.FileSystem.from_uri(uri)
+                self._remote[uri] = fs.open_input_file(path)
+            data = self._remote[uri].read_at(size, position)
+        if len(data) != size:
+            raise OSError(
+                f"short read from {uri}: wanted {size} bytes at {position}, got {len(data)} "
+                "(the object is smaller than the reference says)"
+            )
+        return data
 
 
 class _RangeFile(io.RawIOBase):
     def __init__(self, ref: BlobRef) -> None:
         self.ref = ref
         self._pos = 0
+        self._reader = _ObjectReader()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._reader.__exit__()
+        super().close()
 
     def readable(self) -> bool:
         return True
@@ -192,7 +232,7 @@ class _RangeFile(io.RawIOBase):
         size = max(0, min(len(buffer), self.ref.size - self._pos))
         if size == 0:
             return 0
-        data = _read(self.ref.uri, self.ref.position + self._pos, size)
+        data = self._reader.read(self.ref.uri, self.ref.position + self._pos, size)
         memoryview(buffer)[:size] = data
         self._pos += size
         return size
