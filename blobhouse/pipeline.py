@@ -181,10 +181,7 @@ class DataFileWriter:
     ) -> None:
         self.plan = plan
         self.session = BlobSession(f"{data_dir}/{uuid.uuid4().hex}.lance", storage_options)
-        index = DedupIndex()
-        self.placers = [
-            _ColumnPlacer(c, self.session, index, plan.allowed_bases) for c in plan.columns
-        ]
+        self.placers = [_ColumnPlacer(c, self.session, plan.allowed_bases) for c in plan.columns]
         self.num_rows = 0
         self._file_bytes = 0
         self._writer = None
@@ -234,20 +231,16 @@ class DataFileWriter:
         return self._writer
 
     def _flush(self) -> None:
-        counts: Counter[Hashable] = Counter(
-            d.key
-            for _, decided in self._window
-            for column in decided
-            for d in column.values
-            if isinstance(d, _Pending) and d.key is not None
-        )
+        counts = [Counter[Hashable]() for _ in self.placers]
+        for _, decided in self._window:
+            for count, column in zip(counts, decided, strict=True):
+                count.update(v.key for v in column.values if isinstance(v, _Pending) and v.key)
         for batch, decided in self._window:
-            for placer, column in zip(self.placers, decided, strict=True):
-                values = placer.resolve(column, counts)
+            for placer, count, column in zip(self.placers, counts, decided, strict=True):
                 batch = replace_column(
                     batch,
                     placer.plan.path,
-                    prepared_array(values, column.column.data),
+                    prepared_array(placer.resolve(column, count), column.column.data),
                     get_field(self.plan.file_schema, placer.plan.path),
                 )
             out = pa.RecordBatch.from_arrays(batch.columns, schema=self.plan.file_schema)
@@ -329,12 +322,10 @@ class _Decided:
 class _ColumnPlacer:
     """Places the payloads of one blob column of one data file."""
 
-    def __init__(
-        self, plan: BlobColumnPlan, session: BlobSession, index: DedupIndex, bases: AllowedBases
-    ) -> None:
+    def __init__(self, plan: BlobColumnPlan, session: BlobSession, bases: AllowedBases) -> None:
         self.plan = plan
         self.session = session
-        self.index = index
+        self.index = DedupIndex()
         self.bases = bases
         self.stored: dict[Hashable, PreparedBlob] = {}
         self.inlined: set[Hashable] = set()

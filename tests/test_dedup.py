@@ -139,3 +139,14 @@ def test_any_mix_reads_back_and_stores_each_payload_once(
         assert physical == sum(len(distinct[c]) for c in set(chosen))
     else:
         assert physical == sum(len(p) for p in {distinct[c] for c in chosen})
+
+
+def test_same_payload_in_two_columns_is_placed_per_column(table_uri):
+    big, small = os.urandom(100_000), os.urandom(100)
+    data = pa.table({"x": blob_array([big, small]), "y": blob_array([big, small])})
+    table = write_table(data, table_uri)
+    for column in ("x", "y"):
+        d = stock_descriptors(table_uri, column)
+        assert [x["kind"] for x in d] == [Kind.PACKED, Kind.INLINE]
+        assert stock_read(table_uri, column) == [big, small]
+    assert table.stats()["physical_bytes"] == 2 * (100_000 + 100)
