@@ -209,3 +209,42 @@ def test_allowed_bases_are_kept_with_the_table(existing):
     assert open_table(uri).allowed_bases == ["file://" + os.path.realpath(media)]
     table = append(uri, pa.table({"id": [1], "b": blob_array([Blob(uri=media + "/ok.bin")])}))
     assert table.read_blobs("b", [1]) == [b"x" * 100]
+
+
+SPARK_STYLE = pa.struct([("data", pa.binary()), ("uri", pa.string()), ("ref_id", pa.int64())])
+
+
+@pytest.mark.parametrize(
+    ("columns", "kwargs", "error", "message"),
+    [
+        (
+            {"b": pa.array([{"data": b"x", "uri": None, "ref_id": -2}], SPARK_STYLE)},
+            {"dedup": "ref_id"},
+            InvalidInputError,
+            r"'b', row 0: .*ref_id -2",
+        ),
+        ({"b": pa.array([1], pa.int64())}, {}, SchemaError, "'b' has type int64"),
+        (
+            {"b": blob_array([b"x"]), "frames": pa.array([[b"y"]], pa.list_(pa.binary()))},
+            {"blob_columns": ["frames.item"]},
+            SchemaError,
+            "inside a list",
+        ),
+        ({"b": blob_array([b"x"])}, {"blob_columns": ["nope"]}, SchemaError, "no such column"),
+        (
+            {"b": blob_array([b"x"])},
+            {"ref_id_columns": {"b": "ref"}},
+            SchemaError,
+            "ref_id column 'ref'",
+        ),
+    ],
+    ids=["negative-ref-id", "wrong-type", "blob-in-list", "unknown-column", "unknown-ref-col"],
+)
+def test_bad_appends_leave_the_table_unchanged(existing, columns, kwargs, error, message):
+    uri, before, _ = existing
+    data = pa.table(
+        {"id": pa.array([5] * len(next(iter(columns.values()))), pa.int64()), **columns}
+    )
+    with pytest.raises(error, match=message):
+        append(uri, data, **kwargs)
+    assert_unchanged(uri, before)

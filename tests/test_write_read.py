@@ -89,6 +89,8 @@ def test_every_kind_round_trips_byte_identical(table_uri, external, dedup, mode)
 
     assert stock_read(table_uri, "media") == expected
     n = len(expected)
+    handles = lance.dataset(table_uri).take_blobs("media", indices=[0, 3, 4, 6, 9])
+    assert [h.read() for h in handles] == [expected[i] for i in (0, 3, 4, 6, 9)]
     assert table.read_blobs("media", list(range(n))) == expected
     assert table.to_arrow(blobs="bytes").column("media").to_pylist() == expected
     assert open_table(table_uri).read_blobs("media", [n - 1, 0]) == [expected[-1], expected[0]]
@@ -355,3 +357,24 @@ def test_stats_by_column_and_kind(table_uri, external):
     assert media["kinds"]["external"]["rows"] == 2
     assert media["physical_bytes"] == len(SMALL) + len(SHARED_SMALL) + len(MEDIUM) + len(LARGE)
     assert stats["rows"] == 10
+
+
+def test_nested_blobs_in_sliced_batches(table_uri):
+    images = [os.urandom(70_000) for _ in range(5)]
+    meta = pa.array(
+        [None if i == 2 else {"image": images[i], "n": i} for i in range(5)],
+        type=pa.struct([pa.field("image", pa.large_binary()), pa.field("n", pa.int64())]),
+    )
+    table = write_table(
+        pa.table({"meta": meta}), table_uri, blob_columns=["meta.image"], max_rows_per_file=2
+    )
+    assert len(table.dataset.get_fragments()) == 3
+    expected = [None if i == 2 else images[i] for i in range(5)]
+    assert stock_read(table_uri, "meta.image") == expected
+    assert [r["meta"] and r["meta"]["n"] for r in table.to_arrow().to_pylist()] == [
+        0,
+        1,
+        None,
+        3,
+        4,
+    ]
