@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any, BinaryIO, Literal
 
@@ -22,6 +23,8 @@ from blobhouse.errors import InvalidInputError, TableExistsError, TableNotFoundE
 from blobhouse.pipeline import (
     DEFAULT_MAX_BYTES_PER_FILE,
     DEFAULT_MAX_ROWS_PER_FILE,
+    WritePlan,
+    WrittenFile,
     plan_write,
     remove_written,
     write_data_files,
@@ -73,53 +76,122 @@ def write_table(
     >>> table.read_blobs("image", [0, 2])
     [b'cat', b'cat']
     """
-    if mode not in ("create", "append", "overwrite"):
-        raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
-    path, root_uri = _table_root(uri)
-    existing = _open_dataset(path, None, storage_options)
-    if mode == "create" and existing is not None:
-        raise TableExistsError(f"table {uri} already exists (use mode='append' or 'overwrite')")
-    appending = mode == "append" and existing is not None
-    bases = _allowed_bases(existing, allowed_bases, appending)
     schema, batches = _input_stream(data)
-    plan = plan_write(
+    write = TableWrite.begin(
+        uri,
         schema,
+        mode=mode,
         blob_columns=blob_columns,
         ref_id_columns=ref_id_columns,
         dedup=dedup,
         placement=placement,
-        table_schema=existing.schema if appending else None,
-        allowed_bases=bases,
+        allowed_bases=allowed_bases,
         max_rows_per_file=max_rows_per_file,
         max_bytes_per_file=max_bytes_per_file,
+        storage_options=storage_options,
     )
-    data_dir = f"{path}/data"
-    try:
-        written = write_data_files(batches, plan, data_dir, storage_options)
-    except BaseException:
-        if existing is None:
-            _remove_empty_local_dirs(data_dir, path)
-        raise
-    try:
-        if appending:
-            ids = leaf_field_ids(existing.lance_schema.fields())
-            operation = LanceOperation.Append([w.fragment(ids) for w in written])
-        else:
-            table_schema = plan.table_schema.with_metadata({_META_KEY: _settings(bases)})
-            ids = leaf_field_ids(LanceSchema.from_pyarrow(table_schema).fields())
-            operation = LanceOperation.Overwrite(table_schema, [w.fragment(ids) for w in written])
-        dataset = LanceDataset.commit(
-            path,
-            operation,
-            read_version=existing.version if existing is not None else None,
-            storage_options=storage_options,
+    written = write.write(batches)
+    return write.commit(written)
+
+
+@dataclass(frozen=True)
+class TableWrite:
+    """One write to a table: planned once, data files written anywhere, committed once.
+
+    :func:`write_table` runs all three steps in one process; the Spark writer plans on the
+    driver, writes in tasks and commits on the driver. The object pickles, so it travels to the
+    tasks and to the commit. A write that does not commit removes what it wrote (:meth:`abort`).
+    """
+
+    path: str
+    root_uri: str
+    plan: WritePlan
+    appending: bool
+    read_version: int | None
+    storage_options: dict[str, str] | None = None
+
+    @classmethod
+    def begin(
+        cls,
+        uri: str,
+        schema: pa.Schema,
+        *,
+        mode: WriteMode = "create",
+        blob_columns: Sequence[str] = (),
+        ref_id_columns: Mapping[str, str] | None = None,
+        dedup: str | Mapping[str, str] = "content",
+        placement: Mapping[str, Mapping[str, int]] | None = None,
+        allowed_bases: Sequence[str] | None = None,
+        max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE,
+        max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE,
+        storage_options: dict[str, str] | None = None,
+    ) -> TableWrite:
+        """Check the mode against the table, and plan the write of data shaped as ``schema``."""
+        if mode not in ("create", "append", "overwrite"):
+            raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
+        path, root_uri = _table_root(uri)
+        existing = _open_dataset(path, None, storage_options)
+        if mode == "create" and existing is not None:
+            raise TableExistsError(f"table {uri} already exists (use mode='append' or 'overwrite')")
+        appending = mode == "append" and existing is not None
+        plan = plan_write(
+            schema,
+            blob_columns=blob_columns,
+            ref_id_columns=ref_id_columns,
+            dedup=dedup,
+            placement=placement,
+            table_schema=existing.schema if appending else None,
+            allowed_bases=_allowed_bases(existing, allowed_bases, appending),
+            max_rows_per_file=max_rows_per_file,
+            max_bytes_per_file=max_bytes_per_file,
         )
-    except BaseException:
-        remove_written(written, data_dir, storage_options)
-        if existing is None:
-            _remove_empty_local_dirs(data_dir, path)
-        raise
-    return Table(dataset, root_uri, storage_options)
+        read_version = existing.version if existing is not None else None
+        return cls(path, root_uri, plan, appending, read_version, storage_options)
+
+    @property
+    def data_dir(self) -> str:
+        return f"{self.path}/data"
+
+    def write(self, batches: Iterable[pa.RecordBatch]) -> list[WrittenFile]:
+        """Write data files (and sidecars) for ``batches``; nothing is visible until commit."""
+        try:
+            return write_data_files(batches, self.plan, self.data_dir, self.storage_options)
+        except BaseException:
+            self.abort([])
+            raise
+
+    def commit(self, written: Sequence[WrittenFile]) -> Table:
+        """Make every written file visible in one Lance transaction."""
+        try:
+            dataset = LanceDataset.commit(
+                self.path,
+                self._operation(written),
+                read_version=self.read_version,
+                storage_options=self.storage_options,
+            )
+        except BaseException:
+            self.abort(written)
+            raise
+        return Table(dataset, self.root_uri, self.storage_options)
+
+    def abort(self, written: Sequence[WrittenFile]) -> None:
+        """Remove files this write created; a table that did not exist is left absent."""
+        remove_written(written, self.data_dir, self.storage_options)
+        if self.read_version is None:
+            _remove_empty_local_dirs(self.data_dir, self.path)
+
+    def _operation(self, written: Sequence[WrittenFile]) -> LanceOperation.BaseOperation:
+        if self.appending:
+            dataset = lance.dataset(
+                self.path, version=self.read_version, storage_options=self.storage_options
+            )
+            ids = leaf_field_ids(dataset.lance_schema.fields())
+            return LanceOperation.Append([w.fragment(ids) for w in written])
+        schema = self.plan.table_schema.with_metadata(
+            {_META_KEY: _settings(self.plan.allowed_bases)}
+        )
+        ids = leaf_field_ids(LanceSchema.from_pyarrow(schema).fields())
+        return LanceOperation.Overwrite(schema, [w.fragment(ids) for w in written])
 
 
 def open_table(
