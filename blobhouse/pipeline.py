@@ -96,8 +96,8 @@ def plan_write(
 ) -> WritePlan:
     """Resolve a write of ``input_schema``; ``table_schema`` is the existing table's (append).
 
-    Placement of a column: ``placement[column]`` > the input field's metadata > the table's
-    field metadata > Lance's defaults.
+    Placement of a column: ``placement[column]`` > ``placement["*"]`` (every blob column) > the
+    input field's metadata > the table's field metadata > Lance's defaults.
     """
     if max_rows_per_file < 1 or max_bytes_per_file < 1:
         raise InvalidInputError("max_rows_per_file and max_bytes_per_file must be positive")
@@ -109,7 +109,7 @@ def plan_write(
     ref_id_columns = dict(ref_id_columns or {})
     _check_ref_id_columns(input_schema, ref_id_columns, names)
     placement = dict(placement or {})
-    unknown = set(placement) - set(names)
+    unknown = set(placement) - set(names) - {"*"}
     if unknown:
         raise InvalidInputError(f"placement names unknown blob column(s) {sorted(unknown)}")
     modes = dedup_modes(dedup, names)
@@ -121,12 +121,13 @@ def plan_write(
         column_placement = Placement()
         if table_schema is not None:
             column_placement = column_placement.updated(get_field(table_schema, path).metadata)
-        column_placement = column_placement.updated(in_field.metadata).updated(placement.get(name))
+        overrides = {**placement.get("*", {}), **placement.get(name, {})}
+        column_placement = column_placement.updated(in_field.metadata).updated(overrides)
         columns.append(
             BlobColumnPlan(path, column_placement, modes[name], ref_id_columns.get(name))
         )
         file_schema = replace_field(file_schema, path, prepared_field(path[-1], in_field.nullable))
-        kept = _placement_to_keep(in_field, table_schema, path, placement.get(name))
+        kept = _placement_to_keep(in_field, table_schema, path, overrides)
         table_field = lance_blob_field(path[-1], nullable=in_field.nullable)
         new_table_schema = replace_field(
             new_table_schema, path, table_field.with_metadata(kept) if kept else table_field

@@ -274,14 +274,28 @@ class Table:
         filter: str | None = None,
         blobs: BlobsMode = "refs",
         batch_size: int | None = None,
+        *,
+        fragment_ids: Sequence[int] | None = None,
+        offset: int | None = None,
+        limit: int | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Stream the table as record batches (memory stays bounded by the batch size)."""
+        """Stream the table as record batches (memory stays bounded by the batch size).
+
+        ``fragment_ids``, ``offset`` and ``limit`` restrict the scan to some fragments and a
+        range of their rows (how Spark splits a read).
+        """
         columns, paths = self._selection(columns, blobs)
+        fragments = None
+        if fragment_ids is not None:
+            fragments = [self.dataset.get_fragment(i) for i in fragment_ids]
         scanner = self.dataset.scanner(
             columns=columns,
             filter=filter,
             batch_size=batch_size,
             with_row_address=bool(paths),
+            fragments=fragments,
+            offset=offset,
+            limit=limit,
         )
         for batch in scanner.to_batches():
             yield self._convert(batch, paths, blobs)
@@ -400,13 +414,19 @@ class Table:
                 batch = replace_column(batch, path, refs, pa.field(path[-1], REF_TYPE))
         return batch.drop_columns([_ROW_ADDRESS])
 
-    def _empty(self, columns: Sequence[str] | None, blobs: str) -> pa.Table:
+    def output_schema(
+        self, columns: Sequence[str] | None = None, blobs: BlobsMode = "refs"
+    ) -> pa.Schema:
+        """The schema :meth:`scan` yields for these columns and blob mode."""
         columns, paths = self._selection(columns, blobs)
         schema = self.dataset.scanner(columns=columns).projected_schema
         out_type = pa.large_binary() if blobs == "bytes" else REF_TYPE
         for path in paths:
             schema = replace_field(schema, path, pa.field(path[-1], out_type))
-        return schema.empty_table()
+        return schema
+
+    def _empty(self, columns: Sequence[str] | None, blobs: BlobsMode) -> pa.Table:
+        return self.output_schema(columns, blobs).empty_table()
 
 
 def _table_root(uri: str) -> tuple[str, str]:

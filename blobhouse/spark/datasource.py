@@ -1,0 +1,363 @@
+"""The ``blobhouse`` Spark data source: ``df.write.format("blobhouse")`` and
+``spark.read.format("blobhouse")``.
+
+Write: the driver plans the write once (:class:`~blobhouse.table.TableWrite`), every task writes
+complete data files and sidecars with the core write pipeline and returns them, the driver
+commits all of them in one Lance transaction; ``abort`` removes what the tasks wrote.
+
+Read: one input partition per fragment (split by row range when big), Arrow batches, blob
+columns as resolved references ``struct<uri, position, size>`` (bytes only with
+``option("blobs", "bytes")``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyspark
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    EqualNullSafe,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    IsNotNull,
+    IsNull,
+    LessThan,
+    LessThanOrEqual,
+    Not,
+    StringStartsWith,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructType
+
+from blobhouse.errors import InvalidInputError
+from blobhouse.pipeline import WrittenFile
+from blobhouse.table import TableWrite, open_table
+
+DEFAULT_ROWS_PER_PARTITION = 1_000_000
+_STALE_PUSHDOWN_VERSIONS = ("4.1.", "4.2.", "4.3.")
+
+
+class BlobhouseDataSource(DataSource):
+    """Spark data source ``blobhouse`` (register with :func:`blobhouse.spark.register`).
+
+    Write options: ``blob_columns`` (``"a,b.c"``), ``dedup`` (``"content"``, or JSON
+    ``{"col": "ref_id"}``), ``ref_id_columns`` (``"video:video_ref"`` or JSON),
+    ``inline_size_threshold`` / ``dedicated_size_threshold`` / ``pack_file_size_threshold``
+    (every blob column) or ``placement`` (JSON per column), ``max_rows_per_file``,
+    ``max_bytes_per_file``, ``allowed_bases`` (comma separated).
+
+    Read options: ``version``, ``blobs`` (``"refs"`` or ``"bytes"``), ``filter`` (a Lance SQL
+    filter applied in the scan), ``rows_per_partition``, ``pushdown`` (``"off"``, or ``"on"``:
+    see :class:`PushdownReader`).
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "blobhouse"
+
+    def schema(self) -> StructType:
+        read = ReadSpec.from_options(self.options)
+        return from_arrow_schema(read.open().output_schema(blobs=read.blobs))
+
+    def reader(self, schema: StructType) -> BlobhouseReader:
+        spec = ReadSpec.from_options(self.options)
+        if spec.pushdown == "on":
+            _check_pushdown_is_safe()
+            return PushdownReader(spec, schema)
+        return BlobhouseReader(spec, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> BlobhouseWriter:
+        options = _WriteOptions(self.options)
+        write = TableWrite.begin(
+            options.path,
+            to_arrow_schema(schema),
+            mode="overwrite" if overwrite else "append",
+            **options.table_write_kwargs(),
+        )
+        return BlobhouseWriter(write)
+
+
+@dataclass(frozen=True)
+class WrittenFiles(WriterCommitMessage):
+    """What one task wrote: complete data files, not yet visible."""
+
+    files: tuple[WrittenFile, ...]
+
+
+class BlobhouseWriter(DataSourceArrowWriter):
+    """Writes a task's batches as data files; the driver commits them together."""
+
+    def __init__(self, write: TableWrite) -> None:
+        self.write_ = write
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenFiles:
+        return WrittenFiles(tuple(self.write_.write(iterator)))
+
+    def commit(self, messages: Sequence[WrittenFiles | None]) -> None:
+        self.write_.commit(_files(messages))
+
+    def abort(self, messages: Sequence[WrittenFiles | None]) -> None:
+        self.write_.abort(_files(messages))
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """What to read: a table version, how blobs come back, an optional Lance filter."""
+
+    path: str
+    version: int | None
+    blobs: str
+    filter: str | None
+    rows_per_partition: int
+    pushdown: str
+
+    @classmethod
+    def from_options(cls, options) -> ReadSpec:
+        blobs = options.get("blobs", "refs")
+        if blobs not in ("refs", "bytes"):
+            raise InvalidInputError(f"option blobs must be 'refs' or 'bytes', got {blobs!r}")
+        pushdown = options.get("pushdown", "off")
+        if pushdown not in ("on", "off"):
+            raise InvalidInputError(f"option pushdown must be 'on' or 'off', got {pushdown!r}")
+        version = options.get("version")
+        return cls(
+            path=_path(options),
+            version=int(version) if version is not None else None,
+            blobs=blobs,
+            filter=options.get("filter"),
+            rows_per_partition=int(options.get("rows_per_partition", DEFAULT_ROWS_PER_PARTITION)),
+            pushdown=pushdown,
+        )
+
+    def open(self):
+        return open_table(self.path, self.version)
+
+
+@dataclass(frozen=True)
+class FragmentRange(InputPartition):
+    """Rows ``[offset, offset + limit)`` of one fragment (``limit`` None: to the end)."""
+
+    fragment_id: int
+    offset: int | None = None
+    limit: int | None = None
+
+
+class BlobhouseReader(DataSourceReader):
+    """Reads one table version, a fragment (or row range of one) per Spark partition."""
+
+    def __init__(self, spec: ReadSpec, schema: StructType) -> None:
+        table = spec.open()
+        # every task reads the version the driver saw, even if writers commit meanwhile
+        self.spec = ReadSpec(
+            spec.path,
+            table.version,
+            spec.blobs,
+            spec.filter,
+            spec.rows_per_partition,
+            spec.pushdown,
+        )
+        self.columns = schema.fieldNames()
+        self.arrow_schema = to_arrow_schema(schema)
+        self.pushed: list[str] = []  # Lance SQL of filters Spark pushed (PushdownReader)
+
+    def partitions(self) -> list[FragmentRange]:
+        table = self.spec.open()
+        ranges: list[FragmentRange] = []
+        step = self.spec.rows_per_partition
+        splittable = self.spec.filter is None and not self.pushed
+        for fragment in table.dataset.get_fragments():
+            rows = fragment.count_rows()
+            if not splittable or rows <= step:
+                ranges.append(FragmentRange(fragment.fragment_id))
+                continue
+            ranges.extend(
+                FragmentRange(fragment.fragment_id, start, min(step, rows - start))
+                for start in range(0, rows, step)
+            )
+        return ranges
+
+    def read(self, partition: FragmentRange) -> Iterator[pa.RecordBatch]:
+        table = self.spec.open()
+        conditions = [c for c in [self.spec.filter, *self.pushed] if c]
+        batches = table.scan(
+            self.columns,
+            filter=" AND ".join(f"({c})" for c in conditions) or None,
+            blobs=self.spec.blobs,
+            fragment_ids=[partition.fragment_id],
+            offset=partition.offset,
+            limit=partition.limit,
+        )
+        for batch in batches:
+            yield from _fit(batch.cast(self.arrow_schema))
+
+
+class PushdownReader(BlobhouseReader):
+    """A reader that evaluates the Spark filters Lance can express inside the Lance scan.
+
+    Chosen with ``option("pushdown", "on")`` (Spark needs
+    ``spark.sql.python.filterPushdown.enabled=true`` too). Refused on pyspark 4.1-4.3, which keep
+    the read planned for one query of a loaded DataFrame and reuse it for a later query that
+    pushes nothing: ``df.filter(...).count()`` then ``df.count()`` would lose rows. The
+    ``filter`` option is the safe way to filter inside the scan on those versions.
+    """
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        self.pushed = []
+        for spark_filter in filters:
+            sql = filter_to_sql(spark_filter)
+            if sql is None:
+                yield spark_filter
+            else:
+                self.pushed.append(sql)
+
+
+def _check_pushdown_is_safe() -> None:
+    if pyspark.__version__.startswith(_STALE_PUSHDOWN_VERSIONS):
+        raise InvalidInputError(
+            f"option pushdown='on' is refused on pyspark {pyspark.__version__}: it reuses a "
+            "read planned with pushed filters for later queries of the same loaded DataFrame, "
+            "which would return too few rows. Filter with Spark (the default), or inside the "
+            "Lance scan with option('filter', '<Lance SQL>')."
+        )
+
+
+def filter_to_sql(spark_filter: Filter) -> str | None:
+    """A Lance SQL condition equal to a Spark filter, or None if it has no exact translation.
+
+    >>> from pyspark.sql.datasource import EqualTo, In
+    >>> filter_to_sql(EqualTo(("episode",), 3)), filter_to_sql(In(("name",), ("a", "b")))
+    ('`episode` = 3', "`name` IN ('a', 'b')")
+    """
+    column = (
+        ".".join(f"`{part}`" for part in spark_filter.attribute)
+        if hasattr(spark_filter, "attribute")
+        else None
+    )
+    comparisons = {
+        EqualTo: "=",
+        GreaterThan: ">",
+        GreaterThanOrEqual: ">=",
+        LessThan: "<",
+        LessThanOrEqual: "<=",
+    }
+    if type(spark_filter) in comparisons:
+        value = _literal(spark_filter.value)
+        return None if value is None else f"{column} {comparisons[type(spark_filter)]} {value}"
+    if isinstance(spark_filter, EqualNullSafe) and spark_filter.value is None:
+        return f"{column} IS NULL"
+    if isinstance(spark_filter, IsNull):
+        return f"{column} IS NULL"
+    if isinstance(spark_filter, IsNotNull):
+        return f"{column} IS NOT NULL"
+    if isinstance(spark_filter, In):
+        values = [_literal(v) for v in spark_filter.value]
+        if not values or any(v is None for v in values):
+            return None
+        return f"{column} IN ({', '.join(values)})"
+    if isinstance(spark_filter, StringStartsWith):
+        prefix = spark_filter.value
+        if any(c in prefix for c in "%_\\'"):
+            return None
+        return f"{column} LIKE '{prefix}%'"
+    if isinstance(spark_filter, Not):
+        inner = filter_to_sql(spark_filter.child)
+        return None if inner is None else f"NOT ({inner})"
+    return None
+
+
+def _literal(value: object) -> str | None:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str) and "'" not in value:
+        return f"'{value}'"
+    return None
+
+
+def _fit(batch: pa.RecordBatch, limit: int = 1 << 30) -> Iterator[pa.RecordBatch]:
+    """Slices of ``batch`` whose binary columns stay under Arrow's 2 GiB offsets."""
+    if batch.nbytes <= limit or batch.num_rows <= 1:
+        yield batch
+        return
+    half = batch.num_rows // 2
+    yield from _fit(batch.slice(0, half), limit)
+    yield from _fit(batch.slice(half), limit)
+
+
+class _WriteOptions:
+    """Data source options of a write, turned into :meth:`TableWrite.begin` arguments."""
+
+    def __init__(self, options) -> None:
+        self.options = options
+        self.path = _path(options)
+
+    def table_write_kwargs(self) -> dict:
+        get = self.options.get
+        kwargs: dict = {
+            "blob_columns": _names(get("blob_columns")),
+            "ref_id_columns": _mapping(get("ref_id_columns")),
+            "dedup": _mapping(get("dedup"))
+            if (get("dedup") or "").startswith("{")
+            else (get("dedup") or "content"),
+            "placement": self._placement(),
+        }
+        if get("allowed_bases") is not None:
+            kwargs["allowed_bases"] = _names(get("allowed_bases"))
+        for name in ("max_rows_per_file", "max_bytes_per_file"):
+            if get(name) is not None:
+                kwargs[name] = int(get(name))
+        return kwargs
+
+    def _placement(self) -> dict | None:
+        get = self.options.get
+        per_column = json.loads(get("placement")) if get("placement") else {}
+        shared = {
+            name: int(get(name))
+            for name in (
+                "inline_size_threshold",
+                "dedicated_size_threshold",
+                "pack_file_size_threshold",
+            )
+            if get(name) is not None
+        }
+        if shared:
+            per_column["*"] = {**shared, **per_column.get("*", {})}
+        return per_column or None
+
+
+def _path(options) -> str:
+    path = options.get("path")
+    if not path:
+        raise InvalidInputError("blobhouse needs a table path: .save(uri) / .load(uri)")
+    return path
+
+
+def _names(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def _mapping(value: str | None) -> dict[str, str]:
+    if not value:
+        return {}
+    if value.lstrip().startswith("{"):
+        return json.loads(value)
+    pairs = [item.split(":", 1) for item in _names(value)]
+    if any(len(p) != 2 for p in pairs):
+        raise InvalidInputError(f"expected 'column:value,...' or JSON, got {value!r}")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def _files(messages: Sequence[WrittenFiles | None]) -> list[WrittenFile]:
+    return [f for m in messages if m is not None for f in m.files]

@@ -1,0 +1,112 @@
+"""Spark functions over resolved blob references: ``read_blob``, ``blob_size``, ``materialize``.
+
+A reference column (``struct<uri, position, size>``) is what the ``blobhouse`` data source returns
+for a blob column. These functions turn references into bytes only for the rows that reach them,
+after Spark's filters and joins, with coalesced ranged reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql.functions import arrow_udf
+from pyspark.sql.pandas.types import from_arrow_type
+from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+from blobhouse.errors import InvalidInputError
+from blobhouse.rangeio import REF_TYPE, BlobRef, read_ranges
+
+REF_SPARK_TYPE = from_arrow_type(REF_TYPE)
+MATERIALIZE_BATCH_BYTES = 256 << 20
+
+
+def _refs(array: pa.Array) -> list[BlobRef | None]:
+    """Python references from an Arrow struct column of references (any integer widths)."""
+    uris = array.field("uri").to_pylist()
+    positions = array.field("position").to_pylist()
+    sizes = array.field("size").to_pylist()
+    valid = array.is_valid().to_pylist()
+    return [
+        BlobRef(u, p, s) if ok and u is not None else None
+        for ok, u, p, s in zip(valid, uris, positions, sizes, strict=True)
+    ]
+
+
+def read_bytes(array: pa.Array) -> pa.Array:
+    """The bytes of every reference in ``array`` as ``large_binary`` (null stays null)."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    return pa.array(read_ranges(_refs(array)), type=pa.large_binary())
+
+
+@arrow_udf(BinaryType())
+def read_blob(refs: pa.Array) -> pa.Array:
+    """``read_blob(ref)``: the bytes a reference points at (SQL and DataFrames)."""
+    return read_bytes(refs)
+
+
+@arrow_udf(LongType())
+def blob_size(refs: pa.Array) -> pa.Array:
+    """``blob_size(ref)``: the size in bytes of a referenced blob, without reading it."""
+    sizes = refs.field("size")
+    return pc.if_else(refs.is_valid(), sizes, pa.nulls(len(refs), pa.int64())).cast(pa.int64())
+
+
+def materialize(df: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """``df`` with the reference ``columns`` replaced by their bytes (``binary``).
+
+    Runs as ``mapInArrow``: each Arrow batch's references are read together, ranges grouped by
+    object and coalesced, objects read in parallel.
+    """
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise InvalidInputError(f"materialize: no column(s) {missing}; columns: {df.columns}")
+    for name in columns:
+        if not _is_ref_type(df.schema[name].dataType):
+            raise InvalidInputError(
+                f"materialize: column {name!r} is {df.schema[name].dataType.simpleString()}, "
+                "not a blob reference struct<uri, position, size>"
+            )
+    wanted = set(columns)
+    out_schema = StructType(
+        [f if f.name not in wanted else StructField(f.name, BinaryType()) for f in df.schema]
+    )
+
+    def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for piece in _by_referenced_bytes(batch, wanted):
+                arrays = [
+                    read_bytes(piece.column(name)) if name in wanted else piece.column(name)
+                    for name in piece.schema.names
+                ]
+                yield pa.RecordBatch.from_arrays(arrays, names=piece.schema.names)
+
+    return df.mapInArrow(convert, out_schema)
+
+
+def _by_referenced_bytes(
+    batch: pa.RecordBatch, columns: set[str], limit: int = MATERIALIZE_BATCH_BYTES
+) -> Iterator[pa.RecordBatch]:
+    """Slices of ``batch`` whose references point at no more than ``limit`` bytes (one row at
+    least), so output batches stay bounded whatever the input batch size."""
+    sizes = [0] * batch.num_rows
+    for name in columns:
+        column = batch.column(name).field("size").fill_null(0).to_pylist()
+        sizes = [a + b for a, b in zip(sizes, column, strict=True)]
+    start, total = 0, 0
+    for row, size in enumerate(sizes):
+        if row > start and total + size > limit:
+            yield batch.slice(start, row - start)
+            start, total = row, 0
+        total += size
+    if start < batch.num_rows:
+        yield batch.slice(start)
+
+
+def _is_ref_type(data_type) -> bool:
+    if not isinstance(data_type, StructType):
+        return False
+    return [f.name for f in data_type.fields] == ["uri", "position", "size"]
