@@ -12,6 +12,8 @@ than once in the window is packed once and shared instead of being inlined.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import uuid
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from lance.blob import blob_field as lance_blob_field
+from lance.file import LanceFileSession
 from lance.fragment import DataFile, FragmentMetadata
 
 from blobhouse.dedup import DedupIndex, DedupMode, Fingerprint, content_hash, dedup_modes
@@ -178,10 +181,15 @@ class DataFileWriter:
     """
 
     def __init__(
-        self, plan: WritePlan, data_dir: str, storage_options: dict[str, str] | None = None
+        self,
+        plan: WritePlan,
+        data_dir: str,
+        storage_options: dict[str, str] | None = None,
+        name_prefix: str = "",
     ) -> None:
         self.plan = plan
-        self.session = BlobSession(f"{data_dir}/{uuid.uuid4().hex}.lance", storage_options)
+        name = f"{name_prefix}{uuid.uuid4().hex}.lance"
+        self.session = BlobSession(f"{data_dir}/{name}", storage_options)
         self.placers = [_ColumnPlacer(c, self.session, plan.allowed_bases) for c in plan.columns]
         self.num_rows = 0
         self._file_bytes = 0
@@ -256,10 +264,12 @@ def write_data_files(
     plan: WritePlan,
     data_dir: str,
     storage_options: dict[str, str] | None = None,
+    name_prefix: str = "",
 ) -> list[WrittenFile]:
     """Write ``batches`` into as many data files as the plan's limits need.
 
-    On any error, every file written so far is removed and the error is raised.
+    Data file names start with ``name_prefix`` (how a write finds every file it staged). On any
+    error, every file written so far is removed and the error is raised.
     """
     written: list[WrittenFile] = []
     writer: DataFileWriter | None = None
@@ -270,7 +280,7 @@ def write_data_files(
             by_bytes = max(1, int(batch.num_rows * WINDOW_BYTES / max(batch.nbytes, 1)))
             start = 0
             while start < batch.num_rows:
-                writer = writer or DataFileWriter(plan, data_dir, storage_options)
+                writer = writer or DataFileWriter(plan, data_dir, storage_options, name_prefix)
                 take = min(
                     batch.num_rows - start, by_bytes, plan.max_rows_per_file - writer.num_rows
                 )
@@ -302,6 +312,29 @@ def remove_written(
         session = BlobSession(f"{data_dir}/{written.name}", storage_options)
         session.sidecars = list(written.sidecars)
         session.abort()
+
+
+def remove_staged(
+    data_dir: str, name_prefix: str, storage_options: dict[str, str] | None = None
+) -> None:
+    """Delete every data file (and its sidecars) whose name starts with ``name_prefix``: what a
+    write staged, including files of tasks whose results never reached the driver."""
+    if not name_prefix:
+        raise ValueError("remove_staged needs a non-empty prefix")
+    files = LanceFileSession(data_dir, storage_options=storage_options)
+    try:
+        listed = files.list()
+    except OSError:
+        return
+    staged = [p for p in listed if p.startswith(name_prefix)]
+    for path in staged:
+        with contextlib.suppress(OSError):
+            files.delete_file(path)
+    if "://" not in data_dir:
+        keys = {p.split("/", 1)[0].removesuffix(".lance") for p in staged}
+        for key in keys:
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(data_dir, key))
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, BinaryIO, Literal
 
@@ -26,6 +27,7 @@ from blobhouse.pipeline import (
     WritePlan,
     WrittenFile,
     plan_write,
+    remove_staged,
     remove_written,
     write_data_files,
 )
@@ -109,6 +111,7 @@ class TableWrite:
     appending: bool
     read_version: int | None
     storage_options: dict[str, str] | None = None
+    write_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     @classmethod
     def begin(
@@ -152,12 +155,24 @@ class TableWrite:
     def data_dir(self) -> str:
         return f"{self.path}/data"
 
+    @property
+    def name_prefix(self) -> str:
+        """Every data file this write stages is named ``<write_id>-<uuid>.lance``."""
+        return f"{self.write_id}-"
+
     def write(self, batches: Iterable[pa.RecordBatch]) -> list[WrittenFile]:
-        """Write data files (and sidecars) for ``batches``; nothing is visible until commit."""
+        """Write data files (and sidecars) for ``batches``; nothing is visible until commit.
+
+        Runs once per Spark task: on failure it removes only its own files (other tasks of the
+        same write, or a retry of this one, may still commit).
+        """
         try:
-            return write_data_files(batches, self.plan, self.data_dir, self.storage_options)
+            return write_data_files(
+                batches, self.plan, self.data_dir, self.storage_options, self.name_prefix
+            )
         except BaseException:
-            self.abort([])
+            if self.read_version is None:
+                _remove_empty_local_dirs(self.data_dir, self.path)
             raise
 
     def commit(self, written: Sequence[WrittenFile]) -> Table:
@@ -177,6 +192,7 @@ class TableWrite:
     def abort(self, written: Sequence[WrittenFile]) -> None:
         """Remove files this write created; a table that did not exist is left absent."""
         remove_written(written, self.data_dir, self.storage_options)
+        remove_staged(self.data_dir, self.name_prefix, self.storage_options)
         if self.read_version is None:
             _remove_empty_local_dirs(self.data_dir, self.path)
 

@@ -12,6 +12,7 @@ columns as resolved references ``struct<uri, position, size>`` (bytes only with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from blobhouse.pipeline import WrittenFile
 from blobhouse.table import TableWrite, open_table
 
 DEFAULT_ROWS_PER_PARTITION = 1_000_000
+DEFAULT_MAX_BATCH_BYTES = 1 << 30
 _STALE_PUSHDOWN_VERSIONS = ("4.1.", "4.2.", "4.3.")
 
 
@@ -58,7 +60,8 @@ class BlobhouseDataSource(DataSource):
     ``max_bytes_per_file``, ``allowed_bases`` (comma separated).
 
     Read options: ``version``, ``blobs`` (``"refs"`` or ``"bytes"``), ``filter`` (a Lance SQL
-    filter applied in the scan), ``rows_per_partition``, ``pushdown`` (``"off"``, or ``"on"``:
+    filter applied in the scan), ``rows_per_partition``, ``max_batch_bytes`` (Arrow batch size
+    cap, default 1 GiB), ``pushdown`` (``"off"``, or ``"on"``:
     see :class:`PushdownReader`).
     """
 
@@ -121,6 +124,7 @@ class ReadSpec:
     filter: str | None
     rows_per_partition: int
     pushdown: str
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
 
     @classmethod
     def from_options(cls, options) -> ReadSpec:
@@ -138,6 +142,7 @@ class ReadSpec:
             filter=options.get("filter"),
             rows_per_partition=int(options.get("rows_per_partition", DEFAULT_ROWS_PER_PARTITION)),
             pushdown=pushdown,
+            max_batch_bytes=int(options.get("max_batch_bytes", DEFAULT_MAX_BATCH_BYTES)),
         )
 
     def open(self):
@@ -159,14 +164,7 @@ class BlobhouseReader(DataSourceReader):
     def __init__(self, spec: ReadSpec, schema: StructType) -> None:
         table = spec.open()
         # every task reads the version the driver saw, even if writers commit meanwhile
-        self.spec = ReadSpec(
-            spec.path,
-            table.version,
-            spec.blobs,
-            spec.filter,
-            spec.rows_per_partition,
-            spec.pushdown,
-        )
+        self.spec = dataclasses.replace(spec, version=table.version)
         self.columns = schema.fieldNames()
         self.arrow_schema = to_arrow_schema(schema)
         self.pushed: list[str] = []  # Lance SQL of filters Spark pushed (PushdownReader)
@@ -199,7 +197,8 @@ class BlobhouseReader(DataSourceReader):
             limit=partition.limit,
         )
         for batch in batches:
-            yield from _fit(batch.cast(self.arrow_schema))
+            for piece in _fit(batch, self.spec.max_batch_bytes):
+                yield piece.cast(self.arrow_schema)
 
 
 class PushdownReader(BlobhouseReader):
@@ -286,8 +285,9 @@ def _literal(value: object) -> str | None:
     return None
 
 
-def _fit(batch: pa.RecordBatch, limit: int = 1 << 30) -> Iterator[pa.RecordBatch]:
-    """Slices of ``batch`` whose binary columns stay under Arrow's 2 GiB offsets."""
+def _fit(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:
+    """Slices of ``batch`` of at most ``limit`` bytes (or one row), so binary columns stay
+    under the 2 GiB that Spark's 32-bit Arrow offsets can address."""
     if batch.nbytes <= limit or batch.num_rows <= 1:
         yield batch
         return

@@ -55,11 +55,14 @@ def blob_size(refs: pa.Array) -> pa.Array:
     return pc.if_else(refs.is_valid(), sizes, pa.nulls(len(refs), pa.int64())).cast(pa.int64())
 
 
-def materialize(df: DataFrame, columns: Sequence[str]) -> DataFrame:
+def materialize(
+    df: DataFrame, columns: Sequence[str], *, max_batch_bytes: int = MATERIALIZE_BATCH_BYTES
+) -> DataFrame:
     """``df`` with the reference ``columns`` replaced by their bytes (``binary``).
 
     Runs as ``mapInArrow``: each Arrow batch's references are read together, ranges grouped by
-    object and coalesced, objects read in parallel.
+    object and coalesced, objects read in parallel. Output batches hold at most
+    ``max_batch_bytes`` of blob bytes (or one row), however large the input batches.
     """
     missing = [c for c in columns if c not in df.columns]
     if missing:
@@ -77,7 +80,7 @@ def materialize(df: DataFrame, columns: Sequence[str]) -> DataFrame:
 
     def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            for piece in _by_referenced_bytes(batch, wanted):
+            for piece in _by_referenced_bytes(batch, wanted, max_batch_bytes):
                 arrays = [
                     read_bytes(piece.column(name)) if name in wanted else piece.column(name)
                     for name in piece.schema.names
@@ -88,7 +91,7 @@ def materialize(df: DataFrame, columns: Sequence[str]) -> DataFrame:
 
 
 def _by_referenced_bytes(
-    batch: pa.RecordBatch, columns: set[str], limit: int = MATERIALIZE_BATCH_BYTES
+    batch: pa.RecordBatch, columns: set[str], limit: int
 ) -> Iterator[pa.RecordBatch]:
     """Slices of ``batch`` whose references point at no more than ``limit`` bytes (one row at
     least), so output batches stay bounded whatever the input batch size."""
