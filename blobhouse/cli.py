@@ -1,4 +1,5 @@
-"""Command line: ``blobhouse demo`` (the main job) and ``blobhouse stats TABLE``."""
+"""Command line: ``blobhouse demo`` (the main job, on Spark), ``blobhouse ingest MANIFEST TABLE``
+and ``blobhouse stats TABLE``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,20 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="write, query and verify a robot-episode table")
     demo.add_argument("--rows", type=int, default=1800, help="frames to generate (30 Hz)")
     demo.add_argument("--out", default="demo-output/episodes", help="where to write the table")
+    demo.add_argument("--master", default="local[*]", help="Spark master (embedded by default)")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    ingest = commands.add_parser("ingest", help="load files named in a manifest into a table")
+    ingest.add_argument("manifest", help="JSONL, CSV or Parquet file of rows")
+    ingest.add_argument("table", help="the table to create or append to")
+    ingest.add_argument(
+        "--blob-columns",
+        required=True,
+        help="comma-separated manifest columns that name files or URIs",
+    )
+    ingest.add_argument("--format", choices=["jsonl", "csv", "parquet"], default=None)
+    ingest.add_argument("--mode", choices=["append", "overwrite"], default="append")
+    ingest.add_argument("--master", default="local[*]", help="Spark master (embedded by default)")
 
     stats = commands.add_parser("stats", help="logical vs physical bytes of a table")
     stats.add_argument("table")
@@ -27,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
+        if args.command == "ingest":
+            return _ingest(args)
         return _stats(args)
     except BlobhouseError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -38,7 +54,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.rows < 1:
         raise SystemExit("--rows must be at least 1")
-    report = run_demo(args.out, args.rows, progress=lambda m: print(m, file=sys.stderr))
+    report = run_demo(args.out, args.rows, args.master, progress=_progress)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -50,12 +66,40 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"write            {report['write_mb_s']} MB/s (logical)")
         print(f"read + verify    {report['read_mb_s']} MB/s")
         print(f"verified blobs   {report['verified_blobs']}, mismatches {report['mismatches']}")
+        first = report["sql_first_frames"]
+        print(
+            f"SQL read_blob    {len(first)} episodes, "
+            f"{sum(r['video_bytes'] for r in first) / 1e6:,.1f} MB of first-frame video"
+        )
         for name, column in report["columns"].items():
             print(
                 f"  {name:<12} {_mb(column['logical_bytes']):>12} -> "
                 f"{_mb(column['physical_bytes']):>10}  ({column['dedup_ratio']:.1f}x)"
             )
     return 0 if report["mismatches"] == 0 else 1
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    import blobhouse.spark as bs
+    from blobhouse.spark.ingest import ingest
+    from blobhouse.table import open_table
+
+    _progress(f"starting Spark ({args.master}) ...")
+    spark = bs.local_session(args.master)
+    bs.register(spark)
+    columns = [c.strip() for c in args.blob_columns.split(",") if c.strip()]
+    _progress(f"ingesting {args.manifest} into {args.table} ...")
+    ingest(spark, args.manifest, args.table, columns, fmt=args.format, mode=args.mode)
+    report = open_table(args.table).stats()
+    print(
+        f"{args.table}: version {report['version']}, {report['rows']} rows, "
+        f"{_mb(report['logical_bytes'])} logical, {_mb(report['physical_bytes'])} physical"
+    )
+    return 0
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _stats(args: argparse.Namespace) -> int:

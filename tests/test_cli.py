@@ -1,43 +1,98 @@
-"""The main job and the CLI, end to end on small data."""
+"""The main job and the CLI, end to end on small data (on the shared local Spark session)."""
 
 from __future__ import annotations
 
 import json
+import os
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from blobhouse import open_table
+from blobhouse.cli import main
+from blobhouse.demo import FPS, EpisodeData
 from conftest import stock_read
 
-from blobhouse.cli import main
-from blobhouse.demo import EpisodeData
+pytestmark = pytest.mark.usefixtures("spark")
 
 
-def test_demo_writes_verifies_and_reports(tmp_path, capsys):
+def test_demo_writes_queries_verifies_and_reports(tmp_path, capsys):
     out = str(tmp_path / "episodes")
-    assert main(["demo", "--rows", "75", "--out", out, "--json"]) == 0
+    assert main(["demo", "--rows", "75", "--out", out, "--json", "--master", "local[2]"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["rows"] == 75
     assert report["mismatches"] == 0
     assert report["verified_blobs"] == 225
-    # three video chunks referenced by 75 rows; one calibration for the episode
     data = EpisodeData(75)
     chunks = [len(data.chunk(i)) for i in range(3)]
-    assert report["columns"]["video"]["physical_bytes"] == sum(chunks)
-    assert (
-        report["columns"]["video"]["logical_bytes"]
-        == 30 * chunks[0] + 30 * chunks[1] + 15 * chunks[2]
-    )
-    assert report["columns"]["calibration"]["dedup_ratio"] == 75.0
-    assert stock_read(out, "video") == [data.payload("video", r) for r in range(75)]
+    video = report["columns"]["video"]
+    assert video["physical_bytes"] == sum(chunks)
+    assert video["logical_bytes"] == FPS * chunks[0] + FPS * chunks[1] + 15 * chunks[2]
+    assert report["sql_first_frames"] == [{"episode": 0, "frames": 3, "video_bytes": sum(chunks)}]
+    rows = open_table(out).to_arrow(columns=["row"]).column("row").to_pylist()
+    assert stock_read(out, "video") == [data.payload("video", r) for r in rows]
 
 
 def test_stats_command(tmp_path, capsys):
     out = str(tmp_path / "episodes")
-    main(["demo", "--rows", "30", "--out", out])
+    main(["demo", "--rows", "30", "--out", out, "--master", "local[2]"])
     capsys.readouterr()
     assert main(["stats", out]) == 0
     text = capsys.readouterr().out
     assert "30 rows" in text and "video" in text
     assert main(["stats", out, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == 30
+
+
+@pytest.fixture
+def media(tmp_path):
+    folder = tmp_path / "media"
+    folder.mkdir()
+    files = {
+        name: os.urandom(size)
+        for name, size in [("a.jpg", 150_000), ("b.jpg", 20_000), ("c.mp4", 900_000)]
+    }
+    for name, content in files.items():
+        (folder / name).write_bytes(content)
+    return folder, files
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_ingest_stores_each_named_file_once(tmp_path, media, fmt, capsys):
+    folder, files = media
+    names = ["a.jpg", "c.mp4", "a.jpg", "b.jpg", "c.mp4", "a.jpg"]
+    rows = [
+        {"id": i, "image": f"media/{n}" if i % 2 else str(folder / n)} for i, n in enumerate(names)
+    ]
+    manifest = tmp_path / f"rows.{fmt}"
+    if fmt == "jsonl":
+        manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif fmt == "csv":
+        manifest.write_text("id,image\n" + "".join(f"{r['id']},{r['image']}\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), manifest)
+    table = str(tmp_path / "table")
+    assert (
+        main(["ingest", str(manifest), table, "--blob-columns", "image", "--master", "local[2]"])
+        == 0
+    )
+    assert "6 rows" in capsys.readouterr().out
+    stored = open_table(table)
+    ids = stored.to_arrow(columns=["id"]).column("id").to_pylist()
+    assert stock_read(table, "image") == [files[names[i]] for i in ids]
+    assert stored.stats()["physical_bytes"] == sum(len(c) for c in files.values())
+
+
+def test_ingest_errors_name_the_problem(tmp_path, capsys):
+    manifest = tmp_path / "rows.jsonl"
+    manifest.write_text(json.dumps({"id": 1, "image": "nope.jpg"}) + "\n")
+    table = str(tmp_path / "table")
+    assert main(["ingest", str(manifest), table, "--blob-columns", "video"]) == 2
+    assert "no column(s) ['video']" in capsys.readouterr().err
+    with pytest.raises(Exception, match=r"cannot read .*nope\.jpg"):
+        main(["ingest", str(manifest), table, "--blob-columns", "image"])
+    assert not os.path.exists(table) or not os.listdir(table)
 
 
 def test_missing_table_is_a_clear_error(tmp_path, capsys):

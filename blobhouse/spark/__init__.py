@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
@@ -30,12 +31,24 @@ from blobhouse.spark.functions import blob_size, materialize, read_blob
 __all__ = ["blob_size", "local_session", "materialize", "read_blob", "register", "write_table"]
 
 _COLOCATE_KEY = "__blobhouse_colocate"
+ARROW_RECORDS_PER_BATCH = 256
 
 
 def local_session(
-    master: str = "local[*]", shuffle_partitions: int | None = None, app_name: str = "blobhouse"
+    master: str = "local[*]",
+    shuffle_partitions: int | None = None,
+    app_name: str = "blobhouse",
+    driver_memory: str = "4g",
 ) -> SparkSession:
-    """An embedded Spark session on this machine, bound to loopback, workers on this Python."""
+    """An embedded Spark session on this machine, bound to loopback, workers on this Python.
+
+    Arrow batches are capped at 256 rows: ``read_blob`` returns one blob per row, so with
+    multi-MB blobs a default 10,000-row batch would need tens of GB. Set the same
+    (``spark.sql.execution.arrow.maxRecordsPerBatch``) on sessions you build yourself.
+    """
+    # Spark starts its JVM and Python workers by fork+exec; lance warns on every fork although
+    # nothing of lance runs in those children before exec
+    warnings.filterwarnings("ignore", message="lance is not fork-safe", category=UserWarning)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (
@@ -45,6 +58,9 @@ def local_session(
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.execution.pyspark.udf.faulthandler.enabled", "true")
+        .config("spark.driver.memory", driver_memory)
+        # read_blob returns one blob per input row: a batch of 10k multi-MB blobs is too big
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_RECORDS_PER_BATCH))
     )
     if shuffle_partitions is not None:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))

@@ -20,7 +20,7 @@ from blobhouse.errors import InvalidInputError
 from blobhouse.rangeio import REF_TYPE, BlobRef, read_ranges
 
 REF_SPARK_TYPE = from_arrow_type(REF_TYPE)
-MATERIALIZE_BATCH_BYTES = 256 << 20
+MATERIALIZE_BATCH_BYTES = 64 << 20
 
 
 def _refs(array: pa.Array) -> list[BlobRef | None]:
