@@ -1,49 +1,13 @@
-"""Shared helpers: real pylance datasets on disk, read back with stock pylance."""
+"""Fixtures of tests/ (the Spark session fixture is in the repository's conftest.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import lance
 import pytest
 
 
 @pytest.fixture
 def table_uri(tmp_path: Path) -> str:
+    """Where a test's table lives (not created yet)."""
     return str(tmp_path / "table")
-
-
-def disk_bytes(path: str) -> int:
-    """Total size of every file under ``path``."""
-    return sum(
-        os.path.getsize(os.path.join(root, name))
-        for root, _, names in os.walk(path)
-        for name in names
-    )
-
-
-def tree(path: str) -> set[str]:
-    """Every file under ``path``, relative to it."""
-    return {
-        os.path.relpath(os.path.join(root, name), path)
-        for root, _, names in os.walk(path)
-        for name in names
-    }
-
-
-def data_files(path: str) -> set[str]:
-    """Files under ``path/data`` (data files and sidecars), relative to the table root."""
-    return {p for p in tree(path) if p.startswith("data")}
-
-
-def stock_read(uri: str, column: str, rows: int | None = None) -> list[bytes | None]:
-    """Every blob of ``column`` read by stock pylance, in row order."""
-    dataset = lance.dataset(uri)
-    rows = dataset.count_rows() if rows is None else rows
-    pairs = dataset.read_blobs(column, indices=list(range(rows)), preserve_order=True)
-    return [payload for _, payload in pairs]
-
-
-def stock_descriptors(uri: str, column: str) -> list[dict | None]:
-    return lance.dataset(uri).to_table(columns=[column]).column(column).to_pylist()

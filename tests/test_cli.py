@@ -12,7 +12,8 @@ import pytest
 from blobhouse import open_table
 from blobhouse.cli import main
 from blobhouse.demo import FPS, EpisodeData
-from conftest import stock_read
+
+from helpers import stock_read
 
 pytestmark = pytest.mark.usefixtures("spark")
 

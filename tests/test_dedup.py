@@ -6,11 +6,12 @@ import os
 import random
 
 import pyarrow as pa
-from conftest import disk_bytes, stock_descriptors, stock_read
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blobhouse import Blob, Kind, blob_array, write_table
+
+from helpers import disk_bytes, stock_descriptors, stock_read
 
 MB = 1_000_000
 

@@ -6,7 +6,6 @@ import os
 
 import pyarrow as pa
 import pytest
-from conftest import stock_read, tree
 
 from blobhouse import (
     Blob,
@@ -21,6 +20,8 @@ from blobhouse import (
     write_table,
 )
 from blobhouse.values import LOGICAL_BLOB_TYPE
+
+from helpers import stock_read, tree
 
 
 @pytest.fixture

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from conftest import stock_read
 
 from blobhouse import write_table
 from blobhouse.errors import BlobhouseError
 from blobhouse.session import BlobSession, sidecar_name
+
+from helpers import stock_read
 
 
 def test_sidecar_names_match_lance():

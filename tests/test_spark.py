@@ -13,7 +13,8 @@ from pyspark.sql.utils import AnalysisException
 
 import blobhouse.spark as bs
 from blobhouse import open_table, write_table
-from conftest import disk_bytes, stock_read, tree
+
+from helpers import disk_bytes, stock_read, tree
 
 pytestmark = pytest.mark.usefixtures("spark")
 KB = 1024

@@ -9,11 +9,12 @@ import os
 import lance
 import pyarrow as pa
 import pytest
-from conftest import stock_descriptors, stock_read
 
 import blobhouse
 from blobhouse import Blob, Kind, blob_array, blob_field, open_table, write_table
 from blobhouse.rangeio import REF_TYPE
+
+from helpers import stock_descriptors, stock_read
 
 PLACEMENT = {"dedicated_size_threshold": 200_000}
 SMALL = b"s" * 100
