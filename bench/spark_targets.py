@@ -18,6 +18,7 @@ import statistics
 import tempfile
 import time
 
+import pyarrow as pa
 from pyspark.sql import functions as F
 
 import blobhouse.spark as bs
@@ -43,12 +44,24 @@ def main() -> None:
     bs.register(spark)
     root = tempfile.mkdtemp(prefix="bh-bench-")
     blob = args.blob_kb * 1024
-    source = spark.range(args.rows, numPartitions=4).select(
-        F.col("id"),
-        (F.col("id") % 97).alias("group"),
-        F.expr(f"unhex(repeat(lpad(hex(id), 16, '0'), {blob // 8}))").alias("payload"),
+
+    def payloads(batches):
+        for batch in batches:
+            ids = batch.column("id").to_pylist()
+            yield pa.record_batch(
+                {
+                    "id": pa.array(ids, pa.int64()),
+                    "group": pa.array([i % 97 for i in ids], pa.int64()),
+                    "payload": pa.array([os.urandom(blob) for _ in ids], pa.binary()),
+                }
+            )
+
+    # incompressible payloads, computed once: every contender writes the same rows
+    source = (
+        spark.range(args.rows, numPartitions=4)
+        .mapInArrow(payloads, "id long, group long, payload binary")
+        .localCheckpoint()
     )
-    source = source.localCheckpoint()
     total_mb = args.rows * blob / 1e6
 
     def write_blobhouse():
