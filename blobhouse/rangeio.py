@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
@@ -103,8 +104,7 @@ def plan_reads(refs: Sequence[BlobRef | None]) -> list[RangeRead]:
 
 
 def read_ranges(refs: Sequence[BlobRef | None], *, threads: int = READ_THREADS) -> list:
-    """The bytes of every reference, in order (None for None), read as :func:`plan_reads` plans,
-    objects and ranges in parallel.
+    """The bytes of every reference, in order (None for None).
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
@@ -112,29 +112,52 @@ def read_ranges(refs: Sequence[BlobRef | None], *, threads: int = READ_THREADS) 
     >>> read_ranges([BlobRef("file://" + path, 6, 5), BlobRef("file://" + path, 0, 5), None])
     [b'world', b'hello', None]
     """
-    reads = plan_reads(refs)
-    out: list[bytes | None] = [None] * len(refs)
+    return read_ranges_arrow(refs, threads=threads).to_pylist()
+
+
+def read_ranges_arrow(
+    refs: Sequence[BlobRef | None], *, threads: int = READ_THREADS
+) -> pa.LargeBinaryArray:
+    """The bytes of every reference as one ``large_binary`` array (null for None).
+
+    Reads go straight into the array's buffer, as :func:`plan_reads` plans them: each distinct
+    range once, adjacent ranges of one object merged, objects and ranges in parallel.
+    """
+    sizes = np.array([0 if r is None else r.size for r in refs], dtype=np.int64)
+    offsets = np.zeros(len(refs) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    data = pa.allocate_buffer(int(offsets[-1]))
+    out = memoryview(data).cast("B") if data.size else memoryview(bytearray())
 
     def run(group: list[RangeRead]) -> None:
         with _ObjectReader() as reader:
             for read in group:
-                raw = reader.read(read.uri, read.start, read.end - read.start)
-                view = memoryview(raw)
+                first = refs[read.members[0]]
+                if len(read.members) == 1 and (first.position, first.end) == (read.start, read.end):
+                    slot = int(offsets[read.members[0]])
+                    reader.read_into(read.uri, read.start, out[slot : slot + first.size])
+                    continue
+                raw = memoryview(reader.read(read.uri, read.start, read.end - read.start))
                 for index in read.members:
-                    ref = refs[index]
-                    if ref.position == read.start and ref.end == read.end:
-                        out[index] = raw
-                    else:
-                        out[index] = bytes(view[ref.position - read.start : ref.end - read.start])
+                    ref, slot = refs[index], int(offsets[index])
+                    out[slot : slot + ref.size] = raw[
+                        ref.position - read.start : ref.end - read.start
+                    ]
 
-    groups = _balanced_groups(reads, threads)
+    groups = _balanced_groups(plan_reads(refs), threads)
     if len(groups) <= 1:
         for group in groups:
             run(group)
     else:
         with ThreadPoolExecutor(len(groups)) as pool:
             list(pool.map(run, groups))
-    return out
+    validity = pa.array([r is not None for r in refs], pa.bool_())
+    return pa.Array.from_buffers(
+        pa.large_binary(),
+        len(refs),
+        [validity.buffers()[1] if None in refs else None, pa.py_buffer(offsets), data],
+        null_count=sum(r is None for r in refs),
+    )
 
 
 def _balanced_groups(reads: list[RangeRead], threads: int) -> list[list[RangeRead]]:
@@ -181,13 +204,36 @@ class _ObjectReader:
         for handle in self._remote.values():
             handle.close()
 
+    def read_into(self, uri: str, position: int, target: memoryview) -> None:
+        """Fill ``target`` with the bytes at ``position`` of ``uri``."""
+        if not len(target):
+            return
+        if uri.startswith("file://") or "://" not in uri:
+            fd = self._fd(uri)
+            filled = 0
+            while filled < len(target):
+                n = os.preadv(fd, [target[filled:]], position + filled)
+                if n == 0:
+                    break
+                filled += n
+            if filled != len(target):
+                raise OSError(
+                    f"short read from {uri}: wanted {len(target)} bytes at {position}, got "
+                    f"{filled} (the object is smaller than the reference says)"
+                )
+            return
+        target[:] = self.read(uri, position, len(target))
+
+    def _fd(self, uri: str) -> int:
+        if uri not in self._local:
+            self._local[uri] = os.open(uri_to_path(uri), os.O_RDONLY)
+        return self._local[uri]
+
     def read(self, uri: str, position: int, size: int) -> bytes:
         if size == 0:
             return b""
         if uri.startswith("file://") or "://" not in uri:
-            if uri not in self._local:
-                self._local[uri] = os.open(uri_to_path(uri), os.O_RDONLY)
-            data = os.pread(self._local[uri], size, position)
+            data = os.pread(self._fd(uri), size, position)
         else:
             if uri not in self._remote:
                 fs, path = pafs.FileSystem.from_uri(uri)

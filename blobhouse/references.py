@@ -84,28 +84,34 @@ class ReferenceResolver:
         }
         kinds, positions, sizes = numbers["kind"], numbers["position"], numbers["size"]
         blob_ids = numbers["blob_id"]
-        blob_uris = descriptors.field("blob_uri").to_pylist()
         fragments = np.asarray(row_addresses.to_numpy(zero_copy_only=False)) >> 32
-        uris: list[str | None] = []
-        for row in range(len(descriptors)):
-            if not valid[row]:
-                uris.append(None)
-                continue
-            uris.append(
-                self._uri(
-                    int(kinds[row]),
-                    int(fragments[row]),
-                    field_id,
-                    int(blob_ids[row]),
-                    blob_uris[row],
-                )
-            )
+        # rows of one data file and sidecar share a URI: build each distinct URI once, keyed by
+        # (fragment, kind, blob_id) packed into one integer; external rows are keyed by row
+        ids = np.where(kinds == Kind.INLINE, 0, blob_ids).astype(np.int64)
+        keys = (fragments.astype(np.int64) << 35) | (kinds.astype(np.int64) << 32) | ids
+        external = valid & (kinds == Kind.EXTERNAL)
+        keys[external] = -1 - np.flatnonzero(external)
+        unique, codes = np.unique(keys[valid], return_inverse=True)
+        blob_uris = descriptors.field("blob_uri")
+        uris = [self._uri_of_key(int(key), field_id, blob_uris) for key in unique]
+        row_codes = np.zeros(len(descriptors), dtype=np.int64)
+        row_codes[valid] = codes.reshape(-1)
+        uri_column = (
+            pa.array(uris, pa.utf8()).take(pa.array(row_codes))
+            if uris
+            else pa.nulls(len(descriptors), pa.utf8())
+        )
         positions = np.where(kinds == Kind.DEDICATED, 0, positions).astype(np.int64)
         return pa.StructArray.from_arrays(
-            [pa.array(uris, pa.utf8()), pa.array(positions), pa.array(sizes.astype(np.int64))],
+            [uri_column, pa.array(positions), pa.array(sizes.astype(np.int64))],
             fields=list(REF_TYPE),
             mask=pa.array(~valid),
         )
+
+    def _uri_of_key(self, key: int, field_id: int, blob_uris: pa.Array) -> str:
+        if key < 0:
+            return self._uri(Kind.EXTERNAL, 0, field_id, 0, blob_uris[-1 - key].as_py())
+        return self._uri((key >> 32) & 7, key >> 35, field_id, key & 0xFFFFFFFF, "")
 
     def _uri(self, kind: int, fragment_id: int, field_id: int, blob_id: int, blob_uri: str) -> str:
         if kind == Kind.INLINE:
@@ -116,6 +122,6 @@ class ReferenceResolver:
         if kind == Kind.EXTERNAL and ("://" in blob_uri or posixpath.isabs(blob_uri)):
             return blob_uri if "://" in blob_uri else "file://" + blob_uri
         raise BlobhouseError(
-            f"cannot resolve a blob descriptor of kind {kind} (uri {blob_uri!r}, blob_id "
-            f"{blob_id}); blobhouse resolves inline, packed, dedicated and absolute external blobs"
+            f"cannot resolve a blob descriptor of kind {kind} (uri {blob_uri!r}); blobhouse "
+            "resolves inline, packed, dedicated and absolute external blobs"
         )

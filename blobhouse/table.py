@@ -32,7 +32,7 @@ from blobhouse.pipeline import (
     write_data_files,
 )
 from blobhouse.placement import AllowedBases, uri_to_path
-from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, refs_from_arrow
+from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
 from blobhouse.values import (
     Blob,
@@ -424,7 +424,7 @@ class Table:
                 get_column(batch, path), addresses, field_id(self.dataset, path)
             )
             if blobs == "bytes":
-                values = pa.array(read_ranges(refs_from_arrow(refs)), type=pa.large_binary())
+                values = read_ranges_arrow(refs_from_arrow(refs))
                 batch = replace_column(batch, path, values, pa.field(path[-1], pa.large_binary()))
             else:
                 batch = replace_column(batch, path, refs, pa.field(path[-1], REF_TYPE))

@@ -17,7 +17,7 @@ from pyspark.sql.pandas.types import from_arrow_type
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from blobhouse.errors import InvalidInputError
-from blobhouse.rangeio import REF_TYPE, BlobRef, read_ranges
+from blobhouse.rangeio import REF_TYPE, BlobRef, read_ranges_arrow
 
 REF_SPARK_TYPE = from_arrow_type(REF_TYPE)
 MATERIALIZE_BATCH_BYTES = 64 << 20
@@ -39,7 +39,7 @@ def read_bytes(array: pa.Array) -> pa.Array:
     """The bytes of every reference in ``array`` as ``large_binary`` (null stays null)."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
-    return pa.array(read_ranges(_refs(array)), type=pa.large_binary())
+    return read_ranges_arrow(_refs(array))
 
 
 @arrow_udf(BinaryType())
