@@ -6,6 +6,9 @@
    non-blob columns (``count`` and a full scan);
 2. ``read_blob`` and ``materialize`` MB/s over every blob (warm page cache);
 3. writing with dedup off vs ``df.write.parquet`` of the same data.
+
+The floor of any pyspark Python data source is measured too: a reader that yields the same
+non-blob columns from memory, with no I/O at all.
 """
 
 from __future__ import annotations
@@ -18,10 +21,38 @@ import statistics
 import tempfile
 import time
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import functions as F
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 import blobhouse.spark as bs
+
+
+class _FloorReader(DataSourceReader):
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def partitions(self):
+        return [InputPartition(i) for i in range(4)]
+
+    def read(self, partition):
+        ids = np.arange(partition.value, self.rows, 4, dtype=np.int64)
+        yield pa.record_batch({"id": ids, "group": ids % 97})
+
+
+class _FloorSource(DataSource):
+    """The cheapest possible Python data source: Arrow batches from memory."""
+
+    @classmethod
+    def name(cls):
+        return "bh_floor"
+
+    def schema(self):
+        return "id long, group long"
+
+    def reader(self, schema):
+        return _FloorReader(int(self.options["rows"]))
 
 
 def timed(fn, runs: int) -> float:
@@ -89,6 +120,12 @@ def main() -> None:
         lambda: refs.agg(F.sum("id"), F.sum(F.col("payload.size"))).collect(), args.runs
     )
     results["scan_ratio"] = results["scan_parquet_s"] / results["scan_refs_s"]
+    spark.dataSource.register(_FloorSource)
+    floor = spark.read.format("bh_floor").option("rows", str(args.rows)).load()
+    results["scan_python_source_floor_s"] = timed(
+        lambda: floor.agg(F.sum("id")).collect(), args.runs
+    )
+    results["floor_ratio"] = results["scan_parquet_s"] / results["scan_python_source_floor_s"]
     read_blob_s = timed(
         lambda: refs.select(F.sum(F.length(bs.read_blob("payload")))).collect(), args.runs
     )
