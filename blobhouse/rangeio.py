@@ -47,19 +47,17 @@ class BlobRef:
 
 
 def refs_from_arrow(array: pa.Array) -> list[BlobRef | None]:
-    """Python references from a ``REF_TYPE`` array (nulls stay None)."""
-    return [None if r is None else BlobRef(**r) for r in array.to_pylist()]
-
-
-def refs_to_arrow(refs: Sequence[BlobRef | None]) -> pa.StructArray:
-    """A ``REF_TYPE`` array from Python references."""
-    return pa.array(
-        [
-            None if r is None else {"uri": r.uri, "position": r.position, "size": r.size}
-            for r in refs
-        ],
-        type=REF_TYPE,
-    )
+    """Python references from a ``struct<uri, position, size>`` array (null rows stay None)."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    uris = array.field("uri").to_pylist()
+    positions = array.field("position").to_pylist()
+    sizes = array.field("size").to_pylist()
+    valid = array.is_valid().to_pylist()
+    return [
+        BlobRef(u, p, s) if ok and u is not None else None
+        for ok, u, p, s in zip(valid, uris, positions, sizes, strict=True)
+    ]
 
 
 @dataclass(frozen=True)

@@ -13,33 +13,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql.functions import arrow_udf
-from pyspark.sql.pandas.types import from_arrow_type
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from blobhouse.errors import InvalidInputError
-from blobhouse.rangeio import REF_TYPE, BlobRef, read_ranges_arrow
+from blobhouse.rangeio import read_ranges_arrow, refs_from_arrow
 
-REF_SPARK_TYPE = from_arrow_type(REF_TYPE)
 MATERIALIZE_BATCH_BYTES = 64 << 20
-
-
-def _refs(array: pa.Array) -> list[BlobRef | None]:
-    """Python references from an Arrow struct column of references (any integer widths)."""
-    uris = array.field("uri").to_pylist()
-    positions = array.field("position").to_pylist()
-    sizes = array.field("size").to_pylist()
-    valid = array.is_valid().to_pylist()
-    return [
-        BlobRef(u, p, s) if ok and u is not None else None
-        for ok, u, p, s in zip(valid, uris, positions, sizes, strict=True)
-    ]
 
 
 def read_bytes(array: pa.Array) -> pa.Array:
     """The bytes of every reference in ``array`` as ``large_binary`` (null stays null)."""
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    return read_ranges_arrow(_refs(array))
+    return read_ranges_arrow(refs_from_arrow(array))
 
 
 @arrow_udf(BinaryType())
