@@ -102,16 +102,16 @@ class BlobhouseWriter(DataSourceArrowWriter):
     """Writes a task's batches as data files; the driver commits them together."""
 
     def __init__(self, write: TableWrite) -> None:
-        self.write_ = write
+        self.table_write = write
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenFiles:
-        return WrittenFiles(tuple(self.write_.write(iterator)))
+        return WrittenFiles(tuple(self.table_write.write(iterator)))
 
     def commit(self, messages: Sequence[WrittenFiles | None]) -> None:
-        self.write_.commit(_files(messages))
+        self.table_write.commit(_files(messages))
 
     def abort(self, messages: Sequence[WrittenFiles | None]) -> None:
-        self.write_.abort(_files(messages))
+        self.table_write.abort(_files(messages))
 
 
 @dataclass(frozen=True)
