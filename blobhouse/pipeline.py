@@ -385,7 +385,7 @@ class _ColumnPlacer:
 
     def close(self) -> None:
         if self._pack is not None:
-            self._pack.close()
+            self._pack.finish()
             self._pack = None
 
     def discard(self) -> None:
@@ -438,11 +438,11 @@ class _ColumnPlacer:
             return sidecar.finish()
         limit = self.plan.placement.pack_file_size_threshold
         if self._pack is not None and self._pack.size and self._pack.size + len(payload) > limit:
-            self._pack.close()
+            self._pack.finish()
             self._pack = None
         if self._pack is None:
             self._pack = self.session.new_packed()
-        return self._pack.write(payload)
+        return self._pack.write_blob(payload)
 
     def _external(
         self, column: LogicalColumn, row: int, global_row: int, ref_id: int | None

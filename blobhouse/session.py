@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from lance.blob import BlobDescriptorArrayBuilder
 from lance.file import LanceFileSession, LanceFileWriter
 
-from blobhouse.errors import BlobhouseError
+from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.placement import Kind
 
 MAX_BLOB_ID = 2**32 - 1
+MAX_U64 = 2**64 - 1
 _PREPARED_FIELD = BlobDescriptorArrayBuilder("blob").field
 PREPARED_TYPE: pa.StructType = _PREPARED_FIELD.type
 
@@ -86,24 +88,31 @@ def sidecar_name(blob_id: int) -> str:
 
 
 class PackedSidecar:
-    """A packed sidecar being written: many payloads appended to one object."""
+    """A packed sidecar being written: many payloads appended to one object.
+
+    ``write_blob`` returns the value rows use to reference the payload; ``finish`` closes the
+    sidecar and returns every value in write order.
+    """
 
     def __init__(self, writer, blob_id: int) -> None:
         self._writer = writer
         self.blob_id = blob_id
         self.size = 0
+        self._values: list[PreparedBlob] = []
 
-    def write(self, payload: bytes | memoryview) -> PreparedBlob:
+    def write_blob(self, payload: bytes | memoryview) -> PreparedBlob:
         """Append ``payload``; returns the value rows use to reference it."""
         self._writer.write_blob(bytes(payload))  # Lance's binding takes bytes, not views
         value = PreparedBlob(
             Kind.PACKED, size=len(payload), blob_id=self.blob_id, position=self.size
         )
         self.size += len(payload)
+        self._values.append(value)
         return value
 
-    def close(self) -> None:
+    def finish(self) -> list[PreparedBlob]:
         self._writer.finish()
+        return list(self._values)
 
 
 class DedicatedSidecar:
@@ -123,6 +132,88 @@ class DedicatedSidecar:
         return PreparedBlob(Kind.DEDICATED, size=self.size, blob_id=self.blob_id)
 
 
+class BlobColumnWriter:
+    """Builds one prepared blob column, row by row, in a :class:`BlobSession`'s namespace.
+
+    Several rows may reference the same prepared value (``append(value)`` again): they share
+    one stored copy.
+
+    >>> import tempfile
+    >>> session = BlobSession(tempfile.mkdtemp() + "/data/f.lance")
+    >>> images = session.open_writer("image")
+    >>> pack = images.new_packed()
+    >>> first, second = pack.write_blob(b"cat"), pack.write_blob(b"dog")
+    >>> images.extend(pack.finish())
+    >>> images.append(first)  # a third row sharing the first payload
+    >>> images.append_inline(b"tiny")
+    >>> images.append_null()
+    >>> column = images.finish()
+    >>> len(column), column.null_count, images.field.name
+    (5, 1, 'image')
+    """
+
+    def __init__(self, session: BlobSession, column: str) -> None:
+        self.session = session
+        self.column = column
+        self._values: list[PreparedBlob | None] = []
+
+    @property
+    def field(self) -> pa.Field:
+        """The Arrow field of the prepared column."""
+        return prepared_field(self.column)
+
+    def new_packed(self) -> PackedSidecar:
+        return self.session.new_packed()
+
+    def new_dedicated(self) -> DedicatedSidecar:
+        return self.session.new_dedicated()
+
+    def load_packed(
+        self, blob_id: int, offsets: Sequence[int], sizes: Sequence[int]
+    ) -> list[PreparedBlob]:
+        """Values for payloads of a packed sidecar already placed in this namespace."""
+        return self.session.load_packed(blob_id, offsets, sizes)
+
+    def load_dedicated(self, blob_id: int) -> PreparedBlob:
+        """The value of a dedicated sidecar already placed in this namespace."""
+        return self.session.load_dedicated(blob_id)
+
+    def append(self, value: PreparedBlob | None) -> None:
+        if value is not None and not isinstance(value, PreparedBlob):
+            raise InvalidInputError(
+                f"column {self.column!r}: append takes a PreparedBlob or None, got "
+                f"{type(value).__name__}"
+            )
+        self._values.append(value)
+
+    def extend(self, values: Iterable[PreparedBlob | None]) -> None:
+        for value in values:
+            self.append(value)
+
+    def append_inline(self, data: bytes) -> None:
+        self.append(PreparedBlob(Kind.INLINE, size=len(data), data=bytes(data)))
+
+    def append_external(self, uri: str, position: int | None = None, size: int | None = None):
+        """A reference to (a range of) an external object; checked against the table's allowed
+        bases when the data file is committed."""
+        if (position is None) != (size is None):
+            raise InvalidInputError(
+                f"column {self.column!r}: an external range needs both position and size"
+            )
+        if position is not None and (position < 0 or size <= 0 or position + size > MAX_U64):
+            raise InvalidInputError(
+                f"column {self.column!r}: bad external range position={position}, size={size}"
+            )
+        self.append(PreparedBlob(Kind.EXTERNAL, size=size or 0, position=position or 0, uri=uri))
+
+    def append_null(self) -> None:
+        self._values.append(None)
+
+    def finish(self) -> pa.StructArray:
+        """The prepared column (rows in append order)."""
+        return prepared_array(self._values)
+
+
 class BlobSession:
     """The blob namespace of one data file about to be written.
 
@@ -130,9 +221,10 @@ class BlobSession:
     >>> root = tempfile.mkdtemp()
     >>> session = BlobSession(f"{root}/data/f0.lance")
     >>> pack = session.new_packed()
-    >>> pack.write(b"hello").position, pack.write(b"world").position
+    >>> pack.write_blob(b"hello").position, pack.write_blob(b"world").position
     (0, 5)
-    >>> pack.close(); session.abort()
+    >>> len(pack.finish()); session.abort()
+    2
     """
 
     def __init__(self, data_file_path: str, storage_options: dict[str, str] | None = None) -> None:
@@ -151,13 +243,8 @@ class BlobSession:
 
     def allocate_blob_id(self) -> int:
         """A fresh blob_id: never 0, never handed out before, no existing sidecar."""
-        if self._taken is None:
-            self._taken = {
-                int(os.path.basename(p).removesuffix(".blob")[::-1], 2)
-                for p in self.files.list(self.key)
-                if p.endswith(".blob")
-            }
-        while self._next_id in self._taken:
+        taken = self._taken_ids()
+        while self._next_id in taken:
             self._next_id += 1
         if self._next_id > MAX_BLOB_ID:
             raise BlobhouseError(f"data file {self.data_file_name}: blob_ids exhausted")
@@ -165,6 +252,71 @@ class BlobSession:
         self._next_id += 1
         self.sidecars.append(self.sidecar_path(blob_id))
         return blob_id
+
+    def open_writer(self, column: str) -> BlobColumnWriter:
+        """A writer for the prepared values of blob ``column`` (every column of the session
+        shares this namespace and its blob_id allocator)."""
+        return BlobColumnWriter(self, column)
+
+    def load_packed(
+        self, blob_id: int, offsets: Sequence[int], sizes: Sequence[int]
+    ) -> list[PreparedBlob]:
+        """Values for ranges of an existing packed sidecar of this namespace (validated)."""
+        if len(offsets) != len(sizes):
+            raise InvalidInputError(
+                f"load_packed: {len(offsets)} offsets but {len(sizes)} sizes (blob_id {blob_id})"
+            )
+        object_bytes = self._loaded_size(blob_id)
+        values = []
+        for offset, size in zip(offsets, sizes, strict=True):
+            if offset < 0 or size < 0 or offset + size > MAX_U64:
+                raise InvalidInputError(
+                    f"load_packed: blob_id {blob_id}: offset {offset} / size {size} out of range"
+                )
+            if offset + size > object_bytes:
+                raise InvalidInputError(
+                    f"load_packed: blob_id {blob_id}: range [{offset}, +{size}) is past the end "
+                    f"of {self.sidecar_path(blob_id)} ({object_bytes} bytes)"
+                )
+            values.append(PreparedBlob(Kind.PACKED, size=size, blob_id=blob_id, position=offset))
+        return values
+
+    def load_dedicated(self, blob_id: int) -> PreparedBlob:
+        """The value of an existing dedicated sidecar of this namespace (its whole object)."""
+        return PreparedBlob(Kind.DEDICATED, size=self._loaded_size(blob_id), blob_id=blob_id)
+
+    def _loaded_size(self, blob_id: int) -> int:
+        if (
+            isinstance(blob_id, bool)
+            or not isinstance(blob_id, int)
+            or not (0 < blob_id <= MAX_BLOB_ID)
+        ):
+            raise InvalidInputError(
+                f"blob_id must be an integer in 1..{MAX_BLOB_ID}, got {blob_id!r}"
+            )
+        path = f"{self.data_dir}/{self.sidecar_path(blob_id)}"
+        try:
+            fs, fs_path = pafs.FileSystem.from_uri(path if "://" in path else "file://" + path)
+            info = fs.get_file_info(fs_path)
+        except (OSError, ValueError) as exc:
+            raise InvalidInputError(f"cannot stat sidecar {path}: {exc}") from None
+        if info.type != pafs.FileType.File:
+            raise InvalidInputError(
+                f"blob_id {blob_id}: no sidecar {self.sidecar_path(blob_id)} in the namespace of "
+                f"{self.data_file_name}"
+            )
+        self._taken_ids().add(blob_id)
+        return info.size
+
+    def _taken_ids(self) -> set[int]:
+        """blob_ids with a sidecar in the namespace (listed once), plus those loaded since."""
+        if self._taken is None:
+            self._taken = {
+                int(os.path.basename(p).removesuffix(".blob")[::-1], 2)
+                for p in self.files.list(self.key)
+                if p.endswith(".blob")
+            }
+        return self._taken
 
     def new_packed(self) -> PackedSidecar:
         """Open a new packed sidecar."""

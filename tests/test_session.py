@@ -30,8 +30,8 @@ def test_allocator_skips_zero_reused_and_existing_ids(tmp_path):
     assert [session.allocate_blob_id() for _ in range(3)] == [2, 4, 5]
     packed = session.new_packed()
     assert packed.blob_id == 6
-    packed.write(b"abc")
-    packed.close()
+    packed.write_blob(b"abc")
+    packed.finish()
     session.abort()
     # only what the session created is removed
     assert sorted(os.listdir(data / "f")) == sorted(sidecar_name(i) for i in (1, 3))
@@ -40,8 +40,8 @@ def test_allocator_skips_zero_reused_and_existing_ids(tmp_path):
 def test_sidecar_writers_record_positions_and_sizes(tmp_path):
     session = BlobSession(str(tmp_path / "data" / "g.lance"))
     pack = session.new_packed()
-    first, second = pack.write(b"hello"), pack.write(memoryview(b"world!"))
-    pack.close()
+    first, second = pack.write_blob(b"hello"), pack.write_blob(memoryview(b"world!"))
+    assert pack.finish() == [first, second]
     assert (first.position, first.size, second.position, second.size) == (0, 5, 5, 6)
     dedicated = session.new_dedicated()
     for chunk in (b"ab", b"cd", b"e"):
