@@ -19,23 +19,28 @@ from blobhouse.errors import (
 )
 from blobhouse.placement import Kind, Placement
 from blobhouse.rangeio import REF_TYPE, BlobRef, open_ref, read_ranges
+from blobhouse.session import BlobColumnWriter, BlobSession, PreparedBlob, WrittenFile
 from blobhouse.table import Table, open_table, write_table
 from blobhouse.values import Blob, blob_array, blob_field
 
 __all__ = [
     "REF_TYPE",
     "Blob",
+    "BlobColumnWriter",
     "BlobRef",
+    "BlobSession",
     "BlobhouseError",
     "ExternalBlobError",
     "InvalidInputError",
     "Kind",
     "Placement",
+    "PreparedBlob",
     "RefIdConflictError",
     "SchemaError",
     "Table",
     "TableExistsError",
     "TableNotFoundError",
+    "WrittenFile",
     "blob_array",
     "blob_field",
     "open_ref",

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from lance.blob import blob_field as lance_blob_field
 from lance.file import LanceFileSession
-from lance.fragment import DataFile, FragmentMetadata
 
 from blobhouse.dedup import DedupIndex, DedupMode, Fingerprint, content_hash, dedup_modes
 from blobhouse.errors import InvalidInputError, SchemaError
@@ -38,6 +37,7 @@ from blobhouse.session import (
     BlobSession,
     PackedSidecar,
     PreparedBlob,
+    WrittenFile,
     prepared_array,
     prepared_field,
 )
@@ -147,24 +147,6 @@ def plan_write(
         max_rows_per_file=max_rows_per_file,
         max_bytes_per_file=max_bytes_per_file,
     )
-
-
-@dataclass(frozen=True)
-class WrittenFile:
-    """A complete data file (and its sidecars), ready to be committed as a fragment."""
-
-    name: str
-    num_rows: int
-    size_bytes: int
-    sidecars: tuple[str, ...]
-    sidecar_bytes: int
-
-    def fragment(self, field_ids: list[int]) -> FragmentMetadata:
-        """Fragment metadata for this file; ``field_ids`` are the table's leaf field ids."""
-        data_file = DataFile(
-            self.name, field_ids, list(range(len(field_ids))), 2, 2, self.size_bytes
-        )
-        return FragmentMetadata(id=0, files=[data_file], physical_rows=self.num_rows)
 
 
 class DataFileWriter:

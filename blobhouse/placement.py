@@ -8,16 +8,19 @@ are kept with the table and honoured by stock Lance writers too.
 from __future__ import annotations
 
 import enum
+import json
 import os
 import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from urllib.parse import unquote, urlsplit
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from blobhouse.errors import ExternalBlobError, InvalidInputError
 
+SETTINGS_KEY = b"blobhouse"
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -115,6 +118,16 @@ class AllowedBases:
 
     def __bool__(self) -> bool:
         return bool(self.bases)
+
+    @classmethod
+    def of_table(cls, schema: pa.Schema | None) -> AllowedBases:
+        """The bases a table schema records (none if it records nothing)."""
+        raw = (schema.metadata or {}).get(SETTINGS_KEY) if schema is not None else None
+        return cls(json.loads(raw).get("allowed_bases", []) if raw else [])
+
+    def table_metadata(self) -> dict[bytes, bytes]:
+        """Schema metadata recording these bases with the table."""
+        return {SETTINGS_KEY: json.dumps({"format": 1, "allowed_bases": self.bases}).encode()}
 
     def check(self, uri: str, *, column: str, row: int) -> str:
         """The normalized form of ``uri``, or :class:`ExternalBlobError` if not allowed."""

@@ -14,14 +14,16 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from lance.blob import BlobDescriptorArrayBuilder
 from lance.file import LanceFileSession, LanceFileWriter
+from lance.fragment import DataFile, FragmentMetadata
 
-from blobhouse.errors import BlobhouseError, InvalidInputError
-from blobhouse.placement import Kind
+from blobhouse.errors import BlobhouseError, ExternalBlobError, InvalidInputError
+from blobhouse.placement import AllowedBases, Kind, object_size
 
 MAX_BLOB_ID = 2**32 - 1
 MAX_U64 = 2**64 - 1
@@ -78,6 +80,25 @@ def prepared_array(
     return pa.StructArray.from_arrays(children, fields=list(PREPARED_TYPE), mask=mask)
 
 
+def _file_field(field: pa.Field) -> pa.Field:
+    """The data file field for an input field: prepared blob structs get Lance's marker."""
+    if field.type == PREPARED_TYPE:
+        return prepared_field(field.name, field.nullable)
+    names = {f.name for f in field.type} if pa.types.is_struct(field.type) else set()
+    if {"kind", "blob_id"} <= names:
+        raise InvalidInputError(
+            f"column {field.name!r} is not exactly the prepared blob layout: {field.type}; "
+            f"expected {PREPARED_TYPE}"
+        )
+    if {"data", "uri"} <= names:
+        raise InvalidInputError(
+            f"column {field.name!r} is a logical blob struct ({field.type}); a session writes "
+            "prepared columns only (session.open_writer(...).finish()); use write_table for "
+            "logical values"
+        )
+    return field
+
+
 def sidecar_name(blob_id: int) -> str:
     """Lance's sidecar file name: blob_id as 32 binary digits, least-significant bit first.
 
@@ -85,6 +106,27 @@ def sidecar_name(blob_id: int) -> str:
     '10000000000000000000000000000000.blob'
     """
     return format(blob_id, "032b")[::-1] + ".blob"
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A complete data file (and its sidecars), ready to be committed as a fragment."""
+
+    name: str
+    num_rows: int
+    size_bytes: int
+    sidecars: tuple[str, ...]
+    sidecar_bytes: int
+
+    def data_file(self, field_ids: list[int]) -> DataFile:
+        """Lance's record of this file; ``field_ids`` are the table's ids of its columns."""
+        return DataFile(self.name, field_ids, list(range(len(field_ids))), 2, 2, self.size_bytes)
+
+    def fragment(self, field_ids: list[int]) -> FragmentMetadata:
+        """Metadata of a new fragment made of this file alone."""
+        return FragmentMetadata(
+            id=0, files=[self.data_file(field_ids)], physical_rows=self.num_rows
+        )
 
 
 class PackedSidecar:
@@ -193,18 +235,29 @@ class BlobColumnWriter:
     def append_inline(self, data: bytes) -> None:
         self.append(PreparedBlob(Kind.INLINE, size=len(data), data=bytes(data)))
 
-    def append_external(self, uri: str, position: int | None = None, size: int | None = None):
-        """A reference to (a range of) an external object; checked against the table's allowed
-        bases when the data file is committed."""
+    def append_external(
+        self, uri: str, position: int | None = None, size: int | None = None
+    ) -> None:
+        """A reference to (a range of) an object under the table's allowed bases."""
+        row = len(self._values)
         if (position is None) != (size is None):
             raise InvalidInputError(
-                f"column {self.column!r}: an external range needs both position and size"
+                f"column {self.column!r}, row {row}: an external range needs position and size"
             )
         if position is not None and (position < 0 or size <= 0 or position + size > MAX_U64):
             raise InvalidInputError(
-                f"column {self.column!r}: bad external range position={position}, size={size}"
+                f"column {self.column!r}, row {row}: bad external range position={position}, "
+                f"size={size}"
             )
-        self.append(PreparedBlob(Kind.EXTERNAL, size=size or 0, position=position or 0, uri=uri))
+        normalized = self.session.allowed_bases().check(uri, column=self.column, row=row)
+        object_bytes = object_size(normalized, column=self.column, row=row)
+        position, size = (0, object_bytes) if position is None else (position, size)
+        if position + size > object_bytes:
+            raise ExternalBlobError(
+                f"column {self.column!r}, row {row}: range [{position}, +{size}) is past the end "
+                f"of {normalized} ({object_bytes} bytes)"
+            )
+        self.append(PreparedBlob(Kind.EXTERNAL, size=size, position=position, uri=normalized))
 
     def append_null(self) -> None:
         self._values.append(None)
@@ -233,9 +286,11 @@ class BlobSession:
             raise BlobhouseError(f"data file path must end in .lance: {data_file_path!r}")
         self.key = self.data_file_name.removesuffix(".lance")
         self.files = LanceFileSession(self.data_dir, storage_options=storage_options)
+        self.storage_options = storage_options
         self.sidecars: list[str] = []
         self._next_id = 1
         self._taken: set[int] | None = None
+        self._bases: AllowedBases | None = None
 
     def sidecar_path(self, blob_id: int) -> str:
         """Path of ``blob_id``'s sidecar, relative to the data directory."""
@@ -252,6 +307,38 @@ class BlobSession:
         self._next_id += 1
         self.sidecars.append(self.sidecar_path(blob_id))
         return blob_id
+
+    def allowed_bases(self) -> AllowedBases:
+        """The external bases of the table this data file belongs to (read once)."""
+        if self._bases is None:
+            root = self.data_dir.rsplit("/", 1)[0]
+            try:
+                schema = lance.dataset(root, storage_options=self.storage_options).schema
+            except (ValueError, OSError):
+                schema = None  # no table there yet: no external bases
+            self._bases = AllowedBases.of_table(schema)
+        return self._bases
+
+    def write_data_file(self, data: pa.Table | pa.RecordBatch) -> WrittenFile:
+        """Write this session's data file: prepared blob columns (from :meth:`open_writer`) and
+        ordinary columns. Commit it with ``Table.add_data_file``.
+
+        A struct column shaped like a logical blob is refused: logical values are placed by
+        ``write_table``; here every blob column must already be prepared.
+        """
+        table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+        schema = pa.schema([_file_field(f) for f in table.schema])
+        writer = self.open_data_file(schema)
+        for batch in table.to_batches():
+            writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema))
+        writer.close()
+        return WrittenFile(
+            name=self.data_file_name,
+            num_rows=table.num_rows,
+            size_bytes=writer.size_bytes,
+            sidecars=tuple(self.sidecars),
+            sidecar_bytes=0,
+        )
 
     def open_writer(self, column: str) -> BlobColumnWriter:
         """A writer for the prepared values of blob ``column`` (every column of the session

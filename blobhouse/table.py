@@ -7,7 +7,6 @@ table's settings (the allowed external bases); stock Lance readers ignore it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -18,14 +17,15 @@ from typing import Any, BinaryIO, Literal
 import lance
 import pyarrow as pa
 from lance import LanceDataset, LanceOperation
+from lance.fragment import DataFile, FragmentMetadata
 from lance.schema import LanceSchema
 
-from blobhouse.errors import InvalidInputError, TableExistsError, TableNotFoundError
+from blobhouse.backfill import BackfillPlan, BlobFunction, backfill_fragment, commit_backfill
+from blobhouse.errors import InvalidInputError, SchemaError, TableExistsError, TableNotFoundError
 from blobhouse.pipeline import (
     DEFAULT_MAX_BYTES_PER_FILE,
     DEFAULT_MAX_ROWS_PER_FILE,
     WritePlan,
-    WrittenFile,
     plan_write,
     remove_staged,
     remove_written,
@@ -34,6 +34,7 @@ from blobhouse.pipeline import (
 from blobhouse.placement import AllowedBases, uri_to_path
 from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
+from blobhouse.session import WrittenFile
 from blobhouse.values import (
     Blob,
     ColumnPath,
@@ -47,7 +48,6 @@ from blobhouse.values import (
 
 BlobsMode = Literal["refs", "bytes", "descriptors"]
 WriteMode = Literal["create", "append", "overwrite"]
-_META_KEY = b"blobhouse"
 _ROW_ADDRESS = "_rowaddr"
 
 
@@ -203,9 +203,7 @@ class TableWrite:
             )
             ids = leaf_field_ids(dataset.lance_schema.fields())
             return LanceOperation.Append([w.fragment(ids) for w in written])
-        schema = self.plan.table_schema.with_metadata(
-            {_META_KEY: _settings(self.plan.allowed_bases)}
-        )
+        schema = self.plan.table_schema.with_metadata(self.plan.allowed_bases.table_metadata())
         ids = leaf_field_ids(LanceSchema.from_pyarrow(schema).fields())
         return LanceOperation.Overwrite(schema, [w.fragment(ids) for w in written])
 
@@ -266,7 +264,7 @@ class Table:
     @property
     def allowed_bases(self) -> list[str]:
         """URI prefixes external blobs of this table may live under."""
-        return list(_settings_of(self.schema).get("allowed_bases", []))
+        return AllowedBases.of_table(self.schema).bases
 
     def versions(self) -> list[dict]:
         """Every version of the table (``version``, ``timestamp``, ``metadata``)."""
@@ -371,6 +369,80 @@ class Table:
         (ref,) = refs_from_arrow(self.blob_refs(column, [index]))
         return None if ref is None else open_ref(ref)
 
+    def add_data_file(self, written: WrittenFile) -> Table:
+        """Append a data file written by a :class:`~blobhouse.session.BlobSession` as a new
+        fragment, in one transaction. The file must hold every column of the table.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import BlobSession, blob_field, write_table
+        >>> schema = pa.schema([pa.field("id", pa.int64()), blob_field("img")])
+        >>> table = write_table(schema.empty_table(), tempfile.mkdtemp() + "/t")
+        >>> session = BlobSession(table.data_file_path())
+        >>> images = session.open_writer("img")
+        >>> pack = images.new_packed()
+        >>> shared = pack.write_blob(b"one payload, two rows")
+        >>> images.extend(pack.finish() + [shared])
+        >>> written = session.write_data_file(pa.table({"id": [1, 2], "img": images.finish()}))
+        >>> table.add_data_file(written).read_blobs("img", [0, 1])
+        [b'one payload, two rows', b'one payload, two rows']
+        """
+        data_file = DataFile.create(self.dataset, written.name)
+        fields = self.dataset.lance_schema.fields()
+        missing = [
+            f.name() for f in fields if not set(leaf_field_ids([f])) <= set(data_file.fields)
+        ]
+        if missing:
+            raise SchemaError(
+                f"data file {written.name} lacks column(s) {missing} of the table; a new fragment "
+                "holds every column"
+            )
+        operation = LanceOperation.Append(
+            [FragmentMetadata(id=0, files=[data_file], physical_rows=written.num_rows)]
+        )
+        dataset = LanceDataset.commit(
+            self.dataset.uri,
+            operation,
+            read_version=self.version,
+            storage_options=self.storage_options,
+        )
+        return Table(dataset, self.uri, self.storage_options)
+
+    def data_file_path(self) -> str:
+        """A fresh path for a data file of this table (for a :class:`BlobSession`)."""
+        return f"{self.dataset.uri}/data/{uuid.uuid4().hex}.lance"
+
+    def backfill_blob_column(
+        self, column: str, fn: BlobFunction, *, dedup: str = "content"
+    ) -> Table:
+        """Compute blob ``column`` for every row and commit it in one transaction.
+
+        ``fn`` maps an Arrow batch of a fragment's non-blob columns to one blob value per row.
+        A new column is added (Lance ``Merge``); an existing one has its files replaced (Lance
+        ``DataReplacement``). If anything fails, nothing changes and the staged files are gone.
+        ``blobhouse.spark.backfill_blob_column`` runs the same steps with a Spark task per
+        fragment.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import write_table
+        >>> t = write_table(pa.table({"id": [1, 2, 3]}), tempfile.mkdtemp() + "/t")
+        >>> def render(batch):
+        ...     return [b"img-%d" % i for i in batch["id"].to_pylist()]
+        >>> t = t.backfill_blob_column("img", render)
+        >>> t.read_blobs("img", [2])
+        [b'img-3']
+        """
+        plan = BackfillPlan.create(self, column, dedup)
+        try:
+            files = {
+                f.fragment_id: backfill_fragment(self, f.fragment_id, fn, plan)
+                for f in self.dataset.get_fragments()
+            }
+            dataset = commit_backfill(self, plan, files)
+        except BaseException:
+            remove_staged(f"{self.dataset.uri}/data", plan.name_prefix, self.storage_options)
+            raise
+        return Table(dataset, self.uri, self.storage_options)
+
     def stats(self) -> dict:
         """Per blob column and kind: logical bytes, physical bytes and dedup ratio."""
         from blobhouse.maintenance import blob_stats
@@ -474,23 +546,10 @@ def _remove_empty_local_dirs(*paths: str) -> None:
                 os.rmdir(path)
 
 
-def _settings(bases: AllowedBases) -> bytes:
-    return json.dumps({"format": 1, "allowed_bases": bases.bases}).encode()
-
-
-def _settings_of(schema: pa.Schema) -> dict:
-    raw = (schema.metadata or {}).get(_META_KEY)
-    return json.loads(raw) if raw else {}
-
-
 def _allowed_bases(
     existing: LanceDataset | None, given: Sequence[str] | None, appending: bool
 ) -> AllowedBases:
-    kept = (
-        AllowedBases(_settings_of(existing.schema).get("allowed_bases", []))
-        if existing
-        else (AllowedBases())
-    )
+    kept = AllowedBases.of_table(existing.schema if existing is not None else None)
     if given is None:
         return kept
     requested = AllowedBases(given)

@@ -174,6 +174,7 @@ def find_blob_columns(schema: pa.Schema, named: Sequence[str] = ()) -> list[Colu
         if isinstance(dtype, pa.ExtensionType):
             dtype = dtype.storage_type
         if pa.types.is_struct(dtype):
+            _check_not_blob_like(dtype, path)
             for child in dtype:
                 walk(child, (*path, child.name), in_container)
         elif pa.types.is_map(dtype):
@@ -191,6 +192,23 @@ def find_blob_columns(schema: pa.Schema, named: Sequence[str] = ()) -> list[Colu
             f"(columns: {schema.names})"
         )
     return found
+
+
+def _check_not_blob_like(dtype: pa.StructType, path: ColumnPath) -> None:
+    """A struct that is almost a blob is an error, never a silent plain column."""
+    names = [f.name for f in dtype]
+    if {"kind", "blob_id", "blob_size"} <= set(names):
+        raise SchemaError(
+            f"column {path_name(path)!r} is a prepared blob column; prepared values belong to one "
+            "data file's namespace: write them with BlobSession.write_data_file and commit with "
+            "Table.add_data_file"
+        )
+    if {"data", "uri"} <= set(names):
+        raise SchemaError(
+            f"column {path_name(path)!r} looks like a blob struct but its fields {names} are not "
+            "a logical blob layout: data, uri[, position, size][, ref_id] (binary, string, "
+            "integers)"
+        )
 
 
 def stored_blob_columns(schema: pa.Schema) -> list[ColumnPath]:

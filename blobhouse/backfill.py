@@ -1,0 +1,262 @@
+"""Column backfill: compute a blob column for existing rows, one data file per fragment, and swap
+the files in with one transaction (Lance ``Merge`` for a new column, ``DataReplacement`` for an
+existing one: the geneva-style backfill of seed 001).
+
+The per-fragment step (:func:`backfill_fragment`) runs anywhere -- in this process for
+``Table.backfill_blob_column``, in Spark tasks for ``blobhouse.spark.backfill_blob_column`` -- and
+writes through the same write pipeline as every other write.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+from lance import LanceDataset, LanceOperation
+from lance.blob import blob_field as lance_blob_field
+from lance.schema import LanceSchema
+
+from blobhouse.errors import InvalidInputError, SchemaError
+from blobhouse.pipeline import DataFileWriter, plan_write
+from blobhouse.placement import AllowedBases, placement_metadata
+from blobhouse.session import WrittenFile
+from blobhouse.values import blob_array, is_lance_blob_field, stored_blob_columns
+
+if TYPE_CHECKING:
+    from blobhouse.table import Table
+
+BlobFunction = Callable[[pa.RecordBatch], Any]
+
+
+@dataclass(frozen=True)
+class BackfillPlan:
+    """What one backfill writes: which columns each new data file holds, and how to place them.
+
+    For a new column every file holds just that column; for an existing one each file holds the
+    columns of the data file it replaces (they must share one layout across fragments).
+    """
+
+    column: str
+    file_columns: tuple[str, ...]
+    field_ids: tuple[int, ...]
+    new_column: bool
+    input_columns: tuple[str, ...]
+    dedup: str
+    placement: dict[bytes, bytes]
+    allowed_bases: AllowedBases
+    name_prefix: str
+
+    @classmethod
+    def create(cls, table: Table, column: str, dedup: str = "content") -> BackfillPlan:
+        schema = table.schema
+        if "." in column:
+            raise InvalidInputError("backfill writes top-level blob columns only")
+        blob_columns = {p[0] for p in stored_blob_columns(schema)}
+        input_columns = tuple(n for n in schema.names if n not in blob_columns and n != column)
+        bases = AllowedBases.of_table(schema)
+        prefix = f"{uuid.uuid4().hex[:12]}-"
+        if column not in schema.names:
+            field_id = _new_field_id(table.dataset, column)
+            return cls(
+                column, (column,), (field_id,), True, input_columns, dedup, {}, bases, prefix
+            )
+        if not is_lance_blob_field(schema.field(column)):
+            raise SchemaError(f"column {column!r} exists and is not a blob column")
+        layout = _file_layout(table.dataset, column)
+        names = _names_of(table.dataset, layout)
+        stored_blobs = [n for n in names if n in blob_columns and n != column]
+        if stored_blobs:
+            raise SchemaError(
+                f"column {column!r} shares its data files with blob column(s) {stored_blobs}; "
+                "backfill can only replace files whose other columns are plain columns"
+            )
+        return cls(
+            column,
+            tuple(names),
+            layout,
+            False,
+            input_columns,
+            dedup,
+            placement_metadata(schema.field(column).metadata),
+            bases,
+            prefix,
+        )
+
+
+def backfill_fragment(
+    table: Table, fragment_id: int, fn: BlobFunction, plan: BackfillPlan
+) -> WrittenFile:
+    """Compute ``plan.column`` for every physical row of one fragment and write its new file.
+
+    ``fn`` gets Arrow batches of the fragment's live rows (the table's non-blob columns) and
+    returns one blob value per row (bytes, URI, :class:`Blob`, None, or an Arrow array of them).
+    Deleted rows get null.
+    """
+    dataset = table.dataset
+    fragment = dataset.get_fragment(fragment_id)
+    if fragment is None:
+        raise InvalidInputError(f"no fragment {fragment_id} in table {table.uri}")
+    read = sorted(set(plan.input_columns) | (set(plan.file_columns) - {plan.column}))
+    batches = dataset.scanner(
+        fragments=[fragment], columns=read, include_deleted_rows=True, with_row_id=True
+    ).to_batches()
+    writer: DataFileWriter | None = None
+    rows = 0
+    try:
+        for batch in batches:
+            out = _file_batch(batch, fn, plan, rows)
+            if writer is None:
+                writer = DataFileWriter(
+                    _write_plan(out.schema, plan),
+                    f"{table.dataset.uri}/data",
+                    table.storage_options,
+                    plan.name_prefix,
+                )
+            writer.write(out, first_row=rows)
+            rows += batch.num_rows
+        if writer is None:
+            raise InvalidInputError(f"fragment {fragment_id} has no rows to backfill")
+        written = writer.finish()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    if written.num_rows != fragment.metadata.physical_rows:
+        raise InvalidInputError(
+            f"fragment {fragment_id}: wrote {written.num_rows} rows, the fragment has "
+            f"{fragment.metadata.physical_rows}"
+        )
+    return written
+
+
+def commit_backfill(
+    table: Table, plan: BackfillPlan, files: Mapping[int, WrittenFile]
+) -> LanceDataset:
+    """Swap the new files in for every fragment in one Lance transaction."""
+    dataset = table.dataset
+    fragments = dataset.get_fragments()
+    missing = sorted({f.fragment_id for f in fragments} - set(files))
+    if missing:
+        raise InvalidInputError(
+            f"backfill of {plan.column!r} has no file for fragment(s) {missing}"
+        )
+    for fragment in fragments:
+        written = files[fragment.fragment_id]
+        if written.num_rows != fragment.metadata.physical_rows:
+            raise InvalidInputError(
+                f"fragment {fragment.fragment_id} has {fragment.metadata.physical_rows} rows, "
+                f"its new file for {plan.column!r} has {written.num_rows}"
+            )
+    ids = list(plan.field_ids)
+    if plan.new_column:
+        merged = []
+        for fragment in fragments:
+            metadata = fragment.metadata
+            metadata.files.append(files[fragment.fragment_id].data_file(ids))
+            merged.append(metadata)
+        schema = dataset.schema.append(lance_blob_field(plan.column))
+        operation = LanceOperation.Merge(merged, LanceSchema.from_pyarrow(schema))
+    else:
+        operation = LanceOperation.DataReplacement(
+            [
+                LanceOperation.DataReplacementGroup(
+                    f.fragment_id, files[f.fragment_id].data_file(ids)
+                )
+                for f in fragments
+            ]
+        )
+    return LanceDataset.commit(
+        table.dataset.uri,
+        operation,
+        read_version=dataset.version,
+        storage_options=table.storage_options,
+    )
+
+
+def _file_batch(
+    batch: pa.RecordBatch, fn: BlobFunction, plan: BackfillPlan, first_row: int
+) -> pa.RecordBatch:
+    live = batch.column("_rowid").is_valid().to_numpy(zero_copy_only=False)
+    inputs = batch.select(list(plan.input_columns)).filter(pa.array(live))
+    values = _as_blob_array(fn(inputs), inputs.num_rows, plan.column, first_row)
+    if not live.all():
+        positions = np.full(batch.num_rows, -1, dtype=np.int64)
+        positions[live] = np.arange(int(live.sum()))
+        values = values.take(pa.array(positions, mask=~live))
+    columns = [values if name == plan.column else batch.column(name) for name in plan.file_columns]
+    return pa.RecordBatch.from_arrays(columns, names=list(plan.file_columns))
+
+
+def _as_blob_array(values: Any, rows: int, column: str, first_row: int) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not isinstance(values, pa.Array):
+        values = blob_array(list(values))
+    if len(values) != rows:
+        raise InvalidInputError(
+            f"backfill of {column!r}: the function returned {len(values)} values for a batch of "
+            f"{rows} rows (starting at physical row {first_row})"
+        )
+    return values
+
+
+def _write_plan(schema: pa.Schema, plan: BackfillPlan):
+    field = schema.field(plan.column)
+    schema = schema.set(
+        schema.get_field_index(plan.column),
+        field.with_metadata({**(field.metadata or {}), **plan.placement}),
+    )
+    return plan_write(
+        schema,
+        blob_columns=[plan.column],
+        dedup=plan.dedup,
+        allowed_bases=plan.allowed_bases,
+        max_rows_per_file=2**62,
+        max_bytes_per_file=2**62,
+    )
+
+
+def _new_field_id(dataset: LanceDataset, column: str) -> int:
+    """The id Lance gives a column appended to the schema; refused if ids are not dense."""
+    current = dataset.lance_schema
+    appended = LanceSchema.from_pyarrow(dataset.schema.append(lance_blob_field(column)))
+    if _ids(current.fields()) != _ids(appended.fields()[:-1]):
+        raise SchemaError(
+            "this table's field ids have gaps (columns were dropped); backfilling a new column "
+            "needs them dense"
+        )
+    return appended.fields()[-1].id()
+
+
+def _ids(fields) -> list[int]:
+    out = []
+    for field in fields:
+        out.append(field.id())
+        out.extend(_ids(field.children()))
+    return out
+
+
+def _file_layout(dataset: LanceDataset, column: str) -> tuple[int, ...]:
+    """Field ids of the data file that holds ``column``, identical in every fragment."""
+    field_id = next(f.id() for f in dataset.lance_schema.fields() if f.name() == column)
+    layouts = set()
+    for fragment in dataset.get_fragments():
+        holding = [f for f in fragment.metadata.files if field_id in f.fields]
+        if len(holding) != 1:
+            raise SchemaError(f"fragment {fragment.fragment_id} has no single file for {column!r}")
+        layouts.add(tuple(holding[0].fields))
+    if len(layouts) != 1:
+        raise SchemaError(f"column {column!r} is stored in differently shaped files per fragment")
+    return layouts.pop()
+
+
+def _names_of(dataset: LanceDataset, field_ids: tuple[int, ...]) -> list[str]:
+    by_id = {f.id(): f.name() for f in dataset.lance_schema.fields()}
+    unknown = [i for i in field_ids if i not in by_id]
+    if unknown:
+        raise SchemaError("backfill replaces files of top-level columns only")
+    return [by_id[i] for i in field_ids]
