@@ -155,7 +155,7 @@ class DataFileWriter:
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse.values import blob_array
     >>> batch = pa.record_batch({"img": blob_array([b"a" * 10, b"a" * 10])})
-    >>> writer = DataFileWriter(plan_write(batch.schema), tempfile.mkdtemp())
+    >>> writer = DataFileWriter(plan_write(batch.schema), tempfile.mkdtemp() + "/data")
     >>> writer.write(batch)
     >>> written = writer.finish()
     >>> written.num_rows, written.sidecar_bytes  # two rows, one shared copy

@@ -282,8 +282,16 @@ class BlobSession:
 
     def __init__(self, data_file_path: str, storage_options: dict[str, str] | None = None) -> None:
         self.data_dir, self.data_file_name = data_file_path.rstrip("/").rsplit("/", 1)
-        if not self.data_file_name.endswith(".lance"):
-            raise BlobhouseError(f"data file path must end in .lance: {data_file_path!r}")
+        if not self.data_file_name.endswith(".lance") or self.data_file_name == ".lance":
+            raise BlobhouseError(f"data file path must end in <name>.lance: {data_file_path!r}")
+        if (
+            not self.data_dir.endswith("/data")
+            or "/../" in f"{self.data_dir}/"
+            or ("/./" in f"{self.data_dir}/")
+        ):
+            raise BlobhouseError(
+                f"data file path {data_file_path!r} is not directly in a table's data/ directory"
+            )
         self.key = self.data_file_name.removesuffix(".lance")
         self.files = LanceFileSession(self.data_dir, storage_options=storage_options)
         self.storage_options = storage_options

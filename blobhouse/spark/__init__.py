@@ -17,20 +17,34 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from blobhouse.backfill import BackfillPlan, BlobFunction, backfill_fragment, commit_backfill
 from blobhouse.errors import InvalidInputError
+from blobhouse.pipeline import remove_staged
 from blobhouse.spark.datasource import BlobhouseDataSource
 from blobhouse.spark.functions import blob_size, materialize, read_blob
+from blobhouse.table import open_table
 
-__all__ = ["blob_size", "local_session", "materialize", "read_blob", "register", "write_table"]
+__all__ = [
+    "backfill_blob_column",
+    "blob_size",
+    "local_session",
+    "materialize",
+    "read_blob",
+    "register",
+    "write_table",
+]
 
 _COLOCATE_KEY = "__blobhouse_colocate"
+_BACKFILL_RESULT = pa.schema([("fragment_id", pa.int64()), ("file", pa.binary())])
 ARROW_RECORDS_PER_BATCH = 256
 
 
@@ -152,3 +166,45 @@ def _colocation_key(df: DataFrame, column: str, mode: str, ref_column: str | Non
 def _looks_like_blob_struct(data_type) -> bool:
     names = getattr(data_type, "fieldNames", lambda: [])()
     return names[:2] == ["data", "uri"]
+
+
+def backfill_blob_column(
+    spark: SparkSession,
+    table_uri: str,
+    column: str,
+    fn: BlobFunction,
+    *,
+    dedup: str = "content",
+) -> None:
+    """Compute blob ``column`` for every fragment of a table in parallel, one Spark task per
+    fragment, and commit every new data file in one transaction.
+
+    ``fn`` maps an Arrow batch of a fragment's non-blob columns to one blob value per row (it
+    is shipped to the executors). A failed task, or a failed commit, leaves the table unchanged
+    and removes what the tasks wrote.
+    """
+    table = open_table(table_uri)
+    plan = BackfillPlan.create(table, column, dedup)
+    version = table.version
+    fragment_ids = [f.fragment_id for f in table.dataset.get_fragments()]
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        at_version = open_table(table_uri, version)
+        for batch in batches:
+            for fragment_id in batch.column("fragment_id").to_pylist():
+                written = backfill_fragment(at_version, fragment_id, fn, plan)
+                yield pa.record_batch(
+                    {"fragment_id": [fragment_id], "file": [pickle.dumps(written)]},
+                    schema=_BACKFILL_RESULT,
+                )
+
+    try:
+        ids = spark.createDataFrame([(i,) for i in fragment_ids], "fragment_id long")
+        results = ids.repartition(max(1, len(fragment_ids))).mapInArrow(
+            run, "fragment_id long, file binary"
+        )
+        files = {r.fragment_id: pickle.loads(r.file) for r in results.collect()}
+        commit_backfill(open_table(table_uri, version), plan, files)
+    except BaseException:
+        remove_staged(f"{table.dataset.uri}/data", plan.name_prefix, table.storage_options)
+        raise
