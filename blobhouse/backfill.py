@@ -139,11 +139,14 @@ def commit_backfill(
     """Swap the new files in for every fragment in one Lance transaction."""
     dataset = table.dataset
     fragments = dataset.get_fragments()
+    unknown = sorted(set(files) - {f.fragment_id for f in fragments})
     missing = sorted({f.fragment_id for f in fragments} - set(files))
-    if missing:
+    if unknown or (missing and plan.new_column):
         raise InvalidInputError(
-            f"backfill of {plan.column!r} has no file for fragment(s) {missing}"
+            f"files for column {plan.column!r}: no such fragment(s) {unknown}; a new column "
+            f"needs every fragment, missing {missing if plan.new_column else []}"
         )
+    fragments = [f for f in fragments if f.fragment_id in files]
     for fragment in fragments:
         written = files[fragment.fragment_id]
         if written.num_rows != fragment.metadata.physical_rows:

@@ -407,6 +407,14 @@ class Table:
         )
         return Table(dataset, self.uri, self.storage_options)
 
+    def replace_column(self, column: str, files: Mapping[int, WrittenFile]) -> Table:
+        """Make session-written ``files`` (fragment id -> file) the data of blob ``column``, in
+        one transaction: Lance ``DataReplacement`` for an existing column (any fragments), or
+        ``Merge`` adding a new column (every fragment). Each file holds the fragment's number of
+        physical rows and the columns of the file it replaces."""
+        plan = BackfillPlan.create(self, column)
+        return Table(commit_backfill(self, plan, files), self.uri, self.storage_options)
+
     def data_file_path(self) -> str:
         """A fresh path for a data file of this table (for a :class:`BlobSession`)."""
         return f"{self.dataset.uri}/data/{uuid.uuid4().hex}.lance"

@@ -233,3 +233,26 @@ def test_spark_backfill_on_a_multi_fragment_table(spark, fragmented):
     with pytest.raises(Exception, match="renderer failed"):
         bs.backfill_blob_column(spark, uri, "img2", broken)
     assert tree(uri) == before
+
+
+def test_replace_column_of_one_fragment_with_a_session_file(table_uri):
+    data = pa.table({"id": pa.array(range(4), pa.int64()), "img": blob_array([b"old"] * 4)})
+    table = write_table(data, table_uri, max_rows_per_file=2)
+    fragment = table.dataset.get_fragments()[1]
+
+    def session_file(rows: int):
+        session = BlobSession(table.data_file_path())
+        images = session.open_writer("img")
+        for i in range(rows):
+            images.append_inline(b"new-%d" % i)
+        ids = pa.array(range(2, 2 + rows), pa.int64())
+        return session.write_data_file(pa.table({"id": ids, "img": images.finish()}))
+
+    with pytest.raises(InvalidInputError, match="has 2 rows, its new file for 'img' has 3"):
+        table.replace_column("img", {fragment.fragment_id: session_file(3)})
+    with pytest.raises(InvalidInputError, match=r"no such fragment\(s\) \[99\]"):
+        table.replace_column("img", {99: session_file(2)})
+    assert open_table(table_uri).version == table.version
+    updated = table.replace_column("img", {fragment.fragment_id: session_file(2)})
+    assert stock_read(table_uri, "img") == [b"old", b"old", b"new-0", b"new-1"]
+    assert updated.version == table.version + 1
