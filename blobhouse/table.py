@@ -413,6 +413,14 @@ class Table:
         ``Merge`` adding a new column (every fragment). Each file holds the fragment's number of
         physical rows and the columns of the file it replaces."""
         plan = BackfillPlan.create(self, column)
+        if not plan.new_column:
+            for fragment_id, written in files.items():
+                held = DataFile.create(self.dataset, written.name).fields
+                if list(held) != list(plan.field_ids):
+                    raise SchemaError(
+                        f"file {written.name} for fragment {fragment_id} must hold the columns "
+                        f"{list(plan.file_columns)} in that order, like the file it replaces"
+                    )
         return Table(commit_backfill(self, plan, files), self.uri, self.storage_options)
 
     def data_file_path(self) -> str:

@@ -250,6 +250,12 @@ def test_replace_column_of_one_fragment_with_a_session_file(table_uri):
 
     with pytest.raises(InvalidInputError, match="has 2 rows, its new file for 'img' has 3"):
         table.replace_column("img", {fragment.fragment_id: session_file(3)})
+    session = BlobSession(table.data_file_path())
+    images = session.open_writer("img")
+    images.extend([None, None])
+    swapped = session.write_data_file(pa.table({"img": images.finish(), "id": [2, 3]}))
+    with pytest.raises(SchemaError, match=r"must hold the columns \['id', 'img'\] in that order"):
+        table.replace_column("img", {fragment.fragment_id: swapped})
     with pytest.raises(InvalidInputError, match=r"no such fragment\(s\) \[99\]"):
         table.replace_column("img", {99: session_file(2)})
     assert open_table(table_uri).version == table.version
