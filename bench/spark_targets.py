@@ -71,6 +71,12 @@ def main() -> None:
     parser.add_argument("--blob-kb", type=int, default=256)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
+    print(json.dumps(run(args.rows, args.blob_kb, args.runs), indent=2))
+
+
+def run(rows: int, blob_kb: int, runs: int) -> dict:
+    """Measure every Spark target once; returns seconds, ratios and MB/s."""
+    args = argparse.Namespace(rows=rows, blob_kb=blob_kb, runs=runs)
     spark = bs.local_session("local[2]", shuffle_partitions=4)
     bs.register(spark)
     root = tempfile.mkdtemp(prefix="bh-bench-")
@@ -135,12 +141,8 @@ def main() -> None:
     )
     results["read_blob_mb_s"] = total_mb / read_blob_s
     results["materialize_mb_s"] = total_mb / materialize_s
-    print(
-        json.dumps(
-            {k: round(v, 3) if isinstance(v, float) else v for k, v in results.items()}, indent=2
-        )
-    )
     shutil.rmtree(root, ignore_errors=True)
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in results.items()}
 
 
 if __name__ == "__main__":

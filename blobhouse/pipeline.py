@@ -210,7 +210,7 @@ class DataFileWriter:
 
     def abort(self) -> None:
         """Remove everything this writer put on storage."""
-        # drop open writers first: Lance removes their temporary files when they are dropped
+        # close open sidecars and drop the data file writer before their files are deleted
         self._writer = None
         for placer in self.placers:
             placer.discard()
@@ -371,7 +371,9 @@ class _ColumnPlacer:
             self._pack = None
 
     def discard(self) -> None:
-        self._pack = None
+        if self._pack is not None:
+            self._pack.finish()  # closes the file; the session deletes it
+            self._pack = None
 
     def _decide_row(self, column: LogicalColumn, row: int, global_row: int):
         if not column.valid[row]:

@@ -129,6 +129,42 @@ class WrittenFile:
         )
 
 
+class SidecarFile:
+    """A new sidecar object, written sequentially without copies.
+
+    Local sidecars are created with ``O_EXCL``: an existing sidecar is never overwritten, even
+    by a writer racing this one. Other stores get an output stream of their filesystem.
+    """
+
+    def __init__(self, uri: str, storage_options: dict[str, str] | None = None) -> None:
+        self.uri = uri
+        self._fd: int | None = None
+        self._stream = None
+        if "://" not in uri or uri.startswith("file://"):
+            path = uri.removeprefix("file://")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        else:
+            fs, path = pafs.FileSystem.from_uri(uri)
+            self._stream = fs.open_output_stream(path)
+
+    def write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        if self._fd is None:
+            self._stream.write(view)
+            return
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        elif self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
 class PackedSidecar:
     """A packed sidecar being written: many payloads appended to one object.
 
@@ -136,15 +172,15 @@ class PackedSidecar:
     sidecar and returns every value in write order.
     """
 
-    def __init__(self, writer, blob_id: int) -> None:
-        self._writer = writer
+    def __init__(self, file: SidecarFile, blob_id: int) -> None:
+        self._file = file
         self.blob_id = blob_id
         self.size = 0
         self._values: list[PreparedBlob] = []
 
     def write_blob(self, payload: bytes | memoryview) -> PreparedBlob:
         """Append ``payload``; returns the value rows use to reference it."""
-        self._writer.write_blob(bytes(payload))  # Lance's binding takes bytes, not views
+        self._file.write(payload)
         value = PreparedBlob(
             Kind.PACKED, size=len(payload), blob_id=self.blob_id, position=self.size
         )
@@ -153,24 +189,24 @@ class PackedSidecar:
         return value
 
     def finish(self) -> list[PreparedBlob]:
-        self._writer.finish()
+        self._file.close()
         return list(self._values)
 
 
 class DedicatedSidecar:
     """A dedicated sidecar being written: one payload, in as many chunks as needed."""
 
-    def __init__(self, writer, blob_id: int) -> None:
-        self._writer = writer
+    def __init__(self, file: SidecarFile, blob_id: int) -> None:
+        self._file = file
         self.blob_id = blob_id
         self.size = 0
 
     def write(self, chunk: bytes | memoryview) -> None:
-        self._writer.write(bytes(chunk))
+        self._file.write(chunk)
         self.size += len(chunk)
 
     def finish(self) -> PreparedBlob:
-        self._writer.finish()
+        self._file.close()
         return PreparedBlob(Kind.DEDICATED, size=self.size, blob_id=self.blob_id)
 
 
@@ -416,15 +452,17 @@ class BlobSession:
     def new_packed(self) -> PackedSidecar:
         """Open a new packed sidecar."""
         blob_id = self.allocate_blob_id()
-        return PackedSidecar(
-            self.files.open_packed_blob_writer(self.data_file_name, blob_id), blob_id
-        )
+        return PackedSidecar(self._sidecar_file(blob_id), blob_id)
 
     def new_dedicated(self) -> DedicatedSidecar:
         """Open a new dedicated sidecar."""
         blob_id = self.allocate_blob_id()
-        writer = self.files.open_dedicated_blob_writer(self.data_file_name, blob_id)
-        return DedicatedSidecar(writer, blob_id)
+        return DedicatedSidecar(self._sidecar_file(blob_id), blob_id)
+
+    def _sidecar_file(self, blob_id: int) -> SidecarFile:
+        # sidecars are plain bytes (Lance writes them the same way); writing them ourselves
+        # avoids a copy per payload and lets O_EXCL refuse to overwrite an existing one
+        return SidecarFile(f"{self.data_dir}/{self.sidecar_path(blob_id)}", self.storage_options)
 
     def open_data_file(self, schema: pa.Schema) -> LanceFileWriter:
         """Open the Lance 2.2 writer of the data file itself."""

@@ -533,8 +533,9 @@ class Table:
         return self.output_schema(columns, blobs).empty_table()
 
 
-def _table_root(uri: str) -> tuple[str, str]:
-    """(path Lance opens, absolute URI references are built from) of a table URI."""
+def _table_root(uri: str | os.PathLike) -> tuple[str, str]:
+    """(path Lance opens, absolute URI references are built from) of a table URI or path."""
+    uri = os.fspath(uri)
     if "://" not in uri or uri.startswith("file://"):
         path = os.path.abspath(uri_to_path(uri))
         return path, "file://" + path

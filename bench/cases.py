@@ -1,0 +1,412 @@
+"""The benchmark cases. Each builds its data once, runs every contender on it, and records
+medians and ratios in a :class:`~bench.harness.Case`."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import blake3
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bench.harness import Case, Scratch, disk_bytes, fresh, medians
+from blobhouse import Blob, blob_array, read_ranges, write_table
+from blobhouse.demo import BLOB_COLUMNS, EpisodeData
+from blobhouse.rangeio import refs_from_arrow
+
+KB, MB = 1024, 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Size:
+    """How big each case runs: ``quick`` for CI smoke runs, ``full`` for BENCHMARKS.md."""
+
+    name: str
+    runs: int
+    distinct_rows: int  # the "1000 rows from 50 distinct 1 MB" storage case
+    distinct_payloads: int
+    episodes_rows: int
+    unique_rows: int  # all-unique 1 MB rows
+    write_bytes: int  # logical bytes per write-throughput case
+    access_rows: int  # rows of 1 MB in the random-access table
+    scale_rows: tuple[int, ...]
+    scale_gb: tuple[float, ...]
+    spark_rows: int
+    machine_bytes: int
+
+
+QUICK = Size("quick", 5, 100, 10, 90, 20, 16 * MB, 60, (10_000, 40_000), (0.06, 0.24), 400, 64 * MB)
+FULL = Size(
+    "full",
+    5,
+    1000,
+    50,
+    1800,
+    200,
+    256 * MB,
+    1000,
+    (10_000, 100_000, 1_000_000),
+    (1.0, 2.0, 4.0, 8.0),
+    8000,
+    1024 * MB,
+)
+
+
+def rng_bytes(rng: np.random.Generator, size: int) -> bytes:
+    return rng.bytes(size)
+
+
+def lance_table(payloads: list[bytes | None]) -> pa.Table:
+    """The same payloads as pylance's own blob v2 input."""
+    field = lance.blob.blob_field("b")
+    return pa.table({"b": lance.blob.blob_array(payloads)}, schema=pa.schema([field]))
+
+
+def storage(size: Size) -> Case:
+    """Bytes on disk for four workloads, against the unique bytes (the physical limit)."""
+    case = Case("storage", "Bytes on disk per contender; ratio = bytes / unique payload bytes")
+    rng = np.random.default_rng(1)
+    seed = rng_bytes(rng, 6 * MB)
+    distinct = [rng_bytes(rng, MB) for _ in range(size.distinct_payloads)]
+    drawn = [distinct[i % len(distinct)] for i in range(size.distinct_rows)]
+    random.Random(2).shuffle(drawn)
+    unique = [rng_bytes(rng, MB) for _ in range(size.unique_rows)]
+    workloads = {
+        "seed: 20 rows x one 6 MB payload": ([seed] * 20, [1] * 20),
+        f"{size.distinct_rows} rows from {size.distinct_payloads} distinct 1 MB": (drawn, None),
+        f"{size.unique_rows} unique 1 MB rows": (unique, None),
+    }
+    with Scratch() as root:
+        for label, (payloads, ref_ids) in workloads.items():
+            unique_bytes = sum(len(p) for p in {bytes(p) for p in payloads})
+            sizes = _storage_contenders(root, payloads, ref_ids)
+            for contender, nbytes in sizes.items():
+                case.add(
+                    workload=label,
+                    contender=contender,
+                    bytes=nbytes,
+                    ratio_to_unique=round(nbytes / unique_bytes, 3),
+                )
+        episodes = _episode_storage(root, size.episodes_rows)
+        for contender, (nbytes, unique_bytes) in episodes.items():
+            case.add(
+                workload=f"robot episodes ({size.episodes_rows} frames)",
+                contender=contender,
+                bytes=nbytes,
+                ratio_to_unique=round(nbytes / unique_bytes, 3),
+            )
+    return case
+
+
+def _storage_contenders(root: Path, payloads: list[bytes], ref_ids: list[int] | None) -> dict:
+    binary = pa.table({"b": pa.array(payloads, pa.large_binary())})
+    out = {}
+    if ref_ids is not None:
+        rows = [Blob(data=p, ref_id=r) for p, r in zip(payloads, ref_ids, strict=True)]
+        write_table(pa.table({"b": blob_array(rows)}), fresh(root / "bh_ref"), dedup="ref_id")
+        out["blobhouse ref_id"] = disk_bytes(root / "bh_ref")
+    write_table(binary, fresh(root / "bh"), blob_columns=["b"])
+    out["blobhouse content"] = disk_bytes(root / "bh")
+    lance.write_dataset(lance_table(payloads), fresh(root / "pylance"), data_storage_version="2.2")
+    out["pylance"] = disk_bytes(root / "pylance")
+    pq.write_table(binary, fresh(root / "default.parquet"))
+    out["parquet"] = disk_bytes(root / "default.parquet")
+    pq.write_table(binary, fresh(root / "nodict.parquet"), use_dictionary=False)
+    out["parquet, no dictionary"] = disk_bytes(root / "nodict.parquet")
+    return out
+
+
+def _episode_storage(root: Path, rows: int) -> dict[str, tuple[int, int]]:
+    data = EpisodeData(rows)
+    unique = sum(len(data.chunk(c)) for c in range(data.chunks))
+    unique += sum(len(data.calibration(e)) for e in range((rows - 1) // 300 + 1))
+    unique += sum(len(data.thumbnail(r)) for r in range(rows))
+    write_table(
+        data.batches_for(range(data.chunks)),
+        fresh(root / "ep_bh"),
+        blob_columns=list(BLOB_COLUMNS),
+        ref_id_columns={"video": "video_chunk"},
+        dedup={"video": "ref_id", "calibration": "content", "thumbnail": "content"},
+    )
+    out = {"blobhouse": (disk_bytes(root / "ep_bh"), unique)}
+    schema = pa.schema(
+        [
+            lance.blob.blob_field(c) if c in BLOB_COLUMNS else f
+            for c, f in zip(_episode_schema().names, _episode_schema(), strict=True)
+        ]
+    )
+    lance_batches = (
+        pa.record_batch(
+            [
+                lance.blob.blob_array(b.column(c).to_pylist()) if c in BLOB_COLUMNS else b.column(c)
+                for c in b.schema.names
+            ],
+            schema=schema,
+        )
+        for b in data.batches_for(range(data.chunks))
+    )
+    lance.write_dataset(
+        pa.RecordBatchReader.from_batches(schema, lance_batches),
+        fresh(root / "ep_lance"),
+        data_storage_version="2.2",
+    )
+    out["pylance"] = (disk_bytes(root / "ep_lance"), unique)
+    writer = pq.ParquetWriter(fresh(root / "ep.parquet"), _episode_schema())
+    for batch in data.batches_for(range(data.chunks)):
+        writer.write_batch(batch)
+    writer.close()
+    out["parquet"] = (disk_bytes(root / "ep.parquet"), unique)
+    return out
+
+
+def _episode_schema() -> pa.Schema:
+    return next(iter(EpisodeData(1).batches_for(range(1)))).schema
+
+
+def write_throughput(size: Size) -> Case:
+    """Logical and physical MB/s writing unique and 20x duplicated payloads."""
+    case = Case("write_throughput", "Median write seconds; MB/s of logical (row) bytes")
+    rng = np.random.default_rng(3)
+    workloads = {}
+    for payload in (10 * KB, 100 * KB, MB, 10 * MB):
+        count = max(2, size.write_bytes // payload)
+        workloads[f"unique {payload // KB} KB"] = [rng_bytes(rng, payload) for _ in range(count)]
+    distinct = [rng_bytes(rng, MB) for _ in range(max(1, size.write_bytes // MB // 20))]
+    workloads["20x duplicated 1 MB"] = [p for p in distinct for _ in range(20)]
+    with Scratch() as root:
+        for label, payloads in workloads.items():
+            _write_workload(case, root, label, payloads, size.runs)
+    return case
+
+
+def _write_workload(case: Case, root: Path, label: str, payloads: list[bytes], runs: int) -> None:
+    logical = sum(len(p) for p in payloads)
+    binary = pa.table({"b": pa.array(payloads, pa.large_binary())})
+    lance_input = lance_table(payloads)
+    times = medians(
+        {
+            "blobhouse": lambda: write_table(binary, fresh(root / "bh"), blob_columns=["b"]),
+            "blobhouse, dedup off": lambda: write_table(
+                binary, fresh(root / "bh_off"), blob_columns=["b"], dedup="off"
+            ),
+            "pylance": lambda: lance.write_dataset(
+                lance_input, fresh(root / "pl"), data_storage_version="2.2"
+            ),
+            "parquet": lambda: pq.write_table(binary, fresh(root / "p.parquet")),
+        },
+        runs,
+    )
+    physical = {
+        "blobhouse": disk_bytes(root / "bh"),
+        "blobhouse, dedup off": disk_bytes(root / "bh_off"),
+        "pylance": disk_bytes(root / "pl"),
+        "parquet": disk_bytes(root / "p.parquet"),
+    }
+    for contender, seconds in times.items():
+        case.add(
+            workload=label,
+            contender=contender,
+            seconds=round(seconds, 4),
+            logical_mb_s=round(logical / seconds / 1e6, 1),
+            physical_mb_s=round(physical[contender] / seconds / 1e6, 1),
+            vs_pylance=round(times["pylance"] / seconds, 3),
+        )
+
+
+def random_access(size: Size) -> Case:
+    """Latency of reading the blobs of K random rows of a table of 1 MB blobs."""
+    case = Case("random_access", "Median seconds to read K random rows' 1 MB blobs")
+    rng = np.random.default_rng(4)
+    payloads = [rng_bytes(rng, MB) for _ in range(size.access_rows)]
+    with Scratch() as root:
+        binary = pa.table({"b": pa.array(payloads, pa.large_binary())})
+        table = write_table(binary, str(root / "bh"), blob_columns=["b"])
+        lance.write_dataset(lance_table(payloads), root / "pl", data_storage_version="2.2")
+        pq.write_table(binary, root / "p.parquet")
+        stock = lance.dataset(str(root / "pl"))
+        parquet = pq.ParquetFile(root / "p.parquet")
+        for k in (1, 100, 1000):
+            if k <= size.access_rows:
+                picks = sorted(random.Random(k).sample(range(size.access_rows), k))
+                _access(case, table, stock, parquet, picks, size.runs)
+    return case
+
+
+def _access(case: Case, table, stock, parquet: pq.ParquetFile, picks: list[int], runs: int):
+    group_rows = [
+        parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)
+    ]
+    refs = refs_from_arrow(table.blob_refs("b", picks))
+    times = medians(
+        {
+            "blobhouse refs + ranged reads": lambda: read_ranges(refs),
+            "blobhouse read_blobs": lambda: table.read_blobs("b", picks),
+            "pylance read_blobs": lambda: stock.read_blobs("b", indices=picks),
+            "parquet row groups": lambda: _parquet_take(parquet, group_rows, picks),
+        },
+        runs,
+    )
+    k = len(picks)
+    for contender, seconds in times.items():
+        case.add(
+            k=k,
+            contender=contender,
+            seconds=round(seconds, 5),
+            ms_per_row=round(seconds / k * 1e3, 3),
+            mb_s=round(k * MB / seconds / 1e6, 1),
+            vs_pylance=round(times["pylance read_blobs"] / seconds, 3),
+            vs_parquet=round(times["parquet row groups"] / seconds, 3),
+        )
+
+
+def _parquet_take(parquet: pq.ParquetFile, group_rows: list[int], picks: list[int]) -> list:
+    starts = np.cumsum([0, *group_rows])
+    groups = sorted({int(np.searchsorted(starts, p, side="right") - 1) for p in picks})
+    table = parquet.read_row_groups(groups, columns=["b"])
+    offsets = {g: sum(group_rows[x] for x in groups[: groups.index(g)]) for g in groups}
+    rows = [
+        offsets[int(np.searchsorted(starts, p, side="right") - 1)]
+        + p
+        - int(starts[int(np.searchsorted(starts, p, side="right") - 1)])
+        for p in picks
+    ]
+    return table.column("b").take(rows).to_pylist()
+
+
+SCALE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np, pyarrow as pa
+    from blobhouse import write_table
+    uri, mode, amount = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    rng = np.random.default_rng(5)
+    block = rng.bytes(1 << 20)
+
+    def rows(n):  # small rows: ids, a timestamp and a 100-byte blob
+        for start in range(0, n, 50_000):
+            m = min(50_000, n - start)
+            ids = np.arange(start, start + m)
+            yield pa.record_batch({"id": ids, "ts": ids * 0.033,
+                                   "b": pa.array([block[i % 1000: i % 1000 + 100] for i in ids],
+                                                 pa.binary())})
+
+    def gigabytes(gb):  # 1 MB payloads, all different, streamed in 64 MB batches
+        total = int(gb * 1024)
+        for start in range(0, total, 64):
+            m = min(64, total - start)
+            yield pa.record_batch({"id": np.arange(start, start + m),
+                                   "b": pa.array([i.to_bytes(8, "little") + block[8:]
+                                                  for i in range(start, start + m)],
+                                                 pa.large_binary())})
+
+    started = time.perf_counter()
+    source = rows(int(amount)) if mode == "rows" else gigabytes(amount)
+    write_table(source, uri, blob_columns=["b"])
+    seconds = time.perf_counter() - started
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec
+    status = open("/proc/self/status").read()
+    peak_kb = int(status.split("VmHWM:")[1].split()[0])
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_kb / 1024}))
+    """
+)
+
+
+def scale(size: Size) -> Case:
+    """Time and peak RSS as rows and bytes grow: both should grow linearly / stay flat."""
+    case = Case("scale", "Streamed writes in a fresh process: seconds and peak RSS")
+    with Scratch() as root:
+        for mode, amounts in (("rows", size.scale_rows), ("gb", size.scale_gb)):
+            for amount in amounts:
+                out = subprocess.run(
+                    [sys.executable, "-c", SCALE_SCRIPT, str(fresh(root / "t")), mode, str(amount)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                result = _last_json(out.stdout)
+                unit = amount / 1e6 if mode == "rows" else amount
+                case.add(
+                    mode=mode,
+                    amount=amount,
+                    seconds=round(result["seconds"], 3),
+                    peak_rss_mb=round(result["peak_rss_mb"], 1),
+                    seconds_per_unit=round(result["seconds"] / unit, 3),
+                    unit="1M rows" if mode == "rows" else "GB",
+                )
+    for mode in ("rows", "gb"):
+        rows = [r for r in case.rows if r["mode"] == mode]
+        case.notes.append(
+            f"{mode}: peak RSS {rows[-1]['peak_rss_mb'] / rows[0]['peak_rss_mb']:.2f}x from the "
+            f"smallest to the largest run; seconds per {rows[0]['unit']}: "
+            + ", ".join(str(r["seconds_per_unit"]) for r in rows)
+        )
+    return case
+
+
+def machine_limits(size: Size) -> Case:
+    """What this machine does at best: sequential disk write/read and blake3 hashing."""
+    case = Case("machine", "Limits measured in the same run")
+    data = np.random.default_rng(6).bytes(size.machine_bytes)
+    with Scratch() as root:
+        path = root / "seq.bin"
+
+        def write():
+            with open(path, "wb") as f:
+                for start in range(0, len(data), 8 * MB):
+                    f.write(data[start : start + 8 * MB])
+                f.flush()
+                os.fsync(f.fileno())
+
+        def read():
+            with open(path, "rb") as f:
+                while f.read(8 * MB):
+                    pass
+
+        times = medians(
+            {
+                "sequential write (fsync)": write,
+                "sequential read (warm)": read,
+                "blake3": lambda: blake3.blake3(data).digest(),
+            },
+            size.runs,
+        )
+    for name, seconds in times.items():
+        case.add(measure=name, mb_s=round(len(data) / seconds / 1e6, 1))
+    return case
+
+
+def spark(size: Size) -> Case:
+    """The Spark targets: the data source vs Spark's parquet, read_blob, materialize."""
+    from bench.spark_targets import run as run_spark
+
+    case = Case("spark", "Spark local[2]: medians of the data source vs Spark's parquet")
+    started = time.perf_counter()
+    result = run_spark(rows=size.spark_rows, blob_kb=64, runs=size.runs)
+    case.add(**result)
+    case.notes.append(f"ran in {time.perf_counter() - started:.0f} s")
+    return case
+
+
+def _last_json(stdout: str) -> dict:
+    import json
+
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+CASES = {
+    "machine": machine_limits,
+    "storage": storage,
+    "write_throughput": write_throughput,
+    "random_access": random_access,
+    "scale": scale,
+    "spark": spark,
+}

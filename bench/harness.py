@@ -1,0 +1,93 @@
+"""Measuring: alternate contenders, warm up, take medians; sizes on disk; peak memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Case:
+    """One benchmark case: named measurements per contender, and the ratios that matter."""
+
+    name: str
+    description: str
+    rows: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, **row) -> dict:
+        self.rows.append(row)
+        return row
+
+    def save(self, out: Path) -> Path:
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{self.name}.json"
+        path.write_text(
+            json.dumps(
+                {
+                    "case": self.name,
+                    "description": self.description,
+                    "rows": self.rows,
+                    "notes": self.notes,
+                },
+                indent=2,
+            )
+        )
+        return path
+
+
+def medians(contenders: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
+    """Median seconds of each contender over ``runs`` rounds after one warm-up round; contenders
+    alternate inside every round so drifts of the machine hit all of them alike."""
+    for fn in contenders.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(runs):
+        for name, fn in contenders.items():
+            started = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def disk_bytes(path: str | Path) -> int:
+    """Bytes of every file under ``path`` (or of the file)."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+class Scratch:
+    """A temporary directory for one case, removed afterwards."""
+
+    def __enter__(self) -> Path:
+        self.path = Path(tempfile.mkdtemp(prefix="blobhouse-bench-"))
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def machine() -> dict:
+    """What this run ran on."""
+    import platform
+
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+    }

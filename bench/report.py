@@ -1,0 +1,145 @@
+"""BENCHMARKS.md and the chart, from the JSON results of a full run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TARGETS = """\
+| target | result |
+| --- | --- |
+| physical bytes <= 1.05 x unique when duplicates share a data file | {storage} |
+| write, no duplicates >= 0.9 x pylance | {write_unique} |
+| write, 20x duplicates >= 5 x pylance | {write_dup} |
+| random access of K rows >= 1.0 x pylance read_blobs | {access} |
+| random access, K = 1, 1 MB >= 10 x Parquet | {access_parquet} |
+| peak RSS flat (within 1.5x) from 1 GB to 8 GB written | {rss} |
+"""
+
+
+def write_report(results: Path, target: Path) -> None:
+    """Write ``target`` (BENCHMARKS.md) and ``results/chart.png``."""
+    data = {p.stem: json.loads(p.read_text()) for p in sorted(results.glob("*.json"))}
+    run = data.pop("run", {})
+    lines = [
+        "# Benchmarks",
+        "",
+        "Every contender runs on the same data in the same process run; times are medians of "
+        f"{5} runs after a warm-up, contenders alternating inside each round. Regenerate with "
+        "`bin/bench` (about 20 minutes; `bin/bench --quick` is the CI smoke run).",
+        "",
+        f"Machine: {run.get('cpus')} cores, {run.get('memory_gb')} GiB, Python "
+        f"{run.get('python')}, {run.get('platform')}.",
+        "",
+        "![ratios](bench/results/chart.png)",
+        "",
+        "## Targets",
+        "",
+        TARGETS.format(**_verdicts(data)),
+    ]
+    for name, case in data.items():
+        lines += [f"## {name}", "", case["description"], "", *_table(case["rows"]), ""]
+        lines += [f"- {note}" for note in case.get("notes", [])]
+        lines.append("")
+    target.write_text("\n".join(lines))
+    _chart(data, results / "chart.png")
+
+
+def _table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return ["(no rows)"]
+    keys = list(rows[0])
+    out = ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
+    out += ["| " + " | ".join(_cell(r.get(k)) for k in keys) + " |" for r in rows]
+    return out
+
+
+def _cell(value) -> str:
+    if isinstance(value, int) and abs(value) >= 10_000:
+        return f"{value:,}"
+    return str(value)
+
+
+def _verdicts(data: dict) -> dict[str, str]:
+    def rows(case: str, **match) -> list[dict]:
+        return [
+            r
+            for r in data.get(case, {}).get("rows", [])
+            if all(r.get(k) == v for k, v in match.items())
+        ]
+
+    storage = [
+        r["ratio_to_unique"]
+        for r in rows("storage")
+        if r["contender"].startswith("blob") and "unique 1 MB" not in r["workload"]
+    ]
+    unique = [
+        r["vs_pylance"]
+        for r in rows("write_throughput", contender="blobhouse")
+        if r["workload"].startswith("unique")
+    ]
+    dup = [
+        r["vs_pylance"]
+        for r in rows("write_throughput", contender="blobhouse", workload="20x duplicated 1 MB")
+    ]
+    access = [
+        r["vs_pylance"] for r in rows("random_access", contender="blobhouse refs + ranged reads")
+    ]
+    access_parquet = [
+        r["vs_parquet"]
+        for r in rows("random_access", k=1, contender="blobhouse refs + ranged reads")
+    ]
+    gb = rows("scale", mode="gb")
+    rss = gb[-1]["peak_rss_mb"] / gb[0]["peak_rss_mb"] if gb else None
+    return {
+        "storage": _range(storage, "x unique", lambda v: v <= 1.05),
+        "write_unique": _range(unique, "x pylance", lambda v: v >= 0.9),
+        "write_dup": _range(dup, "x pylance", lambda v: v >= 5),
+        "access": _range(access, "x pylance", lambda v: v >= 1.0),
+        "access_parquet": _range(access_parquet, "x parquet", lambda v: v >= 10),
+        "rss": "-" if rss is None else f"{rss:.2f}x ({'met' if rss <= 1.5 else 'missed'})",
+    }
+
+
+def _range(values: list[float], unit: str, ok) -> str:
+    if not values:
+        return "-"
+    met = all(ok(v) for v in values)
+    return f"{min(values)} to {max(values)} {unit} ({'met' if met else 'missed'})"
+
+
+def _chart(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    write = [
+        r for r in data.get("write_throughput", {}).get("rows", []) if r["contender"] == "blobhouse"
+    ]
+    axes[0].barh([r["workload"] for r in write], [r["vs_pylance"] for r in write])
+    axes[0].axvline(1.0, color="gray", linestyle="--")
+    axes[0].set_title("write speed vs pylance (x)")
+    access = [
+        r
+        for r in data.get("random_access", {}).get("rows", [])
+        if r["contender"] == "blobhouse refs + ranged reads"
+    ]
+    axes[1].barh([f"K = {r['k']}" for r in access], [r["vs_pylance"] for r in access])
+    axes[1].axvline(1.0, color="gray", linestyle="--")
+    axes[1].set_title("random access vs pylance read_blobs (x)")
+    storage = [
+        r
+        for r in data.get("storage", {}).get("rows", [])
+        if r["contender"] in ("blobhouse content", "pylance", "parquet")
+    ]
+    labels = [f"{r['contender']}: {r['workload'][:28]}" for r in storage]
+    axes[2].barh(labels, [r["ratio_to_unique"] for r in storage])
+    axes[2].set_xscale("log")
+    axes[2].set_title("bytes on disk / unique bytes (log)")
+    for ax in axes:
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
