@@ -198,6 +198,7 @@ class DataFileWriter:
         self._flush()
         for placer in self.placers:
             placer.close()
+        self.session.writes.close()
         writer = self._data_file()
         writer.close()
         return WrittenFile(

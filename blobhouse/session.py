@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import deque
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import lance
@@ -129,15 +131,59 @@ class WrittenFile:
         )
 
 
+class WriteQueue:
+    """Sidecar writes on one background thread, in submission order, so hashing the next
+    payload overlaps writing this one. At most ``limit`` bytes wait; an error of a background
+    write is raised by the next submit or by :meth:`drain`."""
+
+    def __init__(self, limit: int = 256 << 20) -> None:
+        self.limit = limit
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="blobhouse-sidecar")
+        self._pending: deque[tuple[Future, int]] = deque()
+        self._bytes = 0
+
+    def submit(self, fn, nbytes: int = 0) -> None:
+        while self._pending and self._bytes + nbytes > self.limit:
+            self._wait_oldest()
+        self._pending.append((self._pool.submit(fn), nbytes))
+        self._bytes += nbytes
+
+    def drain(self) -> None:
+        """Wait for every submitted write."""
+        while self._pending:
+            self._wait_oldest()
+
+    def abandon(self) -> None:
+        """Wait for every submitted write, ignoring their errors (the files are being removed)."""
+        while self._pending:
+            with contextlib.suppress(Exception):
+                self._wait_oldest()
+
+    def close(self) -> None:
+        """Wait for every write, then stop the background thread."""
+        try:
+            self.drain()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def _wait_oldest(self) -> None:
+        future, nbytes = self._pending.popleft()
+        self._bytes -= nbytes
+        future.result()
+
+
 class SidecarFile:
-    """A new sidecar object, written sequentially without copies.
+    """A new sidecar object, written sequentially without copies through a :class:`WriteQueue`.
 
     Local sidecars are created with ``O_EXCL``: an existing sidecar is never overwritten, even
     by a writer racing this one. Other stores get an output stream of their filesystem.
     """
 
-    def __init__(self, uri: str, storage_options: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, uri: str, queue: WriteQueue, storage_options: dict[str, str] | None = None
+    ) -> None:
         self.uri = uri
+        self._queue = queue
         self._fd: int | None = None
         self._stream = None
         if "://" not in uri or uri.startswith("file://"):
@@ -150,13 +196,19 @@ class SidecarFile:
 
     def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
+        self._queue.submit(lambda: self._write_now(view), len(view))
+
+    def close(self) -> None:
+        self._queue.submit(self._close_now)
+
+    def _write_now(self, view: memoryview) -> None:
         if self._fd is None:
             self._stream.write(view)
             return
         while view:
             view = view[os.write(self._fd, view) :]
 
-    def close(self) -> None:
+    def _close_now(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -335,6 +387,7 @@ class BlobSession:
         self._next_id = 1
         self._taken: set[int] | None = None
         self._bases: AllowedBases | None = None
+        self.writes = WriteQueue()
 
     def sidecar_path(self, blob_id: int) -> str:
         """Path of ``blob_id``'s sidecar, relative to the data directory."""
@@ -370,6 +423,7 @@ class BlobSession:
         A struct column shaped like a logical blob is refused: logical values are placed by
         ``write_table``; here every blob column must already be prepared.
         """
+        self.flush()
         table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
         schema = pa.schema([_file_field(f) for f in table.schema])
         writer = self.open_data_file(schema)
@@ -462,7 +516,12 @@ class BlobSession:
     def _sidecar_file(self, blob_id: int) -> SidecarFile:
         # sidecars are plain bytes (Lance writes them the same way); writing them ourselves
         # avoids a copy per payload and lets O_EXCL refuse to overwrite an existing one
-        return SidecarFile(f"{self.data_dir}/{self.sidecar_path(blob_id)}", self.storage_options)
+        path = f"{self.data_dir}/{self.sidecar_path(blob_id)}"
+        return SidecarFile(path, self.writes, self.storage_options)
+
+    def flush(self) -> None:
+        """Wait until every sidecar byte handed to this session is written."""
+        self.writes.drain()
 
     def open_data_file(self, schema: pa.Schema) -> LanceFileWriter:
         """Open the Lance 2.2 writer of the data file itself."""
@@ -470,6 +529,8 @@ class BlobSession:
 
     def abort(self) -> None:
         """Remove the data file and every sidecar this session created."""
+        self.writes.abandon()
+        self.writes.close()
         for path in [self.data_file_name, *self.sidecars]:
             with contextlib.suppress(OSError):
                 self.files.delete_file(path)
