@@ -30,7 +30,7 @@ from blobhouse.placement import (
     Kind,
     MiB,
     Placement,
-    object_size,
+    external_range,
     placement_metadata,
 )
 from blobhouse.session import (
@@ -433,19 +433,15 @@ class _ColumnPlacer:
         self, column: LogicalColumn, row: int, global_row: int, ref_id: int | None
     ) -> PreparedBlob:
         name = self.plan.name
-        uri = self.bases.check(column.uri[row], column=name, row=global_row)
-        if uri not in self._object_sizes:
-            self._object_sizes[uri] = object_size(uri, column=name, row=global_row)
-        object_bytes = self._object_sizes[uri]
-        position = column.position[row] if column.position is not None else None
-        size = column.size[row] if column.size is not None else None
-        if position is None:
-            position, size = 0, object_bytes
-        if position + size > object_bytes:
-            raise InvalidInputError(
-                f"blob column {name!r}, row {global_row}: range [{position}, +{size}) is past "
-                f"the end of {uri} ({object_bytes} bytes)"
-            )
+        uri, position, size = external_range(
+            column.uri[row],
+            column.position[row] if column.position is not None else None,
+            column.size[row] if column.size is not None else None,
+            self.bases,
+            column=name,
+            row=global_row,
+            sizes=self._object_sizes,
+        )
         if self.plan.dedup == "ref_id" and ref_id:
             key = self.index.key("ref_id", name, ref_id=ref_id, digest=None)
             fingerprint = Fingerprint(size, None, global_row, external=(uri, position, size))

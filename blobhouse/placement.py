@@ -168,6 +168,39 @@ def uri_to_path(uri: str) -> str:
     return unquote(urlsplit(uri).path) if uri.startswith("file://") else uri
 
 
+def external_range(
+    uri: str,
+    position: int | None,
+    size: int | None,
+    bases: AllowedBases,
+    *,
+    column: str,
+    row: int,
+    sizes: dict[str, int] | None = None,
+) -> tuple[str, int, int]:
+    """``(normalized uri, position, size)`` of an external reference, checked: under an
+    allowed base, the object exists, the range lies inside it. ``sizes`` caches object sizes.
+
+    >>> import tempfile, os
+    >>> base = tempfile.mkdtemp(); path = os.path.join(base, "clip.bin")
+    >>> _ = open(path, "wb").write(b"0123456789")
+    >>> external_range(path, None, None, AllowedBases([base]), column="c", row=0)[1:]
+    (0, 10)
+    """
+    normalized = bases.check(uri, column=column, row=row)
+    sizes = {} if sizes is None else sizes
+    if normalized not in sizes:
+        sizes[normalized] = object_size(normalized, column=column, row=row)
+    if position is None:
+        position, size = 0, sizes[normalized]
+    if position + size > sizes[normalized]:
+        raise ExternalBlobError(
+            f"blob column {column!r}, row {row}: range [{position}, +{size}) is past the end of "
+            f"{normalized} ({sizes[normalized]} bytes)"
+        )
+    return normalized, position, size
+
+
 def object_size(uri: str, *, column: str, row: int) -> int:
     """Size in bytes of the object at ``uri``; :class:`ExternalBlobError` if it is missing."""
     try:

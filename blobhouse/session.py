@@ -24,8 +24,8 @@ from lance.blob import BlobDescriptorArrayBuilder
 from lance.file import LanceFileSession, LanceFileWriter
 from lance.fragment import DataFile, FragmentMetadata
 
-from blobhouse.errors import BlobhouseError, ExternalBlobError, InvalidInputError
-from blobhouse.placement import AllowedBases, Kind, object_size
+from blobhouse.errors import BlobhouseError, InvalidInputError
+from blobhouse.placement import AllowedBases, Kind, external_range
 
 MAX_BLOB_ID = 2**32 - 1
 MAX_U64 = 2**64 - 1
@@ -337,14 +337,9 @@ class BlobColumnWriter:
                 f"column {self.column!r}, row {row}: bad external range position={position}, "
                 f"size={size}"
             )
-        normalized = self.session.allowed_bases().check(uri, column=self.column, row=row)
-        object_bytes = object_size(normalized, column=self.column, row=row)
-        position, size = (0, object_bytes) if position is None else (position, size)
-        if position + size > object_bytes:
-            raise ExternalBlobError(
-                f"column {self.column!r}, row {row}: range [{position}, +{size}) is past the end "
-                f"of {normalized} ({object_bytes} bytes)"
-            )
+        normalized, position, size = external_range(
+            uri, position, size, self.session.allowed_bases(), column=self.column, row=row
+        )
         self.append(PreparedBlob(Kind.EXTERNAL, size=size, position=position, uri=normalized))
 
     def append_null(self) -> None:

@@ -1,0 +1,47 @@
+"""The benchmark suite runs end to end at its quick size, and its numbers hold together."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_benchmark_run(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    results = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert set(results) >= {
+        "run",
+        "machine",
+        "storage",
+        "write_throughput",
+        "random_access",
+        "scale",
+        "spark",
+    }
+    storage = results["storage"]["rows"]
+    seed = {r["contender"]: r for r in storage if r["workload"].startswith("seed")}
+    assert seed["blobhouse ref_id"]["ratio_to_unique"] <= 1.05
+    assert seed["pylance"]["ratio_to_unique"] >= 19  # one copy per row
+    writes = results["write_throughput"]["rows"]
+    dup = {r["contender"]: r for r in writes if r["workload"].startswith("20x")}
+    assert dup["blobhouse"]["physical_mb_s"] < dup["blobhouse"]["logical_mb_s"] / 10
+    contenders = {r["contender"] for r in results["random_access"]["rows"]}
+    assert contenders == {
+        "blobhouse refs + ranged reads",
+        "blobhouse read_blobs",
+        "pylance read_blobs",
+        "parquet row groups",
+    }
+    assert all(r["seconds"] > 0 for r in results["random_access"]["rows"])
+    spark = results["spark"]["rows"][0]
+    assert spark["read_blob_mb_s"] > 0 and spark["write_ratio"] > 0
