@@ -184,27 +184,32 @@ def write_throughput(size: Size) -> Case:
     workloads["20x duplicated 1 MB"] = [p for p in distinct for _ in range(20)]
     with Scratch() as root:
         for label, payloads in workloads.items():
-            _write_workload(case, root, label, payloads, size.runs)
+            for durable in (False, True):
+                _write_workload(case, root, label, payloads, size.runs, durable)
+    case.notes.append(
+        "durable = the timing includes os.sync(), i.e. the bytes reach the disk; without it the "
+        "page cache absorbs writes at several GB/s and blake3 (see machine) bounds dedup"
+    )
     return case
 
 
-def _write_workload(case: Case, root: Path, label: str, payloads: list[bytes], runs: int) -> None:
+def _write_workload(
+    case: Case, root: Path, label: str, payloads: list[bytes], runs: int, durable: bool
+) -> None:
     logical = sum(len(p) for p in payloads)
     binary = pa.table({"b": pa.array(payloads, pa.large_binary())})
     lance_input = lance_table(payloads)
-    times = medians(
-        {
-            "blobhouse": lambda: write_table(binary, fresh(root / "bh"), blob_columns=["b"]),
-            "blobhouse, dedup off": lambda: write_table(
-                binary, fresh(root / "bh_off"), blob_columns=["b"], dedup="off"
-            ),
-            "pylance": lambda: lance.write_dataset(
-                lance_input, fresh(root / "pl"), data_storage_version="2.2"
-            ),
-            "parquet": lambda: pq.write_table(binary, fresh(root / "p.parquet")),
-        },
-        runs,
-    )
+    writes = {
+        "blobhouse": lambda: write_table(binary, fresh(root / "bh"), blob_columns=["b"]),
+        "blobhouse, dedup off": lambda: write_table(
+            binary, fresh(root / "bh_off"), blob_columns=["b"], dedup="off"
+        ),
+        "pylance": lambda: lance.write_dataset(
+            lance_input, fresh(root / "pl"), data_storage_version="2.2"
+        ),
+        "parquet": lambda: pq.write_table(binary, fresh(root / "p.parquet")),
+    }
+    times = medians({name: _then_sync(fn, durable) for name, fn in writes.items()}, runs)
     physical = {
         "blobhouse": disk_bytes(root / "bh"),
         "blobhouse, dedup off": disk_bytes(root / "bh_off"),
@@ -214,12 +219,22 @@ def _write_workload(case: Case, root: Path, label: str, payloads: list[bytes], r
     for contender, seconds in times.items():
         case.add(
             workload=label,
+            durable=durable,
             contender=contender,
             seconds=round(seconds, 4),
             logical_mb_s=round(logical / seconds / 1e6, 1),
             physical_mb_s=round(physical[contender] / seconds / 1e6, 1),
             vs_pylance=round(times["pylance"] / seconds, 3),
         )
+
+
+def _then_sync(write, durable: bool):
+    def run():
+        write()
+        if durable:
+            os.sync()
+
+    return run
 
 
 def random_access(size: Size) -> Case:

@@ -109,6 +109,10 @@ class DedupIndex:
             )
         return False
 
+    def forget(self, key: Hashable) -> None:
+        """Drop ``key``: a later row with the same key counts as a first sighting again."""
+        self._seen.pop(key, None)
+
 
 def _describe(fp: Fingerprint) -> str:
     if fp.external is not None:

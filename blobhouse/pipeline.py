@@ -56,6 +56,7 @@ from blobhouse.values import (
 DEFAULT_MAX_ROWS_PER_FILE = 1024 * 1024
 DEFAULT_MAX_BYTES_PER_FILE = 90 * 1024 * MiB
 WINDOW_BYTES = 64 * MiB
+WINDOW_ROWS = 64 * 1024  # small rows cost more in bookkeeping than in bytes
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,7 @@ class DataFileWriter:
         self._writer = None
         self._window: list[tuple[pa.RecordBatch, list[_Decided]]] = []
         self._window_bytes = 0
+        self._window_rows = 0
 
     @property
     def bytes_written(self) -> int:
@@ -189,8 +191,9 @@ class DataFileWriter:
         decided = [p.decide(batch, first_row) for p in self.placers]
         self._window.append((batch, decided))
         self._window_bytes += batch.nbytes
+        self._window_rows += batch.num_rows
         self.num_rows += batch.num_rows
-        if self._window_bytes >= WINDOW_BYTES:
+        if self._window_bytes >= WINDOW_BYTES or self._window_rows >= WINDOW_ROWS:
             self._flush()
 
     def finish(self) -> WrittenFile:
@@ -240,6 +243,7 @@ class DataFileWriter:
             self._file_bytes += out.nbytes
         self._window.clear()
         self._window_bytes = 0
+        self._window_rows = 0
 
 
 def write_data_files(
@@ -261,6 +265,7 @@ def write_data_files(
         for batch in batches:
             batch = _conform(batch, plan.input_schema)
             by_bytes = max(1, int(batch.num_rows * WINDOW_BYTES / max(batch.nbytes, 1)))
+            by_bytes = min(by_bytes, WINDOW_ROWS)
             start = 0
             while start < batch.num_rows:
                 writer = writer or DataFileWriter(plan, data_dir, storage_options, name_prefix)
@@ -368,7 +373,7 @@ class _ColumnPlacer:
 
     def close(self) -> None:
         if self._pack is not None:
-            self._pack.finish()
+            self._pack.finish(wait=False)
             self._pack = None
 
     def discard(self) -> None:
@@ -411,8 +416,13 @@ class _ColumnPlacer:
             value = self._store(payload, Kind.PACKED)
             self.stored[key] = value
             return value
-        if key is not None:
-            self.inlined.add(key)
+        if key is not None and self.plan.dedup == "ref_id":
+            self.inlined.add(key)  # ref_ids stay known: a later row must match the first
+        elif key is not None:
+            # a unique small payload is forgotten once placed, so the index of a file holds
+            # its stored payloads and the current window, not one entry per small row; a copy
+            # met again in a later window is stored inline again (bounded, small)
+            self.index.forget(key)
         return PreparedBlob(Kind.INLINE, size=len(payload))
 
     def _store(self, payload: memoryview, kind: Kind) -> PreparedBlob:
@@ -420,10 +430,10 @@ class _ColumnPlacer:
         if kind == Kind.DEDICATED:
             sidecar = self.session.new_dedicated()
             sidecar.write(payload)
-            return sidecar.finish()
+            return sidecar.finish(wait=False)  # the session drains before the file is done
         limit = self.plan.placement.pack_file_size_threshold
         if self._pack is not None and self._pack.size and self._pack.size + len(payload) > limit:
-            self._pack.finish()
+            self._pack.finish(wait=False)
             self._pack = None
         if self._pack is None:
             self._pack = self.session.new_packed()

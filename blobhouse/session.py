@@ -198,8 +198,11 @@ class SidecarFile:
         view = memoryview(data).cast("B")
         self._queue.submit(lambda: self._write_now(view), len(view))
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Close the object; with ``wait`` (the default) return once every byte is written."""
         self._queue.submit(self._close_now)
+        if wait:
+            self._queue.drain()
 
     def _write_now(self, view: memoryview) -> None:
         if self._fd is None:
@@ -240,8 +243,9 @@ class PackedSidecar:
         self._values.append(value)
         return value
 
-    def finish(self) -> list[PreparedBlob]:
-        self._file.close()
+    def finish(self, wait: bool = True) -> list[PreparedBlob]:
+        """Close the sidecar (``wait``: once written) and return every value in write order."""
+        self._file.close(wait)
         return list(self._values)
 
 
@@ -257,8 +261,9 @@ class DedicatedSidecar:
         self._file.write(chunk)
         self.size += len(chunk)
 
-    def finish(self) -> PreparedBlob:
-        self._file.close()
+    def finish(self, wait: bool = True) -> PreparedBlob:
+        """Close the sidecar (``wait``: once written) and return its value."""
+        self._file.close(wait)
         return PreparedBlob(Kind.DEDICATED, size=self.size, blob_id=self.blob_id)
 
 

@@ -243,6 +243,7 @@ class Table:
         self.uri = root_uri
         self.storage_options = storage_options
         self._resolver: ReferenceResolver | None = None
+        self._schema: pa.Schema | None = None
 
     def __repr__(self) -> str:
         return f"Table({self.uri!r}, version={self.version}, rows={self.count_rows()})"
@@ -250,7 +251,9 @@ class Table:
     @property
     def schema(self) -> pa.Schema:
         """The table's Lance schema (blob columns as Lance blob fields)."""
-        return self.dataset.schema
+        if self._schema is None:
+            self._schema = self.dataset.schema  # rebuilt by Lance on every access
+        return self._schema
 
     @property
     def version(self) -> int:
@@ -281,6 +284,7 @@ class Table:
         """Delete the rows matching the SQL ``filter``, as a new version."""
         self.dataset.delete(filter)
         self._resolver = None
+        self._schema = None
 
     def scan(
         self,
