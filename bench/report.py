@@ -19,7 +19,8 @@ TARGETS = """\
 
 
 def write_report(results: Path, target: Path) -> None:
-    """Write ``target`` (BENCHMARKS.md) and ``results/chart.png``."""
+    """Write ``target`` (BENCHMARKS.md, with bench/findings.md: the gaps explained) and
+    ``results/chart.png``."""
     data = {p.stem: json.loads(p.read_text()) for p in sorted(results.glob("*.json"))}
     run = data.pop("run", {})
     lines = [
@@ -27,7 +28,7 @@ def write_report(results: Path, target: Path) -> None:
         "",
         "Every contender runs on the same data in the same process run; times are medians of "
         f"{5} runs after a warm-up, contenders alternating inside each round. Regenerate with "
-        "`bin/bench` (about 20 minutes; `bin/bench --quick` is the CI smoke run).",
+        "`bin/bench` (about 7 minutes on 2 cores; `bin/bench --quick` is the CI smoke run).",
         "",
         f"Machine: {run.get('cpus')} cores, {run.get('memory_gb')} GiB, Python "
         f"{run.get('python')}, {run.get('platform')}.",
@@ -38,6 +39,9 @@ def write_report(results: Path, target: Path) -> None:
         "",
         TARGETS.format(**_verdicts(data)),
     ]
+    findings = Path(__file__).with_name("findings.md")
+    if findings.exists():
+        lines += [findings.read_text(), ""]
     for name, case in data.items():
         lines += [f"## {name}", "", case["description"], "", *_table(case["rows"]), ""]
         lines += [f"- {note}" for note in case.get("notes", [])]
