@@ -334,9 +334,6 @@ class LogicalColumn:
         """The bytes of ``row`` (which must hold data, not a URI), without copying."""
         return self._data[self._offsets[row] : self._offsets[row + 1]]
 
-    def payload_size(self, row: int) -> int:
-        return int(self._offsets[row + 1] - self._offsets[row])
-
     def _check_rows(self) -> None:
         for row in range(self.length):
             if not self.valid[row]:
