@@ -1,5 +1,5 @@
-"""Command line: ``blobhouse demo`` (the main job, on Spark), ``blobhouse ingest MANIFEST TABLE``
-and ``blobhouse stats TABLE``."""
+"""Command line: ``blobhouse demo`` (the main job, on Spark), ``blobhouse ingest MANIFEST TABLE``,
+``blobhouse stats TABLE`` and ``blobhouse verify TABLE``."""
 
 from __future__ import annotations
 
@@ -37,12 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     stats.add_argument("table")
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    verify = commands.add_parser("verify", help="check that every blob reference resolves")
+    verify.add_argument("table")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
             return _demo(args)
         if args.command == "ingest":
             return _ingest(args)
+        if args.command == "verify":
+            return _verify(args)
         return _stats(args)
     except BlobhouseError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -96,6 +102,25 @@ def _ingest(args: argparse.Namespace) -> int:
         f"{_mb(report['logical_bytes'])} logical, {_mb(report['physical_bytes'])} physical"
     )
     return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from blobhouse.table import open_table
+
+    report = open_table(args.table).verify()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(
+            f"{report['references']} references in versions {report['versions']}, "
+            f"{report['objects']} objects, {len(report['problems'])} problem(s)"
+        )
+        for p in report["problems"]:
+            print(
+                f"  version {p['version']} column {p['column']} row {p['row']}: "
+                f"{p['reason']}: {p['uri']}"
+            )
+    return 1 if report["problems"] else 0
 
 
 def _progress(message: str) -> None:

@@ -1,13 +1,15 @@
-"""Table services. For now: storage statistics of blob columns.
+"""Table services: storage statistics and verification of blob references.
 
-Statistics read only descriptors (never blob bytes), one fragment batch at a time.
+Both read only descriptors (never blob bytes), one fragment batch at a time.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow.fs as pafs
 
 from blobhouse.placement import Kind
 from blobhouse.references import field_id
@@ -95,3 +97,70 @@ def _column_summary(kinds: dict[int, dict]) -> dict:
 
 def _ratio(logical: int, physical: int) -> float:
     return round(logical / physical, 4) if physical else 1.0
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reference that does not resolve to bytes."""
+
+    version: int
+    column: str
+    row: int
+    uri: str
+    reason: str
+
+
+def verify(table: Table, versions: list[int] | None = None) -> dict:
+    """Check that every blob reference of every retained version (or of ``versions``) resolves
+    to an existing object with its range inside it. Objects are stat'ed once each.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> t = write_table(pa.table({"img": blob_array([b"x" * 100_000])}), tempfile.mkdtemp() + "/t")
+    >>> verify(t)["problems"]
+    []
+    """
+    from blobhouse.table import open_table
+
+    versions = versions or [v["version"] for v in table.versions()]
+    sizes: dict[str, int | None] = {}
+    problems: list[Problem] = []
+    checked = 0
+    for version in versions:
+        at = open_table(table.uri, version, table.storage_options)
+        for path in stored_blob_columns(at.schema):
+            row = 0
+            for batch in at.scan(columns=[path[0]], blobs="refs"):
+                refs = get_column(batch, path)
+                for ref in refs.to_pylist():
+                    if ref is not None:
+                        checked += 1
+                        reason = _check(ref, sizes)
+                        if reason:
+                            problems.append(
+                                Problem(version, path_name(path), row, ref["uri"], reason)
+                            )
+                    row += 1
+    return {
+        "versions": versions,
+        "references": checked,
+        "objects": len(sizes),
+        "problems": [asdict(p) for p in problems],
+    }
+
+
+def _check(ref: dict, sizes: dict[str, int | None]) -> str | None:
+    uri = ref["uri"]
+    if uri not in sizes:
+        try:
+            fs, path = pafs.FileSystem.from_uri(uri)
+            info = fs.get_file_info(path)
+            sizes[uri] = info.size if info.type == pafs.FileType.File else None
+        except (OSError, ValueError):
+            sizes[uri] = None
+    size = sizes[uri]
+    if size is None:
+        return "missing object"
+    if ref["position"] + ref["size"] > size:
+        return f"range [{ref['position']}, +{ref['size']}) is past the end ({size} bytes)"
+    return None

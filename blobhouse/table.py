@@ -463,6 +463,13 @@ class Table:
             raise
         return Table(dataset, self.uri, self.storage_options)
 
+    def verify(self) -> dict:
+        """Check every blob reference of every retained version: problems by version, column,
+        row and path (see :func:`blobhouse.maintenance.verify`)."""
+        from blobhouse.maintenance import verify
+
+        return verify(self)
+
     def stats(self) -> dict:
         """Per blob column and kind: logical bytes, physical bytes and dedup ratio."""
         from blobhouse.maintenance import blob_stats
