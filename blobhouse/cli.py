@@ -135,9 +135,10 @@ def _stats(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(
-        f"version {report['version']}, {report['rows']} rows, "
-        f"{_mb(report['logical_bytes'])} logical, {_mb(report['physical_bytes'])} physical "
-        f"({report['dedup_ratio']:.1f}x)"
+        f"version {report['version']}, {report['rows']} rows in {report['fragments']} fragments "
+        f"({report['deleted_rows']} deleted), {_mb(report['logical_bytes'])} logical, "
+        f"{_mb(report['physical_bytes'])} physical ({report['dedup_ratio']:.1f}x), "
+        f"{report['orphan_files']} orphan files ({_mb(report['orphan_bytes'] or 0)})"
     )
     for name, column in report["columns"].items():
         for kind, entry in column["kinds"].items():

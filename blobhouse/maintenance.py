@@ -1,17 +1,19 @@
-"""Table services: storage statistics and verification of blob references.
+"""Table services: storage statistics, verification of blob references, orphaned files.
 
 Both read only descriptors (never blob bytes), one fragment batch at a time.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.fs as pafs
 
-from blobhouse.placement import Kind
+from blobhouse.placement import Kind, uri_to_path
 from blobhouse.references import field_id
 from blobhouse.values import get_column, path_name, stored_blob_columns
 
@@ -67,9 +69,15 @@ def blob_stats(table: Table) -> dict:
         columns[path_name(path)] = _column_summary(kinds)
     logical = sum(c["logical_bytes"] for c in columns.values())
     physical = sum(c["physical_bytes"] for c in columns.values())
+    fragments = dataset.get_fragments()
+    leftovers = orphans(table) if "://" not in table.uri.removeprefix("file://") else None
     return {
         "version": table.version,
         "rows": table.count_rows(),
+        "fragments": len(fragments),
+        "deleted_rows": sum(f.metadata.physical_rows for f in fragments) - table.count_rows(),
+        "orphan_files": None if leftovers is None else leftovers["files"],
+        "orphan_bytes": None if leftovers is None else leftovers["bytes"],
         "logical_bytes": logical,
         "physical_bytes": physical,
         "dedup_ratio": _ratio(logical, physical),
@@ -120,33 +128,77 @@ def verify(table: Table, versions: list[int] | None = None) -> dict:
     >>> verify(t)["problems"]
     []
     """
-    from blobhouse.table import open_table
-
     versions = versions or [v["version"] for v in table.versions()]
     sizes: dict[str, int | None] = {}
     problems: list[Problem] = []
     checked = 0
-    for version in versions:
-        at = open_table(table.uri, version, table.storage_options)
-        for path in stored_blob_columns(at.schema):
-            row = 0
-            for batch in at.scan(columns=[path[0]], blobs="refs"):
-                refs = get_column(batch, path)
-                for ref in refs.to_pylist():
-                    if ref is not None:
-                        checked += 1
-                        reason = _check(ref, sizes)
-                        if reason:
-                            problems.append(
-                                Problem(version, path_name(path), row, ref["uri"], reason)
-                            )
-                    row += 1
+    for version, column, row, ref in _references(table, versions):
+        checked += 1
+        reason = _check(ref, sizes)
+        if reason:
+            problems.append(Problem(version, column, row, ref["uri"], reason))
     return {
         "versions": versions,
         "references": checked,
         "objects": len(sizes),
         "problems": [asdict(p) for p in problems],
     }
+
+
+def orphans(table: Table) -> dict:
+    """Files under the table's data directory that no retained version references: leftovers of
+    writes that never committed, or of versions already removed. Local tables only for now.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> t = write_table(pa.table({"img": blob_array([b"x" * 100_000])}), tempfile.mkdtemp() + "/t")
+    >>> orphans(t)["files"]
+    0
+    """
+    data_dir = uri_to_path(f"{table.uri}/data")
+    referenced = _referenced_files(table)
+    found = []
+    for root, _, names in os.walk(data_dir):
+        for name in names:
+            path = os.path.join(root, name)
+            if os.path.relpath(path, data_dir) not in referenced:
+                found.append(path)
+    return {
+        "files": len(found),
+        "bytes": sum(os.path.getsize(p) for p in found),
+        "paths": sorted(found),
+    }
+
+
+def _referenced_files(table: Table) -> set[str]:
+    """Paths, relative to data/, of the data files and sidecars retained versions use."""
+    from blobhouse.table import open_table
+
+    prefix = f"{table.uri}/data/"
+    referenced: set[str] = set()
+    for info in table.versions():
+        at = open_table(table.uri, info["version"], table.storage_options)
+        for fragment in at.dataset.get_fragments():
+            referenced.update(f.path for f in fragment.metadata.files)
+    for _, _, _, ref in _references(table, [v["version"] for v in table.versions()]):
+        if ref["uri"].startswith(prefix):
+            referenced.add(ref["uri"].removeprefix(prefix))
+    return referenced
+
+
+def _references(table: Table, versions: list[int]) -> Iterator[tuple[int, str, int, dict]]:
+    """``(version, column, row, reference)`` of every non-null blob value of ``versions``."""
+    from blobhouse.table import open_table
+
+    for version in versions:
+        at = open_table(table.uri, version, table.storage_options)
+        for path in stored_blob_columns(at.schema):
+            row = 0
+            for batch in at.scan(columns=[path[0]], blobs="refs"):
+                for ref in get_column(batch, path).to_pylist():
+                    if ref is not None:
+                        yield version, path_name(path), row, ref
+                    row += 1
 
 
 def _check(ref: dict, sizes: dict[str, int | None]) -> str | None:

@@ -56,3 +56,32 @@ def test_truncated_and_deleted_sidecars_are_reported(two_versions, capsys):
     assert all(p["column"] == "b" for p in report["problems"])
     assert main(["verify", two_versions.dataset.uri, "--json"]) == 1
     assert '"missing object"' in capsys.readouterr().out
+
+
+def test_stats_reports_fragments_deleted_rows_and_orphans(two_versions):
+    from blobhouse.pipeline import plan_write, write_data_files
+
+    table = two_versions
+    stats = table.stats()
+    assert (stats["fragments"], stats["deleted_rows"], stats["orphan_files"]) == (2, 0, 0)
+    # a write that staged files but never committed (a killed writer) leaves orphans
+    data = pa.table({"b": blob_array([os.urandom(300_000)])})
+    staged = write_data_files(
+        data.to_batches(), plan_write(data.schema), f"{table.dataset.uri}/data"
+    )
+    stats = open_table(table.dataset.uri).stats()
+    assert stats["orphan_files"] == 1 + len(staged[0].sidecars)
+    assert stats["orphan_bytes"] >= 300_000
+    # rows deleted in the latest version still count, their files stay referenced
+    latest = open_table(table.dataset.uri)
+    latest.delete("true")
+    after = open_table(table.dataset.uri).stats()
+    assert after["rows"] == 0 and after["orphan_files"] == stats["orphan_files"]
+
+
+def test_stats_counts_deleted_rows(table_uri):
+    data = pa.table({"id": pa.array(range(6), pa.int64()), "b": blob_array([b"x"] * 6)})
+    table = write_table(data, table_uri, max_rows_per_file=3)
+    table.delete("id IN (1, 4)")
+    stats = open_table(table_uri).stats()
+    assert (stats["rows"], stats["fragments"], stats["deleted_rows"]) == (4, 2, 2)
