@@ -1,5 +1,5 @@
 """Command line: ``blobhouse demo`` (the main job, on Spark), ``blobhouse ingest MANIFEST TABLE``,
-``blobhouse stats TABLE`` and ``blobhouse verify TABLE``."""
+``blobhouse stats TABLE``, ``blobhouse verify TABLE`` and ``blobhouse gc TABLE``."""
 
 from __future__ import annotations
 
@@ -41,6 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("table")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    collect = commands.add_parser("gc", help="remove old versions and unreferenced files")
+    collect.add_argument("table")
+    collect.add_argument("--retain-versions", type=int, default=None)
+    collect.add_argument("--older-than-hours", type=float, default=None)
+    collect.add_argument(
+        "--grace-hours",
+        type=float,
+        default=24.0,
+        help="keep unreferenced files younger than this (default 24)",
+    )
+    collect.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+    collect.add_argument("--json", action="store_true", help="print the report as JSON")
+
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
@@ -49,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
             return _ingest(args)
         if args.command == "verify":
             return _verify(args)
+        if args.command == "gc":
+            return _gc(args)
         return _stats(args)
     except BlobhouseError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -121,6 +136,30 @@ def _verify(args: argparse.Namespace) -> int:
                 f"{p['reason']}: {p['uri']}"
             )
     return 1 if report["problems"] else 0
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from blobhouse.table import open_table
+
+    hours = args.older_than_hours
+    report = open_table(args.table).gc(
+        retain_versions=args.retain_versions,
+        older_than=None if hours is None else timedelta(hours=hours),
+        grace=timedelta(hours=args.grace_hours),
+        dry_run=args.dry_run,
+    )
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        verb = "would remove" if report["dry_run"] else "removed"
+        print(
+            f"{verb} versions {report['removed_versions']} and {report['removed_files']} "
+            f"unreferenced files ({_mb(report['reclaimed_bytes'])}); kept "
+            f"{report['kept_young_files']} younger than the grace period"
+        )
+    return 0
 
 
 def _progress(message: str) -> None:

@@ -1,13 +1,16 @@
-"""Table services: storage statistics, verification of blob references, orphaned files.
+"""Table services: storage statistics, verification of blob references, garbage collection.
 
 Both read only descriptors (never blob bytes), one fragment batch at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -216,3 +219,64 @@ def _check(ref: dict, sizes: dict[str, int | None]) -> str | None:
     if ref["position"] + ref["size"] > size:
         return f"range [{ref['position']}, +{ref['size']}) is past the end ({size} bytes)"
     return None
+
+
+DEFAULT_GRACE = timedelta(hours=24)
+
+
+def gc(
+    table: Table,
+    *,
+    retain_versions: int | None = None,
+    older_than: timedelta | None = None,
+    grace: timedelta = DEFAULT_GRACE,
+    dry_run: bool = False,
+) -> dict:
+    """Remove old versions, then every file under ``data/`` that no retained version references
+    and that is older than ``grace`` (younger ones may belong to a write still in progress).
+
+    Versions go through Lance (``cleanup_old_versions``; nothing is removed unless
+    ``retain_versions`` or ``older_than`` is given). Only files inside the table's data directory
+    are ever considered: external objects the user owns are never touched. ``dry_run`` reports
+    without deleting. Local tables only for now.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> t = write_table(pa.table({"img": blob_array([b"x" * 100_000])}), tempfile.mkdtemp() + "/t")
+    >>> gc(t, dry_run=True)["removed_files"]
+    0
+    """
+    removed_versions: list[int] = []
+    if retain_versions is not None or older_than is not None:
+        before = {v["version"] for v in table.versions()}
+        if not dry_run:
+            table.dataset.cleanup_old_versions(
+                older_than=older_than, retain_versions=retain_versions
+            )
+        table = table.checkout(table.version)
+        removed_versions = sorted(before - {v["version"] for v in table.versions()})
+    leftovers = orphans(table)
+    cutoff = time.time() - grace.total_seconds()
+    old = [p for p in leftovers["paths"] if os.path.getmtime(p) < cutoff]
+    young = len(leftovers["paths"]) - len(old)
+    reclaimed = sum(os.path.getsize(p) for p in old)
+    if not dry_run:
+        for path in old:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        _remove_empty_dirs(uri_to_path(f"{table.uri}/data"))
+    return {
+        "dry_run": dry_run,
+        "removed_versions": removed_versions,
+        "removed_files": len(old),
+        "reclaimed_bytes": reclaimed,
+        "kept_young_files": young,
+        "paths": old,
+    }
+
+
+def _remove_empty_dirs(root: str) -> None:
+    for folder, dirs, files in os.walk(root, topdown=False):
+        if folder != root and not dirs and not files:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)

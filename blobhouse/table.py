@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from itertools import chain
 from typing import Any, BinaryIO, Literal
 
@@ -462,6 +463,26 @@ class Table:
             remove_staged(f"{self.dataset.uri}/data", plan.name_prefix, self.storage_options)
             raise
         return Table(dataset, self.uri, self.storage_options)
+
+    def gc(
+        self,
+        *,
+        retain_versions: int | None = None,
+        older_than: timedelta | None = None,
+        grace: timedelta | None = None,
+        dry_run: bool = False,
+    ) -> dict:
+        """Remove old versions and files no retained version references (after ``grace``,
+        24 hours by default); see :func:`blobhouse.maintenance.gc`."""
+        from blobhouse.maintenance import DEFAULT_GRACE, gc
+
+        return gc(
+            self,
+            retain_versions=retain_versions,
+            older_than=older_than,
+            grace=DEFAULT_GRACE if grace is None else grace,
+            dry_run=dry_run,
+        )
 
     def verify(self) -> dict:
         """Check every blob reference of every retained version: problems by version, column,

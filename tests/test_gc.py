@@ -1,0 +1,76 @@
+"""gc: old versions and unreferenced files go, after the grace period; nothing referenced, and
+nothing outside the table's data directory, is ever removed."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import pyarrow as pa
+import pytest
+
+from blobhouse import Blob, blob_array, open_table, write_table
+from blobhouse.cli import main
+from blobhouse.pipeline import plan_write, write_data_files
+
+from helpers import stock_read, tree
+
+
+def age(paths, hours: float) -> None:
+    past = time.time() - hours * 3600
+    for path in paths:
+        os.utime(path, (past, past))
+
+
+@pytest.fixture
+def with_leftovers(table_uri):
+    payloads = [os.urandom(200_000), os.urandom(10)]
+    table = write_table(pa.table({"b": blob_array(payloads)}), table_uri)
+    staged = pa.table({"b": blob_array([os.urandom(300_000)])})
+    write_data_files(staged.to_batches(), plan_write(staged.schema), f"{table_uri}/data")
+    return table, payloads
+
+
+def test_leftovers_are_kept_during_the_grace_period_then_removed(with_leftovers, table_uri):
+    table, payloads = with_leftovers
+    before = tree(table_uri)
+    report = table.gc()
+    assert (report["removed_files"], report["kept_young_files"]) == (0, 2)
+    assert tree(table_uri) == before
+    unreferenced = open_table(table_uri).gc(dry_run=True, grace=timedelta(0))["paths"]
+    assert len(unreferenced) == 2  # the staged data file and its sidecar
+    age(unreferenced, hours=48)
+    dry = open_table(table_uri).gc(dry_run=True)
+    assert dry["removed_files"] == 2 and tree(table_uri) == before
+    done = open_table(table_uri).gc()
+    assert done["removed_files"] == 2 and done["reclaimed_bytes"] >= 300_000
+    assert open_table(table_uri).stats()["orphan_files"] == 0
+    assert stock_read(table_uri, "b") == payloads
+    assert open_table(table_uri).verify()["problems"] == []
+
+
+def test_old_versions_go_and_what_is_referenced_stays(table_uri, tmp_path):
+    media = tmp_path / "media"
+    media.mkdir()
+    (media / "clip.bin").write_bytes(b"z" * 1000)
+    first = [os.urandom(300_000), Blob(uri=str(media / "clip.bin"))]
+    write_table(pa.table({"b": blob_array(first)}), table_uri, allowed_bases=[str(media)])
+    second = [os.urandom(200_000)]
+    write_table(pa.table({"b": blob_array(second)}), table_uri, mode="overwrite")
+    table = open_table(table_uri)
+    report = table.gc(retain_versions=1, grace=timedelta(0))
+    assert report["removed_versions"] == [1]
+    assert [v["version"] for v in open_table(table_uri).versions()] == [2]
+    assert stock_read(table_uri, "b") == second
+    assert (media / "clip.bin").read_bytes() == b"z" * 1000  # the user's object is untouched
+    stats = open_table(table_uri).stats()
+    assert stats["orphan_files"] == 0
+    assert stats["physical_bytes"] == 200_000
+
+
+def test_gc_command(with_leftovers, table_uri, capsys):
+    assert main(["gc", table_uri, "--dry-run"]) == 0
+    assert "would remove versions [] and 0 unreferenced files" in capsys.readouterr().out
+    assert main(["gc", table_uri, "--grace-hours", "0", "--json"]) == 0
+    assert '"removed_files": 2' in capsys.readouterr().out
