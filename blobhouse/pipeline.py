@@ -20,6 +20,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from lance.blob import blob_field as lance_blob_field
 from lance.file import LanceFileSession
 
@@ -300,6 +301,27 @@ def remove_written(
         session = BlobSession(f"{data_dir}/{written.name}", storage_options)
         session.sidecars = list(written.sidecars)
         session.abort()
+
+
+def mark_aborted(data_dir: str, name_prefix: str) -> None:
+    """Leave a marker that tells tasks of this write, still running, to remove what they wrote
+    instead of reporting it (gc removes the marker with the other leftovers)."""
+    uri = _marker_uri(data_dir, name_prefix)
+    fs, path = pafs.FileSystem.from_uri(uri)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path):
+        pass
+
+
+def is_aborted(data_dir: str, name_prefix: str) -> bool:
+    """Whether :func:`mark_aborted` ran for this write."""
+    fs, path = pafs.FileSystem.from_uri(_marker_uri(data_dir, name_prefix))
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def _marker_uri(data_dir: str, name_prefix: str) -> str:
+    uri = f"{data_dir}/aborted-{name_prefix}"  # outside the prefix: sweeps keep it
+    return uri if "://" in uri else "file://" + os.path.abspath(uri)
 
 
 def remove_staged(

@@ -22,11 +22,19 @@ from lance.fragment import DataFile, FragmentMetadata
 from lance.schema import LanceSchema
 
 from blobhouse.backfill import BackfillPlan, BlobFunction, backfill_fragment, commit_backfill
-from blobhouse.errors import InvalidInputError, SchemaError, TableExistsError, TableNotFoundError
+from blobhouse.errors import (
+    BlobhouseError,
+    InvalidInputError,
+    SchemaError,
+    TableExistsError,
+    TableNotFoundError,
+)
 from blobhouse.pipeline import (
     DEFAULT_MAX_BYTES_PER_FILE,
     DEFAULT_MAX_ROWS_PER_FILE,
     WritePlan,
+    is_aborted,
+    mark_aborted,
     plan_write,
     remove_staged,
     remove_written,
@@ -168,13 +176,18 @@ class TableWrite:
         same write, or a retry of this one, may still commit).
         """
         try:
-            return write_data_files(
+            written = write_data_files(
                 batches, self.plan, self.data_dir, self.storage_options, self.name_prefix
             )
         except BaseException:
             if self.read_version is None:
                 _remove_empty_local_dirs(self.data_dir, self.path)
             raise
+        # a Spark task can finish after the job was aborted and swept: it cleans up itself
+        if is_aborted(self.data_dir, self.name_prefix):
+            remove_written(written, self.data_dir, self.storage_options)
+            raise BlobhouseError(f"write {self.write_id} was aborted; its files are removed")
+        return written
 
     def commit(self, written: Sequence[WrittenFile]) -> Table:
         """Make every written file visible in one Lance transaction."""
@@ -190,8 +203,15 @@ class TableWrite:
             raise
         return Table(dataset, self.root_uri, self.storage_options)
 
-    def abort(self, written: Sequence[WrittenFile]) -> None:
-        """Remove files this write created; a table that did not exist is left absent."""
+    def abort(self, written: Sequence[WrittenFile], *, tasks_may_run: bool = False) -> None:
+        """Remove files this write created; a table that did not exist is left absent.
+
+        ``tasks_may_run`` (Spark): tasks of the write may still be finishing, so an abort marker
+        goes first and the sweep second; a task that completes a file after the sweep finds the
+        marker and removes its file itself (the marker stays for gc).
+        """
+        if tasks_may_run:
+            mark_aborted(self.data_dir, self.name_prefix)
         remove_written(written, self.data_dir, self.storage_options)
         remove_staged(self.data_dir, self.name_prefix, self.storage_options)
         if self.read_version is None:

@@ -13,7 +13,7 @@ from blobhouse import open_table
 from blobhouse.cli import main
 from blobhouse.demo import FPS, EpisodeData
 
-from helpers import stock_read
+from helpers import stock_read, tree
 
 pytestmark = pytest.mark.usefixtures("spark")
 
@@ -93,7 +93,8 @@ def test_ingest_errors_name_the_problem(tmp_path, capsys):
     assert "no column(s) ['video']" in capsys.readouterr().err
     with pytest.raises(Exception, match=r"cannot read .*nope\.jpg"):
         main(["ingest", str(manifest), table, "--blob-columns", "image"])
-    assert not os.path.exists(table) or not os.listdir(table)
+    leftovers = tree(table) if os.path.exists(table) else set()
+    assert all("aborted-" in p for p in leftovers), leftovers  # only the abort marker
 
 
 def test_missing_table_is_a_clear_error(tmp_path, capsys):

@@ -111,7 +111,7 @@ class BlobhouseWriter(DataSourceArrowWriter):
         self.table_write.commit(_files(messages))
 
     def abort(self, messages: Sequence[WrittenFiles | None]) -> None:
-        self.table_write.abort(_files(messages))
+        self.table_write.abort(_files(messages), tasks_may_run=True)
 
 
 @dataclass(frozen=True)
