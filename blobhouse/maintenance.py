@@ -135,11 +135,12 @@ def verify(table: Table, versions: list[int] | None = None) -> dict:
     sizes: dict[str, int | None] = {}
     problems: list[Problem] = []
     checked = 0
-    for version, column, row, ref in _references(table, versions):
-        checked += 1
-        reason = _check(ref, sizes)
-        if reason:
-            problems.append(Problem(version, column, row, ref["uri"], reason))
+    for at in _at_versions(table, versions):
+        for column, row, ref in _references_of(at):
+            checked += 1
+            reason = _check(ref, sizes)
+            if reason:
+                problems.append(Problem(at.version, column, row, ref["uri"], reason))
     return {
         "versions": versions,
         "references": checked,
@@ -175,33 +176,34 @@ def orphans(table: Table) -> dict:
 
 def _referenced_files(table: Table) -> set[str]:
     """Paths, relative to data/, of the data files and sidecars retained versions use."""
-    from blobhouse.table import open_table
-
     prefix = f"{table.uri}/data/"
     referenced: set[str] = set()
-    for info in table.versions():
-        at = open_table(table.uri, info["version"], table.storage_options)
+    for at in _at_versions(table, [v["version"] for v in table.versions()]):
         for fragment in at.dataset.get_fragments():
             referenced.update(f.path for f in fragment.metadata.files)
-    for _, _, _, ref in _references(table, [v["version"] for v in table.versions()]):
-        if ref["uri"].startswith(prefix):
-            referenced.add(ref["uri"].removeprefix(prefix))
+        for _, _, ref in _references_of(at):
+            if ref["uri"].startswith(prefix):
+                referenced.add(ref["uri"].removeprefix(prefix))
     return referenced
 
 
-def _references(table: Table, versions: list[int]) -> Iterator[tuple[int, str, int, dict]]:
-    """``(version, column, row, reference)`` of every non-null blob value of ``versions``."""
+def _at_versions(table: Table, versions: list[int]) -> Iterator[Table]:
+    """The table at each of ``versions``, opened once each."""
     from blobhouse.table import open_table
 
     for version in versions:
-        at = open_table(table.uri, version, table.storage_options)
-        for path in stored_blob_columns(at.schema):
-            row = 0
-            for batch in at.scan(columns=[path[0]], blobs="refs"):
-                for ref in get_column(batch, path).to_pylist():
-                    if ref is not None:
-                        yield version, path_name(path), row, ref
-                    row += 1
+        yield open_table(table.uri, version, table.storage_options)
+
+
+def _references_of(table: Table) -> Iterator[tuple[str, int, dict]]:
+    """``(column, row, reference)`` of every non-null blob value of one table version."""
+    for path in stored_blob_columns(table.schema):
+        row = 0
+        for batch in table.scan(columns=[path[0]], blobs="refs"):
+            for ref in get_column(batch, path).to_pylist():
+                if ref is not None:
+                    yield path_name(path), row, ref
+                row += 1
 
 
 def _check(ref: dict, sizes: dict[str, int | None]) -> str | None:

@@ -265,6 +265,7 @@ class Table:
         self.storage_options = storage_options
         self._resolver: ReferenceResolver | None = None
         self._schema: pa.Schema | None = None
+        self._field_ids: dict[ColumnPath, int] = {}
 
     def __repr__(self) -> str:
         return f"Table({self.uri!r}, version={self.version}, rows={self.count_rows()})"
@@ -522,6 +523,12 @@ class Table:
             self._resolver = ReferenceResolver(self.dataset, self.uri)
         return self._resolver
 
+    def _field_id(self, path: ColumnPath) -> int:
+        # Lance rebuilds its schema object on every access: look each column up once
+        if path not in self._field_ids:
+            self._field_ids[path] = field_id(self.dataset, path)
+        return self._field_ids[path]
+
     def _blob_path(self, column: str) -> ColumnPath:
         path = tuple(column.split("."))
         if path not in stored_blob_columns(self.schema):
@@ -560,9 +567,7 @@ class Table:
             return batch
         addresses = batch.column(_ROW_ADDRESS)
         for path in paths:
-            refs = self.resolver().resolve(
-                get_column(batch, path), addresses, field_id(self.dataset, path)
-            )
+            refs = self.resolver().resolve(get_column(batch, path), addresses, self._field_id(path))
             if blobs == "bytes":
                 values = read_ranges_arrow(refs_from_arrow(refs))
                 batch = replace_column(batch, path, values, pa.field(path[-1], pa.large_binary()))
