@@ -1,5 +1,5 @@
 """Command line: ``blobhouse demo`` (the main job, on Spark), ``blobhouse ingest MANIFEST TABLE``,
-``blobhouse stats TABLE``, ``blobhouse verify TABLE`` and ``blobhouse gc TABLE``."""
+and the table services ``blobhouse stats|verify|gc|compact TABLE``."""
 
 from __future__ import annotations
 
@@ -39,7 +39,24 @@ def main(argv: list[str] | None = None) -> int:
 
     verify = commands.add_parser("verify", help="check that every blob reference resolves")
     verify.add_argument("table")
+    verify.add_argument(
+        "--deep", action="store_true", help="also re-hash every payload against its recorded hash"
+    )
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    compact = commands.add_parser(
+        "compact", help="rewrite small and sparse fragments, keeping blob sharing"
+    )
+    compact.add_argument("table")
+    compact.add_argument("--target-rows", type=int, default=None, help="rows per new data file")
+    compact.add_argument("--target-mb", type=float, default=None, help="MB per new data file")
+    compact.add_argument(
+        "--deleted-fraction",
+        type=float,
+        default=None,
+        help="rewrite fragments with at least this fraction of rows deleted (default 0.1)",
+    )
+    compact.add_argument("--json", action="store_true", help="print the report as JSON")
 
     collect = commands.add_parser("gc", help="remove old versions and unreferenced files")
     collect.add_argument("table")
@@ -64,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             return _verify(args)
         if args.command == "gc":
             return _gc(args)
+        if args.command == "compact":
+            return _compact(args)
         return _stats(args)
     except BlobhouseError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -122,13 +141,18 @@ def _ingest(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from blobhouse.table import open_table
 
-    report = open_table(args.table).verify()
+    report = open_table(args.table).verify(deep=args.deep, progress=ProgressBar())
     if args.json:
         print(json.dumps(report, indent=2))
     else:
+        hashed = (
+            f", {report['hashed']} payloads re-hashed ({report['unhashed']} without a hash)"
+            if report["deep"]
+            else ""
+        )
         print(
             f"{report['references']} references in versions {report['versions']}, "
-            f"{report['objects']} objects, {len(report['problems'])} problem(s)"
+            f"{report['objects']} objects{hashed}, {len(report['problems'])} problem(s)"
         )
         for p in report["problems"]:
             print(
@@ -149,6 +173,7 @@ def _gc(args: argparse.Namespace) -> int:
         older_than=None if hours is None else timedelta(hours=hours),
         grace=timedelta(hours=args.grace_hours),
         dry_run=args.dry_run,
+        progress=ProgressBar(),
     )
     if args.json:
         print(json.dumps(report, indent=2))
@@ -162,6 +187,50 @@ def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compact(args: argparse.Namespace) -> int:
+    from blobhouse.table import open_table
+
+    target_bytes = None if args.target_mb is None else int(args.target_mb * 1e6)
+    report = open_table(args.table).compact(
+        target_rows=args.target_rows,
+        target_bytes=target_bytes,
+        deleted_fraction=args.deleted_fraction,
+        progress=ProgressBar(),
+    )
+    if args.json:
+        print(json.dumps(report, indent=2))
+    elif report["fragments_removed"] == 0:
+        print(f"nothing to compact at version {report['read_version']}")
+    else:
+        print(
+            f"version {report['read_version']} -> {report['version']}: "
+            f"{report['fragments_removed']} fragments -> {report['fragments_added']} "
+            f"({report['rows']} rows, {report['deleted_rows_dropped']} deleted rows dropped), "
+            f"{_mb(report['bytes_before'])} -> {_mb(report['bytes_after'])}"
+        )
+    return 0
+
+
+class ProgressBar:
+    """Progress of long steps on stderr: a bar redrawn in place on a terminal, a line at the
+    start and the end of each step otherwise (logs stay short)."""
+
+    WIDTH = 30
+
+    def __init__(self, stream=None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        if self.tty:
+            filled = self.WIDTH * done // max(total, 1)
+            bar = "#" * filled + "." * (self.WIDTH - filled)
+            end = "\n" if done >= total else ""
+            print(f"\r{step:<8} [{bar}] {done}/{total}", end=end, file=self.stream, flush=True)
+        elif done == 0 or done >= total:
+            print(f"{step}: {done}/{total}", file=self.stream, flush=True)
+
+
 def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -173,17 +242,24 @@ def _stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(
-        f"version {report['version']}, {report['rows']} rows in {report['fragments']} fragments "
-        f"({report['deleted_rows']} deleted), {_mb(report['logical_bytes'])} logical, "
-        f"{_mb(report['physical_bytes'])} physical ({report['dedup_ratio']:.1f}x), "
-        f"{report['orphan_files']} orphan files ({_mb(report['orphan_bytes'] or 0)})"
+    orphans = (
+        "unknown (not a local table)"
+        if report["orphan_files"] is None
+        else f"{report['orphan_files']} files, {_mb(report['orphan_bytes'])}"
     )
+    print(f"version        {report['version']}")
+    print(f"rows           {report['rows']} ({report['deleted_rows']} deleted)")
+    print(f"fragments      {report['fragments']}")
+    print(f"logical        {_mb(report['logical_bytes'])}")
+    print(f"physical       {_mb(report['physical_bytes'])} ({report['dedup_ratio']:.2f}x dedup)")
+    print(f"orphans        {orphans}")
+    print()
+    print(f"{'column':<16} {'kind':<10} {'rows':>9} {'logical':>12} {'physical':>12} {'dedup':>7}")
     for name, column in report["columns"].items():
         for kind, entry in column["kinds"].items():
             print(
-                f"  {name:<16} {kind:<10} {entry['rows']:>9} rows "
-                f"{_mb(entry['logical_bytes']):>12} -> {_mb(entry['physical_bytes']):>10}"
+                f"{name:<16} {kind:<10} {entry['rows']:>9} {_mb(entry['logical_bytes']):>12} "
+                f"{_mb(entry['physical_bytes']):>12} {entry['dedup_ratio']:>6.2f}x"
             )
     return 0
 

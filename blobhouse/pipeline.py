@@ -204,7 +204,7 @@ class DataFileWriter:
             placer.close()
         self.session.writes.close()
         writer = self._data_file()
-        writer.close()
+        self.session.close_data_file(writer)
         return WrittenFile(
             name=self.session.data_file_name,
             num_rows=self.num_rows,
@@ -231,14 +231,16 @@ class DataFileWriter:
         for _, decided in self._window:
             for count, column in zip(counts, decided, strict=True):
                 count.update(v.key for v in column.values if isinstance(v, _Pending) and v.key)
+        file_row = self.num_rows - self._window_rows  # rows of the window start here in the file
         for batch, decided in self._window:
             for placer, count, column in zip(self.placers, counts, decided, strict=True):
                 batch = replace_column(
                     batch,
                     placer.plan.path,
-                    prepared_array(placer.resolve(column, count), column.column.data),
+                    prepared_array(placer.resolve(column, count, file_row), column.column.data),
                     get_field(self.plan.file_schema, placer.plan.path),
                 )
+            file_row += batch.num_rows
             out = pa.RecordBatch.from_arrays(batch.columns, schema=self.plan.file_schema)
             self._data_file().write_batch(out)
             self._file_bytes += out.nbytes
@@ -349,10 +351,12 @@ def remove_staged(
 
 @dataclass(frozen=True)
 class _Pending:
-    """A small payload whose placement waits until its window is flushed."""
+    """A small payload whose placement waits until its window is flushed (``digest``: its
+    blake3, when dedup already computed it)."""
 
     row: int
     key: Hashable | None
+    digest: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -368,6 +372,7 @@ class _ColumnPlacer:
 
     def __init__(self, plan: BlobColumnPlan, session: BlobSession, bases: AllowedBases) -> None:
         self.plan = plan
+        self.name = plan.name  # read for every row: joined once
         self.session = session
         self.index = DedupIndex()
         self.bases = bases
@@ -381,15 +386,20 @@ class _ColumnPlacer:
         """Place every row that can be placed now; small payloads wait as :class:`_Pending`."""
         ref_ids = batch.column(self.plan.ref_id_column) if self.plan.ref_id_column else None
         column = LogicalColumn(
-            get_column(batch, self.plan.path), self.plan.name, ref_ids, first_row=first_row
+            get_column(batch, self.plan.path), self.name, ref_ids, first_row=first_row
         )
         values = [self._decide_row(column, row, first_row + row) for row in range(column.length)]
         return _Decided(column, values)
 
-    def resolve(self, decided: _Decided, counts: Counter) -> list[PreparedBlob | None]:
-        """Final values of one batch: pending payloads are packed if shared, else inlined."""
+    def resolve(
+        self, decided: _Decided, counts: Counter, file_row: int
+    ) -> list[PreparedBlob | None]:
+        """Final values of one batch (whose first row is ``file_row`` of the data file):
+        pending payloads are packed if shared, else inlined."""
         return [
-            self._resolve_pending(decided.column, v, counts) if isinstance(v, _Pending) else v
+            self._resolve_pending(decided.column, v, counts, file_row)
+            if isinstance(v, _Pending)
+            else v
             for v in decided.values
         ]
 
@@ -413,29 +423,30 @@ class _ColumnPlacer:
         digest = None
         if self.plan.dedup == "content" or (self.plan.dedup == "ref_id" and ref_id):
             digest = content_hash(payload)
-        key = self.index.key(self.plan.dedup, self.plan.name, ref_id=ref_id, digest=digest)
+        key = self.index.key(self.plan.dedup, self.name, ref_id=ref_id, digest=digest)
         if key is not None:
             fingerprint = Fingerprint(len(payload), digest, global_row)
-            if not self.index.first_seen(key, fingerprint, column=self.plan.name, ref_id=ref_id):
+            if not self.index.first_seen(key, fingerprint, column=self.name, ref_id=ref_id):
                 if key in self.stored:
                     return self.stored[key]
-                return _Pending(row, key)
+                return _Pending(row, key, digest)
         if self.plan.placement.kind_for(len(payload), shared=False) == Kind.INLINE:
-            return _Pending(row, key)
-        value = self._store(payload, self.plan.placement.kind_for(len(payload), shared=True))
+            return _Pending(row, key, digest)
+        kind = self.plan.placement.kind_for(len(payload), shared=True)
+        value = self._store(payload, kind, digest)
         if key is not None:
             self.stored[key] = value
         return value
 
     def _resolve_pending(
-        self, column: LogicalColumn, pending: _Pending, counts: Counter
+        self, column: LogicalColumn, pending: _Pending, counts: Counter, file_row: int
     ) -> PreparedBlob:
         key = pending.key
         if key in self.stored:
             return self.stored[key]
         payload = column.payload(pending.row)
         if key is not None and (counts[key] > 1 or key in self.inlined):
-            value = self._store(payload, Kind.PACKED)
+            value = self._store(payload, Kind.PACKED, pending.digest)
             self.stored[key] = value
             return value
         if key is not None and self.plan.dedup == "ref_id":
@@ -445,12 +456,17 @@ class _ColumnPlacer:
             # its stored payloads and the current window, not one entry per small row; a copy
             # met again in a later window is stored inline again (bounded, small)
             self.index.forget(key)
+        digest = pending.digest or content_hash(payload)  # dedup "off" hashed nothing yet
+        self.session.checksums.record_inline(
+            self.name, file_row + pending.row, len(payload), digest
+        )
         return PreparedBlob(Kind.INLINE, size=len(payload))
 
-    def _store(self, payload: memoryview, kind: Kind) -> PreparedBlob:
+    def _store(self, payload: memoryview, kind: Kind, digest: bytes | None) -> PreparedBlob:
+        """Write ``payload`` to a sidecar (``digest``: its blake3, when dedup computed it)."""
         self.sidecar_bytes += len(payload)
         if kind == Kind.DEDICATED:
-            sidecar = self.session.new_dedicated()
+            sidecar = self.session.new_dedicated(digest)
             sidecar.write(payload)
             return sidecar.finish(wait=False)  # the session drains before the file is done
         limit = self.plan.placement.pack_file_size_threshold
@@ -459,12 +475,12 @@ class _ColumnPlacer:
             self._pack = None
         if self._pack is None:
             self._pack = self.session.new_packed()
-        return self._pack.write_blob(payload)
+        return self._pack.write_blob(payload, digest)
 
     def _external(
         self, column: LogicalColumn, row: int, global_row: int, ref_id: int | None
     ) -> PreparedBlob:
-        name = self.plan.name
+        name = self.name
         uri, position, size = external_range(
             column.uri[row],
             column.position[row] if column.position is not None else None,

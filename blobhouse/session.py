@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import blake3
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,6 +25,8 @@ from lance.blob import BlobDescriptorArrayBuilder
 from lance.file import LanceFileSession, LanceFileWriter
 from lance.fragment import DataFile, FragmentMetadata
 
+from blobhouse.checksums import ChecksumLog
+from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.placement import AllowedBases, Kind, external_range
 
@@ -224,20 +227,25 @@ class PackedSidecar:
     """A packed sidecar being written: many payloads appended to one object.
 
     ``write_blob`` returns the value rows use to reference the payload; ``finish`` closes the
-    sidecar and returns every value in write order.
+    sidecar and returns every value in write order. Every payload's blake3 goes to ``checksums``.
     """
 
-    def __init__(self, file: SidecarFile, blob_id: int) -> None:
+    def __init__(self, file: SidecarFile, blob_id: int, checksums: ChecksumLog) -> None:
         self._file = file
         self.blob_id = blob_id
         self.size = 0
         self._values: list[PreparedBlob] = []
+        self._checksums = checksums
 
-    def write_blob(self, payload: bytes | memoryview) -> PreparedBlob:
-        """Append ``payload``; returns the value rows use to reference it."""
+    def write_blob(self, payload: bytes | memoryview, digest: bytes | None = None) -> PreparedBlob:
+        """Append ``payload``; returns the value rows use to reference it. ``digest`` is its
+        blake3-256 when the caller already has it (else it is computed here)."""
         self._file.write(payload)
         value = PreparedBlob(
             Kind.PACKED, size=len(payload), blob_id=self.blob_id, position=self.size
+        )
+        self._checksums.record_sidecar(
+            self.blob_id, self.size, len(payload), digest or content_hash(payload)
         )
         self.size += len(payload)
         self._values.append(value)
@@ -250,20 +258,34 @@ class PackedSidecar:
 
 
 class DedicatedSidecar:
-    """A dedicated sidecar being written: one payload, in as many chunks as needed."""
+    """A dedicated sidecar being written: one payload, in as many chunks as needed.
 
-    def __init__(self, file: SidecarFile, blob_id: int) -> None:
+    The payload's blake3 goes to ``checksums`` on :meth:`finish`: ``digest`` when the caller
+    already has it, else hashed chunk by chunk as they are written.
+    """
+
+    def __init__(
+        self, file: SidecarFile, blob_id: int, checksums: ChecksumLog, digest: bytes | None = None
+    ) -> None:
         self._file = file
         self.blob_id = blob_id
         self.size = 0
+        self._checksums = checksums
+        self._digest = digest
+        # dedicated payloads are large: hash them on every core
+        self._hasher = None if digest else blake3.blake3(max_threads=blake3.blake3.AUTO)
 
     def write(self, chunk: bytes | memoryview) -> None:
         self._file.write(chunk)
+        if self._hasher is not None:
+            self._hasher.update(chunk)
         self.size += len(chunk)
 
     def finish(self, wait: bool = True) -> PreparedBlob:
         """Close the sidecar (``wait``: once written) and return its value."""
         self._file.close(wait)
+        digest = self._digest or self._hasher.digest()
+        self._checksums.record_sidecar(self.blob_id, 0, self.size, digest)
         return PreparedBlob(Kind.DEDICATED, size=self.size, blob_id=self.blob_id)
 
 
@@ -300,17 +322,18 @@ class BlobColumnWriter:
     def new_packed(self) -> PackedSidecar:
         return self.session.new_packed()
 
-    def new_dedicated(self) -> DedicatedSidecar:
-        return self.session.new_dedicated()
+    def new_dedicated(self, digest: bytes | None = None) -> DedicatedSidecar:
+        return self.session.new_dedicated(digest)
 
     def load_packed(
         self, blob_id: int, offsets: Sequence[int], sizes: Sequence[int]
     ) -> list[PreparedBlob]:
-        """Values for payloads of a packed sidecar already placed in this namespace."""
+        """Values for payloads of a packed sidecar already placed in this namespace (no
+        checksums are recorded for them: the session never sees their bytes)."""
         return self.session.load_packed(blob_id, offsets, sizes)
 
     def load_dedicated(self, blob_id: int) -> PreparedBlob:
-        """The value of a dedicated sidecar already placed in this namespace."""
+        """The value of a dedicated sidecar already placed in this namespace (no checksum)."""
         return self.session.load_dedicated(blob_id)
 
     def append(self, value: PreparedBlob | None) -> None:
@@ -326,7 +349,13 @@ class BlobColumnWriter:
             self.append(value)
 
     def append_inline(self, data: bytes) -> None:
-        self.append(PreparedBlob(Kind.INLINE, size=len(data), data=bytes(data)))
+        """An inline row; its checksum is keyed by this writer's column and row index, which
+        are the data file's as long as the column is written under this name, rows in order."""
+        data = bytes(data)
+        self.session.checksums.record_inline(
+            self.column, len(self._values), len(data), content_hash(data)
+        )
+        self.append(PreparedBlob(Kind.INLINE, size=len(data), data=data))
 
     def append_external(
         self, uri: str, position: int | None = None, size: int | None = None
@@ -388,6 +417,7 @@ class BlobSession:
         self._taken: set[int] | None = None
         self._bases: AllowedBases | None = None
         self.writes = WriteQueue()
+        self.checksums = ChecksumLog()
 
     def sidecar_path(self, blob_id: int) -> str:
         """Path of ``blob_id``'s sidecar, relative to the data directory."""
@@ -429,7 +459,7 @@ class BlobSession:
         writer = self.open_data_file(schema)
         for batch in table.to_batches():
             writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema))
-        writer.close()
+        self.close_data_file(writer)
         return WrittenFile(
             name=self.data_file_name,
             num_rows=table.num_rows,
@@ -506,12 +536,13 @@ class BlobSession:
     def new_packed(self) -> PackedSidecar:
         """Open a new packed sidecar."""
         blob_id = self.allocate_blob_id()
-        return PackedSidecar(self._sidecar_file(blob_id), blob_id)
+        return PackedSidecar(self._sidecar_file(blob_id), blob_id, self.checksums)
 
-    def new_dedicated(self) -> DedicatedSidecar:
-        """Open a new dedicated sidecar."""
+    def new_dedicated(self, digest: bytes | None = None) -> DedicatedSidecar:
+        """Open a new dedicated sidecar; ``digest`` is its payload's blake3-256 when the caller
+        already has it (else the sidecar hashes what it is given)."""
         blob_id = self.allocate_blob_id()
-        return DedicatedSidecar(self._sidecar_file(blob_id), blob_id)
+        return DedicatedSidecar(self._sidecar_file(blob_id), blob_id, self.checksums, digest)
 
     def _sidecar_file(self, blob_id: int) -> SidecarFile:
         # sidecars are plain bytes (Lance writes them the same way); writing them ourselves
@@ -526,6 +557,12 @@ class BlobSession:
     def open_data_file(self, schema: pa.Schema) -> LanceFileWriter:
         """Open the Lance 2.2 writer of the data file itself."""
         return self.files.open_writer(self.data_file_name, schema=schema, version="2.2")
+
+    def close_data_file(self, writer: LanceFileWriter) -> None:
+        """Close the data file's writer, storing the checksums of every payload the session
+        wrote in it first (see :mod:`blobhouse.checksums`)."""
+        self.checksums.attach(writer)
+        writer.close()
 
     def abort(self) -> None:
         """Remove the data file and every sidecar this session created."""

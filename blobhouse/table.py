@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from itertools import chain
@@ -56,6 +56,7 @@ from blobhouse.values import (
 )
 
 BlobsMode = Literal["refs", "bytes", "descriptors"]
+Progress = Callable[[str, int, int], None]
 WriteMode = Literal["create", "append", "overwrite"]
 _ROW_ADDRESS = "_rowaddr"
 
@@ -492,6 +493,7 @@ class Table:
         older_than: timedelta | None = None,
         grace: timedelta | None = None,
         dry_run: bool = False,
+        progress: Progress | None = None,
     ) -> dict:
         """Remove old versions and files no retained version references (after ``grace``,
         24 hours by default); see :func:`blobhouse.maintenance.gc`."""
@@ -503,17 +505,42 @@ class Table:
             older_than=older_than,
             grace=DEFAULT_GRACE if grace is None else grace,
             dry_run=dry_run,
+            progress=progress,
         )
 
-    def verify(self) -> dict:
-        """Check every blob reference of every retained version: problems by version, column,
-        row and path (see :func:`blobhouse.maintenance.verify`)."""
+    def verify(self, *, deep: bool = False, progress: Progress | None = None) -> dict:
+        """Check every blob reference of every retained version (``deep``: and its bytes against
+        the hash recorded at write time): problems by version, column, row and path (see
+        :func:`blobhouse.maintenance.verify`)."""
         from blobhouse.maintenance import verify
 
-        return verify(self)
+        return verify(self, deep=deep, progress=progress)
+
+    def compact(
+        self,
+        *,
+        target_rows: int | None = None,
+        target_bytes: int | None = None,
+        deleted_fraction: float | None = None,
+        progress: Progress | None = None,
+    ) -> dict:
+        """Rewrite small fragments and fragments with many deleted rows, keeping blob sharing,
+        in one transaction (see :func:`blobhouse.maintenance.compact`). Returns what it did;
+        ``open_table`` again to see the new version."""
+        from blobhouse.maintenance import compact
+
+        options = {
+            "target_rows": target_rows,
+            "target_bytes": target_bytes,
+            "deleted_fraction": deleted_fraction,
+        }
+        return compact(
+            self, progress=progress, **{k: v for k, v in options.items() if v is not None}
+        )
 
     def stats(self) -> dict:
-        """Per blob column and kind: logical bytes, physical bytes and dedup ratio."""
+        """Per blob column and kind: logical bytes, physical bytes and dedup ratio; fragments,
+        rows, deleted rows and orphan files (see :func:`blobhouse.maintenance.blob_stats`)."""
         from blobhouse.maintenance import blob_stats
 
         return blob_stats(self)

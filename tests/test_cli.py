@@ -41,7 +41,7 @@ def test_stats_command(tmp_path, capsys):
     capsys.readouterr()
     assert main(["stats", out]) == 0
     text = capsys.readouterr().out
-    assert "30 rows" in text and "video" in text
+    assert "30 (0 deleted)" in text and "video" in text
     assert main(["stats", out, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == 30
 

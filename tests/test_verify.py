@@ -85,3 +85,29 @@ def test_stats_counts_deleted_rows(table_uri):
     table.delete("id IN (1, 4)")
     stats = open_table(table_uri).stats()
     assert (stats["rows"], stats["fragments"], stats["deleted_rows"]) == (4, 2, 2)
+
+
+def flip(uri: str, position: int) -> None:
+    path = uri.removeprefix("file://")
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_deep_verify_detects_flipped_bytes_in_sidecars_and_data_files(two_versions, capsys):
+    table = two_versions
+    refs = table.to_arrow(blobs="refs").column("b").to_pylist()
+    packed, inline = refs[0], refs[2]  # 100 kB packed, "inline" inside the data file
+    assert packed["uri"].endswith(".blob") and inline["uri"].endswith(".lance")
+    flip(packed["uri"], packed["position"] + 500)
+    flip(inline["uri"], inline["position"])
+    assert table.verify()["problems"] == []  # ranges still resolve: only hashes tell
+    report = table.verify(deep=True)
+    found = {(p["version"], p["row"]) for p in report["problems"]}
+    assert found == {(1, 0), (1, 2), (2, 0), (2, 2)}
+    assert all(p["reason"].startswith("content hash mismatch") for p in report["problems"])
+    assert report["hashed"] == report["references"] == 7
+    assert main(["verify", table.dataset.uri, "--deep"]) == 1
+    assert "content hash mismatch" in capsys.readouterr().out

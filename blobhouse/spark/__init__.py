@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import sys
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -31,20 +29,23 @@ from blobhouse.errors import InvalidInputError
 from blobhouse.pipeline import remove_staged
 from blobhouse.spark.datasource import BlobhouseDataSource
 from blobhouse.spark.functions import blob_size, materialize, read_blob
+from blobhouse.spark.jobs import compact, gc, run_tasks, verify
 from blobhouse.table import open_table
 
 __all__ = [
     "backfill_blob_column",
     "blob_size",
+    "compact",
+    "gc",
     "local_session",
     "materialize",
     "read_blob",
     "register",
+    "verify",
     "write_table",
 ]
 
 _COLOCATE_KEY = "__blobhouse_colocate"
-_BACKFILL_RESULT = pa.schema([("fragment_id", pa.int64()), ("file", pa.binary())])
 ARROW_RECORDS_PER_BATCH = 256
 
 
@@ -187,24 +188,15 @@ def backfill_blob_column(
     plan = BackfillPlan.create(table, column, dedup)
     version = table.version
     fragment_ids = [f.fragment_id for f in table.dataset.get_fragments()]
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        at_version = open_table(table_uri, version)
-        for batch in batches:
-            for fragment_id in batch.column("fragment_id").to_pylist():
-                written = backfill_fragment(at_version, fragment_id, fn, plan)
-                yield pa.record_batch(
-                    {"fragment_id": [fragment_id], "file": [pickle.dumps(written)]},
-                    schema=_BACKFILL_RESULT,
-                )
-
     try:
-        ids = spark.createDataFrame([(i,) for i in fragment_ids], "fragment_id long")
-        results = ids.repartition(max(1, len(fragment_ids))).mapInArrow(
-            run, "fragment_id long, file binary"
+        written = run_tasks(
+            spark,
+            fragment_ids,
+            lambda i: backfill_fragment(open_table(table_uri, version), i, fn, plan),
         )
-        files = {r.fragment_id: pickle.loads(r.file) for r in results.collect()}
-        commit_backfill(open_table(table_uri, version), plan, files)
+        commit_backfill(
+            open_table(table_uri, version), plan, dict(zip(fragment_ids, written, strict=True))
+        )
     except BaseException:
         remove_staged(f"{table.dataset.uri}/data", plan.name_prefix, table.storage_options)
         raise

@@ -1,0 +1,273 @@
+"""Payload checksums: a blake3-256 per stored payload, kept inside the data file itself.
+
+Every data file blobhouse writes carries, in a Lance *global buffer*, one entry per payload it
+stored: payloads in sidecars (packed and dedicated) keyed by ``(blob_id, position, size)``,
+inline payloads keyed by ``(column, row)`` (the dotted column name and the row inside the data
+file). The schema metadata key ``blobhouse:checksums`` holds the buffer's index. Stock Lance
+readers never look at either, so tables stay plain Lance datasets.
+
+No entry is written for external blobs (objects the user owns) nor for sidecar ranges a session
+only loaded (``load_packed`` / ``load_dedicated``): blobhouse never saw those bytes. Files that
+Lance itself writes (stock writers, compaction) carry no checksums; :func:`load_checksums`
+returns None for them.
+
+The buffer is an Arrow IPC stream (zstd-compressed) of :data:`CHECKSUM_SCHEMA`; sidecar entries
+have ``column ""`` and ``row -1``, inline entries ``blob_id 0`` and ``position 0``. blobhouse's
+own rewrites (compaction, backfill) go through the write pipeline and record fresh checksums.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pyarrow as pa
+from lance.file import LanceFileReader, LanceFileWriter
+
+from blobhouse.errors import BlobhouseError
+
+CHECKSUMS_KEY = "blobhouse:checksums"
+DIGEST_BYTES = 32
+CHECKSUM_SCHEMA = pa.schema(
+    [
+        pa.field("column", pa.utf8(), nullable=False),
+        pa.field("row", pa.int64(), nullable=False),
+        pa.field("blob_id", pa.uint32(), nullable=False),
+        pa.field("position", pa.uint64(), nullable=False),
+        pa.field("size", pa.uint64(), nullable=False),
+        pa.field("blake3", pa.binary(DIGEST_BYTES), nullable=False),
+    ]
+)
+
+
+class ChecksumLog:
+    """The checksums of the payloads stored for one data file, as they are written.
+
+    A data file may hold a million small rows, so entries live in flat typed buffers (about
+    52 bytes each), never as a Python object per entry.
+
+    >>> log = ChecksumLog()
+    >>> log.record_sidecar(blob_id=1, position=0, size=3, digest=bytes(32))
+    >>> log.record_inline("img", row=7, size=4, digest=bytes(range(32)))
+    >>> len(log), log.to_table().column("row").to_pylist()
+    (2, [-1, 7])
+    """
+
+    def __init__(self) -> None:
+        self._names: dict[str, int] = {"": 0}  # code 0: the column of sidecar entries
+        self._blob_ids, self._positions = array("I"), array("Q")
+        self._sidecar_sizes, self._sidecar_digests = array("Q"), bytearray()
+        self._columns, self._rows = array("I"), array("q")
+        self._inline_sizes, self._inline_digests = array("Q"), bytearray()
+
+    def __len__(self) -> int:
+        return len(self._sidecar_sizes) + len(self._inline_sizes)
+
+    def record_sidecar(self, blob_id: int, position: int, size: int, digest: bytes) -> None:
+        """Record the payload at ``[position, +size)`` of sidecar ``blob_id``."""
+        _check_digest(digest)
+        self._blob_ids.append(blob_id)
+        self._positions.append(position)
+        self._sidecar_sizes.append(size)
+        self._sidecar_digests += digest
+
+    def record_inline(self, column: str, row: int, size: int, digest: bytes) -> None:
+        """Record the inline payload of ``column`` (dotted name) at ``row`` of the data file."""
+        _check_digest(digest)
+        self._columns.append(self._names.setdefault(column, len(self._names)))
+        self._rows.append(row)
+        self._inline_sizes.append(size)
+        self._inline_digests += digest
+
+    def to_table(self) -> pa.Table:
+        """Every entry (sidecar entries first) as a :data:`CHECKSUM_SCHEMA` table."""
+        names = pa.array(list(self._names), pa.utf8())
+        sidecars, inline = len(self._sidecar_sizes), len(self._inline_sizes)
+        batches = [
+            _batch(
+                names.take(np.zeros(sidecars, np.uint32)),
+                np.full(sidecars, -1, np.int64),
+                _numbers(self._blob_ids, pa.uint32()),
+                _numbers(self._positions, pa.uint64()),
+                _numbers(self._sidecar_sizes, pa.uint64()),
+                self._sidecar_digests,
+            ),
+            _batch(
+                names.take(_numbers(self._columns, pa.uint32())),
+                _numbers(self._rows, pa.int64()),
+                np.zeros(inline, np.uint32),
+                np.zeros(inline, np.uint64),
+                _numbers(self._inline_sizes, pa.uint64()),
+                self._inline_digests,
+            ),
+        ]
+        return pa.Table.from_batches([b for b in batches if b.num_rows], CHECKSUM_SCHEMA)
+
+    def to_bytes(self) -> bytes:
+        """The entries as an Arrow IPC stream (what the data file's global buffer holds)."""
+        sink = pa.BufferOutputStream()
+        # zstd halves the buffer of small rows (names, rows and sizes repeat); digests don't shrink
+        options = pa.ipc.IpcWriteOptions(compression="zstd")
+        with pa.ipc.new_stream(sink, CHECKSUM_SCHEMA, options=options) as stream:
+            stream.write_table(self.to_table())
+        # bytes, not the Arrow buffer: pylance copies any other buffer one byte at a time
+        return sink.getvalue().to_pybytes()
+
+    def attach(self, writer: LanceFileWriter) -> None:
+        """Store the entries in ``writer``'s file (call before it is closed). A file with no
+        stored payloads gets an empty list too: the key tells files blobhouse wrote (which
+        keep sharing) from files other writers wrote (Lance's compaction copies shared
+        payloads per row), which blobhouse compaction takes over."""
+        index = writer.add_global_buffer(self.to_bytes())
+        writer.add_schema_metadata(CHECKSUMS_KEY, str(index))
+
+
+def _check_digest(digest: bytes) -> None:
+    if len(digest) != DIGEST_BYTES:
+        raise ValueError(f"a blake3-256 digest has {DIGEST_BYTES} bytes, got {len(digest)}")
+
+
+def _numbers(values: array, dtype: pa.DataType) -> pa.Array:
+    """An Arrow array over ``values``' memory (no copy)."""
+    return pa.Array.from_buffers(dtype, len(values), [None, pa.py_buffer(values)])
+
+
+def _batch(column, row, blob_id, position, size, digests: bytearray) -> pa.RecordBatch:
+    count = len(digests) // DIGEST_BYTES
+    blake3 = pa.Array.from_buffers(pa.binary(DIGEST_BYTES), count, [None, pa.py_buffer(digests)])
+    return pa.RecordBatch.from_arrays(
+        [column, row, blob_id, position, size, blake3], schema=CHECKSUM_SCHEMA
+    )
+
+
+class FileChecksums:
+    """The checksums recorded in one data file, looked up by what a blob descriptor holds.
+
+    >>> log = ChecksumLog()
+    >>> log.record_sidecar(blob_id=2, position=10, size=5, digest=b"s" * 32)
+    >>> log.record_inline("meta.img", row=3, size=4, digest=b"i" * 32)
+    >>> checksums = FileChecksums(log.to_table())
+    >>> checksums.sidecar(2, 10, 5) == b"s" * 32, checksums.sidecar(2, 10, 6)
+    (True, None)
+    >>> checksums.inline("meta.img", 3) == b"i" * 32, checksums.inline("img", 3)
+    (True, None)
+    """
+
+    def __init__(self, table: pa.Table) -> None:
+        if not table.schema.equals(CHECKSUM_SCHEMA):
+            raise BlobhouseError(f"not a checksum table: {table.schema}")
+        self.table = table
+        table = table.combine_chunks()
+        rows = table.column("row").to_numpy()
+        self._digests = _digest_matrix(table.column("blake3"))
+        # both kinds sorted by their key, so a lookup is a few binary searches
+        sidecar = np.flatnonzero(rows < 0)
+        self._sidecar = _sorted(
+            sidecar,
+            table.column("blob_id").to_numpy()[sidecar],
+            table.column("position").to_numpy()[sidecar],
+            table.column("size").to_numpy()[sidecar],
+        )
+        inline = np.flatnonzero(rows >= 0)
+        columns = table.column("column").to_numpy(zero_copy_only=False)[inline]
+        self._inline: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name in set(columns.tolist()):
+            of_column = inline[columns == name]
+            self._inline[name] = _sorted(of_column, rows[of_column])
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def sidecar(self, blob_id: int, position: int, size: int) -> bytes | None:
+        """The digest of the payload at ``[position, +size)`` of sidecar ``blob_id``."""
+        entries, blob_ids, positions, sizes = self._sidecar
+        lo, hi = _equal_range(blob_ids, blob_id, 0, len(blob_ids))
+        lo, hi = _equal_range(positions, position, lo, hi)
+        lo, hi = _equal_range(sizes, size, lo, hi)
+        return self._digest(entries[lo]) if lo < hi else None
+
+    def inline(self, column: str, row: int) -> bytes | None:
+        """The digest of the inline payload of ``column`` (dotted name) at ``row``."""
+        if column not in self._inline:
+            return None
+        entries, rows = self._inline[column]
+        lo, hi = _equal_range(rows, row, 0, len(rows))
+        return self._digest(entries[lo]) if lo < hi else None
+
+    def _digest(self, entry: int) -> bytes:
+        return self._digests[entry].tobytes()
+
+
+def _digest_matrix(column: pa.ChunkedArray) -> np.ndarray:
+    """The digests as an ``(n, 32)`` byte matrix over the Arrow buffer (no copy)."""
+    if column.num_chunks == 0:
+        return np.zeros((0, DIGEST_BYTES), np.uint8)
+    digests = column.chunk(0)
+    values = np.frombuffer(digests.buffers()[1], np.uint8)
+    start = digests.offset * DIGEST_BYTES
+    return values[start : start + len(digests) * DIGEST_BYTES].reshape(-1, DIGEST_BYTES)
+
+
+def _sorted(entries: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``entries`` and their keys, ordered by the keys (first key first)."""
+    order = np.lexsort(keys[::-1])
+    return (entries[order], *(key[order] for key in keys))
+
+
+def _equal_range(values: np.ndarray, value: int, lo: int, hi: int) -> tuple[int, int]:
+    """The range of ``values[lo:hi]`` (sorted) equal to ``value``."""
+    limits = np.iinfo(values.dtype)
+    if not limits.min <= value <= limits.max:
+        return lo, lo  # numpy would wrap it, or refuse it
+    window, target = values[lo:hi], values.dtype.type(value)
+    start, stop = np.searchsorted(window, target, "left"), np.searchsorted(window, target, "right")
+    return lo + int(start), lo + int(stop)
+
+
+def load_checksums(
+    data_file_uri: str, storage_options: dict[str, str] | None = None
+) -> FileChecksums | None:
+    """The checksums recorded in a data file, or None when it has none (a file written by stock
+    Lance or by Lance's compaction).
+
+    >>> import tempfile, pyarrow as pa
+    >>> from lance.file import LanceFileWriter
+    >>> path = tempfile.mkdtemp() + "/f.lance"
+    >>> writer = LanceFileWriter(path, pa.schema([("a", pa.int64())]), version="2.2")
+    >>> writer.write_batch(pa.record_batch({"a": [1]}))
+    >>> log = ChecksumLog()
+    >>> log.record_inline("a", row=0, size=1, digest=b"d" * 32)
+    >>> log.attach(writer); writer.close()
+    1
+    >>> load_checksums("file://" + path).inline("a", 0) == b"d" * 32
+    True
+    """
+    reader = LanceFileReader(data_file_uri, storage_options=storage_options)
+    index = _checksums_index(reader)
+    if index is None:
+        return None
+    buffer = reader.read_global_buffer(index)
+    table = pa.ipc.open_stream(pa.py_buffer(buffer)).read_all()
+    return FileChecksums(table)
+
+
+def written_by_blobhouse(data_file_uri: str, storage_options: dict[str, str] | None = None) -> bool:
+    """Whether blobhouse wrote this data file (it carries a checksum list, maybe empty); reads
+    the file's metadata only.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from lance.file import LanceFileWriter
+    >>> path = tempfile.mkdtemp() + "/f.lance"
+    >>> writer = LanceFileWriter(path, pa.schema([("a", pa.int64())]), version="2.2")
+    >>> writer.write_batch(pa.record_batch({"a": [1]})); writer.close()
+    1
+    >>> written_by_blobhouse("file://" + path)
+    False
+    """
+    reader = LanceFileReader(data_file_uri, storage_options=storage_options)
+    return _checksums_index(reader) is not None
+
+
+def _checksums_index(reader: LanceFileReader) -> int | None:
+    index = (reader.metadata().schema.metadata or {}).get(CHECKSUMS_KEY.encode())
+    return None if index is None else int(index)

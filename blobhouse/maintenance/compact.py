@@ -1,0 +1,360 @@
+"""compact: rewrite small fragments and fragments with many deleted rows into files of a target
+size, keeping (or re-establishing) blob sharing.
+
+Lance's own ``compact_files`` copies a shared payload once per row. Here the live rows of a group
+of fragments go back through the write pipeline with content dedup, so every live payload is
+stored once per new data file however many rows share it, packed in the new file's row order;
+deleted rows' bytes are dropped; external blobs stay references. The groups are committed as one
+Lance ``Rewrite``; if anything fails, what was written is removed and the table is unchanged.
+
+:func:`plan_compaction`, :func:`compact_group` and :func:`commit_compaction` are the three steps;
+:func:`compact` runs them here, ``blobhouse.spark.compact`` runs the middle one in Spark tasks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+from lance import LanceDataset, LanceOperation
+
+from blobhouse.checksums import written_by_blobhouse
+from blobhouse.errors import InvalidInputError
+from blobhouse.pipeline import WritePlan, plan_write, remove_staged, write_data_files
+from blobhouse.placement import AllowedBases, Kind, MiB
+from blobhouse.rangeio import BlobRef, read_ranges_arrow
+from blobhouse.references import leaf_field_ids
+from blobhouse.session import WrittenFile
+from blobhouse.values import (
+    ColumnPath,
+    get_column,
+    get_field,
+    replace_column,
+    replace_field,
+    stored_blob_columns,
+)
+
+if TYPE_CHECKING:
+    from blobhouse.table import Table
+
+Progress = Callable[[str, int, int], None]
+DEFAULT_TARGET_ROWS = 1024 * 1024
+DEFAULT_TARGET_BYTES = 2 * 1024 * MiB
+DEFAULT_DELETED_FRACTION = 0.1
+READ_BYTES = 64 * MiB  # blob bytes read per batch handed to the pipeline
+_INPUT_BLOB_TYPE = pa.struct(
+    [
+        pa.field("data", pa.large_binary()),
+        pa.field("uri", pa.utf8()),
+        pa.field("position", pa.uint64()),
+        pa.field("size", pa.uint64()),
+    ]
+)
+_ROW_ADDRESS = "_rowaddr"
+
+
+@dataclass(frozen=True)
+class CompactionGroup:
+    """Fragments rewritten together into new data files (adjacent, so row order is kept)."""
+
+    fragment_ids: tuple[int, ...]
+    rows: int
+    deleted_rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    """What one compaction rewrites, planned against ``read_version``."""
+
+    read_version: int
+    groups: tuple[CompactionGroup, ...]
+    target_rows: int
+    target_bytes: int
+    name_prefix: str
+
+    @property
+    def fragments(self) -> int:
+        return sum(len(g.fragment_ids) for g in self.groups)
+
+
+def plan_compaction(
+    table: Table,
+    *,
+    target_rows: int = DEFAULT_TARGET_ROWS,
+    target_bytes: int = DEFAULT_TARGET_BYTES,
+    deleted_fraction: float = DEFAULT_DELETED_FRACTION,
+) -> CompactionPlan:
+    """Group the fragments worth rewriting.
+
+    A fragment is a candidate when it is small (fewer than ``target_rows`` rows and
+    ``target_bytes`` bytes, sidecars included) or when at least ``deleted_fraction`` of its rows
+    are deleted. Runs of adjacent candidates are grouped up to the targets. A group of one
+    fragment with nothing deleted is left alone (rewriting it gains nothing) unless another
+    writer wrote it: Lance's own ``compact_files``, for one, stores a shared payload once per
+    row, and blobhouse takes such fragments over once to share their payloads again.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> for i in range(3):
+    ...     t = write_table(pa.table({"b": blob_array([b"x"])}), uri, mode="append")
+    >>> [g.fragment_ids for g in plan_compaction(t).groups]
+    [(0, 1, 2)]
+    """
+    if target_rows < 1 or target_bytes < 1:
+        raise InvalidInputError("target_rows and target_bytes must be positive")
+    if not 0 < deleted_fraction <= 1:
+        raise InvalidInputError(f"deleted_fraction must be in (0, 1], got {deleted_fraction}")
+    groups: list[CompactionGroup] = []
+    run: list[tuple[int, int, int, int]] = []  # (fragment id, live rows, deleted rows, bytes)
+
+    def close_run() -> None:
+        if len(run) > 1 or (run and (run[0][2] > 0 or _foreign(table, run[0][0]))):
+            groups.append(
+                CompactionGroup(
+                    tuple(r[0] for r in run),
+                    sum(r[1] for r in run),
+                    sum(r[2] for r in run),
+                    sum(r[3] for r in run),
+                )
+            )
+        run.clear()
+
+    for fragment in table.dataset.get_fragments():
+        metadata = fragment.metadata
+        physical, live = metadata.physical_rows, metadata.num_rows
+        size = _fragment_bytes(table, metadata)
+        small = physical < target_rows and size < target_bytes
+        sparse = physical > 0 and (physical - live) / physical >= deleted_fraction
+        if not (small or sparse):
+            close_run()
+            continue
+        live_bytes = size * live // max(physical, 1)
+        if run and (
+            sum(r[1] for r in run) + live > target_rows
+            or sum(r[3] * r[1] // max(r[1] + r[2], 1) for r in run) + live_bytes > target_bytes
+        ):
+            close_run()
+        run.append((metadata.id, live, physical - live, size))
+    close_run()
+    return CompactionPlan(
+        read_version=table.version,
+        groups=tuple(groups),
+        target_rows=target_rows,
+        target_bytes=target_bytes,
+        name_prefix=f"compact-{uuid.uuid4().hex[:12]}-",
+    )
+
+
+def compact_group(table: Table, plan: CompactionPlan, group: CompactionGroup) -> list[WrittenFile]:
+    """Write the live rows of one group into new data files (``table`` at
+    ``plan.read_version``). Nothing is visible until :func:`commit_compaction`; on failure the
+    files written so far are removed."""
+    return write_data_files(
+        _logical_batches(table, group.fragment_ids),
+        _write_plan(table, plan),
+        f"{table.dataset.uri}/data",
+        table.storage_options,
+        plan.name_prefix,
+    )
+
+
+def commit_compaction(
+    table: Table, plan: CompactionPlan, written: Sequence[Sequence[WrittenFile]]
+) -> LanceDataset:
+    """Replace each group's fragments by its new files in one Lance ``Rewrite`` transaction.
+
+    ``written[i]`` are the files of ``plan.groups[i]``. A concurrent write that conflicts
+    (a delete on a rewritten fragment, say) makes the commit fail; the caller then removes the
+    new files."""
+    dataset = table.dataset
+    if len(written) != len(plan.groups):
+        raise InvalidInputError(f"{len(written)} results for {len(plan.groups)} groups")
+    fragments = {f.fragment_id: f.metadata for f in dataset.get_fragments()}
+    ids = leaf_field_ids(dataset.lance_schema.fields())
+    groups = [
+        LanceOperation.RewriteGroup(
+            old_fragments=[fragments[i] for i in group.fragment_ids],
+            new_fragments=[w.fragment(ids) for w in files],
+        )
+        for group, files in zip(plan.groups, written, strict=True)
+    ]
+    return LanceDataset.commit(
+        dataset.uri,
+        LanceOperation.Rewrite(groups, []),
+        read_version=plan.read_version,
+        storage_options=table.storage_options,
+    )
+
+
+def compact(
+    table: Table,
+    *,
+    target_rows: int = DEFAULT_TARGET_ROWS,
+    target_bytes: int = DEFAULT_TARGET_BYTES,
+    deleted_fraction: float = DEFAULT_DELETED_FRACTION,
+    progress: Progress | None = None,
+) -> dict:
+    """Plan, rewrite and commit a compaction in this process; returns what it did.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, open_table, write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> for i in range(3):  # three appends of the same 100 kB payload: three stored copies
+    ...     t = write_table(pa.table({"b": blob_array([b"x" * 100_000])}), uri, mode="append")
+    >>> report = compact(t)
+    >>> report["fragments_removed"], report["fragments_added"]
+    (3, 1)
+    >>> open_table(uri).stats()["physical_bytes"]  # one copy again
+    100000
+    """
+    plan = plan_compaction(
+        table, target_rows=target_rows, target_bytes=target_bytes, deleted_fraction=deleted_fraction
+    )
+    if not plan.groups:
+        return report(table.version, plan, [])
+    results: list[list[WrittenFile]] = []
+    try:
+        for done, group in enumerate(plan.groups):
+            if progress:
+                progress("compact", done, len(plan.groups))
+            results.append(compact_group(table, plan, group))
+        if progress:
+            progress("compact", len(plan.groups), len(plan.groups))
+        dataset = commit_compaction(table, plan, results)
+    except BaseException:
+        remove_staged(f"{table.dataset.uri}/data", plan.name_prefix, table.storage_options)
+        raise
+    return report(dataset.version, plan, results)
+
+
+def report(version: int, plan: CompactionPlan, written: Sequence[Sequence[WrittenFile]]) -> dict:
+    """What a compaction did, for people and for ``--json``."""
+    files = [w for group in written for w in group]
+    return {
+        "read_version": plan.read_version,
+        "version": version,
+        "fragments_removed": plan.fragments,
+        "fragments_added": len(files),
+        "rows": sum(g.rows for g in plan.groups),
+        "deleted_rows_dropped": sum(g.deleted_rows for g in plan.groups),
+        "bytes_before": sum(g.bytes for g in plan.groups),
+        "bytes_after": sum(w.size_bytes + w.sidecar_bytes for w in files),
+    }
+
+
+def _write_plan(table: Table, plan: CompactionPlan) -> WritePlan:
+    schema = table.schema
+    paths = stored_blob_columns(schema)
+    input_schema = schema
+    for path in paths:
+        field = get_field(schema, path)
+        input_schema = replace_field(
+            input_schema, path, pa.field(path[-1], _INPUT_BLOB_TYPE, field.nullable)
+        )
+    return plan_write(
+        input_schema,
+        table_schema=schema,
+        dedup="content",
+        allowed_bases=AllowedBases.of_table(schema),
+        max_rows_per_file=plan.target_rows,
+        max_bytes_per_file=plan.target_bytes,
+    )
+
+
+def _logical_batches(table: Table, fragment_ids: Sequence[int]) -> Iterator[pa.RecordBatch]:
+    """The live rows of ``fragment_ids`` in order, blob columns as logical values: bytes for
+    what the table stores, the reference for external blobs."""
+    dataset = table.dataset
+    paths = stored_blob_columns(table.schema)
+    scanner = dataset.scanner(
+        fragments=[dataset.get_fragment(i) for i in fragment_ids],
+        with_row_address=True,
+        scan_in_order=True,
+    )
+    for batch in scanner.to_batches():
+        for piece in _pieces(batch, paths):
+            yield _logical(table, piece, paths)
+
+
+def _pieces(batch: pa.RecordBatch, paths: list[ColumnPath]) -> Iterator[pa.RecordBatch]:
+    """Slices of ``batch`` whose blobs add up to about :data:`READ_BYTES` (one row at least)."""
+    sizes = np.zeros(batch.num_rows, dtype=np.int64)
+    for path in paths:
+        sizes += get_column(batch, path).field("size").fill_null(0).to_numpy().astype(np.int64)
+    start = 0
+    while start < batch.num_rows:
+        ends = np.cumsum(sizes[start:])
+        take = max(1, int(np.searchsorted(ends, READ_BYTES, side="right")))
+        yield batch.slice(start, take)
+        start += take
+
+
+def _logical(table: Table, batch: pa.RecordBatch, paths: list[ColumnPath]) -> pa.RecordBatch:
+    addresses = batch.column(_ROW_ADDRESS)
+    for path in paths:
+        descriptors = get_column(batch, path)
+        refs = table.resolver().resolve(descriptors, addresses, table._field_id(path))
+        batch = replace_column(
+            batch,
+            path,
+            _logical_values(descriptors, refs),
+            pa.field(path[-1], _INPUT_BLOB_TYPE),
+        )
+    return batch.drop_columns([_ROW_ADDRESS])
+
+
+def _logical_values(descriptors: pa.StructArray, refs: pa.StructArray) -> pa.StructArray:
+    valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
+    kinds = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False)
+    external = valid & (kinds == Kind.EXTERNAL)
+    stored = valid & ~external
+    uris = refs.field("uri").to_pylist()
+    positions = refs.field("position").to_pylist()
+    sizes = refs.field("size").to_pylist()
+    data = read_ranges_arrow(
+        [BlobRef(uris[i], positions[i], sizes[i]) if stored[i] else None for i in range(len(refs))]
+    )
+    outside = pa.array(~external)
+    return pa.StructArray.from_arrays(
+        [
+            data,
+            _masked(refs.field("uri"), outside),
+            _masked(refs.field("position").cast(pa.uint64()), outside),
+            _masked(refs.field("size").cast(pa.uint64()), outside),
+        ],
+        fields=list(_INPUT_BLOB_TYPE),
+        mask=pa.array(~valid),
+    )
+
+
+def _masked(values: pa.Array, hide: pa.Array) -> pa.Array:
+    """``values`` with null where ``hide`` is true."""
+    return pc.if_else(hide, pa.scalar(None, values.type), values)
+
+
+def _foreign(table: Table, fragment_id: int) -> bool:
+    """Whether a data file of the fragment was written by another writer than blobhouse."""
+    files = table.dataset.get_fragment(fragment_id).metadata.files
+    return not all(
+        written_by_blobhouse(f"{table.uri}/data/{f.path}", table.storage_options) for f in files
+    )
+
+
+def _fragment_bytes(table: Table, metadata) -> int:
+    """Bytes of a fragment's data files and their sidecars."""
+    fs, root = pafs.FileSystem.from_uri(f"{table.uri}/data")
+    total = 0
+    for data_file in metadata.files:
+        stem = data_file.path.removesuffix(".lance")
+        infos = [fs.get_file_info(f"{root}/{data_file.path}")]
+        infos += fs.get_file_info(pafs.FileSelector(f"{root}/{stem}", allow_not_found=True))
+        total += sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+    return total

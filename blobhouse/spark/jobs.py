@@ -1,0 +1,148 @@
+"""Table services on Spark: the units of work of ``blobhouse.maintenance`` (and of backfill) run
+as Spark tasks; the driver plans and commits, exactly as the Python entry points do.
+
+>>> import tempfile, pyarrow as pa
+>>> from blobhouse import blob_array, write_table
+>>> uri = tempfile.mkdtemp() + "/t"
+>>> for i in range(3):
+...     _ = write_table(pa.table({"b": blob_array([b"x" * 100_000])}), uri, mode="append")
+>>> compact(spark, uri)["fragments_removed"]
+3
+>>> verify(spark, uri, deep=True)["problems"]
+[]
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from blobhouse.maintenance import gc as gc_table
+from blobhouse.maintenance.compact import (
+    DEFAULT_DELETED_FRACTION,
+    DEFAULT_TARGET_BYTES,
+    DEFAULT_TARGET_ROWS,
+    commit_compaction,
+    compact_group,
+    plan_compaction,
+    report,
+)
+from blobhouse.maintenance.gc import DEFAULT_GRACE, referenced_paths
+from blobhouse.maintenance.verify import summarize, verify_state
+from blobhouse.maintenance.walk import FragmentState, fragment_states, retained_versions
+from blobhouse.pipeline import remove_staged
+from blobhouse.table import Table, open_table
+
+Unit = TypeVar("Unit")
+_RESULT = pa.schema([("index", pa.int64()), ("result", pa.binary())])
+
+
+def run_tasks(spark: SparkSession, units: Sequence[Unit], fn: Callable[[Unit], Any]) -> list:
+    """``fn(unit)`` for every unit, each unit in a Spark task of its own; results in order.
+
+    Units and results travel pickled; ``fn`` is shipped to the executors with its closure.
+    """
+    if not units:
+        return []
+    rows = [(i, pickle.dumps(u)) for i, u in enumerate(units)]
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index, unit in zip(
+                batch["index"].to_pylist(), batch["unit"].to_pylist(), strict=True
+            ):
+                result = pickle.dumps(fn(pickle.loads(unit)))
+                yield pa.record_batch({"index": [index], "result": [result]}, schema=_RESULT)
+
+    frame = spark.createDataFrame(rows, "index long, unit binary").repartition(len(units))
+    results = [None] * len(units)
+    for index, result in frame.mapInArrow(run, "index long, result binary").collect():
+        results[index] = pickle.loads(result)
+    return results
+
+
+def compact(
+    spark: SparkSession,
+    uri: str,
+    *,
+    target_rows: int = DEFAULT_TARGET_ROWS,
+    target_bytes: int = DEFAULT_TARGET_BYTES,
+    deleted_fraction: float = DEFAULT_DELETED_FRACTION,
+    storage_options: dict[str, str] | None = None,
+) -> dict:
+    """:func:`blobhouse.maintenance.compact` with a Spark task per group of fragments and one
+    commit on the driver; if a task or the commit fails, the new files are removed."""
+    table = open_table(uri, storage_options=storage_options)
+    plan = plan_compaction(
+        table, target_rows=target_rows, target_bytes=target_bytes, deleted_fraction=deleted_fraction
+    )
+    if not plan.groups:
+        return report(table.version, plan, [])
+    version = plan.read_version
+    try:
+        written = run_tasks(
+            spark,
+            plan.groups,
+            lambda group: compact_group(open_table(uri, version, storage_options), plan, group),
+        )
+        dataset = commit_compaction(table, plan, written)
+    except BaseException:
+        remove_staged(f"{table.dataset.uri}/data", plan.name_prefix, storage_options)
+        raise
+    return report(dataset.version, plan, written)
+
+
+def verify(
+    spark: SparkSession,
+    uri: str,
+    *,
+    deep: bool = False,
+    storage_options: dict[str, str] | None = None,
+) -> dict:
+    """:func:`blobhouse.maintenance.verify` with a Spark task per fragment state."""
+    table = open_table(uri, storage_options=storage_options)
+    versions = retained_versions(table)
+    states = fragment_states(table, versions)
+    reports = run_tasks(
+        spark,
+        states,
+        lambda s: verify_state(open_table(uri, s.version, storage_options), s, deep=deep),
+    )
+    return summarize(versions, zip(states, reports, strict=True), deep=deep)
+
+
+def gc(
+    spark: SparkSession,
+    uri: str,
+    *,
+    retain_versions: int | None = None,
+    older_than: timedelta | None = None,
+    grace: timedelta = DEFAULT_GRACE,
+    dry_run: bool = False,
+    storage_options: dict[str, str] | None = None,
+) -> dict:
+    """:func:`blobhouse.maintenance.gc` with the mark phase (which files retained versions
+    reference) in a Spark task per fragment state; versions and the sweep run on the driver."""
+
+    def mark(table: Table) -> set[str]:
+        states = fragment_states(table)
+        found = run_tasks(spark, states, lambda s: _referenced(uri, s, storage_options))
+        return set().union(*found)
+
+    return gc_table(
+        open_table(uri, storage_options=storage_options),
+        retain_versions=retain_versions,
+        older_than=older_than,
+        grace=grace,
+        dry_run=dry_run,
+        referenced=mark,
+    )
+
+
+def _referenced(uri: str, state: FragmentState, storage_options: dict[str, str] | None) -> set:
+    return referenced_paths(open_table(uri, state.version, storage_options), state)

@@ -1,0 +1,410 @@
+"""Random sequences of writes and table services keep every retained version readable, intact."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+from lance.commit import CommitConflictError
+
+from blobhouse import Blob, RefIdConflictError, blob_array, open_table, write_table
+from blobhouse.pipeline import plan_write, write_data_files
+
+from helpers import tree
+
+# the package exports a function named like the module: reach the module itself
+compaction = importlib.import_module("blobhouse.maintenance.compact")
+
+_rng = random.Random(20240611)
+# two of each size: 10 B (inline when unique), 70 KB and 300 KB (packed); and null
+POOL: list[bytes | None] = [
+    _rng.randbytes(10),
+    _rng.randbytes(10),
+    _rng.randbytes(70_000),
+    _rng.randbytes(70_000),
+    _rng.randbytes(300_000),
+    _rng.randbytes(300_000),
+    None,
+]
+PICKS = st.lists(st.integers(0, len(POOL) - 1), min_size=1, max_size=6)
+FILTERS = st.one_of(
+    st.integers(0, 40).map(lambda n: f"id < {n}"),
+    st.tuples(st.integers(2, 4), st.integers(0, 3)).map(lambda t: f"id % {t[0]} = {t[1] % t[0]}"),
+    st.lists(st.integers(0, 40), min_size=1, max_size=4).map(
+        lambda ids: f"id IN ({', '.join(map(str, ids))})"
+    ),
+)
+PROPERTY_SETTINGS = settings(
+    max_examples=15,
+    stateful_step_count=8,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+Rows = list[tuple[int, bytes | None]]
+
+
+def matches(row_id: int, where: str) -> bool:
+    """Python's reading of the filters in :data:`FILTERS`."""
+    if where.startswith("id < "):
+        return row_id < int(where[5:])
+    if where.startswith("id % "):
+        k, r = where[5:].split(" = ")
+        return row_id % int(k) == int(r)
+    return row_id in {int(i) for i in where[len("id IN (") : -1].split(", ")}
+
+
+def rows_table(ids: list[int], values: list) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "b": blob_array(values)})
+
+
+def age_tree(path: str, hours: float) -> None:
+    past = time.time() - hours * 3600
+    for root, _, names in os.walk(path):
+        for name in names:
+            os.utime(os.path.join(root, name), (past, past))
+
+
+def file_bytes(root: str, relative: set[str]) -> dict[str, bytes]:
+    out = {}
+    for rel in relative:
+        with open(os.path.join(root, rel), "rb") as f:
+            out[rel] = f.read()
+    return out
+
+
+def read_blobhouse(uri: str, version: int) -> Rows:
+    table = open_table(uri, version)
+    got = table.to_arrow(blobs="bytes").to_pylist()
+    # read_blobs by position agrees with the scan
+    assert table.read_blobs("b", range(len(got))) == [r["b"] for r in got]
+    return sorted((r["id"], r["b"]) for r in got)
+
+
+def read_stock(uri: str, version: int) -> Rows:
+    dataset = lance.dataset(uri, version=version)
+    ids = dataset.to_table(columns=["id"]).column("id").to_pylist()
+    if not ids:
+        return []
+    pairs = dataset.read_blobs("b", indices=list(range(len(ids))), preserve_order=True)
+    return sorted(zip(ids, [p for _, p in pairs], strict=True))
+
+
+def assert_versions_read_back(uri: str, model: dict[int, Rows]) -> None:
+    """Exactly the model's versions are retained, and each reads back exactly its rows."""
+    retained = [v["version"] for v in open_table(uri).versions()]
+    assert retained == sorted(model)
+    for version, rows in model.items():
+        assert read_blobhouse(uri, version) == rows, f"blobhouse read of version {version}"
+        assert read_stock(uri, version) == rows, f"stock pylance read of version {version}"
+
+
+class TableServices(RuleBasedStateMachine):
+    """Appends, deletes, overwrites, compactions, gc, failed and abandoned writes on one table,
+    checked against a model of every retained version."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = tempfile.mkdtemp(prefix="blobhouse-props-")
+        self.uri = os.path.join(self.root, "table")
+        self.data_dir = os.path.join(self.uri, "data")
+        self.next_id = 0
+        self.model: dict[int, Rows] = {}  # retained version -> sorted (id, bytes)
+        self.leftovers: dict[str, bytes] = {}  # staged, never committed: path -> bytes
+
+    # --- helpers -------------------------------------------------------------------------
+
+    @property
+    def latest(self) -> int:
+        return max(self.model)
+
+    def new_rows(self, picks: list[int]) -> tuple[list[int], list]:
+        ids = list(range(self.next_id, self.next_id + len(picks)))
+        self.next_id += len(picks)
+        return ids, [POOL[p] for p in picks]
+
+    def committed(self, rows: Rows) -> None:
+        version = open_table(self.uri).version
+        assert version not in self.model
+        assert version > self.latest
+        self.model[version] = sorted(rows)
+
+    # --- rules ---------------------------------------------------------------------------
+
+    @initialize(picks=PICKS)
+    def create(self, picks):
+        ids, values = self.new_rows(picks)
+        table = write_table(rows_table(ids, values), self.uri)
+        self.model[table.version] = sorted(zip(ids, values, strict=True))
+
+    @rule(picks=PICKS)
+    def append(self, picks):
+        ids, values = self.new_rows(picks)
+        write_table(rows_table(ids, values), self.uri, mode="append")
+        self.committed(self.model[self.latest] + list(zip(ids, values, strict=True)))
+
+    @rule(picks=PICKS)
+    def overwrite(self, picks):
+        ids, values = self.new_rows(picks)
+        write_table(rows_table(ids, values), self.uri, mode="overwrite")
+        self.committed(list(zip(ids, values, strict=True)))
+
+    @rule(where=FILTERS)
+    def delete(self, where):
+        open_table(self.uri).delete(where)
+        self.committed([r for r in self.model[self.latest] if not matches(r[0], where)])
+
+    @rule(small=st.booleans())
+    def compact(self, small):
+        before = open_table(self.uri)
+        report = before.compact(target_rows=4 if small else None)
+        after = open_table(self.uri).version
+        if report["fragments_removed"]:
+            self.committed(self.model[self.latest])
+            assert report["version"] == after
+        else:
+            assert after == before.version
+
+    @rule(retain=st.sampled_from([None, 1, 2, 3]), young=st.booleans())
+    def gc(self, retain, young):
+        grace = None if young else timedelta(0)  # None: the default 24 hours
+        report = open_table(self.uri).gc(retain_versions=retain, grace=grace)
+        if retain is not None:
+            expected = sorted(self.model)[-retain:]
+            assert report["retained_versions"] == expected
+            assert report["removed_versions"] == [v for v in sorted(self.model) if v < expected[0]]
+            self.model = {v: self.model[v] for v in expected}
+        if young:  # every leftover was staged moments ago: kept, byte for byte
+            assert file_bytes(self.data_dir, set(self.leftovers)) == self.leftovers
+        else:
+            assert not any(os.path.exists(os.path.join(self.data_dir, p)) for p in self.leftovers)
+            self.leftovers.clear()
+            assert open_table(self.uri).stats()["orphan_files"] == 0
+
+    @rule(picks=PICKS, conflict=st.booleans())
+    def failed_append(self, picks, conflict):
+        before = tree(self.uri)
+        ids, values = self.new_rows(picks)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            yield from rows_table(ids, values).to_batches()
+            if conflict:  # bad input in later batches: one ref_id, two different payloads
+                for payload in (b"first" * 20_000, b"other" * 20_000):
+                    yield from rows_table([ids[-1]], [Blob(data=payload, ref_id=9)]).to_batches()
+            raise RuntimeError("the source failed mid-write")
+
+        error = RefIdConflictError if conflict else RuntimeError
+        with pytest.raises(error):
+            write_table(batches(), self.uri, mode="append", dedup="ref_id")
+        assert open_table(self.uri).version == self.latest
+        assert tree(self.uri) == before, "a failed write left files behind or changed the table"
+
+    @rule(picks=PICKS)
+    def abandoned_write(self, picks):
+        """A writer that staged files and died before committing."""
+        ids, values = self.new_rows(picks)
+        data = rows_table(ids, values)
+        before = tree(self.data_dir) if os.path.isdir(self.data_dir) else set()
+        write_data_files(data.to_batches(), plan_write(data.schema), self.data_dir)
+        staged = tree(self.data_dir) - before
+        assert staged
+        self.leftovers.update(file_bytes(self.data_dir, staged))
+        assert open_table(self.uri).version == self.latest
+
+    # --- invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def every_retained_version_reads_back(self):
+        if self.model:
+            assert_versions_read_back(self.uri, self.model)
+
+    @invariant()
+    def deep_verify_finds_nothing(self):
+        if self.model:
+            report = open_table(self.uri).verify(deep=True)
+            assert report["problems"] == []
+            assert report["versions"] == sorted(self.model)
+
+    @precondition(lambda self: bool(self.leftovers))
+    @invariant()
+    def leftovers_are_orphans(self):
+        assert open_table(self.uri).stats()["orphan_files"] >= len(self.leftovers)
+
+    def teardown(self) -> None:
+        try:
+            if self.model:
+                # past the grace period, gc removes every file no retained version references
+                age_tree(self.data_dir, hours=48)
+                report = open_table(self.uri).gc()
+                assert report["kept_young_files"] == 0
+                assert not any(
+                    os.path.exists(os.path.join(self.data_dir, p)) for p in self.leftovers
+                )
+                assert open_table(self.uri).stats()["orphan_files"] == 0
+                assert_versions_read_back(self.uri, self.model)
+                assert open_table(self.uri).verify(deep=True)["problems"] == []
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+TableServices.TestCase.settings = settings(
+    PROPERTY_SETTINGS, max_examples=25, stateful_step_count=10
+)
+test_table_services = TableServices.TestCase
+
+
+# --- leftovers and the grace period -------------------------------------------------------
+
+
+def test_young_leftovers_are_kept_byte_identical_and_removed_once_aged(table_uri):
+    pool = POOL[:6]
+    write_table(rows_table(list(range(6)), pool), table_uri)
+    write_table(rows_table([6, 7], [pool[4], pool[0]]), table_uri, mode="append")
+    data_dir = os.path.join(table_uri, "data")
+    committed = tree(data_dir)
+    for picks in ([4, 4, 0], [2, 5]):
+        staged = rows_table([100, 101, 102][: len(picks)], [pool[p] for p in picks])
+        write_data_files(staged.to_batches(), plan_write(staged.schema), data_dir)
+    leftovers = file_bytes(data_dir, tree(data_dir) - committed)
+    assert len(leftovers) >= 4  # two data files and their sidecars
+    expected = sorted(zip(range(8), [*pool, pool[4], pool[0]], strict=True))
+
+    report = open_table(table_uri).gc()  # default grace: 24 hours
+    assert (report["removed_files"], report["kept_young_files"]) == (0, len(leftovers))
+    assert file_bytes(data_dir, set(leftovers)) == leftovers
+    age_tree(data_dir, hours=12)  # still inside the grace period
+    report = open_table(table_uri).gc()
+    assert report["removed_files"] == 0
+    assert file_bytes(data_dir, set(leftovers)) == leftovers
+    assert open_table(table_uri).gc(grace=timedelta(hours=11))["removed_files"] == len(leftovers)
+    assert tree(data_dir) == committed
+    assert open_table(table_uri).stats()["orphan_files"] == 0
+    assert read_blobhouse(table_uri, 2) == expected and read_stock(table_uri, 2) == expected
+    assert open_table(table_uri).verify(deep=True)["problems"] == []
+
+
+# --- compaction stores each distinct live payload once ------------------------------------
+
+
+@PROPERTY_SETTINGS
+@given(
+    first=PICKS,
+    steps=st.lists(
+        st.one_of(st.tuples(st.just("append"), PICKS), st.tuples(st.just("delete"), FILTERS)),
+        max_size=8,
+    ),
+)
+def test_compaction_stores_each_distinct_live_payload_once(first, steps):
+    """With default targets every candidate fragment falls into one group, rewritten into one
+    data file with content dedup: each distinct live payload is stored once there. stats counts
+    each distinct stored range once (inline payloads at their offset in the data file, packed and
+    dedicated ones in their sidecar), nulls not at all, so after ``compact()``:
+    ``sum(len(p) for p in distinct live payloads) <= physical_bytes <= 1.05 * that sum``
+    (a lone fragment with nothing deleted is not rewritten, but it was written with content
+    dedup, so the bound holds for it too)."""
+    root = tempfile.mkdtemp(prefix="blobhouse-compact-")
+    try:
+        uri = os.path.join(root, "table")
+        live: dict[int, bytes | None] = {}
+        next_id = 0
+        for op, arg in [("append", first), *steps]:
+            if op == "append":
+                ids = list(range(next_id, next_id + len(arg)))
+                next_id += len(arg)
+                values = [POOL[p] for p in arg]
+                write_table(rows_table(ids, values), uri, mode="append")
+                live.update(zip(ids, values, strict=True))
+            else:
+                open_table(uri).delete(arg)
+                live = {i: v for i, v in live.items() if not matches(i, arg)}
+        before = open_table(uri)
+        report = before.compact()
+        assert report["fragments_removed"] != 1 or report["deleted_rows_dropped"] > 0
+        table = open_table(uri)
+        assert table.stats()["fragments"] <= 1
+        unique = sum(len(v) for v in {v for v in live.values() if v is not None})
+        physical = table.stats()["physical_bytes"]
+        assert unique <= physical <= 1.05 * unique, (physical, unique, report)
+        expected = sorted(live.items())
+        assert read_blobhouse(uri, table.version) == expected
+        assert read_stock(uri, table.version) == expected
+        assert table.verify(deep=True)["problems"] == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# --- a compaction whose commit fails changes nothing --------------------------------------
+
+
+@pytest.fixture
+def fragmented(table_uri) -> tuple[str, Rows]:
+    rows: Rows = []
+    for start in range(0, 12, 3):
+        ids = list(range(start, start + 3))
+        values = [POOL[i % 6] for i in ids]
+        write_table(rows_table(ids, values), table_uri, mode="append")
+        rows += zip(ids, values, strict=True)
+    open_table(table_uri).delete("id = 4")
+    return table_uri, sorted(r for r in rows if r[0] != 4)
+
+
+def test_a_compaction_whose_commit_raises_changes_nothing(fragmented, monkeypatch):
+    uri, rows = fragmented
+    before, version = tree(uri), open_table(uri).version
+    written = []
+
+    def failing_commit(table, plan, results):
+        written.extend(w for files in results for w in files)
+        raise OSError("the object store went away")
+
+    monkeypatch.setattr(compaction, "commit_compaction", failing_commit)
+    with pytest.raises(OSError, match="went away"):
+        open_table(uri).compact(target_rows=4)
+    assert written, "the compaction wrote files before its commit failed"
+    assert tree(uri) == before
+    assert open_table(uri).version == version
+    assert read_blobhouse(uri, version) == rows and read_stock(uri, version) == rows
+    assert open_table(uri).verify(deep=True)["problems"] == []
+
+
+def test_a_compaction_preempted_by_a_concurrent_delete_changes_nothing(fragmented, monkeypatch):
+    """A delete on a fragment being rewritten commits between plan and commit: Lance refuses the
+    Rewrite, compaction removes its files, and the deleted row stays deleted."""
+    uri, rows = fragmented
+    data_before, version = tree(os.path.join(uri, "data")), open_table(uri).version
+    real_group = compaction.compact_group
+
+    def group_then_concurrent_delete(table, plan, group):
+        files = real_group(table, plan, group)
+        if group is plan.groups[-1]:
+            open_table(uri).delete("id = 0")  # fragment 0 is in the first group
+        return files
+
+    monkeypatch.setattr(compaction, "compact_group", group_then_concurrent_delete)
+    with pytest.raises(CommitConflictError):
+        open_table(uri).compact()
+    assert tree(os.path.join(uri, "data")) == data_before  # no compaction file left
+    assert open_table(uri).version == version + 1  # only the delete committed
+    assert [v["version"] for v in open_table(uri).versions()][-2:] == [version, version + 1]
+    assert read_blobhouse(uri, version) == rows
+    after = [r for r in rows if r[0] != 0]
+    assert read_blobhouse(uri, version + 1) == after and read_stock(uri, version + 1) == after
+    assert open_table(uri).verify(deep=True)["problems"] == []
