@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from itertools import chain
@@ -29,6 +29,7 @@ from blobhouse.errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from blobhouse.maintenance.walk import Progress
 from blobhouse.pipeline import (
     DEFAULT_MAX_BYTES_PER_FILE,
     DEFAULT_MAX_ROWS_PER_FILE,
@@ -56,7 +57,6 @@ from blobhouse.values import (
 )
 
 BlobsMode = Literal["refs", "bytes", "descriptors"]
-Progress = Callable[[str, int, int], None]
 WriteMode = Literal["create", "append", "overwrite"]
 _ROW_ADDRESS = "_rowaddr"
 
@@ -496,7 +496,7 @@ class Table:
         progress: Progress | None = None,
     ) -> dict:
         """Remove old versions and files no retained version references (after ``grace``,
-        24 hours by default); see :func:`blobhouse.maintenance.gc`."""
+        24 hours by default); see :func:`blobhouse.maintenance.garbage_collection.gc`."""
         from blobhouse.maintenance import DEFAULT_GRACE, gc
 
         return gc(
@@ -511,7 +511,7 @@ class Table:
     def verify(self, *, deep: bool = False, progress: Progress | None = None) -> dict:
         """Check every blob reference of every retained version (``deep``: and its bytes against
         the hash recorded at write time): problems by version, column, row and path (see
-        :func:`blobhouse.maintenance.verify`)."""
+        :func:`blobhouse.maintenance.verification.verify`)."""
         from blobhouse.maintenance import verify
 
         return verify(self, deep=deep, progress=progress)
@@ -525,8 +525,8 @@ class Table:
         progress: Progress | None = None,
     ) -> dict:
         """Rewrite small fragments and fragments with many deleted rows, keeping blob sharing,
-        in one transaction (see :func:`blobhouse.maintenance.compact`). Returns what it did;
-        ``open_table`` again to see the new version."""
+        in one transaction (see :func:`~blobhouse.maintenance.compaction.compact`). Returns what
+        it did; ``open_table`` again to see the new version."""
         from blobhouse.maintenance import compact
 
         options = {

@@ -6,6 +6,8 @@ import os
 
 import lance
 
+from blobhouse.session import BlobSession, sidecar_name
+
 
 def disk_bytes(path: str) -> int:
     """Total size of every file under ``path``."""
@@ -40,3 +42,11 @@ def stock_read(uri: str, column: str, rows: int | None = None) -> list[bytes | N
 
 def stock_descriptors(uri: str, column: str) -> list[dict | None]:
     return lance.dataset(uri).to_table(columns=[column]).column(column).to_pylist()
+
+
+def placed_sidecar(session: BlobSession, blob_id: int, content: bytes) -> None:
+    """A sidecar someone else already put in the session's namespace."""
+    folder = os.path.join(session.data_dir, session.key)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, sidecar_name(blob_id)), "wb") as f:
+        f.write(content)

@@ -24,9 +24,8 @@ from blobhouse.checksums import (
     written_by_blobhouse,
 )
 from blobhouse.dedup import content_hash
-from blobhouse.session import sidecar_name
 
-from helpers import stock_read
+from helpers import placed_sidecar, stock_read
 
 PLACEMENT = {"dedicated_size_threshold": 200_000}
 SMALL_SHARED = b"shared" * 20
@@ -211,13 +210,6 @@ def test_each_payload_is_hashed_once(table_uri, media, monkeypatch):
 def table(table_uri, media):
     schema = pa.schema([pa.field("id", pa.int64()), blob_field("img")])
     return write_table(schema.empty_table(), table_uri, allowed_bases=[str(media)])
-
-
-def placed_sidecar(session: BlobSession, blob_id: int, content: bytes) -> None:
-    folder = os.path.join(session.data_dir, session.key)
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, sidecar_name(blob_id)), "wb") as f:
-        f.write(content)
 
 
 def test_session_written_files_record_what_the_session_wrote(table, media):

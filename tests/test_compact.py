@@ -14,7 +14,7 @@ import pytest
 import blobhouse.spark as bs
 from blobhouse import Blob, blob_array, open_table, write_table
 from blobhouse.cli import main
-from blobhouse.maintenance.compact import plan_compaction
+from blobhouse.maintenance.compaction import plan_compaction
 
 from helpers import stock_read, tree
 

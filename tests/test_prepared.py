@@ -20,10 +20,10 @@ from blobhouse import (
     write_table,
 )
 from blobhouse.errors import BlobhouseError, ExternalBlobError
-from blobhouse.session import MAX_U64, PREPARED_TYPE, sidecar_name
+from blobhouse.session import MAX_U64, PREPARED_TYPE
 from blobhouse.values import is_lance_blob_field
 
-from helpers import stock_read, tree
+from helpers import placed_sidecar, stock_read, tree
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), blob_field("img")])
 
@@ -34,14 +34,6 @@ def table(table_uri, tmp_path):
     media.mkdir()
     (media / "clip.bin").write_bytes(os.urandom(4000))
     return write_table(SCHEMA.empty_table(), table_uri, allowed_bases=[str(media)])
-
-
-def placed_sidecar(session: BlobSession, blob_id: int, content: bytes) -> None:
-    """A sidecar someone else already put in the session's namespace."""
-    folder = os.path.join(session.data_dir, session.key)
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, sidecar_name(blob_id)), "wb") as f:
-        f.write(content)
 
 
 def test_every_kind_of_prepared_value_in_one_column(table, tmp_path):

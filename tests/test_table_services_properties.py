@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import random
 import shutil
@@ -26,12 +25,10 @@ from hypothesis.stateful import (
 from lance.commit import CommitConflictError
 
 from blobhouse import Blob, RefIdConflictError, blob_array, open_table, write_table
+from blobhouse.maintenance import compaction
 from blobhouse.pipeline import plan_write, write_data_files
 
 from helpers import tree
-
-# the package exports a function named like the module: reach the module itself
-compaction = importlib.import_module("blobhouse.maintenance.compact")
 
 _rng = random.Random(20240611)
 # two of each size: 10 B (inline when unique), 70 KB and 300 KB (packed); and null

@@ -1,14 +1,15 @@
 """Table services: statistics, verification, garbage collection and compaction.
 
-Each service is one module; ``walk`` is how they visit a table's retained versions. Every
+Each service is one module (``stats``, ``verification``, ``garbage_collection``, ``compaction``);
+``walk`` is how they visit a table's retained versions. Every
 service that grows with the table splits its work into units a Spark task can run
 (``blobhouse.spark`` runs them in parallel); the Python entry points run the same units in
 this process.
 """
 
-from blobhouse.maintenance.compact import compact
-from blobhouse.maintenance.gc import DEFAULT_GRACE, gc, orphans
+from blobhouse.maintenance.compaction import compact
+from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, gc, orphans
 from blobhouse.maintenance.stats import blob_stats
-from blobhouse.maintenance.verify import Problem, verify
+from blobhouse.maintenance.verification import Problem, verify
 
 __all__ = ["DEFAULT_GRACE", "Problem", "blob_stats", "compact", "gc", "orphans", "verify"]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from blobhouse.maintenance.gc import orphans
+from blobhouse.maintenance.garbage_collection import orphans
 from blobhouse.placement import Kind
 from blobhouse.values import get_column, path_name, stored_blob_columns
 

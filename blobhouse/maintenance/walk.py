@@ -8,7 +8,7 @@ Spark task can take one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from blobhouse.table import Table
 
 _ROW_ADDRESS = "_rowaddr"
+# called as progress(step, done, total) by long-running services (the CLI draws a bar)
+Progress = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)

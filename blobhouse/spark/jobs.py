@@ -23,7 +23,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from blobhouse.maintenance import gc as gc_table
-from blobhouse.maintenance.compact import (
+from blobhouse.maintenance.compaction import (
     DEFAULT_DELETED_FRACTION,
     DEFAULT_TARGET_BYTES,
     DEFAULT_TARGET_ROWS,
@@ -32,8 +32,8 @@ from blobhouse.maintenance.compact import (
     plan_compaction,
     report,
 )
-from blobhouse.maintenance.gc import DEFAULT_GRACE, referenced_paths
-from blobhouse.maintenance.verify import summarize, verify_state
+from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, referenced_paths
+from blobhouse.maintenance.verification import summarize, verify_state
 from blobhouse.maintenance.walk import FragmentState, fragment_states, retained_versions
 from blobhouse.pipeline import remove_staged
 from blobhouse.table import Table, open_table
@@ -75,8 +75,9 @@ def compact(
     deleted_fraction: float = DEFAULT_DELETED_FRACTION,
     storage_options: dict[str, str] | None = None,
 ) -> dict:
-    """:func:`blobhouse.maintenance.compact` with a Spark task per group of fragments and one
-    commit on the driver; if a task or the commit fails, the new files are removed."""
+    """:func:`~blobhouse.maintenance.compaction.compact` with a Spark task per group of
+    fragments and one commit on the driver; if a task or the commit fails, the new files are
+    removed."""
     table = open_table(uri, storage_options=storage_options)
     plan = plan_compaction(
         table, target_rows=target_rows, target_bytes=target_bytes, deleted_fraction=deleted_fraction
@@ -104,7 +105,7 @@ def verify(
     deep: bool = False,
     storage_options: dict[str, str] | None = None,
 ) -> dict:
-    """:func:`blobhouse.maintenance.verify` with a Spark task per fragment state."""
+    """:func:`blobhouse.maintenance.verification.verify` with a Spark task per fragment state."""
     table = open_table(uri, storage_options=storage_options)
     versions = retained_versions(table)
     states = fragment_states(table, versions)
@@ -126,8 +127,9 @@ def gc(
     dry_run: bool = False,
     storage_options: dict[str, str] | None = None,
 ) -> dict:
-    """:func:`blobhouse.maintenance.gc` with the mark phase (which files retained versions
-    reference) in a Spark task per fragment state; versions and the sweep run on the driver."""
+    """:func:`~blobhouse.maintenance.garbage_collection.gc` with the mark phase (which files
+    retained versions reference) in a Spark task per fragment state; versions and the sweep run
+    on the driver."""
 
     def mark(table: Table) -> set[str]:
         states = fragment_states(table)

@@ -7,7 +7,7 @@ Work is split by :class:`~blobhouse.maintenance.walk.FragmentState` (:func:`veri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,7 @@ from blobhouse.checksums import FileChecksums, load_checksums
 from blobhouse.dedup import content_hash
 from blobhouse.maintenance.walk import (
     FragmentState,
+    Progress,
     ReferenceBatch,
     fragment_references,
     fragment_states,
@@ -29,7 +30,6 @@ from blobhouse.rangeio import BlobRef, read_ranges
 if TYPE_CHECKING:
     from blobhouse.table import Table
 
-Progress = Callable[[str, int, int], None]
 DEEP_READ_BYTES = 64 * MiB
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from blobhouse.maintenance.walk import (
     FragmentState,
+    Progress,
     fragment_references,
     fragment_states,
     opened_states,
@@ -28,7 +29,6 @@ from blobhouse.placement import uri_to_path
 if TYPE_CHECKING:
     from blobhouse.table import Table
 
-Progress = Callable[[str, int, int], None]
 DEFAULT_GRACE = timedelta(hours=24)
 
 

@@ -14,7 +14,7 @@ Lance ``Rewrite``; if anything fails, what was written is removed and the table 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,7 @@ from lance import LanceDataset, LanceOperation
 
 from blobhouse.checksums import written_by_blobhouse
 from blobhouse.errors import InvalidInputError
+from blobhouse.maintenance.walk import Progress
 from blobhouse.pipeline import WritePlan, plan_write, remove_staged, write_data_files
 from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.rangeio import BlobRef, read_ranges_arrow
@@ -43,7 +44,6 @@ from blobhouse.values import (
 if TYPE_CHECKING:
     from blobhouse.table import Table
 
-Progress = Callable[[str, int, int], None]
 DEFAULT_TARGET_ROWS = 1024 * 1024
 DEFAULT_TARGET_BYTES = 2 * 1024 * MiB
 DEFAULT_DELETED_FRACTION = 0.1
