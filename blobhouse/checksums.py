@@ -25,6 +25,7 @@ import pyarrow as pa
 from lance.file import LanceFileReader, LanceFileWriter
 
 from blobhouse.errors import BlobhouseError
+from blobhouse.placement import Kind
 
 CHECKSUMS_KEY = "blobhouse:checksums"
 DIGEST_BYTES = 32
@@ -271,3 +272,50 @@ def written_by_blobhouse(data_file_uri: str, storage_options: dict[str, str] | N
 def _checksums_index(reader: LanceFileReader) -> int | None:
     index = (reader.metadata().schema.metadata or {}).get(CHECKSUMS_KEY.encode())
     return None if index is None else int(index)
+
+
+class RecordedHashes:
+    """The recorded blake3 of resolved blob references, each data file's list loaded once.
+
+    A reference's digest lives with the data file that stored it: inline payloads under
+    ``(column, row in the file)``, sidecar payloads (``data/<file>/<blob_id>.blob``) under
+    ``(blob_id, position, size)``. External blobs have none.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> from blobhouse.dedup import content_hash
+    >>> t = write_table(pa.table({"b": blob_array([b"x" * 100_000])}), tempfile.mkdtemp() + "/t")
+    >>> ref = t.blob_refs("b", [0])[0].as_py()
+    >>> digest = RecordedHashes().expected(
+    ...     "b", Kind.PACKED, 1, 0, ref["uri"], ref["position"], ref["size"])
+    >>> digest == content_hash(b"x" * 100_000)
+    True
+    """
+
+    def __init__(self, storage_options: dict[str, str] | None = None) -> None:
+        self.storage_options = storage_options
+        self._files: dict[str, FileChecksums | None] = {}
+
+    def expected(
+        self,
+        column: str,
+        kind: int,
+        blob_id: int,
+        file_row: int,
+        uri: str,
+        position: int,
+        size: int,
+    ) -> bytes | None:
+        """The digest recorded for one reference, or None (an external blob, or a data file
+        another writer made)."""
+        if kind == Kind.EXTERNAL:
+            return None  # user-owned: whatever is there now is what readers get
+        data_file = uri if kind == Kind.INLINE else uri.rsplit("/", 1)[0] + ".lance"
+        if data_file not in self._files:
+            self._files[data_file] = load_checksums(data_file, self.storage_options)
+        recorded = self._files[data_file]
+        if recorded is None:
+            return None
+        if kind == Kind.INLINE:
+            return recorded.inline(column, file_row)
+        return recorded.sidecar(blob_id, 0 if kind == Kind.DEDICATED else position, size)

@@ -33,3 +33,7 @@ class TableExistsError(BlobhouseError, FileExistsError):
 
 class TableNotFoundError(BlobhouseError, FileNotFoundError):
     """Opening a table that does not exist."""
+
+
+class CorruptBlobError(BlobhouseError):
+    """Stored bytes that no longer match the blake3 recorded when they were written."""

@@ -545,10 +545,14 @@ class Table:
 
         return blob_stats(self)
 
-    def resolver(self) -> ReferenceResolver:
+    def resolve_refs(
+        self, path: ColumnPath, descriptors: pa.Array, row_addresses: pa.Array
+    ) -> pa.StructArray:
+        """Resolved references ``struct<uri, position, size>`` of blob column ``path``, from its
+        stored descriptors and the row addresses (``_rowaddr``) they were read at."""
         if self._resolver is None:
             self._resolver = ReferenceResolver(self.dataset, self.uri)
-        return self._resolver
+        return self._resolver.resolve(descriptors, row_addresses, self._field_id(path))
 
     def _field_id(self, path: ColumnPath) -> int:
         # Lance rebuilds its schema object on every access: look each column up once
@@ -594,7 +598,7 @@ class Table:
             return batch
         addresses = batch.column(_ROW_ADDRESS)
         for path in paths:
-            refs = self.resolver().resolve(get_column(batch, path), addresses, self._field_id(path))
+            refs = self.resolve_refs(path, get_column(batch, path), addresses)
             if blobs == "bytes":
                 values = read_ranges_arrow(refs_from_arrow(refs))
                 batch = replace_column(batch, path, values, pa.field(path[-1], pa.large_binary()))

@@ -14,6 +14,7 @@ import pytest
 import blobhouse.spark as bs
 from blobhouse import Blob, blob_array, open_table, write_table
 from blobhouse.cli import main
+from blobhouse.errors import CorruptBlobError
 from blobhouse.maintenance.compaction import plan_compaction
 
 from helpers import stock_read, tree
@@ -166,3 +167,18 @@ def test_fragments_lance_rewrote_are_taken_over_once(table_uri):
     assert open_table(table_uri).stats()["physical_bytes"] == len(SHARED)
     assert open_table(table_uri).compact()["fragments_removed"] == 0  # now ours: left alone
     assert stock_read(table_uri, "b") == [SHARED] * 3
+
+
+def test_compaction_refuses_to_copy_damaged_bytes(appended, table_uri):
+    refs = appended.to_arrow(blobs="refs").column("b").to_pylist()
+    damaged = refs[1]  # a unique 200 kB payload in a pack sidecar
+    path = damaged["uri"].removeprefix("file://")
+    with open(path, "r+b") as f:
+        f.seek(damaged["position"] + 7)
+        f.write(b"\x00" if f.read(1) != b"\x00" else b"\x01")
+    files = tree(table_uri)
+    with pytest.raises(CorruptBlobError, match=r"do not match the hash recorded") as error:
+        appended.compact()
+    assert damaged["uri"] in str(error.value) and "'b'" in str(error.value)
+    assert tree(table_uri) == files
+    assert open_table(table_uri).version == appended.version

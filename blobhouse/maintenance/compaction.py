@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,8 +24,9 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from lance import LanceDataset, LanceOperation
 
-from blobhouse.checksums import written_by_blobhouse
-from blobhouse.errors import InvalidInputError
+from blobhouse.checksums import RecordedHashes, written_by_blobhouse
+from blobhouse.dedup import content_hash
+from blobhouse.errors import CorruptBlobError, InvalidInputError
 from blobhouse.maintenance.walk import Progress
 from blobhouse.pipeline import WritePlan, plan_write, remove_staged, write_data_files
 from blobhouse.placement import AllowedBases, Kind, MiB
@@ -36,6 +37,7 @@ from blobhouse.values import (
     ColumnPath,
     get_column,
     get_field,
+    path_name,
     replace_column,
     replace_field,
     stored_blob_columns,
@@ -113,19 +115,11 @@ def plan_compaction(
     if not 0 < deleted_fraction <= 1:
         raise InvalidInputError(f"deleted_fraction must be in (0, 1], got {deleted_fraction}")
     groups: list[CompactionGroup] = []
-    run: list[tuple[int, int, int, int]] = []  # (fragment id, live rows, deleted rows, bytes)
+    run = _Run()
 
-    def close_run() -> None:
-        if len(run) > 1 or (run and (run[0][2] > 0 or _foreign(table, run[0][0]))):
-            groups.append(
-                CompactionGroup(
-                    tuple(r[0] for r in run),
-                    sum(r[1] for r in run),
-                    sum(r[2] for r in run),
-                    sum(r[3] for r in run),
-                )
-            )
-        run.clear()
+    def close(run: _Run) -> _Run:
+        groups.extend(run.groups(table))
+        return _Run()
 
     for fragment in table.dataset.get_fragments():
         metadata = fragment.metadata
@@ -133,17 +127,16 @@ def plan_compaction(
         size = _fragment_bytes(table, metadata)
         small = physical < target_rows and size < target_bytes
         sparse = physical > 0 and (physical - live) / physical >= deleted_fraction
-        if not (small or sparse):
-            close_run()
-            continue
-        live_bytes = size * live // max(physical, 1)
-        if run and (
-            sum(r[1] for r in run) + live > target_rows
-            or sum(r[3] * r[1] // max(r[1] + r[2], 1) for r in run) + live_bytes > target_bytes
-        ):
-            close_run()
-        run.append((metadata.id, live, physical - live, size))
-    close_run()
+        if small or sparse:
+            live_bytes = size * live // max(physical, 1)
+            if run.ids and (
+                run.rows + live > target_rows or run.live_bytes + live_bytes > target_bytes
+            ):
+                run = close(run)
+            run.add(metadata.id, live, physical - live, size, live_bytes)
+        else:
+            run = close(run)
+    close(run)
     return CompactionPlan(
         read_version=table.version,
         groups=tuple(groups),
@@ -151,6 +144,32 @@ def plan_compaction(
         target_bytes=target_bytes,
         name_prefix=f"compact-{uuid.uuid4().hex[:12]}-",
     )
+
+
+@dataclass
+class _Run:
+    """Adjacent candidate fragments being gathered into a group."""
+
+    ids: list[int] = field(default_factory=list)
+    rows: int = 0
+    deleted_rows: int = 0
+    bytes: int = 0
+    live_bytes: int = 0
+
+    def add(self, fragment_id: int, rows: int, deleted: int, size: int, live_size: int) -> None:
+        self.ids.append(fragment_id)
+        self.rows += rows
+        self.deleted_rows += deleted
+        self.bytes += size
+        self.live_bytes += live_size
+
+    def groups(self, table: Table) -> list[CompactionGroup]:
+        """The group this run makes, or none if rewriting it gains nothing."""
+        worth = len(self.ids) > 1 or (
+            self.ids and (self.deleted_rows > 0 or _foreign(table, self.ids[0]))
+        )
+        group = CompactionGroup(tuple(self.ids), self.rows, self.deleted_rows, self.bytes)
+        return [group] if worth else []
 
 
 def compact_group(table: Table, plan: CompactionPlan, group: CompactionGroup) -> list[WrittenFile]:
@@ -271,9 +290,11 @@ def _write_plan(table: Table, plan: CompactionPlan) -> WritePlan:
 
 def _logical_batches(table: Table, fragment_ids: Sequence[int]) -> Iterator[pa.RecordBatch]:
     """The live rows of ``fragment_ids`` in order, blob columns as logical values: bytes for
-    what the table stores, the reference for external blobs."""
+    what the table stores (checked against their recorded hashes), the reference for external
+    blobs."""
     dataset = table.dataset
     paths = stored_blob_columns(table.schema)
+    hashes = RecordedHashes(table.storage_options)
     scanner = dataset.scanner(
         fragments=[dataset.get_fragment(i) for i in fragment_ids],
         with_row_address=True,
@@ -281,7 +302,14 @@ def _logical_batches(table: Table, fragment_ids: Sequence[int]) -> Iterator[pa.R
     )
     for batch in scanner.to_batches():
         for piece in _pieces(batch, paths):
-            yield _logical(table, piece, paths)
+            for path in paths:
+                piece = replace_column(
+                    piece,
+                    path,
+                    _logical_values(table, path, piece, hashes),
+                    pa.field(path[-1], _INPUT_BLOB_TYPE),
+                )
+            yield piece.drop_columns([_ROW_ADDRESS])
 
 
 def _pieces(batch: pa.RecordBatch, paths: list[ColumnPath]) -> Iterator[pa.RecordBatch]:
@@ -289,29 +317,20 @@ def _pieces(batch: pa.RecordBatch, paths: list[ColumnPath]) -> Iterator[pa.Recor
     sizes = np.zeros(batch.num_rows, dtype=np.int64)
     for path in paths:
         sizes += get_column(batch, path).field("size").fill_null(0).to_numpy().astype(np.int64)
+    ends = np.cumsum(sizes)
     start = 0
     while start < batch.num_rows:
-        ends = np.cumsum(sizes[start:])
-        take = max(1, int(np.searchsorted(ends, READ_BYTES, side="right")))
-        yield batch.slice(start, take)
-        start += take
+        before = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, before + READ_BYTES, side="right")))
+        yield batch.slice(start, stop - start)
+        start = stop
 
 
-def _logical(table: Table, batch: pa.RecordBatch, paths: list[ColumnPath]) -> pa.RecordBatch:
-    addresses = batch.column(_ROW_ADDRESS)
-    for path in paths:
-        descriptors = get_column(batch, path)
-        refs = table.resolver().resolve(descriptors, addresses, table._field_id(path))
-        batch = replace_column(
-            batch,
-            path,
-            _logical_values(descriptors, refs),
-            pa.field(path[-1], _INPUT_BLOB_TYPE),
-        )
-    return batch.drop_columns([_ROW_ADDRESS])
-
-
-def _logical_values(descriptors: pa.StructArray, refs: pa.StructArray) -> pa.StructArray:
+def _logical_values(
+    table: Table, path: ColumnPath, batch: pa.RecordBatch, hashes: RecordedHashes
+) -> pa.StructArray:
+    descriptors = get_column(batch, path)
+    refs = table.resolve_refs(path, descriptors, batch.column(_ROW_ADDRESS))
     valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
     kinds = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False)
     external = valid & (kinds == Kind.EXTERNAL)
@@ -319,9 +338,11 @@ def _logical_values(descriptors: pa.StructArray, refs: pa.StructArray) -> pa.Str
     uris = refs.field("uri").to_pylist()
     positions = refs.field("position").to_pylist()
     sizes = refs.field("size").to_pylist()
-    data = read_ranges_arrow(
-        [BlobRef(uris[i], positions[i], sizes[i]) if stored[i] else None for i in range(len(refs))]
-    )
+    wanted = [
+        BlobRef(uris[i], positions[i], sizes[i]) if stored[i] else None for i in range(len(refs))
+    ]
+    data = read_ranges_arrow(wanted)
+    _check_recorded(path_name(path), descriptors, batch.column(_ROW_ADDRESS), wanted, data, hashes)
     outside = pa.array(~external)
     return pa.StructArray.from_arrays(
         [
@@ -333,6 +354,41 @@ def _logical_values(descriptors: pa.StructArray, refs: pa.StructArray) -> pa.Str
         fields=list(_INPUT_BLOB_TYPE),
         mask=pa.array(~valid),
     )
+
+
+def _check_recorded(
+    column: str,
+    descriptors: pa.StructArray,
+    addresses: pa.Array,
+    refs: list[BlobRef | None],
+    data: pa.LargeBinaryArray,
+    hashes: RecordedHashes,
+) -> None:
+    """Refuse to copy a payload whose bytes differ from the hash recorded when it was written:
+    the copy would get a fresh, matching hash and the damage would no longer show."""
+    kinds = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False)
+    blob_ids = descriptors.field("blob_id").fill_null(0).to_numpy(zero_copy_only=False)
+    offsets = addresses.to_numpy() & 0xFFFFFFFF
+    checked: set[BlobRef] = set()
+    for i, ref in enumerate(refs):
+        if ref is None or ref in checked:
+            continue
+        checked.add(ref)
+        expected = hashes.expected(
+            column,
+            int(kinds[i]),
+            int(blob_ids[i]),
+            int(offsets[i]),
+            ref.uri,
+            ref.position,
+            ref.size,
+        )
+        if expected is not None and content_hash(data[i].as_buffer()) != expected:
+            raise CorruptBlobError(
+                f"blob column {column!r}: the {ref.size} bytes at {ref.position} of {ref.uri} do "
+                "not match the hash recorded when they were written; compaction stopped and "
+                "changed nothing (run verify(deep=True) for every damaged row)"
+            )
 
 
 def _masked(values: pa.Array, hide: pa.Array) -> pa.Array:

@@ -38,13 +38,12 @@ def blob_stats(table: Table) -> dict:
     dataset = table.dataset
     columns = {}
     for path in stored_blob_columns(table.schema):
-        fid = table._field_id(path)
         kinds: dict[int, dict] = {}
         distinct: dict[int, set] = {}
         scanner = dataset.scanner(columns=[path[0]], with_row_address=True)
         for batch in scanner.to_batches():
             descriptors = get_column(batch, path)
-            refs = table.resolver().resolve(descriptors, batch.column("_rowaddr"), fid)
+            refs = table.resolve_refs(path, descriptors, batch.column("_rowaddr"))
             kind_values = descriptors.field("kind").to_numpy(zero_copy_only=False)
             valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
             for kind in np.unique(kind_values[valid]):

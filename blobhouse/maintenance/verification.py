@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
-from blobhouse.checksums import FileChecksums, load_checksums
+from blobhouse.checksums import RecordedHashes
 from blobhouse.dedup import content_hash
 from blobhouse.maintenance.walk import (
     FragmentState,
@@ -24,7 +24,7 @@ from blobhouse.maintenance.walk import (
     opened_states,
     retained_versions,
 )
-from blobhouse.placement import Kind, MiB
+from blobhouse.placement import MiB
 from blobhouse.rangeio import BlobRef, read_ranges
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class _Checker:
     def __init__(self, storage_options: dict[str, str] | None) -> None:
         self.storage_options = storage_options
         self.sizes: dict[str, int | None] = {}
-        self.hashes: dict[str, FileChecksums | None] = {}
+        self.hashes = RecordedHashes(storage_options)
         self.verdicts: dict[tuple[str, int, int], str | None] = {}
 
     def range_problem(self, uri: str, position: int, size: int) -> str | None:
@@ -76,18 +76,15 @@ class _Checker:
         return None
 
     def recorded_hash(self, batch: ReferenceBatch, i: int, ref: BlobRef) -> bytes | None:
-        kind = int(batch.kinds[i])
-        if kind == Kind.EXTERNAL:
-            return None  # user-owned: whatever is there now is what readers get
-        data_file = ref.uri if kind == Kind.INLINE else ref.uri.rsplit("/", 1)[0] + ".lance"
-        if data_file not in self.hashes:
-            self.hashes[data_file] = load_checksums(data_file, self.storage_options)
-        recorded = self.hashes[data_file]
-        if recorded is None:
-            return None
-        if kind == Kind.INLINE:
-            return recorded.inline(batch.column, int(batch.offsets[i]))
-        return recorded.sidecar(int(batch.blob_ids[i]), ref.position, ref.size)
+        return self.hashes.expected(
+            batch.column,
+            int(batch.kinds[i]),
+            int(batch.blob_ids[i]),
+            int(batch.offsets[i]),
+            ref.uri,
+            ref.position,
+            ref.size,
+        )
 
 
 def verify_state(

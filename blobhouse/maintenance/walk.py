@@ -110,7 +110,6 @@ def fragment_references(table: Table, fragment_id: int) -> Iterator[ReferenceBat
     blob column; ``table`` is opened at a version holding the fragment."""
     fragment = table.dataset.get_fragment(fragment_id)
     for path in stored_blob_columns(table.schema):
-        field_id = table._field_id(path)
         row = 0
         scanner = table.dataset.scanner(
             columns=[path[0]], with_row_address=True, fragments=[fragment]
@@ -118,7 +117,7 @@ def fragment_references(table: Table, fragment_id: int) -> Iterator[ReferenceBat
         for batch in scanner.to_batches():
             descriptors = get_column(batch, path)
             addresses = batch.column(_ROW_ADDRESS)
-            refs = table.resolver().resolve(descriptors, addresses, field_id)
+            refs = table.resolve_refs(path, descriptors, addresses)
             valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
             keep = pa.array(valid)
             yield ReferenceBatch(
