@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import statistics
 import subprocess
 import sys
 import textwrap
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import blake3
@@ -19,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.harness import Case, Scratch, disk_bytes, fresh, medians
-from blobhouse import Blob, blob_array, read_ranges, write_table
+from blobhouse import Blob, blob_array, open_table, read_ranges, write_table
 from blobhouse.demo import BLOB_COLUMNS, EpisodeData
 from blobhouse.rangeio import refs_from_arrow
 
@@ -42,9 +45,12 @@ class Size:
     scale_gb: tuple[float, ...]
     spark_rows: int
     machine_bytes: int
+    appends: int  # appends of 24 rows piled up before a compaction
 
 
-QUICK = Size("quick", 5, 100, 10, 90, 20, 16 * MB, 60, (10_000, 40_000), (0.06, 0.24), 400, 64 * MB)
+QUICK = Size(
+    "quick", 5, 100, 10, 90, 20, 16 * MB, 60, (10_000, 40_000), (0.06, 0.24), 400, 64 * MB, 4
+)
 FULL = Size(
     "full",
     5,
@@ -58,6 +64,7 @@ FULL = Size(
     (1.0, 2.0, 4.0, 8.0),
     8000,
     1024 * MB,
+    24,
 )
 
 
@@ -411,6 +418,80 @@ def spark(size: Size) -> Case:
     return case
 
 
+def maintenance(size: Size) -> Case:
+    """Compaction of a table of many small appends with shared payloads and deleted rows, against
+    Lance's own ``compact_files``; then verify, deep verify and gc of the compacted table."""
+    case = Case(
+        "maintenance",
+        "Median seconds per operation; data bytes after compaction and cleanup of old versions, "
+        "against the unique live payload bytes",
+    )
+    rng = np.random.default_rng(5)
+    shared = [rng_bytes(rng, MB) for _ in range(6)]
+    with Scratch() as root:
+        base = root / "base"
+        live: dict[int, bytes] = {}
+        for a in range(size.appends):
+            ids = list(range(24 * a, 24 * a + 24))
+            payloads = [shared[(a + i) % 6] if i % 2 else rng_bytes(rng, 100 * KB) for i in ids]
+            data = pa.table({"id": pa.array(ids, pa.int64()), "b": blob_array(payloads)})
+            write_table(data, base, mode="append")
+            live.update(zip(ids, payloads, strict=True))
+        open_table(base).delete("id % 5 = 0")
+        live = {i: p for i, p in live.items() if i % 5}
+        unique = sum(len(p) for p in {bytes(p) for p in live.values()})
+        logical = sum(len(p) for p in live.values())
+        compactions = {
+            "blobhouse compact": lambda uri: open_table(uri).compact(),
+            "pylance compact_files": lambda uri: lance.dataset(uri).optimize.compact_files(),
+        }
+        samples = {name: [] for name in compactions}
+        for run in range(size.runs):
+            for number, (name, compact) in enumerate(compactions.items()):
+                copy = fresh(root / f"copy-{number}-{run}")
+                shutil.copytree(base, copy)
+                started = time.perf_counter()
+                compact(str(copy))
+                samples[name].append((time.perf_counter() - started, copy))
+        for name, results in samples.items():
+            seconds = statistics.median(t for t, _ in results)
+            kept = results[-1][1]
+            lance.dataset(str(kept)).cleanup_old_versions(
+                older_than=timedelta(0), delete_unverified=True
+            )
+            after = disk_bytes(kept / "data")
+            case.add(
+                operation="compact",
+                contender=name,
+                seconds=round(seconds, 4),
+                logical_mb_s=round(logical / seconds / 1e6, 1),
+                data_bytes_after=after,
+                ratio_to_unique=round(after / unique, 3),
+            )
+        compacted = str(samples["blobhouse compact"][-1][1])
+        services = {
+            "verify": lambda: open_table(compacted).verify(),
+            "verify deep": lambda: open_table(compacted).verify(deep=True),
+            "gc": lambda: open_table(compacted).gc(grace=timedelta(0)),
+        }
+        for name, seconds in medians(services, size.runs).items():
+            case.add(
+                operation=name,
+                contender="blobhouse",
+                seconds=round(seconds, 4),
+                logical_mb_s=round(logical / seconds / 1e6, 1),
+                data_bytes_after=disk_bytes(Path(compacted) / "data"),
+                ratio_to_unique=None,
+            )
+    case.notes.append(
+        f"{size.appends} appends of 24 rows: half 100 KB unique, half one of 6 shared 1 MB "
+        f"payloads; every 5th row deleted; {logical / 1e6:.0f} MB logical, {unique / 1e6:.0f} MB "
+        "unique live. Lance's compact_files stores a shared payload once per row; blobhouse once "
+        "per data file"
+    )
+    return case
+
+
 def _last_json(stdout: str) -> dict:
     import json
 
@@ -424,4 +505,5 @@ CASES = {
     "random_access": random_access,
     "scale": scale,
     "spark": spark,
+    "maintenance": maintenance,
 }

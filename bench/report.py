@@ -15,6 +15,7 @@ TARGETS = """\
 | random access of K rows >= 1.0 x pylance read_blobs | {access} |
 | random access, K = 1, 1 MB >= 10 x Parquet | {access_parquet} |
 | peak RSS flat (within 1.5x) from 1 GB to 8 GB written | {rss} |
+| after compaction, physical bytes <= 1.05 x unique live bytes | {compaction} |
 """
 
 
@@ -100,6 +101,7 @@ def _verdicts(data: dict) -> dict[str, str]:
         r["vs_parquet"]
         for r in rows("random_access", k=1, contender="blobhouse refs + ranged reads")
     ]
+    compaction = [r["ratio_to_unique"] for r in rows("maintenance", contender="blobhouse compact")]
     gb = rows("scale", mode="gb")
     rss = gb[-1]["peak_rss_mb"] / gb[0]["peak_rss_mb"] if gb else None
     return {
@@ -109,6 +111,7 @@ def _verdicts(data: dict) -> dict[str, str]:
         "write_dup_durable": _range(dup_durable, "x pylance", lambda v: v >= 5),
         "access": _range(access, "x pylance", lambda v: v >= 1.0),
         "access_parquet": _range(access_parquet, "x parquet", lambda v: v >= 10),
+        "compaction": _range(compaction, "x unique", lambda v: v <= 1.05),
         "rss": "-" if rss is None else f"{rss:.2f}x ({'met' if rss <= 1.5 else 'missed'})",
     }
 

@@ -27,6 +27,7 @@ def test_quick_benchmark_run(tmp_path):
         "random_access",
         "scale",
         "spark",
+        "maintenance",
     }
     storage = results["storage"]["rows"]
     seed = {r["contender"]: r for r in storage if r["workload"].startswith("seed")}
@@ -43,5 +44,10 @@ def test_quick_benchmark_run(tmp_path):
         "parquet row groups",
     }
     assert all(r["seconds"] > 0 for r in results["random_access"]["rows"])
+    compacted = {
+        r["contender"]: r for r in results["maintenance"]["rows"] if r["operation"] == "compact"
+    }
+    assert compacted["blobhouse compact"]["ratio_to_unique"] <= 1.05
+    assert compacted["pylance compact_files"]["ratio_to_unique"] > 1.5  # a copy per row
     spark = results["spark"]["rows"][0]
     assert spark["read_blob_mb_s"] > 0 and spark["write_ratio"] > 0
