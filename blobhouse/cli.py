@@ -190,12 +190,13 @@ def _gc(args: argparse.Namespace) -> int:
 def _compact(args: argparse.Namespace) -> int:
     from blobhouse.table import open_table
 
-    target_bytes = None if args.target_mb is None else int(args.target_mb * 1e6)
+    options = {
+        "target_rows": args.target_rows,
+        "target_bytes": None if args.target_mb is None else int(args.target_mb * 1e6),
+        "deleted_fraction": args.deleted_fraction,
+    }
     report = open_table(args.table).compact(
-        target_rows=args.target_rows,
-        target_bytes=target_bytes,
-        deleted_fraction=args.deleted_fraction,
-        progress=ProgressBar(),
+        progress=ProgressBar(), **{k: v for k, v in options.items() if v is not None}
     )
     if args.json:
         print(json.dumps(report, indent=2))

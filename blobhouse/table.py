@@ -29,6 +29,8 @@ from blobhouse.errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from blobhouse.maintenance import compaction, garbage_collection, verification
+from blobhouse.maintenance.stats import blob_stats
 from blobhouse.maintenance.walk import Progress
 from blobhouse.pipeline import (
     DEFAULT_MAX_BYTES_PER_FILE,
@@ -497,13 +499,11 @@ class Table:
     ) -> dict:
         """Remove old versions and files no retained version references (after ``grace``,
         24 hours by default); see :func:`blobhouse.maintenance.garbage_collection.gc`."""
-        from blobhouse.maintenance import DEFAULT_GRACE, gc
-
-        return gc(
+        return garbage_collection.gc(
             self,
             retain_versions=retain_versions,
             older_than=older_than,
-            grace=DEFAULT_GRACE if grace is None else grace,
+            grace=garbage_collection.DEFAULT_GRACE if grace is None else grace,
             dry_run=dry_run,
             progress=progress,
         )
@@ -512,37 +512,30 @@ class Table:
         """Check every blob reference of every retained version (``deep``: and its bytes against
         the hash recorded at write time): problems by version, column, row and path (see
         :func:`blobhouse.maintenance.verification.verify`)."""
-        from blobhouse.maintenance import verify
-
-        return verify(self, deep=deep, progress=progress)
+        return verification.verify(self, deep=deep, progress=progress)
 
     def compact(
         self,
         *,
-        target_rows: int | None = None,
-        target_bytes: int | None = None,
-        deleted_fraction: float | None = None,
+        target_rows: int = compaction.DEFAULT_TARGET_ROWS,
+        target_bytes: int = compaction.DEFAULT_TARGET_BYTES,
+        deleted_fraction: float = compaction.DEFAULT_DELETED_FRACTION,
         progress: Progress | None = None,
     ) -> dict:
         """Rewrite small fragments and fragments with many deleted rows, keeping blob sharing,
         in one transaction (see :func:`~blobhouse.maintenance.compaction.compact`). Returns what
         it did; ``open_table`` again to see the new version."""
-        from blobhouse.maintenance import compact
-
-        options = {
-            "target_rows": target_rows,
-            "target_bytes": target_bytes,
-            "deleted_fraction": deleted_fraction,
-        }
-        return compact(
-            self, progress=progress, **{k: v for k, v in options.items() if v is not None}
+        return compaction.compact(
+            self,
+            target_rows=target_rows,
+            target_bytes=target_bytes,
+            deleted_fraction=deleted_fraction,
+            progress=progress,
         )
 
     def stats(self) -> dict:
         """Per blob column and kind: logical bytes, physical bytes and dedup ratio; fragments,
-        rows, deleted rows and orphan files (see :func:`blobhouse.maintenance.blob_stats`)."""
-        from blobhouse.maintenance import blob_stats
-
+        rows, deleted rows and orphan files (see :func:`blobhouse.maintenance.stats.blob_stats`)."""
         return blob_stats(self)
 
     def resolve_refs(

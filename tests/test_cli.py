@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -10,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from blobhouse import open_table
-from blobhouse.cli import main
+from blobhouse.cli import ProgressBar, main
 from blobhouse.demo import FPS, EpisodeData
 
 from helpers import stock_read, tree
@@ -100,3 +101,23 @@ def test_ingest_errors_name_the_problem(tmp_path, capsys):
 def test_missing_table_is_a_clear_error(tmp_path, capsys):
     assert main(["stats", str(tmp_path / "nope")]) == 2
     assert "no table at" in capsys.readouterr().err
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_redraws_on_a_terminal_and_logs_start_and_end_elsewhere():
+    screen = Terminal()
+    bar = ProgressBar(screen)
+    for done in range(4):
+        bar("verify", done, 3)
+    drawn = screen.getvalue()
+    assert drawn.count("\r") == 4 and drawn.endswith("[" + "#" * 30 + "] 3/3\n")
+    assert "[" + "#" * 10 + "." * 20 + "] 1/3" in drawn
+    log = io.StringIO()
+    bar = ProgressBar(log)
+    for done in range(4):
+        bar("mark", done, 3)
+    assert log.getvalue() == "mark: 0/3\nmark: 3/3\n"
