@@ -55,6 +55,11 @@ class BackfillPlan:
         schema = table.schema
         if "." in column:
             raise InvalidInputError("backfill writes top-level blob columns only")
+        if dedup == "global":
+            raise InvalidInputError(
+                "backfill does not write to the table's store yet: use dedup='content' (shared "
+                "payloads are stored once per new data file)"
+            )
         blob_columns = {p[0] for p in stored_blob_columns(schema)}
         input_columns = tuple(n for n in schema.names if n not in blob_columns and n != column)
         bases = AllowedBases.of_table(schema)

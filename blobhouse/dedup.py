@@ -6,9 +6,12 @@ Three modes, chosen per write (or per column):
 - ``"ref_id"``: rows with the same positive ref_id share one copy (seed 000). Unlike the seed,
   every later row's bytes are checked against the first one's (size and hash): a mismatch is a
   :class:`RefIdConflictError` naming column, ref_id and rows.
+- ``"global"``: like ``"content"``, but for the whole table: payloads go to the table's
+  content-addressed store (:mod:`blobhouse.store`) and rows reference them there.
 - ``"off"``: every row stores its own copy.
 
-The scope is one data file: a :class:`DedupIndex` lives as long as the file being written.
+Apart from ``"global"``, the scope is one data file: a :class:`DedupIndex` lives as long as the
+file being written.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import blake3
 
 from blobhouse.errors import InvalidInputError, RefIdConflictError
 
-DedupMode = Literal["content", "ref_id", "off"]
-DEDUP_MODES: tuple[str, ...] = ("content", "ref_id", "off")
+DedupMode = Literal["content", "ref_id", "global", "off"]
+DEDUP_MODES: tuple[str, ...] = ("content", "ref_id", "global", "off")
 
 
 PARALLEL_HASH_BYTES = 1 << 20

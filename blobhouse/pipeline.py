@@ -42,6 +42,7 @@ from blobhouse.session import (
     prepared_array,
     prepared_field,
 )
+from blobhouse.store import StoreReference, StoreWriter, remove_packs, remove_staged_packs
 from blobhouse.values import (
     ColumnPath,
     LogicalColumn,
@@ -85,6 +86,12 @@ class WritePlan:
     allowed_bases: AllowedBases = field(default_factory=AllowedBases)
     max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE
     max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE
+    store_base_id: int | None = None  # the table's store (blobhouse.store), when it has one
+
+    @property
+    def uses_store(self) -> bool:
+        """Whether some column stores its payloads in the table's store (dedup="global")."""
+        return any(c.dedup == "global" for c in self.columns)
 
 
 def plan_write(
@@ -170,11 +177,22 @@ class DataFileWriter:
         data_dir: str,
         storage_options: dict[str, str] | None = None,
         name_prefix: str = "",
+        store: StoreWriter | None = None,
     ) -> None:
         self.plan = plan
         name = f"{name_prefix}{uuid.uuid4().hex}.lance"
         self.session = BlobSession(f"{data_dir}/{name}", storage_options)
-        self.placers = [_ColumnPlacer(c, self.session, plan.allowed_bases) for c in plan.columns]
+        if plan.uses_store and store is None:
+            raise InvalidInputError(
+                "dedup='global' writes go through a table write (write_table, the Spark writer), "
+                "which shares one store writer between its data files"
+            )
+        self.store = store
+        own_store = store_reference(plan, data_dir)
+        self.placers = [
+            _ColumnPlacer(c, self.session, plan.allowed_bases, store, own_store)
+            for c in plan.columns
+        ]
         self.num_rows = 0
         self._file_bytes = 0
         self._writer = None
@@ -203,6 +221,7 @@ class DataFileWriter:
         for placer in self.placers:
             placer.close()
         self.session.writes.close()
+        packs, stored = self.store.take_new() if self.store is not None else ((), ())
         writer = self._data_file()
         self.session.close_data_file(writer)
         return WrittenFile(
@@ -211,6 +230,8 @@ class DataFileWriter:
             size_bytes=writer.size_bytes,
             sidecars=tuple(self.session.sidecars),
             sidecar_bytes=sum(p.sidecar_bytes for p in self.placers),
+            packs=packs,
+            stored=stored,
         )
 
     def abort(self) -> None:
@@ -263,6 +284,7 @@ def write_data_files(
     """
     written: list[WrittenFile] = []
     writer: DataFileWriter | None = None
+    store = _store_writer(plan, data_dir, storage_options, name_prefix)
     row = 0
     try:
         for batch in batches:
@@ -271,7 +293,9 @@ def write_data_files(
             by_bytes = min(by_bytes, WINDOW_ROWS)
             start = 0
             while start < batch.num_rows:
-                writer = writer or DataFileWriter(plan, data_dir, storage_options, name_prefix)
+                writer = writer or DataFileWriter(
+                    plan, data_dir, storage_options, name_prefix, store
+                )
                 take = min(
                     batch.num_rows - start, by_bytes, plan.max_rows_per_file - writer.num_rows
                 )
@@ -287,19 +311,45 @@ def write_data_files(
         if writer is not None:
             written.append(writer.finish())
             writer = None
+        if store is not None:
+            store.finish()
     except BaseException:
         if writer is not None:
             writer.abort()
+        if store is not None:
+            store.abort()
         remove_written(written, data_dir, storage_options)
         raise
     return written
 
 
+def _store_writer(
+    plan: WritePlan, data_dir: str, storage_options: dict[str, str] | None, name_prefix: str
+) -> StoreWriter | None:
+    if not plan.uses_store:
+        return None
+    if plan.store_base_id is None:
+        raise InvalidInputError("dedup='global' needs the table's store registered (TableWrite)")
+    limit = min(c.placement.pack_file_size_threshold for c in plan.columns if c.dedup == "global")
+    table_path = data_dir.rstrip("/").removesuffix("/data")
+    return StoreWriter(table_path, plan.store_base_id, name_prefix, limit, storage_options)
+
+
+def store_reference(plan: WritePlan, data_dir: str) -> StoreReference | None:
+    """How the placers of a write recognize references into the table's own store."""
+    if plan.store_base_id is None:
+        return None
+    return StoreReference(data_dir.rstrip("/").removesuffix("/data"), plan.store_base_id)
+
+
 def remove_written(
     files: Iterable[WrittenFile], data_dir: str, storage_options: dict[str, str] | None = None
 ) -> None:
-    """Delete data files and sidecars that were written but will never be committed."""
+    """Delete data files, sidecars and store packs that were written but will never be
+    committed."""
+    table_path = data_dir.rstrip("/").removesuffix("/data")
     for written in files:
+        remove_packs(table_path, written.packs, storage_options)
         session = BlobSession(f"{data_dir}/{written.name}", storage_options)
         session.sidecars = list(written.sidecars)
         session.abort()
@@ -333,6 +383,7 @@ def remove_staged(
     write staged, including files of tasks whose results never reached the driver."""
     if not name_prefix:
         raise ValueError("remove_staged needs a non-empty prefix")
+    remove_staged_packs(data_dir.rstrip("/").removesuffix("/data"), name_prefix, storage_options)
     files = LanceFileSession(data_dir, storage_options=storage_options)
     try:
         listed = files.list()
@@ -370,8 +421,17 @@ class _Decided:
 class _ColumnPlacer:
     """Places the payloads of one blob column of one data file."""
 
-    def __init__(self, plan: BlobColumnPlan, session: BlobSession, bases: AllowedBases) -> None:
+    def __init__(
+        self,
+        plan: BlobColumnPlan,
+        session: BlobSession,
+        bases: AllowedBases,
+        store: StoreWriter | None = None,
+        own_store: StoreReference | None = None,
+    ) -> None:
         self.plan = plan
+        self.store = store
+        self.own_store = own_store
         self.name = plan.name  # read for every row: joined once
         self.session = session
         self.index = DedupIndex()
@@ -420,6 +480,8 @@ class _ColumnPlacer:
         if column.uri is not None and column.uri[row] is not None:
             return self._external(column, row, global_row, ref_id)
         payload = column.payload(row)
+        if self.plan.dedup == "global" and len(payload):
+            return self.store.place(payload, content_hash(payload))
         digest = None
         if self.plan.dedup == "content" or (self.plan.dedup == "ref_id" and ref_id):
             digest = content_hash(payload)
@@ -481,6 +543,9 @@ class _ColumnPlacer:
         self, column: LogicalColumn, row: int, global_row: int, ref_id: int | None
     ) -> PreparedBlob:
         name = self.name
+        in_store = self.own_store.reference(column, row) if self.own_store else None
+        if in_store is not None:
+            return in_store  # the table's own store: compaction keeps such references
         uri, position, size = external_range(
             column.uri[row],
             column.position[row] if column.position is not None else None,

@@ -53,6 +53,11 @@ class ReferenceResolver:
 
     def __init__(self, dataset: LanceDataset, root_uri: str) -> None:
         self.root_uri = root_uri.rstrip("/")
+        # external blobs whose blob_id names a base path live under it (the table's store)
+        self._bases = {
+            base_id: base.path if "://" in base.path else "file://" + base.path
+            for base_id, base in dataset.base_paths().items()
+        }
         self._files: dict[tuple[int, int], str] = {}
         for fragment in dataset.get_fragments():
             for data_file in fragment.metadata.files:
@@ -93,7 +98,7 @@ class ReferenceResolver:
         keys[external] = -1 - np.flatnonzero(external)
         unique, codes = np.unique(keys[valid], return_inverse=True)
         blob_uris = descriptors.field("blob_uri")
-        uris = [self._uri_of_key(int(key), field_id, blob_uris) for key in unique]
+        uris = [self._uri_of_key(int(key), field_id, blob_uris, blob_ids) for key in unique]
         row_codes = np.zeros(len(descriptors), dtype=np.int64)
         row_codes[valid] = codes.reshape(-1)
         uri_column = (
@@ -108,9 +113,12 @@ class ReferenceResolver:
             mask=pa.array(~valid),
         )
 
-    def _uri_of_key(self, key: int, field_id: int, blob_uris: pa.Array) -> str:
+    def _uri_of_key(
+        self, key: int, field_id: int, blob_uris: pa.Array, blob_ids: np.ndarray
+    ) -> str:
         if key < 0:
-            return self._uri(Kind.EXTERNAL, 0, field_id, 0, blob_uris[-1 - key].as_py())
+            row = -1 - key
+            return self._uri(Kind.EXTERNAL, 0, field_id, int(blob_ids[row]), blob_uris[row].as_py())
         return self._uri((key >> 32) & 7, key >> 35, field_id, key & 0xFFFFFFFF, "")
 
     def _uri(self, kind: int, fragment_id: int, field_id: int, blob_id: int, blob_uri: str) -> str:
@@ -119,6 +127,8 @@ class ReferenceResolver:
         if kind in (Kind.PACKED, Kind.DEDICATED):
             data_file = self.data_file_uri(fragment_id, field_id)
             return f"{data_file.removesuffix('.lance')}/{sidecar_name(blob_id)}"
+        if kind == Kind.EXTERNAL and blob_id in self._bases:
+            return f"{self._bases[blob_id]}/{blob_uri}"
         if kind == Kind.EXTERNAL and ("://" in blob_uri or posixpath.isabs(blob_uri)):
             return blob_uri if "://" in blob_uri else "file://" + blob_uri
         raise BlobhouseError(

@@ -122,6 +122,8 @@ class WrittenFile:
     size_bytes: int
     sidecars: tuple[str, ...]
     sidecar_bytes: int
+    packs: tuple[str, ...] = ()  # store packs (dedup="global") holding payloads added for it
+    stored: tuple = ()  # those payloads (store.StoredPayload), for the store's index
 
     def data_file(self, field_ids: list[int]) -> DataFile:
         """Lance's record of this file; ``field_ids`` are the table's ids of its columns."""

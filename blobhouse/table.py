@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from itertools import chain
 from typing import Any, BinaryIO, Literal
@@ -47,6 +48,7 @@ from blobhouse.placement import AllowedBases, uri_to_path
 from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
 from blobhouse.session import WrittenFile
+from blobhouse.store import append_to_index, ensure_store, store_base
 from blobhouse.values import (
     Blob,
     ColumnPath,
@@ -160,6 +162,9 @@ class TableWrite:
             max_rows_per_file=max_rows_per_file,
             max_bytes_per_file=max_bytes_per_file,
         )
+        if plan.uses_store:
+            existing, base_id = _with_store(path, existing)
+            plan = replace(plan, store_base_id=base_id)
         read_version = existing.version if existing is not None else None
         return cls(path, root_uri, plan, appending, read_version, storage_options)
 
@@ -204,7 +209,17 @@ class TableWrite:
         except BaseException:
             self.abort(written)
             raise
+        self._record_stored(written)
         return Table(dataset, self.root_uri, self.storage_options)
+
+    def _record_stored(self, written: Sequence[WrittenFile]) -> None:
+        # the index is a cache of the store: if this append fails, later writes store those
+        # payloads again (less dedup), they are never wrong
+        stored = [s for w in written for s in w.stored]
+        try:
+            append_to_index(self.path, stored, self.storage_options)
+        except OSError as exc:
+            warnings.warn(f"the store index of {self.path} was not updated: {exc}", stacklevel=3)
 
     def abort(self, written: Sequence[WrittenFile], *, tasks_may_run: bool = False) -> None:
         """Remove files this write created; a table that did not exist is left absent.
@@ -229,7 +244,15 @@ class TableWrite:
             return LanceOperation.Append([w.fragment(ids) for w in written])
         schema = self.plan.table_schema.with_metadata(self.plan.allowed_bases.table_metadata())
         ids = leaf_field_ids(LanceSchema.from_pyarrow(schema).fields())
-        return LanceOperation.Overwrite(schema, [w.fragment(ids) for w in written])
+        # a new table that stores payloads globally registers its store as it is created
+        bases = (
+            [store_base(self.path, None)]
+            if self.plan.uses_store and self.read_version is None
+            else None
+        )
+        return LanceOperation.Overwrite(
+            schema, [w.fragment(ids) for w in written], initial_bases=bases
+        )
 
 
 def open_table(
@@ -634,6 +657,14 @@ def _open_dataset(
         if "not found" in str(exc).lower() or "does not exist" in str(exc).lower():
             return None
         raise
+
+
+def _with_store(path: str, existing: LanceDataset | None) -> tuple[LanceDataset | None, int]:
+    """The table with its store registered (an existing table gets one commit for it, once),
+    and the store's base id; a table being created registers it in its first commit."""
+    if existing is None:
+        return None, store_base(path, None).id
+    return ensure_store(existing)
 
 
 def _remove_empty_local_dirs(*paths: str) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,6 +33,7 @@ from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.rangeio import BlobRef, read_ranges_arrow
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
+from blobhouse.store import store_base_id
 from blobhouse.values import (
     ColumnPath,
     get_column,
@@ -278,7 +279,7 @@ def _write_plan(table: Table, plan: CompactionPlan) -> WritePlan:
         input_schema = replace_field(
             input_schema, path, pa.field(path[-1], _INPUT_BLOB_TYPE, field.nullable)
         )
-    return plan_write(
+    write = plan_write(
         input_schema,
         table_schema=schema,
         dedup="content",
@@ -286,6 +287,8 @@ def _write_plan(table: Table, plan: CompactionPlan) -> WritePlan:
         max_rows_per_file=plan.target_rows,
         max_bytes_per_file=plan.target_bytes,
     )
+    # references into the table's own store stay store references
+    return replace(write, store_base_id=store_base_id(table.dataset))
 
 
 def _logical_batches(table: Table, fragment_ids: Sequence[int]) -> Iterator[pa.RecordBatch]:

@@ -25,18 +25,20 @@ from blobhouse.maintenance.walk import (
     opened_states,
 )
 from blobhouse.placement import uri_to_path
+from blobhouse.store import PACKS_DIR, STORE_DIR, indexed_packs, store_dir
 
 if TYPE_CHECKING:
     from blobhouse.table import Table
 
 DEFAULT_GRACE = timedelta(hours=24)
+_OWNED_DIRS = ("data", f"{STORE_DIR}/{PACKS_DIR}")
 
 
 def referenced_paths(table: Table, state: FragmentState) -> set[str]:
-    """Paths, relative to ``data/``, of the data files and sidecars one fragment state uses;
-    ``table`` is opened at ``state.version``."""
-    prefix = f"{table.uri}/data/"
-    referenced = set(state.data_files)
+    """Paths, relative to the table root, of the data files, sidecars and store packs one
+    fragment state uses; ``table`` is opened at ``state.version``."""
+    prefix = f"{table.uri}/"
+    referenced = {f"data/{path}" for path in state.data_files}
     for batch in fragment_references(table, state.fragment_id):
         referenced.update(
             uri.removeprefix(prefix)
@@ -47,7 +49,7 @@ def referenced_paths(table: Table, state: FragmentState) -> set[str]:
 
 
 def mark(table: Table, progress: Progress | None = None) -> set[str]:
-    """Every path under ``data/`` that a retained version references."""
+    """Every path (relative to the table root) that a retained version references."""
     states = fragment_states(table)
     referenced: set[str] = set()
     for done, (at, state) in enumerate(opened_states(table, states)):
@@ -60,8 +62,9 @@ def mark(table: Table, progress: Progress | None = None) -> set[str]:
 
 
 def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
-    """Files under the table's data directory that no retained version references: leftovers of
-    writes that never committed, or of versions already removed. Local tables only for now.
+    """Files the table owns (under ``data/`` and the store's ``_blobs/packs/``) that no retained
+    version references: leftovers of writes that never committed, or of versions already
+    removed. Local tables only for now.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -69,14 +72,15 @@ def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
     >>> orphans(t)["files"]
     0
     """
-    data_dir = uri_to_path(f"{table.uri}/data")
+    root_dir = uri_to_path(table.uri)
     referenced = set(mark(table) if referenced is None else referenced)
     found = []
-    for root, _, names in os.walk(data_dir):
-        for name in names:
-            path = os.path.join(root, name)
-            if os.path.relpath(path, data_dir) not in referenced:
-                found.append(path)
+    for owned in _OWNED_DIRS:
+        for folder, _, names in os.walk(os.path.join(root_dir, owned)):
+            for name in names:
+                path = os.path.join(folder, name)
+                if os.path.relpath(path, root_dir) not in referenced:
+                    found.append(path)
     return {
         "files": len(found),
         "bytes": sum(os.path.getsize(p) for p in found),
@@ -94,12 +98,14 @@ def gc(
     progress: Progress | None = None,
     referenced: Callable[[Table], set[str]] | None = None,
 ) -> dict:
-    """Remove old versions, then every file under ``data/`` that no retained version references
-    and that is older than ``grace`` (younger ones may belong to a write still in progress).
+    """Remove old versions, then every file the table owns (under ``data/`` and
+    ``_blobs/packs/``) that no retained version references and that is older than ``grace``
+    (younger ones may belong to a write still in progress). A store pack the store's index
+    names is kept even then: a writer may have found it there and be about to reference it.
 
     Versions go through Lance (``cleanup_old_versions``; nothing is removed unless
-    ``retain_versions`` or ``older_than`` is given). Only files inside the table's data directory
-    are ever considered: external objects the user owns are never touched. ``dry_run`` reports
+    ``retain_versions`` or ``older_than`` is given). Only those two directories are ever
+    considered: external objects the user owns are never touched. ``dry_run`` reports
     without deleting. ``referenced`` replaces the mark phase (Spark runs it in parallel).
     Local tables only for now.
 
@@ -122,8 +128,13 @@ def gc(
     cutoff = time.time() - grace.total_seconds()
     marked = referenced(table) if referenced is not None else mark(table, progress)
     leftovers = orphans(table, marked)
-    old = [p for p in leftovers["paths"] if _mtime(p) < cutoff]
-    young = len(leftovers["paths"]) - len(old)
+    indexed = {
+        os.path.join(uri_to_path(store_dir(table.uri)), pack)
+        for pack in indexed_packs(uri_to_path(table.uri), table.storage_options)
+    }
+    old = [p for p in leftovers["paths"] if _mtime(p) < cutoff and p not in indexed]
+    kept_indexed = sum(1 for p in leftovers["paths"] if p in indexed)
+    young = len(leftovers["paths"]) - len(old) - kept_indexed
     reclaimed = sum(_size(p) for p in old)
     if not dry_run:
         for done, path in enumerate(old):
@@ -131,7 +142,8 @@ def gc(
                 progress("sweep", done, len(old))
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
-        _remove_empty_dirs(uri_to_path(f"{table.uri}/data"))
+        for owned in _OWNED_DIRS:
+            _remove_empty_dirs(os.path.join(uri_to_path(table.uri), owned))
     return {
         "dry_run": dry_run,
         "removed_versions": removed_versions,
@@ -140,6 +152,7 @@ def gc(
         "reclaimed_bytes": reclaimed,
         "kept_referenced_files": len(marked),
         "kept_young_files": young,
+        "kept_indexed_packs": kept_indexed,
         "paths": old,
     }
 

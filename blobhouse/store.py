@@ -1,0 +1,357 @@
+"""The table's content-addressed store (``dedup="global"``): each payload once for the whole table.
+
+Layout under the table root::
+
+    _blobs/packs/<write id>-<uuid>.pack   payloads back to back, written once, never modified
+    _blobs/index/                         a Lance dataset: blake3 -> (pack, position, size)
+
+``_blobs`` is registered in the table's manifest as the Lance base path ``blobhouse-store``, so a
+row references its payload as a Lance external blob (kind 3) whose ``blob_id`` is that base's id
+and whose uri is the pack's path relative to it: stock Lance readers resolve it like any blob, and
+Lance's own cleanup never deletes files under a base.
+
+The index is a cache of what the packs hold. A writer looks payloads up in it before writing them
+and appends what it wrote after its table commit; when it lags, dedup is lower, never wrong.
+blobhouse's gc deletes only packs that no retained version references *and* the index does not
+name, so an indexed pack a writer may be about to reference is never deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import lance
+import pyarrow as pa
+import pyarrow.fs as pafs
+from lance import DatasetBasePath, LanceDataset
+
+from blobhouse.placement import Kind, uri_to_path
+from blobhouse.session import PreparedBlob, SidecarFile, WriteQueue
+
+STORE_DIR = "_blobs"
+PACKS_DIR = "packs"
+BASE_NAME = "blobhouse-store"
+INDEX_SCHEMA = pa.schema(
+    [
+        pa.field("blake3", pa.binary(32), nullable=False),
+        pa.field("pack", pa.utf8(), nullable=False),
+        pa.field("position", pa.uint64(), nullable=False),
+        pa.field("size", pa.uint64(), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class StoredPayload:
+    """One payload in the store: ``size`` bytes at ``position`` of ``pack`` (relative to the
+    store directory), whose blake3 is ``digest``."""
+
+    digest: bytes
+    pack: str
+    position: int
+    size: int
+
+    def prepared(self, base_id: int) -> PreparedBlob:
+        """The value a row stores to reference this payload (a Lance external blob)."""
+        return PreparedBlob(
+            Kind.EXTERNAL, size=self.size, position=self.position, uri=self.pack, blob_id=base_id
+        )
+
+
+def store_dir(table_path: str) -> str:
+    """Where the store of the table at ``table_path`` lives (a path or URI, like the table's)."""
+    return f"{table_path.rstrip('/')}/{STORE_DIR}"
+
+
+def store_base_id(dataset: LanceDataset) -> int | None:
+    """The id of the table's store among its Lance base paths (None: no store yet)."""
+    for base_id, base in dataset.base_paths().items():
+        if base.name == BASE_NAME:
+            return base_id
+    return None
+
+
+def store_base(table_path: str, existing: LanceDataset | None) -> DatasetBasePath:
+    """The base path to register for the store of a table (a fresh id if others exist)."""
+    taken = existing.base_paths() if existing is not None else {}
+    return DatasetBasePath(
+        uri_to_path(store_dir(table_path)), name=BASE_NAME, id=max(taken, default=0) + 1
+    )
+
+
+def ensure_store(dataset: LanceDataset) -> tuple[LanceDataset, int]:
+    """The dataset with its store registered (one extra commit the first time) and the base id.
+
+    >>> import tempfile, pyarrow as pa
+    >>> ds = lance.write_dataset(pa.table({"a": [1]}), tempfile.mkdtemp() + "/t")
+    >>> ds, base_id = ensure_store(ds)
+    >>> base_id, store_base_id(ds)
+    (1, 1)
+    """
+    base_id = store_base_id(dataset)
+    if base_id is not None:
+        return dataset, base_id
+    base = store_base(dataset.uri, dataset)
+    dataset.add_bases([base])
+    dataset = lance.dataset(dataset.uri, storage_options=_options(dataset))
+    return dataset, base.id
+
+
+def _options(dataset: LanceDataset) -> dict[str, str] | None:
+    return getattr(dataset, "_storage_options", None)
+
+
+class StoreIndex:
+    """The store's index as one write sees it: blake3 -> :class:`StoredPayload`.
+
+    Loaded once per process and index version (every data file of a write shares it).
+    """
+
+    def __init__(self, entries: dict[bytes, StoredPayload]) -> None:
+        self._entries = entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, digest: bytes) -> StoredPayload | None:
+        return self._entries.get(digest)
+
+    @classmethod
+    def load(cls, table_path: str, storage_options: dict[str, str] | None = None) -> StoreIndex:
+        """The index of the table at ``table_path`` (empty when nothing was stored yet)."""
+        uri = index_uri(table_path)
+        try:
+            version = lance.dataset(uri, storage_options=storage_options).version
+        except (ValueError, OSError):
+            return cls({})
+        return _load_index(uri, version, _frozen(storage_options))
+
+
+def index_uri(table_path: str) -> str:
+    return f"{store_dir(table_path)}/index"
+
+
+@functools.lru_cache(maxsize=4)
+def _load_index(uri: str, version: int, options: tuple | None) -> StoreIndex:
+    dataset = lance.dataset(uri, version=version, storage_options=dict(options or ()) or None)
+    entries: dict[bytes, StoredPayload] = {}
+    for batch in dataset.to_batches():
+        rows = zip(
+            batch["blake3"].to_pylist(),
+            batch["pack"].to_pylist(),
+            batch["position"].to_pylist(),
+            batch["size"].to_pylist(),
+            strict=True,
+        )
+        for digest, pack, position, size in rows:
+            entries.setdefault(digest, StoredPayload(digest, pack, position, size))
+    return StoreIndex(entries)
+
+
+def _frozen(options: dict[str, str] | None) -> tuple | None:
+    return None if options is None else tuple(sorted(options.items()))
+
+
+def append_to_index(
+    table_path: str, stored: list[StoredPayload], storage_options: dict[str, str] | None = None
+) -> None:
+    """Record payloads a committed write stored (concurrent appends are Lance appends)."""
+    if not stored:
+        return
+    rows = pa.table(
+        {
+            "blake3": [s.digest for s in stored],
+            "pack": [s.pack for s in stored],
+            "position": [s.position for s in stored],
+            "size": [s.size for s in stored],
+        },
+        schema=INDEX_SCHEMA,
+    )
+    uri = index_uri(table_path)
+    try:
+        lance.write_dataset(rows, uri, mode="create", storage_options=storage_options)
+    except (ValueError, OSError):
+        # it exists (maybe a concurrent writer just created it): append, Lance merges appends
+        lance.write_dataset(rows, uri, mode="append", storage_options=storage_options)
+
+
+def indexed_packs(table_path: str, storage_options: dict[str, str] | None = None) -> set[str]:
+    """Every pack the index names (gc keeps them)."""
+    try:
+        dataset = lance.dataset(index_uri(table_path), storage_options=storage_options)
+    except (ValueError, OSError):
+        return set()
+    return set(dataset.to_table(columns=["pack"]).column("pack").unique().to_pylist())
+
+
+class PackWriter:
+    """The packs one data file writer adds to the store, rolled over at ``limit`` bytes.
+
+    >>> import tempfile
+    >>> from blobhouse.dedup import content_hash
+    >>> packs = PackWriter(tempfile.mkdtemp(), "w1-", WriteQueue(), limit=1 << 20)
+    >>> first = packs.write(b"hello", content_hash(b"hello"))
+    >>> (first.position, first.size), packs.write(b"world", content_hash(b"world")).position
+    ((0, 5), 5)
+    >>> packs.finish(); len(packs.packs)
+    1
+    """
+
+    def __init__(
+        self,
+        table_path: str,
+        name_prefix: str,
+        queue: WriteQueue,
+        limit: int,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.table_path = table_path
+        self.root = store_dir(table_path)
+        self.name_prefix = name_prefix
+        self.queue = queue
+        self.limit = limit
+        self.storage_options = storage_options
+        self.packs: list[str] = []
+        self.stored: list[StoredPayload] = []
+        self._file: SidecarFile | None = None
+        self._size = 0
+
+    def write(self, payload: bytes | memoryview, digest: bytes) -> StoredPayload:
+        """Append ``payload`` to the current pack (a new one past the size limit)."""
+        if self._file is not None and self._size and self._size + len(payload) > self.limit:
+            self._close()
+        if self._file is None:
+            pack = f"{PACKS_DIR}/{self.name_prefix}{uuid.uuid4().hex}.pack"
+            self._file = SidecarFile(f"{self.root}/{pack}", self.queue, self.storage_options)
+            self.packs.append(pack)
+            self._size = 0
+        stored = StoredPayload(digest, self.packs[-1], self._size, len(payload))
+        self._file.write(payload)
+        self._size += len(payload)
+        self.stored.append(stored)
+        return stored
+
+    def finish(self) -> None:
+        """Close the current pack (its bytes are written once the queue drains)."""
+        self._close()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close(wait=False)
+            self._file = None
+
+
+class StoreWriter:
+    """What one writing process adds to the store: payloads the index does not hold yet go
+    to new packs; every data file of the write dedups against the index and against them.
+
+    :meth:`take_new` hands each data file the packs and payloads added since the last call
+    (what its commit records, and what its abort removes).
+    """
+
+    def __init__(
+        self,
+        table_path: str,
+        base_id: int,
+        name_prefix: str,
+        pack_limit: int,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.base_id = base_id
+        self.index = StoreIndex.load(table_path, storage_options)
+        self.queue = WriteQueue()
+        self.packs = PackWriter(table_path, name_prefix, self.queue, pack_limit, storage_options)
+        self._written: dict[bytes, StoredPayload] = {}
+        self._reported_packs = 0
+        self._reported_stored = 0
+
+    def place(self, payload: bytes | memoryview, digest: bytes) -> PreparedBlob:
+        """The reference of ``payload`` in the store, writing it only if the store lacks it."""
+        found = self.index.get(digest) or self._written.get(digest)
+        if found is None:
+            found = self._written[digest] = self.packs.write(payload, digest)
+        return found.prepared(self.base_id)
+
+    def take_new(self) -> tuple[tuple[str, ...], tuple[StoredPayload, ...]]:
+        """Packs touched and payloads stored since the last call (all bytes written)."""
+        self.queue.drain()
+        current = self.packs.packs[-1:] if self.packs.packs else []
+        packs = self.packs.packs[self._reported_packs :]
+        if not packs and self._reported_stored < len(self.packs.stored):
+            packs = current  # new payloads went to a pack reported earlier
+        stored = self.packs.stored[self._reported_stored :]
+        self._reported_packs = len(self.packs.packs)
+        self._reported_stored = len(self.packs.stored)
+        return tuple(packs), tuple(stored)
+
+    def finish(self) -> None:
+        """Close the open pack and wait for every byte."""
+        self.packs.finish()
+        self.queue.close()
+
+    def abort(self) -> None:
+        """Remove every pack this writer created (its write will not commit)."""
+        self.packs.finish()
+        self.queue.abandon()
+        self.queue.close()
+        remove_packs(self.packs.table_path, self.packs.packs, self.packs.storage_options)
+
+
+@dataclass(frozen=True)
+class StoreReference:
+    """Recognizes resolved references into the table's own store, so a rewrite (compaction)
+    keeps them as store references instead of treating them as user-owned external blobs."""
+
+    table_path: str
+    base_id: int
+
+    def reference(self, column, row: int) -> PreparedBlob | None:
+        """The store reference of ``column``'s row ``row`` (a logical column whose row holds a
+        uri), or None when the uri is not in this table's store."""
+        uri = column.uri[row]
+        prefix = f"{_as_uri(store_dir(self.table_path))}/{PACKS_DIR}/"
+        if not uri.startswith(prefix) or column.position is None or column.size is None:
+            return None
+        stored = StoredPayload(
+            b"",
+            uri.removeprefix(f"{_as_uri(store_dir(self.table_path))}/"),
+            column.position[row],
+            column.size[row],
+        )
+        return stored.prepared(self.base_id)
+
+
+def store_uri_prefix(table_uri: str) -> str:
+    """The prefix resolved references into the table's store start with."""
+    return f"{_as_uri(store_dir(table_uri))}/"
+
+
+def _as_uri(path: str) -> str:
+    return path if "://" in path else "file://" + os.path.abspath(path)
+
+
+def remove_packs(
+    table_path: str, packs: Iterable[str], storage_options: dict[str, str] | None = None
+) -> None:
+    """Delete store packs (relative to the store directory) that nothing committed uses."""
+    for pack in packs:
+        fs, path = pafs.FileSystem.from_uri(_as_uri(f"{store_dir(table_path)}/{pack}"))
+        with contextlib.suppress(OSError):
+            fs.delete_file(path)
+
+
+def remove_staged_packs(
+    table_path: str, name_prefix: str, storage_options: dict[str, str] | None = None
+) -> None:
+    """Delete every pack whose name starts with ``name_prefix`` (what one write staged)."""
+    fs, root = pafs.FileSystem.from_uri(_as_uri(f"{store_dir(table_path)}/{PACKS_DIR}"))
+    selector = pafs.FileSelector(root, allow_not_found=True)
+    for info in fs.get_file_info(selector):
+        if info.base_name.startswith(name_prefix):
+            with contextlib.suppress(OSError):
+                fs.delete_file(info.path)
