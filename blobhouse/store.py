@@ -24,6 +24,7 @@ import os
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import lance
 import pyarrow as pa
@@ -32,6 +33,9 @@ from lance import DatasetBasePath, LanceDataset
 
 from blobhouse.placement import Kind, uri_to_path
 from blobhouse.session import PreparedBlob, SidecarFile, WriteQueue
+
+if TYPE_CHECKING:
+    from blobhouse.values import LogicalColumn
 
 STORE_DIR = "_blobs"
 PACKS_DIR = "packs"
@@ -84,7 +88,9 @@ def store_base(table_path: str, existing: LanceDataset | None) -> DatasetBasePat
     )
 
 
-def ensure_store(dataset: LanceDataset) -> tuple[LanceDataset, int]:
+def ensure_store(
+    dataset: LanceDataset, storage_options: dict[str, str] | None = None
+) -> tuple[LanceDataset, int]:
     """The dataset with its store registered (one extra commit the first time) and the base id.
 
     >>> import tempfile, pyarrow as pa
@@ -98,12 +104,7 @@ def ensure_store(dataset: LanceDataset) -> tuple[LanceDataset, int]:
         return dataset, base_id
     base = store_base(dataset.uri, dataset)
     dataset.add_bases([base])
-    dataset = lance.dataset(dataset.uri, storage_options=_options(dataset))
-    return dataset, base.id
-
-
-def _options(dataset: LanceDataset) -> dict[str, str] | None:
-    return getattr(dataset, "_storage_options", None)
+    return lance.dataset(dataset.uri, storage_options=storage_options), base.id
 
 
 class StoreIndex:
@@ -114,12 +115,21 @@ class StoreIndex:
 
     def __init__(self, entries: dict[bytes, StoredPayload]) -> None:
         self._entries = entries
+        self._by_location: dict[tuple[str, int, int], bytes] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get(self, digest: bytes) -> StoredPayload | None:
         return self._entries.get(digest)
+
+    def digest_at(self, pack: str, position: int, size: int) -> bytes | None:
+        """The blake3 of the payload at ``[position, +size)`` of ``pack`` (None if unknown)."""
+        if self._by_location is None:
+            self._by_location = {
+                (e.pack, e.position, e.size): e.digest for e in self._entries.values()
+            }
+        return self._by_location.get((pack, position, size))
 
     @classmethod
     def load(cls, table_path: str, storage_options: dict[str, str] | None = None) -> StoreIndex:
@@ -190,7 +200,7 @@ def indexed_packs(table_path: str, storage_options: dict[str, str] | None = None
 
 
 class PackWriter:
-    """The packs one data file writer adds to the store, rolled over at ``limit`` bytes.
+    """The packs one writing process adds to the store, rolled over at ``limit`` bytes.
 
     >>> import tempfile
     >>> from blobhouse.dedup import content_hash
@@ -250,8 +260,8 @@ class StoreWriter:
     """What one writing process adds to the store: payloads the index does not hold yet go
     to new packs; every data file of the write dedups against the index and against them.
 
-    :meth:`take_new` hands each data file the packs and payloads added since the last call
-    (what its commit records, and what its abort removes).
+    :meth:`take_new` hands each data file the payloads added since the last call and the packs
+    holding them (what its commit records in the index, and what its abort removes).
     """
 
     def __init__(
@@ -267,8 +277,7 @@ class StoreWriter:
         self.queue = WriteQueue()
         self.packs = PackWriter(table_path, name_prefix, self.queue, pack_limit, storage_options)
         self._written: dict[bytes, StoredPayload] = {}
-        self._reported_packs = 0
-        self._reported_stored = 0
+        self._reported = 0
 
     def place(self, payload: bytes | memoryview, digest: bytes) -> PreparedBlob:
         """The reference of ``payload`` in the store, writing it only if the store lacks it."""
@@ -278,16 +287,11 @@ class StoreWriter:
         return found.prepared(self.base_id)
 
     def take_new(self) -> tuple[tuple[str, ...], tuple[StoredPayload, ...]]:
-        """Packs touched and payloads stored since the last call (all bytes written)."""
+        """Packs and payloads stored since the last call, once their bytes are written."""
         self.queue.drain()
-        current = self.packs.packs[-1:] if self.packs.packs else []
-        packs = self.packs.packs[self._reported_packs :]
-        if not packs and self._reported_stored < len(self.packs.stored):
-            packs = current  # new payloads went to a pack reported earlier
-        stored = self.packs.stored[self._reported_stored :]
-        self._reported_packs = len(self.packs.packs)
-        self._reported_stored = len(self.packs.stored)
-        return tuple(packs), tuple(stored)
+        stored = tuple(self.packs.stored[self._reported :])
+        self._reported = len(self.packs.stored)
+        return tuple(dict.fromkeys(s.pack for s in stored)), stored
 
     def finish(self) -> None:
         """Close the open pack and wait for every byte."""
@@ -302,28 +306,24 @@ class StoreWriter:
         remove_packs(self.packs.table_path, self.packs.packs, self.packs.storage_options)
 
 
-@dataclass(frozen=True)
 class StoreReference:
     """Recognizes resolved references into the table's own store, so a rewrite (compaction)
     keeps them as store references instead of treating them as user-owned external blobs."""
 
-    table_path: str
-    base_id: int
+    def __init__(self, table_path: str, base_id: int) -> None:
+        self.base_id = base_id
+        self.prefix = store_uri_prefix(table_path)
 
-    def reference(self, column, row: int) -> PreparedBlob | None:
-        """The store reference of ``column``'s row ``row`` (a logical column whose row holds a
-        uri), or None when the uri is not in this table's store."""
+    def reference(self, column: LogicalColumn, row: int) -> PreparedBlob | None:
+        """The store reference of row ``row`` of ``column`` (whose row holds a uri), or None
+        when the uri is not a pack of this table's store."""
         uri = column.uri[row]
-        prefix = f"{_as_uri(store_dir(self.table_path))}/{PACKS_DIR}/"
-        if not uri.startswith(prefix) or column.position is None or column.size is None:
+        if not uri.startswith(f"{self.prefix}{PACKS_DIR}/") or column.position is None:
             return None
-        stored = StoredPayload(
-            b"",
-            uri.removeprefix(f"{_as_uri(store_dir(self.table_path))}/"),
-            column.position[row],
-            column.size[row],
+        pack = uri.removeprefix(self.prefix)
+        return StoredPayload(b"", pack, column.position[row], column.size[row]).prepared(
+            self.base_id
         )
-        return stored.prepared(self.base_id)
 
 
 def store_uri_prefix(table_uri: str) -> str:

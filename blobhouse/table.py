@@ -163,7 +163,7 @@ class TableWrite:
             max_bytes_per_file=max_bytes_per_file,
         )
         if plan.uses_store:
-            existing, base_id = _with_store(path, existing)
+            existing, base_id = _with_store(path, existing, storage_options)
             plan = replace(plan, store_base_id=base_id)
         read_version = existing.version if existing is not None else None
         return cls(path, root_uri, plan, appending, read_version, storage_options)
@@ -659,12 +659,14 @@ def _open_dataset(
         raise
 
 
-def _with_store(path: str, existing: LanceDataset | None) -> tuple[LanceDataset | None, int]:
+def _with_store(
+    path: str, existing: LanceDataset | None, storage_options: dict[str, str] | None
+) -> tuple[LanceDataset | None, int]:
     """The table with its store registered (an existing table gets one commit for it, once),
     and the store's base id; a table being created registers it in its first commit."""
     if existing is None:
         return None, store_base(path, None).id
-    return ensure_store(existing)
+    return ensure_store(existing, storage_options)
 
 
 def _remove_empty_local_dirs(*paths: str) -> None:

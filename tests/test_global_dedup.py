@@ -157,3 +157,17 @@ def test_spark_tasks_writing_overlapping_content_store_each_payload_once(spark, 
     ids = dataset.to_table(columns=["id"]).column("id").to_pylist()
     stock = stock_read(table_uri, "b")
     assert all(stock[i] == PAYLOADS[row_id % 3] for i, row_id in enumerate(ids))
+
+
+def test_deep_verify_checks_store_payloads_against_the_index(table_uri):
+    write_table(rows([0, 1, 2, 3], PAYLOADS), table_uri, dedup="global")
+    report = open_table(table_uri).verify(deep=True)
+    assert (report["hashed"], report["unhashed"], report["problems"]) == (4, 0, [])
+    (pack,) = Path(table_uri, "_blobs", "packs").iterdir()
+    with open(pack, "r+b") as f:  # flip a byte of the second payload
+        f.seek(300_000 + 10)
+        byte = f.read(1)
+        f.seek(300_000 + 10)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    problems = open_table(table_uri).verify(deep=True)["problems"]
+    assert [(p["row"], p["reason"][:21]) for p in problems] == [(1, "content hash mismatch")]

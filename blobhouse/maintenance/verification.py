@@ -24,8 +24,9 @@ from blobhouse.maintenance.walk import (
     opened_states,
     retained_versions,
 )
-from blobhouse.placement import MiB
+from blobhouse.placement import MiB, uri_to_path
 from blobhouse.rangeio import BlobRef, read_ranges
+from blobhouse.store import StoreIndex, store_uri_prefix
 
 if TYPE_CHECKING:
     from blobhouse.table import Table
@@ -59,10 +60,11 @@ class StateReport:
 class _Checker:
     """Object sizes and verified payloads, remembered across fragment states of one run."""
 
-    def __init__(self, storage_options: dict[str, str] | None) -> None:
-        self.storage_options = storage_options
+    def __init__(self, table: Table) -> None:
         self.sizes: dict[str, int | None] = {}
-        self.hashes = RecordedHashes(storage_options)
+        index = StoreIndex.load(uri_to_path(table.uri), table.storage_options)
+        store = (store_uri_prefix(table.uri), index)
+        self.hashes = RecordedHashes(table.storage_options, store)
         self.verdicts: dict[tuple[str, int, int], str | None] = {}
 
     def range_problem(self, uri: str, position: int, size: int) -> str | None:
@@ -91,7 +93,7 @@ def verify_state(
     table: Table, state: FragmentState, *, deep: bool = False, checker: _Checker | None = None
 ) -> StateReport:
     """Check every reference of one fragment state; ``table`` is opened at ``state.version``."""
-    checker = checker or _Checker(table.storage_options)
+    checker = checker or _Checker(table)
     report = StateReport()
     for batch in fragment_references(table, state.fragment_id):
         uris = batch.refs.field("uri").to_pylist()
@@ -171,7 +173,7 @@ def verify(
     """
     versions = versions or retained_versions(table)
     states = fragment_states(table, versions)
-    checker = _Checker(table.storage_options)
+    checker = _Checker(table)
     reports = []
     for done, (at, state) in enumerate(opened_states(table, states)):
         if progress:
