@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -492,6 +493,64 @@ def maintenance(size: Size) -> Case:
     return case
 
 
+def global_dedup(size: Size) -> Case:
+    """The same payloads appended again and again: table-global dedup against per-file dedup
+    and pylance, bytes on disk and write time of the whole series."""
+    case = Case(
+        "global_dedup",
+        "Appends that repeat payloads: bytes on disk after all of them, median seconds for all",
+    )
+    rng = np.random.default_rng(7)
+    recurring = [rng_bytes(rng, MB) for _ in range(8)]
+    appends = [
+        recurring + [rng_bytes(rng, 100 * KB) for _ in range(4)] for _ in range(size.appends)
+    ]
+    unique = sum(len(p) for p in {bytes(p) for batch in appends for p in batch})
+    logical = sum(len(p) for batch in appends for p in batch)
+    tables = [pa.table({"b": pa.array(batch, pa.large_binary())}) for batch in appends]
+
+    def series(root: Path, write) -> Callable[[], None]:
+        def run() -> None:
+            fresh(root)
+            for table in tables:
+                write(table, root)
+
+        return run
+
+    with Scratch() as root:
+        writers = {
+            "blobhouse global": lambda t, uri: write_table(
+                t, uri, mode="append", blob_columns=["b"], dedup="global"
+            ),
+            "blobhouse per file": lambda t, uri: write_table(
+                t, uri, mode="append", blob_columns=["b"]
+            ),
+            "pylance": lambda t, uri: lance.write_dataset(
+                lance_table(t.column("b").to_pylist()),
+                uri,
+                mode="append",
+                data_storage_version="2.2",
+            ),
+        }
+        paths = {name: root / name.replace(" ", "_") for name in writers}
+        times = medians({name: series(paths[name], fn) for name, fn in writers.items()}, size.runs)
+        for name, seconds in times.items():
+            on_disk = disk_bytes(paths[name])
+            case.add(
+                contender=name,
+                appends=size.appends,
+                seconds=round(seconds, 4),
+                logical_mb_s=round(logical / seconds / 1e6, 1),
+                bytes=on_disk,
+                ratio_to_unique=round(on_disk / unique, 3),
+            )
+    case.notes.append(
+        f"{size.appends} appends, each of the same 8 x 1 MB payloads and 4 new 100 KB ones; "
+        f"{logical / 1e6:.0f} MB logical, {unique / 1e6:.1f} MB unique"
+    )
+    return case
+
+
 def _last_json(stdout: str) -> dict:
     import json
 
@@ -506,4 +565,5 @@ CASES = {
     "scale": scale,
     "spark": spark,
     "maintenance": maintenance,
+    "global_dedup": global_dedup,
 }

@@ -16,6 +16,7 @@ TARGETS = """\
 | random access, K = 1, 1 MB >= 10 x Parquet | {access_parquet} |
 | peak RSS flat (within 1.5x) from 1 GB to 8 GB written | {rss} |
 | after compaction, physical bytes <= 1.05 x unique live bytes | {compaction} |
+| dedup="global": bytes on disk <= 1.05 x unique across appends | {global_dedup} |
 """
 
 
@@ -102,6 +103,9 @@ def _verdicts(data: dict) -> dict[str, str]:
         for r in rows("random_access", k=1, contender="blobhouse refs + ranged reads")
     ]
     compaction = [r["ratio_to_unique"] for r in rows("maintenance", contender="blobhouse compact")]
+    global_dedup = [
+        r["ratio_to_unique"] for r in rows("global_dedup", contender="blobhouse global")
+    ]
     gb = rows("scale", mode="gb")
     rss = gb[-1]["peak_rss_mb"] / gb[0]["peak_rss_mb"] if gb else None
     return {
@@ -112,6 +116,7 @@ def _verdicts(data: dict) -> dict[str, str]:
         "access": _range(access, "x pylance", lambda v: v >= 1.0),
         "access_parquet": _range(access_parquet, "x parquet", lambda v: v >= 10),
         "compaction": _range(compaction, "x unique", lambda v: v <= 1.05),
+        "global_dedup": _range(global_dedup, "x unique", lambda v: v <= 1.05),
         "rss": "-" if rss is None else f"{rss:.2f}x ({'met' if rss <= 1.5 else 'missed'})",
     }
 

@@ -28,6 +28,7 @@ def test_quick_benchmark_run(tmp_path):
         "scale",
         "spark",
         "maintenance",
+        "global_dedup",
     }
     storage = results["storage"]["rows"]
     seed = {r["contender"]: r for r in storage if r["workload"].startswith("seed")}
@@ -49,5 +50,8 @@ def test_quick_benchmark_run(tmp_path):
     }
     assert compacted["blobhouse compact"]["ratio_to_unique"] <= 1.05
     assert compacted["pylance compact_files"]["ratio_to_unique"] > 1.5  # a copy per row
+    stored = {r["contender"]: r for r in results["global_dedup"]["rows"]}
+    assert stored["blobhouse global"]["ratio_to_unique"] <= 1.05
+    assert stored["blobhouse per file"]["ratio_to_unique"] > 2  # one copy per append
     spark = results["spark"]["rows"][0]
     assert spark["read_blob_mb_s"] > 0 and spark["write_ratio"] > 0
