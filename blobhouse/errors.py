@@ -37,3 +37,8 @@ class TableNotFoundError(BlobhouseError, FileNotFoundError):
 
 class CorruptBlobError(BlobhouseError):
     """Stored bytes that no longer match the blake3 recorded when they were written."""
+
+
+class StoreRaceError(BlobhouseError):
+    """A write found payloads in the table's store that gc retired before the write committed;
+    nothing was committed and retrying the write succeeds."""

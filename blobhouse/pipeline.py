@@ -232,6 +232,7 @@ class DataFileWriter:
             sidecar_bytes=sum(p.sidecar_bytes for p in self.placers),
             packs=packs,
             stored=stored,
+            found_packs=tuple(sorted(self.store.found_packs)) if self.store is not None else (),
         )
 
     def abort(self) -> None:

@@ -124,6 +124,7 @@ class WrittenFile:
     sidecar_bytes: int
     packs: tuple[str, ...] = ()  # store packs (dedup="global") holding payloads added for it
     stored: tuple = ()  # those payloads (store.StoredPayload), for the store's index
+    found_packs: tuple[str, ...] = ()  # store packs it references that the index named
 
     def data_file(self, field_ids: list[int]) -> DataFile:
         """Lance's record of this file; ``field_ids`` are the table's ids of its columns."""

@@ -19,8 +19,8 @@ name, so an indexed pack a writer may be about to reference is never deleted.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from lance import DatasetBasePath, LanceDataset
 
+from blobhouse.errors import StoreRaceError
 from blobhouse.placement import Kind, uri_to_path
 from blobhouse.session import PreparedBlob, SidecarFile, WriteQueue
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 STORE_DIR = "_blobs"
 PACKS_DIR = "packs"
+TOMBSTONES_DIR = "tombstones"
 BASE_NAME = "blobhouse-store"
 INDEX_SCHEMA = pa.schema(
     [
@@ -108,10 +110,8 @@ def ensure_store(
 
 
 class StoreIndex:
-    """The store's index as one write sees it: blake3 -> :class:`StoredPayload`.
-
-    Loaded once per process and index version (every data file of a write shares it).
-    """
+    """The store's index as one write sees it: blake3 -> :class:`StoredPayload` (every data
+    file of the write shares it)."""
 
     def __init__(self, entries: dict[bytes, StoredPayload]) -> None:
         self._entries = entries
@@ -133,38 +133,30 @@ class StoreIndex:
 
     @classmethod
     def load(cls, table_path: str, storage_options: dict[str, str] | None = None) -> StoreIndex:
-        """The index of the table at ``table_path`` (empty when nothing was stored yet)."""
-        uri = index_uri(table_path)
+        """The index of the table at ``table_path`` (empty when nothing was stored yet).
+
+        Read afresh by every write (a process-wide cache would outlive a table deleted and
+        created again at the same path)."""
         try:
-            version = lance.dataset(uri, storage_options=storage_options).version
+            dataset = lance.dataset(index_uri(table_path), storage_options=storage_options)
         except (ValueError, OSError):
             return cls({})
-        return _load_index(uri, version, _frozen(storage_options))
+        entries: dict[bytes, StoredPayload] = {}
+        for batch in dataset.to_batches():
+            rows = zip(
+                batch["blake3"].to_pylist(),
+                batch["pack"].to_pylist(),
+                batch["position"].to_pylist(),
+                batch["size"].to_pylist(),
+                strict=True,
+            )
+            for digest, pack, position, size in rows:
+                entries.setdefault(digest, StoredPayload(digest, pack, position, size))
+        return cls(entries)
 
 
 def index_uri(table_path: str) -> str:
     return f"{store_dir(table_path)}/index"
-
-
-@functools.lru_cache(maxsize=4)
-def _load_index(uri: str, version: int, options: tuple | None) -> StoreIndex:
-    dataset = lance.dataset(uri, version=version, storage_options=dict(options or ()) or None)
-    entries: dict[bytes, StoredPayload] = {}
-    for batch in dataset.to_batches():
-        rows = zip(
-            batch["blake3"].to_pylist(),
-            batch["pack"].to_pylist(),
-            batch["position"].to_pylist(),
-            batch["size"].to_pylist(),
-            strict=True,
-        )
-        for digest, pack, position, size in rows:
-            entries.setdefault(digest, StoredPayload(digest, pack, position, size))
-    return StoreIndex(entries)
-
-
-def _frozen(options: dict[str, str] | None) -> tuple | None:
-    return None if options is None else tuple(sorted(options.items()))
 
 
 def append_to_index(
@@ -274,6 +266,8 @@ class StoreWriter:
     ) -> None:
         self.base_id = base_id
         self.index = StoreIndex.load(table_path, storage_options)
+        self.retired = set(retired_packs(table_path))
+        self.found_packs: set[str] = set()  # packs found in the index: checked before commit
         self.queue = WriteQueue()
         self.packs = PackWriter(table_path, name_prefix, self.queue, pack_limit, storage_options)
         self._written: dict[bytes, StoredPayload] = {}
@@ -281,9 +275,13 @@ class StoreWriter:
 
     def place(self, payload: bytes | memoryview, digest: bytes) -> PreparedBlob:
         """The reference of ``payload`` in the store, writing it only if the store lacks it."""
-        found = self.index.get(digest) or self._written.get(digest)
+        found = self._written.get(digest) or self.index.get(digest)
+        if found is not None and found.pack in self.retired:
+            found = None  # gc is reclaiming that pack: store the payload anew
         if found is None:
             found = self._written[digest] = self.packs.write(payload, digest)
+        elif digest not in self._written:
+            self.found_packs.add(found.pack)
         return found.prepared(self.base_id)
 
     def take_new(self) -> tuple[tuple[str, ...], tuple[StoredPayload, ...]]:
@@ -355,3 +353,63 @@ def remove_staged_packs(
         if info.base_name.startswith(name_prefix):
             with contextlib.suppress(OSError):
                 fs.delete_file(info.path)
+
+
+def retired_packs(table_path: str) -> dict[str, float]:
+    """Packs gc has retired (tombstoned), with the time each was retired."""
+    fs, root = pafs.FileSystem.from_uri(_as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}"))
+    infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    return {
+        f"{PACKS_DIR}/{info.base_name}": info.mtime.timestamp()
+        for info in infos
+        if info.type == pafs.FileType.File
+    }
+
+
+def retire_packs(table_path: str, packs: Iterable[str]) -> None:
+    """Tombstone ``packs`` and drop their index entries: from now on writers store those
+    payloads anew, and a writer that found one earlier refuses to commit (see
+    :func:`check_packs_usable`)."""
+    packs = sorted(packs)
+    if not packs:
+        return
+    fs, root = pafs.FileSystem.from_uri(_as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}"))
+    fs.create_dir(root, recursive=True)
+    for pack in packs:
+        with fs.open_output_stream(f"{root}/{pack.removeprefix(PACKS_DIR + '/')}"):
+            pass
+    quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in packs)
+    for attempt in range(5):
+        try:
+            lance.dataset(index_uri(table_path)).delete(f"pack IN ({quoted})")
+            return
+        except (ValueError, OSError):
+            # a writer appended to the index meanwhile; the tombstones already keep writers
+            # away, and gc only deletes a pack once the index no longer names it
+            time.sleep(0.05 * (attempt + 1))
+
+
+def forget_tombstone(table_path: str, pack: str) -> None:
+    """Take a pack back from retirement (a retained version references it after all)."""
+    path = _as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}/{pack.removeprefix(PACKS_DIR + '/')}")
+    fs, tombstone = pafs.FileSystem.from_uri(path)
+    with contextlib.suppress(OSError):
+        fs.delete_file(tombstone)
+
+
+def check_packs_usable(table_path: str, packs: Iterable[str]) -> None:
+    """Refuse to commit references to packs gc retired or removed while the write ran (the
+    write found them in the index earlier); retrying the write stores those payloads anew."""
+    packs = set(packs)
+    if not packs:
+        return
+    retired = set(retired_packs(table_path)) & packs
+    fs, root = pafs.FileSystem.from_uri(_as_uri(store_dir(table_path)))
+    missing = {
+        p for p in packs - retired if fs.get_file_info(f"{root}/{p}").type != pafs.FileType.File
+    }
+    if retired or missing:
+        raise StoreRaceError(
+            f"store pack(s) {sorted(retired | missing)} were retired by gc while this write ran; "
+            "nothing was committed, retry the write (it stores those payloads anew)"
+        )

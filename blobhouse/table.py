@@ -48,7 +48,7 @@ from blobhouse.placement import AllowedBases, uri_to_path
 from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.store import append_to_index, ensure_store, store_base
+from blobhouse.store import append_to_index, check_packs_usable, ensure_store, store_base
 from blobhouse.values import (
     Blob,
     ColumnPath,
@@ -200,6 +200,8 @@ class TableWrite:
     def commit(self, written: Sequence[WrittenFile]) -> Table:
         """Make every written file visible in one Lance transaction."""
         try:
+            # right before the commit: payloads found in the store's index are still there
+            check_packs_usable(self.path, {p for w in written for p in w.found_packs})
             dataset = LanceDataset.commit(
                 self.path,
                 self._operation(written),
@@ -218,7 +220,7 @@ class TableWrite:
         stored = [s for w in written for s in w.stored]
         try:
             append_to_index(self.path, stored, self.storage_options)
-        except OSError as exc:
+        except Exception as exc:  # the write itself is committed: never fail it for a cache
             warnings.warn(f"the store index of {self.path} was not updated: {exc}", stacklevel=3)
 
     def abort(self, written: Sequence[WrittenFile], *, tasks_may_run: bool = False) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 import blobhouse.spark as bs
 from blobhouse import blob_array, open_table, write_table
-from blobhouse.errors import InvalidInputError
+from blobhouse.errors import InvalidInputError, StoreRaceError
 from blobhouse.store import StoreIndex
 
 from helpers import disk_bytes, stock_read, tree
@@ -84,7 +84,7 @@ def test_compaction_keeps_store_references(table_uri):
     assert stock_read(table_uri, "b") == PAYLOADS * 3
 
 
-def test_failed_writes_leave_no_pack_and_gc_keeps_indexed_packs(table_uri):
+def test_failed_writes_leave_no_pack_and_gc_reclaims_unreferenced_packs(table_uri):
     write_table(rows([0, 1, 2, 3], PAYLOADS), table_uri, dedup="global")
     before = tree(table_uri)
 
@@ -95,16 +95,24 @@ def test_failed_writes_leave_no_pack_and_gc_keeps_indexed_packs(table_uri):
     with pytest.raises(RuntimeError):
         write_table(failing(), table_uri, mode="append", dedup="global")
     assert tree(table_uri) == before
-    # overwrite: the first version's payloads are referenced by nothing once it is gone, but
-    # the index still names their pack, so gc keeps it (a writer may be about to use it)
-    write_table(rows([9], [os.urandom(70_000)]), table_uri, mode="overwrite", dedup="global")
+    # overwrite: once version 1 is gone nothing references the first pack; the index still
+    # names it, so gc first retires it (tombstone, out of the index) and keeps the bytes
+    fresh = os.urandom(70_000)
+    write_table(rows([9], [fresh]), table_uri, mode="overwrite", dedup="global")
     age(table_uri, hours=48)
     report = open_table(table_uri).gc(retain_versions=1)
-    assert report["kept_indexed_packs"] == 1
+    assert (report["retired_packs"], report["reaped_packs"]) == (1, 0)
     assert packs_bytes(table_uri) == UNIQUE + 70_000
+    # a writer no longer finds the retired payload: it stores it anew
     write_table(rows([10], [PAYLOADS[0]]), table_uri, mode="append", dedup="global")
-    assert packs_bytes(table_uri) == UNIQUE + 70_000  # found in the index, not written again
-    assert stock_read(table_uri, "b") == [stock_read(table_uri, "b")[0], PAYLOADS[0]]
+    assert packs_bytes(table_uri) == UNIQUE + 70_000 + len(PAYLOADS[0])
+    # once the tombstone is older than the grace period, the pack goes
+    age(table_uri, hours=48)
+    report = open_table(table_uri).gc()
+    assert (report["reaped_packs"], report["resurrected_packs"]) == (1, 0)
+    assert packs_bytes(table_uri) == 70_000 + len(PAYLOADS[0])
+    assert open_table(table_uri).stats()["orphan_files"] == 0
+    assert stock_read(table_uri, "b") == [fresh, PAYLOADS[0]]
 
 
 def test_packs_of_a_write_that_never_committed_are_collected_after_the_grace(table_uri):
@@ -118,7 +126,7 @@ def test_packs_of_a_write_that_never_committed_are_collected_after_the_grace(tab
     assert open_table(table_uri).gc()["kept_young_files"] >= 2  # data file and pack
     age(table_uri, hours=48)
     report = open_table(table_uri).gc()
-    assert report["removed_files"] >= 2 and report["kept_indexed_packs"] == 0
+    assert report["removed_files"] >= 2 and report["retired_packs"] == 0
     assert packs_bytes(table_uri) == len(PAYLOADS[0])
     assert open_table(table_uri).stats()["orphan_files"] == 0
     assert stock_read(table_uri, "b") == [PAYLOADS[0]]
@@ -171,3 +179,113 @@ def test_deep_verify_checks_store_payloads_against_the_index(table_uri):
         f.write(bytes([byte[0] ^ 0xFF]))
     problems = open_table(table_uri).verify(deep=True)["problems"]
     assert [(p["row"], p["reason"][:21]) for p in problems] == [(1, "content hash mismatch")]
+
+
+@pytest.fixture
+def found_in_the_index(table_uri):
+    """A write in flight that found a payload in the index while nothing references it."""
+    from blobhouse.table import TableWrite
+
+    write_table(rows([0], [PAYLOADS[0]]), table_uri, dedup="global")
+    write_table(rows([1], [PAYLOADS[1]]), table_uri, mode="overwrite", dedup="global")
+    open_table(table_uri).gc(retain_versions=1, grace=timedelta(hours=1))  # pack too young
+    data = rows([2], [PAYLOADS[0]])
+    write = TableWrite.begin(table_uri, data.schema, mode="append", dedup="global")
+    written = write.write(data.to_batches())
+    assert written[0].found_packs and not written[0].packs  # a reference, nothing written
+    age(table_uri, hours=48)
+    return write, written
+
+
+@pytest.mark.parametrize("reaped", [False, True])
+def test_a_write_never_commits_a_reference_to_a_pack_gc_retired(
+    table_uri, found_in_the_index, reaped
+):
+    write, written = found_in_the_index
+    assert open_table(table_uri).gc()["retired_packs"] == 1
+    if reaped:
+        age(table_uri, hours=48)
+        assert open_table(table_uri).gc()["reaped_packs"] == 1
+    version = open_table(table_uri).version
+    with pytest.raises(StoreRaceError, match="retired by gc while this write ran"):
+        write.commit(written)
+    assert open_table(table_uri).version == version
+    assert stock_read(table_uri, "b") == [PAYLOADS[1]]
+    # the retry stores the payload anew and commits
+    write_table(rows([2], [PAYLOADS[0]]), table_uri, mode="append", dedup="global")
+    assert stock_read(table_uri, "b") == [PAYLOADS[1], PAYLOADS[0]]
+
+
+def test_a_pack_referenced_after_it_was_retired_is_resurrected_not_deleted(table_uri):
+    from blobhouse.store import retire_packs
+
+    write_table(rows([0], [PAYLOADS[0]]), table_uri, dedup="global")
+    (pack,) = (f"packs/{p.name}" for p in Path(table_uri, "_blobs", "packs").iterdir())
+    # what a commit racing the retiring gc leaves: a referenced pack with a tombstone
+    retire_packs(table_uri, [pack])
+    age(table_uri, hours=48)
+    report = open_table(table_uri).gc()
+    assert (report["resurrected_packs"], report["reaped_packs"]) == (1, 0)
+    assert not Path(table_uri, "_blobs", "tombstones", pack.removeprefix("packs/")).exists()
+    assert stock_read(table_uri, "b") == [PAYLOADS[0]]
+    assert open_table(table_uri).verify()["problems"] == []
+
+
+def test_a_writer_and_gc_in_separate_processes_lose_nothing(table_uri):
+    """gc retires and reaps store packs (grace 2 s) while another process keeps appending and
+    overwriting rows whose payloads it finds in the store's index."""
+    import json
+    import subprocess
+    import sys
+
+    from store_race_worker import GRACE, payload
+
+    worker = str(Path(__file__).with_name("store_race_worker.py"))
+    write_table(rows([1000], [payload(1000)]), table_uri, dedup="global")
+
+    def start(*args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, worker, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    collector = start("gc", table_uri, "8")
+    writer = start("writer", table_uri, "40")
+    outputs = [p.communicate(timeout=300) for p in (writer, collector)]
+    for process, (_, err) in zip((writer, collector), outputs, strict=True):
+        assert process.returncode == 0, err[-3000:]
+    results = [json.loads(out.splitlines()[-1]) for out, _ in outputs]
+    assert results[1]["runs"] >= 2 and results[1]["retired"] >= 1  # the protocol ran
+    table = open_table(table_uri)
+    for version in [v["version"] for v in table.versions()]:
+        at = open_table(table_uri, version)
+        got = at.to_arrow(blobs="bytes").to_pylist()
+        assert all(r["b"] == payload(r["id"]) for r in got), f"version {version}"
+        ids = lance.dataset(table_uri, version=version).to_table(columns=["id"]).column("id")
+        stock = lance.dataset(table_uri, version=version).read_blobs(
+            "b", indices=list(range(len(ids))), preserve_order=True
+        )
+        assert [b for _, b in stock] == [payload(i) for i in ids.to_pylist()]
+    assert table.verify(deep=True)["problems"] == []
+    # quiet now: two aged passes reclaim every unreferenced pack
+    for _ in range(2):
+        age(table_uri, hours=1)
+        open_table(table_uri).gc(grace=GRACE)
+    assert open_table(table_uri).stats()["orphan_files"] == 0
+    assert all(
+        r["b"] == payload(r["id"])
+        for r in open_table(table_uri).to_arrow(blobs="bytes").to_pylist()
+    )
+
+
+def test_a_table_created_again_at_the_same_path_starts_with_an_empty_store(table_uri):
+    import shutil
+
+    write_table(rows([0], [PAYLOADS[0]]), table_uri, dedup="global")
+    shutil.rmtree(table_uri)
+    write_table(rows([0], [PAYLOADS[0]]), table_uri, dedup="global")  # the old index is gone
+    write_table(rows([1], [PAYLOADS[0]]), table_uri, mode="append", dedup="global")
+    assert stock_read(table_uri, "b") == [PAYLOADS[0]] * 2
+    assert packs_bytes(table_uri) == len(PAYLOADS[0])

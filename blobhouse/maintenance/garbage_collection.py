@@ -25,7 +25,15 @@ from blobhouse.maintenance.walk import (
     opened_states,
 )
 from blobhouse.placement import uri_to_path
-from blobhouse.store import PACKS_DIR, STORE_DIR, indexed_packs, store_dir
+from blobhouse.store import (
+    PACKS_DIR,
+    STORE_DIR,
+    forget_tombstone,
+    indexed_packs,
+    retire_packs,
+    retired_packs,
+    store_dir,
+)
 
 if TYPE_CHECKING:
     from blobhouse.table import Table
@@ -83,7 +91,7 @@ def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
                     found.append(path)
     return {
         "files": len(found),
-        "bytes": sum(os.path.getsize(p) for p in found),
+        "bytes": sum(_size(p) for p in found),  # a concurrent write may rename files away
         "paths": sorted(found),
     }
 
@@ -101,7 +109,8 @@ def gc(
     """Remove old versions, then every file the table owns (under ``data/`` and
     ``_blobs/packs/``) that no retained version references and that is older than ``grace``
     (younger ones may belong to a write still in progress). A store pack the store's index
-    names is kept even then: a writer may have found it there and be about to reference it.
+    names is retired first and deleted by a later run (:class:`_StorePacks`), since a writer may
+    have found it in the index and be about to reference it.
 
     Versions go through Lance (``cleanup_old_versions``; nothing is removed unless
     ``retain_versions`` or ``older_than`` is given). Only those two directories are ever
@@ -128,33 +137,71 @@ def gc(
     cutoff = time.time() - grace.total_seconds()
     marked = referenced(table) if referenced is not None else mark(table, progress)
     leftovers = orphans(table, marked)
-    indexed = {
-        os.path.join(uri_to_path(store_dir(table.uri)), pack)
-        for pack in indexed_packs(uri_to_path(table.uri), table.storage_options)
-    }
-    old = [p for p in leftovers["paths"] if _mtime(p) < cutoff and p not in indexed]
-    kept_indexed = sum(1 for p in leftovers["paths"] if p in indexed)
-    young = len(leftovers["paths"]) - len(old) - kept_indexed
-    reclaimed = sum(_size(p) for p in old)
+    store = _StorePacks(table, marked, cutoff)
+    old = [p for p in leftovers["paths"] if _mtime(p) < cutoff and p not in store.indexed]
+    young = len(leftovers["paths"]) - len(old) - len(store.unreferenced_indexed)
+    reclaimed = sum(_size(p) for p in old) + sum(_size(p) for p in store.reap)
     if not dry_run:
         for done, path in enumerate(old):
             if progress and done % 100 == 0:
                 progress("sweep", done, len(old))
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
+        store.apply()
         for owned in _OWNED_DIRS:
             _remove_empty_dirs(os.path.join(uri_to_path(table.uri), owned))
     return {
         "dry_run": dry_run,
         "removed_versions": removed_versions,
         "retained_versions": [v["version"] for v in table.versions()],
-        "removed_files": len(old),
+        "removed_files": len(old) + len(store.reap),
         "reclaimed_bytes": reclaimed,
         "kept_referenced_files": len(marked),
         "kept_young_files": young,
-        "kept_indexed_packs": kept_indexed,
-        "paths": old,
+        "retired_packs": len(store.retire),
+        "reaped_packs": len(store.reap),
+        "resurrected_packs": len(store.resurrect),
+        "paths": old + store.reap,
     }
+
+
+class _StorePacks:
+    """What gc does with the packs of the table's store (see docs/global-dedup.md).
+
+    An unreferenced pack the index does not name is a leftover like any other. One the index
+    names may be about to be referenced by a writer that found it there, so it is first
+    *retired*: tombstoned and dropped from the index (writers stop finding it, and one that found
+    it before refuses to commit). A tombstone older than the grace period is *reaped*: the pack
+    is deleted, unless a retained version references it (a write that checked before the
+    tombstone and committed after the mark that retired it): then it is *resurrected*.
+    """
+
+    def __init__(self, table: Table, marked: set[str], cutoff: float) -> None:
+        self.table_path = uri_to_path(table.uri)
+        root = uri_to_path(store_dir(table.uri))
+        referenced = {p.removeprefix(f"{STORE_DIR}/") for p in marked if p.startswith(STORE_DIR)}
+        packs = indexed_packs(self.table_path, table.storage_options)
+        self.indexed = {os.path.join(root, p) for p in packs}
+        self.unreferenced_indexed = sorted(packs - referenced)
+        self.retire = [
+            p for p in self.unreferenced_indexed if _mtime(os.path.join(root, p)) < cutoff
+        ]
+        tombstones = retired_packs(self.table_path)
+        due = [p for p, retired_at in tombstones.items() if retired_at < cutoff]
+        self.resurrect = [p for p in due if p in referenced]
+        # a pack still in the index (its retirement could not update it) is retired again
+        self.retire += [p for p in due if p not in referenced and p in packs]
+        self._reaped = [p for p in due if p not in referenced and p not in packs]
+        self.reap = [os.path.join(root, p) for p in self._reaped]
+
+    def apply(self) -> None:
+        retire_packs(self.table_path, self.retire)
+        for pack in self.resurrect:
+            forget_tombstone(self.table_path, pack)
+        for pack, path in zip(self._reaped, self.reap, strict=True):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+            forget_tombstone(self.table_path, pack)
 
 
 def _mtime(path: str) -> float:
