@@ -87,6 +87,7 @@ class WritePlan:
     max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE
     max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE
     store_base_id: int | None = None  # the table's store (blobhouse.store), when it has one
+    load_store_index: bool = True  # False: the rows were already looked up (a Spark join)
 
     @property
     def uses_store(self) -> bool:
@@ -188,9 +189,9 @@ class DataFileWriter:
                 "which shares one store writer between its data files"
             )
         self.store = store
-        own_store = store_reference(plan, data_dir)
+        self.own_store = store_reference(plan, data_dir)
         self.placers = [
-            _ColumnPlacer(c, self.session, plan.allowed_bases, store, own_store)
+            _ColumnPlacer(c, self.session, plan.allowed_bases, store, self.own_store)
             for c in plan.columns
         ]
         self.num_rows = 0
@@ -232,8 +233,13 @@ class DataFileWriter:
             sidecar_bytes=sum(p.sidecar_bytes for p in self.placers),
             packs=packs,
             stored=stored,
-            found_packs=tuple(sorted(self.store.found_packs)) if self.store is not None else (),
+            found_packs=tuple(sorted(self._found_packs())),
         )
+
+    def _found_packs(self) -> set[str]:
+        """Store packs this file references without having written them."""
+        found = set(self.store.found_packs) if self.store is not None else set()
+        return found | (self.own_store.found if self.own_store is not None else set())
 
     def abort(self) -> None:
         """Remove everything this writer put on storage."""
@@ -333,7 +339,9 @@ def _store_writer(
         raise InvalidInputError("dedup='global' needs the table's store registered (TableWrite)")
     limit = min(c.placement.pack_file_size_threshold for c in plan.columns if c.dedup == "global")
     table_path = data_dir.rstrip("/").removesuffix("/data")
-    return StoreWriter(table_path, plan.store_base_id, name_prefix, limit, storage_options)
+    return StoreWriter(
+        table_path, plan.store_base_id, name_prefix, limit, storage_options, plan.load_store_index
+    )
 
 
 def store_reference(plan: WritePlan, data_dir: str) -> StoreReference | None:

@@ -44,10 +44,11 @@ TOMBSTONES_DIR = "tombstones"
 BASE_NAME = "blobhouse-store"
 INDEX_SCHEMA = pa.schema(
     [
-        pa.field("blake3", pa.binary(32), nullable=False),
+        # plain binary and signed integers: Spark reads the index for its lookup join
+        pa.field("blake3", pa.binary(), nullable=False),
         pa.field("pack", pa.utf8(), nullable=False),
-        pa.field("position", pa.uint64(), nullable=False),
-        pa.field("size", pa.uint64(), nullable=False),
+        pa.field("position", pa.int64(), nullable=False),
+        pa.field("size", pa.int64(), nullable=False),
     ]
 )
 
@@ -263,9 +264,12 @@ class StoreWriter:
         name_prefix: str,
         pack_limit: int,
         storage_options: dict[str, str] | None = None,
+        load_index: bool = True,
     ) -> None:
         self.base_id = base_id
-        self.index = StoreIndex.load(table_path, storage_options)
+        # a Spark write that joined its rows with the index already turned what it found into
+        # references (see blobhouse.spark.write_table): no task needs the whole index
+        self.index = StoreIndex.load(table_path, storage_options) if load_index else StoreIndex({})
         self.retired = set(retired_packs(table_path))
         self.found_packs: set[str] = set()  # packs found in the index: checked before commit
         self.queue = WriteQueue()
@@ -311,6 +315,7 @@ class StoreReference:
     def __init__(self, table_path: str, base_id: int) -> None:
         self.base_id = base_id
         self.prefix = store_uri_prefix(table_path)
+        self.found: set[str] = set()  # packs referenced this way: checked before commit
 
     def reference(self, column: LogicalColumn, row: int) -> PreparedBlob | None:
         """The store reference of row ``row`` of ``column`` (whose row holds a uri), or None
@@ -319,6 +324,7 @@ class StoreReference:
         if not uri.startswith(f"{self.prefix}{PACKS_DIR}/") or column.position is None:
             return None
         pack = uri.removeprefix(self.prefix)
+        self.found.add(pack)
         return StoredPayload(b"", pack, column.position[row], column.size[row]).prepared(
             self.base_id
         )

@@ -142,11 +142,15 @@ class TableWrite:
         max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE,
         max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE,
         storage_options: dict[str, str] | None = None,
+        load_store_index: bool = True,
     ) -> TableWrite:
-        """Check the mode against the table, and plan the write of data shaped as ``schema``."""
+        """Check the mode against the table, and plan the write of data shaped as ``schema``.
+
+        ``load_store_index=False``: the rows were already looked up in the table's store (a
+        Spark join), so the writing tasks do not load its index."""
         if mode not in ("create", "append", "overwrite"):
             raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
-        path, root_uri = _table_root(uri)
+        path, root_uri = table_root(uri)
         existing = _open_dataset(path, None, storage_options)
         if mode == "create" and existing is not None:
             raise TableExistsError(f"table {uri} already exists (use mode='append' or 'overwrite')")
@@ -164,7 +168,7 @@ class TableWrite:
         )
         if plan.uses_store:
             existing, base_id = _with_store(path, existing, storage_options)
-            plan = replace(plan, store_base_id=base_id)
+            plan = replace(plan, store_base_id=base_id, load_store_index=load_store_index)
         read_version = existing.version if existing is not None else None
         return cls(path, root_uri, plan, appending, read_version, storage_options)
 
@@ -269,7 +273,7 @@ def open_table(
     >>> open_table(uri).count_rows()
     1
     """
-    path, root_uri = _table_root(uri)
+    path, root_uri = table_root(uri)
     dataset = _open_dataset(path, version, storage_options)
     if dataset is None:
         at = f" at version {version}" if version is not None else ""
@@ -639,7 +643,7 @@ class Table:
         return self.output_schema(columns, blobs).empty_table()
 
 
-def _table_root(uri: str | os.PathLike) -> tuple[str, str]:
+def table_root(uri: str | os.PathLike) -> tuple[str, str]:
     """(path Lance opens, absolute URI references are built from) of a table URI or path."""
     uri = os.fspath(uri)
     if "://" not in uri or uri.startswith("file://"):

@@ -289,3 +289,31 @@ def test_a_table_created_again_at_the_same_path_starts_with_an_empty_store(table
     write_table(rows([1], [PAYLOADS[0]]), table_uri, mode="append", dedup="global")
     assert stock_read(table_uri, "b") == [PAYLOADS[0]] * 2
     assert packs_bytes(table_uri) == len(PAYLOADS[0])
+
+
+def test_spark_looks_payloads_up_in_the_store_with_a_join(spark, table_uri):
+    from blobhouse.spark.lookup import look_up_in_store
+    from blobhouse.table import table_root
+
+    first = spark.createDataFrame([(i, PAYLOADS[i % 2]) for i in range(6)], "id long, b binary")
+    bs.write_table(first, table_uri, blob_columns=["b"], dedup="global", partitions=2)
+    new = os.urandom(80_000)
+    second = spark.createDataFrame(
+        [(10 + i, [PAYLOADS[0], PAYLOADS[1], new][i % 3]) for i in range(9)], "id long, b binary"
+    )
+    path, root = table_root(table_uri)
+    looked_up = {
+        r["id"] - 10: r["b"] for r in look_up_in_store(spark, second, path, root, ["b"]).collect()
+    }
+    found = [v for i, v in looked_up.items() if i % 3 != 2]
+    assert len(found) == 6  # in the store already: references, no bytes travel further
+    assert all(v["data"] is None and "/_blobs/packs/" in v["uri"] for v in found)
+    assert all(v["data"] == new and v["uri"] is None for i, v in looked_up.items() if i % 3 == 2)
+    bs.write_table(second, table_uri, blob_columns=["b"], dedup="global", partitions=3)
+    assert packs_bytes(table_uri) == len(PAYLOADS[0]) + len(PAYLOADS[1]) + len(new)
+    got = open_table(table_uri).to_arrow(blobs="bytes").to_pylist()
+    expected = [(i, PAYLOADS[i % 2]) for i in range(6)] + [
+        (10 + i, [PAYLOADS[0], PAYLOADS[1], new][i % 3]) for i in range(9)
+    ]
+    assert sorted((r["id"], r["b"]) for r in got) == sorted(expected)
+    assert open_table(table_uri).verify(deep=True)["problems"] == []

@@ -29,11 +29,11 @@ from blobhouse.dedup import content_hash
 from blobhouse.errors import CorruptBlobError, InvalidInputError
 from blobhouse.maintenance.walk import Progress
 from blobhouse.pipeline import WritePlan, plan_write, remove_staged, write_data_files
-from blobhouse.placement import AllowedBases, Kind, MiB
+from blobhouse.placement import AllowedBases, Kind, MiB, uri_to_path
 from blobhouse.rangeio import BlobRef, read_ranges_arrow
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.store import store_base_id
+from blobhouse.store import check_packs_usable, store_base_id
 from blobhouse.values import (
     ColumnPath,
     get_column,
@@ -195,6 +195,9 @@ def commit_compaction(
     (a delete on a rewritten fragment, say) makes the commit fail; the caller then removes the
     new files."""
     dataset = table.dataset
+    check_packs_usable(
+        uri_to_path(table.uri), {p for f in written for w in f for p in w.found_packs}
+    )
     if len(written) != len(plan.groups):
         raise InvalidInputError(f"{len(written)} results for {len(plan.groups)} groups")
     fragments = {f.fragment_id: f.metadata for f in dataset.get_fragments()}

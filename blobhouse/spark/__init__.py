@@ -30,7 +30,8 @@ from blobhouse.pipeline import remove_staged
 from blobhouse.spark.datasource import BlobhouseDataSource
 from blobhouse.spark.functions import blob_size, materialize, read_blob
 from blobhouse.spark.jobs import compact, gc, run_tasks, verify
-from blobhouse.table import open_table
+from blobhouse.spark.lookup import look_up_in_store
+from blobhouse.table import open_table, table_root
 
 __all__ = [
     "backfill_blob_column",
@@ -123,6 +124,11 @@ def write_table(
         "dedup": json.dumps(dict(dedup)) if isinstance(dedup, Mapping) else dedup,
         **dict(options or {}),
     }
+    stored_globally = _global_columns(df, blob_columns, dedup)
+    if stored_globally:
+        path, root_uri = table_root(uri)
+        df = look_up_in_store(df.sparkSession, df, path, root_uri, stored_globally)
+        writer_options["store_index"] = "joined"
     if key_column is not None:
         key_mode = modes.get(key_column, dedup if isinstance(dedup, str) else "content")
         key = _colocation_key(df, key_column, key_mode, ref_id_columns.get(key_column))
@@ -134,6 +140,17 @@ def write_table(
             .drop(_COLOCATE_KEY)
         )
     df.write.format("blobhouse").mode(mode).options(**writer_options).save(uri)
+
+
+def _global_columns(
+    df: DataFrame, blob_columns: Sequence[str], dedup: str | Mapping[str, str]
+) -> list[str]:
+    """Top-level blob columns written with ``dedup="global"``."""
+    candidates = list(blob_columns) + [
+        f.name for f in df.schema.fields if _looks_like_blob_struct(f.dataType)
+    ]
+    mode = dedup.get if isinstance(dedup, Mapping) else (lambda name, default: dedup)
+    return [c for c in dict.fromkeys(candidates) if "." not in c and mode(c, "content") == "global"]
 
 
 def _default_colocation(

@@ -318,6 +318,8 @@ class _WriteOptions:
         for name in ("max_rows_per_file", "max_bytes_per_file"):
             if get(name) is not None:
                 kwargs[name] = int(get(name))
+        if get("store_index") == "joined":
+            kwargs["load_store_index"] = False
         return kwargs
 
     def _placement(self) -> dict | None:
