@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,8 +22,9 @@ from lance.schema import LanceSchema
 
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.pipeline import DataFileWriter, plan_write
-from blobhouse.placement import AllowedBases, placement_metadata
+from blobhouse.placement import AllowedBases, Placement, placement_metadata, uri_to_path
 from blobhouse.session import WrittenFile
+from blobhouse.store import StoreWriter, commit_referencing_store, ensure_store, store_base_id
 from blobhouse.values import blob_array, is_lance_blob_field, stored_blob_columns
 
 if TYPE_CHECKING:
@@ -49,25 +50,33 @@ class BackfillPlan:
     placement: dict[bytes, bytes]
     allowed_bases: AllowedBases
     name_prefix: str
+    store_base_id: int | None = None  # dedup="global": the table's store (see table_for)
 
     @classmethod
     def create(cls, table: Table, column: str, dedup: str = "content") -> BackfillPlan:
         schema = table.schema
         if "." in column:
             raise InvalidInputError("backfill writes top-level blob columns only")
-        if dedup == "global":
-            raise InvalidInputError(
-                "backfill does not write to the table's store yet: use dedup='content' (shared "
-                "payloads are stored once per new data file)"
-            )
         blob_columns = {p[0] for p in stored_blob_columns(schema)}
         input_columns = tuple(n for n in schema.names if n not in blob_columns and n != column)
         bases = AllowedBases.of_table(schema)
         prefix = f"{uuid.uuid4().hex[:12]}-"
+        store = store_base_id(table.dataset) if dedup == "global" else None
+        if dedup == "global" and store is None:
+            raise InvalidInputError("dedup='global' backfills a table with a store (table_for)")
         if column not in schema.names:
             field_id = _new_field_id(table.dataset, column)
             return cls(
-                column, (column,), (field_id,), True, input_columns, dedup, {}, bases, prefix
+                column,
+                (column,),
+                (field_id,),
+                True,
+                input_columns,
+                dedup,
+                {},
+                bases,
+                prefix,
+                store_base_id=store,
             )
         if not is_lance_blob_field(schema.field(column)):
             raise SchemaError(f"column {column!r} exists and is not a blob column")
@@ -89,17 +98,23 @@ class BackfillPlan:
             placement_metadata(schema.field(column).metadata),
             bases,
             prefix,
+            store_base_id=store,
         )
 
 
 def backfill_fragment(
-    table: Table, fragment_id: int, fn: BlobFunction, plan: BackfillPlan
+    table: Table,
+    fragment_id: int,
+    fn: BlobFunction,
+    plan: BackfillPlan,
+    store: StoreWriter | None = None,
 ) -> WrittenFile:
     """Compute ``plan.column`` for every physical row of one fragment and write its new file.
 
     ``fn`` gets Arrow batches of the fragment's live rows (the table's non-blob columns) and
     returns one blob value per row (bytes, URI, :class:`Blob`, None, or an Arrow array of them).
-    Deleted rows get null.
+    Deleted rows get null. With ``dedup="global"``, ``store`` is the store writer shared by
+    the fragments this process backfills (one of its own when not given).
     """
     dataset = table.dataset
     fragment = dataset.get_fragment(fragment_id)
@@ -110,6 +125,8 @@ def backfill_fragment(
         fragments=[fragment], columns=read, include_deleted_rows=True, with_row_id=True
     ).to_batches()
     writer: DataFileWriter | None = None
+    own_store = store is None
+    store = store_writer_for(table, plan) if own_store else store
     rows = 0
     try:
         for batch in batches:
@@ -120,15 +137,20 @@ def backfill_fragment(
                     f"{table.dataset.uri}/data",
                     table.storage_options,
                     plan.name_prefix,
+                    store,
                 )
             writer.write(out, first_row=rows)
             rows += batch.num_rows
         if writer is None:
             raise InvalidInputError(f"fragment {fragment_id} has no rows to backfill")
         written = writer.finish()
+        if store is not None and own_store:
+            store.finish()
     except BaseException:
         if writer is not None:
             writer.abort()
+        if store is not None and own_store:
+            store.abort()
         raise
     if written.num_rows != fragment.metadata.physical_rows:
         raise InvalidInputError(
@@ -177,11 +199,39 @@ def commit_backfill(
                 for f in fragments
             ]
         )
-    return LanceDataset.commit(
-        table.dataset.uri,
-        operation,
-        read_version=dataset.version,
-        storage_options=table.storage_options,
+    return commit_referencing_store(
+        uri_to_path(table.uri),
+        list(files.values()),
+        lambda: LanceDataset.commit(
+            table.dataset.uri,
+            operation,
+            read_version=dataset.version,
+            storage_options=table.storage_options,
+        ),
+        table.storage_options,
+    )
+
+
+def table_for(table: Table, dedup: str) -> Table:
+    """The table a backfill plans against: with its store registered first (one commit, once)
+    when the column is written with ``dedup="global"``."""
+    if dedup != "global" or store_base_id(table.dataset) is not None:
+        return table
+    dataset, _ = ensure_store(table.dataset, table.storage_options)
+    return table.checkout(dataset.version)
+
+
+def store_writer_for(table: Table, plan: BackfillPlan) -> StoreWriter | None:
+    """The store writer a backfill with ``dedup="global"`` writes through (None otherwise)."""
+    if plan.store_base_id is None:
+        return None
+    limit = Placement().updated(plan.placement).pack_file_size_threshold
+    return StoreWriter(
+        uri_to_path(table.uri),
+        plan.store_base_id,
+        plan.name_prefix,
+        limit,
+        table.storage_options,
     )
 
 
@@ -218,7 +268,7 @@ def _write_plan(schema: pa.Schema, plan: BackfillPlan):
         schema.get_field_index(plan.column),
         field.with_metadata({**(field.metadata or {}), **plan.placement}),
     )
-    return plan_write(
+    write = plan_write(
         schema,
         blob_columns=[plan.column],
         dedup=plan.dedup,
@@ -226,6 +276,7 @@ def _write_plan(schema: pa.Schema, plan: BackfillPlan):
         max_rows_per_file=2**62,
         max_bytes_per_file=2**62,
     )
+    return replace(write, store_base_id=plan.store_base_id)
 
 
 def _new_field_id(dataset: LanceDataset, column: str) -> int:

@@ -22,9 +22,10 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import lance
 import pyarrow as pa
@@ -33,11 +34,12 @@ from lance import DatasetBasePath, LanceDataset
 
 from blobhouse.errors import StoreRaceError
 from blobhouse.placement import Kind, uri_to_path
-from blobhouse.session import PreparedBlob, SidecarFile, WriteQueue
+from blobhouse.session import PreparedBlob, SidecarFile, WriteQueue, WrittenFile
 
 if TYPE_CHECKING:
     from blobhouse.values import LogicalColumn
 
+T = TypeVar("T")
 STORE_DIR = "_blobs"
 PACKS_DIR = "packs"
 TOMBSTONES_DIR = "tombstones"
@@ -401,6 +403,25 @@ def forget_tombstone(table_path: str, pack: str) -> None:
     fs, tombstone = pafs.FileSystem.from_uri(path)
     with contextlib.suppress(OSError):
         fs.delete_file(tombstone)
+
+
+def commit_referencing_store(
+    table_path: str,
+    written: Sequence[WrittenFile],
+    commit: Callable[[], T],
+    storage_options: dict[str, str] | None = None,
+) -> T:
+    """Run ``commit`` for files that may reference the table's store: the packs they took from
+    the index are checked right before it (see :func:`check_packs_usable`), the payloads they
+    added are recorded in the index after it. Every commit of data files goes through here."""
+    check_packs_usable(table_path, {p for w in written for p in w.found_packs})
+    result = commit()
+    stored = [s for w in written for s in w.stored]
+    try:
+        append_to_index(table_path, stored, storage_options)
+    except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
+        warnings.warn(f"the store index of {table_path} was not updated: {exc}", stacklevel=2)
+    return result
 
 
 def check_packs_usable(table_path: str, packs: Iterable[str]) -> None:

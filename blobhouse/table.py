@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -22,7 +21,14 @@ from lance import LanceDataset, LanceOperation
 from lance.fragment import DataFile, FragmentMetadata
 from lance.schema import LanceSchema
 
-from blobhouse.backfill import BackfillPlan, BlobFunction, backfill_fragment, commit_backfill
+from blobhouse.backfill import (
+    BackfillPlan,
+    BlobFunction,
+    backfill_fragment,
+    commit_backfill,
+    store_writer_for,
+    table_for,
+)
 from blobhouse.errors import (
     BlobhouseError,
     InvalidInputError,
@@ -48,7 +54,7 @@ from blobhouse.placement import AllowedBases, uri_to_path
 from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.store import append_to_index, check_packs_usable, ensure_store, store_base
+from blobhouse.store import commit_referencing_store, ensure_store, store_base
 from blobhouse.values import (
     Blob,
     ColumnPath,
@@ -204,28 +210,21 @@ class TableWrite:
     def commit(self, written: Sequence[WrittenFile]) -> Table:
         """Make every written file visible in one Lance transaction."""
         try:
-            # right before the commit: payloads found in the store's index are still there
-            check_packs_usable(self.path, {p for w in written for p in w.found_packs})
-            dataset = LanceDataset.commit(
+            dataset = commit_referencing_store(
                 self.path,
-                self._operation(written),
-                read_version=self.read_version,
-                storage_options=self.storage_options,
+                written,
+                lambda: LanceDataset.commit(
+                    self.path,
+                    self._operation(written),
+                    read_version=self.read_version,
+                    storage_options=self.storage_options,
+                ),
+                self.storage_options,
             )
         except BaseException:
             self.abort(written)
             raise
-        self._record_stored(written)
         return Table(dataset, self.root_uri, self.storage_options)
-
-    def _record_stored(self, written: Sequence[WrittenFile]) -> None:
-        # the index is a cache of the store: if this append fails, later writes store those
-        # payloads again (less dedup), they are never wrong
-        stored = [s for w in written for s in w.stored]
-        try:
-            append_to_index(self.path, stored, self.storage_options)
-        except Exception as exc:  # the write itself is committed: never fail it for a cache
-            warnings.warn(f"the store index of {self.path} was not updated: {exc}", stacklevel=3)
 
     def abort(self, written: Sequence[WrittenFile], *, tasks_may_run: bool = False) -> None:
         """Remove files this write created; a table that did not exist is left absent.
@@ -505,17 +504,23 @@ class Table:
         >>> t.read_blobs("img", [2])
         [b'img-3']
         """
-        plan = BackfillPlan.create(self, column, dedup)
+        table = table_for(self, dedup)
+        plan = BackfillPlan.create(table, column, dedup)
+        store = store_writer_for(table, plan)  # shared: a payload is stored once per backfill
         try:
             files = {
-                f.fragment_id: backfill_fragment(self, f.fragment_id, fn, plan)
-                for f in self.dataset.get_fragments()
+                f.fragment_id: backfill_fragment(table, f.fragment_id, fn, plan, store)
+                for f in table.dataset.get_fragments()
             }
-            dataset = commit_backfill(self, plan, files)
+            if store is not None:
+                store.finish()
+            dataset = commit_backfill(table, plan, files)
         except BaseException:
-            remove_staged(f"{self.dataset.uri}/data", plan.name_prefix, self.storage_options)
+            if store is not None:
+                store.abort()
+            remove_staged(f"{table.dataset.uri}/data", plan.name_prefix, table.storage_options)
             raise
-        return Table(dataset, self.uri, self.storage_options)
+        return Table(dataset, table.uri, table.storage_options)
 
     def gc(
         self,

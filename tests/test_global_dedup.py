@@ -15,7 +15,7 @@ import pytest
 
 import blobhouse.spark as bs
 from blobhouse import blob_array, open_table, write_table
-from blobhouse.errors import InvalidInputError, StoreRaceError
+from blobhouse.errors import StoreRaceError
 from blobhouse.store import StoreIndex
 
 from helpers import disk_bytes, stock_read, tree
@@ -143,11 +143,34 @@ def test_verify_reports_a_missing_pack(table_uri):
     }
 
 
-def test_backfill_refuses_global_dedup_clearly(table_uri):
-    table = write_table(pa.table({"id": pa.array([1], pa.int64())}), table_uri)
-    with pytest.raises(InvalidInputError, match="backfill does not write to the table's store"):
-        table.backfill_blob_column("img", lambda b: [b"x"], dedup="global")
-    assert open_table(table_uri).version == table.version
+def test_backfill_stores_into_the_table_store(table_uri):
+    ids = pa.array(range(6), pa.int64())
+    table = write_table(pa.table({"id": ids}), table_uri, max_rows_per_file=2)
+
+    def render(batch):  # three fragments, the same two payloads in each
+        return [PAYLOADS[i % 2] for i in batch["id"].to_pylist()]
+
+    table = table.backfill_blob_column("b", render, dedup="global")
+    assert packs_bytes(table_uri) == len(PAYLOADS[0]) + len(PAYLOADS[1])
+    assert stock_read(table_uri, "b") == [PAYLOADS[i % 2] for i in range(6)]
+    assert open_table(table_uri).verify(deep=True)["problems"] == []
+    # a second backfill of the same column finds both payloads in the index
+    table = open_table(table_uri).backfill_blob_column("b", render, dedup="global")
+    assert packs_bytes(table_uri) == len(PAYLOADS[0]) + len(PAYLOADS[1])
+    assert open_table(table_uri).read_blobs("b", range(6)) == [PAYLOADS[i % 2] for i in range(6)]
+
+
+def test_spark_backfill_stores_into_the_table_store(spark, table_uri):
+    ids = pa.array(range(6), pa.int64())
+    write_table(pa.table({"id": ids}), table_uri, max_rows_per_file=2)
+
+    def render(batch):
+        return [PAYLOADS[i % 2] for i in batch["id"].to_pylist()]
+
+    bs.backfill_blob_column(spark, table_uri, "b", render, dedup="global")
+    assert packs_bytes(table_uri) <= 3 * (len(PAYLOADS[0]) + len(PAYLOADS[1]))  # per task
+    assert stock_read(table_uri, "b") == [PAYLOADS[i % 2] for i in range(6)]
+    assert open_table(table_uri).stats()["columns"]["b"]["kinds"]["global"]["rows"] == 6
 
 
 def test_spark_tasks_writing_overlapping_content_store_each_payload_once(spark, table_uri):

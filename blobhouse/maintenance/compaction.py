@@ -33,7 +33,7 @@ from blobhouse.placement import AllowedBases, Kind, MiB, uri_to_path
 from blobhouse.rangeio import BlobRef, read_ranges_arrow
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.store import check_packs_usable, store_base_id
+from blobhouse.store import commit_referencing_store, store_base_id
 from blobhouse.values import (
     ColumnPath,
     get_column,
@@ -195,9 +195,6 @@ def commit_compaction(
     (a delete on a rewritten fragment, say) makes the commit fail; the caller then removes the
     new files."""
     dataset = table.dataset
-    check_packs_usable(
-        uri_to_path(table.uri), {p for f in written for w in f for p in w.found_packs}
-    )
     if len(written) != len(plan.groups):
         raise InvalidInputError(f"{len(written)} results for {len(plan.groups)} groups")
     fragments = {f.fragment_id: f.metadata for f in dataset.get_fragments()}
@@ -209,11 +206,16 @@ def commit_compaction(
         )
         for group, files in zip(plan.groups, written, strict=True)
     ]
-    return LanceDataset.commit(
-        dataset.uri,
-        LanceOperation.Rewrite(groups, []),
-        read_version=plan.read_version,
-        storage_options=table.storage_options,
+    return commit_referencing_store(
+        uri_to_path(table.uri),
+        [w for files in written for w in files],
+        lambda: LanceDataset.commit(
+            dataset.uri,
+            LanceOperation.Rewrite(groups, []),
+            read_version=plan.read_version,
+            storage_options=table.storage_options,
+        ),
+        table.storage_options,
     )
 
 

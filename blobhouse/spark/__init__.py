@@ -24,7 +24,13 @@ from collections.abc import Mapping, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from blobhouse.backfill import BackfillPlan, BlobFunction, backfill_fragment, commit_backfill
+from blobhouse.backfill import (
+    BackfillPlan,
+    BlobFunction,
+    backfill_fragment,
+    commit_backfill,
+    table_for,
+)
 from blobhouse.errors import InvalidInputError
 from blobhouse.pipeline import remove_staged
 from blobhouse.spark.datasource import BlobhouseDataSource
@@ -201,7 +207,7 @@ def backfill_blob_column(
     is shipped to the executors). A failed task, or a failed commit, leaves the table unchanged
     and removes what the tasks wrote.
     """
-    table = open_table(table_uri)
+    table = table_for(open_table(table_uri), dedup)
     plan = BackfillPlan.create(table, column, dedup)
     version = table.version
     fragment_ids = [f.fragment_id for f in table.dataset.get_fragments()]
