@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="rewrite fragments with at least this fraction of rows deleted (default 0.1)",
     )
+    compact.add_argument(
+        "--repack-threshold",
+        type=float,
+        default=None,
+        help="repack store packs of which less than this fraction is referenced (default 0.5)",
+    )
     compact.add_argument("--json", action="store_true", help="print the report as JSON")
 
     collect = commands.add_parser("gc", help="remove old versions and unreferenced files")
@@ -194,6 +200,7 @@ def _compact(args: argparse.Namespace) -> int:
         "target_rows": args.target_rows,
         "target_bytes": None if args.target_mb is None else int(args.target_mb * 1e6),
         "deleted_fraction": args.deleted_fraction,
+        "repack_threshold": args.repack_threshold,
     }
     report = open_table(args.table).compact(
         progress=ProgressBar(), **{k: v for k, v in options.items() if v is not None}

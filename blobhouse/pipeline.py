@@ -88,6 +88,7 @@ class WritePlan:
     max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE
     store_base_id: int | None = None  # the table's store (blobhouse.store), when it has one
     load_store_index: bool = True  # False: the rows were already looked up (a Spark join)
+    avoid_packs: frozenset[str] = frozenset()  # store packs not to reference (being repacked)
 
     @property
     def uses_store(self) -> bool:
@@ -339,9 +340,11 @@ def _store_writer(
         raise InvalidInputError("dedup='global' needs the table's store registered (TableWrite)")
     limit = min(c.placement.pack_file_size_threshold for c in plan.columns if c.dedup == "global")
     table_path = data_dir.rstrip("/").removesuffix("/data")
-    return StoreWriter(
+    store = StoreWriter(
         table_path, plan.store_base_id, name_prefix, limit, storage_options, plan.load_store_index
     )
+    store.retired |= plan.avoid_packs
+    return store
 
 
 def store_reference(plan: WritePlan, data_dir: str) -> StoreReference | None:

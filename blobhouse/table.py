@@ -554,6 +554,7 @@ class Table:
         target_rows: int = compaction.DEFAULT_TARGET_ROWS,
         target_bytes: int = compaction.DEFAULT_TARGET_BYTES,
         deleted_fraction: float = compaction.DEFAULT_DELETED_FRACTION,
+        repack_threshold: float = compaction.DEFAULT_REPACK_THRESHOLD,
         progress: Progress | None = None,
     ) -> dict:
         """Rewrite small fragments and fragments with many deleted rows, keeping blob sharing,
@@ -564,6 +565,7 @@ class Table:
             target_rows=target_rows,
             target_bytes=target_bytes,
             deleted_fraction=deleted_fraction,
+            repack_threshold=repack_threshold,
             progress=progress,
         )
 

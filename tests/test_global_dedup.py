@@ -340,3 +340,26 @@ def test_spark_looks_payloads_up_in_the_store_with_a_join(spark, table_uri):
     ]
     assert sorted((r["id"], r["b"]) for r in got) == sorted(expected)
     assert open_table(table_uri).verify(deep=True)["problems"] == []
+
+
+def test_compaction_repacks_mostly_dead_packs_and_gc_reclaims_them(table_uri):
+    write_table(rows([0, 1, 2, 3], PAYLOADS), table_uri, dedup="global")
+    write_table(
+        rows([4, 5], PAYLOADS[3:] + PAYLOADS[2:3]), table_uri, mode="append", dedup="global"
+    )
+    open_table(table_uri).delete("id IN (0, 1)")  # 420 kB of the 425 kB pack is dead now
+    (old_pack,) = Path(table_uri, "_blobs", "packs").iterdir()
+    report = open_table(table_uri).compact()
+    assert report["repacked_packs"] == 1
+    assert report["new_store_bytes"] == len(PAYLOADS[2]) + len(PAYLOADS[3])
+    expected = [PAYLOADS[2], PAYLOADS[3], PAYLOADS[3], PAYLOADS[2]]
+    assert stock_read(table_uri, "b") == expected
+    assert all(k == "global" for k in open_table(table_uri).stats()["columns"]["b"]["kinds"])
+    assert old_pack.exists()  # older versions still read it
+    assert open_table(table_uri).compact()["fragments_removed"] == 0  # nothing sparse now
+    age(table_uri, hours=48)  # the tombstone compaction wrote is past the grace too
+    assert open_table(table_uri).gc(retain_versions=1)["reaped_packs"] == 1
+    assert not old_pack.exists()
+    assert packs_bytes(table_uri) == len(PAYLOADS[2]) + len(PAYLOADS[3])
+    assert stock_read(table_uri, "b") == expected
+    assert open_table(table_uri).verify(deep=True)["problems"] == []

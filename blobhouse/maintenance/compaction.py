@@ -27,13 +27,19 @@ from lance import LanceDataset, LanceOperation
 from blobhouse.checksums import RecordedHashes, written_by_blobhouse
 from blobhouse.dedup import content_hash
 from blobhouse.errors import CorruptBlobError, InvalidInputError
-from blobhouse.maintenance.walk import Progress
+from blobhouse.maintenance.walk import Progress, fragment_references
 from blobhouse.pipeline import WritePlan, plan_write, remove_staged, write_data_files
 from blobhouse.placement import AllowedBases, Kind, MiB, uri_to_path
 from blobhouse.rangeio import BlobRef, read_ranges_arrow
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.store import commit_referencing_store, store_base_id
+from blobhouse.store import (
+    StoreIndex,
+    commit_referencing_store,
+    retire_packs,
+    store_base_id,
+    store_uri_prefix,
+)
 from blobhouse.values import (
     ColumnPath,
     get_column,
@@ -50,6 +56,7 @@ if TYPE_CHECKING:
 DEFAULT_TARGET_ROWS = 1024 * 1024
 DEFAULT_TARGET_BYTES = 2 * 1024 * MiB
 DEFAULT_DELETED_FRACTION = 0.1
+DEFAULT_REPACK_THRESHOLD = 0.5
 READ_BYTES = 64 * MiB  # blob bytes read per batch handed to the pipeline
 _INPUT_BLOB_TYPE = pa.struct(
     [
@@ -81,6 +88,8 @@ class CompactionPlan:
     target_rows: int
     target_bytes: int
     name_prefix: str
+    repack: tuple[str, ...] = ()  # store packs mostly dead: their live payloads move out
+    global_columns: tuple[str, ...] = ()  # columns that reference the table's store
 
     @property
     def fragments(self) -> int:
@@ -93,8 +102,14 @@ def plan_compaction(
     target_rows: int = DEFAULT_TARGET_ROWS,
     target_bytes: int = DEFAULT_TARGET_BYTES,
     deleted_fraction: float = DEFAULT_DELETED_FRACTION,
+    repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
 ) -> CompactionPlan:
     """Group the fragments worth rewriting.
+
+    A store pack (``dedup="global"``) of which the current version references less than
+    ``repack_threshold`` of the bytes is repacked: every fragment referencing it is rewritten,
+    its live payloads go to new packs, and it is retired (gc deletes it once no retained version
+    references it).
 
     A fragment is a candidate when it is small (fewer than ``target_rows`` rows and
     ``target_bytes`` bytes, sidecars included) or when at least ``deleted_fraction`` of its rows
@@ -115,6 +130,9 @@ def plan_compaction(
         raise InvalidInputError("target_rows and target_bytes must be positive")
     if not 0 < deleted_fraction <= 1:
         raise InvalidInputError(f"deleted_fraction must be in (0, 1], got {deleted_fraction}")
+    usage = StoreUsage.of(table)
+    repack = usage.sparse(repack_threshold)
+    forced = usage.fragments_using(repack)
     groups: list[CompactionGroup] = []
     run = _Run()
 
@@ -128,19 +146,21 @@ def plan_compaction(
         size = _fragment_bytes(table, metadata)
         small = physical < target_rows and size < target_bytes
         sparse = physical > 0 and (physical - live) / physical >= deleted_fraction
-        if small or sparse:
+        if small or sparse or metadata.id in forced:
             live_bytes = size * live // max(physical, 1)
             if run.ids and (
                 run.rows + live > target_rows or run.live_bytes + live_bytes > target_bytes
             ):
                 run = close(run)
-            run.add(metadata.id, live, physical - live, size, live_bytes)
+            run.add(metadata.id, live, physical - live, size, live_bytes, metadata.id in forced)
         else:
             run = close(run)
     close(run)
     return CompactionPlan(
         read_version=table.version,
         groups=tuple(groups),
+        repack=tuple(sorted(repack)),
+        global_columns=tuple(sorted(usage.columns)),
         target_rows=target_rows,
         target_bytes=target_bytes,
         name_prefix=f"compact-{uuid.uuid4().hex[:12]}-",
@@ -156,8 +176,12 @@ class _Run:
     deleted_rows: int = 0
     bytes: int = 0
     live_bytes: int = 0
+    forced: bool = False  # it references a pack being repacked
 
-    def add(self, fragment_id: int, rows: int, deleted: int, size: int, live_size: int) -> None:
+    def add(
+        self, fragment_id: int, rows: int, deleted: int, size: int, live_size: int, forced: bool
+    ) -> None:
+        self.forced |= forced
         self.ids.append(fragment_id)
         self.rows += rows
         self.deleted_rows += deleted
@@ -167,7 +191,7 @@ class _Run:
     def groups(self, table: Table) -> list[CompactionGroup]:
         """The group this run makes, or none if rewriting it gains nothing."""
         worth = len(self.ids) > 1 or (
-            self.ids and (self.deleted_rows > 0 or _foreign(table, self.ids[0]))
+            self.ids and (self.deleted_rows > 0 or self.forced or _foreign(table, self.ids[0]))
         )
         group = CompactionGroup(tuple(self.ids), self.rows, self.deleted_rows, self.bytes)
         return [group] if worth else []
@@ -178,7 +202,7 @@ def compact_group(table: Table, plan: CompactionPlan, group: CompactionGroup) ->
     ``plan.read_version``). Nothing is visible until :func:`commit_compaction`; on failure the
     files written so far are removed."""
     return write_data_files(
-        _logical_batches(table, group.fragment_ids),
+        _logical_batches(table, plan, group.fragment_ids),
         _write_plan(table, plan),
         f"{table.dataset.uri}/data",
         table.storage_options,
@@ -206,7 +230,7 @@ def commit_compaction(
         )
         for group, files in zip(plan.groups, written, strict=True)
     ]
-    return commit_referencing_store(
+    committed = commit_referencing_store(
         uri_to_path(table.uri),
         [w for files in written for w in files],
         lambda: LanceDataset.commit(
@@ -217,6 +241,10 @@ def commit_compaction(
         ),
         table.storage_options,
     )
+    # nothing current references the repacked packs now: writers stop finding them, and gc
+    # deletes them once no retained version does
+    retire_packs(uri_to_path(table.uri), plan.repack)
+    return committed
 
 
 def compact(
@@ -225,6 +253,7 @@ def compact(
     target_rows: int = DEFAULT_TARGET_ROWS,
     target_bytes: int = DEFAULT_TARGET_BYTES,
     deleted_fraction: float = DEFAULT_DELETED_FRACTION,
+    repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
     progress: Progress | None = None,
 ) -> dict:
     """Plan, rewrite and commit a compaction in this process; returns what it did.
@@ -241,7 +270,11 @@ def compact(
     100000
     """
     plan = plan_compaction(
-        table, target_rows=target_rows, target_bytes=target_bytes, deleted_fraction=deleted_fraction
+        table,
+        target_rows=target_rows,
+        target_bytes=target_bytes,
+        deleted_fraction=deleted_fraction,
+        repack_threshold=repack_threshold,
     )
     if not plan.groups:
         return report(table.version, plan, [])
@@ -272,6 +305,8 @@ def report(version: int, plan: CompactionPlan, written: Sequence[Sequence[Writte
         "deleted_rows_dropped": sum(g.deleted_rows for g in plan.groups),
         "bytes_before": sum(g.bytes for g in plan.groups),
         "bytes_after": sum(w.size_bytes + w.sidecar_bytes for w in files),
+        "repacked_packs": len(plan.repack),
+        "new_store_bytes": sum(s.size for w in files for s in w.stored),
     }
 
 
@@ -287,22 +322,34 @@ def _write_plan(table: Table, plan: CompactionPlan) -> WritePlan:
     write = plan_write(
         input_schema,
         table_schema=schema,
-        dedup="content",
+        dedup={path_name(p): _mode(path_name(p), plan) for p in paths},
         allowed_bases=AllowedBases.of_table(schema),
         max_rows_per_file=plan.target_rows,
         max_bytes_per_file=plan.target_bytes,
     )
     # references into the table's own store stay store references
-    return replace(write, store_base_id=store_base_id(table.dataset))
+    return replace(
+        write, store_base_id=store_base_id(table.dataset), avoid_packs=frozenset(plan.repack)
+    )
 
 
-def _logical_batches(table: Table, fragment_ids: Sequence[int]) -> Iterator[pa.RecordBatch]:
+def _mode(column: str, plan: CompactionPlan) -> str:
+    # a column whose rows reference the store keeps storing there (repacked payloads too)
+    return "global" if column in plan.global_columns else "content"
+
+
+def _logical_batches(
+    table: Table, plan: CompactionPlan, fragment_ids: Sequence[int]
+) -> Iterator[pa.RecordBatch]:
     """The live rows of ``fragment_ids`` in order, blob columns as logical values: bytes for
     what the table stores (checked against their recorded hashes), the reference for external
     blobs."""
     dataset = table.dataset
     paths = stored_blob_columns(table.schema)
-    hashes = RecordedHashes(table.storage_options)
+    prefix = store_uri_prefix(table.uri)
+    index = StoreIndex.load(uri_to_path(table.uri), table.storage_options)
+    hashes = RecordedHashes(table.storage_options, (prefix, index))
+    repack = frozenset(f"{prefix}{p}" for p in plan.repack)
     scanner = dataset.scanner(
         fragments=[dataset.get_fragment(i) for i in fragment_ids],
         with_row_address=True,
@@ -314,7 +361,7 @@ def _logical_batches(table: Table, fragment_ids: Sequence[int]) -> Iterator[pa.R
                 piece = replace_column(
                     piece,
                     path,
-                    _logical_values(table, path, piece, hashes),
+                    _logical_values(table, path, piece, hashes, repack),
                     pa.field(path[-1], _INPUT_BLOB_TYPE),
                 )
             yield piece.drop_columns([_ROW_ADDRESS])
@@ -335,15 +382,21 @@ def _pieces(batch: pa.RecordBatch, paths: list[ColumnPath]) -> Iterator[pa.Recor
 
 
 def _logical_values(
-    table: Table, path: ColumnPath, batch: pa.RecordBatch, hashes: RecordedHashes
+    table: Table,
+    path: ColumnPath,
+    batch: pa.RecordBatch,
+    hashes: RecordedHashes,
+    repack: frozenset[str],
 ) -> pa.StructArray:
     descriptors = get_column(batch, path)
     refs = table.resolve_refs(path, descriptors, batch.column(_ROW_ADDRESS))
     valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
     kinds = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False)
-    external = valid & (kinds == Kind.EXTERNAL)
-    stored = valid & ~external
     uris = refs.field("uri").to_pylist()
+    # payloads of packs being repacked are read and stored again, other references kept
+    moving = np.array([u in repack for u in uris], dtype=bool)
+    external = valid & (kinds == Kind.EXTERNAL) & ~moving
+    stored = valid & ~external
     positions = refs.field("position").to_pylist()
     sizes = refs.field("size").to_pylist()
     wanted = [
@@ -402,6 +455,55 @@ def _check_recorded(
 def _masked(values: pa.Array, hide: pa.Array) -> pa.Array:
     """``values`` with null where ``hide`` is true."""
     return pc.if_else(hide, pa.scalar(None, values.type), values)
+
+
+@dataclass
+class StoreUsage:
+    """Which packs of the table's store the current version uses: the distinct ranges it
+    references in each, which fragments reference each, and which columns reference any."""
+
+    ranges: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
+    fragments: dict[str, set[int]] = field(default_factory=dict)
+    columns: set[str] = field(default_factory=set)
+    pack_sizes: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, table: Table) -> StoreUsage:
+        usage = cls()
+        if store_base_id(table.dataset) is None:
+            return usage
+        prefix = store_uri_prefix(table.uri)
+        for fragment in table.dataset.get_fragments():
+            for batch in fragment_references(table, fragment.fragment_id):
+                refs = zip(
+                    batch.refs.field("uri").to_pylist(),
+                    batch.refs.field("position").to_pylist(),
+                    batch.refs.field("size").to_pylist(),
+                    strict=True,
+                )
+                for uri, position, size in refs:
+                    if uri.startswith(prefix):
+                        pack = uri.removeprefix(prefix)
+                        usage.ranges.setdefault(pack, set()).add((position, size))
+                        usage.fragments.setdefault(pack, set()).add(fragment.fragment_id)
+                        usage.columns.add(batch.column)
+        fs, root = pafs.FileSystem.from_uri(prefix.rstrip("/"))
+        for pack in usage.ranges:
+            info = fs.get_file_info(f"{root}/{pack}")
+            usage.pack_sizes[pack] = info.size if info.type == pafs.FileType.File else 0
+        return usage
+
+    def sparse(self, threshold: float) -> set[str]:
+        """Packs of which less than ``threshold`` of the bytes are referenced."""
+        return {
+            pack
+            for pack, ranges in self.ranges.items()
+            if self.pack_sizes[pack]
+            and sum(s for _, s in ranges) < threshold * self.pack_sizes[pack]
+        }
+
+    def fragments_using(self, packs: set[str]) -> set[int]:
+        return set().union(*(self.fragments[p] for p in packs))
 
 
 def _foreign(table: Table, fragment_id: int) -> bool:

@@ -25,6 +25,7 @@ from pyspark.sql import SparkSession
 from blobhouse.maintenance import gc as gc_table
 from blobhouse.maintenance.compaction import (
     DEFAULT_DELETED_FRACTION,
+    DEFAULT_REPACK_THRESHOLD,
     DEFAULT_TARGET_BYTES,
     DEFAULT_TARGET_ROWS,
     commit_compaction,
@@ -73,6 +74,7 @@ def compact(
     target_rows: int = DEFAULT_TARGET_ROWS,
     target_bytes: int = DEFAULT_TARGET_BYTES,
     deleted_fraction: float = DEFAULT_DELETED_FRACTION,
+    repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
     storage_options: dict[str, str] | None = None,
 ) -> dict:
     """:func:`~blobhouse.maintenance.compaction.compact` with a Spark task per group of
@@ -80,7 +82,11 @@ def compact(
     removed."""
     table = open_table(uri, storage_options=storage_options)
     plan = plan_compaction(
-        table, target_rows=target_rows, target_bytes=target_bytes, deleted_fraction=deleted_fraction
+        table,
+        target_rows=target_rows,
+        target_bytes=target_bytes,
+        deleted_fraction=deleted_fraction,
+        repack_threshold=repack_threshold,
     )
     if not plan.groups:
         return report(table.version, plan, [])
