@@ -12,8 +12,9 @@ Lance's own cleanup never deletes files under a base.
 
 The index is a cache of what the packs hold. A writer looks payloads up in it before writing them
 and appends what it wrote after its table commit; when it lags, dedup is lower, never wrong.
-blobhouse's gc deletes only packs that no retained version references *and* the index does not
-name, so an indexed pack a writer may be about to reference is never deleted.
+gc reclaims an unreferenced indexed pack in two steps, retire (tombstone, out of the index) then
+reap after a grace period, and a writer checks right before its commit that the packs it took
+from the index were not retired meanwhile: the argument is in docs/global-dedup.md.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from lance import DatasetBasePath, LanceDataset
 
-from blobhouse.errors import StoreRaceError
-from blobhouse.placement import Kind, uri_to_path
+from blobhouse.errors import ExternalBlobError, StoreRaceError
+from blobhouse.placement import Kind, object_size, uri_to_path
 from blobhouse.session import PreparedBlob, SidecarFile, WriteQueue, WrittenFile
 
 if TYPE_CHECKING:
@@ -318,18 +319,26 @@ class StoreReference:
         self.base_id = base_id
         self.prefix = store_uri_prefix(table_path)
         self.found: set[str] = set()  # packs referenced this way: checked before commit
+        self._sizes: dict[str, int] = {}
 
     def reference(self, column: LogicalColumn, row: int) -> PreparedBlob | None:
         """The store reference of row ``row`` of ``column`` (whose row holds a uri), or None
-        when the uri is not a pack of this table's store."""
+        when the uri is not a pack of this table's store. The range must lie inside the pack."""
         uri = column.uri[row]
         if not uri.startswith(f"{self.prefix}{PACKS_DIR}/") or column.position is None:
             return None
         pack = uri.removeprefix(self.prefix)
+        position, size = column.position[row], column.size[row]
+        if pack not in self._sizes:
+            self._sizes[pack] = object_size(uri, column=column.column, row=row)
+        if position + size > self._sizes[pack]:
+            raise ExternalBlobError(
+                f"blob column {column.column!r}, row {column.first_row + row}: range "
+                f"[{position}, +{size}) is past the end of store pack {pack} "
+                f"({self._sizes[pack]} bytes)"
+            )
         self.found.add(pack)
-        return StoredPayload(b"", pack, column.position[row], column.size[row]).prepared(
-            self.base_id
-        )
+        return StoredPayload(b"", pack, position, size).prepared(self.base_id)
 
 
 def store_uri_prefix(table_uri: str) -> str:

@@ -363,3 +363,16 @@ def test_compaction_repacks_mostly_dead_packs_and_gc_reclaims_them(table_uri):
     assert packs_bytes(table_uri) == len(PAYLOADS[2]) + len(PAYLOADS[3])
     assert stock_read(table_uri, "b") == expected
     assert open_table(table_uri).verify(deep=True)["problems"] == []
+
+
+def test_a_store_reference_past_the_end_of_its_pack_is_refused(table_uri):
+    from blobhouse import Blob
+    from blobhouse.errors import ExternalBlobError
+
+    write_table(rows([0], [PAYLOADS[0]]), table_uri, dedup="global")
+    (pack,) = Path(table_uri, "_blobs", "packs").iterdir()
+    before = tree(table_uri)
+    bad = Blob(uri=pack.as_uri(), position=len(PAYLOADS[0]) - 10, size=20)
+    with pytest.raises(ExternalBlobError, match=r"row 1: range .* past the end of store pack"):
+        write_table(rows([1, 2], [PAYLOADS[1], bad]), table_uri, mode="append", dedup="global")
+    assert tree(table_uri) == before
