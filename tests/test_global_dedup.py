@@ -1,6 +1,7 @@
-"""dedup="global": one copy per payload across appends, data files and Spark tasks, in a store
-the table owns and stock pylance resolves; failed writes leave nothing, gc never deletes an
-indexed pack, compaction keeps store references."""
+"""dedup="global": one copy per payload across appends, data files, Spark tasks and backfills, in
+a store the table owns and stock pylance resolves; failed writes leave nothing; gc reclaims packs
+without ever racing a writer (retire, then reap); compaction keeps store references and repacks
+mostly dead packs."""
 
 from __future__ import annotations
 
