@@ -1,0 +1,49 @@
+"""A writer that appends forever, to be killed (SIGKILL) at a random point by the crash test.
+
+``python crash_worker.py URI SEED``: rows with ids from ``SEED * 10_000`` on, whose payload is
+``payload(id)``; writes alternate between per-file and global dedup and sizes (inline, packed,
+dedicated), so a kill lands in every phase: sidecars, data files, store packs, the Lance commit,
+the store index append.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import pyarrow as pa
+
+from blobhouse import blob_array, write_table
+
+SIZES = (100, 20_000, 120_000)
+
+
+def payload(row_id: int) -> bytes:
+    """Deterministic bytes of a row: readers check every row against it."""
+    size = SIZES[row_id % 3]
+    return row_id.to_bytes(8, "little") * (size // 8)
+
+
+def main(uri: str, seed: int) -> None:
+    rng = random.Random(seed)
+    next_id = seed * 10_000
+    while True:
+        count = rng.randint(1, 12)
+        ids = list(range(next_id, next_id + count))
+        next_id += count
+        data = pa.table(
+            {"id": pa.array(ids, pa.int64()), "b": blob_array([payload(i) for i in ids])}
+        )
+        dedup = rng.choice(["content", "global", "off"])
+        write_table(
+            data,
+            uri,
+            mode="append",
+            dedup=dedup,
+            placement={"b": {"dedicated_size_threshold": 100_000}},
+        )
+        print(f"committed {ids[-1]}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
