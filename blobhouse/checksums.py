@@ -280,7 +280,8 @@ class RecordedHashes:
     A reference's digest lives with the data file that stored it: inline payloads under
     ``(column, row in the file)``, sidecar payloads (``data/<file>/<blob_id>.blob``) under
     ``(blob_id, position, size)``. Payloads in the table's store (``dedup="global"``) are
-    looked up in ``store``: ``(uri prefix of the store, an object with digest_at(pack,
+    looked up in ``store``: ``(uri prefix of the store, a function loading an object with
+    digest_at(pack,
     position, size))``. Other external blobs have none.
 
     >>> import tempfile, pyarrow as pa
@@ -299,6 +300,7 @@ class RecordedHashes:
     ) -> None:
         self.storage_options = storage_options
         self.store = store
+        self._store_index = None  # loaded on the first store reference: most checks need none
         self._files: dict[str, FileChecksums | None] = {}
 
     def expected(
@@ -314,7 +316,9 @@ class RecordedHashes:
         """The digest recorded for one reference, or None (an external blob, or a data file
         another writer made)."""
         if kind == Kind.EXTERNAL and self.store and uri.startswith(self.store[0]):
-            return self.store[1].digest_at(uri.removeprefix(self.store[0]), position, size)
+            if self._store_index is None:
+                self._store_index = self.store[1]()
+            return self._store_index.digest_at(uri.removeprefix(self.store[0]), position, size)
         if kind == Kind.EXTERNAL:
             return None  # user-owned: whatever is there now is what readers get
         data_file = uri if kind == Kind.INLINE else uri.rsplit("/", 1)[0] + ".lance"

@@ -340,11 +340,15 @@ def _store_writer(
         raise InvalidInputError("dedup='global' needs the table's store registered (TableWrite)")
     limit = min(c.placement.pack_file_size_threshold for c in plan.columns if c.dedup == "global")
     table_path = data_dir.rstrip("/").removesuffix("/data")
-    store = StoreWriter(
-        table_path, plan.store_base_id, name_prefix, limit, storage_options, plan.load_store_index
+    return StoreWriter(
+        table_path,
+        plan.store_base_id,
+        name_prefix,
+        limit,
+        storage_options,
+        plan.load_store_index,
+        plan.avoid_packs,
     )
-    store.retired |= plan.avoid_packs
-    return store
 
 
 def store_reference(plan: WritePlan, data_dir: str) -> StoreReference | None:

@@ -268,12 +268,13 @@ class StoreWriter:
         pack_limit: int,
         storage_options: dict[str, str] | None = None,
         load_index: bool = True,
+        avoid: frozenset[str] = frozenset(),
     ) -> None:
         self.base_id = base_id
         # a Spark write that joined its rows with the index already turned what it found into
         # references (see blobhouse.spark.write_table): no task needs the whole index
         self.index = StoreIndex.load(table_path, storage_options) if load_index else StoreIndex({})
-        self.retired = set(retired_packs(table_path))
+        self.retired = set(retired_packs(table_path)) | avoid  # packs never to reference
         self.found_packs: set[str] = set()  # packs found in the index: checked before commit
         self.queue = WriteQueue()
         self.packs = PackWriter(table_path, name_prefix, self.queue, pack_limit, storage_options)

@@ -14,7 +14,7 @@ Lance ``Rewrite``; if anything fails, what was written is removed and the table 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -255,8 +255,11 @@ def compact(
     deleted_fraction: float = DEFAULT_DELETED_FRACTION,
     repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
     progress: Progress | None = None,
+    rewrite: Callable[[Table, CompactionPlan], list[list[WrittenFile]]] | None = None,
 ) -> dict:
-    """Plan, rewrite and commit a compaction in this process; returns what it did.
+    """Plan, rewrite and commit a compaction; returns what it did. ``rewrite`` writes the new
+    files of every group (default: one group after another in this process; Spark runs them
+    as tasks). If anything fails, every file the compaction wrote is removed.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, open_table, write_table
@@ -278,19 +281,27 @@ def compact(
     )
     if not plan.groups:
         return report(table.version, plan, [])
-    results: list[list[WrittenFile]] = []
+    rewrite = rewrite or (lambda table, plan: _rewrite_here(table, plan, progress))
     try:
-        for done, group in enumerate(plan.groups):
-            if progress:
-                progress("compact", done, len(plan.groups))
-            results.append(compact_group(table, plan, group))
-        if progress:
-            progress("compact", len(plan.groups), len(plan.groups))
+        results = rewrite(table, plan)
         dataset = commit_compaction(table, plan, results)
     except BaseException:
         remove_staged(f"{table.dataset.uri}/data", plan.name_prefix, table.storage_options)
         raise
     return report(dataset.version, plan, results)
+
+
+def _rewrite_here(
+    table: Table, plan: CompactionPlan, progress: Progress | None
+) -> list[list[WrittenFile]]:
+    results = []
+    for done, group in enumerate(plan.groups):
+        if progress:
+            progress("compact", done, len(plan.groups))
+        results.append(compact_group(table, plan, group))
+    if progress:
+        progress("compact", len(plan.groups), len(plan.groups))
+    return results
 
 
 def report(version: int, plan: CompactionPlan, written: Sequence[Sequence[WrittenFile]]) -> dict:
@@ -347,8 +358,8 @@ def _logical_batches(
     dataset = table.dataset
     paths = stored_blob_columns(table.schema)
     prefix = store_uri_prefix(table.uri)
-    index = StoreIndex.load(uri_to_path(table.uri), table.storage_options)
-    hashes = RecordedHashes(table.storage_options, (prefix, index))
+    table_path, options = uri_to_path(table.uri), table.storage_options
+    hashes = RecordedHashes(options, (prefix, lambda: StoreIndex.load(table_path, options)))
     repack = frozenset(f"{prefix}{p}" for p in plan.repack)
     scanner = dataset.scanner(
         fragments=[dataset.get_fragment(i) for i in fragment_ids],

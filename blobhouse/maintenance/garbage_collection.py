@@ -140,7 +140,7 @@ def gc(
     store = _StorePacks(table, marked, cutoff)
     old = [p for p in leftovers["paths"] if _mtime(p) < cutoff and p not in store.indexed]
     young = len(leftovers["paths"]) - len(old) - len(store.unreferenced_indexed)
-    reclaimed = sum(_size(p) for p in old) + sum(_size(p) for p in store.reap)
+    reclaimed = sum(_size(p) for p in old) + sum(_size(p) for p in store.reap_paths)
     if not dry_run:
         for done, path in enumerate(old):
             if progress and done % 100 == 0:
@@ -161,7 +161,7 @@ def gc(
         "retired_packs": len(store.retire),
         "reaped_packs": len(store.reap),
         "resurrected_packs": len(store.resurrect),
-        "paths": old + store.reap,
+        "paths": old + store.reap_paths,
     }
 
 
@@ -191,14 +191,18 @@ class _StorePacks:
         self.resurrect = [p for p in due if p in referenced]
         # a pack still in the index (its retirement could not update it) is retired again
         self.retire += [p for p in due if p not in referenced and p in packs]
-        self._reaped = [p for p in due if p not in referenced and p not in packs]
-        self.reap = [os.path.join(root, p) for p in self._reaped]
+        self.root = root
+        self.reap = [p for p in due if p not in referenced and p not in packs]
+
+    @property
+    def reap_paths(self) -> list[str]:
+        return [os.path.join(self.root, p) for p in self.reap]
 
     def apply(self) -> None:
         retire_packs(self.table_path, self.retire)
         for pack in self.resurrect:
             forget_tombstone(self.table_path, pack)
-        for pack, path in zip(self._reaped, self.reap, strict=True):
+        for pack, path in zip(self.reap, self.reap_paths, strict=True):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
             forget_tombstone(self.table_path, pack)

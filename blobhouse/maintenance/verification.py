@@ -62,9 +62,9 @@ class _Checker:
 
     def __init__(self, table: Table) -> None:
         self.sizes: dict[str, int | None] = {}
-        index = StoreIndex.load(uri_to_path(table.uri), table.storage_options)
-        store = (store_uri_prefix(table.uri), index)
-        self.hashes = RecordedHashes(table.storage_options, store)
+        table_path, options = uri_to_path(table.uri), table.storage_options
+        store = (store_uri_prefix(table.uri), lambda: StoreIndex.load(table_path, options))
+        self.hashes = RecordedHashes(options, store)
         self.verdicts: dict[tuple[str, int, int], str | None] = {}
 
     def range_problem(self, uri: str, position: int, size: int) -> str | None:

@@ -28,15 +28,13 @@ from blobhouse.maintenance.compaction import (
     DEFAULT_REPACK_THRESHOLD,
     DEFAULT_TARGET_BYTES,
     DEFAULT_TARGET_ROWS,
-    commit_compaction,
+    CompactionPlan,
     compact_group,
-    plan_compaction,
-    report,
 )
+from blobhouse.maintenance.compaction import compact as compact_table
 from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, referenced_paths
 from blobhouse.maintenance.verification import summarize, verify_state
 from blobhouse.maintenance.walk import FragmentState, fragment_states, retained_versions
-from blobhouse.pipeline import remove_staged
 from blobhouse.table import Table, open_table
 
 Unit = TypeVar("Unit")
@@ -80,28 +78,23 @@ def compact(
     """:func:`~blobhouse.maintenance.compaction.compact` with a Spark task per group of
     fragments and one commit on the driver; if a task or the commit fails, the new files are
     removed."""
-    table = open_table(uri, storage_options=storage_options)
-    plan = plan_compaction(
-        table,
-        target_rows=target_rows,
-        target_bytes=target_bytes,
-        deleted_fraction=deleted_fraction,
-        repack_threshold=repack_threshold,
-    )
-    if not plan.groups:
-        return report(table.version, plan, [])
-    version = plan.read_version
-    try:
-        written = run_tasks(
+
+    def in_tasks(table: Table, plan: CompactionPlan) -> list:
+        version = plan.read_version
+        return run_tasks(
             spark,
             plan.groups,
             lambda group: compact_group(open_table(uri, version, storage_options), plan, group),
         )
-        dataset = commit_compaction(table, plan, written)
-    except BaseException:
-        remove_staged(f"{table.dataset.uri}/data", plan.name_prefix, storage_options)
-        raise
-    return report(dataset.version, plan, written)
+
+    return compact_table(
+        open_table(uri, storage_options=storage_options),
+        target_rows=target_rows,
+        target_bytes=target_bytes,
+        deleted_fraction=deleted_fraction,
+        repack_threshold=repack_threshold,
+        rewrite=in_tasks,
+    )
 
 
 def verify(
