@@ -59,7 +59,7 @@ class BackfillPlan:
             raise InvalidInputError("backfill writes top-level blob columns only")
         blob_columns = {p[0] for p in stored_blob_columns(schema)}
         input_columns = tuple(n for n in schema.names if n not in blob_columns and n != column)
-        bases = AllowedBases.of_table(schema)
+        bases = AllowedBases.of_table(schema, table.uri)
         prefix = f"{uuid.uuid4().hex[:12]}-"
         store = store_base_id(table.dataset) if dedup == "global" else None
         if dedup == "global" and store is None:

@@ -31,6 +31,7 @@ from blobhouse.placement import (
     Kind,
     MiB,
     Placement,
+    as_uri,
     external_range,
     placement_metadata,
 )
@@ -389,7 +390,7 @@ def is_aborted(data_dir: str, name_prefix: str) -> bool:
 
 def _marker_uri(data_dir: str, name_prefix: str) -> str:
     uri = f"{data_dir}/aborted-{name_prefix}"  # outside the prefix: sweeps keep it
-    return uri if "://" in uri else "file://" + os.path.abspath(uri)
+    return as_uri(uri)
 
 
 def remove_staged(

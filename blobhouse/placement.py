@@ -13,7 +13,7 @@ import os
 import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -108,22 +108,33 @@ def placement_metadata(metadata: Mapping[bytes, bytes] | None) -> dict[bytes, by
 class AllowedBases:
     """The URI prefixes external blobs may live under, kept with the table.
 
+    A table's own files are never external blobs: gc and compaction own everything under the
+    table root, so a uri inside ``table_root`` is refused even when a base covers it.
+
     >>> bases = AllowedBases(["/data/videos"])
     >>> bases.check("/data/videos/a.mp4", column="video", row=0)
     'file:///data/videos/a.mp4'
     """
 
-    def __init__(self, bases: Iterable[str] = ()) -> None:
-        self.bases = sorted({normalize_uri(b).rstrip("/") for b in bases})
+    def __init__(self, bases: Iterable[str] = (), table_root: str | None = None) -> None:
+        self.bases = sorted({_checked_base(b) for b in bases})
+        self.table_root = normalize_uri(table_root).rstrip("/") if table_root else None
+        for base in self.bases:
+            if self.table_root and _is_under(base, self.table_root):
+                raise InvalidInputError(
+                    f"allowed base {base!r} lies inside the table ({self.table_root}); the "
+                    "table's own files cannot be external blobs (gc and compaction own them)"
+                )
 
     def __bool__(self) -> bool:
         return bool(self.bases)
 
     @classmethod
-    def of_table(cls, schema: pa.Schema | None) -> AllowedBases:
+    def of_table(cls, schema: pa.Schema | None, table_root: str | None = None) -> AllowedBases:
         """The bases a table schema records (none if it records nothing)."""
         raw = (schema.metadata or {}).get(SETTINGS_KEY) if schema is not None else None
-        return cls(json.loads(raw).get("allowed_bases", []) if raw else [])
+        bases = json.loads(raw).get("allowed_bases", []) if raw else []
+        return cls(bases, table_root)
 
     def table_metadata(self) -> dict[bytes, bytes]:
         """Schema metadata recording these bases with the table."""
@@ -135,9 +146,13 @@ class AllowedBases:
             normalized = normalize_uri(uri)
         except InvalidInputError as exc:
             raise ExternalBlobError(f"blob column {column!r}, row {row}: {exc}") from None
-        for base in self.bases:
-            if normalized.startswith(base + "/"):
-                return normalized
+        if self.table_root and _is_under(normalized, self.table_root):
+            raise ExternalBlobError(
+                f"blob column {column!r}, row {row}: external uri {uri!r} lies inside the "
+                "table; its own files cannot be external blobs (gc and compaction own them)"
+            )
+        if any(normalized.startswith(base + "/") for base in self.bases):
+            return normalized
         allowed = self.bases or "none (pass allowed_bases=[...] when creating the table)"
         raise ExternalBlobError(
             f"blob column {column!r}, row {row}: external uri {uri!r} is outside the "
@@ -145,22 +160,85 @@ class AllowedBases:
         )
 
 
+SCHEMES = ("file", "s3", "gs", "az", "abfs", "abfss", "hdfs")
+# RFC 3986 characters kept as they are in a path; everything else is percent-encoded
+PATH_SAFE = "/:@!$&'()*+,;=-._~"
+
+
+def local_uri(path: str) -> str:
+    """The ``file://`` URI of a local path: absolute, special characters percent-encoded (so
+    a literal ``%`` or space in a name survives the round trip through URI parsers).
+
+    >>> local_uri("/data/my clips/50%.mp4")
+    'file:///data/my%20clips/50%25.mp4'
+    """
+    return "file://" + quote(os.path.abspath(path), safe=PATH_SAFE)
+
+
+def as_uri(location: str) -> str:
+    """``location`` as a URI: URIs unchanged, local paths through :func:`local_uri`."""
+    return location if "://" in location else local_uri(location)
+
+
 def normalize_uri(uri: str) -> str:
-    """An absolute URI with ``.`` and ``..`` resolved; local paths become ``file://`` URIs.
+    """An absolute URI in one canonical form, or :class:`InvalidInputError`: percent-encoding
+    decoded, then ``.`` and ``..`` resolved (so an encoded ``%2e%2e`` cannot escape a prefix
+    check), local symlinks resolved, the path re-encoded. Local paths become ``file://`` URIs.
+    Refused: control characters, unsupported schemes, credentials, queries and fragments, and
+    ``file://`` URIs naming a host.
 
     >>> normalize_uri("/a/b/../c")
     'file:///a/c'
+    >>> normalize_uri("s3://bucket/media/%2e%2e/x.bin")
+    's3://bucket/x.bin'
     """
+    if not isinstance(uri, str) or not uri:
+        raise InvalidInputError(f"empty or non-string uri {uri!r}")
+    if _has_control(uri):
+        raise InvalidInputError(f"uri {uri!r} contains control characters")
     parts = urlsplit(uri)
-    if parts.scheme in ("", "file"):
-        path = unquote(parts.path) if parts.scheme else uri
+    if not parts.scheme:
+        return local_uri(os.path.realpath(uri))
+    if parts.scheme not in SCHEMES:
+        raise InvalidInputError(
+            f"uri {uri!r}: scheme {parts.scheme!r} is not supported (supported: {SCHEMES})"
+        )
+    if parts.query or parts.fragment or uri.endswith(("?", "#")):
+        raise InvalidInputError(f"uri {uri!r} has a query or fragment")
+    if "@" in parts.netloc:
+        raise InvalidInputError(f"uri {uri!r} carries credentials; use storage_options")
+    path = unquote(parts.path)
+    if _has_control(path):
+        raise InvalidInputError(f"uri {uri!r} encodes control characters")
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidInputError(
+                f"file uri {uri!r} names a host ({parts.netloc!r}); use file:///absolute/path"
+            )
         if not path:
             raise InvalidInputError(f"empty path in uri {uri!r}")
-        return "file://" + os.path.realpath(os.path.abspath(path))
+        return local_uri(os.path.realpath(path))
     if not parts.netloc:
         raise InvalidInputError(f"uri {uri!r} has no bucket or host")
-    path = posixpath.normpath("/" + parts.path.lstrip("/")) if parts.path else ""
-    return f"{parts.scheme}://{parts.netloc}{path if path != '/' else ''}"
+    path = posixpath.normpath("/" + path.lstrip("/")) if path else ""
+    path = "" if path == "/" else quote(path, safe=PATH_SAFE)
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def _checked_base(base: str) -> str:
+    try:
+        return normalize_uri(base).rstrip("/")
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"allowed base {base!r}: {exc}") from None
+
+
+def _is_under(uri: str, prefix: str) -> bool:
+    """Whether normalized ``uri`` is ``prefix`` or lies below it."""
+    return uri == prefix or uri.startswith(prefix + "/")
 
 
 def uri_to_path(uri: str) -> str:

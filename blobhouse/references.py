@@ -9,15 +9,16 @@ blob column and produces absolute references any process can read on its own.
 from __future__ import annotations
 
 import posixpath
+from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
 from lance import LanceDataset
 
-from blobhouse.errors import BlobhouseError
-from blobhouse.placement import Kind
+from blobhouse.errors import BlobhouseError, ExternalBlobError, InvalidInputError
+from blobhouse.placement import PATH_SAFE, AllowedBases, Kind, normalize_uri
 from blobhouse.rangeio import REF_TYPE
-from blobhouse.session import sidecar_name
+from blobhouse.session import DATA_FILE_NAME, sidecar_name
 from blobhouse.values import ColumnPath, path_name
 
 
@@ -55,13 +56,16 @@ class ReferenceResolver:
         self.root_uri = root_uri.rstrip("/")
         # external blobs whose blob_id names a base path live under it (the table's store)
         self._bases = {
-            base_id: base.path if "://" in base.path else "file://" + base.path
+            base_id: normalize_uri(base.path).rstrip("/")
             for base_id, base in dataset.base_paths().items()
         }
+        # a table written by another writer may hold anything: externals are checked on read
+        self._allowed = AllowedBases.of_table(dataset.schema, self.root_uri)
+        self._externals: dict[tuple[int, str], str] = {}
         self._files: dict[tuple[int, int], str] = {}
         for fragment in dataset.get_fragments():
             for data_file in fragment.metadata.files:
-                if data_file.base_id is not None:
+                if data_file.base_id is not None or not DATA_FILE_NAME.fullmatch(data_file.path):
                     continue  # resolved on demand below, with a clear error
                 for field_id in data_file.fields:
                     key = (fragment.fragment_id, field_id)
@@ -72,14 +76,16 @@ class ReferenceResolver:
             return self._files[(fragment_id, field_id)]
         except KeyError:
             raise BlobhouseError(
-                f"fragment {fragment_id} has no data file for field {field_id} under the "
-                "table's data directory (files under other base paths are not supported yet)"
+                f"fragment {fragment_id} has no data file for field {field_id} directly in the "
+                "table's data directory (files under other base paths or with a path that is "
+                "not a plain file name are not read)"
             ) from None
 
     def resolve(
-        self, descriptors: pa.Array, row_addresses: pa.Array, field_id: int
+        self, descriptors: pa.Array, row_addresses: pa.Array, field_id: int, column: str = ""
     ) -> pa.StructArray:
-        """``REF_TYPE`` references for ``descriptors`` read at ``row_addresses``."""
+        """``REF_TYPE`` references for ``descriptors`` read at ``row_addresses`` (of blob
+        ``column``, named in errors)."""
         if isinstance(descriptors, pa.ChunkedArray):
             descriptors = descriptors.combine_chunks()
         valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
@@ -98,7 +104,8 @@ class ReferenceResolver:
         keys[external] = -1 - np.flatnonzero(external)
         unique, codes = np.unique(keys[valid], return_inverse=True)
         blob_uris = descriptors.field("blob_uri")
-        uris = [self._uri_of_key(int(key), field_id, blob_uris, blob_ids) for key in unique]
+        where = _RowNames(column, row_addresses)
+        uris = [self._uri_of_key(int(key), field_id, blob_uris, blob_ids, where) for key in unique]
         row_codes = np.zeros(len(descriptors), dtype=np.int64)
         row_codes[valid] = codes.reshape(-1)
         uri_column = (
@@ -114,24 +121,71 @@ class ReferenceResolver:
         )
 
     def _uri_of_key(
-        self, key: int, field_id: int, blob_uris: pa.Array, blob_ids: np.ndarray
+        self,
+        key: int,
+        field_id: int,
+        blob_uris: pa.Array,
+        blob_ids: np.ndarray,
+        where: _RowNames,
     ) -> str:
         if key < 0:
             row = -1 - key
-            return self._uri(Kind.EXTERNAL, 0, field_id, int(blob_ids[row]), blob_uris[row].as_py())
-        return self._uri((key >> 32) & 7, key >> 35, field_id, key & 0xFFFFFFFF, "")
+            return self._external(int(blob_ids[row]), blob_uris[row].as_py(), where, row)
+        return self._uri((key >> 32) & 7, key >> 35, field_id, key & 0xFFFFFFFF)
 
-    def _uri(self, kind: int, fragment_id: int, field_id: int, blob_id: int, blob_uri: str) -> str:
+    def _external(self, blob_id: int, blob_uri: str | None, where: _RowNames, row: int) -> str:
+        """The checked absolute uri of an external blob: under its base path, or under one of
+        the table's allowed bases, never inside the table except in a base (its store)."""
+        key = (blob_id, blob_uri or "")
+        if key not in self._externals:
+            self._externals[key] = self._checked_external(blob_id, blob_uri or "", where, row)
+        return self._externals[key]
+
+    def _checked_external(self, blob_id: int, blob_uri: str, where: _RowNames, row: int) -> str:
+        column, fragment, offset = where.of(row)
+        if blob_id in self._bases:
+            base = self._bases[blob_id]
+            try:
+                uri = normalize_uri(f"{base}/{quote(blob_uri, safe=PATH_SAFE)}")
+            except InvalidInputError as exc:
+                uri, reason = blob_uri, str(exc)
+            else:
+                reason = "" if uri.startswith(base + "/") else "escapes its base path"
+            if reason:
+                raise ExternalBlobError(
+                    f"blob column {column!r}, fragment {fragment} row {offset}: external uri "
+                    f"{blob_uri!r} relative to base {base}: {reason}"
+                )
+            return uri
+        if "://" in blob_uri or posixpath.isabs(blob_uri):
+            try:
+                return self._allowed.check(blob_uri, column=column, row=offset)
+            except ExternalBlobError as exc:
+                raise ExternalBlobError(f"reading fragment {fragment}: {exc}") from None
+        raise BlobhouseError(
+            f"blob column {column!r}, fragment {fragment} row {offset}: cannot resolve the "
+            f"relative external uri {blob_uri!r} (no base path with id {blob_id})"
+        )
+
+    def _uri(self, kind: int, fragment_id: int, field_id: int, blob_id: int) -> str:
         if kind == Kind.INLINE:
             return self.data_file_uri(fragment_id, field_id)
         if kind in (Kind.PACKED, Kind.DEDICATED):
             data_file = self.data_file_uri(fragment_id, field_id)
             return f"{data_file.removesuffix('.lance')}/{sidecar_name(blob_id)}"
-        if kind == Kind.EXTERNAL and blob_id in self._bases:
-            return f"{self._bases[blob_id]}/{blob_uri}"
-        if kind == Kind.EXTERNAL and ("://" in blob_uri or posixpath.isabs(blob_uri)):
-            return blob_uri if "://" in blob_uri else "file://" + blob_uri
         raise BlobhouseError(
-            f"cannot resolve a blob descriptor of kind {kind} (uri {blob_uri!r}); blobhouse "
-            "resolves inline, packed, dedicated and absolute external blobs"
+            f"fragment {fragment_id}: cannot resolve a blob descriptor of kind {kind}; "
+            "blobhouse resolves inline, packed, dedicated and external blobs"
         )
+
+
+class _RowNames:
+    """Names a row of a batch being resolved in errors: column, fragment, row offset."""
+
+    def __init__(self, column: str, row_addresses: pa.Array) -> None:
+        self.column = column
+        self.addresses = row_addresses
+
+    def of(self, row: int) -> tuple[str, int, int]:
+        address = self.addresses[row].as_py()
+        return self.column, address >> 32, address & 0xFFFFFFFF

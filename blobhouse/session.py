@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,8 +29,11 @@ from lance.fragment import DataFile, FragmentMetadata
 from blobhouse.checksums import ChecksumLog
 from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobhouseError, InvalidInputError
-from blobhouse.placement import AllowedBases, Kind, external_range
+from blobhouse.placement import AllowedBases, Kind, as_uri, external_range
 
+# the names of files blobhouse and Lance write: nothing that could lead outside a directory
+DATA_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\.lance")
+PACK_NAME = re.compile(r"packs/[A-Za-z0-9_-]+\.pack")
 MAX_BLOB_ID = 2**32 - 1
 MAX_U64 = 2**64 - 1
 _PREPARED_FIELD = BlobDescriptorArrayBuilder("blob").field
@@ -46,6 +50,24 @@ class PreparedBlob:
     position: int = 0
     uri: str | None = None
     data: bytes | memoryview | None = None
+
+
+def _prepared_problem(value: PreparedBlob) -> str | None:
+    if value.kind not in (Kind.INLINE, Kind.PACKED, Kind.DEDICATED, Kind.EXTERNAL):
+        return "kind must be INLINE, PACKED, DEDICATED or EXTERNAL"
+    for name, limit in (("size", MAX_U64), ("position", MAX_U64), ("blob_id", MAX_BLOB_ID)):
+        number = getattr(value, name)
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= limit:
+            return f"{name} must be an integer in 0..{limit}"
+    if value.position + value.size > MAX_U64:
+        return "position + size overflows 64 bits"
+    if value.kind == Kind.INLINE and (value.data is None or len(value.data) != value.size):
+        return "an inline value carries its bytes (size = their length)"
+    if value.kind in (Kind.PACKED, Kind.DEDICATED) and value.blob_id == 0:
+        return "a sidecar value needs a blob_id (from a session's writers or loaders)"
+    if value.kind == Kind.EXTERNAL and not isinstance(value.uri, str):
+        return "an external value needs a uri"
+    return None
 
 
 def prepared_field(name: str, nullable: bool = True) -> pa.Field:
@@ -77,7 +99,10 @@ def prepared_array(
         columns["blob_id"].append(value.blob_id)
         columns["blob_size"].append(value.size)
         columns["position"].append(value.position)
-    children = [pa.array(columns[f.name], type=f.type) for f in PREPARED_TYPE]
+    try:
+        children = [pa.array(columns[f.name], type=f.type) for f in PREPARED_TYPE]
+    except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InvalidInputError(f"prepared blob values out of range: {exc}") from None
     if data is not None:
         inline = pa.array([v is not None and v.kind == Kind.INLINE for v in values])
         children[1] = pc.if_else(inline, data.cast(pa.large_binary()), children[1])
@@ -125,6 +150,22 @@ class WrittenFile:
     packs: tuple[str, ...] = ()  # store packs (dedup="global") holding payloads added for it
     stored: tuple = ()  # those payloads (store.StoredPayload), for the store's index
     found_packs: tuple[str, ...] = ()  # store packs it references that the index named
+
+    def __post_init__(self) -> None:
+        # these names are joined to the table's directories, committed and, on abort,
+        # deleted: each must stay where it belongs
+        key = self.name.removesuffix(".lance")
+        names = [(self.name, DATA_FILE_NAME.fullmatch(self.name))]
+        names += [
+            (s, re.fullmatch(rf"{re.escape(key)}/[01]{{32}}\.blob", s)) for s in self.sidecars
+        ]
+        names += [(p, PACK_NAME.fullmatch(p)) for p in (*self.packs, *self.found_packs)]
+        bad = [name for name, ok in names if not ok]
+        if bad:
+            raise InvalidInputError(
+                f"written file {self.name!r}: {bad[0]!r} is not a name blobhouse writes "
+                "(data/<name>.lance, data/<name>/<blob_id>.blob, packs/<name>.pack)"
+            )
 
     def data_file(self, field_ids: list[int]) -> DataFile:
         """Lance's record of this file; ``field_ids`` are the table's ids of its columns."""
@@ -340,10 +381,17 @@ class BlobColumnWriter:
         return self.session.load_dedicated(blob_id)
 
     def append(self, value: PreparedBlob | None) -> None:
+        """Append a value from this session's writers or loaders (or None). What it points to
+        is checked when the data file is written (:meth:`BlobSession.write_data_file`)."""
         if value is not None and not isinstance(value, PreparedBlob):
             raise InvalidInputError(
                 f"column {self.column!r}: append takes a PreparedBlob or None, got "
                 f"{type(value).__name__}"
+            )
+        problem = None if value is None else _prepared_problem(value)
+        if problem:
+            raise InvalidInputError(
+                f"column {self.column!r}, row {len(self._values)}: bad value {value!r}: {problem}"
             )
         self._values.append(value)
 
@@ -446,7 +494,7 @@ class BlobSession:
                 schema = lance.dataset(root, storage_options=self.storage_options).schema
             except (ValueError, OSError):
                 schema = None  # no table there yet: no external bases
-            self._bases = AllowedBases.of_table(schema)
+            self._bases = AllowedBases.of_table(schema, root)
         return self._bases
 
     def write_data_file(self, data: pa.Table | pa.RecordBatch) -> WrittenFile:
@@ -459,6 +507,9 @@ class BlobSession:
         self.flush()
         table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
         schema = pa.schema([_file_field(f) for f in table.schema])
+        for field in table.schema:
+            if field.type == PREPARED_TYPE:
+                self._check_prepared(field.name, table.column(field.name))
         writer = self.open_data_file(schema)
         for batch in table.to_batches():
             writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema))
@@ -470,6 +521,58 @@ class BlobSession:
             sidecars=tuple(self.sidecars),
             sidecar_bytes=0,
         )
+
+    def _check_prepared(self, column: str, values: pa.ChunkedArray) -> None:
+        """Refuse prepared values that point outside this session's namespace or the table's
+        allowed bases: a prepared column can be built by hand, and what it references is what
+        readers will read."""
+        sizes: dict[int, int] = {}
+        objects: dict[str, int] = {}
+        for row, value in enumerate(values.to_pylist()):
+            if value is None:
+                continue
+            problem = self._prepared_value_problem(value, sizes, objects, column, row)
+            if problem:
+                raise InvalidInputError(f"column {column!r}, row {row}: {problem}")
+
+    def _prepared_value_problem(
+        self, value: dict, sizes: dict[int, int], objects: dict[str, int], column: str, row: int
+    ) -> str | None:
+        kind, blob_id = value["kind"], value["blob_id"] or 0
+        position, size = value["position"] or 0, value["blob_size"] or 0
+        if kind == Kind.INLINE:
+            data = value["data"]
+            return None if data is not None else "an inline value without bytes"
+        if kind == Kind.EXTERNAL:
+            if blob_id:
+                return "an external value relative to a base path is not accepted from sessions"
+            uri = value["uri"] or ""
+            checked = external_range(
+                uri, position, size, self.allowed_bases(), column=column, row=row, sizes=objects
+            )
+            return None if checked[0] == uri else f"external uri {uri!r} is not normalized"
+        if kind not in (Kind.PACKED, Kind.DEDICATED):
+            return f"blob kind {kind} is not accepted (inline, packed, dedicated, external)"
+        if blob_id not in self._own_ids():
+            return f"blob_id {blob_id} is not a sidecar of this session's namespace"
+        if blob_id not in sizes:
+            sizes[blob_id] = self._loaded_size(blob_id)
+        if kind == Kind.DEDICATED and (position, size) != (0, sizes[blob_id]):
+            return f"a dedicated value covers its whole sidecar ({sizes[blob_id]} bytes)"
+        if position + size > sizes[blob_id]:
+            return (
+                f"range [{position}, +{size}) is past the end of sidecar "
+                f"{self.sidecar_path(blob_id)} ({sizes[blob_id]} bytes)"
+            )
+        return None
+
+    def _own_ids(self) -> set[int]:
+        """blob_ids this session allocated or loaded."""
+        return self._taken_ids() | {self._id_of(p) for p in self.sidecars}
+
+    @staticmethod
+    def _id_of(sidecar: str) -> int:
+        return int(os.path.basename(sidecar).removesuffix(".blob")[::-1], 2)
 
     def open_writer(self, column: str) -> BlobColumnWriter:
         """A writer for the prepared values of blob ``column`` (every column of the session
@@ -514,7 +617,7 @@ class BlobSession:
             )
         path = f"{self.data_dir}/{self.sidecar_path(blob_id)}"
         try:
-            fs, fs_path = pafs.FileSystem.from_uri(path if "://" in path else "file://" + path)
+            fs, fs_path = pafs.FileSystem.from_uri(as_uri(path))
             info = fs.get_file_info(fs_path)
         except (OSError, ValueError) as exc:
             raise InvalidInputError(f"cannot stat sidecar {path}: {exc}") from None
@@ -529,11 +632,7 @@ class BlobSession:
     def _taken_ids(self) -> set[int]:
         """blob_ids with a sidecar in the namespace (listed once), plus those loaded since."""
         if self._taken is None:
-            self._taken = {
-                int(os.path.basename(p).removesuffix(".blob")[::-1], 2)
-                for p in self.files.list(self.key)
-                if p.endswith(".blob")
-            }
+            self._taken = {self._id_of(p) for p in self.files.list(self.key) if p.endswith(".blob")}
         return self._taken
 
     def new_packed(self) -> PackedSidecar:

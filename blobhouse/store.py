@@ -20,7 +20,6 @@ from the index were not retired meanwhile: the argument is in docs/global-dedup.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import uuid
 import warnings
@@ -33,9 +32,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from lance import DatasetBasePath, LanceDataset
 
-from blobhouse.errors import ExternalBlobError, StoreRaceError
-from blobhouse.placement import Kind, object_size, uri_to_path
-from blobhouse.session import PreparedBlob, SidecarFile, WriteQueue, WrittenFile
+from blobhouse.errors import ExternalBlobError, InvalidInputError, StoreRaceError
+from blobhouse.placement import Kind, as_uri, normalize_uri, object_size, uri_to_path
+from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue, WrittenFile
 
 if TYPE_CHECKING:
     from blobhouse.values import LogicalColumn
@@ -325,10 +324,20 @@ class StoreReference:
     def reference(self, column: LogicalColumn, row: int) -> PreparedBlob | None:
         """The store reference of row ``row`` of ``column`` (whose row holds a uri), or None
         when the uri is not a pack of this table's store. The range must lie inside the pack."""
-        uri = column.uri[row]
-        if not uri.startswith(f"{self.prefix}{PACKS_DIR}/") or column.position is None:
+        if column.position is None:
+            return None
+        try:
+            uri = normalize_uri(column.uri[row])
+        except InvalidInputError:
+            return None  # not a store reference; the external check names the problem
+        if not uri.startswith(f"{self.prefix}{PACKS_DIR}/"):
             return None
         pack = uri.removeprefix(self.prefix)
+        if not PACK_NAME.fullmatch(pack):
+            raise ExternalBlobError(
+                f"blob column {column.column!r}, row {column.first_row + row}: {uri} is not a "
+                "pack of the table's store"
+            )
         position, size = column.position[row], column.size[row]
         if pack not in self._sizes:
             self._sizes[pack] = object_size(uri, column=column.column, row=row)
@@ -344,11 +353,7 @@ class StoreReference:
 
 def store_uri_prefix(table_uri: str) -> str:
     """The prefix resolved references into the table's store start with."""
-    return f"{_as_uri(store_dir(table_uri))}/"
-
-
-def _as_uri(path: str) -> str:
-    return path if "://" in path else "file://" + os.path.abspath(path)
+    return f"{normalize_uri(store_dir(table_uri))}/"
 
 
 def remove_packs(
@@ -356,7 +361,7 @@ def remove_packs(
 ) -> None:
     """Delete store packs (relative to the store directory) that nothing committed uses."""
     for pack in packs:
-        fs, path = pafs.FileSystem.from_uri(_as_uri(f"{store_dir(table_path)}/{pack}"))
+        fs, path = pafs.FileSystem.from_uri(as_uri(f"{store_dir(table_path)}/{pack}"))
         with contextlib.suppress(OSError):
             fs.delete_file(path)
 
@@ -365,7 +370,7 @@ def remove_staged_packs(
     table_path: str, name_prefix: str, storage_options: dict[str, str] | None = None
 ) -> None:
     """Delete every pack whose name starts with ``name_prefix`` (what one write staged)."""
-    fs, root = pafs.FileSystem.from_uri(_as_uri(f"{store_dir(table_path)}/{PACKS_DIR}"))
+    fs, root = pafs.FileSystem.from_uri(as_uri(f"{store_dir(table_path)}/{PACKS_DIR}"))
     selector = pafs.FileSelector(root, allow_not_found=True)
     for info in fs.get_file_info(selector):
         if info.base_name.startswith(name_prefix):
@@ -375,7 +380,7 @@ def remove_staged_packs(
 
 def retired_packs(table_path: str) -> dict[str, float]:
     """Packs gc has retired (tombstoned), with the time each was retired."""
-    fs, root = pafs.FileSystem.from_uri(_as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}"))
+    fs, root = pafs.FileSystem.from_uri(as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}"))
     infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
     return {
         f"{PACKS_DIR}/{info.base_name}": info.mtime.timestamp()
@@ -391,7 +396,7 @@ def retire_packs(table_path: str, packs: Iterable[str]) -> None:
     packs = sorted(packs)
     if not packs:
         return
-    fs, root = pafs.FileSystem.from_uri(_as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}"))
+    fs, root = pafs.FileSystem.from_uri(as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}"))
     fs.create_dir(root, recursive=True)
     for pack in packs:
         with fs.open_output_stream(f"{root}/{pack.removeprefix(PACKS_DIR + '/')}"):
@@ -409,7 +414,7 @@ def retire_packs(table_path: str, packs: Iterable[str]) -> None:
 
 def forget_tombstone(table_path: str, pack: str) -> None:
     """Take a pack back from retirement (a retained version references it after all)."""
-    path = _as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}/{pack.removeprefix(PACKS_DIR + '/')}")
+    path = as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}/{pack.removeprefix(PACKS_DIR + '/')}")
     fs, tombstone = pafs.FileSystem.from_uri(path)
     with contextlib.suppress(OSError):
         fs.delete_file(tombstone)
@@ -441,7 +446,7 @@ def check_packs_usable(table_path: str, packs: Iterable[str]) -> None:
     if not packs:
         return
     retired = set(retired_packs(table_path)) & packs
-    fs, root = pafs.FileSystem.from_uri(_as_uri(store_dir(table_path)))
+    fs, root = pafs.FileSystem.from_uri(as_uri(store_dir(table_path)))
     missing = {
         p for p in packs - retired if fs.get_file_info(f"{root}/{p}").type != pafs.FileType.File
     }

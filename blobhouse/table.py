@@ -29,6 +29,7 @@ from blobhouse.backfill import (
     store_writer_for,
     table_for,
 )
+from blobhouse.checksums import RecordedHashes
 from blobhouse.errors import (
     BlobhouseError,
     InvalidInputError,
@@ -50,11 +51,17 @@ from blobhouse.pipeline import (
     remove_written,
     write_data_files,
 )
-from blobhouse.placement import AllowedBases, uri_to_path
-from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, read_ranges_arrow, refs_from_arrow
+from blobhouse.placement import AllowedBases, local_uri, uri_to_path
+from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.store import commit_referencing_store, ensure_store, store_base
+from blobhouse.store import (
+    StoreIndex,
+    commit_referencing_store,
+    ensure_store,
+    store_base,
+    store_uri_prefix,
+)
 from blobhouse.values import (
     Blob,
     ColumnPath,
@@ -168,7 +175,7 @@ class TableWrite:
             dedup=dedup,
             placement=placement,
             table_schema=existing.schema if appending else None,
-            allowed_bases=_allowed_bases(existing, allowed_bases, appending),
+            allowed_bases=_allowed_bases(existing, allowed_bases, appending, root_uri),
             max_rows_per_file=max_rows_per_file,
             max_bytes_per_file=max_bytes_per_file,
         )
@@ -285,7 +292,9 @@ class Table:
 
     ``blobs`` selects how blob columns come back: ``"refs"`` (``struct<uri, position, size>``,
     absolute and self-contained), ``"bytes"`` (``large_binary``), or ``"descriptors"`` (Lance's
-    stored descriptors).
+    stored descriptors). Bytes read as ``"bytes"`` or by :meth:`read_blobs` are checked
+    against the blake3 recorded when they were written: damaged bytes raise
+    :class:`~blobhouse.errors.CorruptBlobError` naming the column, fragment, row and file.
     """
 
     def __init__(
@@ -295,6 +304,7 @@ class Table:
         self.uri = root_uri
         self.storage_options = storage_options
         self._resolver: ReferenceResolver | None = None
+        self._hashes: RecordedHashes | None = None
         self._schema: pa.Schema | None = None
         self._field_ids: dict[ColumnPath, int] = {}
 
@@ -418,11 +428,17 @@ class Table:
         )
 
     def read_blobs(self, column: str, indices: Sequence[int]) -> list[bytes | None]:
-        """The bytes of ``column`` at ``indices`` (None for null), with coalesced ranged reads."""
-        return read_ranges(refs_from_arrow(self.blob_refs(column, indices)))
+        """The bytes of ``column`` at ``indices`` (None for null), with coalesced ranged reads,
+        checked against their recorded hashes."""
+        path = self._blob_path(column)
+        taken = self.take(indices, columns=[path[0]], blobs="bytes")
+        if not len(taken):
+            return []
+        return get_column(taken.combine_chunks().to_batches()[0], path).to_pylist()
 
     def open_blob(self, column: str, index: int) -> BinaryIO | None:
-        """A seekable file object over one blob (None if the value is null)."""
+        """A seekable file object over one blob (None if the value is null). Ranged access
+        reads what is stored without a hash check; :meth:`read_blobs` checks whole payloads."""
         (ref,) = refs_from_arrow(self.blob_refs(column, [index]))
         return None if ref is None else open_ref(ref)
 
@@ -581,7 +597,17 @@ class Table:
         stored descriptors and the row addresses (``_rowaddr``) they were read at."""
         if self._resolver is None:
             self._resolver = ReferenceResolver(self.dataset, self.uri)
-        return self._resolver.resolve(descriptors, row_addresses, self._field_id(path))
+        return self._resolver.resolve(
+            descriptors, row_addresses, self._field_id(path), path_name(path)
+        )
+
+    def recorded_hashes(self) -> RecordedHashes:
+        """The blake3 recorded for this table's stored payloads (loaded as they are needed)."""
+        if self._hashes is None:
+            table_path, options = uri_to_path(self.uri), self.storage_options
+            store = (store_uri_prefix(self.uri), lambda: StoreIndex.load(table_path, options))
+            self._hashes = RecordedHashes(options, store)
+        return self._hashes
 
     def _field_id(self, path: ColumnPath) -> int:
         # Lance rebuilds its schema object on every access: look each column up once
@@ -627,9 +653,13 @@ class Table:
             return batch
         addresses = batch.column(_ROW_ADDRESS)
         for path in paths:
-            refs = self.resolve_refs(path, get_column(batch, path), addresses)
+            descriptors = get_column(batch, path)
+            refs = self.resolve_refs(path, descriptors, addresses)
             if blobs == "bytes":
                 values = read_ranges_arrow(refs_from_arrow(refs))
+                self.recorded_hashes().check_read(
+                    path_name(path), descriptors, refs, addresses, values
+                )
                 batch = replace_column(batch, path, values, pa.field(path[-1], pa.large_binary()))
             else:
                 batch = replace_column(batch, path, refs, pa.field(path[-1], REF_TYPE))
@@ -655,7 +685,7 @@ def table_root(uri: str | os.PathLike) -> tuple[str, str]:
     uri = os.fspath(uri)
     if "://" not in uri or uri.startswith("file://"):
         path = os.path.abspath(uri_to_path(uri))
-        return path, "file://" + path
+        return path, local_uri(path)
     return uri.rstrip("/"), uri.rstrip("/")
 
 
@@ -691,12 +721,12 @@ def _remove_empty_local_dirs(*paths: str) -> None:
 
 
 def _allowed_bases(
-    existing: LanceDataset | None, given: Sequence[str] | None, appending: bool
+    existing: LanceDataset | None, given: Sequence[str] | None, appending: bool, root_uri: str
 ) -> AllowedBases:
-    kept = AllowedBases.of_table(existing.schema if existing is not None else None)
+    kept = AllowedBases.of_table(existing.schema if existing is not None else None, root_uri)
     if given is None:
         return kept
-    requested = AllowedBases(given)
+    requested = AllowedBases(given, root_uri)
     if appending and requested.bases != kept.bases:
         raise InvalidInputError(
             f"allowed_bases are set when a table is created or overwritten; this table's are "

@@ -334,7 +334,7 @@ def _write_plan(table: Table, plan: CompactionPlan) -> WritePlan:
         input_schema,
         table_schema=schema,
         dedup={path_name(p): _mode(path_name(p), plan) for p in paths},
-        allowed_bases=AllowedBases.of_table(schema),
+        allowed_bases=AllowedBases.of_table(schema, table.uri),
         max_rows_per_file=plan.target_rows,
         max_bytes_per_file=plan.target_bytes,
     )

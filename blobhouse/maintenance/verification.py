@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
-from blobhouse.checksums import RecordedHashes
 from blobhouse.dedup import content_hash
 from blobhouse.maintenance.walk import (
     FragmentState,
@@ -24,9 +23,8 @@ from blobhouse.maintenance.walk import (
     opened_states,
     retained_versions,
 )
-from blobhouse.placement import MiB, uri_to_path
+from blobhouse.placement import MiB
 from blobhouse.rangeio import BlobRef, read_ranges
-from blobhouse.store import StoreIndex, store_uri_prefix
 
 if TYPE_CHECKING:
     from blobhouse.table import Table
@@ -62,9 +60,7 @@ class _Checker:
 
     def __init__(self, table: Table) -> None:
         self.sizes: dict[str, int | None] = {}
-        table_path, options = uri_to_path(table.uri), table.storage_options
-        store = (store_uri_prefix(table.uri), lambda: StoreIndex.load(table_path, options))
-        self.hashes = RecordedHashes(options, store)
+        self.hashes = table.recorded_hashes()
         self.verdicts: dict[tuple[str, int, int], str | None] = {}
 
     def range_problem(self, uri: str, position: int, size: int) -> str | None:
