@@ -10,6 +10,8 @@
 
 from blobhouse.errors import (
     BlobhouseError,
+    BlobReadError,
+    CorruptBlobError,
     ExternalBlobError,
     InvalidInputError,
     RefIdConflictError,
@@ -27,9 +29,11 @@ __all__ = [
     "REF_TYPE",
     "Blob",
     "BlobColumnWriter",
+    "BlobReadError",
     "BlobRef",
     "BlobSession",
     "BlobhouseError",
+    "CorruptBlobError",
     "ExternalBlobError",
     "InvalidInputError",
     "Kind",

@@ -39,6 +39,18 @@ class CorruptBlobError(BlobhouseError):
     """Stored bytes that no longer match the blake3 recorded when they were written."""
 
 
+class BlobReadError(BlobhouseError, OSError):
+    """A stored payload could not be read: its object is missing or shorter than its
+    reference says. ``uri`` is the object."""
+
+    def __init__(self, message: str, uri: str) -> None:
+        super().__init__(message)
+        self.uri = uri
+
+    def __reduce__(self):  # OSError pickles its args only: keep the uri across processes
+        return type(self), (str(self), self.uri)
+
+
 class StoreRaceError(BlobhouseError):
     """A write found payloads in the table's store that gc retired before the write committed;
     nothing was committed and retrying the write succeeds."""

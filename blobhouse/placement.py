@@ -142,22 +142,26 @@ class AllowedBases:
 
     def check(self, uri: str, *, column: str, row: int) -> str:
         """The normalized form of ``uri``, or :class:`ExternalBlobError` if not allowed."""
+        normalized, problem = self.resolve(uri)
+        if problem:
+            raise ExternalBlobError(f"blob column {column!r}, row {row}: {problem}")
+        return normalized
+
+    def resolve(self, uri: str) -> tuple[str, str]:
+        """``(normalized uri, "")``, or ``("", why it is not allowed)``."""
         try:
             normalized = normalize_uri(uri)
         except InvalidInputError as exc:
-            raise ExternalBlobError(f"blob column {column!r}, row {row}: {exc}") from None
+            return "", str(exc)
         if self.table_root and _is_under(normalized, self.table_root):
-            raise ExternalBlobError(
-                f"blob column {column!r}, row {row}: external uri {uri!r} lies inside the "
-                "table; its own files cannot be external blobs (gc and compaction own them)"
+            return "", (
+                f"external uri {uri!r} lies inside the table; its own files cannot be "
+                "external blobs (gc and compaction own them)"
             )
         if any(normalized.startswith(base + "/") for base in self.bases):
-            return normalized
+            return normalized, ""
         allowed = self.bases or "none (pass allowed_bases=[...] when creating the table)"
-        raise ExternalBlobError(
-            f"blob column {column!r}, row {row}: external uri {uri!r} is outside the "
-            f"table's allowed bases; allowed: {allowed}"
-        )
+        return "", f"external uri {uri!r} is outside the table's allowed bases; allowed: {allowed}"
 
 
 SCHEMES = ("file", "s3", "gs", "az", "abfs", "abfss", "hdfs")

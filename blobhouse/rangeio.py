@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from blobhouse.errors import BlobReadError
 from blobhouse.placement import MiB, uri_to_path
 
 REF_TYPE = pa.struct(
@@ -210,39 +211,60 @@ class _ObjectReader:
             fd = self._fd(uri)
             filled = 0
             while filled < len(target):
-                n = os.preadv(fd, [target[filled:]], position + filled)
+                n = _pread_into(fd, target[filled:], position + filled, uri)
                 if n == 0:
                     break
                 filled += n
             if filled != len(target):
-                raise OSError(
+                raise BlobReadError(
                     f"short read from {uri}: wanted {len(target)} bytes at {position}, got "
-                    f"{filled} (the object is smaller than the reference says)"
+                    f"{filled} (the object is smaller than the reference says)",
+                    uri,
                 )
             return
         target[:] = self.read(uri, position, len(target))
 
     def _fd(self, uri: str) -> int:
         if uri not in self._local:
-            self._local[uri] = os.open(uri_to_path(uri), os.O_RDONLY)
+            try:
+                self._local[uri] = os.open(uri_to_path(uri), os.O_RDONLY)
+            except FileNotFoundError:
+                raise BlobReadError(f"missing object {uri}", uri) from None
+            except OSError as exc:
+                raise BlobReadError(f"cannot open {uri}: {exc.strerror}", uri) from None
         return self._local[uri]
 
     def read(self, uri: str, position: int, size: int) -> bytes:
         if size == 0:
             return b""
         if uri.startswith("file://") or "://" not in uri:
-            data = os.pread(self._fd(uri), size, position)
+            fd = self._fd(uri)
+            try:
+                data = os.pread(fd, size, position)
+            except OSError as exc:  # a directory, a device gone, ...
+                raise BlobReadError(f"cannot read {uri}: {exc.strerror}", uri) from None
         else:
             if uri not in self._remote:
                 fs, path = pafs.FileSystem.from_uri(uri)
-                self._remote[uri] = fs.open_input_file(path)
+                try:
+                    self._remote[uri] = fs.open_input_file(path)
+                except FileNotFoundError:
+                    raise BlobReadError(f"missing object {uri}", uri) from None
             data = self._remote[uri].read_at(size, position)
         if len(data) != size:
-            raise OSError(
+            raise BlobReadError(
                 f"short read from {uri}: wanted {size} bytes at {position}, got {len(data)} "
-                "(the object is smaller than the reference says)"
+                "(the object is smaller than the reference says)",
+                uri,
             )
         return data
+
+
+def _pread_into(fd: int, target: memoryview, position: int, uri: str) -> int:
+    try:
+        return os.preadv(fd, [target], position)
+    except OSError as exc:  # a directory, a device gone, ...
+        raise BlobReadError(f"cannot read {uri}: {exc.strerror}", uri) from None
 
 
 class _RangeFile(io.RawIOBase):

@@ -9,14 +9,13 @@ blob column and produces absolute references any process can read on its own.
 from __future__ import annotations
 
 import posixpath
-from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
 from lance import LanceDataset
 
 from blobhouse.errors import BlobhouseError, ExternalBlobError, InvalidInputError
-from blobhouse.placement import PATH_SAFE, AllowedBases, Kind, normalize_uri
+from blobhouse.placement import AllowedBases, Kind, as_uri, normalize_uri
 from blobhouse.rangeio import REF_TYPE
 from blobhouse.session import DATA_FILE_NAME, sidecar_name
 from blobhouse.values import ColumnPath, path_name
@@ -56,8 +55,7 @@ class ReferenceResolver:
         self.root_uri = root_uri.rstrip("/")
         # external blobs whose blob_id names a base path live under it (the table's store)
         self._bases = {
-            base_id: normalize_uri(base.path).rstrip("/")
-            for base_id, base in dataset.base_paths().items()
+            base_id: as_uri(base.path).rstrip("/") for base_id, base in dataset.base_paths().items()
         }
         # a table written by another writer may hold anything: externals are checked on read
         self._allowed = AllowedBases.of_table(dataset.schema, self.root_uri)
@@ -144,24 +142,27 @@ class ReferenceResolver:
     def _checked_external(self, blob_id: int, blob_uri: str, where: _RowNames, row: int) -> str:
         column, fragment, offset = where.of(row)
         if blob_id in self._bases:
+            # read as a URI path (percent-encoding decoded, as object stores do), spelled like
+            # the base (gc matches references to files by it), checked in the canonical form
             base = self._bases[blob_id]
+            uri = f"{base}/{posixpath.normpath(blob_uri)}"
             try:
-                uri = normalize_uri(f"{base}/{quote(blob_uri, safe=PATH_SAFE)}")
-            except InvalidInputError as exc:
-                uri, reason = blob_uri, str(exc)
-            else:
-                reason = "" if uri.startswith(base + "/") else "escapes its base path"
-            if reason:
+                inside = normalize_uri(uri).startswith(normalize_uri(base) + "/")
+            except InvalidInputError:
+                inside = False
+            if not inside or posixpath.isabs(blob_uri):
                 raise ExternalBlobError(
                     f"blob column {column!r}, fragment {fragment} row {offset}: external uri "
-                    f"{blob_uri!r} relative to base {base}: {reason}"
+                    f"{blob_uri!r} escapes its base path {base}"
                 )
             return uri
         if "://" in blob_uri or posixpath.isabs(blob_uri):
-            try:
-                return self._allowed.check(blob_uri, column=column, row=offset)
-            except ExternalBlobError as exc:
-                raise ExternalBlobError(f"reading fragment {fragment}: {exc}") from None
+            uri, problem = self._allowed.resolve(blob_uri)
+            if problem:
+                raise ExternalBlobError(
+                    f"blob column {column!r}, fragment {fragment} row {offset}: {problem}"
+                )
+            return uri
         raise BlobhouseError(
             f"blob column {column!r}, fragment {fragment} row {offset}: cannot resolve the "
             f"relative external uri {blob_uri!r} (no base path with id {blob_id})"

@@ -317,7 +317,8 @@ class StoreReference:
 
     def __init__(self, table_path: str, base_id: int) -> None:
         self.base_id = base_id
-        self.prefix = store_uri_prefix(table_path)
+        # compared in the canonical form: any spelling of a pack's path is recognized
+        self.prefix = normalize_uri(store_dir(table_path)) + "/"
         self.found: set[str] = set()  # packs referenced this way: checked before commit
         self._sizes: dict[str, int] = {}
 
@@ -353,7 +354,7 @@ class StoreReference:
 
 def store_uri_prefix(table_uri: str) -> str:
     """The prefix resolved references into the table's store start with."""
-    return f"{normalize_uri(store_dir(table_uri))}/"
+    return f"{as_uri(store_dir(table_uri))}/"
 
 
 def remove_packs(

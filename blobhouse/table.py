@@ -32,6 +32,7 @@ from blobhouse.backfill import (
 from blobhouse.checksums import RecordedHashes
 from blobhouse.errors import (
     BlobhouseError,
+    BlobReadError,
     InvalidInputError,
     SchemaError,
     TableExistsError,
@@ -656,7 +657,10 @@ class Table:
             descriptors = get_column(batch, path)
             refs = self.resolve_refs(path, descriptors, addresses)
             if blobs == "bytes":
-                values = read_ranges_arrow(refs_from_arrow(refs))
+                try:
+                    values = read_ranges_arrow(refs_from_arrow(refs))
+                except BlobReadError as exc:
+                    raise _naming_row(exc, path_name(path), refs, addresses) from None
                 self.recorded_hashes().check_read(
                     path_name(path), descriptors, refs, addresses, values
                 )
@@ -678,6 +682,18 @@ class Table:
 
     def _empty(self, columns: Sequence[str] | None, blobs: BlobsMode) -> pa.Table:
         return self.output_schema(columns, blobs).empty_table()
+
+
+def _naming_row(
+    error: BlobReadError, column: str, refs: pa.StructArray, addresses: pa.Array
+) -> BlobReadError:
+    """``error`` naming the first row of the batch whose reference points at its object."""
+    row = refs.field("uri").to_pylist().index(error.uri)
+    address = addresses[row].as_py()
+    return BlobReadError(
+        f"blob column {column!r}, fragment {address >> 32} row {address & 0xFFFFFFFF}: {error}",
+        error.uri,
+    )
 
 
 def table_root(uri: str | os.PathLike) -> tuple[str, str]:

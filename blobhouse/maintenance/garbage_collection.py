@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from blobhouse.errors import BlobhouseError
 from blobhouse.maintenance.walk import (
     FragmentState,
     Progress,
@@ -84,6 +85,7 @@ def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
     referenced = set(mark(table) if referenced is None else referenced)
     found = []
     for owned in _OWNED_DIRS:
+        _refuse_symlinked(root_dir, owned)
         for folder, _, names in os.walk(os.path.join(root_dir, owned)):
             for name in names:
                 path = os.path.join(folder, name)
@@ -220,6 +222,19 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except FileNotFoundError:
         return 0
+
+
+def _refuse_symlinked(root_dir: str, owned: str) -> None:
+    """gc deletes only inside the table root: a symlinked owned directory would lead it
+    elsewhere (``os.walk`` descends into no other symlink)."""
+    parts = owned.split("/")
+    for depth in range(1, len(parts) + 1):
+        path = os.path.join(root_dir, *parts[:depth])
+        if os.path.islink(path):
+            raise BlobhouseError(
+                f"{path} is a symlink; gc refuses to sweep outside the table root "
+                f"({root_dir}); replace the link with the directory it points to"
+            )
 
 
 def _remove_empty_dirs(root: str) -> None:

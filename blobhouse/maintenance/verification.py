@@ -91,6 +91,16 @@ def verify_state(
     """Check every reference of one fragment state; ``table`` is opened at ``state.version``."""
     checker = checker or _Checker(table)
     report = StateReport()
+    missing = [
+        uri
+        for uri in (f"{table.uri}/data/{name}" for name in state.data_files)
+        if checker.range_problem(uri, 0, 0)
+    ]
+    for uri in missing:  # the manifest names a file that is gone: no row of it can be read
+        reason = f"missing data file: every row of fragment {state.fragment_id} is unreadable"
+        report.problems.append(("", 0, uri, reason))
+    if missing:
+        return report
     for batch in fragment_references(table, state.fragment_id):
         uris = batch.refs.field("uri").to_pylist()
         positions = batch.refs.field("position").to_pylist()
