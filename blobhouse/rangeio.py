@@ -14,11 +14,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import blake3
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from blobhouse.errors import BlobReadError
+from blobhouse.errors import BlobReadError, CorruptBlobError
 from blobhouse.placement import MiB, uri_to_path
 
 REF_TYPE = pa.struct(
@@ -173,8 +174,10 @@ def _balanced_groups(reads: list[RangeRead], threads: int) -> list[list[RangeRea
     return [g for g in groups if g]
 
 
-def open_ref(ref: BlobRef) -> io.BufferedReader:
-    """A seekable, read-only file object over one reference's bytes.
+def open_ref(ref: BlobRef, digest: bytes | None = None, name: str = "") -> io.BufferedReader:
+    """A seekable, read-only file object over one reference's bytes. With ``digest`` (its
+    blake3), reading the whole payload front to back checks it: the read that reaches the end
+    raises :class:`~blobhouse.errors.CorruptBlobError` (naming ``name``) on a mismatch.
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
@@ -184,7 +187,7 @@ def open_ref(ref: BlobRef) -> io.BufferedReader:
     2
     b'rld'
     """
-    return io.BufferedReader(_RangeFile(ref), buffer_size=OPEN_BUFFER_BYTES)
+    return io.BufferedReader(_RangeFile(ref, digest, name), buffer_size=OPEN_BUFFER_BYTES)
 
 
 class _ObjectReader:
@@ -268,10 +271,13 @@ def _pread_into(fd: int, target: memoryview, position: int, uri: str) -> int:
 
 
 class _RangeFile(io.RawIOBase):
-    def __init__(self, ref: BlobRef) -> None:
+    def __init__(self, ref: BlobRef, digest: bytes | None, name: str) -> None:
         self.ref = ref
         self._pos = 0
         self._reader = _ObjectReader()
+        self._digest, self._name = digest, name or ref.uri
+        self._hasher = blake3.blake3() if digest is not None else None
+        self._hashed = 0  # bytes hashed so far, all from the start: reads beyond do not count
 
     def close(self) -> None:
         if not self.closed:
@@ -299,6 +305,18 @@ class _RangeFile(io.RawIOBase):
         if size == 0:
             return 0
         data = self._reader.read(self.ref.uri, self.ref.position + self._pos, size)
+        self._check(data)
         memoryview(buffer)[:size] = data
         self._pos += size
         return size
+
+    def _check(self, data: bytes) -> None:
+        if self._hasher is None or self._pos != self._hashed:
+            return
+        self._hasher.update(data)
+        self._hashed += len(data)
+        if self._hashed == self.ref.size and self._hasher.digest() != self._digest:
+            raise CorruptBlobError(
+                f"{self._name}: the bytes at {self.ref.uri} [{self.ref.position}, "
+                f"+{self.ref.size}) do not match the blake3 recorded when they were written"
+            )

@@ -438,10 +438,36 @@ class Table:
         return get_column(taken.combine_chunks().to_batches()[0], path).to_pylist()
 
     def open_blob(self, column: str, index: int) -> BinaryIO | None:
-        """A seekable file object over one blob (None if the value is null). Ranged access
-        reads what is stored without a hash check; :meth:`read_blobs` checks whole payloads."""
-        (ref,) = refs_from_arrow(self.blob_refs(column, [index]))
-        return None if ref is None else open_ref(ref)
+        """A seekable file object over one blob (None if the value is null). Reading it whole,
+        front to back, checks its recorded hash at the end (ranged reads cannot be checked).
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"v": blob_array([b"frames" * 20_000])}),
+        ...                 tempfile.mkdtemp() + "/t")
+        >>> with t.open_blob("v", 0) as f:
+        ...     _ = f.seek(6); f.read(6)
+        b'frames'
+        """
+        path = self._blob_path(column)
+        (index,) = self._check_indices([index])
+        taken = self.dataset.take([index], columns=[path[0], _ROW_ADDRESS]).to_batches()[0]
+        descriptor, address = get_column(taken, path), taken.column(_ROW_ADDRESS)
+        (ref,) = refs_from_arrow(self.resolve_refs(path, descriptor, address))
+        if ref is None:
+            return None
+        value, row = descriptor[0].as_py(), address[0].as_py()
+        digest = self.recorded_hashes().expected(
+            column,
+            value["kind"],
+            value["blob_id"],
+            row & 0xFFFFFFFF,
+            ref.uri,
+            ref.position,
+            ref.size,
+        )
+        name = f"blob column {column!r}, fragment {row >> 32} row {row & 0xFFFFFFFF}"
+        return open_ref(ref, digest, name)
 
     def add_data_file(self, written: WrittenFile) -> Table:
         """Append a data file written by a :class:`~blobhouse.session.BlobSession` as a new

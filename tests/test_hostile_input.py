@@ -496,6 +496,11 @@ def test_reads_of_damaged_bytes_fail_naming_column_row_and_file(table_uri, dedup
             table.read_blobs("b", [row])
         with pytest.raises(CorruptBlobError, match="do not match the blake3"):
             table.take([row], blobs="bytes")
+        with table.open_blob("b", row) as f, pytest.raises(CorruptBlobError, match=where):
+            f.read()  # streaming the whole payload checks it at the end
+        with table.open_blob("b", row) as f:
+            f.seek(1)  # a ranged read cannot be checked: it returns what is stored
+            assert f.read(4) == payloads[row][1:5]
     with pytest.raises(CorruptBlobError):
         table.to_arrow(blobs="bytes")
     assert table.read_blobs("b", [3]) == [payloads[3]]  # undamaged rows still read
