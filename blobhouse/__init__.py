@@ -16,6 +16,8 @@ from blobhouse.errors import (
     InvalidInputError,
     RefIdConflictError,
     SchemaError,
+    StaleWriteError,
+    StoreRaceError,
     TableExistsError,
     TableNotFoundError,
 )
@@ -41,6 +43,8 @@ __all__ = [
     "PreparedBlob",
     "RefIdConflictError",
     "SchemaError",
+    "StaleWriteError",
+    "StoreRaceError",
     "Table",
     "TableExistsError",
     "TableNotFoundError",

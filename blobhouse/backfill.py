@@ -202,12 +202,8 @@ def commit_backfill(
     return commit_referencing_store(
         uri_to_path(table.uri),
         list(files.values()),
-        lambda: LanceDataset.commit(
-            table.dataset.uri,
-            operation,
-            read_version=dataset.version,
-            storage_options=table.storage_options,
-        ),
+        lambda: operation,
+        dataset.version,
         table.storage_options,
     )
 

@@ -51,6 +51,12 @@ class BlobReadError(BlobhouseError, OSError):
         return type(self), (str(self), self.uri)
 
 
+class StaleWriteError(BlobhouseError):
+    """A write outlived what table maintenance keeps for it: gc removed the version it started
+    from, or swept files it staged (the write ran longer than gc's grace period). Nothing was
+    committed; retrying the write succeeds."""
+
+
 class StoreRaceError(BlobhouseError):
     """A write found payloads in the table's store that gc retired before the write committed;
     nothing was committed and retrying the write succeeds."""

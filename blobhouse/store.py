@@ -25,22 +25,28 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import lance
 import pyarrow as pa
 import pyarrow.fs as pafs
-from lance import DatasetBasePath, LanceDataset
+from lance import DatasetBasePath, LanceDataset, LanceOperation
 
-from blobhouse.errors import ExternalBlobError, InvalidInputError, StoreRaceError
+from blobhouse.errors import (
+    BlobhouseError,
+    ExternalBlobError,
+    InvalidInputError,
+    StaleWriteError,
+    StoreRaceError,
+)
 from blobhouse.placement import Kind, as_uri, normalize_uri, object_size, uri_to_path
 from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue, WrittenFile
 
 if TYPE_CHECKING:
     from blobhouse.values import LogicalColumn
 
-T = TypeVar("T")
 STORE_DIR = "_blobs"
+_REGISTER_ATTEMPTS = 10
 PACKS_DIR = "packs"
 TOMBSTONES_DIR = "tombstones"
 BASE_NAME = "blobhouse-store"
@@ -104,12 +110,23 @@ def ensure_store(
     >>> base_id, store_base_id(ds)
     (1, 1)
     """
-    base_id = store_base_id(dataset)
-    if base_id is not None:
-        return dataset, base_id
-    base = store_base(dataset.uri, dataset)
-    dataset.add_bases([base])
-    return lance.dataset(dataset.uri, storage_options=storage_options), base.id
+    for _ in range(_REGISTER_ATTEMPTS):
+        base_id = store_base_id(dataset)
+        if base_id is not None:
+            return dataset, base_id
+        base = store_base(dataset.uri, dataset)
+        try:
+            dataset.add_bases([base])
+        except OSError:
+            # another writer changed the table first (maybe registering the store itself):
+            # look again at the latest version
+            dataset = lance.dataset(dataset.uri, storage_options=storage_options)
+            continue
+        return lance.dataset(dataset.uri, storage_options=storage_options), base.id
+    raise BlobhouseError(
+        f"could not register the store of {dataset.uri}: {_REGISTER_ATTEMPTS} attempts lost a "
+        "commit race with other writers"
+    )
 
 
 class StoreIndex:
@@ -424,20 +441,68 @@ def forget_tombstone(table_path: str, pack: str) -> None:
 def commit_referencing_store(
     table_path: str,
     written: Sequence[WrittenFile],
-    commit: Callable[[], T],
+    operation: Callable[[], LanceOperation.BaseOperation],
+    read_version: int | None,
     storage_options: dict[str, str] | None = None,
-) -> T:
-    """Run ``commit`` for files that may reference the table's store: the packs they took from
-    the index are checked right before it (see :func:`check_packs_usable`), the payloads they
-    added are recorded in the index after it. Every commit of data files goes through here."""
+) -> LanceDataset:
+    """Commit ``operation()`` (which makes ``written`` visible) on top of ``read_version``.
+    Every commit of data files goes through here. Right before it: the store packs ``written``
+    took from the index must not be retired (:func:`check_packs_usable`), and every file of
+    ``written`` must still exist (a gc whose grace is shorter than the write may have swept
+    them).
+    Right after it, the payloads they added are recorded in the store's index."""
     check_packs_usable(table_path, {p for w in written for p in w.found_packs})
-    result = commit()
+    lost = _lost_files(table_path, written)
+    if lost:
+        raise StaleWriteError(
+            f"{len(lost)} file(s) this write staged are gone (e.g. {lost[0]}): gc swept them "
+            "because the write ran longer than its grace period; nothing was committed, retry"
+        )
+    try:
+        dataset = LanceDataset.commit(
+            table_path, operation(), read_version=read_version, storage_options=storage_options
+        )
+    except (OSError, ValueError) as exc:
+        if read_version is not None and not _version_exists(
+            table_path, read_version, storage_options
+        ):
+            raise StaleWriteError(
+                f"version {read_version} of {table_path}, which this write started from, was "
+                "removed by gc while it ran; nothing was committed, retry the write"
+            ) from exc
+        raise
     stored = [s for w in written for s in w.stored]
     try:
         append_to_index(table_path, stored, storage_options)
     except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
         warnings.warn(f"the store index of {table_path} was not updated: {exc}", stacklevel=2)
-    return result
+    return dataset
+
+
+def _lost_files(table_path: str, written: Sequence[WrittenFile]) -> list[str]:
+    """The files of ``written`` (relative to the table) that no longer exist."""
+    paths = [
+        path
+        for w in written
+        for path in (
+            f"data/{w.name}",
+            *(f"data/{s}" for s in w.sidecars),
+            *(f"{STORE_DIR}/{p}" for p in w.packs),
+        )
+    ]
+    if not paths:
+        return []
+    fs, root = pafs.FileSystem.from_uri(as_uri(table_path))
+    infos = fs.get_file_info([f"{root}/{p}" for p in paths])
+    return [p for p, info in zip(paths, infos, strict=True) if info.type != pafs.FileType.File]
+
+
+def _version_exists(table_path: str, version: int, storage_options: dict[str, str] | None) -> bool:
+    try:
+        lance.dataset(table_path, version=version, storage_options=storage_options)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def check_packs_usable(table_path: str, packs: Iterable[str]) -> None:

@@ -221,12 +221,8 @@ class TableWrite:
             dataset = commit_referencing_store(
                 self.path,
                 written,
-                lambda: LanceDataset.commit(
-                    self.path,
-                    self._operation(written),
-                    read_version=self.read_version,
-                    storage_options=self.storage_options,
-                ),
+                lambda: self._operation(written),
+                self.read_version,
                 self.storage_options,
             )
         except BaseException:
@@ -499,11 +495,8 @@ class Table:
         operation = LanceOperation.Append(
             [FragmentMetadata(id=0, files=[data_file], physical_rows=written.num_rows)]
         )
-        dataset = LanceDataset.commit(
-            self.dataset.uri,
-            operation,
-            read_version=self.version,
-            storage_options=self.storage_options,
+        dataset = commit_referencing_store(
+            uri_to_path(self.uri), [written], lambda: operation, self.version, self.storage_options
         )
         return Table(dataset, self.uri, self.storage_options)
 

@@ -233,12 +233,8 @@ def commit_compaction(
     committed = commit_referencing_store(
         uri_to_path(table.uri),
         [w for files in written for w in files],
-        lambda: LanceDataset.commit(
-            dataset.uri,
-            LanceOperation.Rewrite(groups, []),
-            read_version=plan.read_version,
-            storage_options=table.storage_options,
-        ),
+        lambda: LanceOperation.Rewrite(groups, []),
+        plan.read_version,
         table.storage_options,
     )
     # nothing current references the repacked packs now: writers stop finding them, and gc
