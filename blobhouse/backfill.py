@@ -20,6 +20,7 @@ from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
 from lance.schema import LanceSchema
 
+from blobhouse import leases
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.pipeline import DataFileWriter, plan_write
 from blobhouse.placement import AllowedBases, Placement, placement_metadata, uri_to_path
@@ -116,6 +117,17 @@ def backfill_fragment(
     Deleted rows get null. With ``dedup="global"``, ``store`` is the store writer shared by
     the fragments this process backfills (one of its own when not given).
     """
+    with leases.held(uri_to_path(table.uri), plan.name_prefix, table.storage_options):
+        return _backfill_fragment(table, fragment_id, fn, plan, store)
+
+
+def _backfill_fragment(
+    table: Table,
+    fragment_id: int,
+    fn: BlobFunction,
+    plan: BackfillPlan,
+    store: StoreWriter | None,
+) -> WrittenFile:
     dataset = table.dataset
     fragment = dataset.get_fragment(fragment_id)
     if fragment is None:
@@ -204,6 +216,7 @@ def commit_backfill(
         list(files.values()),
         lambda: operation,
         dataset.version,
+        plan.name_prefix,
         table.storage_options,
     )
 

@@ -351,8 +351,10 @@ class RecordedHashes:
                 for row, digest in zip(rows, digests, strict=True):
                     expected[row] = digest
         payload = _binary_views(values)
-        for row, digest in enumerate(expected):
-            if digest is not None and content_hash(payload(row)) != digest:
+        rows = [row for row, digest in enumerate(expected) if digest is not None]
+        actual = [content_hash(payload(row)) for row in rows]
+        for row, digest in zip(rows, actual, strict=True):
+            if digest != expected[row]:
                 raise CorruptBlobError(
                     f"blob column {column!r}, fragment {int(addresses[row]) >> 32} row "
                     f"{offsets[row]}: the bytes at {uris[row]} [{positions[row]}, "

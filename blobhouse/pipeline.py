@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 from lance.blob import blob_field as lance_blob_field
 from lance.file import LanceFileSession
 
+from blobhouse import leases
 from blobhouse.dedup import DedupIndex, DedupMode, Fingerprint, content_hash, dedup_modes
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.placement import (
@@ -288,9 +289,22 @@ def write_data_files(
 ) -> list[WrittenFile]:
     """Write ``batches`` into as many data files as the plan's limits need.
 
-    Data file names start with ``name_prefix`` (how a write finds every file it staged). On any
-    error, every file written so far is removed and the error is raised.
+    Data file names start with ``name_prefix`` (how a write finds every file it staged), and the
+    write's lease is held meanwhile (:mod:`blobhouse.leases`). On any error, every file written
+    so far is removed and the error is raised.
     """
+    table_path = data_dir.rstrip("/").removesuffix("/data")
+    with leases.held(table_path, name_prefix, storage_options):
+        return _write_data_files(batches, plan, data_dir, storage_options, name_prefix)
+
+
+def _write_data_files(
+    batches: Iterable[pa.RecordBatch],
+    plan: WritePlan,
+    data_dir: str,
+    storage_options: dict[str, str] | None,
+    name_prefix: str,
+) -> list[WrittenFile]:
     written: list[WrittenFile] = []
     writer: DataFileWriter | None = None
     store = _store_writer(plan, data_dir, storage_options, name_prefix)
@@ -397,10 +411,13 @@ def remove_staged(
     data_dir: str, name_prefix: str, storage_options: dict[str, str] | None = None
 ) -> None:
     """Delete every data file (and its sidecars) whose name starts with ``name_prefix``: what a
-    write staged, including files of tasks whose results never reached the driver."""
+    write staged, including files of tasks whose results never reached the driver; and the
+    write's lease (the write will not commit)."""
     if not name_prefix:
         raise ValueError("remove_staged needs a non-empty prefix")
-    remove_staged_packs(data_dir.rstrip("/").removesuffix("/data"), name_prefix, storage_options)
+    table_path = data_dir.rstrip("/").removesuffix("/data")
+    remove_staged_packs(table_path, name_prefix, storage_options)
+    leases.release(table_path, name_prefix, storage_options)
     files = LanceFileSession(data_dir, storage_options=storage_options)
     try:
         listed = files.list()

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from lance import DatasetBasePath, LanceDataset, LanceOperation
 
+from blobhouse import leases
 from blobhouse.errors import (
     BlobhouseError,
     ExternalBlobError,
@@ -443,14 +444,32 @@ def commit_referencing_store(
     written: Sequence[WrittenFile],
     operation: Callable[[], LanceOperation.BaseOperation],
     read_version: int | None,
+    name_prefix: str,
     storage_options: dict[str, str] | None = None,
 ) -> LanceDataset:
     """Commit ``operation()`` (which makes ``written`` visible) on top of ``read_version``.
     Every commit of data files goes through here. Right before it: the store packs ``written``
     took from the index must not be retired (:func:`check_packs_usable`), and every file of
-    ``written`` must still exist (a gc whose grace is shorter than the write may have swept
-    them).
+    ``written`` must still exist. The write's lease (``name_prefix``, :mod:`blobhouse.leases`)
+    is held throughout, so gc keeps its files even while Lance retries the commit for long.
     Right after it, the payloads they added are recorded in the store's index."""
+    with leases.held(table_path, name_prefix, storage_options):
+        dataset = _checked_commit(table_path, written, operation, read_version, storage_options)
+    stored = [s for w in written for s in w.stored]
+    try:
+        append_to_index(table_path, stored, storage_options)
+    except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
+        warnings.warn(f"the store index of {table_path} was not updated: {exc}", stacklevel=2)
+    return dataset
+
+
+def _checked_commit(
+    table_path: str,
+    written: Sequence[WrittenFile],
+    operation: Callable[[], LanceOperation.BaseOperation],
+    read_version: int | None,
+    storage_options: dict[str, str] | None,
+) -> LanceDataset:
     check_packs_usable(table_path, {p for w in written for p in w.found_packs})
     lost = _lost_files(table_path, written)
     if lost:
@@ -471,11 +490,6 @@ def commit_referencing_store(
                 "removed by gc while it ran; nothing was committed, retry the write"
             ) from exc
         raise
-    stored = [s for w in written for s in w.stored]
-    try:
-        append_to_index(table_path, stored, storage_options)
-    except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
-        warnings.warn(f"the store index of {table_path} was not updated: {exc}", stacklevel=2)
     return dataset
 
 

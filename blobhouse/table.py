@@ -223,6 +223,7 @@ class TableWrite:
                 written,
                 lambda: self._operation(written),
                 self.read_version,
+                self.name_prefix,
                 self.storage_options,
             )
         except BaseException:
@@ -496,7 +497,12 @@ class Table:
             [FragmentMetadata(id=0, files=[data_file], physical_rows=written.num_rows)]
         )
         dataset = commit_referencing_store(
-            uri_to_path(self.uri), [written], lambda: operation, self.version, self.storage_options
+            uri_to_path(self.uri),
+            [written],
+            lambda: operation,
+            self.version,
+            written.name.removesuffix(".lance"),  # the file and its sidecar directory
+            self.storage_options,
         )
         return Table(dataset, self.uri, self.storage_options)
 

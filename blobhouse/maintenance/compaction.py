@@ -235,6 +235,7 @@ def commit_compaction(
         [w for files in written for w in files],
         lambda: LanceOperation.Rewrite(groups, []),
         plan.read_version,
+        plan.name_prefix,
         table.storage_options,
     )
     # nothing current references the repacked packs now: writers stop finding them, and gc

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from blobhouse import leases
 from blobhouse.errors import BlobhouseError
 from blobhouse.maintenance.walk import (
     FragmentState,
@@ -136,11 +137,20 @@ def gc(
         table = table.checkout(table.version)
         removed_versions = sorted(before - {v["version"] for v in table.versions()})
     # files staged after this instant may belong to a write that commits after the mark
-    cutoff = time.time() - grace.total_seconds()
+    mark_started = time.time()
+    cutoff = mark_started - grace.total_seconds()
     marked = referenced(table) if referenced is not None else mark(table, progress)
     leftovers = orphans(table, marked)
     store = _StorePacks(table, marked, cutoff)
-    old = [p for p in leftovers["paths"] if _mtime(p) < cutoff and p not in store.indexed]
+    # writes that ran at any time since the mark began (including those that committed after
+    # it, which the mark could not see) keep their files, however old
+    table_path = uri_to_path(table.uri)
+    running = leases.live_prefixes(table_path, mark_started - leases.TIMEOUT_SECONDS)
+    old = [
+        p
+        for p in leftovers["paths"]
+        if _mtime(p) < cutoff and p not in store.indexed and not _staged_by(p, table_path, running)
+    ]
     young = len(leftovers["paths"]) - len(old) - len(store.unreferenced_indexed)
     reclaimed = sum(_size(p) for p in old) + sum(_size(p) for p in store.reap_paths)
     if not dry_run:
@@ -150,6 +160,7 @@ def gc(
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
         store.apply()
+        leases.remove_expired(table_path, min(cutoff, mark_started - leases.TIMEOUT_SECONDS))
         for owned in _OWNED_DIRS:
             _remove_empty_dirs(os.path.join(uri_to_path(table.uri), owned))
     return {
@@ -222,6 +233,14 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except FileNotFoundError:
         return 0
+
+
+def _staged_by(path: str, root_dir: str, prefixes: set[str]) -> bool:
+    """Whether ``path`` (a data file, a sidecar in its directory, or a store pack) was staged
+    by a write with one of ``prefixes``: its first name under the owned directory tells."""
+    relative = os.path.relpath(path, root_dir).split(os.sep)
+    depth = 1 if relative[0] == "data" else 2  # data/<name>... or _blobs/packs/<name>
+    return len(relative) > depth and relative[depth].startswith(tuple(prefixes))
 
 
 def _refuse_symlinked(root_dir: str, owned: str) -> None:
