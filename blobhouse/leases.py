@@ -60,6 +60,8 @@ def held(
 
 def release(table_path: str, prefix: str, storage_options: dict[str, str] | None = None) -> None:
     """Remove the lease of a write that will never commit (it was aborted)."""
+    if not prefix:
+        return
     fs, root = pafs.FileSystem.from_uri(as_uri(f"{table_path}/{LEASES_DIR}"))
     with contextlib.suppress(OSError):
         fs.delete_file(f"{root}/{prefix}")

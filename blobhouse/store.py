@@ -453,8 +453,12 @@ def commit_referencing_store(
     ``written`` must still exist. The write's lease (``name_prefix``, :mod:`blobhouse.leases`)
     is held throughout, so gc keeps its files even while Lance retries the commit for long.
     Right after it, the payloads they added are recorded in the store's index."""
-    with leases.held(table_path, name_prefix, storage_options):
-        dataset = _checked_commit(table_path, written, operation, read_version, storage_options)
+    try:
+        with leases.held(table_path, name_prefix, storage_options):
+            dataset = _checked_commit(table_path, written, operation, read_version, storage_options)
+    except BaseException:
+        leases.release(table_path, name_prefix, storage_options)  # it will not commit
+        raise
     stored = [s for w in written for s in w.stored]
     try:
         append_to_index(table_path, stored, storage_options)

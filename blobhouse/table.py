@@ -21,6 +21,7 @@ from lance import LanceDataset, LanceOperation
 from lance.fragment import DataFile, FragmentMetadata
 from lance.schema import LanceSchema
 
+from blobhouse import leases
 from blobhouse.backfill import (
     BackfillPlan,
     BlobFunction,
@@ -120,7 +121,11 @@ def write_table(
         max_bytes_per_file=max_bytes_per_file,
         storage_options=storage_options,
     )
-    written = write.write(batches)
+    try:
+        written = write.write(batches)
+    except BaseException:
+        write.abort([])  # the files are gone already; the lease and new directories go too
+        raise
     return write.commit(written)
 
 
@@ -195,6 +200,10 @@ class TableWrite:
         """Every data file this write stages is named ``<write_id>-<uuid>.lance``."""
         return f"{self.write_id}-"
 
+    @property
+    def leases_dir(self) -> str:
+        return f"{self.path}/{leases.LEASES_DIR}"
+
     def write(self, batches: Iterable[pa.RecordBatch]) -> list[WrittenFile]:
         """Write data files (and sidecars) for ``batches``; nothing is visible until commit.
 
@@ -207,11 +216,12 @@ class TableWrite:
             )
         except BaseException:
             if self.read_version is None:
-                _remove_empty_local_dirs(self.data_dir, self.path)
+                _remove_empty_local_dirs(self.data_dir, self.leases_dir, self.path)
             raise
         # a Spark task can finish after the job was aborted and swept: it cleans up itself
         if is_aborted(self.data_dir, self.name_prefix):
             remove_written(written, self.data_dir, self.storage_options)
+            leases.release(self.path, self.name_prefix, self.storage_options)
             raise BlobhouseError(f"write {self.write_id} was aborted; its files are removed")
         return written
 
@@ -243,7 +253,7 @@ class TableWrite:
         remove_written(written, self.data_dir, self.storage_options)
         remove_staged(self.data_dir, self.name_prefix, self.storage_options)
         if self.read_version is None:
-            _remove_empty_local_dirs(self.data_dir, self.path)
+            _remove_empty_local_dirs(self.data_dir, self.leases_dir, self.path)
 
     def _operation(self, written: Sequence[WrittenFile]) -> LanceOperation.BaseOperation:
         if self.appending:

@@ -29,8 +29,8 @@ from blobhouse import blob_array, open_table, write_table
 WRITERS = int(os.environ.get("BLOBHOUSE_CONCURRENCY_WRITERS", "4"))
 WRITES = int(os.environ.get("BLOBHOUSE_CONCURRENCY_WRITES", "12"))  # per writer
 SEED = int(os.environ.get("BLOBHOUSE_CONCURRENCY_SEED", "20261123"))
-# seconds, maintenance gc: past the slowest write (Lance's commit backs off under contention:
-# writes of 1.5 s at CI sizes, of 3-16 s in longer runs; see the grace test at the end)
+# seconds, maintenance gc; writes may take longer (Lance's commit backs off under contention:
+# writes of 1.5 s at CI sizes, of 3-16 s in longer runs): their leases keep their files
 GRACE = float(os.environ.get("BLOBHOUSE_CONCURRENCY_GRACE", "5"))
 RETAIN = int(os.environ.get("BLOBHOUSE_CONCURRENCY_RETAIN", "3"))  # versions, maintenance gc
 # seconds a version is kept (besides the last RETAIN); 0: by count only, which removes versions
@@ -191,10 +191,7 @@ def test_writers_beside_compaction_gc_and_deletes_lose_nothing(table_uri):
     figures = counts | maintained | deleted
     figures["seconds"] = time.monotonic() - started
     report("writers + maintenance", figures)
-    why = (
-        f" (slowest write {counts['slowest_write_seconds']} s, gc grace {GRACE} s: a write slower"
-        " than the grace loses its staged files, see the last test)"
-    )
+    why = f" (slowest write {counts['slowest_write_seconds']} s, gc grace {GRACE} s)"
     assert not unclear(counts["errors"]), counts["errors"]
     assert maintained["gc_failures"] == [], f"{maintained['gc_failures']}{why}"
     # a compaction a delete preempted fails cleanly: Lance's retryable conflict, nothing left
