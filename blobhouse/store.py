@@ -25,6 +25,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import lance
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 
 STORE_DIR = "_blobs"
 _REGISTER_ATTEMPTS = 10
+_INDEX_FRAGMENTS = 8  # more than this many and gc compacts the index
 PACKS_DIR = "packs"
 TOMBSTONES_DIR = "tombstones"
 BASE_NAME = "blobhouse-store"
@@ -201,6 +203,26 @@ def append_to_index(
     except (ValueError, OSError):
         # it exists (maybe a concurrent writer just created it): append, Lance merges appends
         lance.write_dataset(rows, uri, mode="append", storage_options=storage_options)
+
+
+def maintain_index(
+    table_path: str, keep: timedelta, storage_options: dict[str, str] | None = None
+) -> None:
+    """Compact the index (one small fragment per write adds up) and remove its versions older
+    than ``keep``. Lance's cleanup also removes files no version names once they are 7 days
+    old: the leftovers of an index append that was killed before it committed. The index is a
+    cache: a failure here is a warning."""
+    try:
+        dataset = lance.dataset(index_uri(table_path), storage_options=storage_options)
+    except (ValueError, OSError):
+        return  # no store, or nothing stored yet
+    try:
+        if len(dataset.get_fragments()) > _INDEX_FRAGMENTS:
+            dataset.optimize.compact_files()
+        dataset = lance.dataset(index_uri(table_path), storage_options=storage_options)
+        dataset.cleanup_old_versions(older_than=keep)
+    except (ValueError, OSError) as exc:  # e.g. a concurrent index delete won the commit
+        warnings.warn(f"the store index of {table_path} was not maintained: {exc}", stacklevel=2)
 
 
 def indexed_packs(table_path: str, storage_options: dict[str, str] | None = None) -> set[str]:

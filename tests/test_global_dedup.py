@@ -377,3 +377,27 @@ def test_a_store_reference_past_the_end_of_its_pack_is_refused(table_uri):
     with pytest.raises(ExternalBlobError, match=r"row 1: range .* past the end of store pack"):
         write_table(rows([1, 2], [PAYLOADS[1], bad]), table_uri, mode="append", dedup="global")
     assert tree(table_uri) == before
+
+
+def test_gc_keeps_the_store_index_small_and_removes_what_a_killed_append_left(table_uri):
+    """One index fragment per write adds up: gc compacts the index. A kill between the table
+    commit and the index commit leaves an unreferenced index file: gc removes it (Lance's
+    cleanup, once it is 7 days old). The index still serves dedup afterwards."""
+    for i in range(12):
+        write_table(rows([i], [PAYLOADS[i % 2]]), table_uri, mode="append", dedup="global")
+    index = Path(table_uri, "_blobs", "index")
+    assert len(lance.dataset(str(index)).get_fragments()) == 2  # payloads stored twice only
+    for i in range(12, 24):
+        write_table(rows([i], [os.urandom(70_000)]), table_uri, mode="append", dedup="global")
+    assert len(lance.dataset(str(index)).get_fragments()) == 14
+    stray = index / "data" / "killed-append.lance"
+    stray.write_bytes(next((index / "data").iterdir()).read_bytes())
+    age(str(index), hours=24 * 8)
+    open_table(table_uri).gc(grace=timedelta(hours=1))
+    assert len(lance.dataset(str(index)).get_fragments()) == 1
+    assert not stray.exists()
+    assert len(StoreIndex.load(table_uri)) == 14
+    before = disk_bytes(str(Path(table_uri, "_blobs", "packs")))
+    write_table(rows([99], [PAYLOADS[0]]), table_uri, mode="append", dedup="global")
+    assert disk_bytes(str(Path(table_uri, "_blobs", "packs"))) == before  # still deduplicated
+    assert open_table(table_uri).verify(deep=True)["problems"] == []

@@ -32,6 +32,7 @@ from blobhouse.store import (
     STORE_DIR,
     forget_tombstone,
     indexed_packs,
+    maintain_index,
     retire_packs,
     retired_packs,
     store_dir,
@@ -160,6 +161,8 @@ def gc(
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
         store.apply()
+        # index versions a writer may be reading stay, whatever the grace
+        maintain_index(table_path, max(grace, timedelta(hours=1)), table.storage_options)
         leases.remove_expired(table_path, min(cutoff, mark_started - leases.TIMEOUT_SECONDS))
         for owned in _OWNED_DIRS:
             _remove_empty_dirs(os.path.join(uri_to_path(table.uri), owned))
