@@ -215,6 +215,8 @@ class TableWrite:
                 batches, self.plan, self.data_dir, self.storage_options, self.name_prefix
             )
         except BaseException:
+            if is_aborted(self.data_dir, self.name_prefix):  # no one will commit: no lease
+                leases.release(self.path, self.name_prefix, self.storage_options)
             if self.read_version is None:
                 _remove_empty_local_dirs(self.data_dir, self.leases_dir, self.path)
             raise
