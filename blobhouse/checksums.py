@@ -199,11 +199,7 @@ class FileChecksums:
 
     def inline(self, column: str, row: int) -> bytes | None:
         """The digest of the inline payload of ``column`` (dotted name) at ``row``."""
-        if column not in self._inline:
-            return None
-        entries, rows = self._inline[column]
-        lo, hi = _equal_range(rows, row, 0, len(rows))
-        return self._digest(entries[lo]) if lo < hi else None
+        return self.inline_many(column, np.array([row], np.int64))[0]
 
     def _digest(self, entry: int) -> bytes:
         return self._digests[entry].tobytes()

@@ -57,6 +57,8 @@ class ReferenceResolver:
         self._bases = {
             base_id: as_uri(base.path).rstrip("/") for base_id, base in dataset.base_paths().items()
         }
+        # and in the canonical form references are checked against (symlinks resolved)
+        self._canonical_bases = {i: normalize_uri(base) for i, base in self._bases.items()}
         # a table written by another writer may hold anything: externals are checked on read
         self._allowed = AllowedBases.of_table(dataset.schema, self.root_uri)
         self._externals: dict[tuple[int, str], str] = {}
@@ -147,7 +149,7 @@ class ReferenceResolver:
             base = self._bases[blob_id]
             uri = f"{base}/{posixpath.normpath(blob_uri)}"
             try:
-                inside = normalize_uri(uri).startswith(normalize_uri(base) + "/")
+                inside = normalize_uri(uri).startswith(self._canonical_bases[blob_id] + "/")
             except InvalidInputError:
                 inside = False
             if not inside or posixpath.isabs(blob_uri):
