@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,7 +26,9 @@ import pyarrow.parquet as pq
 from bench.harness import Case, Scratch, disk_bytes, fresh, medians
 from blobhouse import Blob, blob_array, open_table, read_ranges, write_table
 from blobhouse.demo import BLOB_COLUMNS, EpisodeData
-from blobhouse.rangeio import refs_from_arrow
+from blobhouse.rangeio import plan_reads, refs_from_arrow
+from blobhouse.storage import checked_options, object_store
+from blobhouse.testing import LocalS3Server
 
 KB, MB = 1024, 1024 * 1024
 
@@ -47,10 +50,11 @@ class Size:
     spark_rows: int
     machine_bytes: int
     appends: int  # appends of 24 rows piled up before a compaction
+    s3_rows: int  # 1 MB payloads per object-storage workload
 
 
 QUICK = Size(
-    "quick", 5, 100, 10, 90, 20, 16 * MB, 60, (10_000, 40_000), (0.06, 0.24), 400, 64 * MB, 4
+    "quick", 5, 100, 10, 90, 20, 16 * MB, 60, (10_000, 40_000), (0.06, 0.24), 400, 64 * MB, 4, 16
 )
 FULL = Size(
     "full",
@@ -66,6 +70,7 @@ FULL = Size(
     8000,
     1024 * MB,
     24,
+    128,
 )
 
 
@@ -551,6 +556,140 @@ def global_dedup(size: Size) -> Case:
     return case
 
 
+def object_storage(size: Size) -> Case:
+    """The same writes and reads on a local path and on the local S3-compatible server (moto,
+    on 127.0.0.1): throughput, and the requests each sent as the server logged them."""
+    case = Case(
+        "object_storage",
+        "Median seconds on a local path vs the local S3 server (moto); requests per run, as the "
+        "server logged them",
+    )
+    rng = np.random.default_rng(8)
+    workloads = {
+        "1 MB payloads (packed)": [rng_bytes(rng, MB) for _ in range(size.s3_rows)],
+        "8 MB payloads (dedicated)": [rng_bytes(rng, 8 * MB) for _ in range(size.s3_rows // 8)],
+    }
+    with Scratch() as root, LocalS3Server(log=root / "s3.log") as server:
+        bucket = f"s3://{server.bucket('bench')}"
+        options = server.options
+        for label, payloads in workloads.items():
+            _object_store_writes(case, server, root, bucket, label, payloads, size.runs)
+        _object_store_reads(case, server, root, bucket, workloads["1 MB payloads (packed)"], size)
+    case.notes.append(
+        "moto is a Python server on the same 2 cores: absolute S3 numbers are the server's "
+        "speed, not a real store's; the request counts and the ratios between contenders on the "
+        "same store are what carry over. requests: GET/HEAD/PUT/POST/DELETE sent in one run "
+        f"(blobhouse's boto3 client and Lance's object_store together); options {sorted(options)}"
+    )
+    return case
+
+
+def _object_store_writes(
+    case: Case, server, root: Path, bucket: str, label: str, payloads: list[bytes], runs: int
+) -> None:
+    logical = sum(len(p) for p in payloads)
+    binary = pa.table({"b": pa.array(payloads, pa.large_binary())})
+    lance_input = lance_table(payloads)
+    options = server.options
+
+    def s3_uri(name: str) -> str:
+        return f"{bucket}/{name}-{uuid.uuid4().hex}"
+
+    writes = {
+        "blobhouse, local": lambda: write_table(
+            binary, str(fresh(root / "bh")), blob_columns=["b"]
+        ),
+        "blobhouse, s3": lambda: write_table(
+            binary, s3_uri("bh"), blob_columns=["b"], storage_options=options
+        ),
+        "pylance, local": lambda: lance.write_dataset(
+            lance_input, fresh(root / "pl"), data_storage_version="2.2"
+        ),
+        "pylance, s3": lambda: lance.write_dataset(
+            lance_input,
+            s3_uri("pl"),
+            data_storage_version="2.2",
+            storage_options=checked_options(options),
+        ),
+    }
+    requests = {name: _requests_of(server, fn) for name, fn in writes.items()}
+    times = medians(writes, runs)
+    for contender, seconds in times.items():
+        store = contender.rsplit(", ", 1)[1]
+        case.add(
+            operation="write",
+            workload=f"{label} x {len(payloads)}",
+            contender=contender,
+            seconds=round(seconds, 4),
+            mb_s=round(logical / seconds / 1e6, 1),
+            requests=requests[contender],
+            vs_pylance_same_store=round(times[f"pylance, {store}"] / seconds, 3),
+        )
+
+
+def _object_store_reads(
+    case: Case, server, root: Path, bucket: str, payloads: list[bytes], size: Size
+) -> None:
+    options = server.options
+    binary = pa.table({"b": pa.array(payloads, pa.large_binary())})
+    tables = {
+        "local": write_table(binary, str(root / "read_bh"), blob_columns=["b"]),
+        "s3": write_table(binary, f"{bucket}/read_bh", blob_columns=["b"], storage_options=options),
+    }
+    lance.write_dataset(lance_table(payloads), root / "read_pl", data_storage_version="2.2")
+    lance.write_dataset(
+        lance_table(payloads),
+        f"{bucket}/read_pl",
+        data_storage_version="2.2",
+        storage_options=checked_options(options),
+    )
+    stock = {
+        "local": lance.dataset(str(root / "read_pl")),
+        "s3": lance.dataset(f"{bucket}/read_pl", storage_options=checked_options(options)),
+    }
+    k = max(1, len(payloads) * 3 // 4)
+    picks = sorted(random.Random(k).sample(range(len(payloads)), k))
+    for store, table in tables.items():
+        refs = refs_from_arrow(table.blob_refs("b", picks))
+        gap = object_store(refs[0].uri, table.storage_options).coalesce_gap
+        planned = plan_reads(refs, gap)
+        reads = {
+            f"blobhouse read_blobs, {store}": lambda t=table: t.read_blobs("b", picks),
+            f"blobhouse refs + ranged reads, {store}": lambda t=table, r=refs: read_ranges(
+                r, storage_options=t.storage_options
+            ),
+            f"pylance read_blobs, {store}": lambda d=stock[store]: d.read_blobs("b", indices=picks),
+        }
+        requests = {name: _requests_of(server, fn) for name, fn in reads.items()}
+        times = medians(reads, size.runs)
+        for contender, seconds in times.items():
+            row = case.add(
+                operation=f"read {k} of {len(payloads)} rows",
+                workload="1 MB payloads (packed)",
+                contender=contender,
+                seconds=round(seconds, 4),
+                mb_s=round(k * MB / seconds / 1e6, 1),
+                requests=requests[contender],
+                vs_pylance_same_store=round(times[f"pylance read_blobs, {store}"] / seconds, 3),
+            )
+            if contender.startswith("blobhouse refs"):
+                row["coalesced_reads"] = len(planned)
+                row["bytes_read"] = sum(r.end - r.start for r in planned)
+
+
+def _requests_of(server, fn: Callable[[], object]) -> dict[str, int]:
+    """What one call of ``fn`` sent to ``server``, by method (the server logs each request as
+    it answers it: wait until the log stops growing)."""
+    before = server.requests()
+    fn()
+    after, settled = server.requests(), None
+    while settled != after:
+        settled = after
+        time.sleep(0.2)
+        after = server.requests()
+    return {m: n - before.get(m, 0) for m, n in sorted(after.items()) if n - before.get(m, 0)}
+
+
 def _last_json(stdout: str) -> dict:
     import json
 
@@ -566,4 +705,5 @@ CASES = {
     "spark": spark,
     "maintenance": maintenance,
     "global_dedup": global_dedup,
+    "object_storage": object_storage,
 }

@@ -17,6 +17,8 @@ TARGETS = """\
 | peak RSS flat (within 1.5x) from 1 GB to 8 GB written | {rss} |
 | after compaction, physical bytes <= 1.05 x unique live bytes | {compaction} |
 | dedup="global": bytes on disk <= 1.05 x unique across appends | {global_dedup} |
+| S3: one GET per coalesced range (requests the server logged) | {s3_requests} |
+| S3: reads by reference >= 1.0 x pylance read_blobs on the same store | {s3_access} |
 """
 
 
@@ -106,6 +108,9 @@ def _verdicts(data: dict) -> dict[str, str]:
     global_dedup = [
         r["ratio_to_unique"] for r in rows("global_dedup", contender="blobhouse global")
     ]
+    ranged_s3 = rows("object_storage", contender="blobhouse refs + ranged reads, s3")
+    s3_requests = [r["requests"].get("GET", 0) / r["coalesced_reads"] for r in ranged_s3]
+    s3_access = [r["vs_pylance_same_store"] for r in ranged_s3]
     gb = rows("scale", mode="gb")
     rss = gb[-1]["peak_rss_mb"] / gb[0]["peak_rss_mb"] if gb else None
     return {
@@ -117,6 +122,8 @@ def _verdicts(data: dict) -> dict[str, str]:
         "access_parquet": _range(access_parquet, "x parquet", lambda v: v >= 10),
         "compaction": _range(compaction, "x unique", lambda v: v <= 1.05),
         "global_dedup": _range(global_dedup, "x unique", lambda v: v <= 1.05),
+        "s3_requests": _range(s3_requests, "GETs per coalesced range", lambda v: v == 1),
+        "s3_access": _range(s3_access, "x pylance", lambda v: v >= 1.0),
         "rss": "-" if rss is None else f"{rss:.2f}x ({'met' if rss <= 1.5 else 'missed'})",
     }
 

@@ -7,13 +7,23 @@ import argparse
 import json
 import sys
 
-from blobhouse.errors import BlobhouseError
+from blobhouse.errors import BlobhouseError, InvalidInputError
+from blobhouse.storage import checked_options
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``blobhouse`` command."""
     parser = argparse.ArgumentParser(prog="blobhouse", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    storage = argparse.ArgumentParser(add_help=False)
+    storage.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a storage option of the table's object store, e.g. aws_endpoint=http://127.0.0.1:9000"
+        " (repeat for more; see docs/object-storage.md)",
+    )
 
     demo = commands.add_parser("demo", help="write, query and verify a robot-episode table")
     demo.add_argument("--rows", type=int, default=1800, help="frames to generate (30 Hz)")
@@ -21,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--master", default="local[*]", help="Spark master (embedded by default)")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    ingest = commands.add_parser("ingest", help="load files named in a manifest into a table")
+    ingest = commands.add_parser(
+        "ingest", parents=[storage], help="load files named in a manifest into a table"
+    )
     ingest.add_argument("manifest", help="JSONL, CSV or Parquet file of rows")
     ingest.add_argument("table", help="the table to create or append to")
     ingest.add_argument(
@@ -33,11 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     ingest.add_argument("--mode", choices=["append", "overwrite"], default="append")
     ingest.add_argument("--master", default="local[*]", help="Spark master (embedded by default)")
 
-    stats = commands.add_parser("stats", help="logical vs physical bytes of a table")
+    stats = commands.add_parser(
+        "stats", parents=[storage], help="logical vs physical bytes of a table"
+    )
     stats.add_argument("table")
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    verify = commands.add_parser("verify", help="check that every blob reference resolves")
+    verify = commands.add_parser(
+        "verify", parents=[storage], help="check that every blob reference resolves"
+    )
     verify.add_argument("table")
     verify.add_argument(
         "--deep", action="store_true", help="also re-hash every payload against its recorded hash"
@@ -45,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
 
     compact = commands.add_parser(
-        "compact", help="rewrite small and sparse fragments, keeping blob sharing"
+        "compact",
+        parents=[storage],
+        help="rewrite small and sparse fragments, keeping blob sharing",
     )
     compact.add_argument("table")
     compact.add_argument("--target-rows", type=int, default=None, help="rows per new data file")
@@ -64,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     compact.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    collect = commands.add_parser("gc", help="remove old versions and unreferenced files")
+    collect = commands.add_parser(
+        "gc", parents=[storage], help="remove old versions and unreferenced files"
+    )
     collect.add_argument("table")
     collect.add_argument("--retain-versions", type=int, default=None)
     collect.add_argument("--older-than-hours", type=float, default=None)
@@ -135,8 +155,16 @@ def _ingest(args: argparse.Namespace) -> int:
     bs.register(spark)
     columns = [c.strip() for c in args.blob_columns.split(",") if c.strip()]
     _progress(f"ingesting {args.manifest} into {args.table} ...")
-    ingest(spark, args.manifest, args.table, columns, fmt=args.format, mode=args.mode)
-    report = open_table(args.table).stats()
+    ingest(
+        spark,
+        args.manifest,
+        args.table,
+        columns,
+        fmt=args.format,
+        mode=args.mode,
+        storage_options=_storage_options(args),
+    )
+    report = open_table(args.table, storage_options=_storage_options(args)).stats()
     print(
         f"{args.table}: version {report['version']}, {report['rows']} rows, "
         f"{_mb(report['logical_bytes'])} logical, {_mb(report['physical_bytes'])} physical"
@@ -147,7 +175,9 @@ def _ingest(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from blobhouse.table import open_table
 
-    report = open_table(args.table).verify(deep=args.deep, progress=ProgressBar())
+    report = open_table(args.table, storage_options=_storage_options(args)).verify(
+        deep=args.deep, progress=ProgressBar()
+    )
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -174,7 +204,7 @@ def _gc(args: argparse.Namespace) -> int:
     from blobhouse.table import open_table
 
     hours = args.older_than_hours
-    report = open_table(args.table).gc(
+    report = open_table(args.table, storage_options=_storage_options(args)).gc(
         retain_versions=args.retain_versions,
         older_than=None if hours is None else timedelta(hours=hours),
         grace=timedelta(hours=args.grace_hours),
@@ -202,7 +232,7 @@ def _compact(args: argparse.Namespace) -> int:
         "deleted_fraction": args.deleted_fraction,
         "repack_threshold": args.repack_threshold,
     }
-    report = open_table(args.table).compact(
+    report = open_table(args.table, storage_options=_storage_options(args)).compact(
         progress=ProgressBar(), **{k: v for k, v in options.items() if v is not None}
     )
     if args.json:
@@ -239,6 +269,14 @@ class ProgressBar:
             print(f"{step}: {done}/{total}", file=self.stream, flush=True)
 
 
+def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:
+    pairs = [item.split("=", 1) for item in args.storage_option]
+    bad = [item for item, pair in zip(args.storage_option, pairs, strict=True) if len(pair) != 2]
+    if bad:
+        raise InvalidInputError(f"--storage-option must be NAME=VALUE, got {bad[0]!r}")
+    return checked_options(dict(pairs))
+
+
 def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -246,15 +284,11 @@ def _progress(message: str) -> None:
 def _stats(args: argparse.Namespace) -> int:
     from blobhouse.table import open_table
 
-    report = open_table(args.table).stats()
+    report = open_table(args.table, storage_options=_storage_options(args)).stats()
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    orphans = (
-        "unknown (not a local table)"
-        if report["orphan_files"] is None
-        else f"{report['orphan_files']} files, {_mb(report['orphan_bytes'])}"
-    )
+    orphans = f"{report['orphan_files']} files, {_mb(report['orphan_bytes'])}"
     print(f"version        {report['version']}")
     print(f"rows           {report['rows']} ({report['deleted_rows']} deleted)")
     print(f"fragments      {report['fragments']}")

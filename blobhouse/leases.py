@@ -16,9 +16,8 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-import pyarrow.fs as pafs
-
 from blobhouse.placement import as_uri
+from blobhouse.storage import ObjectStore, StorageOptions, object_store
 
 LEASES_DIR = "_leases"
 REFRESH_SECONDS = 2.0
@@ -27,7 +26,7 @@ TIMEOUT_SECONDS = 30.0
 
 @contextlib.contextmanager
 def held(
-    table_path: str, prefix: str, storage_options: dict[str, str] | None = None
+    table_path: str, prefix: str, storage_options: StorageOptions | None = None
 ) -> Iterator[None]:
     """Hold the lease of the write whose files start with ``prefix`` while the block runs.
 
@@ -40,14 +39,14 @@ def held(
     if not prefix:  # a write without a prefix cannot be told apart: nothing to hold
         yield
         return
-    fs, path = _lease_path(table_path, prefix)
-    _touch(fs, path)
+    store, uri = _lease(table_path, prefix, storage_options)
+    store.put(uri, b"")  # rewriting the object sets its modification time, on every store
     stop = threading.Event()
 
     def refresh() -> None:
         while not stop.wait(REFRESH_SECONDS):
             with contextlib.suppress(OSError):  # a missed touch is retried; gc allows 15
-                _touch(fs, path)
+                store.put(uri, b"")
 
     thread = threading.Thread(target=refresh, name="blobhouse-lease", daemon=True)
     thread.start()
@@ -58,43 +57,44 @@ def held(
         thread.join()
 
 
-def release(table_path: str, prefix: str, storage_options: dict[str, str] | None = None) -> None:
+def release(table_path: str, prefix: str, storage_options: StorageOptions | None = None) -> None:
     """Remove the lease of a write that will never commit (it was aborted)."""
     if not prefix:
         return
-    fs, root = pafs.FileSystem.from_uri(as_uri(f"{table_path}/{LEASES_DIR}"))
+    store, uri = _lease(table_path, prefix, storage_options)
     with contextlib.suppress(OSError):
-        fs.delete_file(f"{root}/{prefix}")
+        store.delete(uri)
 
 
-def live_prefixes(table_path: str, since: float) -> set[str]:
-    """Prefixes of the writes whose lease was touched at ``since`` (epoch seconds) or later."""
-    return {name for name, touched in _leases(table_path).items() if touched >= since}
+def live_prefixes(
+    table_path: str, since: float, storage_options: StorageOptions | None = None
+) -> set[str]:
+    """Prefixes of the writes whose lease was touched at ``since`` (epoch seconds, by the
+    store's clock) or later."""
+    touched = _leases(table_path, storage_options)
+    return {name for name, at in touched.items() if at >= since}
 
 
-def remove_expired(table_path: str, before: float) -> int:
+def remove_expired(
+    table_path: str, before: float, storage_options: StorageOptions | None = None
+) -> int:
     """Delete the leases last touched before ``before``; returns how many."""
-    fs, root = pafs.FileSystem.from_uri(as_uri(f"{table_path}/{LEASES_DIR}"))
-    expired = [name for name, touched in _leases(table_path).items() if touched < before]
+    expired = [n for n, at in _leases(table_path, storage_options).items() if at < before]
     for name in expired:
+        store, uri = _lease(table_path, name, storage_options)
         with contextlib.suppress(OSError):
-            fs.delete_file(f"{root}/{name}")
+            store.delete(uri)
     return len(expired)
 
 
-def _leases(table_path: str) -> dict[str, float]:
-    fs, root = pafs.FileSystem.from_uri(as_uri(f"{table_path}/{LEASES_DIR}"))
-    infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    return {i.base_name: i.mtime.timestamp() for i in infos if i.type == pafs.FileType.File}
+def _leases(table_path: str, storage_options: StorageOptions | None) -> dict[str, float]:
+    root = as_uri(f"{table_path}/{LEASES_DIR}")
+    listed = object_store(root, storage_options).list(root)
+    return {info.name: info.mtime for info in listed if "/" not in info.name}
 
 
-def _lease_path(table_path: str, prefix: str) -> tuple[pafs.FileSystem, str]:
-    fs, root = pafs.FileSystem.from_uri(as_uri(f"{table_path}/{LEASES_DIR}"))
-    fs.create_dir(root, recursive=True)
-    return fs, f"{root}/{prefix}"
-
-
-def _touch(fs: pafs.FileSystem, path: str) -> None:
-    # rewriting the empty object sets its modification time on every file system and store
-    with fs.open_output_stream(path):
-        pass
+def _lease(
+    table_path: str, prefix: str, storage_options: StorageOptions | None
+) -> tuple[ObjectStore, str]:
+    uri = as_uri(f"{table_path}/{LEASES_DIR}/{prefix}")
+    return object_store(uri, storage_options), uri

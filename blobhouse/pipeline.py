@@ -20,7 +20,6 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 from lance.blob import blob_field as lance_blob_field
 from lance.file import LanceFileSession
 
@@ -44,6 +43,7 @@ from blobhouse.session import (
     prepared_array,
     prepared_field,
 )
+from blobhouse.storage import StorageOptions, object_store
 from blobhouse.store import StoreReference, StoreWriter, remove_packs, remove_staged_packs
 from blobhouse.values import (
     ColumnPath,
@@ -179,7 +179,7 @@ class DataFileWriter:
         self,
         plan: WritePlan,
         data_dir: str,
-        storage_options: dict[str, str] | None = None,
+        storage_options: StorageOptions | None = None,
         name_prefix: str = "",
         store: StoreWriter | None = None,
     ) -> None:
@@ -192,7 +192,7 @@ class DataFileWriter:
                 "which shares one store writer between its data files"
             )
         self.store = store
-        self.own_store = store_reference(plan, data_dir)
+        self.own_store = store_reference(plan, data_dir, storage_options)
         self.placers = [
             _ColumnPlacer(c, self.session, plan.allowed_bases, store, self.own_store)
             for c in plan.columns
@@ -284,7 +284,7 @@ def write_data_files(
     batches: Iterable[pa.RecordBatch],
     plan: WritePlan,
     data_dir: str,
-    storage_options: dict[str, str] | None = None,
+    storage_options: StorageOptions | None = None,
     name_prefix: str = "",
 ) -> list[WrittenFile]:
     """Write ``batches`` into as many data files as the plan's limits need.
@@ -302,7 +302,7 @@ def _write_data_files(
     batches: Iterable[pa.RecordBatch],
     plan: WritePlan,
     data_dir: str,
-    storage_options: dict[str, str] | None,
+    storage_options: StorageOptions | None,
     name_prefix: str,
 ) -> list[WrittenFile]:
     written: list[WrittenFile] = []
@@ -347,7 +347,7 @@ def _write_data_files(
 
 
 def _store_writer(
-    plan: WritePlan, data_dir: str, storage_options: dict[str, str] | None, name_prefix: str
+    plan: WritePlan, data_dir: str, storage_options: StorageOptions | None, name_prefix: str
 ) -> StoreWriter | None:
     if not plan.uses_store:
         return None
@@ -366,15 +366,18 @@ def _store_writer(
     )
 
 
-def store_reference(plan: WritePlan, data_dir: str) -> StoreReference | None:
+def store_reference(
+    plan: WritePlan, data_dir: str, storage_options: StorageOptions | None = None
+) -> StoreReference | None:
     """How the placers of a write recognize references into the table's own store."""
     if plan.store_base_id is None:
         return None
-    return StoreReference(data_dir.rstrip("/").removesuffix("/data"), plan.store_base_id)
+    table_path = data_dir.rstrip("/").removesuffix("/data")
+    return StoreReference(table_path, plan.store_base_id, storage_options)
 
 
 def remove_written(
-    files: Iterable[WrittenFile], data_dir: str, storage_options: dict[str, str] | None = None
+    files: Iterable[WrittenFile], data_dir: str, storage_options: StorageOptions | None = None
 ) -> None:
     """Delete data files, sidecars and store packs that were written but will never be
     committed."""
@@ -386,20 +389,21 @@ def remove_written(
         session.abort()
 
 
-def mark_aborted(data_dir: str, name_prefix: str) -> None:
+def mark_aborted(
+    data_dir: str, name_prefix: str, storage_options: StorageOptions | None = None
+) -> None:
     """Leave a marker that tells tasks of this write, still running, to remove what they wrote
     instead of reporting it (gc removes the marker with the other leftovers)."""
     uri = _marker_uri(data_dir, name_prefix)
-    fs, path = pafs.FileSystem.from_uri(uri)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(path):
-        pass
+    object_store(uri, storage_options).put(uri, b"")
 
 
-def is_aborted(data_dir: str, name_prefix: str) -> bool:
+def is_aborted(
+    data_dir: str, name_prefix: str, storage_options: StorageOptions | None = None
+) -> bool:
     """Whether :func:`mark_aborted` ran for this write."""
-    fs, path = pafs.FileSystem.from_uri(_marker_uri(data_dir, name_prefix))
-    return fs.get_file_info(path).type == pafs.FileType.File
+    uri = _marker_uri(data_dir, name_prefix)
+    return object_store(uri, storage_options).size(uri) is not None
 
 
 def _marker_uri(data_dir: str, name_prefix: str) -> str:
@@ -408,7 +412,7 @@ def _marker_uri(data_dir: str, name_prefix: str) -> str:
 
 
 def remove_staged(
-    data_dir: str, name_prefix: str, storage_options: dict[str, str] | None = None
+    data_dir: str, name_prefix: str, storage_options: StorageOptions | None = None
 ) -> None:
     """Delete every data file (and its sidecars) whose name starts with ``name_prefix``: what a
     write staged, including files of tasks whose results never reached the driver; and the
@@ -588,6 +592,7 @@ class _ColumnPlacer:
             column=name,
             row=global_row,
             sizes=self._object_sizes,
+            storage_options=self.session.storage_options,
         )
         if self.plan.dedup == "ref_id" and ref_id:
             key = self.index.key("ref_id", name, ref_id=ref_id, digest=None)

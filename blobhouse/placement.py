@@ -16,9 +16,9 @@ from dataclasses import dataclass, fields, replace
 from urllib.parse import quote, unquote, urlsplit
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from blobhouse.errors import ExternalBlobError, InvalidInputError
+from blobhouse.storage import object_store
 
 SETTINGS_KEY = b"blobhouse"
 KiB = 1024
@@ -259,6 +259,7 @@ def external_range(
     column: str,
     row: int,
     sizes: dict[str, int] | None = None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> tuple[str, int, int]:
     """``(normalized uri, position, size)`` of an external reference, checked: under an
     allowed base, the object exists, the range lies inside it. ``sizes`` caches object sizes.
@@ -272,7 +273,9 @@ def external_range(
     normalized = bases.check(uri, column=column, row=row)
     sizes = {} if sizes is None else sizes
     if normalized not in sizes:
-        sizes[normalized] = object_size(normalized, column=column, row=row)
+        sizes[normalized] = object_size(
+            normalized, column=column, row=row, storage_options=storage_options
+        )
     if position is None:
         position, size = 0, sizes[normalized]
     if position + size > sizes[normalized]:
@@ -283,18 +286,19 @@ def external_range(
     return normalized, position, size
 
 
-def object_size(uri: str, *, column: str, row: int) -> int:
+def object_size(
+    uri: str, *, column: str, row: int, storage_options: Mapping[str, str] | None = None
+) -> int:
     """Size in bytes of the object at ``uri``; :class:`ExternalBlobError` if it is missing."""
     try:
-        fs, path = pafs.FileSystem.from_uri(uri)
-        info = fs.get_file_info(path)
+        size = object_store(uri, storage_options).size(uri)
     except (OSError, ValueError) as exc:
         raise ExternalBlobError(
             f"blob column {column!r}, row {row}: cannot stat external uri {uri!r}: {exc}"
         ) from None
-    if info.type != pafs.FileType.File:
+    if size is None:
         raise ExternalBlobError(
             f"blob column {column!r}, row {row}: external uri {uri!r} does not exist "
             "or is not a file"
         )
-    return info.size
+    return size

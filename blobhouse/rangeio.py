@@ -7,27 +7,26 @@ URI; it is self-contained, so any process can read it without opening the table.
 
 from __future__ import annotations
 
+import contextlib
 import io
-import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import blake3
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from blobhouse.errors import BlobReadError, CorruptBlobError
-from blobhouse.placement import MiB, uri_to_path
+from blobhouse.placement import MiB
+from blobhouse.storage import RangeSource, object_store
 
 REF_TYPE = pa.struct(
     [pa.field("uri", pa.utf8()), pa.field("position", pa.int64()), pa.field("size", pa.int64())]
 )
 MAX_READ_BYTES = 64 * MiB
 READ_THREADS = 16
-PARALLEL_MIN_BYTES = 4 * MiB
 OPEN_BUFFER_BYTES = 1 * MiB
 
 
@@ -73,10 +72,10 @@ class RangeRead:
     members: tuple[int, ...]
 
 
-def plan_reads(refs: Sequence[BlobRef | None]) -> list[RangeRead]:
-    """The reads that serve ``refs``: overlapping or adjacent ranges of one object merge into one
-    read of at most 64 MiB (a range larger than that is read on its own), so the same range is
-    never read twice.
+def plan_reads(refs: Sequence[BlobRef | None], gap: int = 0) -> list[RangeRead]:
+    """The reads that serve ``refs``: ranges of one object that overlap, touch, or lie at most
+    ``gap`` bytes apart merge into one read of at most 64 MiB (a range larger than that is read
+    on its own), so the same range is never read twice.
 
     >>> [(r.start, r.end, r.members) for r in plan_reads(
     ...     [BlobRef("a", 0, 10), BlobRef("a", 10, 5), BlobRef("a", 0, 10), BlobRef("a", 99, 1)])]
@@ -93,7 +92,7 @@ def plan_reads(refs: Sequence[BlobRef | None]) -> list[RangeRead]:
         start, end, members = first.position, first.end, [ordered[0]]
         for index in ordered[1:]:
             ref = refs[index]
-            if ref.position <= end and max(end, ref.end) - start <= MAX_READ_BYTES:
+            if ref.position <= end + gap and max(end, ref.end) - start <= MAX_READ_BYTES:
                 end = max(end, ref.end)
                 members.append(index)
                 continue
@@ -103,8 +102,14 @@ def plan_reads(refs: Sequence[BlobRef | None]) -> list[RangeRead]:
     return reads
 
 
-def read_ranges(refs: Sequence[BlobRef | None], *, threads: int = READ_THREADS) -> list:
-    """The bytes of every reference, in order (None for None).
+def read_ranges(
+    refs: Sequence[BlobRef | None],
+    *,
+    threads: int = READ_THREADS,
+    storage_options: Mapping[str, str] | None = None,
+) -> list:
+    """The bytes of every reference, in order (None for None). ``storage_options`` configure
+    access to object stores (see :func:`blobhouse.storage.checked_options`).
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
@@ -112,17 +117,23 @@ def read_ranges(refs: Sequence[BlobRef | None], *, threads: int = READ_THREADS) 
     >>> read_ranges([BlobRef("file://" + path, 6, 5), BlobRef("file://" + path, 0, 5), None])
     [b'world', b'hello', None]
     """
-    return read_ranges_arrow(refs, threads=threads).to_pylist()
+    return read_ranges_arrow(refs, threads=threads, storage_options=storage_options).to_pylist()
 
 
 def read_ranges_arrow(
-    refs: Sequence[BlobRef | None], *, threads: int = READ_THREADS
+    refs: Sequence[BlobRef | None],
+    *,
+    threads: int = READ_THREADS,
+    storage_options: Mapping[str, str] | None = None,
 ) -> pa.LargeBinaryArray:
     """The bytes of every reference as one ``large_binary`` array (null for None).
 
     Reads go straight into the array's buffer, as :func:`plan_reads` plans them: each distinct
-    range once, adjacent ranges of one object merged, objects and ranges in parallel.
+    range once, nearby ranges of one object merged (on object stores, ranges up to
+    ``coalesce_gap`` apart: one GET), objects and ranges in parallel (on object stores, up to
+    ``threads`` requests in flight).
     """
+    stores = [object_store(uri, storage_options) for uri in {r.uri for r in refs if r}]
     sizes = np.array([0 if r is None else r.size for r in refs], dtype=np.int64)
     offsets = np.zeros(len(refs) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
@@ -130,7 +141,7 @@ def read_ranges_arrow(
     out = memoryview(data).cast("B") if data.size else memoryview(bytearray())
 
     def run(group: list[RangeRead]) -> None:
-        with _ObjectReader() as reader:
+        with _ObjectReader(storage_options) as reader:
             for read in group:
                 first = refs[read.members[0]]
                 if len(read.members) == 1 and (first.position, first.end) == (read.start, read.end):
@@ -144,7 +155,9 @@ def read_ranges_arrow(
                         ref.position - read.start : ref.end - read.start
                     ]
 
-    groups = _balanced_groups(plan_reads(refs), threads)
+    gap = min((s.coalesce_gap for s in stores), default=0)
+    min_bytes = max((s.parallel_min_bytes for s in stores), default=0)
+    groups = _balanced_groups(plan_reads(refs, gap), threads, min_bytes)
     if len(groups) <= 1:
         for group in groups:
             run(group)
@@ -160,11 +173,14 @@ def read_ranges_arrow(
     )
 
 
-def _balanced_groups(reads: list[RangeRead], threads: int) -> list[list[RangeRead]]:
-    """Split reads into at most ``threads`` groups of similar byte counts; small work stays in
-    one group (a thread per tiny read costs more than the read)."""
+def _balanced_groups(reads: list[RangeRead], threads: int, min_bytes: int) -> list[list[RangeRead]]:
+    """Split reads into at most ``threads`` groups of similar byte counts. A group per thread
+    needs ``min_bytes`` of work on local disks (a thread per tiny read costs more than the
+    read); on object stores (``min_bytes`` 0) every request waits on the network, so each read
+    gets a thread, up to ``threads``."""
     total = sum(r.end - r.start for r in reads)
-    count = max(1, min(threads, len(reads), total // PARALLEL_MIN_BYTES))
+    count = min(threads, len(reads), total // min_bytes if min_bytes else len(reads))
+    count = max(1, count)
     groups: list[list[RangeRead]] = [[] for _ in range(count)]
     loads = [0] * count
     for read in sorted(reads, key=lambda r: r.start - r.end):
@@ -174,7 +190,12 @@ def _balanced_groups(reads: list[RangeRead], threads: int) -> list[list[RangeRea
     return [g for g in groups if g]
 
 
-def open_ref(ref: BlobRef, digest: bytes | None = None, name: str = "") -> io.BufferedReader:
+def open_ref(
+    ref: BlobRef,
+    digest: bytes | None = None,
+    name: str = "",
+    storage_options: Mapping[str, str] | None = None,
+) -> io.BufferedReader:
     """A seekable, read-only file object over one reference's bytes. With ``digest`` (its
     blake3), reading the whole payload front to back checks it: the read that reaches the end
     raises :class:`~blobhouse.errors.CorruptBlobError` (naming ``name``) on a mismatch.
@@ -187,94 +208,79 @@ def open_ref(ref: BlobRef, digest: bytes | None = None, name: str = "") -> io.Bu
     2
     b'rld'
     """
-    return io.BufferedReader(_RangeFile(ref, digest, name), buffer_size=OPEN_BUFFER_BYTES)
+    return io.BufferedReader(
+        _RangeFile(ref, digest, name, storage_options), buffer_size=OPEN_BUFFER_BYTES
+    )
 
 
 class _ObjectReader:
     """Ranged reads that keep each object open while a group of reads runs."""
 
-    def __init__(self) -> None:
-        self._local: dict[str, int] = {}
-        self._remote: dict[str, object] = {}
+    def __init__(self, storage_options: Mapping[str, str] | None = None) -> None:
+        self._options = storage_options
+        self._open: dict[str, RangeSource] = {}
 
     def __enter__(self) -> _ObjectReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for fd in self._local.values():
-            os.close(fd)
-        for handle in self._remote.values():
-            handle.close()
+        for source in self._open.values():
+            source.close()
 
     def read_into(self, uri: str, position: int, target: memoryview) -> None:
         """Fill ``target`` with the bytes at ``position`` of ``uri``."""
         if not len(target):
             return
-        if uri.startswith("file://") or "://" not in uri:
-            fd = self._fd(uri)
-            filled = 0
-            while filled < len(target):
-                n = _pread_into(fd, target[filled:], position + filled, uri)
-                if n == 0:
-                    break
-                filled += n
-            if filled != len(target):
-                raise BlobReadError(
-                    f"short read from {uri}: wanted {len(target)} bytes at {position}, got "
-                    f"{filled} (the object is smaller than the reference says)",
-                    uri,
-                )
-            return
-        target[:] = self.read(uri, position, len(target))
-
-    def _fd(self, uri: str) -> int:
-        if uri not in self._local:
-            try:
-                self._local[uri] = os.open(uri_to_path(uri), os.O_RDONLY)
-            except FileNotFoundError:
-                raise BlobReadError(f"missing object {uri}", uri) from None
-            except OSError as exc:
-                raise BlobReadError(f"cannot open {uri}: {exc.strerror}", uri) from None
-        return self._local[uri]
+        with _read_errors(uri):
+            filled = self._source(uri).read_into(position, target)
+        _check_length(uri, position, len(target), filled)
 
     def read(self, uri: str, position: int, size: int) -> bytes:
         if size == 0:
             return b""
-        if uri.startswith("file://") or "://" not in uri:
-            fd = self._fd(uri)
-            try:
-                data = os.pread(fd, size, position)
-            except OSError as exc:  # a directory, a device gone, ...
-                raise BlobReadError(f"cannot read {uri}: {exc.strerror}", uri) from None
-        else:
-            if uri not in self._remote:
-                fs, path = pafs.FileSystem.from_uri(uri)
-                try:
-                    self._remote[uri] = fs.open_input_file(path)
-                except FileNotFoundError:
-                    raise BlobReadError(f"missing object {uri}", uri) from None
-            data = self._remote[uri].read_at(size, position)
-        if len(data) != size:
-            raise BlobReadError(
-                f"short read from {uri}: wanted {size} bytes at {position}, got {len(data)} "
-                "(the object is smaller than the reference says)",
-                uri,
-            )
+        with _read_errors(uri):
+            data = self._source(uri).read(position, size)
+        _check_length(uri, position, size, len(data))
         return data
 
+    def _source(self, uri: str) -> RangeSource:
+        if uri not in self._open:
+            self._open[uri] = object_store(uri, self._options).open(uri)
+        return self._open[uri]
 
-def _pread_into(fd: int, target: memoryview, position: int, uri: str) -> int:
+
+@contextlib.contextmanager
+def _read_errors(uri: str) -> Iterator[None]:
     try:
-        return os.preadv(fd, [target], position)
-    except OSError as exc:  # a directory, a device gone, ...
-        raise BlobReadError(f"cannot read {uri}: {exc.strerror}", uri) from None
+        yield
+    except BlobReadError:
+        raise
+    except FileNotFoundError:
+        raise BlobReadError(f"missing object {uri}", uri) from None
+    except OSError as exc:  # a directory, a device gone, a store refusing ...
+        raise BlobReadError(f"cannot read {uri}: {exc.strerror or exc}", uri) from None
+
+
+def _check_length(uri: str, position: int, wanted: int, got: int) -> None:
+    if got != wanted:
+        raise BlobReadError(
+            f"short read from {uri}: wanted {wanted} bytes at {position}, got {got} "
+            "(the object is smaller than the reference says)",
+            uri,
+        )
 
 
 class _RangeFile(io.RawIOBase):
-    def __init__(self, ref: BlobRef, digest: bytes | None, name: str) -> None:
+    def __init__(
+        self,
+        ref: BlobRef,
+        digest: bytes | None,
+        name: str,
+        storage_options: Mapping[str, str] | None,
+    ) -> None:
         self.ref = ref
         self._pos = 0
-        self._reader = _ObjectReader()
+        self._reader = _ObjectReader(storage_options)
         self._digest, self._name = digest, name or ref.uri
         self._hasher = blake3.blake3() if digest is not None else None
         self._hashed = 0  # bytes hashed so far, all from the start: reads beyond do not count

@@ -21,7 +21,6 @@ import blake3
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 from lance.blob import BlobDescriptorArrayBuilder
 from lance.file import LanceFileSession, LanceFileWriter
 from lance.fragment import DataFile, FragmentMetadata
@@ -30,6 +29,7 @@ from blobhouse.checksums import ChecksumLog
 from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.placement import AllowedBases, Kind, as_uri, external_range
+from blobhouse.storage import NewObject, StorageOptions, object_store
 
 # the names of files blobhouse and Lance write: nothing that could lead outside a directory
 DATA_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\.lance")
@@ -222,28 +222,20 @@ class WriteQueue:
 class SidecarFile:
     """A new sidecar object, written sequentially without copies through a :class:`WriteQueue`.
 
-    Local sidecars are created with ``O_EXCL``: an existing sidecar is never overwritten, even
-    by a writer racing this one. Other stores get an output stream of their filesystem.
+    An existing sidecar is never overwritten, even by a writer racing this one: local sidecars
+    are created with ``O_EXCL``, S3 ones with a conditional PUT (:mod:`blobhouse.storage`).
     """
 
     def __init__(
-        self, uri: str, queue: WriteQueue, storage_options: dict[str, str] | None = None
+        self, uri: str, queue: WriteQueue, storage_options: StorageOptions | None = None
     ) -> None:
         self.uri = uri
         self._queue = queue
-        self._fd: int | None = None
-        self._stream = None
-        if "://" not in uri or uri.startswith("file://"):
-            path = uri.removeprefix("file://")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        else:
-            fs, path = pafs.FileSystem.from_uri(uri)
-            self._stream = fs.open_output_stream(path)
+        self._object: NewObject | None = object_store(uri, storage_options).create(uri)
 
     def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
-        self._queue.submit(lambda: self._write_now(view), len(view))
+        self._queue.submit(lambda: self._object.write(view), len(view))
 
     def close(self, wait: bool = True) -> None:
         """Close the object; with ``wait`` (the default) return once every byte is written."""
@@ -251,20 +243,16 @@ class SidecarFile:
         if wait:
             self._queue.drain()
 
-    def _write_now(self, view: memoryview) -> None:
-        if self._fd is None:
-            self._stream.write(view)
-            return
-        while view:
-            view = view[os.write(self._fd, view) :]
+    def abort(self) -> None:
+        """Give up on the object (after the queue stopped writing it)."""
+        if self._object is not None:
+            self._object.abort()
+            self._object = None
 
     def _close_now(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        elif self._stream is not None:
-            self._stream.close()
-            self._stream = None
+        if self._object is not None:
+            self._object.close()
+            self._object = None
 
 
 class PackedSidecar:
@@ -423,7 +411,13 @@ class BlobColumnWriter:
                 f"size={size}"
             )
         normalized, position, size = external_range(
-            uri, position, size, self.session.allowed_bases(), column=self.column, row=row
+            uri,
+            position,
+            size,
+            self.session.allowed_bases(),
+            column=self.column,
+            row=row,
+            storage_options=self.session.storage_options,
         )
         self.append(PreparedBlob(Kind.EXTERNAL, size=size, position=position, uri=normalized))
 
@@ -464,6 +458,7 @@ class BlobSession:
         self.files = LanceFileSession(self.data_dir, storage_options=storage_options)
         self.storage_options = storage_options
         self.sidecars: list[str] = []
+        self._sidecar_files: list[SidecarFile] = []
         self._next_id = 1
         self._taken: set[int] | None = None
         self._bases: AllowedBases | None = None
@@ -548,7 +543,14 @@ class BlobSession:
                 return "an external value relative to a base path is not accepted from sessions"
             uri = value["uri"] or ""
             checked = external_range(
-                uri, position, size, self.allowed_bases(), column=column, row=row, sizes=objects
+                uri,
+                position,
+                size,
+                self.allowed_bases(),
+                column=column,
+                row=row,
+                sizes=objects,
+                storage_options=self.storage_options,
             )
             return None if checked[0] == uri else f"external uri {uri!r} is not normalized"
         if kind not in (Kind.PACKED, Kind.DEDICATED):
@@ -615,19 +617,18 @@ class BlobSession:
             raise InvalidInputError(
                 f"blob_id must be an integer in 1..{MAX_BLOB_ID}, got {blob_id!r}"
             )
-        path = f"{self.data_dir}/{self.sidecar_path(blob_id)}"
+        uri = as_uri(f"{self.data_dir}/{self.sidecar_path(blob_id)}")
         try:
-            fs, fs_path = pafs.FileSystem.from_uri(as_uri(path))
-            info = fs.get_file_info(fs_path)
+            size = object_store(uri, self.storage_options).size(uri)
         except (OSError, ValueError) as exc:
-            raise InvalidInputError(f"cannot stat sidecar {path}: {exc}") from None
-        if info.type != pafs.FileType.File:
+            raise InvalidInputError(f"cannot stat sidecar {uri}: {exc}") from None
+        if size is None:
             raise InvalidInputError(
                 f"blob_id {blob_id}: no sidecar {self.sidecar_path(blob_id)} in the namespace of "
                 f"{self.data_file_name}"
             )
         self._taken_ids().add(blob_id)
-        return info.size
+        return size
 
     def _taken_ids(self) -> set[int]:
         """blob_ids with a sidecar in the namespace (listed once), plus those loaded since."""
@@ -648,9 +649,12 @@ class BlobSession:
 
     def _sidecar_file(self, blob_id: int) -> SidecarFile:
         # sidecars are plain bytes (Lance writes them the same way); writing them ourselves
-        # avoids a copy per payload and lets O_EXCL refuse to overwrite an existing one
+        # avoids a copy per payload and refuses to overwrite an existing one (Lance's writers
+        # overwrite silently on object stores)
         path = f"{self.data_dir}/{self.sidecar_path(blob_id)}"
-        return SidecarFile(path, self.writes, self.storage_options)
+        file = SidecarFile(path, self.writes, self.storage_options)
+        self._sidecar_files.append(file)
+        return file
 
     def flush(self) -> None:
         """Wait until every sidecar byte handed to this session is written."""
@@ -670,6 +674,8 @@ class BlobSession:
         """Remove the data file and every sidecar this session created."""
         self.writes.abandon()
         self.writes.close()
+        for file in self._sidecar_files:  # an unfinished S3 upload leaves no object to delete
+            file.abort()
         for path in [self.data_file_name, *self.sidecars]:
             with contextlib.suppress(OSError):
                 self.files.delete_file(path)

@@ -24,13 +24,13 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import lance
 import pyarrow as pa
-import pyarrow.fs as pafs
 from lance import DatasetBasePath, LanceDataset, LanceOperation
 
 from blobhouse import leases
@@ -43,6 +43,7 @@ from blobhouse.errors import (
 )
 from blobhouse.placement import Kind, as_uri, normalize_uri, object_size, uri_to_path
 from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue, WrittenFile
+from blobhouse.storage import StorageOptions, is_local, object_store
 
 if TYPE_CHECKING:
     from blobhouse.values import LogicalColumn
@@ -52,6 +53,7 @@ _REGISTER_ATTEMPTS = 10
 _INDEX_FRAGMENTS = 8  # more than this many and gc compacts the index
 PACKS_DIR = "packs"
 TOMBSTONES_DIR = "tombstones"
+_STAT_THREADS = 16
 BASE_NAME = "blobhouse-store"
 INDEX_SCHEMA = pa.schema(
     [
@@ -103,7 +105,7 @@ def store_base(table_path: str, existing: LanceDataset | None) -> DatasetBasePat
 
 
 def ensure_store(
-    dataset: LanceDataset, storage_options: dict[str, str] | None = None
+    dataset: LanceDataset, storage_options: StorageOptions | None = None
 ) -> tuple[LanceDataset, int]:
     """The dataset with its store registered (one extra commit the first time) and the base id.
 
@@ -155,7 +157,7 @@ class StoreIndex:
         return self._by_location.get((pack, position, size))
 
     @classmethod
-    def load(cls, table_path: str, storage_options: dict[str, str] | None = None) -> StoreIndex:
+    def load(cls, table_path: str, storage_options: StorageOptions | None = None) -> StoreIndex:
         """The index of the table at ``table_path`` (empty when nothing was stored yet).
 
         Read afresh by every write (a process-wide cache would outlive a table deleted and
@@ -183,7 +185,7 @@ def index_uri(table_path: str) -> str:
 
 
 def append_to_index(
-    table_path: str, stored: list[StoredPayload], storage_options: dict[str, str] | None = None
+    table_path: str, stored: list[StoredPayload], storage_options: StorageOptions | None = None
 ) -> None:
     """Record payloads a committed write stored (concurrent appends are Lance appends)."""
     if not stored:
@@ -206,7 +208,7 @@ def append_to_index(
 
 
 def maintain_index(
-    table_path: str, keep: timedelta, storage_options: dict[str, str] | None = None
+    table_path: str, keep: timedelta, storage_options: StorageOptions | None = None
 ) -> None:
     """Compact the index (one small fragment per write adds up) and remove its versions older
     than ``keep``. Lance's cleanup also removes files no version names once they are 7 days
@@ -225,7 +227,7 @@ def maintain_index(
         warnings.warn(f"the store index of {table_path} was not maintained: {exc}", stacklevel=2)
 
 
-def indexed_packs(table_path: str, storage_options: dict[str, str] | None = None) -> set[str]:
+def indexed_packs(table_path: str, storage_options: StorageOptions | None = None) -> set[str]:
     """Every pack the index names (gc keeps them)."""
     try:
         dataset = lance.dataset(index_uri(table_path), storage_options=storage_options)
@@ -253,7 +255,7 @@ class PackWriter:
         name_prefix: str,
         queue: WriteQueue,
         limit: int,
-        storage_options: dict[str, str] | None = None,
+        storage_options: StorageOptions | None = None,
     ) -> None:
         self.table_path = table_path
         self.root = store_dir(table_path)
@@ -264,6 +266,7 @@ class PackWriter:
         self.packs: list[str] = []
         self.stored: list[StoredPayload] = []
         self._file: SidecarFile | None = None
+        self._files: list[SidecarFile] = []
         self._size = 0
 
     def write(self, payload: bytes | memoryview, digest: bytes) -> StoredPayload:
@@ -273,6 +276,7 @@ class PackWriter:
         if self._file is None:
             pack = f"{PACKS_DIR}/{self.name_prefix}{uuid.uuid4().hex}.pack"
             self._file = SidecarFile(f"{self.root}/{pack}", self.queue, self.storage_options)
+            self._files.append(self._file)
             self.packs.append(pack)
             self._size = 0
         stored = StoredPayload(digest, self.packs[-1], self._size, len(payload))
@@ -284,6 +288,11 @@ class PackWriter:
     def finish(self) -> None:
         """Close the current pack (its bytes are written once the queue drains)."""
         self._close()
+
+    def abort_open(self) -> None:
+        """Give up on packs still being written (after their queue stopped)."""
+        for file in self._files:
+            file.abort()
 
     def _close(self) -> None:
         if self._file is not None:
@@ -305,7 +314,7 @@ class StoreWriter:
         base_id: int,
         name_prefix: str,
         pack_limit: int,
-        storage_options: dict[str, str] | None = None,
+        storage_options: StorageOptions | None = None,
         load_index: bool = True,
         avoid: frozenset[str] = frozenset(),
     ) -> None:
@@ -313,7 +322,8 @@ class StoreWriter:
         # a Spark write that joined its rows with the index already turned what it found into
         # references (see blobhouse.spark.write_table): no task needs the whole index
         self.index = StoreIndex.load(table_path, storage_options) if load_index else StoreIndex({})
-        self.retired = set(retired_packs(table_path)) | avoid  # packs never to reference
+        # packs never to reference
+        self.retired = set(retired_packs(table_path, storage_options)) | avoid
         self.found_packs: set[str] = set()  # packs found in the index: checked before commit
         self.queue = WriteQueue()
         self.packs = PackWriter(table_path, name_prefix, self.queue, pack_limit, storage_options)
@@ -347,6 +357,7 @@ class StoreWriter:
         """Remove every pack this writer created (its write will not commit)."""
         self.packs.finish()
         self.queue.abandon()
+        self.packs.abort_open()
         self.queue.close()
         remove_packs(self.packs.table_path, self.packs.packs, self.packs.storage_options)
 
@@ -355,8 +366,11 @@ class StoreReference:
     """Recognizes resolved references into the table's own store, so a rewrite (compaction)
     keeps them as store references instead of treating them as user-owned external blobs."""
 
-    def __init__(self, table_path: str, base_id: int) -> None:
+    def __init__(
+        self, table_path: str, base_id: int, storage_options: StorageOptions | None = None
+    ) -> None:
         self.base_id = base_id
+        self.storage_options = storage_options
         # compared in the canonical form: any spelling of a pack's path is recognized
         self.prefix = normalize_uri(store_dir(table_path)) + "/"
         self.found: set[str] = set()  # packs referenced this way: checked before commit
@@ -381,7 +395,9 @@ class StoreReference:
             )
         position, size = column.position[row], column.size[row]
         if pack not in self._sizes:
-            self._sizes[pack] = object_size(uri, column=column.column, row=row)
+            self._sizes[pack] = object_size(
+                uri, column=column.column, row=row, storage_options=self.storage_options
+            )
         if position + size > self._sizes[pack]:
             raise ExternalBlobError(
                 f"blob column {column.column!r}, row {column.first_row + row}: range "
@@ -398,54 +414,53 @@ def store_uri_prefix(table_uri: str) -> str:
 
 
 def remove_packs(
-    table_path: str, packs: Iterable[str], storage_options: dict[str, str] | None = None
+    table_path: str, packs: Iterable[str], storage_options: StorageOptions | None = None
 ) -> None:
     """Delete store packs (relative to the store directory) that nothing committed uses."""
     for pack in packs:
-        fs, path = pafs.FileSystem.from_uri(as_uri(f"{store_dir(table_path)}/{pack}"))
+        uri = as_uri(f"{store_dir(table_path)}/{pack}")
         with contextlib.suppress(OSError):
-            fs.delete_file(path)
+            object_store(uri, storage_options).delete(uri)
 
 
 def remove_staged_packs(
-    table_path: str, name_prefix: str, storage_options: dict[str, str] | None = None
+    table_path: str, name_prefix: str, storage_options: StorageOptions | None = None
 ) -> None:
     """Delete every pack whose name starts with ``name_prefix`` (what one write staged)."""
-    fs, root = pafs.FileSystem.from_uri(as_uri(f"{store_dir(table_path)}/{PACKS_DIR}"))
-    selector = pafs.FileSelector(root, allow_not_found=True)
-    for info in fs.get_file_info(selector):
-        if info.base_name.startswith(name_prefix):
+    root = as_uri(f"{store_dir(table_path)}/{PACKS_DIR}")
+    store = object_store(root, storage_options)
+    for info in store.list(root):
+        if info.name.startswith(name_prefix):
             with contextlib.suppress(OSError):
-                fs.delete_file(info.path)
+                store.delete(f"{root}/{info.name}")
 
 
-def retired_packs(table_path: str) -> dict[str, float]:
-    """Packs gc has retired (tombstoned), with the time each was retired."""
-    fs, root = pafs.FileSystem.from_uri(as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}"))
-    infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-    return {
-        f"{PACKS_DIR}/{info.base_name}": info.mtime.timestamp()
-        for info in infos
-        if info.type == pafs.FileType.File
-    }
+def retired_packs(
+    table_path: str, storage_options: StorageOptions | None = None
+) -> dict[str, float]:
+    """Packs gc has retired (tombstoned), with the time each was retired (store clock)."""
+    root = as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}")
+    listed = object_store(root, storage_options).list(root)
+    return {f"{PACKS_DIR}/{info.name}": info.mtime for info in listed if "/" not in info.name}
 
 
-def retire_packs(table_path: str, packs: Iterable[str]) -> None:
+def retire_packs(
+    table_path: str, packs: Iterable[str], storage_options: StorageOptions | None = None
+) -> None:
     """Tombstone ``packs`` and drop their index entries: from now on writers store those
     payloads anew, and a writer that found one earlier refuses to commit (see
     :func:`check_packs_usable`)."""
     packs = sorted(packs)
     if not packs:
         return
-    fs, root = pafs.FileSystem.from_uri(as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}"))
-    fs.create_dir(root, recursive=True)
     for pack in packs:
-        with fs.open_output_stream(f"{root}/{pack.removeprefix(PACKS_DIR + '/')}"):
-            pass
+        uri = _tombstone_uri(table_path, pack)
+        object_store(uri, storage_options).put(uri, b"")
     quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in packs)
     for attempt in range(5):
         try:
-            lance.dataset(index_uri(table_path)).delete(f"pack IN ({quoted})")
+            index = lance.dataset(index_uri(table_path), storage_options=storage_options)
+            index.delete(f"pack IN ({quoted})")
             return
         except (ValueError, OSError):
             # a writer appended to the index meanwhile; the tombstones already keep writers
@@ -453,12 +468,18 @@ def retire_packs(table_path: str, packs: Iterable[str]) -> None:
             time.sleep(0.05 * (attempt + 1))
 
 
-def forget_tombstone(table_path: str, pack: str) -> None:
+def forget_tombstone(
+    table_path: str, pack: str, storage_options: StorageOptions | None = None
+) -> None:
     """Take a pack back from retirement (a retained version references it after all)."""
-    path = as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}/{pack.removeprefix(PACKS_DIR + '/')}")
-    fs, tombstone = pafs.FileSystem.from_uri(path)
+    uri = _tombstone_uri(table_path, pack)
     with contextlib.suppress(OSError):
-        fs.delete_file(tombstone)
+        object_store(uri, storage_options).delete(uri)
+
+
+def _tombstone_uri(table_path: str, pack: str) -> str:
+    name = pack.removeprefix(PACKS_DIR + "/")
+    return as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}/{name}")
 
 
 def commit_referencing_store(
@@ -467,7 +488,7 @@ def commit_referencing_store(
     operation: Callable[[], LanceOperation.BaseOperation],
     read_version: int | None,
     name_prefix: str,
-    storage_options: dict[str, str] | None = None,
+    storage_options: StorageOptions | None = None,
 ) -> LanceDataset:
     """Commit ``operation()`` (which makes ``written`` visible) on top of ``read_version``.
     Every commit of data files goes through here. Right before it: the store packs ``written``
@@ -494,10 +515,10 @@ def _checked_commit(
     written: Sequence[WrittenFile],
     operation: Callable[[], LanceOperation.BaseOperation],
     read_version: int | None,
-    storage_options: dict[str, str] | None,
+    storage_options: StorageOptions | None,
 ) -> LanceDataset:
-    check_packs_usable(table_path, {p for w in written for p in w.found_packs})
-    lost = _lost_files(table_path, written)
+    check_packs_usable(table_path, {p for w in written for p in w.found_packs}, storage_options)
+    lost = _lost_files(table_path, written, storage_options)
     if lost:
         raise StaleWriteError(
             f"{len(lost)} file(s) this write staged are gone (e.g. {lost[0]}): gc swept them "
@@ -519,7 +540,9 @@ def _checked_commit(
     return dataset
 
 
-def _lost_files(table_path: str, written: Sequence[WrittenFile]) -> list[str]:
+def _lost_files(
+    table_path: str, written: Sequence[WrittenFile], storage_options: StorageOptions | None
+) -> list[str]:
     """The files of ``written`` (relative to the table) that no longer exist."""
     paths = [
         path
@@ -530,14 +553,25 @@ def _lost_files(table_path: str, written: Sequence[WrittenFile]) -> list[str]:
             *(f"{STORE_DIR}/{p}" for p in w.packs),
         )
     ]
+    return _missing_objects(table_path, paths, storage_options)
+
+
+def _missing_objects(
+    table_path: str, paths: Sequence[str], storage_options: StorageOptions | None
+) -> list[str]:
+    """Which of ``paths`` (relative to the table) do not exist. On an object store each is a
+    request: they run in parallel."""
     if not paths:
         return []
-    fs, root = pafs.FileSystem.from_uri(as_uri(table_path))
-    infos = fs.get_file_info([f"{root}/{p}" for p in paths])
-    return [p for p, info in zip(paths, infos, strict=True) if info.type != pafs.FileType.File]
+    root = as_uri(table_path)
+    store = object_store(root, storage_options)
+    threads = 1 if is_local(root) else min(len(paths), _STAT_THREADS)
+    with ThreadPoolExecutor(threads) as pool:
+        sizes = list(pool.map(lambda p: store.size(f"{root}/{p}"), paths))
+    return [p for p, size in zip(paths, sizes, strict=True) if size is None]
 
 
-def _version_exists(table_path: str, version: int, storage_options: dict[str, str] | None) -> bool:
+def _version_exists(table_path: str, version: int, storage_options: StorageOptions | None) -> bool:
     try:
         lance.dataset(table_path, version=version, storage_options=storage_options)
     except (OSError, ValueError):
@@ -545,16 +579,19 @@ def _version_exists(table_path: str, version: int, storage_options: dict[str, st
     return True
 
 
-def check_packs_usable(table_path: str, packs: Iterable[str]) -> None:
+def check_packs_usable(
+    table_path: str, packs: Iterable[str], storage_options: StorageOptions | None = None
+) -> None:
     """Refuse to commit references to packs gc retired or removed while the write ran (the
     write found them in the index earlier); retrying the write stores those payloads anew."""
     packs = set(packs)
     if not packs:
         return
-    retired = set(retired_packs(table_path)) & packs
-    fs, root = pafs.FileSystem.from_uri(as_uri(store_dir(table_path)))
+    retired = set(retired_packs(table_path, storage_options)) & packs
+    others = sorted(f"{STORE_DIR}/{p}" for p in packs - retired)
     missing = {
-        p for p in packs - retired if fs.get_file_info(f"{root}/{p}").type != pafs.FileType.File
+        p.removeprefix(f"{STORE_DIR}/")
+        for p in _missing_objects(table_path, others, storage_options)
     }
     if retired or missing:
         raise StoreRaceError(

@@ -53,10 +53,11 @@ from blobhouse.pipeline import (
     remove_written,
     write_data_files,
 )
-from blobhouse.placement import AllowedBases, local_uri, uri_to_path
+from blobhouse.placement import AllowedBases, local_uri, normalize_uri, uri_to_path
 from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
 from blobhouse.session import WrittenFile
+from blobhouse.storage import checked_options
 from blobhouse.store import (
     StoreIndex,
     commit_referencing_store,
@@ -170,6 +171,7 @@ class TableWrite:
         if mode not in ("create", "append", "overwrite"):
             raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
         path, root_uri = table_root(uri)
+        storage_options = checked_options(storage_options)
         existing = _open_dataset(path, None, storage_options)
         if mode == "create" and existing is not None:
             raise TableExistsError(f"table {uri} already exists (use mode='append' or 'overwrite')")
@@ -215,13 +217,14 @@ class TableWrite:
                 batches, self.plan, self.data_dir, self.storage_options, self.name_prefix
             )
         except BaseException:
-            if is_aborted(self.data_dir, self.name_prefix):  # no one will commit: no lease
+            # no one will commit: no lease
+            if is_aborted(self.data_dir, self.name_prefix, self.storage_options):
                 leases.release(self.path, self.name_prefix, self.storage_options)
             if self.read_version is None:
                 _remove_empty_local_dirs(self.data_dir, self.leases_dir, self.path)
             raise
         # a Spark task can finish after the job was aborted and swept: it cleans up itself
-        if is_aborted(self.data_dir, self.name_prefix):
+        if is_aborted(self.data_dir, self.name_prefix, self.storage_options):
             remove_written(written, self.data_dir, self.storage_options)
             leases.release(self.path, self.name_prefix, self.storage_options)
             raise BlobhouseError(f"write {self.write_id} was aborted; its files are removed")
@@ -251,7 +254,7 @@ class TableWrite:
         marker and removes its file itself (the marker stays for gc).
         """
         if tasks_may_run:
-            mark_aborted(self.data_dir, self.name_prefix)
+            mark_aborted(self.data_dir, self.name_prefix, self.storage_options)
         remove_written(written, self.data_dir, self.storage_options)
         remove_staged(self.data_dir, self.name_prefix, self.storage_options)
         if self.read_version is None:
@@ -290,6 +293,7 @@ def open_table(
     1
     """
     path, root_uri = table_root(uri)
+    storage_options = checked_options(storage_options)
     dataset = _open_dataset(path, version, storage_options)
     if dataset is None:
         at = f" at version {version}" if version is not None else ""
@@ -476,7 +480,7 @@ class Table:
             ref.size,
         )
         name = f"blob column {column!r}, fragment {row >> 32} row {row & 0xFFFFFFFF}"
-        return open_ref(ref, digest, name)
+        return open_ref(ref, digest, name, self.storage_options)
 
     def add_data_file(self, written: WrittenFile) -> Table:
         """Append a data file written by a :class:`~blobhouse.session.BlobSession` as a new
@@ -695,7 +699,9 @@ class Table:
             refs = self.resolve_refs(path, descriptors, addresses)
             if blobs == "bytes":
                 try:
-                    values = read_ranges_arrow(refs_from_arrow(refs))
+                    values = read_ranges_arrow(
+                        refs_from_arrow(refs), storage_options=self.storage_options
+                    )
                 except BlobReadError as exc:
                     raise _naming_row(exc, path_name(path), refs, addresses) from None
                 self.recorded_hashes().check_read(
@@ -739,7 +745,8 @@ def table_root(uri: str | os.PathLike) -> tuple[str, str]:
     if "://" not in uri or uri.startswith("file://"):
         path = os.path.abspath(uri_to_path(uri))
         return path, local_uri(path)
-    return uri.rstrip("/"), uri.rstrip("/")
+    canonical = normalize_uri(uri).rstrip("/")
+    return canonical, canonical
 
 
 def _open_dataset(

@@ -1,13 +1,14 @@
 """A writer that appends forever, to be killed (SIGKILL) at a random point by the crash test.
 
-``python crash_worker.py URI SEED``: rows with ids from ``SEED * 10_000`` on, whose payload is
-``payload(id)``; writes alternate between per-file and global dedup and sizes (inline, packed,
-dedicated), so a kill lands in every phase: sidecars, data files, store packs, the Lance commit,
-the store index append.
+``python crash_worker.py URI SEED [STORAGE_OPTIONS_JSON]``: rows with ids from
+``SEED * 10_000`` on, whose payload is ``payload(id)``; writes alternate between per-file and
+global dedup and sizes (inline, packed, dedicated), so a kill lands in every phase: sidecars, data
+files, store packs, the Lance commit, the store index append.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 
@@ -24,7 +25,7 @@ def payload(row_id: int) -> bytes:
     return row_id.to_bytes(8, "little") * (size // 8)
 
 
-def main(uri: str, seed: int) -> None:
+def main(uri: str, seed: int, storage_options: dict | None = None) -> None:
     rng = random.Random(seed)
     next_id = seed * 10_000
     while True:
@@ -41,9 +42,10 @@ def main(uri: str, seed: int) -> None:
             mode="append",
             dedup=dedup,
             placement={"b": {"dedicated_size_threshold": 100_000}},
+            storage_options=storage_options,
         )
         print(f"committed {ids[-1]}", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]) if len(sys.argv) > 3 else None)

@@ -29,6 +29,7 @@ def test_quick_benchmark_run(tmp_path):
         "spark",
         "maintenance",
         "global_dedup",
+        "object_storage",
     }
     storage = results["storage"]["rows"]
     seed = {r["contender"]: r for r in storage if r["workload"].startswith("seed")}
@@ -53,5 +54,12 @@ def test_quick_benchmark_run(tmp_path):
     stored = {r["contender"]: r for r in results["global_dedup"]["rows"]}
     assert stored["blobhouse global"]["ratio_to_unique"] <= 1.05
     assert stored["blobhouse per file"]["ratio_to_unique"] > 2  # one copy per append
+    s3 = {r["contender"]: r for r in results["object_storage"]["rows"] if r["operation"] != "write"}
+    ranged = s3["blobhouse refs + ranged reads, s3"]
+    assert ranged["requests"] == {"GET": ranged["coalesced_reads"]}  # one GET per coalesced range
+    rows_read = int(ranged["operation"].split()[1])
+    assert ranged["bytes_read"] == rows_read * 1024 * 1024  # only the rows' bytes
+    writes = [r for r in results["object_storage"]["rows"] if r["operation"] == "write"]
+    assert all(r["requests"].get("PUT", 0) > 0 for r in writes if r["contender"].endswith("s3"))
     spark = results["spark"]["rows"][0]
     assert spark["read_blob_mb_s"] > 0 and spark["write_ratio"] > 0

@@ -24,13 +24,13 @@ KILLS = int(os.environ.get("BLOBHOUSE_CRASH_KILLS", "8"))
 SEED = int(os.environ.get("BLOBHOUSE_CRASH_SEED", "20261122"))
 
 
-def assert_latest_reads_back(uri: str) -> tuple[int, int]:
+def assert_latest_reads_back(uri: str, storage_options: dict | None = None) -> tuple[int, int]:
     """The latest version carries exactly its payloads (blobhouse and stock pylance); with
     appends only it holds every row ever committed. Returns its version and row count."""
-    table = open_table(uri)
+    table = open_table(uri, storage_options=storage_options)
     got = table.to_arrow(blobs="bytes").to_pylist()
     assert all(r["b"] == payload(r["id"]) for r in got), f"version {table.version}"
-    dataset = lance.dataset(uri, version=table.version)
+    dataset = lance.dataset(uri, version=table.version, storage_options=table.storage_options)
     ids = dataset.to_table(columns=["id"]).column("id").to_pylist()
     stock = dataset.read_blobs("b", indices=list(range(len(ids))), preserve_order=True)
     assert [b for _, b in stock] == [payload(i) for i in ids], f"stock, version {table.version}"

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 from lance import LanceDataset, LanceOperation
 
 from blobhouse.checksums import RecordedHashes, written_by_blobhouse
@@ -33,6 +32,7 @@ from blobhouse.placement import AllowedBases, Kind, MiB, uri_to_path
 from blobhouse.rangeio import BlobRef, read_ranges_arrow
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
+from blobhouse.storage import object_store
 from blobhouse.store import (
     StoreIndex,
     commit_referencing_store,
@@ -240,7 +240,7 @@ def commit_compaction(
     )
     # nothing current references the repacked packs now: writers stop finding them, and gc
     # deletes them once no retained version does
-    retire_packs(uri_to_path(table.uri), plan.repack)
+    retire_packs(uri_to_path(table.uri), plan.repack, table.storage_options)
     return committed
 
 
@@ -410,7 +410,7 @@ def _logical_values(
     wanted = [
         BlobRef(uris[i], positions[i], sizes[i]) if stored[i] else None for i in range(len(refs))
     ]
-    data = read_ranges_arrow(wanted)
+    data = read_ranges_arrow(wanted, storage_options=table.storage_options)
     _check_recorded(path_name(path), descriptors, batch.column(_ROW_ADDRESS), wanted, data, hashes)
     outside = pa.array(~external)
     return pa.StructArray.from_arrays(
@@ -495,10 +495,9 @@ class StoreUsage:
                         usage.ranges.setdefault(pack, set()).add((position, size))
                         usage.fragments.setdefault(pack, set()).add(fragment.fragment_id)
                         usage.columns.add(batch.column)
-        fs, root = pafs.FileSystem.from_uri(prefix.rstrip("/"))
+        store = object_store(prefix, table.storage_options)
         for pack in usage.ranges:
-            info = fs.get_file_info(f"{root}/{pack}")
-            usage.pack_sizes[pack] = info.size if info.type == pafs.FileType.File else 0
+            usage.pack_sizes[pack] = store.size(f"{prefix}{pack}") or 0
         return usage
 
     def sparse(self, threshold: float) -> set[str]:
@@ -524,11 +523,11 @@ def _foreign(table: Table, fragment_id: int) -> bool:
 
 def _fragment_bytes(table: Table, metadata) -> int:
     """Bytes of a fragment's data files and their sidecars."""
-    fs, root = pafs.FileSystem.from_uri(f"{table.uri}/data")
+    root = f"{table.uri}/data"
+    store = object_store(root, table.storage_options)
     total = 0
     for data_file in metadata.files:
         stem = data_file.path.removesuffix(".lance")
-        infos = [fs.get_file_info(f"{root}/{data_file.path}")]
-        infos += fs.get_file_info(pafs.FileSelector(f"{root}/{stem}", allow_not_found=True))
-        total += sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+        total += store.size(f"{root}/{data_file.path}") or 0
+        total += sum(info.size for info in store.list(f"{root}/{stem}"))
     return total

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -27,6 +26,7 @@ from blobhouse.maintenance.walk import (
     opened_states,
 )
 from blobhouse.placement import uri_to_path
+from blobhouse.storage import ObjectInfo, is_local, local_path, object_store
 from blobhouse.store import (
     PACKS_DIR,
     STORE_DIR,
@@ -35,7 +35,6 @@ from blobhouse.store import (
     maintain_index,
     retire_packs,
     retired_packs,
-    store_dir,
 )
 
 if TYPE_CHECKING:
@@ -75,7 +74,7 @@ def mark(table: Table, progress: Progress | None = None) -> set[str]:
 def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
     """Files the table owns (under ``data/`` and the store's ``_blobs/packs/``) that no retained
     version references: leftovers of writes that never committed, or of versions already
-    removed. Local tables only for now.
+    removed. ``paths`` are local paths for local tables, URIs for tables on object stores.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -83,20 +82,13 @@ def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
     >>> orphans(t)["files"]
     0
     """
-    root_dir = uri_to_path(table.uri)
     referenced = set(mark(table) if referenced is None else referenced)
-    found = []
-    for owned in _OWNED_DIRS:
-        _refuse_symlinked(root_dir, owned)
-        for folder, _, names in os.walk(os.path.join(root_dir, owned)):
-            for name in names:
-                path = os.path.join(folder, name)
-                if os.path.relpath(path, root_dir) not in referenced:
-                    found.append(path)
+    owned = _TableFiles(table)
+    found = sorted(p for p in owned.objects if p not in referenced)
     return {
         "files": len(found),
-        "bytes": sum(_size(p) for p in found),  # a concurrent write may rename files away
-        "paths": sorted(found),
+        "bytes": sum(owned.objects[p].size for p in found),
+        "paths": [owned.location(p) for p in found],
     }
 
 
@@ -120,7 +112,8 @@ def gc(
     ``retain_versions`` or ``older_than`` is given). Only those two directories are ever
     considered: external objects the user owns are never touched. ``dry_run`` reports
     without deleting. ``referenced`` replaces the mark phase (Spark runs it in parallel).
-    Local tables only for now.
+    Ages are measured by the store's clock (on S3: the server's), never the local one; on S3,
+    uploads a killed write left unfinished are aborted too, by the same rules.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -137,48 +130,93 @@ def gc(
             )
         table = table.checkout(table.version)
         removed_versions = sorted(before - {v["version"] for v in table.versions()})
+    table_path, options = uri_to_path(table.uri), table.storage_options
+    store = object_store(table.uri, options)
     # files staged after this instant may belong to a write that commits after the mark
-    mark_started = time.time()
+    mark_started = store.now(table.uri)
     cutoff = mark_started - grace.total_seconds()
     marked = referenced(table) if referenced is not None else mark(table, progress)
-    leftovers = orphans(table, marked)
-    store = _StorePacks(table, marked, cutoff)
+    owned = _TableFiles(table)
+    packs = _StorePacks(table, marked, owned, cutoff)
     # writes that ran at any time since the mark began (including those that committed after
     # it, which the mark could not see) keep their files, however old
-    table_path = uri_to_path(table.uri)
-    running = leases.live_prefixes(table_path, mark_started - leases.TIMEOUT_SECONDS)
+    running = leases.live_prefixes(table_path, mark_started - leases.TIMEOUT_SECONDS, options)
+    leftovers = sorted(p for p in owned.objects if p not in marked)
     old = [
         p
-        for p in leftovers["paths"]
-        if _mtime(p) < cutoff and p not in store.indexed and not _staged_by(p, table_path, running)
+        for p in leftovers
+        if owned.objects[p].mtime < cutoff and p not in packs.indexed and not _staged_by(p, running)
     ]
-    young = len(leftovers["paths"]) - len(old) - len(store.unreferenced_indexed)
-    reclaimed = sum(_size(p) for p in old) + sum(_size(p) for p in store.reap_paths)
+    young = len(leftovers) - len(old) - len(packs.unreferenced_indexed)
+    reclaimed = sum(owned.objects[p].size for p in old + packs.reap_paths)
+    aborted_uploads = 0
     if not dry_run:
         for done, path in enumerate(old):
             if progress and done % 100 == 0:
                 progress("sweep", done, len(old))
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
-        store.apply()
+            owned.delete(path)
+        packs.apply()
         # index versions a writer may be reading stay, whatever the grace
-        maintain_index(table_path, max(grace, timedelta(hours=1)), table.storage_options)
-        leases.remove_expired(table_path, min(cutoff, mark_started - leases.TIMEOUT_SECONDS))
-        for owned in _OWNED_DIRS:
-            _remove_empty_dirs(os.path.join(uri_to_path(table.uri), owned))
+        maintain_index(table_path, max(grace, timedelta(hours=1)), options)
+        leases.remove_expired(
+            table_path, min(cutoff, mark_started - leases.TIMEOUT_SECONDS), options
+        )
+        aborted_uploads = owned.abort_uploads(cutoff, running)
+        owned.remove_empty_dirs()
     return {
         "dry_run": dry_run,
         "removed_versions": removed_versions,
         "retained_versions": [v["version"] for v in table.versions()],
-        "removed_files": len(old) + len(store.reap),
+        "removed_files": len(old) + len(packs.reap),
         "reclaimed_bytes": reclaimed,
         "kept_referenced_files": len(marked),
         "kept_young_files": young,
-        "retired_packs": len(store.retire),
-        "reaped_packs": len(store.reap),
-        "resurrected_packs": len(store.resurrect),
-        "paths": old + store.reap_paths,
+        "retired_packs": len(packs.retire),
+        "reaped_packs": len(packs.reap),
+        "resurrected_packs": len(packs.resurrect),
+        "aborted_uploads": aborted_uploads,
+        "paths": [owned.location(p) for p in old + packs.reap_paths],
     }
+
+
+class _TableFiles:
+    """The files a table owns, listed once: path relative to the table root -> size, mtime."""
+
+    def __init__(self, table: Table) -> None:
+        self.root = table.uri
+        self.store = object_store(table.uri, table.storage_options)
+        self.local = is_local(table.uri)
+        self.objects: dict[str, ObjectInfo] = {}
+        for owned in _OWNED_DIRS:
+            if self.local:
+                _refuse_symlinked(local_path(self.root), owned)
+            for info in self.store.list(f"{self.root}/{owned}"):
+                self.objects[f"{owned}/{info.name}"] = info
+
+    def location(self, path: str) -> str:
+        """Where ``path`` is, as users name it: a local path, or a URI."""
+        if self.local:
+            return os.path.join(local_path(self.root), *path.split("/"))
+        return f"{self.root}/{path}"
+
+    def delete(self, path: str) -> None:
+        self.store.delete(f"{self.root}/{path}")
+
+    def abort_uploads(self, cutoff: float, running: set[str]) -> int:
+        """Abort uploads older than ``cutoff`` that no running write owns."""
+        return sum(
+            self.store.abort_uploads(
+                f"{self.root}/{owned}",
+                cutoff,
+                lambda name, owned=owned: _staged_by(f"{owned}/{name}", running),
+            )
+            for owned in _OWNED_DIRS
+        )
+
+    def remove_empty_dirs(self) -> None:
+        if self.local:  # object stores have no directories
+            for owned in _OWNED_DIRS:
+                _remove_empty_dirs(os.path.join(local_path(self.root), owned))
 
 
 class _StorePacks:
@@ -192,63 +230,51 @@ class _StorePacks:
     tombstone and committed after the mark that retired it): then it is *resurrected*.
     """
 
-    def __init__(self, table: Table, marked: set[str], cutoff: float) -> None:
-        self.table_path = uri_to_path(table.uri)
-        root = uri_to_path(store_dir(table.uri))
+    def __init__(self, table: Table, marked: set[str], owned: _TableFiles, cutoff: float) -> None:
+        self.table_path, self.options = uri_to_path(table.uri), table.storage_options
+        self.owned = owned
         referenced = {p.removeprefix(f"{STORE_DIR}/") for p in marked if p.startswith(STORE_DIR)}
-        packs = indexed_packs(self.table_path, table.storage_options)
-        self.indexed = {os.path.join(root, p) for p in packs}
+        packs = indexed_packs(self.table_path, self.options)
+        self.indexed = {f"{STORE_DIR}/{p}" for p in packs}
         self.unreferenced_indexed = sorted(packs - referenced)
-        self.retire = [
-            p for p in self.unreferenced_indexed if _mtime(os.path.join(root, p)) < cutoff
-        ]
-        tombstones = retired_packs(self.table_path)
+        self.retire = [p for p in self.unreferenced_indexed if self._mtime(p) < cutoff]
+        tombstones = retired_packs(self.table_path, self.options)
         due = [p for p, retired_at in tombstones.items() if retired_at < cutoff]
         self.resurrect = [p for p in due if p in referenced]
         # a pack still in the index (its retirement could not update it) is retired again
         self.retire += [p for p in due if p not in referenced and p in packs]
-        self.root = root
         self.reap = [p for p in due if p not in referenced and p not in packs]
 
     @property
     def reap_paths(self) -> list[str]:
-        return [os.path.join(self.root, p) for p in self.reap]
+        """The reaped packs that exist (a tombstone may outlive its pack)."""
+        return [f"{STORE_DIR}/{p}" for p in self.reap if f"{STORE_DIR}/{p}" in self.owned.objects]
 
     def apply(self) -> None:
-        retire_packs(self.table_path, self.retire)
+        retire_packs(self.table_path, self.retire, self.options)
         for pack in self.resurrect:
-            forget_tombstone(self.table_path, pack)
-        for pack, path in zip(self.reap, self.reap_paths, strict=True):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
-            forget_tombstone(self.table_path, pack)
+            forget_tombstone(self.table_path, pack, self.options)
+        for pack in self.reap:
+            self.owned.delete(f"{STORE_DIR}/{pack}")
+            forget_tombstone(self.table_path, pack, self.options)
+
+    def _mtime(self, pack: str) -> float:
+        info = self.owned.objects.get(f"{STORE_DIR}/{pack}")
+        return info.mtime if info is not None else float("inf")
 
 
-def _mtime(path: str) -> float:
-    try:
-        return os.path.getmtime(path)
-    except FileNotFoundError:
-        return float("inf")
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except FileNotFoundError:
-        return 0
-
-
-def _staged_by(path: str, root_dir: str, prefixes: set[str]) -> bool:
-    """Whether ``path`` (a data file, a sidecar in its directory, or a store pack) was staged
-    by a write with one of ``prefixes``: its first name under the owned directory tells."""
-    relative = os.path.relpath(path, root_dir).split(os.sep)
+def _staged_by(path: str, prefixes: set[str]) -> bool:
+    """Whether ``path`` (relative to the table: a data file, a sidecar in its directory, or a
+    store pack) was staged by a write with one of ``prefixes``: its first name under the owned
+    directory tells."""
+    relative = path.split("/")
     depth = 1 if relative[0] == "data" else 2  # data/<name>... or _blobs/packs/<name>
     return len(relative) > depth and relative[depth].startswith(tuple(prefixes))
 
 
 def _refuse_symlinked(root_dir: str, owned: str) -> None:
     """gc deletes only inside the table root: a symlinked owned directory would lead it
-    elsewhere (``os.walk`` descends into no other symlink)."""
+    elsewhere (listings descend into no other symlink)."""
     parts = owned.split("/")
     for depth in range(1, len(parts) + 1):
         path = os.path.join(root_dir, *parts[:depth])

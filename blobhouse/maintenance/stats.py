@@ -74,14 +74,14 @@ def blob_stats(table: Table) -> dict:
     logical = sum(c["logical_bytes"] for c in columns.values())
     physical = sum(c["physical_bytes"] for c in columns.values())
     fragments = dataset.get_fragments()
-    leftovers = orphans(table) if table.uri.startswith("file://") else None
+    leftovers = orphans(table)
     return {
         "version": table.version,
         "rows": table.count_rows(),
         "fragments": len(fragments),
         "deleted_rows": sum(f.metadata.physical_rows for f in fragments) - table.count_rows(),
-        "orphan_files": None if leftovers is None else leftovers["files"],
-        "orphan_bytes": None if leftovers is None else leftovers["bytes"],
+        "orphan_files": leftovers["files"],
+        "orphan_bytes": leftovers["bytes"],
         "logical_bytes": logical,
         "physical_bytes": physical,
         "dedup_ratio": _ratio(logical, physical),

@@ -11,8 +11,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-import pyarrow.fs as pafs
-
 from blobhouse.dedup import content_hash
 from blobhouse.maintenance.walk import (
     FragmentState,
@@ -25,6 +23,7 @@ from blobhouse.maintenance.walk import (
 )
 from blobhouse.placement import MiB
 from blobhouse.rangeio import BlobRef, read_ranges
+from blobhouse.storage import StorageOptions, object_store
 
 if TYPE_CHECKING:
     from blobhouse.table import Table
@@ -60,12 +59,13 @@ class _Checker:
 
     def __init__(self, table: Table) -> None:
         self.sizes: dict[str, int | None] = {}
+        self.storage_options = table.storage_options
         self.hashes = table.recorded_hashes()
         self.verdicts: dict[tuple[str, int, int], str | None] = {}
 
     def range_problem(self, uri: str, position: int, size: int) -> str | None:
         if uri not in self.sizes:
-            self.sizes[uri] = _object_size(uri)
+            self.sizes[uri] = _object_size(uri, self.storage_options)
         length = self.sizes[uri]
         if length is None:
             return "missing object"
@@ -145,7 +145,11 @@ def _hash_checked(
             total += pending[end][1].size
             end += 1
         chunk = pending[start:end]
-        for (_, ref, expected), data in zip(chunk, read_ranges([c[1] for c in chunk]), strict=True):
+        for (_, ref, expected), data in zip(
+            chunk,
+            read_ranges([c[1] for c in chunk], storage_options=checker.storage_options),
+            strict=True,
+        ):
             actual = content_hash(data)
             checker.verdicts[(ref.uri, ref.position, ref.size)] = (
                 None
@@ -223,10 +227,8 @@ def summarize(
     }
 
 
-def _object_size(uri: str) -> int | None:
+def _object_size(uri: str, storage_options: StorageOptions | None) -> int | None:
     try:
-        fs, path = pafs.FileSystem.from_uri(uri)
-        info = fs.get_file_info(path)
+        return object_store(uri, storage_options).size(uri)
     except (OSError, ValueError):
         return None
-    return info.size if info.type == pafs.FileType.File else None

@@ -33,10 +33,11 @@ from blobhouse.backfill import (
 )
 from blobhouse.errors import InvalidInputError
 from blobhouse.pipeline import remove_staged
-from blobhouse.spark.datasource import BlobhouseDataSource
-from blobhouse.spark.functions import blob_size, materialize, read_blob
+from blobhouse.spark.datasource import BlobhouseDataSource, storage_prefixed
+from blobhouse.spark.functions import blob_size, materialize, read_blob, read_blob_function
 from blobhouse.spark.jobs import compact, gc, run_tasks, verify
 from blobhouse.spark.lookup import look_up_in_store
+from blobhouse.storage import checked_options
 from blobhouse.table import open_table, table_root
 
 __all__ = [
@@ -91,10 +92,12 @@ def local_session(
     return session
 
 
-def register(spark: SparkSession) -> None:
-    """Register the ``blobhouse`` data source and the SQL functions ``read_blob``/``blob_size``."""
+def register(spark: SparkSession, storage_options: Mapping[str, str] | None = None) -> None:
+    """Register the ``blobhouse`` data source and the SQL functions ``read_blob``/``blob_size``.
+    ``read_blob`` reads objects stores with ``storage_options`` (an S3 endpoint, credentials).
+    """
     spark.dataSource.register(BlobhouseDataSource)
-    spark.udf.register("read_blob", read_blob)
+    spark.udf.register("read_blob", read_blob_function(storage_options))
     spark.udf.register("blob_size", blob_size)
 
 
@@ -109,6 +112,7 @@ def write_table(
     colocate_by: str | None = None,
     partitions: int | None = None,
     options: Mapping[str, str] | None = None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> None:
     """Write ``df`` with rows that share a payload brought into the same task first.
 
@@ -129,11 +133,14 @@ def write_table(
         "ref_id_columns": json.dumps(ref_id_columns),
         "dedup": json.dumps(dict(dedup)) if isinstance(dedup, Mapping) else dedup,
         **dict(options or {}),
+        **storage_prefixed(storage_options),
     }
     stored_globally = _global_columns(df, blob_columns, dedup)
     if stored_globally:
         path, root_uri = table_root(uri)
-        df = look_up_in_store(df.sparkSession, df, path, root_uri, stored_globally)
+        df = look_up_in_store(
+            df.sparkSession, df, path, root_uri, stored_globally, checked_options(storage_options)
+        )
         writer_options["store_index"] = "joined"
     if key_column is not None:
         key_mode = modes.get(key_column, dedup if isinstance(dedup, str) else "content")
@@ -199,6 +206,7 @@ def backfill_blob_column(
     fn: BlobFunction,
     *,
     dedup: str = "content",
+    storage_options: Mapping[str, str] | None = None,
 ) -> None:
     """Compute blob ``column`` for every fragment of a table in parallel, one Spark task per
     fragment, and commit every new data file in one transaction.
@@ -207,7 +215,8 @@ def backfill_blob_column(
     is shipped to the executors). A failed task, or a failed commit, leaves the table unchanged
     and removes what the tasks wrote.
     """
-    table = table_for(open_table(table_uri), dedup)
+    options = checked_options(storage_options)
+    table = table_for(open_table(table_uri, storage_options=options), dedup)
     plan = BackfillPlan.create(table, column, dedup)
     version = table.version
     fragment_ids = [f.fragment_id for f in table.dataset.get_fragments()]
@@ -215,10 +224,12 @@ def backfill_blob_column(
         written = run_tasks(
             spark,
             fragment_ids,
-            lambda i: backfill_fragment(open_table(table_uri, version), i, fn, plan),
+            lambda i: backfill_fragment(open_table(table_uri, version, options), i, fn, plan),
         )
         commit_backfill(
-            open_table(table_uri, version), plan, dict(zip(fragment_ids, written, strict=True))
+            open_table(table_uri, version, options),
+            plan,
+            dict(zip(fragment_ids, written, strict=True)),
         )
     except BaseException:
         remove_staged(f"{table.dataset.uri}/data", plan.name_prefix, table.storage_options)

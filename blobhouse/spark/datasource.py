@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -43,8 +43,10 @@ from pyspark.sql.types import StructType
 
 from blobhouse.errors import InvalidInputError
 from blobhouse.pipeline import WrittenFile
+from blobhouse.storage import checked_options
 from blobhouse.table import TableWrite, open_table
 
+STORAGE_PREFIX = "storage."
 DEFAULT_ROWS_PER_PARTITION = 1_000_000
 DEFAULT_MAX_BATCH_BYTES = 1 << 30
 _STALE_PUSHDOWN_VERSIONS = ("4.1.", "4.2.", "4.3.")
@@ -58,6 +60,9 @@ class BlobhouseDataSource(DataSource):
     ``inline_size_threshold`` / ``dedicated_size_threshold`` / ``pack_file_size_threshold``
     (every blob column) or ``placement`` (JSON per column), ``max_rows_per_file``,
     ``max_bytes_per_file``, ``allowed_bases`` (comma separated).
+
+    Both: ``storage.<name>``, the storage options of the table's store (``storage.aws_endpoint``,
+    ``storage.aws_region``, ...; see :func:`blobhouse.storage.checked_options`).
 
     Read options: ``version``, ``blobs`` (``"refs"`` or ``"bytes"``), ``filter`` (a Lance SQL
     filter applied in the scan), ``rows_per_partition``, ``max_batch_bytes`` (Arrow batch size
@@ -86,6 +91,7 @@ class BlobhouseDataSource(DataSource):
             options.path,
             to_arrow_schema(schema),
             mode="overwrite" if overwrite else "append",
+            storage_options=storage_options_of(self.options),
             **options.table_write_kwargs(),
         )
         return BlobhouseWriter(write)
@@ -125,6 +131,7 @@ class ReadSpec:
     rows_per_partition: int
     pushdown: str
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    storage_options: dict[str, str] | None = None
 
     @classmethod
     def from_options(cls, options) -> ReadSpec:
@@ -143,10 +150,11 @@ class ReadSpec:
             rows_per_partition=int(options.get("rows_per_partition", DEFAULT_ROWS_PER_PARTITION)),
             pushdown=pushdown,
             max_batch_bytes=int(options.get("max_batch_bytes", DEFAULT_MAX_BATCH_BYTES)),
+            storage_options=storage_options_of(options),
         )
 
     def open(self):
-        return open_table(self.path, self.version)
+        return open_table(self.path, self.version, self.storage_options)
 
 
 @dataclass(frozen=True)
@@ -337,6 +345,23 @@ class _WriteOptions:
         if shared:
             per_column["*"] = {**shared, **per_column.get("*", {})}
         return per_column or None
+
+
+def storage_options_of(options) -> dict[str, str] | None:
+    """The ``storage.<name>`` data source options, as storage options.
+
+    >>> storage_options_of({"path": "s3://b/t", "storage.aws_region": "eu-west-1"})
+    {'aws_region': 'eu-west-1'}
+    """
+    found = {
+        k[len(STORAGE_PREFIX) :]: v for k, v in options.items() if k.startswith(STORAGE_PREFIX)
+    }
+    return checked_options(found)
+
+
+def storage_prefixed(storage_options: Mapping[str, str] | None) -> dict[str, str]:
+    """Storage options as data source options (``storage.<name>``)."""
+    return {f"{STORAGE_PREFIX}{k}": v for k, v in (checked_options(storage_options) or {}).items()}
 
 
 def _path(options) -> str:

@@ -7,7 +7,7 @@ after Spark's filters and joins, with coalesced ranged reads.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,19 +17,30 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from blobhouse.errors import InvalidInputError
 from blobhouse.rangeio import read_ranges_arrow, refs_from_arrow
+from blobhouse.storage import checked_options
 
 MATERIALIZE_BATCH_BYTES = 64 << 20
 
 
-def read_bytes(array: pa.Array) -> pa.Array:
+def read_bytes(array: pa.Array, storage_options: Mapping[str, str] | None = None) -> pa.Array:
     """The bytes of every reference in ``array`` as ``large_binary`` (null stays null)."""
-    return read_ranges_arrow(refs_from_arrow(array))
+    return read_ranges_arrow(refs_from_arrow(array), storage_options=storage_options)
 
 
-@arrow_udf(BinaryType())
-def read_blob(refs: pa.Array) -> pa.Array:
-    """``read_blob(ref)``: the bytes a reference points at (SQL and DataFrames)."""
-    return read_bytes(refs)
+def read_blob_function(storage_options: Mapping[str, str] | None = None):
+    """``read_blob(ref)`` reading objects with ``storage_options`` (which travel to the
+    executors with the function): what :func:`blobhouse.spark.register` registers."""
+    options = checked_options(storage_options)
+
+    @arrow_udf(BinaryType())
+    def read_blob(refs: pa.Array) -> pa.Array:
+        """``read_blob(ref)``: the bytes a reference points at (SQL and DataFrames)."""
+        return read_bytes(refs, options)
+
+    return read_blob
+
+
+read_blob = read_blob_function()
 
 
 @arrow_udf(LongType())
@@ -40,14 +51,20 @@ def blob_size(refs: pa.Array) -> pa.Array:
 
 
 def materialize(
-    df: DataFrame, columns: Sequence[str], *, max_batch_bytes: int = MATERIALIZE_BATCH_BYTES
+    df: DataFrame,
+    columns: Sequence[str],
+    *,
+    max_batch_bytes: int = MATERIALIZE_BATCH_BYTES,
+    storage_options: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """``df`` with the reference ``columns`` replaced by their bytes (``binary``).
 
     Runs as ``mapInArrow``: each Arrow batch's references are read together, ranges grouped by
     object and coalesced, objects read in parallel. Output batches hold at most
     ``max_batch_bytes`` of blob bytes (or one row), however large the input batches.
+    ``storage_options`` reach the objects the references name (on an object store).
     """
+    options = checked_options(storage_options)
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise InvalidInputError(f"materialize: no column(s) {missing}; columns: {df.columns}")
@@ -66,7 +83,9 @@ def materialize(
         for batch in batches:
             for piece in _by_referenced_bytes(batch, wanted, max_batch_bytes):
                 arrays = [
-                    read_bytes(piece.column(name)) if name in wanted else piece.column(name)
+                    read_bytes(piece.column(name), options)
+                    if name in wanted
+                    else piece.column(name)
                     for name in piece.schema.names
                 ]
                 yield pa.RecordBatch.from_arrays(arrays, names=piece.schema.names)

@@ -5,16 +5,17 @@ URIs, and write them as a blob table on Spark. Rows naming the same file store i
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from blobhouse.errors import InvalidInputError
 from blobhouse.placement import normalize_uri
+from blobhouse.spark.datasource import storage_prefixed
+from blobhouse.storage import StorageOptions, checked_options, object_store
 
 FORMATS = ("jsonl", "csv", "parquet")
 
@@ -40,13 +41,17 @@ def ingest(
     fmt: str | None = None,
     mode: str = "append",
     partitions: int | None = None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> None:
     """Load the files named in ``blob_columns`` of ``manifest`` and append them to ``table``.
 
     Relative paths are resolved against the manifest's directory. Rows are first grouped by the
     files they name (a shuffle of the small manifest rows, not of the bytes), so every task sees
     all rows of a file and per-file content dedup stores each file once.
+    ``storage_options`` reach the table and the files the manifest names on an object store
+    (Spark reads the manifest itself: a local path, or a URI its Hadoop filesystems know).
     """
+    options = checked_options(storage_options)
     rows = read_manifest(spark, manifest, fmt)
     missing = [c for c in blob_columns if c not in rows.columns]
     if missing:
@@ -73,7 +78,7 @@ def ingest(
     def load(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             arrays = [
-                _load_files(batch.column(n), base, n) if n in names else batch.column(n)
+                _load_files(batch.column(n), base, n, options) if n in names else batch.column(n)
                 for n in batch.schema.names
             ]
             yield pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
@@ -83,11 +88,14 @@ def ingest(
         loaded.write.format("blobhouse")
         .mode(mode)
         .option("blob_columns", ",".join(blob_columns))
+        .options(**storage_prefixed(options))
         .save(table)
     )
 
 
-def _load_files(paths: pa.Array, base: str | None, column: str) -> pa.Array:
+def _load_files(
+    paths: pa.Array, base: str | None, column: str, options: StorageOptions | None
+) -> pa.Array:
     """The bytes of every file named in ``paths`` (each distinct file read once)."""
     cache: dict[str, bytes] = {}
     out = []
@@ -96,7 +104,7 @@ def _load_files(paths: pa.Array, base: str | None, column: str) -> pa.Array:
             out.append(None)
             continue
         if path not in cache:
-            cache[path] = _read_file(_resolve(path, base), column)
+            cache[path] = _read_file(_resolve(path, base), column, options)
         out.append(cache[path])
     return pa.array(out, pa.binary())
 
@@ -107,12 +115,18 @@ def _resolve(path: str, base: str | None) -> str:
     return normalize_uri(os.path.join(base, path))
 
 
-def _read_file(uri: str, column: str) -> bytes:
+def _read_file(uri: str, column: str, options: StorageOptions | None) -> bytes:
+    store = object_store(uri, options)
     try:
-        fs, path = pafs.FileSystem.from_uri(uri)
-        with fs.open_input_stream(path) as f:
-            return f.read()
-    except (OSError, FileNotFoundError) as exc:
+        size = store.size(uri)
+        if size is None:
+            raise FileNotFoundError("no such file")
+        source = store.open(uri)
+        try:
+            return source.read(0, size)
+        finally:
+            source.close()
+    except OSError as exc:
         raise InvalidInputError(f"manifest column {column!r}: cannot read {uri}: {exc}") from None
 
 

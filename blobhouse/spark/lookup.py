@@ -16,6 +16,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import BinaryType
 
+from blobhouse.spark.datasource import storage_prefixed
+from blobhouse.storage import StorageOptions
 from blobhouse.store import index_uri, retired_packs, store_uri_prefix
 
 _DIGEST, _PACK, _POSITION, _SIZE = "__bh_digest", "__bh_pack", "__bh_position", "__bh_size"
@@ -30,11 +32,16 @@ def _blake3(payloads: pa.Array) -> pa.Array:
 
 
 def look_up_in_store(
-    spark: SparkSession, df: DataFrame, table_path: str, root_uri: str, columns: list[str]
+    spark: SparkSession,
+    df: DataFrame,
+    table_path: str,
+    root_uri: str,
+    columns: list[str],
+    storage_options: StorageOptions | None = None,
 ) -> DataFrame:
     """``df`` with every payload of ``columns`` that the table's store holds replaced by a
     reference into it (the columns become logical blob structs)."""
-    index = _index(spark, table_path)
+    index = _index(spark, table_path, storage_options)
     if index is None:
         return df
     prefix = store_uri_prefix(root_uri)
@@ -59,12 +66,15 @@ def look_up_in_store(
     return df
 
 
-def _index(spark: SparkSession, table_path: str) -> DataFrame | None:
+def _index(
+    spark: SparkSession, table_path: str, storage_options: StorageOptions | None
+) -> DataFrame | None:
+    reader = spark.read.format("blobhouse").options(**storage_prefixed(storage_options))
     try:
-        index = spark.read.format("blobhouse").load(index_uri(table_path))
+        index = reader.load(index_uri(table_path))
     except Exception:  # no index yet: nothing to find
         return None
-    retired = sorted(retired_packs(table_path))
+    retired = sorted(retired_packs(table_path, storage_options))
     if retired:
         index = index.filter(~F.col("pack").isin(retired))
     # concurrent writers may both have stored a payload: one row per hash keeps rows unique

@@ -1,0 +1,626 @@
+"""Object storage: every object blobhouse reads, writes, lists or deletes itself, on a local
+disk or an S3-compatible store (Lance does its own I/O, with the same storage options).
+
+One options dict, in Lance's spelling, configures both: it goes to pylance unchanged and is
+translated here for boto3. :func:`checked_options` checks and normalizes it once, at the entry
+points. :func:`object_store` picks the backend of a URI:
+
+- local paths and ``file://`` URIs: plain system calls; new objects are created with
+  ``O_EXCL``;
+- ``s3://``: boto3, one request per operation; new objects are created with a conditional
+  PUT (``If-None-Match: *``), so an existing object is never overwritten, as locally;
+- other schemes (``gs://``, ``az://``, ...): pyarrow's filesystems, configured from the
+  environment; creating an object checks that it does not exist first, which is not atomic.
+
+>>> import tempfile
+>>> root = tempfile.mkdtemp()
+>>> store = object_store(root)
+>>> store.put(f"{root}/a/b.bin", b"hello")
+>>> [(o.name, o.size) for o in store.list(root)]
+[('a/b.bin', 5)]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import unquote, urlsplit
+
+import pyarrow.fs as pafs
+
+from blobhouse.errors import InvalidInputError
+
+StorageOptions = dict[str, str]
+
+MiB = 1024 * 1024
+# S3 parts must be 5 MiB or more (but the last); bigger parts mean fewer requests, more memory
+S3_PART_BYTES = 8 * MiB
+S3_MAX_CONNECTIONS = 32
+
+
+def checked_options(options: Mapping[str, object] | None) -> StorageOptions | None:
+    """``options`` checked and normalized for every library blobhouse hands them to: values
+    become strings (booleans ``"true"``/``"false"``, as Lance requires), an endpoint must name
+    its scheme (Lance would panic on ``host:port``), and an ``http://`` endpoint turns on
+    ``allow_http``. Keys are Lance's (``aws_endpoint``, ``aws_region``, ...).
+
+    >>> checked_options({"aws_endpoint": "http://127.0.0.1:9000", "aws_region": "us-east-1"})
+    {'aws_endpoint': 'http://127.0.0.1:9000', 'aws_region': 'us-east-1', 'allow_http': 'true'}
+    """
+    if not options:
+        return None
+    if not isinstance(options, Mapping):
+        raise InvalidInputError(f"storage_options must be a dict, got {type(options).__name__}")
+    normalized: StorageOptions = {}
+    for key, value in options.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidInputError(f"storage option names must be strings, got {key!r}")
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif isinstance(value, int | float):
+            value = str(value)
+        elif not isinstance(value, str):
+            raise InvalidInputError(
+                f"storage option {key!r}: value must be a string, got {type(value).__name__}"
+            )
+        normalized[key] = value
+    endpoint = _option(normalized, "endpoint")
+    if endpoint is not None:
+        scheme = urlsplit(endpoint).scheme
+        if scheme not in ("http", "https") or not urlsplit(endpoint).netloc:
+            raise InvalidInputError(
+                f"storage option endpoint {endpoint!r} must be a URL with its scheme, "
+                "like http://127.0.0.1:9000 or https://s3.example.com"
+            )
+        if scheme == "http" and _option(normalized, "allow_http") is None:
+            normalized["allow_http"] = "true"
+    return normalized
+
+
+def _option(options: Mapping[str, str], name: str) -> str | None:
+    """An S3 option under any of the spellings Lance accepts (``aws_region``, ``region``,
+    ``AWS_REGION``; ``endpoint_url`` for ``endpoint``)."""
+    aliases = {name, f"{name}_url"} if name == "endpoint" else {name}
+    for key, value in options.items():
+        if key.lower().removeprefix("aws_") in aliases:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object found by :meth:`ObjectStore.list`: its path relative to the listed prefix,
+    its size, and when it was last written (epoch seconds, by the store's clock)."""
+
+    name: str
+    size: int
+    mtime: float
+
+
+class RangeSource(Protocol):
+    """An object opened for ranged reads (see :meth:`ObjectStore.open`)."""
+
+    def read(self, position: int, size: int) -> bytes:
+        """Up to ``size`` bytes at ``position`` (fewer only at the end of the object)."""
+
+    def read_into(self, position: int, target: memoryview) -> int:
+        """Fill ``target`` with the bytes at ``position``; how many there were."""
+
+    def close(self) -> None: ...
+
+
+class NewObject(Protocol):
+    """An object being created (see :meth:`ObjectStore.create`): it is visible whole at
+    ``close`` on S3, and never replaces an object that exists."""
+
+    def write(self, data: bytes | memoryview) -> None: ...
+
+    def close(self) -> None:
+        """Finish the object; :class:`FileExistsError` if one appeared at its path meanwhile."""
+
+    def abort(self) -> None:
+        """Give up: nothing of the object remains."""
+
+
+class ObjectStore(Protocol):
+    """The operations blobhouse needs from a store; every method takes full URIs."""
+
+    #: how many bytes a read must reach before a separate thread is worth it
+    parallel_min_bytes: int
+    #: the gap between two ranges of one object that one read may span (cheaper than a request)
+    coalesce_gap: int
+
+    def size(self, uri: str) -> int | None:
+        """The object's size, None if there is no object (or it is not a regular file)."""
+
+    def open(self, uri: str) -> RangeSource:
+        """The object, for ranged reads; :class:`FileNotFoundError` if it is missing."""
+
+    def create(self, uri: str) -> NewObject:
+        """A new object; :class:`FileExistsError` if one exists at ``uri``."""
+
+    def put(self, uri: str, data: bytes) -> None:
+        """Write the whole object, replacing any (its modification time becomes now)."""
+
+    def delete(self, uri: str) -> None:
+        """Remove the object if it exists."""
+
+    def list(self, uri: str) -> list[ObjectInfo]:
+        """Every object below ``uri`` (recursively; none if the prefix does not exist)."""
+
+    def now(self, uri: str) -> float:
+        """The store's clock (epoch seconds), to compare with :class:`ObjectInfo` mtimes."""
+
+    def abort_uploads(self, uri: str, before: float, keep: Callable[[str], bool]) -> int:
+        """Abort unfinished uploads below ``uri`` started before ``before``, but those whose
+        name (relative to ``uri``) ``keep`` holds on to; how many."""
+
+
+def object_store(uri: str, options: Mapping[str, str] | None = None) -> ObjectStore:
+    """The store that holds ``uri`` (a local path or a URI), configured by ``options``.
+
+    >>> type(object_store("/tmp/x")).__name__, type(object_store("s3://bucket/x")).__name__
+    ('LocalStore', 'S3Store')
+    """
+    scheme = urlsplit(uri).scheme if "://" in uri else "file"
+    if scheme == "file":
+        return LOCAL
+    if scheme in ("s3", "s3a"):
+        return _s3_store(tuple(sorted((checked_options(options) or {}).items())))
+    return ARROW
+
+
+def is_local(uri: str) -> bool:
+    """Whether ``uri`` is a local path or a ``file://`` URI."""
+    return "://" not in uri or uri.startswith("file://")
+
+
+def local_path(uri: str) -> str:
+    """The local path of a local path or ``file://`` URI."""
+    return unquote(urlsplit(uri).path) if uri.startswith("file://") else uri
+
+
+class LocalStore:
+    """Objects are files; new ones are created with ``O_EXCL``."""
+
+    parallel_min_bytes = 4 * MiB
+    coalesce_gap = 0
+
+    def size(self, uri: str) -> int | None:
+        try:
+            info = os.stat(local_path(uri))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+    def open(self, uri: str) -> RangeSource:
+        return _LocalFile(os.open(local_path(uri), os.O_RDONLY))
+
+    def create(self, uri: str) -> NewObject:
+        path = local_path(uri)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return _LocalNewFile(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+
+    def put(self, uri: str, data: bytes) -> None:
+        path = local_path(uri)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as file:
+            file.write(data)
+
+    def delete(self, uri: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(local_path(uri))
+
+    def list(self, uri: str) -> list[ObjectInfo]:
+        # os.walk descends into no symlinked directory: a listing stays inside ``uri``
+        root = local_path(uri).rstrip("/")
+        found = []
+        for folder, _, names in os.walk(root):
+            for name in names:
+                path = os.path.join(folder, name)
+                with contextlib.suppress(FileNotFoundError):  # removed while listed
+                    info = os.lstat(path)
+                    found.append(
+                        ObjectInfo(os.path.relpath(path, root), info.st_size, info.st_mtime)
+                    )
+        return found
+
+    def now(self, uri: str) -> float:
+        return time.time()
+
+    def abort_uploads(self, uri: str, before: float, keep: Callable[[str], bool]) -> int:
+        return 0
+
+
+class _LocalFile:
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def read(self, position: int, size: int) -> bytes:
+        return os.pread(self._fd, size, position)
+
+    def read_into(self, position: int, target: memoryview) -> int:
+        filled = 0
+        while filled < len(target):
+            n = os.preadv(self._fd, [target[filled:]], position + filled)
+            if n == 0:
+                break
+            filled += n
+        return filled
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class _LocalNewFile:
+    def __init__(self, path: str, fd: int) -> None:
+        self._path, self._fd = path, fd
+
+    def write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def abort(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self._path)
+
+
+LOCAL = LocalStore()
+
+
+class S3Store:
+    """Objects in an S3-compatible store, through one thread-safe boto3 client: one request per
+    operation (a listing: one per 1000 keys), no directory markers, conditional PUTs for new
+    objects."""
+
+    parallel_min_bytes = 0  # a request waits on the network: run many at once
+    coalesce_gap = 256 * 1024  # reading that much more costs less than a second request
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.client = _boto3_client(options)
+
+    def size(self, uri: str) -> int | None:
+        bucket, key = _bucket_key(uri)
+        try:
+            with _s3_errors("stat", uri):
+                return self.client.head_object(Bucket=bucket, Key=key)["ContentLength"]
+        except FileNotFoundError:
+            return None
+
+    def open(self, uri: str) -> RangeSource:
+        return _S3Object(self.client, uri)
+
+    def create(self, uri: str) -> NewObject:
+        return _S3Upload(self.client, uri)
+
+    def put(self, uri: str, data: bytes) -> None:
+        bucket, key = _bucket_key(uri)
+        with _s3_errors("write", uri):
+            self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def delete(self, uri: str) -> None:
+        bucket, key = _bucket_key(uri)
+        with _s3_errors("delete", uri):
+            self.client.delete_object(Bucket=bucket, Key=key)
+
+    def list(self, uri: str) -> list[ObjectInfo]:
+        bucket, key = _bucket_key(uri)
+        prefix = key.rstrip("/") + "/" if key else ""
+        found = []
+        with _s3_errors("list", uri):
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix
+            )
+            for page in pages:
+                for item in page.get("Contents", []):
+                    name = item["Key"][len(prefix) :]
+                    if name and not name.endswith("/"):  # skip directory markers
+                        found.append(
+                            ObjectInfo(name, item["Size"], item["LastModified"].timestamp())
+                        )
+        return found
+
+    def now(self, uri: str) -> float:
+        # the Date header of a response is the store's clock, the one object mtimes follow
+        bucket, _ = _bucket_key(uri)
+        with _s3_errors("reach", uri):
+            response = self.client.head_bucket(Bucket=bucket)
+        date = response["ResponseMetadata"]["HTTPHeaders"].get("date")
+        if date is None:
+            return time.time()
+        from email.utils import parsedate_to_datetime
+
+        return parsedate_to_datetime(date).timestamp()
+
+    def abort_uploads(self, uri: str, before: float, keep: Callable[[str], bool]) -> int:
+        bucket, key = _bucket_key(uri)
+        prefix = key.rstrip("/") + "/"
+        aborted = 0
+        with _s3_errors("list uploads under", uri):
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=bucket, Prefix=prefix
+            )
+            for page in pages:
+                for upload in page.get("Uploads", []):
+                    name = upload["Key"][len(prefix) :]
+                    if upload["Initiated"].timestamp() < before and not keep(name):
+                        self.client.abort_multipart_upload(
+                            Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                        )
+                        aborted += 1
+        return aborted
+
+
+class _S3Object:
+    def __init__(self, client, uri: str) -> None:
+        self._client, self._uri = client, uri
+        self._bucket, self._key = _bucket_key(uri)
+
+    def read(self, position: int, size: int) -> bytes:
+        if size <= 0:
+            return b""
+        try:
+            with _s3_errors("read", self._uri):
+                response = self._client.get_object(
+                    Bucket=self._bucket,
+                    Key=self._key,
+                    Range=f"bytes={position}-{position + size - 1}",
+                )
+                return response["Body"].read()
+        except _RangeNotSatisfiable:
+            return b""  # the range starts at or after the end of the object
+
+    def read_into(self, position: int, target: memoryview) -> int:
+        data = self.read(position, len(target))
+        target[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        pass
+
+
+class _S3Upload:
+    """A new S3 object: one conditional PUT when it is smaller than a part, else a multipart
+    upload whose completion is conditional. Until then nothing is visible at the key."""
+
+    def __init__(self, client, uri: str) -> None:
+        self._client, self._uri = client, uri
+        self._bucket, self._key = _bucket_key(uri)
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[dict] = []
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._buffer += data
+        while len(self._buffer) >= S3_PART_BYTES:
+            self._upload_part(bytes(memoryview(self._buffer)[:S3_PART_BYTES]))
+            del self._buffer[:S3_PART_BYTES]
+
+    def close(self) -> None:
+        try:
+            if self._upload_id is None:
+                with _s3_errors("create", self._uri):
+                    self._client.put_object(
+                        Bucket=self._bucket,
+                        Key=self._key,
+                        Body=bytes(self._buffer),
+                        IfNoneMatch="*",
+                    )
+                return
+            if self._buffer:
+                self._upload_part(bytes(self._buffer))
+            with _s3_errors("create", self._uri):
+                self._client.complete_multipart_upload(
+                    Bucket=self._bucket,
+                    Key=self._key,
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": self._parts},
+                    IfNoneMatch="*",
+                )
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._buffer = bytearray()
+
+    def abort(self) -> None:
+        self._buffer = bytearray()
+        if self._upload_id is not None:
+            with contextlib.suppress(Exception):
+                self._client.abort_multipart_upload(
+                    Bucket=self._bucket, Key=self._key, UploadId=self._upload_id
+                )
+            self._upload_id = None
+
+    def _upload_part(self, body: bytes) -> None:
+        with _s3_errors("upload", self._uri):
+            if self._upload_id is None:
+                self._upload_id = self._client.create_multipart_upload(
+                    Bucket=self._bucket, Key=self._key
+                )["UploadId"]
+            number = len(self._parts) + 1
+            response = self._client.upload_part(
+                Bucket=self._bucket,
+                Key=self._key,
+                UploadId=self._upload_id,
+                PartNumber=number,
+                Body=body,
+            )
+        self._parts.append({"ETag": response["ETag"], "PartNumber": number})
+
+
+class _RangeNotSatisfiable(OSError):
+    pass
+
+
+@contextlib.contextmanager
+def _s3_errors(action: str, uri: str):
+    """botocore's errors as the OSErrors callers handle, naming the object."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        message = f"cannot {action} {uri}: {code or status} {error.get('Message', '')}".rstrip()
+        if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound") or status == 404:
+            raise FileNotFoundError(message) from None
+        if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+            raise FileExistsError(f"{uri} already exists ({code or status})") from None
+        if code == "InvalidRange" or status == 416:
+            raise _RangeNotSatisfiable(message) from None
+        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
+            raise PermissionError(message) from None
+        raise OSError(message) from None
+    except BotoCoreError as exc:
+        raise OSError(f"cannot {action} {uri}: {exc}") from None
+
+
+def _bucket_key(uri: str) -> tuple[str, str]:
+    parts = urlsplit(uri)
+    return parts.netloc, unquote(parts.path).lstrip("/")
+
+
+_CLIENT_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=32)
+def _s3_store(items: tuple[tuple[str, str], ...]) -> S3Store:
+    return S3Store(dict(items))
+
+
+def _boto3_client(options: Mapping[str, str]):
+    """A boto3 S3 client configured like Lance is by the same options (anything not given
+    comes from the environment, as it does for Lance)."""
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    endpoint = _option(options, "endpoint")
+    virtual = (_option(options, "virtual_hosted_style_request") or "").lower() == "true"
+    anonymous = (_option(options, "skip_signature") or "").lower() == "true"
+    config = Config(
+        max_pool_connections=S3_MAX_CONNECTIONS,
+        retries={"max_attempts": 5, "mode": "standard"},
+        s3={"addressing_style": "virtual" if virtual else "path"},
+        signature_version=UNSIGNED if anonymous else None,
+    )
+    region = (
+        _option(options, "region")
+        or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or "us-east-1"
+    )
+    with _CLIENT_LOCK:  # creating clients is not thread-safe; using one is
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=region,
+            aws_access_key_id=_option(options, "access_key_id"),
+            aws_secret_access_key=_option(options, "secret_access_key"),
+            aws_session_token=_option(options, "session_token"),
+            config=config,
+        )
+
+
+class ArrowStore:
+    """Objects of any other store pyarrow knows (``gs://``, ``az://``, ``hdfs://``), configured
+    from the environment. Creating an object checks first that none exists: not atomic."""
+
+    parallel_min_bytes = 0
+    coalesce_gap = 256 * 1024
+
+    def _fs(self, uri: str) -> tuple[pafs.FileSystem, str]:
+        return pafs.FileSystem.from_uri(uri)
+
+    def size(self, uri: str) -> int | None:
+        fs, path = self._fs(uri)
+        info = fs.get_file_info(path)
+        return info.size if info.type == pafs.FileType.File else None
+
+    def open(self, uri: str) -> RangeSource:
+        fs, path = self._fs(uri)
+        return _ArrowFile(fs.open_input_file(path))
+
+    def create(self, uri: str) -> NewObject:
+        if self.size(uri) is not None:
+            raise FileExistsError(f"{uri} already exists")
+        fs, path = self._fs(uri)
+        return _ArrowNewFile(fs, path)
+
+    def put(self, uri: str, data: bytes) -> None:
+        fs, path = self._fs(uri)
+        with fs.open_output_stream(path) as stream:
+            stream.write(data)
+
+    def delete(self, uri: str) -> None:
+        fs, path = self._fs(uri)
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_file(path)
+
+    def list(self, uri: str) -> list[ObjectInfo]:
+        fs, root = self._fs(uri.rstrip("/"))
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+        return [
+            ObjectInfo(i.path[len(root) + 1 :], i.size, i.mtime.timestamp())
+            for i in infos
+            if i.type == pafs.FileType.File
+        ]
+
+    def now(self, uri: str) -> float:
+        return time.time()
+
+    def abort_uploads(self, uri: str, before: float, keep: Callable[[str], bool]) -> int:
+        return 0
+
+
+class _ArrowFile:
+    def __init__(self, handle) -> None:
+        self._handle = handle
+
+    def read(self, position: int, size: int) -> bytes:
+        return self._handle.read_at(size, position)
+
+    def read_into(self, position: int, target: memoryview) -> int:
+        data = self.read(position, len(target))
+        target[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class _ArrowNewFile:
+    def __init__(self, fs: pafs.FileSystem, path: str) -> None:
+        self._fs, self._path = fs, path
+        self._stream = fs.open_output_stream(path)
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._stream.write(data)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def abort(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stream.close()
+        with contextlib.suppress(OSError):
+            self._fs.delete_file(self._path)
+
+
+ARROW = ArrowStore()
