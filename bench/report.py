@@ -64,6 +64,8 @@ def _table(rows: list[dict]) -> list[str]:
 
 
 def _cell(value) -> str:
+    if isinstance(value, dict):  # request counts by method
+        return ", ".join(f"{n} {k}" for k, n in value.items()) or "-"
     if isinstance(value, int) and abs(value) >= 10_000:
         return f"{value:,}"
     return str(value)

@@ -28,7 +28,9 @@ import os
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
@@ -42,6 +44,7 @@ StorageOptions = dict[str, str]
 MiB = 1024 * 1024
 # S3 parts must be 5 MiB or more (but the last); bigger parts mean fewer requests, more memory
 S3_PART_BYTES = 8 * MiB
+S3_PARTS_IN_FLIGHT = 4  # per object: up to 32 MiB buffered
 S3_MAX_CONNECTIONS = 32
 
 
@@ -393,20 +396,22 @@ class _S3Object:
 
 
 class _S3Upload:
-    """A new S3 object: one conditional PUT when it is smaller than a part, else a multipart
-    upload whose completion is conditional. Until then nothing is visible at the key."""
+    """A new S3 object: one conditional PUT up to a part's size, else a multipart upload with
+    up to :data:`S3_PARTS_IN_FLIGHT` parts uploading at once and a conditional completion.
+    Until it completes, nothing is visible at the key."""
 
     def __init__(self, client, uri: str) -> None:
         self._client, self._uri = client, uri
         self._bucket, self._key = _bucket_key(uri)
         self._buffer = bytearray()
         self._upload_id: str | None = None
-        self._parts: list[dict] = []
+        self._parts: list[dict | None] = []
+        self._in_flight: deque[Future] = deque()
 
     def write(self, data: bytes | memoryview) -> None:
         self._buffer += data
-        while len(self._buffer) >= S3_PART_BYTES:
-            self._upload_part(bytes(memoryview(self._buffer)[:S3_PART_BYTES]))
+        while len(self._buffer) > S3_PART_BYTES:  # the last part stays: it may be the only one
+            self._start_part(bytes(memoryview(self._buffer)[:S3_PART_BYTES]))
             del self._buffer[:S3_PART_BYTES]
 
     def close(self) -> None:
@@ -420,8 +425,9 @@ class _S3Upload:
                         IfNoneMatch="*",
                     )
                 return
-            if self._buffer:
-                self._upload_part(bytes(self._buffer))
+            self._start_part(bytes(self._buffer))
+            while self._in_flight:
+                self._in_flight.popleft().result()
             with _s3_errors("create", self._uri):
                 self._client.complete_multipart_upload(
                     Bucket=self._bucket,
@@ -438,6 +444,9 @@ class _S3Upload:
 
     def abort(self) -> None:
         self._buffer = bytearray()
+        while self._in_flight:  # a part finishing after the abort would be billed, not visible
+            with contextlib.suppress(Exception):
+                self._in_flight.popleft().result()
         if self._upload_id is not None:
             with contextlib.suppress(Exception):
                 self._client.abort_multipart_upload(
@@ -445,13 +454,20 @@ class _S3Upload:
                 )
             self._upload_id = None
 
-    def _upload_part(self, body: bytes) -> None:
-        with _s3_errors("upload", self._uri):
-            if self._upload_id is None:
+    def _start_part(self, body: bytes) -> None:
+        if self._upload_id is None:
+            with _s3_errors("upload", self._uri):
                 self._upload_id = self._client.create_multipart_upload(
                     Bucket=self._bucket, Key=self._key
                 )["UploadId"]
-            number = len(self._parts) + 1
+        while len(self._in_flight) >= S3_PARTS_IN_FLIGHT:  # bounds memory: parts wait here
+            self._in_flight.popleft().result()
+        self._parts.append(None)
+        number = len(self._parts)
+        self._in_flight.append(_part_pool().submit(self._upload_part, number, body))
+
+    def _upload_part(self, number: int, body: bytes) -> None:
+        with _s3_errors("upload", self._uri):
             response = self._client.upload_part(
                 Bucket=self._bucket,
                 Key=self._key,
@@ -459,7 +475,13 @@ class _S3Upload:
                 PartNumber=number,
                 Body=body,
             )
-        self._parts.append({"ETag": response["ETag"], "PartNumber": number})
+        self._parts[number - 1] = {"ETag": response["ETag"], "PartNumber": number}
+
+
+@functools.cache
+def _part_pool() -> ThreadPoolExecutor:
+    """Threads that upload parts, shared by every upload of the process."""
+    return ThreadPoolExecutor(S3_MAX_CONNECTIONS // 2, thread_name_prefix="blobhouse-part")
 
 
 class _RangeNotSatisfiable(OSError):
