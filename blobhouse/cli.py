@@ -25,10 +25,17 @@ def main(argv: list[str] | None = None) -> int:
         " (repeat for more; see docs/object-storage.md)",
     )
 
-    demo = commands.add_parser("demo", help="write, query and verify a robot-episode table")
+    demo = commands.add_parser(
+        "demo", parents=[storage], help="write, query and verify a robot-episode table"
+    )
     demo.add_argument("--rows", type=int, default=1800, help="frames to generate (30 Hz)")
     demo.add_argument("--out", default="demo-output/episodes", help="where to write the table")
     demo.add_argument("--master", default="local[*]", help="Spark master (embedded by default)")
+    demo.add_argument(
+        "--local-s3",
+        action="store_true",
+        help="write the table to a local S3-compatible server (moto, started for the run)",
+    )
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
     ingest = commands.add_parser(
@@ -120,7 +127,15 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.rows < 1:
         raise SystemExit("--rows must be at least 1")
-    report = run_demo(args.out, args.rows, args.master, progress=_progress)
+    if args.local_s3:
+        from blobhouse.testing import LocalS3Server
+
+        with LocalS3Server() as s3:
+            _progress(f"S3-compatible server on {s3.endpoint}")
+            out = f"s3://{s3.bucket('blobhouse-demo')}/{args.out.rstrip('/').rsplit('/', 1)[-1]}"
+            report = run_demo(out, args.rows, args.master, _progress, s3.options)
+    else:
+        report = run_demo(args.out, args.rows, args.master, _progress, _storage_options(args))
     if args.json:
         print(json.dumps(report, indent=2))
     else:

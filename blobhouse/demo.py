@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from blobhouse.dedup import content_hash
+from blobhouse.storage import StorageOptions, checked_options, is_local, local_path, object_store
 
 FPS = 30
 FRAMES_PER_EPISODE = 300
@@ -114,17 +115,21 @@ def run_demo(
     rows: int = 1800,
     master: str = "local[*]",
     progress: Callable[[str], None] = print,
+    storage_options: Mapping[str, str] | None = None,
 ) -> dict:
-    """Generate, write, query and verify the demo table at ``out`` (replacing it) on Spark."""
+    """Generate, write, query and verify the demo table at ``out`` (replacing it) on Spark;
+    ``out`` may be on an object store that ``storage_options`` reach."""
     from pyspark.sql import functions as F
 
     import blobhouse.spark as bs
+    from blobhouse.spark.datasource import storage_prefixed
     from blobhouse.table import open_table
 
-    shutil.rmtree(out, ignore_errors=True)
+    options = checked_options(storage_options)
+    _remove_table(out, options)
     progress(f"starting Spark ({master}) ...")
     spark = bs.local_session(master)
-    bs.register(spark)
+    bs.register(spark, storage_options=options)
     data = EpisodeData(rows)
     tasks = max(1, min(data.chunks, spark.sparkContext.defaultParallelism * 2))
 
@@ -141,13 +146,15 @@ def run_demo(
         .option("blob_columns", ",".join(BLOB_COLUMNS))
         .option("ref_id_columns", "video:video_chunk")
         .option("dedup", '{"video": "ref_id", "calibration": "content", "thumbnail": "content"}')
+        .options(**storage_prefixed(options))
         .save(out)
     )
     write_s = time.perf_counter() - started
-    stats = open_table(out).stats()
+    stats = open_table(out, storage_options=options).stats()
+    reader = spark.read.format("blobhouse").options(**storage_prefixed(options))
 
     progress("querying with Spark SQL and read_blob ...")
-    spark.read.format("blobhouse").load(out).createOrReplaceTempView("episodes")
+    reader.load(out).createOrReplaceTempView("episodes")
     first_frames = spark.sql(
         "SELECT episode, count(*) AS frames, sum(length(read_blob(video))) AS video_bytes "
         "FROM episodes WHERE frame % 30 = 0 GROUP BY episode ORDER BY episode"
@@ -155,8 +162,8 @@ def run_demo(
 
     progress("reading every blob back on the executors and checking its bytes ...")
     started = time.perf_counter()
-    refs = spark.read.format("blobhouse").load(out).select("row", *BLOB_COLUMNS)
-    checks = bs.materialize(refs, list(BLOB_COLUMNS)).mapInArrow(
+    refs = reader.load(out).select("row", *BLOB_COLUMNS)
+    checks = bs.materialize(refs, list(BLOB_COLUMNS), storage_options=options).mapInArrow(
         data.check, "checked long, mismatches long, bytes long"
     )
     totals = checks.agg(*[F.sum(c).alias(c) for c in ("checked", "mismatches", "bytes")]).first()
@@ -176,6 +183,16 @@ def run_demo(
             c: {k: v for k, v in s.items() if k != "kinds"} for c, s in stats["columns"].items()
         },
     }
+
+
+def _remove_table(uri: str, options: StorageOptions | None) -> None:
+    """Remove whatever is at ``uri`` (the demo replaces its table)."""
+    if is_local(uri):
+        shutil.rmtree(local_path(uri), ignore_errors=True)
+        return
+    store = object_store(uri, options)
+    for info in store.list(uri):
+        store.delete(f"{uri.rstrip('/')}/{info.name}")
 
 
 def _generate(data: EpisodeData, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
@@ -82,8 +83,14 @@ def checked_options(options: Mapping[str, object] | None) -> StorageOptions | No
                 f"storage option endpoint {endpoint!r} must be a URL with its scheme, "
                 "like http://127.0.0.1:9000 or https://s3.example.com"
             )
-        if scheme == "http" and _option(normalized, "allow_http") is None:
+        allow_http = _option(normalized, "allow_http")
+        if scheme == "http" and allow_http is None:
             normalized["allow_http"] = "true"
+        elif scheme == "http" and allow_http.lower() != "true":
+            raise InvalidInputError(
+                f"storage option endpoint {endpoint!r} is http:// but allow_http is "
+                f"{allow_http!r}; Lance refuses plain http unless allow_http is 'true'"
+            )
     return normalized
 
 
@@ -338,14 +345,12 @@ class S3Store:
 
     def now(self, uri: str) -> float:
         # the Date header of a response is the store's clock, the one object mtimes follow
-        bucket, _ = _bucket_key(uri)
-        with _s3_errors("reach", uri):
-            response = self.client.head_bucket(Bucket=bucket)
+        bucket, key = _bucket_key(uri)
+        with _s3_errors("list", uri):  # a request gc needs the permission for anyway
+            response = self.client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
         date = response["ResponseMetadata"]["HTTPHeaders"].get("date")
         if date is None:
             return time.time()
-        from email.utils import parsedate_to_datetime
-
         return parsedate_to_datetime(date).timestamp()
 
     def abort_uploads(self, uri: str, before: float, keep: Callable[[str], bool]) -> int:

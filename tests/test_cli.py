@@ -121,3 +121,14 @@ def test_progress_bar_redraws_on_a_terminal_and_logs_start_and_end_elsewhere():
     for done in range(4):
         bar("mark", done, 3)
     assert log.getvalue() == "mark: 0/3\nmark: 3/3\n"
+
+
+def test_demo_on_a_local_s3_server(capsys):
+    args = ["demo", "--rows", "40", "--local-s3", "--json", "--master", "local[2]"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["table"] == "s3://blobhouse-demo/episodes"
+    assert (report["rows"], report["verified_blobs"], report["mismatches"]) == (40, 120, 0)
+    assert report["columns"]["video"]["physical_bytes"] == sum(
+        len(EpisodeData(40).chunk(i)) for i in range(2)
+    )

@@ -82,6 +82,8 @@ def test_storage_options_are_checked_and_normalized():
     assert checked_options({}) is None and checked_options(None) is None
     with pytest.raises(InvalidInputError, match=r"127\.0\.0\.1:9000.*scheme"):
         checked_options({"aws_endpoint": "127.0.0.1:9000"})
+    with pytest.raises(InvalidInputError, match="allow_http"):
+        checked_options({"aws_endpoint": "http://127.0.0.1:9", "allow_http": False})
     with pytest.raises(InvalidInputError, match="'aws_region'"):
         checked_options({"aws_region": ["us-east-1"]})
 
@@ -575,3 +577,15 @@ def test_concurrent_appends_on_s3_lose_no_commit(s3):
     assert sorted(ids) == sorted([-2] + [w * 10 + i for w in range(4) for i in range(3)])
     assert table.read_blobs("media", range(len(ids))) == [value(i) for i in ids]
     assert table.verify(deep=True)["problems"] == []
+
+
+def test_the_demo_replaces_its_table_on_s3(spark, s3, capsys):
+    from blobhouse.cli import main
+
+    flags = [f"--storage-option={k}={v}" for k, v in s3.options.items()]
+    out = f"{s3.uri}/episodes"
+    for _ in range(2):  # the second run replaces the first table
+        assert main(["demo", "--rows", "35", "--out", out, "--json", *flags]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert (report["rows"], report["mismatches"]) == (35, 0)
+    assert open_table(out, storage_options=s3.options).version == 1

@@ -94,7 +94,7 @@ def local_session(
 
 def register(spark: SparkSession, storage_options: Mapping[str, str] | None = None) -> None:
     """Register the ``blobhouse`` data source and the SQL functions ``read_blob``/``blob_size``.
-    ``read_blob`` reads objects stores with ``storage_options`` (an S3 endpoint, credentials).
+    ``read_blob`` reads object stores with ``storage_options`` (an S3 endpoint, credentials).
     """
     spark.dataSource.register(BlobhouseDataSource)
     spark.udf.register("read_blob", read_blob_function(storage_options))
@@ -122,6 +122,7 @@ def write_table(
     partition by that key, so each payload is written once whatever the input partitioning.
     Cost: one shuffle of the rows, payload bytes included. Plain ``df.write`` is enough when
     rows that share payloads already sit in the same partition, or when duplicates are rare.
+    ``storage_options`` reach the table's object store (as ``storage.<name>`` writer options).
     """
     if mode not in ("append", "overwrite"):
         raise InvalidInputError(f"mode must be 'append' or 'overwrite', got {mode!r}")
