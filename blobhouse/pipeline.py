@@ -43,7 +43,7 @@ from blobhouse.session import (
     prepared_array,
     prepared_field,
 )
-from blobhouse.storage import StorageOptions, object_store
+from blobhouse.storage import LANCE_IO_ERRORS, StorageOptions, object_store
 from blobhouse.store import StoreReference, StoreWriter, remove_packs, remove_staged_packs
 from blobhouse.values import (
     ColumnPath,
@@ -425,11 +425,11 @@ def remove_staged(
     files = LanceFileSession(data_dir, storage_options=storage_options)
     try:
         listed = files.list()
-    except OSError:
+    except LANCE_IO_ERRORS:  # cleanup is best effort: gc removes what is left
         return
     staged = [p for p in listed if p.startswith(name_prefix)]
     for path in staged:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(*LANCE_IO_ERRORS):
             files.delete_file(path)
     if "://" not in data_dir:
         keys = {p.split("/", 1)[0].removesuffix(".lance") for p in staged}

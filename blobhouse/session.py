@@ -29,7 +29,7 @@ from blobhouse.checksums import ChecksumLog
 from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.placement import AllowedBases, Kind, as_uri, external_range
-from blobhouse.storage import NewObject, StorageOptions, object_store
+from blobhouse.storage import LANCE_IO_ERRORS, NewObject, StorageOptions, object_store
 
 # the names of files blobhouse and Lance write: nothing that could lead outside a directory
 DATA_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\.lance")
@@ -677,7 +677,7 @@ class BlobSession:
         for file in self._sidecar_files:  # an unfinished S3 upload leaves no object to delete
             file.abort()
         for path in [self.data_file_name, *self.sidecars]:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(*LANCE_IO_ERRORS):
                 self.files.delete_file(path)
         local_dir = os.path.join(self.data_dir, self.key)
         if "://" not in self.data_dir and os.path.isdir(local_dir):

@@ -47,6 +47,9 @@ MiB = 1024 * 1024
 S3_PART_BYTES = 8 * MiB
 S3_PARTS_IN_FLIGHT = 4  # per object: up to 32 MiB buffered
 S3_MAX_CONNECTIONS = 32
+# what Lance's file API raises on I/O failures: OSError locally, RuntimeError ("LanceError(IO)")
+# on object stores
+LANCE_IO_ERRORS = (OSError, RuntimeError)
 
 
 def checked_options(options: Mapping[str, object] | None) -> StorageOptions | None:

@@ -429,7 +429,11 @@ def remove_staged_packs(
     """Delete every pack whose name starts with ``name_prefix`` (what one write staged)."""
     root = as_uri(f"{store_dir(table_path)}/{PACKS_DIR}")
     store = object_store(root, storage_options)
-    for info in store.list(root):
+    try:
+        listed = store.list(root)
+    except OSError:  # cleanup is best effort: gc removes what is left, the cause is raised
+        return
+    for info in listed:
         if info.name.startswith(name_prefix):
             with contextlib.suppress(OSError):
                 store.delete(f"{root}/{info.name}")

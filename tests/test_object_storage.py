@@ -25,6 +25,7 @@ from blobhouse import (
     ExternalBlobError,
     InvalidInputError,
     RefIdConflictError,
+    TableNotFoundError,
     blob_array,
     leases,
     open_table,
@@ -94,6 +95,18 @@ def test_a_bad_endpoint_is_refused_before_anything_is_written(tmp_path):
 
 
 # -- write and read -----------------------------------------------------------------------
+
+
+def test_a_missing_bucket_is_named_and_not_masked_by_cleanup(s3):
+    for data in ([b"x"], [payload(1, 300 * KIB)]):
+        with pytest.raises(FileNotFoundError, match=r"s3://no-such-bucket/t.*NoSuchBucket"):
+            write_table(
+                pa.table({"b": blob_array(data)}),
+                "s3://no-such-bucket/t",
+                storage_options=s3.options,
+            )
+    with pytest.raises(TableNotFoundError, match="no-such-bucket"):
+        open_table("s3://no-such-bucket/t", storage_options=s3.options)
 
 
 def test_write_and_read_every_placement_on_s3(s3):
@@ -379,8 +392,6 @@ def test_backfill_on_s3(s3):
 
 
 def test_opening_a_missing_s3_table_says_so(s3):
-    from blobhouse import TableNotFoundError
-
     with pytest.raises(TableNotFoundError, match="nothing"):
         open_table(f"{s3.uri}/nothing", storage_options=s3.options)
 
