@@ -27,7 +27,6 @@ REF_TYPE = pa.struct(
 )
 MAX_READ_BYTES = 64 * MiB
 READ_THREADS = 16
-OPEN_BUFFER_BYTES = 1 * MiB
 
 
 @dataclass(frozen=True)
@@ -208,9 +207,8 @@ def open_ref(
     2
     b'rld'
     """
-    return io.BufferedReader(
-        _RangeFile(ref, digest, name, storage_options), buffer_size=OPEN_BUFFER_BYTES
-    )
+    buffer = object_store(ref.uri, storage_options).read_buffer_bytes
+    return io.BufferedReader(_RangeFile(ref, digest, name, storage_options), buffer_size=buffer)
 
 
 class _ObjectReader:
@@ -305,6 +303,16 @@ class _RangeFile(io.RawIOBase):
             raise ValueError(f"negative seek position {base + offset}")
         self._pos = base + offset
         return self._pos
+
+    def readall(self) -> bytes:
+        # the default reads 8 KiB at a time: on an object store, a request each
+        size = max(0, self.ref.size - self._pos)
+        if size == 0:
+            return b""
+        data = self._reader.read(self.ref.uri, self.ref.position + self._pos, size)
+        self._check(data)
+        self._pos += size
+        return data
 
     def readinto(self, buffer) -> int:
         size = max(0, min(len(buffer), self.ref.size - self._pos))

@@ -149,6 +149,8 @@ class ObjectStore(Protocol):
     parallel_min_bytes: int
     #: the gap between two ranges of one object that one read may span (cheaper than a request)
     coalesce_gap: int
+    #: how much a file object over a blob reads at once (``open_blob``, ``open_ref``)
+    read_buffer_bytes: int
 
     def size(self, uri: str) -> int | None:
         """The object's size, None if there is no object (or it is not a regular file)."""
@@ -205,6 +207,7 @@ class LocalStore:
 
     parallel_min_bytes = 4 * MiB
     coalesce_gap = 0
+    read_buffer_bytes = 1 * MiB
 
     def size(self, uri: str) -> int | None:
         try:
@@ -301,6 +304,7 @@ class S3Store:
 
     parallel_min_bytes = 0  # a request waits on the network: run many at once
     coalesce_gap = 256 * 1024  # reading that much more costs less than a second request
+    read_buffer_bytes = S3_PART_BYTES  # a GET per 8 MiB of a blob read front to back
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.client = _boto3_client(options)
@@ -574,6 +578,7 @@ class ArrowStore:
 
     parallel_min_bytes = 0
     coalesce_gap = 256 * 1024
+    read_buffer_bytes = S3_PART_BYTES
 
     def _fs(self, uri: str) -> tuple[pafs.FileSystem, str]:
         return pafs.FileSystem.from_uri(uri)

@@ -130,9 +130,20 @@ def test_write_and_read_every_placement_on_s3(s3):
         read_ranges([None if r is None else BlobRef(**r) for r in refs], storage_options=s3.options)
         == expected
     )
-    with opened.open_blob("media", 2) as f:
-        f.seek(1000)
-        assert f.read(10) == expected[2][1000:1010]
+    store = object_store(s3.uri, checked_options(s3.options))
+    sent = []
+    store.client.meta.events.register("before-send.s3.GetObject", lambda **kw: sent.append(1))
+    try:
+        with opened.open_blob("media", 2) as f:  # 5 MiB: one GET to read it all
+            assert f.read() == expected[2]
+        assert len(sent) == 1
+        with opened.open_blob("media", 2) as f:
+            f.seek(1000)
+            assert f.read(10) == expected[2][1000:1010]
+            assert f.read(10) == expected[2][1010:1020]  # from the buffer
+        assert len(sent) == 2
+    finally:
+        store.client.meta.events.unregister("before-send.s3.GetObject")
 
     # the shared payload is stored once; nothing but the table's own objects in the bucket
     keys = s3.objects("tables/t/")
