@@ -29,7 +29,13 @@ from blobhouse.checksums import ChecksumLog
 from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.placement import AllowedBases, Kind, as_uri, external_range
-from blobhouse.storage import LANCE_IO_ERRORS, NewObject, StorageOptions, object_store
+from blobhouse.storage import (
+    LANCE_IO_ERRORS,
+    NewObject,
+    StorageOptions,
+    checked_options,
+    object_store,
+)
 
 # the names of files blobhouse and Lance write: nothing that could lead outside a directory
 DATA_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\.lance")
@@ -455,8 +461,8 @@ class BlobSession:
                 f"data file path {data_file_path!r} is not directly in a table's data/ directory"
             )
         self.key = self.data_file_name.removesuffix(".lance")
-        self.files = LanceFileSession(self.data_dir, storage_options=storage_options)
-        self.storage_options = storage_options
+        self.storage_options = checked_options(storage_options)
+        self.files = LanceFileSession(self.data_dir, storage_options=self.storage_options)
         self.sidecars: list[str] = []
         self._sidecar_files: list[SidecarFile] = []
         self._next_id = 1
