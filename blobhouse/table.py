@@ -614,9 +614,11 @@ class Table:
         deleted_fraction: float = compaction.DEFAULT_DELETED_FRACTION,
         repack_threshold: float = compaction.DEFAULT_REPACK_THRESHOLD,
         progress: Progress | None = None,
+        retries: int = compaction.DEFAULT_RETRIES,
     ) -> dict:
         """Rewrite small fragments and fragments with many deleted rows, keeping blob sharing,
-        in one transaction (see :func:`~blobhouse.maintenance.compaction.compact`). Returns what
+        in one transaction (see :func:`~blobhouse.maintenance.compaction.compact`); a commit a
+        concurrent delete or write preempted is run again, up to ``retries`` times. Returns what
         it did; ``open_table`` again to see the new version."""
         return compaction.compact(
             self,
@@ -625,6 +627,7 @@ class Table:
             deleted_fraction=deleted_fraction,
             repack_threshold=repack_threshold,
             progress=progress,
+            retries=retries,
         )
 
     def stats(self) -> dict:

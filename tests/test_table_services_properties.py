@@ -410,7 +410,7 @@ def test_a_compaction_preempted_by_a_concurrent_delete_changes_nothing(fragmente
 
     monkeypatch.setattr(compaction, "compact_group", group_then_concurrent_delete)
     with pytest.raises(CommitConflictError):
-        open_table(uri).compact()
+        open_table(uri).compact(retries=0)
     assert tree(os.path.join(uri, "data")) == data_before  # no compaction file left
     assert open_table(uri).version == version + 1  # only the delete committed
     assert [v["version"] for v in open_table(uri).versions()][-2:] == [version, version + 1]
@@ -418,3 +418,29 @@ def test_a_compaction_preempted_by_a_concurrent_delete_changes_nothing(fragmente
     after = [r for r in rows if r[0] != 0]
     assert read_blobhouse(uri, version + 1) == after and read_stock(uri, version + 1) == after
     assert open_table(uri).verify(deep=True)["problems"] == []
+
+
+def test_a_preempted_compaction_runs_again_on_the_new_version(fragmented, monkeypatch):
+    """The same race, once: compaction plans again on the version the delete made, rewrites,
+    and commits; the deleted row stays deleted and the first attempt leaves no file."""
+    uri, rows = fragmented
+    version = open_table(uri).version
+    real_group = compaction.compact_group
+    raced = []
+
+    def group_then_one_concurrent_delete(table, plan, group):
+        files = real_group(table, plan, group)
+        if not raced and group is plan.groups[-1]:
+            raced.append(plan.name_prefix)
+            open_table(uri).delete("id = 0")
+        return files
+
+    monkeypatch.setattr(compaction, "compact_group", group_then_one_concurrent_delete)
+    report = open_table(uri).compact()
+    assert report["attempts"] == 2 and report["read_version"] == version + 1
+    assert report["version"] == version + 2 and report["fragments_removed"] > 0
+    after = [r for r in rows if r[0] != 0]
+    assert read_blobhouse(uri, version + 2) == after and read_stock(uri, version + 2) == after
+    assert not [p for p in tree(os.path.join(uri, "data")) if raced[0] in p]  # first attempt's
+    assert open_table(uri).verify(deep=True)["problems"] == []
+    assert open_table(uri).stats()["orphan_files"] == 0

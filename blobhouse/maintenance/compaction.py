@@ -57,6 +57,8 @@ DEFAULT_TARGET_ROWS = 1024 * 1024
 DEFAULT_TARGET_BYTES = 2 * 1024 * MiB
 DEFAULT_DELETED_FRACTION = 0.1
 DEFAULT_REPACK_THRESHOLD = 0.5
+# a commit a concurrent delete or write preempted: planned and run again on the new version
+DEFAULT_RETRIES = 3
 READ_BYTES = 64 * MiB  # blob bytes read per batch handed to the pipeline
 _INPUT_BLOB_TYPE = pa.struct(
     [
@@ -253,10 +255,13 @@ def compact(
     repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
     progress: Progress | None = None,
     rewrite: Callable[[Table, CompactionPlan], list[list[WrittenFile]]] | None = None,
+    retries: int = DEFAULT_RETRIES,
 ) -> dict:
     """Plan, rewrite and commit a compaction; returns what it did. ``rewrite`` writes the new
     files of every group (default: one group after another in this process; Spark runs them
-    as tasks). If anything fails, every file the compaction wrote is removed.
+    as tasks). If anything fails, every file the compaction wrote is removed. A commit that a
+    concurrent delete or write preempted (Lance's retryable conflict) is planned and run again
+    on the latest version, up to ``retries`` times.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, open_table, write_table
@@ -269,16 +274,33 @@ def compact(
     >>> open_table(uri).stats()["physical_bytes"]  # one copy again
     100000
     """
-    plan = plan_compaction(
-        table,
-        target_rows=target_rows,
-        target_bytes=target_bytes,
-        deleted_fraction=deleted_fraction,
-        repack_threshold=repack_threshold,
-    )
+    targets = {
+        "target_rows": target_rows,
+        "target_bytes": target_bytes,
+        "deleted_fraction": deleted_fraction,
+        "repack_threshold": repack_threshold,
+    }
+    rewrite = rewrite or (lambda table, plan: _rewrite_here(table, plan, progress))
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            done = _compact_once(table, plan_compaction(table, **targets), rewrite)
+        except OSError as exc:
+            if not getattr(exc, "retryable", False) or attempts > retries:
+                raise
+            table = table.checkout(table.dataset.latest_version)
+            continue
+        return done | {"attempts": attempts}
+
+
+def _compact_once(
+    table: Table,
+    plan: CompactionPlan,
+    rewrite: Callable[[Table, CompactionPlan], list[list[WrittenFile]]],
+) -> dict:
     if not plan.groups:
         return report(table.version, plan, [])
-    rewrite = rewrite or (lambda table, plan: _rewrite_here(table, plan, progress))
     try:
         results = rewrite(table, plan)
         dataset = commit_compaction(table, plan, results)

@@ -26,6 +26,7 @@ from blobhouse.maintenance import gc as gc_table
 from blobhouse.maintenance.compaction import (
     DEFAULT_DELETED_FRACTION,
     DEFAULT_REPACK_THRESHOLD,
+    DEFAULT_RETRIES,
     DEFAULT_TARGET_BYTES,
     DEFAULT_TARGET_ROWS,
     CompactionPlan,
@@ -74,10 +75,11 @@ def compact(
     deleted_fraction: float = DEFAULT_DELETED_FRACTION,
     repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
     storage_options: dict[str, str] | None = None,
+    retries: int = DEFAULT_RETRIES,
 ) -> dict:
     """:func:`~blobhouse.maintenance.compaction.compact` with a Spark task per group of
     fragments and one commit on the driver; if a task or the commit fails, the new files are
-    removed."""
+    removed (a preempted commit is run again, up to ``retries`` times)."""
 
     def in_tasks(table: Table, plan: CompactionPlan) -> list:
         version = plan.read_version
@@ -94,6 +96,7 @@ def compact(
         deleted_fraction=deleted_fraction,
         repack_threshold=repack_threshold,
         rewrite=in_tasks,
+        retries=retries,
     )
 
 
