@@ -33,7 +33,7 @@ from blobhouse import (
     read_ranges,
     write_table,
 )
-from blobhouse.rangeio import plan_reads
+from blobhouse.rangeio import READ_THREADS, _balanced_groups, plan_reads
 from blobhouse.storage import ArrowStore, checked_options, object_store
 from blobhouse.table import TableWrite
 
@@ -132,7 +132,9 @@ def test_write_and_read_every_placement_on_s3(s3):
     )
     store = object_store(s3.uri, checked_options(s3.options))
     sent = []
-    store.client.meta.events.register("before-send.s3.GetObject", lambda **kw: sent.append(1))
+    store.client.meta.events.register(
+        "before-send.s3.GetObject", lambda **kw: sent.append(1), unique_id="count-gets"
+    )
     try:
         with opened.open_blob("media", 2) as f:  # 5 MiB: one GET to read it all
             assert f.read() == expected[2]
@@ -143,7 +145,7 @@ def test_write_and_read_every_placement_on_s3(s3):
             assert f.read(10) == expected[2][1010:1020]  # from the buffer
         assert len(sent) == 2
     finally:
-        store.client.meta.events.unregister("before-send.s3.GetObject")
+        store.client.meta.events.unregister("before-send.s3.GetObject", unique_id="count-gets")
 
     # the shared payload is stored once; nothing but the table's own objects in the bucket
     keys = s3.objects("tables/t/")
@@ -283,12 +285,18 @@ def test_ranged_reads_on_s3_send_one_get_per_coalesced_range(s3):
     store = object_store(s3.uri, options)
     assert len(plan_reads(refs, store.coalesce_gap)) == 4
     sent = []
-    store.client.meta.events.register("before-send.s3.GetObject", lambda **kw: sent.append(1))
+    store.client.meta.events.register(
+        "before-send.s3.GetObject", lambda **kw: sent.append(1), unique_id="count-gets"
+    )
     try:
         got = read_ranges(refs, storage_options=options)
     finally:
-        store.client.meta.events.unregister("before-send.s3.GetObject")
+        store.client.meta.events.unregister("before-send.s3.GetObject", unique_id="count-gets")
     assert len(sent) == 4
+    # on a store every read gets its own thread (up to 16); locally small reads share one
+    reads = plan_reads([BlobRef(f"{s3.uri}/{i}", 0, 10) for i in range(20)], store.coalesce_gap)
+    assert len(_balanced_groups(reads, READ_THREADS, store.parallel_min_bytes)) == READ_THREADS
+    assert len(_balanced_groups(reads, READ_THREADS, object_store("/x").parallel_min_bytes)) == 1
     for ref, data in zip(refs, got, strict=True):
         name = ref.uri.rsplit("/", 1)[1]
         assert data == payload(ord(name), 2 * MIB)[ref.position : ref.end]
