@@ -23,8 +23,9 @@ from lance.schema import LanceSchema
 from blobhouse import leases
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.pipeline import DataFileWriter, plan_write
-from blobhouse.placement import AllowedBases, Placement, placement_metadata, uri_to_path
+from blobhouse.placement import AllowedBases, Placement, placement_metadata
 from blobhouse.session import WrittenFile
+from blobhouse.storage import uri_to_path
 from blobhouse.store import StoreWriter, commit_referencing_store, ensure_store, store_base_id
 from blobhouse.values import blob_array, is_lance_blob_field, stored_blob_columns
 

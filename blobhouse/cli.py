@@ -170,6 +170,7 @@ def _ingest(args: argparse.Namespace) -> int:
     bs.register(spark)
     columns = [c.strip() for c in args.blob_columns.split(",") if c.strip()]
     _progress(f"ingesting {args.manifest} into {args.table} ...")
+    options = _storage_options(args)
     ingest(
         spark,
         args.manifest,
@@ -177,9 +178,9 @@ def _ingest(args: argparse.Namespace) -> int:
         columns,
         fmt=args.format,
         mode=args.mode,
-        storage_options=_storage_options(args),
+        storage_options=options,
     )
-    report = open_table(args.table, storage_options=_storage_options(args)).stats()
+    report = open_table(args.table, storage_options=options).stats()
     print(
         f"{args.table}: version {report['version']}, {report['rows']} rows, "
         f"{_mb(report['logical_bytes'])} logical, {_mb(report['physical_bytes'])} physical"
@@ -188,11 +189,8 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from blobhouse.table import open_table
 
-    report = open_table(args.table, storage_options=_storage_options(args)).verify(
-        deep=args.deep, progress=ProgressBar()
-    )
+    report = _open(args).verify(deep=args.deep, progress=ProgressBar())
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -216,10 +214,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _gc(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
-    from blobhouse.table import open_table
-
     hours = args.older_than_hours
-    report = open_table(args.table, storage_options=_storage_options(args)).gc(
+    report = _open(args).gc(
         retain_versions=args.retain_versions,
         older_than=None if hours is None else timedelta(hours=hours),
         grace=timedelta(hours=args.grace_hours),
@@ -239,7 +235,6 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def _compact(args: argparse.Namespace) -> int:
-    from blobhouse.table import open_table
 
     options = {
         "target_rows": args.target_rows,
@@ -247,7 +242,7 @@ def _compact(args: argparse.Namespace) -> int:
         "deleted_fraction": args.deleted_fraction,
         "repack_threshold": args.repack_threshold,
     }
-    report = open_table(args.table, storage_options=_storage_options(args)).compact(
+    report = _open(args).compact(
         progress=ProgressBar(), **{k: v for k, v in options.items() if v is not None}
     )
     if args.json:
@@ -284,6 +279,13 @@ class ProgressBar:
             print(f"{step}: {done}/{total}", file=self.stream, flush=True)
 
 
+def _open(args: argparse.Namespace):
+    """The table ``args.table``, reached with the command's storage options."""
+    from blobhouse.table import open_table
+
+    return open_table(args.table, storage_options=_storage_options(args))
+
+
 def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:
     pairs = [item.split("=", 1) for item in args.storage_option]
     bad = [item for item, pair in zip(args.storage_option, pairs, strict=True) if len(pair) != 2]
@@ -297,9 +299,8 @@ def _progress(message: str) -> None:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from blobhouse.table import open_table
 
-    report = open_table(args.table, storage_options=_storage_options(args)).stats()
+    report = _open(args).stats()
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

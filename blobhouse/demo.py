@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from blobhouse.dedup import content_hash
-from blobhouse.storage import StorageOptions, checked_options, is_local, local_path, object_store
+from blobhouse.storage import StorageOptions, checked_options, is_local, object_store, uri_to_path
 
 FPS = 30
 FRAMES_PER_EPISODE = 300
@@ -188,7 +188,7 @@ def run_demo(
 def _remove_table(uri: str, options: StorageOptions | None) -> None:
     """Remove whatever is at ``uri`` (the demo replaces its table)."""
     if is_local(uri):
-        shutil.rmtree(local_path(uri), ignore_errors=True)
+        shutil.rmtree(uri_to_path(uri), ignore_errors=True)
         return
     store = object_store(uri, options)
     for info in store.list(uri):

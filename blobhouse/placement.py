@@ -245,11 +245,6 @@ def _is_under(uri: str, prefix: str) -> bool:
     return uri == prefix or uri.startswith(prefix + "/")
 
 
-def uri_to_path(uri: str) -> str:
-    """The local path of a ``file://`` URI (other URIs unchanged)."""
-    return unquote(urlsplit(uri).path) if uri.startswith("file://") else uri
-
-
 def external_range(
     uri: str,
     position: int | None,

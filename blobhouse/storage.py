@@ -197,8 +197,12 @@ def is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
 
 
-def local_path(uri: str) -> str:
-    """The local path of a local path or ``file://`` URI."""
+def uri_to_path(uri: str) -> str:
+    """The local path of a ``file://`` URI (other URIs and local paths unchanged).
+
+    >>> uri_to_path("file:///data/my%20clips/a.mp4")
+    '/data/my clips/a.mp4'
+    """
     return unquote(urlsplit(uri).path) if uri.startswith("file://") else uri
 
 
@@ -211,32 +215,32 @@ class LocalStore:
 
     def size(self, uri: str) -> int | None:
         try:
-            info = os.stat(local_path(uri))
+            info = os.stat(uri_to_path(uri))
         except (FileNotFoundError, NotADirectoryError):
             return None
         return info.st_size if stat.S_ISREG(info.st_mode) else None
 
     def open(self, uri: str) -> RangeSource:
-        return _LocalFile(os.open(local_path(uri), os.O_RDONLY))
+        return _LocalFile(os.open(uri_to_path(uri), os.O_RDONLY))
 
     def create(self, uri: str) -> NewObject:
-        path = local_path(uri)
+        path = uri_to_path(uri)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return _LocalNewFile(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
 
     def put(self, uri: str, data: bytes) -> None:
-        path = local_path(uri)
+        path = uri_to_path(uri)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as file:
             file.write(data)
 
     def delete(self, uri: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.remove(local_path(uri))
+            os.remove(uri_to_path(uri))
 
     def list(self, uri: str) -> list[ObjectInfo]:
         # os.walk descends into no symlinked directory: a listing stays inside ``uri``
-        root = local_path(uri).rstrip("/")
+        root = uri_to_path(uri).rstrip("/")
         found = []
         for folder, _, names in os.walk(root):
             for name in names:

@@ -41,9 +41,9 @@ from blobhouse.errors import (
     StaleWriteError,
     StoreRaceError,
 )
-from blobhouse.placement import Kind, as_uri, normalize_uri, object_size, uri_to_path
+from blobhouse.placement import Kind, as_uri, normalize_uri, object_size
 from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue, WrittenFile
-from blobhouse.storage import StorageOptions, is_local, object_store
+from blobhouse.storage import StorageOptions, is_local, object_store, uri_to_path
 
 if TYPE_CHECKING:
     from blobhouse.values import LogicalColumn

@@ -53,11 +53,11 @@ from blobhouse.pipeline import (
     remove_written,
     write_data_files,
 )
-from blobhouse.placement import AllowedBases, local_uri, normalize_uri, uri_to_path
+from blobhouse.placement import AllowedBases, local_uri, normalize_uri
 from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.storage import checked_options
+from blobhouse.storage import checked_options, is_local, uri_to_path
 from blobhouse.store import (
     StoreIndex,
     commit_referencing_store,
@@ -745,7 +745,7 @@ def _naming_row(
 def table_root(uri: str | os.PathLike) -> tuple[str, str]:
     """(path Lance opens, absolute URI references are built from) of a table URI or path."""
     uri = os.fspath(uri)
-    if "://" not in uri or uri.startswith("file://"):
+    if is_local(uri):
         path = os.path.abspath(uri_to_path(uri))
         return path, local_uri(path)
     canonical = normalize_uri(uri).rstrip("/")

@@ -13,6 +13,7 @@ blobhouse on ``s3://`` without an account.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import socket
@@ -76,8 +77,9 @@ class LocalS3Server:
                 self._process.kill()
             self._process = None
 
+    @functools.cached_property
     def client(self):
-        """A boto3 client of this server."""
+        """A boto3 client of this server (made once: making one takes tens of ms)."""
         import boto3
 
         return boto3.client(
@@ -89,7 +91,7 @@ class LocalS3Server:
 
     def bucket(self, name: str) -> str:
         """Create bucket ``name``; returns it."""
-        self.client().create_bucket(Bucket=name)
+        self.client.create_bucket(Bucket=name)
         return name
 
     def requests(self) -> dict[str, int]:

@@ -31,7 +31,7 @@ def s3(s3_server: LocalS3Server) -> S3Bucket:
     """A fresh bucket on the local S3 server, and the storage options that reach it."""
     name = s3_server.bucket("t-" + uuid.uuid4().hex[:20])
     options = {**s3_server.options, "allow_http": "true"}
-    return S3Bucket(f"s3://{name}", options, s3_server.client(), name)
+    return S3Bucket(f"s3://{name}", options, s3_server.client, name)
 
 
 @dataclass

@@ -33,8 +33,9 @@ from blobhouse import (
     open_table,
     write_table,
 )
-from blobhouse.placement import AllowedBases, normalize_uri, uri_to_path
+from blobhouse.placement import AllowedBases, normalize_uri
 from blobhouse.session import prepared_array, prepared_field
+from blobhouse.storage import uri_to_path
 from blobhouse.store import store_base_id
 
 from helpers import stock_read, tree

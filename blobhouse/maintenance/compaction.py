@@ -28,11 +28,11 @@ from blobhouse.dedup import content_hash
 from blobhouse.errors import CorruptBlobError, InvalidInputError
 from blobhouse.maintenance.walk import Progress, fragment_references
 from blobhouse.pipeline import WritePlan, plan_write, remove_staged, write_data_files
-from blobhouse.placement import AllowedBases, Kind, MiB, uri_to_path
+from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.rangeio import BlobRef, read_ranges_arrow
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.storage import object_store
+from blobhouse.storage import object_store, uri_to_path
 from blobhouse.store import (
     StoreIndex,
     commit_referencing_store,

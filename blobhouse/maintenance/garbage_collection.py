@@ -25,8 +25,7 @@ from blobhouse.maintenance.walk import (
     fragment_states,
     opened_states,
 )
-from blobhouse.placement import uri_to_path
-from blobhouse.storage import ObjectInfo, is_local, local_path, object_store
+from blobhouse.storage import ObjectInfo, is_local, object_store, uri_to_path
 from blobhouse.store import (
     PACKS_DIR,
     STORE_DIR,
@@ -189,14 +188,14 @@ class _TableFiles:
         self.objects: dict[str, ObjectInfo] = {}
         for owned in _OWNED_DIRS:
             if self.local:
-                _refuse_symlinked(local_path(self.root), owned)
+                _refuse_symlinked(uri_to_path(self.root), owned)
             for info in self.store.list(f"{self.root}/{owned}"):
                 self.objects[f"{owned}/{info.name}"] = info
 
     def location(self, path: str) -> str:
         """Where ``path`` is, as users name it: a local path, or a URI."""
         if self.local:
-            return os.path.join(local_path(self.root), *path.split("/"))
+            return os.path.join(uri_to_path(self.root), *path.split("/"))
         return f"{self.root}/{path}"
 
     def delete(self, path: str) -> None:
@@ -216,7 +215,7 @@ class _TableFiles:
     def remove_empty_dirs(self) -> None:
         if self.local:  # object stores have no directories
             for owned in _OWNED_DIRS:
-                _remove_empty_dirs(os.path.join(local_path(self.root), owned))
+                _remove_empty_dirs(os.path.join(uri_to_path(self.root), owned))
 
 
 class _StorePacks:
