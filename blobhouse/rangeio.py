@@ -7,10 +7,9 @@ URI; it is self-contained, so any process can read it without opening the table.
 
 from __future__ import annotations
 
-import contextlib
 import io
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -229,43 +228,47 @@ class _ObjectReader:
         """Fill ``target`` with the bytes at ``position`` of ``uri``."""
         if not len(target):
             return
-        with _read_errors(uri):
+        # try/except inline, not a context manager: this runs once per range, maybe millions
+        try:
             filled = self._source(uri).read_into(position, target)
-        _check_length(uri, position, len(target), filled)
+        except OSError as exc:
+            raise _read_error(uri, exc) from None
+        if filled != len(target):
+            raise _short_read(uri, position, len(target), filled)
 
     def read(self, uri: str, position: int, size: int) -> bytes:
         if size == 0:
             return b""
-        with _read_errors(uri):
+        try:
             data = self._source(uri).read(position, size)
-        _check_length(uri, position, size, len(data))
+        except OSError as exc:
+            raise _read_error(uri, exc) from None
+        if len(data) != size:
+            raise _short_read(uri, position, size, len(data))
         return data
 
     def _source(self, uri: str) -> RangeSource:
-        if uri not in self._open:
-            self._open[uri] = object_store(uri, self._options).open(uri)
-        return self._open[uri]
+        source = self._open.get(uri)
+        if source is None:
+            source = self._open[uri] = object_store(uri, self._options).open(uri)
+        return source
 
 
-@contextlib.contextmanager
-def _read_errors(uri: str) -> Iterator[None]:
-    try:
-        yield
-    except BlobReadError:
-        raise
-    except FileNotFoundError:
-        raise BlobReadError(f"missing object {uri}", uri) from None
-    except OSError as exc:  # a directory, a device gone, a store refusing ...
-        raise BlobReadError(f"cannot read {uri}: {exc.strerror or exc}", uri) from None
+def _read_error(uri: str, exc: OSError) -> BlobReadError:
+    if isinstance(exc, BlobReadError):
+        return exc
+    if isinstance(exc, FileNotFoundError):
+        return BlobReadError(f"missing object {uri}", uri)
+    # a directory, a device gone, a store refusing ...
+    return BlobReadError(f"cannot read {uri}: {exc.strerror or exc}", uri)
 
 
-def _check_length(uri: str, position: int, wanted: int, got: int) -> None:
-    if got != wanted:
-        raise BlobReadError(
-            f"short read from {uri}: wanted {wanted} bytes at {position}, got {got} "
-            "(the object is smaller than the reference says)",
-            uri,
-        )
+def _short_read(uri: str, position: int, wanted: int, got: int) -> BlobReadError:
+    return BlobReadError(
+        f"short read from {uri}: wanted {wanted} bytes at {position}, got {got} "
+        "(the object is smaller than the reference says)",
+        uri,
+    )
 
 
 class _RangeFile(io.RawIOBase):
