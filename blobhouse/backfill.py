@@ -25,8 +25,14 @@ from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.pipeline import DataFileWriter, plan_write
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
 from blobhouse.session import WrittenFile
-from blobhouse.storage import uri_to_path
-from blobhouse.store import StoreWriter, commit_referencing_store, ensure_store, store_base_id
+from blobhouse.store import (
+    StoreWriter,
+    commit_referencing_store,
+    ensure_store,
+    lance_commit,
+    relocate_store,
+    store_base_id,
+)
 from blobhouse.values import blob_array, is_lance_blob_field, stored_blob_columns
 
 if TYPE_CHECKING:
@@ -118,7 +124,7 @@ def backfill_fragment(
     Deleted rows get null. With ``dedup="global"``, ``store`` is the store writer shared by
     the fragments this process backfills (one of its own when not given).
     """
-    with leases.held(uri_to_path(table.uri), plan.name_prefix, table.storage_options):
+    with leases.held(table.location.root, plan.name_prefix, table.storage_options):
         return _backfill_fragment(table, fragment_id, fn, plan, store)
 
 
@@ -147,7 +153,7 @@ def _backfill_fragment(
             if writer is None:
                 writer = DataFileWriter(
                     _write_plan(out.schema, plan),
-                    f"{table.dataset.uri}/data",
+                    table.location,
                     table.storage_options,
                     plan.name_prefix,
                     store,
@@ -212,23 +218,25 @@ def commit_backfill(
                 for f in fragments
             ]
         )
+    location, options = table.location, table.storage_options
     return commit_referencing_store(
-        uri_to_path(table.uri),
+        location,
         list(files.values()),
-        lambda: operation,
-        dataset.version,
+        lambda: lance_commit(location, lambda: operation, dataset.version, options),
         plan.name_prefix,
-        table.storage_options,
+        options,
     )
 
 
 def table_for(table: Table, dedup: str) -> Table:
-    """The table a backfill plans against: with its store registered first (one commit, once)
-    when the column is written with ``dedup="global"``."""
-    if dedup != "global" or store_base_id(table.dataset) is not None:
-        return table
-    dataset, _ = ensure_store(table.dataset, table.storage_options)
-    return table.checkout(dataset.version)
+    """The table a backfill plans against: the latest version, its store pointed at its own
+    place if the table was moved, and registered first (one commit, once) when the column is
+    written with ``dedup="global"``."""
+    location, options = table.location, table.storage_options
+    dataset = relocate_store(table.dataset, location, options)
+    if dedup == "global" and store_base_id(dataset) is None:
+        dataset, _ = ensure_store(dataset, location, options)
+    return table if dataset is table.dataset else table.checkout(dataset.version)
 
 
 def store_writer_for(table: Table, plan: BackfillPlan) -> StoreWriter | None:
@@ -237,7 +245,7 @@ def store_writer_for(table: Table, plan: BackfillPlan) -> StoreWriter | None:
         return None
     limit = Placement().updated(plan.placement).pack_file_size_threshold
     return StoreWriter(
-        uri_to_path(table.uri),
+        table.location.root,
         plan.store_base_id,
         plan.name_prefix,
         limit,

@@ -2,9 +2,15 @@
 
 Every data file blobhouse writes carries, in a Lance *global buffer*, one entry per payload it
 stored: payloads in sidecars (packed and dedicated) keyed by ``(blob_id, position, size)``,
-inline payloads keyed by ``(column, row)`` (the dotted column name and the row inside the data
-file). The schema metadata key ``blobhouse:checksums`` holds the buffer's index. Stock Lance
-readers never look at either, so tables stay plain Lance datasets.
+inline payloads keyed by ``(column, row)`` (the dotted column name the file was written with,
+and the row inside the data file). The schema metadata key ``blobhouse:checksums`` holds the
+buffer's index. Stock Lance readers never look at either, so tables stay plain Lance datasets.
+
+Lookups never go by the column's name in the table: names change (``alter_columns`` renames,
+swaps, drop and add), the data file does not. A lookup names the column by its position in the
+data file (the manifest ties each Lance field id to a column of each data file), and the buffer
+maps positions to the names it recorded: the buffer's metadata ``file_columns`` holds that map
+(files written before it existed are mapped through the file's own schema).
 
 No entry is written for external blobs (objects the user owns) nor for sidecar ranges a session
 only loaded (``load_packed`` / ``load_dedicated``): blobhouse never saw those bytes. Files that
@@ -18,7 +24,9 @@ own rewrites (compaction, backfill) go through the write pipeline and record fre
 
 from __future__ import annotations
 
+import json
 from array import array
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +37,9 @@ from blobhouse.errors import BlobhouseError, CorruptBlobError
 from blobhouse.placement import Kind
 
 CHECKSUMS_KEY = "blobhouse:checksums"
+FILE_COLUMNS_KEY = b"file_columns"  # {recorded column name: its column in the data file}
 DIGEST_BYTES = 32
+_DESCRIPTOR_SPILL = ["kind", "position", "size", "blob_id", "blob_uri"]
 CHECKSUM_SCHEMA = pa.schema(
     [
         pa.field("column", pa.utf8(), nullable=False),
@@ -105,22 +115,29 @@ class ChecksumLog:
         ]
         return pa.Table.from_batches([b for b in batches if b.num_rows], CHECKSUM_SCHEMA)
 
-    def to_bytes(self) -> bytes:
-        """The entries as an Arrow IPC stream (what the data file's global buffer holds)."""
+    def to_bytes(self, file_schema: pa.Schema | None = None) -> bytes:
+        """The entries as an Arrow IPC stream (what the data file's global buffer holds);
+        ``file_schema`` (the data file's) maps each recorded column name to its column."""
         sink = pa.BufferOutputStream()
         # zstd halves the buffer of small rows (names, rows and sizes repeat); digests don't shrink
         options = pa.ipc.IpcWriteOptions(compression="zstd")
-        with pa.ipc.new_stream(sink, CHECKSUM_SCHEMA, options=options) as stream:
-            stream.write_table(self.to_table())
+        schema = CHECKSUM_SCHEMA
+        if file_schema is not None:
+            columns = {name: i for i, name in enumerate(leaf_names(file_schema))}
+            recorded = {n: columns[n] for n in self._names if n in columns}
+            schema = schema.with_metadata({FILE_COLUMNS_KEY: json.dumps(recorded).encode()})
+        with pa.ipc.new_stream(sink, schema, options=options) as stream:
+            stream.write_table(self.to_table().replace_schema_metadata(schema.metadata))
         # bytes, not the Arrow buffer: pylance copies any other buffer one byte at a time
         return sink.getvalue().to_pybytes()
 
-    def attach(self, writer: LanceFileWriter) -> None:
-        """Store the entries in ``writer``'s file (call before it is closed). A file with no
-        stored payloads gets an empty list too: the key tells files blobhouse wrote (which
-        keep sharing) from files other writers wrote (Lance's compaction copies shared
-        payloads per row), which blobhouse compaction takes over."""
-        index = writer.add_global_buffer(self.to_bytes())
+    def attach(self, writer: LanceFileWriter, file_schema: pa.Schema | None = None) -> None:
+        """Store the entries in ``writer``'s file (call before it is closed; ``file_schema``
+        is the schema it writes). A file with no stored payloads gets an empty list too: the
+        key tells files blobhouse wrote (which keep sharing) from files other writers wrote
+        (Lance's compaction copies shared payloads per row), which blobhouse compaction takes
+        over."""
+        index = writer.add_global_buffer(self.to_bytes(file_schema))
         writer.add_schema_metadata(CHECKSUMS_KEY, str(index))
 
 
@@ -144,21 +161,23 @@ def _batch(column, row, blob_id, position, size, digests: bytearray) -> pa.Recor
 
 class FileChecksums:
     """The checksums recorded in one data file, looked up by what a blob descriptor holds.
+    ``columns`` maps each recorded column name to its column in the data file.
 
     >>> log = ChecksumLog()
     >>> log.record_sidecar(blob_id=2, position=10, size=5, digest=b"s" * 32)
     >>> log.record_inline("meta.img", row=3, size=4, digest=b"i" * 32)
-    >>> checksums = FileChecksums(log.to_table())
+    >>> checksums = FileChecksums(log.to_table(), {"meta.img": 1})
     >>> checksums.sidecar(2, 10, 5) == b"s" * 32, checksums.sidecar(2, 10, 6)
     (True, None)
-    >>> checksums.inline("meta.img", 3) == b"i" * 32, checksums.inline("img", 3)
+    >>> checksums.inline(1, 3) == b"i" * 32, checksums.inline(0, 3)
     (True, None)
     """
 
-    def __init__(self, table: pa.Table) -> None:
+    def __init__(self, table: pa.Table, columns: dict[str, int] | None = None) -> None:
         if not table.schema.equals(CHECKSUM_SCHEMA):
             raise BlobhouseError(f"not a checksum table: {table.schema}")
         self.table = table
+        self._names = {column: name for name, column in (columns or {}).items()}
         table = table.combine_chunks()
         rows = table.column("row").to_numpy()
         self._digests = _digest_matrix(table.column("blake3"))
@@ -188,17 +207,18 @@ class FileChecksums:
         lo, hi = _equal_range(sizes, size, lo, hi)
         return self._digest(entries[lo]) if lo < hi else None
 
-    def inline_many(self, column: str, rows: np.ndarray) -> list[bytes | None]:
+    def inline_many(self, column: int, rows: np.ndarray) -> list[bytes | None]:
         """:meth:`inline` for many rows at once (one vectorized search)."""
-        if column not in self._inline or not len(rows):
+        name = self._names.get(column)
+        if name not in self._inline or not len(rows):
             return [None] * len(rows)
-        entries, recorded = self._inline[column]
+        entries, recorded = self._inline[name]
         at = np.minimum(np.searchsorted(recorded, rows), max(len(recorded) - 1, 0))
         found = (recorded[at] == rows) if len(recorded) else np.zeros(len(rows), bool)
         return [self._digest(entries[a]) if f else None for a, f in zip(at, found, strict=True)]
 
-    def inline(self, column: str, row: int) -> bytes | None:
-        """The digest of the inline payload of ``column`` (dotted name) at ``row``."""
+    def inline(self, column: int, row: int) -> bytes | None:
+        """The digest of the inline payload at ``row`` of the data file's ``column``."""
         return self.inline_many(column, np.array([row], np.int64))[0]
 
     def _digest(self, entry: int) -> bytes:
@@ -240,13 +260,14 @@ def load_checksums(
     >>> import tempfile, pyarrow as pa
     >>> from lance.file import LanceFileWriter
     >>> path = tempfile.mkdtemp() + "/f.lance"
-    >>> writer = LanceFileWriter(path, pa.schema([("a", pa.int64())]), version="2.2")
+    >>> schema = pa.schema([("a", pa.int64())])
+    >>> writer = LanceFileWriter(path, schema, version="2.2")
     >>> writer.write_batch(pa.record_batch({"a": [1]}))
     >>> log = ChecksumLog()
     >>> log.record_inline("a", row=0, size=1, digest=b"d" * 32)
-    >>> log.attach(writer); writer.close()
+    >>> log.attach(writer, schema); writer.close()
     1
-    >>> load_checksums("file://" + path).inline("a", 0) == b"d" * 32
+    >>> load_checksums("file://" + path).inline(0, 0) == b"d" * 32
     True
     """
     reader = LanceFileReader(data_file_uri, storage_options=storage_options)
@@ -255,7 +276,50 @@ def load_checksums(
         return None
     buffer = reader.read_global_buffer(index)
     table = pa.ipc.open_stream(pa.py_buffer(buffer)).read_all()
-    return FileChecksums(table)
+    recorded = (table.schema.metadata or {}).get(FILE_COLUMNS_KEY)
+    if recorded is not None:
+        columns = json.loads(recorded)
+    else:  # written before the map existed: the file's own schema names its columns
+        columns = {name: i for i, name in enumerate(leaf_names(reader.metadata().schema))}
+    return FileChecksums(table.replace_schema_metadata(None), columns)
+
+
+def leaf_names(schema: pa.Schema) -> list[str]:
+    """Dotted names of the columns a data file stores, in file order: struct children in
+    place of their struct, a blob column as one column.
+
+    The schema pylance reports for a data file it reads shows a blob column as an empty struct
+    followed by its five descriptor fields at the top level; those are not columns of their own.
+
+    >>> leaf_names(pa.schema([("id", pa.int64()), ("m", pa.struct([("a", pa.int8())]))]))
+    ['id', 'm.a']
+    """
+    names: list[str] = []
+    fields = list(schema)
+    at = 0
+    while at < len(fields):
+        blobs = _leaves(fields[at], fields[at].name, names)
+        at += 1
+        for _ in range(blobs):
+            if [f.name for f in fields[at : at + 5]] == _DESCRIPTOR_SPILL:
+                at += 5
+    return names
+
+
+def _leaves(field: pa.Field, name: str, out: list[str]) -> int:
+    """Append the leaf names of ``field`` to ``out``; returns how many are blob columns."""
+    if _is_blob(field) or not pa.types.is_struct(field.type) or not field.type.num_fields:
+        out.append(name)
+        return int(_is_blob(field))
+    return sum(_leaves(child, f"{name}.{child.name}", out) for child in field.type)
+
+
+def _is_blob(field: pa.Field) -> bool:
+    metadata = field.metadata or {}
+    return (
+        metadata.get(b"lance-encoding:blob") == b"true"
+        or metadata.get(b"ARROW:extension:name") == b"lance.blob.v2"
+    )
 
 
 def written_by_blobhouse(data_file_uri: str, storage_options: dict[str, str] | None = None) -> bool:
@@ -284,11 +348,10 @@ class RecordedHashes:
     """The recorded blake3 of resolved blob references, each data file's list loaded once.
 
     A reference's digest lives with the data file that stored it: inline payloads under
-    ``(column, row in the file)``, sidecar payloads (``data/<file>/<blob_id>.blob``) under
-    ``(blob_id, position, size)``. Payloads in the table's store (``dedup="global"``) are
+    ``(column of the file, row in the file)``, sidecar payloads (``data/<file>/<blob_id>.blob``)
+    under ``(blob_id, position, size)``. Payloads in the table's store (``dedup="global"``) are
     looked up in ``store``: ``(uri prefix of the store, a function loading an object with
-    digest_at(pack,
-    position, size))``. Other external blobs have none.
+    digest_at(pack, position, size))``. Other external blobs have none.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -296,7 +359,7 @@ class RecordedHashes:
     >>> t = write_table(pa.table({"b": blob_array([b"x" * 100_000])}), tempfile.mkdtemp() + "/t")
     >>> ref = t.blob_refs("b", [0])[0].as_py()
     >>> digest = RecordedHashes().expected(
-    ...     "b", Kind.PACKED, 1, 0, ref["uri"], ref["position"], ref["size"])
+    ...     Kind.PACKED, 1, 0, 0, ref["uri"], ref["position"], ref["size"])
     >>> digest == content_hash(b"x" * 100_000)
     True
     """
@@ -312,6 +375,7 @@ class RecordedHashes:
     def check_read(
         self,
         column: str,
+        file_column: Callable[[int], int],
         descriptors: pa.StructArray,
         refs: pa.StructArray,
         row_addresses: pa.Array,
@@ -319,8 +383,10 @@ class RecordedHashes:
     ) -> None:
         """Raise :class:`CorruptBlobError` if a payload just read (``values``, through the
         resolved ``refs`` of ``descriptors`` read at ``row_addresses``) differs from the blake3
-        recorded when it was written. Rows without a recorded hash (user-owned external blobs,
-        files other writers made) pass as they are."""
+        recorded when it was written. ``column`` names the blob column in errors;
+        ``file_column(fragment id)`` is its column in that fragment's data file. Rows without
+        a recorded hash (user-owned external blobs, files other writers made) pass as they
+        are."""
         kinds = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False)
         blob_ids = descriptors.field("blob_id").fill_null(0).to_numpy(zero_copy_only=False)
         addresses = np.asarray(row_addresses.to_numpy(zero_copy_only=False), np.uint64)
@@ -338,12 +404,13 @@ class RecordedHashes:
                 inline.setdefault(uri, []).append(row)
                 continue
             expected[row] = self.expected(
-                column, int(kinds[row]), int(blob_ids[row]), 0, uri, positions[row], sizes[row]
+                int(kinds[row]), int(blob_ids[row]), 0, 0, uri, positions[row], sizes[row]
             )
         for uri, rows in inline.items():
             recorded = self._file(uri)
-            if recorded is not None:
-                digests = recorded.inline_many(column, offsets[rows])
+            if recorded is not None:  # one data file: one fragment
+                at = file_column(int(addresses[rows[0]]) >> 32)
+                digests = recorded.inline_many(at, offsets[rows])
                 for row, digest in zip(rows, digests, strict=True):
                     expected[row] = digest
         payload = _binary_views(values)
@@ -360,16 +427,16 @@ class RecordedHashes:
 
     def expected(
         self,
-        column: str,
         kind: int,
         blob_id: int,
+        file_column: int,
         file_row: int,
         uri: str,
         position: int,
         size: int,
     ) -> bytes | None:
         """The digest recorded for one reference, or None (an external blob, or a data file
-        another writer made)."""
+        another writer made). An inline payload is named by its data file's column and row."""
         if kind == Kind.EXTERNAL and self.store and uri.startswith(self.store[0]):
             if self._store_index is None:
                 self._store_index = self.store[1]()
@@ -381,7 +448,7 @@ class RecordedHashes:
         if recorded is None:
             return None
         if kind == Kind.INLINE:
-            return recorded.inline(column, file_row)
+            return recorded.inline(file_column, file_row)
         return recorded.sidecar(blob_id, 0 if kind == Kind.DEDICATED else position, size)
 
     def _file(self, data_file: str) -> FileChecksums | None:

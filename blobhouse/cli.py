@@ -1,5 +1,6 @@
 """Command line: ``blobhouse demo`` (the main job, on Spark), ``blobhouse ingest MANIFEST TABLE``,
-and the table services ``blobhouse stats|verify|gc|compact TABLE``."""
+the table services ``blobhouse stats|verify|gc|compact TABLE``, and ``blobhouse relocate TABLE``
+for a table copied or moved to a new place."""
 
 from __future__ import annotations
 
@@ -15,6 +16,18 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``blobhouse`` command."""
     parser = argparse.ArgumentParser(prog="blobhouse", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    spark = argparse.ArgumentParser(add_help=False)
+    spark.add_argument(
+        "--master", default="local[*]", help="Spark master (default: embedded local[*])"
+    )
+    spark.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting, e.g. spark.driver.host=10.0.0.5 (repeat for more; see "
+        "docs/spark-cluster.md)",
+    )
     storage = argparse.ArgumentParser(add_help=False)
     storage.add_argument(
         "--storage-option",
@@ -26,11 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     demo = commands.add_parser(
-        "demo", parents=[storage], help="write, query and verify a robot-episode table"
+        "demo", parents=[storage, spark], help="write, query and verify a robot-episode table"
     )
     demo.add_argument("--rows", type=int, default=1800, help="frames to generate (30 Hz)")
-    demo.add_argument("--out", default="demo-output/episodes", help="where to write the table")
-    demo.add_argument("--master", default="local[*]", help="Spark master (embedded by default)")
+    demo.add_argument(
+        "--out", default="demo-output/episodes", help="where to write the table (replaced)"
+    )
     demo.add_argument(
         "--local-s3",
         action="store_true",
@@ -39,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
     ingest = commands.add_parser(
-        "ingest", parents=[storage], help="load files named in a manifest into a table"
+        "ingest", parents=[storage, spark], help="load files named in a manifest into a table"
     )
     ingest.add_argument("manifest", help="JSONL, CSV or Parquet file of rows")
     ingest.add_argument("table", help="the table to create or append to")
@@ -50,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     ingest.add_argument("--format", choices=["jsonl", "csv", "parquet"], default=None)
     ingest.add_argument("--mode", choices=["append", "overwrite"], default="append")
-    ingest.add_argument("--master", default="local[*]", help="Spark master (embedded by default)")
 
     stats = commands.add_parser(
         "stats", parents=[storage], help="logical vs physical bytes of a table"
@@ -104,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     collect.add_argument("--dry-run", action="store_true", help="report, delete nothing")
     collect.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    relocate = commands.add_parser(
+        "relocate",
+        parents=[storage],
+        help="point a copied or moved table's store at its new place (one commit)",
+    )
+    relocate.add_argument("table")
+
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
@@ -116,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             return _gc(args)
         if args.command == "compact":
             return _compact(args)
+        if args.command == "relocate":
+            return _relocate(args)
         return _stats(args)
     except BlobhouseError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -133,9 +155,10 @@ def _demo(args: argparse.Namespace) -> int:
         with LocalS3Server() as s3:
             _progress(f"S3-compatible server on {s3.endpoint}")
             out = f"s3://{s3.bucket('blobhouse-demo')}/{args.out.rstrip('/').rsplit('/', 1)[-1]}"
-            report = run_demo(out, args.rows, args.master, _progress, s3.options)
+            report = run_demo(out, args.rows, args.master, _progress, s3.options, _conf(args))
     else:
-        report = run_demo(args.out, args.rows, args.master, _progress, _storage_options(args))
+        options = _storage_options(args)
+        report = run_demo(args.out, args.rows, args.master, _progress, options, _conf(args))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -166,7 +189,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from blobhouse.table import open_table
 
     _progress(f"starting Spark ({args.master}) ...")
-    spark = bs.local_session(args.master)
+    spark = bs.local_session(args.master, conf=_conf(args))
     bs.register(spark)
     columns = [c.strip() for c in args.blob_columns.split(",") if c.strip()]
     _progress(f"ingesting {args.manifest} into {args.table} ...")
@@ -259,6 +282,23 @@ def _compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _relocate(args: argparse.Namespace) -> int:
+    table = _open(args)
+    branches = [None, *table.branches()]
+    moved = {
+        b: t.moved_from
+        for b in branches
+        if (t := table.checkout(None, branch=b or "main")).moved_from is not None
+    }
+    if not moved:
+        print(f"{args.table}: already in place, nothing to relocate")
+        return 0
+    table.relocate()
+    for branch, old in moved.items():
+        print(f"{args.table}: relocated the store of {branch or 'main'} from {old}")
+    return 0
+
+
 class ProgressBar:
     """Progress of long steps on stderr: a bar redrawn in place on a terminal, a line at the
     start and the end of each step otherwise (logs stay short)."""
@@ -287,11 +327,19 @@ def _open(args: argparse.Namespace):
 
 
 def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:
-    pairs = [item.split("=", 1) for item in args.storage_option]
-    bad = [item for item, pair in zip(args.storage_option, pairs, strict=True) if len(pair) != 2]
+    return checked_options(_pairs(args.storage_option, "--storage-option", "NAME=VALUE"))
+
+
+def _conf(args: argparse.Namespace) -> dict[str, str]:
+    return _pairs(args.conf, "--conf", "KEY=VALUE")
+
+
+def _pairs(items: list[str], flag: str, shape: str) -> dict[str, str]:
+    pairs = [item.split("=", 1) for item in items]
+    bad = [item for item, pair in zip(items, pairs, strict=True) if len(pair) != 2 or not pair[0]]
     if bad:
-        raise InvalidInputError(f"--storage-option must be NAME=VALUE, got {bad[0]!r}")
-    return checked_options(dict(pairs))
+        raise InvalidInputError(f"{flag} must be {shape}, got {bad[0]!r}")
+    return dict(pairs)
 
 
 def _progress(message: str) -> None:

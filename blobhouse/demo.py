@@ -8,7 +8,7 @@ an episode shares one calibration file, and each frame has its own small thumbna
 
 from __future__ import annotations
 
-import shutil
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from blobhouse.dedup import content_hash
+from blobhouse.errors import InvalidInputError
 from blobhouse.storage import StorageOptions, checked_options, is_local, object_store, uri_to_path
 
 FPS = 30
@@ -116,8 +117,11 @@ def run_demo(
     master: str = "local[*]",
     progress: Callable[[str], None] = print,
     storage_options: Mapping[str, str] | None = None,
+    conf: Mapping[str, str] | None = None,
 ) -> dict:
-    """Generate, write, query and verify the demo table at ``out`` (replacing it) on Spark;
+    """Generate, write, query and verify the demo table at ``out`` on Spark (``master``, with
+    the Spark settings ``conf``). An existing table at ``out`` is overwritten (a new version:
+    earlier ones stay until ``blobhouse gc``); anything else there is refused, never deleted.
     ``out`` may be on an object store that ``storage_options`` reach."""
     from pyspark.sql import functions as F
 
@@ -126,9 +130,9 @@ def run_demo(
     from blobhouse.table import open_table
 
     options = checked_options(storage_options)
-    _remove_table(out, options)
+    _check_out(out, options)
     progress(f"starting Spark ({master}) ...")
-    spark = bs.local_session(master)
+    spark = bs.local_session(master, conf=conf)
     bs.register(spark, storage_options=options)
     data = EpisodeData(rows)
     tasks = max(1, min(data.chunks, spark.sparkContext.defaultParallelism * 2))
@@ -140,9 +144,11 @@ def run_demo(
     )
     # each task generates whole chunks of consecutive episodes, so rows that share a payload
     # already sit together: plain df.write dedups them without write_table's shuffle
+    # overwrite: a new version replacing the rows (and creating the table when it is missing),
+    # never a delete of what another run may still be reading
     (
         frames.write.format("blobhouse")
-        .mode("append")
+        .mode("overwrite")
         .option("blob_columns", ",".join(BLOB_COLUMNS))
         .option("ref_id_columns", "video:video_chunk")
         .option("dedup", '{"video": "ref_id", "calibration": "content", "thumbnail": "content"}')
@@ -185,14 +191,17 @@ def run_demo(
     }
 
 
-def _remove_table(uri: str, options: StorageOptions | None) -> None:
-    """Remove whatever is at ``uri`` (the demo replaces its table)."""
-    if is_local(uri):
-        shutil.rmtree(uri_to_path(uri), ignore_errors=True)
-        return
-    store = object_store(uri, options)
-    for info in store.list(uri):
-        store.delete(f"{uri.rstrip('/')}/{info.name}")
+def _check_out(uri: str, options: StorageOptions | None) -> None:
+    """Refuse an ``--out`` that holds something other than a table (the demo overwrites its
+    own table, never someone's files)."""
+    if is_local(uri) and os.path.isfile(uri_to_path(uri)):
+        raise InvalidInputError(f"--out {uri} is a file; give a directory for the demo table")
+    names = {info.name.split("/", 1)[0] for info in object_store(uri, options).list(uri)}
+    if names and "_versions" not in names:
+        raise InvalidInputError(
+            f"--out {uri} holds other files ({', '.join(sorted(names)[:3])}); the demo writes "
+            "its table to a new place or over its own table, never among other files"
+        )
 
 
 def _generate(data: EpisodeData, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -26,6 +26,7 @@ from lance.file import LanceFileSession
 from blobhouse import leases
 from blobhouse.dedup import DedupIndex, DedupMode, Fingerprint, content_hash, dedup_modes
 from blobhouse.errors import InvalidInputError, SchemaError
+from blobhouse.layout import TableLocation
 from blobhouse.placement import (
     AllowedBases,
     Kind,
@@ -149,7 +150,7 @@ def plan_write(
             new_table_schema, path, table_field.with_metadata(kept) if kept else table_field
         )
     if table_schema is not None:
-        _check_same_schema(new_table_schema, table_schema)
+        check_same_schema(new_table_schema, table_schema)
         new_table_schema = table_schema
     return WritePlan(
         columns=tuple(columns),
@@ -168,7 +169,7 @@ class DataFileWriter:
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse.values import blob_array
     >>> batch = pa.record_batch({"img": blob_array([b"a" * 10, b"a" * 10])})
-    >>> writer = DataFileWriter(plan_write(batch.schema), tempfile.mkdtemp() + "/data")
+    >>> writer = DataFileWriter(plan_write(batch.schema), TableLocation(tempfile.mkdtemp()))
     >>> writer.write(batch)
     >>> written = writer.finish()
     >>> written.num_rows, written.sidecar_bytes  # two rows, one shared copy
@@ -178,21 +179,21 @@ class DataFileWriter:
     def __init__(
         self,
         plan: WritePlan,
-        data_dir: str,
+        location: TableLocation,
         storage_options: StorageOptions | None = None,
         name_prefix: str = "",
         store: StoreWriter | None = None,
     ) -> None:
         self.plan = plan
         name = f"{name_prefix}{uuid.uuid4().hex}.lance"
-        self.session = BlobSession(f"{data_dir}/{name}", storage_options)
+        self.session = BlobSession(f"{location.data_dir}/{name}", storage_options)
         if plan.uses_store and store is None:
             raise InvalidInputError(
                 "dedup='global' writes go through a table write (write_table, the Spark writer), "
                 "which shares one store writer between its data files"
             )
         self.store = store
-        self.own_store = store_reference(plan, data_dir, storage_options)
+        self.own_store = store_reference(plan, location, storage_options)
         self.placers = [
             _ColumnPlacer(c, self.session, plan.allowed_bases, store, self.own_store)
             for c in plan.columns
@@ -283,7 +284,7 @@ class DataFileWriter:
 def write_data_files(
     batches: Iterable[pa.RecordBatch],
     plan: WritePlan,
-    data_dir: str,
+    location: TableLocation,
     storage_options: StorageOptions | None = None,
     name_prefix: str = "",
 ) -> list[WrittenFile]:
@@ -293,21 +294,20 @@ def write_data_files(
     write's lease is held meanwhile (:mod:`blobhouse.leases`). On any error, every file written
     so far is removed and the error is raised.
     """
-    table_path = data_dir.rstrip("/").removesuffix("/data")
-    with leases.held(table_path, name_prefix, storage_options):
-        return _write_data_files(batches, plan, data_dir, storage_options, name_prefix)
+    with leases.held(location.root, name_prefix, storage_options):
+        return _write_data_files(batches, plan, location, storage_options, name_prefix)
 
 
 def _write_data_files(
     batches: Iterable[pa.RecordBatch],
     plan: WritePlan,
-    data_dir: str,
+    location: TableLocation,
     storage_options: StorageOptions | None,
     name_prefix: str,
 ) -> list[WrittenFile]:
     written: list[WrittenFile] = []
     writer: DataFileWriter | None = None
-    store = _store_writer(plan, data_dir, storage_options, name_prefix)
+    store = _store_writer(plan, location, storage_options, name_prefix)
     row = 0
     try:
         for batch in batches:
@@ -317,7 +317,7 @@ def _write_data_files(
             start = 0
             while start < batch.num_rows:
                 writer = writer or DataFileWriter(
-                    plan, data_dir, storage_options, name_prefix, store
+                    plan, location, storage_options, name_prefix, store
                 )
                 take = min(
                     batch.num_rows - start, by_bytes, plan.max_rows_per_file - writer.num_rows
@@ -341,22 +341,24 @@ def _write_data_files(
             writer.abort()
         if store is not None:
             store.abort()
-        remove_written(written, data_dir, storage_options)
+        remove_written(written, location, storage_options)
         raise
     return written
 
 
 def _store_writer(
-    plan: WritePlan, data_dir: str, storage_options: StorageOptions | None, name_prefix: str
+    plan: WritePlan,
+    location: TableLocation,
+    storage_options: StorageOptions | None,
+    name_prefix: str,
 ) -> StoreWriter | None:
     if not plan.uses_store:
         return None
     if plan.store_base_id is None:
         raise InvalidInputError("dedup='global' needs the table's store registered (TableWrite)")
     limit = min(c.placement.pack_file_size_threshold for c in plan.columns if c.dedup == "global")
-    table_path = data_dir.rstrip("/").removesuffix("/data")
     return StoreWriter(
-        table_path,
+        location.root,
         plan.store_base_id,
         name_prefix,
         limit,
@@ -367,61 +369,61 @@ def _store_writer(
 
 
 def store_reference(
-    plan: WritePlan, data_dir: str, storage_options: StorageOptions | None = None
+    plan: WritePlan, location: TableLocation, storage_options: StorageOptions | None = None
 ) -> StoreReference | None:
     """How the placers of a write recognize references into the table's own store."""
     if plan.store_base_id is None:
         return None
-    table_path = data_dir.rstrip("/").removesuffix("/data")
-    return StoreReference(table_path, plan.store_base_id, storage_options)
+    return StoreReference(location.root, plan.store_base_id, storage_options)
 
 
 def remove_written(
-    files: Iterable[WrittenFile], data_dir: str, storage_options: StorageOptions | None = None
+    files: Iterable[WrittenFile],
+    location: TableLocation,
+    storage_options: StorageOptions | None = None,
 ) -> None:
     """Delete data files, sidecars and store packs that were written but will never be
     committed."""
-    table_path = data_dir.rstrip("/").removesuffix("/data")
     for written in files:
-        remove_packs(table_path, written.packs, storage_options)
-        session = BlobSession(f"{data_dir}/{written.name}", storage_options)
+        remove_packs(location.root, written.packs, storage_options)
+        session = BlobSession(f"{location.data_dir}/{written.name}", storage_options)
         session.sidecars = list(written.sidecars)
         session.abort()
 
 
 def mark_aborted(
-    data_dir: str, name_prefix: str, storage_options: StorageOptions | None = None
+    location: TableLocation, name_prefix: str, storage_options: StorageOptions | None = None
 ) -> None:
     """Leave a marker that tells tasks of this write, still running, to remove what they wrote
     instead of reporting it (gc removes the marker with the other leftovers)."""
-    uri = _marker_uri(data_dir, name_prefix)
+    uri = _marker_uri(location, name_prefix)
     object_store(uri, storage_options).put(uri, b"")
 
 
 def is_aborted(
-    data_dir: str, name_prefix: str, storage_options: StorageOptions | None = None
+    location: TableLocation, name_prefix: str, storage_options: StorageOptions | None = None
 ) -> bool:
     """Whether :func:`mark_aborted` ran for this write."""
-    uri = _marker_uri(data_dir, name_prefix)
+    uri = _marker_uri(location, name_prefix)
     return object_store(uri, storage_options).size(uri) is not None
 
 
-def _marker_uri(data_dir: str, name_prefix: str) -> str:
-    uri = f"{data_dir}/aborted-{name_prefix}"  # outside the prefix: sweeps keep it
+def _marker_uri(location: TableLocation, name_prefix: str) -> str:
+    uri = f"{location.data_dir}/aborted-{name_prefix}"  # outside the prefix: sweeps keep it
     return as_uri(uri)
 
 
 def remove_staged(
-    data_dir: str, name_prefix: str, storage_options: StorageOptions | None = None
+    location: TableLocation, name_prefix: str, storage_options: StorageOptions | None = None
 ) -> None:
     """Delete every data file (and its sidecars) whose name starts with ``name_prefix``: what a
     write staged, including files of tasks whose results never reached the driver; and the
     write's lease (the write will not commit)."""
     if not name_prefix:
         raise ValueError("remove_staged needs a non-empty prefix")
-    table_path = data_dir.rstrip("/").removesuffix("/data")
-    remove_staged_packs(table_path, name_prefix, storage_options)
-    leases.release(table_path, name_prefix, storage_options)
+    data_dir = location.data_dir
+    remove_staged_packs(location.root, name_prefix, storage_options)
+    leases.release(location.root, name_prefix, storage_options)
     files = LanceFileSession(data_dir, storage_options=storage_options)
     try:
         listed = files.list()
@@ -646,7 +648,9 @@ def _placement_to_keep(
     return {**kept, **Placement.overrides(**dict(write_overrides or {}))}
 
 
-def _check_same_schema(new: pa.Schema, existing: pa.Schema) -> None:
+def check_same_schema(new: pa.Schema, existing: pa.Schema) -> None:
+    """Refuse data whose columns (names, types, order) differ from the table's."""
+
     def shape(schema: pa.Schema) -> list[tuple[str, str]]:
         return [(f.name, str(f.type)) for f in schema]
 

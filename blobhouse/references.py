@@ -15,7 +15,8 @@ import pyarrow as pa
 from lance import LanceDataset
 
 from blobhouse.errors import BlobhouseError, ExternalBlobError, InvalidInputError
-from blobhouse.placement import AllowedBases, Kind, as_uri, normalize_uri
+from blobhouse.layout import BasePaths, TableLocation
+from blobhouse.placement import AllowedBases, Kind, normalize_uri
 from blobhouse.rangeio import REF_TYPE
 from blobhouse.session import DATA_FILE_NAME, sidecar_name
 from blobhouse.values import ColumnPath, path_name
@@ -48,38 +49,72 @@ def leaf_field_ids(lance_fields) -> list[int]:
 class ReferenceResolver:
     """Resolves descriptors of one dataset version into absolute references.
 
-    ``root_uri`` is the table root as an absolute URI (``file:///...`` or ``s3://...``).
+    Base paths are read where the table is now (:class:`~blobhouse.layout.BasePaths`), so a
+    moved or copied table reads its own files, never those at its old place.
     """
 
-    def __init__(self, dataset: LanceDataset, root_uri: str) -> None:
-        self.root_uri = root_uri.rstrip("/")
+    def __init__(self, dataset: LanceDataset, location: TableLocation) -> None:
+        self.location = location
+        self.root_uri = location.root_uri
+        self.base_paths = BasePaths(dataset, location)
         # external blobs whose blob_id names a base path live under it (the table's store)
-        self._bases = {
-            base_id: as_uri(base.path).rstrip("/") for base_id, base in dataset.base_paths().items()
-        }
+        self._bases = {i: b.uri for i, b in self.base_paths.bases.items()}
         # and in the canonical form references are checked against (symlinks resolved)
         self._canonical_bases = {i: normalize_uri(base) for i, base in self._bases.items()}
         # a table written by another writer may hold anything: externals are checked on read
         self._allowed = AllowedBases.of_table(dataset.schema, self.root_uri)
         self._externals: dict[tuple[int, str], str] = {}
-        self._files: dict[tuple[int, int], str] = {}
+        # (fragment, field id) -> (data file uri, the field's column in that file)
+        self._files: dict[tuple[int, int], tuple[str, int]] = {}
+        self._unreadable: dict[tuple[int, int], str] = {}
         for fragment in dataset.get_fragments():
             for data_file in fragment.metadata.files:
-                if data_file.base_id is not None or not DATA_FILE_NAME.fullmatch(data_file.path):
-                    continue  # resolved on demand below, with a clear error
-                for field_id in data_file.fields:
+                uri, problem = self._data_file(data_file)
+                columns = data_file.column_indices or range(len(data_file.fields))
+                for field_id, column in zip(data_file.fields, columns, strict=False):
                     key = (fragment.fragment_id, field_id)
-                    self._files[key] = f"{self.root_uri}/data/{data_file.path}"
+                    if problem is None:
+                        self._files[key] = (uri, column)
+                    else:
+                        self._unreadable[key] = problem
+
+    def _data_file(self, data_file) -> tuple[str, str | None]:
+        """Where a data file of the manifest is: in this dataset's ``data/`` directory, or
+        under a base path (a branch reading its parent's files); or why it cannot be read."""
+        if not DATA_FILE_NAME.fullmatch(data_file.path):
+            return "", f"its data file path {data_file.path!r} is not a plain file name"
+        if data_file.base_id is None:
+            return f"{self.location.dataset_uri}/data/{data_file.path}", None
+        base = self.base_paths.get(data_file.base_id)
+        if base is None:
+            return "", f"its data file names base path {data_file.base_id}, which is not registered"
+        folder = f"{base.uri}/data" if base.is_dataset_root else base.uri
+        return f"{folder}/{data_file.path}", None
+
+    def locate(self, data_file) -> str:
+        """The URI of one of the manifest's data files (Lance's ``DataFile``)."""
+        uri, problem = self._data_file(data_file)
+        if problem is not None:
+            raise BlobhouseError(f"cannot read data file {data_file.path}: {problem}")
+        return uri
 
     def data_file_uri(self, fragment_id: int, field_id: int) -> str:
+        """The data file holding ``field_id`` in fragment ``fragment_id``."""
+        return self._located(fragment_id, field_id)[0]
+
+    def file_column(self, fragment_id: int, field_id: int) -> int:
+        """The column of ``field_id`` inside its data file in fragment ``fragment_id`` (what
+        the file's recorded checksums are keyed by: renames in the manifest never move it)."""
+        return self._located(fragment_id, field_id)[1]
+
+    def _located(self, fragment_id: int, field_id: int) -> tuple[str, int]:
         try:
             return self._files[(fragment_id, field_id)]
         except KeyError:
-            raise BlobhouseError(
-                f"fragment {fragment_id} has no data file for field {field_id} directly in the "
-                "table's data directory (files under other base paths or with a path that is "
-                "not a plain file name are not read)"
-            ) from None
+            problem = self._unreadable.get(
+                (fragment_id, field_id), f"no data file holds field {field_id}"
+            )
+            raise BlobhouseError(f"fragment {fragment_id}: {problem}") from None
 
     def resolve(
         self, descriptors: pa.Array, row_addresses: pa.Array, field_id: int, column: str = ""

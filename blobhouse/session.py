@@ -470,6 +470,7 @@ class BlobSession:
         self._bases: AllowedBases | None = None
         self.writes = WriteQueue()
         self.checksums = ChecksumLog()
+        self._file_schema: pa.Schema | None = None
 
     def sidecar_path(self, blob_id: int) -> str:
         """Path of ``blob_id``'s sidecar, relative to the data directory."""
@@ -668,12 +669,13 @@ class BlobSession:
 
     def open_data_file(self, schema: pa.Schema) -> LanceFileWriter:
         """Open the Lance 2.2 writer of the data file itself."""
+        self._file_schema = schema
         return self.files.open_writer(self.data_file_name, schema=schema, version="2.2")
 
     def close_data_file(self, writer: LanceFileWriter) -> None:
         """Close the data file's writer, storing the checksums of every payload the session
         wrote in it first (see :mod:`blobhouse.checksums`)."""
-        self.checksums.attach(writer)
+        self.checksums.attach(writer, self._file_schema)
         writer.close()
 
     def abort(self) -> None:

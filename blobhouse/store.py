@@ -20,10 +20,11 @@ from the index were not retired meanwhile: the argument is in docs/global-dedup.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -41,6 +42,13 @@ from blobhouse.errors import (
     StaleWriteError,
     StoreRaceError,
 )
+from blobhouse.layout import (
+    STORE_BASE_NAME,
+    STORE_DIR,
+    BasePaths,
+    TableLocation,
+    is_store_base_name,
+)
 from blobhouse.placement import Kind, as_uri, normalize_uri, object_size
 from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue, WrittenFile
 from blobhouse.storage import StorageOptions, is_local, object_store, uri_to_path
@@ -48,13 +56,11 @@ from blobhouse.storage import StorageOptions, is_local, object_store, uri_to_pat
 if TYPE_CHECKING:
     from blobhouse.values import LogicalColumn
 
-STORE_DIR = "_blobs"
 _REGISTER_ATTEMPTS = 10
 _INDEX_FRAGMENTS = 8  # more than this many and gc compacts the index
 PACKS_DIR = "packs"
 TOMBSTONES_DIR = "tombstones"
 _STAT_THREADS = 16
-BASE_NAME = "blobhouse-store"
 INDEX_SCHEMA = pa.schema(
     [
         # plain binary and signed integers: Spark reads the index for its lookup join
@@ -91,46 +97,83 @@ def store_dir(table_path: str) -> str:
 def store_base_id(dataset: LanceDataset) -> int | None:
     """The id of the table's store among its Lance base paths (None: no store yet)."""
     for base_id, base in dataset.base_paths().items():
-        if base.name == BASE_NAME:
+        if is_store_base_name(base.name):
             return base_id
     return None
 
 
-def store_base(table_path: str, existing: LanceDataset | None) -> DatasetBasePath:
+def store_base(location: TableLocation, existing: LanceDataset | None) -> DatasetBasePath:
     """The base path to register for the store of a table (a fresh id if others exist)."""
     taken = existing.base_paths() if existing is not None else {}
     return DatasetBasePath(
-        uri_to_path(store_dir(table_path)), name=BASE_NAME, id=max(taken, default=0) + 1
+        uri_to_path(location.store_path), name=STORE_BASE_NAME, id=max(taken, default=0) + 1
     )
 
 
 def ensure_store(
-    dataset: LanceDataset, storage_options: StorageOptions | None = None
+    dataset: LanceDataset, location: TableLocation, storage_options: StorageOptions | None = None
 ) -> tuple[LanceDataset, int]:
     """The dataset with its store registered (one extra commit the first time) and the base id.
 
     >>> import tempfile, pyarrow as pa
-    >>> ds = lance.write_dataset(pa.table({"a": [1]}), tempfile.mkdtemp() + "/t")
-    >>> ds, base_id = ensure_store(ds)
+    >>> root = tempfile.mkdtemp() + "/t"
+    >>> ds = lance.write_dataset(pa.table({"a": [1]}), root)
+    >>> ds, base_id = ensure_store(ds, TableLocation(root))
     >>> base_id, store_base_id(ds)
     (1, 1)
     """
+    path = location.dataset_path
     for _ in range(_REGISTER_ATTEMPTS):
         base_id = store_base_id(dataset)
         if base_id is not None:
             return dataset, base_id
-        base = store_base(dataset.uri, dataset)
+        base = store_base(location, dataset)
         try:
             dataset.add_bases([base])
         except OSError:
             # another writer changed the table first (maybe registering the store itself):
             # look again at the latest version
-            dataset = lance.dataset(dataset.uri, storage_options=storage_options)
+            dataset = lance.dataset(path, storage_options=storage_options)
             continue
-        return lance.dataset(dataset.uri, storage_options=storage_options), base.id
+        return lance.dataset(path, storage_options=storage_options), base.id
     raise BlobhouseError(
-        f"could not register the store of {dataset.uri}: {_REGISTER_ATTEMPTS} attempts lost a "
+        f"could not register the store of {location}: {_REGISTER_ATTEMPTS} attempts lost a "
         "commit race with other writers"
+    )
+
+
+def relocate_store(
+    dataset: LanceDataset, location: TableLocation, storage_options: StorageOptions | None = None
+) -> LanceDataset:
+    """The latest version of ``dataset`` with its store base pointing at the table's own store:
+    one commit when the table was copied or moved (its manifest still names the old place),
+    none otherwise.
+
+    Lance has no operation that changes a base path; registering a base under an id that is
+    taken replaces that base (pylance 14's ``UpdateBases``), so the store keeps its id, rows
+    keep their references, and the base gets a new name (Lance refuses a name or path twice).
+    """
+    for _ in range(_REGISTER_ATTEMPTS):
+        bases = BasePaths(dataset, location)
+        if not bases.store_moved:
+            return dataset
+        taken = {base.name for base in dataset.base_paths().values()}
+        name = next(
+            f"{STORE_BASE_NAME}@{n}"
+            for n in itertools.count(1)
+            if f"{STORE_BASE_NAME}@{n}" not in taken
+        )
+        base = DatasetBasePath(uri_to_path(location.store_path), name=name, id=bases.store_id)
+        # on a conflict another writer committed first (maybe relocating too): look again
+        with contextlib.suppress(OSError, ValueError):
+            dataset.add_bases([base])
+        dataset = lance.dataset(location.dataset_path, storage_options=storage_options)
+        if not BasePaths(dataset, location).store_moved:
+            return dataset
+    raise BlobhouseError(
+        f"could not point the store of {location} at {location.store_uri}: its manifest still "
+        f"names {BasePaths(dataset, location).recorded[bases.store_id]} after "
+        f"{_REGISTER_ATTEMPTS} attempts"
     )
 
 
@@ -487,77 +530,104 @@ def _tombstone_uri(table_path: str, pack: str) -> str:
 
 
 def commit_referencing_store(
-    table_path: str,
+    location: TableLocation,
     written: Sequence[WrittenFile],
-    operation: Callable[[], LanceOperation.BaseOperation],
-    read_version: int | None,
+    commit: Callable[[], LanceDataset],
     name_prefix: str,
     storage_options: StorageOptions | None = None,
 ) -> LanceDataset:
-    """Commit ``operation()`` (which makes ``written`` visible) on top of ``read_version``.
-    Every commit of data files goes through here. Right before it: the store packs ``written``
-    took from the index must not be retired (:func:`check_packs_usable`), and every file of
-    ``written`` must still exist. The write's lease (``name_prefix``, :mod:`blobhouse.leases`)
-    is held throughout, so gc keeps its files even while Lance retries the commit for long.
-    Right after it, the payloads they added are recorded in the store's index."""
+    """Run ``commit()`` (the Lance commit that makes ``written`` visible). Every commit of
+    data files goes through here. Right before it: the store packs ``written`` took from the
+    index must not be retired (:func:`check_packs_usable`), and every file of ``written`` must
+    still exist. The write's lease (``name_prefix``, :mod:`blobhouse.leases`) is held
+    throughout, so gc keeps its files even while Lance retries the commit for long. Right after
+    it, the payloads they added are recorded in the store's index."""
+    root = location.root
     try:
-        with leases.held(table_path, name_prefix, storage_options):
-            dataset = _checked_commit(table_path, written, operation, read_version, storage_options)
+        with leases.held(root, name_prefix, storage_options):
+            check_packs_usable(root, {p for w in written for p in w.found_packs}, storage_options)
+            lost = _lost_files(location, written, storage_options)
+            if lost:
+                raise StaleWriteError(
+                    f"{len(lost)} file(s) this write staged are gone (e.g. {lost[0]}): gc swept "
+                    "them because the write ran longer than its grace period; nothing was "
+                    "committed, retry"
+                )
+            dataset = commit()
     except BaseException:
-        leases.release(table_path, name_prefix, storage_options)  # it will not commit
+        leases.release(root, name_prefix, storage_options)  # it will not commit
         raise
     stored = [s for w in written for s in w.stored]
     try:
-        append_to_index(table_path, stored, storage_options)
+        append_to_index(root, stored, storage_options)
     except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
-        warnings.warn(f"the store index of {table_path} was not updated: {exc}", stacklevel=2)
+        warnings.warn(f"the store index of {root} was not updated: {exc}", stacklevel=2)
     return dataset
 
 
-def _checked_commit(
-    table_path: str,
-    written: Sequence[WrittenFile],
+def lance_commit(
+    location: TableLocation,
     operation: Callable[[], LanceOperation.BaseOperation],
     read_version: int | None,
-    storage_options: StorageOptions | None,
+    storage_options: StorageOptions | None = None,
 ) -> LanceDataset:
-    check_packs_usable(table_path, {p for w in written for p in w.found_packs}, storage_options)
-    lost = _lost_files(table_path, written, storage_options)
-    if lost:
-        raise StaleWriteError(
-            f"{len(lost)} file(s) this write staged are gone (e.g. {lost[0]}): gc swept them "
-            "because the write ran longer than its grace period; nothing was committed, retry"
+    """Commit ``operation()`` on ``read_version`` of the table's dataset (main or a branch).
+
+    A table being created (``read_version`` None) is committed as version 1 or not at all:
+    Lance would commit a second creator's ``Overwrite`` on top of the first one, so a create
+    that finds the table made meanwhile raises :class:`TableCreatedMeanwhile` instead."""
+    path = location.dataset_path
+    with commit_errors(location, read_version, storage_options):
+        if read_version is None:
+            return LanceDataset.commit(
+                path, operation(), storage_options=storage_options, max_retries=0
+            )
+        return LanceDataset.commit(
+            path, operation(), read_version=read_version, storage_options=storage_options
         )
+
+
+@contextlib.contextmanager
+def commit_errors(
+    location: TableLocation, read_version: int | None, storage_options: StorageOptions | None
+) -> Iterator[None]:
+    """Lance's errors of a commit on ``read_version`` told apart: the table was created by
+    another writer meanwhile (:class:`TableCreatedMeanwhile`), or gc removed the read version
+    while the write ran (:class:`StaleWriteError`); anything else as it is."""
+    path = location.dataset_path
     try:
-        dataset = LanceDataset.commit(
-            table_path, operation(), read_version=read_version, storage_options=storage_options
-        )
+        yield
     except (OSError, ValueError) as exc:
-        if read_version is not None and not _version_exists(
-            table_path, read_version, storage_options
-        ):
+        if read_version is None and _version_exists(path, None, storage_options):
+            raise TableCreatedMeanwhile(f"{location} was created by another writer") from exc
+        if read_version is not None and not _version_exists(path, read_version, storage_options):
             raise StaleWriteError(
-                f"version {read_version} of {table_path}, which this write started from, was "
+                f"version {read_version} of {location}, which this write started from, was "
                 "removed by gc while it ran; nothing was committed, retry the write"
             ) from exc
         raise
-    return dataset
+
+
+class TableCreatedMeanwhile(BlobhouseError):
+    """A write that created the table lost the race to another creator; nothing of it was
+    committed (its files are still staged)."""
 
 
 def _lost_files(
-    table_path: str, written: Sequence[WrittenFile], storage_options: StorageOptions | None
+    location: TableLocation, written: Sequence[WrittenFile], storage_options: StorageOptions | None
 ) -> list[str]:
-    """The files of ``written`` (relative to the table) that no longer exist."""
+    """The files of ``written`` (relative to the table root) that no longer exist."""
+    data = location.branch_data_dir(location.branch)
     paths = [
         path
         for w in written
         for path in (
-            f"data/{w.name}",
-            *(f"data/{s}" for s in w.sidecars),
+            f"{data}/{w.name}",
+            *(f"{data}/{s}" for s in w.sidecars),
             *(f"{STORE_DIR}/{p}" for p in w.packs),
         )
     ]
-    return _missing_objects(table_path, paths, storage_options)
+    return _missing_objects(location.root, paths, storage_options)
 
 
 def _missing_objects(
@@ -575,9 +645,10 @@ def _missing_objects(
     return [p for p, size in zip(paths, sizes, strict=True) if size is None]
 
 
-def _version_exists(table_path: str, version: int, storage_options: StorageOptions | None) -> bool:
+def _version_exists(path: str, version: int | None, storage_options: StorageOptions | None) -> bool:
+    """Whether the dataset at ``path`` has ``version`` (None: any version)."""
     try:
-        lance.dataset(table_path, version=version, storage_options=storage_options)
+        lance.dataset(path, version=version, storage_options=storage_options)
     except (OSError, ValueError):
         return False
     return True

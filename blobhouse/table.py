@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from itertools import chain
@@ -36,9 +36,11 @@ from blobhouse.errors import (
     BlobReadError,
     InvalidInputError,
     SchemaError,
+    StaleWriteError,
     TableExistsError,
     TableNotFoundError,
 )
+from blobhouse.layout import BasePaths, TableLocation
 from blobhouse.maintenance import compaction, garbage_collection, verification
 from blobhouse.maintenance.stats import blob_stats
 from blobhouse.maintenance.walk import Progress
@@ -46,6 +48,7 @@ from blobhouse.pipeline import (
     DEFAULT_MAX_BYTES_PER_FILE,
     DEFAULT_MAX_ROWS_PER_FILE,
     WritePlan,
+    check_same_schema,
     is_aborted,
     mark_aborted,
     plan_write,
@@ -53,15 +56,18 @@ from blobhouse.pipeline import (
     remove_written,
     write_data_files,
 )
-from blobhouse.placement import AllowedBases, local_uri, normalize_uri
+from blobhouse.placement import AllowedBases
 from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.storage import checked_options, is_local, uri_to_path
+from blobhouse.storage import checked_options
 from blobhouse.store import (
     StoreIndex,
+    TableCreatedMeanwhile,
     commit_referencing_store,
     ensure_store,
+    lance_commit,
+    relocate_store,
     store_base,
     store_uri_prefix,
 )
@@ -94,12 +100,17 @@ def write_table(
     max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE,
     max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE,
     storage_options: dict[str, str] | None = None,
+    branch: str | None = None,
 ) -> Table:
     """Write ``data`` to the blob table at ``uri`` in one Lance transaction.
 
     ``data`` is a pyarrow Table, RecordBatch, RecordBatchReader, iterable of RecordBatches, or a
-    pandas DataFrame. ``mode="append"`` creates the table when it is missing. If anything fails,
-    the table stays at its previous version and what this call wrote is removed.
+    pandas DataFrame. ``mode="append"`` creates the table when it is missing (when several
+    writers create it at once, every one's rows land); ``mode="create"`` raises
+    :class:`TableExistsError` if the table exists, also when another writer created it while
+    this one ran. ``branch`` writes to a branch of the table (made with Lance's
+    ``create_branch``). If anything fails, the table stays at its previous version and what
+    this call wrote is removed.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -121,6 +132,7 @@ def write_table(
         max_rows_per_file=max_rows_per_file,
         max_bytes_per_file=max_bytes_per_file,
         storage_options=storage_options,
+        branch=branch,
     )
     try:
         written = write.write(batches)
@@ -139,11 +151,11 @@ class TableWrite:
     tasks and to the commit. A write that does not commit removes what it wrote (:meth:`abort`).
     """
 
-    path: str
-    root_uri: str
+    location: TableLocation
     plan: WritePlan
     appending: bool
     read_version: int | None
+    mode: WriteMode = "append"
     storage_options: dict[str, str] | None = None
     write_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
@@ -163,6 +175,7 @@ class TableWrite:
         max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE,
         storage_options: dict[str, str] | None = None,
         load_store_index: bool = True,
+        branch: str | None = None,
     ) -> TableWrite:
         """Check the mode against the table, and plan the write of data shaped as ``schema``.
 
@@ -170,11 +183,18 @@ class TableWrite:
         Spark join), so the writing tasks do not load its index."""
         if mode not in ("create", "append", "overwrite"):
             raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
-        path, root_uri = table_root(uri)
         storage_options = checked_options(storage_options)
-        existing = _open_dataset(path, None, storage_options)
+        location = TableLocation.of(uri, branch, storage_options)
+        existing = _open_dataset(location, None, storage_options)
+        if existing is None and location.branch is not None:
+            raise TableNotFoundError(
+                f"no branch {location.branch!r} in {location.root} (make it with Lance's "
+                "create_branch)"
+            )
         if mode == "create" and existing is not None:
             raise TableExistsError(f"table {uri} already exists (use mode='append' or 'overwrite')")
+        if existing is not None:
+            existing = relocate_store(existing, location, storage_options)
         appending = mode == "append" and existing is not None
         plan = plan_write(
             schema,
@@ -183,28 +203,20 @@ class TableWrite:
             dedup=dedup,
             placement=placement,
             table_schema=existing.schema if appending else None,
-            allowed_bases=_allowed_bases(existing, allowed_bases, appending, root_uri),
+            allowed_bases=_allowed_bases(existing, allowed_bases, appending, location.root_uri),
             max_rows_per_file=max_rows_per_file,
             max_bytes_per_file=max_bytes_per_file,
         )
         if plan.uses_store:
-            existing, base_id = _with_store(path, existing, storage_options)
+            existing, base_id = _with_store(location, existing, storage_options)
             plan = replace(plan, store_base_id=base_id, load_store_index=load_store_index)
         read_version = existing.version if existing is not None else None
-        return cls(path, root_uri, plan, appending, read_version, storage_options)
-
-    @property
-    def data_dir(self) -> str:
-        return f"{self.path}/data"
+        return cls(location, plan, appending, read_version, mode, storage_options)
 
     @property
     def name_prefix(self) -> str:
         """Every data file this write stages is named ``<write_id>-<uuid>.lance``."""
         return f"{self.write_id}-"
-
-    @property
-    def leases_dir(self) -> str:
-        return f"{self.path}/{leases.LEASES_DIR}"
 
     def write(self, batches: Iterable[pa.RecordBatch]) -> list[WrittenFile]:
         """Write data files (and sidecars) for ``batches``; nothing is visible until commit.
@@ -212,39 +224,53 @@ class TableWrite:
         Runs once per Spark task: on failure it removes only its own files (other tasks of the
         same write, or a retry of this one, may still commit).
         """
+        location, options = self.location, self.storage_options
         try:
-            written = write_data_files(
-                batches, self.plan, self.data_dir, self.storage_options, self.name_prefix
-            )
+            written = write_data_files(batches, self.plan, location, options, self.name_prefix)
         except BaseException:
             # no one will commit: no lease
-            if is_aborted(self.data_dir, self.name_prefix, self.storage_options):
-                leases.release(self.path, self.name_prefix, self.storage_options)
+            if is_aborted(location, self.name_prefix, options):
+                leases.release(location.root, self.name_prefix, options)
             if self.read_version is None:
-                _remove_empty_local_dirs(self.data_dir, self.leases_dir, self.path)
+                self._remove_empty_dirs()
             raise
         # a Spark task can finish after the job was aborted and swept: it cleans up itself
-        if is_aborted(self.data_dir, self.name_prefix, self.storage_options):
-            remove_written(written, self.data_dir, self.storage_options)
-            leases.release(self.path, self.name_prefix, self.storage_options)
+        if is_aborted(location, self.name_prefix, options):
+            remove_written(written, location, options)
+            leases.release(location.root, self.name_prefix, options)
             raise BlobhouseError(f"write {self.write_id} was aborted; its files are removed")
         return written
 
     def commit(self, written: Sequence[WrittenFile]) -> Table:
-        """Make every written file visible in one Lance transaction."""
+        """Make every written file visible in one Lance transaction.
+
+        A write that created the table and lost that race to another creator commits again
+        on the table the other one made: as an append (``mode="append"``) or an overwrite,
+        or not at all (``mode="create"``: :class:`TableExistsError`)."""
         try:
             dataset = commit_referencing_store(
-                self.path,
+                self.location,
                 written,
-                lambda: self._operation(written),
-                self.read_version,
+                lambda: lance_commit(
+                    self.location,
+                    lambda: self._operation(written),
+                    self.read_version,
+                    self.storage_options,
+                ),
                 self.name_prefix,
                 self.storage_options,
             )
+        except TableCreatedMeanwhile:
+            try:
+                again = self._on_table_made_meanwhile()
+            except BaseException:
+                self.abort(written)
+                raise
+            return again.commit(written)
         except BaseException:
             self.abort(written)
             raise
-        return Table(dataset, self.root_uri, self.storage_options)
+        return Table(dataset, self.location, self.storage_options)
 
     def abort(self, written: Sequence[WrittenFile], *, tasks_may_run: bool = False) -> None:
         """Remove files this write created; a table that did not exist is left absent.
@@ -254,16 +280,48 @@ class TableWrite:
         marker and removes its file itself (the marker stays for gc).
         """
         if tasks_may_run:
-            mark_aborted(self.data_dir, self.name_prefix, self.storage_options)
-        remove_written(written, self.data_dir, self.storage_options)
-        remove_staged(self.data_dir, self.name_prefix, self.storage_options)
+            mark_aborted(self.location, self.name_prefix, self.storage_options)
+        remove_written(written, self.location, self.storage_options)
+        remove_staged(self.location, self.name_prefix, self.storage_options)
         if self.read_version is None:
-            _remove_empty_local_dirs(self.data_dir, self.leases_dir, self.path)
+            self._remove_empty_dirs()
+
+    def _remove_empty_dirs(self) -> None:
+        """Remove the directories a failed create made, if they are local and empty."""
+        root = self.location.root
+        _remove_empty_local_dirs(self.location.data_dir, f"{root}/{leases.LEASES_DIR}", root)
+
+    def _on_table_made_meanwhile(self) -> TableWrite:
+        """This write, planned again on the table another writer created while it ran."""
+        location, options = self.location, self.storage_options
+        if self.mode == "create":
+            raise TableExistsError(
+                f"table {location} was created by another writer while this write ran; "
+                "nothing of this write was committed (use mode='append' to add to it)"
+            )
+        existing = lance.dataset(location.dataset_path, storage_options=options)
+        check_same_schema(self.plan.table_schema, existing.schema)
+        theirs = AllowedBases.of_table(existing.schema, location.root_uri).bases
+        if self.plan.allowed_bases.bases and self.plan.allowed_bases.bases != theirs:
+            raise InvalidInputError(
+                f"table {location} was created meanwhile with allowed_bases {theirs}; this "
+                f"write asked for {self.plan.allowed_bases.bases} and committed nothing"
+            )
+        if self.plan.uses_store:
+            existing, base_id = _with_store(location, existing, options)
+            if base_id != self.plan.store_base_id:
+                raise StaleWriteError(
+                    f"table {location} was created meanwhile and registered its store as "
+                    f"base {base_id}; nothing of this write was committed, retry it"
+                )
+        return replace(self, appending=self.mode == "append", read_version=existing.version)
 
     def _operation(self, written: Sequence[WrittenFile]) -> LanceOperation.BaseOperation:
         if self.appending:
             dataset = lance.dataset(
-                self.path, version=self.read_version, storage_options=self.storage_options
+                self.location.dataset_path,
+                version=self.read_version,
+                storage_options=self.storage_options,
             )
             ids = leaf_field_ids(dataset.lance_schema.fields())
             return LanceOperation.Append([w.fragment(ids) for w in written])
@@ -271,7 +329,7 @@ class TableWrite:
         ids = leaf_field_ids(LanceSchema.from_pyarrow(schema).fields())
         # a new table that stores payloads globally registers its store as it is created
         bases = (
-            [store_base(self.path, None)]
+            [store_base(self.location, None)]
             if self.plan.uses_store and self.read_version is None
             else None
         )
@@ -281,24 +339,78 @@ class TableWrite:
 
 
 def open_table(
-    uri: str, version: int | None = None, storage_options: dict[str, str] | None = None
+    uri: str,
+    version: int | str | None = None,
+    storage_options: dict[str, str] | None = None,
+    *,
+    branch: str | None = None,
 ) -> Table:
-    """Open the table at ``uri``, at its latest version or at ``version``.
+    """Open the table at ``uri``: its latest version, or ``version`` (a version number, or the
+    name of a tag, which may point into a branch); ``branch`` opens a branch made with
+    Lance's ``create_branch`` (``uri`` may also name the branch's directory,
+    ``<table>/tree/<branch>``).
 
-    >>> import tempfile, pyarrow as pa
+    >>> import tempfile, pyarrow as pa, lance
     >>> from blobhouse import blob_array, open_table, write_table
     >>> uri = tempfile.mkdtemp() + "/t"
     >>> _ = write_table(pa.table({"image": blob_array([b"x"])}), uri)
     >>> open_table(uri).count_rows()
     1
+    >>> lance.dataset(uri).tags.create("gold", 1)
+    >>> open_table(uri, "gold").version
+    1
     """
-    path, root_uri = table_root(uri)
     storage_options = checked_options(storage_options)
-    dataset = _open_dataset(path, version, storage_options)
+    location = TableLocation.of(uri, branch, storage_options)
+    if isinstance(version, str) and not version.isdigit():
+        location, version = _tagged(location, version, storage_options)
+    elif version is not None:
+        version = _version_number(version)
+    dataset = _open_dataset(location, version, storage_options)
     if dataset is None:
+        where = f"branch {location.branch!r} of " if location.branch else ""
         at = f" at version {version}" if version is not None else ""
-        raise TableNotFoundError(f"no table at {uri}{at}")
-    return Table(dataset, root_uri, storage_options)
+        raise TableNotFoundError(f"no table at {where}{uri}{at}")
+    bases = BasePaths(dataset, location)
+    if location.branch is not None and bases.moved:
+        raise BlobhouseError(
+            f"branch {location.branch!r} of {location.root} was made when the table was at "
+            f"{bases.recorded_root}: Lance records a branch's parent as that absolute path and "
+            "cannot rewrite it, so the branch reads its parent's files there, not here. Delete "
+            f"the branch here (lance.dataset({location.root!r}).branches.delete(...)) and make "
+            "it again, or read it at the old place"
+        )
+    return Table(dataset, location, storage_options)
+
+
+def _version_number(version: object) -> int:
+    if isinstance(version, bool) or not isinstance(version, int | str):
+        raise InvalidInputError(f"version must be a number or a tag name, got {version!r}")
+    number = int(version)
+    if number < 1:
+        raise InvalidInputError(f"versions start at 1, got {version!r}")
+    return number
+
+
+def _tagged(
+    location: TableLocation, tag: str, storage_options: dict[str, str] | None
+) -> tuple[TableLocation, int]:
+    """The branch and version tag ``tag`` points at."""
+    dataset = _open_dataset(location.on(None), None, storage_options)
+    if dataset is None:
+        raise TableNotFoundError(f"no table at {location.root}")
+    tags = dataset.tags.list()
+    if tag not in tags:
+        raise TableNotFoundError(
+            f"no tag {tag!r} in {location.root} (tags: {sorted(tags) or 'none'})"
+        )
+    branch = tags[tag]["branch"]
+    if location.branch is not None and branch != location.branch:
+        raise InvalidInputError(
+            f"tag {tag!r} points into {'main' if branch is None else repr(branch)}, not branch "
+            f"{location.branch!r}"
+        )
+    return location.on(branch), tags[tag]["version"]
 
 
 class Table:
@@ -312,10 +424,14 @@ class Table:
     """
 
     def __init__(
-        self, dataset: LanceDataset, root_uri: str, storage_options: dict[str, str] | None = None
+        self,
+        dataset: LanceDataset,
+        location: TableLocation,
+        storage_options: dict[str, str] | None = None,
     ) -> None:
         self.dataset = dataset
-        self.uri = root_uri
+        self.location = location
+        self.uri = location.root_uri  # references into the table's files start with it
         self.storage_options = storage_options
         self._resolver: ReferenceResolver | None = None
         self._hashes: RecordedHashes | None = None
@@ -323,7 +439,8 @@ class Table:
         self._field_ids: dict[ColumnPath, int] = {}
 
     def __repr__(self) -> str:
-        return f"Table({self.uri!r}, version={self.version}, rows={self.count_rows()})"
+        branch = f", branch={self.branch!r}" if self.branch else ""
+        return f"Table({self.uri!r}{branch}, version={self.version}, rows={self.count_rows()})"
 
     @property
     def schema(self) -> pa.Schema:
@@ -337,6 +454,11 @@ class Table:
         return self.dataset.version
 
     @property
+    def branch(self) -> str | None:
+        """The branch this table is on (None: main)."""
+        return self.location.branch
+
+    @property
     def blob_columns(self) -> list[str]:
         """Names of the blob columns (``parent.child`` inside structs)."""
         return [path_name(p) for p in stored_blob_columns(self.schema)]
@@ -347,12 +469,47 @@ class Table:
         return AllowedBases.of_table(self.schema).bases
 
     def versions(self) -> list[dict]:
-        """Every version of the table (``version``, ``timestamp``, ``metadata``)."""
+        """Every version of this branch (``version``, ``timestamp``, ``metadata``)."""
         return self.dataset.versions()
 
-    def checkout(self, version: int) -> Table:
-        """This table at another version."""
-        return open_table(self.uri, version, self.storage_options)
+    def tags(self) -> dict[str, dict]:
+        """Every tag of the table: name -> ``{"branch", "version"}`` (branch None: main)."""
+        return {
+            name: {"branch": tag["branch"], "version": tag["version"]}
+            for name, tag in self.dataset.tags.list().items()
+        }
+
+    def branches(self) -> dict[str, dict]:
+        """Every branch of the table: name -> ``{"parent_branch", "parent_version"}``."""
+        return {
+            name: {"parent_branch": b["parent_branch"], "parent_version": b["parent_version"]}
+            for name, b in self.dataset.branches.list().items()
+        }
+
+    def checkout(self, version: int | str, *, branch: str | None = None) -> Table:
+        """This table at another version (or tag) of its branch, or of ``branch`` ("main" for
+        main)."""
+        location = self.location
+        if branch is not None:
+            location = location.on(None if branch == "main" else branch)
+        return open_table(location.root, version, self.storage_options, branch=location.branch)
+
+    def relocate(self) -> Table:
+        """Point the store base of main and of every branch at the table's own store, one
+        commit each where needed, after the table was copied or moved (stock Lance readers
+        follow the store path a manifest records; blobhouse reads the table's own store either
+        way, and its writes relocate first). Returns this table at its new version."""
+        for branch in [None, *self.branches()]:
+            on = self.checkout(None, branch=branch or "main")
+            relocate_store(on.dataset, on.location, self.storage_options)
+        return self.checkout(None)
+
+    @property
+    def moved_from(self) -> str | None:
+        """The root this version's manifest records for the table's store, when the table was
+        copied or moved from there and not relocated yet (None: in place)."""
+        bases = self._resolved().base_paths
+        return bases.recorded_root if bases.store_moved else None
 
     def count_rows(self, filter: str | None = None) -> int:
         return self.dataset.count_rows(filter)
@@ -471,9 +628,9 @@ class Table:
             return None
         value, row = descriptor[0].as_py(), address[0].as_py()
         digest = self.recorded_hashes().expected(
-            column,
             value["kind"],
             value["blob_id"],
+            self.file_column(path)(row >> 32),
             row & 0xFFFFFFFF,
             ref.uri,
             ref.position,
@@ -513,14 +670,15 @@ class Table:
             [FragmentMetadata(id=0, files=[data_file], physical_rows=written.num_rows)]
         )
         dataset = commit_referencing_store(
-            uri_to_path(self.uri),
+            self.location,
             [written],
-            lambda: operation,
-            self.version,
+            lambda: lance_commit(
+                self.location, lambda: operation, self.version, self.storage_options
+            ),
             written.name.removesuffix(".lance"),  # the file and its sidecar directory
             self.storage_options,
         )
-        return Table(dataset, self.uri, self.storage_options)
+        return Table(dataset, self.location, self.storage_options)
 
     def replace_column(self, column: str, files: Mapping[int, WrittenFile]) -> Table:
         """Make session-written ``files`` (fragment id -> file) the data of blob ``column``, in
@@ -536,11 +694,11 @@ class Table:
                         f"file {written.name} for fragment {fragment_id} must hold the columns "
                         f"{list(plan.file_columns)} in that order, like the file it replaces"
                     )
-        return Table(commit_backfill(self, plan, files), self.uri, self.storage_options)
+        return Table(commit_backfill(self, plan, files), self.location, self.storage_options)
 
     def data_file_path(self) -> str:
         """A fresh path for a data file of this table (for a :class:`BlobSession`)."""
-        return f"{self.dataset.uri}/data/{uuid.uuid4().hex}.lance"
+        return f"{self.location.data_dir}/{uuid.uuid4().hex}.lance"
 
     def backfill_blob_column(
         self, column: str, fn: BlobFunction, *, dedup: str = "content"
@@ -576,9 +734,9 @@ class Table:
         except BaseException:
             if store is not None:
                 store.abort()
-            remove_staged(f"{table.dataset.uri}/data", plan.name_prefix, table.storage_options)
+            remove_staged(table.location, plan.name_prefix, table.storage_options)
             raise
-        return Table(dataset, table.uri, table.storage_options)
+        return Table(dataset, table.location, table.storage_options)
 
     def gc(
         self,
@@ -640,17 +798,31 @@ class Table:
     ) -> pa.StructArray:
         """Resolved references ``struct<uri, position, size>`` of blob column ``path``, from its
         stored descriptors and the row addresses (``_rowaddr``) they were read at."""
-        if self._resolver is None:
-            self._resolver = ReferenceResolver(self.dataset, self.uri)
-        return self._resolver.resolve(
+        return self._resolved().resolve(
             descriptors, row_addresses, self._field_id(path), path_name(path)
         )
+
+    def file_column(self, path: ColumnPath) -> Callable[[int], int]:
+        """For blob column ``path``: fragment id -> the column it is in that fragment's data
+        file (what recorded inline hashes are keyed by)."""
+        resolver, field = self._resolved(), self._field_id(path)
+        return lambda fragment_id: resolver.file_column(fragment_id, field)
+
+    def data_file_uri(self, data_file: DataFile) -> str:
+        """Where one of this version's data files is (in this branch's ``data/``, or under a
+        base path: a branch reading its parent's files)."""
+        return self._resolved().locate(data_file)
+
+    def _resolved(self) -> ReferenceResolver:
+        if self._resolver is None:
+            self._resolver = ReferenceResolver(self.dataset, self.location)
+        return self._resolver
 
     def recorded_hashes(self) -> RecordedHashes:
         """The blake3 recorded for this table's stored payloads (loaded as they are needed)."""
         if self._hashes is None:
-            table_path, options = uri_to_path(self.uri), self.storage_options
-            store = (store_uri_prefix(self.uri), lambda: StoreIndex.load(table_path, options))
+            root, options = self.location.root, self.storage_options
+            store = (store_uri_prefix(self.uri), lambda: StoreIndex.load(root, options))
             self._hashes = RecordedHashes(options, store)
         return self._hashes
 
@@ -708,7 +880,7 @@ class Table:
                 except BlobReadError as exc:
                     raise _naming_row(exc, path_name(path), refs, addresses) from None
                 self.recorded_hashes().check_read(
-                    path_name(path), descriptors, refs, addresses, values
+                    path_name(path), self.file_column(path), descriptors, refs, addresses, values
                 )
                 batch = replace_column(batch, path, values, pa.field(path[-1], pa.large_binary()))
             else:
@@ -743,18 +915,16 @@ def _naming_row(
 
 
 def table_root(uri: str | os.PathLike) -> tuple[str, str]:
-    """(path Lance opens, absolute URI references are built from) of a table URI or path."""
-    uri = os.fspath(uri)
-    if is_local(uri):
-        path = os.path.abspath(uri_to_path(uri))
-        return path, local_uri(path)
-    canonical = normalize_uri(uri).rstrip("/")
-    return canonical, canonical
+    """(path Lance opens, absolute URI references are built from) of a table URI or path,
+    resolved in this process (a relative path against its working directory)."""
+    location = TableLocation.of(uri)
+    return location.dataset_path, location.root_uri
 
 
 def _open_dataset(
-    path: str, version: int | None, storage_options: dict[str, str] | None
+    location: TableLocation, version: int | None, storage_options: dict[str, str] | None
 ) -> LanceDataset | None:
+    path = location.dataset_path
     if "://" not in path and not os.path.isdir(os.path.join(path, "_versions")):
         return None
     try:
@@ -766,13 +936,21 @@ def _open_dataset(
 
 
 def _with_store(
-    path: str, existing: LanceDataset | None, storage_options: dict[str, str] | None
+    location: TableLocation, existing: LanceDataset | None, storage_options: dict[str, str] | None
 ) -> tuple[LanceDataset | None, int]:
     """The table with its store registered (an existing table gets one commit for it, once),
     and the store's base id; a table being created registers it in its first commit."""
     if existing is None:
-        return None, store_base(path, None).id
-    return ensure_store(existing, storage_options)
+        return None, store_base(location, None).id
+    existing, base_id = ensure_store(existing, location, storage_options)
+    bases = BasePaths(existing, location)
+    if not bases.store_is_own():
+        raise InvalidInputError(
+            f"{location}: the store this table's manifest names ({bases.store.uri}) is not the "
+            f"table's own ({location.store_uri}); a shallow clone shares its source's store, "
+            "so dedup='global' writes to it are refused"
+        )
+    return existing, base_id
 
 
 def _remove_empty_local_dirs(*paths: str) -> None:

@@ -1,6 +1,6 @@
-"""A local S3-compatible server (moto's standalone server, from the ``dev`` extra) on
-127.0.0.1: what the tests and the benchmark run object storage against, and a way to try
-blobhouse on ``s3://`` without an account.
+"""Real services on 127.0.0.1 for tests, benchmarks and trying blobhouse out: a local
+S3-compatible server (moto's standalone server, from the ``dev`` extra), and a standalone Spark
+cluster (a master and workers from the installed pyspark).
 
 >>> import pyarrow as pa
 >>> from blobhouse import blob_array, write_table
@@ -13,13 +13,18 @@ blobhouse on ``s3://`` without an account.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 _COLORS = re.compile(r"\x1b\[[0-9;]*m")
@@ -43,9 +48,7 @@ class LocalS3Server:
 
     def __enter__(self) -> LocalS3Server:
         os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # no cloud credential lookups
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = _free_port()
         sink = open(self.log or os.devnull, "ab")
         self._process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -104,3 +107,119 @@ class LocalS3Server:
                 method = parts[1].split(" ", 1)[0]
                 counts[method] = counts.get(method, 0) + 1
         return counts
+
+
+class LocalSparkCluster:
+    """A standalone Spark cluster on 127.0.0.1 while the ``with`` block runs: a master and
+    ``workers`` worker processes (one core each) started from the installed pyspark. Each
+    executor runs in a working directory of its own under :attr:`work_dir`, as on a real
+    cluster, so a path that only means something on the driver fails there.
+
+    >>> with LocalSparkCluster(workers=1) as cluster:  # doctest: +SKIP
+    ...     spark = blobhouse.spark.local_session(cluster.master)
+    """
+
+    def __init__(self, workers: int = 2, memory: str = "1g") -> None:
+        self.workers = workers
+        self.memory = memory
+        self.master = ""
+        self.work_dir = Path(tempfile.mkdtemp(prefix="blobhouse-spark-"))
+        self._processes: list[subprocess.Popen] = []
+        self._ui = 0
+
+    def __enter__(self) -> LocalSparkCluster:
+        import pyspark
+
+        home = Path(pyspark.__file__).parent
+        env = {
+            **os.environ,
+            "SPARK_HOME": str(home),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_LOG_DIR": str(self.work_dir / "logs"),
+        }
+        port, self._ui = _free_port(), _free_port()
+        self.master = f"spark://127.0.0.1:{port}"
+        try:
+            self._start(
+                home,
+                env,
+                "master",
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(self._ui),
+            )
+            for n in range(self.workers):
+                work = self.work_dir / f"worker-{n}"
+                work.mkdir()
+                self._start(
+                    home,
+                    env,
+                    f"worker-{n}",
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    "1",
+                    "--memory",
+                    self.memory,
+                    "--webui-port",
+                    str(_free_port()),
+                    "--work-dir",
+                    str(work),
+                    self.master,
+                )
+            self._wait_for_workers()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _start(self, home: Path, env: dict, name: str, main: str, *args: str) -> None:
+        with open(self.work_dir / f"{name}.log", "ab") as log:
+            self._processes.append(
+                subprocess.Popen(
+                    [str(home / "bin" / "spark-class"), main, *args],
+                    stdout=log,
+                    stderr=log,
+                    env=env,
+                    start_new_session=True,  # stopped as a group: spark-class starts a JVM
+                )
+            )
+
+    def _wait_for_workers(self) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self._ui}/json/", timeout=2) as r:
+                    state = json.load(r)
+                if state.get("aliveworkers", 0) >= self.workers:
+                    return
+            except OSError:
+                pass
+            if any(p.poll() is not None for p in self._processes):
+                break
+            time.sleep(0.5)
+        raise RuntimeError(f"the Spark cluster did not start; logs in {self.work_dir}")
+
+    def __exit__(self, *exc: object) -> None:
+        for process in reversed(self._processes):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self._processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+        self._processes = []
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -72,13 +72,20 @@ def file_uri(table_uri: str, path: str) -> str:
     return f"file://{table_uri}/data/{path}"
 
 
+def file_column(dataset, data_file, column: str) -> int:
+    """The column of the data file that holds table column ``column`` (top level)."""
+    field = next(f for f in dataset.lance_schema.fields() if f.name() == column)
+    return data_file.column_indices[data_file.fields.index(field.id())]
+
+
 def recorded(table_uri: str, column: str) -> list[tuple[dict | None, bytes | None]]:
     """Each row's stock descriptor and the digest its data file records for its payload."""
     dataset = lance.dataset(table_uri)
-    checksums = {}
+    checksums, columns = {}, {}
     for fragment in dataset.get_fragments():
         (data_file,) = fragment.metadata.files
         checksums[fragment.fragment_id] = load_checksums(file_uri(table_uri, data_file.path))
+        columns[fragment.fragment_id] = file_column(dataset, data_file, column)
     rows = dataset.to_table(columns=[column], with_row_address=True)
     out = []
     for desc, address in zip(
@@ -88,7 +95,8 @@ def recorded(table_uri: str, column: str) -> list[tuple[dict | None, bytes | Non
         if desc is None or desc["kind"] == Kind.EXTERNAL or found is None:
             out.append((desc, None))
         elif desc["kind"] == Kind.INLINE:
-            out.append((desc, found.inline(column, address & 0xFFFFFFFF)))
+            at = columns[address >> 32]
+            out.append((desc, found.inline(at, address & 0xFFFFFFFF)))
         else:
             out.append((desc, found.sidecar(desc["blob_id"], desc["position"], desc["size"])))
     return out
@@ -161,14 +169,15 @@ def test_a_shared_payload_has_one_entry(table_uri):
     assert_every_payload_checked(table_uri, "media")
 
 
-def test_nested_inline_rows_are_keyed_by_the_dotted_name(table_uri):
+def test_nested_inline_rows_are_keyed_by_their_column_in_the_data_file(table_uri):
     payloads = [os.urandom(40) for _ in range(3)]
     meta = pa.StructArray.from_arrays([blob_array(payloads), pa.array([1, 2, 3])], ["img", "n"])
-    write_table(pa.table({"meta": meta}), table_uri)
+    write_table(pa.table({"id": [7, 8, 9], "meta": meta}), table_uri)
     (fragment,) = lance.dataset(table_uri).get_fragments()
     found = load_checksums(file_uri(table_uri, fragment.metadata.files[0].path))
-    assert [found.inline("meta.img", row) for row in range(3)] == [digest(p) for p in payloads]
-    assert found.inline("img", 0) is None
+    # columns of the file: id, meta.img, meta.n
+    assert [found.inline(1, row) for row in range(3)] == [digest(p) for p in payloads]
+    assert found.inline(0, 0) is None and found.inline(2, 0) is None
     assert stock_read(table_uri, "meta.img") == payloads
 
 
@@ -311,15 +320,15 @@ def test_log_round_trips_through_the_ipc_buffer():
         log.record_inline("img", row=row, size=1, digest=bytes([row % 251]) * 32)
     table = pa.ipc.open_stream(log.to_bytes()).read_all()
     assert table.schema.equals(CHECKSUM_SCHEMA)
-    found = FileChecksums(table)
+    found = FileChecksums(table, {"img": 4})
     assert found.sidecar(2**32 - 1, top - 5, 5) == b"a" * 32
     assert found.sidecar(3, 0, top) == b"b" * 32
-    assert [found.inline("img", r) for r in (0, 5, 2**40)] == [
+    assert [found.inline(4, r) for r in (0, 5, 2**40)] == [
         bytes([r % 251]) * 32 for r in (0, 5, 2**40)
     ]
     for miss in (found.sidecar(2**32, 0, 5), found.sidecar(3, -1, top), found.sidecar(3, 0, 4)):
         assert miss is None
-    assert found.inline("img", -1) is None and found.inline("img", 1) is None
+    assert found.inline(4, -1) is None and found.inline(4, 1) is None and found.inline(3, 0) is None
 
 
 def test_a_digest_must_be_32_bytes():

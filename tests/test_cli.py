@@ -36,6 +36,19 @@ def test_demo_writes_queries_verifies_and_reports(tmp_path, capsys):
     assert stock_read(out, "video") == [data.payload("video", r) for r in rows]
 
 
+def test_demo_never_deletes_what_is_at_out(tmp_path, capsys):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    assert main(["demo", "--rows", "30", "--out", str(folder), "--master", "local[2]"]) == 2
+    assert "holds other files (notes.txt)" in capsys.readouterr().err
+    assert (folder / "notes.txt").read_text() == "keep me" and len(list(folder.iterdir())) == 1
+    a_file = tmp_path / "file"
+    a_file.write_bytes(b"x")
+    assert main(["demo", "--rows", "30", "--out", str(a_file), "--master", "local[2]"]) == 2
+    assert "is a file" in capsys.readouterr().err and a_file.read_bytes() == b"x"
+
+
 def test_stats_command(tmp_path, capsys):
     out = str(tmp_path / "episodes")
     main(["demo", "--rows", "30", "--out", out, "--master", "local[2]"])

@@ -225,12 +225,13 @@ def test_a_store_registered_by_another_process_meanwhile_is_used(table_uri):
     """Two writers open a table without a store; both go to register it (their first global
     write), one commits first: the other uses that store (it used to fail with Lance's raw
     'Incompatible transaction: UpdateBases' OSError)."""
+    from blobhouse.layout import TableLocation
     from blobhouse.store import ensure_store, store_base_id
 
     create(table_uri, dedup="content")
     first, second = lance.dataset(table_uri), lance.dataset(table_uri)  # both read the table
-    first, base_id = ensure_store(first)
-    second, other = ensure_store(second)
+    first, base_id = ensure_store(first, TableLocation(table_uri))
+    second, other = ensure_store(second, TableLocation(table_uri))
     assert other == base_id == store_base_id(lance.dataset(table_uri))
     assert list(lance.dataset(table_uri).base_paths()) == [base_id]  # registered once
 

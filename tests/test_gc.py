@@ -12,6 +12,7 @@ import pytest
 
 from blobhouse import Blob, blob_array, open_table, write_table
 from blobhouse.cli import main
+from blobhouse.layout import TableLocation
 from blobhouse.pipeline import plan_write, write_data_files
 
 from helpers import stock_read, tree
@@ -28,7 +29,7 @@ def with_leftovers(table_uri):
     payloads = [os.urandom(200_000), os.urandom(10)]
     table = write_table(pa.table({"b": blob_array(payloads)}), table_uri)
     staged = pa.table({"b": blob_array([os.urandom(300_000)])})
-    write_data_files(staged.to_batches(), plan_write(staged.schema), f"{table_uri}/data")
+    write_data_files(staged.to_batches(), plan_write(staged.schema), TableLocation(table_uri))
     return table, payloads
 
 

@@ -316,8 +316,8 @@ def test_a_table_created_again_at_the_same_path_starts_with_an_empty_store(table
 
 
 def test_spark_looks_payloads_up_in_the_store_with_a_join(spark, table_uri):
+    from blobhouse.layout import TableLocation
     from blobhouse.spark.lookup import look_up_in_store
-    from blobhouse.table import table_root
 
     first = spark.createDataFrame([(i, PAYLOADS[i % 2]) for i in range(6)], "id long, b binary")
     bs.write_table(first, table_uri, blob_columns=["b"], dedup="global", partitions=2)
@@ -325,9 +325,9 @@ def test_spark_looks_payloads_up_in_the_store_with_a_join(spark, table_uri):
     second = spark.createDataFrame(
         [(10 + i, [PAYLOADS[0], PAYLOADS[1], new][i % 3]) for i in range(9)], "id long, b binary"
     )
-    path, root = table_root(table_uri)
+    location = TableLocation.of(table_uri)
     looked_up = {
-        r["id"] - 10: r["b"] for r in look_up_in_store(spark, second, path, root, ["b"]).collect()
+        r["id"] - 10: r["b"] for r in look_up_in_store(spark, second, location, ["b"]).collect()
     }
     found = [v for i, v in looked_up.items() if i % 3 != 2]
     assert len(found) == 6  # in the store already: references, no bytes travel further

@@ -25,6 +25,7 @@ from hypothesis.stateful import (
 from lance.commit import CommitConflictError
 
 from blobhouse import Blob, RefIdConflictError, blob_array, open_table, write_table
+from blobhouse.layout import TableLocation
 from blobhouse.maintenance import compaction, orphans
 from blobhouse.pipeline import plan_write, write_data_files
 from blobhouse.store import retired_packs
@@ -231,7 +232,7 @@ class TableServices(RuleBasedStateMachine):
         ids, values = self.new_rows(picks)
         data = rows_table(ids, values)
         before = tree(self.data_dir) if os.path.isdir(self.data_dir) else set()
-        write_data_files(data.to_batches(), plan_write(data.schema), self.data_dir)
+        write_data_files(data.to_batches(), plan_write(data.schema), TableLocation(self.uri))
         staged = tree(self.data_dir) - before
         assert staged
         self.leftovers.update(file_bytes(self.data_dir, staged))
@@ -292,7 +293,7 @@ def test_young_leftovers_are_kept_byte_identical_and_removed_once_aged(table_uri
     committed = tree(data_dir)
     for picks in ([4, 4, 0], [2, 5]):
         staged = rows_table([100, 101, 102][: len(picks)], [pool[p] for p in picks])
-        write_data_files(staged.to_batches(), plan_write(staged.schema), data_dir)
+        write_data_files(staged.to_batches(), plan_write(staged.schema), TableLocation(table_uri))
     leftovers = file_bytes(data_dir, tree(data_dir) - committed)
     assert len(leftovers) >= 4  # two data files and their sidecars
     expected = sorted(zip(range(8), [*pool, pool[4], pool[0]], strict=True))

@@ -66,9 +66,7 @@ def test_stats_reports_fragments_deleted_rows_and_orphans(two_versions):
     assert (stats["fragments"], stats["deleted_rows"], stats["orphan_files"]) == (2, 0, 0)
     # a write that staged files but never committed (a killed writer) leaves orphans
     data = pa.table({"b": blob_array([os.urandom(300_000)])})
-    staged = write_data_files(
-        data.to_batches(), plan_write(data.schema), f"{table.dataset.uri}/data"
-    )
+    staged = write_data_files(data.to_batches(), plan_write(data.schema), table.location)
     stats = open_table(table.dataset.uri).stats()
     assert stats["orphan_files"] == 1 + len(staged[0].sidecars)
     assert stats["orphan_bytes"] >= 300_000

@@ -13,15 +13,19 @@ Lance ``Rewrite``; if anything fails, what was written is removed and the table 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from lance import LanceDataset, LanceOperation
+from lance.optimize import Compaction, RewriteResult
+from pyroaring import BitMap64
 
 from blobhouse.checksums import RecordedHashes, written_by_blobhouse
 from blobhouse.dedup import content_hash
@@ -32,10 +36,12 @@ from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.rangeio import BlobRef, read_ranges_arrow
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.storage import object_store, uri_to_path
+from blobhouse.storage import object_store
 from blobhouse.store import (
-    StoreIndex,
+    commit_errors,
     commit_referencing_store,
+    lance_commit,
+    relocate_store,
     retire_packs,
     store_base_id,
     store_uri_prefix,
@@ -73,7 +79,8 @@ _ROW_ADDRESS = "_rowaddr"
 
 @dataclass(frozen=True)
 class CompactionGroup:
-    """Fragments rewritten together into new data files (adjacent, so row order is kept)."""
+    """Fragments rewritten together into new data files (adjacent, in ascending id order). As
+    after Lance's ``compact_files``, the new fragments follow the ones left alone."""
 
     fragment_ids: tuple[int, ...]
     rows: int
@@ -151,7 +158,11 @@ def plan_compaction(
         if small or sparse or metadata.id in forced:
             live_bytes = size * live // max(physical, 1)
             if run.ids and (
-                run.rows + live > target_rows or run.live_bytes + live_bytes > target_bytes
+                run.rows + live > target_rows
+                or run.live_bytes + live_bytes > target_bytes
+                # Lance remaps indices from old row addresses in ascending order to the new
+                # rows in order: a group's fragments must keep ascending ids
+                or metadata.id < run.ids[-1]
             ):
                 run = close(run)
             run.add(metadata.id, live, physical - live, size, live_bytes, metadata.id in forced)
@@ -206,7 +217,7 @@ def compact_group(table: Table, plan: CompactionPlan, group: CompactionGroup) ->
     return write_data_files(
         _logical_batches(table, plan, group.fragment_ids),
         _write_plan(table, plan),
-        f"{table.dataset.uri}/data",
+        table.location,
         table.storage_options,
         plan.name_prefix,
     )
@@ -217,33 +228,86 @@ def commit_compaction(
 ) -> LanceDataset:
     """Replace each group's fragments by its new files in one Lance ``Rewrite`` transaction.
 
-    ``written[i]`` are the files of ``plan.groups[i]``. A concurrent write that conflicts
-    (a delete on a rewritten fragment, say) makes the commit fail; the caller then removes the
-    new files."""
+    ``written[i]`` are the files of ``plan.groups[i]``. A table with indices commits through
+    Lance's own compaction commit, which remaps every index (scalar, vector) from the old rows
+    to the new ones in the same transaction, after reserving the new fragments' ids (a version
+    of its own, as Lance's ``compact_files`` makes). A concurrent write that conflicts (a delete
+    on a rewritten fragment, say) makes the commit fail; the caller then removes the new
+    files."""
     dataset = table.dataset
+    location, options = table.location, table.storage_options
     if len(written) != len(plan.groups):
         raise InvalidInputError(f"{len(written)} results for {len(plan.groups)} groups")
-    fragments = {f.fragment_id: f.metadata for f in dataset.get_fragments()}
-    ids = leaf_field_ids(dataset.lance_schema.fields())
-    groups = [
-        LanceOperation.RewriteGroup(
-            old_fragments=[fragments[i] for i in group.fragment_ids],
-            new_fragments=[w.fragment(ids) for w in files],
-        )
-        for group, files in zip(plan.groups, written, strict=True)
-    ]
+    if dataset.describe_indices():
+        rewrites = [
+            _rewrite_result(dataset, plan, group, files)
+            for group, files in zip(plan.groups, written, strict=True)
+        ]
+
+        def commit() -> LanceDataset:
+            with commit_errors(location, plan.read_version, options):
+                # an object of its own: Lance moves the dataset it commits to the new version
+                target = lance.dataset(
+                    location.dataset_path, version=plan.read_version, storage_options=options
+                )
+                Compaction.commit(target, rewrites)
+            return target
+    else:
+        fragments = {f.fragment_id: f.metadata for f in dataset.get_fragments()}
+        ids = leaf_field_ids(dataset.lance_schema.fields())
+        groups = [
+            LanceOperation.RewriteGroup(
+                old_fragments=[fragments[i] for i in group.fragment_ids],
+                new_fragments=[w.fragment(ids) for w in files],
+            )
+            for group, files in zip(plan.groups, written, strict=True)
+        ]
+
+        def commit() -> LanceDataset:
+            rewrite = LanceOperation.Rewrite(groups, [])
+            return lance_commit(location, lambda: rewrite, plan.read_version, options)
+
     committed = commit_referencing_store(
-        uri_to_path(table.uri),
-        [w for files in written for w in files],
-        lambda: LanceOperation.Rewrite(groups, []),
-        plan.read_version,
-        plan.name_prefix,
-        table.storage_options,
+        location, [w for files in written for w in files], commit, plan.name_prefix, options
     )
     # nothing current references the repacked packs now: writers stop finding them, and gc
     # deletes them once no retained version does
-    retire_packs(uri_to_path(table.uri), plan.repack, table.storage_options)
+    retire_packs(location.root, plan.repack, options)
     return committed
+
+
+def _rewrite_result(
+    dataset: LanceDataset, plan: CompactionPlan, group: CompactionGroup, files: Sequence
+) -> RewriteResult:
+    """What Lance's compaction commit takes for one group: the old and new fragments, and the
+    live rows of the old ones (their row addresses, ascending: the new files hold them in that
+    order), from which it maps every index entry to its new row."""
+    old = [dataset.get_fragment(i) for i in group.fragment_ids]
+    live = BitMap64()
+    for fragment in old:
+        scan = dataset.scanner(columns=[], with_row_address=True, fragments=[fragment])
+        for batch in scan.to_batches():
+            live.update(batch.column(_ROW_ADDRESS).to_numpy())
+    ids = leaf_field_ids(dataset.lance_schema.fields())
+    new = [w.fragment(ids) for w in files]
+    if len(live) != sum(f.physical_rows for f in new):
+        raise InvalidInputError(
+            f"compaction of fragments {list(group.fragment_ids)}: {len(live)} live rows, but "
+            f"the new files hold {sum(f.physical_rows for f in new)}"
+        )
+    result = {
+        "metrics": {
+            "fragments_removed": len(old),
+            "fragments_added": len(new),
+            "files_removed": sum(len(f.metadata.files) for f in old),
+            "files_added": len(new),
+        },
+        "new_fragments": [f.to_json() for f in new],
+        "read_version": plan.read_version,
+        "original_fragments": [f.metadata.to_json() for f in old],
+        "row_addrs": list(live.serialize()),
+    }
+    return RewriteResult.from_json(json.dumps(result))
 
 
 def compact(
@@ -281,6 +345,14 @@ def compact(
         "repack_threshold": repack_threshold,
     }
     rewrite = rewrite or (lambda table, plan: _rewrite_here(table, plan, progress))
+    if table.dataset.has_stable_row_ids:
+        raise InvalidInputError(
+            f"{table.location} uses stable row ids; blobhouse compaction does not carry them "
+            "over (Lance's compact_files does, without keeping blob sharing)"
+        )
+    relocated = relocate_store(table.dataset, table.location, table.storage_options)
+    if relocated is not table.dataset:  # a moved table: its first write points its store home
+        table = table.checkout(relocated.version)
     attempts = 0
     while True:
         attempts += 1
@@ -305,7 +377,7 @@ def _compact_once(
         results = rewrite(table, plan)
         dataset = commit_compaction(table, plan, results)
     except BaseException:
-        remove_staged(f"{table.dataset.uri}/data", plan.name_prefix, table.storage_options)
+        remove_staged(table.location, plan.name_prefix, table.storage_options)
         raise
     return report(dataset.version, plan, results)
 
@@ -377,8 +449,7 @@ def _logical_batches(
     dataset = table.dataset
     paths = stored_blob_columns(table.schema)
     prefix = store_uri_prefix(table.uri)
-    table_path, options = uri_to_path(table.uri), table.storage_options
-    hashes = RecordedHashes(options, (prefix, lambda: StoreIndex.load(table_path, options)))
+    hashes = table.recorded_hashes()
     repack = frozenset(f"{prefix}{p}" for p in plan.repack)
     scanner = dataset.scanner(
         fragments=[dataset.get_fragment(i) for i in fragment_ids],
@@ -433,7 +504,15 @@ def _logical_values(
         BlobRef(uris[i], positions[i], sizes[i]) if stored[i] else None for i in range(len(refs))
     ]
     data = read_ranges_arrow(wanted, storage_options=table.storage_options)
-    _check_recorded(path_name(path), descriptors, batch.column(_ROW_ADDRESS), wanted, data, hashes)
+    _check_recorded(
+        path_name(path),
+        table.file_column(path),
+        descriptors,
+        batch.column(_ROW_ADDRESS),
+        wanted,
+        data,
+        hashes,
+    )
     outside = pa.array(~external)
     return pa.StructArray.from_arrays(
         [
@@ -449,6 +528,7 @@ def _logical_values(
 
 def _check_recorded(
     column: str,
+    file_column: Callable[[int], int],
     descriptors: pa.StructArray,
     addresses: pa.Array,
     refs: list[BlobRef | None],
@@ -459,17 +539,18 @@ def _check_recorded(
     the copy would get a fresh, matching hash and the damage would no longer show."""
     kinds = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False)
     blob_ids = descriptors.field("blob_id").fill_null(0).to_numpy(zero_copy_only=False)
-    offsets = addresses.to_numpy() & 0xFFFFFFFF
+    addresses = addresses.to_numpy()
     checked: set[BlobRef] = set()
     for i, ref in enumerate(refs):
         if ref is None or ref in checked:
             continue
         checked.add(ref)
+        address = int(addresses[i])
         expected = hashes.expected(
-            column,
             int(kinds[i]),
             int(blob_ids[i]),
-            int(offsets[i]),
+            file_column(address >> 32),
+            address & 0xFFFFFFFF,
             ref.uri,
             ref.position,
             ref.size,
@@ -539,17 +620,16 @@ def _foreign(table: Table, fragment_id: int) -> bool:
     """Whether a data file of the fragment was written by another writer than blobhouse."""
     files = table.dataset.get_fragment(fragment_id).metadata.files
     return not all(
-        written_by_blobhouse(f"{table.uri}/data/{f.path}", table.storage_options) for f in files
+        written_by_blobhouse(table.data_file_uri(f), table.storage_options) for f in files
     )
 
 
 def _fragment_bytes(table: Table, metadata) -> int:
     """Bytes of a fragment's data files and their sidecars."""
-    root = f"{table.uri}/data"
-    store = object_store(root, table.storage_options)
+    store = object_store(table.uri, table.storage_options)
     total = 0
     for data_file in metadata.files:
-        stem = data_file.path.removesuffix(".lance")
-        total += store.size(f"{root}/{data_file.path}") or 0
-        total += sum(info.size for info in store.list(f"{root}/{stem}"))
+        uri = table.data_file_uri(data_file)
+        total += store.size(uri) or 0
+        total += sum(info.size for info in store.list(uri.removesuffix(".lance")))
     return total

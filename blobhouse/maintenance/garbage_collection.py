@@ -1,9 +1,11 @@
-"""gc: remove old versions, then every file under ``data/`` that no retained version references
-once it is older than a grace period.
+"""gc: remove old versions, then every file the table owns that no retained version of any
+branch references once it is older than a grace period.
 
 What the table owns (data files, their sidecars, leftovers of writes that never committed) lives
-under ``data/``; external objects under the table's allowed bases belong to the user and are never
-looked at. The mark phase (:func:`referenced_paths`) runs per
+under ``data/`` and each branch's ``tree/<branch>/data/``, and store packs under
+``_blobs/packs/``; external objects under the table's allowed bases belong to the user and are
+never looked at. The mark phase (:func:`referenced_paths`) covers every retained version of main
+and of every branch (tagged versions among them: Lance keeps those), per
 :class:`~blobhouse.maintenance.walk.FragmentState`, here or in Spark tasks
 (``blobhouse.spark.gc``).
 """
@@ -40,14 +42,14 @@ if TYPE_CHECKING:
     from blobhouse.table import Table
 
 DEFAULT_GRACE = timedelta(hours=24)
-_OWNED_DIRS = ("data", f"{STORE_DIR}/{PACKS_DIR}")
+_PACKS = f"{STORE_DIR}/{PACKS_DIR}"
 
 
 def referenced_paths(table: Table, state: FragmentState) -> set[str]:
     """Paths, relative to the table root, of the data files, sidecars and store packs one
-    fragment state uses; ``table`` is opened at ``state.version``."""
+    fragment state uses; ``table`` is opened at ``state.ref``."""
     prefix = f"{table.uri}/"
-    referenced = {f"data/{path}" for path in state.data_files}
+    referenced = {uri.removeprefix(prefix) for uri in state.data_files if uri.startswith(prefix)}
     for batch in fragment_references(table, state.fragment_id):
         referenced.update(
             uri.removeprefix(prefix)
@@ -107,10 +109,13 @@ def gc(
     names is retired first and deleted by a later run (:class:`_StorePacks`), since a writer may
     have found it in the index and be about to reference it.
 
-    Versions go through Lance (``cleanup_old_versions``; nothing is removed unless
-    ``retain_versions`` or ``older_than`` is given). Only those two directories are ever
-    considered: external objects the user owns are never touched. ``dry_run`` reports
-    without deleting. ``referenced`` replaces the mark phase (Spark runs it in parallel).
+    Versions of this table's branch go through Lance (``cleanup_old_versions``; nothing is
+    removed unless ``retain_versions`` or ``older_than`` is given); tagged versions, and
+    versions a branch was made from, are kept and reported (``kept_tagged_versions``), never an
+    error. Files are marked by every retained version of every branch. Only the table's own
+    directories are ever considered: external objects the user owns are never touched.
+    ``dry_run`` reports without deleting. ``referenced`` replaces the mark phase (Spark runs
+    it in parallel).
     Ages are measured by the store's clock (on S3: the server's), never the local one; on S3,
     uploads a killed write left unfinished are aborted too, by the same rules.
 
@@ -121,15 +126,19 @@ def gc(
     0
     """
     removed_versions: list[int] = []
+    kept_tagged: list[int] = []
     if retain_versions is not None or older_than is not None:
         before = {v["version"] for v in table.versions()}
         if not dry_run:
             table.dataset.cleanup_old_versions(
-                older_than=older_than, retain_versions=retain_versions
+                older_than=older_than,
+                retain_versions=retain_versions,
+                error_if_tagged_old_versions=False,
             )
         table = table.checkout(table.version)
         removed_versions = sorted(before - {v["version"] for v in table.versions()})
-    table_path, options = uri_to_path(table.uri), table.storage_options
+        kept_tagged = _kept_for_tags(table, removed_versions)
+    table_path, options = table.location.root, table.storage_options
     store = object_store(table.uri, options)
     # files staged after this instant may belong to a write that commits after the mark
     mark_started = store.now(table.uri)
@@ -144,7 +153,9 @@ def gc(
     old = [
         p
         for p in leftovers
-        if owned.objects[p].mtime < cutoff and p not in packs.indexed and not _staged_by(p, running)
+        if owned.objects[p].mtime < cutoff
+        and p not in packs.indexed
+        and not _staged_by(owned.relative[p], running)
     ]
     young = len(leftovers) - len(old) - len(packs.unreferenced_indexed)
     reclaimed = sum(owned.objects[p].size for p in old + packs.reap_paths)
@@ -164,8 +175,10 @@ def gc(
         owned.remove_empty_dirs()
     return {
         "dry_run": dry_run,
+        "branch": table.branch,
         "removed_versions": removed_versions,
         "retained_versions": [v["version"] for v in table.versions()],
+        "kept_tagged_versions": kept_tagged,
         "removed_files": len(old) + len(packs.reap),
         "reclaimed_bytes": reclaimed,
         "kept_referenced_files": len(marked),
@@ -178,6 +191,22 @@ def gc(
     }
 
 
+def _kept_for_tags(table: Table, removed: list[int]) -> list[int]:
+    """Versions of this branch a tag keeps although cleanup removed a newer version."""
+    if not removed:
+        return []
+    retained = {v["version"] for v in table.versions()}
+    tagged = {t["version"] for t in table.tags().values() if t["branch"] == table.branch}
+    return sorted(v for v in tagged & retained if v < max(removed))
+
+
+def owned_dirs(table: Table) -> list[str]:
+    """The directories (relative to the root) whose files belong to the table: main's and each
+    branch's ``data/``, and the store's packs."""
+    branches = [table.location.branch_data_dir(b) for b in sorted(table.branches())]
+    return ["data", *branches, _PACKS]
+
+
 class _TableFiles:
     """The files a table owns, listed once: path relative to the table root -> size, mtime."""
 
@@ -185,12 +214,15 @@ class _TableFiles:
         self.root = table.uri
         self.store = object_store(table.uri, table.storage_options)
         self.local = is_local(table.uri)
+        self.dirs = owned_dirs(table)
         self.objects: dict[str, ObjectInfo] = {}
-        for owned in _OWNED_DIRS:
+        self.relative: dict[str, str] = {}  # path -> path relative to its owned directory
+        for owned in self.dirs:
             if self.local:
                 _refuse_symlinked(uri_to_path(self.root), owned)
             for info in self.store.list(f"{self.root}/{owned}"):
                 self.objects[f"{owned}/{info.name}"] = info
+                self.relative[f"{owned}/{info.name}"] = info.name
 
     def location(self, path: str) -> str:
         """Where ``path`` is, as users name it: a local path, or a URI."""
@@ -207,15 +239,15 @@ class _TableFiles:
             self.store.abort_uploads(
                 f"{self.root}/{owned}",
                 cutoff,
-                lambda name, owned=owned: _staged_by(f"{owned}/{name}", running),
+                lambda name: _staged_by(name, running),
             )
-            for owned in _OWNED_DIRS
+            for owned in self.dirs
         )
 
     def remove_empty_dirs(self) -> None:
         if self.local:  # object stores have no directories
-            for owned in _OWNED_DIRS:
-                _remove_empty_dirs(os.path.join(uri_to_path(self.root), owned))
+            for owned in self.dirs:
+                _remove_empty_dirs(os.path.join(uri_to_path(self.root), *owned.split("/")))
 
 
 class _StorePacks:
@@ -230,7 +262,7 @@ class _StorePacks:
     """
 
     def __init__(self, table: Table, marked: set[str], owned: _TableFiles, cutoff: float) -> None:
-        self.table_path, self.options = uri_to_path(table.uri), table.storage_options
+        self.table_path, self.options = table.location.root, table.storage_options
         self.owned = owned
         referenced = {p.removeprefix(f"{STORE_DIR}/") for p in marked if p.startswith(STORE_DIR)}
         packs = indexed_packs(self.table_path, self.options)
@@ -263,12 +295,10 @@ class _StorePacks:
 
 
 def _staged_by(path: str, prefixes: set[str]) -> bool:
-    """Whether ``path`` (relative to the table: a data file, a sidecar in its directory, or a
-    store pack) was staged by a write with one of ``prefixes``: its first name under the owned
-    directory tells."""
-    relative = path.split("/")
-    depth = 1 if relative[0] == "data" else 2  # data/<name>... or _blobs/packs/<name>
-    return len(relative) > depth and relative[depth].startswith(tuple(prefixes))
+    """Whether ``path`` (relative to its owned directory: a data file, a sidecar in its
+    directory, or a store pack) was staged by a write with one of ``prefixes``: its first name
+    tells."""
+    return path.split("/", 1)[0].startswith(tuple(prefixes))
 
 
 def _refuse_symlinked(root_dir: str, owned: str) -> None:

@@ -16,6 +16,7 @@ from blobhouse.maintenance.walk import (
     FragmentState,
     Progress,
     ReferenceBatch,
+    VersionRef,
     fragment_references,
     fragment_states,
     opened_states,
@@ -33,8 +34,10 @@ DEEP_READ_BYTES = 64 * MiB
 
 @dataclass(frozen=True)
 class Problem:
-    """One reference that does not resolve to the bytes it was written with."""
+    """One reference that does not resolve to the bytes it was written with (``branch`` None:
+    main)."""
 
+    branch: str | None
     version: int
     column: str
     row: int
@@ -61,7 +64,8 @@ class _Checker:
         self.sizes: dict[str, int | None] = {}
         self.storage_options = table.storage_options
         self.hashes = table.recorded_hashes()
-        self.verdicts: dict[tuple[str, int, int], str | None] = {}
+        # keyed with the hash it is checked against: a range is judged per expectation
+        self.verdicts: dict[tuple[str, int, int, bytes], str | None] = {}
 
     def range_problem(self, uri: str, position: int, size: int) -> str | None:
         if uri not in self.sizes:
@@ -75,9 +79,9 @@ class _Checker:
 
     def recorded_hash(self, batch: ReferenceBatch, i: int, ref: BlobRef) -> bytes | None:
         return self.hashes.expected(
-            batch.column,
             int(batch.kinds[i]),
             int(batch.blob_ids[i]),
+            batch.file_column,
             int(batch.offsets[i]),
             ref.uri,
             ref.position,
@@ -91,11 +95,7 @@ def verify_state(
     """Check every reference of one fragment state; ``table`` is opened at ``state.version``."""
     checker = checker or _Checker(table)
     report = StateReport()
-    missing = [
-        uri
-        for uri in (f"{table.uri}/data/{name}" for name in state.data_files)
-        if checker.range_problem(uri, 0, 0)
-    ]
+    missing = [uri for uri in state.data_files if checker.range_problem(uri, 0, 0)]
     for uri in missing:  # the manifest names a file that is gone: no row of it can be read
         reason = f"missing data file: every row of fragment {state.fragment_id} is unreadable"
         report.problems.append(("", 0, uri, reason))
@@ -133,9 +133,7 @@ def _hash_checked(
 ) -> Iterable[tuple[int, BlobRef, str | None]]:
     """Each item with its verdict; each distinct range is read and hashed once per run, in
     coalesced reads of bounded size."""
-    pending = [
-        it for it in items if (it[1].uri, it[1].position, it[1].size) not in checker.verdicts
-    ]
+    pending = [it for it in items if _verdict_key(it[1], it[2]) not in checker.verdicts]
     start = 0
     while start < len(pending):
         end, total = start, 0
@@ -151,28 +149,34 @@ def _hash_checked(
             strict=True,
         ):
             actual = content_hash(data)
-            checker.verdicts[(ref.uri, ref.position, ref.size)] = (
+            checker.verdicts[_verdict_key(ref, expected)] = (
                 None
                 if actual == expected
                 else f"content hash mismatch (recorded {expected.hex()[:16]}, "
                 f"read {actual.hex()[:16]})"
             )
         start = end
-    for i, ref, _ in items:
-        yield i, ref, checker.verdicts[(ref.uri, ref.position, ref.size)]
+    for i, ref, expected in items:
+        yield i, ref, checker.verdicts[_verdict_key(ref, expected)]
+
+
+def _verdict_key(ref: BlobRef, expected: bytes) -> tuple[str, int, int, bytes]:
+    return (ref.uri, ref.position, ref.size, expected)
 
 
 def verify(
     table: Table,
-    versions: list[int] | None = None,
+    versions: list[VersionRef] | None = None,
     *,
     deep: bool = False,
     progress: Progress | None = None,
 ) -> dict:
-    """Check that every blob reference of every retained version (or of ``versions``) resolves
-    to an existing object with its range inside it; ``deep`` also re-hashes every stored
-    payload against the blake3 recorded at write time. Problems name version, column, row
-    (position among the version's rows) and uri.
+    """Check that every blob reference of every retained version of every branch (or of
+    ``versions``) resolves to an existing object with its range inside it; ``deep`` also
+    re-hashes every stored payload against the blake3 recorded at write time. Problems name
+    branch, version, column, row (position among the version's rows) and uri. A table copied
+    or moved whose manifest still names its old place is a problem too (blobhouse reads it
+    right; stock Lance readers would follow the old path until ``relocate``).
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -191,11 +195,12 @@ def verify(
         reports.append((state, verify_state(at, state, deep=deep, checker=checker)))
     if progress:
         progress("verify", len(states), len(states))
-    return summarize(versions, reports, deep=deep)
+    return summarize(table, versions, reports, deep=deep)
 
 
 def summarize(
-    versions: list[int],
+    table: Table,
+    versions: list[VersionRef],
     reports: Iterable[tuple[FragmentState, StateReport]],
     *,
     deep: bool,
@@ -210,14 +215,21 @@ def summarize(
         checked += report.references * copies
         hashed += report.hashed * copies
         unhashed += report.unhashed * copies
-        for version, first_row in state.appearances:
+        for ref, first_row in state.appearances:
             problems.extend(
-                Problem(version, column, first_row + row, uri, reason)
+                Problem(ref.branch, ref.version, column, first_row + row, uri, reason)
                 for column, row, uri, reason in report.problems
             )
-    problems.sort(key=lambda p: (p.version, p.column, p.row))
+    problems.extend(_placement_problems(table))
+    problems.sort(key=lambda p: (p.branch or "", p.version, p.column, p.row))
+    branches: dict[str, list[int]] = {}
+    for ref in versions:
+        if ref.branch is not None:
+            branches.setdefault(ref.branch, []).append(ref.version)
     return {
-        "versions": versions,
+        "versions": [ref.version for ref in versions if ref.branch is None],
+        "branches": branches,
+        "tags": table.tags(),
         "deep": deep,
         "references": checked,
         "objects": len(objects),
@@ -225,6 +237,24 @@ def summarize(
         "unhashed": unhashed,
         "problems": [asdict(p) for p in problems],
     }
+
+
+def _placement_problems(table: Table) -> list[Problem]:
+    """Branches whose latest manifest names the store at the table's old place (the table
+    was copied or moved)."""
+    problems = []
+    for branch in [None, *table.branches()]:
+        latest = table.checkout(None, branch=branch or "main")
+        moved = latest.moved_from
+        if moved is not None:
+            reason = (
+                f"the table was copied or moved from {moved}; blobhouse reads its own files, "
+                "but stock Lance readers follow the store path in the manifest until "
+                f"`blobhouse relocate {table.location.root}` (or any blobhouse write) points "
+                "it here"
+            )
+            problems.append(Problem(branch, latest.version, "", 0, moved, reason))
+    return problems
 
 
 def _object_size(uri: str, storage_options: StorageOptions | None) -> int | None:

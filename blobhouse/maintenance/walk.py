@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from blobhouse.errors import BlobhouseError
 from blobhouse.values import get_column, path_name, stored_blob_columns
 
 if TYPE_CHECKING:
@@ -26,17 +27,32 @@ Progress = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)
+class VersionRef:
+    """One version of one branch of the table (``branch`` None: main)."""
+
+    branch: str | None
+    version: int
+
+    def __str__(self) -> str:
+        return f"{self.branch or 'main'}@{self.version}"
+
+    def sort_key(self) -> tuple[str, int]:
+        return (self.branch or "", self.version)
+
+
+@dataclass(frozen=True)
 class FragmentState:
     """One fragment as one or more versions see it.
 
-    ``version`` is a version that holds it (where to open it); ``appearances`` is
-    ``(version, first_row)`` for every version holding it, ``first_row`` being the position of
-    the fragment's first live row among that version's rows.
+    ``ref`` is a version that holds it (where to open it); ``appearances`` is
+    ``(version, first_row)`` for every version holding it (on any branch), ``first_row`` being
+    the position of the fragment's first live row among that version's rows. ``data_files``
+    are the URIs of its data files.
     """
 
     fragment_id: int
-    version: int
-    appearances: tuple[tuple[int, int], ...]
+    ref: VersionRef
+    appearances: tuple[tuple[VersionRef, int], ...]
     data_files: tuple[str, ...]
 
 
@@ -45,11 +61,13 @@ class ReferenceBatch:
     """Blob references of one column for a batch of a fragment's live rows.
 
     ``rows`` are positions among the fragment's live rows, ``offsets`` physical row offsets in
-    the fragment (the row inside its data file); ``refs`` are resolved ``struct<uri, position,
-    size>`` values; null values are left out.
+    the fragment (the row inside its data file), ``file_column`` the column's position in the
+    fragment's data file; ``refs`` are resolved ``struct<uri, position, size>`` values; null
+    values are left out.
     """
 
     column: str
+    file_column: int
     rows: np.ndarray
     offsets: np.ndarray
     kinds: np.ndarray
@@ -57,41 +75,71 @@ class ReferenceBatch:
     refs: pa.StructArray
 
 
-def retained_versions(table: Table) -> list[int]:
-    """Every version of the table that Lance still keeps."""
-    return [v["version"] for v in table.versions()]
+def retained_versions(table: Table) -> list[VersionRef]:
+    """Every version Lance keeps, on main and on every branch (tagged versions among them).
+
+    >>> import tempfile, pyarrow as pa, lance
+    >>> from blobhouse import blob_array, write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> t = write_table(pa.table({"b": blob_array([b"x"])}), uri)
+    >>> _ = lance.dataset(uri).create_branch("exp", 1)
+    >>> [str(v) for v in retained_versions(t)]
+    ['main@1', 'exp@1']
+    """
+    branches = [None, *sorted(table.branches())]
+    refs: list[VersionRef] = []
+    for branch in branches:
+        on = table if branch == table.branch else table.checkout(None, branch=branch or "main")
+        refs.extend(VersionRef(branch, v["version"]) for v in on.versions())
+    return refs
 
 
-def fragment_states(table: Table, versions: list[int] | None = None) -> list[FragmentState]:
-    """The distinct fragment states of ``versions`` (default: every retained version).
+def fragment_states(table: Table, versions: list[VersionRef] | None = None) -> list[FragmentState]:
+    """The distinct fragment states of ``versions`` (default: every retained version of every
+    branch).
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
     >>> uri = tempfile.mkdtemp() + "/t"
     >>> _ = write_table(pa.table({"b": blob_array([b"x"])}), uri)
     >>> t = write_table(pa.table({"b": blob_array([b"y"])}), uri, mode="append")
-    >>> [(s.fragment_id, s.appearances) for s in fragment_states(t)]
-    [(0, ((1, 0), (2, 0))), (1, ((2, 1),))]
+    >>> [(s.fragment_id, [(str(v), row) for v, row in s.appearances])
+    ...  for s in fragment_states(t)]
+    [(0, [('main@1', 0), ('main@2', 0)]), (1, [('main@2', 1)])]
     """
     found: dict[tuple, list] = {}
-    for version in versions or retained_versions(table):
+    for ref in versions or retained_versions(table):
         first_row = 0
-        for fragment in table.checkout(version).dataset.get_fragments():
+        at = open_version(table, ref)
+        # what a version calls its blob columns is part of the state: problems are reported
+        # under the names of the version they are found in
+        names = tuple(path_name(p) for p in stored_blob_columns(at.schema))
+        for fragment in at.dataset.get_fragments():
             metadata = fragment.metadata
-            files = tuple(f.path for f in metadata.files)
+            files = tuple(at.data_file_uri(f) for f in metadata.files)
             deletion = metadata.deletion_file
             key = (
                 metadata.id,
                 files,
-                None if deletion is None else (deletion.id, deletion.read_version),
+                None
+                if deletion is None
+                else (deletion.base_id, ref.branch, deletion.id, deletion.read_version),
+                names,
             )
-            entry = found.setdefault(key, [metadata.id, version, [], files])
-            entry[2].append((version, first_row))
+            entry = found.setdefault(key, [metadata.id, ref, [], files])
+            entry[2].append((ref, first_row))
             first_row += metadata.num_rows
     return [
-        FragmentState(fid, version, tuple(appearances), files)
-        for fid, version, appearances, files in found.values()
+        FragmentState(fid, ref, tuple(appearances), files)
+        for fid, ref, appearances, files in found.values()
     ]
+
+
+def open_version(table: Table, ref: VersionRef) -> Table:
+    """``table`` at ``ref`` (itself when it is there already)."""
+    if table.branch == ref.branch and table.version == ref.version:
+        return table
+    return table.checkout(ref.version, branch=ref.branch or "main")
 
 
 def opened_states(
@@ -99,9 +147,12 @@ def opened_states(
 ) -> Iterator[tuple[Table, FragmentState]]:
     """Each state with the table opened at its version; every version is opened once."""
     opened: Table | None = None
-    for state in sorted(states, key=lambda s: (s.version, s.fragment_id)):
-        if opened is None or opened.version != state.version:
-            opened = table if table.version == state.version else table.checkout(state.version)
+    for state in sorted(states, key=lambda s: (s.ref.sort_key(), s.fragment_id)):
+        if opened is None or (opened.branch, opened.version) != (
+            state.ref.branch,
+            state.ref.version,
+        ):
+            opened = open_version(table, state.ref)
         yield opened, state
 
 
@@ -110,6 +161,10 @@ def fragment_references(table: Table, fragment_id: int) -> Iterator[ReferenceBat
     blob column; ``table`` is opened at a version holding the fragment."""
     fragment = table.dataset.get_fragment(fragment_id)
     for path in stored_blob_columns(table.schema):
+        try:
+            file_column = table.file_column(path)(fragment_id)
+        except BlobhouseError:
+            file_column = -1  # no data file holds the column: its rows read as null
         row = 0
         scanner = table.dataset.scanner(
             columns=[path[0]], with_row_address=True, fragments=[fragment]
@@ -122,6 +177,7 @@ def fragment_references(table: Table, fragment_id: int) -> Iterator[ReferenceBat
             keep = pa.array(valid)
             yield ReferenceBatch(
                 column=path_name(path),
+                file_column=file_column,
                 rows=np.arange(row, row + batch.num_rows)[valid],
                 offsets=(addresses.to_numpy() & 0xFFFFFFFF)[valid],
                 kinds=descriptors.field("kind").filter(keep).to_numpy(zero_copy_only=False),

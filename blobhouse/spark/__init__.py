@@ -32,13 +32,14 @@ from blobhouse.backfill import (
     table_for,
 )
 from blobhouse.errors import InvalidInputError
+from blobhouse.layout import TableLocation
 from blobhouse.pipeline import remove_staged
 from blobhouse.spark.datasource import BlobhouseDataSource, storage_prefixed
 from blobhouse.spark.functions import blob_size, materialize, read_blob, read_blob_function
 from blobhouse.spark.jobs import compact, gc, run_tasks, verify
 from blobhouse.spark.lookup import look_up_in_store
 from blobhouse.storage import checked_options
-from blobhouse.table import open_table, table_root
+from blobhouse.table import open_table
 
 __all__ = [
     "backfill_blob_column",
@@ -62,31 +63,41 @@ def local_session(
     shuffle_partitions: int | None = None,
     app_name: str = "blobhouse",
     driver_memory: str = "4g",
+    conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """An embedded Spark session on this machine, bound to loopback, workers on this Python.
+    """A Spark session for blobhouse: embedded (``local[*]``, the default) or connected to a
+    cluster's ``master`` (``spark://host:7077``, ``yarn``, ``k8s://...``), with workers on this
+    Python unless ``spark.pyspark.python`` says otherwise.
 
-    Arrow batches are capped at 256 rows: ``read_blob`` returns one blob per row, so with
-    multi-MB blobs a default 10,000-row batch would need tens of GB. Set the same
-    (``spark.sql.execution.arrow.maxRecordsPerBatch``) on sessions you build yourself.
+    An embedded session binds to loopback. On a cluster, executors connect back to the driver:
+    Spark picks this machine's address, or set ``spark.driver.host`` (and
+    ``spark.driver.bindAddress``) in ``conf``, which is applied last and may set anything
+    (docs/spark-cluster.md). Arrow batches are capped at 256 rows: ``read_blob`` returns one
+    blob per row, so with multi-MB blobs a default 10,000-row batch would need tens of GB. Set
+    the same (``spark.sql.execution.arrow.maxRecordsPerBatch``) on sessions you build yourself.
     """
     # Spark starts its JVM and Python workers by fork+exec; lance warns on every fork although
     # nothing of lance runs in those children before exec
     warnings.filterwarnings("ignore", message="lance is not fork-safe", category=UserWarning)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.execution.pyspark.udf.faulthandler.enabled", "true")
         .config("spark.driver.memory", driver_memory)
         # read_blob returns one blob per input row: a batch of 10k multi-MB blobs is too big
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_RECORDS_PER_BATCH))
     )
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
     if shuffle_partitions is not None:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
@@ -136,11 +147,11 @@ def write_table(
         **dict(options or {}),
         **storage_prefixed(storage_options),
     }
+    location = TableLocation.of(uri, storage_options=checked_options(storage_options))
     stored_globally = _global_columns(df, blob_columns, dedup)
     if stored_globally:
-        path, root_uri = table_root(uri)
         df = look_up_in_store(
-            df.sparkSession, df, path, root_uri, stored_globally, checked_options(storage_options)
+            df.sparkSession, df, location, stored_globally, checked_options(storage_options)
         )
         writer_options["store_index"] = "joined"
     if key_column is not None:
@@ -153,7 +164,7 @@ def write_table(
             .sortWithinPartitions(_COLOCATE_KEY)
             .drop(_COLOCATE_KEY)
         )
-    df.write.format("blobhouse").mode(mode).options(**writer_options).save(uri)
+    df.write.format("blobhouse").mode(mode).options(**writer_options).save(location.dataset_path)
 
 
 def _global_columns(
@@ -219,19 +230,18 @@ def backfill_blob_column(
     options = checked_options(storage_options)
     table = table_for(open_table(table_uri, storage_options=options), dedup)
     plan = BackfillPlan.create(table, column, dedup)
-    version = table.version
+    # resolved here: an executor's working directory is not the driver's
+    root, branch, version = table.location.root, table.branch, table.version
     fragment_ids = [f.fragment_id for f in table.dataset.get_fragments()]
     try:
         written = run_tasks(
             spark,
             fragment_ids,
-            lambda i: backfill_fragment(open_table(table_uri, version, options), i, fn, plan),
+            lambda i: backfill_fragment(
+                open_table(root, version, options, branch=branch), i, fn, plan
+            ),
         )
-        commit_backfill(
-            open_table(table_uri, version, options),
-            plan,
-            dict(zip(fragment_ids, written, strict=True)),
-        )
+        commit_backfill(table, plan, dict(zip(fragment_ids, written, strict=True)))
     except BaseException:
-        remove_staged(f"{table.dataset.uri}/data", plan.name_prefix, table.storage_options)
+        remove_staged(table.location, plan.name_prefix, table.storage_options)
         raise

@@ -42,6 +42,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from blobhouse.errors import InvalidInputError
+from blobhouse.layout import TableLocation
 from blobhouse.pipeline import WrittenFile
 from blobhouse.storage import checked_options
 from blobhouse.table import TableWrite, open_table
@@ -64,9 +65,12 @@ class BlobhouseDataSource(DataSource):
     Both: ``storage.<name>``, the storage options of the table's store (``storage.aws_endpoint``,
     ``storage.aws_region``, ...; see :func:`blobhouse.storage.checked_options`).
 
-    Read options: ``version``, ``blobs`` (``"refs"`` or ``"bytes"``), ``filter`` (a Lance SQL
-    filter applied in the scan), ``rows_per_partition``, ``max_batch_bytes`` (Arrow batch size
-    cap, default 1 GiB), ``pushdown`` (``"off"``, or ``"on"``:
+    Both: ``branch``, a branch of the table (made with Lance's ``create_branch``).
+
+    Read options: ``version`` (a number or a tag), ``blobs`` (``"refs"`` or ``"bytes"``),
+    ``filter`` (a Lance SQL filter applied in the scan), ``rows_per_partition``,
+    ``max_batch_bytes`` (Arrow batch size cap, default 1 GiB), ``pushdown`` (``"off"``, or
+    ``"on"``:
     see :class:`PushdownReader`).
     """
 
@@ -87,11 +91,13 @@ class BlobhouseDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> BlobhouseWriter:
         options = _WriteOptions(self.options)
+        # planned on the driver: the table path is resolved here, never on an executor
         write = TableWrite.begin(
             options.path,
             to_arrow_schema(schema),
             mode="overwrite" if overwrite else "append",
             storage_options=storage_options_of(self.options),
+            branch=self.options.get("branch"),
             **options.table_write_kwargs(),
         )
         return BlobhouseWriter(write)
@@ -122,10 +128,11 @@ class BlobhouseWriter(DataSourceArrowWriter):
 
 @dataclass(frozen=True)
 class ReadSpec:
-    """What to read: a table version, how blobs come back, an optional Lance filter."""
+    """What to read: a table (located on the driver) at a version or tag, how blobs come back,
+    an optional Lance filter."""
 
-    path: str
-    version: int | None
+    location: TableLocation
+    version: int | str | None
     blobs: str
     filter: str | None
     rows_per_partition: int
@@ -142,19 +149,21 @@ class ReadSpec:
         if pushdown not in ("on", "off"):
             raise InvalidInputError(f"option pushdown must be 'on' or 'off', got {pushdown!r}")
         version = options.get("version")
+        storage_options = storage_options_of(options)
         return cls(
-            path=_path(options),
-            version=int(version) if version is not None else None,
+            location=TableLocation.of(_path(options), options.get("branch"), storage_options),
+            version=version,
             blobs=blobs,
             filter=options.get("filter"),
             rows_per_partition=int(options.get("rows_per_partition", DEFAULT_ROWS_PER_PARTITION)),
             pushdown=pushdown,
             max_batch_bytes=int(options.get("max_batch_bytes", DEFAULT_MAX_BATCH_BYTES)),
-            storage_options=storage_options_of(options),
+            storage_options=storage_options,
         )
 
     def open(self):
-        return open_table(self.path, self.version, self.storage_options)
+        location = self.location
+        return open_table(location.root, self.version, self.storage_options, branch=location.branch)
 
 
 @dataclass(frozen=True)
@@ -171,8 +180,9 @@ class BlobhouseReader(DataSourceReader):
 
     def __init__(self, spec: ReadSpec, schema: StructType) -> None:
         table = spec.open()
-        # every task reads the version the driver saw, even if writers commit meanwhile
-        self.spec = dataclasses.replace(spec, version=table.version)
+        # every task reads the version the driver saw, even if writers commit meanwhile (a tag
+        # may point into a branch)
+        self.spec = dataclasses.replace(spec, location=table.location, version=table.version)
         self.columns = schema.fieldNames()
         self.arrow_schema = to_arrow_schema(schema)
         self.pushed: list[str] = []  # Lance SQL of filters Spark pushed (PushdownReader)

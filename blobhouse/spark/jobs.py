@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
+from blobhouse.layout import TableLocation
 from blobhouse.maintenance import gc as gc_table
 from blobhouse.maintenance.compaction import (
     DEFAULT_DELETED_FRACTION,
@@ -35,7 +37,7 @@ from blobhouse.maintenance.compaction import (
 from blobhouse.maintenance.compaction import compact as compact_table
 from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, referenced_paths
 from blobhouse.maintenance.verification import summarize, verify_state
-from blobhouse.maintenance.walk import FragmentState, fragment_states, retained_versions
+from blobhouse.maintenance.walk import VersionRef, fragment_states, retained_versions
 from blobhouse.table import Table, open_table
 
 Unit = TypeVar("Unit")
@@ -76,21 +78,22 @@ def compact(
     repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
     storage_options: dict[str, str] | None = None,
     retries: int = DEFAULT_RETRIES,
+    branch: str | None = None,
 ) -> dict:
     """:func:`~blobhouse.maintenance.compaction.compact` with a Spark task per group of
     fragments and one commit on the driver; if a task or the commit fails, the new files are
     removed (a preempted commit is run again, up to ``retries`` times)."""
 
     def in_tasks(table: Table, plan: CompactionPlan) -> list:
-        version = plan.read_version
+        at = _Opener.of(table)
         return run_tasks(
             spark,
             plan.groups,
-            lambda group: compact_group(open_table(uri, version, storage_options), plan, group),
+            lambda group: compact_group(at.open(plan.read_version), plan, group),
         )
 
     return compact_table(
-        open_table(uri, storage_options=storage_options),
+        open_table(uri, storage_options=storage_options, branch=branch),
         target_rows=target_rows,
         target_bytes=target_bytes,
         deleted_fraction=deleted_fraction,
@@ -107,16 +110,14 @@ def verify(
     deep: bool = False,
     storage_options: dict[str, str] | None = None,
 ) -> dict:
-    """:func:`blobhouse.maintenance.verification.verify` with a Spark task per fragment state."""
+    """:func:`blobhouse.maintenance.verification.verify` with a Spark task per fragment state
+    (of every branch)."""
     table = open_table(uri, storage_options=storage_options)
     versions = retained_versions(table)
     states = fragment_states(table, versions)
-    reports = run_tasks(
-        spark,
-        states,
-        lambda s: verify_state(open_table(uri, s.version, storage_options), s, deep=deep),
-    )
-    return summarize(versions, zip(states, reports, strict=True), deep=deep)
+    at = _Opener.of(table)
+    reports = run_tasks(spark, states, lambda s: verify_state(at.open_ref(s.ref), s, deep=deep))
+    return summarize(table, versions, zip(states, reports, strict=True), deep=deep)
 
 
 def gc(
@@ -128,18 +129,20 @@ def gc(
     grace: timedelta = DEFAULT_GRACE,
     dry_run: bool = False,
     storage_options: dict[str, str] | None = None,
+    branch: str | None = None,
 ) -> dict:
     """:func:`~blobhouse.maintenance.garbage_collection.gc` with the mark phase (which files
-    retained versions reference) in a Spark task per fragment state; versions and the sweep run
-    on the driver."""
+    retained versions of every branch reference) in a Spark task per fragment state; versions
+    and the sweep run on the driver."""
 
     def mark(table: Table) -> set[str]:
         states = fragment_states(table)
-        found = run_tasks(spark, states, lambda s: _referenced(uri, s, storage_options))
+        at = _Opener.of(table)
+        found = run_tasks(spark, states, lambda s: referenced_paths(at.open_ref(s.ref), s))
         return set().union(*found)
 
     return gc_table(
-        open_table(uri, storage_options=storage_options),
+        open_table(uri, storage_options=storage_options, branch=branch),
         retain_versions=retain_versions,
         older_than=older_than,
         grace=grace,
@@ -148,5 +151,21 @@ def gc(
     )
 
 
-def _referenced(uri: str, state: FragmentState, storage_options: dict[str, str] | None) -> set:
-    return referenced_paths(open_table(uri, state.version, storage_options), state)
+@dataclass(frozen=True)
+class _Opener:
+    """Opens versions of a table in Spark tasks: the location was resolved on the driver (an
+    executor's working directory is not the driver's), and it pickles."""
+
+    location: TableLocation
+    storage_options: dict[str, str] | None
+
+    @classmethod
+    def of(cls, table: Table) -> _Opener:
+        return cls(table.location, table.storage_options)
+
+    def open(self, version: int) -> Table:
+        """The table's own branch at ``version``."""
+        return self.open_ref(VersionRef(self.location.branch, version))
+
+    def open_ref(self, ref: VersionRef) -> Table:
+        return open_table(self.location.root, ref.version, self.storage_options, branch=ref.branch)

@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import BinaryType
 
+from blobhouse.layout import TableLocation
 from blobhouse.spark.datasource import storage_prefixed
 from blobhouse.storage import StorageOptions
 from blobhouse.store import index_uri, retired_packs, store_uri_prefix
@@ -34,17 +35,16 @@ def _blake3(payloads: pa.Array) -> pa.Array:
 def look_up_in_store(
     spark: SparkSession,
     df: DataFrame,
-    table_path: str,
-    root_uri: str,
+    location: TableLocation,
     columns: list[str],
     storage_options: StorageOptions | None = None,
 ) -> DataFrame:
     """``df`` with every payload of ``columns`` that the table's store holds replaced by a
     reference into it (the columns become logical blob structs)."""
-    index = _index(spark, table_path, storage_options)
+    index = _index(spark, location.root, storage_options)
     if index is None:
         return df
-    prefix = store_uri_prefix(root_uri)
+    prefix = store_uri_prefix(location.root_uri)
     for column in columns:
         data = F.col(f"{column}.data") if _is_struct(df, column) else F.col(column)
         found = index.select(

@@ -1,0 +1,226 @@
+"""Where a table lives: its root, its branches, and the base paths its manifests record.
+
+A table is a tree of Lance datasets: main at the root, each branch at ``<root>/tree/<name>``
+(Lance's layout), tags and branch records under ``<root>/_refs``. Everything blobhouse owns
+besides data files is shared by the whole tree and lives at the root: the store (``_blobs``),
+write leases (``_leases``).
+
+Lance records base paths (the store, and a branch's parent datasets) as absolute URIs in each
+manifest, so a table copied or moved elsewhere still names its old place. :class:`BasePaths`
+reads every manifest's bases relative to where the table is *now*: the table's own bases are
+mapped from the root the manifest recorded to the current root, so a moved table never reads
+or writes its old location; bases outside the recorded root (a shallow clone's source) are
+read as they are, as Lance does.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from lance import LanceDataset
+
+from blobhouse.errors import InvalidInputError
+from blobhouse.placement import as_uri, local_uri, normalize_uri
+from blobhouse.storage import StorageOptions, is_local, object_store, uri_to_path
+
+TREE_DIR = "tree"
+REFS_DIR = "_refs"
+STORE_DIR = "_blobs"
+STORE_BASE_NAME = "blobhouse-store"  # a relocated store's base is named "<this>@<n>"
+
+
+@dataclass(frozen=True)
+class TableLocation:
+    """A table's root (an absolute local path or a canonical URI) and the branch in use
+    (``None``: main). Resolved where it is made, so it means the same on every machine.
+
+    >>> loc = TableLocation.of("/data/frames", branch="relabel")
+    >>> loc.dataset_path, loc.store_path
+    ('/data/frames/tree/relabel', '/data/frames/_blobs')
+    """
+
+    root: str
+    branch: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        uri: str | os.PathLike,
+        branch: str | None = None,
+        storage_options: StorageOptions | None = None,
+    ) -> TableLocation:
+        """The location of ``uri`` (a relative path is resolved here, against this process's
+        working directory). A path naming a branch's directory, ``<root>/tree/<name>``, is
+        that branch of the table at ``<root>``."""
+        uri = os.fspath(uri)
+        if not isinstance(uri, str) or not uri:
+            raise InvalidInputError(f"a table location must be a path or URI, got {uri!r}")
+        if branch is not None and (not isinstance(branch, str) or not branch or branch == "main"):
+            raise InvalidInputError(f"branch must be a branch name (not 'main'), got {branch!r}")
+        if is_local(uri):
+            root = os.path.abspath(uri_to_path(uri))
+        else:
+            root = normalize_uri(uri).rstrip("/")
+        found = _branch_of(root, storage_options)
+        if found is not None:
+            root, named = found
+            if branch is not None and branch != named:
+                raise InvalidInputError(
+                    f"{uri} is the directory of branch {named!r}; it cannot be opened as "
+                    f"branch {branch!r}"
+                )
+            branch = named
+        return cls(root, branch)
+
+    def on(self, branch: str | None) -> TableLocation:
+        """The same table, on ``branch`` (None: main)."""
+        return TableLocation(self.root, branch)
+
+    @property
+    def root_uri(self) -> str:
+        """The root as an absolute URI (``file://`` locally): references are built from it."""
+        return local_uri(self.root) if is_local(self.root) else self.root
+
+    @property
+    def dataset_path(self) -> str:
+        """What Lance opens: the root for main, ``<root>/tree/<branch>`` for a branch."""
+        if self.branch is None:
+            return self.root
+        return f"{self.root}/{TREE_DIR}/{self.branch}"
+
+    @property
+    def dataset_uri(self) -> str:
+        return as_uri(self.dataset_path)
+
+    @property
+    def data_dir(self) -> str:
+        """Where this branch's new data files go."""
+        return f"{self.dataset_path}/data"
+
+    @property
+    def store_path(self) -> str:
+        """The table's content-addressed store (one per table, shared by its branches)."""
+        return f"{self.root}/{STORE_DIR}"
+
+    @property
+    def store_uri(self) -> str:
+        return as_uri(self.store_path)
+
+    def branch_data_dir(self, branch: str | None) -> str:
+        """The data directory of ``branch``, relative to the root."""
+        return "data" if branch is None else f"{TREE_DIR}/{branch}/data"
+
+    def __str__(self) -> str:
+        return self.root if self.branch is None else f"{self.root} (branch {self.branch})"
+
+
+def _branch_of(root: str, storage_options: StorageOptions | None) -> tuple[str, str] | None:
+    """``(table root, branch)`` when ``root`` is a branch directory ``<root>/tree/<name>`` of a
+    table that records that branch, else None."""
+    parts = root.split("/")
+    for at in range(len(parts) - 2, 0, -1):
+        if parts[at] != TREE_DIR:
+            continue
+        table, name = "/".join(parts[:at]), "/".join(parts[at + 1 :])
+        record = as_uri(f"{table}/{REFS_DIR}/branches/{name}.json")
+        try:
+            if object_store(record, storage_options).size(record) is not None:
+                return table, name
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+@dataclass(frozen=True)
+class Base:
+    """One base path of a manifest, where blobhouse reads it now: ``uri`` (absolute), and
+    whether it is a dataset root (files under ``<uri>/data``) or a plain directory."""
+
+    id: int
+    name: str | None
+    uri: str
+    is_dataset_root: bool
+
+
+class BasePaths:
+    """The base paths of one manifest, read relative to where the table is now.
+
+    ``recorded_root`` is the root the manifest was written at: the parent of its store base, or
+    (in a branch) the main dataset it points back to. When it differs from the table's root
+    the table was copied or moved: the table's own bases (the store, the datasets of the tree)
+    are read at the current root instead, and :attr:`moved` is true until :func:`relocate`
+    rewrites the manifest.
+    """
+
+    def __init__(self, dataset: LanceDataset, location: TableLocation) -> None:
+        self.location = location
+        recorded = {i: b for i, b in dataset.base_paths().items()}
+        self.recorded = {i: as_uri(b.path).rstrip("/") for i, b in recorded.items()}
+        self.store_id = next((i for i, b in recorded.items() if is_store_base_name(b.name)), None)
+        # a main dataset with a dataset-root base of its own reads through another dataset
+        self.clone = location.branch is None and any(
+            b.is_dataset_root and b.name is None for b in recorded.values()
+        )
+        self.recorded_root = self._recorded_root(recorded)
+        root = location.root_uri
+        self.moved = self.recorded_root is not None and not same_location(self.recorded_root, root)
+        self.bases = {
+            i: Base(i, b.name, self._now(self.recorded[i]), bool(b.is_dataset_root))
+            for i, b in recorded.items()
+        }
+
+    def _recorded_root(self, recorded: dict) -> str | None:
+        if self.location.branch is not None:
+            # Lance gives a branch's manifest base 0: the root of the tree it belongs to
+            base = recorded.get(0)
+            if base is not None and base.is_dataset_root:
+                return self.recorded[0]
+        if self.store_id is not None and not self.clone:
+            return self.recorded[self.store_id].removesuffix(f"/{STORE_DIR}")
+        return None  # no base of its own (or a shallow clone: its bases are the source's)
+
+    def _now(self, uri: str) -> str:
+        """``uri`` (a base recorded in the manifest) where it is now."""
+        old = self.recorded_root
+        if old is None or not self.moved:
+            return uri
+        if uri == old or uri.startswith(old + "/"):
+            return self.location.root_uri + uri[len(old) :]
+        return uri
+
+    def get(self, base_id: int) -> Base | None:
+        return self.bases.get(base_id)
+
+    @property
+    def store(self) -> Base | None:
+        """The table's store base, if registered."""
+        return None if self.store_id is None else self.bases[self.store_id]
+
+    @property
+    def store_moved(self) -> bool:
+        """Whether the manifest records the store at another place than the table's own (the
+        table was copied or moved; a shallow clone's store is its source's, not moved)."""
+        return (
+            self.store_id is not None
+            and not self.clone
+            and not same_location(self.recorded[self.store_id], self.location.store_uri)
+        )
+
+    def store_is_own(self) -> bool:
+        """Whether the store base names this table's own store (after mapping a move)."""
+        store = self.store
+        return store is not None and same_location(store.uri, self.location.store_uri)
+
+
+def is_store_base_name(name: str | None) -> bool:
+    """Whether a base path's name is the one blobhouse gives the table's store."""
+    return name is not None and (name == STORE_BASE_NAME or name.startswith(STORE_BASE_NAME + "@"))
+
+
+def same_location(a: str, b: str) -> bool:
+    """Whether two URIs or paths name the same place (symlinks and spelling aside)."""
+    try:
+        return normalize_uri(a).rstrip("/") == normalize_uri(b).rstrip("/")
+    except InvalidInputError:
+        return a.rstrip("/") == b.rstrip("/")

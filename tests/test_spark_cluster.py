@@ -1,0 +1,89 @@
+"""The main job and the table services on a real standalone Spark cluster on 127.0.0.1 (a
+master and two worker processes, started and stopped here), from relative table paths: each
+executor runs in a working directory of its own, so a path resolved anywhere but on the driver
+names nothing there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from blobhouse import open_table
+from blobhouse.testing import LocalSparkCluster
+
+from helpers import stock_read
+
+SERVICES = """
+import json, os, sys
+from datetime import timedelta
+import blobhouse.spark as bs
+from blobhouse import open_table
+
+spark = bs.local_session(sys.argv[1], conf={"spark.driver.host": "127.0.0.1",
+                                            "spark.executor.memory": "512m"})
+bs.register(spark)
+table = "rel/episodes"  # relative: resolved on the driver, never on an executor
+frames = spark.read.format("blobhouse").load(table)  # pinned to the version it found
+rows = frames.count()
+first = frames.where("frame % 30 = 0").select("row", "video")
+videos = bs.materialize(first, ["video"]).collect()
+clips = spark.createDataFrame([(i, b"clip-%d" % (i % 3) * 40_000) for i in range(12)],
+                              "id long, clip binary")
+bs.write_table(clips, "rel/clips", blob_columns=["clip"], dedup="global", partitions=3)
+bs.backfill_blob_column(spark, "rel/clips", "preview", lambda b: [b"p%d" % i for i in b["id"]])
+open_table(table).delete("frame % 2 = 1")
+compacted = bs.compact(spark, table)
+verified = bs.verify(spark, table, deep=True)
+collected = bs.gc(spark, table, retain_versions=1, grace=timedelta(0))
+print(json.dumps({
+    "rows": rows,
+    "first_frames": len(videos),
+    "video_bytes": sum(len(r.video) for r in videos),
+    "clips": open_table("rel/clips").stats()["columns"]["clip"]["physical_bytes"],
+    "previews": open_table("rel/clips").to_arrow(["preview"], filter="id = 4", blobs="bytes")[
+        "preview"].to_pylist(),
+    "compacted": compacted["fragments_removed"],
+    "problems": verified["problems"],
+    "hashed": verified["hashed"],
+    "gc_versions": collected["retained_versions"],
+}, default=repr))
+"""
+
+
+def test_main_job_and_services_on_a_standalone_cluster(tmp_path: Path):
+    with LocalSparkCluster(workers=2) as cluster:
+        demo = subprocess.run(
+            [
+                *(sys.executable, "-m", "blobhouse.cli", "demo", "--json"),
+                *("--master", cluster.master, "--conf", "spark.driver.host=127.0.0.1"),
+                *("--conf", "spark.executor.memory=512m", "--rows", "90", "--out", "rel/episodes"),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert demo.returncode == 0, demo.stderr[-3000:]
+        report = json.loads(demo.stdout)
+        assert (report["rows"], report["verified_blobs"], report["mismatches"]) == (90, 270, 0)
+        services = subprocess.run(
+            [sys.executable, "-c", SERVICES, cluster.master],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert services.returncode == 0, services.stderr[-3000:]
+    done = json.loads(services.stdout.strip().splitlines()[-1])
+    assert (done["rows"], done["first_frames"]) == (90, 3)
+    assert done["clips"] == 3 * 40_000 * len(b"clip-0")  # three distinct clips, once each
+    assert done["previews"] == [repr(b"p4")]
+    assert done["compacted"] >= 1 and done["problems"] == [] and done["hashed"] > 0
+    assert len(done["gc_versions"]) == 1
+    table = tmp_path / "rel" / "episodes"
+    assert open_table(str(table)).count_rows() == 45
+    assert not list(cluster.work_dir.rglob("episodes"))  # nothing landed in an executor's dir
+    rows = open_table(str(table)).to_arrow(columns=["row"])["row"].to_pylist()
+    assert all(r % 2 == 0 for r in rows) and len(stock_read(str(table), "video")) == 45

@@ -1,0 +1,156 @@
+"""The whole version graph: branches (``tree/<name>``, reading their parent's files through base
+path 0) and tags. gc never deletes what a branch or a tagged version references, tags never
+make it fail, and every service works on a branch as Lance does."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+import pytest
+
+from blobhouse import InvalidInputError, TableNotFoundError, blob_array, open_table, write_table
+
+from helpers import stock_read
+
+SHARED = os.urandom(200_000)
+
+
+def rows(ids: range, payloads: list[bytes]) -> pa.Table:
+    return pa.table({"id": pa.array(list(ids), pa.int64()), "b": blob_array(payloads)})
+
+
+def build(uri: str, dedup: str) -> dict[int, bytes]:
+    """Three appends sharing one payload; returns id -> bytes."""
+    content = {}
+    for start in (0, 3, 6):
+        payloads = [SHARED, os.urandom(120_000), os.urandom(500)]
+        write_table(rows(range(start, start + 3), payloads), uri, mode="append", dedup=dedup)
+        content.update(zip(range(start, start + 3), payloads, strict=True))
+    return content
+
+
+def read_all(table) -> dict[int, bytes]:
+    return {r["id"]: r["b"] for r in table.to_arrow(blobs="bytes").to_pylist()}
+
+
+def stock_branch(uri: str, branch: str) -> dict[int, bytes]:
+    ids = lance.dataset(f"{uri}/tree/{branch}").to_table(columns=["id"])["id"].to_pylist()
+    return dict(zip(ids, stock_read(f"{uri}/tree/{branch}", "b"), strict=True))
+
+
+@pytest.mark.parametrize("dedup", ["global", "content"])
+def test_gc_on_main_keeps_everything_a_branch_references(table_uri, dedup):
+    content = build(table_uri, dedup)
+    branch = lance.dataset(table_uri).create_branch("exp", 3)
+    branch.optimize.compact_files()  # the branch's own files, copying store refs as they are
+    # payloads only the branch references (in the store, with global dedup)
+    extra = {9: os.urandom(90_000), 10: SHARED}
+    write_table(
+        rows(range(9, 11), list(extra.values())),
+        table_uri,
+        mode="append",
+        dedup=dedup,
+        branch="exp",
+    )
+    content.update(extra)
+    # main drops every row, compacts and collects with no grace, twice
+    main = open_table(table_uri)
+    main.delete("id >= 0")
+    open_table(table_uri).compact()
+    for _ in range(2):
+        report = open_table(table_uri).gc(retain_versions=1, grace=timedelta(0))
+        assert report["removed_files"] >= 0
+    assert open_table(table_uri).count_rows() == 0
+    exp = open_table(table_uri, branch="exp")
+    assert read_all(exp) == content
+    assert stock_branch(table_uri, "exp") == content
+    verified = open_table(table_uri).verify(deep=True)
+    assert verified["problems"] == [] and verified["branches"]["exp"]
+    assert verified["hashed"] > 0
+
+
+def test_a_branch_reading_its_parents_files_opens_and_reads(table_uri):
+    content = build(table_uri, "content")
+    lance.dataset(table_uri).create_branch("exp", 3)
+    for table in (
+        open_table(table_uri, branch="exp"),
+        open_table(f"{table_uri}/tree/exp"),  # the branch's directory names the branch too
+    ):
+        assert table.branch == "exp"
+        assert read_all(table) == content
+        assert table.read_blobs("b", [0, 3]) == [SHARED, SHARED]
+        with table.open_blob("b", 1) as f:
+            assert f.read() == content[1]
+        assert table.stats()["rows"] == 9
+
+
+def test_every_service_works_on_a_branch(table_uri):
+    content = build(table_uri, "content")
+    main_before = dict(content)
+    lance.dataset(table_uri).create_branch("exp", 3)
+    write_table(rows(range(9, 11), [SHARED, b"x" * 70_000]), table_uri, mode="append", branch="exp")
+    branch = open_table(table_uri, branch="exp")
+    branch.delete("id = 4")
+    content.update({9: SHARED, 10: b"x" * 70_000})
+    del content[4]
+    report = open_table(table_uri, branch="exp").compact()
+    assert report["fragments_removed"] == 4
+    after = open_table(table_uri, branch="exp")
+    assert read_all(after) == content and stock_branch(table_uri, "exp") == content
+    # blobhouse's compaction of the branch writes into the branch's directory
+    assert any(
+        n.startswith("compact-") for n in os.listdir(os.path.join(table_uri, "tree", "exp", "data"))
+    )
+    assert after.stats()["columns"]["b"]["physical_bytes"] < sum(map(len, content.values()))
+    collected = after.gc(retain_versions=1, grace=timedelta(0))
+    assert collected["branch"] == "exp" and collected["retained_versions"] == [after.version]
+    assert read_all(open_table(table_uri, branch="exp")) == content
+    # main is untouched by all of it
+    assert read_all(open_table(table_uri)) == main_before
+    assert open_table(table_uri, branch="exp").verify(deep=True)["problems"] == []
+
+
+def test_tags_never_make_gc_fail_and_tagged_versions_stay_readable(table_uri):
+    build(table_uri, "global")
+    tagged = read_all(open_table(table_uri, 2))
+    lance.dataset(table_uri).tags.create("gold", 2)
+    open_table(table_uri).delete("id < 6")
+    open_table(table_uri).compact()
+    report = open_table(table_uri).gc(retain_versions=1, grace=timedelta(0))
+    assert 2 in report["retained_versions"] and report["kept_tagged_versions"] == [2]
+    assert 1 in report["removed_versions"]
+    by_tag = open_table(table_uri, "gold")
+    assert by_tag.version == 2 and read_all(by_tag) == tagged
+    stock = lance.dataset(table_uri, version="gold")
+    ids = stock.to_table(columns=["id"])["id"].to_pylist()
+    pairs = stock.read_blobs("b", indices=list(range(len(ids))), preserve_order=True)
+    assert dict(zip(ids, [p for _, p in pairs], strict=True)) == tagged
+    assert open_table(table_uri).verify(deep=True)["problems"] == []
+
+
+def test_a_tag_on_a_branch_opens_that_branch(table_uri):
+    content = build(table_uri, "content")
+    branch = lance.dataset(table_uri).create_branch("exp", 3)
+    branch.tags.create("exp-start", ("exp", 3))
+    write_table(rows(range(9, 10), [b"new"]), table_uri, mode="append", branch="exp")
+    table = open_table(table_uri, "exp-start")
+    assert (table.branch, table.version) == ("exp", 3)
+    assert read_all(table) == content
+    assert open_table(table_uri, "exp-start", branch="exp").version == 3
+    with pytest.raises(InvalidInputError, match="points into 'exp'"):
+        open_table(table_uri, "exp-start", branch="other")
+
+
+def test_missing_versions_tags_and_branches_are_named(table_uri):
+    build(table_uri, "content")
+    with pytest.raises(TableNotFoundError, match="no tag 'nope'"):
+        open_table(table_uri, "nope")
+    with pytest.raises(TableNotFoundError, match="branch 'nope'"):
+        open_table(table_uri, branch="nope")
+    with pytest.raises(TableNotFoundError, match="version 99"):
+        open_table(table_uri, 99)
+    with pytest.raises(TableNotFoundError, match="no branch 'nope'"):
+        write_table(rows(range(1), [b"x"]), table_uri, mode="append", branch="nope")
