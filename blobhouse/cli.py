@@ -38,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         " (repeat for more; see docs/object-storage.md)",
     )
 
+    on_branch = argparse.ArgumentParser(add_help=False)
+    on_branch.add_argument(
+        "--branch", default=None, help="a branch of the table (made with Lance's create_branch)"
+    )
+
     demo = commands.add_parser(
         "demo", parents=[storage, spark], help="write, query and verify a robot-episode table"
     )
@@ -66,13 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     ingest.add_argument("--mode", choices=["append", "overwrite"], default="append")
 
     stats = commands.add_parser(
-        "stats", parents=[storage], help="logical vs physical bytes of a table"
+        "stats", parents=[storage, on_branch], help="logical vs physical bytes of a table"
     )
     stats.add_argument("table")
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
 
     verify = commands.add_parser(
-        "verify", parents=[storage], help="check that every blob reference resolves"
+        "verify",
+        parents=[storage],
+        help="check that every blob reference of every version and branch resolves",
     )
     verify.add_argument("table")
     verify.add_argument(
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     compact = commands.add_parser(
         "compact",
-        parents=[storage],
+        parents=[storage, on_branch],
         help="rewrite small and sparse fragments, keeping blob sharing",
     )
     compact.add_argument("table")
@@ -103,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     compact.add_argument("--json", action="store_true", help="print the report as JSON")
 
     collect = commands.add_parser(
-        "gc", parents=[storage], help="remove old versions and unreferenced files"
+        "gc", parents=[storage, on_branch], help="remove old versions and unreferenced files"
     )
     collect.add_argument("table")
     collect.add_argument("--retain-versions", type=int, default=None)
@@ -222,13 +229,15 @@ def _verify(args: argparse.Namespace) -> int:
             if report["deep"]
             else ""
         )
+        branches = "".join(f", branch {b} {v}" for b, v in report["branches"].items())
         print(
-            f"{report['references']} references in versions {report['versions']}, "
+            f"{report['references']} references in versions {report['versions']}{branches}, "
             f"{report['objects']} objects{hashed}, {len(report['problems'])} problem(s)"
         )
         for p in report["problems"]:
+            where = f"branch {p['branch']} " if p["branch"] else ""
             print(
-                f"  version {p['version']} column {p['column']} row {p['row']}: "
+                f"  {where}version {p['version']} column {p['column']} row {p['row']}: "
                 f"{p['reason']}: {p['uri']}"
             )
     return 1 if report["problems"] else 0
@@ -249,10 +258,12 @@ def _gc(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         verb = "would remove" if report["dry_run"] else "removed"
+        tagged = report["kept_tagged_versions"]
         print(
             f"{verb} versions {report['removed_versions']} and {report['removed_files']} "
             f"unreferenced files ({_mb(report['reclaimed_bytes'])}); kept "
             f"{report['kept_young_files']} younger than the grace period"
+            + (f" and tagged versions {tagged}" if tagged else "")
         )
     return 0
 
@@ -323,7 +334,8 @@ def _open(args: argparse.Namespace):
     """The table ``args.table``, reached with the command's storage options."""
     from blobhouse.table import open_table
 
-    return open_table(args.table, storage_options=_storage_options(args))
+    branch = getattr(args, "branch", None)
+    return open_table(args.table, storage_options=_storage_options(args), branch=branch)
 
 
 def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:

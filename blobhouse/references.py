@@ -178,7 +178,7 @@ class ReferenceResolver:
 
     def _checked_external(self, blob_id: int, blob_uri: str, where: _RowNames, row: int) -> str:
         column, fragment, offset = where.of(row)
-        if blob_id in self._bases:
+        if blob_id and blob_id in self._bases:  # 0: no base (an absolute uri)
             # read as a URI path (percent-encoding decoded, as object stores do), spelled like
             # the base (gc matches references to files by it), checked in the canonical form
             base = self._bases[blob_id]

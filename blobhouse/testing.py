@@ -113,10 +113,12 @@ class LocalSparkCluster:
     """A standalone Spark cluster on 127.0.0.1 while the ``with`` block runs: a master and
     ``workers`` worker processes (one core each) started from the installed pyspark. Each
     executor runs in a working directory of its own under :attr:`work_dir`, as on a real
-    cluster, so a path that only means something on the driver fails there.
+    cluster, so a path that only means something on the driver fails there. Used as::
 
-    >>> with LocalSparkCluster(workers=1) as cluster:  # doctest: +SKIP
-    ...     spark = blobhouse.spark.local_session(cluster.master)
+        with LocalSparkCluster(workers=2) as cluster:
+            spark = blobhouse.spark.local_session(cluster.master)
+
+    (``tests/test_spark_cluster.py`` runs the demo and the table services on one.)
     """
 
     def __init__(self, workers: int = 2, memory: str = "1g") -> None:

@@ -154,3 +154,33 @@ def test_missing_versions_tags_and_branches_are_named(table_uri):
         open_table(table_uri, 99)
     with pytest.raises(TableNotFoundError, match="no branch 'nope'"):
         write_table(rows(range(1), [b"x"]), table_uri, mode="append", branch="nope")
+
+
+def test_the_command_line_on_tags_and_branches(table_uri, capsys):
+    from blobhouse.cli import main
+
+    build(table_uri, "global")
+    lance.dataset(table_uri).tags.create("gold", 1)
+    lance.dataset(table_uri).create_branch("exp", 2)
+    open_table(table_uri).delete("id < 3")
+    assert main(["gc", table_uri, "--retain-versions", "1", "--grace-hours", "0"]) == 0
+    assert "tagged versions [1]" in capsys.readouterr().out  # never Lance's tag error
+    assert main(["stats", table_uri, "--branch", "exp", "--json"]) == 0
+    assert '"rows": 6' in capsys.readouterr().out
+    assert main(["verify", table_uri, "--deep"]) == 0
+    assert "branch exp [2]" in capsys.readouterr().out
+
+
+def test_spark_reads_a_branch_and_a_tag(spark, table_uri):
+    content = build(table_uri, "content")
+    lance.dataset(table_uri).tags.create("gold", 2)
+    lance.dataset(table_uri).create_branch("exp", 3)
+    write_table(rows(range(9, 10), [b"only-on-exp"]), table_uri, mode="append", branch="exp")
+
+    def reader():  # a DataFrameReader keeps the options it was given: one per read
+        return spark.read.format("blobhouse").option("blobs", "bytes")
+
+    on_branch = reader().option("branch", "exp").load(table_uri).collect()
+    assert {r.id: r.b for r in on_branch} == {**content, 9: b"only-on-exp"}
+    tagged = reader().option("version", "gold").load(table_uri).collect()
+    assert {r.id: r.b for r in tagged} == {i: content[i] for i in range(6)}

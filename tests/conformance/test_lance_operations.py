@@ -1,0 +1,357 @@
+"""Conformance: every Lance-native operation a user may apply to a blobhouse table, for every
+dedup mode, followed by reads through blobhouse and stock pylance, ``verify(deep=True)``,
+blobhouse compact and gc, and reads again. The only acceptable outcome is identical bytes and
+honest reports.
+
+Stock Lance operations that rewrite blob columns (``update``, ``merge_insert``,
+``compact_files``, LanceDB's ``optimize``) copy a shared payload once per row: the data stays
+intact and blobhouse's compaction shares it again (checked below). ``BLOBHOUSE_CONFORMANCE_SCALE``
+(default 1) multiplies the rows and appends for a longer run (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+
+import lance
+import lancedb
+import numpy as np
+import pyarrow as pa
+import pytest
+from lance.blob import blob_array as lance_blob_array
+
+from blobhouse import Blob, blob_array, open_table, write_table
+
+SCALE = int(os.environ.get("BLOBHOUSE_CONFORMANCE_SCALE", "1"))
+MODES = ["content", "ref_id", "global", "off"]
+DIM = 4
+# payloads above 300 kB get a dedicated sidecar (Lance's default is 4 MiB)
+PLACEMENT = {"b": {"dedicated_size_threshold": 300_000}}
+SHARED = os.urandom(150_000)  # packed, shared by many rows
+SHARED_SMALL = os.urandom(24)  # shared, so packed although small
+DEDICATED = os.urandom(400_000)
+REF_IDS = {SHARED: 1, SHARED_SMALL: 2, DEDICATED: 3}
+
+
+@dataclass
+class Model:
+    """What the table holds: id -> (label, payload), and the names its columns have now."""
+
+    rows: dict[int, tuple[int, bytes | None]]
+    blob: str = "b"
+    label: str | None = "label"
+    external: frozenset[int] = frozenset()  # ids whose payload is a user-owned external file
+
+    def stored_bytes(self) -> int:
+        """Logical bytes the table stores for its live rows (what stats reports)."""
+        return sum(
+            len(v) for i, (_, v) in self.rows.items() if v is not None and i not in self.external
+        )
+
+    def unique_bytes(self) -> int:
+        stored = {v for i, (_, v) in self.rows.items() if v is not None and i not in self.external}
+        return sum(map(len, stored))
+
+
+@dataclass
+class Built:
+    uri: str
+    mode: str
+    model: Model
+    media: Path
+    history: dict[int, Model] = field(default_factory=dict)  # version -> content
+    branch: Model | None = None  # the branch "exp", when an operation made one
+    tag: tuple[str, Model] | None = None
+    index: str | None = None  # an index that must cover every row after compaction
+
+
+def payloads_for(start: int, count: int, external: str) -> list:
+    """Shared, small, inline, packed, dedicated, null and external values in turn."""
+    kinds = [
+        lambda i: SHARED,
+        lambda i: os.urandom(300 + i),
+        lambda i: SHARED_SMALL,
+        lambda i: os.urandom(90_000 + i),
+        lambda i: DEDICATED,
+        lambda i: None,
+        lambda i: SHARED,
+        lambda i: Blob(uri=external),
+    ]
+    return [kinds[i % len(kinds)](i) for i in range(start, start + count)]
+
+
+def logical(values: list, mode: str) -> pa.Array:
+    if mode != "ref_id":
+        return blob_array(values)
+    return blob_array(
+        [Blob(data=v, ref_id=REF_IDS.get(v)) if isinstance(v, bytes) else v for v in values]
+    )
+
+
+def rows_table(ids: list[int], values: list, mode: str) -> pa.Table:
+    vectors = np.random.default_rng(ids[0]).random((len(ids), DIM), dtype=np.float32)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "label": pa.array([i * 10 for i in ids], pa.int64()),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM),
+            "b": logical(values, mode),
+        }
+    )
+
+
+@pytest.fixture(params=MODES)
+def built(request, tmp_path: Path) -> Built:
+    """Three appends and a delete, every kind of payload, in one dedup mode."""
+    mode = request.param
+    media = tmp_path / "media"
+    media.mkdir()
+    external = media / "clip.bin"
+    external_bytes = os.urandom(5_000)
+    external.write_bytes(external_bytes)
+    uri = str(tmp_path / "t.lance")  # LanceDB finds tables by this suffix
+    history: dict[int, Model] = {}
+    rows: dict[int, tuple[int, bytes | None]] = {}
+    externals: set[int] = set()
+    per_append = 8 * SCALE
+    for append in range(3 * SCALE):
+        ids = list(range(append * per_append, (append + 1) * per_append))
+        values = payloads_for(ids[0], per_append, str(external))
+        table = write_table(
+            rows_table(ids, values, mode),
+            uri,
+            mode="append",
+            dedup=mode,
+            placement=PLACEMENT,
+            allowed_bases=[str(media)] if append == 0 else None,
+        )
+        for i, value in zip(ids, values, strict=True):
+            rows[i] = (i * 10, external_bytes if isinstance(value, Blob) else value)
+            if isinstance(value, Blob):
+                externals.add(i)
+        history[table.version] = Model(dict(rows), external=frozenset(externals))
+    open_table(uri).delete("id % 11 = 3")
+    rows = {i: v for i, v in rows.items() if i % 11 != 3}
+    model = Model(rows, external=frozenset(externals))
+    history[open_table(uri).version] = model
+    return Built(uri, mode, model, media, history)
+
+
+def rows_of(table_rows: list[dict], model: Model) -> dict[int, tuple[int | None, bytes | None]]:
+    return {r["id"]: (r[model.label] if model.label else None, r[model.blob]) for r in table_rows}
+
+
+def expected(model: Model) -> dict[int, tuple[int | None, bytes | None]]:
+    return {i: (label if model.label else None, v) for i, (label, v) in model.rows.items()}
+
+
+def read_blobhouse(uri: str, model: Model, **where) -> dict:
+    table = open_table(uri, **where)
+    return rows_of(table.to_arrow(blobs="bytes").to_pylist(), model)
+
+
+def read_stock(path: str, model: Model, version=None) -> dict:
+    dataset = lance.dataset(path, version=version)
+    columns = ["id", model.label] if model.label else ["id"]
+    plain = dataset.to_table(columns=columns).to_pylist()
+    pairs = dataset.read_blobs(model.blob, indices=list(range(len(plain))), preserve_order=True)
+    return {
+        r["id"]: (r[model.label] if model.label else None, payload)
+        for r, (_, payload) in zip(plain, pairs, strict=True)
+    }
+
+
+def check(built: Built, step: str) -> None:
+    """Identical bytes through blobhouse and stock pylance, honest verify and stats."""
+    uri, model = built.uri, built.model
+    want = expected(model)
+    assert read_blobhouse(uri, model) == want, f"{step}: blobhouse"
+    assert read_stock(uri, model) == want, f"{step}: stock pylance"
+    table = open_table(uri)
+    report = table.verify(deep=True)
+    assert report["problems"] == [], f"{step}: verify"
+    assert report["hashed"] + report["unhashed"] > 0  # files Lance rewrote carry no hashes
+    stats = table.stats()
+    assert stats["rows"] == len(model.rows), f"{step}: stats rows"
+    assert stats["logical_bytes"] == model.stored_bytes(), f"{step}: stats logical bytes"
+    if built.branch is not None:
+        branch = built.branch
+        assert read_blobhouse(uri, branch, branch="exp") == expected(branch), f"{step}: branch"
+        assert read_stock(f"{uri}/tree/exp", branch) == expected(branch), f"{step}: stock branch"
+    if built.tag is not None:
+        name, tagged = built.tag
+        assert read_blobhouse(uri, tagged, version=name) == expected(tagged), f"{step}: tag"
+
+
+def maintain(built: Built) -> None:
+    """blobhouse compaction and gc, each followed by the checks; sharing is back after the
+    compaction, indices cover every row, and gc leaves nothing unreferenced."""
+    uri = built.uri
+    unindexed = unindexed_rows(built)
+    open_table(uri).compact()
+    check(built, "after blobhouse compact")
+    stats = open_table(uri).stats()
+    if stats["fragments"] == 1:  # one new file: each distinct payload stored once again
+        assert stats["physical_bytes"] <= built.model.unique_bytes() + 4096
+    if built.index is not None:  # every row the index covered before, it covers now
+        assert unindexed_rows(built) <= unindexed, "index after compaction"
+    report = open_table(uri).gc(retain_versions=1, grace=timedelta(0))
+    assert report["retained_versions"][-1] == open_table(uri).version
+    # store packs no version uses are retired by one run and reaped by the next
+    again = open_table(uri).gc(grace=timedelta(0))
+    assert again["reaped_packs"] == report["retired_packs"]
+    check(built, "after blobhouse gc")
+    assert open_table(uri).stats()["orphan_files"] == 0
+    if built.branch is None and built.tag is None:  # one version left: every row counted once
+        verified = open_table(uri).verify(deep=True)
+        live = [(i, v) for i, (_, v) in built.model.rows.items() if v is not None]
+        external = sum(i in built.model.external for i, _ in live)
+        # blobhouse rewrote every file Lance wrote: each stored payload has its hash again
+        assert (verified["hashed"], verified["unhashed"]) == (len(live) - external, external)
+
+
+def unindexed_rows(built: Built) -> int:
+    """Live rows the operation's index does not cover (0 for no index)."""
+    if built.index is None:
+        return 0
+    stats = lance.dataset(built.uri).stats.index_stats(built.index)
+    assert stats["num_indexed_rows"] + stats["num_unindexed_rows"] == len(built.model.rows)
+    return stats["num_unindexed_rows"]
+
+
+def lance_blobs(values: list[bytes | None]) -> pa.Array:
+    return lance_blob_array(values)
+
+
+def stock_rows(ids: list[int], labels: list[int], values: list[bytes]) -> pa.Table:
+    vectors = np.random.default_rng(ids[0] + 7).random((len(ids), DIM), dtype=np.float32)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "label": pa.array(labels, pa.int64()),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM),
+            "b": lance_blobs(values),
+        }
+    )
+
+
+# ---- the operations: each applies itself with stock tools and updates the model ------------
+
+
+def update(built: Built) -> None:
+    lance.dataset(built.uri).update({"label": "label + 1"}, where="id % 2 = 0")
+    rows = {i: (label + (1 - i % 2), v) for i, (label, v) in built.model.rows.items()}
+    built.model = replace(built.model, rows=rows)
+
+
+def merge_insert(built: Built) -> None:
+    present = sorted(built.model.rows)[:3]
+    new = [10_000, 10_001]
+    values = [SHARED, os.urandom(2_000), SHARED_SMALL, DEDICATED, SHARED]
+    source = stock_rows(present + new, [-1] * 5, values)
+    lance.dataset(built.uri).merge_insert(
+        "id"
+    ).when_matched_update_all().when_not_matched_insert_all().execute(source)
+    rows = dict(built.model.rows)
+    for i, value in zip(present + new, values, strict=True):
+        rows[i] = (-1, value)
+    built.model = replace(built.model, rows=rows, external=built.model.external - set(present))
+
+
+def add_columns(built: Built) -> None:
+    lance.dataset(built.uri).add_columns({"double": "id * 2"})
+
+
+def alter_columns(built: Built) -> None:
+    lance.dataset(built.uri).alter_columns(
+        {"path": "b", "name": "media"}, {"path": "label", "name": "tag"}
+    )
+    built.model = replace(built.model, blob="media", label="tag")
+
+
+def drop_columns(built: Built) -> None:
+    lance.dataset(built.uri).drop_columns(["label"])
+    built.model = replace(built.model, label=None)
+
+
+def scalar_index(built: Built) -> None:
+    lance.dataset(built.uri).create_scalar_index("id", "BTREE")
+    built.index = "id_idx"
+
+
+def vector_index(built: Built) -> None:
+    lance.dataset(built.uri).create_index("vec", "IVF_PQ", num_partitions=1, num_sub_vectors=2)
+    built.index = "vec_idx"
+
+
+def compact_files(built: Built) -> None:
+    lance.dataset(built.uri).optimize.compact_files()
+
+
+def cleanup(built: Built) -> None:
+    lance.dataset(built.uri).cleanup_old_versions(older_than=timedelta(0))
+
+
+def cleanup_unverified(built: Built) -> None:
+    lance.dataset(built.uri).cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+
+
+def restore(built: Built) -> None:
+    version = sorted(built.history)[1]
+    lance.dataset(built.uri, version=version).restore()
+    built.model = built.history[version]
+
+
+def tag(built: Built) -> None:
+    version = sorted(built.history)[0]
+    lance.dataset(built.uri).tags.create("first", version)
+    built.tag = ("first", built.history[version])
+
+
+def branch(built: Built) -> None:
+    dataset = lance.dataset(built.uri)
+    made = dataset.create_branch("exp", dataset.version)
+    extra = {20_000: SHARED, 20_001: os.urandom(70_000)}
+    lance.write_dataset(
+        stock_rows(list(extra), [0, 0], list(extra.values())), made.uri, mode="append"
+    )
+    rows = dict(built.model.rows)
+    rows.update({i: (0, v) for i, v in extra.items()})
+    built.branch = replace(built.model, rows=rows)
+
+
+def lancedb_optimize(built: Built) -> None:
+    folder, name = os.path.split(built.uri)
+    table = lancedb.connect(folder).open_table(name.removesuffix(".lance"))
+    table.optimize(cleanup_older_than=timedelta(0))
+
+
+OPERATIONS: list[Callable[[Built], None]] = [
+    update,
+    merge_insert,
+    add_columns,
+    alter_columns,
+    drop_columns,
+    scalar_index,
+    vector_index,
+    compact_files,
+    cleanup,
+    cleanup_unverified,
+    restore,
+    tag,
+    branch,
+    lancedb_optimize,
+]
+
+
+@pytest.mark.filterwarnings("ignore:optimize\\(cleanup_older_than=0\\)")
+@pytest.mark.parametrize("operation", OPERATIONS, ids=lambda op: op.__name__)
+def test_a_lance_operation_then_blobhouse(built: Built, operation):
+    check(built, "as built")
+    operation(built)
+    check(built, f"after {operation.__name__}")
+    maintain(built)
