@@ -56,8 +56,10 @@ class TableLocation:
         uri = os.fspath(uri)
         if not isinstance(uri, str) or not uri:
             raise InvalidInputError(f"a table location must be a path or URI, got {uri!r}")
-        if branch is not None and (not isinstance(branch, str) or not branch or branch == "main"):
-            raise InvalidInputError(f"branch must be a branch name (not 'main'), got {branch!r}")
+        if branch == "main":  # Lance's name for the default branch
+            branch = None
+        if branch is not None and (not isinstance(branch, str) or not branch.strip("/")):
+            raise InvalidInputError(f"branch must be a branch's name, got {branch!r}")
         if is_local(uri):
             root = os.path.abspath(uri_to_path(uri))
         else:

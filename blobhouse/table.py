@@ -491,7 +491,7 @@ class Table:
         main)."""
         location = self.location
         if branch is not None:
-            location = location.on(None if branch == "main" else branch)
+            location = TableLocation.of(location.root, branch, self.storage_options)
         return open_table(location.root, version, self.storage_options, branch=location.branch)
 
     def relocate(self) -> Table:

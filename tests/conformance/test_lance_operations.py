@@ -12,6 +12,7 @@ intact and blobhouse's compaction shares it again (checked below). ``BLOBHOUSE_C
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -199,6 +200,8 @@ def maintain(built: Built) -> None:
         assert stats["physical_bytes"] <= built.model.unique_bytes() + 4096
     if built.index is not None:  # every row the index covered before, it covers now
         assert unindexed_rows(built) <= unindexed, "index after compaction"
+    # the writes above ended moments ago: their leases would keep their files for 30 s more
+    shutil.rmtree(os.path.join(uri, "_leases"), ignore_errors=True)
     report = open_table(uri).gc(retain_versions=1, grace=timedelta(0))
     assert report["retained_versions"][-1] == open_table(uri).version
     # store packs no version uses are retired by one run and reaped by the next
