@@ -298,15 +298,21 @@ def _write_plan(schema: pa.Schema, plan: BackfillPlan):
 
 
 def _new_field_id(dataset: LanceDataset, column: str) -> int:
-    """The id Lance gives a column appended to the schema; refused if ids are not dense."""
+    """The id Lance gives a column appended to the schema in a ``Merge``; refused where Lance
+    would refuse it: when ids are not dense, or a dropped column's id is still reserved."""
     current = dataset.lance_schema
     appended = LanceSchema.from_pyarrow(dataset.schema.append(lance_blob_field(column)))
-    if _ids(current.fields()) != _ids(appended.fields()[:-1]):
+    new_id = appended.fields()[-1].id()
+    # a dropped column keeps its id while a data file still holds it
+    held = [i for f in dataset.get_fragments() for d in f.metadata.files for i in d.fields]
+    if _ids(current.fields()) != _ids(appended.fields()[:-1]) or new_id <= max(held, default=-1):
         raise SchemaError(
-            "this table's field ids have gaps (columns were dropped); backfilling a new column "
-            "needs them dense"
+            f"a column was dropped from this table, and Lance keeps its field id reserved, so "
+            f"new column {column!r} cannot be added in the same commit as its data. Add it "
+            f"first, then backfill it: lance.dataset(uri).add_columns("
+            f"lance.blob.blob_field({column!r}))"
         )
-    return appended.fields()[-1].id()
+    return new_id
 
 
 def _ids(fields) -> list[int]:
@@ -323,9 +329,10 @@ def _file_layout(dataset: LanceDataset, column: str) -> tuple[int, ...]:
     layouts = set()
     for fragment in dataset.get_fragments():
         holding = [f for f in fragment.metadata.files if field_id in f.fields]
-        if len(holding) != 1:
+        if len(holding) > 1:
             raise SchemaError(f"fragment {fragment.fragment_id} has no single file for {column!r}")
-        layouts.add(tuple(holding[0].fields))
+        # a column added by Lance's add_columns has no file yet: the new file holds it alone
+        layouts.add(tuple(holding[0].fields) if holding else (field_id,))
     if len(layouts) != 1:
         raise SchemaError(f"column {column!r} is stored in differently shaped files per fragment")
     return layouts.pop()

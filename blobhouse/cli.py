@@ -294,20 +294,21 @@ def _compact(args: argparse.Namespace) -> int:
 
 
 def _relocate(args: argparse.Namespace) -> int:
+    from blobhouse.maintenance.walk import VersionGraph
+
     table = _open(args)
-    branches = [None, *table.branches()]
-    moved = {
-        b: t.moved_from
-        for b in branches
-        if (t := table.checkout(None, branch=b or "main")).moved_from is not None
-    }
-    if not moved:
-        print(f"{args.table}: already in place, nothing to relocate")
-        return 0
-    table.relocate()
+    graph = VersionGraph.of(table)
+    latest = [table.checkout(None, branch=b or "main") for b in {r.branch for r in graph.versions}]
+    moved = {t.branch: t.moved_from for t in latest if t.moved_from is not None}
+    if moved:
+        table.relocate()
     for branch, old in moved.items():
         print(f"{args.table}: relocated the store of {branch or 'main'} from {old}")
-    return 0
+    for branch, reason in graph.unreadable:
+        print(f"{args.table}: branch {branch} cannot be relocated: {reason}")
+    if not moved and not graph.unreadable:
+        print(f"{args.table}: already in place, nothing to relocate")
+    return 1 if graph.unreadable else 0
 
 
 class ProgressBar:

@@ -16,6 +16,7 @@ read as they are, as Lance does.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from lance import LanceDataset
@@ -28,6 +29,8 @@ TREE_DIR = "tree"
 REFS_DIR = "_refs"
 STORE_DIR = "_blobs"
 STORE_BASE_NAME = "blobhouse-store"  # a relocated store's base is named "<this>@<n>"
+# what Lance accepts as a branch name
+BRANCH_NAME = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,13 @@ class TableLocation:
             raise InvalidInputError(f"a table location must be a path or URI, got {uri!r}")
         if branch == "main":  # Lance's name for the default branch
             branch = None
-        if branch is not None and (not isinstance(branch, str) or not branch.strip("/")):
-            raise InvalidInputError(f"branch must be a branch's name, got {branch!r}")
+        if branch is not None and (
+            not isinstance(branch, str) or not BRANCH_NAME.fullmatch(branch)
+        ):
+            raise InvalidInputError(
+                f"branch must be a branch name (letters, digits, '.', '-', '_', segments "
+                f"joined by single '/'), got {branch!r}"
+            )
         if is_local(uri):
             root = os.path.abspath(uri_to_path(uri))
         else:
@@ -125,7 +133,10 @@ def _branch_of(root: str, storage_options: StorageOptions | None) -> tuple[str, 
         if parts[at] != TREE_DIR:
             continue
         table, name = "/".join(parts[:at]), "/".join(parts[at + 1 :])
-        record = as_uri(f"{table}/{REFS_DIR}/branches/{name}.json")
+        if not BRANCH_NAME.fullmatch(name):
+            continue
+        # Lance names a branch's record after the branch, "/" written as %2F
+        record = as_uri(f"{table}/{REFS_DIR}/branches/{name.replace('/', '%2F')}.json")
         try:
             if object_store(record, storage_options).size(record) is not None:
                 return table, name

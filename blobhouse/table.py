@@ -362,7 +362,7 @@ def open_table(
     """
     storage_options = checked_options(storage_options)
     location = TableLocation.of(uri, branch, storage_options)
-    if isinstance(version, str) and not version.isdigit():
+    if isinstance(version, str):
         location, version = _tagged(location, version, storage_options)
     elif version is not None:
         version = _version_number(version)
@@ -387,20 +387,23 @@ def _version_number(version: object) -> int:
     if isinstance(version, bool) or not isinstance(version, int | str):
         raise InvalidInputError(f"version must be a number or a tag name, got {version!r}")
     number = int(version)
-    if number < 1:
-        raise InvalidInputError(f"versions start at 1, got {version!r}")
+    if not 1 <= number < 2**63:
+        raise InvalidInputError(f"versions are numbered from 1 (a 64-bit number), got {version!r}")
     return number
 
 
 def _tagged(
     location: TableLocation, tag: str, storage_options: dict[str, str] | None
 ) -> tuple[TableLocation, int]:
-    """The branch and version tag ``tag`` points at."""
+    """The branch and version tag ``tag`` points at; a string of digits that names no tag is
+    a version number."""
     dataset = _open_dataset(location.on(None), None, storage_options)
     if dataset is None:
         raise TableNotFoundError(f"no table at {location.root}")
     tags = dataset.tags.list()
     if tag not in tags:
+        if tag.isdigit():
+            return location, _version_number(tag)
         raise TableNotFoundError(
             f"no tag {tag!r} in {location.root} (tags: {sorted(tags) or 'none'})"
         )
@@ -500,7 +503,12 @@ class Table:
         follow the store path a manifest records; blobhouse reads the table's own store either
         way, and its writes relocate first). Returns this table at its new version."""
         for branch in [None, *self.branches()]:
-            on = self.checkout(None, branch=branch or "main")
+            try:
+                on = self.checkout(None, branch=branch or "main")
+            except BlobhouseError:
+                if branch is None:
+                    raise
+                continue  # made before a move: Lance cannot repoint it (verify says so)
             relocate_store(on.dataset, on.location, self.storage_options)
         return self.checkout(None)
 

@@ -92,3 +92,23 @@ def test_a_partial_compaction_remaps_only_what_it_rewrote(table_uri):
     assert sorted(open_table(table_uri).to_arrow(["id"])["id"].to_pylist()) == live
     assert indexed_rows(table_uri) == {"id_idx": len(live), "vec_idx": len(live)}
     assert_lookups_right(table_uri, live)
+
+
+def test_fragments_an_index_covers_are_never_grouped_with_ones_it_does_not(table_uri):
+    """Rows appended after an index was built: Lance refuses a rewrite group that an index
+    covers in part, so each is compacted with its own kind (as Lance's compact_files does)."""
+    rng = np.random.default_rng(5)
+    for start in (0, 100):
+        append(table_uri, start, 100, rng)
+    lance.dataset(table_uri).create_scalar_index("id", "BTREE")
+    for start in (200, 300):
+        append(table_uri, start, 100, rng)
+    version = open_table(table_uri).version
+    report = open_table(table_uri).compact()
+    assert report["fragments_removed"] == 4 and report["fragments_added"] == 2
+    assert open_table(table_uri).version > version
+    live = list(range(400))
+    assert sorted(open_table(table_uri).to_arrow(["id"])["id"].to_pylist()) == live
+    assert indexed_rows(table_uri)["id_idx"] == 200  # what it covered, it covers
+    for i in (5, 150, 250, 399):
+        assert lance.dataset(table_uri).to_table(filter=f"id = {i}")["id"].to_pylist() == [i]

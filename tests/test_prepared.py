@@ -8,6 +8,7 @@ import os
 import lance
 import pyarrow as pa
 import pytest
+from lance.blob import blob_field as lance_blob_field
 
 import blobhouse.spark as bs
 from blobhouse import (
@@ -188,6 +189,25 @@ def test_backfill_replaces_an_existing_column(table_uri):
     assert stock_read(table_uri, "img") == [b"new-n%d" % i for i in range(6)]
     assert updated.to_arrow(columns=["id"]).column("id").to_pylist() == list(range(6))
     assert open_table(table_uri, version=1).read_blobs("img", [0]) == [b"old"]
+
+
+def test_backfill_after_a_column_was_dropped(fragmented):
+    """Lance reserves a dropped column's field id: a new column cannot be added with its data
+    in one Merge. The error says what to do, and that works: the column Lance added (all null,
+    no files) is filled by DataReplacement."""
+    uri = fragmented.dataset.uri
+    data = pa.table({"id": pa.array(range(9), pa.int64()), "name": [f"n{i}" for i in range(9)]})
+    write_table(data.append_column("extra", pa.array(range(9))), uri, mode="overwrite")
+    lance.dataset(uri).drop_columns(["extra"])  # its data stays in the files: its id too
+    version = open_table(uri).version
+    with pytest.raises(SchemaError, match="add_columns"):
+        open_table(uri).backfill_blob_column("img", render)
+    assert open_table(uri).version == version
+    lance.dataset(uri).add_columns(lance_blob_field("img"))
+    updated = open_table(uri).backfill_blob_column("img", render)
+    names = updated.to_arrow(columns=["name"]).column("name").to_pylist()
+    assert updated.read_blobs("img", range(len(names))) == render(pa.record_batch({"name": names}))
+    assert stock_read(uri, "img") == render(pa.record_batch({"name": names}))
 
 
 def test_failed_backfill_leaves_the_table_unchanged(fragmented):

@@ -80,19 +80,42 @@ def test_a_copied_table_reads_at_its_new_place(moved):
     assert fingerprint(away) == before
 
 
-def test_a_branch_made_before_a_move_is_refused_not_read_at_the_old_place(tmp_path):
+def test_a_branch_made_before_a_move_is_refused_and_kept_whole(tmp_path, capsys):
+    from blobhouse.cli import main
+
     orig, copy = tmp_path / "orig", tmp_path / "copy"
     content = build(orig)
     lance.dataset(str(orig)).create_branch("exp", 2)
+    extra = {9: os.urandom(60_000)}
+    write_table(rows(extra, extra.values()), str(orig), mode="append", branch="exp")
     shutil.copytree(orig, copy)  # the original stays: reading it would give its bytes
     with pytest.raises(BlobhouseError, match=r"branch 'exp' .* was made when the table was at"):
         open_table(str(copy), branch="exp")
-    with pytest.raises(BlobhouseError, match="branch 'exp'"):
-        open_table(str(copy)).gc(grace=timedelta(0))  # it cannot mark what the branch uses
-    lance.dataset(str(copy)).branches.delete("exp")
-    assert open_table(str(copy)).gc(retain_versions=1, grace=timedelta(0))["dry_run"] is False
+    # main is still maintained; what the branch may use (its directory, the store) is kept
+    branch_files = fingerprint(copy / "tree" / "exp")
+    open_table(str(copy)).delete("id = 0")
+    assert open_table(str(copy)).compact()["fragments_removed"] == 2
+    report = open_table(str(copy)).gc(retain_versions=1, grace=timedelta(0))
+    assert report["kept_unreadable"] == ["_blobs/packs/", "tree/exp/"]
+    assert report["retired_packs"] == report["reaped_packs"] == 0
+    assert fingerprint(copy / "tree" / "exp") == branch_files
+    del content[0]
     assert read_all(str(copy)) == content
-    assert read_all(str(orig), branch="exp") == content
+    verified = open_table(str(copy)).verify(deep=True)
+    assert [p["branch"] for p in verified["problems"]] == ["exp"]
+    assert open_table(str(copy)).stats()["rows"] == 5
+    assert main(["relocate", str(copy)]) == 1
+    out = capsys.readouterr().out
+    # main's store was pointed home by the compaction, its first write here
+    assert "branch exp cannot be relocated" in out and "of main" not in out
+    lance.dataset(str(copy)).branches.delete("exp")
+    assert open_table(str(copy)).verify(deep=True)["problems"] == []
+    assert read_all(str(orig), branch="exp") == {**build_content_of(orig), **extra}
+
+
+def build_content_of(root: Path) -> dict[int, bytes]:
+    """What version 2 of the table at ``root`` holds (the branch's parent)."""
+    return read_all(str(root), version=2)
 
 
 def test_the_first_write_points_the_store_home(moved):

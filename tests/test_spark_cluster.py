@@ -33,6 +33,14 @@ clips = spark.createDataFrame([(i, b"clip-%d" % (i % 3) * 40_000) for i in range
                               "id long, clip binary")
 bs.write_table(clips, "rel/clips", blob_columns=["clip"], dedup="global", partitions=3)
 bs.backfill_blob_column(spark, "rel/clips", "preview", lambda b: [b"p%d" % i for i in b["id"]])
+os.makedirs("media", exist_ok=True)
+for i in range(3):
+    with open(f"media/{i}.bin", "wb") as f:
+        f.write(b"media-%d" % i * 1000)
+with open("media/manifest.jsonl", "w") as f:  # file paths relative to the manifest
+    f.writelines(json.dumps({"id": i, "file": f"{i % 3}.bin"}) + chr(10) for i in range(6))
+from blobhouse.spark.ingest import ingest
+ingest(spark, "media/manifest.jsonl", "rel/ingested", ["file"])
 open_table(table).delete("frame % 2 = 1")
 compacted = bs.compact(spark, table)
 verified = bs.verify(spark, table, deep=True)
@@ -44,6 +52,7 @@ print(json.dumps({
     "clips": open_table("rel/clips").stats()["columns"]["clip"]["physical_bytes"],
     "previews": open_table("rel/clips").to_arrow(["preview"], filter="id = 4", blobs="bytes")[
         "preview"].to_pylist(),
+    "ingested": open_table("rel/ingested").stats()["columns"]["file"]["physical_bytes"],
     "compacted": compacted["fragments_removed"],
     "problems": verified["problems"],
     "hashed": verified["hashed"],
@@ -80,6 +89,7 @@ def test_main_job_and_services_on_a_standalone_cluster(tmp_path: Path):
     assert (done["rows"], done["first_frames"]) == (90, 3)
     assert done["clips"] == 3 * 40_000 * len(b"clip-0")  # three distinct clips, once each
     assert done["previews"] == [repr(b"p4")]
+    assert done["ingested"] == 3 * len(b"media-0") * 1000  # three files, each stored once
     assert done["compacted"] >= 1 and done["problems"] == [] and done["hashed"] > 0
     assert len(done["gc_versions"]) == 1
     table = tmp_path / "rel" / "episodes"

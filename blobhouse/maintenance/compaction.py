@@ -144,6 +144,7 @@ def plan_compaction(
     forced = usage.fragments_using(repack)
     groups: list[CompactionGroup] = []
     run = _Run()
+    indexed = _index_coverage(table)
 
     def close(run: _Run) -> _Run:
         groups.extend(run.groups(table))
@@ -163,6 +164,8 @@ def plan_compaction(
                 # Lance remaps indices from old row addresses in ascending order to the new
                 # rows in order: a group's fragments must keep ascending ids
                 or metadata.id < run.ids[-1]
+                # and it refuses a group some index covers in part
+                or indexed.get(metadata.id) != indexed.get(run.ids[-1])
             ):
                 run = close(run)
             run.add(metadata.id, live, physical - live, size, live_bytes, metadata.id in forced)
@@ -178,6 +181,16 @@ def plan_compaction(
         target_bytes=target_bytes,
         name_prefix=f"compact-{uuid.uuid4().hex[:12]}-",
     )
+
+
+def _index_coverage(table: Table) -> dict[int, frozenset[str]]:
+    """For each indexed fragment, the index segments that cover it."""
+    covering: dict[int, set[str]] = {}
+    for index in table.dataset.describe_indices():
+        for segment in index.segments:
+            for fragment_id in segment.fragment_ids:
+                covering.setdefault(fragment_id, set()).add(segment.uuid)
+    return {fragment_id: frozenset(uuids) for fragment_id, uuids in covering.items()}
 
 
 @dataclass

@@ -18,11 +18,15 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from blobhouse import leases
-from blobhouse.errors import BlobhouseError
+from blobhouse.errors import BlobhouseError, InvalidInputError
+from blobhouse.layout import TREE_DIR
 from blobhouse.maintenance.walk import (
     FragmentState,
     Progress,
+    VersionGraph,
     fragment_references,
     fragment_states,
     opened_states,
@@ -47,22 +51,38 @@ _PACKS = f"{STORE_DIR}/{PACKS_DIR}"
 
 def referenced_paths(table: Table, state: FragmentState) -> set[str]:
     """Paths, relative to the table root, of the data files, sidecars and store packs one
-    fragment state uses; ``table`` is opened at ``state.ref``."""
+    fragment state uses; ``table`` is opened at ``state.ref``.
+
+    A data file the version names may be gone (Lance's cleanup has been seen removing the files
+    of a version it keeps): what it referenced cannot be read, so its sidecar directory and the
+    whole store are marked (entries ending in ``/``: everything under them is kept)."""
     prefix = f"{table.uri}/"
     referenced = {uri.removeprefix(prefix) for uri in state.data_files if uri.startswith(prefix)}
-    for batch in fragment_references(table, state.fragment_id):
-        referenced.update(
-            uri.removeprefix(prefix)
-            for uri in batch.refs.field("uri").unique().to_pylist()
-            if uri.startswith(prefix)
-        )
+    try:
+        for batch in fragment_references(table, state.fragment_id):
+            referenced.update(
+                uri.removeprefix(prefix)
+                for uri in batch.refs.field("uri").unique().to_pylist()
+                if uri.startswith(prefix)
+            )
+    except (OSError, ValueError, pa.ArrowException):
+        store = object_store(table.uri, table.storage_options)
+        missing = [uri for uri in state.data_files if store.size(uri) is None]
+        if not missing:
+            raise
+        referenced |= {f"{uri.removeprefix(prefix).removesuffix('.lance')}/" for uri in missing} | {
+            f"{_PACKS}/"
+        }
     return referenced
 
 
 def mark(table: Table, progress: Progress | None = None) -> set[str]:
-    """Every path (relative to the table root) that a retained version references."""
-    states = fragment_states(table)
-    referenced: set[str] = set()
+    """Every path (relative to the table root) that a retained version of any branch
+    references; a branch that cannot be read where the table is now keeps its directory and
+    the whole store (entries ending in ``/``)."""
+    graph = VersionGraph.of(table)
+    states = fragment_states(table, list(graph.versions))
+    referenced = unreadable_marks(graph)
     for done, (at, state) in enumerate(opened_states(table, states)):
         if progress:
             progress("mark", done, len(states))
@@ -72,10 +92,34 @@ def mark(table: Table, progress: Progress | None = None) -> set[str]:
     return referenced
 
 
+def unreadable_marks(graph: VersionGraph) -> set[str]:
+    """What branches that cannot be read keep: their directory and the whole store."""
+    if not graph.unreadable:
+        return set()
+    return {f"{TREE_DIR}/{name}/" for name, _ in graph.unreadable} | {f"{_PACKS}/"}
+
+
+class Marked:
+    """The result of a mark: paths, and directories (ending in ``/``) kept whole."""
+
+    def __init__(self, paths: Iterable[str]) -> None:
+        self.paths = set(paths)
+        self.dirs = tuple(sorted(p for p in self.paths if p.endswith("/")))
+
+    def __contains__(self, path: str) -> bool:
+        return path in self.paths or path.startswith(self.dirs)
+
+    @property
+    def kept_whole(self) -> list[str]:
+        """Directories kept because what references them could not be read."""
+        return list(self.dirs)
+
+
 def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
-    """Files the table owns (under ``data/`` and the store's ``_blobs/packs/``) that no retained
-    version references: leftovers of writes that never committed, or of versions already
-    removed. ``paths`` are local paths for local tables, URIs for tables on object stores.
+    """Files the table owns (under ``data/``, branches' ``tree/<name>/data/`` and the store's
+    ``_blobs/packs/``) that no retained version references: leftovers of writes that never
+    committed, or of versions already removed. ``paths`` are local paths for local tables,
+    URIs for tables on object stores.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -83,9 +127,9 @@ def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
     >>> orphans(t)["files"]
     0
     """
-    referenced = set(mark(table) if referenced is None else referenced)
+    marked = Marked(mark(table) if referenced is None else referenced)
     owned = _TableFiles(table)
-    found = sorted(p for p in owned.objects if p not in referenced)
+    found = sorted(p for p in owned.objects if p not in marked)
     return {
         "files": len(found),
         "bytes": sum(owned.objects[p].size for p in found),
@@ -125,6 +169,7 @@ def gc(
     >>> gc(t, dry_run=True)["removed_files"]
     0
     """
+    _check_retention(retain_versions, older_than, grace)
     removed_versions: list[int] = []
     kept_tagged: list[int] = []
     if retain_versions is not None or older_than is not None:
@@ -143,7 +188,10 @@ def gc(
     # files staged after this instant may belong to a write that commits after the mark
     mark_started = store.now(table.uri)
     cutoff = mark_started - grace.total_seconds()
-    marked = referenced(table) if referenced is not None else mark(table, progress)
+    if referenced is not None:  # Spark marks what can be read; the rest is kept whole here
+        marked = Marked(referenced(table) | unreadable_marks(VersionGraph.of(table)))
+    else:
+        marked = Marked(mark(table, progress))
     owned = _TableFiles(table)
     packs = _StorePacks(table, marked, owned, cutoff)
     # writes that ran at any time since the mark began (including those that committed after
@@ -181,7 +229,8 @@ def gc(
         "kept_tagged_versions": kept_tagged,
         "removed_files": len(old) + len(packs.reap),
         "reclaimed_bytes": reclaimed,
-        "kept_referenced_files": len(marked),
+        "kept_referenced_files": len(marked.paths),
+        "kept_unreadable": marked.kept_whole,
         "kept_young_files": young,
         "retired_packs": len(packs.retire),
         "reaped_packs": len(packs.reap),
@@ -189,6 +238,27 @@ def gc(
         "aborted_uploads": aborted_uploads,
         "paths": [owned.location(p) for p in old + packs.reap_paths],
     }
+
+
+def _check_retention(
+    retain_versions: int | None, older_than: timedelta | None, grace: timedelta
+) -> None:
+    if retain_versions is not None and (
+        isinstance(retain_versions, bool)
+        or not isinstance(retain_versions, int)
+        or not 1 <= retain_versions < 2**63
+    ):
+        raise InvalidInputError(
+            f"retain_versions must be a whole number of versions, 1 or more, got "
+            f"{retain_versions!r}"
+        )
+    for name, value in (("older_than", older_than), ("grace", grace)):
+        if value is None and name == "older_than":
+            continue
+        if not isinstance(value, timedelta) or value < timedelta(0):
+            raise InvalidInputError(
+                f"{name} must be a datetime.timedelta of 0 or more, got {value!r}"
+            )
 
 
 def _kept_for_tags(table: Table, removed: list[int]) -> list[int]:
@@ -261,15 +331,21 @@ class _StorePacks:
     tombstone and committed after the mark that retired it): then it is *resurrected*.
     """
 
-    def __init__(self, table: Table, marked: set[str], owned: _TableFiles, cutoff: float) -> None:
+    def __init__(self, table: Table, marked: Marked, owned: _TableFiles, cutoff: float) -> None:
         self.table_path, self.options = table.location.root, table.storage_options
         self.owned = owned
-        referenced = {p.removeprefix(f"{STORE_DIR}/") for p in marked if p.startswith(STORE_DIR)}
         packs = indexed_packs(self.table_path, self.options)
+        tombstones = retired_packs(self.table_path, self.options)
+        if f"{_PACKS}/x" in marked:  # the store is kept whole: retire and reap nothing
+            self.indexed = {f"{STORE_DIR}/{p}" for p in packs}
+            self.unreferenced_indexed, self.retire, self.resurrect, self.reap = [], [], [], []
+            return
+        referenced = {
+            p.removeprefix(f"{STORE_DIR}/") for p in marked.paths if p.startswith(STORE_DIR)
+        }
         self.indexed = {f"{STORE_DIR}/{p}" for p in packs}
         self.unreferenced_indexed = sorted(packs - referenced)
         self.retire = [p for p in self.unreferenced_indexed if self._mtime(p) < cutoff]
-        tombstones = retired_packs(self.table_path, self.options)
         due = [p for p, retired_at in tombstones.items() if retired_at < cutoff]
         self.resurrect = [p for p in due if p in referenced]
         # a pack still in the index (its retirement could not update it) is retired again

@@ -16,11 +16,10 @@ from blobhouse.maintenance.walk import (
     FragmentState,
     Progress,
     ReferenceBatch,
-    VersionRef,
+    VersionGraph,
     fragment_references,
     fragment_states,
     opened_states,
-    retained_versions,
 )
 from blobhouse.placement import MiB
 from blobhouse.rangeio import BlobRef, read_ranges
@@ -166,17 +165,18 @@ def _verdict_key(ref: BlobRef, expected: bytes) -> tuple[str, int, int, bytes]:
 
 def verify(
     table: Table,
-    versions: list[VersionRef] | None = None,
+    graph: VersionGraph | None = None,
     *,
     deep: bool = False,
     progress: Progress | None = None,
 ) -> dict:
-    """Check that every blob reference of every retained version of every branch (or of
-    ``versions``) resolves to an existing object with its range inside it; ``deep`` also
+    """Check that every blob reference of every retained version of every branch (or of the
+    versions of ``graph``) resolves to an existing object with its range inside it; ``deep`` also
     re-hashes every stored payload against the blake3 recorded at write time. Problems name
     branch, version, column, row (position among the version's rows) and uri. A table copied
     or moved whose manifest still names its old place is a problem too (blobhouse reads it
-    right; stock Lance readers would follow the old path until ``relocate``).
+    right; stock Lance readers would follow the old path until ``relocate``), and so is a
+    branch that cannot be read where the table is now.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -185,8 +185,8 @@ def verify(
     >>> report["problems"], report["hashed"]
     ([], 1)
     """
-    versions = versions or retained_versions(table)
-    states = fragment_states(table, versions)
+    graph = graph or VersionGraph.of(table)
+    states = fragment_states(table, list(graph.versions))
     checker = _Checker(table)
     reports = []
     for done, (at, state) in enumerate(opened_states(table, states)):
@@ -195,12 +195,12 @@ def verify(
         reports.append((state, verify_state(at, state, deep=deep, checker=checker)))
     if progress:
         progress("verify", len(states), len(states))
-    return summarize(table, versions, reports, deep=deep)
+    return summarize(table, graph, reports, deep=deep)
 
 
 def summarize(
     table: Table,
-    versions: list[VersionRef],
+    graph: VersionGraph,
     reports: Iterable[tuple[FragmentState, StateReport]],
     *,
     deep: bool,
@@ -220,7 +220,12 @@ def summarize(
                 Problem(ref.branch, ref.version, column, first_row + row, uri, reason)
                 for column, row, uri, reason in report.problems
             )
-    problems.extend(_placement_problems(table))
+    problems.extend(_placement_problems(table, graph))
+    problems.extend(
+        Problem(branch, 0, "", 0, "", f"branch not verified: {reason}")
+        for branch, reason in graph.unreadable
+    )
+    versions = graph.versions
     problems.sort(key=lambda p: (p.branch or "", p.version, p.column, p.row))
     branches: dict[str, list[int]] = {}
     for ref in versions:
@@ -239,11 +244,11 @@ def summarize(
     }
 
 
-def _placement_problems(table: Table) -> list[Problem]:
+def _placement_problems(table: Table, graph: VersionGraph) -> list[Problem]:
     """Branches whose latest manifest names the store at the table's old place (the table
     was copied or moved)."""
     problems = []
-    for branch in [None, *table.branches()]:
+    for branch in dict.fromkeys(ref.branch for ref in graph.versions):
         latest = table.checkout(None, branch=branch or "main")
         moved = latest.moved_from
         if moved is not None:

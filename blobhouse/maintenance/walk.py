@@ -75,28 +75,44 @@ class ReferenceBatch:
     refs: pa.StructArray
 
 
-def retained_versions(table: Table) -> list[VersionRef]:
-    """Every version Lance keeps, on main and on every branch (tagged versions among them).
+@dataclass(frozen=True)
+class VersionGraph:
+    """Every version Lance keeps, on main and on every branch (tagged versions among them), and
+    the branches that cannot be read where the table is now (name -> why): a branch made before
+    the table was moved reads its parent's files at the old place."""
 
-    >>> import tempfile, pyarrow as pa, lance
-    >>> from blobhouse import blob_array, write_table
-    >>> uri = tempfile.mkdtemp() + "/t"
-    >>> t = write_table(pa.table({"b": blob_array([b"x"])}), uri)
-    >>> _ = lance.dataset(uri).create_branch("exp", 1)
-    >>> [str(v) for v in retained_versions(t)]
-    ['main@1', 'exp@1']
-    """
-    branches = [None, *sorted(table.branches())]
-    refs: list[VersionRef] = []
-    for branch in branches:
-        on = table if branch == table.branch else table.checkout(None, branch=branch or "main")
-        refs.extend(VersionRef(branch, v["version"]) for v in on.versions())
-    return refs
+    versions: tuple[VersionRef, ...]
+    unreadable: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, table: Table) -> VersionGraph:
+        """The graph of ``table``'s versions.
+
+        >>> import tempfile, pyarrow as pa, lance
+        >>> from blobhouse import blob_array, write_table
+        >>> uri = tempfile.mkdtemp() + "/t"
+        >>> t = write_table(pa.table({"b": blob_array([b"x"])}), uri)
+        >>> _ = lance.dataset(uri).create_branch("exp", 1)
+        >>> [str(v) for v in VersionGraph.of(t).versions]
+        ['main@1', 'exp@1']
+        """
+        refs: list[VersionRef] = []
+        unreadable: list[tuple[str, str]] = []
+        for branch in [None, *sorted(table.branches())]:
+            try:
+                on = table.checkout(None, branch=branch or "main")
+            except BlobhouseError as exc:
+                if branch is None:
+                    raise
+                unreadable.append((branch, str(exc)))
+                continue
+            refs.extend(VersionRef(branch, v["version"]) for v in on.versions())
+        return cls(tuple(refs), tuple(unreadable))
 
 
 def fragment_states(table: Table, versions: list[VersionRef] | None = None) -> list[FragmentState]:
     """The distinct fragment states of ``versions`` (default: every retained version of every
-    branch).
+    branch that can be read).
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -108,7 +124,7 @@ def fragment_states(table: Table, versions: list[VersionRef] | None = None) -> l
     [(0, [('main@1', 0), ('main@2', 0)]), (1, [('main@2', 1)])]
     """
     found: dict[tuple, list] = {}
-    for ref in versions or retained_versions(table):
+    for ref in versions or VersionGraph.of(table).versions:
         first_row = 0
         at = open_version(table, ref)
         # what a version calls its blob columns is part of the state: problems are reported

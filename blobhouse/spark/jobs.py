@@ -37,7 +37,7 @@ from blobhouse.maintenance.compaction import (
 from blobhouse.maintenance.compaction import compact as compact_table
 from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, referenced_paths
 from blobhouse.maintenance.verification import summarize, verify_state
-from blobhouse.maintenance.walk import VersionRef, fragment_states, retained_versions
+from blobhouse.maintenance.walk import VersionGraph, VersionRef, fragment_states
 from blobhouse.table import Table, open_table
 
 Unit = TypeVar("Unit")
@@ -113,11 +113,11 @@ def verify(
     """:func:`blobhouse.maintenance.verification.verify` with a Spark task per fragment state
     (of every branch)."""
     table = open_table(uri, storage_options=storage_options)
-    versions = retained_versions(table)
-    states = fragment_states(table, versions)
+    graph = VersionGraph.of(table)
+    states = fragment_states(table, list(graph.versions))
     at = _Opener.of(table)
     reports = run_tasks(spark, states, lambda s: verify_state(at.open_ref(s.ref), s, deep=deep))
-    return summarize(table, versions, zip(states, reports, strict=True), deep=deep)
+    return summarize(table, graph, zip(states, reports, strict=True), deep=deep)
 
 
 def gc(
@@ -136,7 +136,7 @@ def gc(
     and the sweep run on the driver."""
 
     def mark(table: Table) -> set[str]:
-        states = fragment_states(table)
+        states = fragment_states(table)  # of the branches that can be read: gc keeps the rest
         at = _Opener.of(table)
         found = run_tasks(spark, states, lambda s: referenced_paths(at.open_ref(s.ref), s))
         return set().union(*found)
