@@ -46,6 +46,14 @@ def leaf_field_ids(lance_fields) -> list[int]:
     return ids
 
 
+def file_path(data_file) -> str:
+    """A Lance ``DataFile``'s path. ``DataFile.path`` defines a class on every access (a
+    callable str kept for compatibility, ~15 us): walking thousands of versions reads the
+    plain value it wraps."""
+    path = getattr(data_file, "_path", None)
+    return path if isinstance(path, str) else str(data_file.path)
+
+
 class ReferenceResolver:
     """Resolves descriptors of one dataset version into absolute references.
 
@@ -67,6 +75,8 @@ class ReferenceResolver:
         # (fragment, field id) -> (data file uri, the field's column in that file)
         self._files: dict[tuple[int, int], tuple[str, int]] = {}
         self._unreadable: dict[tuple[int, int], str] = {}
+        self._data_dir = f"{location.dataset_uri}/data"
+        self._located_files: dict[tuple[str, int | None], tuple[str, str | None]] = {}
         for fragment in dataset.get_fragments():
             for data_file in fragment.metadata.files:
                 uri, problem = self._data_file(data_file)
@@ -81,15 +91,21 @@ class ReferenceResolver:
     def _data_file(self, data_file) -> tuple[str, str | None]:
         """Where a data file of the manifest is: in this dataset's ``data/`` directory, or
         under a base path (a branch reading its parent's files); or why it cannot be read."""
-        if not DATA_FILE_NAME.fullmatch(data_file.path):
-            return "", f"its data file path {data_file.path!r} is not a plain file name"
-        if data_file.base_id is None:
-            return f"{self.location.dataset_uri}/data/{data_file.path}", None
-        base = self.base_paths.get(data_file.base_id)
+        key = (file_path(data_file), data_file.base_id)
+        if key not in self._located_files:
+            self._located_files[key] = self._place(*key)
+        return self._located_files[key]
+
+    def _place(self, path: str, base_id: int | None) -> tuple[str, str | None]:
+        if not DATA_FILE_NAME.fullmatch(path):
+            return "", f"its data file path {path!r} is not a plain file name"
+        if base_id is None:
+            return f"{self._data_dir}/{path}", None
+        base = self.base_paths.get(base_id)
         if base is None:
-            return "", f"its data file names base path {data_file.base_id}, which is not registered"
+            return "", f"its data file names base path {base_id}, which is not registered"
         folder = f"{base.uri}/data" if base.is_dataset_root else base.uri
-        return f"{folder}/{data_file.path}", None
+        return f"{folder}/{path}", None
 
     def locate(self, data_file) -> str:
         """The URI of one of the manifest's data files (Lance's ``DataFile``)."""
