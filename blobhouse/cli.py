@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from blobhouse.errors import BlobhouseError, InvalidInputError
@@ -149,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     except BlobhouseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `blobhouse stats T | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 0
 
 
 def _demo(args: argparse.Namespace) -> int:

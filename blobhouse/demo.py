@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,7 @@ ROW_SCHEMA = (
     "row long, episode long, frame long, timestamp_s double, video_chunk long, "
     "video binary, calibration binary, thumbnail binary"
 )
+DEMO_COLUMNS = [column.split()[0] for column in ROW_SCHEMA.split(", ")]
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,8 @@ def run_demo(
     data = EpisodeData(rows)
     tasks = max(1, min(data.chunks, spark.sparkContext.defaultParallelism * 2))
 
-    progress(f"writing {rows} frames ({data.chunks} video chunks) in {tasks} tasks to {out} ...")
+    chunks, parts = _count(data.chunks, "video chunk"), _count(tasks, "task")
+    progress(f"writing {rows} frames ({chunks}) in {parts} to {out} ...")
     started = time.perf_counter()
     frames = spark.range(data.chunks, numPartitions=tasks).mapInArrow(
         lambda ids: _generate(data, ids), ROW_SCHEMA
@@ -192,16 +195,32 @@ def run_demo(
 
 
 def _check_out(uri: str, options: StorageOptions | None) -> None:
-    """Refuse an ``--out`` that holds something other than a table (the demo overwrites its
-    own table, never someone's files)."""
-    if is_local(uri) and os.path.isfile(uri_to_path(uri)):
-        raise InvalidInputError(f"--out {uri} is a file; give a directory for the demo table")
+    """Refuse an ``--out`` that holds anything but a demo table (the demo overwrites its own
+    table, never someone's files or tables)."""
+    if is_local(uri):
+        path = uri_to_path(uri)
+        taken = next((p for p in [path, *Path(path).absolute().parents] if os.path.isfile(p)), None)
+        if taken is not None:
+            raise InvalidInputError(f"--out {uri}: {taken} is a file; give a directory")
     names = {info.name.split("/", 1)[0] for info in object_store(uri, options).list(uri)}
     if names and "_versions" not in names:
         raise InvalidInputError(
             f"--out {uri} holds other files ({', '.join(sorted(names)[:3])}); the demo writes "
             "its table to a new place or over its own table, never among other files"
         )
+    if names:
+        from blobhouse.table import open_table
+
+        columns = open_table(uri, storage_options=options).schema.names
+        if columns != DEMO_COLUMNS:
+            raise InvalidInputError(
+                f"--out {uri} is a table with other columns ({', '.join(columns[:4])}, ...), "
+                "not the demo's; the demo overwrites only its own table"
+            )
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _generate(data: EpisodeData, ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from blobhouse import open_table
+from blobhouse import blob_array, open_table, write_table
 from blobhouse.cli import ProgressBar, main
 from blobhouse.demo import FPS, EpisodeData
 
@@ -45,8 +45,14 @@ def test_demo_never_deletes_what_is_at_out(tmp_path, capsys):
     assert (folder / "notes.txt").read_text() == "keep me" and len(list(folder.iterdir())) == 1
     a_file = tmp_path / "file"
     a_file.write_bytes(b"x")
-    assert main(["demo", "--rows", "30", "--out", str(a_file), "--master", "local[2]"]) == 2
-    assert "is a file" in capsys.readouterr().err and a_file.read_bytes() == b"x"
+    for out in (a_file, a_file / "below"):
+        assert main(["demo", "--rows", "30", "--out", str(out), "--master", "local[2]"]) == 2
+        assert "is a file" in capsys.readouterr().err and a_file.read_bytes() == b"x"
+    other = str(tmp_path / "someone-elses")
+    write_table(pa.table({"id": [1], "img": blob_array([b"mine"])}), other)
+    assert main(["demo", "--rows", "30", "--out", other, "--master", "local[2]"]) == 2
+    assert "not the demo's" in capsys.readouterr().err
+    assert open_table(other).version == 1 and open_table(other).read_blobs("img", [0]) == [b"mine"]
 
 
 def test_stats_command(tmp_path, capsys):

@@ -15,7 +15,7 @@ from blobhouse.cli import main
 from blobhouse.layout import TableLocation
 from blobhouse.pipeline import plan_write, write_data_files
 
-from helpers import stock_read, tree
+from helpers import disk_bytes, stock_read, tree
 
 
 def age(paths, hours: float) -> None:
@@ -75,3 +75,16 @@ def test_gc_command(with_leftovers, table_uri, capsys):
     assert "would remove versions [] and 0 unreferenced files" in capsys.readouterr().out
     assert main(["gc", table_uri, "--grace-hours", "0", "--json"]) == 0
     assert '"removed_files": 2' in capsys.readouterr().out
+
+
+def test_gc_reports_what_lance_cleanup_removed_with_the_versions(table_uri):
+    """The bytes of removed versions are counted too (Lance's cleanup deletes their files)."""
+    for _ in range(3):
+        data = pa.table({"b": blob_array([os.urandom(200_000), os.urandom(1_000)])})
+        write_table(data, table_uri, mode="append")
+    open_table(table_uri).delete("true")  # every row gone: the old files only old versions use
+    before = disk_bytes(table_uri)
+    report = open_table(table_uri).gc(retain_versions=1, grace=timedelta(hours=1))
+    freed = before - disk_bytes(table_uri)
+    assert report["removed_by_lance_cleanup"]["files"] >= 3
+    assert 0.95 * freed <= report["reclaimed_bytes"] <= freed

@@ -172,14 +172,21 @@ def gc(
     _check_retention(retain_versions, older_than, grace)
     removed_versions: list[int] = []
     kept_tagged: list[int] = []
+    by_lance = {"files": 0, "bytes": 0}  # what Lance's cleanup removed with the versions
     if retain_versions is not None or older_than is not None:
         before = {v["version"] for v in table.versions()}
         if not dry_run:
-            table.dataset.cleanup_old_versions(
+            cleaned = table.dataset.cleanup_old_versions(
                 older_than=older_than,
                 retain_versions=retain_versions,
                 error_if_tagged_old_versions=False,
             )
+            by_lance = {
+                "files": cleaned.data_files_removed
+                + cleaned.deletion_files_removed
+                + cleaned.index_files_removed,
+                "bytes": cleaned.bytes_removed,
+            }
         table = table.checkout(table.version)
         removed_versions = sorted(before - {v["version"] for v in table.versions()})
         kept_tagged = _kept_for_tags(table, removed_versions)
@@ -227,8 +234,9 @@ def gc(
         "removed_versions": removed_versions,
         "retained_versions": [v["version"] for v in table.versions()],
         "kept_tagged_versions": kept_tagged,
-        "removed_files": len(old) + len(packs.reap),
-        "reclaimed_bytes": reclaimed,
+        "removed_files": len(old) + len(packs.reap) + by_lance["files"],
+        "reclaimed_bytes": reclaimed + by_lance["bytes"],
+        "removed_by_lance_cleanup": by_lance,
         "kept_referenced_files": len(marked.paths),
         "kept_unreadable": marked.kept_whole,
         "kept_young_files": young,
