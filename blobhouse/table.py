@@ -922,13 +922,6 @@ def _naming_row(
     )
 
 
-def table_root(uri: str | os.PathLike) -> tuple[str, str]:
-    """(path Lance opens, absolute URI references are built from) of a table URI or path,
-    resolved in this process (a relative path against its working directory)."""
-    location = TableLocation.of(uri)
-    return location.dataset_path, location.root_uri
-
-
 def _open_dataset(
     location: TableLocation, version: int | None, storage_options: dict[str, str] | None
 ) -> LanceDataset | None:

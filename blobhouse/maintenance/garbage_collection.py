@@ -109,6 +109,10 @@ class Marked:
     def __contains__(self, path: str) -> bool:
         return path in self.paths or path.startswith(self.dirs)
 
+    def keeps_whole(self, directory: str) -> bool:
+        """Whether everything under ``directory`` (ending in ``/``) is kept."""
+        return directory.startswith(self.dirs)
+
     @property
     def kept_whole(self) -> list[str]:
         """Directories kept because what references them could not be read."""
@@ -344,7 +348,7 @@ class _StorePacks:
         self.owned = owned
         packs = indexed_packs(self.table_path, self.options)
         tombstones = retired_packs(self.table_path, self.options)
-        if f"{_PACKS}/x" in marked:  # the store is kept whole: retire and reap nothing
+        if marked.keeps_whole(f"{_PACKS}/"):  # retire and reap nothing
             self.indexed = {f"{STORE_DIR}/{p}" for p in packs}
             self.unreferenced_indexed, self.retire, self.resurrect, self.reap = [], [], [], []
             return
