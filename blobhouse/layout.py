@@ -111,18 +111,24 @@ class TableLocation:
     @property
     def store_path(self) -> str:
         """The table's content-addressed store (one per table, shared by its branches)."""
-        return f"{self.root}/{STORE_DIR}"
+        return store_dir(self.root)
 
     @property
     def store_uri(self) -> str:
         return as_uri(self.store_path)
 
-    def branch_data_dir(self, branch: str | None) -> str:
-        """The data directory of ``branch``, relative to the root."""
-        return "data" if branch is None else f"{TREE_DIR}/{branch}/data"
-
     def __str__(self) -> str:
         return self.root if self.branch is None else f"{self.root} (branch {self.branch})"
+
+
+def store_dir(table_path: str) -> str:
+    """Where the store of the table at ``table_path`` lives (a path or URI, like the table's)."""
+    return f"{table_path.rstrip('/')}/{STORE_DIR}"
+
+
+def branch_data_dir(branch: str | None) -> str:
+    """The data directory of ``branch`` (None: main), relative to the table root."""
+    return "data" if branch is None else f"{TREE_DIR}/{branch}/data"
 
 
 def _branch_of(root: str, storage_options: StorageOptions | None) -> tuple[str, str] | None:
@@ -168,7 +174,7 @@ class BasePaths:
 
     def __init__(self, dataset: LanceDataset, location: TableLocation) -> None:
         self.location = location
-        recorded = {i: b for i, b in dataset.base_paths().items()}
+        recorded = dataset.base_paths()
         self.recorded = {i: as_uri(b.path).rstrip("/") for i, b in recorded.items()}
         self.store_id = next((i for i, b in recorded.items() if is_store_base_name(b.name)), None)
         # a main dataset with a dataset-root base of its own reads through another dataset

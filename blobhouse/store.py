@@ -47,7 +47,9 @@ from blobhouse.layout import (
     STORE_DIR,
     BasePaths,
     TableLocation,
+    branch_data_dir,
     is_store_base_name,
+    store_dir,
 )
 from blobhouse.placement import Kind, as_uri, normalize_uri, object_size
 from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue, WrittenFile
@@ -87,11 +89,6 @@ class StoredPayload:
         return PreparedBlob(
             Kind.EXTERNAL, size=self.size, position=self.position, uri=self.pack, blob_id=base_id
         )
-
-
-def store_dir(table_path: str) -> str:
-    """Where the store of the table at ``table_path`` lives (a path or URI, like the table's)."""
-    return f"{table_path.rstrip('/')}/{STORE_DIR}"
 
 
 def store_base_id(dataset: LanceDataset) -> int | None:
@@ -617,7 +614,7 @@ def _lost_files(
     location: TableLocation, written: Sequence[WrittenFile], storage_options: StorageOptions | None
 ) -> list[str]:
     """The files of ``written`` (relative to the table root) that no longer exist."""
-    data = location.branch_data_dir(location.branch)
+    data = branch_data_dir(location.branch)
     paths = [
         path
         for w in written

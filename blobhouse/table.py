@@ -361,7 +361,16 @@ def open_table(
     1
     """
     storage_options = checked_options(storage_options)
-    location = TableLocation.of(uri, branch, storage_options)
+    return open_at(TableLocation.of(uri, branch, storage_options), version, storage_options)
+
+
+def open_at(
+    location: TableLocation,
+    version: int | str | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> Table:
+    """:func:`open_table` for a location resolved earlier (on a Spark driver, say: tasks open
+    the table where the driver found it, whatever their working directory)."""
     if isinstance(version, str):
         location, version = _tagged(location, version, storage_options)
     elif version is not None:
@@ -370,9 +379,8 @@ def open_table(
     if dataset is None:
         where = f"branch {location.branch!r} of " if location.branch else ""
         at = f" at version {version}" if version is not None else ""
-        raise TableNotFoundError(f"no table at {where}{uri}{at}")
-    bases = BasePaths(dataset, location)
-    if location.branch is not None and bases.moved:
+        raise TableNotFoundError(f"no table at {where}{location.root}{at}")
+    if location.branch is not None and (bases := BasePaths(dataset, location)).moved:
         raise BlobhouseError(
             f"branch {location.branch!r} of {location.root} was made when the table was at "
             f"{bases.recorded_root}: Lance records a branch's parent as that absolute path and "
@@ -495,7 +503,7 @@ class Table:
         location = self.location
         if branch is not None:
             location = TableLocation.of(location.root, branch, self.storage_options)
-        return open_table(location.root, version, self.storage_options, branch=location.branch)
+        return open_at(location, version, self.storage_options)
 
     def relocate(self) -> Table:
         """Point the store base of main and of every branch at the table's own store, one

@@ -22,11 +22,12 @@ import pyarrow as pa
 
 from blobhouse import leases
 from blobhouse.errors import BlobhouseError, InvalidInputError
-from blobhouse.layout import TREE_DIR
+from blobhouse.layout import TREE_DIR, branch_data_dir
 from blobhouse.maintenance.walk import (
     FragmentState,
     Progress,
     VersionGraph,
+    VersionRef,
     fragment_references,
     fragment_states,
     opened_states,
@@ -76,11 +77,13 @@ def referenced_paths(table: Table, state: FragmentState) -> set[str]:
     return referenced
 
 
-def mark(table: Table, progress: Progress | None = None) -> set[str]:
-    """Every path (relative to the table root) that a retained version of any branch
-    references; a branch that cannot be read where the table is now keeps its directory and
-    the whole store (entries ending in ``/``)."""
-    graph = VersionGraph.of(table)
+def mark(
+    table: Table, graph: VersionGraph | None = None, progress: Progress | None = None
+) -> set[str]:
+    """Every path (relative to the table root) that a retained version of any branch (of
+    ``graph``) references; a branch that cannot be read where the table is now keeps its
+    directory and the whole store (entries ending in ``/``)."""
+    graph = graph or VersionGraph.of(table)
     states = fragment_states(table, list(graph.versions))
     referenced = unreadable_marks(graph)
     for done, (at, state) in enumerate(opened_states(table, states)):
@@ -149,7 +152,7 @@ def gc(
     grace: timedelta = DEFAULT_GRACE,
     dry_run: bool = False,
     progress: Progress | None = None,
-    referenced: Callable[[Table], set[str]] | None = None,
+    referenced: Callable[[Table, list[VersionRef]], set[str]] | None = None,
 ) -> dict:
     """Remove old versions, then every file the table owns (under ``data/`` and
     ``_blobs/packs/``) that no retained version references and that is older than ``grace``
@@ -162,8 +165,8 @@ def gc(
     versions a branch was made from, are kept and reported (``kept_tagged_versions``), never an
     error. Files are marked by every retained version of every branch. Only the table's own
     directories are ever considered: external objects the user owns are never touched.
-    ``dry_run`` reports without deleting. ``referenced`` replaces the mark phase (Spark runs
-    it in parallel).
+    ``dry_run`` reports without deleting. ``referenced(table, versions)`` replaces the mark
+    of the versions that can be read (Spark runs it in parallel).
     Ages are measured by the store's clock (on S3: the server's), never the local one; on S3,
     uploads a killed write left unfinished are aborted too, by the same rules.
 
@@ -199,10 +202,11 @@ def gc(
     # files staged after this instant may belong to a write that commits after the mark
     mark_started = store.now(table.uri)
     cutoff = mark_started - grace.total_seconds()
+    graph = VersionGraph.of(table)
     if referenced is not None:  # Spark marks what can be read; the rest is kept whole here
-        marked = Marked(referenced(table) | unreadable_marks(VersionGraph.of(table)))
+        marked = Marked(referenced(table, list(graph.versions)) | unreadable_marks(graph))
     else:
-        marked = Marked(mark(table, progress))
+        marked = Marked(mark(table, graph, progress))
     owned = _TableFiles(table)
     packs = _StorePacks(table, marked, owned, cutoff)
     # writes that ran at any time since the mark began (including those that committed after
@@ -285,7 +289,7 @@ def _kept_for_tags(table: Table, removed: list[int]) -> list[int]:
 def owned_dirs(table: Table) -> list[str]:
     """The directories (relative to the root) whose files belong to the table: main's and each
     branch's ``data/``, and the store's packs."""
-    branches = [table.location.branch_data_dir(b) for b in sorted(table.branches())]
+    branches = [branch_data_dir(b) for b in sorted(table.branches())]
     return ["data", *branches, _PACKS]
 
 

@@ -39,7 +39,7 @@ from blobhouse.spark.functions import blob_size, materialize, read_blob, read_bl
 from blobhouse.spark.jobs import compact, gc, run_tasks, verify
 from blobhouse.spark.lookup import look_up_in_store
 from blobhouse.storage import checked_options
-from blobhouse.table import open_table
+from blobhouse.table import open_at, open_table
 
 __all__ = [
     "backfill_blob_column",
@@ -231,15 +231,13 @@ def backfill_blob_column(
     table = table_for(open_table(table_uri, storage_options=options), dedup)
     plan = BackfillPlan.create(table, column, dedup)
     # resolved here: an executor's working directory is not the driver's
-    root, branch, version = table.location.root, table.branch, table.version
+    location, version = table.location, table.version
     fragment_ids = [f.fragment_id for f in table.dataset.get_fragments()]
     try:
         written = run_tasks(
             spark,
             fragment_ids,
-            lambda i: backfill_fragment(
-                open_table(root, version, options, branch=branch), i, fn, plan
-            ),
+            lambda i: backfill_fragment(open_at(location, version, options), i, fn, plan),
         )
         commit_backfill(table, plan, dict(zip(fragment_ids, written, strict=True)))
     except BaseException:

@@ -45,7 +45,7 @@ from blobhouse.errors import InvalidInputError
 from blobhouse.layout import TableLocation
 from blobhouse.pipeline import WrittenFile
 from blobhouse.storage import checked_options
-from blobhouse.table import TableWrite, open_table
+from blobhouse.table import TableWrite, open_at
 
 STORAGE_PREFIX = "storage."
 DEFAULT_ROWS_PER_PARTITION = 1_000_000
@@ -162,8 +162,7 @@ class ReadSpec:
         )
 
     def open(self):
-        location = self.location
-        return open_table(location.root, self.version, self.storage_options, branch=location.branch)
+        return open_at(self.location, self.version, self.storage_options)
 
 
 @dataclass(frozen=True)

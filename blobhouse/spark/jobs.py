@@ -38,7 +38,7 @@ from blobhouse.maintenance.compaction import compact as compact_table
 from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, referenced_paths
 from blobhouse.maintenance.verification import summarize, verify_state
 from blobhouse.maintenance.walk import VersionGraph, VersionRef, fragment_states
-from blobhouse.table import Table, open_table
+from blobhouse.table import Table, open_at, open_table
 
 Unit = TypeVar("Unit")
 _RESULT = pa.schema([("index", pa.int64()), ("result", pa.binary())])
@@ -135,8 +135,8 @@ def gc(
     retained versions of every branch reference) in a Spark task per fragment state; versions
     and the sweep run on the driver."""
 
-    def mark(table: Table) -> set[str]:
-        states = fragment_states(table)  # of the branches that can be read: gc keeps the rest
+    def mark(table: Table, versions: list[VersionRef]) -> set[str]:
+        states = fragment_states(table, versions)
         at = _Opener.of(table)
         found = run_tasks(spark, states, lambda s: referenced_paths(at.open_ref(s.ref), s))
         return set().union(*found)
@@ -168,4 +168,4 @@ class _Opener:
         return self.open_ref(VersionRef(self.location.branch, version))
 
     def open_ref(self, ref: VersionRef) -> Table:
-        return open_table(self.location.root, ref.version, self.storage_options, branch=ref.branch)
+        return open_at(self.location.on(ref.branch), ref.version, self.storage_options)
