@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+import lance
 import pyarrow as pa
 from lance.blob import blob_field as lance_blob_field
 from lance.file import LanceFileSession
@@ -36,6 +37,7 @@ from blobhouse.placement import (
     external_range,
     placement_metadata,
 )
+from blobhouse.references import file_path
 from blobhouse.session import (
     BlobSession,
     PackedSidecar,
@@ -383,12 +385,27 @@ def remove_written(
     storage_options: StorageOptions | None = None,
 ) -> None:
     """Delete data files, sidecars and store packs that were written but will never be
-    committed."""
+    committed (those the table's latest version uses are kept: see :func:`committed_names`)."""
+    files = list(files)
+    committed = committed_names(location, storage_options) if files else set()
     for written in files:
+        if written.name in committed:
+            continue
         remove_packs(location.root, written.packs, storage_options)
         session = BlobSession(f"{location.data_dir}/{written.name}", storage_options)
         session.sidecars = list(written.sidecars)
         session.abort()
+
+
+def committed_names(location: TableLocation, storage_options: StorageOptions | None) -> set[str]:
+    """The data files the latest version of the table's branch uses. A write interrupted as
+    its commit returns (Ctrl-C reaches Python only once Lance's commit is done) fails after
+    committing: its cleanup must not remove what it committed."""
+    try:
+        dataset = lance.dataset(location.dataset_path, storage_options=storage_options)
+    except (ValueError, OSError):
+        return set()  # no table (yet)
+    return {file_path(f) for fragment in dataset.get_fragments() for f in fragment.metadata.files}
 
 
 def mark_aborted(
@@ -421,6 +438,8 @@ def remove_staged(
     write's lease (the write will not commit)."""
     if not name_prefix:
         raise ValueError("remove_staged needs a non-empty prefix")
+    if any(name.startswith(name_prefix) for name in committed_names(location, storage_options)):
+        return  # the write committed after all
     data_dir = location.data_dir
     remove_staged_packs(location.root, name_prefix, storage_options)
     leases.release(location.root, name_prefix, storage_options)

@@ -746,10 +746,14 @@ class Table:
             }
             if store is not None:
                 store.finish()
-            dataset = commit_backfill(table, plan, files)
         except BaseException:
             if store is not None:
                 store.abort()
+            remove_staged(table.location, plan.name_prefix, table.storage_options)
+            raise
+        try:
+            dataset = commit_backfill(table, plan, files)
+        except BaseException:  # the staged files and packs go, unless the commit landed
             remove_staged(table.location, plan.name_prefix, table.storage_options)
             raise
         return Table(dataset, table.location, table.storage_options)
