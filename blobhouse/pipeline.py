@@ -497,6 +497,9 @@ class _ColumnPlacer:
         self.bases = bases
         self.stored: dict[Hashable, PreparedBlob] = {}
         self.inlined: set[Hashable] = set()
+        # short digests of unique small payloads already inlined (8 bytes each, not the
+        # window's rows): a copy met in a later window is packed and shared from then on
+        self.inlined_before: set[int] = set()
         self.sidecar_bytes = 0
         self._pack: PackedSidecar | None = None
         self._object_sizes: dict[str, int] = {}
@@ -551,7 +554,11 @@ class _ColumnPlacer:
                 if key in self.stored:
                     return self.stored[key]
                 return _Pending(row, key, digest)
-        if self.plan.placement.kind_for(len(payload), shared=False) == Kind.INLINE:
+        seen_inlined = digest is not None and _short(digest) in self.inlined_before
+        if (
+            self.plan.placement.kind_for(len(payload), shared=False) == Kind.INLINE
+            and not seen_inlined
+        ):
             return _Pending(row, key, digest)
         kind = self.plan.placement.kind_for(len(payload), shared=True)
         value = self._store(payload, kind, digest)
@@ -575,8 +582,9 @@ class _ColumnPlacer:
         elif key is not None:
             # a unique small payload is forgotten once placed, so the index of a file holds
             # its stored payloads and the current window, not one entry per small row; a copy
-            # met again in a later window is stored inline again (bounded, small)
+            # met again in a later window is packed (one extra copy, then shared)
             self.index.forget(key)
+            self.inlined_before.add(_short(pending.digest))
         digest = pending.digest or content_hash(payload)  # dedup "off" hashed nothing yet
         self.session.checksums.record_inline(
             self.name, file_row + pending.row, len(payload), digest
@@ -620,6 +628,10 @@ class _ColumnPlacer:
             fingerprint = Fingerprint(size, None, global_row, external=(uri, position, size))
             self.index.first_seen(key, fingerprint, column=name, ref_id=ref_id)
         return PreparedBlob(Kind.EXTERNAL, size=size, position=position, uri=uri)
+
+
+def _short(digest: bytes) -> int:
+    return int.from_bytes(digest[:8], "little")
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

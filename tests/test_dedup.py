@@ -151,3 +151,38 @@ def test_same_payload_in_two_columns_is_placed_per_column(table_uri):
         assert [x["kind"] for x in d] == [Kind.PACKED, Kind.INLINE]
         assert stock_read(table_uri, column) == [big, small]
     assert table.stats()["physical_bytes"] == 2 * (100_000 + 100)
+
+
+def test_small_payloads_next_to_large_ones_are_stored_at_most_twice(table_uri):
+    # ~63 KB images repeated 24 rows apart in rows that also carry 4 MB videos: the placement
+    # window (64 MiB) fills with the videos, so an image's copies land in different windows.
+    # Each distinct image may cost one inline copy plus one shared copy, never one per row.
+    rng = random.Random(3)
+    images = [rng.randbytes(63_000) for _ in range(24)]
+    rows = 72
+
+    def batches():
+        for start in range(0, rows, 4):
+            yield pa.record_batch(
+                {
+                    "image": pa.array(
+                        [images[i % 24] for i in range(start, start + 4)], pa.large_binary()
+                    ),
+                    "video": pa.array(
+                        [bytes([i % 256]) * 4 * MB for i in range(start, start + 4)],
+                        pa.large_binary(),
+                    ),
+                }
+            )
+
+    schema = pa.schema([("image", pa.large_binary()), ("video", pa.large_binary())])
+    table = write_table(
+        pa.RecordBatchReader.from_batches(schema, batches()),
+        table_uri,
+        blob_columns=["image", "video"],
+    )
+    assert len(table.dataset.get_fragments()) == 1
+    image = table.stats()["columns"]["image"]
+    assert image["logical_bytes"] == rows * 63_000
+    assert image["physical_bytes"] <= 2 * 24 * 63_000
+    assert stock_read(table_uri, "image") == [images[i % 24] for i in range(rows)]
