@@ -176,11 +176,13 @@ class TableWrite:
         storage_options: dict[str, str] | None = None,
         load_store_index: bool = True,
         branch: str | None = None,
+        write_id: str | None = None,
     ) -> TableWrite:
         """Check the mode against the table, and plan the write of data shaped as ``schema``.
 
         ``load_store_index=False``: the rows were already looked up in the table's store (a
-        Spark join), so the writing tasks do not load its index."""
+        Spark join), so the writing tasks do not load its index. ``write_id``: the id of a
+        write that already staged files (store packs stored before the rows)."""
         if mode not in ("create", "append", "overwrite"):
             raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
         storage_options = checked_options(storage_options)
@@ -211,7 +213,8 @@ class TableWrite:
             existing, base_id = _with_store(location, existing, storage_options)
             plan = replace(plan, store_base_id=base_id, load_store_index=load_store_index)
         read_version = existing.version if existing is not None else None
-        return cls(location, plan, appending, read_version, mode, storage_options)
+        write = cls(location, plan, appending, read_version, mode, storage_options)
+        return replace(write, write_id=write_id) if write_id else write
 
     @property
     def name_prefix(self) -> str:

@@ -169,7 +169,7 @@ def test_spark_backfill_stores_into_the_table_store(spark, table_uri):
         return [PAYLOADS[i % 2] for i in batch["id"].to_pylist()]
 
     bs.backfill_blob_column(spark, table_uri, "b", render, dedup="global")
-    assert packs_bytes(table_uri) <= 3 * (len(PAYLOADS[0]) + len(PAYLOADS[1]))  # per task
+    assert packs_bytes(table_uri) == len(PAYLOADS[0]) + len(PAYLOADS[1])  # once, not per task
     assert stock_read(table_uri, "b") == [PAYLOADS[i % 2] for i in range(6)]
     assert open_table(table_uri).stats()["columns"]["b"]["kinds"]["global"]["rows"] == 6
 
@@ -189,6 +189,40 @@ def test_spark_tasks_writing_overlapping_content_store_each_payload_once(spark, 
     ids = dataset.to_table(columns=["id"]).column("id").to_pylist()
     stock = stock_read(table_uri, "b")
     assert all(stock[i] == PAYLOADS[row_id % 3] for i, row_id in enumerate(ids))
+
+
+def test_spark_stores_every_global_column_once_across_tasks(spark, table_uri):
+    # rows pair images and videos in a pattern no single shuffle key brings together: every
+    # distinct payload of every column is stored once, whichever column comes first
+    images, videos = PAYLOADS[2:4], PAYLOADS[0:2]
+    data = [(i, images[i % 2], videos[(i // 2) % 2]) for i in range(40)]
+    df = spark.createDataFrame(data, "id long, image binary, video binary").repartition(8)
+    for columns in (["image", "video"], ["video", "image"]):
+        uri = f"{table_uri}-{columns[0]}"
+        bs.write_table(df, uri, blob_columns=columns, dedup="global", partitions=8)
+        assert packs_bytes(uri) == UNIQUE
+        got = open_table(uri).to_arrow(blobs="bytes").to_pylist()
+        assert sorted((r["id"], r["image"], r["video"]) for r in got) == sorted(data)
+    bs.write_table(df, uri, blob_columns=["video", "image"], dedup="global", partitions=8)
+    assert packs_bytes(uri) == UNIQUE  # a second append finds everything in the store
+
+
+def test_spark_global_next_to_content_dedup_columns(spark, table_uri):
+    data = [(i, PAYLOADS[i % 2], PAYLOADS[2 + i % 2]) for i in range(24)]
+    df = spark.createDataFrame(data, "id long, video binary, image binary").repartition(4)
+    bs.write_table(
+        df,
+        table_uri,
+        blob_columns=["video", "image"],
+        dedup={"video": "global", "image": "content"},
+        partitions=4,
+    )
+    assert packs_bytes(table_uri) == len(PAYLOADS[0]) + len(PAYLOADS[1])
+    stats = open_table(table_uri).stats()["columns"]["image"]
+    # colocated by the content-dedup column: each image once per task's file
+    assert stats["physical_bytes"] <= 2 * 4 * (len(PAYLOADS[2]) + len(PAYLOADS[3]))
+    got = open_table(table_uri).to_arrow(blobs="bytes").to_pylist()
+    assert sorted((r["id"], r["video"], r["image"]) for r in got) == sorted(data)
 
 
 def test_deep_verify_checks_store_payloads_against_the_index(table_uri):

@@ -18,12 +18,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from blobhouse import leases
 from blobhouse.backfill import (
     BackfillPlan,
     BlobFunction,
@@ -34,11 +36,13 @@ from blobhouse.backfill import (
 from blobhouse.errors import InvalidInputError
 from blobhouse.layout import TableLocation
 from blobhouse.pipeline import remove_staged
+from blobhouse.placement import Placement
 from blobhouse.spark.datasource import BlobhouseDataSource, storage_prefixed
 from blobhouse.spark.functions import blob_size, materialize, read_blob, read_blob_function
 from blobhouse.spark.jobs import compact, gc, run_tasks, verify
-from blobhouse.spark.lookup import look_up_in_store
+from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.storage import checked_options
+from blobhouse.store import append_to_index
 from blobhouse.table import open_at, open_table
 
 __all__ = [
@@ -147,24 +151,58 @@ def write_table(
         **dict(options or {}),
         **storage_prefixed(storage_options),
     }
-    location = TableLocation.of(uri, storage_options=checked_options(storage_options))
-    stored_globally = _global_columns(df, blob_columns, dedup)
-    if stored_globally:
-        df = look_up_in_store(
-            df.sparkSession, df, location, stored_globally, checked_options(storage_options)
-        )
-        writer_options["store_index"] = "joined"
-    if key_column is not None:
+    options_checked = checked_options(storage_options)
+    location = TableLocation.of(uri, storage_options=options_checked)
+    count = partitions or df.rdd.getNumPartitions()
+
+    def colocated(df: DataFrame) -> DataFrame:
+        if key_column is None:
+            return df
         key_mode = modes.get(key_column, dedup if isinstance(dedup, str) else "content")
         key = _colocation_key(df, key_column, key_mode, ref_id_columns.get(key_column))
-        count = partitions or df.rdd.getNumPartitions()
-        df = (
+        return (
             df.withColumn(_COLOCATE_KEY, key)
             .repartition(count, _COLOCATE_KEY)
             .sortWithinPartitions(_COLOCATE_KEY)
             .drop(_COLOCATE_KEY)
         )
-    df.write.format("blobhouse").mode(mode).options(**writer_options).save(location.dataset_path)
+
+    stored_globally = _global_columns(df, blob_columns, dedup)
+    if not stored_globally:
+        colocated(df).write.format("blobhouse").mode(mode).options(**writer_options).save(
+            location.dataset_path
+        )
+        return
+    write_id = uuid.uuid4().hex[:12]
+    prefix = f"{write_id}-"
+    with leases.held(location.root, prefix, options_checked):
+        try:
+            df, stored = store_payloads_first(
+                df,
+                location,
+                stored_globally,
+                prefix,
+                _pack_limit(writer_options),
+                count,
+                options_checked,
+            )
+            writer_options.update(store_index="joined", write_id=write_id)
+            colocated(df).write.format("blobhouse").mode(mode).options(**writer_options).save(
+                location.dataset_path
+            )
+        except BaseException:
+            remove_staged(location, prefix, options_checked)  # unless the rows committed
+            raise
+    try:
+        append_to_index(location.root, stored, options_checked)
+    except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
+        warnings.warn(f"the store index of {location.root} was not updated: {exc}", stacklevel=2)
+
+
+def _pack_limit(writer_options: Mapping[str, str]) -> int:
+    """The store's pack size: the write's ``pack_file_size_threshold``, else the default."""
+    given = writer_options.get("pack_file_size_threshold")
+    return int(given) if given is not None else Placement().pack_file_size_threshold
 
 
 def _global_columns(
@@ -186,7 +224,8 @@ def _default_colocation(
     ]
     for name in candidates:
         mode = dedup.get(name, "content") if isinstance(dedup, Mapping) else dedup
-        if mode != "off" and "." not in name:
+        # global columns are stored before the rows move: only per-file dedup needs colocation
+        if mode not in ("off", "global") and "." not in name:
             return name
     return None
 

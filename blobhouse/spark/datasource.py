@@ -337,6 +337,8 @@ class _WriteOptions:
                 kwargs[name] = int(get(name))
         if get("store_index") == "joined":
             kwargs["load_store_index"] = False
+        if get("write_id"):
+            kwargs["write_id"] = get("write_id")
         return kwargs
 
     def _placement(self) -> dict | None:

@@ -1,13 +1,18 @@
-"""``dedup="global"`` on Spark: the store's index lookup as a join Spark executes.
+"""``dedup="global"`` on Spark: payloads first, rows after.
 
-Each row's payload is hashed on the executors and joined with the table store's index (read by
-the ``blobhouse`` data source, so it never has to fit in one process). A row whose payload the
-store holds becomes a reference into it, ``struct<data: null, uri, position, size>``, and its
-bytes go no further; the others keep their bytes and are stored by the writing tasks, which then
-skip loading the index. Packs gc retired are left out of the join.
+:func:`store_payloads_first` hashes every payload of the global columns on the executors, keeps
+one row per distinct payload the store's index lacks (the index is read by the ``blobhouse``
+data source, so it never has to fit in one process), and stores those in tasks partitioned by
+hash: each distinct payload of every column is written once, whichever task its rows are in.
+Then every row is joined with the index and the new entries and becomes a reference into the
+store, ``struct<data: null, uri, position, size>``: the writing tasks store no bytes of these
+columns. Packs gc retired are left out of the join. The input is computed twice (once for the
+payloads, once for the rows).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import blake3
 import pyarrow as pa
@@ -16,10 +21,18 @@ from pyspark.sql import functions as F
 from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import BinaryType
 
+from blobhouse import leases
 from blobhouse.layout import TableLocation
 from blobhouse.spark.datasource import storage_prefixed
 from blobhouse.storage import StorageOptions
-from blobhouse.store import index_uri, retired_packs, store_uri_prefix
+from blobhouse.store import (
+    INDEX_SCHEMA,
+    StoredPayload,
+    StoreWriter,
+    index_uri,
+    retired_packs,
+    store_uri_prefix,
+)
 
 _DIGEST, _PACK, _POSITION, _SIZE = "__bh_digest", "__bh_pack", "__bh_position", "__bh_size"
 
@@ -32,16 +45,101 @@ def _blake3(payloads: pa.Array) -> pa.Array:
     )
 
 
+def store_payloads_first(
+    df: DataFrame,
+    location: TableLocation,
+    columns: list[str],
+    name_prefix: str,
+    pack_limit: int,
+    partitions: int,
+    storage_options: StorageOptions | None = None,
+) -> tuple[DataFrame, list[StoredPayload]]:
+    """Store the distinct payloads of ``columns`` the table's store lacks (packs named with
+    ``name_prefix``, the write's), and return ``df`` with every such payload a reference into
+    the store, plus what was stored (for the index, once the rows commit)."""
+    spark = df.sparkSession
+    index = _index(spark, location.root, storage_options)
+    payloads = None
+    for column in columns:
+        data = _payload(df, column)
+        one = df.select(_blake3(data).alias(_DIGEST), data.alias("data")).where(
+            F.col(_DIGEST).isNotNull()
+        )
+        payloads = one if payloads is None else payloads.unionByName(one)
+    missing = payloads.dropDuplicates([_DIGEST])
+    if index is not None:
+        missing = missing.join(index.select(F.col("blake3").alias(_DIGEST)), _DIGEST, "left_anti")
+    store = _store_task(location.root, name_prefix, pack_limit, storage_options)
+    stored = missing.repartition(partitions, _DIGEST).mapInArrow(store, _ENTRIES_SCHEMA).toArrow()
+    entries = [
+        StoredPayload(d, p, pos, size)
+        for d, p, pos, size in zip(*(stored.column(i).to_pylist() for i in range(4)), strict=True)
+    ]
+    new = spark.createDataFrame(stored) if entries else None
+    return look_up_in_store(spark, df, location, columns, storage_options, new), entries
+
+
+_ENTRIES_SCHEMA = "blake3 binary, pack string, position long, size long"
+
+
+def _payload(df: DataFrame, column: str) -> Column:
+    """The bytes of ``column`` the store would hold: not null, not empty, not a reference."""
+    if _is_struct(df, column):
+        data = F.when(F.col(f"{column}.uri").isNull(), F.col(f"{column}.data"))
+    else:
+        data = F.col(column)
+    return F.when(F.length(data) > 0, data)
+
+
+def _store_task(
+    root: str, name_prefix: str, pack_limit: int, storage_options: StorageOptions | None
+):
+    """The task that stores one partition of distinct payloads and yields their entries."""
+
+    def store(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        with leases.held(root, name_prefix, storage_options):
+            writer = StoreWriter(root, 0, name_prefix, pack_limit, storage_options, False)
+            try:
+                for batch in batches:
+                    digests = batch.column(_DIGEST).to_pylist()
+                    for digest, payload in zip(
+                        digests, batch.column("data").to_pylist(), strict=True
+                    ):
+                        writer.place(payload, digest)
+                writer.finish()
+            except BaseException:
+                writer.abort()
+                raise
+        stored = writer.packs.stored
+        yield pa.record_batch(
+            [
+                pa.array([s.digest for s in stored], pa.binary()),
+                pa.array([s.pack for s in stored], pa.string()),
+                pa.array([s.position for s in stored], pa.int64()),
+                pa.array([s.size for s in stored], pa.int64()),
+            ],
+            names=INDEX_SCHEMA.names,
+        )
+
+    return store
+
+
 def look_up_in_store(
     spark: SparkSession,
     df: DataFrame,
     location: TableLocation,
     columns: list[str],
     storage_options: StorageOptions | None = None,
+    new_entries: DataFrame | None = None,
 ) -> DataFrame:
-    """``df`` with every payload of ``columns`` that the table's store holds replaced by a
-    reference into it (the columns become logical blob structs)."""
+    """``df`` with every payload of ``columns`` that the table's store holds (or
+    ``new_entries`` lists: payloads stored by this write) replaced by a reference into it (the
+    columns become logical blob structs)."""
     index = _index(spark, location.root, storage_options)
+    if new_entries is not None:
+        # a concurrent writer may have indexed the same payload since: one row per hash
+        both = new_entries if index is None else index.unionByName(new_entries)
+        index = both.dropDuplicates(["blake3"])
     if index is None:
         return df
     prefix = store_uri_prefix(location.root_uri)
