@@ -10,7 +10,7 @@ writes through the same write pipeline as every other write.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -135,14 +135,9 @@ def _backfill_fragment(
     plan: BackfillPlan,
     store: StoreWriter | None,
 ) -> WrittenFile:
-    dataset = table.dataset
-    fragment = dataset.get_fragment(fragment_id)
-    if fragment is None:
-        raise InvalidInputError(f"no fragment {fragment_id} in table {table.uri}")
-    read = sorted(set(plan.input_columns) | (set(plan.file_columns) - {plan.column}))
-    batches = dataset.scanner(
-        fragments=[fragment], columns=read, include_deleted_rows=True, with_row_id=True
-    ).to_batches()
+    read = set(plan.input_columns) | (set(plan.file_columns) - {plan.column})
+    batches = _fragment_batches(table, fragment_id, plan, read)
+    fragment = table.dataset.get_fragment(fragment_id)
     writer: DataFileWriter | None = None
     own_store = store is None
     store = store_writer_for(table, plan) if own_store else store
@@ -239,26 +234,61 @@ def table_for(table: Table, dedup: str) -> Table:
     return table if dataset is table.dataset else table.checkout(dataset.version)
 
 
-def store_writer_for(table: Table, plan: BackfillPlan) -> StoreWriter | None:
-    """The store writer a backfill with ``dedup="global"`` writes through (None otherwise)."""
+def store_writer_for(
+    table: Table, plan: BackfillPlan, load_index: bool = True
+) -> StoreWriter | None:
+    """The store writer a backfill with ``dedup="global"`` writes through (None otherwise);
+    ``load_index=False`` when the values are already references into the store."""
     if plan.store_base_id is None:
         return None
-    limit = Placement().updated(plan.placement).pack_file_size_threshold
     return StoreWriter(
         table.location.root,
         plan.store_base_id,
         plan.name_prefix,
-        limit,
+        pack_limit(plan),
         table.storage_options,
+        load_index,
     )
+
+
+def pack_limit(plan: BackfillPlan) -> int:
+    """The size of the store packs a backfill writes."""
+    return Placement().updated(plan.placement).pack_file_size_threshold
+
+
+def live_values(
+    table: Table, fragment_id: int, fn: BlobFunction, plan: BackfillPlan
+) -> Iterator[pa.Array]:
+    """``fn``'s values for the live rows of one fragment, one logical blob array per batch, in
+    row order (what :func:`backfill_fragment` writes; Spark's global backfill stores them
+    first and writes references after)."""
+    for batch in _fragment_batches(table, fragment_id, plan, columns=plan.input_columns):
+        yield _live_values(batch, fn, plan, 0)[0]
+
+
+def _fragment_batches(
+    table: Table, fragment_id: int, plan: BackfillPlan, columns: Iterable[str]
+) -> Iterator[pa.RecordBatch]:
+    fragment = table.dataset.get_fragment(fragment_id)
+    if fragment is None:
+        raise InvalidInputError(f"no fragment {fragment_id} in table {table.uri}")
+    return table.dataset.scanner(
+        fragments=[fragment], columns=sorted(columns), include_deleted_rows=True, with_row_id=True
+    ).to_batches()
+
+
+def _live_values(
+    batch: pa.RecordBatch, fn: BlobFunction, plan: BackfillPlan, first_row: int
+) -> tuple[pa.Array, np.ndarray]:
+    live = batch.column("_rowid").is_valid().to_numpy(zero_copy_only=False)
+    inputs = batch.select(list(plan.input_columns)).filter(pa.array(live))
+    return _as_blob_array(fn(inputs), inputs.num_rows, plan.column, first_row), live
 
 
 def _file_batch(
     batch: pa.RecordBatch, fn: BlobFunction, plan: BackfillPlan, first_row: int
 ) -> pa.RecordBatch:
-    live = batch.column("_rowid").is_valid().to_numpy(zero_copy_only=False)
-    inputs = batch.select(list(plan.input_columns)).filter(pa.array(live))
-    values = _as_blob_array(fn(inputs), inputs.num_rows, plan.column, first_row)
+    values, live = _live_values(batch, fn, plan, first_row)
     if not live.all():
         positions = np.full(batch.num_rows, -1, dtype=np.int64)
         positions[live] = np.arange(int(live.sum()))

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -31,6 +34,9 @@ from blobhouse.backfill import (
     BlobFunction,
     backfill_fragment,
     commit_backfill,
+    live_values,
+    pack_limit,
+    store_writer_for,
     table_for,
 )
 from blobhouse.errors import InvalidInputError
@@ -137,6 +143,8 @@ def write_table(
     partition by that key, so each payload is written once whatever the input partitioning.
     Cost: one shuffle of the rows, payload bytes included. Plain ``df.write`` is enough when
     rows that share payloads already sit in the same partition, or when duplicates are rare.
+    Columns written with ``dedup="global"`` are stored first, each distinct payload once, and
+    the rows then carry references (:mod:`blobhouse.spark.lookup`): they need no colocation.
     ``storage_options`` reach the table's object store (as ``storage.<name>`` writer options).
     """
     if mode not in ("append", "overwrite"):
@@ -273,12 +281,135 @@ def backfill_blob_column(
     location, version = table.location, table.version
     fragment_ids = [f.fragment_id for f in table.dataset.get_fragments()]
     try:
-        written = run_tasks(
-            spark,
-            fragment_ids,
-            lambda i: backfill_fragment(open_at(location, version, options), i, fn, plan),
-        )
+        if dedup == "global":
+            with leases.held(location.root, plan.name_prefix, options):
+                written, stored = _backfill_globally(spark, table, plan, fn, fragment_ids)
+        else:
+            written, stored = (
+                run_tasks(
+                    spark,
+                    fragment_ids,
+                    lambda i: backfill_fragment(open_at(location, version, options), i, fn, plan),
+                ),
+                [],
+            )
         commit_backfill(table, plan, dict(zip(fragment_ids, written, strict=True)))
     except BaseException:
         remove_staged(table.location, plan.name_prefix, table.storage_options)
         raise
+    try:
+        append_to_index(location.root, stored, options)
+    except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
+        warnings.warn(f"the store index of {location.root} was not updated: {exc}", stacklevel=2)
+
+
+_FRAGMENT, _ORDER, _VALUE = "__bh_fragment", "__bh_order", "value"
+_VALUES_SCHEMA = (
+    f"{_FRAGMENT} long, {_ORDER} long, "
+    f"{_VALUE} struct<data binary, uri string, position long, size long>"
+)
+
+
+def _backfill_globally(
+    spark: SparkSession, table, plan: BackfillPlan, fn: BlobFunction, fragment_ids: list[int]
+) -> tuple[list, list]:
+    """A ``dedup="global"`` backfill on Spark, payloads first: ``fn`` runs once per fragment
+    (its values kept on the executors' disks), each distinct payload is stored once, then every
+    fragment's file is written with references into the store."""
+    from pyspark import StorageLevel
+
+    location, version, options = table.location, table.version, table.storage_options
+
+    def values(batches):
+        for batch in batches:
+            for fragment in batch[_FRAGMENT].to_pylist():
+                opened = open_at(location, version, options)
+                # a marker row: a fragment without live rows still gets its file
+                yield _values_batch(fragment, -1, pa.nulls(1, _LOGICAL))
+                order = 0
+                for array in live_values(opened, fragment, fn, plan):
+                    yield _values_batch(fragment, order, array)
+                    order += len(array)
+
+    count = len(fragment_ids) or 1
+    ids = spark.createDataFrame([(i,) for i in fragment_ids], f"{_FRAGMENT} long")
+    computed = ids.repartition(count).mapInArrow(values, _VALUES_SCHEMA)
+    computed = computed.persist(StorageLevel.DISK_ONLY)
+    try:
+        referenced, stored = store_payloads_first(
+            computed, location, [_VALUE], plan.name_prefix, pack_limit(plan), count, options
+        )
+        write = _fragment_writer(location, version, options, plan)
+        rows = (
+            referenced.repartition(count, _FRAGMENT)
+            .sortWithinPartitions(_FRAGMENT, _ORDER)
+            .mapInArrow(write, "fragment long, result binary")
+            .collect()
+        )
+    finally:
+        computed.unpersist()
+    by_fragment = {r["fragment"]: pickle.loads(r["result"]) for r in rows}
+    return [by_fragment[i] for i in fragment_ids], stored
+
+
+_LOGICAL = pa.struct(
+    [("data", pa.binary()), ("uri", pa.string()), ("position", pa.int64()), ("size", pa.int64())]
+)
+
+
+def _values_batch(fragment: int, first: int, array: pa.Array) -> pa.RecordBatch:
+    if isinstance(array.type, pa.StructType) and array.type != _LOGICAL:
+        array = pa.StructArray.from_arrays(
+            [array.field(f.name).cast(f.type) for f in _LOGICAL],
+            fields=list(_LOGICAL),
+            mask=array.is_null(),
+        )
+    n = len(array)
+    return pa.record_batch(
+        {
+            _FRAGMENT: pa.array([fragment] * n, pa.int64()),
+            _ORDER: pa.array(range(first, first + n), pa.int64()),
+            _VALUE: array,
+        }
+    )
+
+
+def _fragment_writer(location, version, options, plan: BackfillPlan):
+    """The task that writes each fragment's file from its values (references into the
+    store, or values the store does not hold: nulls, empty payloads, external URIs)."""
+
+    def write(batches):
+        table = open_at(location, version, options)
+        store = store_writer_for(table, plan, load_index=False)
+        pending: dict[int, list[pa.Array]] = {}
+        for batch in batches:
+            for fragment in pc.unique(batch[_FRAGMENT]).to_pylist():
+                rows = batch.filter(pc.equal(batch[_FRAGMENT], fragment))
+                live = rows.filter(pc.greater_equal(rows[_ORDER], 0))
+                pending.setdefault(fragment, []).append(live[_VALUE])
+        try:
+            for fragment, arrays in pending.items():
+                queue = pa.concat_arrays(arrays) if arrays else pa.array([], _LOGICAL)
+                written = backfill_fragment(table, fragment, _replay(queue), plan, store)
+                yield pa.record_batch(
+                    {"fragment": [fragment], "result": [pickle.dumps(written)]},
+                )
+            store.finish()
+        except BaseException:
+            store.abort()
+            raise
+
+    return write
+
+
+def _replay(values: pa.Array) -> BlobFunction:
+    """A backfill function that hands out precomputed values in order."""
+    offset = 0
+
+    def next_values(inputs: pa.RecordBatch) -> pa.Array:
+        nonlocal offset
+        out = values.slice(offset, inputs.num_rows)
+        offset += inputs.num_rows
+        return out
+
+    return next_values
