@@ -15,6 +15,11 @@ class InvalidInputError(BlobhouseError, ValueError):
     """Input data or options that blobhouse cannot write as asked."""
 
 
+class UnknownOptionError(InvalidInputError, TypeError):
+    """An option name blobhouse does not know (a keyword, a Spark option, a CLI flag); the
+    message names the closest valid one."""
+
+
 class SchemaError(InvalidInputError):
     """A schema that cannot hold blob columns as asked (unknown column, blob in a list...)."""
 

@@ -44,6 +44,7 @@ from blobhouse.layout import BasePaths, TableLocation
 from blobhouse.maintenance import compaction, garbage_collection, verification
 from blobhouse.maintenance.stats import blob_stats
 from blobhouse.maintenance.walk import Progress
+from blobhouse.options import keywords_checked
 from blobhouse.pipeline import (
     DEFAULT_MAX_BYTES_PER_FILE,
     DEFAULT_MAX_ROWS_PER_FILE,
@@ -87,6 +88,7 @@ WriteMode = Literal["create", "append", "overwrite"]
 _ROW_ADDRESS = "_rowaddr"
 
 
+@keywords_checked
 def write_table(
     data: Any,
     uri: str,
@@ -341,6 +343,7 @@ class TableWrite:
         )
 
 
+@keywords_checked
 def open_table(
     uri: str,
     version: int | str | None = None,
@@ -500,6 +503,7 @@ class Table:
             for name, b in self.dataset.branches.list().items()
         }
 
+    @keywords_checked
     def checkout(self, version: int | str, *, branch: str | None = None) -> Table:
         """This table at another version (or tag) of its branch, or of ``branch`` ("main" for
         main)."""
@@ -530,6 +534,7 @@ class Table:
         bases = self._resolved().base_paths
         return bases.recorded_root if bases.store_moved else None
 
+    @keywords_checked
     def count_rows(self, filter: str | None = None) -> int:
         return self.dataset.count_rows(filter)
 
@@ -539,6 +544,7 @@ class Table:
         self._resolver = None
         self._schema = None
 
+    @keywords_checked
     def scan(
         self,
         columns: Sequence[str] | None = None,
@@ -571,6 +577,7 @@ class Table:
         for batch in scanner.to_batches():
             yield self._convert(batch, paths, blobs)
 
+    @keywords_checked
     def to_arrow(
         self,
         columns: Sequence[str] | None = None,
@@ -591,6 +598,7 @@ class Table:
             return pa.Table.from_batches(batches)
         return self._empty(columns, blobs)
 
+    @keywords_checked
     def take(
         self,
         indices: Sequence[int],
@@ -719,6 +727,7 @@ class Table:
         """A fresh path for a data file of this table (for a :class:`BlobSession`)."""
         return f"{self.location.data_dir}/{uuid.uuid4().hex}.lance"
 
+    @keywords_checked
     def backfill_blob_column(
         self, column: str, fn: BlobFunction, *, dedup: str = "content"
     ) -> Table:
@@ -761,6 +770,7 @@ class Table:
             raise
         return Table(dataset, table.location, table.storage_options)
 
+    @keywords_checked
     def gc(
         self,
         *,
@@ -781,12 +791,14 @@ class Table:
             progress=progress,
         )
 
+    @keywords_checked
     def verify(self, *, deep: bool = False, progress: Progress | None = None) -> dict:
         """Check every blob reference of every retained version (``deep``: and its bytes against
         the hash recorded at write time): problems by version, column, row and path (see
         :func:`blobhouse.maintenance.verification.verify`)."""
         return verification.verify(self, deep=deep, progress=progress)
 
+    @keywords_checked
     def compact(
         self,
         *,

@@ -43,7 +43,13 @@ from blobhouse.errors import InvalidInputError
 from blobhouse.layout import TableLocation
 from blobhouse.pipeline import remove_staged
 from blobhouse.placement import Placement
-from blobhouse.spark.datasource import BlobhouseDataSource, storage_prefixed
+from blobhouse.spark.datasource import (
+    WRITE_OPTIONS,
+    BlobhouseDataSource,
+    check_options,
+    storage_prefixed,
+)
+from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.functions import blob_size, materialize, read_blob, read_blob_function
 from blobhouse.spark.jobs import compact, gc, run_tasks, verify
 from blobhouse.spark.lookup import store_payloads_first
@@ -68,6 +74,7 @@ _COLOCATE_KEY = "__blobhouse_colocate"
 ARROW_RECORDS_PER_BATCH = 256
 
 
+@spark_entry_point
 def local_session(
     master: str = "local[*]",
     shuffle_partitions: int | None = None,
@@ -113,6 +120,7 @@ def local_session(
     return session
 
 
+@spark_entry_point
 def register(spark: SparkSession, storage_options: Mapping[str, str] | None = None) -> None:
     """Register the ``blobhouse`` data source and the SQL functions ``read_blob``/``blob_size``.
     ``read_blob`` reads object stores with ``storage_options`` (an S3 endpoint, credentials).
@@ -122,6 +130,7 @@ def register(spark: SparkSession, storage_options: Mapping[str, str] | None = No
     spark.udf.register("blob_size", blob_size)
 
 
+@spark_entry_point
 def write_table(
     df: DataFrame,
     uri: str,
@@ -149,6 +158,7 @@ def write_table(
     """
     if mode not in ("append", "overwrite"):
         raise InvalidInputError(f"mode must be 'append' or 'overwrite', got {mode!r}")
+    check_options(options or {}, WRITE_OPTIONS, "blobhouse write option")
     ref_id_columns = dict(ref_id_columns or {})
     modes = dedup if isinstance(dedup, Mapping) else {}
     key_column = colocate_by or _default_colocation(df, blob_columns, dedup)
@@ -258,6 +268,7 @@ def _looks_like_blob_struct(data_type) -> bool:
     return names[:2] == ["data", "uri"]
 
 
+@spark_entry_point
 def backfill_blob_column(
     spark: SparkSession,
     table_uri: str,

@@ -43,6 +43,7 @@ from pyspark.sql.types import StructType
 
 from blobhouse.errors import InvalidInputError
 from blobhouse.layout import TableLocation
+from blobhouse.options import check_names
 from blobhouse.pipeline import WrittenFile
 from blobhouse.storage import checked_options
 from blobhouse.table import TableWrite, open_at
@@ -51,6 +52,36 @@ STORAGE_PREFIX = "storage."
 DEFAULT_ROWS_PER_PARTITION = 1_000_000
 DEFAULT_MAX_BATCH_BYTES = 1 << 30
 _STALE_PUSHDOWN_VERSIONS = ("4.1.", "4.2.", "4.3.")
+
+# every option name the data source knows (Spark hands them over lower-cased); storage options
+# are ``storage.<name>``
+_BOTH = ("path", "branch")
+WRITE_OPTIONS = frozenset(
+    (
+        *_BOTH,
+        "blob_columns",
+        "dedup",
+        "ref_id_columns",
+        "inline_size_threshold",
+        "dedicated_size_threshold",
+        "pack_file_size_threshold",
+        "placement",
+        "max_rows_per_file",
+        "max_bytes_per_file",
+        "allowed_bases",
+    )
+)
+# set by blobhouse.spark.write_table for a write whose payloads are stored first
+INTERNAL_OPTIONS = frozenset(("store_index", "write_id"))
+READ_OPTIONS = frozenset(
+    (*_BOTH, "version", "blobs", "filter", "rows_per_partition", "max_batch_bytes", "pushdown")
+)
+
+
+def check_options(options: Mapping[str, str], valid: frozenset[str], what: str) -> None:
+    """Refuse option names the data source does not know, naming the closest valid one."""
+    names = (k for k in options if not k.startswith(STORAGE_PREFIX))
+    check_names(names, valid, what, INTERNAL_OPTIONS)
 
 
 class BlobhouseDataSource(DataSource):
@@ -79,10 +110,12 @@ class BlobhouseDataSource(DataSource):
         return "blobhouse"
 
     def schema(self) -> StructType:
+        check_options(self.options, READ_OPTIONS, "blobhouse read option")
         read = ReadSpec.from_options(self.options)
         return from_arrow_schema(read.open().output_schema(blobs=read.blobs))
 
     def reader(self, schema: StructType) -> BlobhouseReader:
+        check_options(self.options, READ_OPTIONS, "blobhouse read option")
         spec = ReadSpec.from_options(self.options)
         if spec.pushdown == "on":
             _check_pushdown_is_safe()
@@ -90,6 +123,7 @@ class BlobhouseDataSource(DataSource):
         return BlobhouseReader(spec, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> BlobhouseWriter:
+        check_options(self.options, WRITE_OPTIONS, "blobhouse write option")
         options = _WriteOptions(self.options)
         # planned on the driver: the table path is resolved here, never on an executor
         write = TableWrite.begin(

@@ -38,6 +38,7 @@ from blobhouse.maintenance.compaction import compact as compact_table
 from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, referenced_paths
 from blobhouse.maintenance.verification import summarize, verify_state
 from blobhouse.maintenance.walk import VersionGraph, VersionRef, fragment_states
+from blobhouse.spark.errors import spark_entry_point
 from blobhouse.table import Table, open_at, open_table
 
 Unit = TypeVar("Unit")
@@ -68,6 +69,7 @@ def run_tasks(spark: SparkSession, units: Sequence[Unit], fn: Callable[[Unit], A
     return results
 
 
+@spark_entry_point
 def compact(
     spark: SparkSession,
     uri: str,
@@ -103,6 +105,7 @@ def compact(
     )
 
 
+@spark_entry_point
 def verify(
     spark: SparkSession,
     uri: str,
@@ -120,6 +123,7 @@ def verify(
     return summarize(table, graph, zip(states, reports, strict=True), deep=deep)
 
 
+@spark_entry_point
 def gc(
     spark: SparkSession,
     uri: str,
