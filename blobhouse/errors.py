@@ -37,7 +37,28 @@ class TableExistsError(BlobhouseError, FileExistsError):
 
 
 class TableNotFoundError(BlobhouseError, FileNotFoundError):
-    """Opening a table that does not exist."""
+    """Opening a table that does not exist (the subclasses below say why)."""
+
+
+class PathNotFoundError(TableNotFoundError):
+    """Nothing exists at the path."""
+
+
+class NotATableError(TableNotFoundError):
+    """The path is a folder that holds no table (no ``_versions/``)."""
+
+
+class PathIsFileError(NotATableError, NotADirectoryError):
+    """The path (or a folder above it) is a file; a table is a folder."""
+
+
+class VersionNotFoundError(TableNotFoundError):
+    """The table never had this version (it is newer than the latest)."""
+
+
+class VersionRemovedError(VersionNotFoundError):
+    """The version existed but cleanup (``gc``, Lance's ``cleanup_old_versions``) removed it;
+    the message names the oldest version still there."""
 
 
 class CorruptBlobError(BlobhouseError):

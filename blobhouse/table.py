@@ -35,12 +35,17 @@ from blobhouse.errors import (
     BlobhouseError,
     BlobReadError,
     InvalidInputError,
+    NotATableError,
+    PathIsFileError,
+    PathNotFoundError,
     SchemaError,
     StaleWriteError,
     TableExistsError,
     TableNotFoundError,
+    VersionNotFoundError,
+    VersionRemovedError,
 )
-from blobhouse.layout import BasePaths, TableLocation
+from blobhouse.layout import STORE_DIR, BasePaths, TableLocation
 from blobhouse.maintenance import compaction, garbage_collection, verification
 from blobhouse.maintenance.stats import blob_stats
 from blobhouse.maintenance.walk import Progress
@@ -103,6 +108,7 @@ def write_table(
     max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE,
     storage_options: dict[str, str] | None = None,
     branch: str | None = None,
+    allow_nonempty_folder: bool = False,
 ) -> Table:
     """Write ``data`` to the blob table at ``uri`` in one Lance transaction.
 
@@ -112,7 +118,8 @@ def write_table(
     :class:`TableExistsError` if the table exists, also when another writer created it while
     this one ran. ``branch`` writes to a branch of the table (made with Lance's
     ``create_branch``). If anything fails, the table stays at its previous version and what
-    this call wrote is removed.
+    this call wrote is removed. A new table is not created in a folder that holds other files
+    unless ``allow_nonempty_folder``.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -135,6 +142,7 @@ def write_table(
         max_bytes_per_file=max_bytes_per_file,
         storage_options=storage_options,
         branch=branch,
+        allow_nonempty_folder=allow_nonempty_folder,
     )
     try:
         written = write.write(batches)
@@ -179,6 +187,7 @@ class TableWrite:
         load_store_index: bool = True,
         branch: str | None = None,
         write_id: str | None = None,
+        allow_nonempty_folder: bool = False,
     ) -> TableWrite:
         """Check the mode against the table, and plan the write of data shaped as ``schema``.
 
@@ -190,6 +199,8 @@ class TableWrite:
         storage_options = checked_options(storage_options)
         location = TableLocation.of(uri, branch, storage_options)
         existing = _open_dataset(location, None, storage_options)
+        if existing is None and location.branch is None:
+            _check_new_table_folder(location.root, allow_nonempty_folder)
         if existing is None and location.branch is not None:
             raise TableNotFoundError(
                 f"no branch {location.branch!r} in {location.root} (make it with Lance's "
@@ -383,9 +394,7 @@ def open_at(
         version = _version_number(version)
     dataset = _open_dataset(location, version, storage_options)
     if dataset is None:
-        where = f"branch {location.branch!r} of " if location.branch else ""
-        at = f" at version {version}" if version is not None else ""
-        raise TableNotFoundError(f"no table at {where}{location.root}{at}")
+        raise _not_found(location, version, storage_options)
     if location.branch is not None and (bases := BasePaths(dataset, location)).moved:
         raise BlobhouseError(
             f"branch {location.branch!r} of {location.root} was made when the table was at "
@@ -395,6 +404,97 @@ def open_at(
             "it again, or read it at the old place"
         )
     return Table(dataset, location, storage_options)
+
+
+def _not_found(
+    location: TableLocation, version: int | None, storage_options: dict[str, str] | None
+) -> TableNotFoundError:
+    """Why there is no table at ``location`` (at ``version``): the path, or the version."""
+    root = location.root
+    if location.branch is None or "://" in root:
+        problem = path_problem(root)
+        if problem is not None:
+            return problem
+    latest = _open_dataset(location, None, storage_options) if version is not None else None
+    where = f"branch {location.branch!r} of " if location.branch else ""
+    if latest is None:
+        if location.branch is not None:
+            return TableNotFoundError(f"no branch {location.branch!r} in {root}")
+        return TableNotFoundError(f"no table at {root}")
+    retained = [v["version"] for v in latest.versions()]
+    if version > latest.version:
+        return VersionNotFoundError(
+            f"{where}{root} has no version {version}: it never existed (the latest is "
+            f"{latest.version})"
+        )
+    return VersionRemovedError(
+        f"version {version} of {where}{root} was removed by cleanup (gc); the oldest retained "
+        f"version is {min(retained)} (retained: {_spans(retained)})"
+    )
+
+
+def path_problem(path: str) -> TableNotFoundError | None:
+    """What is wrong with a local ``path`` that should hold a table, if anything is."""
+    if "://" in path:
+        return None
+    in_the_way = _file_in_the_way(path)
+    if in_the_way is not None:
+        return PathIsFileError(f"{path} is not a table: {in_the_way}; a table is a folder")
+    if not os.path.exists(path):
+        return PathNotFoundError(f"no table at {path}: no such file or folder")
+    if not os.path.isdir(os.path.join(path, "_versions")):
+        entries = sorted(os.listdir(path))
+        what = "an empty folder" if not entries else f"a folder of {_listing(entries)}"
+        return NotATableError(f"{path} is not a table: it is {what} (no _versions/)")
+    return None
+
+
+# what a folder holding a table, or a failed create's leftovers, may contain
+_TABLE_ENTRIES = frozenset(
+    ("_versions", "_transactions", "_deletions", "_indices", "_refs", "tree", "data")
+) | {STORE_DIR, leases.LEASES_DIR}
+
+
+def _check_new_table_folder(root: str, allow_nonempty_folder: bool) -> None:
+    """Refuse to create a table at a file, or in a folder of other files (unless asked)."""
+    in_the_way = _file_in_the_way(root)
+    if in_the_way is not None:
+        raise PathIsFileError(f"cannot create a table at {root}: {in_the_way}")
+    if isinstance(path_problem(root), NotATableError) and not allow_nonempty_folder:
+        foreign = sorted(set(os.listdir(root)) - _TABLE_ENTRIES)
+        if foreign:
+            raise InvalidInputError(
+                f"{root} is a folder of other files ({_listing(foreign)}): a new table would "
+                "mix its _versions/ and data/ into them. Write to a new or empty folder, or "
+                "pass allow_nonempty_folder=True (Spark: option allow_nonempty_folder=true)"
+            )
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """``"it is a file"`` or which folder above ``path`` is a file, if one is."""
+    if os.path.isfile(path):
+        return "it is a file"
+    while (parent := os.path.dirname(path)) != path:
+        if os.path.isfile(parent):
+            return f"{parent}, a folder above it, is a file"
+        path = parent
+    return None
+
+
+def _listing(entries: list[str], shown: int = 3) -> str:
+    more = f" and {len(entries) - shown} more" if len(entries) > shown else ""
+    return ", ".join(entries[:shown]) + more
+
+
+def _spans(versions: list[int]) -> str:
+    """``[1, 2, 3, 7]`` as ``1-3, 7``."""
+    spans: list[list[int]] = []
+    for v in sorted(versions):
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _version_number(version: object) -> int:

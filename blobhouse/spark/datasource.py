@@ -69,6 +69,7 @@ WRITE_OPTIONS = frozenset(
         "max_rows_per_file",
         "max_bytes_per_file",
         "allowed_bases",
+        "allow_nonempty_folder",
     )
 )
 # set by blobhouse.spark.write_table for a write whose payloads are stored first
@@ -371,6 +372,8 @@ class _WriteOptions:
                 kwargs[name] = int(get(name))
         if get("store_index") == "joined":
             kwargs["load_store_index"] = False
+        if get("allow_nonempty_folder") is not None:
+            kwargs["allow_nonempty_folder"] = _flag(get("allow_nonempty_folder"))
         if get("write_id"):
             kwargs["write_id"] = get("write_id")
         return kwargs
@@ -414,6 +417,12 @@ def _path(options) -> str:
     if not path:
         raise InvalidInputError("blobhouse needs a table path: .save(uri) / .load(uri)")
     return path
+
+
+def _flag(value: str) -> bool:
+    if value.strip().lower() not in ("true", "false"):
+        raise InvalidInputError(f"allow_nonempty_folder must be true or false, got {value!r}")
+    return value.strip().lower() == "true"
 
 
 def _names(value: str | None) -> list[str]:

@@ -1,0 +1,90 @@
+"""Opening or creating a table at the wrong place or version: each case its own error type and
+message, and nothing written."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+import pytest
+
+import blobhouse.spark as bs
+from blobhouse import (
+    InvalidInputError,
+    NotATableError,
+    PathIsFileError,
+    PathNotFoundError,
+    TableNotFoundError,
+    VersionNotFoundError,
+    VersionRemovedError,
+    open_table,
+    write_table,
+)
+
+ROWS = pa.table({"id": [1, 2]})
+
+
+def test_each_wrong_path_has_its_own_error(tmp_path):
+    (tmp_path / "a-file").write_text("hello")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")
+    (tmp_path / "empty").mkdir()
+    cases = {
+        "missing": (PathNotFoundError, "no such file or folder"),
+        "a-file": (PathIsFileError, "it is a file"),
+        "a-file/t": (PathIsFileError, "a folder above it, is a file"),
+        "notes": (NotATableError, "folder of todo.txt"),
+        "empty": (NotATableError, "an empty folder"),
+    }
+    for name, (kind, message) in cases.items():
+        with pytest.raises(kind, match=message) as raised:
+            open_table(str(tmp_path / name))
+        assert isinstance(raised.value, TableNotFoundError)  # what callers caught before
+        assert type(raised.value) is kind
+
+
+def test_a_version_that_never_existed_and_one_cleanup_removed(table_uri):
+    for _ in range(4):
+        write_table(ROWS, table_uri, mode="append")
+    lance.dataset(table_uri).cleanup_old_versions(older_than=timedelta(0), retain_versions=2)
+    with pytest.raises(VersionRemovedError, match="oldest retained version is 3"):
+        open_table(table_uri, 1)
+    with pytest.raises(VersionNotFoundError, match=r"never existed .*latest is 4") as raised:
+        open_table(table_uri, 9)
+    assert type(raised.value) is VersionNotFoundError
+    assert open_table(table_uri, 3).version == 3
+
+
+def test_writing_at_a_file_or_below_one_is_refused(tmp_path):
+    (tmp_path / "a-file").write_text("hello")
+    for name in ("a-file", "a-file/t"):
+        with pytest.raises(PathIsFileError, match="cannot create a table"):
+            write_table(ROWS, str(tmp_path / name))
+    assert (tmp_path / "a-file").read_text() == "hello"
+
+
+def test_a_new_table_is_not_mixed_into_a_folder_of_other_files(tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "cat.jpg").write_bytes(b"jpeg")
+    with pytest.raises(InvalidInputError, match=r"folder of other files .*allow_nonempty_folder"):
+        write_table(ROWS, str(folder))
+    assert sorted(os.listdir(folder)) == ["cat.jpg"]
+    table = write_table(ROWS, str(folder), allow_nonempty_folder=True)
+    assert table.count_rows() == 2
+    write_table(ROWS, str(folder), mode="append")  # a table now: appends need no flag
+
+
+def test_spark_refuses_a_folder_of_other_files_unless_asked(spark, tmp_path):
+    bs.register(spark)
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "cat.jpg").write_bytes(b"jpeg")
+    df = spark.createDataFrame([(1,)], "id long")
+    with pytest.raises(InvalidInputError, match="folder of other files"):
+        bs.write_table(df, str(folder))
+    assert sorted(os.listdir(folder)) == ["cat.jpg"]
+    bs.write_table(df, str(folder), options={"allow_nonempty_folder": "true"})
+    assert open_table(str(folder)).count_rows() == 1
