@@ -174,6 +174,32 @@ def test_spark_backfill_stores_into_the_table_store(spark, table_uri):
     assert open_table(table_uri).stats()["columns"]["b"]["kinds"]["global"]["rows"] == 6
 
 
+def test_spark_global_backfill_with_deleted_rows_and_a_failing_function(spark, table_uri):
+    ids = pa.array(range(8), pa.int64())
+    table = write_table(pa.table({"id": ids}), table_uri, max_rows_per_file=4)
+    table.delete("id IN (1, 6)")
+
+    def failing(batch):
+        if 5 in batch["id"].to_pylist():
+            raise ValueError("render failed on id 5")
+        return [PAYLOADS[i % 2] for i in batch["id"].to_pylist()]
+
+    with pytest.raises(Exception, match="render failed on id 5"):
+        bs.backfill_blob_column(spark, table_uri, "b", failing, dedup="global")
+    assert "b" not in open_table(table_uri).schema.names
+    assert packs_bytes(table_uri) == 0
+
+    def render(batch):
+        return [PAYLOADS[i % 2] for i in batch["id"].to_pylist()]
+
+    bs.backfill_blob_column(spark, table_uri, "b", render, dedup="global")
+    assert packs_bytes(table_uri) == len(PAYLOADS[0]) + len(PAYLOADS[1])
+    got = open_table(table_uri).to_arrow(blobs="bytes").to_pylist()
+    assert [(r["id"], r["b"]) for r in got] == [
+        (i, PAYLOADS[i % 2]) for i in range(8) if i not in (1, 6)
+    ]
+
+
 def test_spark_tasks_writing_overlapping_content_store_each_payload_once(spark, table_uri):
     data = [(i, PAYLOADS[i % 3]) for i in range(48)]
     df = spark.createDataFrame(data, "id long, b binary").repartition(8)
