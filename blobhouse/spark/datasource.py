@@ -203,6 +203,8 @@ class BlobhouseReader(DataSourceReader):
         return ranges
 
     def read(self, partition: FragmentRange) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, FragmentRange):
+            return  # pyspark reads one InputPartition(None) when partitions() is empty
         table = self.spec.open()
         conditions = [c for c in [self.spec.filter, *self.pushed] if c]
         batches = table.scan(
@@ -377,6 +379,8 @@ def _path(options) -> str:
     path = options.get("path")
     if not path:
         raise InvalidInputError("blobhouse needs a table path: .save(uri) / .load(uri)")
+    if path.startswith("file:/") and not path.startswith("file://"):
+        return path[len("file:") :]  # Spark's qualified local path (a catalog table's location)
     return path
 
 
