@@ -521,6 +521,7 @@ def _same_table(one: Mapping[str, str], other: Mapping[str, str]) -> bool:
     def where(options: Mapping[str, str]) -> TableLocation:
         return TableLocation.of(_path(options), options.get("branch"), storage_options_of(options))
 
+    # the statement's path and branch (else the table's branch) against the table's own
     return where(one) == where({**one, **other})
 
 
