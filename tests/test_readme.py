@@ -8,7 +8,9 @@ from pathlib import Path
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_readme_python_examples_run():
+def test_readme_python_examples_run(spark):
+    """With the session fixture: the examples' local_session() is that session, whose SQL
+    warehouse (CREATE TABLE) is a temporary directory."""
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     assert blocks, "the README has no Python example"
     for block in blocks:

@@ -8,6 +8,9 @@ commits all of them in one Lance transaction; ``abort`` removes what the tasks w
 Read: one input partition per fragment (split by row range when big), Arrow batches, blob
 columns as resolved references ``struct<uri, position, size>`` (bytes only with
 ``option("blobs", "bytes")``).
+
+SQL: ``CREATE TABLE t USING blobhouse OPTIONS (path '<uri>')`` makes a catalog table of an existing
+table, or of a new one with ``columns``; :mod:`blobhouse.spark.catalog` and docs/spark-sql.md.
 """
 
 from __future__ import annotations
@@ -38,20 +41,43 @@ from pyspark.sql.datasource import (
     StringStartsWith,
     WriterCommitMessage,
 )
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from blobhouse.errors import InvalidInputError
+from blobhouse.errors import InvalidInputError, SchemaError, TableNotFoundError
 from blobhouse.layout import TableLocation
 from blobhouse.options import check_names
 from blobhouse.pipeline import WrittenFile
+from blobhouse.rangeio import REF_TYPE
+from blobhouse.spark.catalog import parse_columns, table_options, with_table_options
 from blobhouse.storage import checked_options
-from blobhouse.table import TableWrite, open_at
+from blobhouse.table import TableWrite, open_at, write_table
+from blobhouse.values import path_name, stored_blob_columns
 
 STORAGE_PREFIX = "storage."
 DEFAULT_ROWS_PER_PARTITION = 1_000_000
 DEFAULT_MAX_BATCH_BYTES = 1 << 30
 _STALE_PUSHDOWN_VERSIONS = ("4.1.", "4.2.", "4.3.")
+
+# CREATE TABLE ... USING blobhouse (docs/spark-sql.md). Spark shows the data source its table
+# properties (TableCatalog.PROP_*), the TBLPROPERTIES, the OPTIONS, and every OPTIONS key again
+# under "option."; `path` comes qualified ("file:/data/t"), from OPTIONS (path ...) or LOCATION.
+# The PROP_* keys and the "option." copies are not blobhouse options: accepted and ignored.
+SPARK_TABLE_KEYS = frozenset(
+    {
+        "provider",
+        "owner",
+        "location",
+        "external",
+        "is_managed_location",
+        "table_type",
+        "comment",
+        "collation",
+    }
+)
+SPARK_TABLE_KEY_PREFIX = "option."
+# Options of CREATE TABLE only: `columns` declares the columns of a table it creates.
+CREATE_TABLE_OPTIONS = frozenset({"columns"})
 
 # every option name the data source knows (Spark hands them over lower-cased); storage options
 # are ``storage.<name>``
@@ -85,6 +111,15 @@ def check_options(options: Mapping[str, str], valid: frozenset[str], what: str) 
     check_names(names, valid, what, INTERNAL_OPTIONS)
 
 
+def check_table_options(options: Mapping[str, str]) -> None:
+    """The options of ``CREATE TABLE ... USING blobhouse`` (OPTIONS and TBLPROPERTIES, next to
+    the keys Spark adds): any blobhouse option, nothing else."""
+    names = [k.removeprefix(SPARK_TABLE_KEY_PREFIX) for k in options if k not in SPARK_TABLE_KEYS]
+    check_options(
+        dict.fromkeys(names), READ_OPTIONS | WRITE_OPTIONS | CREATE_TABLE_OPTIONS, "table option"
+    )
+
+
 class BlobhouseDataSource(DataSource):
     """Spark data source ``blobhouse`` (register with :func:`blobhouse.spark.register`).
 
@@ -104,6 +139,9 @@ class BlobhouseDataSource(DataSource):
     ``max_batch_bytes`` (Arrow batch size cap, default 1 GiB), ``pushdown`` (``"off"``, or
     ``"on"``:
     see :class:`PushdownReader`).
+
+    ``CREATE TABLE`` only: ``columns`` (Spark DDL, ``"id BIGINT, img BINARY"``) creates the table
+    at ``path`` when it does not exist (:data:`CREATE_TABLE_OPTIONS`).
     """
 
     @classmethod
@@ -111,13 +149,16 @@ class BlobhouseDataSource(DataSource):
         return "blobhouse"
 
     def schema(self) -> StructType:
+        if "provider" in self.options:  # CREATE TABLE ... USING blobhouse
+            check_table_options(self.options)
+            return _catalog_table_schema(self.options)
         check_options(self.options, READ_OPTIONS, "blobhouse read option")
         read = ReadSpec.from_options(self.options)
         return from_arrow_schema(read.open().output_schema(blobs=read.blobs))
 
     def reader(self, schema: StructType) -> BlobhouseReader:
         check_options(self.options, READ_OPTIONS, "blobhouse read option")
-        spec = ReadSpec.from_options(self.options)
+        spec = ReadSpec.from_options(_read_options(self.options, schema))
         if spec.pushdown == "on":
             _check_pushdown_is_safe()
             return PushdownReader(spec, schema)
@@ -125,16 +166,27 @@ class BlobhouseDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> BlobhouseWriter:
         check_options(self.options, WRITE_OPTIONS, "blobhouse write option")
-        options = _WriteOptions(self.options)
+        options = _WriteOptions(_write_options(self.options, schema))
         # planned on the driver: the table path is resolved here, never on an executor
-        write = TableWrite.begin(
-            options.path,
-            to_arrow_schema(schema),
-            mode="overwrite" if overwrite else "append",
-            storage_options=storage_options_of(self.options),
-            branch=self.options.get("branch"),
-            **options.table_write_kwargs(),
-        )
+        try:
+            write = TableWrite.begin(
+                options.path,
+                to_arrow_schema(schema),
+                mode="overwrite" if overwrite else "append",
+                storage_options=storage_options_of(options.options),
+                branch=options.options.get("branch"),
+                **options.table_write_kwargs(),
+            )
+        except SchemaError as error:
+            refs = [f.name for f in schema.fields if _is_reference(f.dataType)]
+            if not refs:
+                raise
+            raise SchemaError(
+                f"{error}. {refs} hold blob references (struct<uri, position, size>, what "
+                "blobhouse reads with blobs='refs'), not bytes: write read_blob(column) or "
+                "blobhouse.spark.materialize(df, columns); in SQL, INSERT into a catalog table "
+                "made with OPTIONS (blobs 'bytes') (docs/spark-sql.md)"
+            ) from error
         return BlobhouseWriter(write)
 
 
@@ -238,6 +290,8 @@ class BlobhouseReader(DataSourceReader):
         return ranges
 
     def read(self, partition: FragmentRange) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, FragmentRange):
+            return  # pyspark reads one InputPartition(None) when partitions() is empty
         table = self.spec.open()
         conditions = [c for c in [self.spec.filter, *self.pushed] if c]
         batches = table.scan(
@@ -412,10 +466,128 @@ def storage_prefixed(storage_options: Mapping[str, str] | None) -> dict[str, str
     return {f"{STORAGE_PREFIX}{k}": v for k, v in (checked_options(storage_options) or {}).items()}
 
 
+def _catalog_table_schema(options) -> StructType:
+    """``CREATE TABLE ... USING blobhouse``: the table's schema, carrying its options (Spark
+    shows them to the data source this once). With ``columns``, the table is created first when
+    missing, so that a SELECT before any INSERT finds it, empty, with its blob columns."""
+    own = {
+        k: v
+        for k, v in options.items()
+        if k not in SPARK_TABLE_KEYS and not k.startswith(SPARK_TABLE_KEY_PREFIX)
+    }
+    if not own.get("path"):
+        raise InvalidInputError(
+            "CREATE TABLE ... USING blobhouse needs the table's location: OPTIONS (path '<uri>') "
+            "or LOCATION '<uri>'"
+        )
+    read = ReadSpec.from_options(own)
+    if own.get("columns"):
+        _create_if_missing(read, own)
+    try:
+        table = read.open()
+    except TableNotFoundError as error:
+        raise TableNotFoundError(
+            f"{error}; to create a new table there, declare its columns: OPTIONS (path '<uri>', "
+            "columns 'id BIGINT, img BINARY', blob_columns 'img')"
+        ) from error
+    carried = {k: v for k, v in own.items() if k not in CREATE_TABLE_OPTIONS}
+    # resolved here, on the driver: a relative path means the driver's working directory
+    carried["path"] = table.location.root
+    if table.location.branch is not None:
+        carried["branch"] = table.location.branch
+    blob_columns = {path_name(p) for p in stored_blob_columns(table.dataset.schema)}
+    schema = from_arrow_schema(table.output_schema(blobs=read.blobs))
+    return with_table_options(schema, carried, blob_columns, read.blobs)
+
+
+def _create_if_missing(read: ReadSpec, options: dict[str, str]) -> None:
+    declared = parse_columns(options["columns"])
+    try:
+        table = read.open()
+    except TableNotFoundError:
+        kwargs = _WriteOptions(options).table_write_kwargs()
+        kwargs.pop("load_store_index", None)
+        write_table(
+            to_arrow_schema(declared).empty_table(),
+            _path(options),
+            mode="append",
+            storage_options=read.storage_options,
+            branch=options.get("branch"),
+            **kwargs,
+        )
+        return
+    existing = from_arrow_schema(table.output_schema(blobs="bytes"))
+    shape = [(f.name, f.dataType.simpleString()) for f in existing.fields]
+    if [(f.name, f.dataType.simpleString()) for f in declared.fields] != shape:
+        raise InvalidInputError(
+            f"option columns {options['columns']!r} does not match the table at "
+            f"{table.location.root}: {', '.join(f'{n} {t}' for n, t in shape)} (leave columns "
+            "out to use the table's own)"
+        )
+    stored = {path_name(p) for p in stored_blob_columns(table.dataset.schema)}
+    missing = [c for c in _names(options.get("blob_columns")) if c not in stored]
+    if missing:
+        raise InvalidInputError(
+            f"blob_columns {missing} are not blob columns of the table at {table.location.root}"
+        )
+
+
+def _read_options(options, schema: StructType) -> Mapping[str, str]:
+    """The options of a read: a catalog table's (carried in its schema, which is always the
+    scanned table's own) under the statement's ``WITH (...)`` ones."""
+    carried = table_options(schema, whole=True)
+    if carried is None:
+        return options
+    blobs = carried.get("blobs", "refs")
+    if options.get("blobs", blobs) != blobs:
+        raise InvalidInputError(
+            f"this catalog table reads blob columns as blobs={blobs!r} (its column types); "
+            "make another table over the same path with OPTIONS (blobs '...') for the other"
+        )
+    return {**carried, **options}
+
+
+def _write_options(options, schema: StructType) -> Mapping[str, str]:
+    """The options of a write: the statement's own, plus a catalog table's when the columns
+    carry the options of the table the statement names. Without a path in the statement the
+    target is unknown: the columns may be those of an INSERT's source table."""
+    if not options.get("path"):
+        raise InvalidInputError(
+            "blobhouse needs a table path: .save(uri), or for SQL INSERT INTO / INSERT "
+            "OVERWRITE a catalog table, the path in the statement: INSERT INTO t WITH ('path' = "
+            "'<uri>') VALUES ... (pyspark 4.3 does not show a Python data source which table a "
+            "statement writes; docs/spark-sql.md). Or write with blobhouse.spark.write_table(df, "
+            "uri) or df.write.format('blobhouse').save(uri). CREATE TABLE ... AS SELECT cannot "
+            "name it: create the table, then INSERT."
+        )
+    carried = table_options(schema)
+    if carried is None or not _same_table(carried, options):
+        return options
+    return {**carried, **options}
+
+
+def _same_table(one: Mapping[str, str], other: Mapping[str, str]) -> bool:
+    def where(options: Mapping[str, str]) -> TableLocation:
+        return TableLocation.of(_path(options), options.get("branch"), storage_options_of(options))
+
+    # the statement's path and branch (else the table's branch) against the table's own
+    return where(one) == where({**one, **other})
+
+
+def _is_reference(data_type) -> bool:
+    return data_type.simpleString() == from_arrow_type(REF_TYPE).simpleString()
+
+
 def _path(options) -> str:
     path = options.get("path")
     if not path:
-        raise InvalidInputError("blobhouse needs a table path: .save(uri) / .load(uri)")
+        raise InvalidInputError(
+            "blobhouse needs a table path: .save(uri) / .load(uri); a SQL catalog table needs "
+            "CREATE TABLE t USING blobhouse OPTIONS (path '<uri>') without a column list "
+            "(docs/spark-sql.md)"
+        )
+    if path.startswith("file:/") and not path.startswith("file://"):
+        return path[len("file:") :]  # Spark's qualified local path (a catalog table's location)
     return path
 
 
