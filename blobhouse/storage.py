@@ -198,12 +198,17 @@ def is_local(uri: str) -> bool:
 
 
 def uri_to_path(uri: str) -> str:
-    """The local path of a ``file://`` URI (other URIs and local paths unchanged).
+    """The local path of a ``file://`` URI, or of Spark's and Hadoop's ``file:/path`` (other
+    URIs and local paths unchanged).
 
-    >>> uri_to_path("file:///data/my%20clips/a.mp4")
-    '/data/my clips/a.mp4'
+    >>> uri_to_path("file:///data/my%20clips/a.mp4"), uri_to_path("file:/data/t")
+    ('/data/my clips/a.mp4', '/data/t')
     """
-    return unquote(urlsplit(uri).path) if uri.startswith("file://") else uri
+    if uri.startswith("file://"):
+        return unquote(urlsplit(uri).path)
+    if uri.startswith("file:/"):
+        return unquote(uri.removeprefix("file:"))
+    return uri
 
 
 class LocalStore:

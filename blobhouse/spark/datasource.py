@@ -586,9 +586,7 @@ def _path(options) -> str:
             "CREATE TABLE t USING blobhouse OPTIONS (path '<uri>') without a column list "
             "(docs/spark-sql.md)"
         )
-    if path.startswith("file:/") and not path.startswith("file://"):
-        return path[len("file:") :]  # Spark's qualified local path (a catalog table's location)
-    return path
+    return path  # Spark's qualified local paths (file:/data/t) resolve like any file URI
 
 
 def _flag(value: str) -> bool:
