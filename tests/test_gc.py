@@ -24,6 +24,10 @@ def age(paths, hours: float) -> None:
         os.utime(path, (past, past))
 
 
+def age_tree(root: str, hours: float) -> None:
+    age([os.path.join(root, p) for p in tree(root)], hours)
+
+
 @pytest.fixture
 def with_leftovers(table_uri):
     payloads = [os.urandom(200_000), os.urandom(10)]
@@ -88,3 +92,26 @@ def test_gc_reports_what_lance_cleanup_removed_with_the_versions(table_uri):
     freed = before - disk_bytes(table_uri)
     assert report["removed_by_lance_cleanup"]["files"] >= 3
     assert 0.95 * freed <= report["reclaimed_bytes"] <= freed
+
+
+def test_a_retired_pack_waits_for_its_tombstone_and_is_counted_once(table_uri):
+    """A pack gc retired is deleted only once its tombstone is past the grace period (a gc run
+    in between keeps it), and the run that reaps it counts it once."""
+    first = pa.table({"b": blob_array([os.urandom(300_000)])})
+    write_table(first, table_uri, dedup="global")
+    write_table(pa.table({"b": blob_array([os.urandom(1_000)])}), table_uri, mode="overwrite")
+    age_tree(table_uri, hours=48)
+    retired = open_table(table_uri).gc(retain_versions=1)
+    assert (retired["retired_packs"], retired["reaped_packs"]) == (1, 0)
+    packs = os.path.join(table_uri, "_blobs", "packs")
+    (pack,) = os.listdir(packs)
+    again = open_table(table_uri).gc()  # the tombstone is young
+    assert os.listdir(packs) == [pack] and again["removed_files"] == 0
+    assert again["kept_retired_packs"] == 1 and again["kept_young_files"] == 0
+    age_tree(table_uri, hours=48)
+    before = disk_bytes(table_uri)
+    reaped = open_table(table_uri).gc()
+    assert reaped["reaped_packs"] == 1 and os.listdir(packs) == []
+    assert reaped["paths"] == [os.path.join(packs, pack)]
+    assert reaped["removed_files"] == 1 and reaped["reclaimed_bytes"] == 300_000
+    assert before - disk_bytes(table_uri) == 300_000

@@ -212,7 +212,9 @@ def gc(
     # writes that ran at any time since the mark began (including those that committed after
     # it, which the mark could not see) keep their files, however old
     running = leases.live_prefixes(table_path, mark_started - leases.TIMEOUT_SECONDS, options)
-    leftovers = sorted(p for p in owned.objects if p not in marked)
+    # retired packs (tombstoned) follow the store's rules only: reaped once their tombstone
+    # has aged (counted there), never swept as plain leftovers before that
+    leftovers = sorted(p for p in owned.objects if p not in marked and p not in packs.tombstoned)
     old = [
         p
         for p in leftovers
@@ -251,6 +253,7 @@ def gc(
         "retired_packs": len(packs.retire),
         "reaped_packs": len(packs.reap),
         "resurrected_packs": len(packs.resurrect),
+        "kept_retired_packs": len(packs.waiting),
         "aborted_uploads": aborted_uploads,
         "paths": [owned.location(p) for p in old + packs.reap_paths],
     }
@@ -352,9 +355,12 @@ class _StorePacks:
         self.owned = owned
         packs = indexed_packs(self.table_path, self.options)
         tombstones = retired_packs(self.table_path, self.options)
+        # retired packs: only the rules below ever delete them
+        self.tombstoned = {f"{STORE_DIR}/{p}" for p in tombstones}
         if marked.keeps_whole(f"{_PACKS}/"):  # retire and reap nothing
             self.indexed = {f"{STORE_DIR}/{p}" for p in packs}
             self.unreferenced_indexed, self.retire, self.resurrect, self.reap = [], [], [], []
+            self.waiting = sorted(p for p in tombstones if f"{STORE_DIR}/{p}" in owned.objects)
             return
         referenced = {
             p.removeprefix(f"{STORE_DIR}/") for p in marked.paths if p.startswith(STORE_DIR)
@@ -367,6 +373,10 @@ class _StorePacks:
         # a pack still in the index (its retirement could not update it) is retired again
         self.retire += [p for p in due if p not in referenced and p in packs]
         self.reap = [p for p in due if p not in referenced and p not in packs]
+        # retired packs whose tombstone is younger than the grace period: kept for now
+        self.waiting = sorted(
+            p for p in tombstones if p not in due and f"{STORE_DIR}/{p}" in owned.objects
+        )
 
     @property
     def reap_paths(self) -> list[str]:
