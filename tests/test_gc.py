@@ -3,10 +3,12 @@ nothing outside the table's data directory, is ever removed."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from datetime import timedelta
 
+import lance
 import pyarrow as pa
 import pytest
 
@@ -79,6 +81,9 @@ def test_gc_command(with_leftovers, table_uri, capsys):
     assert "would remove versions [] and 0 unreferenced files" in capsys.readouterr().out
     assert main(["gc", table_uri, "--grace-hours", "0", "--json"]) == 0
     assert '"removed_files": 2' in capsys.readouterr().out
+    write_table(pa.table({"b": blob_array([b"new"])}), table_uri, mode="overwrite")
+    assert main(["gc", table_uri, "--retain-versions", "1", "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["removed_versions"] == [1]
 
 
 def test_gc_reports_what_lance_cleanup_removed_with_the_versions(table_uri):
@@ -91,7 +96,96 @@ def test_gc_reports_what_lance_cleanup_removed_with_the_versions(table_uri):
     report = open_table(table_uri).gc(retain_versions=1, grace=timedelta(hours=1))
     freed = before - disk_bytes(table_uri)
     assert report["removed_by_lance_cleanup"]["files"] >= 3
-    assert 0.95 * freed <= report["reclaimed_bytes"] <= freed
+    assert report["reclaimed_bytes"] == freed
+
+
+def build_history(uri: str, dedup: str) -> None:
+    """Appends, a tag, a branch, a delete, a compaction and a write that never committed:
+    versions and files of every sort for Lance's cleanup and the sweep to remove."""
+    for i in range(4):
+        payloads = [os.urandom(300_000), os.urandom(70_000)]
+        data = pa.table({"id": pa.array([i, i + 10], pa.int64()), "b": blob_array(payloads)})
+        write_table(data, uri, mode="append", dedup=dedup)
+    lance.dataset(uri).tags.create("gold", 2)
+    lance.dataset(uri).create_branch("exp", 3)
+    extra = pa.table({"id": pa.array([99], pa.int64()), "b": blob_array([os.urandom(100_000)])})
+    write_table(extra, uri, mode="append", branch="exp", dedup=dedup)
+    open_table(uri).delete("id < 2")
+    open_table(uri).compact()
+    staged = pa.table({"b": blob_array([os.urandom(300_000)])})
+    write_data_files(staged.to_batches(), plan_write(staged.schema), TableLocation(uri))
+
+
+def sizes(root: str) -> dict[str, int]:
+    return {p: os.path.getsize(os.path.join(root, p)) for p in tree(root)}
+
+
+SAME_IN_BOTH = (
+    "removed_versions",
+    "retained_versions",
+    "kept_tagged_versions",
+    "removed_files",
+    "reclaimed_bytes",
+    "removed_by_lance_cleanup",
+    "removed_by_sweep",
+    "store_index",
+    "paths",
+    "kept_young_files",
+    "retired_packs",
+    "reaped_packs",
+    "resurrected_packs",
+    "expired_leases",
+)
+
+
+@pytest.mark.parametrize("dedup", ["content", "global"])
+def test_a_dry_run_lists_exactly_what_the_real_run_removes(table_uri, dedup):
+    """Versions (Lance's rules: the latest, tagged versions and a branch's parent are kept),
+    files (Lance's and the sweep's, none twice) and bytes, the same in a dry run and in the
+    run that follows; the bytes are what the directory lost."""
+    build_history(table_uri, dedup)
+    age_tree(table_uri, hours=48)
+    removed = []
+    for branch, kwargs in [
+        (None, {"retain_versions": 1}),
+        (None, {"older_than": timedelta(0), "grace": timedelta(0)}),
+        ("exp", {"retain_versions": 1}),
+    ]:
+        before = sizes(table_uri)
+        dry = open_table(table_uri, branch=branch).gc(dry_run=True, **kwargs)
+        assert sizes(table_uri) == before  # a dry run changes nothing
+        done = open_table(table_uri, branch=branch).gc(**kwargs)
+        assert {k: dry[k] for k in SAME_IN_BOTH} == {k: done[k] for k in SAME_IN_BOTH}
+        after = sizes(table_uri)
+        gone = {p for p in before.keys() - after.keys() if not p.startswith("_leases/")}
+        gone -= {p for p in gone if p.startswith("_blobs/tombstones/")}  # empty markers
+        assert sorted(os.path.join(table_uri, p) for p in gone) == done["paths"]
+        assert done["removed_files"] == len(gone) == len(set(done["paths"]))
+        assert done["reclaimed_bytes"] == sum(before.values()) - sum(after.values())
+        assert done["reclaimed_bytes"] == (
+            done["removed_by_lance_cleanup"]["bytes"]
+            + done["removed_by_sweep"]["bytes"]
+            + done["store_index"]["removed_bytes"]
+        )
+        removed.append(done["removed_versions"])
+    assert removed == [[1, 4, 5], [], [3]]  # main's, then the branch's
+    main_versions = [v["version"] for v in open_table(table_uri).versions()]
+    assert 2 in main_versions and 3 in main_versions  # tagged, and the branch's parent
+    assert open_table(table_uri).verify(deep=True)["problems"] == []
+
+
+def test_the_first_dry_run_names_the_versions_lance_would_remove(table_uri):
+    for _ in range(4):
+        write_table(pa.table({"b": blob_array([os.urandom(100_000)])}), table_uri, mode="append")
+    lance.dataset(table_uri).tags.create("keep", 2)
+    dry = open_table(table_uri).gc(retain_versions=1, dry_run=True)
+    assert dry["removed_versions"] == [1, 3] and dry["retained_versions"] == [2, 4]
+    assert dry["kept_tagged_versions"] == [2]
+    manifests = [p for p in dry["paths"] if "_versions" in p]
+    assert len(manifests) == 2  # the manifests of versions 1 and 3
+    assert [v["version"] for v in open_table(table_uri).versions()] == [1, 2, 3, 4]
+    done = open_table(table_uri).gc(retain_versions=1)
+    assert done["removed_versions"] == [1, 3] and done["paths"] == dry["paths"]
 
 
 def test_a_retired_pack_waits_for_its_tombstone_and_is_counted_once(table_uri):
@@ -110,8 +204,10 @@ def test_a_retired_pack_waits_for_its_tombstone_and_is_counted_once(table_uri):
     assert again["kept_retired_packs"] == 1 and again["kept_young_files"] == 0
     age_tree(table_uri, hours=48)
     before = disk_bytes(table_uri)
+    dry = open_table(table_uri).gc(dry_run=True)
     reaped = open_table(table_uri).gc()
     assert reaped["reaped_packs"] == 1 and os.listdir(packs) == []
-    assert reaped["paths"] == [os.path.join(packs, pack)]
-    assert reaped["removed_files"] == 1 and reaped["reclaimed_bytes"] == 300_000
+    assert reaped["paths"] == dry["paths"] == [os.path.join(packs, pack)]
+    assert reaped["removed_files"] == 1
+    assert reaped["reclaimed_bytes"] == dry["reclaimed_bytes"] == 300_000
     assert before - disk_bytes(table_uri) == 300_000
