@@ -89,15 +89,25 @@ def mark(
     ``graph``) references; a branch that cannot be read where the table is now keeps its
     directory and the whole store (entries ending in ``/``)."""
     graph = graph or VersionGraph.of(table)
-    states = fragment_states(table, list(graph.versions))
     referenced = unreadable_marks(graph)
+    for _, paths in state_marks(table, graph, progress):
+        referenced |= paths
+    return referenced
+
+
+def state_marks(
+    table: Table, graph: VersionGraph, progress: Progress | None = None
+) -> list[tuple[FragmentState, set[str]]]:
+    """Each fragment state of ``graph``'s versions with the paths it references."""
+    states = fragment_states(table, list(graph.versions))
+    marks = []
     for done, (at, state) in enumerate(opened_states(table, states)):
         if progress:
             progress("mark", done, len(states))
-        referenced |= referenced_paths(at, state)
+        marks.append((state, referenced_paths(at, state)))
     if progress:
         progress("mark", len(states), len(states))
-    return referenced
+    return marks
 
 
 def unreadable_marks(graph: VersionGraph) -> set[str]:
@@ -147,6 +157,59 @@ def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
         "bytes": sum(owned.objects[p].size for p in found),
         "paths": [owned.location(p) for p in found],
     }
+
+
+def reclaimable(table: Table) -> dict:
+    """What of the table's files no current row needs, by who would reclaim it:
+
+    - ``orphan_files`` / ``orphan_bytes`` / ``orphan_paths``: files under ``data/``, the
+      branches' ``tree/<name>/data/`` and ``_blobs/packs/`` that no retained version of any
+      branch references (leftovers of writes that never committed): gc's sweep;
+    - ``old_versions_files`` / ``old_versions_bytes``: files that only versions of this
+      branch that ``gc(retain_versions=1)`` removes use (Lance decides which: tagged
+      versions, versions a branch was made from and the latest stay), their manifests,
+      transaction, deletion and index files included, and the store packs only they
+      reference: gc with ``retain_versions`` (or ``older_than``).
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> _ = write_table(pa.table({"img": blob_array([b"x" * 100_000])}), uri)
+    >>> t = write_table(pa.table({"img": blob_array([b"y"])}), uri, mode="overwrite")
+    >>> reclaimable(t)["old_versions_bytes"] > 100_000
+    True
+    """
+    graph = VersionGraph.of(table)
+    marks = state_marks(table, graph)
+    unreadable = unreadable_marks(graph)
+    everything = Marked(set().union(unreadable, *(paths for _, paths in marks)))
+    cleanup = explain_version_cleanup(table, 1, None)
+    gone = {VersionRef(table.branch, v) for v in cleanup.versions}
+    kept = Marked(
+        set().union(
+            unreadable,
+            *(p for s, p in marks if any(ref not in gone for ref, _ in s.appearances)),
+        )
+    )
+    owned = _TableFiles(table)
+    orphaned = sorted(p for p in owned.objects if p not in everything)
+    old = {p: size for p, size in cleanup.files.items() if p not in cleanup.unverified}
+    old.update(
+        (p, info.size) for p, info in owned.objects.items() if p in everything and p not in kept
+    )
+    return {
+        "orphan_files": len(orphaned),
+        "orphan_bytes": sum(owned.objects[p].size for p in orphaned),
+        "orphan_paths": [owned.location(p) for p in orphaned],
+        "old_versions_files": len(old),
+        "old_versions_bytes": sum(old.values()),
+    }
+
+
+def disk_usage(table: Table) -> int:
+    """Bytes of every object under the table's root: every branch, the store, Lance's
+    metadata."""
+    return sum(info.size for info in object_store(table.uri, table.storage_options).list(table.uri))
 
 
 def gc(
