@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from datetime import timedelta
 
@@ -12,9 +14,10 @@ import lance
 import pyarrow as pa
 import pytest
 
-from blobhouse import Blob, blob_array, open_table, write_table
+from blobhouse import Blob, BlobhouseError, TableNotFoundError, blob_array, open_table, write_table
 from blobhouse.cli import main
 from blobhouse.layout import TableLocation
+from blobhouse.maintenance.garbage_collection import clean_failed_create, gc_at
 from blobhouse.pipeline import plan_write, write_data_files
 
 from helpers import disk_bytes, stock_read, tree
@@ -211,3 +214,93 @@ def test_a_retired_pack_waits_for_its_tombstone_and_is_counted_once(table_uri):
     assert reaped["removed_files"] == 1
     assert reaped["reclaimed_bytes"] == dry["reclaimed_bytes"] == 300_000
     assert before - disk_bytes(table_uri) == 300_000
+
+
+# --- a create that never committed --------------------------------------------------------
+
+CREATE_THEN_HANG = r"""
+import os, sys, time
+import pyarrow as pa
+from blobhouse import blob_array, write_table
+
+def batches():
+    for i in range(3):
+        payload = blob_array([os.urandom(300_000), os.urandom(100)])
+        yield pa.table({"id": pa.array([i, i], pa.int64()), "b": payload}).to_batches()[0]
+    print("staged", flush=True)
+    time.sleep(600)  # killed here, in the middle of the create
+
+write_table(batches(), sys.argv[1], dedup=sys.argv[2], max_rows_per_file=2)
+"""
+
+
+@pytest.mark.parametrize("dedup", ["content", "global"])
+def test_gc_cleans_what_a_killed_create_left(table_uri, dedup, capsys):
+    process = subprocess.Popen(
+        [sys.executable, "-c", CREATE_THEN_HANG, table_uri, dedup],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline().strip() == "staged"
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+        process.stdout.close()
+    left = tree(table_uri)
+    staged = sorted(p for p in left if not p.startswith("_leases/"))
+    assert len(staged) >= 4 and not any(p.startswith("_versions") for p in left)
+    assert any(p.startswith("_blobs/packs/") for p in staged) == (dedup == "global")
+    with pytest.raises(TableNotFoundError):
+        open_table(table_uri)
+    # the killed write's lease is still fresh: its files are kept, whatever the grace
+    assert main(["gc", table_uri, "--grace-hours", "0", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["failed_create"] and report["removed_files"] == 0
+    assert report["kept_leased_files"] == len(staged) and tree(table_uri) == left
+    age_tree(table_uri, hours=2)  # the lease expired long ago; the files are 2 hours old
+    young = gc_at(table_uri)  # the default grace: a day
+    assert (young["removed_files"], young["kept_young_files"]) == (0, len(staged))
+    dry = gc_at(table_uri, grace=timedelta(hours=1), dry_run=True)
+    assert dry["paths"] == [os.path.join(table_uri, p) for p in staged]
+    assert dry["reclaimed_bytes"] == sum(os.path.getsize(p) for p in dry["paths"])
+    assert tree(table_uri) == left
+    assert main(["gc", table_uri, "--grace-hours", "1"]) == 0
+    assert "leftovers of a failed create" in capsys.readouterr().out
+    assert not os.path.exists(table_uri)  # it held nothing else
+    with pytest.raises(TableNotFoundError, match="no leftovers"):
+        gc_at(table_uri)
+    assert main(["gc", table_uri]) == 2
+    assert "no table at" in capsys.readouterr().err
+    table = write_table(pa.table({"b": blob_array([b"x" * 70_000])}), table_uri, dedup=dedup)
+    assert table.verify(deep=True)["problems"] == []
+
+
+def test_cleaning_a_failed_create_leaves_foreign_files_and_names_them(table_uri):
+    data = pa.table({"b": blob_array([os.urandom(200_000)])})
+    write_data_files(
+        data.to_batches(), plan_write(data.schema), TableLocation(table_uri), None, "0123456789ab-"
+    )
+    for foreign in ("notes.txt", "data/mine.lance", "_blobs/packs/x.pack"):
+        os.makedirs(os.path.dirname(os.path.join(table_uri, foreign)), exist_ok=True)
+        with open(os.path.join(table_uri, foreign), "wb") as f:
+            f.write(b"mine")
+    age_tree(table_uri, hours=2)
+    report = clean_failed_create(table_uri, grace=timedelta(hours=1))
+    assert report["removed_files"] == 2  # the data file and its sidecar
+    assert report["expired_leases"] == 1
+    foreign = ["_blobs/packs/x.pack", "data/mine.lance", "notes.txt"]
+    assert report["foreign_files"] == [os.path.join(table_uri, p) for p in foreign]
+    assert sorted(tree(table_uri)) == foreign
+    for path in foreign[1:]:
+        os.remove(os.path.join(table_uri, path))
+    with pytest.raises(TableNotFoundError, match="1 files there are not blobhouse's"):
+        gc_at(table_uri)
+    assert tree(table_uri) == {"_blobs/packs/x.pack"}
+
+
+def test_cleaning_a_failed_create_refuses_a_table(table_uri):
+    write_table(pa.table({"b": blob_array([b"x"])}), table_uri)
+    with pytest.raises(BlobhouseError, match="_versions"):
+        clean_failed_create(table_uri, grace=timedelta(0))
+    assert open_table(table_uri).count_rows() == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,8 +26,8 @@ import lance
 import pyarrow as pa
 
 from blobhouse import leases
-from blobhouse.errors import BlobhouseError, InvalidInputError
-from blobhouse.layout import TREE_DIR, branch_data_dir
+from blobhouse.errors import BlobhouseError, InvalidInputError, TableNotFoundError
+from blobhouse.layout import TREE_DIR, TableLocation, branch_data_dir
 from blobhouse.maintenance.walk import (
     FragmentState,
     Progress,
@@ -36,7 +37,7 @@ from blobhouse.maintenance.walk import (
     fragment_states,
     opened_states,
 )
-from blobhouse.storage import ObjectInfo, is_local, object_store, uri_to_path
+from blobhouse.storage import ObjectInfo, StorageOptions, is_local, object_store, uri_to_path
 from blobhouse.store import (
     PACKS_DIR,
     STORE_DIR,
@@ -508,6 +509,178 @@ class _IndexCleanup:
         store = object_store(table.uri, table.storage_options)
         index = f"{table.uri}/{STORE_DIR}/index"
         return {f"{STORE_DIR}/index/{i.name}": i.size for i in store.list(index)}
+
+
+def gc_at(
+    uri: str,
+    *,
+    branch: str | None = None,
+    storage_options: StorageOptions | None = None,
+    retain_versions: int | None = None,
+    older_than: timedelta | None = None,
+    grace: timedelta = DEFAULT_GRACE,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> dict:
+    """:func:`gc` of the table at ``uri``; where there is no table but the leftovers of a
+    create that never committed, :func:`clean_failed_create` (what ``blobhouse gc PATH``
+    runs). A folder with neither raises :class:`TableNotFoundError`.
+
+    >>> import tempfile
+    >>> gc_at(tempfile.mkdtemp() + "/nothing")
+    Traceback (most recent call last):
+    ...
+    blobhouse.errors.TableNotFoundError: no table at ...
+    """
+    from blobhouse.table import open_table  # the table module imports this one
+
+    try:
+        table = open_table(uri, storage_options=storage_options, branch=branch)
+    except TableNotFoundError:
+        if branch is not None:
+            raise
+        _check_retention(retain_versions, older_than, grace)
+        return clean_failed_create(
+            uri, grace=grace, dry_run=dry_run, storage_options=storage_options
+        )
+    return gc(
+        table,
+        retain_versions=retain_versions,
+        older_than=older_than,
+        grace=grace,
+        dry_run=dry_run,
+        progress=progress,
+    )
+
+
+# what a write stages before its first commit, named after its write id (its lease's name)
+_WRITE_ID = r"(?P<write>[0-9a-f]{12}-)"
+_STAGED = tuple(
+    re.compile(pattern)
+    for pattern in (
+        rf"data/{_WRITE_ID}[0-9a-f]{{32}}\.lance",  # a data file
+        rf"data/{_WRITE_ID}[0-9a-f]{{32}}/[01]{{32}}\.blob",  # its sidecars
+        rf"data/aborted-{_WRITE_ID}",  # an aborted Spark write's marker
+        rf"{_PACKS}/{_WRITE_ID}[0-9a-f]{{32}}\.pack",  # store packs (dedup="global")
+        r"_transactions/0-[0-9a-f-]{36}\.txn",  # Lance's commit of the create, interrupted
+    )
+)
+_LEASE = re.compile(rf"{leases.LEASES_DIR}/{_WRITE_ID}")
+# the directories a create makes, deepest first (removed when empty)
+_CREATE_DIRS = ("data", _PACKS, STORE_DIR, leases.LEASES_DIR, "_transactions")
+
+
+def clean_failed_create(
+    uri: str,
+    *,
+    grace: timedelta = DEFAULT_GRACE,
+    dry_run: bool = False,
+    storage_options: StorageOptions | None = None,
+) -> dict:
+    """Remove what a create that never committed left at ``uri`` (Ctrl-C, a killed process, an
+    aborted Spark job), where no table exists yet: gc cannot open a table there.
+
+    Only files blobhouse stages are considered, recognized by their names: data files
+    ``data/<write id>-<uuid>.lance`` and their sidecars ``data/<write id>-<uuid>/*.blob``,
+    abort markers ``data/aborted-<write id>-``, store packs
+    ``_blobs/packs/<write id>-<uuid>.pack``, leases ``_leases/<write id>-``, and the
+    transaction file of the create's Lance commit (``_transactions/0-<uuid>.txn``). As gc
+    does, it keeps files younger than ``grace`` and files of a write whose lease is live (a
+    create still running), and removes expired leases. Every other file is foreign: left
+    alone and listed (``foreign_files``). A folder with a Lance dataset (``_versions/``) is
+    refused: that is gc's. Emptied directories go, and the folder itself if nothing is left
+    in it. The report has gc's keys (no versions) and ``failed_create: True``.
+
+    >>> import tempfile
+    >>> from blobhouse.layout import TableLocation
+    >>> from blobhouse.pipeline import plan_write, write_data_files
+    >>> from blobhouse.values import blob_array
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> data = pa.table({"b": blob_array([b"x" * 100_000])})
+    >>> _ = write_data_files(data.to_batches(), plan_write(data.schema), TableLocation(uri), None,
+    ...                      "0123456789ab-")  # staged by a create that never committed
+    >>> report = clean_failed_create(uri, dry_run=True)  # staged just now: kept
+    >>> report["kept_young_files"], report["removed_files"], report["foreign_files"]
+    (2, 0, [])
+    """
+    _check_retention(None, None, grace)
+    location = TableLocation.of(uri, None, storage_options)
+    root = location.root_uri
+    store = object_store(root, storage_options)
+    listed = {info.name: info for info in store.list(root)}
+    if any(name.startswith("_versions/") for name in listed):
+        raise BlobhouseError(
+            f"{location.root} holds a Lance dataset (_versions/), not only the leftovers of a "
+            "failed create: open it as a table (blobhouse gc runs on tables); nothing removed"
+        )
+    staged: dict[str, str | None] = {}  # path -> the write that staged it
+    held: dict[str, str] = {}  # lease -> its write
+    foreign = []
+    for name in sorted(listed):
+        lease = _LEASE.fullmatch(name)
+        found = lease or next((m for p in _STAGED if (m := p.fullmatch(name))), None)
+        if lease:
+            held[name] = lease["write"]
+        elif found:
+            staged[name] = found.groupdict().get("write")
+        else:
+            foreign.append(name)
+    if not staged and not held:
+        alone = f"; {len(foreign)} files there are not blobhouse's: left alone" if foreign else ""
+        raise TableNotFoundError(
+            f"no table at {location.root}, and no leftovers of a failed create{alone}"
+        )
+    now = store.now(root)
+    cutoff = now - grace.total_seconds()
+    running = leases.live_prefixes(location.root, now - leases.TIMEOUT_SECONDS, storage_options)
+    young = [p for p in staged if listed[p].mtime >= cutoff]
+    leased = [p for p in staged if listed[p].mtime < cutoff and staged[p] in running]
+    old = sorted(set(staged) - set(young) - set(leased))
+    lease_cutoff = min(cutoff, now - leases.TIMEOUT_SECONDS)
+    expired = [p for p in held if listed[p].mtime < lease_cutoff]
+    aborted_uploads = 0
+    if not dry_run:
+        for path in old + expired:
+            store.delete(f"{root}/{path}")
+        for directory in ("data", _PACKS):
+            aborted_uploads += store.abort_uploads(
+                f"{root}/{directory}", cutoff, lambda name: _staged_by(name, running)
+            )
+        if is_local(root):
+            _remove_create_dirs(uri_to_path(root))
+
+    def where(path: str) -> str:
+        return os.path.join(location.root, *path.split("/")) if is_local(root) else f"{root}/{path}"
+
+    return {
+        "dry_run": dry_run,
+        "failed_create": True,
+        "branch": None,
+        "removed_versions": [],
+        "retained_versions": [],
+        "kept_tagged_versions": [],
+        "removed_files": len(old),
+        "reclaimed_bytes": sum(listed[p].size for p in old),
+        "kept_young_files": len(young),
+        "kept_leased_files": len(leased),
+        "expired_leases": len(expired),
+        "aborted_uploads": aborted_uploads,
+        "foreign_files": [where(p) for p in foreign],
+        "paths": [where(p) for p in old],
+    }
+
+
+def _remove_create_dirs(root: str) -> None:
+    """Remove the directories a create made once they are empty, and then the folder itself
+    if nothing is left in it (as the create's own cleanup does)."""
+    for directory in _CREATE_DIRS:
+        path = os.path.join(root, *directory.split("/"))
+        if os.path.isdir(path) and not os.path.islink(path):
+            _remove_empty_dirs(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(root)
 
 
 def _check_retention(
