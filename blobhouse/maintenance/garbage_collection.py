@@ -16,7 +16,7 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -98,17 +98,16 @@ def mark(
 
 def state_marks(
     table: Table, graph: VersionGraph, progress: Progress | None = None
-) -> list[tuple[FragmentState, set[str]]]:
-    """Each fragment state of ``graph``'s versions with the paths it references."""
+) -> Iterator[tuple[FragmentState, set[str]]]:
+    """Each fragment state of ``graph``'s versions with the paths it references, one at a
+    time."""
     states = fragment_states(table, list(graph.versions))
-    marks = []
     for done, (at, state) in enumerate(opened_states(table, states)):
         if progress:
             progress("mark", done, len(states))
-        marks.append((state, referenced_paths(at, state)))
+        yield state, referenced_paths(at, state)
     if progress:
         progress("mark", len(states), len(states))
-    return marks
 
 
 def unreadable_marks(graph: VersionGraph) -> set[str]:
@@ -181,17 +180,14 @@ def reclaimable(table: Table) -> dict:
     True
     """
     graph = VersionGraph.of(table)
-    marks = state_marks(table, graph)
-    unreadable = unreadable_marks(graph)
-    everything = Marked(set().union(unreadable, *(paths for _, paths in marks)))
     cleanup = explain_version_cleanup(table, 1, None)
     gone = {VersionRef(table.branch, v) for v in cleanup.versions}
-    kept = Marked(
-        set().union(
-            unreadable,
-            *(p for s, p in marks if any(ref not in gone for ref, _ in s.appearances)),
-        )
-    )
+    referenced, by_kept = unreadable_marks(graph), unreadable_marks(graph)
+    for state, paths in state_marks(table, graph):
+        referenced |= paths
+        if any(ref not in gone for ref, _ in state.appearances):
+            by_kept |= paths
+    everything, kept = Marked(referenced), Marked(by_kept)
     owned = _TableFiles(table)
     orphaned = sorted(p for p in owned.objects if p not in everything)
     old = {p: size for p, size in cleanup.files.items() if p not in cleanup.unverified}
