@@ -250,8 +250,14 @@ def _verify(args: argparse.Namespace) -> int:
 def _gc(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
+    from blobhouse.maintenance.garbage_collection import gc_at
+
     hours = args.older_than_hours
-    report = _open(args).gc(
+    # a folder without a table but with a failed create's leftovers is cleaned too
+    report = gc_at(
+        args.table,
+        branch=args.branch,
+        storage_options=_storage_options(args),
         retain_versions=args.retain_versions,
         older_than=None if hours is None else timedelta(hours=hours),
         grace=timedelta(hours=args.grace_hours),
@@ -269,6 +275,10 @@ def _gc(args: argparse.Namespace) -> int:
             f"{report['kept_young_files']} younger than the grace period"
             + (f" and tagged versions {tagged}" if tagged else "")
         )
+        if report.get("failed_create"):
+            print(f"no table at {args.table}: these were the leftovers of a failed create")
+        for path in report.get("foreign_files", []):
+            print(f"left alone (not blobhouse's): {path}")
     return 0
 
 

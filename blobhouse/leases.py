@@ -75,16 +75,23 @@ def live_prefixes(
     return {name for name, at in touched.items() if at >= since}
 
 
+def expired(
+    table_path: str, before: float, storage_options: StorageOptions | None = None
+) -> list[str]:
+    """The leases (their write's prefix) last touched before ``before``."""
+    return sorted(n for n, at in _leases(table_path, storage_options).items() if at < before)
+
+
 def remove_expired(
     table_path: str, before: float, storage_options: StorageOptions | None = None
 ) -> int:
     """Delete the leases last touched before ``before``; returns how many."""
-    expired = [n for n, at in _leases(table_path, storage_options).items() if at < before]
-    for name in expired:
+    expired_leases = expired(table_path, before, storage_options)
+    for name in expired_leases:
         store, uri = _lease(table_path, name, storage_options)
         with contextlib.suppress(OSError):
             store.delete(uri)
-    return len(expired)
+    return len(expired_leases)
 
 
 def _leases(table_path: str, storage_options: StorageOptions | None) -> dict[str, float]:

@@ -50,3 +50,22 @@ def placed_sidecar(session: BlobSession, blob_id: int, content: bytes) -> None:
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, sidecar_name(blob_id)), "wb") as f:
         f.write(content)
+
+
+def assert_totals_are_the_sum_of_the_lines(stats: dict) -> None:
+    """Every total equals the sum of its columns, and each column's the sum of its kinds."""
+    columns = stats["columns"].values()
+    for key in ("logical_bytes", "physical_bytes", "table_owned_bytes", "external_bytes"):
+        assert stats[key] == sum(c[key] for c in columns), key
+    assert stats["deleted_rows_bytes"] == sum(c["deleted_rows_bytes"] for c in columns)
+    assert stats["physical_bytes"] == stats["table_owned_bytes"] + stats["external_bytes"]
+    for column in columns:
+        kinds = column["kinds"].values()
+        for key in ("logical_bytes", "physical_bytes"):
+            assert column[key] == sum(k[key] for k in kinds), key
+        owned = sum(k["physical_bytes"] for k in kinds if k["table_owned"])
+        assert column["table_owned_bytes"] == owned
+        assert column["external_bytes"] == sum(
+            k["physical_bytes"] for k in kinds if not k["table_owned"]
+        )
+        assert column["physical_bytes"] == column["table_owned_bytes"] + column["external_bytes"]

@@ -48,7 +48,8 @@ def problems(table_uri: str) -> set[tuple[str, int]]:
     """Problems verify finds in the latest version (older versions name columns as they did)."""
     table = open_table(table_uri)
     report = table.verify(deep=True)
-    return {(p["column"], p["row"]) for p in report["problems"] if p["version"] == table.version}
+    rows = [r for p in report["problems"] for r in p["rows"]]
+    return {(r["column"], r["row"]) for r in rows if r["version"] == table.version}
 
 
 def test_a_renamed_column_still_detects_damage(table_uri, two_columns):
@@ -62,7 +63,8 @@ def test_a_renamed_column_still_detects_damage(table_uri, two_columns):
     with pytest.raises(CorruptBlobError):
         open_table(table_uri).open_blob("picture", 2).read()
     assert problems(table_uri) == {("picture", 2)}
-    old = {(p["version"], p["column"]) for p in open_table(table_uri).verify(deep=True)["problems"]}
+    (damaged,) = open_table(table_uri).verify(deep=True)["problems"]  # one payload
+    old = {(r["version"], r["column"]) for r in damaged["rows"]}
     assert old == {(1, "a"), (2, "picture")}  # each version under its own name
     open_table(table_uri).delete("id = 5")  # so that compaction rewrites the fragment
     with pytest.raises(CorruptBlobError):

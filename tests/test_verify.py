@@ -46,9 +46,12 @@ def test_truncated_and_deleted_sidecars_are_reported(two_versions, capsys):
         f.truncate(1000)
     packed.unlink()
     report = two_versions.verify()
-    reasons = {(p["version"], p["row"], p["reason"].split(" ")[0]) for p in report["problems"]}
-    assert (1, 1, "range") in reasons  # the truncated 5 MB dedicated sidecar, in both versions
-    assert (2, 1, "range") in reasons
+    assert len(report["problems"]) == 2  # one per damaged payload
+    truncated = next(p for p in report["problems"] if p["reason"].startswith("range"))
+    # the truncated 5 MB dedicated sidecar, referenced by row 1 of both versions
+    assert [(r["version"], r["row"]) for r in truncated["rows"]] == [(1, 1), (2, 1)]
+    assert (truncated["version"], truncated["row"], truncated["references"]) == (1, 1, 2)
+    assert (truncated["position"], truncated["size"]) == (0, 5_000_000)
     assert any(
         p["reason"] == "missing object" and p["uri"].endswith(packed.name)
         for p in report["problems"]
@@ -103,9 +106,32 @@ def test_deep_verify_detects_flipped_bytes_in_sidecars_and_data_files(two_versio
     flip(inline["uri"], inline["position"])
     assert table.verify()["problems"] == []  # ranges still resolve: only hashes tell
     report = table.verify(deep=True)
-    found = {(p["version"], p["row"]) for p in report["problems"]}
+    found = {(r["version"], r["row"]) for p in report["problems"] for r in p["rows"]}
     assert found == {(1, 0), (1, 2), (2, 0), (2, 2)}
+    assert len(report["problems"]) == 2  # the packed payload and the inline one
     assert all(p["reason"].startswith("content hash mismatch") for p in report["problems"])
     assert report["hashed"] == report["references"] == 7
     assert main(["verify", table.dataset.uri, "--deep"]) == 1
     assert "content hash mismatch" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dedup", ["content", "global"])
+def test_one_damaged_payload_shared_by_60_rows_is_one_problem_listing_them(table_uri, dedup):
+    shared, other = os.urandom(150_000), os.urandom(90_000)
+    ids = pa.array(range(61), pa.int64())
+    data = pa.table({"id": ids, "b": blob_array([shared] * 60 + [other])})
+    table = write_table(data, table_uri, dedup=dedup, max_rows_per_file=20)  # 4 fragments
+    refs = table.to_arrow(blobs="refs").column("b").to_pylist()
+    assert len({(r["uri"], r["position"]) for r in refs[:60]}) == (1 if dedup == "global" else 3)
+    for ref in {(r["uri"], r["position"]) for r in refs[:60]}:
+        flip(ref[0], ref[1] + 7)
+    report = open_table(table_uri).verify(deep=True)
+    assert report["hashed"] == 61
+    damaged = report["problems"]
+    assert len(damaged) == (1 if dedup == "global" else 3)  # one per stored copy
+    rows = sorted(r["row"] for p in damaged for r in p["rows"])
+    assert rows == list(range(60))
+    assert sum(p["references"] for p in damaged) == 60
+    assert all(p["reason"].startswith("content hash mismatch") for p in damaged)
+    assert all(p["size"] == len(shared) for p in damaged)
+    assert main(["verify", table_uri, "--deep", "--json"]) == 1

@@ -356,7 +356,10 @@ def test_stats_by_column_and_kind(table_uri, external):
     assert media["kinds"]["packed"]["physical_bytes"] == len(SHARED_SMALL) + len(MEDIUM)
     assert media["kinds"]["dedicated"]["dedup_ratio"] == 2.0
     assert media["kinds"]["external"]["rows"] == 2
-    assert media["physical_bytes"] == len(SMALL) + len(SHARED_SMALL) + len(MEDIUM) + len(LARGE)
+    stored = len(SMALL) + len(SHARED_SMALL) + len(MEDIUM) + len(LARGE)
+    assert media["table_owned_bytes"] == stored  # the empty payload takes no byte
+    assert media["external_bytes"] == 5000 + 50  # two ranges of one object outside the table
+    assert media["physical_bytes"] == stored + 5000 + 50
     assert stats["rows"] == 10
 
 

@@ -8,8 +8,24 @@ this process.
 """
 
 from blobhouse.maintenance.compaction import compact
-from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, gc, orphans
+from blobhouse.maintenance.garbage_collection import (
+    DEFAULT_GRACE,
+    clean_failed_create,
+    gc,
+    gc_at,
+    orphans,
+)
 from blobhouse.maintenance.stats import blob_stats
 from blobhouse.maintenance.verification import Problem, verify
 
-__all__ = ["DEFAULT_GRACE", "Problem", "blob_stats", "compact", "gc", "orphans", "verify"]
+__all__ = [
+    "DEFAULT_GRACE",
+    "Problem",
+    "blob_stats",
+    "clean_failed_create",
+    "compact",
+    "gc",
+    "gc_at",
+    "orphans",
+    "verify",
+]

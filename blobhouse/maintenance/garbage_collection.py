@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlsplit
 
+import lance
 import pyarrow as pa
 
 from blobhouse import leases
-from blobhouse.errors import BlobhouseError, InvalidInputError
-from blobhouse.layout import TREE_DIR, branch_data_dir
+from blobhouse.errors import BlobhouseError, InvalidInputError, TableNotFoundError
+from blobhouse.layout import TREE_DIR, TableLocation, branch_data_dir
 from blobhouse.maintenance.walk import (
     FragmentState,
     Progress,
@@ -32,11 +37,12 @@ from blobhouse.maintenance.walk import (
     fragment_states,
     opened_states,
 )
-from blobhouse.storage import ObjectInfo, is_local, object_store, uri_to_path
+from blobhouse.storage import ObjectInfo, StorageOptions, is_local, object_store, uri_to_path
 from blobhouse.store import (
     PACKS_DIR,
     STORE_DIR,
     forget_tombstone,
+    index_uri,
     indexed_packs,
     maintain_index,
     retire_packs,
@@ -84,15 +90,24 @@ def mark(
     ``graph``) references; a branch that cannot be read where the table is now keeps its
     directory and the whole store (entries ending in ``/``)."""
     graph = graph or VersionGraph.of(table)
-    states = fragment_states(table, list(graph.versions))
     referenced = unreadable_marks(graph)
+    for _, paths in state_marks(table, graph, progress):
+        referenced |= paths
+    return referenced
+
+
+def state_marks(
+    table: Table, graph: VersionGraph, progress: Progress | None = None
+) -> Iterator[tuple[FragmentState, set[str]]]:
+    """Each fragment state of ``graph``'s versions with the paths it references, one at a
+    time."""
+    states = fragment_states(table, list(graph.versions))
     for done, (at, state) in enumerate(opened_states(table, states)):
         if progress:
             progress("mark", done, len(states))
-        referenced |= referenced_paths(at, state)
+        yield state, referenced_paths(at, state)
     if progress:
         progress("mark", len(states), len(states))
-    return referenced
 
 
 def unreadable_marks(graph: VersionGraph) -> set[str]:
@@ -144,6 +159,56 @@ def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
     }
 
 
+def reclaimable(table: Table) -> dict:
+    """What of the table's files no current row needs, by who would reclaim it:
+
+    - ``orphan_files`` / ``orphan_bytes`` / ``orphan_paths``: files under ``data/``, the
+      branches' ``tree/<name>/data/`` and ``_blobs/packs/`` that no retained version of any
+      branch references (leftovers of writes that never committed): gc's sweep;
+    - ``old_versions_files`` / ``old_versions_bytes``: files that only versions of this
+      branch that ``gc(retain_versions=1)`` removes use (Lance decides which: tagged
+      versions, versions a branch was made from and the latest stay), their manifests,
+      transaction, deletion and index files included, and the store packs only they
+      reference: gc with ``retain_versions`` (or ``older_than``).
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> _ = write_table(pa.table({"img": blob_array([b"x" * 100_000])}), uri)
+    >>> t = write_table(pa.table({"img": blob_array([b"y"])}), uri, mode="overwrite")
+    >>> reclaimable(t)["old_versions_bytes"] > 100_000
+    True
+    """
+    graph = VersionGraph.of(table)
+    cleanup = explain_version_cleanup(table, 1, None)
+    gone = {VersionRef(table.branch, v) for v in cleanup.versions}
+    referenced, by_kept = unreadable_marks(graph), unreadable_marks(graph)
+    for state, paths in state_marks(table, graph):
+        referenced |= paths
+        if any(ref not in gone for ref, _ in state.appearances):
+            by_kept |= paths
+    everything, kept = Marked(referenced), Marked(by_kept)
+    owned = _TableFiles(table)
+    orphaned = sorted(p for p in owned.objects if p not in everything)
+    old = {p: size for p, size in cleanup.files.items() if p not in cleanup.unverified}
+    old.update(
+        (p, info.size) for p, info in owned.objects.items() if p in everything and p not in kept
+    )
+    return {
+        "orphan_files": len(orphaned),
+        "orphan_bytes": sum(owned.objects[p].size for p in orphaned),
+        "orphan_paths": [owned.location(p) for p in orphaned],
+        "old_versions_files": len(old),
+        "old_versions_bytes": sum(old.values()),
+    }
+
+
+def disk_usage(table: Table) -> int:
+    """Bytes of every object under the table's root: every branch, the store, Lance's
+    metadata."""
+    return sum(info.size for info in object_store(table.uri, table.storage_options).list(table.uri))
+
+
 def gc(
     table: Table,
     *,
@@ -165,10 +230,19 @@ def gc(
     versions a branch was made from, are kept and reported (``kept_tagged_versions``), never an
     error. Files are marked by every retained version of every branch. Only the table's own
     directories are ever considered: external objects the user owns are never touched.
-    ``dry_run`` reports without deleting. ``referenced(table, versions)`` replaces the mark
+    ``dry_run`` deletes nothing and reports what the same call would remove: the versions and
+    files Lance's cleanup would remove (as Lance explains it), and the files the sweep would
+    take once those versions are gone. ``referenced(table, versions)`` replaces the mark
     of the versions that can be read (Spark runs it in parallel).
     Ages are measured by the store's clock (on S3: the server's), never the local one; on S3,
     uploads a killed write left unfinished are aborted too, by the same rules.
+
+    The report counts every file once: ``removed_files``, ``reclaimed_bytes`` and ``paths``
+    are the sum of what Lance's cleanup removed (``removed_by_lance_cleanup``: manifests,
+    transaction, data, deletion and index files of the removed versions, measured by listing
+    the branch's directories before and after), what the sweep removed (``removed_by_sweep``:
+    unreferenced files and reaped store packs) and what the store index's own cleanup
+    removed (``store_index``).
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -177,83 +251,432 @@ def gc(
     0
     """
     _check_retention(retain_versions, older_than, grace)
-    removed_versions: list[int] = []
-    kept_tagged: list[int] = []
-    by_lance = {"files": 0, "bytes": 0}  # what Lance's cleanup removed with the versions
+    versions_before = [v["version"] for v in table.versions()]
+    cleanup = VersionCleanup()
     if retain_versions is not None or older_than is not None:
-        before = {v["version"] for v in table.versions()}
-        if not dry_run:
-            cleaned = table.dataset.cleanup_old_versions(
+        if dry_run:
+            cleanup = explain_version_cleanup(table, retain_versions, older_than)
+        else:
+            listed = lance_files(table)
+            table.dataset.cleanup_old_versions(
                 older_than=older_than,
                 retain_versions=retain_versions,
                 error_if_tagged_old_versions=False,
             )
-            by_lance = {
-                "files": cleaned.data_files_removed
-                + cleaned.deletion_files_removed
-                + cleaned.index_files_removed,
-                "bytes": cleaned.bytes_removed,
-            }
-        table = table.checkout(table.version)
-        removed_versions = sorted(before - {v["version"] for v in table.versions()})
-        kept_tagged = _kept_for_tags(table, removed_versions)
+            table = table.checkout(table.version)
+            left = lance_files(table)
+            remaining = {v["version"] for v in table.versions()}
+            cleanup = VersionCleanup(
+                tuple(v for v in versions_before if v not in remaining),
+                {p: listed[p] for p in sorted(listed.keys() - left.keys())},
+            )
+    removed_versions = list(cleanup.versions)
+    retained = [v for v in versions_before if v not in removed_versions]
+    kept_tagged = _kept_for_tags(table, removed_versions, retained)
     table_path, options = table.location.root, table.storage_options
     store = object_store(table.uri, options)
     # files staged after this instant may belong to a write that commits after the mark
     mark_started = store.now(table.uri)
     cutoff = mark_started - grace.total_seconds()
-    graph = VersionGraph.of(table)
+    # a dry run marks as if Lance's cleanup had removed the versions already
+    graph = VersionGraph.of(table).without(table.branch, removed_versions)
     if referenced is not None:  # Spark marks what can be read; the rest is kept whole here
         marked = Marked(referenced(table, list(graph.versions)) | unreadable_marks(graph))
     else:
         marked = Marked(mark(table, graph, progress))
-    owned = _TableFiles(table)
+    owned = _TableFiles(table, without=cleanup.files)
     packs = _StorePacks(table, marked, owned, cutoff)
     # writes that ran at any time since the mark began (including those that committed after
     # it, which the mark could not see) keep their files, however old
     running = leases.live_prefixes(table_path, mark_started - leases.TIMEOUT_SECONDS, options)
-    leftovers = sorted(p for p in owned.objects if p not in marked)
-    old = [
+    # retired packs (tombstoned) follow the store's rules only: reaped once their tombstone
+    # has aged, never swept as plain leftovers (which would skip the tombstone's grace)
+    leftovers = [p for p in sorted(owned.objects) if p not in marked and p not in packs.tombstoned]
+    unindexed = [p for p in leftovers if p not in packs.indexed]
+    young = [p for p in unindexed if owned.objects[p].mtime >= cutoff]
+    # older than the grace, but staged by a write still running: kept
+    leased = [
         p
-        for p in leftovers
-        if owned.objects[p].mtime < cutoff
-        and p not in packs.indexed
-        and not _staged_by(owned.relative[p], running)
+        for p in unindexed
+        if owned.objects[p].mtime < cutoff and _staged_by(owned.relative[p], running)
     ]
-    young = len(leftovers) - len(old) - len(packs.unreferenced_indexed)
-    reclaimed = sum(owned.objects[p].size for p in old + packs.reap_paths)
+    old = sorted(set(unindexed) - set(young) - set(leased))
+    swept = old + packs.reap_paths
+    lease_cutoff = min(cutoff, mark_started - leases.TIMEOUT_SECONDS)
+    # index versions a writer may be reading stay, whatever the grace
+    index_keep = max(grace, timedelta(hours=1))
     aborted_uploads = 0
-    if not dry_run:
+    if dry_run:
+        index = _IndexCleanup.explained(table, index_keep)
+        expired = len(leases.expired(table_path, lease_cutoff, options))
+    else:
         for done, path in enumerate(old):
             if progress and done % 100 == 0:
                 progress("sweep", done, len(old))
             owned.delete(path)
         packs.apply()
-        # index versions a writer may be reading stay, whatever the grace
-        maintain_index(table_path, max(grace, timedelta(hours=1)), options)
-        leases.remove_expired(
-            table_path, min(cutoff, mark_started - leases.TIMEOUT_SECONDS), options
-        )
+        index = _IndexCleanup.run(table, index_keep)
+        expired = leases.remove_expired(table_path, lease_cutoff, options)
         aborted_uploads = owned.abort_uploads(cutoff, running)
         owned.remove_empty_dirs()
+    swept_bytes = sum(owned.objects[p].size for p in swept)
+    removed = {**cleanup.files, **{p: owned.objects[p].size for p in swept}, **index.removed}
     return {
         "dry_run": dry_run,
         "branch": table.branch,
         "removed_versions": removed_versions,
-        "retained_versions": [v["version"] for v in table.versions()],
+        "retained_versions": retained,
         "kept_tagged_versions": kept_tagged,
-        "removed_files": len(old) + len(packs.reap) + by_lance["files"],
-        "reclaimed_bytes": reclaimed + by_lance["bytes"],
-        "removed_by_lance_cleanup": by_lance,
+        "removed_files": len(removed),
+        "reclaimed_bytes": sum(removed.values()),
+        "removed_by_lance_cleanup": {"files": len(cleanup.files), "bytes": cleanup.bytes},
+        "removed_by_sweep": {"files": len(swept), "bytes": swept_bytes},
+        "store_index": {
+            "removed_files": len(index.removed),
+            "removed_bytes": sum(index.removed.values()),
+            "added_bytes": index.added_bytes,
+        },
         "kept_referenced_files": len(marked.paths),
         "kept_unreadable": marked.kept_whole,
-        "kept_young_files": young,
+        "kept_young_files": len(young),
+        "kept_leased_files": len(leased),
         "retired_packs": len(packs.retire),
         "reaped_packs": len(packs.reap),
         "resurrected_packs": len(packs.resurrect),
+        "kept_retired_packs": len(packs.waiting),
+        "expired_leases": expired,
         "aborted_uploads": aborted_uploads,
-        "paths": [owned.location(p) for p in old + packs.reap_paths],
+        "paths": [owned.location(p) for p in sorted(removed)],
     }
+
+
+# the directories of a dataset (main's root, or a branch's tree/<name>) Lance's cleanup lists
+_LANCE_DIRS = ("_versions", "_transactions", "data", "_indices", "_deletions")
+
+
+@dataclass(frozen=True)
+class VersionCleanup:
+    """What Lance's cleanup of one branch's old versions removes (or would remove): the
+    versions, and every file, as path relative to the table root -> size (manifests,
+    transaction, data, sidecar, deletion and index files alike); ``unverified`` are files no
+    manifest names, which Lance removes once they are 7 days old."""
+
+    versions: tuple[int, ...] = ()
+    files: dict[str, int] = field(default_factory=dict)
+    unverified: frozenset[str] = frozenset()
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.files.values())
+
+
+def explain_version_cleanup(
+    table: Table, retain_versions: int | None, older_than: timedelta | None
+) -> VersionCleanup:
+    """What ``cleanup_old_versions(older_than, retain_versions,
+    error_if_tagged_old_versions=False)`` would remove from ``table``'s branch now, as Lance
+    itself decides it (tagged versions, versions a branch was made from and the latest are
+    kept; files only removed versions use go with them): Lance's own explanation, every
+    candidate file listed.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> _ = write_table(pa.table({"img": blob_array([b"x" * 100_000])}), uri)
+    >>> t = write_table(pa.table({"img": blob_array([b"y"])}), uri, mode="overwrite")
+    >>> explain_version_cleanup(t, 1, None).versions
+    (1,)
+    """
+    if retain_versions is None and older_than is None:
+        return VersionCleanup()
+    explained = table.dataset.explain_cleanup_old_versions(
+        older_than=older_than,
+        retain_versions=retain_versions,
+        error_if_tagged_old_versions=False,
+        include_files=True,
+        max_files=sys.maxsize,
+    )
+    within = _dataset_prefix(table)
+    files: dict[str, int] = {}
+    unverified = set()
+    for candidate in explained.candidate_files:
+        path = _relative_to_root(candidate.path, table.location.root, within)
+        files[path] = candidate.size_bytes
+        if candidate.unverified:
+            unverified.add(path)
+    versions = sorted(v for v in (_manifest_version(p, within) for p in files) if v is not None)
+    return VersionCleanup(tuple(versions), dict(sorted(files.items())), frozenset(unverified))
+
+
+def lance_files(table: Table) -> dict[str, int]:
+    """Every file in the directories of ``table``'s branch that Lance's cleanup deletes in
+    (path relative to the table root -> size)."""
+    store = object_store(table.uri, table.storage_options)
+    within = _dataset_prefix(table)
+    found = {}
+    for directory in _LANCE_DIRS:
+        for info in store.list(f"{table.uri}/{within}{directory}"):
+            found[f"{within}{directory}/{info.name}"] = info.size
+    return found
+
+
+def _dataset_prefix(table: Table) -> str:
+    """Where the dataset of ``table``'s branch is, relative to the table root (``""`` or
+    ``tree/<branch>/``)."""
+    return "" if table.branch is None else f"{TREE_DIR}/{table.branch}/"
+
+
+def _object_key(uri: str) -> str:
+    """How Lance's object store names ``uri`` (a local path or a URI): its path, without the
+    leading ``/``."""
+    if is_local(uri):
+        return os.path.abspath(uri_to_path(uri)).strip("/")
+    return unquote(urlsplit(uri).path).strip("/")
+
+
+def _relative_to_root(path: str, root: str, within: str) -> str:
+    """A path Lance reports (an object store path) relative to the table root; ``within`` is
+    where the dataset it belongs to is, relative to the root."""
+    key = _object_key(root)
+    path = unquote(path).lstrip("/")
+    if key and path.startswith(key + "/"):
+        return path[len(key) + 1 :]
+    # spelled another way (a bucket in front, a symlink resolved): from the last of the
+    # dataset's own directories on
+    starts = [path.rfind(f"/{within}{d}/") for d in _LANCE_DIRS]
+    start = max(starts)
+    if start < 0:
+        raise BlobhouseError(f"Lance named a file outside the table {root}: {path}")
+    return path[start + 1 :]
+
+
+def _manifest_version(path: str, within: str) -> int | None:
+    """The version a manifest path (relative to the root) names; None for other files."""
+    folder = f"{within}_versions/"
+    if not path.startswith(folder) or not path.endswith(".manifest"):
+        return None
+    stem = path[len(folder) : -len(".manifest")]
+    if not stem.isdigit():
+        return None
+    # Lance's V2 naming: u64::MAX - version, 20 digits; V1: the version itself
+    return 2**64 - 1 - int(stem) if len(stem) == 20 else int(stem)
+
+
+@dataclass(frozen=True)
+class _IndexCleanup:
+    """What maintaining the store's index removed (or would remove): path relative to the
+    table root -> size, and the bytes its compaction wrote."""
+
+    removed: dict[str, int] = field(default_factory=dict)
+    added_bytes: int = 0
+
+    @classmethod
+    def run(cls, table: Table, keep: timedelta) -> _IndexCleanup:
+        before = cls._listed(table)
+        maintain_index(table.location.root, keep, table.storage_options)
+        after = cls._listed(table)
+        return cls(
+            {p: before[p] for p in sorted(before.keys() - after.keys())},
+            sum(after[p] for p in after.keys() - before.keys()),
+        )
+
+    @classmethod
+    def explained(cls, table: Table, keep: timedelta) -> _IndexCleanup:
+        """What the index's cleanup would remove now (a compaction it may need first is not
+        foreseen: it rewrites a few small files)."""
+        root, options = table.location.root, table.storage_options
+        try:
+            index = lance.dataset(index_uri(root), storage_options=options)
+            explained = index.explain_cleanup_old_versions(
+                older_than=keep, include_files=True, max_files=sys.maxsize
+            )
+        except (ValueError, OSError):
+            return cls()  # no store, or nothing stored yet
+        within = f"{STORE_DIR}/index/"
+        return cls(
+            {
+                within + _relative_to_root(c.path, index_uri(root), ""): c.size_bytes
+                for c in explained.candidate_files
+            }
+        )
+
+    @staticmethod
+    def _listed(table: Table) -> dict[str, int]:
+        store = object_store(table.uri, table.storage_options)
+        index = f"{table.uri}/{STORE_DIR}/index"
+        return {f"{STORE_DIR}/index/{i.name}": i.size for i in store.list(index)}
+
+
+def gc_at(
+    uri: str,
+    *,
+    branch: str | None = None,
+    storage_options: StorageOptions | None = None,
+    retain_versions: int | None = None,
+    older_than: timedelta | None = None,
+    grace: timedelta = DEFAULT_GRACE,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> dict:
+    """:func:`gc` of the table at ``uri``; where there is no table but the leftovers of a
+    create that never committed, :func:`clean_failed_create` (what ``blobhouse gc PATH``
+    runs). A folder with neither raises :class:`TableNotFoundError`.
+
+    >>> import tempfile
+    >>> gc_at(tempfile.mkdtemp() + "/nothing")
+    Traceback (most recent call last):
+    ...
+    blobhouse.errors.TableNotFoundError: no table at ...
+    """
+    from blobhouse.table import open_table  # the table module imports this one
+
+    try:
+        table = open_table(uri, storage_options=storage_options, branch=branch)
+    except TableNotFoundError:
+        if branch is not None:
+            raise
+        _check_retention(retain_versions, older_than, grace)
+        return clean_failed_create(
+            uri, grace=grace, dry_run=dry_run, storage_options=storage_options
+        )
+    return gc(
+        table,
+        retain_versions=retain_versions,
+        older_than=older_than,
+        grace=grace,
+        dry_run=dry_run,
+        progress=progress,
+    )
+
+
+# what a write stages before its first commit, named after its write id (its lease's name)
+_WRITE_ID = r"(?P<write>[0-9a-f]{12}-)"
+_STAGED = tuple(
+    re.compile(pattern)
+    for pattern in (
+        rf"data/{_WRITE_ID}[0-9a-f]{{32}}\.lance",  # a data file
+        rf"data/{_WRITE_ID}[0-9a-f]{{32}}/[01]{{32}}\.blob",  # its sidecars
+        rf"data/aborted-{_WRITE_ID}",  # an aborted Spark write's marker
+        rf"{_PACKS}/{_WRITE_ID}[0-9a-f]{{32}}\.pack",  # store packs (dedup="global")
+        r"_transactions/0-[0-9a-f-]{36}\.txn",  # Lance's commit of the create, interrupted
+    )
+)
+_LEASE = re.compile(rf"{leases.LEASES_DIR}/{_WRITE_ID}")
+# the directories a create makes, deepest first (removed when empty)
+_CREATE_DIRS = ("data", _PACKS, STORE_DIR, leases.LEASES_DIR, "_transactions")
+
+
+def clean_failed_create(
+    uri: str,
+    *,
+    grace: timedelta = DEFAULT_GRACE,
+    dry_run: bool = False,
+    storage_options: StorageOptions | None = None,
+) -> dict:
+    """Remove what a create that never committed left at ``uri`` (Ctrl-C, a killed process, an
+    aborted Spark job), where no table exists yet: gc cannot open a table there.
+
+    Only files blobhouse stages are considered, recognized by their names: data files
+    ``data/<write id>-<uuid>.lance`` and their sidecars ``data/<write id>-<uuid>/*.blob``,
+    abort markers ``data/aborted-<write id>-``, store packs
+    ``_blobs/packs/<write id>-<uuid>.pack``, leases ``_leases/<write id>-``, and the
+    transaction file of the create's Lance commit (``_transactions/0-<uuid>.txn``). As gc
+    does, it keeps files younger than ``grace`` and files of a write whose lease is live (a
+    create still running), and removes expired leases. Every other file is foreign: left
+    alone and listed (``foreign_files``). A folder with a Lance dataset (``_versions/``) is
+    refused: that is gc's. Emptied directories go, and the folder itself if nothing is left
+    in it. The report has gc's keys (no versions) and ``failed_create: True``.
+
+    >>> import tempfile
+    >>> from blobhouse.layout import TableLocation
+    >>> from blobhouse.pipeline import plan_write, write_data_files
+    >>> from blobhouse.values import blob_array
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> data = pa.table({"b": blob_array([b"x" * 100_000])})
+    >>> _ = write_data_files(data.to_batches(), plan_write(data.schema), TableLocation(uri), None,
+    ...                      "0123456789ab-")  # staged by a create that never committed
+    >>> report = clean_failed_create(uri, dry_run=True)  # staged just now: kept
+    >>> report["kept_young_files"], report["removed_files"], report["foreign_files"]
+    (2, 0, [])
+    """
+    _check_retention(None, None, grace)
+    location = TableLocation.of(uri, None, storage_options)
+    root = location.root_uri
+    store = object_store(root, storage_options)
+    listed = {info.name: info for info in store.list(root)}
+    if any(name.startswith("_versions/") for name in listed):
+        raise BlobhouseError(
+            f"{location.root} holds a Lance dataset (_versions/), not only the leftovers of a "
+            "failed create: open it as a table (blobhouse gc runs on tables); nothing removed"
+        )
+    staged: dict[str, str | None] = {}  # path -> the write that staged it
+    held: dict[str, str] = {}  # lease -> its write
+    foreign = []
+    for name in sorted(listed):
+        lease = _LEASE.fullmatch(name)
+        found = lease or next((m for p in _STAGED if (m := p.fullmatch(name))), None)
+        if lease:
+            held[name] = lease["write"]
+        elif found:
+            staged[name] = found.groupdict().get("write")
+        else:
+            foreign.append(name)
+    if not staged and not held:
+        alone = f"; {len(foreign)} files there are not blobhouse's: left alone" if foreign else ""
+        raise TableNotFoundError(
+            f"no table at {location.root}, and no leftovers of a failed create{alone}"
+        )
+    now = store.now(root)
+    cutoff = now - grace.total_seconds()
+    running = leases.live_prefixes(location.root, now - leases.TIMEOUT_SECONDS, storage_options)
+    young = [p for p in staged if listed[p].mtime >= cutoff]
+    leased = [p for p in staged if listed[p].mtime < cutoff and staged[p] in running]
+    old = sorted(set(staged) - set(young) - set(leased))
+    lease_cutoff = min(cutoff, now - leases.TIMEOUT_SECONDS)
+    expired = [p for p in held if listed[p].mtime < lease_cutoff]
+    aborted_uploads = 0
+    if not dry_run:
+        for path in old + expired:
+            store.delete(f"{root}/{path}")
+        for directory in ("data", _PACKS):
+            aborted_uploads += store.abort_uploads(
+                f"{root}/{directory}", cutoff, lambda name: _staged_by(name, running)
+            )
+        if is_local(root):
+            _remove_create_dirs(uri_to_path(root))
+
+    def where(path: str) -> str:
+        return os.path.join(location.root, *path.split("/")) if is_local(root) else f"{root}/{path}"
+
+    return {
+        "dry_run": dry_run,
+        "failed_create": True,
+        "branch": None,
+        "removed_versions": [],
+        "retained_versions": [],
+        "kept_tagged_versions": [],
+        "removed_files": len(old),
+        "reclaimed_bytes": sum(listed[p].size for p in old),
+        "kept_young_files": len(young),
+        "kept_leased_files": len(leased),
+        "expired_leases": len(expired),
+        "aborted_uploads": aborted_uploads,
+        "foreign_files": [where(p) for p in foreign],
+        "paths": [where(p) for p in old],
+    }
+
+
+def _remove_create_dirs(root: str) -> None:
+    """Remove the directories a create made once they are empty, and then the folder itself
+    if nothing is left in it (as the create's own cleanup does)."""
+    for directory in _CREATE_DIRS:
+        path = os.path.join(root, *directory.split("/"))
+        if os.path.isdir(path) and not os.path.islink(path):
+            _remove_empty_dirs(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(root)
 
 
 def _check_retention(
@@ -277,13 +700,12 @@ def _check_retention(
             )
 
 
-def _kept_for_tags(table: Table, removed: list[int]) -> list[int]:
+def _kept_for_tags(table: Table, removed: list[int], retained: list[int]) -> list[int]:
     """Versions of this branch a tag keeps although cleanup removed a newer version."""
     if not removed:
         return []
-    retained = {v["version"] for v in table.versions()}
     tagged = {t["version"] for t in table.tags().values() if t["branch"] == table.branch}
-    return sorted(v for v in tagged & retained if v < max(removed))
+    return sorted(v for v in tagged & set(retained) if v < max(removed))
 
 
 def owned_dirs(table: Table) -> list[str]:
@@ -296,19 +718,21 @@ def owned_dirs(table: Table) -> list[str]:
 class _TableFiles:
     """The files a table owns, listed once: path relative to the table root -> size, mtime."""
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, without: Iterable[str] = ()) -> None:
         self.root = table.uri
         self.store = object_store(table.uri, table.storage_options)
         self.local = is_local(table.uri)
         self.dirs = owned_dirs(table)
         self.objects: dict[str, ObjectInfo] = {}
         self.relative: dict[str, str] = {}  # path -> path relative to its owned directory
+        gone = set(without)  # removed already (a dry run: what Lance's cleanup would remove)
         for owned in self.dirs:
             if self.local:
                 _refuse_symlinked(uri_to_path(self.root), owned)
             for info in self.store.list(f"{self.root}/{owned}"):
-                self.objects[f"{owned}/{info.name}"] = info
-                self.relative[f"{owned}/{info.name}"] = info.name
+                if f"{owned}/{info.name}" not in gone:
+                    self.objects[f"{owned}/{info.name}"] = info
+                    self.relative[f"{owned}/{info.name}"] = info.name
 
     def location(self, path: str) -> str:
         """Where ``path`` is, as users name it: a local path, or a URI."""
@@ -352,9 +776,12 @@ class _StorePacks:
         self.owned = owned
         packs = indexed_packs(self.table_path, self.options)
         tombstones = retired_packs(self.table_path, self.options)
+        # retired packs: only the rules below ever delete them
+        self.tombstoned = {f"{STORE_DIR}/{p}" for p in tombstones}
         if marked.keeps_whole(f"{_PACKS}/"):  # retire and reap nothing
             self.indexed = {f"{STORE_DIR}/{p}" for p in packs}
             self.unreferenced_indexed, self.retire, self.resurrect, self.reap = [], [], [], []
+            self.waiting = sorted(p for p in tombstones if f"{STORE_DIR}/{p}" in owned.objects)
             return
         referenced = {
             p.removeprefix(f"{STORE_DIR}/") for p in marked.paths if p.startswith(STORE_DIR)
@@ -367,6 +794,10 @@ class _StorePacks:
         # a pack still in the index (its retirement could not update it) is retired again
         self.retire += [p for p in due if p not in referenced and p in packs]
         self.reap = [p for p in due if p not in referenced and p not in packs]
+        # retired packs whose tombstone is younger than the grace period: kept for now
+        self.waiting = sorted(
+            p for p in tombstones if p not in due and f"{STORE_DIR}/{p}" in owned.objects
+        )
 
     @property
     def reap_paths(self) -> list[str]:

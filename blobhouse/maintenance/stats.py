@@ -1,4 +1,6 @@
-"""stats: per blob column and kind, what rows reference (logical) and what is stored (physical).
+"""stats: per blob column and kind, what rows reference (logical) and what it takes (physical),
+what the table stores itself and what it references outside, and where the rest of the bytes
+on disk are: rows deleted but still stored, older versions, leftovers.
 
 Reads descriptors only, never blob bytes, one batch at a time.
 """
@@ -11,86 +13,167 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from blobhouse.maintenance.garbage_collection import orphans
+from blobhouse.maintenance.garbage_collection import disk_usage, reclaimable
 from blobhouse.placement import Kind
 from blobhouse.store import store_uri_prefix
-from blobhouse.values import get_column, path_name, stored_blob_columns
+from blobhouse.values import ColumnPath, get_column, path_name, stored_blob_columns
 
 if TYPE_CHECKING:
+    from lance import LanceFragment
+
     from blobhouse.table import Table
 
 _GLOBAL = "global"  # external blobs in the table's own store: table-owned bytes
 _GLOBAL_CODE = max(Kind) + 1
 _KIND_ORDER = [k.name.lower() for k in Kind] + [_GLOBAL]
 _STORED_KINDS = ("inline", "packed", "dedicated", _GLOBAL)
+_EXTERNAL = Kind.EXTERNAL.name.lower()
+_ROW_ADDRESS = "_rowaddr"
 
 
 def blob_stats(table: Table) -> dict:
-    """Logical vs physical bytes per blob column and kind.
+    """Logical vs physical bytes per blob column and kind, and what the rest of the bytes on
+    disk are.
 
-    ``logical_bytes`` is what rows reference (each row counted), ``physical_bytes`` what is
-    stored (each distinct stored range once); ``dedup_ratio`` is logical / physical. Column and
-    table totals count bytes the table stores (inline, packed, dedicated, and ``global``: its
-    content-addressed store); external blobs are reported under their kind with the distinct
-    bytes they reference outside the table.
+    Per kind, ``logical_bytes`` is what rows reference (each row counted) and
+    ``physical_bytes`` the distinct ranges behind them (each once); ``table_owned`` tells the
+    kinds the table stores (inline, packed, dedicated, and ``global``: its content-addressed
+    store) from ``external`` (objects the user owns, outside the table). A column's and the
+    table's ``logical_bytes``, ``physical_bytes`` and ``dedup_ratio`` are the sums over every
+    kind, external included, so the totals always equal the sum of the lines; of the physical
+    bytes, ``table_owned_bytes`` are stored by the table and ``external_bytes`` referenced
+    outside it (``physical_bytes = table_owned_bytes + external_bytes``).
+
+    Bytes on disk no current row needs: ``deleted_rows_bytes`` (stored ranges that only rows
+    deleted in this version reference; compaction drops them), ``old_versions_bytes`` (files
+    only older versions of this branch use, that gc with ``retain_versions`` removes),
+    ``orphan_bytes`` (files no retained version references, that gc sweeps); and
+    ``on_disk_bytes``, every object under the table's root.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
     >>> t = write_table(pa.table({"img": blob_array([b"x" * 100_000] * 4)}),
     ...                 tempfile.mkdtemp() + "/t")
     >>> s = t.stats()["columns"]["img"]
-    >>> s["logical_bytes"], s["physical_bytes"], s["dedup_ratio"]
-    (400000, 100000, 4.0)
+    >>> s["logical_bytes"], s["physical_bytes"], s["dedup_ratio"], s["table_owned_bytes"]
+    (400000, 100000, 4.0, 100000)
     """
     dataset = table.dataset
-    store_prefix = store_uri_prefix(table.uri)
-    columns = {}
-    for path in stored_blob_columns(table.schema):
-        kinds: dict[str, dict] = {}
-        distinct: dict[str, set] = {}
-        scanner = dataset.scanner(columns=[path[0]], with_row_address=True)
-        for batch in scanner.to_batches():
-            descriptors = get_column(batch, path)
-            refs = table.resolve_refs(path, descriptors, batch.column("_rowaddr"))
-            kind_values = _kind_codes(descriptors, refs, store_prefix)
-            valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
-            for kind in np.unique(kind_values[valid]):
-                rows = refs.filter(valid & (kind_values == kind))
-                name = _GLOBAL if kind == _GLOBAL_CODE else Kind(int(kind)).name.lower()
-                entry = kinds.setdefault(name, _empty_entry())
-                entry["rows"] += len(rows)
-                entry["logical_bytes"] += int(rows.field("size").to_numpy().sum())
-                distinct.setdefault(name, set()).update(
-                    zip(
-                        rows.field("uri").to_pylist(),
-                        rows.field("position").to_pylist(),
-                        rows.field("size").to_pylist(),
-                        strict=True,
-                    )
-                )
-        for kind, ranges in distinct.items():
-            kinds[kind]["physical_bytes"] = sum(size for _, _, size in ranges)
-        columns[path_name(path)] = _column_summary(kinds)
-    logical = sum(c["logical_bytes"] for c in columns.values())
-    physical = sum(c["physical_bytes"] for c in columns.values())
     fragments = dataset.get_fragments()
-    leftovers = orphans(table)
-    return {
+    columns = {
+        path_name(path): _column_stats(table, path, fragments)
+        for path in stored_blob_columns(table.schema)
+    }
+    files = reclaimable(table)
+    rows = table.count_rows()
+    report = {
         "version": table.version,
-        "rows": table.count_rows(),
+        "rows": rows,
         "fragments": len(fragments),
-        "deleted_rows": sum(f.metadata.physical_rows for f in fragments) - table.count_rows(),
-        "orphan_files": leftovers["files"],
-        "orphan_bytes": leftovers["bytes"],
-        "logical_bytes": logical,
-        "physical_bytes": physical,
-        "dedup_ratio": _ratio(logical, physical),
+        "deleted_rows": sum(f.metadata.physical_rows for f in fragments) - rows,
+        "orphan_files": files["orphan_files"],
+        "orphan_bytes": files["orphan_bytes"],
+    }
+    totals = {
+        key: sum(c[key] for c in columns.values())
+        for key in (
+            "logical_bytes",
+            "physical_bytes",
+            "table_owned_bytes",
+            "external_bytes",
+            "deleted_rows_bytes",
+        )
+    }
+    report |= {
+        "logical_bytes": totals["logical_bytes"],
+        "physical_bytes": totals["physical_bytes"],
+        "dedup_ratio": _ratio(totals["logical_bytes"], totals["physical_bytes"]),
+        "table_owned_bytes": totals["table_owned_bytes"],
+        "external_bytes": totals["external_bytes"],
+        "deleted_rows_bytes": totals["deleted_rows_bytes"],
+        "old_versions_files": files["old_versions_files"],
+        "old_versions_bytes": files["old_versions_bytes"],
+        "on_disk_bytes": disk_usage(table),
         "columns": columns,
     }
+    return report
 
 
-def _empty_entry() -> dict:
-    return {"rows": 0, "logical_bytes": 0, "physical_bytes": 0}
+def _column_stats(table: Table, path: ColumnPath, fragments: list[LanceFragment]) -> dict:
+    """One column's kinds, and the stored ranges only its deleted rows reference."""
+    store_prefix = store_uri_prefix(table.uri)
+    kinds: dict[str, dict] = {}
+    distinct: dict[str, set] = {}
+    deleted: set[tuple[str, int, int]] = set()  # stored ranges deleted rows reference
+    for refs, codes, live in _references(table, path, fragments, store_prefix):
+        for code in np.unique(codes[live]):
+            rows = refs.filter(pa.array(live & (codes == code)))
+            name = _GLOBAL if code == _GLOBAL_CODE else Kind(int(code)).name.lower()
+            entry = kinds.setdefault(name, {"rows": 0, "logical_bytes": 0, "physical_bytes": 0})
+            entry["rows"] += len(rows)
+            entry["logical_bytes"] += int(rows.field("size").to_numpy().sum())
+            distinct.setdefault(name, set()).update(_ranges(rows))
+        gone = ~live & (codes != Kind.EXTERNAL)  # deleting a reference frees nothing outside
+        if gone.any():
+            deleted.update(_ranges(refs.filter(pa.array(gone))))
+    for kind, ranges in distinct.items():
+        kinds[kind]["physical_bytes"] = sum(size for _, _, size in ranges)
+    live_stored = set().union(*(distinct.get(k, set()) for k in _STORED_KINDS))
+    summary = _column_summary(kinds)
+    summary["deleted_rows_bytes"] = sum(size for _, _, size in deleted - live_stored)
+    return summary
+
+
+def _references(table: Table, path: ColumnPath, fragments: list, store_prefix: str):
+    """Per batch of the column's non-null values: the resolved references, each row's kind
+    (store references told apart from external ones), and whether the row is live (rows
+    deleted in this version are read too, from fragments that have deletions)."""
+    dataset = table.dataset
+    whole = [f for f in fragments if f.metadata.deletion_file is None]
+    scans = []
+    if whole:  # one scan for every fragment without deletions
+        scans.append(
+            (dataset.scanner(columns=[path[0]], with_row_address=True, fragments=whole), None)
+        )
+    for fragment in fragments:
+        if fragment.metadata.deletion_file is not None:
+            scanner = dataset.scanner(
+                columns=[path[0]],
+                with_row_address=True,
+                with_row_id=True,  # Lance asks for it with deleted rows
+                fragments=[fragment],
+                include_deleted_rows=True,
+            )
+            scans.append((scanner, fragment.fragment_id))
+    for scanner, fragment_id in scans:
+        offset = 0  # physical row of the batch's first row (fragments with deletions)
+        for batch in scanner.to_batches():
+            descriptors = get_column(batch, path)
+            addresses = batch.column(_ROW_ADDRESS)
+            live = addresses.is_valid().to_numpy(zero_copy_only=False)
+            if fragment_id is not None and not live.all():
+                # a deleted row has no address: it is its fragment's next physical row
+                rows = np.arange(offset, offset + batch.num_rows, dtype=np.uint64)
+                computed = pa.array((np.uint64(fragment_id) << np.uint64(32)) | rows)
+                addresses = pc.if_else(addresses.is_valid(), addresses, computed)
+            offset += batch.num_rows
+            refs = table.resolve_refs(path, descriptors, addresses)
+            valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
+            keep = pa.array(valid)
+            yield (
+                refs.filter(keep),
+                _kind_codes(descriptors.filter(keep), refs.filter(keep), store_prefix),
+                live[valid],
+            )
+
+
+def _ranges(refs: pa.StructArray) -> zip:
+    return zip(
+        refs.field("uri").to_pylist(),
+        refs.field("position").to_pylist(),
+        refs.field("size").to_pylist(),
+        strict=True,
+    )
 
 
 def _kind_codes(descriptors: pa.StructArray, refs: pa.StructArray, store_prefix: str) -> np.ndarray:
@@ -102,15 +185,17 @@ def _kind_codes(descriptors: pa.StructArray, refs: pa.StructArray, store_prefix:
 
 
 def _column_summary(kinds: dict[str, dict]) -> dict:
-    stored = [kinds[k] for k in _STORED_KINDS if k in kinds]
-    logical = sum(e["logical_bytes"] for e in stored)
-    physical = sum(e["physical_bytes"] for e in stored)
-    for entry in kinds.values():
+    for name, entry in kinds.items():
         entry["dedup_ratio"] = _ratio(entry["logical_bytes"], entry["physical_bytes"])
+        entry["table_owned"] = name in _STORED_KINDS
+    logical = sum(e["logical_bytes"] for e in kinds.values())
+    physical = sum(e["physical_bytes"] for e in kinds.values())
     return {
         "logical_bytes": logical,
         "physical_bytes": physical,
         "dedup_ratio": _ratio(logical, physical),
+        "table_owned_bytes": sum(e["physical_bytes"] for e in kinds.values() if e["table_owned"]),
+        "external_bytes": kinds[_EXTERNAL]["physical_bytes"] if _EXTERNAL in kinds else 0,
         "kinds": {k: kinds[k] for k in _KIND_ORDER if k in kinds},
     }
 

@@ -8,7 +8,7 @@ Work is split by :class:`~blobhouse.maintenance.walk.FragmentState` (:func:`veri
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from blobhouse.dedup import content_hash
@@ -33,8 +33,14 @@ DEEP_READ_BYTES = 64 * MiB
 
 @dataclass(frozen=True)
 class Problem:
-    """One reference that does not resolve to the bytes it was written with (``branch`` None:
-    main)."""
+    """One stored payload (``uri``, ``position``, ``size``) that does not resolve to the bytes it
+    was written with, or one problem of the table as a whole (``rows`` empty).
+
+    ``rows`` are every ``(branch, version, column, row)`` that references the payload
+    (``branch`` None: main; ``row`` is the position among that version's rows; a missing data
+    file lists the first row of its fragment in each version); ``branch``, ``version``,
+    ``column`` and ``row`` repeat the first of them. A payload shared by 60 rows is one problem
+    with 60 rows."""
 
     branch: str | None
     version: int
@@ -42,18 +48,40 @@ class Problem:
     row: int
     uri: str
     reason: str
+    position: int | None = None
+    size: int | None = None
+    rows: tuple[tuple[str | None, int, str, int], ...] = ()
+
+    def to_dict(self) -> dict:
+        """The problem as verify reports it (``references``: how many rows)."""
+        return {
+            "branch": self.branch,
+            "version": self.version,
+            "column": self.column,
+            "row": self.row,
+            "uri": self.uri,
+            "reason": self.reason,
+            "position": self.position,
+            "size": self.size,
+            "references": len(self.rows),
+            "rows": [
+                {"branch": branch, "version": version, "column": column, "row": row}
+                for branch, version, column, row in self.rows
+            ],
+        }
 
 
 @dataclass
 class StateReport:
-    """What verifying one fragment state found; ``problems`` hold ``(column, row, uri, reason)``
-    with ``row`` counted among the fragment's live rows."""
+    """What verifying one fragment state found; ``problems`` hold ``(column, row, uri,
+    position, size, reason)`` with ``row`` counted among the fragment's live rows (position and
+    size None: a missing data file)."""
 
     references: int = 0
     objects: set[str] = field(default_factory=set)
     hashed: int = 0
     unhashed: int = 0
-    problems: list[tuple[str, int, str, str]] = field(default_factory=list)
+    problems: list[tuple[str, int, str, int | None, int | None, str]] = field(default_factory=list)
 
 
 class _Checker:
@@ -97,7 +125,7 @@ def verify_state(
     missing = [uri for uri in state.data_files if checker.range_problem(uri, 0, 0)]
     for uri in missing:  # the manifest names a file that is gone: no row of it can be read
         reason = f"missing data file: every row of fragment {state.fragment_id} is unreadable"
-        report.problems.append(("", 0, uri, reason))
+        report.problems.append(("", 0, uri, None, None, reason))
     if missing:
         return report
     for batch in fragment_references(table, state.fragment_id):
@@ -110,7 +138,8 @@ def verify_state(
             report.objects.add(uri)
             problem = checker.range_problem(uri, position, size)
             if problem:
-                report.problems.append((batch.column, int(batch.rows[i]), uri, problem))
+                row = int(batch.rows[i])
+                report.problems.append((batch.column, row, uri, position, size, problem))
                 continue
             if not deep:
                 continue
@@ -123,7 +152,10 @@ def verify_state(
         for i, ref, verdict in _hash_checked(to_hash, checker):
             report.hashed += 1
             if verdict:
-                report.problems.append((batch.column, int(batch.rows[i]), ref.uri, verdict))
+                row = int(batch.rows[i])
+                report.problems.append(
+                    (batch.column, row, ref.uri, ref.position, ref.size, verdict)
+                )
     return report
 
 
@@ -172,8 +204,11 @@ def verify(
 ) -> dict:
     """Check that every blob reference of every retained version of every branch (or of the
     versions of ``graph``) resolves to an existing object with its range inside it; ``deep`` also
-    re-hashes every stored payload against the blake3 recorded at write time. Problems name
-    branch, version, column, row (position among the version's rows) and uri. A table copied
+    re-hashes every stored payload against the blake3 recorded at write time. A problem is one
+    stored payload (uri, position, size) and the reason, with every row that references it
+    (``rows``: branch, version, column, row as the position among that version's rows;
+    ``references``: how many), the first of them repeated as ``branch``, ``version``,
+    ``column`` and ``row``: a damaged payload 60 rows share is one problem. A table copied
     or moved whose manifest still names its old place is a problem too (blobhouse reads it
     right; stock Lance readers would follow the old path until ``relocate``), and so is a
     branch that cannot be read where the table is now.
@@ -205,21 +240,31 @@ def summarize(
     *,
     deep: bool,
 ) -> dict:
-    """One verify report from the reports of fragment states (each counted per version)."""
-    problems: list[Problem] = []
+    """One verify report from the reports of fragment states (each counted per version); the
+    problems of one stored payload, however many rows and versions reference it, are one
+    problem listing those rows."""
     checked = hashed = unhashed = 0
     objects: set[str] = set()
+    by_payload: dict[tuple, list[tuple[str | None, int, str, int]]] = {}
     for state, report in reports:
         objects |= report.objects
         copies = len(state.appearances)
         checked += report.references * copies
         hashed += report.hashed * copies
         unhashed += report.unhashed * copies
-        for ref, first_row in state.appearances:
-            problems.extend(
-                Problem(ref.branch, ref.version, column, first_row + row, uri, reason)
-                for column, row, uri, reason in report.problems
+        for column, row, uri, position, size, reason in report.problems:
+            rows = by_payload.setdefault((uri, position, size, reason), [])
+            rows.extend(
+                (ref.branch, ref.version, column, first_row + row)
+                for ref, first_row in state.appearances
             )
+    problems: list[Problem] = []
+    for (uri, position, size, reason), rows in by_payload.items():
+        rows.sort(key=lambda r: (r[0] or "", r[1], r[2], r[3]))
+        branch, version, column, row = rows[0]
+        problems.append(
+            Problem(branch, version, column, row, uri, reason, position, size, tuple(rows))
+        )
     problems.extend(_placement_problems(table, graph))
     problems.extend(
         Problem(branch, 0, "", 0, "", f"branch not verified: {reason}")
@@ -240,7 +285,7 @@ def summarize(
         "objects": len(objects),
         "hashed": hashed,
         "unhashed": unhashed,
-        "problems": [asdict(p) for p in problems],
+        "problems": [p.to_dict() for p in problems],
     }
 
 

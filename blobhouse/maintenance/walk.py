@@ -8,7 +8,7 @@ Spark task can take one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -108,6 +108,13 @@ class VersionGraph:
                 continue
             refs.extend(VersionRef(branch, v["version"]) for v in on.versions())
         return cls(tuple(refs), tuple(unreadable))
+
+    def without(self, branch: str | None, versions: Iterable[int]) -> VersionGraph:
+        """This graph less ``versions`` of ``branch`` (what a cleanup would remove)."""
+        gone = {VersionRef(branch, v) for v in versions}
+        if not gone:
+            return self
+        return VersionGraph(tuple(r for r in self.versions if r not in gone), self.unreadable)
 
 
 def fragment_states(table: Table, versions: list[VersionRef] | None = None) -> list[FragmentState]:
