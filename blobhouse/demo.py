@@ -125,6 +125,9 @@ def run_demo(
     the Spark settings ``conf``). An existing table at ``out`` is overwritten (a new version:
     earlier ones stay until ``blobhouse gc``); anything else there is refused, never deleted.
     ``out`` may be on an object store that ``storage_options`` reach."""
+    from blobhouse.extras import require_spark
+
+    require_spark("the demo")  # without pyspark: one line naming the spark extra
     from pyspark.sql import functions as F
 
     import blobhouse.spark as bs

@@ -86,3 +86,8 @@ class StaleWriteError(BlobhouseError):
 class StoreRaceError(BlobhouseError):
     """A write found payloads in the table's store that gc retired before the write committed;
     nothing was committed and retrying the write succeeds."""
+
+
+class MissingExtraError(BlobhouseError, ImportError):
+    """A part of blobhouse whose optional dependencies are not installed (Spark without
+    pyspark). The message is one line naming the ``pip install`` that adds them."""

@@ -60,3 +60,22 @@ class S3Bucket:
         """Keys of unfinished multipart uploads."""
         listed = self.client.list_multipart_uploads(Bucket=self.name)
         return [u["Key"] for u in listed.get("Uploads", [])]
+
+
+# Tests that start Spark without asking for the ``spark`` fixture: in child processes (a killed
+# job, a standalone cluster, the benchmark's Spark contenders) or the README's Spark examples.
+SPARK_MODULES = {"test_spark_crash_safety.py", "test_spark_cluster.py", "test_bench.py"}
+SPARK_TESTS = {"tests/test_readme.py::test_readme_python_examples_run"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks every test that needs pyspark ``spark``, so ``pytest -m "not spark"`` runs the
+    Python-only tests (what ``pip install blobhouse`` without the ``spark`` extra supports)."""
+    for item in items:
+        if (
+            "spark" in getattr(item, "fixturenames", ())
+            or item.path.name in SPARK_MODULES
+            or item.nodeid in SPARK_TESTS
+            or item.nodeid.startswith(("blobhouse/spark/", "bench/spark_targets.py"))
+        ):
+            item.add_marker(pytest.mark.spark)

@@ -15,6 +15,14 @@
 
 from __future__ import annotations
 
+try:  # the Python data source API of Spark 4.1 (filter pushdown), from the spark extra
+    from pyspark.sql.datasource import Filter  # noqa: F401
+except ImportError:  # a one-line MissingExtraError naming `pip install "blobhouse[spark]"`
+    from blobhouse.extras import require_spark
+
+    require_spark()
+    raise
+
 import json
 import os
 import pickle

@@ -1,0 +1,43 @@
+"""The optional parts of blobhouse and the extras that install them.
+
+``pip install blobhouse`` is the Python library (tables, dedup, object stores, the table
+services); ``pip install "blobhouse[spark]"`` adds pyspark for :mod:`blobhouse.spark`,
+``blobhouse ingest`` and ``blobhouse demo``. :func:`require_spark` turns a missing or too old
+pyspark into a :class:`~blobhouse.errors.MissingExtraError` that says so in one line.
+"""
+
+from __future__ import annotations
+
+from blobhouse.errors import MissingExtraError
+
+SPARK_EXTRA = 'pip install "blobhouse[spark]"'
+# the Python data source API blobhouse.spark is built on, with filter pushdown: Spark 4.1
+SPARK_MIN_VERSION = (4, 1)
+
+
+def require_spark(what: str = "blobhouse.spark") -> None:
+    """Returns if a pyspark that ``what`` can use is installed; otherwise raises
+    :class:`MissingExtraError` naming the extra that installs one."""
+    try:
+        import pyspark
+    except ImportError as error:
+        raise MissingExtraError(
+            f"{what} needs pyspark, which is not installed: {SPARK_EXTRA}"
+        ) from error
+    version = getattr(pyspark, "__version__", "")
+    if _release(version) < SPARK_MIN_VERSION:
+        raise MissingExtraError(
+            f"{what} needs pyspark {'.'.join(map(str, SPARK_MIN_VERSION))} or later "
+            f"(this is pyspark {version or 'of no version'}): "
+            f"{SPARK_EXTRA}"
+        )
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"4.1.0.dev0"`` -> ``(4, 1)``; anything unreadable -> ``()``."""
+    parts = []
+    for part in version.split(".")[:2]:
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts)
