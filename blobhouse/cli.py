@@ -18,7 +18,6 @@ import logging
 import os
 import re
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -481,7 +480,7 @@ def one_line(exc: BaseException, command: str = "") -> str:
     process is found inside the Java exception that carries it.
 
     >>> one_line(ValueError("bad\\nthing"))
-    'ValueError: bad'
+    'ValueError: bad (--debug prints the traceback)'
     """
     if _missing_spark(exc):
         return f'blobhouse {command or "on Spark"} needs Spark: pip install "blobhouse[spark]"'
@@ -492,9 +491,9 @@ def one_line(exc: BaseException, command: str = "") -> str:
     if inner:
         return inner[-1].strip()
     if "JAVA_GATEWAY_EXITED" in text:
-        return (
-            "could not start Spark: its Java process exited (is Java 17 installed, on PATH or "
-            "in JAVA_HOME? --debug shows Spark's output)"
+        said = _SPARK_OUTPUT.startup_error()
+        return "could not start Spark: " + (
+            said or "its Java process exited (is Java 17 installed, on PATH or in JAVA_HOME?)"
         )
     java = getattr(exc, "java_exception", None)
     if java is not None:
@@ -515,7 +514,7 @@ def _expected(exc: BaseException) -> bool:
     return (
         isinstance(exc, BlobhouseError | OSError)
         or _missing_spark(exc)
-        or re.search(r"blobhouse\.errors\.\w+: ", str(exc)) is not None
+        or re.search(r"blobhouse\.errors\.\w+: |JAVA_GATEWAY_EXITED", str(exc)) is not None
     )
 
 
@@ -608,7 +607,9 @@ def _ingest(args: argparse.Namespace, run: Run) -> int:
         f"{args.table}: version {report['version']}, {report['rows']} rows, "
         f"{mb(report['logical_bytes'])} logical, {mb(report['physical_bytes'])} physical"
     )
-    print_report(report, skip=("table", "version", "rows", "logical_bytes", "physical_bytes"))
+    print_report(
+        report, skip=("table", "version", "rows", "logical_bytes", "physical_bytes"), separate=True
+    )
     return 0
 
 
@@ -635,7 +636,7 @@ def _stats(args: argparse.Namespace, run: Run) -> int:
     print(f"logical        {mb(report['logical_bytes'])}")
     print(f"physical       {mb(report['physical_bytes'])} ({report['dedup_ratio']:.2f}x dedup)")
     print(f"orphans        {report['orphan_files']} files, {mb(report['orphan_bytes'])}")
-    print_report(report, skip=shown)
+    print_report(report, skip=shown, separate=True)
     return 0
 
 
@@ -665,7 +666,7 @@ def _verify(args: argparse.Namespace, run: Run) -> int:
         "unhashed",
         "deep",
     ]
-    print_report(report, skip=shown if report["problems"] else [*shown, "problems"])
+    print_report(report, skip=shown if report["problems"] else [*shown, "problems"], separate=True)
     return 1 if report["problems"] else 0
 
 
@@ -701,7 +702,7 @@ def _gc(args: argparse.Namespace, run: Run) -> int:
         "kept_young_files",
         "kept_tagged_versions",
     ]
-    print_report(report, skip=shown)
+    print_report(report, skip=shown, separate=True)
     return 0
 
 
@@ -741,7 +742,7 @@ def _compact(args: argparse.Namespace, run: Run) -> int:
         "bytes_before",
         "bytes_after",
     ]
-    print_report(report, skip=shown)
+    print_report(report, skip=shown, separate=True)
     return 0
 
 
@@ -875,25 +876,65 @@ def _check_master(master: str) -> None:
 
 class _SparkOutput:
     """What Spark's JVM (and the Python workers it starts) print on stderr, relayed line by
-    line: without the JVM's notice about incubator modules, and nothing once Ctrl-C was
-    pressed (killed tasks' workers print broken-pipe tracebacks)."""
+    line: held back while the JVM starts (a failed start becomes one line of the error instead),
+    without the JVM's notice about incubator modules, and nothing once Ctrl-C was pressed
+    (killed tasks' workers print broken-pipe tracebacks)."""
 
     NOISE = (b"WARNING: Using incubator modules",)
 
     def __init__(self) -> None:
         self.muted = threading.Event()
+        self.lock = threading.Lock()
+        self.held: list[bytes] | None = None  # lines of a start in progress
+        self.failed_start: list[str] = []
 
     def mute(self) -> None:
         self.muted.set()
 
-    def relay(self, stream) -> None:
-        def copy() -> None:
-            with contextlib.suppress(Exception):
-                for line in iter(stream.readline, b""):
-                    if not self.muted.is_set() and not line.startswith(self.NOISE):
-                        os.write(sys.__stderr__.fileno() if sys.__stderr__ else 2, line)
+    def launch(self, original, conf, popen_kwargs):
+        """pyspark's ``launch_gateway``, with the JVM's stderr through this relay."""
+        read, write = os.pipe()
+        with self.lock:
+            self.held = []
+        ended = threading.Event()
+        threading.Thread(target=self._copy, args=(read, ended), daemon=True).start()
+        try:
+            gateway = original(conf, {**(popen_kwargs or {}), "stderr": write})
+        except BaseException:
+            os.close(write)
+            ended.wait(timeout=5)  # the JVM exited: its last lines are in
+            with self.lock:
+                self.failed_start = [line.decode(errors="replace") for line in self.held or []]
+                self.held = None
+            raise
+        os.close(write)  # the JVM holds its own copy
+        with self.lock:
+            held, self.held = self.held or [], None
+            for line in held:
+                self._write(line)
+        return gateway
 
-        threading.Thread(target=copy, name="spark-stderr", daemon=True).start()
+    def startup_error(self) -> str | None:
+        """The line saying why the JVM did not start, if it said."""
+        for line in self.failed_start:
+            if re.search(r"(Exception|Error)\b", line):
+                return line.strip().removeprefix('Exception in thread "main" ')
+        return None
+
+    def _copy(self, fd: int, ended: threading.Event) -> None:
+        with contextlib.suppress(Exception), os.fdopen(fd, "rb") as stream:
+            for line in iter(stream.readline, b""):
+                with self.lock:
+                    if self.held is not None:
+                        self.held.append(line)
+                    else:
+                        self._write(line)
+        ended.set()
+
+    def _write(self, line: bytes) -> None:
+        if not self.muted.is_set() and not line.startswith(self.NOISE):
+            with contextlib.suppress(OSError):
+                os.write(sys.__stderr__.fileno() if sys.__stderr__ else 2, line)
 
 
 _SPARK_OUTPUT = _SparkOutput()
@@ -914,11 +955,7 @@ def _spark_output(args: argparse.Namespace) -> Iterator[None]:
         return
 
     def launch(conf=None, popen_kwargs=None):
-        gateway = original(conf, {**(popen_kwargs or {}), "stderr": subprocess.PIPE})
-        proc = getattr(gateway, "proc", None)
-        if proc is not None and proc.stderr is not None:
-            _SPARK_OUTPUT.relay(proc.stderr)
-        return gateway
+        return _SPARK_OUTPUT.launch(original, conf, popen_kwargs)
 
     context_module.launch_gateway = launch
     unregister = when_interrupted(_SPARK_OUTPUT.mute)

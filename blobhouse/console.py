@@ -50,7 +50,7 @@ class ProgressBars:
         with self._lock:
             bars = self._start()
             task = self._tasks.get(step)
-            if task is not None and bars.tasks[task].finished and done < total:
+            if task is not None and bars.tasks[task].finished and done == 0:
                 task = None  # the step runs again (a retry): a new bar
             if task is None:
                 task = self._tasks[step] = bars.add_task(step, total=total)
@@ -104,11 +104,13 @@ def print_report(
     *,
     skip: Iterable[str] = (),
     file: IO[str] | None = None,
+    separate: bool = False,
 ) -> None:
     """Print ``report`` as tables: a summary of its single values (numbers, strings, short
     lists, small mappings), then one table per field that holds records (a list of dicts, or a
     dict of dicts, such as stats' ``columns`` or verify's ``problems``). Byte counts are shown
-    in MB, ratios with an ``x``. Fields in ``skip`` are left out (``--json`` prints them)."""
+    in MB, ratios with an ``x``. Fields in ``skip`` are left out (``--json`` prints them);
+    ``separate``: a blank line first (after lines printed before), if anything is printed."""
     from rich.table import Table
 
     skipped = set(skip)
@@ -127,6 +129,8 @@ def print_report(
     shown = ([summary] if summary.row_count else []) + sections
     if title and shown:
         shown.insert(0, title)
+    if separate and shown:
+        shown.insert(0, "")
     _print(shown, file or sys.stdout)
 
 
@@ -138,12 +142,12 @@ def _print(renderables: list, out: IO[str]) -> None:
     if out.isatty():
         console = Console(file=out, highlight=False)
         for number, renderable in enumerate(renderables):
-            console.print(*([""] if number else []), renderable)
+            console.print(*([""] if number and renderables[number - 1] != "" else []), renderable)
         return
     buffer = io.StringIO()
     console = Console(file=buffer, width=10_000, highlight=False, no_color=True)
     for number, renderable in enumerate(renderables):
-        console.print(*([""] if number else []), renderable)
+        console.print(*([""] if number and renderables[number - 1] != "" else []), renderable)
     lines = [line.rstrip() for line in buffer.getvalue().splitlines()]
     out.write("".join(line + "\n" for line in lines))
     out.flush()
@@ -323,10 +327,9 @@ def run_spark_job(
 
 def _make_active(spark) -> None:
     """Make ``spark`` the JVM's active session in this thread: Spark finds Python data sources
-    (``blobhouse``) through the active session, which a new thread does not have."""
-    from pyspark.sql import SparkSession
-
-    SparkSession._get_j_spark_session_class(spark._jvm).setActiveSession(spark._jsparkSession)
+    (``blobhouse``) through the active session, which a new thread does not have
+    (docs/spark-cluster.md, Threads)."""
+    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
 
 
 class _StageWatcher:
