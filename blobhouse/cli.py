@@ -892,21 +892,37 @@ class _SparkOutput:
         self.muted.set()
 
     def launch(self, original, conf, popen_kwargs):
-        """pyspark's ``launch_gateway``, with the JVM's stderr through this relay."""
+        """pyspark's ``launch_gateway``, with the JVM's stderr through this relay. A start
+        that fails or is interrupted kills the JVM: pyspark removes the file the JVM reports
+        its port in, and a JVM that cannot write it never exits (its gateway thread waits)."""
+        import pyspark.java_gateway as java_gateway
+
         read, write = os.pipe()
         with self.lock:
             self.held = []
         ended = threading.Event()
         threading.Thread(target=self._copy, args=(read, ended), daemon=True).start()
+        popen, started = java_gateway.Popen, []
+
+        def remembered(*args, **kwargs):
+            started.append(popen(*args, **kwargs))
+            return started[-1]
+
+        java_gateway.Popen = remembered
         try:
             gateway = original(conf, {**(popen_kwargs or {}), "stderr": write})
         except BaseException:
+            for process in started:
+                with contextlib.suppress(OSError):
+                    process.kill()
             os.close(write)
             ended.wait(timeout=5)  # the JVM exited: its last lines are in
             with self.lock:
                 self.failed_start = [line.decode(errors="replace") for line in self.held or []]
                 self.held = None
             raise
+        finally:
+            java_gateway.Popen = popen
         os.close(write)  # the JVM holds its own copy
         with self.lock:
             held, self.held = self.held or [], None

@@ -112,8 +112,9 @@ CLI = (
 
 
 def interrupt(argv: list[str], ready, setup: str = "", timeout: float = 900) -> tuple[int, str]:
-    """Run the CLI in a child, send it SIGINT once ``ready(stderr_so_far)`` holds, and return
-    its exit code and stderr."""
+    """Run the CLI in a child, send it SIGINT once ``ready(stderr_so_far, pid)`` holds, and
+    return its exit code and stderr. Every process the child started (Spark's JVM, its Python
+    workers) must be gone soon after the child exits."""
     proc = subprocess.Popen(
         [sys.executable, "-c", CLI.format(setup=setup), *argv],
         stdout=subprocess.PIPE,
@@ -124,19 +125,45 @@ def interrupt(argv: list[str], ready, setup: str = "", timeout: float = 900) -> 
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
+    started: set[int] = set()
     try:
         deadline = time.monotonic() + timeout
-        while not ready("".join(lines)):
+        while not ready("".join(lines), proc.pid):
             assert proc.poll() is None, f"finished before the signal: {''.join(lines)}"
             assert time.monotonic() < deadline, "".join(lines)
             time.sleep(0.1)
+        started = descendants(proc.pid)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=300)
         reader.join(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
+    deadline = time.monotonic() + 60
+    while {p for p in started if os.path.exists(f"/proc/{p}")} and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = {p for p in started if os.path.exists(f"/proc/{p}")}
+    for pid in left:  # do not leave them running, then fail
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left running after the CLI exited: {left}"
     return proc.returncode, "".join(lines)
+
+
+def descendants(pid: int) -> set[int]:
+    """Processes started by ``pid``, and by them (Linux /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 def staged_files(table: str) -> list[str]:
@@ -149,7 +176,7 @@ def staged_files(table: str) -> list[str]:
 def test_ctrl_c_in_the_demo_write_is_one_line_exit_130_and_leaves_no_files(tmp_path):
     out = str(tmp_path / "episodes")
     code, err = interrupt(
-        ["demo", "--rows", "3000", "--out", out], lambda _: bool(staged_files(out))
+        ["demo", "--rows", "3000", "--out", out], lambda _, pid: bool(staged_files(out))
     )
     assert code == 130, err
     assert "Traceback" not in err and "ERROR" not in err and "Exception" not in err, err
@@ -180,7 +207,8 @@ def test_ctrl_c_while_spark_starts_for_an_ingest_keeps_the_table(tmp_path):
     )
     before = sorted(os.listdir(os.path.join(table, "data")))
     argv = ["ingest", str(manifest), table, "--blob-columns", "file"]
-    code, err = interrupt(argv, lambda text: "starting Spark" in text)
+    # once Spark's JVM is starting: a JVM interrupted then must not be left running
+    code, err = interrupt(argv, lambda text, pid: "starting Spark" in text and descendants(pid))
     assert code == 130, err
     assert "Traceback" not in err, err
     assert err.splitlines()[-1] == (
@@ -201,7 +229,7 @@ def test_ctrl_c_in_a_python_only_command(table_uri):
         "t.Table.verify = verify"
     )
     code, err = interrupt(
-        ["verify", table_uri, "--deep"], lambda text: "verifying" in text, setup=slow
+        ["verify", table_uri, "--deep"], lambda text, pid: "verifying" in text, setup=slow
     )
     assert code == 130
     assert err.splitlines() == [
