@@ -902,13 +902,14 @@ class _SparkOutput:
             self.held = []
         ended = threading.Event()
         threading.Thread(target=self._copy, args=(read, ended), daemon=True).start()
-        popen, started = java_gateway.Popen, []
+        popen, started = getattr(java_gateway, "Popen", None), []
 
         def remembered(*args, **kwargs):
             started.append(popen(*args, **kwargs))
             return started[-1]
 
-        java_gateway.Popen = remembered
+        if popen is not None:
+            java_gateway.Popen = remembered
         try:
             gateway = original(conf, {**(popen_kwargs or {}), "stderr": write})
         except BaseException:
@@ -922,7 +923,8 @@ class _SparkOutput:
                 self.held = None
             raise
         finally:
-            java_gateway.Popen = popen
+            if popen is not None:
+                java_gateway.Popen = popen
         os.close(write)  # the JVM holds its own copy
         with self.lock:
             held, self.held = self.held or [], None
