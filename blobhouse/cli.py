@@ -1,25 +1,163 @@
-"""Command line: ``blobhouse demo`` (the main job, on Spark), ``blobhouse ingest MANIFEST TABLE``,
-the table services ``blobhouse stats|verify|gc|compact TABLE``, and ``blobhouse relocate TABLE``
-for a table copied or moved to a new place."""
+"""The ``blobhouse`` command: ``demo``, ``ingest``, the table services ``stats``, ``verify``,
+``gc``, ``compact`` and ``relocate``.
+
+The library does the work; this module parses options, prints reports (:mod:`blobhouse.console`)
+and turns failures into one line on stderr: ``error: ...`` (exit 2 for bad input and other
+expected failures, 1 for anything unexpected; ``--debug`` adds the traceback) and
+``interrupted: ...`` on Ctrl-C (exit 130).
+"""
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
+import difflib
 import json
+import logging
 import os
+import re
+import socket
 import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
+from blobhouse.console import ProgressBars, mb, print_report, when_interrupted
 from blobhouse.errors import BlobhouseError, InvalidInputError
-from blobhouse.storage import checked_options
+from blobhouse.storage import checked_options, is_local, uri_to_path
+
+DESCRIPTION = """\
+blobhouse: multimodal training tables whose blob bytes are stored once however many rows
+reference them, written as standard Lance datasets.
+
+Run "blobhouse COMMAND --help" for a command's options. Every command prints a readable
+summary, or its full report as JSON with --json. Errors are one line on stderr (--debug prints
+the traceback); Ctrl-C stops a command cleanly, exit code 130.
+"""
+
+INGEST_DESCRIPTION = """\
+Load the files a manifest names into a blob table, on Spark.
+
+The manifest (JSONL, CSV or Parquet) has one row per table row; the blob columns hold file
+paths (relative to the manifest's directory, absolute, or URIs such as s3://bucket/key). The
+manifest is read and checked before Spark starts: a missing manifest, an unknown format, a
+missing blob column or a missing file is reported in a second, naming row, column and path.
+
+The table gets the manifest's rows in manifest order and its columns in manifest order (JSONL:
+in the order keys first appear). Each blob column holds the file's bytes, and a string column
+<blob column>_path next to it keeps the path as the manifest wrote it (--drop-path-columns
+leaves them out). Appending casts the manifest's columns to the table's types (a CSV manifest
+appended to a table a JSONL one made), or names the column that cannot be cast.
+
+Rows are split into consecutive ranges, one Spark task each (about 1 GiB of distinct files
+per task, or --tasks N). With the default --dedup content, rows of one task naming the same
+file store it once; --dedup global stores each file once per table, across tasks and appends.
+"""
+
+DEMO_DESCRIPTION = """\
+The main job, on Spark: generate robot episodes (30 Hz frames sharing 1-6 MB video chunks, a
+calibration file per episode, a thumbnail per frame), write them with dedup, query them with
+Spark SQL and read_blob, read every blob back and check its bytes. Exit code 1 if any byte
+differs. --out is a new place or the demo's own table (overwritten as a new version); a folder
+holding anything else is refused, never deleted.
+"""
+
+SERVICE_DESCRIPTIONS = {
+    "stats": "Per blob column and kind: rows, logical bytes (what rows reference), physical "
+    "bytes (each stored range once) and the dedup ratio; fragments, deleted rows, orphan files.",
+    "verify": "Check that every blob reference of every retained version of every branch "
+    "resolves to an existing object with its range inside it (--deep: also re-hash every "
+    "stored payload). Exit code 1 if there is a problem.",
+    "gc": "Remove old versions (through Lance; tagged versions are kept), then files under "
+    "the table's data/ and store that no retained version of any branch references, once "
+    "older than the grace period. Never touches external blobs.",
+    "compact": "Rewrite small fragments and fragments with many deleted rows in one commit, "
+    "each payload stored once per new data file; deleted rows' bytes are dropped.",
+    "relocate": "Point a copied or moved table's store at its new place (one commit); until "
+    "then stock Lance readers follow the old path.",
+}
+
+LOG4J_PROPERTIES = """\
+# blobhouse's command line: Spark's JVM logs nothing on the terminal (errors reach Python and
+# are printed as one line); --debug keeps Spark's own logging
+status = off
+rootLogger.level = off
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %m%n
+logger.apache.name = org.apache
+logger.apache.level = off
+logger.sparkproject.name = org.sparkproject
+logger.sparkproject.level = off
+logger.netty.name = io.netty
+logger.netty.level = off
+"""
+
+INTERRUPTED = 130
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``blobhouse`` command."""
-    parser = argparse.ArgumentParser(prog="blobhouse", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the command's parser: its usage, and a suggestion
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
+    run = Run(args)
+    with _logging(args.debug), ProgressBars() as bars:
+        run.bars = bars
+        try:
+            return COMMANDS[args.command](args, run)
+        except KeyboardInterrupt:
+            return run.interrupted()
+        except BrokenPipeError:  # `blobhouse stats T | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+            return 0
+        except Exception as exc:
+            return run.failed(exc)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``blobhouse`` argument parser (every option has help; help text is plain)."""
+    parser = _Parser(
+        prog="blobhouse",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="print tracebacks and Spark's own logging"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,  # the global flag's value stays unless given here
+        help="print tracebacks and Spark's own logging",
+    )
+    common.add_argument(
+        "--json", action="store_true", help="print the full report as JSON on stdout"
+    )
+    common.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a storage option of the table's object store, e.g. "
+        "aws_endpoint=http://127.0.0.1:9000 (repeat for more; see docs/object-storage.md)",
+    )
     spark = argparse.ArgumentParser(add_help=False)
     spark.add_argument(
-        "--master", default="local[*]", help="Spark master (default: embedded local[*])"
+        "--master",
+        default="local[*]",
+        help="Spark master URL, e.g. spark://host:7077 (default: embedded local[*])",
     )
     spark.add_argument(
         "--conf",
@@ -29,73 +167,126 @@ def main(argv: list[str] | None = None) -> int:
         help="a Spark setting, e.g. spark.driver.host=10.0.0.5 (repeat for more; see "
         "docs/spark-cluster.md)",
     )
-    storage = argparse.ArgumentParser(add_help=False)
-    storage.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a storage option of the table's object store, e.g. aws_endpoint=http://127.0.0.1:9000"
-        " (repeat for more; see docs/object-storage.md)",
-    )
-
+    table = argparse.ArgumentParser(add_help=False)
+    table.add_argument("table", help="the table: a local path or a URI such as s3://bucket/t")
     on_branch = argparse.ArgumentParser(add_help=False)
     on_branch.add_argument(
         "--branch", default=None, help="a branch of the table (made with Lance's create_branch)"
     )
 
-    demo = commands.add_parser(
-        "demo", parents=[storage, spark], help="write, query and verify a robot-episode table"
+    def command(name: str, summary: str, description: str, *parents):
+        return commands.add_parser(
+            name,
+            parents=list(parents),
+            help=summary,
+            description=description,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    demo = command(
+        "demo",
+        "write, query and verify a robot-episode table on Spark",
+        DEMO_DESCRIPTION,
+        common,
+        spark,
     )
-    demo.add_argument("--rows", type=int, default=1800, help="frames to generate (30 Hz)")
     demo.add_argument(
-        "--out", default="demo-output/episodes", help="where to write the table (replaced)"
+        "--rows", type=int, default=1800, help="frames to generate at 30 Hz (default 1800)"
+    )
+    demo.add_argument(
+        "--out",
+        default="demo-output/episodes",
+        help="where to write the table (default demo-output/episodes)",
     )
     demo.add_argument(
         "--local-s3",
         action="store_true",
         help="write the table to a local S3-compatible server (moto, started for the run)",
     )
-    demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    ingest = commands.add_parser(
-        "ingest", parents=[storage, spark], help="load files named in a manifest into a table"
+    ingest = command(
+        "ingest",
+        "load the files a manifest names into a table, on Spark",
+        INGEST_DESCRIPTION,
+        common,
+        spark,
     )
-    ingest.add_argument("manifest", help="JSONL, CSV or Parquet file of rows")
-    ingest.add_argument("table", help="the table to create or append to")
+    ingest.add_argument("manifest", help="a JSONL, CSV or Parquet file with one row per table row")
+    ingest.add_argument("table", help="the table to create or append to (a path or a URI)")
     ingest.add_argument(
         "--blob-columns",
         required=True,
-        help="comma-separated manifest columns that name files or URIs",
+        metavar="COLUMNS",
+        help="comma-separated manifest columns holding file paths or URIs, loaded as blobs",
     )
-    ingest.add_argument("--format", choices=["jsonl", "csv", "parquet"], default=None)
-    ingest.add_argument("--mode", choices=["append", "overwrite"], default="append")
-
-    stats = commands.add_parser(
-        "stats", parents=[storage, on_branch], help="logical vs physical bytes of a table"
+    ingest.add_argument(
+        "--format",
+        choices=["jsonl", "csv", "parquet"],
+        default=None,
+        help="the manifest's format (default: from its extension: .jsonl/.json, .csv, .parquet)",
     )
-    stats.add_argument("table")
-    stats.add_argument("--json", action="store_true", help="print the report as JSON")
+    ingest.add_argument(
+        "--mode",
+        choices=["append", "overwrite"],
+        default="append",
+        help="append to the table (created when missing; the default), or overwrite its rows "
+        "with a new version",
+    )
+    ingest.add_argument(
+        "--dedup",
+        choices=["content", "global", "off"],
+        default="content",
+        help="content (default): rows of one task naming byte-identical files store them "
+        "once; global: once per table, across tasks and appends; off: one copy per row",
+    )
+    ingest.add_argument(
+        "--drop-path-columns",
+        action="store_true",
+        help="do not keep the <blob column>_path columns (the paths as the manifest wrote them)",
+    )
+    ingest.add_argument(
+        "--tasks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Spark tasks, each a consecutive range of rows (default: one per ~1 GiB of files)",
+    )
 
-    verify = commands.add_parser(
+    stats = command(
+        "stats",
+        "rows, logical and physical bytes, dedup ratio",
+        SERVICE_DESCRIPTIONS["stats"],
+        common,
+        table,
+        on_branch,
+    )
+    del stats
+
+    verify = command(
         "verify",
-        parents=[storage],
-        help="check that every blob reference of every version and branch resolves",
+        "check that every blob reference of every version and branch resolves",
+        SERVICE_DESCRIPTIONS["verify"],
+        common,
+        table,
     )
-    verify.add_argument("table")
     verify.add_argument(
         "--deep", action="store_true", help="also re-hash every payload against its recorded hash"
     )
-    verify.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    compact = commands.add_parser(
+    compact = command(
         "compact",
-        parents=[storage, on_branch],
-        help="rewrite small and sparse fragments, keeping blob sharing",
+        "rewrite small and sparse fragments, keeping blob sharing",
+        SERVICE_DESCRIPTIONS["compact"],
+        common,
+        table,
+        on_branch,
     )
-    compact.add_argument("table")
-    compact.add_argument("--target-rows", type=int, default=None, help="rows per new data file")
-    compact.add_argument("--target-mb", type=float, default=None, help="MB per new data file")
+    compact.add_argument(
+        "--target-rows", type=int, default=None, help="rows per new data file (default 1M)"
+    )
+    compact.add_argument(
+        "--target-mb", type=float, default=None, help="MB per new data file (default 2 GiB)"
+    )
     compact.add_argument(
         "--deleted-fraction",
         type=float,
@@ -108,151 +299,384 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="repack store packs of which less than this fraction is referenced (default 0.5)",
     )
-    compact.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    collect = commands.add_parser(
-        "gc", parents=[storage, on_branch], help="remove old versions and unreferenced files"
+    collect = command(
+        "gc",
+        "remove old versions and unreferenced files",
+        SERVICE_DESCRIPTIONS["gc"],
+        common,
+        table,
+        on_branch,
     )
-    collect.add_argument("table")
-    collect.add_argument("--retain-versions", type=int, default=None)
-    collect.add_argument("--older-than-hours", type=float, default=None)
+    collect.add_argument(
+        "--retain-versions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep the newest N versions, remove older ones (tagged versions are always kept)",
+    )
+    collect.add_argument(
+        "--older-than-hours",
+        type=float,
+        default=None,
+        metavar="H",
+        help="remove versions older than H hours (with --retain-versions: both must hold)",
+    )
     collect.add_argument(
         "--grace-hours",
         type=float,
         default=24.0,
-        help="keep unreferenced files younger than this (default 24)",
+        metavar="H",
+        help="keep unreferenced files younger than H hours: they may belong to a write in "
+        "progress (default 24)",
     )
     collect.add_argument("--dry-run", action="store_true", help="report, delete nothing")
-    collect.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    relocate = commands.add_parser(
+    command(
         "relocate",
-        parents=[storage],
-        help="point a copied or moved table's store at its new place (one commit)",
+        "point a copied or moved table's store at its new place (one commit)",
+        SERVICE_DESCRIPTIONS["relocate"],
+        common,
+        table,
     )
-    relocate.add_argument("table")
-
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "demo":
-            return _demo(args)
-        if args.command == "ingest":
-            return _ingest(args)
-        if args.command == "verify":
-            return _verify(args)
-        if args.command == "gc":
-            return _gc(args)
-        if args.command == "compact":
-            return _compact(args)
-        if args.command == "relocate":
-            return _relocate(args)
-        return _stats(args)
-    except BlobhouseError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `blobhouse stats T | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
-        return 0
+    return parser
 
 
-def _demo(args: argparse.Namespace) -> int:
+class _Parser(argparse.ArgumentParser):
+    """argparse, suggesting the option meant when one is misspelled."""
+
+    def error(self, message: str):
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            known = sorted(
+                {
+                    option
+                    for parser in _all_parsers(self)
+                    for action in parser._actions
+                    for option in action.option_strings
+                }
+            )
+            for token in unknown.group(1).split():
+                if token.startswith("--"):
+                    close = difflib.get_close_matches(token.split("=", 1)[0], known, n=1)
+                    if close:
+                        message += f" (did you mean {close[0]}?)"
+                        break
+        choice = re.match(r"argument \w+: invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            names = re.findall(r"'([^']*)'", choice.group(2))
+            close = difflib.get_close_matches(choice.group(1), names, n=1)
+            if close:
+                message += f" (did you mean {close[0]}?)"
+        super().error(message)
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    return parser
+
+
+def _all_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _all_parsers(sub)
+
+
+@dataclass
+class Run:
+    """One command's run: what it is doing (for the line Ctrl-C prints) and the table it
+    writes, with the version it started from."""
+
+    args: argparse.Namespace
+    bars: ProgressBars | None = None
+    doing: str = ""
+    writes: str | None = None  # the table a writing command changes
+    storage_options: dict[str, str] | None = None
+    branch: str | None = None
+    version_before: int | None = None
+    existed_before: bool = True
+    started: float = field(default_factory=time.time)
+    had_spark: bool = field(default_factory=lambda: _spark_context() is not None)
+
+    def status(self, message: str) -> None:
+        """A line on stderr; also what an interrupt reports as happening."""
+        self.doing = message.removesuffix(" ...").removesuffix("...")
+        if self.bars is not None:
+            self.bars.message(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    def progress(self, step: str, done: int, total: int) -> None:
+        if self.bars is not None:
+            self.bars(step, done, total)
+
+    def will_write(self, uri: str, options, branch: str | None = None) -> None:
+        """Remember ``uri``'s version now, to tell after Ctrl-C what was committed."""
+        self.writes, self.storage_options, self.branch = uri, options, branch
+        self.version_before = _version_of(uri, options, branch)
+        self.existed_before = not is_local(uri) or os.path.exists(uri_to_path(uri))
+
+    def interrupted(self) -> int:
+        """After Ctrl-C: stop Spark quietly, then one line saying what was true."""
+        if self.bars is not None:
+            self.bars.close()
+        _silence_python_logging()
+        _SPARK_OUTPUT.mute()
+        stopped = _stop_spark() if not self.had_spark else False
+        print(
+            f"interrupted{': ' + self.doing if self.doing else ''}; {self._outcome(stopped)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return INTERRUPTED
+
+    def _outcome(self, spark_stopped: bool) -> str:
+        command = self.args.command
+        if command in ("stats", "verify") or (command == "gc" and self.args.dry_run):
+            return "nothing was changed"
+        if command == "gc":
+            return (
+                "the table reads as before (gc removes only what no retained version "
+                "references); run gc again to finish"
+            )
+        if self.writes is None:
+            return "nothing was committed"
+        try:
+            after = _version_of(self.writes, self.storage_options, self.branch)
+        except Exception:
+            return f"could not check {self.writes} afterwards"
+        if after == self.version_before:
+            if after is None:
+                if spark_stopped and self._local_master():
+                    _tidy_failed_create(self.writes, self.started, self.existed_before)
+                return "nothing was committed (no table was created)"
+            return f"nothing was committed ({self.writes} stays at version {after})"
+        return f"version {after} of {self.writes} had been committed before that"
+
+    def _local_master(self) -> bool:
+        return getattr(self.args, "master", "local").startswith("local")
+
+    def failed(self, exc: BaseException) -> int:
+        """An error as one line on stderr (with the traceback under ``--debug``)."""
+        if self.bars is not None:
+            self.bars.close()
+        _silence_python_logging()
+        if self.args.debug:
+            traceback.print_exception(exc, file=sys.stderr)
+        message = one_line(exc, self.args.command)  # may ask the JVM: before Spark stops
+        if not self.had_spark:
+            _SPARK_OUTPUT.mute()
+            _stop_spark()
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        return 2 if _expected(exc) else 1
+
+
+def one_line(exc: BaseException, command: str = "") -> str:
+    """The message of ``exc`` as one line: a blobhouse error raised in a Spark task or
+    process is found inside the Java exception that carries it.
+
+    >>> one_line(ValueError("bad\\nthing"))
+    'ValueError: bad (--debug prints the traceback)'
+    """
+    if _missing_spark(exc):
+        return f'blobhouse {command or "on Spark"} needs Spark: pip install "blobhouse[spark]"'
+    if isinstance(exc, BlobhouseError):
+        return _first_line(str(exc))
+    text = str(exc)
+    inner = re.findall(r"blobhouse\.errors\.\w+: ([^\n]+)", text)
+    if inner:
+        return inner[-1].strip()
+    if "JAVA_GATEWAY_EXITED" in text:
+        said = _SPARK_OUTPUT.startup_error()
+        return "could not start Spark: " + (
+            said or "its Java process exited (is Java 17 installed, on PATH or in JAVA_HOME?)"
+        )
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        with contextlib.suppress(Exception):
+            text = str(java.toString())
+    line = _first_line(text)
+    return f"{type(exc).__name__}: {line} (--debug prints the traceback)"
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    line = lines[0] if lines else "(no message)"
+    return line[:497] + "..." if len(line) > 500 else line
+
+
+def _expected(exc: BaseException) -> bool:
+    """Bad input and environments (exit 2), as opposed to bugs (exit 1)."""
+    return (
+        isinstance(exc, BlobhouseError | OSError)
+        or _missing_spark(exc)
+        or re.search(r"blobhouse\.errors\.\w+: |JAVA_GATEWAY_EXITED", str(exc)) is not None
+    )
+
+
+def _missing_spark(exc: BaseException) -> bool:
+    return isinstance(exc, ImportError) and (getattr(exc, "name", None) or "").split(".")[0] in (
+        "pyspark",
+        "py4j",
+    )
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace, run: Run) -> int:
     from blobhouse.demo import run_demo
 
     if args.rows < 1:
-        raise SystemExit("--rows must be at least 1")
+        raise InvalidInputError("--rows must be at least 1")
+    _check_master(args.master)
+    conf = _spark_conf(args)
     if args.local_s3:
         from blobhouse.testing import LocalS3Server
 
         with LocalS3Server() as s3:
-            _progress(f"S3-compatible server on {s3.endpoint}")
+            run.status(f"S3-compatible server on {s3.endpoint}")
             out = f"s3://{s3.bucket('blobhouse-demo')}/{args.out.rstrip('/').rsplit('/', 1)[-1]}"
-            report = run_demo(out, args.rows, args.master, _progress, s3.options, _conf(args))
+            with _spark_output(args):
+                report = run_demo(
+                    out,
+                    args.rows,
+                    args.master,
+                    run.status,
+                    s3.options,
+                    conf,
+                    task_progress=run.progress,
+                )
     else:
         options = _storage_options(args)
-        report = run_demo(args.out, args.rows, args.master, _progress, options, _conf(args))
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(f"table            {report['table']}")
-        print(f"rows             {report['rows']}")
-        print(f"logical bytes    {_mb(report['logical_bytes'])}")
-        print(f"physical bytes   {_mb(report['physical_bytes'])}")
-        print(f"dedup ratio      {report['dedup_ratio']:.1f}x")
-        print(f"write            {report['write_mb_s']} MB/s (logical)")
-        print(f"read + verify    {report['read_mb_s']} MB/s")
-        print(f"verified blobs   {report['verified_blobs']}, mismatches {report['mismatches']}")
-        first = report["sql_first_frames"]
-        print(
-            f"SQL read_blob    {len(first)} episodes, "
-            f"{sum(r['video_bytes'] for r in first) / 1e6:,.1f} MB of first-frame video"
-        )
-        for name, column in report["columns"].items():
-            print(
-                f"  {name:<12} {_mb(column['logical_bytes']):>12} -> "
-                f"{_mb(column['physical_bytes']):>10}  ({column['dedup_ratio']:.1f}x)"
+        run.will_write(args.out, options)
+        with _spark_output(args):
+            report = run_demo(
+                args.out,
+                args.rows,
+                args.master,
+                run.status,
+                options,
+                conf,
+                task_progress=run.progress,
             )
+    _close(run)
+    if args.json:
+        _print_json(report)
+    else:
+        print_report(report)
     return 0 if report["mismatches"] == 0 else 1
 
 
-def _ingest(args: argparse.Namespace) -> int:
-    import blobhouse.spark as bs
-    from blobhouse.spark.ingest import ingest
-    from blobhouse.table import open_table
+def _ingest(args: argparse.Namespace, run: Run) -> int:
+    from blobhouse.spark.ingest import plan_ingest
 
-    _progress(f"starting Spark ({args.master}) ...")
-    spark = bs.local_session(args.master, conf=_conf(args))
-    bs.register(spark)
     columns = [c.strip() for c in args.blob_columns.split(",") if c.strip()]
-    _progress(f"ingesting {args.manifest} into {args.table} ...")
     options = _storage_options(args)
-    ingest(
-        spark,
+    if args.tasks is not None and args.tasks < 1:
+        raise InvalidInputError("--tasks must be at least 1")
+    run.doing = f"checking {args.manifest}"
+    plan = plan_ingest(
         args.manifest,
         args.table,
         columns,
         fmt=args.format,
         mode=args.mode,
+        dedup=args.dedup,
+        drop_path_columns=args.drop_path_columns,
         storage_options=options,
     )
-    report = open_table(args.table, storage_options=options).stats()
+    _check_master(args.master)
+    run.will_write(args.table, options)
+    with _spark_output(args):
+        spark = _start_spark(args, run)
+        run.status(
+            f"ingesting {plan.rows.num_rows} rows ({len(plan.sizes)} files, "
+            f"{mb(plan.logical_bytes)}) from {args.manifest} into {args.table} ..."
+        )
+        report = plan.run(spark, partitions=args.tasks, progress=run.progress)
+    _close(run)
+    if args.json:
+        _print_json(report)
+        return 0
     print(
         f"{args.table}: version {report['version']}, {report['rows']} rows, "
-        f"{_mb(report['logical_bytes'])} logical, {_mb(report['physical_bytes'])} physical"
+        f"{mb(report['logical_bytes'])} logical, {mb(report['physical_bytes'])} physical"
+    )
+    print_report(
+        report, skip=("table", "version", "rows", "logical_bytes", "physical_bytes"), separate=True
     )
     return 0
 
 
-def _verify(args: argparse.Namespace) -> int:
-
-    report = _open(args).verify(deep=args.deep, progress=ProgressBar())
+def _stats(args: argparse.Namespace, run: Run) -> int:
+    run.doing = f"reading the statistics of {args.table}"
+    report = _open(args).stats()
     if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        hashed = (
-            f", {report['hashed']} payloads re-hashed ({report['unhashed']} without a hash)"
-            if report["deep"]
-            else ""
-        )
-        branches = "".join(f", branch {b} {v}" for b, v in report["branches"].items())
-        print(
-            f"{report['references']} references in versions {report['versions']}{branches}, "
-            f"{report['objects']} objects{hashed}, {len(report['problems'])} problem(s)"
-        )
-        for p in report["problems"]:
-            where = f"branch {p['branch']} " if p["branch"] else ""
-            print(
-                f"  {where}version {p['version']} column {p['column']} row {p['row']}: "
-                f"{p['reason']}: {p['uri']}"
-            )
+        _print_json(report)
+        return 0
+    shown = [
+        "version",
+        "rows",
+        "deleted_rows",
+        "fragments",
+        "logical_bytes",
+        "physical_bytes",
+        "dedup_ratio",
+        "orphan_files",
+        "orphan_bytes",
+    ]
+    print(f"version        {report['version']}")
+    print(f"rows           {report['rows']} ({report['deleted_rows']} deleted)")
+    print(f"fragments      {report['fragments']}")
+    print(f"logical        {mb(report['logical_bytes'])}")
+    print(f"physical       {mb(report['physical_bytes'])} ({report['dedup_ratio']:.2f}x dedup)")
+    print(f"orphans        {report['orphan_files']} files, {mb(report['orphan_bytes'])}")
+    print_report(report, skip=shown, separate=True)
+    return 0
+
+
+def _verify(args: argparse.Namespace, run: Run) -> int:
+    run.doing = f"verifying {args.table}"
+    report = _open(args).verify(deep=args.deep, progress=run.progress)
+    _close(run)
+    if args.json:
+        _print_json(report)
+        return 1 if report["problems"] else 0
+    hashed = (
+        f", {report['hashed']} payloads re-hashed ({report['unhashed']} without a hash)"
+        if report["deep"]
+        else ""
+    )
+    branches = "".join(f", branch {b} {v}" for b, v in report["branches"].items())
+    print(
+        f"{report['references']} references in versions {report['versions']}{branches}, "
+        f"{report['objects']} objects{hashed}, {len(report['problems'])} problem(s)"
+    )
+    shown = [
+        "references",
+        "versions",
+        "branches",
+        "objects",
+        "hashed",
+        "unhashed",
+        "deep",
+    ]
+    print_report(report, skip=shown if report["problems"] else [*shown, "problems"], separate=True)
     return 1 if report["problems"] else 0
 
 
-def _gc(args: argparse.Namespace) -> int:
+def _gc(args: argparse.Namespace, run: Run) -> int:
     from datetime import timedelta
 
     from blobhouse.maintenance.garbage_collection import gc_at
 
     hours = args.older_than_hours
+    run.doing = f"collecting garbage in {args.table}"
     # a folder without a table but with a failed create's leftovers is cleaned too
     report = gc_at(
         args.table,
@@ -262,87 +686,118 @@ def _gc(args: argparse.Namespace) -> int:
         older_than=None if hours is None else timedelta(hours=hours),
         grace=timedelta(hours=args.grace_hours),
         dry_run=args.dry_run,
-        progress=ProgressBar(),
+        progress=run.progress,
     )
+    _close(run)
     if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        verb = "would remove" if report["dry_run"] else "removed"
-        tagged = report["kept_tagged_versions"]
-        print(
-            f"{verb} versions {report['removed_versions']} and {report['removed_files']} "
-            f"unreferenced files ({_mb(report['reclaimed_bytes'])}); kept "
-            f"{report['kept_young_files']} younger than the grace period"
-            + (f" and tagged versions {tagged}" if tagged else "")
-        )
-        if report.get("failed_create"):
-            print(f"no table at {args.table}: these were the leftovers of a failed create")
-        for path in report.get("foreign_files", []):
-            print(f"left alone (not blobhouse's): {path}")
+        _print_json(report)
+        return 0
+    verb = "would remove" if report["dry_run"] else "removed"
+    tagged = report["kept_tagged_versions"]
+    print(
+        f"{verb} versions {report['removed_versions']} and {report['removed_files']} "
+        f"unreferenced files ({mb(report['reclaimed_bytes'])}); kept "
+        f"{report['kept_young_files']} younger than the grace period"
+        + (f" and tagged versions {tagged}" if tagged else "")
+    )
+    if report.get("failed_create"):
+        print(f"no table at {args.table}: these were the leftovers of a failed create")
+    for path in report.get("foreign_files", []):
+        print(f"left alone (not blobhouse's): {path}")
+    shown = [
+        "dry_run",
+        "removed_versions",
+        "removed_files",
+        "reclaimed_bytes",
+        "kept_young_files",
+        "kept_tagged_versions",
+        "failed_create",
+        "foreign_files",
+    ]
+    print_report(report, skip=shown, separate=True)
     return 0
 
 
-def _compact(args: argparse.Namespace) -> int:
-
+def _compact(args: argparse.Namespace, run: Run) -> int:
     options = {
         "target_rows": args.target_rows,
         "target_bytes": None if args.target_mb is None else int(args.target_mb * 1e6),
         "deleted_fraction": args.deleted_fraction,
         "repack_threshold": args.repack_threshold,
     }
-    report = _open(args).compact(
-        progress=ProgressBar(), **{k: v for k, v in options.items() if v is not None}
+    table = _open(args)
+    run.will_write(args.table, _storage_options(args), args.branch)
+    run.doing = f"compacting {args.table}"
+    report = table.compact(
+        progress=run.progress, **{k: v for k, v in options.items() if v is not None}
     )
+    _close(run)
     if args.json:
-        print(json.dumps(report, indent=2))
-    elif report["fragments_removed"] == 0:
+        _print_json(report)
+        return 0
+    if report["fragments_removed"] == 0:
         print(f"nothing to compact at version {report['read_version']}")
-    else:
-        print(
-            f"version {report['read_version']} -> {report['version']}: "
-            f"{report['fragments_removed']} fragments -> {report['fragments_added']} "
-            f"({report['rows']} rows, {report['deleted_rows_dropped']} deleted rows dropped), "
-            f"{_mb(report['bytes_before'])} -> {_mb(report['bytes_after'])}"
-        )
+        return 0
+    print(
+        f"version {report['read_version']} -> {report['version']}: "
+        f"{report['fragments_removed']} fragments -> {report['fragments_added']} "
+        f"({report['rows']} rows, {report['deleted_rows_dropped']} deleted rows dropped), "
+        f"{mb(report['bytes_before'])} -> {mb(report['bytes_after'])}"
+    )
+    shown = [
+        "read_version",
+        "version",
+        "fragments_removed",
+        "fragments_added",
+        "rows",
+        "deleted_rows_dropped",
+        "bytes_before",
+        "bytes_after",
+    ]
+    print_report(report, skip=shown, separate=True)
     return 0
 
 
-def _relocate(args: argparse.Namespace) -> int:
+def _relocate(args: argparse.Namespace, run: Run) -> int:
     from blobhouse.maintenance.walk import VersionGraph
 
     table = _open(args)
+    run.will_write(args.table, _storage_options(args))
+    run.doing = f"relocating {args.table}"
     graph = VersionGraph.of(table)
     latest = [table.checkout(None, branch=b or "main") for b in {r.branch for r in graph.versions}]
     moved = {t.branch: t.moved_from for t in latest if t.moved_from is not None}
     if moved:
         table.relocate()
-    for branch, old in moved.items():
-        print(f"{args.table}: relocated the store of {branch or 'main'} from {old}")
-    for branch, reason in graph.unreadable:
-        print(f"{args.table}: branch {branch} cannot be relocated: {reason}")
-    if not moved and not graph.unreadable:
-        print(f"{args.table}: already in place, nothing to relocate")
+    report = {
+        "table": args.table,
+        "relocated": {branch or "main": old for branch, old in moved.items()},
+        "unreadable": {branch: reason for branch, reason in graph.unreadable},
+    }
+    if args.json:
+        _print_json(report)
+    else:
+        for branch, old in moved.items():
+            print(f"{args.table}: relocated the store of {branch or 'main'} from {old}")
+        for branch, reason in graph.unreadable:
+            print(f"{args.table}: branch {branch} cannot be relocated: {reason}")
+        if not moved and not graph.unreadable:
+            print(f"{args.table}: already in place, nothing to relocate")
     return 1 if graph.unreadable else 0
 
 
-class ProgressBar:
-    """Progress of long steps on stderr: a bar redrawn in place on a terminal, a line at the
-    start and the end of each step otherwise (logs stay short)."""
+COMMANDS: dict[str, Callable[[argparse.Namespace, Run], int]] = {
+    "demo": _demo,
+    "ingest": _ingest,
+    "stats": _stats,
+    "verify": _verify,
+    "gc": _gc,
+    "compact": _compact,
+    "relocate": _relocate,
+}
 
-    WIDTH = 30
 
-    def __init__(self, stream=None) -> None:
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-
-    def __call__(self, step: str, done: int, total: int) -> None:
-        if self.tty:
-            filled = self.WIDTH * done // max(total, 1)
-            bar = "#" * filled + "." * (self.WIDTH - filled)
-            end = "\n" if done >= total else ""
-            print(f"\r{step:<8} [{bar}] {done}/{total}", end=end, file=self.stream, flush=True)
-        elif done == 0 or done >= total:
-            print(f"{step}: {done}/{total}", file=self.stream, flush=True)
+# -- helpers ----------------------------------------------------------------------------------
 
 
 def _open(args: argparse.Namespace):
@@ -353,12 +808,18 @@ def _open(args: argparse.Namespace):
     return open_table(args.table, storage_options=_storage_options(args), branch=branch)
 
 
+def _close(run: Run) -> None:
+    """Finish the progress bars before a report goes to stdout."""
+    if run.bars is not None:
+        run.bars.close()
+
+
+def _print_json(report: Mapping) -> None:
+    print(json.dumps(report, indent=2, default=str))
+
+
 def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:
     return checked_options(_pairs(args.storage_option, "--storage-option", "NAME=VALUE"))
-
-
-def _conf(args: argparse.Namespace) -> dict[str, str]:
-    return _pairs(args.conf, "--conf", "KEY=VALUE")
 
 
 def _pairs(items: list[str], flag: str, shape: str) -> dict[str, str]:
@@ -369,36 +830,260 @@ def _pairs(items: list[str], flag: str, shape: str) -> dict[str, str]:
     return dict(pairs)
 
 
-def _progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+def _version_of(uri: str, options, branch: str | None = None) -> int | None:
+    from blobhouse.table import open_table
+
+    try:
+        return open_table(uri, storage_options=options, branch=branch).version
+    except Exception:  # no table (or none readable): only a message depends on it
+        return None
 
 
-def _stats(args: argparse.Namespace) -> int:
-
-    report = _open(args).stats()
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    orphans = f"{report['orphan_files']} files, {_mb(report['orphan_bytes'])}"
-    print(f"version        {report['version']}")
-    print(f"rows           {report['rows']} ({report['deleted_rows']} deleted)")
-    print(f"fragments      {report['fragments']}")
-    print(f"logical        {_mb(report['logical_bytes'])}")
-    print(f"physical       {_mb(report['physical_bytes'])} ({report['dedup_ratio']:.2f}x dedup)")
-    print(f"orphans        {orphans}")
-    print()
-    print(f"{'column':<16} {'kind':<10} {'rows':>9} {'logical':>12} {'physical':>12} {'dedup':>7}")
-    for name, column in report["columns"].items():
-        for kind, entry in column["kinds"].items():
-            print(
-                f"{name:<16} {kind:<10} {entry['rows']:>9} {_mb(entry['logical_bytes']):>12} "
-                f"{_mb(entry['physical_bytes']):>12} {entry['dedup_ratio']:>6.2f}x"
-            )
-    return 0
+def _spark_conf(args: argparse.Namespace) -> dict[str, str]:
+    """Spark settings of a command: quiet (no JVM logs, no console progress bar: ours shows
+    the tasks) unless ``--debug``; then the user's ``--conf`` on top."""
+    given = _pairs(args.conf, "--conf", "KEY=VALUE")
+    conf = {"spark.ui.showConsoleProgress": "false"}
+    if not args.debug:
+        quiet = f"-Dlog4j2.configurationFile={_log4j_file()}"
+        theirs = given.pop("spark.driver.extraJavaOptions", "")
+        conf["spark.driver.extraJavaOptions"] = f"{quiet} {theirs}".strip()
+    return {**conf, **given}
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
+_LOG4J: list[str] = []
+
+
+def _log4j_file() -> str:
+    if not _LOG4J:
+        fd, path = tempfile.mkstemp(prefix="blobhouse-log4j2-", suffix=".properties")
+        with os.fdopen(fd, "w") as f:
+            f.write(LOG4J_PROPERTIES)
+        atexit.register(lambda: os.path.exists(path) and os.remove(path))
+        _LOG4J.append(path)
+    return _LOG4J[0]
+
+
+def _check_master(master: str) -> None:
+    """A ``spark://`` master that does not answer is an error now, not after Spark's minute of
+    retries."""
+    if not master.startswith("spark://"):
+        return
+    problem: OSError | None = None
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host or address, int(port or 7077)), timeout=5).close()
+            return
+        except ValueError:
+            raise InvalidInputError(f"--master {master}: {address!r} is not host:port") from None
+        except OSError as exc:
+            problem = exc
+    reason = getattr(problem, "strerror", None) or str(problem) or type(problem).__name__
+    raise InvalidInputError(
+        f"cannot reach the Spark master {master}: {reason} (is it running? see "
+        "docs/spark-cluster.md)"
+    )
+
+
+class _SparkOutput:
+    """What Spark's JVM (and the Python workers it starts) print on stderr, relayed line by
+    line: held back while the JVM starts (a failed start becomes one line of the error instead),
+    without the JVM's notice about incubator modules, and nothing once Ctrl-C was pressed
+    (killed tasks' workers print broken-pipe tracebacks)."""
+
+    NOISE = (b"WARNING: Using incubator modules",)
+
+    def __init__(self) -> None:
+        self.muted = threading.Event()
+        self.lock = threading.Lock()
+        self.held: list[bytes] | None = None  # lines of a start in progress
+        self.failed_start: list[str] = []
+
+    def mute(self) -> None:
+        self.muted.set()
+
+    def launch(self, original, conf, popen_kwargs):
+        """pyspark's ``launch_gateway``, with the JVM's stderr through this relay. A start
+        that fails or is interrupted kills the JVM: pyspark removes the file the JVM reports
+        its port in, and a JVM that cannot write it never exits (its gateway thread waits)."""
+        import pyspark.java_gateway as java_gateway
+
+        read, write = os.pipe()
+        with self.lock:
+            self.held = []
+        ended = threading.Event()
+        threading.Thread(target=self._copy, args=(read, ended), daemon=True).start()
+        popen, started = getattr(java_gateway, "Popen", None), []
+
+        def remembered(*args, **kwargs):
+            started.append(popen(*args, **kwargs))
+            return started[-1]
+
+        if popen is not None:
+            java_gateway.Popen = remembered
+        try:
+            gateway = original(conf, {**(popen_kwargs or {}), "stderr": write})
+        except BaseException:
+            for process in started:
+                with contextlib.suppress(OSError):
+                    process.kill()
+            os.close(write)
+            ended.wait(timeout=5)  # the JVM exited: its last lines are in
+            with self.lock:
+                self.failed_start = [line.decode(errors="replace") for line in self.held or []]
+                self.held = None
+            raise
+        finally:
+            if popen is not None:
+                java_gateway.Popen = popen
+        os.close(write)  # the JVM holds its own copy
+        with self.lock:
+            held, self.held = self.held or [], None
+            for line in held:
+                self._write(line)
+        return gateway
+
+    def startup_error(self) -> str | None:
+        """The line saying why the JVM did not start, if it said."""
+        for line in self.failed_start:
+            if re.search(r"(Exception|Error)\b", line):
+                return line.strip().removeprefix('Exception in thread "main" ')
+        return None
+
+    def _copy(self, fd: int, ended: threading.Event) -> None:
+        with contextlib.suppress(Exception), os.fdopen(fd, "rb") as stream:
+            for line in iter(stream.readline, b""):
+                with self.lock:
+                    if self.held is not None:
+                        self.held.append(line)
+                    else:
+                        self._write(line)
+        ended.set()
+
+    def _write(self, line: bytes) -> None:
+        if not self.muted.is_set() and not line.startswith(self.NOISE):
+            with contextlib.suppress(OSError):
+                os.write(sys.__stderr__.fileno() if sys.__stderr__ else 2, line)
+
+
+_SPARK_OUTPUT = _SparkOutput()
+
+
+@contextlib.contextmanager
+def _spark_output(args: argparse.Namespace) -> Iterator[None]:
+    """While a command starts Spark (unless ``--debug``): the JVM's stderr goes through
+    :class:`_SparkOutput` (pyspark's ``launch_gateway`` takes ``popen_kwargs`` for this)."""
+    try:
+        import pyspark.core.context as context_module
+    except ImportError:
+        yield
+        return
+    original = getattr(context_module, "launch_gateway", None)
+    if args.debug or original is None:
+        yield
+        return
+
+    def launch(conf=None, popen_kwargs=None):
+        return _SPARK_OUTPUT.launch(original, conf, popen_kwargs)
+
+    context_module.launch_gateway = launch
+    unregister = when_interrupted(_SPARK_OUTPUT.mute)
+    try:
+        yield
+    finally:
+        context_module.launch_gateway = original
+        unregister()
+
+
+def _start_spark(args: argparse.Namespace, run: Run):
+    import blobhouse.spark as bs
+
+    run.status(f"starting Spark ({args.master}) ...")
+    spark = bs.local_session(args.master, conf=_spark_conf(args))
+    bs.register(spark, storage_options=_storage_options(args))
+    return spark
+
+
+def _spark_context():
+    """The running SparkContext, if pyspark was imported and started one."""
+    module = sys.modules.get("pyspark")
+    return getattr(getattr(module, "SparkContext", None), "_active_spark_context", None)
+
+
+def _stop_spark() -> bool:
+    """Stop the Spark session this command started (quietly); whether one was stopped."""
+    context = _spark_context()
+    if context is None:
+        return False
+    with contextlib.suppress(Exception):
+        context.stop()
+    return True
+
+
+def _tidy_failed_create(uri: str, since: float, existed: bool) -> None:
+    """After an interrupted create on a local path with Spark stopped: the abort markers the
+    write left (``data/aborted-*``) and the empty directories it made go too, so the path is as
+    before (the write's staged files were removed by its abort)."""
+    if not is_local(uri):
+        return
+    root = uri_to_path(uri)
+    data = os.path.join(root, "data")
+    if os.path.isdir(data):
+        for name in os.listdir(data):
+            path = os.path.join(data, name)
+            if name.startswith("aborted-") and os.path.getmtime(path) >= since - 1:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+    for folder, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
+        made_now = os.path.getmtime(folder) >= since - 1  # (a removal touched it)
+        if (folder != root and made_now) or (folder == root and not existed):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # only empty ones
+
+
+class _OneLineLogs(logging.Handler):
+    """Python logging on the command line: py4j's and pyspark's records (its tracebacks of
+    connections a Ctrl-C cut) are dropped, others print as ``warning: ...`` lines."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.silent = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        noisy = record.name.startswith(("py4j", "pyspark")) or (
+            f"{os.sep}py4j{os.sep}" in (record.pathname or "")
+        )
+        if self.silent or noisy:
+            return
+        print(f"warning: {_first_line(record.getMessage())}", file=sys.stderr, flush=True)
+
+
+_HANDLERS: list[_OneLineLogs] = []
+
+
+@contextlib.contextmanager
+def _logging(debug: bool) -> Iterator[None]:
+    """Python logging for one command; with ``--debug`` Python's defaults stay."""
+    if debug:
+        yield
+        return
+    handler = _OneLineLogs()
+    root = logging.getLogger()
+    root.addHandler(handler)  # a handler of its own: logging.exception adds none to stderr
+    _HANDLERS.append(handler)
+    unregister = when_interrupted(_silence_python_logging)
+    try:
+        yield
+    finally:
+        unregister()
+        _HANDLERS.remove(handler)
+        root.removeHandler(handler)
+
+
+def _silence_python_logging() -> None:
+    for handler in _HANDLERS:
+        handler.silent = True
 
 
 if __name__ == "__main__":

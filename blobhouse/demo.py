@@ -120,17 +120,24 @@ def run_demo(
     progress: Callable[[str], None] = print,
     storage_options: Mapping[str, str] | None = None,
     conf: Mapping[str, str] | None = None,
+    *,
+    task_progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
     """Generate, write, query and verify the demo table at ``out`` on Spark (``master``, with
     the Spark settings ``conf``). An existing table at ``out`` is overwritten (a new version:
     earlier ones stay until ``blobhouse gc``); anything else there is refused, never deleted.
-    ``out`` may be on an object store that ``storage_options`` reach."""
+    ``out`` may be on an object store that ``storage_options`` reach.
+
+    Ctrl-C cancels the Spark jobs and waits for them (:func:`blobhouse.console.run_spark_job`):
+    an interrupted write removes what its tasks staged and commits nothing.
+    ``task_progress(step, done, total)`` is told the Spark tasks of each step as they finish."""
     from blobhouse.extras import require_spark
 
     require_spark("the demo")  # without pyspark: one line naming the spark extra
     from pyspark.sql import functions as F
 
     import blobhouse.spark as bs
+    from blobhouse.console import run_spark_job
     from blobhouse.spark.datasource import storage_prefixed
     from blobhouse.table import open_table
 
@@ -152,25 +159,30 @@ def run_demo(
     # already sit together: plain df.write dedups them without write_table's shuffle
     # overwrite: a new version replacing the rows (and creating the table when it is missing),
     # never a delete of what another run may still be reading
-    (
+    writer = (
         frames.write.format("blobhouse")
         .mode("overwrite")
         .option("blob_columns", ",".join(BLOB_COLUMNS))
         .option("ref_id_columns", "video:video_chunk")
         .option("dedup", '{"video": "ref_id", "calibration": "content", "thumbnail": "content"}')
         .options(**storage_prefixed(options))
-        .save(out)
     )
+    run_spark_job(spark, lambda: writer.save(out), step="write", progress=task_progress)
     write_s = time.perf_counter() - started
     stats = open_table(out, storage_options=options).stats()
     reader = spark.read.format("blobhouse").options(**storage_prefixed(options))
 
     progress("querying with Spark SQL and read_blob ...")
     reader.load(out).createOrReplaceTempView("episodes")
-    first_frames = spark.sql(
-        "SELECT episode, count(*) AS frames, sum(length(read_blob(video))) AS video_bytes "
-        "FROM episodes WHERE frame % 30 = 0 GROUP BY episode ORDER BY episode"
-    ).collect()
+    first_frames = run_spark_job(
+        spark,
+        spark.sql(
+            "SELECT episode, count(*) AS frames, sum(length(read_blob(video))) AS video_bytes "
+            "FROM episodes WHERE frame % 30 = 0 GROUP BY episode ORDER BY episode"
+        ).collect,
+        step="query",
+        progress=task_progress,
+    )
 
     progress("reading every blob back on the executors and checking its bytes ...")
     started = time.perf_counter()
@@ -178,7 +190,12 @@ def run_demo(
     checks = bs.materialize(refs, list(BLOB_COLUMNS), storage_options=options).mapInArrow(
         data.check, "checked long, mismatches long, bytes long"
     )
-    totals = checks.agg(*[F.sum(c).alias(c) for c in ("checked", "mismatches", "bytes")]).first()
+    totals = run_spark_job(
+        spark,
+        checks.agg(*[F.sum(c).alias(c) for c in ("checked", "mismatches", "bytes")]).first,
+        step="read",
+        progress=task_progress,
+    )
     read_s = time.perf_counter() - started
     return {
         "table": out,

@@ -1,20 +1,23 @@
-"""The main job and the CLI, end to end on small data (on the shared local Spark session)."""
+"""The main job and the CLI, end to end on small data (on the shared local Spark session): help
+text, one-line errors, reports and progress."""
 
 from __future__ import annotations
 
 import io
 import json
-import os
+import subprocess
+import sys
+import time
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from blobhouse import blob_array, open_table, write_table
-from blobhouse.cli import ProgressBar, main
+from blobhouse.cli import build_parser, main
+from blobhouse.console import ProgressBars, print_report
 from blobhouse.demo import FPS, EpisodeData
 
-from helpers import stock_read, tree
+from helpers import stock_read
 
 pytestmark = pytest.mark.usefixtures("spark")
 
@@ -66,80 +69,9 @@ def test_stats_command(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["rows"] == 30
 
 
-@pytest.fixture
-def media(tmp_path):
-    folder = tmp_path / "media"
-    folder.mkdir()
-    files = {
-        name: os.urandom(size)
-        for name, size in [("a.jpg", 150_000), ("b.jpg", 20_000), ("c.mp4", 900_000)]
-    }
-    for name, content in files.items():
-        (folder / name).write_bytes(content)
-    return folder, files
-
-
-@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
-def test_ingest_stores_each_named_file_once(tmp_path, media, fmt, capsys):
-    folder, files = media
-    names = ["a.jpg", "c.mp4", "a.jpg", "b.jpg", "c.mp4", "a.jpg"]
-    rows = [
-        {"id": i, "image": f"media/{n}" if i % 2 else str(folder / n)} for i, n in enumerate(names)
-    ]
-    manifest = tmp_path / f"rows.{fmt}"
-    if fmt == "jsonl":
-        manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    elif fmt == "csv":
-        manifest.write_text("id,image\n" + "".join(f"{r['id']},{r['image']}\n" for r in rows))
-    else:
-        pq.write_table(pa.Table.from_pylist(rows), manifest)
-    table = str(tmp_path / "table")
-    assert (
-        main(["ingest", str(manifest), table, "--blob-columns", "image", "--master", "local[2]"])
-        == 0
-    )
-    assert "6 rows" in capsys.readouterr().out
-    stored = open_table(table)
-    ids = stored.to_arrow(columns=["id"]).column("id").to_pylist()
-    assert stock_read(table, "image") == [files[names[i]] for i in ids]
-    assert stored.stats()["physical_bytes"] == sum(len(c) for c in files.values())
-
-
-def test_ingest_errors_name_the_problem(tmp_path, capsys):
-    manifest = tmp_path / "rows.jsonl"
-    manifest.write_text(json.dumps({"id": 1, "image": "nope.jpg"}) + "\n")
-    table = str(tmp_path / "table")
-    assert main(["ingest", str(manifest), table, "--blob-columns", "video"]) == 2
-    assert "no column(s) ['video']" in capsys.readouterr().err
-    with pytest.raises(Exception, match=r"cannot read .*nope\.jpg"):
-        main(["ingest", str(manifest), table, "--blob-columns", "image"])
-    leftovers = tree(table) if os.path.exists(table) else set()
-    assert all("aborted-" in p for p in leftovers), leftovers  # only the abort marker
-
-
 def test_missing_table_is_a_clear_error(tmp_path, capsys):
     assert main(["stats", str(tmp_path / "nope")]) == 2
     assert "no table at" in capsys.readouterr().err
-
-
-class Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_progress_bar_redraws_on_a_terminal_and_logs_start_and_end_elsewhere():
-    screen = Terminal()
-    bar = ProgressBar(screen)
-    for done in range(4):
-        bar("verify", done, 3)
-    drawn = screen.getvalue()
-    assert drawn.count("\r") == 4 and drawn.endswith("[" + "#" * 30 + "] 3/3\n")
-    assert "[" + "#" * 10 + "." * 20 + "] 1/3" in drawn
-    log = io.StringIO()
-    bar = ProgressBar(log)
-    for done in range(4):
-        bar("mark", done, 3)
-    assert log.getvalue() == "mark: 0/3\nmark: 3/3\n"
 
 
 def test_demo_on_a_local_s3_server(capsys):
@@ -151,3 +83,177 @@ def test_demo_on_a_local_s3_server(capsys):
     assert report["columns"]["video"]["physical_bytes"] == sum(
         len(EpisodeData(40).chunk(i)) for i in range(2)
     )
+
+
+def test_missing_table_is_one_line_and_debug_adds_the_traceback(tmp_path, capsys):
+    missing = str(tmp_path / "nope")
+    for argv in (["stats", missing], ["verify", missing, "--json"], ["gc", missing]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: no table at") and err.count("\n") == 1, err
+    for argv in (["--debug", "stats", missing], ["stats", missing, "--debug"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error: no table")
+
+
+def test_unexpected_errors_are_one_line_too(tmp_path, capsys, monkeypatch):
+    import blobhouse.table
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire\nsecond line")
+
+    monkeypatch.setattr(blobhouse.table, "open_table", broken)
+    assert main(["stats", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == "error: RuntimeError: disk on fire (--debug prints the traceback)\n"
+
+
+def subparsers(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
+def test_every_option_and_argument_has_help_and_help_is_plain_text(capsys):
+    parser = build_parser()
+    commands = subparsers(parser)
+    assert set(commands) == {"demo", "ingest", "stats", "verify", "gc", "compact", "relocate"}
+    for name, command in [("blobhouse", parser), *commands.items()]:
+        for action in command._actions:
+            if action.dest == "command":
+                continue
+            assert action.help and action.help.strip(), (name, action.dest)
+    for argv in (["--help"], *[[name, "--help"] for name in commands]):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0
+        text = capsys.readouterr().out
+        assert "``" not in text and ":func:" not in text and text.strip(), argv
+
+
+def test_every_command_prints_json_and_takes_debug():
+    for name, command in subparsers(build_parser()).items():
+        options = {o for action in command._actions for o in action.option_strings}
+        assert {"--json", "--debug", "--storage-option"} <= options, name
+
+
+def test_misspelled_options_and_commands_get_a_suggestion(capsys):
+    for argv, hint in [
+        (["ingest", "m.jsonl", "t", "--blob-columns", "x", "--dedupe", "off"], "--dedup?"),
+        (["stats", "t", "--jsn"], "--json?"),
+        (["ingst"], "ingest?"),
+    ]:
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 2
+        assert f"did you mean {hint}" in capsys.readouterr().err
+
+
+def test_an_unreachable_spark_master_is_one_line_at_once(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    master = f"spark://127.0.0.1:{port}"
+    out = str(tmp_path / "episodes")
+    assert main(["demo", "--rows", "30", "--out", out, "--master", master]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot reach the Spark master {master}") and err.count("\n") == 1
+    assert time.monotonic() - started < 10
+
+
+def test_missing_pyspark_names_the_extra(tmp_path):
+    code = (
+        "import sys; sys.modules['pyspark'] = None; from blobhouse.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "ingest",
+            "m.jsonl",
+            str(tmp_path / "t"),
+            "--blob-columns",
+            "f",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr == 'error: blobhouse ingest needs Spark: pip install "blobhouse[spark]"\n'
+
+
+def test_reports_print_fields_the_library_adds(tmp_path, capsys, monkeypatch):
+    from blobhouse.table import Table
+
+    uri = str(tmp_path / "t")
+    write_table(pa.table({"id": [1, 2], "img": blob_array([b"x" * 10, b"x" * 10])}), uri)
+    stats = Table.stats
+
+    def more(self):
+        report = stats(self)
+        report["bytes_only_in_old_versions"] = 1_234_567
+        report["columns"]["img"]["held_by_deleted_rows_bytes"] = 0
+        return report
+
+    monkeypatch.setattr(Table, "stats", more)
+    assert main(["stats", uri]) == 0
+    out = capsys.readouterr().out
+    assert "orphans        0 files" in out  # the summary lines keep their shape
+    assert "bytes only in old versions  1.2 MB" in out
+    assert "held by deleted rows bytes" in out and "img" in out
+    assert main(["stats", uri, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes_only_in_old_versions"] == 1_234_567
+
+
+def test_print_report_renders_records_and_long_lists():
+    report = {
+        "removed_versions": list(range(1, 21)),
+        "problems": [
+            {"version": 3, "column": "img", "rows": [1, 2], "reason": "missing object"},
+            {"version": 4, "column": "img", "rows": [5], "reason": "missing object", "new": 1},
+        ],
+        "nested": {"a": {"x": 1}, "b": {"x": 2, "y": 3}},
+        "empty": [],
+    }
+    out = io.StringIO()
+    print_report(report, file=out)
+    text = out.getvalue()
+    assert "removed versions  1, 2, 3, 4, 5, 6, 7, 8, ... (12 more)" in text
+    assert "empty             none" in text
+    lines = text.splitlines()
+    assert all(line == line.rstrip() for line in lines)  # logs get no trailing blanks
+    header = next(line for line in lines if line.startswith("version"))
+    assert header.split() == ["version", "column", "rows", "reason", "new"]
+    assert any(line.split()[:3] == ["4", "img", "5"] for line in lines)
+    assert any(line.split() == ["b", "2", "3"] for line in lines)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bars_on_a_terminal_and_short_lines_elsewhere():
+    screen = Terminal()
+    with ProgressBars(screen) as bars:
+        for done in range(4):
+            bars("verify", done, 3)
+        bars.message("a line above the bars")
+    drawn = screen.getvalue()
+    assert "verify" in drawn and "3/3" in drawn and "a line above the bars" in drawn
+    log = io.StringIO()
+    with ProgressBars(log) as bars:
+        for done in range(4):
+            bars("mark", done, 3)
+        bars.message("note")
+    assert log.getvalue() == "mark: 0/3\nmark: 3/3\nnote\n"

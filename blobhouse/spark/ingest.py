@@ -1,118 +1,560 @@
-"""Ingest: load rows from a manifest (JSONL, CSV or Parquet) whose blob fields name files or
-URIs, and write them as a blob table on Spark. Rows naming the same file store it once.
+"""Ingest: load rows from a manifest (JSONL, CSV or Parquet) whose blob columns name files or
+URIs, and write them as a blob table on Spark.
+
+Two steps. :func:`plan_ingest` runs on the driver without Spark: it reads the manifest with
+pyarrow, checks its format, its blob columns and that every file it names exists, and (when
+appending) casts its columns to the table's types, so a bad manifest fails in a second with
+one message naming the row, column and path. :meth:`IngestPlan.run` then loads the files on the
+executors and writes them in one commit. :func:`ingest` does both.
+
+What the table gets: the manifest's rows in manifest order, its columns in manifest order
+(JSONL: in the order keys first appear), each blob column holding the file's bytes, and next to
+it a string column ``<blob column>_path`` with the path or URI exactly as the manifest wrote it
+(``drop_path_columns=True`` leaves those out).
 """
 
 from __future__ import annotations
 
+import io
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-from blobhouse.errors import InvalidInputError
+from blobhouse.errors import InvalidInputError, TableNotFoundError
 from blobhouse.placement import normalize_uri
-from blobhouse.spark.datasource import storage_prefixed
-from blobhouse.storage import StorageOptions, checked_options, object_store
+from blobhouse.storage import StorageOptions, checked_options, is_local, object_store, uri_to_path
 
 FORMATS = ("jsonl", "csv", "parquet")
+#: dedup modes ingest offers (``ref_id`` needs ref ids, which a manifest's paths do not carry)
+DEDUP_MODES = ("content", "global", "off")
+MODES = ("append", "overwrite")
+#: the path column kept beside blob column ``c`` is named ``c + PATH_SUFFIX``
+PATH_SUFFIX = "_path"
+#: a task loads about this many bytes of distinct files (rows stay in manifest order, so
+#: per-file dedup sees the rows of one task; ``dedup="global"`` dedups across tasks)
+TASK_BYTES = 1 << 30
+#: Arrow batches handed to the writer hold at most this many bytes (or one row) ...
+BATCH_BYTES = 64 << 20
+#: ... and at most this many rows
+BATCH_ROWS = 256
+#: an executor keeps files it read up to this many bytes, for rows naming them again
+CACHE_BYTES = 256 << 20
 
 
-def read_manifest(spark: SparkSession, manifest: str, fmt: str | None = None) -> DataFrame:
-    """The manifest as a DataFrame; the format comes from ``fmt`` or the file extension."""
-    fmt = fmt or _format_of(manifest)
-    if fmt == "jsonl":
-        return spark.read.json(manifest)
-    if fmt == "csv":
-        return spark.read.option("header", "true").option("inferSchema", "true").csv(manifest)
-    if fmt == "parquet":
-        return spark.read.parquet(manifest)
-    raise InvalidInputError(f"unknown manifest format {fmt!r}; use one of {FORMATS}")
+@dataclass
+class IngestPlan:
+    """A checked manifest, ready to be written by :meth:`run`.
+
+    ``rows``: the manifest's rows in order, cast to the table's types when appending; blob
+    columns hold the resolved URIs of the files (``path columns`` the paths as written).
+    ``sizes``: the size of every distinct file.
+    """
+
+    manifest: str
+    table: str
+    rows: pa.Table
+    blob_columns: list[str]
+    path_columns: dict[str, str]
+    sizes: dict[str, int]
+    mode: str
+    dedup: str
+    storage_options: StorageOptions | None
+
+    @property
+    def logical_bytes(self) -> int:
+        """Bytes the rows reference (a file named by n rows counts n times)."""
+        return sum(
+            self.sizes[uri]
+            for name in self.blob_columns
+            for uri in self.rows.column(name).to_pylist()
+            if uri is not None
+        )
+
+    def ranges(self, partitions: int | None = None) -> list[tuple[int, int]]:
+        """Consecutive row ranges, one per Spark task: ``partitions`` of them, or cut where a
+        range's distinct files reach :data:`TASK_BYTES`."""
+        count = self.rows.num_rows
+        if count == 0:
+            return []
+        if partitions is not None:
+            if partitions < 1:
+                raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
+            step = -(-count // min(partitions, count))
+            return [(start, min(start + step, count)) for start in range(0, count, step)]
+        uris = [self.rows.column(name).to_pylist() for name in self.blob_columns]
+        ranges, start, seen, held = [], 0, set(), 0
+        for row in range(count):
+            for column in uris:
+                uri = column[row]
+                if uri is not None and uri not in seen:
+                    seen.add(uri)
+                    held += self.sizes[uri]
+            if held >= TASK_BYTES and row + 1 < count:
+                ranges.append((start, row + 1))
+                start, seen, held = row + 1, set(), 0
+        ranges.append((start, count))
+        return ranges
+
+    def run(
+        self,
+        spark,
+        *,
+        partitions: int | None = None,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> dict:
+        """Load the files on the executors and write the rows in one commit (Ctrl-C cancels
+        the write and removes what its tasks staged: :func:`blobhouse.console.run_spark_job`).
+        Returns a report: the table's version, rows and bytes, what this ingest added."""
+        from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+        from blobhouse.console import run_spark_job
+        from blobhouse.spark.datasource import storage_prefixed
+        from blobhouse.table import open_table
+
+        ranges = self.ranges(partitions)
+        if not ranges:
+            raise InvalidInputError(f"manifest {self.manifest} has no rows")
+        out_schema = pa.schema(
+            [
+                pa.field(f.name, pa.binary()) if f.name in self.blob_columns else f
+                for f in self.rows.schema
+            ]
+        )
+        spark_schema = from_arrow_schema(out_schema)
+        shared = spark.sparkContext.broadcast(self.rows)
+        loader = _Loader(
+            shared, ranges, self.blob_columns, to_arrow_schema(spark_schema), self.storage_options
+        )
+        tasks = spark.range(len(ranges), numPartitions=len(ranges))
+        writer = (
+            tasks.mapInArrow(loader, spark_schema)
+            .write.format("blobhouse")
+            .mode(self.mode)
+            .option("blob_columns", ",".join(self.blob_columns))
+            .option("dedup", self.dedup)
+            .options(**storage_prefixed(self.storage_options))
+        )
+        try:
+            run_spark_job(spark, lambda: writer.save(self.table), step="ingest", progress=progress)
+        finally:
+            shared.unpersist()
+        stats = open_table(self.table, storage_options=self.storage_options).stats()
+        return {
+            "table": self.table,
+            "manifest": self.manifest,
+            "version": stats["version"],
+            "mode": self.mode,
+            "dedup": self.dedup,
+            "ingested_rows": self.rows.num_rows,
+            "files": len(self.sizes),
+            "ingested_bytes": self.logical_bytes,
+            "path_columns": list(self.path_columns.values()),
+            "tasks": len(ranges),
+            "rows": stats["rows"],
+            "logical_bytes": stats["logical_bytes"],
+            "physical_bytes": stats["physical_bytes"],
+            "dedup_ratio": stats["dedup_ratio"],
+            "columns": {
+                name: {k: v for k, v in column.items() if k != "kinds"}
+                for name, column in stats["columns"].items()
+            },
+        }
 
 
-def ingest(
-    spark: SparkSession,
+def plan_ingest(
     manifest: str,
     table: str,
     blob_columns: Sequence[str],
     *,
     fmt: str | None = None,
     mode: str = "append",
+    dedup: str = "content",
+    drop_path_columns: bool = False,
+    storage_options: Mapping[str, str] | None = None,
+) -> IngestPlan:
+    """Read and check ``manifest`` on the driver (pyarrow, no Spark), or raise
+    :class:`InvalidInputError` naming the problem: the manifest missing or unreadable, not
+    ``fmt`` (by default told by its extension), a blob column missing or not holding strings,
+    a file it names missing (row, column and path), or, when appending, a column whose values
+    cannot be cast to the table's type. Relative paths are resolved against the manifest's
+    directory; files on an object store are checked with one HEAD request each."""
+    options = checked_options(storage_options)
+    blob_columns = list(blob_columns)
+    if mode not in MODES:
+        raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}")
+    if dedup not in DEDUP_MODES:
+        raise InvalidInputError(f"dedup must be one of {DEDUP_MODES} for ingest, got {dedup!r}")
+    if not blob_columns:
+        raise InvalidInputError("name at least one blob column (the columns holding paths)")
+    if len(set(blob_columns)) != len(blob_columns):
+        raise InvalidInputError(f"blob columns named twice: {blob_columns}")
+    fmt = fmt or _format_of(manifest)
+    rows = read_manifest(manifest, fmt, options)
+    missing = [c for c in blob_columns if c not in rows.column_names]
+    if missing:
+        raise InvalidInputError(
+            f"manifest {manifest} has no column(s) {missing}; its columns: {rows.column_names}"
+        )
+    for name in blob_columns:
+        dtype = rows.schema.field(name).type
+        if (
+            not (pa.types.is_string(dtype) or pa.types.is_large_string(dtype))
+            and dtype != pa.null()
+        ):
+            raise InvalidInputError(
+                f"manifest column {name!r} must hold file paths or URIs (strings), got {dtype}"
+            )
+    path_columns = {} if drop_path_columns else {c: c + PATH_SUFFIX for c in blob_columns}
+    taken = [p for p in path_columns.values() if p in rows.column_names]
+    if taken:
+        raise InvalidInputError(
+            f"manifest {manifest} already has column(s) {taken}, the names of the path columns "
+            "ingest keeps; rename them, or drop the path columns (--drop-path-columns)"
+        )
+    base = _base_of(manifest)
+    resolved = {name: _resolve_column(manifest, rows, name, base) for name in blob_columns}
+    sizes = _check_files(manifest, resolved, rows, options)
+    columns, names = [], []
+    for name in rows.column_names:
+        column = rows.column(name)
+        if name in resolved:
+            columns.append(pa.chunked_array([pa.array(resolved[name], pa.string())]))
+            names.append(name)
+            if name in path_columns:
+                columns.append(column.cast(pa.string()))
+                names.append(path_columns[name])
+        else:
+            columns.append(column.cast(pa.string()) if column.type == pa.null() else column)
+            names.append(name)
+    staged = pa.Table.from_arrays(columns, names=names)
+    if mode == "append":
+        staged = _cast_to_table(manifest, table, staged, blob_columns, path_columns, options)
+    return IngestPlan(
+        manifest, table, staged, blob_columns, path_columns, sizes, mode, dedup, options
+    )
+
+
+def ingest(
+    spark,
+    manifest: str,
+    table: str,
+    blob_columns: Sequence[str],
+    *,
+    fmt: str | None = None,
+    mode: str = "append",
+    dedup: str = "content",
+    drop_path_columns: bool = False,
     partitions: int | None = None,
     storage_options: Mapping[str, str] | None = None,
-) -> None:
-    """Load the files named in ``blob_columns`` of ``manifest`` and append them to ``table``.
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Load the files named in ``blob_columns`` of ``manifest`` into ``table`` (created when
+    missing; ``mode="overwrite"`` replaces its rows) and return a report.
 
-    Relative paths are resolved against the manifest's directory. Rows are first grouped by the
-    files they name (a shuffle of the small manifest rows, not of the bytes), so every task sees
-    all rows of a file and per-file content dedup stores each file once.
-    ``storage_options`` reach the table and the files the manifest names on an object store
-    (Spark reads the manifest itself: a local path, or a URI its Hadoop filesystems know).
+    The manifest is checked first, on the driver (:func:`plan_ingest`); rows keep their
+    manifest order, split into consecutive ranges, one Spark task each (``partitions`` of them,
+    or one per ~1 GiB of distinct files); per-file dedup (``dedup="content"``) stores a file
+    once per task, ``"global"`` once per table, ``"off"`` once per row. ``storage_options``
+    reach the table, the manifest and the files on an object store.
+
+    >>> import os, tempfile, json
+    >>> root = tempfile.mkdtemp()
+    >>> with open(f"{root}/a.jpg", "wb") as f:
+    ...     _ = f.write(os.urandom(1000))
+    >>> with open(f"{root}/rows.jsonl", "w") as f:
+    ...     _ = f.write("".join(json.dumps({"id": i, "image": "a.jpg"}) + "\\n" for i in range(3)))
+    >>> report = ingest(spark, f"{root}/rows.jsonl", f"{root}/table", ["image"])
+    >>> report["rows"], report["physical_bytes"], report["path_columns"]
+    (3, 1000, ['image_path'])
     """
-    options = checked_options(storage_options)
-    rows = read_manifest(spark, manifest, fmt)
-    missing = [c for c in blob_columns if c not in rows.columns]
-    if missing:
-        raise InvalidInputError(f"manifest {manifest} has no column(s) {missing}: {rows.columns}")
-    for name in blob_columns:
-        if not isinstance(rows.schema[name].dataType, StringType):
-            raise InvalidInputError(
-                f"manifest column {name!r} must hold file paths or URIs (strings), got "
-                f"{rows.schema[name].dataType.simpleString()}"
+    plan = plan_ingest(
+        manifest,
+        table,
+        blob_columns,
+        fmt=fmt,
+        mode=mode,
+        dedup=dedup,
+        drop_path_columns=drop_path_columns,
+        storage_options=storage_options,
+    )
+    return plan.run(spark, partitions=partitions, progress=progress)
+
+
+def read_manifest(
+    manifest: str, fmt: str | None = None, storage_options: StorageOptions | None = None
+) -> pa.Table:
+    """The manifest's rows, read with pyarrow in file order; JSONL columns in the order their
+    keys first appear. ``fmt`` defaults to what the file extension says."""
+    fmt = fmt or _format_of(manifest)
+    if fmt not in FORMATS:
+        raise InvalidInputError(f"unknown manifest format {fmt!r}; use one of {FORMATS}")
+    local = is_local(manifest)
+    path = uri_to_path(manifest) if local else manifest
+    if local and os.path.isdir(path):
+        if fmt != "parquet":
+            raise InvalidInputError(f"manifest {manifest} is a directory; give a {fmt} file")
+        data = None
+    else:
+        data = _read_bytes(manifest, path, local, storage_options)
+    try:
+        if fmt == "jsonl":
+            import pyarrow.json as pj
+
+            return pj.read_json(io.BytesIO(data))
+        if fmt == "csv":
+            import pyarrow.csv as pc
+
+            return pc.read_csv(
+                io.BytesIO(data), convert_options=pc.ConvertOptions(strings_can_be_null=True)
             )
-    base = os.path.dirname(os.path.abspath(manifest)) if "://" not in manifest else None
-    count = partitions or max(1, rows.rdd.getNumPartitions())
-    grouped = rows.repartition(count, *[F.col(c) for c in blob_columns[:1]]).sortWithinPartitions(
-        *blob_columns[:1]
-    )
-    out_schema = StructType(
-        [
-            StructField(f.name, BinaryType()) if f.name in blob_columns else f
-            for f in grouped.schema.fields
-        ]
-    )
-    names = list(blob_columns)
+        import pyarrow.parquet as pq
 
-    def load(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            arrays = [
-                _load_files(batch.column(n), base, n, options) if n in names else batch.column(n)
-                for n in batch.schema.names
-            ]
-            yield pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
-
-    loaded = grouped.mapInArrow(load, out_schema)
-    (
-        loaded.write.format("blobhouse")
-        .mode(mode)
-        .option("blob_columns", ",".join(blob_columns))
-        .options(**storage_prefixed(options))
-        .save(table)
-    )
+        return pq.read_table(path if data is None else io.BytesIO(data))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidInputError(f"manifest {manifest} is not valid {fmt}: {reason}") from None
 
 
-def _load_files(
-    paths: pa.Array, base: str | None, column: str, options: StorageOptions | None
-) -> pa.Array:
-    """The bytes of every file named in ``paths`` (each distinct file read once)."""
-    cache: dict[str, bytes] = {}
-    out = []
-    for path in paths.to_pylist():
+def _read_bytes(manifest: str, path: str, local: bool, options: StorageOptions | None) -> bytes:
+    if local:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise InvalidInputError(f"manifest {manifest}: no such file") from None
+        except PermissionError:
+            raise InvalidInputError(f"manifest {manifest}: permission denied") from None
+        except OSError as exc:
+            raise InvalidInputError(f"manifest {manifest}: cannot read: {exc}") from None
+    uri = normalize_uri(manifest)
+    store = object_store(uri, options)
+    try:
+        size = store.size(uri)
+        if size is None:
+            raise InvalidInputError(f"manifest {manifest}: no such object")
+        source = store.open(uri)
+        try:
+            return source.read(0, size)
+        finally:
+            source.close()
+    except OSError as exc:
+        raise InvalidInputError(f"manifest {manifest}: cannot read: {exc}") from None
+
+
+def _base_of(manifest: str) -> str:
+    """Where relative paths of the manifest start: its directory (or URI prefix)."""
+    if is_local(manifest):
+        return os.path.dirname(os.path.abspath(uri_to_path(manifest)))
+    return manifest.rstrip("/").rsplit("/", 1)[0]
+
+
+def _resolve_column(manifest: str, rows: pa.Table, name: str, base: str) -> list[str | None]:
+    resolved = []
+    for row, path in enumerate(rows.column(name).to_pylist()):
         if path is None:
-            out.append(None)
+            resolved.append(None)
             continue
-        if path not in cache:
-            cache[path] = _read_file(_resolve(path, base), column, options)
-        out.append(cache[path])
-    return pa.array(out, pa.binary())
+        if not path.strip():
+            raise InvalidInputError(
+                f"manifest {manifest} row {row + 1}, column {name!r}: empty path"
+            )
+        try:
+            resolved.append(_resolve(path, base))
+        except InvalidInputError as exc:
+            raise InvalidInputError(
+                f"manifest {manifest} row {row + 1}, column {name!r}: {exc}"
+            ) from None
+    return resolved
 
 
-def _resolve(path: str, base: str | None) -> str:
-    if "://" in path or os.path.isabs(path) or base is None:
+def _resolve(path: str, base: str) -> str:
+    if "://" in path or os.path.isabs(path):
         return normalize_uri(path)
+    if "://" in base:
+        return normalize_uri(f"{base}/{path}")
     return normalize_uri(os.path.join(base, path))
+
+
+def _check_files(
+    manifest: str,
+    resolved: Mapping[str, list[str | None]],
+    rows: pa.Table,
+    options: StorageOptions | None,
+) -> dict[str, int]:
+    """The size of every distinct file, or an error naming the first row whose file is missing
+    (and how many more are)."""
+    first: dict[str, tuple[int, str]] = {}
+    for name, uris in resolved.items():
+        for row, uri in enumerate(uris):
+            if uri is not None and uri not in first:
+                first[uri] = (row, name)
+    local = [uri for uri in first if is_local(uri)]
+    remote = [uri for uri in first if not is_local(uri)]
+    sizes: dict[str, int | str] = {uri: _local_size(uri) for uri in local}
+    if remote:
+        with ThreadPoolExecutor(16) as pool:
+            sizes.update(
+                zip(remote, pool.map(lambda u: _remote_size(u, options), remote), strict=True)
+            )
+    problems = sorted(
+        (first[uri], uri, problem) for uri, problem in sizes.items() if isinstance(problem, str)
+    )
+    if problems:
+        (row, name), uri, problem = problems[0]
+        written = rows.column(name)[row].as_py()
+        shown = written if written == uri else f"{written} ({uri})"
+        more = f" (and {len(problems) - 1} more missing or unreadable)" if len(problems) > 1 else ""
+        raise InvalidInputError(
+            f"manifest {manifest} row {row + 1}, column {name!r}: {problem}: {shown}{more}"
+        )
+    return sizes  # type: ignore[return-value]
+
+
+def _local_size(uri: str) -> int | str:
+    path = uri_to_path(uri)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot read ({exc.strerror or exc})"
+    if not os.path.isfile(path):
+        return "not a file"
+    if not os.access(path, os.R_OK):
+        return "permission denied"
+    return info.st_size
+
+
+def _remote_size(uri: str, options: StorageOptions | None) -> int | str:
+    try:
+        size = object_store(uri, options).size(uri)
+    except Exception as exc:  # credentials, endpoint, network: the message says which
+        return (
+            f"cannot reach ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        )
+    return "no such object" if size is None else size
+
+
+def _cast_to_table(
+    manifest: str,
+    table: str,
+    staged: pa.Table,
+    blob_columns: Sequence[str],
+    path_columns: Mapping[str, str],
+    options: StorageOptions | None,
+) -> pa.Table:
+    """``staged`` with the existing table's column order and types (a CSV manifest appended
+    to a table a JSONL one made, int32 to int64, ...); unchanged if there is no table yet."""
+    from blobhouse.table import open_table
+
+    try:
+        schema = open_table(table, storage_options=options).schema
+    except TableNotFoundError:
+        return staged
+    ours, theirs = staged.column_names, schema.names
+    lacking = [n for n in theirs if n not in ours]
+    extra = [n for n in ours if n not in theirs]
+    if lacking or extra:
+        hint = ""
+        if any(n.endswith(PATH_SUFFIX) for n in lacking + extra):
+            hint = (
+                f" (path columns {PATH_SUFFIX!r}: the table was written "
+                + ("without" if extra else "with")
+                + " them; "
+                + ("pass --drop-path-columns)" if extra else "do not pass --drop-path-columns)")
+            )
+        raise InvalidInputError(
+            f"manifest {manifest} does not match table {table}: "
+            + "; ".join(
+                part
+                for part in (
+                    f"the table has column(s) {lacking} the manifest lacks" if lacking else "",
+                    f"the manifest has column(s) {extra} the table lacks" if extra else "",
+                )
+                if part
+            )
+            + hint
+        )
+    columns = []
+    for field in schema:
+        column = staged.column(field.name)
+        if field.name in blob_columns or column.type == field.type:
+            columns.append(column)
+            continue
+        try:
+            columns.append(column.cast(field.type, safe=True))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            reason = str(exc).strip().splitlines()[0]
+            raise InvalidInputError(
+                f"manifest {manifest} column {field.name!r} ({column.type}) cannot be cast to "
+                f"table {table}'s type {field.type}: {reason}"
+            ) from None
+    return pa.Table.from_arrays(columns, names=theirs)
+
+
+class _Loader:
+    """For ``mapInArrow`` over ``spark.range(tasks)``: task ``i`` reads rows ``ranges[i]`` of
+    the broadcast manifest and yields them, in order, with every blob column's files loaded."""
+
+    def __init__(self, rows, ranges, blob_columns, schema, options) -> None:
+        self.rows, self.ranges, self.blob_columns = rows, ranges, list(blob_columns)
+        self.schema, self.options = schema, options
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows = self.rows.value
+        cache = _FileCache(CACHE_BYTES)
+        for batch in batches:
+            for task in batch.column("id").to_pylist():
+                start, stop = self.ranges[task]
+                yield from self._load(rows.slice(start, stop - start), cache)
+
+    def _load(self, rows: pa.Table, cache: _FileCache) -> Iterator[pa.RecordBatch]:
+        uris = {name: rows.column(name).to_pylist() for name in self.blob_columns}
+        start, loaded, held = 0, {name: [] for name in self.blob_columns}, 0
+        for row in range(rows.num_rows):
+            for name, column in uris.items():
+                uri = column[row]
+                data = None if uri is None else cache.get(uri, self._reader(uri, name))
+                loaded[name].append(data)
+                held += len(data or b"")
+            if held >= BATCH_BYTES or row + 1 - start >= BATCH_ROWS or row + 1 == rows.num_rows:
+                part = rows.slice(start, row + 1 - start)
+                arrays = [
+                    pa.array(loaded[name], pa.binary())
+                    if name in loaded
+                    else part.column(name).combine_chunks()
+                    for name in part.column_names
+                ]
+                yield pa.RecordBatch.from_arrays(arrays, names=part.column_names).cast(self.schema)
+                start, loaded, held = row + 1, {name: [] for name in self.blob_columns}, 0
+
+    def _reader(self, uri: str, column: str) -> Callable[[], bytes]:
+        return lambda: _read_file(uri, column, self.options)
+
+
+class _FileCache:
+    """Files read recently, up to ``limit`` bytes (rows naming a file again in a row, as the
+    frames of one video chunk do, read it once)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+        self.files: OrderedDict[str, bytes] = OrderedDict()
+
+    def get(self, uri: str, read: Callable[[], bytes]) -> bytes:
+        if uri in self.files:
+            self.files.move_to_end(uri)
+            return self.files[uri]
+        data = read()
+        self.files[uri] = data
+        self.held += len(data)
+        while self.held > self.limit and len(self.files) > 1:
+            _, dropped = self.files.popitem(last=False)
+            self.held -= len(dropped)
+        return data
 
 
 def _read_file(uri: str, column: str, options: StorageOptions | None) -> bytes:
@@ -134,12 +576,15 @@ def _format_of(manifest: str) -> str:
     name = manifest.rstrip("/").lower()
     for ext, fmt in (
         (".jsonl", "jsonl"),
+        (".ndjson", "jsonl"),
         (".json", "jsonl"),
         (".csv", "csv"),
         (".parquet", "parquet"),
+        (".pq", "parquet"),
     ):
         if name.endswith(ext):
             return fmt
     raise InvalidInputError(
-        f"cannot tell the format of manifest {manifest!r}; pass --format ({', '.join(FORMATS)})"
+        f"cannot tell the format of manifest {manifest!r} from its name; pass --format "
+        f"({', '.join(FORMATS)})"
     )

@@ -1,0 +1,374 @@
+"""What the command line shows a person: progress bars on stderr and reports as tables on
+stdout (both drawn by rich), and Spark jobs that stop cleanly on Ctrl-C.
+
+Reports are the dicts the library returns. :func:`print_report` prints whatever keys a report
+has (a field added to a report shows up without a change here): single values in a summary
+table, lists of records (and mappings of records) in tables of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import IO, Any, TypeVar
+
+T = TypeVar("T")
+ProgressFn = Callable[[str, int, int], None]
+
+#: list cells show at most this many items, then "... (N more)"
+LIST_ITEMS = 8
+
+
+class ProgressBars:
+    """``progress(step, done, total)``, the callback the library reports long steps to.
+
+    On a terminal, a bar per step (rich), redrawn in place; elsewhere a line when a step starts
+    and one when it ends, so logs stay short. :meth:`message` prints a line above the bars.
+    Use it as a context manager (or call :meth:`close`) so the terminal is left tidy.
+    """
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._stream = stream
+        self.tty = self.stream.isatty()
+        self._bars = None
+        self._tasks: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def stream(self) -> IO[str]:
+        return self._stream or sys.stderr  # sys.stderr at the time of use (tests swap it)
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        if not self.tty:
+            if done == 0 or done >= total:
+                print(f"{step}: {done}/{total}", file=self.stream, flush=True)
+            return
+        with self._lock:
+            bars = self._start()
+            task = self._tasks.get(step)
+            if task is not None and bars.tasks[task].finished and done == 0:
+                task = None  # the step runs again (a retry): a new bar
+            if task is None:
+                task = self._tasks[step] = bars.add_task(step, total=total)
+            bars.update(task, completed=done, total=total)
+
+    def message(self, text: str) -> None:
+        """A line on the progress stream (above the bars on a terminal)."""
+        if self._bars is not None:
+            self._bars.console.print(text, highlight=False, markup=False)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._bars is not None:
+                self._bars.stop()
+                self._bars = None
+                self._tasks.clear()
+
+    def __enter__(self) -> ProgressBars:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start(self):
+        if self._bars is None:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._bars = Progress(
+                TextColumn("{task.description:<10}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(file=self.stream),
+            )
+            self._bars.start()
+        return self._bars
+
+
+def print_report(
+    report: Mapping[str, Any],
+    title: str | None = None,
+    *,
+    skip: Iterable[str] = (),
+    file: IO[str] | None = None,
+    separate: bool = False,
+) -> None:
+    """Print ``report`` as tables: a summary of its single values (numbers, strings, short
+    lists, small mappings), then one table per field that holds records (a list of dicts, or a
+    dict of dicts, such as stats' ``columns`` or verify's ``problems``). Byte counts are shown
+    in MB, ratios with an ``x``. Fields in ``skip`` are left out (``--json`` prints them);
+    ``separate``: a blank line first (after lines printed before), if anything is printed."""
+    from rich.table import Table
+
+    skipped = set(skip)
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold", no_wrap=True)
+    summary.add_column()
+    sections = []
+    for key, value in report.items():
+        if key in skipped:
+            continue
+        records = _records(key, value)
+        if records is not None:
+            sections.append(_records_table(_label(key), records))
+        else:
+            summary.add_row(_label(key), format_value(key, value))
+    shown = ([summary] if summary.row_count else []) + sections
+    if title and shown:
+        shown.insert(0, title)
+    if separate and shown:
+        shown.insert(0, "")
+    _print(shown, file or sys.stdout)
+
+
+def _print(renderables: list, out: IO[str]) -> None:
+    """On a terminal, drawn by rich; elsewhere plain text without trailing blanks, never
+    wrapped (logs and pipes stay greppable)."""
+    from rich.console import Console
+
+    if out.isatty():
+        console = Console(file=out, highlight=False)
+        for number, renderable in enumerate(renderables):
+            console.print(*([""] if number and renderables[number - 1] != "" else []), renderable)
+        return
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=10_000, highlight=False, no_color=True)
+    for number, renderable in enumerate(renderables):
+        console.print(*([""] if number and renderables[number - 1] != "" else []), renderable)
+    lines = [line.rstrip() for line in buffer.getvalue().splitlines()]
+    out.write("".join(line + "\n" for line in lines))
+    out.flush()
+
+
+def _records(key: str, value: Any) -> list[dict] | None:
+    """``value`` as table rows if it holds records, else None."""
+    if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+        return [dict(v) for v in value]
+    if isinstance(value, Mapping) and value and all(isinstance(v, Mapping) for v in value.values()):
+        rows = []
+        name = _singular(key)
+        for item, fields in value.items():
+            nested = {k: v for k, v in fields.items() if _is_record_map(v)}
+            own = {k: v for k, v in fields.items() if k not in nested}
+            if not nested:
+                rows.append({name: item, **own})
+                continue
+            # e.g. stats' columns: a total row per column, then a row per kind
+            rows.append({name: item, **{_singular(k): "all" for k in nested}, **own})
+            for sub_key, sub_map in nested.items():
+                for sub_item, sub_fields in sub_map.items():
+                    rows.append({name: "", _singular(sub_key): sub_item, **sub_fields})
+        return rows
+    return None
+
+
+def _is_record_map(value: Any) -> bool:
+    return (
+        isinstance(value, Mapping)
+        and bool(value)
+        and all(isinstance(v, Mapping) for v in value.values())
+    )
+
+
+def _records_table(title: str, records: Sequence[Mapping[str, Any]]):
+    from rich import box
+    from rich.table import Table
+
+    columns: list[str] = []
+    for record in records:  # keys in the order records have them (a key new here goes
+        at = 0  # after the key it follows in this record)
+        for key in record:
+            if key in columns:
+                at = columns.index(key) + 1
+            else:
+                columns.insert(at, key)
+                at += 1
+    table = Table(
+        title=title, box=box.SIMPLE_HEAD, show_edge=False, title_justify="left", pad_edge=False
+    )
+    for column in columns:
+        numeric = any(isinstance(r.get(column), int | float) for r in records)
+        table.add_column(_label(column), justify="right" if numeric else "left")
+    for record in records:
+        table.add_row(*(format_value(c, record.get(c)) if c in record else "" for c in columns))
+    return table
+
+
+def format_value(key: str, value: Any) -> str:
+    """How one report field is shown.
+
+    >>> format_value("physical_bytes", 12_345_678), format_value("dedup_ratio", 30.6)
+    ('12.3 MB', '30.60x')
+    >>> format_value("removed_versions", list(range(12)))
+    '0, 1, 2, 3, 4, 5, 6, 7, ... (4 more)'
+    """
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float) and "bytes" in key.split("_"):
+        return mb(value)
+    if isinstance(value, int | float) and key.endswith("ratio"):
+        return f"{value:.2f}x"
+    if isinstance(value, int | float) and key.endswith("_mb_s"):
+        return f"{value} MB/s"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, Mapping):
+        if not value:
+            return "none"
+        return ", ".join(f"{k} {format_value(str(k), v)}" for k, v in value.items())
+    if isinstance(value, list | tuple | set | frozenset):
+        items = list(value)
+        if not items:
+            return "none"
+        shown = ", ".join(format_value(key, v) for v in items[:LIST_ITEMS])
+        more = len(items) - LIST_ITEMS
+        return shown + (f", ... ({more} more)" if more > 0 else "")
+    return str(value)
+
+
+def mb(n: float) -> str:
+    """Bytes as MB, the unit the command line reports in."""
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _label(key: str) -> str:
+    return key.removesuffix("_mb_s").replace("_", " ")
+
+
+def _singular(key: str) -> str:
+    return key[:-1] if key.endswith("s") and len(key) > 1 else key
+
+
+_INTERRUPT_HOOKS: list[Callable[[], None]] = []
+
+
+def when_interrupted(hook: Callable[[], None]) -> Callable[[], None]:
+    """Call ``hook`` as soon as Ctrl-C stops a Spark job, before the jobs are cancelled (the
+    command line mutes Spark's output there); returns a function that unregisters it."""
+    _INTERRUPT_HOOKS.append(hook)
+    return lambda: _INTERRUPT_HOOKS.remove(hook) if hook in _INTERRUPT_HOOKS else None
+
+
+def run_spark_job(
+    spark,
+    job: Callable[[], T],
+    *,
+    step: str = "spark",
+    progress: ProgressFn | None = None,
+) -> T:
+    """Run ``job`` (Spark actions) so that Ctrl-C stops it cleanly.
+
+    The actions run in a thread of their own, under a Spark job group; the calling thread
+    waits, reporting the running stages' tasks to ``progress(step, done, total)``. On Ctrl-C
+    (``KeyboardInterrupt`` in the waiting thread) the group's jobs are cancelled and the thread
+    is awaited -- a cancelled write returns only after its ``abort`` removed what the tasks
+    staged -- then ``KeyboardInterrupt`` is raised again. A second Ctrl-C stops the waiting.
+    Called outside the main thread (where no Ctrl-C arrives), ``job`` simply runs.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return job()
+    from pyspark.util import InheritableThread
+
+    context = spark.sparkContext
+    group = f"blobhouse-{uuid.uuid4().hex[:12]}"
+    outcome: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def target() -> None:
+        try:
+            _make_active(spark)
+            context.setJobGroup(group, step, interruptOnCancel=True)
+            outcome["value"] = job()
+        except BaseException as exc:  # handed to the waiting thread
+            outcome["error"] = exc
+        finally:
+            finished.set()
+
+    thread = InheritableThread(target=target, daemon=True)
+    thread.start()
+    watcher = _StageWatcher(context, group, step, progress) if progress else None
+    try:
+        while not finished.wait(0.1):
+            pass
+    except KeyboardInterrupt:
+        for hook in list(_INTERRUPT_HOOKS):
+            with contextlib.suppress(Exception):
+                hook()
+        if watcher:
+            watcher.stop()
+        try:
+            context.cancelJobGroup(group)
+            while not finished.wait(0.1):
+                pass
+        except KeyboardInterrupt:
+            pass  # asked twice: stop waiting for the cleanup
+        raise KeyboardInterrupt from None
+    if watcher:
+        watcher.stop(finished="error" not in outcome)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _make_active(spark) -> None:
+    """Make ``spark`` the JVM's active session in this thread: Spark finds Python data sources
+    (``blobhouse``) through the active session, which a new thread does not have
+    (docs/spark-cluster.md, Threads)."""
+    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+
+
+class _StageWatcher:
+    """Polls Spark's status tracker for the tasks of a job group (its own thread, so Ctrl-C
+    never lands inside one of its calls to the JVM)."""
+
+    def __init__(self, context, group: str, step: str, progress: ProgressFn) -> None:
+        self.context, self.group, self.step, self.progress = context, group, step, progress
+        self.stopped = threading.Event()
+        self.last: tuple[int, int] | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            tracker = self.context.statusTracker()
+            while not self.stopped.wait(0.5):
+                done = total = 0
+                for job_id in tracker.getJobIdsForGroup(self.group):
+                    job = tracker.getJobInfo(job_id)
+                    for stage_id in job.stageIds if job else ():
+                        stage = tracker.getStageInfo(stage_id)
+                        if stage is not None:
+                            done += stage.numCompletedTasks
+                            total += stage.numTasks
+                if self.stopped.is_set() or not total or (done, total) == self.last:
+                    continue
+                if self.last is None and done:
+                    self.progress(self.step, 0, total)  # logs get a line when a step starts
+                self.last = (done, total)
+                self.progress(self.step, done, total)
+        except Exception:  # progress is a courtesy: a failed poll ends it quietly
+            return
+
+    def stop(self, finished: bool = False) -> None:
+        """Stop polling; ``finished``: the job succeeded, so its bar is shown full."""
+        if self.stopped.is_set():
+            return
+        self.stopped.set()
+        self.thread.join(timeout=2)
+        if finished and self.last is not None and self.last[0] < self.last[1]:
+            self.progress(self.step, self.last[1], self.last[1])
