@@ -330,17 +330,10 @@ def _read_bytes(manifest: str, path: str, local: bool, options: StorageOptions |
             raise InvalidInputError(f"manifest {manifest}: permission denied") from None
         except OSError as exc:
             raise InvalidInputError(f"manifest {manifest}: cannot read: {exc}") from None
-    uri = normalize_uri(manifest)
-    store = object_store(uri, options)
     try:
-        size = store.size(uri)
-        if size is None:
-            raise InvalidInputError(f"manifest {manifest}: no such object")
-        source = store.open(uri)
-        try:
-            return source.read(0, size)
-        finally:
-            source.close()
+        return _read_object(normalize_uri(manifest), options)
+    except FileNotFoundError:
+        raise InvalidInputError(f"manifest {manifest}: no such object") from None
     except OSError as exc:
         raise InvalidInputError(f"manifest {manifest}: cannot read: {exc}") from None
 
@@ -558,18 +551,23 @@ class _FileCache:
 
 
 def _read_file(uri: str, column: str, options: StorageOptions | None) -> bytes:
-    store = object_store(uri, options)
     try:
-        size = store.size(uri)
-        if size is None:
-            raise FileNotFoundError("no such file")
-        source = store.open(uri)
-        try:
-            return source.read(0, size)
-        finally:
-            source.close()
+        return _read_object(uri, options)
     except OSError as exc:
         raise InvalidInputError(f"manifest column {column!r}: cannot read {uri}: {exc}") from None
+
+
+def _read_object(uri: str, options: StorageOptions | None) -> bytes:
+    """The whole object at ``uri`` (FileNotFoundError when there is none)."""
+    store = object_store(uri, options)
+    size = store.size(uri)
+    if size is None:
+        raise FileNotFoundError("no such file")
+    source = store.open(uri)
+    try:
+        return source.read(0, size)
+    finally:
+        source.close()
 
 
 def _format_of(manifest: str) -> str:
