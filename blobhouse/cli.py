@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from blobhouse.console import ProgressBars, mb, print_report, when_interrupted
-from blobhouse.errors import BlobhouseError, InvalidInputError
+from blobhouse.errors import BlobhouseError, InvalidInputError, MissingExtraError
 from blobhouse.storage import checked_options, is_local, uri_to_path
 
 DESCRIPTION = """\
@@ -519,6 +519,9 @@ def _expected(exc: BaseException) -> bool:
 
 
 def _missing_spark(exc: BaseException) -> bool:
+    """pyspark is not installed (an old one is a MissingExtraError saying which it found)."""
+    if isinstance(exc, MissingExtraError):
+        return isinstance(exc.__cause__, ImportError)
     return isinstance(exc, ImportError) and (getattr(exc, "name", None) or "").split(".")[0] in (
         "pyspark",
         "py4j",
