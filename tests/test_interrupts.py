@@ -173,6 +173,7 @@ def staged_files(table: str) -> list[str]:
     )
 
 
+@pytest.mark.spark  # Spark starts in the child process
 def test_ctrl_c_in_the_demo_write_is_one_line_exit_130_and_leaves_no_files(tmp_path):
     out = str(tmp_path / "episodes")
     code, err = interrupt(
@@ -190,6 +191,7 @@ def test_ctrl_c_in_the_demo_write_is_one_line_exit_130_and_leaves_no_files(tmp_p
     assert not os.path.exists(out)  # staged files removed by the abort, the rest tidied
 
 
+@pytest.mark.spark  # Spark starts in the child process
 def test_ctrl_c_while_spark_starts_for_an_ingest_keeps_the_table(tmp_path):
     (tmp_path / "a.bin").write_bytes(b"a" * 1000)
     manifest = tmp_path / "rows.jsonl"
