@@ -9,7 +9,6 @@ writes through the same write pipeline as every other write.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -20,19 +19,12 @@ from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
 from lance.schema import LanceSchema
 
-from blobhouse import leases
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.pipeline import DataFileWriter, plan_write
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
 from blobhouse.session import WrittenFile
-from blobhouse.store import (
-    StoreWriter,
-    commit_referencing_store,
-    ensure_store,
-    lance_commit,
-    relocate_store,
-    store_base_id,
-)
+from blobhouse.store import StoreWriter, ensure_store, relocate_store, store_base_id
+from blobhouse.transaction import Transaction
 from blobhouse.values import blob_array, is_lance_blob_field, stored_blob_columns
 
 if TYPE_CHECKING:
@@ -57,8 +49,13 @@ class BackfillPlan:
     dedup: str
     placement: dict[bytes, bytes]
     allowed_bases: AllowedBases
-    name_prefix: str
+    transaction: Transaction
     store_base_id: int | None = None  # dedup="global": the table's store (see table_for)
+
+    @property
+    def name_prefix(self) -> str:
+        """What the files this backfill stages are named with."""
+        return self.transaction.name_prefix
 
     @classmethod
     def create(cls, table: Table, column: str, dedup: str = "content") -> BackfillPlan:
@@ -68,7 +65,9 @@ class BackfillPlan:
         blob_columns = {p[0] for p in stored_blob_columns(schema)}
         input_columns = tuple(n for n in schema.names if n not in blob_columns and n != column)
         bases = AllowedBases.of_table(schema, table.uri)
-        prefix = f"{uuid.uuid4().hex[:12]}-"
+        txn = Transaction.start(
+            table.location, table.version, table.storage_options, kind="backfill"
+        )
         store = store_base_id(table.dataset) if dedup == "global" else None
         if dedup == "global" and store is None:
             raise InvalidInputError("dedup='global' backfills a table with a store (table_for)")
@@ -83,7 +82,7 @@ class BackfillPlan:
                 dedup,
                 {},
                 bases,
-                prefix,
+                txn,
                 store_base_id=store,
             )
         if not is_lance_blob_field(schema.field(column)):
@@ -105,7 +104,7 @@ class BackfillPlan:
             dedup,
             placement_metadata(schema.field(column).metadata),
             bases,
-            prefix,
+            txn,
             store_base_id=store,
         )
 
@@ -124,7 +123,7 @@ def backfill_fragment(
     Deleted rows get null. With ``dedup="global"``, ``store`` is the store writer shared by
     the fragments this process backfills (one of its own when not given).
     """
-    with leases.held(table.location.root, plan.name_prefix, table.storage_options):
+    with plan.transaction.lease():
         return _backfill_fragment(table, fragment_id, fn, plan, store)
 
 
@@ -213,14 +212,7 @@ def commit_backfill(
                 for f in fragments
             ]
         )
-    location, options = table.location, table.storage_options
-    return commit_referencing_store(
-        location,
-        list(files.values()),
-        lambda: lance_commit(location, lambda: operation, dataset.version, options),
-        plan.name_prefix,
-        options,
-    )
+    return plan.transaction.commit(list(files.values()), lambda: operation)
 
 
 def table_for(table: Table, dedup: str) -> Table:

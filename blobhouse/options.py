@@ -13,12 +13,60 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
-from collections.abc import Callable, Collection, Iterable
-from typing import TypeVar
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
 
-from blobhouse.errors import UnknownOptionError
+from blobhouse.errors import InvalidInputError, UnknownOptionError
 
 F = TypeVar("F", bound=Callable)
+DEFAULT_MAX_ROWS_PER_FILE = 1024 * 1024
+DEFAULT_MAX_BYTES_PER_FILE = 90 * 1024**3  # Lance's default
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How a write stores blob columns: one object for :func:`~blobhouse.write_table`, the
+    Spark writer, ``merge_insert`` and the CLI, checked once.
+
+    ``dedup`` is one mode (``"off"``, ``"content"``, ``"ref_id"``, ``"global"``) or a mode per
+    blob column; ``placement`` maps a blob column (or ``"*"``) to its size thresholds.
+
+    >>> WriteOptions(blob_columns=["image"], dedup="global").dedup
+    'global'
+    >>> WriteOptions.of({"dedupe": "off"})
+    Traceback (most recent call last):
+    ...
+    blobhouse.errors.UnknownOptionError: unknown write option 'dedupe' (did you mean 'dedup'?); \
+valid: allowed_bases, blob_columns, dedup, max_bytes_per_file, max_rows_per_file, placement, \
+ref_id_columns
+    """
+
+    blob_columns: Sequence[str] = ()
+    ref_id_columns: Mapping[str, str] | None = None
+    dedup: str | Mapping[str, str] = "content"
+    placement: Mapping[str, Mapping[str, int]] | None = None
+    allowed_bases: Sequence[str] | None = None
+    max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE
+    max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE
+
+    def __post_init__(self) -> None:
+        if isinstance(self.blob_columns, str):
+            raise InvalidInputError(
+                f"blob_columns must be a list of column names, got the string "
+                f"{self.blob_columns!r} (write [{self.blob_columns!r}])"
+            )
+        object.__setattr__(self, "blob_columns", tuple(self.blob_columns))
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any]) -> WriteOptions:
+        """Options from a mapping of their names (unknown names refused)."""
+        check_names(options, [f.name for f in fields(cls)], "write option")
+        return cls(**options)
+
+    def layout(self) -> dict[str, Any]:
+        """The keywords of :func:`~blobhouse.pipeline.plan_write` these options set."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "allowed_bases"}
 
 
 def closest(name: str, valid: Iterable[str]) -> str | None:

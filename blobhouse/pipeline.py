@@ -12,32 +12,27 @@ than once in the window is packed once and shared instead of being inlined.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import uuid
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-import lance
 import pyarrow as pa
 from lance.blob import blob_field as lance_blob_field
-from lance.file import LanceFileSession
 
 from blobhouse import leases
 from blobhouse.dedup import DedupIndex, DedupMode, Fingerprint, content_hash, dedup_modes
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.layout import TableLocation
+from blobhouse.options import DEFAULT_MAX_BYTES_PER_FILE, DEFAULT_MAX_ROWS_PER_FILE
 from blobhouse.placement import (
     AllowedBases,
     Kind,
     MiB,
     Placement,
-    as_uri,
     external_range,
     placement_metadata,
 )
-from blobhouse.references import file_path
 from blobhouse.session import (
     BlobSession,
     PackedSidecar,
@@ -46,8 +41,9 @@ from blobhouse.session import (
     prepared_array,
     prepared_field,
 )
-from blobhouse.storage import LANCE_IO_ERRORS, StorageOptions, object_store
-from blobhouse.store import StoreReference, StoreWriter, remove_packs, remove_staged_packs
+from blobhouse.storage import StorageOptions
+from blobhouse.store import StoreReference, StoreWriter
+from blobhouse.transaction import remove_written
 from blobhouse.values import (
     ColumnPath,
     LogicalColumn,
@@ -60,8 +56,6 @@ from blobhouse.values import (
     stored_blob_columns,
 )
 
-DEFAULT_MAX_ROWS_PER_FILE = 1024 * 1024
-DEFAULT_MAX_BYTES_PER_FILE = 90 * 1024 * MiB
 WINDOW_BYTES = 64 * MiB
 WINDOW_ROWS = 64 * 1024  # small rows cost more in bookkeeping than in bytes
 
@@ -377,86 +371,6 @@ def store_reference(
     if plan.store_base_id is None:
         return None
     return StoreReference(location.root, plan.store_base_id, storage_options)
-
-
-def remove_written(
-    files: Iterable[WrittenFile],
-    location: TableLocation,
-    storage_options: StorageOptions | None = None,
-) -> None:
-    """Delete data files, sidecars and store packs that were written but will never be
-    committed (those the table's latest version uses are kept: see :func:`committed_names`)."""
-    files = list(files)
-    committed = committed_names(location, storage_options) if files else set()
-    for written in files:
-        if written.name in committed:
-            continue
-        remove_packs(location.root, written.packs, storage_options)
-        session = BlobSession(f"{location.data_dir}/{written.name}", storage_options)
-        session.sidecars = list(written.sidecars)
-        session.abort()
-
-
-def committed_names(location: TableLocation, storage_options: StorageOptions | None) -> set[str]:
-    """The data files the latest version of the table's branch uses. A write interrupted as
-    its commit returns (Ctrl-C reaches Python only once Lance's commit is done) fails after
-    committing: its cleanup must not remove what it committed."""
-    try:
-        dataset = lance.dataset(location.dataset_path, storage_options=storage_options)
-    except (ValueError, OSError):
-        return set()  # no table (yet)
-    return {file_path(f) for fragment in dataset.get_fragments() for f in fragment.metadata.files}
-
-
-def mark_aborted(
-    location: TableLocation, name_prefix: str, storage_options: StorageOptions | None = None
-) -> None:
-    """Leave a marker that tells tasks of this write, still running, to remove what they wrote
-    instead of reporting it (gc removes the marker with the other leftovers)."""
-    uri = _marker_uri(location, name_prefix)
-    object_store(uri, storage_options).put(uri, b"")
-
-
-def is_aborted(
-    location: TableLocation, name_prefix: str, storage_options: StorageOptions | None = None
-) -> bool:
-    """Whether :func:`mark_aborted` ran for this write."""
-    uri = _marker_uri(location, name_prefix)
-    return object_store(uri, storage_options).size(uri) is not None
-
-
-def _marker_uri(location: TableLocation, name_prefix: str) -> str:
-    uri = f"{location.data_dir}/aborted-{name_prefix}"  # outside the prefix: sweeps keep it
-    return as_uri(uri)
-
-
-def remove_staged(
-    location: TableLocation, name_prefix: str, storage_options: StorageOptions | None = None
-) -> None:
-    """Delete every data file (and its sidecars) whose name starts with ``name_prefix``: what a
-    write staged, including files of tasks whose results never reached the driver; and the
-    write's lease (the write will not commit)."""
-    if not name_prefix:
-        raise ValueError("remove_staged needs a non-empty prefix")
-    if any(name.startswith(name_prefix) for name in committed_names(location, storage_options)):
-        return  # the write committed after all
-    data_dir = location.data_dir
-    remove_staged_packs(location.root, name_prefix, storage_options)
-    leases.release(location.root, name_prefix, storage_options)
-    files = LanceFileSession(data_dir, storage_options=storage_options)
-    try:
-        listed = files.list()
-    except LANCE_IO_ERRORS:  # cleanup is best effort: gc removes what is left
-        return
-    staged = [p for p in listed if p.startswith(name_prefix)]
-    for path in staged:
-        with contextlib.suppress(*LANCE_IO_ERRORS):
-            files.delete_file(path)
-    if "://" not in data_dir:
-        keys = {p.split("/", 1)[0].removesuffix(".lance") for p in staged}
-        for key in keys:
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.join(data_dir, key))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import itertools
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,14 +32,12 @@ from typing import TYPE_CHECKING
 
 import lance
 import pyarrow as pa
-from lance import DatasetBasePath, LanceDataset, LanceOperation
+from lance import DatasetBasePath, LanceDataset
 
-from blobhouse import leases
 from blobhouse.errors import (
     BlobhouseError,
     ExternalBlobError,
     InvalidInputError,
-    StaleWriteError,
     StoreRaceError,
 )
 from blobhouse.layout import (
@@ -47,12 +45,11 @@ from blobhouse.layout import (
     STORE_DIR,
     BasePaths,
     TableLocation,
-    branch_data_dir,
     is_store_base_name,
     store_dir,
 )
 from blobhouse.placement import Kind, as_uri, normalize_uri, object_size
-from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue, WrittenFile
+from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue
 from blobhouse.storage import StorageOptions, is_local, object_store, uri_to_path
 
 if TYPE_CHECKING:
@@ -526,108 +523,7 @@ def _tombstone_uri(table_path: str, pack: str) -> str:
     return as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}/{name}")
 
 
-def commit_referencing_store(
-    location: TableLocation,
-    written: Sequence[WrittenFile],
-    commit: Callable[[], LanceDataset],
-    name_prefix: str,
-    storage_options: StorageOptions | None = None,
-) -> LanceDataset:
-    """Run ``commit()`` (the Lance commit that makes ``written`` visible). Every commit of
-    data files goes through here. Right before it: the store packs ``written`` took from the
-    index must not be retired (:func:`check_packs_usable`), and every file of ``written`` must
-    still exist. The write's lease (``name_prefix``, :mod:`blobhouse.leases`) is held
-    throughout, so gc keeps its files even while Lance retries the commit for long. Right after
-    it, the payloads they added are recorded in the store's index."""
-    root = location.root
-    try:
-        with leases.held(root, name_prefix, storage_options):
-            check_packs_usable(root, {p for w in written for p in w.found_packs}, storage_options)
-            lost = _lost_files(location, written, storage_options)
-            if lost:
-                raise StaleWriteError(
-                    f"{len(lost)} file(s) this write staged are gone (e.g. {lost[0]}): gc swept "
-                    "them because the write ran longer than its grace period; nothing was "
-                    "committed, retry"
-                )
-            dataset = commit()
-    except BaseException:
-        leases.release(root, name_prefix, storage_options)  # it will not commit
-        raise
-    stored = [s for w in written for s in w.stored]
-    try:
-        append_to_index(root, stored, storage_options)
-    except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
-        warnings.warn(f"the store index of {root} was not updated: {exc}", stacklevel=2)
-    return dataset
-
-
-def lance_commit(
-    location: TableLocation,
-    operation: Callable[[], LanceOperation.BaseOperation],
-    read_version: int | None,
-    storage_options: StorageOptions | None = None,
-) -> LanceDataset:
-    """Commit ``operation()`` on ``read_version`` of the table's dataset (main or a branch).
-
-    A table being created (``read_version`` None) is committed as version 1 or not at all:
-    Lance would commit a second creator's ``Overwrite`` on top of the first one, so a create
-    that finds the table made meanwhile raises :class:`TableCreatedMeanwhile` instead."""
-    path = location.dataset_path
-    with commit_errors(location, read_version, storage_options):
-        if read_version is None:
-            return LanceDataset.commit(
-                path, operation(), storage_options=storage_options, max_retries=0
-            )
-        return LanceDataset.commit(
-            path, operation(), read_version=read_version, storage_options=storage_options
-        )
-
-
-@contextlib.contextmanager
-def commit_errors(
-    location: TableLocation, read_version: int | None, storage_options: StorageOptions | None
-) -> Iterator[None]:
-    """Lance's errors of a commit on ``read_version`` told apart: the table was created by
-    another writer meanwhile (:class:`TableCreatedMeanwhile`), or gc removed the read version
-    while the write ran (:class:`StaleWriteError`); anything else as it is."""
-    path = location.dataset_path
-    try:
-        yield
-    except (OSError, ValueError) as exc:
-        if read_version is None and _version_exists(path, None, storage_options):
-            raise TableCreatedMeanwhile(f"{location} was created by another writer") from exc
-        if read_version is not None and not _version_exists(path, read_version, storage_options):
-            raise StaleWriteError(
-                f"version {read_version} of {location}, which this write started from, was "
-                "removed by gc while it ran; nothing was committed, retry the write"
-            ) from exc
-        raise
-
-
-class TableCreatedMeanwhile(BlobhouseError):
-    """A write that created the table lost the race to another creator; nothing of it was
-    committed (its files are still staged)."""
-
-
-def _lost_files(
-    location: TableLocation, written: Sequence[WrittenFile], storage_options: StorageOptions | None
-) -> list[str]:
-    """The files of ``written`` (relative to the table root) that no longer exist."""
-    data = branch_data_dir(location.branch)
-    paths = [
-        path
-        for w in written
-        for path in (
-            f"{data}/{w.name}",
-            *(f"{data}/{s}" for s in w.sidecars),
-            *(f"{STORE_DIR}/{p}" for p in w.packs),
-        )
-    ]
-    return _missing_objects(location.root, paths, storage_options)
-
-
-def _missing_objects(
+def missing_objects(
     table_path: str, paths: Sequence[str], storage_options: StorageOptions | None
 ) -> list[str]:
     """Which of ``paths`` (relative to the table) do not exist. On an object store each is a
@@ -642,15 +538,6 @@ def _missing_objects(
     return [p for p, size in zip(paths, sizes, strict=True) if size is None]
 
 
-def _version_exists(path: str, version: int | None, storage_options: StorageOptions | None) -> bool:
-    """Whether the dataset at ``path`` has ``version`` (None: any version)."""
-    try:
-        lance.dataset(path, version=version, storage_options=storage_options)
-    except (OSError, ValueError):
-        return False
-    return True
-
-
 def check_packs_usable(
     table_path: str, packs: Iterable[str], storage_options: StorageOptions | None = None
 ) -> None:
@@ -663,7 +550,7 @@ def check_packs_usable(
     others = sorted(f"{STORE_DIR}/{p}" for p in packs - retired)
     missing = {
         p.removeprefix(f"{STORE_DIR}/")
-        for p in _missing_objects(table_path, others, storage_options)
+        for p in missing_objects(table_path, others, storage_options)
     }
     if retired or missing:
         raise StoreRaceError(

@@ -10,7 +10,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from itertools import chain
 from typing import Any, BinaryIO, Literal
@@ -49,19 +49,13 @@ from blobhouse.layout import STORE_DIR, BasePaths, TableLocation
 from blobhouse.maintenance import compaction, garbage_collection, verification
 from blobhouse.maintenance.stats import blob_stats
 from blobhouse.maintenance.walk import Progress
-from blobhouse.options import keywords_checked
-from blobhouse.pipeline import (
+from blobhouse.options import (
     DEFAULT_MAX_BYTES_PER_FILE,
     DEFAULT_MAX_ROWS_PER_FILE,
-    WritePlan,
-    check_same_schema,
-    is_aborted,
-    mark_aborted,
-    plan_write,
-    remove_staged,
-    remove_written,
-    write_data_files,
+    WriteOptions,
+    keywords_checked,
 )
+from blobhouse.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
 from blobhouse.placement import AllowedBases
 from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
@@ -69,13 +63,15 @@ from blobhouse.session import WrittenFile
 from blobhouse.storage import checked_options
 from blobhouse.store import (
     StoreIndex,
-    TableCreatedMeanwhile,
-    commit_referencing_store,
     ensure_store,
-    lance_commit,
     relocate_store,
     store_base,
     store_uri_prefix,
+)
+from blobhouse.transaction import (
+    TableCreatedMeanwhile,
+    Transaction,
+    remove_written,
 )
 from blobhouse.values import (
     Blob,
@@ -119,7 +115,7 @@ def write_table(
     this one ran. ``branch`` writes to a branch of the table (made with Lance's
     ``create_branch``). If anything fails, the table stays at its previous version and what
     this call wrote is removed. A new table is not created in a folder that holds other files
-    unless ``allow_nonempty_folder``.
+    unless ``allow_nonempty_folder``. The other keywords are :class:`WriteOptions`.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -128,11 +124,7 @@ def write_table(
     >>> table.read_blobs("image", [0, 2])
     [b'cat', b'cat']
     """
-    schema, batches = _input_stream(data)
-    write = TableWrite.begin(
-        uri,
-        schema,
-        mode=mode,
+    options = WriteOptions(
         blob_columns=blob_columns,
         ref_id_columns=ref_id_columns,
         dedup=dedup,
@@ -140,49 +132,43 @@ def write_table(
         allowed_bases=allowed_bases,
         max_rows_per_file=max_rows_per_file,
         max_bytes_per_file=max_bytes_per_file,
+    )
+    schema, batches = _input_stream(data)
+    write = TableWrite.begin(
+        uri,
+        schema,
+        options,
+        mode=mode,
         storage_options=storage_options,
         branch=branch,
         allow_nonempty_folder=allow_nonempty_folder,
     )
-    try:
-        written = write.write(batches)
-    except BaseException:
-        write.abort([])  # the files are gone already; the lease and new directories go too
-        raise
-    return write.commit(written)
+    return write.run(batches)
 
 
 @dataclass(frozen=True)
 class TableWrite:
-    """One write to a table: planned once, data files written anywhere, committed once.
+    """One write to a table: planned once, data files written anywhere, committed once, on
+    one :class:`~blobhouse.transaction.Transaction`.
 
     :func:`write_table` runs all three steps in one process; the Spark writer plans on the
     driver, writes in tasks and commits on the driver. The object pickles, so it travels to the
     tasks and to the commit. A write that does not commit removes what it wrote (:meth:`abort`).
     """
 
-    location: TableLocation
+    transaction: Transaction
     plan: WritePlan
     appending: bool
-    read_version: int | None
     mode: WriteMode = "append"
-    storage_options: dict[str, str] | None = None
-    write_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     @classmethod
     def begin(
         cls,
         uri: str,
         schema: pa.Schema,
+        options: WriteOptions | None = None,
         *,
         mode: WriteMode = "create",
-        blob_columns: Sequence[str] = (),
-        ref_id_columns: Mapping[str, str] | None = None,
-        dedup: str | Mapping[str, str] = "content",
-        placement: Mapping[str, Mapping[str, int]] | None = None,
-        allowed_bases: Sequence[str] | None = None,
-        max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE,
-        max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE,
         storage_options: dict[str, str] | None = None,
         load_store_index: bool = True,
         branch: str | None = None,
@@ -196,6 +182,7 @@ class TableWrite:
         write that already staged files (store packs stored before the rows)."""
         if mode not in ("create", "append", "overwrite"):
             raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
+        options = options or WriteOptions()
         storage_options = checked_options(storage_options)
         location = TableLocation.of(uri, branch, storage_options)
         existing = _open_dataset(location, None, storage_options)
@@ -213,26 +200,44 @@ class TableWrite:
         appending = mode == "append" and existing is not None
         plan = plan_write(
             schema,
-            blob_columns=blob_columns,
-            ref_id_columns=ref_id_columns,
-            dedup=dedup,
-            placement=placement,
+            **options.layout(),
             table_schema=existing.schema if appending else None,
-            allowed_bases=_allowed_bases(existing, allowed_bases, appending, location.root_uri),
-            max_rows_per_file=max_rows_per_file,
-            max_bytes_per_file=max_bytes_per_file,
+            allowed_bases=_allowed_bases(
+                existing, options.allowed_bases, appending, location.root_uri
+            ),
         )
         if plan.uses_store:
             existing, base_id = _with_store(location, existing, storage_options)
             plan = replace(plan, store_base_id=base_id, load_store_index=load_store_index)
         read_version = existing.version if existing is not None else None
-        write = cls(location, plan, appending, read_version, mode, storage_options)
-        return replace(write, write_id=write_id) if write_id else write
+        transaction = Transaction.start(location, read_version, storage_options, id=write_id)
+        return cls(transaction, plan, appending, mode)
+
+    @property
+    def location(self) -> TableLocation:
+        return self.transaction.location
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        return self.transaction.storage_options
+
+    @property
+    def read_version(self) -> int | None:
+        return self.transaction.read_version
 
     @property
     def name_prefix(self) -> str:
-        """Every data file this write stages is named ``<write_id>-<uuid>.lance``."""
-        return f"{self.write_id}-"
+        """Every data file this write stages is named ``<write id>-<uuid>.lance``."""
+        return self.transaction.name_prefix
+
+    def run(self, batches: Iterable[pa.RecordBatch]) -> Table:
+        """Write ``batches`` and commit them: the whole write in this process."""
+        try:
+            written = self.write(batches)
+        except BaseException:
+            self.abort([])  # the files are gone already; the lease and new directories go too
+            raise
+        return self.commit(written)
 
     def write(self, batches: Iterable[pa.RecordBatch]) -> list[WrittenFile]:
         """Write data files (and sidecars) for ``batches``; nothing is visible until commit.
@@ -240,21 +245,21 @@ class TableWrite:
         Runs once per Spark task: on failure it removes only its own files (other tasks of the
         same write, or a retry of this one, may still commit).
         """
-        location, options = self.location, self.storage_options
+        txn, location, options = self.transaction, self.location, self.storage_options
         try:
             written = write_data_files(batches, self.plan, location, options, self.name_prefix)
         except BaseException:
             # no one will commit: no lease
-            if is_aborted(location, self.name_prefix, options):
+            if txn.is_aborted():
                 leases.release(location.root, self.name_prefix, options)
             if self.read_version is None:
                 self._remove_empty_dirs()
             raise
         # a Spark task can finish after the job was aborted and swept: it cleans up itself
-        if is_aborted(location, self.name_prefix, options):
+        if txn.is_aborted():
             remove_written(written, location, options)
             leases.release(location.root, self.name_prefix, options)
-            raise BlobhouseError(f"write {self.write_id} was aborted; its files are removed")
+            raise BlobhouseError(f"write {txn.id} was aborted; its files are removed")
         return written
 
     def commit(self, written: Sequence[WrittenFile]) -> Table:
@@ -264,18 +269,7 @@ class TableWrite:
         on the table the other one made: as an append (``mode="append"``) or an overwrite,
         or not at all (``mode="create"``: :class:`TableExistsError`)."""
         try:
-            dataset = commit_referencing_store(
-                self.location,
-                written,
-                lambda: lance_commit(
-                    self.location,
-                    lambda: self._operation(written),
-                    self.read_version,
-                    self.storage_options,
-                ),
-                self.name_prefix,
-                self.storage_options,
-            )
+            dataset = self.transaction.commit(written, lambda: self._operation(written))
         except TableCreatedMeanwhile:
             try:
                 again = self._on_table_made_meanwhile()
@@ -284,26 +278,22 @@ class TableWrite:
                 raise
             return again.commit(written)
         except BaseException:
-            self.abort(written)
+            self._remove_empty_dirs_if_new()
             raise
         return Table(dataset, self.location, self.storage_options)
 
     def abort(self, written: Sequence[WrittenFile], *, tasks_may_run: bool = False) -> None:
-        """Remove files this write created; a table that did not exist is left absent.
+        """Remove files this write created; a table that did not exist is left absent
+        (``tasks_may_run``: see :meth:`Transaction.abort`)."""
+        self.transaction.abort(written, tasks_may_run=tasks_may_run)
+        self._remove_empty_dirs_if_new()
 
-        ``tasks_may_run`` (Spark): tasks of the write may still be finishing, so an abort marker
-        goes first and the sweep second; a task that completes a file after the sweep finds the
-        marker and removes its file itself (the marker stays for gc).
-        """
-        if tasks_may_run:
-            mark_aborted(self.location, self.name_prefix, self.storage_options)
-        remove_written(written, self.location, self.storage_options)
-        remove_staged(self.location, self.name_prefix, self.storage_options)
+    def _remove_empty_dirs_if_new(self) -> None:
+        """Remove the directories a failed create made, if they are local and empty."""
         if self.read_version is None:
             self._remove_empty_dirs()
 
     def _remove_empty_dirs(self) -> None:
-        """Remove the directories a failed create made, if they are local and empty."""
         root = self.location.root
         _remove_empty_local_dirs(self.location.data_dir, f"{root}/{leases.LEASES_DIR}", root)
 
@@ -330,15 +320,15 @@ class TableWrite:
                     f"table {location} was created meanwhile and registered its store as "
                     f"base {base_id}; nothing of this write was committed, retry it"
                 )
-        return replace(self, appending=self.mode == "append", read_version=existing.version)
+        return replace(
+            self,
+            transaction=self.transaction.on_version(existing.version),
+            appending=self.mode == "append",
+        )
 
     def _operation(self, written: Sequence[WrittenFile]) -> LanceOperation.BaseOperation:
         if self.appending:
-            dataset = lance.dataset(
-                self.location.dataset_path,
-                version=self.read_version,
-                storage_options=self.storage_options,
-            )
+            dataset = self.transaction.read_dataset()
             ids = leaf_field_ids(dataset.lance_schema.fields())
             return LanceOperation.Append([w.fragment(ids) for w in written])
         schema = self.plan.table_schema.with_metadata(self.plan.allowed_bases.table_metadata())
@@ -533,6 +523,12 @@ def _tagged(
 class Table:
     """A blob table at one version. Blob columns read as references unless asked otherwise.
 
+    Every change made through a ``Table`` (append through :meth:`add_data_file`, delete,
+    update, merge_insert, schema changes, backfill, compaction) moves that object to the
+    version it committed and returns it (or, for compaction and merge_insert, a report).
+    Changes by others become visible with :meth:`refresh`; :meth:`checkout` gives another
+    version as a new object.
+
     ``blobs`` selects how blob columns come back: ``"refs"`` (``struct<uri, position, size>``,
     absolute and self-contained), ``"bytes"`` (``large_binary``), or ``"descriptors"`` (Lance's
     stored descriptors). Bytes read as ``"bytes"`` or by :meth:`read_blobs` are checked
@@ -616,7 +612,7 @@ class Table:
         """Point the store base of main and of every branch at the table's own store, one
         commit each where needed, after the table was copied or moved (stock Lance readers
         follow the store path a manifest records; blobhouse reads the table's own store either
-        way, and its writes relocate first). Returns this table at its new version."""
+        way, and its writes relocate first). Moves this table to its new version."""
         for branch in [None, *self.branches()]:
             try:
                 on = self.checkout(None, branch=branch or "main")
@@ -625,7 +621,7 @@ class Table:
                     raise
                 continue  # made before a move: Lance cannot repoint it (verify says so)
             relocate_store(on.dataset, on.location, self.storage_options)
-        return self.checkout(None)
+        return self.refresh()
 
     @property
     def moved_from(self) -> str | None:
@@ -638,11 +634,38 @@ class Table:
     def count_rows(self, filter: str | None = None) -> int:
         return self.dataset.count_rows(filter)
 
-    def delete(self, filter: str) -> None:
-        """Delete the rows matching the SQL ``filter``, as a new version."""
-        self.dataset.delete(filter)
+    def delete(self, filter: str) -> Table:
+        """Delete the rows matching the SQL ``filter``, as a new version (this table moves to
+        it)."""
+        dataset = self.dataset
+        dataset.delete(filter)  # Lance moves the dataset object to the new version
+        return self._advance(dataset)
+
+    def refresh(self) -> Table:
+        """Move this table to the latest version of its branch (another writer's commits
+        become visible); returns it.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import open_table, write_table
+        >>> uri = tempfile.mkdtemp() + "/t"
+        >>> mine = write_table(pa.table({"id": [1]}), uri)
+        >>> _ = write_table(pa.table({"id": [2]}), uri, mode="append")  # another writer
+        >>> mine.count_rows(), mine.refresh().count_rows()
+        (1, 2)
+        """
+        latest = _open_dataset(self.location, None, self.storage_options)
+        if latest is None:
+            raise _not_found(self.location, None, self.storage_options)
+        return self._advance(latest)
+
+    def _advance(self, dataset: LanceDataset) -> Table:
+        """This table at ``dataset``'s version (what every mutation does once it committed)."""
+        self.dataset = dataset
         self._resolver = None
+        self._hashes = None
         self._schema = None
+        self._field_ids = {}
+        return self
 
     @keywords_checked
     def scan(
@@ -796,16 +819,10 @@ class Table:
         operation = LanceOperation.Append(
             [FragmentMetadata(id=0, files=[data_file], physical_rows=written.num_rows)]
         )
-        dataset = commit_referencing_store(
-            self.location,
-            [written],
-            lambda: lance_commit(
-                self.location, lambda: operation, self.version, self.storage_options
-            ),
-            written.name.removesuffix(".lance"),  # the file and its sidecar directory
-            self.storage_options,
-        )
-        return Table(dataset, self.location, self.storage_options)
+        # the file and its sidecar directory start with the file's name: its lease covers both
+        prefix = written.name.removesuffix(".lance")
+        txn = Transaction(self.location, self.version, self.storage_options, prefix)
+        return self._advance(txn.commit([written], lambda: operation))
 
     def replace_column(self, column: str, files: Mapping[int, WrittenFile]) -> Table:
         """Make session-written ``files`` (fragment id -> file) the data of blob ``column``, in
@@ -821,7 +838,7 @@ class Table:
                         f"file {written.name} for fragment {fragment_id} must hold the columns "
                         f"{list(plan.file_columns)} in that order, like the file it replaces"
                     )
-        return Table(commit_backfill(self, plan, files), self.location, self.storage_options)
+        return self._advance(commit_backfill(self, plan, files))
 
     def data_file_path(self) -> str:
         """A fresh path for a data file of this table (for a :class:`BlobSession`)."""
@@ -861,14 +878,9 @@ class Table:
         except BaseException:
             if store is not None:
                 store.abort()
-            remove_staged(table.location, plan.name_prefix, table.storage_options)
+            plan.transaction.abort()
             raise
-        try:
-            dataset = commit_backfill(table, plan, files)
-        except BaseException:  # the staged files and packs go, unless the commit landed
-            remove_staged(table.location, plan.name_prefix, table.storage_options)
-            raise
-        return Table(dataset, table.location, table.storage_options)
+        return self._advance(commit_backfill(table, plan, files))
 
     @keywords_checked
     def gc(
@@ -912,8 +924,8 @@ class Table:
         """Rewrite small fragments and fragments with many deleted rows, keeping blob sharing,
         in one transaction (see :func:`~blobhouse.maintenance.compaction.compact`); a commit a
         concurrent delete or write preempted is run again, up to ``retries`` times. Returns what
-        it did; ``open_table`` again to see the new version."""
-        return compaction.compact(
+        it did, and moves this table to the version it committed."""
+        done = compaction.compact(
             self,
             target_rows=target_rows,
             target_bytes=target_bytes,
@@ -922,6 +934,9 @@ class Table:
             progress=progress,
             retries=retries,
         )
+        if done["version"] != self.version:
+            self._advance(self.checkout(done["version"]).dataset)
+        return done
 
     def stats(self) -> dict:
         """Per blob column and kind: logical bytes, physical bytes and dedup ratio; fragments,

@@ -248,10 +248,13 @@ def test_writers_registering_the_store_at_the_same_time_all_commit(table_uri):
 
 def stage(uri: str, ids: list[int], dedup: str):
     """A write of ``ids`` planned and staged, not committed yet."""
+    from blobhouse.options import WriteOptions
     from blobhouse.table import TableWrite
 
     data = pa.table({"id": pa.array(ids, pa.int64()), "b": blob_array([payload(i) for i in ids])})
-    write = TableWrite.begin(uri, data.schema, mode="append", dedup=dedup, placement=PLACEMENT)
+    write = TableWrite.begin(
+        uri, data.schema, WriteOptions(dedup=dedup, placement=PLACEMENT), mode="append"
+    )
     return write, write.write(data.to_batches())
 
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from blobhouse import SchemaError, TableExistsError, blob_array, open_table
+from blobhouse.options import WriteOptions
 from blobhouse.table import TableWrite
 
 from helpers import data_files, stock_read
@@ -30,7 +31,7 @@ def rows(ids, payloads) -> pa.Table:
 
 def staged(uri: str, data: pa.Table, mode: str, dedup: str = "content"):
     """A write planned (the table missing for every one of them) and its files written."""
-    write = TableWrite.begin(uri, data.schema, mode=mode, dedup=dedup)
+    write = TableWrite.begin(uri, data.schema, WriteOptions(dedup=dedup), mode=mode)
     return write, write.write(data.to_batches())
 
 

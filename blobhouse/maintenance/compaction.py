@@ -14,7 +14,6 @@ Lance ``Rewrite``; if anything fails, what was written is removed and the table 
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -31,20 +30,24 @@ from blobhouse.checksums import RecordedHashes, written_by_blobhouse
 from blobhouse.dedup import content_hash
 from blobhouse.errors import CorruptBlobError, InvalidInputError
 from blobhouse.maintenance.walk import Progress, fragment_references
-from blobhouse.pipeline import WritePlan, plan_write, remove_staged, write_data_files
+from blobhouse.pipeline import WritePlan, plan_write, write_data_files
 from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.rangeio import BlobRef, read_ranges_arrow
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.storage import object_store
 from blobhouse.store import (
-    commit_errors,
-    commit_referencing_store,
-    lance_commit,
     relocate_store,
     retire_packs,
     store_base_id,
     store_uri_prefix,
+)
+from blobhouse.transaction import (
+    DEFAULT_RETRIES,
+    Transaction,
+    commit_errors,
+    lance_commit,
+    retrying,
 )
 from blobhouse.values import (
     ColumnPath,
@@ -64,7 +67,7 @@ DEFAULT_TARGET_BYTES = 2 * 1024 * MiB
 DEFAULT_DELETED_FRACTION = 0.1
 DEFAULT_REPACK_THRESHOLD = 0.5
 # a commit a concurrent delete or write preempted: planned and run again on the new version
-DEFAULT_RETRIES = 3
+
 READ_BYTES = 64 * MiB  # blob bytes read per batch handed to the pipeline
 _INPUT_BLOB_TYPE = pa.struct(
     [
@@ -92,17 +95,24 @@ class CompactionGroup:
 class CompactionPlan:
     """What one compaction rewrites, planned against ``read_version``."""
 
-    read_version: int
+    transaction: Transaction
     groups: tuple[CompactionGroup, ...]
     target_rows: int
     target_bytes: int
-    name_prefix: str
     repack: tuple[str, ...] = ()  # store packs mostly dead: their live payloads move out
     global_columns: tuple[str, ...] = ()  # columns that reference the table's store
 
     @property
     def fragments(self) -> int:
         return sum(len(g.fragment_ids) for g in self.groups)
+
+    @property
+    def read_version(self) -> int:
+        return self.transaction.read_version
+
+    @property
+    def name_prefix(self) -> str:
+        return self.transaction.name_prefix
 
 
 def plan_compaction(
@@ -173,13 +183,14 @@ def plan_compaction(
             run = close(run)
     close(run)
     return CompactionPlan(
-        read_version=table.version,
+        transaction=Transaction.start(
+            table.location, table.version, table.storage_options, kind="compact"
+        ),
         groups=tuple(groups),
         repack=tuple(sorted(repack)),
         global_columns=tuple(sorted(usage.columns)),
         target_rows=target_rows,
         target_bytes=target_bytes,
-        name_prefix=f"compact-{uuid.uuid4().hex[:12]}-",
     )
 
 
@@ -280,9 +291,7 @@ def commit_compaction(
             rewrite = LanceOperation.Rewrite(groups, [])
             return lance_commit(location, lambda: rewrite, plan.read_version, options)
 
-    committed = commit_referencing_store(
-        location, [w for files in written for w in files], commit, plan.name_prefix, options
-    )
+    committed = plan.transaction.commit([w for files in written for w in files], commit=commit)
     # nothing current references the repacked packs now: writers stop finding them, and gc
     # deletes them once no retained version does
     retire_packs(location.root, plan.repack, options)
@@ -366,17 +375,12 @@ def compact(
     relocated = relocate_store(table.dataset, table.location, table.storage_options)
     if relocated is not table.dataset:  # a moved table: its first write points its store home
         table = table.checkout(relocated.version)
-    attempts = 0
-    while True:
-        attempts += 1
-        try:
-            done = _compact_once(table, plan_compaction(table, **targets), rewrite)
-        except OSError as exc:
-            if not getattr(exc, "retryable", False) or attempts > retries:
-                raise
-            table = table.checkout(table.dataset.latest_version)
-            continue
-        return done | {"attempts": attempts}
+
+    def attempt(n: int) -> dict:
+        latest = table if n == 1 else table.checkout(table.dataset.latest_version)
+        return _compact_once(latest, plan_compaction(latest, **targets), rewrite) | {"attempts": n}
+
+    return retrying(attempt, retries)
 
 
 def _compact_once(
@@ -390,7 +394,7 @@ def _compact_once(
         results = rewrite(table, plan)
         dataset = commit_compaction(table, plan, results)
     except BaseException:
-        remove_staged(table.location, plan.name_prefix, table.storage_options)
+        plan.transaction.abort()
         raise
     return report(dataset.version, plan, results)
 

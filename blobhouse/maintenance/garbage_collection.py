@@ -48,6 +48,7 @@ from blobhouse.store import (
     retire_packs,
     retired_packs,
 )
+from blobhouse.transaction import NAME_PREFIX_PATTERN
 
 if TYPE_CHECKING:
     from blobhouse.table import Table
@@ -550,7 +551,7 @@ def gc_at(
 
 
 # what a write stages before its first commit, named after its write id (its lease's name)
-_WRITE_ID = r"(?P<write>[0-9a-f]{12}-)"
+_WRITE_ID = rf"(?P<write>{NAME_PREFIX_PATTERN})"
 _STAGED = tuple(
     re.compile(pattern)
     for pattern in (

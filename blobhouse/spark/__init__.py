@@ -27,7 +27,6 @@ import json
 import os
 import pickle
 import sys
-import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -36,7 +35,6 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from blobhouse import leases
 from blobhouse.backfill import (
     BackfillPlan,
     BlobFunction,
@@ -49,7 +47,6 @@ from blobhouse.backfill import (
 )
 from blobhouse.errors import InvalidInputError
 from blobhouse.layout import TableLocation
-from blobhouse.pipeline import remove_staged
 from blobhouse.placement import Placement
 from blobhouse.spark.datasource import (
     WRITE_OPTIONS,
@@ -64,6 +61,7 @@ from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.storage import checked_options
 from blobhouse.store import append_to_index
 from blobhouse.table import open_at, open_table
+from blobhouse.transaction import Transaction
 
 __all__ = [
     "backfill_blob_column",
@@ -199,25 +197,25 @@ def write_table(
             location.dataset_path
         )
         return
-    write_id = uuid.uuid4().hex[:12]
-    prefix = f"{write_id}-"
-    with leases.held(location.root, prefix, options_checked):
+    # the store packs and the rows' data files are staged under one transaction's prefix
+    txn = Transaction.start(location, None, options_checked)
+    with txn.lease():
         try:
             df, stored = store_payloads_first(
                 df,
                 location,
                 stored_globally,
-                prefix,
+                txn.name_prefix,
                 _pack_limit(writer_options),
                 count,
                 options_checked,
             )
-            writer_options.update(store_index="joined", write_id=write_id)
+            writer_options.update(store_index="joined", write_id=txn.id)
             colocated(df).write.format("blobhouse").mode(mode).options(**writer_options).save(
                 location.dataset_path
             )
         except BaseException:
-            remove_staged(location, prefix, options_checked)  # unless the rows committed
+            txn.abort()  # unless the rows committed
             raise
     try:
         append_to_index(location.root, stored, options_checked)
@@ -301,7 +299,7 @@ def backfill_blob_column(
     fragment_ids = [f.fragment_id for f in table.dataset.get_fragments()]
     try:
         if dedup == "global":
-            with leases.held(location.root, plan.name_prefix, options):
+            with plan.transaction.lease():
                 written, stored = _backfill_globally(spark, table, plan, fn, fragment_ids)
         else:
             written, stored = (
@@ -314,7 +312,7 @@ def backfill_blob_column(
             )
         commit_backfill(table, plan, dict(zip(fragment_ids, written, strict=True)))
     except BaseException:
-        remove_staged(table.location, plan.name_prefix, table.storage_options)
+        plan.transaction.abort()
         raise
     try:
         append_to_index(location.root, stored, options)

@@ -1,0 +1,339 @@
+"""The transaction layer: every change to a table is one :class:`Transaction`.
+
+A transaction stages files -- data files, their sidecars, store packs -- whose names start with
+its prefix (``<kind>-<id>-``), holds a lease while it stages and commits so gc keeps them
+(:mod:`blobhouse.leases`), commits one Lance operation on the version it read, and on any
+failure removes everything it staged. Nothing else in blobhouse names staged files, takes a
+lease, commits to Lance or cleans up after a failed change.
+
+What differs between changes is supplied by them, as in PyIceberg's snapshot producers: a write,
+a backfill, a compaction, an update or a merge_insert plans its work, writes its files (in this
+process, or in Spark tasks: the transaction pickles, and every task stages under its prefix and
+holds its lease) and names its Lance operation; :meth:`Transaction.commit` does the rest.
+:func:`retrying` runs a change again, planned on the latest version, when a concurrent commit
+preempted it (Lance's retryable conflict).
+
+>>> import tempfile, pyarrow as pa, lance
+>>> from lance import LanceOperation
+>>> from blobhouse import open_table, write_table
+>>> from blobhouse.session import BlobSession
+>>> table = write_table(pa.table({"id": [1]}), tempfile.mkdtemp() + "/t")
+>>> txn = Transaction.start(table.location, table.version, kind="example")
+>>> session = BlobSession(f"{table.location.data_dir}/{txn.name_prefix}0.lance")
+>>> written = session.write_data_file(pa.table({"id": [2]}))
+>>> fragment = written.fragment(ids=[0])
+>>> dataset = txn.commit([written], lambda: LanceOperation.Append([fragment]))
+>>> open_table(table.uri).to_arrow().column("id").to_pylist()
+[1, 2]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+import lance
+from lance import LanceDataset, LanceOperation
+from lance.file import LanceFileSession
+
+from blobhouse import leases
+from blobhouse.errors import BlobhouseError, StaleWriteError
+from blobhouse.layout import STORE_DIR, TableLocation, branch_data_dir
+from blobhouse.placement import as_uri
+from blobhouse.references import file_path
+from blobhouse.session import BlobSession, WrittenFile
+from blobhouse.storage import LANCE_IO_ERRORS, StorageOptions, object_store
+from blobhouse.store import (
+    append_to_index,
+    check_packs_usable,
+    missing_objects,
+    remove_packs,
+    remove_staged_packs,
+)
+
+T = TypeVar("T")
+DEFAULT_RETRIES = 3
+# the prefix of a transaction's files (older blobhouse named them without the kind)
+NAME_PREFIX_PATTERN = r"(?:[a-z]+-)?[0-9a-f]{12}-"
+Operation = Callable[[], LanceOperation.BaseOperation]
+
+
+class TableCreatedMeanwhile(BlobhouseError):
+    """A write that created the table lost the race to another creator; nothing of it was
+    committed (its files are still staged)."""
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """One change to the table at ``location``, planned on ``read_version`` (None: the change
+    creates the table). The files it stages are named ``<name_prefix><uuid>...``."""
+
+    location: TableLocation
+    read_version: int | None
+    storage_options: StorageOptions | None = None
+    name_prefix: str = "write-0-"
+
+    @classmethod
+    def start(
+        cls,
+        location: TableLocation,
+        read_version: int | None,
+        storage_options: StorageOptions | None = None,
+        *,
+        kind: str = "write",
+        id: str | None = None,
+    ) -> Transaction:
+        """A new transaction of ``kind`` (it names the staged files), or the one ``id`` names
+        (a write that already staged files under it, such as Spark's store packs)."""
+        id = id or f"{kind}-{uuid.uuid4().hex[:12]}"
+        return cls(location, read_version, storage_options, f"{id}-")
+
+    @property
+    def id(self) -> str:
+        """What names this transaction's files (``<id>-<uuid>...``) and its lease."""
+        return self.name_prefix.removesuffix("-")
+
+    def on_version(self, read_version: int | None) -> Transaction:
+        """The same transaction (same staged files and lease), planned on another version."""
+        return replace(self, read_version=read_version)
+
+    def lease(self) -> contextlib.AbstractContextManager[None]:
+        """Hold this transaction's lease while a block stages files (gc keeps them)."""
+        return leases.held(self.location.root, self.name_prefix, self.storage_options)
+
+    def read_dataset(self) -> LanceDataset:
+        """The table's dataset at the version this transaction read."""
+        return lance.dataset(
+            self.location.dataset_path,
+            version=self.read_version,
+            storage_options=self.storage_options,
+        )
+
+    def commit(
+        self,
+        written: Sequence[WrittenFile],
+        operation: Operation | None = None,
+        *,
+        commit: Callable[[], LanceDataset] | None = None,
+    ) -> LanceDataset:
+        """Make ``written`` visible with one Lance commit of ``operation()`` on the read
+        version (or with ``commit()``, a commit of the caller's own such as Lance's compaction
+        commit that remaps indices), and return the committed dataset.
+
+        Right before the commit, every staged file must still exist and the store packs the
+        files reference must not be retired (gc may have run meanwhile); the lease is held
+        throughout, also while Lance retries. Right after it, the payloads the files added to
+        the table's store are recorded in its index. If anything fails, nothing is visible
+        and what this transaction staged is removed; except when the table was created by
+        another writer meanwhile (:class:`TableCreatedMeanwhile`): the caller may commit the
+        same files again on that table."""
+        if commit is None:
+            if operation is None:
+                raise ValueError("commit needs an operation or a commit function")
+            commit = lambda: lance_commit(  # noqa: E731
+                self.location, operation, self.read_version, self.storage_options
+            )
+        try:
+            dataset = self._checked_commit(written, commit)
+        except TableCreatedMeanwhile:
+            raise
+        except BaseException:
+            self.abort(written)
+            raise
+        stored = [s for w in written for s in w.stored]
+        try:
+            append_to_index(self.location.root, stored, self.storage_options)
+        except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
+            warnings.warn(
+                f"the store index of {self.location.root} was not updated: {exc}", stacklevel=2
+            )
+        return dataset
+
+    def _checked_commit(
+        self, written: Sequence[WrittenFile], commit: Callable[[], LanceDataset]
+    ) -> LanceDataset:
+        root, options = self.location.root, self.storage_options
+        try:
+            with self.lease():
+                check_packs_usable(root, {p for w in written for p in w.found_packs}, options)
+                lost = _lost_files(self.location, written, options)
+                if lost:
+                    raise StaleWriteError(
+                        f"{len(lost)} file(s) this write staged are gone (e.g. {lost[0]}): gc "
+                        "swept them because the write ran longer than its grace period; "
+                        "nothing was committed, retry"
+                    )
+                return commit()
+        except BaseException:
+            leases.release(root, self.name_prefix, options)  # it will not commit
+            raise
+
+    def abort(self, written: Iterable[WrittenFile] = (), *, tasks_may_run: bool = False) -> None:
+        """Remove what this transaction staged: ``written`` and every file named with its
+        prefix (also those of tasks whose results never arrived), and its lease; unless it
+        committed after all (a Ctrl-C reaches Python only once Lance's commit returned).
+
+        ``tasks_may_run`` (Spark): tasks may still be finishing, so an abort marker goes
+        first; a task that completes a file after the sweep finds it and removes its file."""
+        if tasks_may_run:
+            uri = self._marker_uri()
+            object_store(uri, self.storage_options).put(uri, b"")
+        remove_written(written, self.location, self.storage_options)
+        remove_staged(self.location, self.name_prefix, self.storage_options)
+
+    def is_aborted(self) -> bool:
+        """Whether the transaction was aborted while tasks ran (see :meth:`abort`)."""
+        uri = self._marker_uri()
+        return object_store(uri, self.storage_options).size(uri) is not None
+
+    def _marker_uri(self) -> str:
+        # outside the prefix: sweeps of the prefix keep it; gc removes it with the leftovers
+        return as_uri(f"{self.location.data_dir}/aborted-{self.name_prefix}")
+
+
+def retrying(attempt: Callable[[int], T], retries: int = DEFAULT_RETRIES) -> T:
+    """``attempt(n)`` for n = 1, 2, ...: again (it plans on the latest version) after a commit
+    that a concurrent one preempted (Lance's retryable conflict), up to ``retries`` times.
+
+    >>> retrying(lambda n: f"done in {n}")
+    'done in 1'
+    """
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return attempt(attempts)
+        except OSError as exc:
+            if not getattr(exc, "retryable", False) or attempts > retries:
+                raise
+
+
+def lance_commit(
+    location: TableLocation,
+    operation: Operation,
+    read_version: int | None,
+    storage_options: StorageOptions | None = None,
+) -> LanceDataset:
+    """Commit ``operation()`` on ``read_version`` of the table's dataset (main or a branch).
+
+    A table being created (``read_version`` None) is committed as version 1 or not at all:
+    Lance would commit a second creator's ``Overwrite`` on top of the first one, so a create
+    that finds the table made meanwhile raises :class:`TableCreatedMeanwhile` instead."""
+    path = location.dataset_path
+    with commit_errors(location, read_version, storage_options):
+        if read_version is None:
+            return LanceDataset.commit(
+                path, operation(), storage_options=storage_options, max_retries=0
+            )
+        return LanceDataset.commit(
+            path, operation(), read_version=read_version, storage_options=storage_options
+        )
+
+
+@contextlib.contextmanager
+def commit_errors(
+    location: TableLocation, read_version: int | None, storage_options: StorageOptions | None
+) -> Iterator[None]:
+    """Lance's errors of a commit on ``read_version`` told apart: the table was created by
+    another writer meanwhile (:class:`TableCreatedMeanwhile`), or gc removed the read version
+    while the write ran (:class:`StaleWriteError`); anything else as it is."""
+    path = location.dataset_path
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        if read_version is None and _version_exists(path, None, storage_options):
+            raise TableCreatedMeanwhile(f"{location} was created by another writer") from exc
+        if read_version is not None and not _version_exists(path, read_version, storage_options):
+            raise StaleWriteError(
+                f"version {read_version} of {location}, which this write started from, was "
+                "removed by gc while it ran; nothing was committed, retry the write"
+            ) from exc
+        raise
+
+
+def remove_written(
+    files: Iterable[WrittenFile],
+    location: TableLocation,
+    storage_options: StorageOptions | None = None,
+) -> None:
+    """Delete data files, sidecars and store packs that were written but will never be
+    committed (those the table's latest version uses are kept: see :func:`committed_names`)."""
+    files = list(files)
+    committed = committed_names(location, storage_options) if files else set()
+    for written in files:
+        if written.name in committed:
+            continue
+        remove_packs(location.root, written.packs, storage_options)
+        session = BlobSession(f"{location.data_dir}/{written.name}", storage_options)
+        session.sidecars = list(written.sidecars)
+        session.abort()
+
+
+def committed_names(location: TableLocation, storage_options: StorageOptions | None) -> set[str]:
+    """The data files the latest version of the table's branch uses. A write interrupted as
+    its commit returns (Ctrl-C reaches Python only once Lance's commit is done) fails after
+    committing: its cleanup must not remove what it committed."""
+    try:
+        dataset = lance.dataset(location.dataset_path, storage_options=storage_options)
+    except (ValueError, OSError):
+        return set()  # no table (yet)
+    return {file_path(f) for fragment in dataset.get_fragments() for f in fragment.metadata.files}
+
+
+def remove_staged(
+    location: TableLocation, name_prefix: str, storage_options: StorageOptions | None = None
+) -> None:
+    """Delete every data file (and its sidecars) and store pack whose name starts with
+    ``name_prefix``, and the lease of that prefix; unless the latest version uses one of them
+    (the change committed after all)."""
+    if not name_prefix:
+        raise ValueError("remove_staged needs a non-empty prefix")
+    if any(name.startswith(name_prefix) for name in committed_names(location, storage_options)):
+        return
+    data_dir = location.data_dir
+    remove_staged_packs(location.root, name_prefix, storage_options)
+    leases.release(location.root, name_prefix, storage_options)
+    files = LanceFileSession(data_dir, storage_options=storage_options)
+    try:
+        listed = files.list()
+    except LANCE_IO_ERRORS:  # cleanup is best effort: gc removes what is left
+        return
+    staged = [p for p in listed if p.startswith(name_prefix)]
+    for path in staged:
+        with contextlib.suppress(*LANCE_IO_ERRORS):
+            files.delete_file(path)
+    if "://" not in data_dir:
+        for key in {p.split("/", 1)[0].removesuffix(".lance") for p in staged}:
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(data_dir, key))
+
+
+def _lost_files(
+    location: TableLocation, written: Sequence[WrittenFile], storage_options: StorageOptions | None
+) -> list[str]:
+    """The files of ``written`` (relative to the table root) that no longer exist."""
+    data = branch_data_dir(location.branch)
+    paths = [
+        path
+        for w in written
+        for path in (
+            f"{data}/{w.name}",
+            *(f"{data}/{s}" for s in w.sidecars),
+            *(f"{STORE_DIR}/{p}" for p in w.packs),
+        )
+    ]
+    return missing_objects(location.root, paths, storage_options)
+
+
+def _version_exists(path: str, version: int | None, storage_options: StorageOptions | None) -> bool:
+    """Whether the dataset at ``path`` has ``version`` (None: any version)."""
+    try:
+        lance.dataset(path, version=version, storage_options=storage_options)
+    except (OSError, ValueError):
+        return False
+    return True
