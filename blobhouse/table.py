@@ -21,7 +21,7 @@ from lance import LanceDataset, LanceOperation
 from lance.fragment import DataFile, FragmentMetadata
 from lance.schema import LanceSchema
 
-from blobhouse import leases
+from blobhouse import leases, mutations
 from blobhouse.backfill import (
     BackfillPlan,
     BlobFunction,
@@ -49,6 +49,7 @@ from blobhouse.layout import STORE_DIR, BasePaths, TableLocation
 from blobhouse.maintenance import compaction, garbage_collection, verification
 from blobhouse.maintenance.stats import blob_stats
 from blobhouse.maintenance.walk import Progress
+from blobhouse.mutations import UpdateReport
 from blobhouse.options import (
     DEFAULT_MAX_BYTES_PER_FILE,
     DEFAULT_MAX_ROWS_PER_FILE,
@@ -69,6 +70,7 @@ from blobhouse.store import (
     store_uri_prefix,
 )
 from blobhouse.transaction import (
+    DEFAULT_RETRIES,
     TableCreatedMeanwhile,
     Transaction,
     remove_written,
@@ -640,6 +642,65 @@ class Table:
         dataset = self.dataset
         dataset.delete(filter)  # Lance moves the dataset object to the new version
         return self._advance(dataset)
+
+    @keywords_checked
+    def update(
+        self,
+        updates: Mapping[str, str | BlobFunction | None],
+        where: str | None = None,
+        *,
+        dedup: str = "content",
+        retries: int = DEFAULT_RETRIES,
+    ) -> UpdateReport:
+        """Set columns on the rows matching the SQL ``where`` (every row if None), in one
+        commit; this table moves to the new version.
+
+        ``updates`` maps a column to a SQL expression over the row (Lance's ``update``); a
+        blob column to a function of the matching rows' plain columns (an Arrow batch -> one
+        blob value per row, like :meth:`backfill_blob_column`) or None (null). Only the
+        changed columns are rewritten, in the fragments holding a matching row: blob payloads
+        of other columns are never copied. New blob values go through the write pipeline with
+        ``dedup``; the unchanged rows of a rewritten blob column are copied once per distinct
+        payload (their store references kept, with ``dedup="global"``).
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"id": [1, 2], "label": ["cat", "dog"],
+        ...                           "img": blob_array([b"x", b"y"])}), tempfile.mkdtemp() + "/t")
+        >>> t.update({"label": "upper(label)"}, where="id = 2").rows_updated
+        1
+        >>> t.to_arrow(columns=["id", "label"]).to_pylist()
+        [{'id': 1, 'label': 'cat'}, {'id': 2, 'label': 'DOG'}]
+        """
+        report = mutations.update(self, updates, where, dedup=dedup, retries=retries)
+        if report.version != self.version:
+            self._advance(self.checkout(report.version).dataset)
+        return report
+
+    def merge_insert(
+        self,
+        on: str | Sequence[str],
+        *,
+        dedup: str | Mapping[str, str] = "content",
+        ref_id_columns: Mapping[str, str] | None = None,
+        placement: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> mutations.MergeInsert:
+        """An upsert keyed by ``on``, built like Lance's ``merge_insert`` and run with
+        ``execute(data)`` in one commit (see :class:`~blobhouse.mutations.MergeInsert`). New
+        rows are written through the write pipeline with ``dedup``: with ``"global"`` a
+        payload the table already stores anywhere is referenced, not written again.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"id": [1], "img": blob_array([b"a"])}),
+        ...                 tempfile.mkdtemp() + "/t")
+        >>> upsert = pa.table({"id": [1, 2], "img": blob_array([b"A", b"b"])})
+        >>> t.merge_insert("id").when_matched_update_all().when_not_matched_insert_all(
+        ...     ).execute(upsert).num_inserted_rows
+        1
+        """
+        options = WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns, placement=placement)
+        return mutations.MergeInsert(self, on, options)
 
     def refresh(self) -> Table:
         """Move this table to the latest version of its branch (another writer's commits

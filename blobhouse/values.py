@@ -315,6 +315,8 @@ class LogicalColumn:
             struct_ref_ids = children.get("ref_id")
         else:
             data, self.uri, self.position, self.size, struct_ref_ids = array, None, None, None, None
+        if struct_ref_ids is not None and struct_ref_ids.null_count == len(struct_ref_ids):
+            struct_ref_ids = None  # blob_array's ref_id field, left empty
         if ref_ids is not None and struct_ref_ids is not None:
             raise InvalidInputError(
                 f"blob column {column!r} carries ref_id in its struct and in a ref_id column; "

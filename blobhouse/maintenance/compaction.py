@@ -69,7 +69,7 @@ DEFAULT_REPACK_THRESHOLD = 0.5
 # a commit a concurrent delete or write preempted: planned and run again on the new version
 
 READ_BYTES = 64 * MiB  # blob bytes read per batch handed to the pipeline
-_INPUT_BLOB_TYPE = pa.struct(
+INPUT_BLOB_TYPE = pa.struct(
     [
         pa.field("data", pa.large_binary()),
         pa.field("uri", pa.utf8()),
@@ -436,7 +436,7 @@ def _write_plan(table: Table, plan: CompactionPlan) -> WritePlan:
     for path in paths:
         field = get_field(schema, path)
         input_schema = replace_field(
-            input_schema, path, pa.field(path[-1], _INPUT_BLOB_TYPE, field.nullable)
+            input_schema, path, pa.field(path[-1], INPUT_BLOB_TYPE, field.nullable)
         )
     write = plan_write(
         input_schema,
@@ -479,8 +479,8 @@ def _logical_batches(
                 piece = replace_column(
                     piece,
                     path,
-                    _logical_values(table, path, piece, hashes, repack),
-                    pa.field(path[-1], _INPUT_BLOB_TYPE),
+                    logical_values(table, path, piece, hashes, repack),
+                    pa.field(path[-1], INPUT_BLOB_TYPE),
                 )
             yield piece.drop_columns([_ROW_ADDRESS])
 
@@ -499,7 +499,7 @@ def _pieces(batch: pa.RecordBatch, paths: list[ColumnPath]) -> Iterator[pa.Recor
         start = stop
 
 
-def _logical_values(
+def logical_values(
     table: Table,
     path: ColumnPath,
     batch: pa.RecordBatch,
@@ -538,7 +538,7 @@ def _logical_values(
             _masked(refs.field("position").cast(pa.uint64()), outside),
             _masked(refs.field("size").cast(pa.uint64()), outside),
         ],
-        fields=list(_INPUT_BLOB_TYPE),
+        fields=list(INPUT_BLOB_TYPE),
         mask=pa.array(~valid),
     )
 

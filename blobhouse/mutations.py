@@ -1,0 +1,881 @@
+"""Changes to rows that keep blob sharing: :func:`update` and :class:`MergeInsert` (upsert).
+
+Lance's own ``update`` and ``merge_insert`` rewrite every column of a changed row, so a row's
+blob payloads are copied once per row and sharing is lost until a compaction. Here:
+
+- an **update** rewrites only the changed columns, and only in the fragments holding a
+  matching row: each such fragment gets one new data file with those columns for all its rows,
+  and the old file's copy of them is retired (Lance's ``rewrite_columns`` update, which every
+  Lance reader understands). Blob payloads of unchanged columns are not touched. A blob column
+  set to new values goes through the write pipeline with its dedup mode.
+- a **merge_insert** deletes the matched rows it replaces (deletion vectors) and appends the
+  source's rows through the write pipeline: with ``dedup="global"`` a payload the table already
+  stores anywhere is referenced, not written again. ``when_matched_update(columns)`` rewrites
+  just those columns, like an update.
+
+Both run on one :class:`~blobhouse.transaction.Transaction` each: one Lance commit, nothing
+visible on failure, staged files removed, a commit a concurrent one preempted planned again.
+The per-fragment steps (:func:`rewrite_fragment`) are what Spark runs as tasks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from lance import LanceDataset, LanceOperation
+from lance.fragment import DataFile
+
+from blobhouse.backfill import BlobFunction, table_for
+from blobhouse.errors import InvalidInputError, SchemaError
+from blobhouse.maintenance.compaction import INPUT_BLOB_TYPE, logical_values
+from blobhouse.options import WriteOptions, closest
+from blobhouse.pipeline import DataFileWriter, WritePlan, plan_write, write_data_files
+from blobhouse.placement import AllowedBases
+from blobhouse.references import leaf_field_ids
+from blobhouse.session import WrittenFile
+from blobhouse.store import store_base_id
+from blobhouse.transaction import DEFAULT_RETRIES, Transaction, retrying
+from blobhouse.values import blob_array, is_lance_blob_field, stored_blob_columns
+
+if TYPE_CHECKING:
+    from blobhouse.table import Table
+
+_ROW_ADDRESS = "_rowaddr"
+_MATCH = "__bh_match"
+_TOMBSTONE = -2  # Lance's field id for a column a data file no longer provides
+_SOURCE_ROW = "__bh_source_row"
+
+
+# ---------------------------------------------------------------------------------------------
+# update: rewrite the changed columns of the fragments that hold a matching row
+
+
+@dataclass(frozen=True)
+class UpdateReport:
+    """What an update did."""
+
+    read_version: int
+    version: int
+    rows_updated: int
+    fragments_rewritten: int
+    columns: tuple[str, ...]
+    bytes_written: int
+    attempts: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ColumnRewrite:
+    """The plan of a column rewrite: which columns get new files, and how each row's new
+    value is found. ``expressions`` (SQL over the row) and ``functions`` (a blob column's new
+    values, from the matching rows' plain columns) give values for rows matching ``where``;
+    ``source`` (merge_insert) gives them for the rows it names instead."""
+
+    columns: tuple[str, ...]
+    field_ids: tuple[int, ...]
+    expressions: Mapping[str, str]
+    functions: Mapping[str, BlobFunction | None]
+    where: str | None
+    plan: WritePlan
+    transaction: Transaction
+    source: Mapping[int, tuple[np.ndarray, pa.Table]] = field(default_factory=dict)
+
+    @property
+    def blob_columns(self) -> list[str]:
+        return [c.name for c in self.plan.columns]
+
+
+def update(
+    table: Table,
+    updates: Mapping[str, str | BlobFunction | None],
+    where: str | None = None,
+    *,
+    dedup: str = "content",
+    retries: int = DEFAULT_RETRIES,
+) -> UpdateReport:
+    """Set ``updates`` (column -> SQL expression; for a blob column a function of the matching
+    rows' plain columns, or None for null) on the rows matching ``where`` (every row if None),
+    in one commit. See :meth:`blobhouse.Table.update`."""
+
+    def attempt(n: int) -> UpdateReport:
+        latest = table if n == 1 else table.checkout(table.dataset.latest_version)
+        blobs_change = any(c in latest.blob_columns for c in updates)
+        latest = table_for(latest, dedup if blobs_change else "content")
+        plan = plan_update(latest, updates, where, dedup)
+        touched = touched_fragments(latest.dataset, where)
+        files: dict[int, WrittenFile] = {}
+        matched = 0
+        try:
+            with plan.transaction.lease():
+                for fragment_id in touched:
+                    files[fragment_id], rows = rewrite_fragment(latest, plan, fragment_id)
+                    matched += rows
+        except BaseException:
+            plan.transaction.abort(files.values())
+            raise
+        dataset = commit_rewrite(latest, plan, files) if files else latest.dataset
+        return UpdateReport(
+            read_version=latest.version,
+            version=dataset.version,
+            rows_updated=matched,
+            fragments_rewritten=len(files),
+            columns=plan.columns,
+            bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in files.values()),
+            attempts=n,
+        )
+
+    return retrying(attempt, retries)
+
+
+def plan_update(
+    table: Table,
+    updates: Mapping[str, str | BlobFunction | None],
+    where: str | None,
+    dedup: str = "content",
+    *,
+    kind: str = "update",
+) -> ColumnRewrite:
+    """Check ``updates`` and ``where`` against the table and plan the rewrite."""
+    if not isinstance(updates, Mapping) or not updates:
+        raise InvalidInputError(
+            "updates must be a non-empty mapping of column -> SQL expression, e.g. "
+            "{'label': \"'cat'\"}"
+        )
+    schema = table.schema
+    blob_names = {p[0] for p in stored_blob_columns(schema)}
+    expressions: dict[str, str] = {}
+    functions: dict[str, BlobFunction | None] = {}
+    for column, value in updates.items():
+        _check_column(column, schema)
+        if column in blob_names:
+            functions[column] = _blob_update(column, value)
+        elif isinstance(value, str):
+            expressions[column] = value
+        else:
+            raise InvalidInputError(
+                f"update of column {column!r}: give a SQL expression as a string (e.g. "
+                f"'{column} + 1' or \"'text'\"), got {type(value).__name__}"
+            )
+    _check_sql(table.dataset, where, expressions)
+    return _column_rewrite(table, tuple(updates), expressions, functions, where, dedup, kind)
+
+
+def _column_rewrite(
+    table: Table,
+    columns: tuple[str, ...],
+    expressions: Mapping[str, str],
+    functions: Mapping[str, BlobFunction | None],
+    where: str | None,
+    dedup: str,
+    kind: str,
+) -> ColumnRewrite:
+    schema = table.schema
+    # file order follows the table's column order: one data file of these columns per fragment
+    columns = tuple(n for n in schema.names if n in columns)
+    ids = tuple(leaf_field_ids([table.dataset.lance_schema.field(c) for c in columns]))
+    blobs = [c for c in columns if is_lance_blob_field(schema.field(c))]
+    input_schema = pa.schema(
+        [
+            pa.field(c, INPUT_BLOB_TYPE, schema.field(c).nullable)
+            if c in blobs
+            else schema.field(c)
+            for c in columns
+        ]
+    )
+    plan = plan_write(
+        input_schema,
+        blob_columns=blobs,
+        dedup={c: dedup for c in blobs},
+        table_schema=pa.schema([schema.field(c) for c in columns]),
+        allowed_bases=AllowedBases.of_table(schema, table.uri),
+        max_rows_per_file=2**62,
+        max_bytes_per_file=2**62,
+    )
+    # references into the table's own store stay references
+    plan = replace(plan, store_base_id=store_base_id(table.dataset))
+    txn = Transaction.start(table.location, table.version, table.storage_options, kind=kind)
+    return ColumnRewrite(columns, ids, dict(expressions), dict(functions), where, plan, txn)
+
+
+def touched_fragments(dataset: LanceDataset, where: str | None) -> list[int]:
+    """The fragments holding at least one live row that matches ``where``."""
+    return [
+        f.fragment_id
+        for f in dataset.get_fragments()
+        if (f.count_rows(where) if where else f.count_rows()) > 0
+    ]
+
+
+def rewrite_fragment(
+    table: Table, rewrite: ColumnRewrite, fragment_id: int
+) -> tuple[WrittenFile, int]:
+    """Write one fragment's new data file of ``rewrite.columns``: the new value for every
+    matching live row, the old one for every other row (null for deleted rows). Returns the
+    file and how many rows got new values. Runs in a Spark task as well."""
+    dataset = table.dataset
+    fragment = dataset.get_fragment(fragment_id)
+    writer = DataFileWriter(
+        rewrite.plan,
+        table.location,
+        table.storage_options,
+        rewrite.transaction.name_prefix,
+        _store_writer(table, rewrite),
+    )
+    rows = matched = 0
+    try:
+        for batch in _fragment_rows(dataset, fragment, rewrite):
+            out, hits = _new_values(table, rewrite, fragment_id, batch, rows)
+            writer.write(out, first_row=rows)
+            rows += batch.num_rows
+            matched += hits
+        written = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    if written.num_rows != fragment.metadata.physical_rows:
+        raise InvalidInputError(
+            f"fragment {fragment_id}: wrote {written.num_rows} rows, it has "
+            f"{fragment.metadata.physical_rows}"
+        )
+    return written, matched
+
+
+def _store_writer(table: Table, rewrite: ColumnRewrite):
+    from blobhouse.pipeline import _store_writer as store_writer  # the pipeline's own rule
+
+    return store_writer(
+        rewrite.plan, table.location, table.storage_options, rewrite.transaction.name_prefix
+    )
+
+
+def _fragment_rows(
+    dataset: LanceDataset, fragment, rewrite: ColumnRewrite
+) -> Iterator[pa.RecordBatch]:
+    """Every physical row of ``fragment``: the old values of the rewritten columns, their new
+    values (``__bh_new_<column>``), whether the row matches, and the plain columns a blob
+    function reads."""
+    projection = {c: _quoted(c) for c in rewrite.columns}
+    for column, expression in rewrite.expressions.items():
+        projection[f"__bh_new_{column}"] = expression
+    if rewrite.functions and not rewrite.source:
+        schema = dataset.schema
+        blob_names = {p[0] for p in stored_blob_columns(schema)}
+        for name in schema.names:
+            if name not in blob_names and name not in projection:
+                projection[name] = _quoted(name)
+    projection[_MATCH] = "true" if rewrite.where is None or rewrite.source else f"({rewrite.where})"
+    return dataset.scanner(
+        fragments=[fragment],
+        columns=projection,
+        include_deleted_rows=True,
+        with_row_id=True,
+        scan_in_order=True,
+    ).to_batches()
+
+
+def _new_values(
+    table: Table, rewrite: ColumnRewrite, fragment_id: int, batch: pa.RecordBatch, first_row: int
+) -> tuple[pa.RecordBatch, int]:
+    """The rewritten columns of ``batch``'s rows, and how many rows changed."""
+    live = batch.column("_rowid").is_valid()
+    offsets = np.arange(first_row, first_row + batch.num_rows, dtype=np.uint64)
+    new: dict[str, pa.Array] = {}
+    if rewrite.source:
+        match, source_rows = _source_match(rewrite.source.get(fragment_id), offsets)
+        source = rewrite.source[fragment_id][1] if fragment_id in rewrite.source else None
+    else:
+        match = pc.and_(live, pc.fill_null(batch.column(_MATCH), False))
+        source_rows, source = None, None
+    addresses = pa.array((np.uint64(fragment_id) << np.uint64(32)) | offsets)
+    for column in rewrite.columns:
+        old = batch.column(column)
+        if column in rewrite.blob_columns:
+            old = _old_blobs(table, column, batch, addresses, live)
+        if source is not None:
+            value = _from_source(source, source_rows, column, old.type)
+        elif column in rewrite.expressions:
+            value = _cast(batch.column(f"__bh_new_{column}"), old.type, column)
+        else:
+            value = _blob_function_values(rewrite, column, batch, match, old.type)
+        new[column] = pc.if_else(match, value, old)
+    out = pa.RecordBatch.from_arrays(
+        [new[c] for c in rewrite.columns], schema=rewrite.plan.input_schema
+    )
+    return out, int(pc.sum(match.cast(pa.int64())).as_py() or 0)
+
+
+def _old_blobs(
+    table: Table, column: str, batch: pa.RecordBatch, addresses: pa.Array, live: pa.Array
+) -> pa.StructArray:
+    """The blob column's current values as logical values (bytes the table stores, checked
+    against their recorded hashes; references kept for external and store blobs); null for
+    deleted rows."""
+    piece = pa.RecordBatch.from_arrays(
+        [
+            pc.if_else(live, batch.column(column), pa.scalar(None, batch.column(column).type)),
+            addresses,
+        ],
+        names=[column, _ROW_ADDRESS],
+    )
+    return logical_values(table, (column,), piece, table.recorded_hashes(), frozenset())
+
+
+def _blob_function_values(
+    rewrite: ColumnRewrite,
+    column: str,
+    batch: pa.RecordBatch,
+    match: pa.Array,
+    out_type: pa.DataType,
+) -> pa.Array:
+    """A blob function's values for the matching rows, spread over the batch's rows."""
+    fn = rewrite.functions[column]
+    positions = np.flatnonzero(match.to_numpy(zero_copy_only=False))
+    if fn is None or not len(positions):
+        return pa.nulls(batch.num_rows, out_type)
+    plain = [n for n in batch.schema.names if not n.startswith("__bh_") and n not in ("_rowid",)]
+    plain = [n for n in plain if n not in rewrite.blob_columns]
+    inputs = batch.select(plain).take(pa.array(positions))
+    values = fn(inputs)
+    if not isinstance(values, pa.Array | pa.ChunkedArray):
+        values = blob_array(list(values))
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if len(values) != len(positions):
+        raise InvalidInputError(
+            f"update of blob column {column!r}: the function returned {len(values)} values "
+            f"for {len(positions)} matching rows"
+        )
+    values = _logical(values, column)
+    spread = np.full(batch.num_rows, -1, dtype=np.int64)
+    spread[positions] = np.arange(len(positions))
+    return values.take(pa.array(spread, mask=spread < 0))
+
+
+def _logical(values: pa.Array, column: str) -> pa.StructArray:
+    """Blob values (binary, or logical blob structs) as the rewrite's input type."""
+    if pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type):
+        values = blob_array(values.to_pylist())
+    if not pa.types.is_struct(values.type):
+        raise InvalidInputError(
+            f"blob column {column!r}: new values must be bytes or blobs, got {values.type}"
+        )
+    arrays = [
+        values.field(f.name).cast(f.type)
+        if values.type.get_field_index(f.name) >= 0
+        else pa.nulls(len(values), f.type)
+        for f in INPUT_BLOB_TYPE
+    ]
+    return pa.StructArray.from_arrays(arrays, fields=list(INPUT_BLOB_TYPE), mask=values.is_null())
+
+
+def _cast(values: pa.Array, to: pa.DataType, column: str) -> pa.Array:
+    if values.type == to:
+        return values
+    try:
+        return values.cast(to)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InvalidInputError(
+            f"update of column {column!r}: its new values ({values.type}) do not fit the "
+            f"column's type {to}: {exc}"
+        ) from None
+
+
+def commit_rewrite(
+    table: Table,
+    rewrite: ColumnRewrite,
+    files: Mapping[int, WrittenFile],
+    *,
+    deletions: Mapping[int, Any] | None = None,
+    new_files: Sequence[WrittenFile] = (),
+) -> LanceDataset:
+    """One Lance ``Update`` commit: each fragment of ``files`` reads ``rewrite.columns`` from
+    its new file (the old files' copies retired), ``deletions`` (fragment id -> metadata with
+    a new deletion file, or None when no row is left) apply, and ``new_files`` become new
+    fragments."""
+    dataset = table.dataset
+    deletions = dict(deletions or {})
+    removed = sorted(i for i, metadata in deletions.items() if metadata is None)
+    updated = []
+    ids = set(rewrite.field_ids)
+    for fragment in dataset.get_fragments():
+        fid = fragment.fragment_id
+        if fid in removed or (fid not in files and fid not in deletions):
+            continue
+        metadata = deletions.get(fid) or fragment.metadata
+        if fid in files:
+            kept = [_without(d, ids) for d in metadata.files]
+            metadata.files = [d for d in kept if d is not None] + [
+                files[fid].data_file(list(rewrite.field_ids))
+            ]
+        updated.append(metadata)
+    schema_ids = leaf_field_ids(dataset.lance_schema.fields())
+    operation = LanceOperation.Update(
+        removed_fragment_ids=removed,
+        updated_fragments=updated,
+        new_fragments=[w.fragment(schema_ids) for w in new_files],
+        fields_modified=list(rewrite.field_ids) if files else [],
+        update_mode="rewrite_columns" if files else "rewrite_rows",
+    )
+    return rewrite.transaction.commit([*files.values(), *new_files], lambda: operation)
+
+
+def _without(data_file: DataFile, ids: set[int]) -> DataFile | None:
+    """``data_file`` no longer providing the fields ``ids`` (None if it provides nothing)."""
+    fields = [_TOMBSTONE if f in ids else f for f in data_file.fields]
+    if all(f == _TOMBSTONE for f in fields):
+        return None
+    columns = data_file.column_indices or list(range(len(data_file.fields)))
+    return DataFile(
+        data_file.path,
+        fields,
+        list(columns),
+        data_file.file_major_version,
+        data_file.file_minor_version,
+        data_file.file_size_bytes,
+        data_file.base_id,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# merge_insert: match the source's rows to the table's by key, in one commit
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """What a merge_insert did (Lance's names)."""
+
+    read_version: int
+    version: int
+    num_inserted_rows: int
+    num_updated_rows: int
+    num_deleted_rows: int
+    bytes_written: int
+    attempts: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class MergeInsert:
+    """An upsert builder shaped like Lance's: say what happens to matched rows, to source rows
+    with no match and to table rows the source lacks, then :meth:`execute` once.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> t = write_table(pa.table({"id": [1, 2], "img": blob_array([b"a", b"b"])}),
+    ...                 tempfile.mkdtemp() + "/t")
+    >>> new = pa.table({"id": [2, 3], "img": blob_array([b"B", b"c"])})
+    >>> report = (t.merge_insert("id").when_matched_update_all()
+    ...           .when_not_matched_insert_all().execute(new))
+    >>> report.num_updated_rows, report.num_inserted_rows
+    (1, 1)
+    >>> sorted(t.to_arrow(blobs="bytes").to_pylist(), key=lambda r: r["id"])
+    [{'id': 1, 'img': b'a'}, {'id': 2, 'img': b'B'}, {'id': 3, 'img': b'c'}]
+    """
+
+    def __init__(self, table: Table, on: str | Sequence[str], options: WriteOptions) -> None:
+        self.table = table
+        self.on = [on] if isinstance(on, str) else list(on)
+        self.options = options
+        self._update_all = False
+        self._update_columns: list[str] | None = None
+        self._insert = False
+        self._delete: str | bool = False
+        self._retries = DEFAULT_RETRIES
+        if not self.on:
+            raise InvalidInputError("merge_insert needs at least one key column (on=...)")
+        for key in self.on:
+            _check_column(key, table.schema, "key column")
+            if is_lance_blob_field(table.schema.field(key)):
+                raise InvalidInputError(f"key column {key!r} is a blob column; keys are plain")
+
+    def when_matched_update_all(self) -> MergeInsert:
+        """A table row whose key the source has gets all of the source row's values."""
+        self._update_all, self._update_columns = True, None
+        return self
+
+    def when_matched_update(self, columns: Sequence[str]) -> MergeInsert:
+        """A table row whose key the source has gets the source's values of ``columns`` only
+        (the other columns, their blobs included, are not rewritten)."""
+        columns = [columns] if isinstance(columns, str) else list(columns)
+        for column in columns:
+            _check_column(column, self.table.schema)
+            if column in self.on:
+                raise InvalidInputError(f"{column!r} is a key column; it cannot be updated")
+        if not columns:
+            raise InvalidInputError("when_matched_update needs at least one column")
+        self._update_all, self._update_columns = False, columns
+        return self
+
+    def when_not_matched_insert_all(self) -> MergeInsert:
+        """A source row whose key the table lacks is inserted."""
+        self._insert = True
+        return self
+
+    def when_not_matched_by_source_delete(self, expr: str | None = None) -> MergeInsert:
+        """A table row whose key the source lacks (and that matches ``expr``, if given) is
+        deleted."""
+        self._delete = expr if expr is not None else True
+        return self
+
+    def conflict_retries(self, retries: int) -> MergeInsert:
+        """How often to plan again after a concurrent commit preempted this one (3)."""
+        self._retries = retries
+        return self
+
+    def execute(self, data: Any) -> MergeReport:
+        """Run the merge in one commit; this table moves to the new version."""
+        from blobhouse.table import _input_stream
+
+        if not (self._update_all or self._update_columns or self._insert or self._delete):
+            raise InvalidInputError(
+                "merge_insert does nothing: call when_matched_update_all(), "
+                "when_matched_update(...), when_not_matched_insert_all() or "
+                "when_not_matched_by_source_delete() before execute()"
+            )
+        schema, batches = _input_stream(data)
+        source = pa.Table.from_batches(list(batches), schema=schema)
+        report = retrying(lambda n: self._attempt(source, n), self._retries)
+        self.table._advance(self.table.checkout(report.version).dataset)
+        return report
+
+    def _attempt(self, source: pa.Table, attempt: int) -> MergeReport:
+        table = (
+            self.table if attempt == 1 else self.table.checkout(self.table.dataset.latest_version)
+        )
+        table = table_for(table, _dedup_of(self.options))
+        source = self._checked_source(table, source)
+        matches = _match(table.dataset, source, self.on, self._delete)
+        txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
+        try:
+            return self._apply(table, source, matches, txn, attempt)
+        except BaseException:
+            txn.abort()
+            raise
+
+    def _apply(
+        self, table: Table, source: pa.Table, matches: _Matches, txn: Transaction, attempt: int
+    ) -> MergeReport:
+        matched_source = matches.source_rows()
+        written_rows: list[int] = []
+        if self._update_all:
+            written_rows.extend(matched_source.tolist())
+        if self._insert:
+            unmatched = np.setdiff1d(np.arange(source.num_rows), matched_source)
+            written_rows.extend(unmatched.tolist())
+        rows = source.take(pa.array(sorted(written_rows), pa.int64())) if written_rows else None
+        with txn.lease():
+            new_files = self._write_rows(table, rows, txn) if rows is not None else []
+            files: dict[int, WrittenFile] = {}
+            rewrite = None
+            if self._update_columns:
+                rewrite = self._column_rewrite(table, source, matches, txn)
+                for fragment_id in rewrite.source:
+                    files[fragment_id], _ = rewrite_fragment(table, rewrite, fragment_id)
+            deletions = _deletions(table.dataset, matches, self._update_all, self._delete)
+        rewrite = rewrite or _column_rewrite_of(table, txn)
+        dataset = commit_rewrite(table, rewrite, files, deletions=deletions, new_files=new_files)
+        inserted = len(written_rows) - (len(matched_source) if self._update_all else 0)
+        return MergeReport(
+            read_version=table.version,
+            version=dataset.version,
+            num_inserted_rows=inserted,
+            num_updated_rows=len(matched_source)
+            if (self._update_all or self._update_columns)
+            else 0,
+            num_deleted_rows=matches.deleted_by_source() if self._delete else 0,
+            bytes_written=sum(
+                w.size_bytes + w.sidecar_bytes for w in [*files.values(), *new_files]
+            ),
+            attempts=attempt,
+        )
+
+    def _checked_source(self, table: Table, source: pa.Table) -> pa.Table:
+        """The source with the table's column order and types; refuses missing keys,
+        unknown columns and duplicate keys, naming them."""
+        schema = table.schema
+        missing_keys = [k for k in self.on if k not in source.schema.names]
+        if missing_keys:
+            raise InvalidInputError(
+                f"the source lacks key column(s) {missing_keys} (it has {source.schema.names})"
+            )
+        unknown = [n for n in source.schema.names if n not in schema.names]
+        if unknown:
+            hint = closest(unknown[0], schema.names)
+            near = f" (did you mean {hint!r}?)" if hint else ""
+            raise SchemaError(
+                f"the source has column(s) {unknown} the table lacks{near}; table columns: "
+                f"{schema.names}"
+            )
+        needed = set(self.on) | set(self._update_columns or ())
+        if self._update_all or self._insert:
+            needed |= set(schema.names)
+        absent = [n for n in schema.names if n in needed and n not in source.schema.names]
+        not_nullable = [n for n in absent if not schema.field(n).nullable]
+        if not_nullable:
+            raise SchemaError(
+                f"the source lacks column(s) {not_nullable}, which the table requires "
+                "(not nullable)"
+            )
+        for name in absent:  # nullable columns the source lacks: null
+            source = source.append_column(
+                name, pa.nulls(source.num_rows, _source_type(schema, name))
+            )
+        names = [n for n in schema.names if n in source.schema.names]
+        source = source.select(names)
+        for key in self.on:
+            source = source.set_column(
+                source.schema.get_field_index(key),
+                key,
+                _cast(source[key], schema.field(key).type, key),
+            )
+        _check_unique(source, self.on)
+        return source
+
+    def _write_rows(self, table: Table, rows: pa.Table, txn: Transaction) -> list[WrittenFile]:
+        """The source rows to add, written as new data files through the write pipeline."""
+        from blobhouse.table import _allowed_bases, _with_store
+
+        options = self.options
+        plan = plan_write(
+            rows.schema,
+            **options.layout(),
+            table_schema=table.schema,
+            allowed_bases=_allowed_bases(table.dataset, None, True, table.location.root_uri),
+        )
+        if plan.uses_store:
+            _, base_id = _with_store(table.location, table.dataset, table.storage_options)
+            plan = replace(plan, store_base_id=base_id)
+        return write_data_files(
+            rows.to_batches(), plan, table.location, table.storage_options, txn.name_prefix
+        )
+
+    def _column_rewrite(
+        self, table: Table, source: pa.Table, matches: _Matches, txn: Transaction
+    ) -> ColumnRewrite:
+        columns = tuple(self._update_columns or ())
+        blobs = {p[0] for p in stored_blob_columns(table.schema)}
+        rewrite = _column_rewrite(
+            table,
+            columns,
+            {},
+            {c: None for c in columns if c in blobs},
+            None,
+            _dedup_of(self.options),
+            "merge",
+        )
+        by_fragment = {
+            fragment_id: (offsets, source.take(pa.array(rows)).select(list(rewrite.columns)))
+            for fragment_id, (offsets, rows) in matches.by_fragment().items()
+        }
+        return replace(rewrite, source=by_fragment, transaction=txn)
+
+
+def _column_rewrite_of(table: Table, txn: Transaction) -> ColumnRewrite:
+    """A rewrite of no columns: a merge that only deletes and appends rows."""
+    plan = plan_write(pa.schema([]), table_schema=pa.schema([]))
+    return ColumnRewrite((), (), {}, {}, None, plan, txn)
+
+
+@dataclass
+class _Matches:
+    """Which table rows (fragment, offset) the source's rows match, and which table rows the
+    source lacks (deleted by ``when_not_matched_by_source_delete``)."""
+
+    fragments: list[np.ndarray] = field(default_factory=list)
+    offsets: list[np.ndarray] = field(default_factory=list)
+    rows: list[np.ndarray] = field(default_factory=list)
+    unmatched: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def source_rows(self) -> np.ndarray:
+        return np.concatenate(self.rows) if self.rows else np.array([], dtype=np.int64)
+
+    def by_fragment(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """fragment id -> (offsets ascending, the source row of each)."""
+        if not self.fragments:
+            return {}
+        fragments = np.concatenate(self.fragments)
+        offsets = np.concatenate(self.offsets)
+        rows = np.concatenate(self.rows)
+        out = {}
+        for fragment_id in np.unique(fragments):
+            at = fragments == fragment_id
+            order = np.argsort(offsets[at])
+            out[int(fragment_id)] = (offsets[at][order], rows[at][order])
+        return out
+
+    def deleted_by_source(self) -> int:
+        return sum(len(v) for v in self.unmatched.values())
+
+
+def _match(dataset: LanceDataset, source: pa.Table, on: list[str], delete: str | bool) -> _Matches:
+    """Join the table's keys (streamed, fragment by fragment) with the source's."""
+    keys = source.select(on).append_column(_SOURCE_ROW, pa.array(np.arange(source.num_rows)))
+    matches = _Matches()
+    for fragment in dataset.get_fragments():
+        found_offsets = []
+        for batch in fragment.scanner(columns=on, with_row_address=True).to_batches():
+            targets = pa.Table.from_batches([batch])
+            joined = targets.join(keys, on, join_type="inner")
+            if joined.num_rows:
+                addresses = joined[_ROW_ADDRESS].to_numpy()
+                matches.fragments.append((addresses >> 32).astype(np.int64))
+                matches.offsets.append((addresses & 0xFFFFFFFF).astype(np.int64))
+                matches.rows.append(joined[_SOURCE_ROW].to_numpy())
+                found_offsets.append(addresses & 0xFFFFFFFF)
+        if delete:
+            matches.unmatched[fragment.fragment_id] = _unmatched(
+                fragment, on, keys, delete if isinstance(delete, str) else None
+            )
+    matches.unmatched = {k: v for k, v in matches.unmatched.items() if len(v)}
+    return matches
+
+
+def _unmatched(fragment, on: list[str], keys: pa.Table, expr: str | None) -> np.ndarray:
+    """Offsets of the fragment's live rows (matching ``expr``) whose key the source lacks."""
+    out = []
+    scan = fragment.scanner(columns=on, filter=expr, with_row_address=True)
+    for batch in scan.to_batches():
+        alone = pa.Table.from_batches([batch]).join(keys, on, join_type="left anti")
+        out.append(alone[_ROW_ADDRESS].to_numpy() & 0xFFFFFFFF)
+    return np.concatenate(out) if out else np.array([], dtype=np.uint64)
+
+
+def _deletions(
+    dataset: LanceDataset, matches: _Matches, update_all: bool, delete: str | bool
+) -> dict[int, Any]:
+    """fragment id -> its metadata with a deletion file for the rows the merge removes (the
+    matched rows it rewrites, and those the source lacks), or None when none is left."""
+    doomed: dict[int, list[np.ndarray]] = {}
+    if update_all:
+        for fragment_id, (offsets, _) in matches.by_fragment().items():
+            doomed.setdefault(fragment_id, []).append(offsets)
+    if delete:
+        for fragment_id, offsets in matches.unmatched.items():
+            doomed.setdefault(fragment_id, []).append(offsets)
+    out = {}
+    for fragment_id, parts in doomed.items():
+        offsets = np.unique(np.concatenate(parts)).astype(np.uint64)
+        addresses = (np.uint64(fragment_id) << np.uint64(32)) | offsets
+        predicate = f"_rowaddr IN ({', '.join(map(str, addresses.tolist()))})"
+        out[fragment_id] = dataset.get_fragment(fragment_id).delete(predicate)
+    return out
+
+
+def _source_match(
+    found: tuple[np.ndarray, pa.Table] | None, offsets: np.ndarray
+) -> tuple[pa.Array, np.ndarray]:
+    """For a batch of a fragment's rows (``offsets``): which rows the source updates, and the
+    source row of each (-1 for none)."""
+    rows = np.full(len(offsets), -1, dtype=np.int64)
+    if found is not None:
+        matched_offsets = found[0]
+        at = np.searchsorted(matched_offsets, offsets)
+        at = np.minimum(at, max(len(matched_offsets) - 1, 0))
+        hit = (
+            (matched_offsets[at] == offsets)
+            if len(matched_offsets)
+            else np.zeros(len(offsets), bool)
+        )
+        rows[hit] = at[hit]
+    return pa.array(rows >= 0), rows
+
+
+def _from_source(
+    source: pa.Table, rows: np.ndarray, column: str, out_type: pa.DataType
+) -> pa.Array:
+    """The source's values of ``column`` for the batch's rows (null where there is none)."""
+    values = source[column].combine_chunks()
+    if pa.types.is_struct(out_type) and out_type == INPUT_BLOB_TYPE:
+        values = _logical(values, column)
+    else:
+        values = _cast(values, out_type, column)
+    return values.take(pa.array(rows, mask=rows < 0))
+
+
+def _check_unique(source: pa.Table, on: list[str]) -> None:
+    """Refuse a source in which a key appears twice, naming the key."""
+    counts = source.group_by(on).aggregate([([], "count_all")])
+    twice = counts.filter(pc.greater(counts["count_all"], 1))
+    if twice.num_rows:
+        key = {k: twice[k][0].as_py() for k in on}
+        raise InvalidInputError(
+            f"the source has {twice.num_rows} key(s) more than once, e.g. {key} "
+            f"({twice['count_all'][0].as_py()} rows): a merge needs one source row per key"
+        )
+
+
+def _source_type(schema: pa.Schema, name: str) -> pa.DataType:
+    field_ = schema.field(name)
+    return INPUT_BLOB_TYPE if is_lance_blob_field(field_) else field_.type
+
+
+def _dedup_of(options: WriteOptions) -> str:
+    return (
+        options.dedup
+        if isinstance(options.dedup, str)
+        else ("global" if "global" in options.dedup.values() else "content")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# checks shared by update and merge_insert
+
+
+def _check_column(column: str, schema: pa.Schema, what: str = "column") -> None:
+    if not isinstance(column, str) or column not in schema.names:
+        hint = closest(str(column), schema.names)
+        near = f" (did you mean {hint!r}?)" if hint else ""
+        raise InvalidInputError(
+            f"unknown {what} {column!r}{near}; columns: {', '.join(schema.names)}"
+        )
+
+
+def _blob_update(column: str, value: Any) -> BlobFunction | None:
+    if value is None or (isinstance(value, str) and value.strip().upper() == "NULL"):
+        return None
+    if callable(value):
+        return value
+    raise InvalidInputError(
+        f"blob column {column!r} is set by a function (a batch of the matching rows' plain "
+        f"columns -> one blob value per row) or None (null), not {type(value).__name__} "
+        f"{value!r}: SQL cannot make blob payloads"
+    )
+
+
+def _check_sql(dataset: LanceDataset, where: str | None, expressions: Mapping[str, str]) -> None:
+    """Refuse a ``where`` or an expression Lance cannot parse or resolve, naming it."""
+    if where is not None:
+        if not isinstance(where, str) or not where.strip():
+            raise InvalidInputError(f"where must be a SQL condition, got {where!r}")
+        _try_sql(dataset, {_MATCH: f"({where})"}, f"where {where!r}")
+    for column, expression in expressions.items():
+        _try_sql(dataset, {column: expression}, f"the expression for column {column!r}")
+
+
+def _try_sql(dataset: LanceDataset, projection: dict[str, str], what: str) -> None:
+    try:
+        # Lance scans need one stored column beside literal expressions
+        anchor = {"__bh_anchor": _quoted(dataset.schema.names[0])}
+        dataset.scanner(columns={**projection, **anchor}, limit=1).to_table()
+    except (ValueError, OSError, pa.ArrowInvalid) as exc:
+        raise InvalidInputError(
+            f"{what} is not valid SQL for this table: {_first_line(exc)}"
+        ) from None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return re.sub(r", /home/runner/\S+$|, \S+\.rs:\d+:\d+$", "", text)
+
+
+def _quoted(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else f"`{name}`"
