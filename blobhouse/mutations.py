@@ -581,7 +581,7 @@ class MergeInsert:
                 for fragment_id in rewrite.source:
                     files[fragment_id], _ = rewrite_fragment(table, rewrite, fragment_id)
             deletions = _deletions(table.dataset, matches, self._update_all, self._delete)
-        rewrite = rewrite or _column_rewrite_of(table, txn)
+        rewrite = rewrite or empty_rewrite(table, txn)
         dataset = commit_rewrite(table, rewrite, files, deletions=deletions, new_files=new_files)
         inserted = len(written_rows) - (len(matched_source) if self._update_all else 0)
         return MergeReport(
@@ -679,8 +679,8 @@ class MergeInsert:
         return replace(rewrite, source=by_fragment, transaction=txn)
 
 
-def _column_rewrite_of(table: Table, txn: Transaction) -> ColumnRewrite:
-    """A rewrite of no columns: a merge that only deletes and appends rows."""
+def empty_rewrite(table: Table, txn: Transaction) -> ColumnRewrite:
+    """A rewrite of no columns, on ``txn``: a merge that only deletes and appends rows."""
     plan = plan_write(pa.schema([]), table_schema=pa.schema([]))
     return ColumnRewrite((), (), {}, {}, None, plan, txn)
 

@@ -58,6 +58,7 @@ from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.functions import blob_size, materialize, read_blob, read_blob_function
 from blobhouse.spark.jobs import compact, gc, run_tasks, verify
 from blobhouse.spark.lookup import store_payloads_first
+from blobhouse.spark.mutations import merge_insert, update
 from blobhouse.storage import checked_options
 from blobhouse.store import append_to_index
 from blobhouse.table import open_at, open_table
@@ -70,8 +71,10 @@ __all__ = [
     "gc",
     "local_session",
     "materialize",
+    "merge_insert",
     "read_blob",
     "register",
+    "update",
     "verify",
     "write_table",
 ]
