@@ -64,6 +64,10 @@ ref_id_columns
         check_names(options, [f.name for f in fields(cls)], "write option")
         return cls(**options)
 
+    def keywords(self) -> dict[str, Any]:
+        """These options as keywords of :func:`~blobhouse.write_table`."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     def layout(self) -> dict[str, Any]:
         """The keywords of :func:`~blobhouse.pipeline.plan_write` these options set."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "allowed_bases"}

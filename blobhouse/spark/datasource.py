@@ -46,7 +46,7 @@ from pyspark.sql.types import StructType
 
 from blobhouse.errors import InvalidInputError, SchemaError, TableNotFoundError
 from blobhouse.layout import TableLocation
-from blobhouse.options import check_names
+from blobhouse.options import WriteOptions, check_names
 from blobhouse.pipeline import WrittenFile
 from blobhouse.rangeio import REF_TYPE
 from blobhouse.spark.catalog import parse_columns, table_options, with_table_options
@@ -172,6 +172,7 @@ class BlobhouseDataSource(DataSource):
             write = TableWrite.begin(
                 options.path,
                 to_arrow_schema(schema),
+                options.write_options(),
                 mode="overwrite" if overwrite else "append",
                 storage_options=storage_options_of(options.options),
                 branch=options.options.get("branch"),
@@ -409,9 +410,10 @@ class _WriteOptions:
         self.options = options
         self.path = _path(options)
 
-    def table_write_kwargs(self) -> dict:
+    def write_options(self) -> WriteOptions:
+        """How the write stores blob columns."""
         get = self.options.get
-        kwargs: dict = {
+        given: dict = {
             "blob_columns": _names(get("blob_columns")),
             "ref_id_columns": _mapping(get("ref_id_columns")),
             "dedup": _mapping(get("dedup"))
@@ -420,10 +422,16 @@ class _WriteOptions:
             "placement": self._placement(),
         }
         if get("allowed_bases") is not None:
-            kwargs["allowed_bases"] = _names(get("allowed_bases"))
+            given["allowed_bases"] = _names(get("allowed_bases"))
         for name in ("max_rows_per_file", "max_bytes_per_file"):
             if get(name) is not None:
-                kwargs[name] = int(get(name))
+                given[name] = int(get(name))
+        return WriteOptions(**given)
+
+    def table_write_kwargs(self) -> dict:
+        """The other :meth:`TableWrite.begin` keywords the options set."""
+        get = self.options.get
+        kwargs: dict = {}
         if get("store_index") == "joined":
             kwargs["load_store_index"] = False
         if get("allow_nonempty_folder") is not None:
@@ -505,15 +513,16 @@ def _create_if_missing(read: ReadSpec, options: dict[str, str]) -> None:
     try:
         table = read.open()
     except TableNotFoundError:
-        kwargs = _WriteOptions(options).table_write_kwargs()
-        kwargs.pop("load_store_index", None)
+        given = _WriteOptions(options)
+        allow = given.table_write_kwargs().get("allow_nonempty_folder", False)
         write_table(
             to_arrow_schema(declared).empty_table(),
             _path(options),
             mode="append",
             storage_options=read.storage_options,
             branch=options.get("branch"),
-            **kwargs,
+            allow_nonempty_folder=allow,
+            **given.write_options().keywords(),
         )
         return
     existing = from_arrow_schema(table.output_schema(blobs="bytes"))
