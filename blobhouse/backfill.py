@@ -22,6 +22,7 @@ from lance.schema import LanceSchema
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.pipeline import DataFileWriter, plan_write
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
+from blobhouse.schema_changes import add_null_blob_column
 from blobhouse.session import WrittenFile
 from blobhouse.store import StoreWriter, ensure_store, relocate_store, store_base_id
 from blobhouse.transaction import Transaction
@@ -76,7 +77,7 @@ class BackfillPlan:
             return cls(
                 column,
                 (column,),
-                (field_id,),
+                () if field_id is None else (field_id,),  # (): Lance adds it first
                 True,
                 input_columns,
                 dedup,
@@ -195,7 +196,14 @@ def commit_backfill(
                 f"its new file for {plan.column!r} has {written.num_rows}"
             )
     ids = list(plan.field_ids)
-    if plan.new_column:
+    location, options = table.location, table.storage_options
+    add_first = plan.new_column and not ids
+    transaction = plan.transaction
+    if add_first:  # a dropped column's id is reserved: Lance adds the column, the files fill it
+        dataset, added = add_null_blob_column(location, plan.column, dataset.version, options)
+        ids = [added]
+        transaction = transaction.on_version(dataset.version)
+    if plan.new_column and not add_first:
         merged = []
         for fragment in fragments:
             metadata = fragment.metadata
@@ -212,7 +220,7 @@ def commit_backfill(
                 for f in fragments
             ]
         )
-    return plan.transaction.commit(list(files.values()), lambda: operation)
+    return transaction.commit(list(files.values()), lambda: operation)
 
 
 def table_for(table: Table, dedup: str) -> Table:
@@ -319,21 +327,17 @@ def _write_plan(schema: pa.Schema, plan: BackfillPlan):
     return replace(write, store_base_id=plan.store_base_id)
 
 
-def _new_field_id(dataset: LanceDataset, column: str) -> int:
-    """The id Lance gives a column appended to the schema in a ``Merge``; refused where Lance
-    would refuse it: when ids are not dense, or a dropped column's id is still reserved."""
+def _new_field_id(dataset: LanceDataset, column: str) -> int | None:
+    """The id Lance gives a column appended to the schema in a ``Merge``; None where Lance
+    would refuse that Merge (ids not dense, or a dropped column's id still reserved): then
+    the column is added first, all null, and its files replace the nulls (two commits)."""
     current = dataset.lance_schema
     appended = LanceSchema.from_pyarrow(dataset.schema.append(lance_blob_field(column)))
     new_id = appended.fields()[-1].id()
     # a dropped column keeps its id while a data file still holds it
     held = [i for f in dataset.get_fragments() for d in f.metadata.files for i in d.fields]
     if _ids(current.fields()) != _ids(appended.fields()[:-1]) or new_id <= max(held, default=-1):
-        raise SchemaError(
-            f"a column was dropped from this table, and Lance keeps its field id reserved, so "
-            f"new column {column!r} cannot be added in the same commit as its data. Add it "
-            f"first, then backfill it: lance.dataset(uri).add_columns("
-            f"lance.blob.blob_field({column!r}))"
-        )
+        return None
     return new_id
 
 

@@ -45,11 +45,13 @@ from blobhouse.storage import StorageOptions
 from blobhouse.store import StoreReference, StoreWriter
 from blobhouse.transaction import remove_written
 from blobhouse.values import (
+    LOGICAL_BLOB_TYPE,
     ColumnPath,
     LogicalColumn,
     find_blob_columns,
     get_column,
     get_field,
+    is_lance_blob_field,
     path_name,
     replace_column,
     replace_field,
@@ -88,6 +90,7 @@ class WritePlan:
     store_base_id: int | None = None  # the table's store (blobhouse.store), when it has one
     load_store_index: bool = True  # False: the rows were already looked up (a Spark join)
     avoid_packs: frozenset[str] = frozenset()  # store packs not to reference (being repacked)
+    filled: tuple[str, ...] = ()  # nullable table columns the input lacks: written as nulls
 
     @property
     def uses_store(self) -> bool:
@@ -115,7 +118,10 @@ def plan_write(
     if max_rows_per_file < 1 or max_bytes_per_file < 1:
         raise InvalidInputError("max_rows_per_file and max_bytes_per_file must be positive")
     named = set(blob_columns)
+    filled: tuple[str, ...] = ()
     if table_schema is not None:
+        find_blob_columns(input_schema, sorted(named))  # the data's own problems first
+        input_schema, filled = align_to_table(input_schema, table_schema)
         named |= {path_name(p) for p in stored_blob_columns(table_schema)}
     paths = find_blob_columns(input_schema, sorted(named))
     names = [path_name(p) for p in paths]
@@ -156,7 +162,65 @@ def plan_write(
         allowed_bases=allowed_bases or AllowedBases(),
         max_rows_per_file=max_rows_per_file,
         max_bytes_per_file=max_bytes_per_file,
+        filled=filled,
     )
+
+
+def align_to_table(
+    input_schema: pa.Schema, table_schema: pa.Schema
+) -> tuple[pa.Schema, tuple[str, ...]]:
+    """``input_schema`` in the table's column order, with the nullable table columns it lacks
+    added (they are written as nulls), and their names. Refused, naming the columns: columns
+    the table does not have, and missing columns the table requires (not nullable). Types
+    are compared later (:func:`check_same_schema`).
+
+    >>> table = pa.schema([pa.field("id", pa.int64()), pa.field("label", pa.string())])
+    >>> aligned, filled = align_to_table(pa.schema([pa.field("id", pa.int64())]), table)
+    >>> aligned.names, filled
+    (['id', 'label'], ('label',))
+    """
+    names = input_schema.names
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SchemaError(f"the data has column(s) {twice} more than once")
+    extra = [n for n in names if n not in table_schema.names]
+    missing = [f for f in table_schema if f.name not in names]
+    required = [f.name for f in missing if not f.nullable]
+    if extra or required:
+        raise SchemaError(
+            _columns_problem(extra, required, [f.name for f in missing], table_schema)
+        )
+    fields = [
+        input_schema.field(f.name) if f.name in names else _as_input(f).with_nullable(True)
+        for f in table_schema
+    ]
+    return pa.schema(fields, metadata=input_schema.metadata), tuple(f.name for f in missing)
+
+
+def _columns_problem(
+    extra: list[str], required: list[str], missing: list[str], table_schema: pa.Schema
+) -> str:
+    """Why data with these columns cannot be appended, naming them."""
+    problems = []
+    if extra:
+        problems.append(f"column(s) {extra} of the data are not in the table")
+    if required:
+        problems.append(
+            f"the data lacks column(s) {required}, which the table requires (not nullable)"
+        )
+    elif extra and missing:  # a renamed column, most likely
+        problems.append(f"the table's column(s) {missing} are not in the data")
+    return "; ".join(problems) + f" (the table's columns: {table_schema.names})"
+
+
+def _as_input(field: pa.Field) -> pa.Field:
+    """A table field as input data carries it: blob columns as the logical blob struct."""
+    if is_lance_blob_field(field):
+        return pa.field(field.name, LOGICAL_BLOB_TYPE, field.nullable)
+    if pa.types.is_struct(field.type):
+        children = [_as_input(child) for child in field.type]
+        return pa.field(field.name, pa.struct(children), field.nullable, field.metadata)
+    return field
 
 
 class DataFileWriter:
@@ -307,7 +371,7 @@ def _write_data_files(
     row = 0
     try:
         for batch in batches:
-            batch = _conform(batch, plan.input_schema)
+            batch = _conform(batch, plan, row)
             by_bytes = max(1, int(batch.num_rows * WINDOW_BYTES / max(batch.nbytes, 1)))
             by_bytes = min(by_bytes, WINDOW_ROWS)
             start = 0
@@ -548,17 +612,47 @@ def _short(digest: bytes) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    if batch.schema == schema:
-        return batch
+def _conform(batch: pa.RecordBatch, plan: WritePlan, first_row: int) -> pa.RecordBatch:
+    """``batch`` shaped as the plan's input (table order, lacking columns null), its values
+    checked against the table's non-nullable columns (``first_row``: its first row's index
+    in the write, for errors)."""
+    schema = plan.input_schema
     if batch.schema.names != schema.names:
+        batch = _aligned(batch, schema, plan.filled)
+    if batch.schema != schema:
+        try:
+            batch = batch.cast(schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(f"batch schema differs from the first batch's: {exc}") from None
+    _check_not_null(batch, plan.table_schema, first_row)
+    return batch
+
+
+def _aligned(batch: pa.RecordBatch, schema: pa.Schema, filled: tuple[str, ...]) -> pa.RecordBatch:
+    """``batch``'s columns in ``schema``'s order, with the ``filled`` columns all null."""
+    given = [n for n in schema.names if n not in filled]
+    if sorted(batch.schema.names) != sorted(given):
         raise SchemaError(
-            f"batch columns {batch.schema.names} differ from the first batch's {schema.names}"
+            f"batch columns {batch.schema.names} differ from the first batch's {given}"
         )
-    try:
-        return batch.cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise SchemaError(f"batch schema differs from the first batch's: {exc}") from None
+    arrays = [
+        pa.nulls(batch.num_rows, schema.field(n).type) if n in filled else batch.column(n)
+        for n in schema.names
+    ]
+    return pa.RecordBatch.from_arrays(arrays, names=schema.names)
+
+
+def _check_not_null(batch: pa.RecordBatch, table_schema: pa.Schema, first_row: int) -> None:
+    """Refuse nulls in the table's non-nullable columns (Lance would store them as they are)."""
+    for column in table_schema:
+        if column.nullable or column.name not in batch.schema.names:
+            continue
+        values = batch.column(column.name)
+        if values.null_count:
+            row = first_row + values.is_null().to_numpy(zero_copy_only=False).argmax()
+            raise SchemaError(
+                f"column {column.name!r} is not nullable in the table, but row {row} is null"
+            )
 
 
 def _check_ref_id_columns(

@@ -21,7 +21,7 @@ from lance import LanceDataset, LanceOperation
 from lance.fragment import DataFile, FragmentMetadata
 from lance.schema import LanceSchema
 
-from blobhouse import leases, mutations
+from blobhouse import leases, mutations, schema_changes
 from blobhouse.backfill import (
     BackfillPlan,
     BlobFunction,
@@ -727,6 +727,72 @@ class Table:
         self._schema = None
         self._field_ids = {}
         return self
+
+    @keywords_checked
+    def add_columns(self, columns: schema_changes.NewColumns) -> Table:
+        """Add columns in one commit and move this table to the new version; returns ``self``.
+
+        ``{name: SQL expression}`` computes each new column from the non-blob columns (one new
+        data file per fragment; blob bytes are not read). Nullable pyarrow fields (a field, a
+        list, a schema) are added all null, a new manifest only; a blob field
+        (``blob_field(name, ...)`` with its placement settings, or Lance's) becomes an all-null
+        blob column that :meth:`backfill_blob_column` fills, and appends can carry.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_field, write_table
+        >>> t = write_table(pa.table({"id": [1, 2]}), tempfile.mkdtemp() + "/t")
+        >>> t.add_columns({"double": "id * 2"}).to_arrow().column("double").to_pylist()
+        [2, 4]
+        >>> t = t.add_columns(blob_field("img"))  # all null until backfilled
+        >>> t = t.backfill_blob_column("img", lambda b: [b"%d" % i for i in b["id"].to_pylist()])
+        >>> t.read_blobs("img", [1])
+        [b'2']
+        """
+        return self._advance(
+            schema_changes.add_columns(self.location, columns, self.storage_options)
+        )
+
+    @keywords_checked
+    def alter_columns(self, *alterations: Mapping[str, Any]) -> Table:
+        """Alter columns as Lance's ``alter_columns`` does, in one commit, and move this table
+        to the new version; returns ``self``. Each alteration is ``{"path": column, "name":
+        new name, "nullable": bool, "data_type": pyarrow type}`` (any of the last three).
+
+        Renames (blob columns too: hashes, placement and sharing follow the column) and
+        nullability changes write a new manifest only; a cast rewrites that column's values
+        into a new data file per fragment. Blob columns are never cast, nor their placement
+        settings changed: such an alteration is refused, naming the column.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> data = pa.table({"id": pa.array([1], pa.int64()), "img": blob_array([b"x"])})
+        >>> t = write_table(data, tempfile.mkdtemp() + "/t")
+        >>> t = t.alter_columns({"path": "img", "name": "photo"},
+        ...                     {"path": "id", "data_type": pa.int32()})
+        >>> t.schema.field("id").type, t.read_blobs("photo", [0])
+        (DataType(int32), [b'x'])
+        """
+        return self._advance(
+            schema_changes.alter_columns(self.location, alterations, self.storage_options)
+        )
+
+    @keywords_checked
+    def drop_columns(self, columns: str | Sequence[str]) -> Table:
+        """Drop columns (blob columns too) in one commit, a new manifest only, and move this
+        table to the new version; returns ``self``. Older versions still read them; ``gc``
+        reclaims their bytes (sidecars, packs and store payloads only they used) once no
+        retained version needs them.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"id": [1], "img": blob_array([b"x"])}),
+        ...                 tempfile.mkdtemp() + "/t")
+        >>> t.drop_columns(["img"]).schema.names
+        ['id']
+        """
+        return self._advance(
+            schema_changes.drop_columns(self.location, columns, self.storage_options)
+        )
 
     @keywords_checked
     def scan(

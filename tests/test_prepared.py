@@ -195,21 +195,25 @@ def test_backfill_replaces_an_existing_column(table_uri):
 
 def test_backfill_after_a_column_was_dropped(fragmented):
     """Lance reserves a dropped column's field id: a new column cannot be added with its data
-    in one Merge. The error says what to do, and that works: the column Lance added (all null,
-    no files) is filled by DataReplacement."""
+    in one Merge. The backfill adds it first (all null, a manifest only: Lance's add_columns),
+    then its files replace the nulls (DataReplacement): one call, two versions."""
     uri = fragmented.dataset.uri
     data = pa.table({"id": pa.array(range(9), pa.int64()), "name": [f"n{i}" for i in range(9)]})
     write_table(data.append_column("extra", pa.array(range(9))), uri, mode="overwrite")
     lance.dataset(uri).drop_columns(["extra"])  # its data stays in the files: its id too
     version = open_table(uri).version
-    with pytest.raises(SchemaError, match="add_columns"):
-        open_table(uri).backfill_blob_column("img", render)
-    assert open_table(uri).version == version
-    lance.dataset(uri).add_columns(lance_blob_field("img"))
     updated = open_table(uri).backfill_blob_column("img", render)
+    assert updated.version == version + 2
     names = updated.to_arrow(columns=["name"]).column("name").to_pylist()
     assert updated.read_blobs("img", range(len(names))) == render(pa.record_batch({"name": names}))
     assert stock_read(uri, "img") == render(pa.record_batch({"name": names}))
+    assert updated.verify(deep=True)["problems"] == []
+    # the way users had to take before: Lance adds the column, the backfill fills it
+    lance.dataset(uri).drop_columns(["img"])
+    lance.dataset(uri).add_columns(lance_blob_field("img"))
+    again = open_table(uri).backfill_blob_column("img", render)
+    assert stock_read(uri, "img") == render(pa.record_batch({"name": names}))
+    assert again.version == version + 5
 
 
 def test_failed_backfill_leaves_the_table_unchanged(fragmented):

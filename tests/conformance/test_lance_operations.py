@@ -25,7 +25,7 @@ import pyarrow as pa
 import pytest
 from lance.blob import blob_array as lance_blob_array
 
-from blobhouse import Blob, blob_array, open_table, write_table
+from blobhouse import Blob, blob_array, blob_field, open_table, write_table
 
 SCALE = int(os.environ.get("BLOBHOUSE_CONFORMANCE_SCALE", "1"))
 MODES = ["content", "ref_id", "global", "off"]
@@ -288,6 +288,44 @@ def drop_columns(built: Built) -> None:
     built.model = replace(built.model, label=None)
 
 
+def append_after_add_columns(built: Built) -> None:
+    """Lance adds a column; a blobhouse append without it fills it with nulls."""
+    lance.dataset(built.uri).add_columns({"double": "id * 2"})
+    ids = list(range(30_000, 30_008))
+    external = built.media / "clip.bin"
+    values = payloads_for(0, len(ids), str(external))
+    data = rows_table(ids, values, built.mode)
+    write_table(data, built.uri, mode="append", dedup=built.mode, placement=PLACEMENT)
+    rows, externals = dict(built.model.rows), set(built.model.external)
+    for i, value in zip(ids, values, strict=True):
+        rows[i] = (i * 10, external.read_bytes() if isinstance(value, Blob) else value)
+        if isinstance(value, Blob):
+            externals.add(i)
+    built.model = replace(built.model, rows=rows, external=frozenset(externals))
+
+
+# ---- blobhouse's own schema changes, on the same tables -------------------------------------
+
+
+def blobhouse_add_columns(built: Built) -> None:
+    table = open_table(built.uri).add_columns({"double": "id * 2"})
+    table.add_columns(blob_field("thumb"))  # an all-null blob column
+
+
+def blobhouse_alter_columns(built: Built) -> None:
+    open_table(built.uri).alter_columns(
+        {"path": "b", "name": "media"},
+        {"path": "label", "name": "tag"},
+        {"path": "id", "data_type": pa.int32()},  # a cast: the column gets files of its own
+    )
+    built.model = replace(built.model, blob="media", label="tag")
+
+
+def blobhouse_drop_columns(built: Built) -> None:
+    open_table(built.uri).drop_columns(["label", "vec"])
+    built.model = replace(built.model, label=None)
+
+
 def scalar_index(built: Built) -> None:
     lance.dataset(built.uri).create_scalar_index("id", "BTREE")
     built.index = "id_idx"
@@ -346,6 +384,10 @@ OPERATIONS: list[Callable[[Built], None]] = [
     add_columns,
     alter_columns,
     drop_columns,
+    append_after_add_columns,
+    blobhouse_add_columns,
+    blobhouse_alter_columns,
+    blobhouse_drop_columns,
     scalar_index,
     vector_index,
     compact_files,
