@@ -166,12 +166,17 @@ def _backfill_fragment(
         if store is not None and own_store:
             store.abort()
         raise
+    check_fragment_rows(written, fragment)
+    return written
+
+
+def check_fragment_rows(written: WrittenFile, fragment) -> None:
+    """A new file of a fragment's columns holds exactly one row per physical row."""
     if written.num_rows != fragment.metadata.physical_rows:
         raise InvalidInputError(
-            f"fragment {fragment_id}: wrote {written.num_rows} rows, the fragment has "
+            f"fragment {fragment.fragment_id}: wrote {written.num_rows} rows, the fragment has "
             f"{fragment.metadata.physical_rows}"
         )
-    return written
 
 
 def commit_backfill(

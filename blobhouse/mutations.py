@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from lance import LanceDataset, LanceOperation
 from lance.fragment import DataFile
 
-from blobhouse.backfill import BlobFunction, table_for
+from blobhouse.backfill import BlobFunction, check_fragment_rows, table_for
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.maintenance.compaction import INPUT_BLOB_TYPE, logical_values
 from blobhouse.options import WriteOptions, closest
@@ -222,12 +222,13 @@ def rewrite_fragment(
     file and how many rows got new values. Runs in a Spark task as well."""
     dataset = table.dataset
     fragment = dataset.get_fragment(fragment_id)
+    store = _store_writer(table, rewrite)
     writer = DataFileWriter(
         rewrite.plan,
         table.location,
         table.storage_options,
         rewrite.transaction.name_prefix,
-        _store_writer(table, rewrite),
+        store,
     )
     rows = matched = 0
     try:
@@ -237,14 +238,14 @@ def rewrite_fragment(
             rows += batch.num_rows
             matched += hits
         written = writer.finish()
+        if store is not None:
+            store.finish()  # its packs complete (an object store's uploads too)
     except BaseException:
         writer.abort()
+        if store is not None:
+            store.abort()
         raise
-    if written.num_rows != fragment.metadata.physical_rows:
-        raise InvalidInputError(
-            f"fragment {fragment_id}: wrote {written.num_rows} rows, it has "
-            f"{fragment.metadata.physical_rows}"
-        )
+    check_fragment_rows(written, fragment)
     return written, matched
 
 
