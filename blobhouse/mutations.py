@@ -21,7 +21,7 @@ The per-fragment steps (:func:`rewrite_fragment`) are what Spark runs as tasks.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,13 @@ from blobhouse.backfill import BlobFunction, check_fragment_rows, table_for
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.maintenance.compaction import INPUT_BLOB_TYPE, logical_values
 from blobhouse.options import WriteOptions, closest
-from blobhouse.pipeline import DataFileWriter, WritePlan, plan_write, write_data_files
+from blobhouse.pipeline import (
+    DataFileWriter,
+    WritePlan,
+    plan_write,
+    store_writer_for_plan,
+    write_data_files,
+)
 from blobhouse.placement import AllowedBases
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
@@ -93,6 +99,9 @@ class ColumnRewrite:
         return [c.name for c in self.plan.columns]
 
 
+Rewrite = Callable[["Table", "ColumnRewrite"], dict[int, tuple[WrittenFile, int]]]
+
+
 def update(
     table: Table,
     updates: Mapping[str, str | BlobFunction | None],
@@ -100,32 +109,33 @@ def update(
     *,
     dedup: str = "content",
     retries: int = DEFAULT_RETRIES,
+    rewrite: Rewrite | None = None,
 ) -> UpdateReport:
     """Set ``updates`` (column -> SQL expression; for a blob column a function of the matching
     rows' plain columns, or None for null) on the rows matching ``where`` (every row if None),
-    in one commit. See :meth:`blobhouse.Table.update`."""
+    in one commit. See :meth:`blobhouse.Table.update`. ``rewrite`` writes the new file of
+    every fragment holding a matching row, with how many rows changed in each (default: one
+    fragment after another in this process; Spark runs them as tasks)."""
+    in_tasks = rewrite is not None
+    rewrite = rewrite or _rewrite_here
 
     def attempt(n: int) -> UpdateReport:
         latest = table if n == 1 else table.checkout(table.dataset.latest_version)
         blobs_change = any(c in latest.blob_columns for c in updates)
         latest = table_for(latest, dedup if blobs_change else "content")
         plan = plan_update(latest, updates, where, dedup)
-        touched = touched_fragments(latest.dataset, where)
-        files: dict[int, WrittenFile] = {}
-        matched = 0
         try:
             with plan.transaction.lease():
-                for fragment_id in touched:
-                    files[fragment_id], rows = rewrite_fragment(latest, plan, fragment_id)
-                    matched += rows
+                done = rewrite(latest, plan)
+            files = {i: written for i, (written, _) in done.items()}
+            dataset = commit_rewrite(latest, plan, files) if files else latest.dataset
         except BaseException:
-            plan.transaction.abort(files.values())
+            plan.transaction.abort(tasks_may_run=in_tasks)
             raise
-        dataset = commit_rewrite(latest, plan, files) if files else latest.dataset
         return UpdateReport(
             read_version=latest.version,
             version=dataset.version,
-            rows_updated=matched,
+            rows_updated=sum(rows for _, rows in done.values()),
             fragments_rewritten=len(files),
             columns=plan.columns,
             bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in files.values()),
@@ -133,6 +143,12 @@ def update(
         )
 
     return retrying(attempt, retries)
+
+
+def _rewrite_here(table: Table, plan: ColumnRewrite) -> dict[int, tuple[WrittenFile, int]]:
+    return {
+        i: rewrite_fragment(table, plan, i) for i in touched_fragments(table.dataset, plan.where)
+    }
 
 
 def plan_update(
@@ -207,11 +223,12 @@ def _column_rewrite(
 
 def touched_fragments(dataset: LanceDataset, where: str | None) -> list[int]:
     """The fragments holding at least one live row that matches ``where``."""
-    return [
-        f.fragment_id
-        for f in dataset.get_fragments()
-        if (f.count_rows(where) if where else f.count_rows()) > 0
-    ]
+    return [f.fragment_id for f in dataset.get_fragments() if has_match(f, where)]
+
+
+def has_match(fragment, where: str | None) -> bool:
+    """Whether a live row of ``fragment`` matches ``where`` (None: any live row)."""
+    return (fragment.count_rows(where) if where else fragment.count_rows()) > 0
 
 
 def rewrite_fragment(
@@ -222,12 +239,13 @@ def rewrite_fragment(
     file and how many rows got new values. Runs in a Spark task as well."""
     dataset = table.dataset
     fragment = dataset.get_fragment(fragment_id)
-    store = _store_writer(table, rewrite)
+    prefix = rewrite.transaction.name_prefix
+    store = store_writer_for_plan(rewrite.plan, table.location, table.storage_options, prefix)
     writer = DataFileWriter(
         rewrite.plan,
         table.location,
         table.storage_options,
-        rewrite.transaction.name_prefix,
+        prefix,
         store,
     )
     rows = matched = 0
@@ -247,14 +265,6 @@ def rewrite_fragment(
         raise
     check_fragment_rows(written, fragment)
     return written, matched
-
-
-def _store_writer(table: Table, rewrite: ColumnRewrite):
-    from blobhouse.pipeline import _store_writer as store_writer  # the pipeline's own rule
-
-    return store_writer(
-        rewrite.plan, table.location, table.storage_options, rewrite.transaction.name_prefix
-    )
 
 
 def _fragment_rows(
@@ -553,7 +563,7 @@ class MergeInsert:
             self.table if attempt == 1 else self.table.checkout(self.table.dataset.latest_version)
         )
         table = table_for(table, _dedup_of(self.options))
-        source = self._checked_source(table, source)
+        source = self.check_source(table, source)
         matches = _match(table.dataset, source, self.on, self._delete)
         txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
         try:
@@ -572,7 +582,7 @@ class MergeInsert:
         if self._insert:
             unmatched = np.setdiff1d(np.arange(source.num_rows), matched_source)
             written_rows.extend(unmatched.tolist())
-        rows = source.take(pa.array(sorted(written_rows), pa.int64())) if written_rows else None
+        rows = _rows_of(source, sorted(written_rows))
         with txn.lease():
             new_files = self._write_rows(table, rows, txn) if rows is not None else []
             files: dict[int, WrittenFile] = {}
@@ -599,7 +609,7 @@ class MergeInsert:
             attempts=attempt,
         )
 
-    def _checked_source(self, table: Table, source: pa.Table) -> pa.Table:
+    def check_source(self, table: Table, source: pa.Table) -> pa.Table:
         """The source with the table's column order and types; refuses missing keys,
         unknown columns and duplicate keys, naming them."""
         schema = table.schema
@@ -718,36 +728,29 @@ class _Matches:
 
 
 def _match(dataset: LanceDataset, source: pa.Table, on: list[str], delete: str | bool) -> _Matches:
-    """Join the table's keys (streamed, fragment by fragment) with the source's."""
+    """Join the table's keys with the source's, one fragment at a time (one join each: the
+    source's keys are hashed once per fragment, not once per scan batch)."""
     keys = source.select(on).append_column(_SOURCE_ROW, pa.array(np.arange(source.num_rows)))
     matches = _Matches()
     for fragment in dataset.get_fragments():
-        found_offsets = []
-        for batch in fragment.scanner(columns=on, with_row_address=True).to_batches():
-            targets = pa.Table.from_batches([batch])
-            joined = targets.join(keys, on, join_type="inner")
-            if joined.num_rows:
-                addresses = joined[_ROW_ADDRESS].to_numpy()
-                matches.fragments.append((addresses >> 32).astype(np.int64))
-                matches.offsets.append((addresses & 0xFFFFFFFF).astype(np.int64))
-                matches.rows.append(joined[_SOURCE_ROW].to_numpy())
-                found_offsets.append(addresses & 0xFFFFFFFF)
+        joined = _fragment_keys(fragment, on).join(keys, on, join_type="inner")
+        if joined.num_rows:
+            addresses = joined[_ROW_ADDRESS].to_numpy()
+            matches.fragments.append((addresses >> 32).astype(np.int64))
+            matches.offsets.append((addresses & 0xFFFFFFFF).astype(np.int64))
+            matches.rows.append(joined[_SOURCE_ROW].to_numpy())
         if delete:
-            matches.unmatched[fragment.fragment_id] = _unmatched(
-                fragment, on, keys, delete if isinstance(delete, str) else None
-            )
-    matches.unmatched = {k: v for k, v in matches.unmatched.items() if len(v)}
+            expr = delete if isinstance(delete, str) else None
+            alone = _fragment_keys(fragment, on, expr).join(keys, on, join_type="left anti")
+            if alone.num_rows:
+                offsets = alone[_ROW_ADDRESS].to_numpy() & 0xFFFFFFFF
+                matches.unmatched[fragment.fragment_id] = offsets
     return matches
 
 
-def _unmatched(fragment, on: list[str], keys: pa.Table, expr: str | None) -> np.ndarray:
-    """Offsets of the fragment's live rows (matching ``expr``) whose key the source lacks."""
-    out = []
-    scan = fragment.scanner(columns=on, filter=expr, with_row_address=True)
-    for batch in scan.to_batches():
-        alone = pa.Table.from_batches([batch]).join(keys, on, join_type="left anti")
-        out.append(alone[_ROW_ADDRESS].to_numpy() & 0xFFFFFFFF)
-    return np.concatenate(out) if out else np.array([], dtype=np.uint64)
+def _fragment_keys(fragment, on: list[str], expr: str | None = None) -> pa.Table:
+    """The key columns and row addresses of a fragment's live rows (matching ``expr``)."""
+    return fragment.to_table(columns=on, filter=expr, with_row_address=True)
 
 
 def _deletions(
@@ -800,6 +803,16 @@ def _from_source(
     else:
         values = _cast(values, out_type, column)
     return values.take(pa.array(rows, mask=rows < 0))
+
+
+def _rows_of(source: pa.Table, rows: list[int]) -> pa.Table | None:
+    """The source's ``rows`` (ascending); the source itself when that is every row (no copy of
+    its payloads)."""
+    if not rows:
+        return None
+    if len(rows) == source.num_rows:
+        return source
+    return source.take(pa.array(rows, pa.int64()))
 
 
 def _check_unique(source: pa.Table, on: list[str]) -> None:

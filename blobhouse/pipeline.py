@@ -367,7 +367,7 @@ def _write_data_files(
 ) -> list[WrittenFile]:
     written: list[WrittenFile] = []
     writer: DataFileWriter | None = None
-    store = _store_writer(plan, location, storage_options, name_prefix)
+    store = store_writer_for_plan(plan, location, storage_options, name_prefix)
     row = 0
     try:
         for batch in batches:
@@ -406,7 +406,7 @@ def _write_data_files(
     return written
 
 
-def _store_writer(
+def store_writer_for_plan(
     plan: WritePlan,
     location: TableLocation,
     storage_options: StorageOptions | None,

@@ -21,7 +21,7 @@ preempted it (Lance's retryable conflict).
 >>> txn = Transaction.start(table.location, table.version, kind="example")
 >>> session = BlobSession(f"{table.location.data_dir}/{txn.name_prefix}0.lance")
 >>> written = session.write_data_file(pa.table({"id": [2]}))
->>> fragment = written.fragment(ids=[0])
+>>> fragment = written.fragment([0])
 >>> dataset = txn.commit([written], lambda: LanceOperation.Append([fragment]))
 >>> open_table(table.uri).to_arrow().column("id").to_pylist()
 [1, 2]
@@ -49,6 +49,7 @@ from blobhouse.references import file_path
 from blobhouse.session import BlobSession, WrittenFile
 from blobhouse.storage import LANCE_IO_ERRORS, StorageOptions, object_store
 from blobhouse.store import (
+    StoredPayload,
     append_to_index,
     check_packs_usable,
     missing_objects,
@@ -145,13 +146,9 @@ class Transaction:
         except BaseException:
             self.abort(written)
             raise
-        stored = [s for w in written for s in w.stored]
-        try:
-            append_to_index(self.location.root, stored, self.storage_options)
-        except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
-            warnings.warn(
-                f"the store index of {self.location.root} was not updated: {exc}", stacklevel=2
-            )
+        record_stored(
+            self.location.root, [s for w in written for s in w.stored], self.storage_options
+        )
         return dataset
 
     def _checked_commit(
@@ -194,6 +191,17 @@ class Transaction:
     def _marker_uri(self) -> str:
         # outside the prefix: sweeps of the prefix keep it; gc removes it with the leftovers
         return as_uri(f"{self.location.data_dir}/aborted-{self.name_prefix}")
+
+
+def record_stored(
+    table_path: str, stored: Sequence[StoredPayload], storage_options: StorageOptions | None
+) -> None:
+    """Record payloads a committed change added to the store in its index. The commit stands
+    whatever happens here: an index that lags only lowers dedup, so a failure is a warning."""
+    try:
+        append_to_index(table_path, stored, storage_options)
+    except Exception as exc:
+        warnings.warn(f"the store index of {table_path} was not updated: {exc}", stacklevel=3)
 
 
 def retrying(attempt: Callable[[int], T], retries: int = DEFAULT_RETRIES) -> T:

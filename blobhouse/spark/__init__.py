@@ -60,9 +60,8 @@ from blobhouse.spark.jobs import compact, gc, run_tasks, verify
 from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.spark.mutations import merge_insert, update
 from blobhouse.storage import checked_options
-from blobhouse.store import append_to_index
 from blobhouse.table import open_at, open_table
-from blobhouse.transaction import Transaction
+from blobhouse.transaction import Transaction, record_stored
 
 __all__ = [
     "backfill_blob_column",
@@ -220,10 +219,7 @@ def write_table(
         except BaseException:
             txn.abort()  # unless the rows committed
             raise
-    try:
-        append_to_index(location.root, stored, options_checked)
-    except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
-        warnings.warn(f"the store index of {location.root} was not updated: {exc}", stacklevel=2)
+    record_stored(location.root, stored, options_checked)
 
 
 def _pack_limit(writer_options: Mapping[str, str]) -> int:
@@ -317,10 +313,7 @@ def backfill_blob_column(
     except BaseException:
         plan.transaction.abort()
         raise
-    try:
-        append_to_index(location.root, stored, options)
-    except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
-        warnings.warn(f"the store index of {location.root} was not updated: {exc}", stacklevel=2)
+    record_stored(location.root, stored, options)
 
 
 _FRAGMENT, _ORDER, _VALUE = "__bh_fragment", "__bh_order", "value"

@@ -21,7 +21,6 @@ are removed.
 from __future__ import annotations
 
 import pickle
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -30,15 +29,17 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
+from blobhouse import mutations
 from blobhouse.backfill import BlobFunction, table_for
 from blobhouse.errors import InvalidInputError
 from blobhouse.mutations import (
+    ColumnRewrite,
     MergeInsert,
     MergeReport,
     UpdateReport,
     commit_rewrite,
     empty_rewrite,
-    plan_update,
+    has_match,
     rewrite_fragment,
 )
 from blobhouse.options import WriteOptions
@@ -47,9 +48,8 @@ from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.jobs import run_tasks
 from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.storage import checked_options
-from blobhouse.store import append_to_index
 from blobhouse.table import TableWrite, open_at, open_table
-from blobhouse.transaction import DEFAULT_RETRIES, Transaction, retrying
+from blobhouse.transaction import DEFAULT_RETRIES, Transaction, record_stored
 
 _ADDRESS, _SCOPE = "__bh_rowaddr", "__bh_in_scope"
 
@@ -68,43 +68,36 @@ def update(
     """:meth:`blobhouse.Table.update` with a Spark task per fragment: each task rewrites the
     changed columns of its fragment if a row matches ``where``; the driver commits once."""
     options = checked_options(storage_options)
+    table = open_table(uri, storage_options=options)
+    return mutations.update(
+        table,
+        updates,
+        where,
+        dedup=dedup,
+        retries=retries,
+        rewrite=lambda at, plan: _rewrite_in_tasks(spark, at, plan),
+    )
 
-    def attempt(n: int) -> UpdateReport:
-        table = open_table(uri, storage_options=options)
-        blobs_change = any(c in table.blob_columns for c in updates)
-        table = table_for(table, dedup if blobs_change else "content")
-        plan = plan_update(table, updates, where, dedup)
-        location, version = table.location, table.version
 
-        def rewrite(fragment_id: int):
-            at = open_at(location, version, options)
-            fragment = at.dataset.get_fragment(fragment_id)
-            if (fragment.count_rows(where) if where else fragment.count_rows()) == 0:
-                return None
-            return rewrite_fragment(at, plan, fragment_id)
+def _rewrite_in_tasks(spark: SparkSession, table, plan: ColumnRewrite) -> dict:
+    """:func:`~blobhouse.mutations.rewrite_fragment` of every fragment holding a matching row,
+    a Spark task per fragment (each task checks its fragment for a match)."""
+    location, version, options, where = (
+        table.location,
+        table.version,
+        table.storage_options,
+        plan.where,
+    )
 
-        ids = [f.fragment_id for f in table.dataset.get_fragments()]
-        done: dict = {}
-        try:
-            with plan.transaction.lease():
-                results = run_tasks(spark, ids, rewrite)
-            done = {i: r for i, r in zip(ids, results, strict=True) if r is not None}
-            files = {i: written for i, (written, _) in done.items()}
-            dataset = commit_rewrite(table, plan, files) if files else table.dataset
-        except BaseException:
-            plan.transaction.abort([w for w, _ in done.values()], tasks_may_run=True)
-            raise
-        return UpdateReport(
-            read_version=version,
-            version=dataset.version,
-            rows_updated=sum(rows for _, rows in done.values()),
-            fragments_rewritten=len(files),
-            columns=plan.columns,
-            bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in files.values()),
-            attempts=n,
-        )
+    def rewrite(fragment_id: int):
+        at = open_at(location, version, options)
+        if not has_match(at.dataset.get_fragment(fragment_id), where):
+            return None
+        return rewrite_fragment(at, plan, fragment_id)
 
-    return retrying(attempt, retries)
+    ids = [f.fragment_id for f in table.dataset.get_fragments()]
+    results = run_tasks(spark, ids, rewrite)
+    return {i: r for i, r in zip(ids, results, strict=True) if r is not None}
 
 
 @spark_entry_point
@@ -143,7 +136,7 @@ def merge_insert(
             else None
         )
     # the source's shape checked like the Python merge (keys, unknown columns), without data
-    merge._checked_source(table, to_arrow_schema(df.schema).empty_table())
+    merge.check_source(table, to_arrow_schema(df.schema).empty_table())
     _check_unique_keys(df, keys)
     targets = _target_keys(df.sparkSession, table, df, keys, when_not_matched_by_source_delete)
     joined = df.join(targets, keys, "left")
@@ -197,7 +190,7 @@ def merge_insert(
     except BaseException:
         txn.abort(written, tasks_may_run=True)
         raise
-    append_stored(table.location.root, stored, options)
+    record_stored(table.location.root, stored, options)
     return MergeReport(
         read_version=table.version,
         version=dataset.version,
@@ -206,14 +199,6 @@ def merge_insert(
         num_deleted_rows=deleted,
         bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in written),
     )
-
-
-def append_stored(root: str, stored: list, options) -> None:
-    """Record the payloads stored before the rows in the store's index (after the commit)."""
-    try:
-        append_to_index(root, stored, options)
-    except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
-        warnings.warn(f"the store index of {root} was not updated: {exc}", stacklevel=2)
 
 
 def _pack_limit(options: WriteOptions) -> int:
