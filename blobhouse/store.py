@@ -25,7 +25,6 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -51,9 +50,10 @@ from blobhouse.layout import (
     is_store_base_name,
     store_dir,
 )
+from blobhouse.managed import check_usable, register
 from blobhouse.placement import Kind, as_uri, normalize_uri, object_size
 from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue, WrittenFile
-from blobhouse.storage import StorageOptions, is_local, object_store, uri_to_path
+from blobhouse.storage import StorageOptions, object_sizes, object_store, uri_to_path
 
 if TYPE_CHECKING:
     from blobhouse.values import LogicalColumn
@@ -62,7 +62,6 @@ _REGISTER_ATTEMPTS = 10
 _INDEX_FRAGMENTS = 8  # more than this many and gc compacts the index
 PACKS_DIR = "packs"
 TOMBSTONES_DIR = "tombstones"
-_STAT_THREADS = 16
 INDEX_SCHEMA = pa.schema(
     [
         # plain binary and signed integers: Spark reads the index for its lookup join
@@ -535,14 +534,19 @@ def commit_referencing_store(
 ) -> LanceDataset:
     """Run ``commit()`` (the Lance commit that makes ``written`` visible). Every commit of
     data files goes through here. Right before it: the store packs ``written`` took from the
-    index must not be retired (:func:`check_packs_usable`), and every file of ``written`` must
-    still exist. The write's lease (``name_prefix``, :mod:`blobhouse.leases`) is held
-    throughout, so gc keeps its files even while Lance retries the commit for long. Right after
-    it, the payloads they added are recorded in the store's index."""
+    index must not be retired (:func:`check_packs_usable`), the external objects it hands to
+    the table must not be doomed or gone (:func:`blobhouse.managed.check_usable`), and every
+    file of ``written`` must still exist. The write's lease (``name_prefix``,
+    :mod:`blobhouse.leases`) is held throughout, so gc keeps its files even while Lance retries
+    the commit for long. Right after it, the payloads they added are recorded in the store's
+    index and the objects they hand over in the table's managed-object registry (a crash in
+    between loses dedup or leaves an object unmanaged, never a reference)."""
     root = location.root
+    managed = sorted({u for w in written for u in w.managed})
     try:
         with leases.held(root, name_prefix, storage_options):
             check_packs_usable(root, {p for w in written for p in w.found_packs}, storage_options)
+            check_usable(root, managed, storage_options)
             lost = _lost_files(location, written, storage_options)
             if lost:
                 raise StaleWriteError(
@@ -559,6 +563,10 @@ def commit_referencing_store(
         append_to_index(root, stored, storage_options)
     except Exception as exc:  # the commit stands: a cache that lags only lowers dedup
         warnings.warn(f"the store index of {root} was not updated: {exc}", stacklevel=2)
+    try:
+        register(location, dataset.schema, managed, name_prefix, storage_options)
+    except Exception as exc:  # the commit stands: an unregistered object is only a leak
+        warnings.warn(f"managed objects of {root} were not registered: {exc}", stacklevel=2)
     return dataset
 
 
@@ -632,13 +640,8 @@ def _missing_objects(
 ) -> list[str]:
     """Which of ``paths`` (relative to the table) do not exist. On an object store each is a
     request: they run in parallel."""
-    if not paths:
-        return []
     root = as_uri(table_path)
-    store = object_store(root, storage_options)
-    threads = 1 if is_local(root) else min(len(paths), _STAT_THREADS)
-    with ThreadPoolExecutor(threads) as pool:
-        sizes = list(pool.map(lambda p: store.size(f"{root}/{p}"), paths))
+    sizes = object_sizes([f"{root}/{p}" for p in paths], storage_options)
     return [p for p, size in zip(paths, sizes, strict=True) if size is None]
 
 
