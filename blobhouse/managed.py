@@ -126,7 +126,8 @@ class Registry:
         """Replace the files read by one holding every entry but ``dropped`` (their times
         kept): how gc forgets deleted objects and merges many small files. Files written since
         the load are left alone."""
-        kept = {u: at for u, at in self.entries.items() if u not in set(dropped)}
+        dropped = set(dropped)
+        kept = {u: at for u, at in self.entries.items() if u not in dropped}
         folder = as_uri(f"{managed_dir(location.root)}/{REGISTRY_DIR}")
         if kept:
             objects = [{"uri": u, "registered": at} for u, at in sorted(kept.items())]
@@ -266,7 +267,7 @@ class Reclaim:
     undecided: int = 0
     outside: list[str] = field(default_factory=list)
     stale: list[tuple[str, str]] = field(default_factory=list)  # markers of no entry
-    failed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # uri -> why it was not deleted
 
     @classmethod
     def plan(
@@ -349,7 +350,7 @@ class Reclaim:
             "undecided": self.undecided,
             "kept_outside_bases": len(self.outside),
             "foreign_entries": self.registry.foreign,
-            "failed": list(self.failed),
+            "failed": [f"{uri}: {why}" for uri, why in sorted(self.failed.items())],
             "paths": sorted(removed),
         }
 
@@ -357,7 +358,7 @@ class Reclaim:
         try:
             object_store(uri, self.storage_options).delete(uri)
         except (OSError, ValueError) as exc:  # kept, and tried again by the next run
-            self.failed.append(f"{uri}: {exc}")
+            self.failed[uri] = str(exc)
             return False
         return True
 
@@ -392,7 +393,7 @@ def _parsed(body: bytes | None) -> Mapping | None:
     try:
         parsed = json.loads(body)
         ok = parsed.get("format") == FORMAT and isinstance(parsed.get("table"), str)
-        ok = ok and all(isinstance(e.get("uri"), str) for e in parsed["objects"])
+        ok = ok and all(_is_entry(e) for e in parsed["objects"])
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
     return parsed if ok else None
@@ -411,6 +412,11 @@ def _read_all(uris: list[str], storage_options: StorageOptions | None) -> list[b
     threads = 1 if all(is_local(u) for u in uris) else min(len(uris), STAT_THREADS)
     with ThreadPoolExecutor(max(threads, 1)) as pool:
         return list(pool.map(read, uris))
+
+
+def _is_entry(entry: Mapping) -> bool:
+    registered = entry.get("registered", 0.0)
+    return isinstance(entry.get("uri"), str) and isinstance(registered, int | float)
 
 
 def _is_file(name: str) -> bool:

@@ -115,6 +115,15 @@ def test_managed_flag_and_managed_base_register_only_what_a_commit_hands_over(ta
         )
 
 
+def test_pandas_rows_hand_objects_over_too(table_uri, media):
+    import pandas as pd
+
+    flagged = f"{media['shared']}/2.bin"
+    frame = pd.DataFrame({"id": [0, 1], "v": [Blob(uri=flagged, managed=True), Blob(data=b"x")]})
+    write_table(frame, table_uri, allowed_bases=[media["shared"]])
+    assert registered(table_uri) == {file_uri(flagged)}
+
+
 def test_gc_deletes_an_unreferenced_managed_object_after_grace_and_keeps_it_before(
     table_uri, media
 ):

@@ -365,7 +365,7 @@ def gc(
             "removed_bytes": sum(index.removed.values()),
             "added_bytes": index.added_bytes,
         },
-        "kept_referenced_files": len(marked.paths),
+        "kept_referenced_files": len(marked.paths - registry.uris),
         "kept_unreadable": marked.kept_whole,
         "kept_young_files": len(young),
         "kept_leased_files": len(leased),
