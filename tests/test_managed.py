@@ -510,6 +510,10 @@ def test_ingest_managed_references_files_in_place_and_owns_them(spark, tmp_path,
     outside = write_manifest(tmp_path / "out.jsonl", [{"id": 9, "image": "shared/0.bin"}])
     with pytest.raises(InvalidInputError, match=r"row 1, column 'image': shared/0.bin: managed"):
         plan_ingest(outside, table, ["image"], managed=True)
+    with pytest.raises(InvalidInputError, match="not by an append"):
+        plan_ingest(manifest, table, ["image"], managed=True, allowed_bases=[media["shared"]])
+    with pytest.raises(InvalidInputError, match="does not apply to a managed ingest"):
+        plan_ingest(manifest, table, ["image"], managed=True, dedup="global")
 
     # a new version without two of the files: gc deletes them once no version needs them
     fewer = write_manifest(tmp_path / "fewer.jsonl", [{"id": 0, "image": "owned/0.bin"}])

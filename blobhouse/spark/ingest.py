@@ -293,8 +293,8 @@ def plan_ingest(
 def _reference_bases(
     table: str, mode: str, given: Sequence[str] | None, options: StorageOptions | None
 ) -> AllowedBases:
-    """The bases a managed ingest's files must lie under: the existing table's when appending
-    (``given`` must not change them), else ``given`` (the new table's)."""
+    """The bases a managed ingest's files must lie under: ``given`` (the new table's, or
+    those an overwrite sets), else the existing table's; an append cannot change them."""
     from blobhouse.table import open_table
 
     root = TableLocation.of(table, storage_options=options).root_uri
@@ -303,15 +303,14 @@ def _reference_bases(
     except TableNotFoundError:
         existing = None
     kept = AllowedBases.of_table(existing, root)
-    if mode == "append" and existing is not None:
-        if given is not None and set(AllowedBases(given, root).bases) - set(kept.bases):
-            raise InvalidInputError(
-                f"table {table} allows external objects under {kept.bases or 'no base'}; its "
-                "allowed bases are set when it is created or overwritten, not by an append"
-            )
-        bases = kept
-    else:
-        bases = AllowedBases(given or (), root)
+    bases = kept if given is None else AllowedBases(given, root)
+    appending = mode == "append" and existing is not None
+    if appending and set(bases.bases) | set(kept.managed) != set(kept.bases):
+        raise InvalidInputError(
+            f"table {table} allows external objects under {kept.bases or 'no base'}; its "
+            "allowed bases are set when it is created or overwritten, not by an append"
+        )
+    bases = kept if appending else bases
     if not bases:
         raise InvalidInputError(
             f"a managed ingest references the files in place: name the folders table {table} "
