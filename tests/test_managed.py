@@ -28,7 +28,6 @@ from blobhouse import (
 )
 from blobhouse.cli import main
 from blobhouse.managed import DOOMED_DIR, Registry, managed_dir
-from blobhouse.spark.ingest import plan_ingest
 from blobhouse.table import TableWrite
 
 from helpers import tree
@@ -488,6 +487,8 @@ def write_manifest(path, rows: list[dict]) -> str:
 
 
 def test_ingest_managed_references_files_in_place_and_owns_them(spark, tmp_path, media, capsys):
+    from blobhouse.spark.ingest import plan_ingest  # blobhouse.spark needs pyspark
+
     folder = media["owned"]
     manifest = write_manifest(
         tmp_path / "rows.jsonl", [{"id": i, "image": f"owned/{i % 3}.bin"} for i in range(6)]
