@@ -56,6 +56,10 @@ appended to a table a JSONL one made), or names the column that cannot be cast.
 Rows are split into consecutive ranges, one Spark task each (about 1 GiB of distinct files
 per task, or --tasks N). With the default --dedup content, rows of one task naming the same
 file store it once; --dedup global stores each file once per table, across tasks and appends.
+
+--managed references the files in place instead of copying them, and hands them to the table:
+gc deletes a file once no retained version of the table references it. The files must lie
+under the folders the table allows (--allowed-bases when the ingest creates the table).
 """
 
 DEMO_DESCRIPTION = """\
@@ -68,13 +72,17 @@ holding anything else is refused, never deleted.
 
 SERVICE_DESCRIPTIONS = {
     "stats": "Per blob column and kind: rows, logical bytes (what rows reference), physical "
-    "bytes (each stored range once) and the dedup ratio; fragments, deleted rows, orphan files.",
+    "bytes (each stored range once) and the dedup ratio; external references, managed and "
+    "unmanaged apart; fragments, deleted rows, orphan files.",
     "verify": "Check that every blob reference of every retained version of every branch "
     "resolves to an existing object with its range inside it (--deep: also re-hash every "
-    "stored payload). Exit code 1 if there is a problem.",
+    "stored payload); missing objects are counted apart: the table's, managed and unmanaged "
+    "external ones. Exit code 1 if there is a problem.",
     "gc": "Remove old versions (through Lance; tagged versions are kept), then files under "
     "the table's data/ and store that no retained version of any branch references, once "
-    "older than the grace period. Never touches external blobs.",
+    "older than the grace period. External objects the user owns are never touched; managed "
+    "ones (handed to the table by a write) are deleted once no retained version references "
+    "them, two grace periods after gc first finds them unreferenced.",
     "compact": "Rewrite small fragments and fragments with many deleted rows in one commit, "
     "each payload stored once per new data file; deleted rows' bytes are dropped.",
     "relocate": "Point a copied or moved table's store at its new place (one commit); until "
@@ -238,6 +246,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="content",
         help="content (default): rows of one task naming byte-identical files store them "
         "once; global: once per table, across tasks and appends; off: one copy per row",
+    )
+    ingest.add_argument(
+        "--managed",
+        action="store_true",
+        help="reference the files in place and hand them to the table (gc deletes a file once "
+        "no retained version references it) instead of copying their bytes",
+    )
+    ingest.add_argument(
+        "--allowed-bases",
+        metavar="DIRS",
+        default=None,
+        help="comma-separated folders or URI prefixes the table may reference files under "
+        "(set when the ingest creates or overwrites the table; --managed needs them)",
     )
     ingest.add_argument(
         "--drop-path-columns",
@@ -578,7 +599,7 @@ def _demo(args: argparse.Namespace, run: Run) -> int:
 def _ingest(args: argparse.Namespace, run: Run) -> int:
     from blobhouse.spark.ingest import plan_ingest
 
-    columns = [c.strip() for c in args.blob_columns.split(",") if c.strip()]
+    columns = _list(args.blob_columns)
     options = _storage_options(args)
     if args.tasks is not None and args.tasks < 1:
         raise InvalidInputError("--tasks must be at least 1")
@@ -592,13 +613,16 @@ def _ingest(args: argparse.Namespace, run: Run) -> int:
         dedup=args.dedup,
         drop_path_columns=args.drop_path_columns,
         storage_options=options,
+        managed=args.managed,
+        allowed_bases=None if args.allowed_bases is None else _list(args.allowed_bases),
     )
     _check_master(args.master)
     run.will_write(args.table, options)
     with _spark_output(args):
         spark = _start_spark(args, run)
+        how = "referencing (managed)" if plan.managed else "ingesting"
         run.status(
-            f"ingesting {plan.rows.num_rows} rows ({len(plan.sizes)} files, "
+            f"{how} {plan.rows.num_rows} rows ({len(plan.sizes)} files, "
             f"{mb(plan.logical_bytes)}) from {args.manifest} into {args.table} ..."
         )
         report = plan.run(spark, partitions=args.tasks, progress=run.progress)
@@ -639,7 +663,12 @@ def _stats(args: argparse.Namespace, run: Run) -> int:
     print(f"logical        {mb(report['logical_bytes'])}")
     print(f"physical       {mb(report['physical_bytes'])} ({report['dedup_ratio']:.2f}x dedup)")
     print(f"orphans        {report['orphan_files']} files, {mb(report['orphan_bytes'])}")
-    print_report(report, skip=shown, separate=True)
+    for owner, refs in report["external_references"].items():
+        print(
+            f"{owner + ' refs':<14} {refs['references']} references, {refs['objects']} "
+            f"objects, {mb(refs['bytes'])}"
+        )
+    print_report(report, skip=[*shown, "external_references"], separate=True)
     return 0
 
 
@@ -656,9 +685,11 @@ def _verify(args: argparse.Namespace, run: Run) -> int:
         else ""
     )
     branches = "".join(f", branch {b} {v}" for b, v in report["branches"].items())
+    missing = ", ".join(f"{n} {owner}" for owner, n in report["missing_objects"].items() if n)
     print(
         f"{report['references']} references in versions {report['versions']}{branches}, "
         f"{report['objects']} objects{hashed}, {len(report['problems'])} problem(s)"
+        + (f"; missing objects: {missing}" if missing else "")
     )
     shown = [
         "references",
@@ -668,6 +699,7 @@ def _verify(args: argparse.Namespace, run: Run) -> int:
         "hashed",
         "unhashed",
         "deep",
+        "missing_objects",
     ]
     print_report(report, skip=shown if report["problems"] else [*shown, "problems"], separate=True)
     return 1 if report["problems"] else 0
@@ -703,6 +735,13 @@ def _gc(args: argparse.Namespace, run: Run) -> int:
         f"{report['kept_young_files']} younger than the grace period"
         + (f" and tagged versions {tagged}" if tagged else "")
     )
+    managed = report.get("managed")
+    if managed and (managed["registered"] or managed["removed"]):
+        print(
+            f"managed objects: {verb} {managed['removed']} ({mb(managed['removed_bytes'])}), "
+            f"{managed['referenced']} of {managed['registered']} referenced, "
+            f"{managed['retired'] + managed['doomed'] + managed['waiting']} on their way out"
+        )
     if report.get("failed_create"):
         print(f"no table at {args.table}: these were the leftovers of a failed create")
     for path in report.get("foreign_files", []):
@@ -815,6 +854,11 @@ def _close(run: Run) -> None:
     """Finish the progress bars before a report goes to stdout."""
     if run.bars is not None:
         run.bars.close()
+
+
+def _list(value: str) -> list[str]:
+    """A comma-separated option's items."""
+    return [item.strip() for item in value.split(",") if item.strip()]
 
 
 def _print_json(report: Mapping) -> None:

@@ -88,6 +88,11 @@ class StoreRaceError(BlobhouseError):
     nothing was committed and retrying the write succeeds."""
 
 
+class ManagedObjectRaceError(BlobhouseError):
+    """A write references a managed object that gc is deleting, or that is gone, by the time
+    the write commits; nothing was committed (see docs/managed-objects.md)."""
+
+
 class MissingExtraError(BlobhouseError, ImportError):
     """A part of blobhouse whose optional dependencies are not installed (Spark without
     pyspark). The message is one line naming the ``pip install`` that adds them."""

@@ -30,7 +30,9 @@ class WriteOptions:
     Spark writer, ``merge_insert`` and the CLI, checked once.
 
     ``dedup`` is one mode (``"off"``, ``"content"``, ``"ref_id"``, ``"global"``) or a mode per
-    blob column; ``placement`` maps a blob column (or ``"*"``) to its size thresholds.
+    blob column; ``placement`` maps a blob column (or ``"*"``) to its size thresholds;
+    ``managed_bases`` are allowed bases whose objects the table takes ownership of
+    (docs/managed-objects.md).
 
     >>> WriteOptions(blob_columns=["image"], dedup="global").dedup
     'global'
@@ -38,8 +40,8 @@ class WriteOptions:
     Traceback (most recent call last):
     ...
     blobhouse.errors.UnknownOptionError: unknown write option 'dedupe' (did you mean 'dedup'?); \
-valid: allowed_bases, blob_columns, dedup, max_bytes_per_file, max_rows_per_file, placement, \
-ref_id_columns
+valid: allowed_bases, blob_columns, dedup, managed_bases, max_bytes_per_file, max_rows_per_file, \
+placement, ref_id_columns
     """
 
     blob_columns: Sequence[str] = ()
@@ -47,6 +49,7 @@ ref_id_columns
     dedup: str | Mapping[str, str] = "content"
     placement: Mapping[str, Mapping[str, int]] | None = None
     allowed_bases: Sequence[str] | None = None
+    managed_bases: Sequence[str] | None = None
     max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE
     max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE
 
@@ -70,7 +73,8 @@ ref_id_columns
 
     def layout(self) -> dict[str, Any]:
         """The keywords of :func:`~blobhouse.pipeline.plan_write` these options set."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "allowed_bases"}
+        bases = ("allowed_bases", "managed_bases")  # planned against the table's own
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in bases}
 
 
 def closest(name: str, valid: Iterable[str]) -> str | None:

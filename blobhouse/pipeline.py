@@ -22,8 +22,9 @@ from lance.blob import blob_field as lance_blob_field
 
 from blobhouse import leases
 from blobhouse.dedup import DedupIndex, DedupMode, Fingerprint, content_hash, dedup_modes
-from blobhouse.errors import InvalidInputError, SchemaError
+from blobhouse.errors import ExternalBlobError, InvalidInputError, SchemaError
 from blobhouse.layout import TableLocation
+from blobhouse.managed import ManagedPolicy
 from blobhouse.options import DEFAULT_MAX_BYTES_PER_FILE, DEFAULT_MAX_ROWS_PER_FILE
 from blobhouse.placement import (
     AllowedBases,
@@ -243,6 +244,7 @@ class DataFileWriter:
         storage_options: StorageOptions | None = None,
         name_prefix: str = "",
         store: StoreWriter | None = None,
+        managed: ManagedPolicy | None = None,
     ) -> None:
         self.plan = plan
         name = f"{name_prefix}{uuid.uuid4().hex}.lance"
@@ -254,8 +256,9 @@ class DataFileWriter:
             )
         self.store = store
         self.own_store = store_reference(plan, location, storage_options)
+        policy = managed or ManagedPolicy(plan.allowed_bases, location, storage_options)
         self.placers = [
-            _ColumnPlacer(c, self.session, plan.allowed_bases, store, self.own_store)
+            _ColumnPlacer(c, self.session, plan.allowed_bases, store, self.own_store, policy)
             for c in plan.columns
         ]
         self.num_rows = 0
@@ -298,6 +301,7 @@ class DataFileWriter:
             packs=packs,
             stored=stored,
             found_packs=tuple(sorted(self._found_packs())),
+            managed=tuple(sorted(set().union(*(p.handed for p in self.placers)))),
         )
 
     def _found_packs(self) -> set[str]:
@@ -368,6 +372,7 @@ def _write_data_files(
     written: list[WrittenFile] = []
     writer: DataFileWriter | None = None
     store = store_writer_for_plan(plan, location, storage_options, name_prefix)
+    managed = ManagedPolicy(plan.allowed_bases, location, storage_options)  # one per write
     row = 0
     try:
         for batch in batches:
@@ -377,7 +382,7 @@ def _write_data_files(
             start = 0
             while start < batch.num_rows:
                 writer = writer or DataFileWriter(
-                    plan, location, storage_options, name_prefix, store
+                    plan, location, storage_options, name_prefix, store, managed
                 )
                 take = min(
                     batch.num_rows - start, by_bytes, plan.max_rows_per_file - writer.num_rows
@@ -465,10 +470,13 @@ class _ColumnPlacer:
         bases: AllowedBases,
         store: StoreWriter | None = None,
         own_store: StoreReference | None = None,
+        managed: ManagedPolicy | None = None,
     ) -> None:
         self.plan = plan
         self.store = store
         self.own_store = own_store
+        self.managed = managed
+        self.handed: set[str] = set()  # external objects this column hands to the table
         self.name = plan.name  # read for every row: joined once
         self.session = session
         self.index = DedupIndex()
@@ -588,7 +596,13 @@ class _ColumnPlacer:
         self, column: LogicalColumn, row: int, global_row: int, ref_id: int | None
     ) -> PreparedBlob:
         name = self.name
+        flagged = column.is_managed(row)
         in_store = self.own_store.reference(column, row) if self.own_store else None
+        if in_store is not None and flagged:
+            raise ExternalBlobError(
+                f"blob column {name!r}, row {global_row}: managed uri {column.uri[row]!r} lies "
+                "inside the table (its store); the table owns its own files already"
+            )
         if in_store is not None:
             return in_store  # the table's own store: compaction keeps such references
         uri, position, size = external_range(
@@ -600,7 +614,10 @@ class _ColumnPlacer:
             row=global_row,
             sizes=self._object_sizes,
             storage_options=self.session.storage_options,
+            managed=flagged,
         )
+        if self.managed is not None and self.managed.managed(uri, flagged):
+            self.handed.add(uri)
         if self.plan.dedup == "ref_id" and ref_id:
             key = self.index.key("ref_id", name, ref_id=ref_id, digest=None)
             fingerprint = Fingerprint(size, None, global_row, external=(uri, position, size))

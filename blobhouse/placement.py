@@ -110,14 +110,24 @@ class AllowedBases:
 
     A table's own files are never external blobs: gc and compaction own everything under the
     table root, so a uri inside ``table_root`` is refused even when a base covers it.
+    ``managed`` bases are allowed bases too, and every external uri a write references under
+    one is handed to the table (a managed object: docs/managed-objects.md).
 
-    >>> bases = AllowedBases(["/data/videos"])
+    >>> bases = AllowedBases(["/data/videos"], managed=["/data/scratch"])
     >>> bases.check("/data/videos/a.mp4", column="video", row=0)
     'file:///data/videos/a.mp4'
+    >>> bases.bases, bases.is_managed("file:///data/scratch/b.mp4")
+    (['file:///data/scratch', 'file:///data/videos'], True)
     """
 
-    def __init__(self, bases: Iterable[str] = (), table_root: str | None = None) -> None:
-        self.bases = sorted({_checked_base(b) for b in bases})
+    def __init__(
+        self,
+        bases: Iterable[str] = (),
+        table_root: str | None = None,
+        managed: Iterable[str] = (),
+    ) -> None:
+        self.managed = sorted({_checked_base(b, "managed base") for b in managed})
+        self.bases = sorted({_checked_base(b) for b in bases} | set(self.managed))
         self.table_root = normalize_uri(table_root).rstrip("/") if table_root else None
         for base in self.bases:
             if self.table_root and _is_under(base, self.table_root):
@@ -133,18 +143,26 @@ class AllowedBases:
     def of_table(cls, schema: pa.Schema | None, table_root: str | None = None) -> AllowedBases:
         """The bases a table schema records (none if it records nothing)."""
         raw = (schema.metadata or {}).get(SETTINGS_KEY) if schema is not None else None
-        bases = json.loads(raw).get("allowed_bases", []) if raw else []
-        return cls(bases, table_root)
+        settings = json.loads(raw) if raw else {}
+        return cls(settings.get("allowed_bases", []), table_root, settings.get("managed_bases", []))
 
     def table_metadata(self) -> dict[bytes, bytes]:
-        """Schema metadata recording these bases with the table."""
-        return {SETTINGS_KEY: json.dumps({"format": 1, "allowed_bases": self.bases}).encode()}
+        """Schema metadata recording these bases with the table (``allowed_bases`` lists the
+        managed ones too, so a reader that knows only allowed bases still reads them)."""
+        settings = {"format": 1, "allowed_bases": self.bases, "managed_bases": self.managed}
+        return {SETTINGS_KEY: json.dumps(settings).encode()}
 
-    def check(self, uri: str, *, column: str, row: int) -> str:
-        """The normalized form of ``uri``, or :class:`ExternalBlobError` if not allowed."""
+    def is_managed(self, normalized: str) -> bool:
+        """Whether a normalized uri lies under a managed base."""
+        return any(normalized.startswith(base + "/") for base in self.managed)
+
+    def check(self, uri: str, *, column: str, row: int, managed: bool = False) -> str:
+        """The normalized form of ``uri``, or :class:`ExternalBlobError` if not allowed
+        (``managed``: the row hands the object to the table, which the message says)."""
         normalized, problem = self.resolve(uri)
         if problem:
-            raise ExternalBlobError(f"blob column {column!r}, row {row}: {problem}")
+            what = "managed " if managed else ""
+            raise ExternalBlobError(f"blob column {column!r}, row {row}: {what}{problem}")
         return normalized
 
     def resolve(self, uri: str) -> tuple[str, str]:
@@ -233,11 +251,11 @@ def _has_control(text: str) -> bool:
     return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
-def _checked_base(base: str) -> str:
+def _checked_base(base: str, what: str = "allowed base") -> str:
     try:
         return normalize_uri(base).rstrip("/")
     except InvalidInputError as exc:
-        raise InvalidInputError(f"allowed base {base!r}: {exc}") from None
+        raise InvalidInputError(f"{what} {base!r}: {exc}") from None
 
 
 def _is_under(uri: str, prefix: str) -> bool:
@@ -255,9 +273,11 @@ def external_range(
     row: int,
     sizes: dict[str, int] | None = None,
     storage_options: Mapping[str, str] | None = None,
+    managed: bool = False,
 ) -> tuple[str, int, int]:
     """``(normalized uri, position, size)`` of an external reference, checked: under an
-    allowed base, the object exists, the range lies inside it. ``sizes`` caches object sizes.
+    allowed base, the object exists, the range lies inside it. ``sizes`` caches object sizes;
+    ``managed``: the row hands the object to the table (errors say so).
 
     >>> import tempfile, os
     >>> base = tempfile.mkdtemp(); path = os.path.join(base, "clip.bin")
@@ -265,7 +285,7 @@ def external_range(
     >>> external_range(path, None, None, AllowedBases([base]), column="c", row=0)[1:]
     (0, 10)
     """
-    normalized = bases.check(uri, column=column, row=row)
+    normalized = bases.check(uri, column=column, row=row, managed=managed)
     sizes = {} if sizes is None else sizes
     if normalized not in sizes:
         sizes[normalized] = object_size(

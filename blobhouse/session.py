@@ -28,6 +28,8 @@ from lance.fragment import DataFile, FragmentMetadata
 from blobhouse.checksums import ChecksumLog
 from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobhouseError, InvalidInputError
+from blobhouse.layout import TableLocation
+from blobhouse.managed import ManagedPolicy
 from blobhouse.placement import AllowedBases, Kind, as_uri, external_range
 from blobhouse.storage import (
     LANCE_IO_ERRORS,
@@ -156,6 +158,9 @@ class WrittenFile:
     packs: tuple[str, ...] = ()  # store packs (dedup="global") holding payloads added for it
     stored: tuple = ()  # those payloads (store.StoredPayload), for the store's index
     found_packs: tuple[str, ...] = ()  # store packs it references that the index named
+    # external objects it hands to the table (normalized URIs): checked before the commit,
+    # registered after it (blobhouse.managed)
+    managed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # these names are joined to the table's directories, committed and, on abort,
@@ -171,6 +176,11 @@ class WrittenFile:
             raise InvalidInputError(
                 f"written file {self.name!r}: {bad[0]!r} is not a name blobhouse writes "
                 "(data/<name>.lance, data/<name>/<blob_id>.blob, packs/<name>.pack)"
+            )
+        odd = [u for u in self.managed if not isinstance(u, str) or "://" not in u]
+        if odd:
+            raise InvalidInputError(
+                f"written file {self.name!r}: managed object {odd[0]!r} is not an absolute URI"
             )
 
     def data_file(self, field_ids: list[int]) -> DataFile:
@@ -403,9 +413,15 @@ class BlobColumnWriter:
         self.append(PreparedBlob(Kind.INLINE, size=len(data), data=data))
 
     def append_external(
-        self, uri: str, position: int | None = None, size: int | None = None
+        self,
+        uri: str,
+        position: int | None = None,
+        size: int | None = None,
+        *,
+        managed: bool = False,
     ) -> None:
-        """A reference to (a range of) an object under the table's allowed bases."""
+        """A reference to (a range of) an object under the table's allowed bases; ``managed``
+        hands the object to the table once the file is committed (so does a managed base)."""
         row = len(self._values)
         if (position is None) != (size is None):
             raise InvalidInputError(
@@ -424,7 +440,10 @@ class BlobColumnWriter:
             column=self.column,
             row=row,
             storage_options=self.session.storage_options,
+            managed=managed,
         )
+        if managed:
+            self.session.flagged.add(normalized)
         self.append(PreparedBlob(Kind.EXTERNAL, size=size, position=position, uri=normalized))
 
     def append_null(self) -> None:
@@ -468,6 +487,9 @@ class BlobSession:
         self._next_id = 1
         self._taken: set[int] | None = None
         self._bases: AllowedBases | None = None
+        self._policy: ManagedPolicy | None = None
+        self.flagged: set[str] = set()  # external objects rows hand to the table
+        self.managed: set[str] = set()  # every external object the file hands to the table
         self.writes = WriteQueue()
         self.checksums = ChecksumLog()
         self._file_schema: pa.Schema | None = None
@@ -499,6 +521,15 @@ class BlobSession:
             self._bases = AllowedBases.of_table(schema, root)
         return self._bases
 
+    def managed_policy(self) -> ManagedPolicy:
+        """Which external objects of this file the table manages (see :mod:`blobhouse.managed`)."""
+        if self._policy is None:
+            # a branch's data directory is in tree/<branch>/: the registry is the table's
+            dataset = self.data_dir.rsplit("/", 1)[0]
+            location = TableLocation.of(dataset, storage_options=self.storage_options)
+            self._policy = ManagedPolicy(self.allowed_bases(), location, self.storage_options)
+        return self._policy
+
     def write_data_file(self, data: pa.Table | pa.RecordBatch) -> WrittenFile:
         """Write this session's data file: prepared blob columns (from :meth:`open_writer`) and
         ordinary columns. Commit it with ``Table.add_data_file``.
@@ -522,6 +553,7 @@ class BlobSession:
             size_bytes=writer.size_bytes,
             sidecars=tuple(self.sidecars),
             sidecar_bytes=0,
+            managed=tuple(sorted(self.managed)),
         )
 
     def _check_prepared(self, column: str, values: pa.ChunkedArray) -> None:
@@ -559,7 +591,11 @@ class BlobSession:
                 sizes=objects,
                 storage_options=self.storage_options,
             )
-            return None if checked[0] == uri else f"external uri {uri!r} is not normalized"
+            if checked[0] != uri:
+                return f"external uri {uri!r} is not normalized"
+            if self.managed_policy().managed(uri, uri in self.flagged):
+                self.managed.add(uri)
+            return None
         if kind not in (Kind.PACKED, Kind.DEDICATED):
             return f"blob kind {kind} is not accepted (inline, packed, dedicated, external)"
         if blob_id not in self._own_ids():

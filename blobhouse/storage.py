@@ -29,7 +29,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -47,6 +47,7 @@ MiB = 1024 * 1024
 S3_PART_BYTES = 8 * MiB
 S3_PARTS_IN_FLIGHT = 4  # per object: up to 32 MiB buffered
 S3_MAX_CONNECTIONS = 32
+STAT_THREADS = 16  # HEAD requests in flight when sizing many objects
 # what Lance's file API raises on I/O failures: OSError locally, RuntimeError ("LanceError(IO)")
 # on object stores
 LANCE_IO_ERRORS = (OSError, RuntimeError)
@@ -190,6 +191,40 @@ def object_store(uri: str, options: Mapping[str, str] | None = None) -> ObjectSt
     if scheme in ("s3", "s3a"):
         return _s3_store(tuple(sorted((checked_options(options) or {}).items())))
     return ARROW
+
+
+def object_sizes(uris: Sequence[str], options: Mapping[str, str] | None = None) -> list[int | None]:
+    """The size of each object of ``uris`` (None: missing), in order. On an object store each
+    is a request: they run in parallel.
+
+    >>> object_sizes(["/nonexistent/x"])
+    [None]
+    """
+    if not uris:
+        return []
+    threads = 1 if all(is_local(u) for u in uris) else min(len(uris), STAT_THREADS)
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda u: object_store(u, options).size(u), uris))
+
+
+def read_object(uri: str, options: Mapping[str, str] | None = None) -> bytes:
+    """The whole object at ``uri`` (:class:`FileNotFoundError` when there is none).
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
+    >>> _ = open(path, "wb").write(b"abc")
+    >>> read_object(path)
+    b'abc'
+    """
+    store = object_store(uri, options)
+    size = store.size(uri)
+    if size is None:
+        raise FileNotFoundError("no such file")
+    source = store.open(uri)
+    try:
+        return source.read(0, size)
+    finally:
+        source.close()
 
 
 def is_local(uri: str) -> bool:

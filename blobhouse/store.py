@@ -25,7 +25,6 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -50,7 +49,7 @@ from blobhouse.layout import (
 )
 from blobhouse.placement import Kind, as_uri, normalize_uri, object_size
 from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue
-from blobhouse.storage import StorageOptions, is_local, object_store, uri_to_path
+from blobhouse.storage import StorageOptions, object_sizes, object_store, uri_to_path
 
 if TYPE_CHECKING:
     from blobhouse.values import LogicalColumn
@@ -59,7 +58,6 @@ _REGISTER_ATTEMPTS = 10
 _INDEX_FRAGMENTS = 8  # more than this many and gc compacts the index
 PACKS_DIR = "packs"
 TOMBSTONES_DIR = "tombstones"
-_STAT_THREADS = 16
 INDEX_SCHEMA = pa.schema(
     [
         # plain binary and signed integers: Spark reads the index for its lookup join
@@ -528,13 +526,8 @@ def missing_objects(
 ) -> list[str]:
     """Which of ``paths`` (relative to the table) do not exist. On an object store each is a
     request: they run in parallel."""
-    if not paths:
-        return []
     root = as_uri(table_path)
-    store = object_store(root, storage_options)
-    threads = 1 if is_local(root) else min(len(paths), _STAT_THREADS)
-    with ThreadPoolExecutor(threads) as pool:
-        sizes = list(pool.map(lambda p: store.size(f"{root}/{p}"), paths))
+    sizes = object_sizes([f"{root}/{p}" for p in paths], storage_options)
     return [p for p, size in zip(paths, sizes, strict=True) if size is None]
 
 

@@ -102,6 +102,7 @@ def write_table(
     dedup: str | Mapping[str, str] = "content",
     placement: Mapping[str, Mapping[str, int]] | None = None,
     allowed_bases: Sequence[str] | None = None,
+    managed_bases: Sequence[str] | None = None,
     max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE,
     max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE,
     storage_options: dict[str, str] | None = None,
@@ -117,7 +118,9 @@ def write_table(
     this one ran. ``branch`` writes to a branch of the table (made with Lance's
     ``create_branch``). If anything fails, the table stays at its previous version and what
     this call wrote is removed. A new table is not created in a folder that holds other files
-    unless ``allow_nonempty_folder``. The other keywords are :class:`WriteOptions`.
+    unless ``allow_nonempty_folder``. The other keywords are :class:`WriteOptions`
+    (``managed_bases``: allowed bases whose objects the table takes ownership of once
+    referenced, docs/managed-objects.md).
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -132,6 +135,7 @@ def write_table(
         dedup=dedup,
         placement=placement,
         allowed_bases=allowed_bases,
+        managed_bases=managed_bases,
         max_rows_per_file=max_rows_per_file,
         max_bytes_per_file=max_bytes_per_file,
     )
@@ -205,7 +209,11 @@ class TableWrite:
             **options.layout(),
             table_schema=existing.schema if appending else None,
             allowed_bases=_allowed_bases(
-                existing, options.allowed_bases, appending, location.root_uri
+                existing,
+                options.allowed_bases,
+                appending,
+                location.root_uri,
+                options.managed_bases,
             ),
         )
         if plan.uses_store:
@@ -582,6 +590,11 @@ class Table:
     def allowed_bases(self) -> list[str]:
         """URI prefixes external blobs of this table may live under."""
         return AllowedBases.of_table(self.schema).bases
+
+    @property
+    def managed_bases(self) -> list[str]:
+        """The allowed bases whose objects the table takes ownership of once referenced."""
+        return AllowedBases.of_table(self.schema).managed
 
     def versions(self) -> list[dict]:
         """Every version of this branch (``version``, ``timestamp``, ``metadata``)."""
@@ -1232,18 +1245,27 @@ def _remove_empty_local_dirs(*paths: str) -> None:
 
 
 def _allowed_bases(
-    existing: LanceDataset | None, given: Sequence[str] | None, appending: bool, root_uri: str
+    existing: LanceDataset | None,
+    given: Sequence[str] | None,
+    appending: bool,
+    root_uri: str,
+    managed: Sequence[str] | None = None,
 ) -> AllowedBases:
     kept = AllowedBases.of_table(existing.schema if existing is not None else None, root_uri)
-    if given is None:
+    if given is None and managed is None:
         return kept
-    requested = AllowedBases(given, root_uri)
-    if appending and requested.bases != kept.bases:
+    requested = AllowedBases(given or (), root_uri, managed or ())
+    if not appending:
+        return requested
+    # an append may repeat the table's settings (what it gives of them), never change them
+    same_allowed = given is None or set(requested.bases) | set(kept.managed) == set(kept.bases)
+    if not same_allowed or (managed is not None and requested.managed != kept.managed):
         raise InvalidInputError(
-            f"allowed_bases are set when a table is created or overwritten; this table's are "
-            f"{kept.bases}, the append asked for {requested.bases}"
+            "allowed_bases are set when a table is created or overwritten (managed_bases "
+            f"too); this table's are {kept.bases} (managed: {kept.managed}), the append asked "
+            f"for {requested.bases} (managed: {requested.managed})"
         )
-    return requested
+    return kept
 
 
 def _input_stream(data: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:

@@ -44,6 +44,7 @@ from lance.file import LanceFileSession
 from blobhouse import leases
 from blobhouse.errors import BlobhouseError, StaleWriteError
 from blobhouse.layout import STORE_DIR, TableLocation, branch_data_dir
+from blobhouse.managed import check_usable, register
 from blobhouse.placement import as_uri
 from blobhouse.references import file_path
 from blobhouse.session import BlobSession, WrittenFile
@@ -128,8 +129,11 @@ class Transaction:
 
         Right before the commit, every staged file must still exist and the store packs the
         files reference must not be retired (gc may have run meanwhile); the lease is held
-        throughout, also while Lance retries. Right after it, the payloads the files added to
-        the table's store are recorded in its index. If anything fails, nothing is visible
+        throughout, also while Lance retries; the external objects the files hand to the table
+        must not be doomed or gone (:func:`blobhouse.managed.check_usable`). Right after it,
+        the payloads the files added to the table's store are recorded in its index and the
+        objects they hand over in its managed-object registry (a crash in between loses dedup
+        or leaves an object unmanaged, never a reference). If anything fails, nothing is visible
         and what this transaction staged is removed; except when the table was created by
         another writer meanwhile (:class:`TableCreatedMeanwhile`): the caller may commit the
         same files again on that table."""
@@ -149,7 +153,20 @@ class Transaction:
         record_stored(
             self.location.root, [s for w in written for s in w.stored], self.storage_options
         )
+        self._register_managed(dataset, written)
         return dataset
+
+    def _register_managed(self, dataset: LanceDataset, written: Sequence[WrittenFile]) -> None:
+        uris = _managed(written)
+        if not uris:
+            return
+        try:
+            register(self.location, dataset.schema, uris, self.name_prefix, self.storage_options)
+        except Exception as exc:  # the commit stands: an unregistered object is only a leak
+            warnings.warn(
+                f"managed objects of {self.location.root} were not registered: {exc}",
+                stacklevel=3,
+            )
 
     def _checked_commit(
         self, written: Sequence[WrittenFile], commit: Callable[[], LanceDataset]
@@ -158,6 +175,7 @@ class Transaction:
         try:
             with self.lease():
                 check_packs_usable(root, {p for w in written for p in w.found_packs}, options)
+                check_usable(root, _managed(written), options)
                 lost = _lost_files(self.location, written, options)
                 if lost:
                     raise StaleWriteError(
@@ -191,6 +209,10 @@ class Transaction:
     def _marker_uri(self) -> str:
         # outside the prefix: sweeps of the prefix keep it; gc removes it with the leftovers
         return as_uri(f"{self.location.data_dir}/aborted-{self.name_prefix}")
+
+
+def _managed(written: Sequence[WrittenFile]) -> list[str]:
+    return sorted({u for w in written for u in w.managed})
 
 
 def record_stored(

@@ -2,10 +2,10 @@
 
 A blob column is written from one of:
 
-- the logical blob struct ``struct<data, uri, position, size, ref_id>`` (built with
-  :func:`blob_array` / :func:`blob_field`; any prefix ``data, uri[, position, size][, ref_id]``
-  with binary / string / integer children is accepted, so Spark's ``binary``/``long`` variant
-  and Lance's own ``lance.blob.v2`` arrays work too);
+- the logical blob struct ``struct<data, uri, position, size, ref_id, managed>`` (built with
+  :func:`blob_array` / :func:`blob_field`; any layout ``data, uri[, position, size][, ref_id]
+  [, managed]`` with binary / string / integer / boolean children is accepted, so Spark's
+  ``binary``/``long`` variant and Lance's own ``lance.blob.v2`` arrays work too);
 - a plain ``binary`` / ``large_binary`` column named in ``blob_columns=[...]``.
 
 Blob columns may sit at top level or inside structs (addressed as ``"parent.child"``), never
@@ -33,14 +33,17 @@ LOGICAL_BLOB_TYPE = pa.struct(
         pa.field("position", pa.uint64()),
         pa.field("size", pa.uint64()),
         pa.field("ref_id", pa.uint64()),
+        pa.field("managed", pa.bool_()),
     ]
 )
-_LOGICAL_LAYOUTS = (
+_BASE_LAYOUTS = (
     ("data", "uri"),
     ("data", "uri", "position", "size"),
     ("data", "uri", "ref_id"),
     ("data", "uri", "position", "size", "ref_id"),
 )
+# each layout may end with ``managed`` (the table takes ownership of the external object)
+_LOGICAL_LAYOUTS = _BASE_LAYOUTS + tuple((*layout, "managed") for layout in _BASE_LAYOUTS)
 LANCE_BLOB_EXTENSION = "lance.blob.v2"
 
 
@@ -48,12 +51,16 @@ LANCE_BLOB_EXTENSION = "lance.blob.v2"
 class Blob:
     """One logical blob value: bytes, or a reference to (a range of) an external object.
 
-    ``ref_id`` (> 0) marks rows that carry the same payload so it is stored once.
+    ``ref_id`` (> 0) marks rows that carry the same payload so it is stored once. ``managed``
+    hands the external object at ``uri`` to the table: once the write commits, gc deletes it
+    when no retained version references it any more (docs/managed-objects.md).
 
     >>> Blob(data=b"jpeg bytes", ref_id=7).ref_id
     7
     >>> Blob(uri="file:///data/video.mp4", position=0, size=1024).size
     1024
+    >>> Blob(uri="file:///data/video.mp4", managed=True).managed
+    True
     """
 
     data: bytes | None = None
@@ -61,9 +68,12 @@ class Blob:
     position: int | None = None
     size: int | None = None
     ref_id: int | None = None
+    managed: bool = False
 
     def __post_init__(self) -> None:
-        problem = _value_problem(self.data, self.uri, self.position, self.size, self.ref_id)
+        problem = _value_problem(
+            self.data, self.uri, self.position, self.size, self.ref_id, self.managed
+        )
         if problem:
             raise InvalidInputError(f"invalid Blob: {problem}")
 
@@ -129,7 +139,7 @@ def is_logical_blob_type(dtype: pa.DataType) -> bool:
     names = tuple(f.name for f in dtype)
     if names not in _LOGICAL_LAYOUTS:
         return False
-    kinds = {"data": _is_binary, "uri": _is_string}
+    kinds = {"data": _is_binary, "uri": _is_string, "managed": pa.types.is_boolean}
     return all(kinds.get(f.name, pa.types.is_integer)(f.type) for f in dtype)
 
 
@@ -206,8 +216,8 @@ def _check_not_blob_like(dtype: pa.StructType, path: ColumnPath) -> None:
     if {"data", "uri"} <= set(names):
         raise SchemaError(
             f"column {path_name(path)!r} looks like a blob struct but its fields {names} are not "
-            "a logical blob layout: data, uri[, position, size][, ref_id] (binary, string, "
-            "integers)"
+            "a logical blob layout: data, uri[, position, size][, ref_id][, managed] (binary, "
+            "string, integers, boolean)"
         )
 
 
@@ -313,8 +323,10 @@ class LogicalColumn:
             self.position = _int_list(children.get("position"), column, "position")
             self.size = _int_list(children.get("size"), column, "size")
             struct_ref_ids = children.get("ref_id")
+            self.managed = _bool_list(children.get("managed"), column)
         else:
             data, self.uri, self.position, self.size, struct_ref_ids = array, None, None, None, None
+            self.managed = None
         if struct_ref_ids is not None and struct_ref_ids.null_count == len(struct_ref_ids):
             struct_ref_ids = None  # blob_array's ref_id field, left empty
         if ref_ids is not None and struct_ref_ids is not None:
@@ -336,6 +348,10 @@ class LogicalColumn:
         """The bytes of ``row`` (which must hold data, not a URI), without copying."""
         return self._data[self._offsets[row] : self._offsets[row + 1]]
 
+    def is_managed(self, row: int) -> bool:
+        """Whether ``row`` hands its external object to the table (its ``managed`` field)."""
+        return bool(self.managed is not None and self.managed[row])
+
     def _check_rows(self) -> None:
         for row in range(self.length):
             if not self.valid[row]:
@@ -347,6 +363,7 @@ class LogicalColumn:
                 self.position[row] if self.position is not None else None,
                 self.size[row] if self.size is not None else None,
                 self.ref_id[row] if self.ref_id is not None else None,
+                self.is_managed(row),
             )
             if problem:
                 raise InvalidInputError(
@@ -355,9 +372,21 @@ class LogicalColumn:
 
 
 def _value_problem(
-    data: object, uri: str | None, position: int | None, size: int | None, ref_id: int | None
+    data: object,
+    uri: str | None,
+    position: int | None,
+    size: int | None,
+    ref_id: int | None,
+    managed: object = False,
 ) -> str | None:
     """What is wrong with one logical blob value, or None."""
+    if not isinstance(managed, bool):
+        return f"has managed={managed!r}; managed is True or False"
+    if managed and uri is None:
+        return (
+            "sets managed without a uri; only an external object (a uri) can be handed to the "
+            "table, bytes are stored by it anyway"
+        )
     if data is not None and uri is not None:
         return "sets both data and uri; a blob is either bytes or a reference"
     if data is None and uri is None:
@@ -415,6 +444,16 @@ def _int_list(array: pa.Array | None, column: str, name: str) -> list[int | None
     if not pa.types.is_integer(array.type):
         raise InvalidInputError(
             f"blob column {column!r}: {name} must be an integer, got {array.type}"
+        )
+    return array.to_pylist()
+
+
+def _bool_list(array: pa.Array | None, column: str) -> list[bool | None] | None:
+    if array is None:
+        return None
+    if not pa.types.is_boolean(array.type):
+        raise InvalidInputError(
+            f"blob column {column!r}: managed must be a boolean, got {array.type}"
         )
     return array.to_pylist()
 

@@ -4,9 +4,10 @@ branch references once it is older than a grace period.
 What the table owns (data files, their sidecars, leftovers of writes that never committed) lives
 under ``data/`` and each branch's ``tree/<branch>/data/``, and store packs under
 ``_blobs/packs/``; external objects under the table's allowed bases belong to the user and are
-never looked at. The mark phase (:func:`referenced_paths`) covers every retained version of main
-and of every branch (tagged versions among them: Lance keeps those), per
-:class:`~blobhouse.maintenance.walk.FragmentState`, here or in Spark tasks
+never looked at, unless a committed write handed them to the table (managed objects, reclaimed
+by the rules of :class:`blobhouse.managed.Reclaim`). The mark phase (:func:`referenced_paths`)
+covers every retained version of main and of every branch (tagged versions among them: Lance
+keeps those), per :class:`~blobhouse.maintenance.walk.FragmentState`, here or in Spark tasks
 (``blobhouse.spark.gc``).
 """
 
@@ -16,7 +17,7 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -37,6 +38,8 @@ from blobhouse.maintenance.walk import (
     fragment_states,
     opened_states,
 )
+from blobhouse.managed import Reclaim, Registry
+from blobhouse.placement import AllowedBases
 from blobhouse.storage import ObjectInfo, StorageOptions, is_local, object_store, uri_to_path
 from blobhouse.store import (
     PACKS_DIR,
@@ -57,9 +60,12 @@ DEFAULT_GRACE = timedelta(hours=24)
 _PACKS = f"{STORE_DIR}/{PACKS_DIR}"
 
 
-def referenced_paths(table: Table, state: FragmentState) -> set[str]:
+def referenced_paths(
+    table: Table, state: FragmentState, registered: Container[str] = frozenset()
+) -> set[str]:
     """Paths, relative to the table root, of the data files, sidecars and store packs one
-    fragment state uses; ``table`` is opened at ``state.ref``.
+    fragment state uses, and the URIs of the ``registered`` managed objects it references;
+    ``table`` is opened at ``state.ref``.
 
     A data file the version names may be gone (Lance's cleanup has been seen removing the files
     of a version it keeps): what it referenced cannot be read, so its sidecar directory and the
@@ -68,11 +74,11 @@ def referenced_paths(table: Table, state: FragmentState) -> set[str]:
     referenced = {uri.removeprefix(prefix) for uri in state.data_files if uri.startswith(prefix)}
     try:
         for batch in fragment_references(table, state.fragment_id):
-            referenced.update(
-                uri.removeprefix(prefix)
-                for uri in batch.refs.field("uri").unique().to_pylist()
-                if uri.startswith(prefix)
-            )
+            for uri in batch.refs.field("uri").unique().to_pylist():
+                if uri.startswith(prefix):
+                    referenced.add(uri.removeprefix(prefix))
+                elif uri in registered:  # absolute: never mistaken for a relative path
+                    referenced.add(uri)
     except (OSError, ValueError, pa.ArrowException):
         store = object_store(table.uri, table.storage_options)
         missing = [uri for uri in state.data_files if store.size(uri) is None]
@@ -85,28 +91,35 @@ def referenced_paths(table: Table, state: FragmentState) -> set[str]:
 
 
 def mark(
-    table: Table, graph: VersionGraph | None = None, progress: Progress | None = None
+    table: Table,
+    graph: VersionGraph | None = None,
+    progress: Progress | None = None,
+    registered: Container[str] = frozenset(),
 ) -> set[str]:
     """Every path (relative to the table root) that a retained version of any branch (of
-    ``graph``) references; a branch that cannot be read where the table is now keeps its
-    directory and the whole store (entries ending in ``/``)."""
+    ``graph``) references, and every ``registered`` managed object's URI; a branch that cannot
+    be read where the table is now keeps its directory and the whole store (entries ending in
+    ``/``)."""
     graph = graph or VersionGraph.of(table)
     referenced = unreadable_marks(graph)
-    for _, paths in state_marks(table, graph, progress):
+    for _, paths in state_marks(table, graph, progress, registered):
         referenced |= paths
     return referenced
 
 
 def state_marks(
-    table: Table, graph: VersionGraph, progress: Progress | None = None
+    table: Table,
+    graph: VersionGraph,
+    progress: Progress | None = None,
+    registered: Container[str] = frozenset(),
 ) -> Iterator[tuple[FragmentState, set[str]]]:
-    """Each fragment state of ``graph``'s versions with the paths it references, one at a
-    time."""
+    """Each fragment state of ``graph``'s versions with the paths (and ``registered`` managed
+    objects) it references, one at a time."""
     states = fragment_states(table, list(graph.versions))
     for done, (at, state) in enumerate(opened_states(table, states)):
         if progress:
             progress("mark", done, len(states))
-        yield state, referenced_paths(at, state)
+        yield state, referenced_paths(at, state, registered)
     if progress:
         progress("mark", len(states), len(states))
 
@@ -218,7 +231,7 @@ def gc(
     grace: timedelta = DEFAULT_GRACE,
     dry_run: bool = False,
     progress: Progress | None = None,
-    referenced: Callable[[Table, list[VersionRef]], set[str]] | None = None,
+    referenced: Callable[[Table, list[VersionRef], frozenset[str]], set[str]] | None = None,
 ) -> dict:
     """Remove old versions, then every file the table owns (under ``data/`` and
     ``_blobs/packs/``) that no retained version references and that is older than ``grace``
@@ -230,11 +243,14 @@ def gc(
     removed unless ``retain_versions`` or ``older_than`` is given); tagged versions, and
     versions a branch was made from, are kept and reported (``kept_tagged_versions``), never an
     error. Files are marked by every retained version of every branch. Only the table's own
-    directories are ever considered: external objects the user owns are never touched.
-    ``dry_run`` deletes nothing and reports what the same call would remove: the versions and
-    files Lance's cleanup would remove (as Lance explains it), and the files the sweep would
-    take once those versions are gone. ``referenced(table, versions)`` replaces the mark
-    of the versions that can be read (Spark runs it in parallel).
+    directories are ever swept: external objects the user owns are never touched. Objects a
+    committed write handed to the table (managed objects) are retired, doomed and deleted once
+    no retained version references them, a grace period apart (``managed`` in the report;
+    :class:`blobhouse.managed.Reclaim`). ``dry_run`` deletes nothing and reports what the same
+    call would remove: the versions and files Lance's cleanup would remove (as Lance explains
+    it), the files the sweep would take once those versions are gone, and the managed objects.
+    ``referenced(table, versions, registered)`` replaces the mark of the versions that can be
+    read (Spark runs it in parallel).
     Ages are measured by the store's clock (on S3: the server's), never the local one; on S3,
     uploads a killed write left unfinished are aborted too, by the same rules.
 
@@ -279,14 +295,26 @@ def gc(
     # files staged after this instant may belong to a write that commits after the mark
     mark_started = store.now(table.uri)
     cutoff = mark_started - grace.total_seconds()
+    # read before the mark: what a write registers later is not this run's to decide
+    registry = Registry.load(table.location, options)
     # a dry run marks as if Lance's cleanup had removed the versions already
     graph = VersionGraph.of(table).without(table.branch, removed_versions)
     if referenced is not None:  # Spark marks what can be read; the rest is kept whole here
-        marked = Marked(referenced(table, list(graph.versions)) | unreadable_marks(graph))
+        found = referenced(table, list(graph.versions), registry.uris)
+        marked = Marked(found | unreadable_marks(graph))
     else:
-        marked = Marked(mark(table, graph, progress))
+        marked = Marked(mark(table, graph, progress, registry.uris))
     owned = _TableFiles(table, without=cleanup.files)
     packs = _StorePacks(table, marked, owned, cutoff)
+    managed = Reclaim.plan(
+        table.location,
+        AllowedBases.of_table(table.schema, table.uri),
+        registry,
+        marked.paths,
+        complete=not marked.dirs,
+        cutoff=cutoff,
+        storage_options=options,
+    )
     # writes that ran at any time since the mark began (including those that committed after
     # it, which the mark could not see) keep their files, however old
     running = leases.live_prefixes(table_path, mark_started - leases.TIMEOUT_SECONDS, options)
@@ -316,6 +344,7 @@ def gc(
                 progress("sweep", done, len(old))
             owned.delete(path)
         packs.apply()
+        managed.apply()
         index = _IndexCleanup.run(table, index_keep)
         expired = leases.remove_expired(table_path, lease_cutoff, options)
         aborted_uploads = owned.abort_uploads(cutoff, running)
@@ -337,7 +366,7 @@ def gc(
             "removed_bytes": sum(index.removed.values()),
             "added_bytes": index.added_bytes,
         },
-        "kept_referenced_files": len(marked.paths),
+        "kept_referenced_files": len(marked.paths - registry.uris),
         "kept_unreadable": marked.kept_whole,
         "kept_young_files": len(young),
         "kept_leased_files": len(leased),
@@ -348,6 +377,7 @@ def gc(
         "expired_leases": expired,
         "aborted_uploads": aborted_uploads,
         "paths": [owned.location(p) for p in sorted(removed)],
+        "managed": managed.report(),
     }
 
 

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from blobhouse.maintenance.garbage_collection import disk_usage, reclaimable
+from blobhouse.managed import Registry
 from blobhouse.placement import Kind
 from blobhouse.store import store_uri_prefix
 from blobhouse.values import ColumnPath, get_column, path_name, stored_blob_columns
@@ -25,9 +26,22 @@ if TYPE_CHECKING:
 
 _GLOBAL = "global"  # external blobs in the table's own store: table-owned bytes
 _GLOBAL_CODE = max(Kind) + 1
-_KIND_ORDER = [k.name.lower() for k in Kind] + [_GLOBAL]
+_MANAGED = "managed"  # external objects handed to the table (blobhouse.managed)
+_MANAGED_CODE = max(Kind) + 2
+_EXTERNAL = Kind.EXTERNAL.name.lower()  # external objects the user owns
+# Lance's own kind-4 "managed" blobs are never written by blobhouse (nor resolved): the names
+# of the kinds stats reports are these
+_NAMES = {
+    Kind.INLINE: "inline",
+    Kind.PACKED: "packed",
+    Kind.DEDICATED: "dedicated",
+    Kind.EXTERNAL: _EXTERNAL,
+    _MANAGED_CODE: _MANAGED,
+    _GLOBAL_CODE: _GLOBAL,
+}
+_KIND_ORDER = list(_NAMES.values())
 _STORED_KINDS = ("inline", "packed", "dedicated", _GLOBAL)
-_EXTERNAL = Kind.EXTERNAL.name.lower()
+_OUTSIDE_KINDS = (_EXTERNAL, _MANAGED)
 _ROW_ADDRESS = "_rowaddr"
 
 
@@ -38,11 +52,14 @@ def blob_stats(table: Table) -> dict:
     Per kind, ``logical_bytes`` is what rows reference (each row counted) and
     ``physical_bytes`` the distinct ranges behind them (each once); ``table_owned`` tells the
     kinds the table stores (inline, packed, dedicated, and ``global``: its content-addressed
-    store) from ``external`` (objects the user owns, outside the table). A column's and the
-    table's ``logical_bytes``, ``physical_bytes`` and ``dedup_ratio`` are the sums over every
-    kind, external included, so the totals always equal the sum of the lines; of the physical
-    bytes, ``table_owned_bytes`` are stored by the table and ``external_bytes`` referenced
-    outside it (``physical_bytes = table_owned_bytes + external_bytes``).
+    store) from those outside it: ``external`` (objects the user owns) and ``managed``
+    (objects a write handed to the table, which gc deletes once unreferenced). A column's and
+    the table's ``logical_bytes``, ``physical_bytes`` and ``dedup_ratio`` are the sums over
+    every kind, external included, so the totals always equal the sum of the lines; of the
+    physical bytes, ``table_owned_bytes`` are stored by the table and ``external_bytes``
+    referenced outside it (``physical_bytes = table_owned_bytes + external_bytes``), of which
+    ``managed_bytes`` managed. ``external_references`` splits the references outside the table
+    into ``managed`` and ``unmanaged``: references (rows), distinct objects, bytes.
 
     Bytes on disk no current row needs: ``deleted_rows_bytes`` (stored ranges that only rows
     deleted in this version reference; compaction drops them), ``old_versions_bytes`` (files
@@ -60,8 +77,10 @@ def blob_stats(table: Table) -> dict:
     """
     dataset = table.dataset
     fragments = dataset.get_fragments()
+    registered = Registry.load(table.location, table.storage_options).uris
+    outside = {kind: _Outside() for kind in _OUTSIDE_KINDS}
     columns = {
-        path_name(path): _column_stats(table, path, fragments)
+        path_name(path): _column_stats(table, path, fragments, registered, outside)
         for path in stored_blob_columns(table.schema)
     }
     files = reclaimable(table)
@@ -81,6 +100,7 @@ def blob_stats(table: Table) -> dict:
             "physical_bytes",
             "table_owned_bytes",
             "external_bytes",
+            "managed_bytes",
             "deleted_rows_bytes",
         )
     }
@@ -90,6 +110,11 @@ def blob_stats(table: Table) -> dict:
         "dedup_ratio": _ratio(totals["logical_bytes"], totals["physical_bytes"]),
         "table_owned_bytes": totals["table_owned_bytes"],
         "external_bytes": totals["external_bytes"],
+        "managed_bytes": totals["managed_bytes"],
+        "external_references": {
+            "managed": outside[_MANAGED].summary(),
+            "unmanaged": outside[_EXTERNAL].summary(),
+        },
         "deleted_rows_bytes": totals["deleted_rows_bytes"],
         "old_versions_files": files["old_versions_files"],
         "old_versions_bytes": files["old_versions_bytes"],
@@ -99,35 +124,69 @@ def blob_stats(table: Table) -> dict:
     return report
 
 
-def _column_stats(table: Table, path: ColumnPath, fragments: list[LanceFragment]) -> dict:
-    """One column's kinds, and the stored ranges only its deleted rows reference."""
+class _Outside:
+    """The references of one kind outside the table, over every column: rows, distinct
+    objects, distinct ranges."""
+
+    def __init__(self) -> None:
+        self.references = 0
+        self.ranges: set[tuple[str, int, int]] = set()
+
+    def summary(self) -> dict:
+        return {
+            "references": self.references,
+            "objects": len({uri for uri, _, _ in self.ranges}),
+            "bytes": sum(size for _, _, size in self.ranges),
+        }
+
+
+def _column_stats(
+    table: Table,
+    path: ColumnPath,
+    fragments: list[LanceFragment],
+    registered: frozenset[str],
+    outside: dict[str, _Outside],
+) -> dict:
+    """One column's kinds, and the stored ranges only its deleted rows reference; references
+    outside the table are added to ``outside`` too."""
     store_prefix = store_uri_prefix(table.uri)
     kinds: dict[str, dict] = {}
     distinct: dict[str, set] = {}
     deleted: set[tuple[str, int, int]] = set()  # stored ranges deleted rows reference
-    for refs, codes, live in _references(table, path, fragments, store_prefix):
+    for refs, codes, live in _references(table, path, fragments, store_prefix, registered):
         for code in np.unique(codes[live]):
             rows = refs.filter(pa.array(live & (codes == code)))
-            name = _GLOBAL if code == _GLOBAL_CODE else Kind(int(code)).name.lower()
+            name = _NAMES[int(code)]
             entry = kinds.setdefault(name, {"rows": 0, "logical_bytes": 0, "physical_bytes": 0})
             entry["rows"] += len(rows)
             entry["logical_bytes"] += int(rows.field("size").to_numpy().sum())
             distinct.setdefault(name, set()).update(_ranges(rows))
-        gone = ~live & (codes != Kind.EXTERNAL)  # deleting a reference frees nothing outside
+        # deleting a reference frees nothing outside the table (gc may, for managed objects)
+        gone = ~live & (codes != Kind.EXTERNAL) & (codes != _MANAGED_CODE)
         if gone.any():
             deleted.update(_ranges(refs.filter(pa.array(gone))))
     for kind, ranges in distinct.items():
         kinds[kind]["physical_bytes"] = sum(size for _, _, size in ranges)
+        if kind in outside:
+            outside[kind].references += kinds[kind]["rows"]
+            outside[kind].ranges |= ranges
+            kinds[kind]["objects"] = len({uri for uri, _, _ in ranges})
     live_stored = set().union(*(distinct.get(k, set()) for k in _STORED_KINDS))
     summary = _column_summary(kinds)
     summary["deleted_rows_bytes"] = sum(size for _, _, size in deleted - live_stored)
     return summary
 
 
-def _references(table: Table, path: ColumnPath, fragments: list, store_prefix: str):
+def _references(
+    table: Table,
+    path: ColumnPath,
+    fragments: list,
+    store_prefix: str,
+    registered: frozenset[str],
+):
     """Per batch of the column's non-null values: the resolved references, each row's kind
-    (store references told apart from external ones), and whether the row is live (rows
-    deleted in this version are read too, from fragments that have deletions)."""
+    (store references and managed objects told apart from external ones), and whether the row
+    is live (rows deleted in this version are read too, from fragments that have deletions)."""
     dataset = table.dataset
     whole = [f for f in fragments if f.metadata.deletion_file is None]
     scans = []
@@ -162,7 +221,7 @@ def _references(table: Table, path: ColumnPath, fragments: list, store_prefix: s
             keep = pa.array(valid)
             yield (
                 refs.filter(keep),
-                _kind_codes(descriptors.filter(keep), refs.filter(keep), store_prefix),
+                _kind_codes(descriptors.filter(keep), refs.filter(keep), store_prefix, registered),
                 live[valid],
             )
 
@@ -176,11 +235,21 @@ def _ranges(refs: pa.StructArray) -> zip:
     )
 
 
-def _kind_codes(descriptors: pa.StructArray, refs: pa.StructArray, store_prefix: str) -> np.ndarray:
-    """Each row's kind, with references into the table's store told apart from external ones."""
+def _kind_codes(
+    descriptors: pa.StructArray,
+    refs: pa.StructArray,
+    store_prefix: str,
+    registered: frozenset[str],
+) -> np.ndarray:
+    """Each row's kind, with references into the table's store and to managed objects told
+    apart from external ones."""
     codes = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    in_store = pc.starts_with(refs.field("uri").fill_null(""), store_prefix)
-    codes[(codes == Kind.EXTERNAL) & in_store.to_numpy(zero_copy_only=False)] = _GLOBAL_CODE
+    uris = refs.field("uri").fill_null("")
+    in_store = pc.starts_with(uris, store_prefix).to_numpy(zero_copy_only=False)
+    codes[(codes == Kind.EXTERNAL) & in_store] = _GLOBAL_CODE
+    if registered:
+        managed = pc.is_in(uris, pa.array(sorted(registered), pa.utf8()))
+        codes[(codes == Kind.EXTERNAL) & managed.to_numpy(zero_copy_only=False)] = _MANAGED_CODE
     return codes
 
 
@@ -195,7 +264,8 @@ def _column_summary(kinds: dict[str, dict]) -> dict:
         "physical_bytes": physical,
         "dedup_ratio": _ratio(logical, physical),
         "table_owned_bytes": sum(e["physical_bytes"] for e in kinds.values() if e["table_owned"]),
-        "external_bytes": kinds[_EXTERNAL]["physical_bytes"] if _EXTERNAL in kinds else 0,
+        "external_bytes": sum(kinds[k]["physical_bytes"] for k in _OUTSIDE_KINDS if k in kinds),
+        "managed_bytes": kinds[_MANAGED]["physical_bytes"] if _MANAGED in kinds else 0,
         "kinds": {k: kinds[k] for k in _KIND_ORDER if k in kinds},
     }
 

@@ -7,7 +7,7 @@ Work is split by :class:`~blobhouse.maintenance.walk.FragmentState` (:func:`veri
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,7 @@ from blobhouse.maintenance.walk import (
     fragment_states,
     opened_states,
 )
+from blobhouse.managed import Registry
 from blobhouse.placement import MiB
 from blobhouse.rangeio import BlobRef, read_ranges
 from blobhouse.storage import StorageOptions, object_store
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from blobhouse.table import Table
 
 DEEP_READ_BYTES = 64 * MiB
+_OWNERS = ("table", "managed", "unmanaged")  # whose object a problem is about
+_MISSING = "missing object"
+_MISSING_DATA_FILE = "missing data file"
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,9 @@ class Problem:
     (``branch`` None: main; ``row`` is the position among that version's rows; a missing data
     file lists the first row of its fragment in each version); ``branch``, ``version``,
     ``column`` and ``row`` repeat the first of them. A payload shared by 60 rows is one problem
-    with 60 rows."""
+    with 60 rows. ``owner`` says whose object it is: ``table`` (its own files and store),
+    ``managed`` (an external object handed to the table) or ``unmanaged`` (an external object
+    the user owns); empty for a problem of the table as a whole."""
 
     branch: str | None
     version: int
@@ -51,6 +57,7 @@ class Problem:
     position: int | None = None
     size: int | None = None
     rows: tuple[tuple[str | None, int, str, int], ...] = ()
+    owner: str = ""
 
     def to_dict(self) -> dict:
         """The problem as verify reports it (``references``: how many rows)."""
@@ -63,6 +70,7 @@ class Problem:
             "reason": self.reason,
             "position": self.position,
             "size": self.size,
+            "owner": self.owner,
             "references": len(self.rows),
             "rows": [
                 {"branch": branch, "version": version, "column": column, "row": row}
@@ -99,7 +107,7 @@ class _Checker:
             self.sizes[uri] = _object_size(uri, self.storage_options)
         length = self.sizes[uri]
         if length is None:
-            return "missing object"
+            return _MISSING
         if position + size > length:
             return f"range [{position}, +{size}) is past the end ({length} bytes)"
         return None
@@ -124,7 +132,7 @@ def verify_state(
     report = StateReport()
     missing = [uri for uri in state.data_files if checker.range_problem(uri, 0, 0)]
     for uri in missing:  # the manifest names a file that is gone: no row of it can be read
-        reason = f"missing data file: every row of fragment {state.fragment_id} is unreadable"
+        reason = f"{_MISSING_DATA_FILE}: every row of fragment {state.fragment_id} is unreadable"
         report.problems.append(("", 0, uri, None, None, reason))
     if missing:
         return report
@@ -211,7 +219,9 @@ def verify(
     ``column`` and ``row``: a damaged payload 60 rows share is one problem. A table copied
     or moved whose manifest still names its old place is a problem too (blobhouse reads it
     right; stock Lance readers would follow the old path until ``relocate``), and so is a
-    branch that cannot be read where the table is now.
+    branch that cannot be read where the table is now. Each problem names the ``owner`` of its
+    object, and ``missing_objects`` counts the missing ones apart: the table's own files,
+    managed external objects, unmanaged (user-owned) external objects.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -259,12 +269,19 @@ def summarize(
                 for ref, first_row in state.appearances
             )
     problems: list[Problem] = []
+    owner = _owners(table)
     for (uri, position, size, reason), rows in by_payload.items():
         rows.sort(key=lambda r: (r[0] or "", r[1], r[2], r[3]))
         branch, version, column, row = rows[0]
         problems.append(
-            Problem(branch, version, column, row, uri, reason, position, size, tuple(rows))
+            Problem(
+                branch, version, column, row, uri, reason, position, size, tuple(rows), owner(uri)
+            )
         )
+    missing = {name: set() for name in _OWNERS}
+    for problem in problems:
+        if problem.reason == _MISSING or problem.reason.startswith(_MISSING_DATA_FILE):
+            missing[problem.owner].add(problem.uri)
     problems.extend(_placement_problems(table, graph))
     problems.extend(
         Problem(branch, 0, "", 0, "", f"branch not verified: {reason}")
@@ -285,8 +302,23 @@ def summarize(
         "objects": len(objects),
         "hashed": hashed,
         "unhashed": unhashed,
+        "missing_objects": {name: len(uris) for name, uris in missing.items()},
         "problems": [p.to_dict() for p in problems],
     }
+
+
+def _owners(table: Table) -> Callable[[str], str]:
+    """uri -> whose object it is (:data:`_OWNERS`): the table's files (its own directories,
+    its store), managed external objects (the registry), unmanaged ones (the rest)."""
+    own = f"{table.uri}/"
+    registered = Registry.load(table.location, table.storage_options).uris
+
+    def owner(uri: str) -> str:
+        if uri.startswith(own):
+            return "table"
+        return "managed" if uri in registered else "unmanaged"
+
+    return owner
 
 
 def _placement_problems(table: Table, graph: VersionGraph) -> list[Problem]:

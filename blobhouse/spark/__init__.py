@@ -319,7 +319,7 @@ def backfill_blob_column(
 _FRAGMENT, _ORDER, _VALUE = "__bh_fragment", "__bh_order", "value"
 _VALUES_SCHEMA = (
     f"{_FRAGMENT} long, {_ORDER} long, "
-    f"{_VALUE} struct<data binary, uri string, position long, size long>"
+    f"{_VALUE} struct<data binary, uri string, position long, size long, managed boolean>"
 )
 
 
@@ -366,14 +366,26 @@ def _backfill_globally(
 
 
 _LOGICAL = pa.struct(
-    [("data", pa.binary()), ("uri", pa.string()), ("position", pa.int64()), ("size", pa.int64())]
+    [
+        ("data", pa.binary()),
+        ("uri", pa.string()),
+        ("position", pa.int64()),
+        ("size", pa.int64()),
+        ("managed", pa.bool_()),
+    ]
 )
 
 
 def _values_batch(fragment: int, first: int, array: pa.Array) -> pa.RecordBatch:
     if isinstance(array.type, pa.StructType) and array.type != _LOGICAL:
+        names = {f.name for f in array.type}
         array = pa.StructArray.from_arrays(
-            [array.field(f.name).cast(f.type) for f in _LOGICAL],
+            [
+                array.field(f.name).cast(f.type)
+                if f.name in names
+                else pa.nulls(len(array), f.type)
+                for f in _LOGICAL
+            ],
             fields=list(_LOGICAL),
             mask=array.is_null(),
         )

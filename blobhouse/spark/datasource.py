@@ -95,6 +95,7 @@ WRITE_OPTIONS = frozenset(
         "max_rows_per_file",
         "max_bytes_per_file",
         "allowed_bases",
+        "managed_bases",
         "allow_nonempty_folder",
     )
 )
@@ -127,7 +128,7 @@ class BlobhouseDataSource(DataSource):
     ``{"col": "ref_id"}``), ``ref_id_columns`` (``"video:video_ref"`` or JSON),
     ``inline_size_threshold`` / ``dedicated_size_threshold`` / ``pack_file_size_threshold``
     (every blob column) or ``placement`` (JSON per column), ``max_rows_per_file``,
-    ``max_bytes_per_file``, ``allowed_bases`` (comma separated).
+    ``max_bytes_per_file``, ``allowed_bases`` and ``managed_bases`` (comma separated).
 
     Both: ``storage.<name>``, the storage options of the table's store (``storage.aws_endpoint``,
     ``storage.aws_region``, ...; see :func:`blobhouse.storage.checked_options`).
@@ -421,8 +422,9 @@ class _WriteOptions:
             else (get("dedup") or "content"),
             "placement": self._placement(),
         }
-        if get("allowed_bases") is not None:
-            given["allowed_bases"] = _names(get("allowed_bases"))
+        for name in ("allowed_bases", "managed_bases"):
+            if get(name) is not None:
+                given[name] = _names(get(name))
         for name in ("max_rows_per_file", "max_bytes_per_file"):
             if get(name) is not None:
                 given[name] = int(get(name))

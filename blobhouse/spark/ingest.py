@@ -10,7 +10,9 @@ executors and writes them in one commit. :func:`ingest` does both.
 What the table gets: the manifest's rows in manifest order, its columns in manifest order
 (JSONL: in the order keys first appear), each blob column holding the file's bytes, and next to
 it a string column ``<blob column>_path`` with the path or URI exactly as the manifest wrote it
-(``drop_path_columns=True`` leaves those out).
+(``drop_path_columns=True`` leaves those out). With ``managed=True`` the blob columns reference
+the files in place instead, and the table takes ownership of them (``Blob(uri, managed=True)``
+rows: gc deletes a file once no retained version references it; docs/managed-objects.md).
 """
 
 from __future__ import annotations
@@ -25,8 +27,16 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from blobhouse.errors import InvalidInputError, TableNotFoundError
-from blobhouse.placement import normalize_uri
-from blobhouse.storage import StorageOptions, checked_options, is_local, object_store, uri_to_path
+from blobhouse.layout import TableLocation
+from blobhouse.placement import AllowedBases, normalize_uri
+from blobhouse.storage import (
+    StorageOptions,
+    checked_options,
+    is_local,
+    object_store,
+    read_object,
+    uri_to_path,
+)
 
 FORMATS = ("jsonl", "csv", "parquet")
 #: dedup modes ingest offers (``ref_id`` needs ref ids, which a manifest's paths do not carry)
@@ -35,8 +45,10 @@ MODES = ("append", "overwrite")
 #: the path column kept beside blob column ``c`` is named ``c + PATH_SUFFIX``
 PATH_SUFFIX = "_path"
 #: a task loads about this many bytes of distinct files (rows stay in manifest order, so
-#: per-file dedup sees the rows of one task; ``dedup="global"`` dedups across tasks)
+#: per-file dedup sees the rows of one task; ``dedup="global"`` dedups across tasks) ...
 TASK_BYTES = 1 << 30
+#: ... and writes at most this many rows (what bounds a task that references files in place)
+TASK_ROWS = 1 << 20
 #: Arrow batches handed to the writer hold at most this many bytes (or one row) ...
 BATCH_BYTES = 64 << 20
 #: ... and at most this many rows
@@ -63,6 +75,8 @@ class IngestPlan:
     mode: str
     dedup: str
     storage_options: StorageOptions | None
+    managed: bool = False  # reference the files in place; the table owns them
+    allowed_bases: list[str] | None = None  # the table's, when this ingest creates it
 
     @property
     def logical_bytes(self) -> int:
@@ -76,7 +90,8 @@ class IngestPlan:
 
     def ranges(self, partitions: int | None = None) -> list[tuple[int, int]]:
         """Consecutive row ranges, one per Spark task: ``partitions`` of them, or cut where a
-        range's distinct files reach :data:`TASK_BYTES`."""
+        range's distinct files reach :data:`TASK_BYTES` (files referenced in place weigh
+        nothing) or its rows :data:`TASK_ROWS`."""
         count = self.rows.num_rows
         if count == 0:
             return []
@@ -92,8 +107,9 @@ class IngestPlan:
                 uri = column[row]
                 if uri is not None and uri not in seen:
                     seen.add(uri)
-                    held += self.sizes[uri]
-            if held >= TASK_BYTES and row + 1 < count:
+                    held += 0 if self.managed else self.sizes[uri]
+            full = held >= TASK_BYTES or row + 1 - start >= TASK_ROWS
+            if full and row + 1 < count:
                 ranges.append((start, row + 1))
                 start, seen, held = row + 1, set(), 0
         ranges.append((start, count))
@@ -118,16 +134,22 @@ class IngestPlan:
         ranges = self.ranges(partitions)
         if not ranges:
             raise InvalidInputError(f"manifest {self.manifest} has no rows")
+        blob_type = MANAGED_REFERENCE if self.managed else pa.binary()
         out_schema = pa.schema(
             [
-                pa.field(f.name, pa.binary()) if f.name in self.blob_columns else f
+                pa.field(f.name, blob_type) if f.name in self.blob_columns else f
                 for f in self.rows.schema
             ]
         )
         spark_schema = from_arrow_schema(out_schema)
         shared = spark.sparkContext.broadcast(self.rows)
         loader = _Loader(
-            shared, ranges, self.blob_columns, to_arrow_schema(spark_schema), self.storage_options
+            shared,
+            ranges,
+            self.blob_columns,
+            to_arrow_schema(spark_schema),
+            self.storage_options,
+            self.managed,
         )
         tasks = spark.range(len(ranges), numPartitions=len(ranges))
         writer = (
@@ -138,6 +160,8 @@ class IngestPlan:
             .option("dedup", self.dedup)
             .options(**storage_prefixed(self.storage_options))
         )
+        if self.allowed_bases is not None:
+            writer = writer.option("allowed_bases", ",".join(self.allowed_bases))
         try:
             run_spark_job(spark, lambda: writer.save(self.table), step="ingest", progress=progress)
         finally:
@@ -149,6 +173,7 @@ class IngestPlan:
             "version": stats["version"],
             "mode": self.mode,
             "dedup": self.dedup,
+            "managed": self.managed,
             "ingested_rows": self.rows.num_rows,
             "files": len(self.sizes),
             "ingested_bytes": self.logical_bytes,
@@ -175,19 +200,30 @@ def plan_ingest(
     dedup: str = "content",
     drop_path_columns: bool = False,
     storage_options: Mapping[str, str] | None = None,
+    managed: bool = False,
+    allowed_bases: Sequence[str] | None = None,
 ) -> IngestPlan:
     """Read and check ``manifest`` on the driver (pyarrow, no Spark), or raise
     :class:`InvalidInputError` naming the problem: the manifest missing or unreadable, not
     ``fmt`` (by default told by its extension), a blob column missing or not holding strings,
     a file it names missing (row, column and path), or, when appending, a column whose values
     cannot be cast to the table's type. Relative paths are resolved against the manifest's
-    directory; files on an object store are checked with one HEAD request each."""
+    directory; files on an object store are checked with one HEAD request each.
+
+    ``managed``: reference the files in place and hand them to the table instead of copying
+    their bytes; every file must lie under the table's allowed bases (``allowed_bases``, when
+    the ingest creates or overwrites the table) and outside the table."""
     options = checked_options(storage_options)
     blob_columns = list(blob_columns)
     if mode not in MODES:
         raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}")
     if dedup not in DEDUP_MODES:
         raise InvalidInputError(f"dedup must be one of {DEDUP_MODES} for ingest, got {dedup!r}")
+    if managed and dedup != "content":
+        raise InvalidInputError(
+            f"dedup={dedup!r} does not apply to a managed ingest: the files are referenced in "
+            "place, never copied (leave dedup at its default)"
+        )
     if not blob_columns:
         raise InvalidInputError("name at least one blob column (the columns holding paths)")
     if len(set(blob_columns)) != len(blob_columns):
@@ -218,6 +254,12 @@ def plan_ingest(
     base = _base_of(manifest)
     resolved = {name: _resolve_column(manifest, rows, name, base) for name in blob_columns}
     sizes = _check_files(manifest, resolved, rows, options)
+    bases = None
+    if managed:
+        bases = _reference_bases(table, mode, allowed_bases, options)
+        _check_under_bases(manifest, resolved, rows, bases)
+    elif allowed_bases is not None:
+        bases = AllowedBases(allowed_bases)
     columns, names = [], []
     for name in rows.column_names:
         column = rows.column(name)
@@ -234,8 +276,67 @@ def plan_ingest(
     if mode == "append":
         staged = _cast_to_table(manifest, table, staged, blob_columns, path_columns, options)
     return IngestPlan(
-        manifest, table, staged, blob_columns, path_columns, sizes, mode, dedup, options
+        manifest,
+        table,
+        staged,
+        blob_columns,
+        path_columns,
+        sizes,
+        mode,
+        dedup,
+        options,
+        managed,
+        None if allowed_bases is None else bases.bases,
     )
+
+
+def _reference_bases(
+    table: str, mode: str, given: Sequence[str] | None, options: StorageOptions | None
+) -> AllowedBases:
+    """The bases a managed ingest's files must lie under: ``given`` (the new table's, or
+    those an overwrite sets), else the existing table's; an append cannot change them."""
+    from blobhouse.table import open_table
+
+    root = TableLocation.of(table, storage_options=options).root_uri
+    try:
+        existing = open_table(table, storage_options=options).schema
+    except TableNotFoundError:
+        existing = None
+    kept = AllowedBases.of_table(existing, root)
+    bases = kept if given is None else AllowedBases(given, root)
+    appending = mode == "append" and existing is not None
+    if appending and set(bases.bases) | set(kept.managed) != set(kept.bases):
+        raise InvalidInputError(
+            f"table {table} allows external objects under {kept.bases or 'no base'}; its "
+            "allowed bases are set when it is created or overwritten, not by an append"
+        )
+    bases = kept if appending else bases
+    if not bases:
+        raise InvalidInputError(
+            f"a managed ingest references the files in place: name the folders table {table} "
+            "may reference (allowed_bases / --allowed-bases DIR[,DIR...]) when it is created"
+        )
+    return bases
+
+
+def _check_under_bases(
+    manifest: str,
+    resolved: Mapping[str, list[str | None]],
+    rows: pa.Table,
+    bases: AllowedBases,
+) -> None:
+    """An error naming the first row whose file lies outside ``bases`` (or inside the table)."""
+    for name, uris in resolved.items():
+        for row, uri in enumerate(uris):
+            if uri is None:
+                continue
+            _, problem = bases.resolve(uri)
+            if problem:
+                written = rows.column(name)[row].as_py()
+                raise InvalidInputError(
+                    f"manifest {manifest} row {row + 1}, column {name!r}: {written}: managed "
+                    f"{problem}"
+                )
 
 
 def ingest(
@@ -251,6 +352,8 @@ def ingest(
     partitions: int | None = None,
     storage_options: Mapping[str, str] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    managed: bool = False,
+    allowed_bases: Sequence[str] | None = None,
 ) -> dict:
     """Load the files named in ``blob_columns`` of ``manifest`` into ``table`` (created when
     missing; ``mode="overwrite"`` replaces its rows) and return a report.
@@ -259,7 +362,10 @@ def ingest(
     manifest order, split into consecutive ranges, one Spark task each (``partitions`` of them,
     or one per ~1 GiB of distinct files); per-file dedup (``dedup="content"``) stores a file
     once per task, ``"global"`` once per table, ``"off"`` once per row. ``storage_options``
-    reach the table, the manifest and the files on an object store.
+    reach the table, the manifest and the files on an object store. ``managed=True``
+    references the files in place and hands them to the table (they must lie under
+    ``allowed_bases``, or the existing table's); gc deletes each once no retained version
+    references it.
 
     >>> import os, tempfile, json
     >>> root = tempfile.mkdtemp()
@@ -280,6 +386,8 @@ def ingest(
         dedup=dedup,
         drop_path_columns=drop_path_columns,
         storage_options=storage_options,
+        managed=managed,
+        allowed_bases=allowed_bases,
     )
     return plan.run(spark, partitions=partitions, progress=progress)
 
@@ -331,7 +439,7 @@ def _read_bytes(manifest: str, path: str, local: bool, options: StorageOptions |
         except OSError as exc:
             raise InvalidInputError(f"manifest {manifest}: cannot read: {exc}") from None
     try:
-        return _read_object(normalize_uri(manifest), options)
+        return read_object(normalize_uri(manifest), options)
     except FileNotFoundError:
         raise InvalidInputError(f"manifest {manifest}: no such object") from None
     except OSError as exc:
@@ -489,13 +597,20 @@ def _cast_to_table(
     return pa.Table.from_arrays(columns, names=theirs)
 
 
+#: what a managed ingest writes in a blob column: the file's uri, handed to the table
+MANAGED_REFERENCE = pa.struct(
+    [("data", pa.binary()), ("uri", pa.string()), ("managed", pa.bool_())]
+)
+
+
 class _Loader:
     """For ``mapInArrow`` over ``spark.range(tasks)``: task ``i`` reads rows ``ranges[i]`` of
-    the broadcast manifest and yields them, in order, with every blob column's files loaded."""
+    the broadcast manifest and yields them, in order, with every blob column's files loaded
+    (``managed``: with every blob column a managed reference to its file)."""
 
-    def __init__(self, rows, ranges, blob_columns, schema, options) -> None:
+    def __init__(self, rows, ranges, blob_columns, schema, options, managed=False) -> None:
         self.rows, self.ranges, self.blob_columns = rows, ranges, list(blob_columns)
-        self.schema, self.options = schema, options
+        self.schema, self.options, self.managed = schema, options, managed
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         rows = self.rows.value
@@ -503,7 +618,20 @@ class _Loader:
         for batch in batches:
             for task in batch.column("id").to_pylist():
                 start, stop = self.ranges[task]
-                yield from self._load(rows.slice(start, stop - start), cache)
+                if self.managed:
+                    yield from self._reference(rows.slice(start, stop - start))
+                else:
+                    yield from self._load(rows.slice(start, stop - start), cache)
+
+    def _reference(self, rows: pa.Table) -> Iterator[pa.RecordBatch]:
+        for part in rows.to_batches(max_chunksize=BATCH_ROWS * 64):
+            arrays = [
+                _managed_references(part.column(name))
+                if name in self.blob_columns
+                else part.column(name)
+                for name in part.schema.names
+            ]
+            yield pa.RecordBatch.from_arrays(arrays, names=part.schema.names).cast(self.schema)
 
     def _load(self, rows: pa.Table, cache: _FileCache) -> Iterator[pa.RecordBatch]:
         uris = {name: rows.column(name).to_pylist() for name in self.blob_columns}
@@ -529,6 +657,15 @@ class _Loader:
         return lambda: _read_file(uri, column, self.options)
 
 
+def _managed_references(uris: pa.Array) -> pa.StructArray:
+    """``struct<data: null, uri, managed: true>`` per uri (null where the uri is)."""
+    return pa.StructArray.from_arrays(
+        [pa.nulls(len(uris), pa.binary()), uris, pa.array([True] * len(uris))],
+        fields=list(MANAGED_REFERENCE),
+        mask=uris.is_null(),
+    )
+
+
 class _FileCache:
     """Files read recently, up to ``limit`` bytes (rows naming a file again in a row, as the
     frames of one video chunk do, read it once)."""
@@ -552,22 +689,9 @@ class _FileCache:
 
 def _read_file(uri: str, column: str, options: StorageOptions | None) -> bytes:
     try:
-        return _read_object(uri, options)
+        return read_object(uri, options)
     except OSError as exc:
         raise InvalidInputError(f"manifest column {column!r}: cannot read {uri}: {exc}") from None
-
-
-def _read_object(uri: str, options: StorageOptions | None) -> bytes:
-    """The whole object at ``uri`` (FileNotFoundError when there is none)."""
-    store = object_store(uri, options)
-    size = store.size(uri)
-    if size is None:
-        raise FileNotFoundError("no such file")
-    source = store.open(uri)
-    try:
-        return source.read(0, size)
-    finally:
-        source.close()
 
 
 def _format_of(manifest: str) -> str:

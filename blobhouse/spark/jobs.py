@@ -139,10 +139,12 @@ def gc(
     retained versions of every branch reference) in a Spark task per fragment state; versions
     and the sweep run on the driver."""
 
-    def mark(table: Table, versions: list[VersionRef]) -> set[str]:
+    def mark(table: Table, versions: list[VersionRef], registered: frozenset[str]) -> set[str]:
         states = fragment_states(table, versions)
         at = _Opener.of(table)
-        found = run_tasks(spark, states, lambda s: referenced_paths(at.open_ref(s.ref), s))
+        found = run_tasks(
+            spark, states, lambda s: referenced_paths(at.open_ref(s.ref), s, registered)
+        )
         return set().union(*found)
 
     return gc_table(

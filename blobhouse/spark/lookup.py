@@ -5,9 +5,9 @@ one row per distinct payload the store's index lacks (the index is read by the `
 data source, so it never has to fit in one process), and stores those in tasks partitioned by
 hash: each distinct payload of every column is written once, whichever task its rows are in.
 Then every row is joined with the index and the new entries and becomes a reference into the
-store, ``struct<data: null, uri, position, size>``: the writing tasks store no bytes of these
-columns. Packs gc retired are left out of the join. The input is computed twice (once for the
-payloads, once for the rows).
+store, ``struct<data: null, uri, position, size, managed>``: the writing tasks store no bytes of
+these columns. Packs gc retired are left out of the join. The input is computed twice (once for
+the payloads, once for the rows).
 """
 
 from __future__ import annotations
@@ -157,6 +157,7 @@ def look_up_in_store(
             F.concat(F.lit(prefix), F.col(_PACK)).alias("uri"),
             F.col(_POSITION).alias("position"),
             F.col(_SIZE).alias("size"),
+            F.lit(None).cast("boolean").alias("managed"),
         )
         df = joined.withColumn(
             column, F.when(F.col(_PACK).isNotNull(), reference).otherwise(_as_logical(df, column))
@@ -184,17 +185,19 @@ def _is_struct(df: DataFrame, column: str) -> bool:
 
 
 def _as_logical(df: DataFrame, column: str) -> Column:
-    """The column as ``struct<data, uri, position, size>`` (what a store reference looks like)."""
-    if not _is_struct(df, column):
-        data, uri, position, size = F.col(column), None, None, None
-    else:
-        names = df.schema[column].dataType.fieldNames()
-        data, uri = F.col(f"{column}.data"), F.col(f"{column}.uri")
-        position = F.col(f"{column}.position") if "position" in names else None
-        size = F.col(f"{column}.size") if "size" in names else None
+    """The column as ``struct<data, uri, position, size, managed>`` (what a store reference
+    looks like; the ``managed`` flag of external rows is kept)."""
+    names = df.schema[column].dataType.fieldNames() if _is_struct(df, column) else []
+
+    def child(name: str, spark_type: str) -> Column:
+        value = F.col(f"{column}.{name}") if name in names else F.lit(None)
+        return value.cast(spark_type).alias(name)
+
+    data = child("data", "binary") if names else F.col(column).cast("binary").alias("data")
     return F.struct(
-        data.cast("binary").alias("data"),
-        (uri if uri is not None else F.lit(None)).cast("string").alias("uri"),
-        (position if position is not None else F.lit(None)).cast("long").alias("position"),
-        (size if size is not None else F.lit(None)).cast("long").alias("size"),
+        data,
+        child("uri", "string"),
+        child("position", "long"),
+        child("size", "long"),
+        child("managed", "boolean"),
     )

@@ -1,0 +1,428 @@
+"""Managed external objects (Hudi RFC-100's ``managed`` flag): external objects a write hands to
+the table, which gc deletes once no retained version of any branch or tag references them.
+
+Layout under the table root (one registry for the whole table, every branch included)::
+
+    _blobs/managed/registry/<write id>-<uuid>.json   URIs committed writes handed to the table
+    _blobs/managed/unreferenced/<sha256 of the uri>  gc saw the object unreferenced (retired)
+    _blobs/managed/doomed/<sha256 of the uri>        gc deletes it later; writes referencing it
+                                                     fail meanwhile
+
+A write decides which of its external URIs are managed (:class:`ManagedPolicy`: the row's
+``managed`` flag, a managed base, or an object the table manages already) and carries them in
+its :class:`~blobhouse.session.WrittenFile` s to the commit. Right before the Lance commit they
+are checked (:func:`check_usable`), right after it recorded (:func:`register`): a write that
+never commits hands nothing over, and a crash between commit and record leaves the object
+unmanaged (a leak, never a wrong delete). gc's rules are :class:`Reclaim`; the argument is in
+docs/managed-objects.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import uuid
+from collections.abc import Container, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from blobhouse.errors import ManagedObjectRaceError
+from blobhouse.layout import TableLocation, same_location, store_dir
+from blobhouse.placement import AllowedBases, as_uri
+from blobhouse.storage import (
+    STAT_THREADS,
+    StorageOptions,
+    is_local,
+    object_sizes,
+    object_store,
+    read_object,
+)
+
+MANAGED_DIR = "managed"
+REGISTRY_DIR = "registry"
+UNREFERENCED_DIR = "unreferenced"
+DOOMED_DIR = "doomed"
+FORMAT = 1
+COMPACT_FILES = 8  # more registry files than this and gc merges them into one
+
+
+def managed_dir(table_path: str) -> str:
+    """Where the managed-object registry and gc's markers of the table at ``table_path`` live.
+
+    >>> managed_dir("/data/t")
+    '/data/t/_blobs/managed'
+    """
+    return f"{store_dir(table_path)}/{MANAGED_DIR}"
+
+
+def marker_name(uri: str) -> str:
+    """The name of gc's markers for the object at ``uri`` (a hash: any uri makes a safe name).
+
+    >>> len(marker_name("s3://bucket/clip.mp4"))
+    64
+    """
+    return hashlib.sha256(uri.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The objects a table manages: uri -> when it was last registered (store clock), read from
+    the registry files of this table (``files``, names relative to the registry directory).
+
+    Entries recorded for another root (the table was copied or moved: the copy would share
+    ownership with the original) are ignored and counted as ``foreign``: such objects stay
+    unmanaged here, a leak rather than a delete in two places.
+    """
+
+    entries: dict[str, float] = field(default_factory=dict)
+    files: tuple[str, ...] = ()
+    foreign: int = 0
+
+    @property
+    def uris(self) -> frozenset[str]:
+        return frozenset(self.entries)
+
+    @classmethod
+    def load(
+        cls, location: TableLocation, storage_options: StorageOptions | None = None
+    ) -> Registry:
+        """The registry of the table at ``location`` (empty when nothing was handed over).
+
+        A file that cannot be read or parsed (one being written right now) is left out: its
+        objects are unmanaged for this reader, which only ever keeps more.
+
+        >>> import tempfile
+        >>> Registry.load(TableLocation(tempfile.mkdtemp())).entries
+        {}
+        """
+        folder = as_uri(f"{managed_dir(location.root)}/{REGISTRY_DIR}")
+        listed = [i for i in object_store(folder, storage_options).list(folder) if _is_file(i.name)]
+        bodies = _read_all([f"{folder}/{i.name}" for i in listed], storage_options)
+        entries: dict[str, float] = {}
+        files, foreign = [], 0
+        for info, body in zip(listed, bodies, strict=True):
+            parsed = _parsed(body)
+            if parsed is None:
+                continue
+            objects = parsed["objects"]
+            if not same_location(parsed["table"], location.root_uri):
+                foreign += len(objects)
+                continue
+            files.append(info.name)
+            for entry in objects:
+                at = float(entry.get("registered", info.mtime))
+                entries[entry["uri"]] = max(at, entries.get(entry["uri"], at))
+        return cls(entries, tuple(files), foreign)
+
+    def rewrite(
+        self,
+        location: TableLocation,
+        dropped: Iterable[str] = (),
+        storage_options: StorageOptions | None = None,
+    ) -> None:
+        """Replace the files read by one holding every entry but ``dropped`` (their times
+        kept): how gc forgets deleted objects and merges many small files. Files written since
+        the load are left alone."""
+        dropped = set(dropped)
+        kept = {u: at for u, at in self.entries.items() if u not in dropped}
+        folder = as_uri(f"{managed_dir(location.root)}/{REGISTRY_DIR}")
+        if kept:
+            objects = [{"uri": u, "registered": at} for u, at in sorted(kept.items())]
+            _put_registry_file(
+                f"{folder}/gc-{uuid.uuid4().hex}.json", location, objects, storage_options
+            )
+        store = object_store(folder, storage_options)
+        for name in self.files:
+            with contextlib.suppress(OSError):
+                store.delete(f"{folder}/{name}")
+
+
+def register(
+    location: TableLocation,
+    schema: pa.Schema,
+    uris: Sequence[str],
+    name_prefix: str,
+    storage_options: StorageOptions | None = None,
+) -> None:
+    """Record that a committed write (``name_prefix``) handed ``uris`` to the table whose
+    committed schema is ``schema``. Only URIs under the bases that schema allows are recorded
+    (a hand-made :class:`~blobhouse.session.WrittenFile` cannot give gc anything else).
+
+    >>> import tempfile, os
+    >>> root, media = tempfile.mkdtemp(), tempfile.mkdtemp()
+    >>> clip = f"file://{os.path.realpath(media)}/clip.mp4"
+    >>> schema = pa.schema([]).with_metadata(AllowedBases([media]).table_metadata())
+    >>> register(TableLocation(root), schema, [clip], "w1-")
+    >>> sorted(Registry.load(TableLocation(root)).entries) == [clip]
+    True
+    """
+    bases = AllowedBases.of_table(schema, location.root_uri)
+    allowed = [u for u in dict.fromkeys(uris) if bases.resolve(u) == (u, "")]
+    if not allowed:
+        return
+    folder = f"{managed_dir(location.root)}/{REGISTRY_DIR}"
+    uri = as_uri(f"{folder}/{name_prefix}{uuid.uuid4().hex}.json")
+    _put_registry_file(uri, location, [{"uri": u} for u in allowed], storage_options)
+
+
+def check_usable(
+    table_path: str, uris: Sequence[str], storage_options: StorageOptions | None = None
+) -> None:
+    """Refuse to commit references to managed objects gc doomed, or that are gone, since the
+    write looked at them (it runs right before the Lance commit; docs/managed-objects.md).
+
+    >>> import tempfile
+    >>> check_usable(tempfile.mkdtemp(), [])
+    """
+    if not uris:
+        return
+    doomed = markers(table_path, DOOMED_DIR, storage_options)
+    clash = sorted(u for u in uris if marker_name(u) in doomed)
+    if clash:
+        raise ManagedObjectRaceError(
+            f"managed object(s) {_few(clash)} this write references are being deleted by gc "
+            "(no retained version referenced them for longer than its grace period); nothing "
+            "was committed"
+        )
+    sizes = object_sizes(list(uris), storage_options)
+    gone = [u for u, size in zip(uris, sizes, strict=True) if size is None]
+    if gone:
+        raise ManagedObjectRaceError(
+            f"managed object(s) {_few(gone)} this write references are gone (deleted by gc or "
+            "by someone else while the write ran); nothing was committed"
+        )
+
+
+class ManagedPolicy:
+    """Which external URIs one writing process hands to the table: rows flagged ``managed``,
+    URIs under a managed base, and objects the table manages already (managed wins once
+    registered: such a reference is checked and registered like any managed one). The registry
+    is read once, when the first plain reference is met.
+
+    >>> import tempfile
+    >>> policy = ManagedPolicy(AllowedBases(managed=["/m"]), TableLocation(tempfile.mkdtemp()))
+    >>> policy.managed("file:///m/a.bin", False), policy.managed("file:///x/b.bin", True)
+    (True, True)
+    >>> policy.managed("file:///x/c.bin", False)
+    False
+    """
+
+    def __init__(
+        self,
+        bases: AllowedBases,
+        location: TableLocation,
+        storage_options: StorageOptions | None = None,
+    ) -> None:
+        self.bases = bases
+        self.location = location
+        self.storage_options = storage_options
+        self._registered: frozenset[str] | None = None
+
+    def managed(self, uri: str, flagged: bool) -> bool:
+        """Whether the reference to normalized ``uri`` (``flagged``: the row says managed)
+        hands the object to the table."""
+        if flagged or self.bases.is_managed(uri):
+            return True
+        if self._registered is None:
+            self._registered = Registry.load(self.location, self.storage_options).uris
+        return uri in self._registered
+
+
+def markers(
+    table_path: str, folder: str, storage_options: StorageOptions | None = None
+) -> dict[str, float]:
+    """gc's markers in ``folder`` (:data:`UNREFERENCED_DIR` or :data:`DOOMED_DIR`): marker
+    name -> when it was written (store clock)."""
+    root = as_uri(f"{managed_dir(table_path)}/{folder}")
+    return {i.name: i.mtime for i in object_store(root, storage_options).list(root)}
+
+
+@dataclass
+class Reclaim:
+    """What one gc run does with the table's managed objects.
+
+    Each registered object that no retained version references goes through three steps, one
+    per gc run at least: *retired* (an ``unreferenced`` marker records when gc first saw it
+    unreferenced), *doomed* once that marker and its registration are older than the grace
+    period (a ``doomed`` marker: writes referencing it now refuse to commit), *reaped* once the
+    doomed marker is older than the grace period: the object is deleted (one the user deleted
+    already is just forgotten) and leaves the registry. An object a retained version references
+    again is *resurrected* (its markers removed). Nothing is retired or doomed when the mark is
+    incomplete (a branch or data file could not be read), nor deleted outside the bases the
+    table allows.
+    """
+
+    location: TableLocation
+    storage_options: StorageOptions | None
+    registry: Registry
+    referenced: int = 0
+    retire: list[str] = field(default_factory=list)
+    doom: list[str] = field(default_factory=list)
+    reap: dict[str, int | None] = field(default_factory=dict)  # uri -> size (None: gone)
+    resurrect: list[str] = field(default_factory=list)
+    waiting: int = 0
+    undecided: int = 0
+    outside: list[str] = field(default_factory=list)
+    stale: list[tuple[str, str]] = field(default_factory=list)  # markers of no entry
+    failed: dict[str, str] = field(default_factory=dict)  # uri -> why it was not deleted
+
+    @classmethod
+    def plan(
+        cls,
+        location: TableLocation,
+        bases: AllowedBases,
+        registry: Registry,
+        referenced: Container[str],
+        *,
+        complete: bool,
+        cutoff: float,
+        storage_options: StorageOptions | None = None,
+    ) -> Reclaim:
+        """Decide every registered object's step: ``referenced`` holds the URIs retained
+        versions reference (``complete``: the mark read everything), ``cutoff`` is the mark's
+        start less the grace period (store clock)."""
+        plan = cls(location, storage_options, registry)
+        unreferenced = markers(location.root, UNREFERENCED_DIR, storage_options)
+        doomed = markers(location.root, DOOMED_DIR, storage_options)
+        due: list[str] = []
+        waiting: list[str] = []
+        for uri, registered_at in sorted(registry.entries.items()):
+            name = marker_name(uri)
+            if uri in referenced:
+                plan.referenced += 1
+                if name in unreferenced or name in doomed:
+                    plan.resurrect.append(uri)
+            elif not complete:
+                plan.undecided += 1
+            elif bases.resolve(uri) != (uri, ""):
+                plan.outside.append(uri)  # the table's bases changed: never deleted
+            elif name in doomed:
+                (due if doomed[name] < cutoff else waiting).append(uri)
+            elif name in unreferenced:
+                since = max(unreferenced[name], registered_at)
+                (plan.doom if since < cutoff else waiting).append(uri)
+            else:
+                plan.retire.append(uri)
+        plan.waiting = len(waiting)
+        plan.reap = dict(zip(due, object_sizes(due, storage_options), strict=True))
+        names = {marker_name(u) for u in registry.entries}
+        plan.stale = [
+            (folder, name)
+            for folder, found in ((UNREFERENCED_DIR, unreferenced), (DOOMED_DIR, doomed))
+            for name in found
+            if name not in names
+        ]
+        return plan
+
+    def apply(self) -> None:
+        """Do what :meth:`plan` decided: markers first, then deletes, then the registry."""
+        for uri in self.retire:
+            self._mark(UNREFERENCED_DIR, uri)
+        for uri in self.doom:
+            self._mark(DOOMED_DIR, uri)
+        for uri in self.resurrect:
+            self._unmark(uri)
+        forgotten = [uri for uri in self.reap if self._delete(uri)]
+        if forgotten or len(self.registry.files) > COMPACT_FILES:
+            self.registry.rewrite(self.location, forgotten, self.storage_options)
+        for uri in forgotten:  # after the registry: a crash in between reaps them again
+            self._unmark(uri)
+        for folder, name in self.stale:
+            self._remove(f"{folder}/{name}")
+
+    def report(self) -> dict:
+        """Counts and bytes of what the run did (or, in a dry run, would do)."""
+        removed = {u: size for u, size in self.reap.items() if size is not None}
+        removed = {u: size for u, size in removed.items() if u not in self.failed}
+        return {
+            "registered": len(self.registry.entries),
+            "referenced": self.referenced,
+            "retired": len(self.retire),
+            "doomed": len(self.doom),
+            "removed": len(removed),
+            "removed_bytes": sum(removed.values()),
+            "already_missing": sum(1 for size in self.reap.values() if size is None),
+            "resurrected": len(self.resurrect),
+            "waiting": self.waiting,
+            "undecided": self.undecided,
+            "kept_outside_bases": len(self.outside),
+            "foreign_entries": self.registry.foreign,
+            "failed": [f"{uri}: {why}" for uri, why in sorted(self.failed.items())],
+            "paths": sorted(removed),
+        }
+
+    def _delete(self, uri: str) -> bool:
+        try:
+            object_store(uri, self.storage_options).delete(uri)
+        except (OSError, ValueError) as exc:  # kept, and tried again by the next run
+            self.failed[uri] = str(exc)
+            return False
+        return True
+
+    def _mark(self, folder: str, uri: str) -> None:
+        path = as_uri(f"{managed_dir(self.location.root)}/{folder}/{marker_name(uri)}")
+        object_store(path, self.storage_options).put(path, uri.encode())
+
+    def _unmark(self, uri: str) -> None:
+        for folder in (UNREFERENCED_DIR, DOOMED_DIR):
+            self._remove(f"{folder}/{marker_name(uri)}")
+
+    def _remove(self, relative: str) -> None:
+        path = as_uri(f"{managed_dir(self.location.root)}/{relative}")
+        with contextlib.suppress(OSError):
+            object_store(path, self.storage_options).delete(path)
+
+
+def _put_registry_file(
+    uri: str,
+    location: TableLocation,
+    objects: list[dict],
+    storage_options: StorageOptions | None,
+) -> None:
+    body = {"format": FORMAT, "table": location.root_uri, "objects": objects}
+    object_store(uri, storage_options).put(uri, json.dumps(body).encode())
+
+
+def _parsed(body: bytes | None) -> Mapping | None:
+    """A registry file's content, or None when it is unreadable or not one."""
+    if body is None:
+        return None
+    try:
+        parsed = json.loads(body)
+        ok = parsed.get("format") == FORMAT and isinstance(parsed.get("table"), str)
+        ok = ok and all(_is_entry(e) for e in parsed["objects"])
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return parsed if ok else None
+
+
+def _read_all(uris: list[str], storage_options: StorageOptions | None) -> list[bytes | None]:
+    """Each object's bytes (None: gone since it was listed, as gc merged it); on an object
+    store the requests run in parallel."""
+
+    def read(uri: str) -> bytes | None:
+        try:
+            return read_object(uri, storage_options)
+        except OSError:
+            return None
+
+    threads = 1 if all(is_local(u) for u in uris) else min(len(uris), STAT_THREADS)
+    with ThreadPoolExecutor(max(threads, 1)) as pool:
+        return list(pool.map(read, uris))
+
+
+def _is_entry(entry: Mapping) -> bool:
+    registered = entry.get("registered", 0.0)
+    return isinstance(entry.get("uri"), str) and isinstance(registered, int | float)
+
+
+def _is_file(name: str) -> bool:
+    return "/" not in name and name.endswith(".json")
+
+
+def _few(uris: Sequence[str], shown: int = 3) -> str:
+    more = f" and {len(uris) - shown} more" if len(uris) > shown else ""
+    return ", ".join(uris[:shown]) + more
