@@ -12,8 +12,8 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -51,10 +51,25 @@ class Size:
     machine_bytes: int
     appends: int  # appends of 24 rows piled up before a compaction
     s3_rows: int  # 1 MB payloads per object-storage workload
+    mutation_rows: int  # rows of the table the mutations case changes
 
 
 QUICK = Size(
-    "quick", 5, 100, 10, 90, 20, 16 * MB, 60, (10_000, 40_000), (0.06, 0.24), 400, 64 * MB, 4, 16
+    "quick",
+    5,
+    100,
+    10,
+    90,
+    20,
+    16 * MB,
+    60,
+    (10_000, 40_000),
+    (0.06, 0.24),
+    400,
+    64 * MB,
+    4,
+    16,
+    200,
 )
 FULL = Size(
     "full",
@@ -71,6 +86,7 @@ FULL = Size(
     1024 * MB,
     24,
     128,
+    5000,
 )
 
 
@@ -696,6 +712,289 @@ def _last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+MUTATION_SHARE = 25  # rows that carry each payload in the mutations case (frames of one clip)
+RELABEL = {"label": "upper(label)"}
+
+
+class MutationData:
+    """The mutations case's table and upsert. Row i carries payload i // 25 (100 KB to 1 MB);
+    the upsert matches every 10th row (carrying the payload it has) and adds 10% new rows in
+    clips of 25, alternately a new payload and one the table stores."""
+
+    def __init__(self, rows: int) -> None:
+        rng = np.random.default_rng(10)
+        self.rows = rows
+        self.payloads = self._draw(rng, max(1, rows // MUTATION_SHARE))
+        added = max(1, rows // 10)
+        clips = -(-added // MUTATION_SHARE)
+        self.new_payloads = self._draw(rng, -(-clips // 2))
+        self.upsert_ids = [*range(5, rows, 10), *range(rows, rows + added)]
+        self.upsert_payloads = [self.payloads[i // MUTATION_SHARE] for i in range(5, rows, 10)] + [
+            self._added(k) for k in range(added)
+        ]
+        self.new_unique_bytes = sum(map(len, self.new_payloads))
+        self.column_bytes = pa.array(self._labels(range(rows))).nbytes
+
+    @staticmethod
+    def _draw(rng: np.random.Generator, count: int) -> list[bytes]:
+        sizes = rng.integers(100 * KB, MB, count, endpoint=True)
+        return [rng_bytes(rng, int(n)) for n in sizes]
+
+    def _added(self, k: int) -> bytes:
+        clip = k // MUTATION_SHARE
+        if clip % 2 == 0:
+            return self.new_payloads[clip // 2]
+        return self.payloads[clip * 7 % len(self.payloads)]
+
+    @staticmethod
+    def _labels(ids) -> list[str]:
+        return [f"label-{i:07d}" for i in ids]
+
+    @property
+    def fragment_rows(self) -> int:
+        """Four data files, each holding whole clips."""
+        return MUTATION_SHARE * max(1, self.rows // MUTATION_SHARE // 4)
+
+    @property
+    def unique_bytes(self) -> int:
+        return sum(map(len, self.payloads))
+
+    @property
+    def logical_bytes(self) -> int:
+        return sum(len(self.payloads[i // MUTATION_SHARE]) for i in range(self.rows))
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        for start in range(0, self.rows, self.fragment_rows):
+            ids = range(start, min(self.rows, start + self.fragment_rows))
+            payloads = [self.payloads[i // MUTATION_SHARE] for i in ids]
+            yield self._batch(ids, blob_array(payloads))
+
+    def upsert(self, lance_typed: bool = False) -> pa.Table:
+        """The upsert's rows: blobhouse's logical blobs, or pylance's blob v2 input."""
+        if not lance_typed:
+            return pa.Table.from_batches(
+                [self._batch(self.upsert_ids, blob_array(self.upsert_payloads))]
+            )
+        img = lance.blob.blob_array(self.upsert_payloads)
+        batch = self._batch(self.upsert_ids, img)
+        schema = batch.schema.set(2, lance.blob.blob_field("img"))
+        return pa.Table.from_batches([batch.cast(schema)])
+
+    def _batch(self, ids, img: pa.Array) -> pa.RecordBatch:
+        return pa.record_batch(
+            {
+                "id": pa.array(list(ids), pa.int64()),
+                "label": self._labels(ids),
+                "img": img,
+            }
+        )
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One operation of the mutations case, as blobhouse and as pylance run it on a table's
+    uri, and the target its growth in bytes is held to (growth / ``reference``)."""
+
+    blobhouse: Callable[[str], object]
+    pylance: Callable[[str], object]
+    reference: int
+    target: Callable[[float], bool] | None = None
+    target_text: str = "-"
+
+
+def mutations(size: Size) -> Case:
+    """Update of a plain column on 10% and on 100% of the rows, and an upsert of 10% new + 10%
+    matched rows, of a table whose rows share payloads (dedup "content" and "global"):
+    blobhouse against Lance's own update and merge_insert on the same table, each on a fresh
+    copy; seconds, and bytes on disk after a cleanup of the old version."""
+    case = Case(
+        "mutations",
+        "Median seconds per operation, each on a fresh copy of the same table; bytes on disk "
+        "after a cleanup of the old versions, and growth against the bytes of the rewritten "
+        "column (updates) or of the new unique payloads (upsert); seconds_vs_pylance = seconds "
+        "/ pylance's seconds",
+    )
+    data = MutationData(size.mutation_rows)
+    with Scratch() as root:
+        for dedup in ("content", "global"):
+            _mutation_base(root, data, dedup)
+            for operation, mutation in _mutations(data, dedup).items():
+                _mutate(case, root, dedup, operation, mutation, size.runs)
+    _mutation_notes(case, data)
+    return case
+
+
+def _mutation_base(root: Path, data: MutationData, dedup: str) -> None:
+    """The table at ``root/table`` and its pristine copy at ``root/pristine`` (the table's
+    store path is recorded in its manifests: each run restores the copy to the same path)."""
+    table = write_table(
+        data.batches(),
+        str(fresh(root / "table")),
+        dedup=dedup,
+        max_rows_per_file=data.fragment_rows,
+    )
+    table.gc(retain_versions=1, grace=timedelta(0))
+    shutil.copytree(root / "table", fresh(root / "pristine"))
+
+
+def _mutations(data: MutationData, dedup: str) -> dict[str, Mutation]:
+    def update(where: str | None) -> Mutation:
+        return Mutation(
+            lambda uri: open_table(uri).update(RELABEL, where=where),
+            lambda uri: lance.dataset(uri).update(RELABEL, where=where),
+            data.column_bytes,
+            lambda ratio: ratio < 1,
+            "growth < the label column's bytes",
+        )
+
+    source, lance_source = data.upsert(), data.upsert(lance_typed=True)
+    upsert = Mutation(
+        lambda uri: (
+            open_table(uri)
+            .merge_insert("id", dedup=dedup)
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute(source)
+        ),
+        lambda uri: (
+            lance.dataset(uri)
+            .merge_insert("id")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute(lance_source)
+        ),
+        data.new_unique_bytes,
+    )
+    if dedup == "global":
+        upsert = replace(
+            upsert, target=lambda ratio: ratio <= 1.05, target_text="growth <= 1.05 x new unique"
+        )
+    return {
+        "update label, 10% of rows": update("id % 10 = 0"),
+        "update label, 100% of rows": update(None),
+        "upsert 10% new + 10% matched": upsert,
+    }
+
+
+def _mutate(
+    case: Case, root: Path, dedup: str, operation: str, mutation: Mutation, runs: int
+) -> None:
+    """Each contender on a fresh copy of the table, alternating, a warm-up round first; the
+    bytes after cleanup of the old versions (the same every run) of the last."""
+    table = root / "table"
+    before = disk_bytes(table)
+    contenders = {
+        "blobhouse": (mutation.blobhouse, _blobhouse_gc),
+        "pylance": (mutation.pylance, _lance_cleanup),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    after: dict[str, int] = {}
+    for run in range(runs + 1):
+        for name, (mutate, cleanup) in contenders.items():
+            shutil.copytree(root / "pristine", fresh(table))
+            started = time.perf_counter()
+            mutate(str(table))
+            if run:
+                samples[name].append(time.perf_counter() - started)
+            cleanup(str(table))
+            after[name] = disk_bytes(table)
+    shutil.copytree(root / "pristine", fresh(table))
+    seconds = {name: statistics.median(values) for name, values in samples.items()}
+    for name in contenders:
+        growth = after[name] - before
+        ratio = growth / mutation.reference
+        met = mutation.target(ratio) if mutation.target and name == "blobhouse" else None
+        case.add(
+            dedup=dedup,
+            operation=operation,
+            contender=name,
+            seconds=round(seconds[name], 4),
+            seconds_vs_pylance=round(seconds[name] / seconds["pylance"], 3),
+            bytes_before=before,
+            bytes_after=after[name],
+            bytes_after_vs_pylance=round(after[name] / after["pylance"], 3),
+            growth=growth,
+            growth_vs_reference=round(ratio, 3),
+            target="-" if met is None else f"{mutation.target_text} ({'met' if met else 'missed'})",
+        )
+
+
+def _blobhouse_gc(uri: str) -> None:
+    open_table(uri).gc(retain_versions=1, grace=timedelta(0))
+
+
+def _lance_cleanup(uri: str) -> None:
+    # unverified files are those younger than 7 days: all of them here
+    lance.dataset(uri).cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+
+
+def _mutation_notes(case: Case, data: MutationData) -> None:
+    case.notes.append(
+        f"{data.rows} rows (id, label, img) in 4 data files; {len(data.payloads)} payloads of "
+        f"100 KB-1 MB, each carried by {MUTATION_SHARE} consecutive rows: "
+        f"{data.logical_bytes / 1e6:.0f} MB logical, {data.unique_bytes / 1e6:.0f} MB unique. "
+        f"Updates set label = upper(label) (the column: {data.column_bytes:,} bytes in Arrow) "
+        f"where id % 10 = 0, or on every row. The upsert: {len(data.upsert_ids)} rows, every "
+        f"10th row matched with the payload it has, {data.rows // 10} new ones in clips of "
+        f"{MUTATION_SHARE}, alternately a new payload ({len(data.new_payloads)} new, "
+        f"{data.new_unique_bytes / 1e6:.1f} MB) and one the table stores"
+    )
+    case.notes.append(
+        "cleanup of the old versions: blobhouse gc(retain_versions=1, grace=0); pylance "
+        "cleanup_old_versions(older_than=0, delete_unverified=True); growth = bytes after - "
+        "bytes before (the whole table folder, store included)"
+    )
+    case.notes += _mutation_costs(case, data)
+    for row in case.rows:
+        if row["target"] != "-":
+            print(
+                f"[bench] mutations {row['dedup']}, {row['operation']}: {row['target']}",
+                file=sys.stderr,
+            )
+
+
+def _mutation_costs(case: Case, data: MutationData) -> list[str]:
+    """What each operation cost, and why, in this run's numbers."""
+
+    def grew(dedup: str, operation: str, contender: str) -> str:
+        row = next(
+            r
+            for r in case.rows
+            if (r["dedup"], r["contender"]) == (dedup, contender)
+            and r["operation"].startswith(operation)
+        )
+        return _megabytes(row["growth"])
+
+    return [
+        "update: blobhouse writes one new data file of the label column per fragment (Lance's "
+        "rewrite_columns update) and never reads or copies img, so it costs the column whether "
+        f"10% or 100% of the rows change ({grew('content', 'update label, 10%', 'blobhouse')} "
+        f"and {grew('content', 'update label, 100%', 'blobhouse')}); the old labels stay inside "
+        "the original data files (which hold id and img too) until a compaction. pylance's "
+        "update deletes the changed rows and writes them again whole, each with its own copy of "
+        f"its payload: {grew('content', 'update label, 10%', 'pylance')} and "
+        f"{grew('content', 'update label, 100%', 'pylance')} with dedup content. On a "
+        'dedup="global" table img holds references into the store, so pylance copies '
+        f"references only ({grew('global', 'update label, 10%', 'pylance')} and "
+        f"{grew('global', 'update label, 100%', 'pylance')}: it rewrites the changed rows, "
+        "blobhouse the label column of every fragment holding one; at 100% pylance's one new "
+        "data file replaces the four whole, and is smaller than they were)",
+        "upsert: blobhouse deletes the matched rows (deletion files) and appends the source "
+        "through the write pipeline. With dedup global every payload the table already stores, "
+        "the matched rows' and the reused ones of the new rows, is referenced and only the new "
+        f"ones are written ({grew('global', 'upsert', 'blobhouse')} for "
+        f"{data.new_unique_bytes / 1e6:.2f} MB of new payloads); with per-file dedup (content) "
+        "the new data file stores each distinct payload it carries once "
+        f"({grew('content', 'upsert', 'blobhouse')}), which a compaction folds back into one "
+        "copy. pylance writes every source row's payload again, once per row "
+        f"({grew('content', 'upsert', 'pylance')})",
+    ]
+
+
+def _megabytes(nbytes: int) -> str:
+    return f"{nbytes / 1e6:+,.2f} MB" if abs(nbytes) >= 100_000 else f"{nbytes / 1e3:+,.1f} KB"
+
+
 CASES = {
     "machine": machine_limits,
     "storage": storage,
@@ -706,4 +1005,5 @@ CASES = {
     "maintenance": maintenance,
     "global_dedup": global_dedup,
     "object_storage": object_storage,
+    "mutations": mutations,
 }

@@ -19,6 +19,8 @@ TARGETS = """\
 | dedup="global": bytes on disk <= 1.05 x unique across appends | {global_dedup} |
 | S3: one GET per coalesced range (requests the server logged) | {s3_requests} |
 | S3: reads by reference >= 1.0 x pylance read_blobs on the same store | {s3_access} |
+| update of a plain column: growth after gc < the rewritten column's bytes | {update_growth} |
+| upsert, dedup="global": growth after gc <= 1.05 x the new unique payloads | {upsert_growth} |
 """
 
 
@@ -32,7 +34,7 @@ def write_report(results: Path, target: Path) -> None:
         "",
         "Every contender runs on the same data in the same process run; times are medians of "
         f"{5} runs after a warm-up, contenders alternating inside each round. Regenerate with "
-        "`bin/bench` (about 7 minutes on 2 cores; `bin/bench --quick` is the CI smoke run).",
+        "`bin/bench` (about 10 minutes on 2 cores; `bin/bench --quick` is the CI smoke run).",
         "",
         f"Machine: {run.get('cpus')} cores, {run.get('memory_gb')} GiB, Python "
         f"{run.get('python')}, {run.get('platform')}.",
@@ -113,6 +115,16 @@ def _verdicts(data: dict) -> dict[str, str]:
     ranged_s3 = rows("object_storage", contender="blobhouse refs + ranged reads, s3")
     s3_requests = [r["requests"].get("GET", 0) / r["coalesced_reads"] for r in ranged_s3]
     s3_access = [r["vs_pylance_same_store"] for r in ranged_s3]
+    update_growth = [
+        r["growth_vs_reference"]
+        for r in rows("mutations", contender="blobhouse")
+        if r["operation"].startswith("update")
+    ]
+    upsert_growth = [
+        r["growth_vs_reference"]
+        for r in rows("mutations", contender="blobhouse", dedup="global")
+        if r["operation"].startswith("upsert")
+    ]
     gb = rows("scale", mode="gb")
     rss = gb[-1]["peak_rss_mb"] / gb[0]["peak_rss_mb"] if gb else None
     return {
@@ -126,6 +138,8 @@ def _verdicts(data: dict) -> dict[str, str]:
         "global_dedup": _range(global_dedup, "x unique", lambda v: v <= 1.05),
         "s3_requests": _range(s3_requests, "GETs per coalesced range", lambda v: v == 1),
         "s3_access": _range(s3_access, "x pylance", lambda v: v >= 1.0),
+        "update_growth": _range(update_growth, "x the column", lambda v: v < 1),
+        "upsert_growth": _range(upsert_growth, "x new unique", lambda v: v <= 1.05),
         "rss": "-" if rss is None else f"{rss:.2f}x ({'met' if rss <= 1.5 else 'missed'})",
     }
 

@@ -30,6 +30,7 @@ def test_quick_benchmark_run(tmp_path):
         "maintenance",
         "global_dedup",
         "object_storage",
+        "mutations",
     }
     storage = results["storage"]["rows"]
     seed = {r["contender"]: r for r in storage if r["workload"].startswith("seed")}
@@ -63,3 +64,20 @@ def test_quick_benchmark_run(tmp_path):
     assert all(r["requests"].get("PUT", 0) > 0 for r in writes if r["contender"].endswith("s3"))
     spark = results["spark"]["rows"][0]
     assert spark["read_blob_mb_s"] > 0 and spark["write_ratio"] > 0
+    mutated = results["mutations"]["rows"]
+    assert all(r["seconds"] > 0 for r in mutated)
+    relabels = [r for r in mutated if r["operation"].startswith("update")]
+    mine = [r["growth"] for r in relabels if r["contender"] == "blobhouse"]
+    assert mine and all(g < 100 * 1024 for g in mine)  # the label column only: no payload
+    copied = [
+        r["growth"] for r in relabels if r["contender"] == "pylance" and r["dedup"] == "content"
+    ]
+    assert min(copied) > 100 * max(mine)  # pylance writes the changed rows' payloads again
+    (upsert,) = [
+        r
+        for r in mutated
+        if r["operation"].startswith("upsert")
+        and r["dedup"] == "global"
+        and r["contender"] == "blobhouse"
+    ]
+    assert upsert["growth_vs_reference"] <= 1.05  # only the new payloads are stored
