@@ -412,6 +412,107 @@ def test_backfill_on_s3(s3):
     assert stock_blobs(uri, s3.options, "thumb")[3] == payload(3, 100 * KIB)
 
 
+@pytest.mark.parametrize("dedup", ["content", "global"])
+def test_update_and_merge_insert_on_s3(s3, dedup):
+    """Mutations on an object store: plain and blob columns updated, an upsert; stock pylance
+    reads every byte; with global dedup only new payloads are uploaded, and every pack an
+    update or merge stored is complete (its multipart upload finished)."""
+    uri = f"{s3.uri}/t"
+    shared = payload(7, 300 * KIB)
+    data = pa.table(
+        {
+            "id": list(range(8)),
+            "label": [f"l{i}" for i in range(8)],
+            "media": blob_array([shared if i % 2 else payload(i, 200 * KIB) for i in range(8)]),
+        }
+    )
+    table = write_table(data, uri, dedup=dedup, storage_options=s3.options)
+    packs = sum(s3.objects("t/_blobs/packs/").values())
+
+    table.update({"label": "upper(label)"}, where="id < 4")
+
+    def new_media(rows):  # shared payloads stay shared, one new payload per even row
+        return [shared if i % 2 else payload(100 + i, 250 * KIB) for i in rows["id"].to_pylist()]
+
+    table.update({"media": new_media}, where="id >= 6", dedup=dedup)
+    upsert = pa.table(
+        {
+            "id": [1, 2, 20],
+            "label": ["m1", "m2", "n20"],
+            "media": blob_array([shared, payload(2, 200 * KIB), payload(20, 400 * KIB)]),
+        }
+    )
+    report = (
+        table.merge_insert("id", dedup=dedup)
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute(upsert)
+    )
+    assert (report.num_updated_rows, report.num_inserted_rows) == (2, 1)
+
+    want = {i: payload(i, 200 * KIB) if i % 2 == 0 else shared for i in range(8)}
+    want.update({6: payload(106, 250 * KIB), 20: payload(20, 400 * KIB)})
+    labels = {i: (f"L{i}" if i < 4 else f"l{i}") for i in range(8)}
+    labels.update({1: "m1", 2: "m2", 20: "n20"})
+    got = open_table(uri, storage_options=s3.options).to_arrow(blobs="bytes").to_pylist()
+    assert {r["id"]: (r["label"], r["media"]) for r in got} == {
+        i: (labels[i], want[i]) for i in want
+    }
+    stock = lance.dataset(uri, storage_options=checked_options(s3.options))
+    ids = stock.to_table(columns=["id"]).column("id").to_pylist()
+    assert dict(zip(ids, stock_blobs(uri, s3.options, "media"), strict=True)) == want
+    assert s3.uploads() == []  # every pack's upload completed
+    if dedup == "global":  # only the two new payloads went to the store
+        grown = sum(s3.objects("t/_blobs/packs/").values()) - packs
+        assert grown == 250 * KIB + 400 * KIB
+    assert open_table(uri, storage_options=s3.options).verify(deep=True)["problems"] == []
+
+
+def test_a_failed_update_on_s3_leaves_the_table_and_the_bucket_as_they_were(s3):
+    uri = f"{s3.uri}/t"
+    data = pa.table(
+        {"id": list(range(6)), "media": blob_array([payload(i, 300) for i in range(6)])}
+    )
+    table = write_table(data, uri, dedup="global", max_rows_per_file=3, storage_options=s3.options)
+    before, version = s3.objects(), table.version
+
+    def failing(rows):  # the first fragment's big payloads are uploaded before the failure
+        if rows["id"][0].as_py() >= 3:  # the second fragment
+            raise RuntimeError("decoder crashed")
+        return [payload(50 + i, 6 * MIB) for i in range(rows.num_rows)]
+
+    with pytest.raises(RuntimeError, match="decoder crashed"):
+        table.update({"media": failing}, dedup="global")
+    after = s3.objects()
+    assert {k for k in after if "/_leases/" not in k} == {k for k in before if "/_leases/" not in k}
+    assert s3.uploads() == []
+    assert open_table(uri, storage_options=s3.options).version == version
+
+
+def test_spark_update_and_merge_insert_on_s3(spark, s3):
+    import blobhouse.spark as bs
+
+    uri = f"{s3.uri}/t"
+    shared = payload(3, 300 * KIB)
+    rows_ = [(i, i * 10, shared if i % 2 else payload(i, 120 * KIB)) for i in range(10)]
+    df = spark.createDataFrame(rows_, "id long, label long, media binary")
+    bs.write_table(df, uri, blob_columns=["media"], dedup="global", storage_options=s3.options)
+    packs = sum(s3.objects("t/_blobs/packs/").values())
+    bs.update(spark, uri, {"label": "label + 1"}, where="id < 5", storage_options=s3.options)
+    source = spark.createDataFrame(
+        [(2, -2, shared), (30, -30, payload(30, 500 * KIB))], "id long, label long, media binary"
+    )
+    bs.merge_insert(source, uri, on="id", dedup="global", storage_options=s3.options)
+    table = open_table(uri, storage_options=s3.options)
+    got = {r["id"]: (r["label"], r["media"]) for r in table.to_arrow(blobs="bytes").to_pylist()}
+    want = {i: (i * 10 + (i < 5), media) for i, _, media in rows_}
+    want.update({2: (-2, shared), 30: (-30, payload(30, 500 * KIB))})
+    assert got == want
+    assert sum(s3.objects("t/_blobs/packs/").values()) - packs == 500 * KIB
+    assert s3.uploads() == []
+    assert table.verify(deep=True)["problems"] == []
+
+
 def test_opening_a_missing_s3_table_says_so(s3):
     with pytest.raises(TableNotFoundError, match="nothing"):
         open_table(f"{s3.uri}/nothing", storage_options=s3.options)

@@ -3,10 +3,12 @@ dedup mode, followed by reads through blobhouse and stock pylance, ``verify(deep
 blobhouse compact and gc, and reads again. The only acceptable outcome is identical bytes and
 honest reports.
 
-Stock Lance operations that rewrite blob columns (``update``, ``merge_insert``,
-``compact_files``, LanceDB's ``optimize``) copy a shared payload once per row: the data stays
-intact and blobhouse's compaction shares it again (checked below). ``BLOBHOUSE_CONFORMANCE_SCALE``
-(default 1) multiplies the rows and appends for a longer run (docs/reliability.md).
+blobhouse's own mutations (update, merge_insert, schema changes) run on the same tables, on
+main and on a branch. Stock Lance operations that rewrite blob columns (``update``,
+``merge_insert``, ``compact_files``, LanceDB's ``optimize``) copy a shared payload once per row:
+the data stays intact and blobhouse's compaction shares it again (checked below).
+``BLOBHOUSE_CONFORMANCE_SCALE`` (default 1) multiplies the rows and appends for a longer run
+(docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -326,6 +328,124 @@ def blobhouse_drop_columns(built: Built) -> None:
     built.model = replace(built.model, label=None)
 
 
+# ---- blobhouse's own mutations, on the same tables ------------------------------------------
+
+
+def new_payload(i: int) -> bytes:
+    """A payload for row ``i`` that no row holds yet (inline, packed or dedicated by size)."""
+    return i.to_bytes(4, "little") * (100 + (i % 3) * 50_000)
+
+
+def as_input(values: list[bytes | None], mode: str) -> list:
+    """Values for a blob function: with ref_id dedup a shared payload carries its id."""
+    return [Blob(data=v, ref_id=REF_IDS.get(v)) if mode == "ref_id" and v else v for v in values]
+
+
+def blobhouse_update(built: Built) -> None:
+    """A plain column's update stores no payload again."""
+    before = open_table(built.uri).stats()["table_owned_bytes"]
+    open_table(built.uri).update({"label": "label * 3"}, where="id % 4 = 1")
+    assert open_table(built.uri).stats()["table_owned_bytes"] == before
+    rows = {
+        i: (label * 3 if i % 4 == 1 else label, v) for i, (label, v) in built.model.rows.items()
+    }
+    built.model = replace(built.model, rows=rows)
+
+
+def blob_values(ids: list[int]) -> list[bytes | None]:
+    """New blob values by id: shared payloads, new ones and nulls."""
+    return [SHARED if i % 2 else (new_payload(i) if i % 5 else None) for i in ids]
+
+
+def blobhouse_update_blob(built: Built) -> None:
+    """A blob column set through the write pipeline; the other rows' payloads stay shared."""
+
+    def values(rows: pa.RecordBatch) -> list:
+        return as_input(blob_values(rows.column("id").to_pylist()), built.mode)
+
+    open_table(built.uri).update({"b": values}, where="id % 3 = 0", dedup=built.mode)
+    changed = [i for i in built.model.rows if i % 3 == 0]
+    rows = dict(built.model.rows)
+    for i, value in zip(changed, blob_values(changed), strict=True):
+        rows[i] = (rows[i][0], value)
+    built.model = replace(built.model, rows=rows, external=built.model.external - set(changed))
+
+
+def blobhouse_merge_insert(built: Built) -> None:
+    """An upsert of matched rows (one keeps its payload, others get shared or new ones) and
+    new rows; the payloads go through the write pipeline in the table's dedup mode."""
+    present = sorted(built.model.rows)[:4]
+    new = [10_000, 10_001, 10_002]
+    ids = present + new
+    values = [built.model.rows[present[0]][1], SHARED, new_payload(5), DEDICATED, SHARED, None]
+    values.append(new_payload(7))
+    data = rows_table(ids, as_input(values, built.mode), built.mode)
+    table = open_table(built.uri)
+    before = table.stats()["table_owned_bytes"]
+    report = (
+        table.merge_insert("id", dedup=built.mode, placement=PLACEMENT)
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute(data)
+    )
+    assert (report.num_updated_rows, report.num_inserted_rows) == (len(present), len(new))
+    if built.mode == "global":  # only the two new payloads are stored
+        growth = table.stats()["table_owned_bytes"] - before
+        assert growth <= len(new_payload(5)) + len(new_payload(7)) + 4096
+    rows = dict(built.model.rows)
+    rows.update({i: (i * 10, v) for i, v in zip(ids, values, strict=True)})
+    built.model = replace(built.model, rows=rows, external=built.model.external - set(present))
+
+
+def blobhouse_merge_columns_and_delete(built: Built) -> None:
+    """Matched rows get a new label only (their blobs untouched); table rows the source lacks
+    and that match the condition are deleted."""
+    present = sorted(built.model.rows)[::2]
+    data = pa.table(
+        {"id": pa.array(present, pa.int64()), "label": pa.array([-7] * len(present), pa.int64())}
+    )
+    report = (
+        open_table(built.uri)
+        .merge_insert("id")
+        .when_matched_update(["label"])
+        .when_not_matched_by_source_delete("id > 12")
+        .execute(data)
+    )
+    gone = {i for i in built.model.rows if i not in present and i > 12}
+    assert (report.num_updated_rows, report.num_deleted_rows) == (len(present), len(gone))
+    rows = {
+        i: (-7 if i in present else label, v)
+        for i, (label, v) in built.model.rows.items()
+        if i not in gone
+    }
+    built.model = replace(built.model, rows=rows, external=built.model.external - gone)
+
+
+def blobhouse_update_on_branch(built: Built) -> None:
+    """blobhouse's mutations on a branch leave main as it was."""
+    dataset = lance.dataset(built.uri)
+    dataset.create_branch("exp", dataset.version)
+    branch = open_table(built.uri, branch="exp")
+    branch.update({"label": "label - 1"})
+    changed = sorted(built.model.rows)[:2]
+    data = rows_table(changed, as_input([SHARED, new_payload(9)], built.mode), built.mode)
+    branch.merge_insert("id", dedup=built.mode).when_matched_update_all().execute(data)
+    rows = {i: (label - 1, v) for i, (label, v) in built.model.rows.items()}
+    rows.update({i: (i * 10, v) for i, v in zip(changed, [SHARED, new_payload(9)], strict=True)})
+    built.branch = replace(built.model, rows=rows, external=built.model.external - set(changed))
+
+
+def update_after_index(built: Built) -> None:
+    """An index, then blobhouse's update of the indexed column: queries through the index
+    see the new values."""
+    lance.dataset(built.uri).create_scalar_index("label", "BTREE")
+    blobhouse_update(built)
+    some = next(i for i in built.model.rows if i % 4 == 1)
+    label = built.model.rows[some][0]
+    found = lance.dataset(built.uri).to_table(columns=["id"], filter=f"label = {label}")
+    assert some in found.column("id").to_pylist()
+
+
 def scalar_index(built: Built) -> None:
     lance.dataset(built.uri).create_scalar_index("id", "BTREE")
     built.index = "id_idx"
@@ -388,6 +508,12 @@ OPERATIONS: list[Callable[[Built], None]] = [
     blobhouse_add_columns,
     blobhouse_alter_columns,
     blobhouse_drop_columns,
+    blobhouse_update,
+    blobhouse_update_blob,
+    blobhouse_merge_insert,
+    blobhouse_merge_columns_and_delete,
+    blobhouse_update_on_branch,
+    update_after_index,
     scalar_index,
     vector_index,
     compact_files,
