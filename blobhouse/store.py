@@ -219,6 +219,15 @@ def index_uri(table_path: str) -> str:
     return f"{store_dir(table_path)}/index"
 
 
+def has_index(table_path: str, storage_options: StorageOptions | None = None) -> bool:
+    """Whether the table's store has an index yet (a write stored payloads in it)."""
+    try:
+        lance.dataset(index_uri(table_path), storage_options=storage_options)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
 def append_to_index(
     table_path: str, stored: list[StoredPayload], storage_options: StorageOptions | None = None
 ) -> None:

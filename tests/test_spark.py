@@ -271,3 +271,19 @@ def test_unregistered_or_missing_table_errors(spark, tmp_path):
     df = spark.createDataFrame([(1,)], "id long")
     with pytest.raises(Exception, match="materialize: column 'id'"):
         bs.materialize(df, ["id"])
+
+
+def test_blobhouse_functions_work_in_a_session_that_never_registered(spark, tmp_path):
+    """``bs.write_table`` and friends use the data source themselves: a session nobody called
+    ``bs.register`` on (a fresh ``newSession()``, a notebook's own session) still writes, and a
+    global-dedup append still finds the payloads the table stores (never stored twice)."""
+    fresh = spark.newSession()
+    uri = str(tmp_path / "t")
+    shared = os.urandom(200_000)
+    for start in (0, 4):
+        df = fresh.createDataFrame(
+            [(i, shared) for i in range(start, start + 4)], "id long, b binary"
+        )
+        bs.write_table(df, uri, blob_columns=["b"], dedup="global")
+    assert open_table(uri).count_rows() == 8
+    assert disk_bytes(os.path.join(uri, "_blobs", "packs")) == len(shared)  # stored once

@@ -50,8 +50,8 @@ from blobhouse.layout import TableLocation
 from blobhouse.placement import Placement
 from blobhouse.spark.datasource import (
     WRITE_OPTIONS,
-    BlobhouseDataSource,
     check_options,
+    ensure_registered,
     storage_prefixed,
 )
 from blobhouse.spark.errors import spark_entry_point
@@ -133,7 +133,7 @@ def register(spark: SparkSession, storage_options: Mapping[str, str] | None = No
     """Register the ``blobhouse`` data source and the SQL functions ``read_blob``/``blob_size``.
     ``read_blob`` reads object stores with ``storage_options`` (an S3 endpoint, credentials).
     """
-    spark.dataSource.register(BlobhouseDataSource)
+    ensure_registered(spark)
     spark.udf.register("read_blob", read_blob_function(storage_options))
     spark.udf.register("blob_size", blob_size)
 
@@ -180,6 +180,7 @@ def write_table(
     options_checked = checked_options(storage_options)
     location = TableLocation.of(uri, storage_options=options_checked)
     count = partitions or df.rdd.getNumPartitions()
+    ensure_registered(df.sparkSession)
 
     def colocated(df: DataFrame) -> DataFrame:
         if key_column is None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyspark
+from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -623,3 +624,10 @@ def _mapping(value: str | None) -> dict[str, str]:
 
 def _files(messages: Sequence[WrittenFiles | None]) -> list[WrittenFile]:
     return [f for m in messages if m is not None for f in m.files]
+
+
+def ensure_registered(spark: SparkSession) -> None:
+    """Make the ``blobhouse`` format known to ``spark``: blobhouse's own Spark functions use it
+    in sessions nobody called :func:`blobhouse.spark.register` on (registering again is a
+    no-op in effect: the same source replaces itself)."""
+    spark.dataSource.register(BlobhouseDataSource)

@@ -128,7 +128,7 @@ class IngestPlan:
         from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
         from blobhouse.console import run_spark_job
-        from blobhouse.spark.datasource import storage_prefixed
+        from blobhouse.spark.datasource import ensure_registered, storage_prefixed
         from blobhouse.table import open_table
 
         ranges = self.ranges(partitions)
@@ -152,6 +152,7 @@ class IngestPlan:
             self.managed,
         )
         tasks = spark.range(len(ranges), numPartitions=len(ranges))
+        ensure_registered(spark)
         writer = (
             tasks.mapInArrow(loader, spark_schema)
             .write.format("blobhouse")

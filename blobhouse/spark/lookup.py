@@ -23,12 +23,13 @@ from pyspark.sql.types import BinaryType
 
 from blobhouse import leases
 from blobhouse.layout import TableLocation
-from blobhouse.spark.datasource import storage_prefixed
+from blobhouse.spark.datasource import ensure_registered, storage_prefixed
 from blobhouse.storage import StorageOptions
 from blobhouse.store import (
     INDEX_SCHEMA,
     StoredPayload,
     StoreWriter,
+    has_index,
     index_uri,
     retired_packs,
     store_uri_prefix,
@@ -168,11 +169,11 @@ def look_up_in_store(
 def _index(
     spark: SparkSession, table_path: str, storage_options: StorageOptions | None
 ) -> DataFrame | None:
+    if not has_index(table_path, storage_options):
+        return None  # nothing stored yet: nothing to find
+    ensure_registered(spark)
     reader = spark.read.format("blobhouse").options(**storage_prefixed(storage_options))
-    try:
-        index = reader.load(index_uri(table_path))
-    except Exception:  # no index yet: nothing to find
-        return None
+    index = reader.load(index_uri(table_path))
     retired = sorted(retired_packs(table_path, storage_options))
     if retired:
         index = index.filter(~F.col("pack").isin(retired))
