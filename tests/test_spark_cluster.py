@@ -1,7 +1,7 @@
-"""The main job and the table services on a real standalone Spark cluster on 127.0.0.1 (a
-master and two worker processes, started and stopped here), from relative table paths: each
-executor runs in a working directory of its own, so a path resolved anywhere but on the driver
-names nothing there."""
+"""The main job, the table services and the mutations on a real standalone Spark cluster on
+127.0.0.1 (a master and two worker processes, started and stopped here), from relative table
+paths: each executor runs in a working directory of its own, so a path resolved anywhere but on
+the driver names nothing there."""
 
 from __future__ import annotations
 
@@ -33,6 +33,12 @@ clips = spark.createDataFrame([(i, b"clip-%d" % (i % 3) * 40_000) for i in range
                               "id long, clip binary")
 bs.write_table(clips, "rel/clips", blob_columns=["clip"], dedup="global", partitions=3)
 bs.backfill_blob_column(spark, "rel/clips", "preview", lambda b: [b"p%d" % i for i in b["id"]])
+clip_bytes = open_table("rel/clips").stats()["columns"]["clip"]["physical_bytes"]
+relabel = lambda b: [b"new-%d" % i * 1000 for i in b["id"].to_pylist()]
+bs.update(spark, "rel/clips", {"clip": relabel}, where="id >= 10", dedup="global")
+source = spark.createDataFrame([(4, b"clip-1" * 40_000, b"q4"), (99, b"z" * 5000, b"q99")],
+                               "id long, clip binary, preview binary")
+merged = bs.merge_insert(source, "rel/clips", on="id", dedup="global")
 os.makedirs("media", exist_ok=True)
 for i in range(3):
     with open(f"media/{i}.bin", "wb") as f:
@@ -49,7 +55,12 @@ print(json.dumps({
     "rows": rows,
     "first_frames": len(videos),
     "video_bytes": sum(len(r.video) for r in videos),
-    "clips": open_table("rel/clips").stats()["columns"]["clip"]["physical_bytes"],
+    "clips": clip_bytes,
+    "clips_after_mutations": open_table("rel/clips").stats()["columns"]["clip"]["physical_bytes"],
+    "merged": [merged.num_updated_rows, merged.num_inserted_rows],
+    "mutated": {r["id"]: [r["clip"][:6].decode(), r["preview"].decode()] for r in
+                open_table("rel/clips").to_arrow(filter="id in (4, 10, 99)", blobs="bytes")
+                .to_pylist()},
     "previews": open_table("rel/clips").to_arrow(["preview"], filter="id = 4", blobs="bytes")[
         "preview"].to_pylist(),
     "ingested": open_table("rel/ingested").stats()["columns"]["file"]["physical_bytes"],
@@ -88,7 +99,15 @@ def test_main_job_and_services_on_a_standalone_cluster(tmp_path: Path):
     done = json.loads(services.stdout.strip().splitlines()[-1])
     assert (done["rows"], done["first_frames"]) == (90, 3)
     assert done["clips"] == 3 * 40_000 * len(b"clip-0")  # three distinct clips, once each
-    assert done["previews"] == [repr(b"p4")]
+    assert done["previews"] == [repr(b"q4")]  # the merge updated row 4
+    # the update stored two new payloads, the merge one: the matched row's payload was found
+    assert done["clips_after_mutations"] == done["clips"] + 2 * 6000 + 5000
+    assert done["merged"] == [1, 1]
+    assert done["mutated"] == {
+        "4": ["clip-1", "q4"],
+        "10": ["new-10", "p10"],
+        "99": ["zzzzzz", "q99"],
+    }
     assert done["ingested"] == 3 * len(b"media-0") * 1000  # three files, each stored once
     assert done["compacted"] >= 1 and done["problems"] == [] and done["hashed"] > 0
     assert len(done["gc_versions"]) == 1
