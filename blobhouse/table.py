@@ -63,6 +63,7 @@ from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.storage import checked_options
 from blobhouse.store import (
+    PACKS_DIR,
     StoreIndex,
     ensure_store,
     relocate_store,
@@ -305,7 +306,14 @@ class TableWrite:
 
     def _remove_empty_dirs(self) -> None:
         root = self.location.root
-        _remove_empty_local_dirs(self.location.data_dir, f"{root}/{leases.LEASES_DIR}", root)
+        store = f"{root}/{STORE_DIR}"
+        _remove_empty_local_dirs(
+            self.location.data_dir,
+            f"{root}/{leases.LEASES_DIR}",
+            f"{store}/{PACKS_DIR}",
+            store,
+            root,
+        )
 
     def _on_table_made_meanwhile(self) -> TableWrite:
         """This write, planned again on the table another writer created while it ran."""

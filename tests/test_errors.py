@@ -265,3 +265,17 @@ def test_a_task_finishing_after_abort_removes_its_own_files(existing):
         write.write(data.to_batches())
     assert {p for p in tree(uri) - before} == {f"data/aborted-{write.name_prefix}"}
     assert open_table(uri).version == 1
+
+
+@pytest.mark.parametrize("dedup", ["content", "global"])
+def test_a_create_that_fails_mid_stream_leaves_no_folder(table_uri, dedup):
+    """The store's folders a global create made go with its packs: the path is as before."""
+
+    def batches():
+        yield pa.record_batch({"id": [1], "img": blob_array([os.urandom(100_000)])})
+        raise RuntimeError("the source broke")
+
+    schema = pa.schema([("id", pa.int64()), ("img", blob_array([b"x"]).type)])
+    with pytest.raises(RuntimeError, match="the source broke"):
+        write_table(pa.RecordBatchReader.from_batches(schema, batches()), table_uri, dedup=dedup)
+    assert not os.path.exists(table_uri)
