@@ -1,4 +1,5 @@
-"""What an update leaves in storage over time: repeated updates keep one copy of the column."""
+"""What an update leaves in storage over time: repeated updates keep one copy of the column,
+and row ids and Lance's per-row version metadata stay right on a stable-row-id table."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from datetime import timedelta
 import lance
 import pyarrow as pa
 import pytest
+from lance.blob import blob_array as lance_blob_array
+from lance.blob import blob_field as lance_blob_field
 
-from blobhouse import blob_array, write_table
+from blobhouse import blob_array, open_table, write_table
 from tests.helpers import disk_bytes
 
 ROWS = 4_000
@@ -96,3 +99,93 @@ def test_a_file_of_several_columns_stays_until_none_of_them_is_live(table_uri):
     assert [len(f.metadata.files) for f in table.dataset.get_fragments()] == [3, 3]
     data = lance.dataset(table_uri).to_table().to_pydict()
     assert data["a"] == [i + 2 for i in range(100)] and data["b"] == [i + 2 for i in range(100)]
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. stable row ids
+
+ROW_META = ["id", "_rowid", "_row_created_at_version", "_row_last_updated_at_version"]
+
+
+def stable_row_id_table(uri: str):
+    """A table created by pylance with stable row ids (blobhouse has no such option), with a
+    blob column, then appended to by blobhouse and with a row deleted."""
+    data = pa.table(
+        {
+            "id": pa.array(range(6), pa.int64()),
+            "label": [f"l{i}" for i in range(6)],
+            "img": lance_blob_array([b"x" * 1_000] * 6),
+        }
+    )
+    data = data.cast(data.schema.set(2, lance_blob_field("img")))
+    lance.write_dataset(data, uri, enable_stable_row_ids=True, max_rows_per_file=3)
+    more = {"id": pa.array([6, 7, 8], pa.int64()), "label": ["l6", "l7", "l8"]}
+    write_table(pa.table({**more, "img": blob_array([b"y" * 1_000] * 3)}), uri, mode="append")
+    table = open_table(uri)
+    table.delete("id = 1")
+    return table
+
+
+def row_meta(uri: str) -> dict[int, dict]:
+    rows = lance.dataset(uri).to_table(columns=ROW_META).to_pylist()
+    return {r["id"]: r for r in rows}
+
+
+@pytest.mark.parametrize(
+    "updates",
+    [{"label": "upper(label)"}, {"img": lambda batch: [b"z" * 500] * batch.num_rows}],
+    ids=["plain", "blob"],
+)
+def test_update_keeps_stable_row_ids_and_stamps_the_updated_rows(tmp_path, updates):
+    uri = str(tmp_path / "t.lance")
+    table = stable_row_id_table(uri)
+    assert table.dataset.has_stable_row_ids
+    before = row_meta(uri)
+    report = table.update(updates, where="id % 2 = 0")
+    after = row_meta(uri)
+    assert after.keys() == before.keys() == {0, 2, 3, 4, 5, 6, 7, 8}
+    for i, row in after.items():
+        assert row["_rowid"] == before[i]["_rowid"]
+        assert row["_row_created_at_version"] == before[i]["_row_created_at_version"]
+        expected = report.version if i % 2 == 0 else before[i]["_row_last_updated_at_version"]
+        assert row["_row_last_updated_at_version"] == expected, (i, row)
+    if "label" in updates:
+        labels = lance.dataset(uri).to_table(columns=["id", "label"], filter="id % 2 = 0")
+        assert labels["label"].to_pylist() == ["L0", "L2", "L4", "L6", "L8"]
+    else:
+        images = table.to_arrow(columns=["id", "img"], blobs="bytes").to_pydict()
+        expected_images = {0: b"z", 2: b"z", 3: b"x", 4: b"z", 5: b"x", 6: b"z", 7: b"y", 8: b"z"}
+        got = dict(zip(images["id"], images["img"], strict=True))
+        assert got == {i: c * (500 if c == b"z" else 1_000) for i, c in expected_images.items()}
+    # rows found by their stable id after the update
+    found = lance.dataset(uri).to_table(columns=["id"], filter=f"_rowid = {before[4]['_rowid']}")
+    assert found["id"].to_pylist() == [4]
+    assert table.verify()["problems"] == []
+
+
+def test_merge_updating_columns_stamps_the_matched_rows(tmp_path):
+    uri = str(tmp_path / "t.lance")
+    table = stable_row_id_table(uri)
+    before = row_meta(uri)
+    source = pa.table({"id": pa.array([3, 6], pa.int64()), "label": ["m3", "m6"]})
+    report = table.merge_insert("id").when_matched_update(["label"]).execute(source)
+    after = row_meta(uri)
+    for i, row in after.items():
+        assert row["_rowid"] == before[i]["_rowid"]
+        expected = report.version if i in (3, 6) else before[i]["_row_last_updated_at_version"]
+        assert row["_row_last_updated_at_version"] == expected, (i, row)
+
+
+def test_spark_update_stamps_the_updated_rows(spark, tmp_path):
+    import blobhouse.spark as bs
+
+    uri = str(tmp_path / "t.lance")
+    stable_row_id_table(uri)
+    before = row_meta(uri)
+    report = bs.update(spark, uri, {"label": "upper(label)"}, where="id > 4")
+    assert report.rows_updated == 4
+    after = row_meta(uri)
+    for i, row in after.items():
+        assert row["_rowid"] == before[i]["_rowid"]
+        expected = report.version if i > 4 else before[i]["_row_last_updated_at_version"]
+        assert row["_row_last_updated_at_version"] == expected, (i, row)
