@@ -1,5 +1,6 @@
 """What an update leaves in storage over time: repeated updates keep one copy of the column,
-and row ids and Lance's per-row version metadata stay right on a stable-row-id table."""
+row ids and Lance's per-row version metadata stay right on a stable-row-id table, and a column's
+own compression choice is kept by the files an update writes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from datetime import timedelta
 
 import lance
+import lancedb
 import pyarrow as pa
 import pytest
 from lance.blob import blob_array as lance_blob_array
@@ -189,3 +191,44 @@ def test_spark_update_stamps_the_updated_rows(spark, tmp_path):
         assert row["_rowid"] == before[i]["_rowid"]
         expected = report.version if i > 4 else before[i]["_row_last_updated_at_version"]
         assert row["_row_last_updated_at_version"] == expected, (i, row)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. compression: Lance's per-field choice, kept by an update
+
+
+def update_file_bytes(uri: str) -> int:
+    data = os.path.join(uri, "data")
+    return sum(
+        os.path.getsize(os.path.join(data, n)) for n in os.listdir(data) if n.startswith("update-")
+    )
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_update_writes_a_string_column_with_its_own_compression(tmp_path, compression):
+    """Lance stores a page of strings under ~48 KB as it is (FSST above), so by default an
+    update's file of 1,000 labels costs their Arrow bytes; a column created with Lance's
+    ``lance-encoding:compression`` field metadata keeps it in the update's files, and every
+    reader gets the same values."""
+    metadata = {"lance-encoding:compression": compression} if compression else None
+    labels = [f"label-{i:07d}" for i in range(ROWS)]
+    schema = pa.schema(
+        [pa.field("id", pa.int64()), pa.field("label", pa.string(), metadata=metadata)]
+    )
+    uri = str(tmp_path / "t.lance")
+    table = write_table(
+        pa.table({"id": range(ROWS), "label": labels}, schema=schema),
+        uri,
+        max_rows_per_file=PER_FILE,
+    )
+    table.update({"label": "upper(label)"})
+    expected = pa.array([label.upper() for label in labels])
+    written = update_file_bytes(uri)
+    if compression:
+        assert written < 0.4 * expected.nbytes
+    else:
+        assert written > expected.nbytes
+    assert lance.dataset(uri).to_table(columns=["label"])["label"].combine_chunks().equals(expected)
+    stock = lancedb.connect(str(tmp_path)).open_table("t").to_arrow()
+    assert stock["label"].combine_chunks().equals(expected)
+    assert table.to_arrow(columns=["label"])["label"].combine_chunks().equals(expected)
