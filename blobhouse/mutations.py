@@ -433,7 +433,7 @@ def commit_rewrite(
     a new deletion file, or None when no row is left) apply, and ``new_files`` become new
     fragments. ``matched`` (fragment id -> offsets of the rows that got new values; by default
     the rows ``rewrite.source`` names) lets Lance stamp those rows, and only those, as updated
-    in this version on a table with stable row ids."""
+    in this version on a table with stable row ids (elsewhere Lance has no use for them)."""
     dataset = table.dataset
     deletions = dict(deletions or {})
     removed = sorted(i for i, metadata in deletions.items() if metadata is None)
@@ -457,7 +457,11 @@ def commit_rewrite(
         new_fragments=[w.fragment(schema_ids) for w in new_files],
         fields_modified=list(rewrite.field_ids) if files else [],
         update_mode="rewrite_columns" if files else "rewrite_rows",
-        updated_fragment_offsets=_offsets(rewrite, files, matched, {m.id for m in updated}),
+        updated_fragment_offsets=(
+            _offsets(rewrite, files, matched, {m.id for m in updated})
+            if dataset.has_stable_row_ids
+            else None  # they would only bloat the transaction file and the manifest's copy
+        ),
     )
     return rewrite.transaction.commit([*files.values(), *new_files], lambda: operation)
 
