@@ -21,6 +21,7 @@ import blake3
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench.harness import Case, Scratch, disk_bytes, fresh, medians
@@ -806,7 +807,8 @@ def mutations(size: Size) -> Case:
     """Update of a plain column on 10% and on 100% of the rows, and an upsert of 10% new + 10%
     matched rows, of a table whose rows share payloads (dedup "content" and "global"):
     blobhouse against Lance's own update and merge_insert on the same table, each on a fresh
-    copy; seconds, and bytes on disk after a cleanup of the old version."""
+    copy; seconds, and bytes on disk after a cleanup of the old version. A note measures what
+    Lance's zstd compression of the label column would trade (bytes against scan seconds)."""
     case = Case(
         "mutations",
         "Median seconds per operation, each on a fresh copy of the same table; bytes on disk "
@@ -820,7 +822,9 @@ def mutations(size: Size) -> Case:
             _mutation_base(root, data, dedup)
             for operation, mutation in _mutations(data, dedup).items():
                 _mutate(case, root, dedup, operation, mutation, size.runs)
+        compression = _label_compression(root, data, size.runs)
     _mutation_notes(case, data)
+    case.notes.append(compression)
     return case
 
 
@@ -926,6 +930,79 @@ def _blobhouse_gc(uri: str) -> None:
 def _lance_cleanup(uri: str) -> None:
     # unverified files are those younger than 7 days: all of them here
     lance.dataset(uri).cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+
+
+ZSTD = {"lance-encoding:compression": "zstd"}  # Lance's per-field choice of compression
+
+
+def _label_compression(root: Path, data: MutationData, runs: int) -> str:
+    """Why the update's label files cost the column's bytes, and what compression would
+    trade: the files an update of every label writes, with Lance's default encoding and with
+    the label column created with zstd field metadata (which updates keep), on the case's
+    layout and on one fragment of 200x more labels; seconds of the update and of a full scan
+    of the column by pylance and LanceDB."""
+    layouts = {
+        f"{len(range(0, data.rows, data.fragment_rows))} x {data.fragment_rows:,} labels": (
+            data.rows,
+            data.fragment_rows,
+        ),
+        f"1 x {200 * data.rows:,} labels": (200 * data.rows, 200 * data.rows),
+    }
+    parts = []
+    for layout, (rows, per_file) in layouts.items():
+        measured = {
+            name: _label_update(root / "labels.lance", rows, per_file, metadata, runs)
+            for name, metadata in (("default", None), ("zstd", ZSTD))
+        }
+        arrow = pa.array(MutationData._labels(range(rows))).nbytes
+        parts.append(
+            f"{layout} ({arrow:,} Arrow bytes): "
+            + "; ".join(
+                f"{name} {m['bytes']:,} bytes ({m['bytes'] / arrow:.2f}x), update "
+                f"{m['update']:.3f} s, scan {m['pylance'] * 1e3:.1f} ms pylance / "
+                f"{m['lancedb'] * 1e3:.1f} ms LanceDB"
+                for name, m in measured.items()
+            )
+        )
+    return (
+        "the label files an update writes, with Lance's default encoding and with the label "
+        "column created with zstd field metadata (which updates keep; every reader gets the "
+        "same values): " + ". ".join(parts)
+    )
+
+
+def _label_update(
+    uri: Path, rows: int, per_file: int, metadata: dict | None, runs: int
+) -> dict[str, float]:
+    """An update of every label of a table of ``rows`` (id, label): bytes of its files, median
+    seconds of one, and of a full scan of the column afterwards."""
+    import lancedb
+
+    labels = pa.array(MutationData._labels(range(rows)))
+    schema = pa.schema(
+        [pa.field("id", pa.int64()), pa.field("label", pa.string(), metadata=metadata)]
+    )
+    ids = pa.array(range(rows), pa.int64())
+    table = write_table(
+        pa.table([ids, labels], schema=schema), str(fresh(uri)), max_rows_per_file=per_file
+    )
+    table.update(RELABEL)
+    written = sum(p.stat().st_size for p in (uri / "data").glob("update-*.lance"))
+    seconds = medians({"update": lambda: table.update(RELABEL)}, runs)["update"]
+    dataset = lance.dataset(str(uri))
+    stock = lancedb.connect(str(uri.parent)).open_table(uri.stem)
+    expected = pc.utf8_upper(labels)
+    assert dataset.to_table(columns=["label"])["label"].combine_chunks().equals(expected)
+    assert stock.to_arrow()["label"].combine_chunks().equals(expected)
+    scans = medians(
+        {
+            "pylance": lambda: dataset.to_table(columns=["label"]),
+            "lancedb": lambda: stock.to_arrow(),
+        },
+        max(runs, 5),
+    )
+    shutil.rmtree(uri)
+    return {"bytes": written, "update": seconds, **scans}
 
 
 def _mutation_notes(case: Case, data: MutationData) -> None:

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance import LanceDataset, LanceOperation
 from lance.fragment import DataFile
+from pyroaring import BitMap
 
 from blobhouse.backfill import BlobFunction, check_fragment_rows, table_for
 from blobhouse.errors import InvalidInputError, SchemaError
@@ -99,7 +100,7 @@ class ColumnRewrite:
         return [c.name for c in self.plan.columns]
 
 
-Rewrite = Callable[["Table", "ColumnRewrite"], dict[int, tuple[WrittenFile, int]]]
+Rewrite = Callable[["Table", "ColumnRewrite"], dict[int, tuple[WrittenFile, BitMap]]]
 
 
 def update(
@@ -114,8 +115,8 @@ def update(
     """Set ``updates`` (column -> SQL expression; for a blob column a function of the matching
     rows' plain columns, or None for null) on the rows matching ``where`` (every row if None),
     in one commit. See :meth:`blobhouse.Table.update`. ``rewrite`` writes the new file of
-    every fragment holding a matching row, with how many rows changed in each (default: one
-    fragment after another in this process; Spark runs them as tasks)."""
+    every fragment holding a matching row, with the offsets of the rows that changed in each
+    (default: one fragment after another in this process; Spark runs them as tasks)."""
     in_tasks = rewrite is not None
     rewrite = rewrite or _rewrite_here
 
@@ -128,14 +129,17 @@ def update(
             with plan.transaction.lease():
                 done = rewrite(latest, plan)
             files = {i: written for i, (written, _) in done.items()}
-            dataset = commit_rewrite(latest, plan, files) if files else latest.dataset
+            matched = {i: rows for i, (_, rows) in done.items()}
+            dataset = (
+                commit_rewrite(latest, plan, files, matched=matched) if files else latest.dataset
+            )
         except BaseException:
             plan.transaction.abort(tasks_may_run=in_tasks)
             raise
         return UpdateReport(
             read_version=latest.version,
             version=dataset.version,
-            rows_updated=sum(rows for _, rows in done.values()),
+            rows_updated=sum(len(rows) for _, rows in done.values()),
             fragments_rewritten=len(files),
             columns=plan.columns,
             bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in files.values()),
@@ -145,7 +149,7 @@ def update(
     return retrying(attempt, retries)
 
 
-def _rewrite_here(table: Table, plan: ColumnRewrite) -> dict[int, tuple[WrittenFile, int]]:
+def _rewrite_here(table: Table, plan: ColumnRewrite) -> dict[int, tuple[WrittenFile, BitMap]]:
     return {
         i: rewrite_fragment(table, plan, i) for i in touched_fragments(table.dataset, plan.where)
     }
@@ -233,10 +237,11 @@ def has_match(fragment, where: str | None) -> bool:
 
 def rewrite_fragment(
     table: Table, rewrite: ColumnRewrite, fragment_id: int
-) -> tuple[WrittenFile, int]:
+) -> tuple[WrittenFile, BitMap]:
     """Write one fragment's new data file of ``rewrite.columns``: the new value for every
     matching live row, the old one for every other row (null for deleted rows). Returns the
-    file and how many rows got new values. Runs in a Spark task as well."""
+    file and the physical offsets of the rows that got new values (the commit hands them to
+    Lance, which stamps those rows as updated). Runs in a Spark task as well."""
     dataset = table.dataset
     fragment = dataset.get_fragment(fragment_id)
     prefix = rewrite.transaction.name_prefix
@@ -248,13 +253,14 @@ def rewrite_fragment(
         prefix,
         store,
     )
-    rows = matched = 0
+    rows = 0
+    matched = BitMap()
     try:
         for batch in _fragment_rows(dataset, fragment, rewrite):
             out, hits = _new_values(table, rewrite, fragment_id, batch, rows)
             writer.write(out, first_row=rows)
+            _add_offsets(matched, hits)
             rows += batch.num_rows
-            matched += hits
         written = writer.finish()
         if store is not None:
             store.finish()  # its packs complete (an object store's uploads too)
@@ -265,6 +271,18 @@ def rewrite_fragment(
         raise
     check_fragment_rows(written, fragment)
     return written, matched
+
+
+def _add_offsets(bitmap: BitMap, offsets: np.ndarray) -> None:
+    """Add ascending ``offsets`` to ``bitmap`` (a run at once: an update of every row costs
+    nothing per row)."""
+    if not len(offsets):
+        return
+    first, last = int(offsets[0]), int(offsets[-1])
+    if last - first + 1 == len(offsets):
+        bitmap.add_range(first, last + 1)
+    else:
+        bitmap.update(offsets.tolist())
 
 
 def _fragment_rows(
@@ -294,8 +312,9 @@ def _fragment_rows(
 
 def _new_values(
     table: Table, rewrite: ColumnRewrite, fragment_id: int, batch: pa.RecordBatch, first_row: int
-) -> tuple[pa.RecordBatch, int]:
-    """The rewritten columns of ``batch``'s rows, and how many rows changed."""
+) -> tuple[pa.RecordBatch, np.ndarray]:
+    """The rewritten columns of ``batch``'s rows, and the fragment offsets of those that
+    changed."""
     live = batch.column("_rowid").is_valid()
     offsets = np.arange(first_row, first_row + batch.num_rows, dtype=np.uint64)
     new: dict[str, pa.Array] = {}
@@ -320,7 +339,8 @@ def _new_values(
     out = pa.RecordBatch.from_arrays(
         [new[c] for c in rewrite.columns], schema=rewrite.plan.input_schema
     )
-    return out, int(pc.sum(match.cast(pa.int64())).as_py() or 0)
+    hits = offsets[np.flatnonzero(match.to_numpy(zero_copy_only=False))]
+    return out, hits.astype(np.uint32)
 
 
 def _old_blobs(
@@ -406,11 +426,14 @@ def commit_rewrite(
     *,
     deletions: Mapping[int, Any] | None = None,
     new_files: Sequence[WrittenFile] = (),
+    matched: Mapping[int, BitMap] | None = None,
 ) -> LanceDataset:
     """One Lance ``Update`` commit: each fragment of ``files`` reads ``rewrite.columns`` from
     its new file (the old files' copies retired), ``deletions`` (fragment id -> metadata with
     a new deletion file, or None when no row is left) apply, and ``new_files`` become new
-    fragments."""
+    fragments. ``matched`` (fragment id -> offsets of the rows that got new values; by default
+    the rows ``rewrite.source`` names) lets Lance stamp those rows, and only those, as updated
+    in this version on a table with stable row ids (elsewhere Lance has no use for them)."""
     dataset = table.dataset
     deletions = dict(deletions or {})
     removed = sorted(i for i, metadata in deletions.items() if metadata is None)
@@ -434,8 +457,28 @@ def commit_rewrite(
         new_fragments=[w.fragment(schema_ids) for w in new_files],
         fields_modified=list(rewrite.field_ids) if files else [],
         update_mode="rewrite_columns" if files else "rewrite_rows",
+        updated_fragment_offsets=(
+            _offsets(rewrite, files, matched, {m.id for m in updated})
+            if dataset.has_stable_row_ids
+            else None  # they would only bloat the transaction file and the manifest's copy
+        ),
     )
     return rewrite.transaction.commit([*files.values(), *new_files], lambda: operation)
+
+
+def _offsets(
+    rewrite: ColumnRewrite,
+    files: Mapping[int, WrittenFile],
+    matched: Mapping[int, BitMap] | None,
+    updated: set[int],
+) -> dict[int, bytes] | None:
+    """Lance's ``updated_fragment_offsets``: per rewritten fragment, the physical offsets of the
+    rows that changed, as portable roaring bitmaps. Without them Lance keeps every row's
+    last-updated version as it was (it cannot tell the changed rows from the copied ones)."""
+    if matched is None:
+        matched = {i: BitMap(offsets.tolist()) for i, (offsets, _) in rewrite.source.items()}
+    out = {i: matched[i].serialize() for i in files if i in updated and matched.get(i)}
+    return out or None
 
 
 def _without(data_file: DataFile, ids: set[int]) -> DataFile | None:
