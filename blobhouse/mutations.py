@@ -672,21 +672,26 @@ class MergeInsert:
 
     def _write_rows(self, table: Table, rows: pa.Table, txn: Transaction) -> list[WrittenFile]:
         """The source rows to add, written as new data files through the write pipeline."""
+        plan = self.rows_plan(table, rows.schema)
+        return write_data_files(
+            rows.to_batches(), plan, table.location, table.storage_options, txn.name_prefix
+        )
+
+    def rows_plan(self, table: Table, schema: pa.Schema) -> WritePlan:
+        """How the source rows the merge adds (shaped as ``schema``) are written: planned on
+        ``table``'s version, the one the merge read, not on the latest."""
         from blobhouse.table import _allowed_bases, _with_store
 
-        options = self.options
         plan = plan_write(
-            rows.schema,
-            **options.layout(),
+            schema,
+            **self.options.layout(),
             table_schema=table.schema,
             allowed_bases=_allowed_bases(table.dataset, None, True, table.location.root_uri),
         )
         if plan.uses_store:
             _, base_id = _with_store(table.location, table.dataset, table.storage_options)
             plan = replace(plan, store_base_id=base_id)
-        return write_data_files(
-            rows.to_batches(), plan, table.location, table.storage_options, txn.name_prefix
-        )
+        return plan
 
     def column_rewrite(self, table: Table, txn: Transaction) -> ColumnRewrite:
         """The rewrite of ``when_matched_update(columns)``'s columns on ``txn``, without the
