@@ -560,7 +560,17 @@ class MergeInsert:
         return report
 
     def check_actions(self) -> None:
-        """Refuse a merge that was told to do nothing."""
+        """Refuse a merge that was told to do nothing.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import write_table
+        >>> t = write_table(pa.table({"id": [1]}), tempfile.mkdtemp() + "/t")
+        >>> t.merge_insert("id").when_not_matched_insert_all().check_actions()
+        >>> t.merge_insert("id").check_actions()  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        blobhouse.errors.InvalidInputError: merge_insert does nothing: ...
+        """
         if not (self._update_all or self._update_columns or self._insert or self._delete):
             raise InvalidInputError(
                 "merge_insert does nothing: call when_matched_update_all(), "
@@ -802,13 +812,18 @@ def _delete(
         for fragment_id, offsets in matches.unmatched.items():
             doomed.setdefault(fragment_id, []).append(offsets)
     for fragment_id, parts in doomed.items():
-        offsets = np.unique(np.concatenate(parts)).tolist()
+        # int64 each: matched offsets are signed, the source-lacks ones unsigned
+        offsets = np.unique(np.concatenate([p.astype(np.int64) for p in parts])).tolist()
         into.append(stage_deletion(dataset, fragment_id, offsets))
 
 
 def deleted_fragments(deletions: Sequence[StagedDeletion]) -> dict[int, Any]:
     """fragment id -> its metadata with its new deletion file, or None when no row is left
-    (what :func:`commit_rewrite` takes)."""
+    (what :func:`commit_rewrite` takes).
+
+    >>> deleted_fragments([StagedDeletion(3, None, None)])
+    {3: None}
+    """
     return {d.fragment_id: d.metadata for d in deletions}
 
 
