@@ -11,6 +11,7 @@
 from blobhouse.errors import (
     BlobhouseError,
     BlobReadError,
+    ConcurrentCommitError,
     CorruptBlobError,
     ExternalBlobError,
     InvalidInputError,
@@ -42,6 +43,7 @@ __all__ = [
     "BlobRef",
     "BlobSession",
     "BlobhouseError",
+    "ConcurrentCommitError",
     "CorruptBlobError",
     "ExternalBlobError",
     "InvalidInputError",

@@ -6,6 +6,8 @@ and is raised before anything is committed, so the table stays at its previous v
 
 from __future__ import annotations
 
+from lance.commit import CommitConflictError
+
 
 class BlobhouseError(Exception):
     """Base class of every error blobhouse raises on purpose."""
@@ -81,6 +83,16 @@ class StaleWriteError(BlobhouseError):
     """A write outlived what table maintenance keeps for it: gc removed the version it started
     from, or swept files it staged (the write ran longer than gc's grace period). Nothing was
     committed; retrying the write succeeds."""
+
+
+class ConcurrentCommitError(BlobhouseError, CommitConflictError):
+    """A change lost to concurrent commits: one it cannot be planned over (an overwrite, say:
+    ``retryable`` is False), or ones that preempted every attempt it was allowed (``retryable``
+    is True: running it again may succeed). Nothing of the change was committed. Lance's
+    :class:`~lance.commit.CommitConflictError`, explained."""
+
+    def __reduce__(self):  # OSError pickles its args only: keep retryable across processes
+        return type(self), (str(self), self.retryable)
 
 
 class StoreRaceError(BlobhouseError):

@@ -47,7 +47,13 @@ from blobhouse.placement import AllowedBases
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.store import store_base_id
-from blobhouse.transaction import DEFAULT_RETRIES, Transaction, retrying
+from blobhouse.transaction import (
+    DEFAULT_RETRIES,
+    StagedDeletion,
+    Transaction,
+    retrying,
+    stage_deletion,
+)
 from blobhouse.values import blob_array, is_lance_blob_field, stored_blob_columns
 
 if TYPE_CHECKING:
@@ -589,17 +595,31 @@ class MergeInsert:
         """Run the merge in one commit; this table moves to the new version."""
         from blobhouse.table import _input_stream
 
+        self.check_actions()
+        schema, batches = _input_stream(data)
+        source = pa.Table.from_batches(list(batches), schema=schema)
+        report = retrying(lambda n: self._attempt(source, n), self._retries)
+        self.table._advance(self.table.checkout(report.version).dataset)
+        return report
+
+    def check_actions(self) -> None:
+        """Refuse a merge that was told to do nothing.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import write_table
+        >>> t = write_table(pa.table({"id": [1]}), tempfile.mkdtemp() + "/t")
+        >>> t.merge_insert("id").when_not_matched_insert_all().check_actions()
+        >>> t.merge_insert("id").check_actions()  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        blobhouse.errors.InvalidInputError: merge_insert does nothing: ...
+        """
         if not (self._update_all or self._update_columns or self._insert or self._delete):
             raise InvalidInputError(
                 "merge_insert does nothing: call when_matched_update_all(), "
                 "when_matched_update(...), when_not_matched_insert_all() or "
                 "when_not_matched_by_source_delete() before execute()"
             )
-        schema, batches = _input_stream(data)
-        source = pa.Table.from_batches(list(batches), schema=schema)
-        report = retrying(lambda n: self._attempt(source, n), self._retries)
-        self.table._advance(self.table.checkout(report.version).dataset)
-        return report
 
     def _attempt(self, source: pa.Table, attempt: int) -> MergeReport:
         table = (
@@ -609,14 +629,21 @@ class MergeInsert:
         source = self.check_source(table, source)
         matches = _match(table.dataset, source, self.on, self._delete)
         txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
+        deletions: list[StagedDeletion] = []  # filled as they are written: abort removes them
         try:
-            return self._apply(table, source, matches, txn, attempt)
+            return self._apply(table, source, matches, txn, attempt, deletions)
         except BaseException:
-            txn.abort()
+            txn.abort(deletions=deletions)
             raise
 
     def _apply(
-        self, table: Table, source: pa.Table, matches: _Matches, txn: Transaction, attempt: int
+        self,
+        table: Table,
+        source: pa.Table,
+        matches: _Matches,
+        txn: Transaction,
+        attempt: int,
+        deletions: list[StagedDeletion],
     ) -> MergeReport:
         matched_source = matches.source_rows()
         written_rows: list[int] = []
@@ -634,9 +661,11 @@ class MergeInsert:
                 rewrite = self._column_rewrite(table, source, matches, txn)
                 for fragment_id in rewrite.source:
                     files[fragment_id], _ = rewrite_fragment(table, rewrite, fragment_id)
-            deletions = _deletions(table.dataset, matches, self._update_all, self._delete)
+            _delete(table.dataset, matches, self._update_all, self._delete, deletions)
         rewrite = rewrite or empty_rewrite(table, txn)
-        dataset = commit_rewrite(table, rewrite, files, deletions=deletions, new_files=new_files)
+        dataset = commit_rewrite(
+            table, rewrite, files, deletions=deleted_fragments(deletions), new_files=new_files
+        )
         inserted = len(written_rows) - (len(matched_source) if self._update_all else 0)
         return MergeReport(
             read_version=table.version,
@@ -696,25 +725,31 @@ class MergeInsert:
 
     def _write_rows(self, table: Table, rows: pa.Table, txn: Transaction) -> list[WrittenFile]:
         """The source rows to add, written as new data files through the write pipeline."""
+        plan = self.rows_plan(table, rows.schema)
+        return write_data_files(
+            rows.to_batches(), plan, table.location, table.storage_options, txn.name_prefix
+        )
+
+    def rows_plan(self, table: Table, schema: pa.Schema) -> WritePlan:
+        """How the source rows the merge adds (shaped as ``schema``) are written: planned on
+        ``table``'s version, the one the merge read, not on the latest."""
         from blobhouse.table import _allowed_bases, _with_store
 
-        options = self.options
         plan = plan_write(
-            rows.schema,
-            **options.layout(),
+            schema,
+            **self.options.layout(),
             table_schema=table.schema,
             allowed_bases=_allowed_bases(table.dataset, None, True, table.location.root_uri),
         )
         if plan.uses_store:
             _, base_id = _with_store(table.location, table.dataset, table.storage_options)
             plan = replace(plan, store_base_id=base_id)
-        return write_data_files(
-            rows.to_batches(), plan, table.location, table.storage_options, txn.name_prefix
-        )
+        return plan
 
-    def _column_rewrite(
-        self, table: Table, source: pa.Table, matches: _Matches, txn: Transaction
-    ) -> ColumnRewrite:
+    def column_rewrite(self, table: Table, txn: Transaction) -> ColumnRewrite:
+        """The rewrite of ``when_matched_update(columns)``'s columns on ``txn``, without the
+        source's values yet (``source``: fragment id -> the matched rows' offsets and values,
+        which :func:`rewrite_fragment` writes). Spark fills it one fragment per task."""
         columns = tuple(self._update_columns or ())
         blobs = {p[0] for p in stored_blob_columns(table.schema)}
         rewrite = _column_rewrite(
@@ -726,11 +761,17 @@ class MergeInsert:
             _dedup_of(self.options),
             "merge",
         )
+        return replace(rewrite, transaction=txn)
+
+    def _column_rewrite(
+        self, table: Table, source: pa.Table, matches: _Matches, txn: Transaction
+    ) -> ColumnRewrite:
+        rewrite = self.column_rewrite(table, txn)
         by_fragment = {
             fragment_id: (offsets, source.take(pa.array(rows)).select(list(rewrite.columns)))
             for fragment_id, (offsets, rows) in matches.by_fragment().items()
         }
-        return replace(rewrite, source=by_fragment, transaction=txn)
+        return replace(rewrite, source=by_fragment)
 
 
 def empty_rewrite(table: Table, txn: Transaction) -> ColumnRewrite:
@@ -796,11 +837,16 @@ def _fragment_keys(fragment, on: list[str], expr: str | None = None) -> pa.Table
     return fragment.to_table(columns=on, filter=expr, with_row_address=True)
 
 
-def _deletions(
-    dataset: LanceDataset, matches: _Matches, update_all: bool, delete: str | bool
-) -> dict[int, Any]:
-    """fragment id -> its metadata with a deletion file for the rows the merge removes (the
-    matched rows it rewrites, and those the source lacks), or None when none is left."""
+def _delete(
+    dataset: LanceDataset,
+    matches: _Matches,
+    update_all: bool,
+    delete: str | bool,
+    into: list[StagedDeletion],
+) -> None:
+    """Write a deletion file for each fragment losing rows to the merge (the matched rows it
+    rewrites, and those the source lacks), appending each record to ``into`` as soon as its
+    file exists (a failure later still finds it)."""
     doomed: dict[int, list[np.ndarray]] = {}
     if update_all:
         for fragment_id, (offsets, _) in matches.by_fragment().items():
@@ -808,13 +854,20 @@ def _deletions(
     if delete:
         for fragment_id, offsets in matches.unmatched.items():
             doomed.setdefault(fragment_id, []).append(offsets)
-    out = {}
     for fragment_id, parts in doomed.items():
-        offsets = np.unique(np.concatenate(parts)).astype(np.uint64)
-        addresses = (np.uint64(fragment_id) << np.uint64(32)) | offsets
-        predicate = f"_rowaddr IN ({', '.join(map(str, addresses.tolist()))})"
-        out[fragment_id] = dataset.get_fragment(fragment_id).delete(predicate)
-    return out
+        # int64 each: matched offsets are signed, the source-lacks ones unsigned
+        offsets = np.unique(np.concatenate([p.astype(np.int64) for p in parts])).tolist()
+        into.append(stage_deletion(dataset, fragment_id, offsets))
+
+
+def deleted_fragments(deletions: Sequence[StagedDeletion]) -> dict[int, Any]:
+    """fragment id -> its metadata with its new deletion file, or None when no row is left
+    (what :func:`commit_rewrite` takes).
+
+    >>> deleted_fragments([StagedDeletion(3, None, None)])
+    {3: None}
+    """
+    return {d.fragment_id: d.metadata for d in deletions}
 
 
 def _source_match(

@@ -698,6 +698,7 @@ class Table:
             self._advance(self.checkout(report.version).dataset)
         return report
 
+    @keywords_checked
     def merge_insert(
         self,
         on: str | Sequence[str],

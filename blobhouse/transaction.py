@@ -13,6 +13,12 @@ holds its lease) and names its Lance operation; :meth:`Transaction.commit` does 
 :func:`retrying` runs a change again, planned on the latest version, when a concurrent commit
 preempted it (Lance's retryable conflict).
 
+Deletion files are the exception to the naming rule: Lance names them itself
+(``_deletions/<fragment>-<read version>-<random>.arrow``; pylance 14.0.2 offers no way to choose
+the name or write one with another writer), so they cannot carry the prefix and no sweep of the
+prefix finds them. A change writes them with :func:`stage_deletion`, keeps the records it gets,
+and hands them to :meth:`Transaction.abort`, which removes exactly those files.
+
 >>> import tempfile, pyarrow as pa, lance
 >>> from lance import LanceOperation
 >>> from blobhouse import open_table, write_table
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -39,10 +46,12 @@ from typing import TypeVar
 
 import lance
 from lance import LanceDataset, LanceOperation
+from lance.commit import CommitConflictError
 from lance.file import LanceFileSession
+from lance.fragment import FragmentMetadata
 
 from blobhouse import leases
-from blobhouse.errors import BlobhouseError, StaleWriteError
+from blobhouse.errors import BlobhouseError, ConcurrentCommitError, StaleWriteError
 from blobhouse.layout import STORE_DIR, TableLocation, branch_data_dir
 from blobhouse.managed import check_usable, register
 from blobhouse.placement import as_uri
@@ -188,10 +197,17 @@ class Transaction:
             leases.release(root, self.name_prefix, options)  # it will not commit
             raise
 
-    def abort(self, written: Iterable[WrittenFile] = (), *, tasks_may_run: bool = False) -> None:
+    def abort(
+        self,
+        written: Iterable[WrittenFile] = (),
+        *,
+        deletions: Iterable[StagedDeletion] = (),
+        tasks_may_run: bool = False,
+    ) -> None:
         """Remove what this transaction staged: ``written`` and every file named with its
-        prefix (also those of tasks whose results never arrived), and its lease; unless it
-        committed after all (a Ctrl-C reaches Python only once Lance's commit returned).
+        prefix (also those of tasks whose results never arrived), the deletion files of
+        ``deletions`` (see :func:`stage_deletion`) and its lease; unless it committed after all
+        (a Ctrl-C reaches Python only once Lance's commit returned).
 
         ``tasks_may_run`` (Spark): tasks may still be finishing, so an abort marker goes
         first; a task that completes a file after the sweep finds it and removes its file."""
@@ -199,6 +215,7 @@ class Transaction:
             uri = self._marker_uri()
             object_store(uri, self.storage_options).put(uri, b"")
         remove_written(written, self.location, self.storage_options)
+        remove_deletions(deletions, self.location, self.storage_options)
         remove_staged(self.location, self.name_prefix, self.storage_options)
 
     def is_aborted(self) -> bool:
@@ -229,6 +246,8 @@ def record_stored(
 def retrying(attempt: Callable[[int], T], retries: int = DEFAULT_RETRIES) -> T:
     """``attempt(n)`` for n = 1, 2, ...: again (it plans on the latest version) after a commit
     that a concurrent one preempted (Lance's retryable conflict), up to ``retries`` times.
+    A conflict that ends it -- a concurrent commit this change cannot be planned over, or a
+    preemption past ``retries`` -- is raised as :class:`~blobhouse.errors.ConcurrentCommitError`.
 
     >>> retrying(lambda n: f"done in {n}")
     'done in 1'
@@ -238,9 +257,35 @@ def retrying(attempt: Callable[[int], T], retries: int = DEFAULT_RETRIES) -> T:
         attempts += 1
         try:
             return attempt(attempts)
+        except ConcurrentCommitError:
+            raise  # an inner retrying explained it already
+        except CommitConflictError as exc:
+            if not exc.retryable or attempts > retries:
+                raise _conflict(exc, attempts) from exc
         except OSError as exc:
             if not getattr(exc, "retryable", False) or attempts > retries:
                 raise
+
+
+def _conflict(exc: CommitConflictError, attempts: int) -> ConcurrentCommitError:
+    """Lance's conflict as the reason the change failed, and what the caller can do."""
+    if exc.retryable:
+        what = (
+            f"concurrent commits preempted all {attempts} attempt(s) of this change; nothing "
+            "was committed: run it again, or allow more retries"
+        )
+    else:
+        what = (
+            "a concurrent commit is incompatible with this change (an overwrite, say); "
+            "nothing was committed, and planning it again cannot help"
+        )
+    return ConcurrentCommitError(f"{what} (Lance: {_first_line(exc)})", exc.retryable)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an error's message, without the Rust source location Lance adds."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return re.sub(r", /\S+\.rs:\d+:\d+$", "", text)
 
 
 def lance_commit(
@@ -284,6 +329,78 @@ def commit_errors(
                 "removed by gc while it ran; nothing was committed, retry the write"
             ) from exc
         raise
+
+
+@dataclass(frozen=True)
+class StagedDeletion:
+    """Rows a change deletes from one fragment: the fragment's new metadata (None: no row is
+    left) and the deletion file Lance wrote for it, relative to the dataset (None: it wrote
+    none). It pickles: Spark tasks return it to the driver."""
+
+    fragment_id: int
+    metadata: FragmentMetadata | None
+    path: str | None
+
+
+def stage_deletion(
+    dataset: LanceDataset, fragment_id: int, offsets: Sequence[int]
+) -> StagedDeletion:
+    """Delete the rows at ``offsets`` (physical, within the fragment) of a fragment of
+    ``dataset``, staged: Lance writes the fragment's new deletion file, visible once a commit
+    uses the returned metadata. Keep the record for :meth:`Transaction.abort`: the file's name
+    cannot carry the transaction's prefix.
+
+    >>> import tempfile, lance, pyarrow as pa
+    >>> dataset = lance.write_dataset(pa.table({"id": [1, 2, 3]}), tempfile.mkdtemp())
+    >>> staged = stage_deletion(dataset, 0, [1])
+    >>> staged.metadata.num_deletions, staged.path.startswith("_deletions/0-1-")
+    (1, True)
+    >>> stage_deletion(dataset, 0, [0, 1, 2])  # no row left: no file
+    StagedDeletion(fragment_id=0, metadata=None, path=None)
+    """
+    fragment = dataset.get_fragment(fragment_id)
+    before = _deletion_path(fragment_id, fragment.metadata)
+    metadata = fragment.delete_rows(offsets)
+    path = _deletion_path(fragment_id, metadata)
+    # no new row deleted: Lance hands back the fragment's committed file, which is not ours
+    return StagedDeletion(fragment_id, metadata, path if path != before else None)
+
+
+def _deletion_path(fragment_id: int, metadata: FragmentMetadata | None) -> str | None:
+    if metadata is None or metadata.deletion_file is None:
+        return None
+    return metadata.deletion_file.path(fragment_id)
+
+
+def remove_deletions(
+    deletions: Iterable[StagedDeletion],
+    location: TableLocation,
+    storage_options: StorageOptions | None = None,
+) -> None:
+    """Delete the deletion files of ``deletions`` that will never be committed (those the
+    latest version uses are kept: see :func:`committed_names`)."""
+    paths = [d.path for d in deletions if d.path is not None]
+    if not paths:
+        return
+    used = committed_deletions(location, storage_options)
+    for path in paths:
+        if path in used:
+            continue
+        uri = as_uri(f"{location.dataset_path}/{path}")
+        with contextlib.suppress(*LANCE_IO_ERRORS):  # best effort: Lance's cleanup has the rest
+            object_store(uri, storage_options).delete(uri)
+
+
+def committed_deletions(
+    location: TableLocation, storage_options: StorageOptions | None
+) -> set[str]:
+    """The deletion files (relative to the dataset) the latest version of the branch uses."""
+    try:
+        dataset = lance.dataset(location.dataset_path, storage_options=storage_options)
+    except (ValueError, OSError):
+        return set()
+    paths = (_deletion_path(f.fragment_id, f.metadata) for f in dataset.get_fragments())
+    return {p for p in paths if p is not None}
 
 
 def remove_written(

@@ -69,3 +69,15 @@ def assert_totals_are_the_sum_of_the_lines(stats: dict) -> None:
             k["physical_bytes"] for k in kinds if not k["table_owned"]
         )
         assert column["physical_bytes"] == column["table_owned_bytes"] + column["external_bytes"]
+
+
+def unreferenced_deletion_files(path: str) -> set[str]:
+    """Deletion files under ``path`` that no version of the table uses (a failed or retried
+    change left them)."""
+    used = set()
+    for version in lance.dataset(path).versions():
+        for fragment in lance.dataset(path, version=version["version"]).get_fragments():
+            deletion = fragment.metadata.deletion_file
+            if deletion is not None:
+                used.add(deletion.path(fragment.fragment_id))
+    return {p for p in tree(path) if p.startswith("_deletions/")} - used

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from blobhouse import InvalidInputError, SchemaError, blob_array, mutations, open_table, write_table
-from tests.helpers import disk_bytes, stock_read, tree
+from blobhouse.errors import ConcurrentCommitError, UnknownOptionError
+from tests.helpers import disk_bytes, stock_read, tree, unreferenced_deletion_files
 
 MODES = ["off", "content", "ref_id", "global"]
 SHARED = [os.urandom(200_000) for _ in range(4)]  # packed, each shared by 25 rows
@@ -301,3 +302,53 @@ def test_mutations_keep_compaction_and_gc_sharing(table_uri):
 
 def ids_in_order(table) -> list[int]:
     return table.to_arrow(columns=["id"])["id"].to_pylist()
+
+
+def test_merge_insert_refuses_a_misspelled_option(table_uri):
+    table = make(table_uri, "content")
+    with pytest.raises(UnknownOptionError, match=r"'dedupe' \(did you mean 'dedup'\?\)"):
+        table.merge_insert("id", dedupe="global")
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_merge_a_concurrent_delete_preempts_leaves_no_file(table_uri, retries):
+    table = make(table_uri, "content")
+    version = table.version
+    seen = {}
+
+    def source():  # read by execute(), after the merge read its version
+        lance.dataset(table_uri).delete("id = 3")  # fragment 0, whose rows the merge replaces
+        seen["files"] = tree(table_uri)
+        yield from frames(range(10), label="u").to_batches()
+
+    merge = table.merge_insert("id").when_matched_update_all().conflict_retries(retries)
+    if retries == 0:
+        with pytest.raises(ConcurrentCommitError, match="preempted") as raised:
+            merge.execute(source())
+        assert raised.value.retryable is True
+        assert open_table(table_uri).version == version + 1  # the delete only
+        # nothing of the merge is left: no data file, deletion file or lease
+        assert tree(table_uri) - seen["files"] == set()
+    else:
+        report = merge.execute(source())
+        assert report.attempts == 2 and report.num_updated_rows == 9  # planned without id 3
+        labels = {r["id"]: r["label"] for r in table.to_arrow(columns=["id", "label"]).to_pylist()}
+        assert 3 not in labels and labels[4] == "u4" and labels[10] == "l10"
+        assert unreferenced_deletion_files(table_uri) == set()  # the first attempt's are gone
+    assert open_table(table_uri).count_rows() == 99
+
+
+def test_a_merge_that_meets_an_incompatible_commit_leaves_no_file(table_uri):
+    table = make(table_uri, "content")
+    seen = {}
+
+    def source():
+        write_table(pa.table({"id": pa.array([500], pa.int64())}), table_uri, mode="overwrite")
+        seen["files"] = tree(table_uri)
+        yield from frames(range(20, 40), label="u").to_batches()
+
+    merge = table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+    with pytest.raises(ConcurrentCommitError, match="incompatible"):
+        merge.execute(source())
+    assert open_table(table_uri).to_arrow()["id"].to_pylist() == [500]
+    assert tree(table_uri) - seen["files"] == set()

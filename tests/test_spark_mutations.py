@@ -11,7 +11,8 @@ import pytest
 
 import blobhouse.spark as bs
 from blobhouse import InvalidInputError, blob_array, open_table, write_table
-from tests.helpers import disk_bytes, stock_read, tree
+from blobhouse.errors import ConcurrentCommitError
+from tests.helpers import disk_bytes, stock_read, tree, unreferenced_deletion_files
 
 SHARED = [os.urandom(150_000) for _ in range(3)]
 
@@ -118,3 +119,179 @@ def test_spark_merge_insert_refuses_duplicate_keys_and_unknown_columns(spark, ta
     with pytest.raises(InvalidInputError, match="unknown key column 'idd'"):
         bs.merge_insert(twice, table_uri, on="idd")
     assert open_table(table_uri).version == version and tree(table_uri) == files
+
+
+def fragments_files(uri: str) -> dict[int, list[str]]:
+    """fragment id -> the paths of its data files (which file provides which column)."""
+    dataset = open_table(uri).dataset
+    return {f.fragment_id: [d.path for d in f.metadata.files] for f in dataset.get_fragments()}
+
+
+def test_spark_merge_updates_only_the_named_columns(spark, table_uri):
+    make(table_uri)
+    before_files = fragments_files(table_uri)
+    other = os.urandom(100_000)  # the source's img of a matched row: not applied
+    source = spark.createDataFrame(
+        [(5, "five", other), (45, "forty-five", other), (70, "seventy", other)],
+        "id long, label string, img binary",
+    )
+    report = bs.merge_insert(source, table_uri, on="id", when_matched_update=["label"])
+    assert (report.num_updated_rows, report.num_inserted_rows) == (2, 1)
+    got = rows(table_uri)
+    assert got[5] == ("five", SHARED[0]) and got[45] == ("forty-five", SHARED[2])
+    assert got[70] == ("seventy", other) and got[6] == ("l6", SHARED[0]) and len(got) == 61
+    # a column rewrite: the touched fragments keep their files (img included) plus one small
+    # file of labels; no blob byte was written for them
+    after_files = fragments_files(table_uri)
+    for fragment_id in (0, 2):
+        assert (
+            after_files[fragment_id][: len(before_files[fragment_id])]
+            == (before_files[fragment_id])
+        )
+        assert len(after_files[fragment_id]) == len(before_files[fragment_id]) + 1
+    assert after_files[1] == before_files[1]
+    assert report.bytes_written < 20_000 + len(other)  # labels, and the inserted row's payload
+    assert open_table(table_uri).verify(deep=True)["problems"] == []
+    fresh = os.urandom(90_000)
+    blobs = spark.createDataFrame([(25, fresh)], "id long, img binary")
+    report = bs.merge_insert(
+        blobs,
+        table_uri,
+        on="id",
+        when_matched_update=["img"],
+        when_not_matched_insert_all=False,
+    )
+    assert (report.num_updated_rows, report.num_inserted_rows) == (1, 0)
+    got = rows(table_uri)
+    assert got[25] == ("l25", fresh) and got[26] == ("l26", SHARED[1]) and len(got) == 61
+    assert stock_read(table_uri, "img").count(fresh) == 1
+
+
+def test_spark_merge_refuses_bad_column_updates(spark, table_uri):
+    make(table_uri)
+    files, version = tree(table_uri), open_table(table_uri).version
+    source = spark.createDataFrame([(5, "five")], "id long, label string")
+    bad = [
+        ({"when_matched_update": ["lable"]}, r"unknown column 'lable' \(did you mean 'label'\?\)"),
+        ({"when_matched_update": ["id"]}, "'id' is a key column"),
+        ({"when_matched_update": []}, "at least one column"),
+        (
+            {"when_matched_update": ["label"], "when_matched_update_all": True},
+            "when_matched_update_all and when_matched_update",
+        ),
+        (
+            {"when_matched_update_all": False, "when_not_matched_insert_all": False},
+            "merge_insert does nothing",
+        ),
+    ]
+    for keywords, message in bad:
+        with pytest.raises(InvalidInputError, match=message):
+            bs.merge_insert(source, table_uri, on="id", **keywords)
+    assert open_table(table_uri).version == version and tree(table_uri) == files
+
+
+def once(flag: str, action):
+    """A Spark UDF passing its value through that runs ``action()`` the first time any task
+    evaluates it (``flag``: a file, so that it runs once across Python workers)."""
+    from pyspark.sql import functions as F
+
+    def passthrough(value):
+        try:
+            os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return value
+        action()
+        return value
+
+    return F.udf(passthrough, "string")
+
+
+def racing_source(spark, flag: str, action, ids, label: str = "u"):
+    """A source whose evaluation commits ``action`` to the table: a concurrent writer that
+    commits while the merge runs, after it read the table's version."""
+    from pyspark.sql import functions as F
+
+    frame = spark.createDataFrame(
+        [(i, f"{label}{i}", SHARED[1]) for i in ids], "id long, label string, img binary"
+    )
+    return frame.withColumn("label", once(flag, action)(F.col("label")))
+
+
+def listing_after(action, path: str, listing: str):
+    """``action``, then the table folder's listing written to ``listing`` (one path a line)."""
+
+    def run():
+        action()
+        found = [
+            os.path.relpath(os.path.join(root, name), path)
+            for root, _, names in os.walk(path)
+            for name in names
+        ]
+        with open(listing, "w") as out:
+            out.write("\n".join(found))
+
+    return run
+
+
+def test_spark_merge_retries_after_a_concurrent_delete(spark, table_uri, tmp_path):
+    make(table_uri)
+    version = open_table(table_uri).version
+
+    def delete_three():
+        open_table(table_uri).delete("id = 3")  # fragment 0, which the merge also changes
+
+    source = racing_source(spark, str(tmp_path / "flag"), delete_three, [1, 2, 70])
+    report = bs.merge_insert(source, table_uri, on="id", conflict_retries=1)
+    assert report.attempts == 2 and report.read_version == version + 1
+    assert (report.num_updated_rows, report.num_inserted_rows) == (2, 1)
+    got = rows(table_uri)
+    assert 3 not in got and len(got) == 60
+    assert got[1] == ("u1", SHARED[1]) and got[70] == ("u70", SHARED[1]) and got[4][0] == "l4"
+    assert unreferenced_deletion_files(table_uri) == set()  # the first attempt's are gone
+    assert open_table(table_uri).verify(deep=True)["problems"] == []
+
+
+def test_spark_merge_that_meets_an_incompatible_commit_leaves_nothing(spark, table_uri, tmp_path):
+    make(table_uri)
+    version = open_table(table_uri).version
+    listing = str(tmp_path / "listing")
+
+    def overwrite():
+        write_table(pa.table({"id": pa.array([100], pa.int64())}), table_uri, mode="overwrite")
+
+    action = listing_after(overwrite, table_uri, listing)
+    source = racing_source(spark, str(tmp_path / "flag"), action, [1, 2, 25, 70])
+    with pytest.raises(ConcurrentCommitError, match="incompatible") as raised:
+        bs.merge_insert(source, table_uri, on="id")
+    assert raised.value.retryable is False
+    # the overwrite stands, and the merge left no file: data files, deletion files, lease
+    assert open_table(table_uri).version == version + 1
+    assert open_table(table_uri).to_arrow()["id"].to_pylist() == [100]
+    with open(listing) as found:
+        after_overwrite = set(found.read().split("\n"))
+    assert tree(table_uri) - after_overwrite == set()
+
+
+def test_spark_merge_evaluates_a_nondeterministic_source_once(spark, table_uri):
+    import random
+
+    from pyspark.sql import functions as F
+
+    make(table_uri)
+    coin = F.udf(lambda _: random.random() < 0.5, "boolean").asNondeterministic()
+    source = (
+        spark.createDataFrame(
+            [(i, f"u{i}", SHARED[2]) for i in range(20, 100)], "id long, label string, img binary"
+        )
+        .repartition(3)
+        .where(coin(F.col("id")))
+    )
+    report = bs.merge_insert(source, table_uri, on="id")
+    got = rows(table_uri)
+    updated = {i for i, (label, _) in got.items() if label.startswith("u")}
+    # every row the merge matched was replaced by the source's row, none lost or doubled
+    assert set(range(60)) <= set(got)
+    assert len(got) == 60 + report.num_inserted_rows == open_table(table_uri).count_rows()
+    assert len(updated) == report.num_updated_rows + report.num_inserted_rows
+    assert all(got[i] == (f"u{i}", SHARED[2]) for i in updated)
+    assert not source.is_cached  # the merge's copy of the source is released

@@ -2,10 +2,13 @@
 :mod:`blobhouse.mutations`, run as Spark tasks; the driver commits once.
 
 ``merge_insert`` matches with a join Spark executes: tasks read the table's keys fragment by
-fragment, the join runs in Spark, tasks write the new rows' data files and the deletion files of
-the fragments whose rows are replaced, and only file metadata reaches the driver. So the keys
-never have to fit in the driver. If anything fails, the table is unchanged and the staged files
-are removed.
+fragment, the join runs in Spark, tasks write the new rows' data files, the rewritten columns of
+the fragments whose rows get only some columns (``when_matched_update``), and the deletion files
+of the fragments whose rows are replaced or deleted; only file metadata reaches the driver. So
+the keys never have to fit in the driver. The source is cached for the merge: it is read several
+times and must give the same rows each time. A commit that a concurrent one preempted is planned
+again on the latest version. If anything fails, the table is unchanged and the staged files
+(deletion files included) are removed.
 
 >>> import tempfile, pyarrow as pa
 >>> from blobhouse import blob_array, open_table, write_table
@@ -20,9 +23,13 @@ are removed.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -31,25 +38,35 @@ from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
 from blobhouse import mutations
 from blobhouse.backfill import BlobFunction, table_for
-from blobhouse.errors import InvalidInputError
+from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.mutations import (
     ColumnRewrite,
     MergeInsert,
     MergeReport,
     UpdateReport,
     commit_rewrite,
+    deleted_fragments,
     empty_rewrite,
     has_match,
     rewrite_fragment,
 )
 from blobhouse.options import WriteOptions
 from blobhouse.placement import Placement
+from blobhouse.session import WrittenFile
 from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.jobs import run_tasks
 from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.storage import checked_options
-from blobhouse.table import TableWrite, open_at, open_table
-from blobhouse.transaction import DEFAULT_RETRIES, Transaction, record_stored
+from blobhouse.table import Table, TableWrite, open_at, open_table
+from blobhouse.transaction import (
+    DEFAULT_RETRIES,
+    StagedDeletion,
+    Transaction,
+    record_stored,
+    remove_deletions,
+    retrying,
+    stage_deletion,
+)
 
 _ADDRESS, _SCOPE = "__bh_rowaddr", "__bh_in_scope"
 
@@ -106,99 +123,274 @@ def merge_insert(
     uri: str,
     *,
     on: str | Sequence[str],
-    when_matched_update_all: bool = True,
+    when_matched_update_all: bool | None = None,
+    when_matched_update: Sequence[str] | None = None,
     when_not_matched_insert_all: bool = True,
     when_not_matched_by_source_delete: bool | str = False,
     dedup: str = "content",
     ref_id_columns: Mapping[str, str] | None = None,
     placement: Mapping[str, Mapping[str, int]] | None = None,
     storage_options: Mapping[str, str] | None = None,
+    conflict_retries: int = DEFAULT_RETRIES,
 ) -> MergeReport:
     """:meth:`blobhouse.Table.merge_insert` for a DataFrame, in one commit: the source rows
-    whose key the table has replace those rows (``when_matched_update_all``), the others are
-    inserted (``when_not_matched_insert_all``), and table rows whose key the source lacks are
-    deleted when ``when_not_matched_by_source_delete`` is True or a SQL condition they match.
+    whose key the table has replace those rows (``when_matched_update_all``, the default), or
+    give them only the ``when_matched_update`` columns (a column rewrite: the other columns,
+    their blobs included, are not written again); the others are inserted
+    (``when_not_matched_insert_all``), and table rows whose key the source lacks are deleted
+    when ``when_not_matched_by_source_delete`` is True or a SQL condition they match.
+
     New rows go through the write pipeline with ``dedup`` (``"global"``: payloads the table
-    stores anywhere are referenced). Duplicate keys in ``df`` are an error naming one."""
+    stores anywhere are referenced). Duplicate keys in ``df`` are an error naming one. ``df`` is
+    cached for the merge and released after it (unless the caller cached it): its keys and its
+    rows are read several times, and a source that is not deterministic (``rand()``, files
+    changing underneath) would otherwise match one set of rows and write another. A commit
+    that a concurrent one preempted is planned again on the latest version, up to
+    ``conflict_retries`` times; a conflict that ends the merge is a
+    :class:`~blobhouse.errors.ConcurrentCommitError`, and nothing of the merge is left.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> _ = write_table(pa.table({"id": [1, 2], "label": ["a", "b"]}), uri)
+    >>> df = spark.createDataFrame([(2, "B"), (3, "c")], "id long, label string")
+    >>> report = merge_insert(df, uri, on="id", when_matched_update=["label"])
+    >>> report.num_updated_rows, report.num_inserted_rows
+    (1, 1)
+    """
     options = checked_options(storage_options)
-    write_options = WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns, placement=placement)
-    table = table_for(open_table(uri, storage_options=options), dedup)
-    merge = MergeInsert(table, on, write_options)
-    keys = merge.on
-    if when_matched_update_all:
-        merge.when_matched_update_all()
-    if when_not_matched_insert_all:
-        merge.when_not_matched_insert_all()
-    if when_not_matched_by_source_delete:
-        merge.when_not_matched_by_source_delete(
-            when_not_matched_by_source_delete
-            if isinstance(when_not_matched_by_source_delete, str)
-            else None
+    merge = _Merge(
+        on=(on,) if isinstance(on, str) else tuple(on),
+        update_all=_updates_all(when_matched_update_all, when_matched_update),
+        update_columns=None if when_matched_update is None else _names(when_matched_update),
+        insert=when_not_matched_insert_all,
+        delete=when_not_matched_by_source_delete,
+        options=WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns, placement=placement),
+        storage_options=options,
+    )
+    table = merge.latest(uri)
+    merge.check(table, df)  # before any Spark job
+    with _evaluated_once(df) as source:
+        _check_unique_keys(source, list(merge.on))
+        return retrying(
+            lambda n: _merge(source, merge, table if n == 1 else merge.latest(uri), n),
+            conflict_retries,
         )
-    # the source's shape checked like the Python merge (keys, unknown columns), without data
-    merge.check_source(table, to_arrow_schema(df.schema).empty_table())
-    _check_unique_keys(df, keys)
-    targets = _target_keys(df.sparkSession, table, df, keys, when_not_matched_by_source_delete)
-    joined = df.join(targets, keys, "left")
-    counts = joined.select(
-        F.count(F.col(_ADDRESS)).alias("matched"), F.count(F.lit(1)).alias("rows")
-    ).first()
-    matched, rows = int(counts["matched"]), int(counts["rows"])
-    keep = F.lit(False)
-    if when_matched_update_all:
-        keep = keep | F.col(_ADDRESS).isNotNull()
-    if when_not_matched_insert_all:
-        keep = keep | F.col(_ADDRESS).isNull()
-    new_rows = joined.where(keep).drop(_ADDRESS, _SCOPE)
-    doomed = None
-    if when_matched_update_all:
-        doomed = joined.where(F.col(_ADDRESS).isNotNull()).select(_ADDRESS)
-    by_source = None
-    if when_not_matched_by_source_delete:
-        by_source = targets.where(F.col(_SCOPE)).join(df.select(*keys), keys, "left_anti")
-        by_source = by_source.select(_ADDRESS)
-        doomed = by_source if doomed is None else doomed.unionByName(by_source)
-    txn = Transaction.start(table.location, table.version, options, kind="merge")
-    written: list = []
-    stored: list = []
+
+
+def _updates_all(update_all: bool | None, columns: Sequence[str] | None) -> bool:
+    """Whether matched rows get all the source's columns: by default, unless columns are
+    named; both asked for is an error."""
+    if columns is not None and update_all:
+        raise InvalidInputError(
+            "when_matched_update_all and when_matched_update exclude each other: a matched "
+            "row gets all the source's columns, or only the columns named; give one"
+        )
+    return columns is None if update_all is None else update_all
+
+
+def _names(columns: str | Sequence[str]) -> tuple[str, ...]:
+    return (columns,) if isinstance(columns, str) else tuple(columns)
+
+
+@dataclass(frozen=True)
+class _Merge:
+    """What a Spark merge was asked to do: the same for each attempt."""
+
+    on: tuple[str, ...]
+    update_all: bool
+    update_columns: tuple[str, ...] | None
+    insert: bool
+    delete: bool | str
+    options: WriteOptions
+    storage_options: Mapping[str, str] | None
+
+    @property
+    def dedup(self) -> str:
+        return str(self.options.dedup)
+
+    def latest(self, uri: str) -> Table:
+        """The table's latest version, ready for this merge's dedup mode."""
+        return table_for(open_table(uri, storage_options=self.storage_options), self.dedup)
+
+    def builder(self, table: Table) -> MergeInsert:
+        """The Python merge's builder on ``table``: its checks of keys and columns."""
+        merge = MergeInsert(table, list(self.on), self.options)
+        if self.update_all:
+            merge.when_matched_update_all()
+        if self.update_columns is not None:
+            merge.when_matched_update(list(self.update_columns))
+        if self.insert:
+            merge.when_not_matched_insert_all()
+        if self.delete:
+            merge.when_not_matched_by_source_delete(
+                self.delete if isinstance(self.delete, str) else None
+            )
+        merge.check_actions()
+        return merge
+
+    def check(self, table: Table, df: DataFrame) -> MergeInsert:
+        """The builder, with the source's shape checked like the Python merge's (keys, unknown
+        columns), without reading data."""
+        merge = self.builder(table)
+        merge.check_source(table, to_arrow_schema(df.schema).empty_table())
+        return merge
+
+
+@contextlib.contextmanager
+def _evaluated_once(df: DataFrame) -> Iterator[DataFrame]:
+    """``df`` cached while the block runs, so that Spark computes its rows once: the keys the
+    merge matches are then the rows it writes. A DataFrame the caller cached stays cached.
+
+    Spark's cache is best effort: a cached partition lost with its executor is computed again.
+    (``localCheckpoint`` would fail instead, but leaves its blocks until the JVM collects them;
+    a caller who needs that can checkpoint the source: a cached source is used as it is.)"""
+    level = df.storageLevel
+    if level.useMemory or level.useDisk or level.useOffHeap:
+        yield df
+        return
+    df.persist()
+    try:
+        yield df
+    finally:
+        df.unpersist()
+
+
+@dataclass
+class _Staged:
+    """What one attempt of a merge wrote so far: the new rows' data files, the rewritten
+    fragments' files, the deletion files and the store payloads (abort removes them)."""
+
+    new_files: list[WrittenFile] = field(default_factory=list)
+    rewritten: dict[int, WrittenFile] = field(default_factory=dict)
+    deletions: list[StagedDeletion] = field(default_factory=list)
+    stored: list = field(default_factory=list)
+
+    def files(self) -> list[WrittenFile]:
+        return [*self.new_files, *self.rewritten.values()]
+
+
+def _merge(source: DataFrame, merge: _Merge, table: Table, attempt: int) -> MergeReport:
+    """One attempt: match ``source`` with ``table``'s version, write in tasks, commit once."""
+    builder = merge.check(table, source)
+    match = _Match.of(source, table, merge)
+    matched, rows = match.counts()
+    txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
+    rewrite = builder.column_rewrite(table, txn) if merge.update_columns else None
+    staged = _Staged()
+    tasks_may_run = True
     try:
         with txn.lease():
-            if dedup == "global":  # payloads first: the new rows then carry store references
-                new_rows, stored = store_payloads_first(
-                    new_rows,
-                    table.location,
-                    _blob_columns(table, new_rows),
-                    txn.name_prefix,
-                    _pack_limit(write_options),
-                    max(1, new_rows.rdd.getNumPartitions()),
-                    options,
-                )
-            write = TableWrite.begin(
-                uri,
-                to_arrow_schema(new_rows.schema),
-                write_options,
-                mode="append",
-                storage_options=options,
-                load_store_index=dedup != "global",
-                write_id=txn.id,
-            )
-            written = _write_rows(new_rows, write)
-            deletions = _delete_rows(doomed, table) if doomed is not None else {}
-            deleted = by_source.count() if by_source is not None else 0
-        rewrite = empty_rewrite(table, txn)
-        dataset = commit_rewrite(table, rewrite, {}, deletions=deletions, new_files=written)
+            deleted = _write(merge, builder, table, match, txn, rewrite, staged)
+        tasks_may_run = False  # every Spark job of the merge has ended
+        dataset = commit_rewrite(
+            table,
+            rewrite or empty_rewrite(table, txn),
+            staged.rewritten,
+            deletions=deleted_fragments(staged.deletions),
+            new_files=staged.new_files,
+        )
     except BaseException:
-        txn.abort(written, tasks_may_run=True)
+        txn.abort(staged.files(), deletions=staged.deletions, tasks_may_run=tasks_may_run)
         raise
-    record_stored(table.location.root, stored, options)
+    record_stored(table.location.root, staged.stored, table.storage_options)
     return MergeReport(
         read_version=table.version,
         version=dataset.version,
-        num_inserted_rows=(rows - matched) if when_not_matched_insert_all else 0,
-        num_updated_rows=matched if when_matched_update_all else 0,
+        num_inserted_rows=(rows - matched) if merge.insert else 0,
+        num_updated_rows=matched if (merge.update_all or merge.update_columns) else 0,
         num_deleted_rows=deleted,
-        bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in written),
+        bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in staged.files()),
+        attempts=attempt,
     )
+
+
+@dataclass(frozen=True)
+class _Match:
+    """The source's rows matched with the table's keys (a Spark join: keys never gather on
+    the driver); ``joined`` carries each source row's match, its address in the table."""
+
+    source: DataFrame
+    targets: DataFrame
+    joined: DataFrame
+    on: list[str]
+
+    @classmethod
+    def of(cls, source: DataFrame, table: Table, merge: _Merge) -> _Match:
+        keys = list(merge.on)
+        targets = _target_keys(source.sparkSession, table, source, keys, merge.delete)
+        return cls(source, targets, source.join(targets, keys, "left"), keys)
+
+    def counts(self) -> tuple[int, int]:
+        """How many source rows match a table row, and how many there are."""
+        found = self.joined.select(
+            F.count(F.col(_ADDRESS)).alias("matched"), F.count(F.lit(1)).alias("rows")
+        ).first()
+        return int(found["matched"]), int(found["rows"])
+
+    def matched(self) -> DataFrame:
+        """The source rows that match, with the address of their table row."""
+        return self.joined.where(F.col(_ADDRESS).isNotNull()).drop(_SCOPE)
+
+    def rows_to_write(self, matched: bool, unmatched: bool) -> DataFrame:
+        """The source rows that match (``matched``) and those that do not (``unmatched``)."""
+        found = F.col(_ADDRESS).isNotNull()
+        keep = (found if matched else F.lit(False)) | (~found if unmatched else F.lit(False))
+        return self.joined.where(keep).drop(_ADDRESS, _SCOPE)
+
+    def by_source(self) -> DataFrame:
+        """The addresses of the table rows in scope whose key the source lacks."""
+        in_scope = self.targets.where(F.col(_SCOPE))
+        return in_scope.join(self.source.select(*self.on), self.on, "left_anti").select(_ADDRESS)
+
+
+def _write(
+    merge: _Merge,
+    builder: MergeInsert,
+    table: Table,
+    match: _Match,
+    txn: Transaction,
+    rewrite: ColumnRewrite | None,
+    staged: _Staged,
+) -> int:
+    """The merge's files, written by tasks into ``staged`` as each job returns: new rows,
+    rewritten columns, deletion files. Returns how many rows the source's lack deletes."""
+    if merge.update_all or merge.insert:
+        new_rows = match.rows_to_write(merge.update_all, merge.insert)
+        _write_new_rows(new_rows, builder, table, txn, staged)
+    if rewrite is not None:
+        staged.rewritten.update(_rewrite_matched(match.matched(), table, rewrite))
+    doomed = match.matched().select(_ADDRESS) if merge.update_all else None
+    by_source = match.by_source() if merge.delete else None
+    if by_source is not None:
+        doomed = by_source if doomed is None else doomed.unionByName(by_source)
+    if doomed is not None:
+        _delete_rows(doomed, table, txn, staged.deletions)
+    return by_source.count() if by_source is not None else 0
+
+
+def _write_new_rows(
+    rows: DataFrame, builder: MergeInsert, table: Table, txn: Transaction, staged: _Staged
+) -> None:
+    """The rows to add, written as new data files by tasks (store payloads first with
+    ``dedup="global"``: the rows then carry references into the table's store)."""
+    options = table.storage_options
+    globally = builder.options.dedup == "global"
+    if globally:
+        rows, staged.stored = store_payloads_first(
+            rows,
+            table.location,
+            _blob_columns(table, rows),
+            txn.name_prefix,
+            _pack_limit(builder.options),
+            max(1, rows.rdd.getNumPartitions()),
+            options,
+        )
+    plan = builder.rows_plan(table, to_arrow_schema(rows.schema))
+    if plan.uses_store:  # looked up in the store already: the tasks need not load its index
+        plan = replace(plan, load_store_index=not globally)
+    write = TableWrite(txn, plan, appending=True, mode="append")
+    staged.new_files.extend(_write_rows(rows, write))
 
 
 def _pack_limit(options: WriteOptions) -> int:
@@ -262,27 +454,124 @@ def _write_rows(rows: DataFrame, write: TableWrite) -> list:
     return [pickle.loads(r["file"]) for r in rows.mapInArrow(task, "file binary").collect()]
 
 
-def _delete_rows(addresses: DataFrame, table) -> dict[int, object]:
-    """Deletion files for the rows at ``addresses``, written by one task per fragment:
-    fragment id -> its new metadata (None when no row is left)."""
+def _by_fragment(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.Table]]:
+    """Rows sorted by their address (``_ADDRESS``), one table per fragment."""
+    current, parts = -1, []
+    for batch in batches:
+        fragments = batch.column(_ADDRESS).to_numpy() >> 32
+        starts = [0, *(np.flatnonzero(np.diff(fragments)) + 1).tolist(), len(fragments)]
+        for begin, end in itertools.pairwise(starts):
+            if end > begin and int(fragments[begin]) != current:
+                if parts:
+                    yield current, pa.Table.from_batches(parts)
+                current, parts = int(fragments[begin]), []
+            if end > begin:
+                parts.append(batch.slice(begin, end - begin))
+    if parts:
+        yield current, pa.Table.from_batches(parts)
+
+
+def _rewrite_matched(
+    matched: DataFrame, table: Table, rewrite: ColumnRewrite
+) -> dict[int, WrittenFile]:
+    """``when_matched_update(columns)``: :func:`~blobhouse.mutations.rewrite_fragment` of
+    every fragment holding a matched row, in tasks fed that fragment's matched source rows
+    (sorted by address: a task holds one fragment's rows at a time)."""
+    location, version, options = table.location, table.version, table.storage_options
+    present = [c for c in rewrite.columns if c in matched.columns]
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        at = open_at(location, version, options)
+        for fragment_id, rows in _by_fragment(batches):
+            source = {fragment_id: _fragment_source(rows, rewrite)}
+            written, _ = rewrite_fragment(at, replace(rewrite, source=source), fragment_id)
+            yield pa.record_batch({"fragment": [fragment_id], "file": [pickle.dumps(written)]})
+
+    fragment = F.shiftright(F.col(_ADDRESS), 32)
+    partitions = max(1, len(table.dataset.get_fragments()))
+    done = (
+        matched.select(_ADDRESS, *present)
+        .repartition(partitions, fragment)
+        .sortWithinPartitions(_ADDRESS)
+        .mapInArrow(task, "fragment long, file binary")
+        .collect()
+    )
+    return {r["fragment"]: pickle.loads(r["file"]) for r in done}
+
+
+def _fragment_source(rows: pa.Table, rewrite: ColumnRewrite) -> tuple[np.ndarray, pa.Table]:
+    """A fragment's matched rows as a column rewrite's source: their offsets (ascending) and
+    values of the rewritten columns (null for a nullable column the source lacks)."""
+    offsets = rows.column(_ADDRESS).to_numpy() & 0xFFFFFFFF
+    schema = rewrite.plan.input_schema
+    values = [
+        rows.column(c) if c in rows.column_names else pa.nulls(rows.num_rows, schema.field(c).type)
+        for c in rewrite.columns
+    ]
+    return offsets, pa.table(values, names=list(rewrite.columns))
+
+
+def _delete_rows(
+    addresses: DataFrame, table: Table, txn: Transaction, into: list[StagedDeletion]
+) -> None:
+    """Deletion files for the rows at ``addresses``, written by one task per group of
+    fragments; each record lands in ``into``, then the first error a task met is raised.
+
+    A task reports its error instead of failing: the results of a failed Spark job never
+    reach the driver, and Lance names deletion files at random, so the driver must get every
+    record to remove them (:func:`~blobhouse.transaction.stage_deletion`)."""
     location, version, options = table.location, table.version, table.storage_options
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        by_fragment: dict[int, list[int]] = {}
-        for batch in batches:
-            for address in batch.column(0).to_pylist():
-                by_fragment.setdefault(address >> 32, []).append(address)
-        at = open_at(location, version, options)
-        for fragment_id, doomed in by_fragment.items():
-            predicate = f"_rowaddr IN ({', '.join(map(str, sorted(set(doomed))))})"
-            metadata = at.dataset.get_fragment(fragment_id).delete(predicate)
-            yield pa.record_batch({"fragment": [fragment_id], "metadata": [pickle.dumps(metadata)]})
+        staged: list[StagedDeletion] = []
+        try:
+            by_fragment: dict[int, list[int]] = {}
+            for batch in batches:
+                for address in batch.column(0).to_pylist():
+                    by_fragment.setdefault(address >> 32, []).append(address & 0xFFFFFFFF)
+            at = open_at(location, version, options)
+            for fragment_id, offsets in by_fragment.items():
+                staged.append(stage_deletion(at.dataset, fragment_id, sorted(set(offsets))))
+            if txn.is_aborted():  # the driver gave up while this task ran: nobody will commit
+                remove_deletions(staged, location, options)
+                return
+        except Exception as exc:  # reported with the records, not raised: see above
+            yield _deletion_rows(staged, exc)
+            return
+        yield _deletion_rows(staged, None)
 
     fragment = F.shiftright(F.col(_ADDRESS), 32)
     partitions = max(1, len(table.dataset.get_fragments()))
     done = (
         addresses.repartition(partitions, fragment)
-        .mapInArrow(task, "fragment long, metadata binary")
+        .mapInArrow(task, "deletion binary, error binary")
         .collect()
     )
-    return {r["fragment"]: pickle.loads(r["metadata"]) for r in done}
+    errors = []
+    for row in done:
+        if row["deletion"] is not None:
+            into.append(pickle.loads(row["deletion"]))
+        if row["error"] is not None:
+            errors.append(pickle.loads(row["error"]))
+    if errors:
+        raise errors[0]
+
+
+def _deletion_rows(staged: list[StagedDeletion], error: Exception | None) -> pa.RecordBatch:
+    """A deletion task's result: a row per record, and one for its error if it met one."""
+    deletions = [pickle.dumps(d) for d in staged]
+    errors: list[bytes | None] = [None] * len(deletions)
+    if error is not None:
+        deletions.append(None)
+        errors.append(_pickled_error(error))
+    return pa.record_batch(
+        {"deletion": pa.array(deletions, pa.binary()), "error": pa.array(errors, pa.binary())}
+    )
+
+
+def _pickled_error(error: Exception) -> bytes:
+    """``error`` pickled; as a plain error with its text if it does not pickle."""
+    try:
+        return pickle.dumps(error)
+    except Exception:
+        return pickle.dumps(BlobhouseError(f"{type(error).__name__}: {error}"))
