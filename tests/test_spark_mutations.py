@@ -67,7 +67,7 @@ def test_spark_update_whose_task_fails_changes_nothing(spark, table_uri):
     assert {p for p in left if not p.startswith("data/aborted-")} == set()
 
 
-@pytest.mark.parametrize("dedup", ["content", "global"])
+@pytest.mark.parametrize("dedup", ["content", "global", "off"])
 def test_spark_merge_insert_upserts_in_one_commit(spark, table_uri, dedup):
     table = make(table_uri, dedup)
     table.gc(retain_versions=1, grace=timedelta(0))
@@ -88,6 +88,31 @@ def test_spark_merge_insert_upserts_in_one_commit(spark, table_uri, dedup):
         open_table(table_uri).gc(retain_versions=1, grace=timedelta(0))
         assert disk_bytes(table_uri) - before <= 1.05 * len(fresh)
         assert stock_read(table_uri, "img").count(fresh) == 10
+
+
+def test_spark_merge_insert_by_ref_id_stores_a_ref_id_once(spark, table_uri):
+    """dedup="ref_id": the new rows carrying one ref_id share one stored payload."""
+    data = pa.table({"id": [1, 2], "ref": [1, 2], "img": [SHARED[0], SHARED[1]]})
+    write_table(
+        data, table_uri, blob_columns=["img"], dedup="ref_id", ref_id_columns={"img": "ref"}
+    )
+    fresh = os.urandom(300_000)
+    source = spark.createDataFrame(
+        [(2, 2, SHARED[1]), (3, 9, fresh), (4, 9, fresh), (5, 9, fresh)],
+        "id long, ref long, img binary",
+    ).coalesce(1)
+    report = bs.merge_insert(
+        source, table_uri, on="id", dedup="ref_id", ref_id_columns={"img": "ref"}
+    )
+    assert (report.num_updated_rows, report.num_inserted_rows) == (1, 3)
+    table = open_table(table_uri)
+    got = {
+        r["id"]: r["img"] for r in table.to_arrow(columns=["id", "img"], blobs="bytes").to_pylist()
+    }
+    assert got == {1: SHARED[0], 2: SHARED[1], 3: fresh, 4: fresh, 5: fresh}
+    physical = table.stats()["columns"]["img"]["physical_bytes"]
+    # the live rows' payloads, each stored once (the replaced row's old copy is not live)
+    assert physical == len(SHARED[0]) + len(SHARED[1]) + len(fresh)
 
 
 def test_spark_merge_insert_deletes_what_the_source_lacks(spark, table_uri):
@@ -118,6 +143,10 @@ def test_spark_merge_insert_refuses_duplicate_keys_and_unknown_columns(spark, ta
         bs.merge_insert(odd, table_uri, on="id")
     with pytest.raises(InvalidInputError, match="unknown key column 'idd'"):
         bs.merge_insert(twice, table_uri, on="idd")
+    with pytest.raises(InvalidInputError, match="on takes a column name or a list"):
+        bs.merge_insert(twice, table_uri, on=5)
+    with pytest.raises(InvalidInputError, match="needs a Spark DataFrame"):
+        bs.merge_insert([(7, "a", b"x")], table_uri, on="id")
     assert open_table(table_uri).version == version and tree(table_uri) == files
 
 

@@ -193,6 +193,23 @@ def test_spark_update_stamps_the_updated_rows(spark, tmp_path):
         assert row["_row_last_updated_at_version"] == expected, (i, row)
 
 
+def test_spark_merge_updating_columns_stamps_the_matched_rows(spark, tmp_path):
+    import blobhouse.spark as bs
+
+    uri = str(tmp_path / "t.lance")
+    stable_row_id_table(uri)
+    before = row_meta(uri)
+    source = spark.createDataFrame([(3, "m3"), (6, "m6")], "id long, label string")
+    report = bs.merge_insert(
+        source, uri, on="id", when_matched_update=["label"], when_not_matched_insert_all=False
+    )
+    after = row_meta(uri)
+    for i, row in after.items():
+        assert row["_rowid"] == before[i]["_rowid"]
+        expected = report.version if i in (3, 6) else before[i]["_row_last_updated_at_version"]
+        assert row["_row_last_updated_at_version"] == expected, (i, row)
+
+
 def metadata_bytes(uri: str) -> int:
     """Bytes of the table's manifests and transaction files."""
     return sum(disk_bytes(os.path.join(uri, d)) for d in ("_versions", "_transactions"))

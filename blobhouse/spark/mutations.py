@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
+from pyroaring import BitMap
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -158,11 +159,17 @@ def merge_insert(
     >>> report.num_updated_rows, report.num_inserted_rows
     (1, 1)
     """
+    if not isinstance(df, DataFrame):
+        raise InvalidInputError(f"merge_insert needs a Spark DataFrame as its source, got {df!r}")
     options = checked_options(storage_options)
     merge = _Merge(
-        on=(on,) if isinstance(on, str) else tuple(on),
+        on=_names(on, "on"),
         update_all=_updates_all(when_matched_update_all, when_matched_update),
-        update_columns=None if when_matched_update is None else _names(when_matched_update),
+        update_columns=(
+            None
+            if when_matched_update is None
+            else _names(when_matched_update, "when_matched_update")
+        ),
         insert=when_not_matched_insert_all,
         delete=when_not_matched_by_source_delete,
         options=WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns, placement=placement),
@@ -189,8 +196,14 @@ def _updates_all(update_all: bool | None, columns: Sequence[str] | None) -> bool
     return columns is None if update_all is None else update_all
 
 
-def _names(columns: str | Sequence[str]) -> tuple[str, ...]:
-    return (columns,) if isinstance(columns, str) else tuple(columns)
+def _names(columns: str | Sequence[str], option: str) -> tuple[str, ...]:
+    """Column names given as one name or a list of them (anything else names ``option``)."""
+    names = (columns,) if isinstance(columns, str) else columns
+    if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+        raise InvalidInputError(
+            f"{option} takes a column name or a list of column names, got {columns!r}"
+        )
+    return tuple(names)
 
 
 @dataclass(frozen=True)
@@ -263,6 +276,7 @@ class _Staged:
 
     new_files: list[WrittenFile] = field(default_factory=list)
     rewritten: dict[int, WrittenFile] = field(default_factory=dict)
+    changed: dict[int, BitMap] = field(default_factory=dict)  # rewritten rows per fragment
     deletions: list[StagedDeletion] = field(default_factory=list)
     stored: list = field(default_factory=list)
 
@@ -289,6 +303,7 @@ def _merge(source: DataFrame, merge: _Merge, table: Table, attempt: int) -> Merg
             staged.rewritten,
             deletions=deleted_fragments(staged.deletions),
             new_files=staged.new_files,
+            matched=staged.changed,
         )
     except BaseException:
         txn.abort(staged.files(), deletions=staged.deletions, tasks_may_run=tasks_may_run)
@@ -359,7 +374,11 @@ def _write(
         new_rows = match.rows_to_write(merge.update_all, merge.insert)
         _write_new_rows(new_rows, builder, table, txn, staged)
     if rewrite is not None:
-        staged.rewritten.update(_rewrite_matched(match.matched(), table, rewrite))
+        for fragment_id, (written, changed) in _rewrite_matched(
+            match.matched(), table, rewrite
+        ).items():
+            staged.rewritten[fragment_id] = written
+            staged.changed[fragment_id] = changed
     doomed = match.matched().select(_ADDRESS) if merge.update_all else None
     by_source = match.by_source() if merge.delete else None
     if by_source is not None:
@@ -473,10 +492,10 @@ def _by_fragment(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.Ta
 
 def _rewrite_matched(
     matched: DataFrame, table: Table, rewrite: ColumnRewrite
-) -> dict[int, WrittenFile]:
+) -> dict[int, tuple[WrittenFile, BitMap]]:
     """``when_matched_update(columns)``: :func:`~blobhouse.mutations.rewrite_fragment` of
     every fragment holding a matched row, in tasks fed that fragment's matched source rows
-    (sorted by address: a task holds one fragment's rows at a time)."""
+    (sorted by address: a task holds one fragment's rows at a time), with the rows it changed."""
     location, version, options = table.location, table.version, table.storage_options
     present = [c for c in rewrite.columns if c in matched.columns]
 
@@ -484,8 +503,8 @@ def _rewrite_matched(
         at = open_at(location, version, options)
         for fragment_id, rows in _by_fragment(batches):
             source = {fragment_id: _fragment_source(rows, rewrite)}
-            written, _ = rewrite_fragment(at, replace(rewrite, source=source), fragment_id)
-            yield pa.record_batch({"fragment": [fragment_id], "file": [pickle.dumps(written)]})
+            result = rewrite_fragment(at, replace(rewrite, source=source), fragment_id)
+            yield pa.record_batch({"fragment": [fragment_id], "file": [pickle.dumps(result)]})
 
     fragment = F.shiftright(F.col(_ADDRESS), 32)
     partitions = max(1, len(table.dataset.get_fragments()))
