@@ -226,6 +226,60 @@ def test_external_blobs_under_an_s3_base(s3):
         )
 
 
+def test_managed_objects_on_s3_are_deleted_only_once_unreferenced(s3):
+    """Managed external objects on an object store: gc deletes the one no retained version
+    references (after retiring and dooming it), never an unmanaged one."""
+    owned, shared = f"{s3.uri}/owned", f"{s3.uri}/shared"
+    for key in ("owned/0.bin", "owned/1.bin", "shared/0.bin"):
+        s3.put(key, payload(len(key), 50 * KIB))
+    values = [Blob(uri=f"{owned}/0.bin"), Blob(uri=f"{owned}/1.bin"), Blob(uri=f"{shared}/0.bin")]
+    uri = f"{s3.uri}/t"
+    table = write_table(
+        pa.table({"id": [0, 1, 2], "clip": blob_array(values)}),
+        uri,
+        allowed_bases=[shared],
+        managed_bases=[owned],
+        storage_options=s3.options,
+    )
+    table.delete("id != 1")  # owned/0.bin and shared/0.bin are no longer referenced
+    removed = []
+    for _ in range(3):  # retire, doom, delete
+        time.sleep(1.1)  # S3 times are whole seconds
+        report = open_table(uri, storage_options=s3.options).gc(
+            retain_versions=1, grace=timedelta(0)
+        )
+        removed += report["managed"]["paths"]
+    assert removed == [f"{owned}/0.bin"]
+    left = s3.objects()
+    assert "owned/0.bin" not in left and {"owned/1.bin", "shared/0.bin"} <= set(left)
+    again = open_table(uri, storage_options=s3.options)
+    assert again.read_blobs("clip", [0]) == [payload(len("owned/1.bin"), 50 * KIB)]
+    assert again.verify()["problems"] == []
+
+
+def test_schema_changes_on_s3(s3):
+    uri = f"{s3.uri}/t"
+    data = pa.table({"id": list(range(4)), "label": list("abcd"), "media": rows(4)["media"]})
+    table = write_table(data, uri, storage_options=s3.options)
+    table.add_columns({"double": "id * 2"})
+    table.alter_columns({"path": "label", "name": "tag"}, {"path": "id", "data_type": pa.int32()})
+    table.drop_columns(["double"])
+    table.backfill_blob_column("thumb", lambda batch: [b"t%d" % i for i in batch["id"].to_pylist()])
+    write_table(
+        pa.table({"id": pa.array([9], pa.int32()), "media": blob_array([b"new"])}),
+        uri,
+        mode="append",
+        storage_options=s3.options,
+    )
+    got = open_table(uri, storage_options=s3.options).to_arrow(blobs="bytes").to_pylist()
+    assert [r["id"] for r in got] == [0, 1, 2, 3, 9]
+    assert [r["tag"] for r in got] == ["a", "b", "c", "d", None]
+    assert [r["thumb"] for r in got] == [b"t0", b"t1", b"t2", b"t3", None]
+    written = [v["data"] if v else None for v in rows(4)["media"].to_pylist()]
+    assert [r["media"] for r in got] == [*written, b"new"]
+    assert stock_blobs(uri, s3.options, "media")[1] == payload(1, 300 * KIB)
+
+
 # -- the object store layer -----------------------------------------------------------------
 
 
