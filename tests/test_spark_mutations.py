@@ -38,8 +38,9 @@ def rows(uri: str) -> dict[int, tuple[str, bytes]]:
     return {r["id"]: (r["label"], r["img"]) for r in data}
 
 
-def test_spark_update_rewrites_the_changed_column_in_tasks(spark, table_uri):
-    make(table_uri)
+@pytest.mark.parametrize("dedup", ["content", "global", "off"])
+def test_spark_update_rewrites_the_changed_column_in_tasks(spark, table_uri, dedup):
+    make(table_uri, dedup)
     before = disk_bytes(table_uri)
     report = bs.update(spark, table_uri, {"label": "upper(label)"}, where="id >= 40")
     assert (report.rows_updated, report.fragments_rewritten) == (20, 1)
@@ -48,8 +49,17 @@ def test_spark_update_rewrites_the_changed_column_in_tasks(spark, table_uri):
     open_table(table_uri).gc(retain_versions=1, grace=timedelta(0))
     assert disk_bytes(table_uri) - before < 10_000
     fresh = os.urandom(90_000)
-    bs.update(spark, table_uri, {"img": lambda batch: [fresh] * batch.num_rows}, where="id < 3")
+    bs.update(
+        spark,
+        table_uri,
+        {"img": lambda batch: [fresh] * batch.num_rows},
+        where="id < 3",
+        dedup=dedup,
+    )
     assert [rows(table_uri)[i][1] for i in (0, 2, 3)] == [fresh, fresh, SHARED[0]]
+    if dedup != "off":  # the three rows share one copy, the rest keep sharing theirs
+        physical = open_table(table_uri).stats()["columns"]["img"]["physical_bytes"]
+        assert physical == sum(map(len, SHARED)) + len(fresh)
     assert open_table(table_uri).verify(deep=True)["problems"] == []
 
 
