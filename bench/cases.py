@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from bench.harness import Case, Scratch, disk_bytes, fresh, medians
 from blobhouse import Blob, blob_array, open_table, read_ranges, write_table
 from blobhouse.demo import BLOB_COLUMNS, EpisodeData
+from blobhouse.options import DEFAULT_MAX_ROWS_PER_FILE
 from blobhouse.rangeio import plan_reads, refs_from_arrow
 from blobhouse.storage import checked_options, object_store
 from blobhouse.testing import LocalS3Server
@@ -53,6 +54,7 @@ class Size:
     appends: int  # appends of 24 rows piled up before a compaction
     s3_rows: int  # 1 MB payloads per object-storage workload
     mutation_rows: int  # rows of the table the mutations case changes
+    one_fragment_rows: int  # rows of its second table, in one fragment (Lance's default size)
 
 
 QUICK = Size(
@@ -71,6 +73,7 @@ QUICK = Size(
     4,
     16,
     200,
+    100_000,
 )
 FULL = Size(
     "full",
@@ -88,6 +91,7 @@ FULL = Size(
     24,
     128,
     5000,
+    1_000_000,
 )
 
 
@@ -781,23 +785,62 @@ class MutationData:
         schema = batch.schema.set(2, lance.blob.blob_field("img"))
         return pa.Table.from_batches([batch.cast(schema)])
 
-    def _batch(self, ids, img: pa.Array) -> pa.RecordBatch:
+    @staticmethod
+    def _batch(ids, img: pa.Array) -> pa.RecordBatch:
         return pa.record_batch(
             {
                 "id": pa.array(list(ids), pa.int64()),
-                "label": self._labels(ids),
+                "label": MutationData._labels(ids),
                 "img": img,
             }
         )
 
 
+ONE_FRAGMENT_SHARE = 1000  # rows that carry each payload in the one-fragment table
+
+
+class OneFragmentData:
+    """The mutations case's table at Lance's default fragment size: ``rows`` rows (id, label
+    as in :class:`MutationData`, img) in one data file; row i carries payload i // 1000 (10-20
+    KB), so 1M rows hold ~15 MB of unique payloads. Built batch by batch (one payload's 1,000
+    rows each), so memory stays flat whatever the number of rows."""
+
+    def __init__(self, rows: int) -> None:
+        rng = np.random.default_rng(11)
+        self.rows = rows
+        sizes = rng.integers(
+            10 * KB, 20 * KB, max(1, -(-rows // ONE_FRAGMENT_SHARE)), endpoint=True
+        )
+        self.payloads = [rng_bytes(rng, int(n)) for n in sizes]
+        self.column_bytes = pa.array(MutationData._labels(range(rows))).nbytes
+
+    def _rows_of(self, k: int) -> range:
+        """The ids of the rows that carry payload ``k``."""
+        return range(k * ONE_FRAGMENT_SHARE, min(self.rows, (k + 1) * ONE_FRAGMENT_SHARE))
+
+    @property
+    def unique_bytes(self) -> int:
+        return sum(map(len, self.payloads))
+
+    @property
+    def logical_bytes(self) -> int:
+        return sum(len(p) * len(self._rows_of(k)) for k, p in enumerate(self.payloads))
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """One batch per payload: its 1,000 rows (20 MB in Arrow at most)."""
+        for k, payload in enumerate(self.payloads):
+            ids = self._rows_of(k)
+            yield MutationData._batch(ids, blob_array([payload] * len(ids)))
+
+
 @dataclass(frozen=True)
 class Mutation:
     """One operation of the mutations case, as blobhouse and as pylance run it on a table's
-    uri, and the target its growth in bytes is held to (growth / ``reference``)."""
+    uri (None: pylance left out), and the target its growth in bytes is held to (growth /
+    ``reference``)."""
 
     blobhouse: Callable[[str], object]
-    pylance: Callable[[str], object]
+    pylance: Callable[[str], object] | None
     reference: int
     target: Callable[[float], bool] | None = None
     target_text: str = "-"
@@ -807,8 +850,10 @@ def mutations(size: Size) -> Case:
     """Update of a plain column on 10% and on 100% of the rows, and an upsert of 10% new + 10%
     matched rows, of a table whose rows share payloads (dedup "content" and "global"):
     blobhouse against Lance's own update and merge_insert on the same table, each on a fresh
-    copy; seconds, and bytes on disk after a cleanup of the old version. A note measures what
-    Lance's zstd compression of the label column would trade (bytes against scan seconds)."""
+    copy; seconds, and bytes on disk after a cleanup of the old version. The updates again on
+    a table of one fragment of Lance's default size (1M rows, dedup "content"; pylance's
+    update of 10% of its rows only). A note measures what Lance's zstd compression of the
+    label column would trade (bytes against scan seconds)."""
     case = Case(
         "mutations",
         "Median seconds per operation, each on a fresh copy of the same table; bytes on disk "
@@ -817,13 +862,17 @@ def mutations(size: Size) -> Case:
         "/ pylance's seconds",
     )
     data = MutationData(size.mutation_rows)
+    one = OneFragmentData(size.one_fragment_rows)
     with Scratch() as root:
         for dedup in ("content", "global"):
             _mutation_base(root, data, dedup)
             for operation, mutation in _mutations(data, dedup).items():
-                _mutate(case, root, dedup, operation, mutation, size.runs)
+                _mutate(case, root, dedup, data.fragment_rows, operation, mutation, size.runs)
+        _one_fragment_base(root, one)
+        for operation, mutation in _one_fragment_updates(one).items():
+            _mutate(case, root, "content", one.rows, operation, mutation, size.runs)
         compression = _label_compression(root, data, size.runs)
-    _mutation_notes(case, data)
+    _mutation_notes(case, data, one)
     case.notes.append(compression)
     return case
 
@@ -841,16 +890,35 @@ def _mutation_base(root: Path, data: MutationData, dedup: str) -> None:
     shutil.copytree(root / "table", fresh(root / "pristine"))
 
 
-def _mutations(data: MutationData, dedup: str) -> dict[str, Mutation]:
-    def update(where: str | None) -> Mutation:
-        return Mutation(
-            lambda uri: open_table(uri).update(RELABEL, where=where),
-            lambda uri: lance.dataset(uri).update(RELABEL, where=where),
-            data.column_bytes,
-            lambda ratio: ratio < 1,
-            "growth < the label column's bytes",
-        )
+def _one_fragment_base(root: Path, one: OneFragmentData) -> None:
+    """The one-fragment table at ``root/table`` and its pristine copy, as
+    :func:`_mutation_base` makes the case's first table (default dedup and fragment size)."""
+    table = write_table(one.batches(), str(fresh(root / "table")))
+    assert len(table.dataset.get_fragments()) == 1
+    table.gc(retain_versions=1, grace=timedelta(0))
+    shutil.copytree(root / "table", fresh(root / "pristine"))
 
+
+def _relabel(where: str | None, column_bytes: int, pylance: bool = True) -> Mutation:
+    return Mutation(
+        lambda uri: open_table(uri).update(RELABEL, where=where),
+        (lambda uri: lance.dataset(uri).update(RELABEL, where=where)) if pylance else None,
+        column_bytes,
+        lambda ratio: ratio < 1,
+        "growth < the label column's bytes",
+    )
+
+
+def _one_fragment_updates(one: OneFragmentData) -> dict[str, Mutation]:
+    """pylance's update of every row is left out here: it writes each row again with its own
+    copy of its payload, 10x its 10% update (the case's notes give the numbers)."""
+    return {
+        "update label, 10% of rows": _relabel("id % 10 = 0", one.column_bytes),
+        "update label, 100% of rows": _relabel(None, one.column_bytes, pylance=False),
+    }
+
+
+def _mutations(data: MutationData, dedup: str) -> dict[str, Mutation]:
     source, lance_source = data.upsert(), data.upsert(lance_typed=True)
     upsert = Mutation(
         lambda uri: (
@@ -874,23 +942,28 @@ def _mutations(data: MutationData, dedup: str) -> dict[str, Mutation]:
             upsert, target=lambda ratio: ratio <= 1.05, target_text="growth <= 1.05 x new unique"
         )
     return {
-        "update label, 10% of rows": update("id % 10 = 0"),
-        "update label, 100% of rows": update(None),
+        "update label, 10% of rows": _relabel("id % 10 = 0", data.column_bytes),
+        "update label, 100% of rows": _relabel(None, data.column_bytes),
         "upsert 10% new + 10% matched": upsert,
     }
 
 
 def _mutate(
-    case: Case, root: Path, dedup: str, operation: str, mutation: Mutation, runs: int
+    case: Case,
+    root: Path,
+    dedup: str,
+    rows_per_fragment: int,
+    operation: str,
+    mutation: Mutation,
+    runs: int,
 ) -> None:
     """Each contender on a fresh copy of the table, alternating, a warm-up round first; the
     bytes after cleanup of the old versions (the same every run) of the last."""
     table = root / "table"
     before = disk_bytes(table)
-    contenders = {
-        "blobhouse": (mutation.blobhouse, _blobhouse_gc),
-        "pylance": (mutation.pylance, _lance_cleanup),
-    }
+    contenders = {"blobhouse": (mutation.blobhouse, _blobhouse_gc)}
+    if mutation.pylance is not None:
+        contenders["pylance"] = (mutation.pylance, _lance_cleanup)
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     after: dict[str, int] = {}
     for run in range(runs + 1):
@@ -904,19 +977,24 @@ def _mutate(
             after[name] = disk_bytes(table)
     shutil.copytree(root / "pristine", fresh(table))
     seconds = {name: statistics.median(values) for name, values in samples.items()}
+
+    def vs_pylance(value: float, pylance: float | None) -> float | str:
+        return "-" if pylance is None else round(value / pylance, 3)
+
     for name in contenders:
         growth = after[name] - before
         ratio = growth / mutation.reference
         met = mutation.target(ratio) if mutation.target and name == "blobhouse" else None
         case.add(
             dedup=dedup,
+            rows_per_fragment=rows_per_fragment,
             operation=operation,
             contender=name,
             seconds=round(seconds[name], 4),
-            seconds_vs_pylance=round(seconds[name] / seconds["pylance"], 3),
+            seconds_vs_pylance=vs_pylance(seconds[name], seconds.get("pylance")),
             bytes_before=before,
             bytes_after=after[name],
-            bytes_after_vs_pylance=round(after[name] / after["pylance"], 3),
+            bytes_after_vs_pylance=vs_pylance(after[name], after.get("pylance")),
             growth=growth,
             growth_vs_reference=round(ratio, 3),
             target="-" if met is None else f"{mutation.target_text} ({'met' if met else 'missed'})",
@@ -1005,7 +1083,7 @@ def _label_update(
     return {"bytes": written, "update": seconds, **scans}
 
 
-def _mutation_notes(case: Case, data: MutationData) -> None:
+def _mutation_notes(case: Case, data: MutationData, one: OneFragmentData) -> None:
     case.notes.append(
         f"{data.rows} rows (id, label, img) in 4 data files; {len(data.payloads)} payloads of "
         f"100 KB-1 MB, each carried by {MUTATION_SHARE} consecutive rows: "
@@ -1016,16 +1094,28 @@ def _mutation_notes(case: Case, data: MutationData) -> None:
         f"{MUTATION_SHARE}, alternately a new payload ({len(data.new_payloads)} new, "
         f"{data.new_unique_bytes / 1e6:.1f} MB) and one the table stores"
     )
+    (before,) = {r["bytes_before"] for r in case.rows if r["rows_per_fragment"] == one.rows}
+    case.notes.append(
+        f"rows_per_fragment {one.rows:,}: the same updates on a second table of one fragment "
+        f"(Lance's default fragment size, {DEFAULT_MAX_ROWS_PER_FILE:,} rows at most, is "
+        f"blobhouse's too): {one.rows:,} rows (id, label, img) written by blobhouse with its "
+        f"defaults (dedup content); {len(one.payloads)} payloads of 10-20 KB, each carried by "
+        f"{ONE_FRAGMENT_SHARE:,} consecutive rows: {one.logical_bytes / 1e9:.1f} GB logical, "
+        f"{one.unique_bytes / 1e6:.1f} MB unique, {before / 1e6:.1f} MB on disk; the label "
+        f"column: {one.column_bytes:,} bytes in Arrow"
+    )
     case.notes.append(
         "cleanup of the old versions: blobhouse gc(retain_versions=1, grace=0); pylance "
         "cleanup_old_versions(older_than=0, delete_unverified=True); growth = bytes after - "
         "bytes before (the whole table folder, store included)"
     )
     case.notes += _mutation_costs(case, data)
+    case.notes.append(_one_fragment_costs(case, one))
     for row in case.rows:
         if row["target"] != "-":
             print(
-                f"[bench] mutations {row['dedup']}, {row['operation']}: {row['target']}",
+                f"[bench] mutations {row['dedup']}, {row['rows_per_fragment']:,} rows per "
+                f"fragment, {row['operation']}: {row['target']}",
                 file=sys.stderr,
             )
 
@@ -1037,7 +1127,8 @@ def _mutation_costs(case: Case, data: MutationData) -> list[str]:
         row = next(
             r
             for r in case.rows
-            if (r["dedup"], r["contender"]) == (dedup, contender)
+            if (r["dedup"], r["contender"], r["rows_per_fragment"])
+            == (dedup, contender, data.fragment_rows)
             and r["operation"].startswith(operation)
         )
         return _megabytes(row["growth"])
@@ -1066,6 +1157,32 @@ def _mutation_costs(case: Case, data: MutationData) -> list[str]:
         "copy. pylance writes every source row's payload again, once per row "
         f"({grew('content', 'upsert', 'pylance')})",
     ]
+
+
+def _one_fragment_costs(case: Case, one: OneFragmentData) -> str:
+    """What the updates cost on the one-fragment table, in this run's numbers."""
+    rows = {
+        (r["operation"].split(", ")[1].split()[0], r["contender"]): r
+        for r in case.rows
+        if r["rows_per_fragment"] == one.rows
+    }
+    mine = {share: rows[share, "blobhouse"] for share in ("10%", "100%")}
+    copied = rows["10%", "pylance"]
+    return (
+        f"update at rows_per_fragment {one.rows:,}: blobhouse writes one new label file for the "
+        f"fragment, and Lance's default encoding compresses a page of this many strings (FSST), "
+        f"so the table grows by less than the column: "
+        + " and ".join(
+            f"{_megabytes(r['growth'])} ({r['growth_vs_reference']}x) in {r['seconds']} s at {s}"
+            for s, r in mine.items()
+        )
+        + f". pylance's update of 10% of the rows writes them again with a copy of their "
+        f"payload each: {_megabytes(copied['growth'])} in {copied['seconds']} s. Its update of "
+        f"every row is left out of this table: it would write all {one.rows:,} rows again with "
+        f"their payloads, ~10x that (~{copied['growth'] * 10 / 1e9:.1f} GB on disk and "
+        f"~{copied['seconds'] * 10:.0f} s per run, on a fresh copy for each of the case's runs "
+        f"and a warm-up)"
+    )
 
 
 def _megabytes(nbytes: int) -> str:

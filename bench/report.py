@@ -5,23 +5,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TARGETS = """\
-| target | result |
-| --- | --- |
-| physical bytes <= 1.05 x unique when duplicates share a data file | {storage} |
-| write, no duplicates >= 0.9 x pylance | {write_unique} |
-| write, 20x duplicates >= 5 x pylance (page cache) | {write_dup} |
-| write, 20x duplicates >= 5 x pylance (durable: until os.sync returns) | {write_dup_durable} |
-| random access of K rows >= 1.0 x pylance read_blobs | {access} |
-| random access, K = 1, 1 MB >= 10 x Parquet | {access_parquet} |
-| peak RSS flat (within 1.5x) from 1 GB to 8 GB written | {rss} |
-| after compaction, physical bytes <= 1.05 x unique live bytes | {compaction} |
-| dedup="global": bytes on disk <= 1.05 x unique across appends | {global_dedup} |
-| S3: one GET per coalesced range (requests the server logged) | {s3_requests} |
-| S3: reads by reference >= 1.0 x pylance read_blobs on the same store | {s3_access} |
-| update of a plain column: growth after gc < the rewritten column's bytes | {update_growth} |
-| upsert, dedup="global": growth after gc <= 1.05 x the new unique payloads | {upsert_growth} |
-"""
+DEFAULT_FRAGMENT_ROWS = 1_000_000  # Lance's default fragment size, as the mutations case writes it
+
+TARGETS = (
+    "| target | result |\n"
+    "| --- | --- |\n"
+    "| physical bytes <= 1.05 x unique when duplicates share a data file | {storage} |\n"
+    "| write, no duplicates >= 0.9 x pylance | {write_unique} |\n"
+    "| write, 20x duplicates >= 5 x pylance (page cache) | {write_dup} |\n"
+    "| write, 20x duplicates >= 5 x pylance (durable: "
+    "until os.sync returns) | {write_dup_durable} |\n"
+    "| random access of K rows >= 1.0 x pylance read_blobs | {access} |\n"
+    "| random access, K = 1, 1 MB >= 10 x Parquet | {access_parquet} |\n"
+    "| peak RSS flat (within 1.5x) from 1 GB to 8 GB written | {rss} |\n"
+    "| after compaction, physical bytes <= 1.05 x unique live bytes | {compaction} |\n"
+    '| dedup="global": bytes on disk <= 1.05 x unique across appends | {global_dedup} |\n'
+    "| S3: one GET per coalesced range (requests the server logged) | {s3_requests} |\n"
+    "| S3: reads by reference >= 1.0 x pylance read_blobs on the same store | {s3_access} |\n"
+    "| update of a plain column, 1,250-row fragments: "
+    "growth after gc < the rewritten column's bytes | {update_growth} |\n"
+    "| update of a plain column at Lance's default fragment size (1M rows): "
+    "growth after gc < the column's bytes | {update_growth_default} |\n"
+    '| upsert, dedup="global": '
+    "growth after gc <= 1.05 x the new unique payloads | {upsert_growth} |\n"
+)
 
 
 def write_report(results: Path, target: Path) -> None:
@@ -115,10 +122,18 @@ def _verdicts(data: dict) -> dict[str, str]:
     ranged_s3 = rows("object_storage", contender="blobhouse refs + ranged reads, s3")
     s3_requests = [r["requests"].get("GET", 0) / r["coalesced_reads"] for r in ranged_s3]
     s3_access = [r["vs_pylance_same_store"] for r in ranged_s3]
+    updates = [
+        r for r in rows("mutations", contender="blobhouse") if r["operation"].startswith("update")
+    ]
     update_growth = [
         r["growth_vs_reference"]
-        for r in rows("mutations", contender="blobhouse")
-        if r["operation"].startswith("update")
+        for r in updates
+        if r.get("rows_per_fragment", 0) < DEFAULT_FRAGMENT_ROWS
+    ]
+    update_growth_default = [
+        r["growth_vs_reference"]
+        for r in updates
+        if r.get("rows_per_fragment", 0) >= DEFAULT_FRAGMENT_ROWS
     ]
     upsert_growth = [
         r["growth_vs_reference"]
@@ -139,6 +154,7 @@ def _verdicts(data: dict) -> dict[str, str]:
         "s3_requests": _range(s3_requests, "GETs per coalesced range", lambda v: v == 1),
         "s3_access": _range(s3_access, "x pylance", lambda v: v >= 1.0),
         "update_growth": _range(update_growth, "x the column", lambda v: v < 1),
+        "update_growth_default": _range(update_growth_default, "x the column", lambda v: v < 1),
         "upsert_growth": _range(upsert_growth, "x new unique", lambda v: v <= 1.05),
         "rss": "-" if rss is None else f"{rss:.2f}x ({'met' if rss <= 1.5 else 'missed'})",
     }

@@ -67,12 +67,22 @@ def test_quick_benchmark_run(tmp_path):
     mutated = results["mutations"]["rows"]
     assert all(r["seconds"] > 0 for r in mutated)
     relabels = [r for r in mutated if r["operation"].startswith("update")]
-    mine = [r["growth"] for r in relabels if r["contender"] == "blobhouse"]
+    small = [r for r in relabels if r["rows_per_fragment"] < 10_000]  # 4 small fragments
+    mine = [r["growth"] for r in small if r["contender"] == "blobhouse"]
     assert mine and all(g < 100 * 1024 for g in mine)  # the label column only: no payload
-    copied = [
-        r["growth"] for r in relabels if r["contender"] == "pylance" and r["dedup"] == "content"
-    ]
+    copied = [r["growth"] for r in small if r["contender"] == "pylance" and r["dedup"] == "content"]
     assert min(copied) > 100 * max(mine)  # pylance writes the changed rows' payloads again
+    one = [r for r in relabels if r["rows_per_fragment"] >= 100_000]  # one fragment
+    assert {(r["operation"], r["contender"]) for r in one} == {
+        ("update label, 10% of rows", "blobhouse"),
+        ("update label, 10% of rows", "pylance"),
+        ("update label, 100% of rows", "blobhouse"),  # pylance's: every payload again, left out
+    }
+    for r in one:
+        if r["contender"] == "blobhouse":  # a page of 100K+ labels compresses: < the column
+            assert 0 < r["growth_vs_reference"] < 1 and r["target"].endswith("(met)")
+        else:  # a 10-20 KB payload again for each of the 10% of the rows
+            assert r["growth"] > r["rows_per_fragment"] // 10 * 10 * 1024
     (upsert,) = [
         r
         for r in mutated
