@@ -14,7 +14,7 @@ inside a list or map.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -439,22 +439,21 @@ def _pylist(array: pa.Array | None) -> list | None:
 
 
 def _int_list(array: pa.Array | None, column: str, name: str) -> list[int | None] | None:
-    if array is None:
-        return None
-    if not pa.types.is_integer(array.type):
-        raise InvalidInputError(
-            f"blob column {column!r}: {name} must be an integer, got {array.type}"
-        )
-    return array.to_pylist()
+    return _checked_list(array, column, name, pa.types.is_integer, "an integer")
 
 
 def _bool_list(array: pa.Array | None, column: str) -> list[bool | None] | None:
+    return _checked_list(array, column, "managed", pa.types.is_boolean, "a boolean")
+
+
+def _checked_list(
+    array: pa.Array | None, column: str, name: str, is_kind: Callable, kind: str
+) -> list | None:
+    """The values of struct child ``name``, refused (naming the column) if not of ``kind``."""
     if array is None:
         return None
-    if not pa.types.is_boolean(array.type):
-        raise InvalidInputError(
-            f"blob column {column!r}: managed must be a boolean, got {array.type}"
-        )
+    if not is_kind(array.type):
+        raise InvalidInputError(f"blob column {column!r}: {name} must be {kind}, got {array.type}")
     return array.to_pylist()
 
 
