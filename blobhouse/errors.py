@@ -6,6 +6,8 @@ and is raised before anything is committed, so the table stays at its previous v
 
 from __future__ import annotations
 
+import re
+
 from lance.commit import CommitConflictError
 
 
@@ -108,3 +110,14 @@ class ManagedObjectRaceError(BlobhouseError):
 class MissingExtraError(BlobhouseError, ImportError):
     """A part of blobhouse whose optional dependencies are not installed (Spark without
     pyspark). The message is one line naming the ``pip install`` that adds them."""
+
+
+def lance_message(exc: BaseException) -> str:
+    """The first line of a (Lance) error's message, without the Rust source location Lance
+    appends, to quote in an error of blobhouse's own.
+
+    >>> lance_message(ValueError("Invalid user input: bad, /build/lance/src/sql.rs:12:5"))
+    'Invalid user input: bad'
+    """
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return re.sub(r", /home/runner/\S+$|, \S+\.rs:\d+:\d+$", "", text)

@@ -33,7 +33,7 @@ from lance.fragment import DataFile
 from pyroaring import BitMap
 
 from blobhouse.backfill import BlobFunction, check_fragment_rows, table_for
-from blobhouse.errors import InvalidInputError, SchemaError
+from blobhouse.errors import InvalidInputError, SchemaError, lance_message
 from blobhouse.maintenance.compaction import INPUT_BLOB_TYPE, logical_values
 from blobhouse.options import WriteOptions, closest
 from blobhouse.pipeline import (
@@ -978,13 +978,8 @@ def _try_sql(dataset: LanceDataset, projection: dict[str, str], what: str) -> No
         dataset.scanner(columns={**projection, **anchor}, limit=1).to_table()
     except (ValueError, OSError, pa.ArrowInvalid) as exc:
         raise InvalidInputError(
-            f"{what} is not valid SQL for this table: {_first_line(exc)}"
+            f"{what} is not valid SQL for this table: {lance_message(exc)}"
         ) from None
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return re.sub(r", /home/runner/\S+$|, \S+\.rs:\d+:\d+$", "", text)
 
 
 def _quoted(name: str) -> str:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -51,7 +50,7 @@ from lance.file import LanceFileSession
 from lance.fragment import FragmentMetadata
 
 from blobhouse import leases
-from blobhouse.errors import BlobhouseError, ConcurrentCommitError, StaleWriteError
+from blobhouse.errors import BlobhouseError, ConcurrentCommitError, StaleWriteError, lance_message
 from blobhouse.layout import STORE_DIR, TableLocation, branch_data_dir
 from blobhouse.managed import check_usable, register
 from blobhouse.placement import as_uri
@@ -279,13 +278,7 @@ def _conflict(exc: CommitConflictError, attempts: int) -> ConcurrentCommitError:
             "a concurrent commit is incompatible with this change (an overwrite, say); "
             "nothing was committed, and planning it again cannot help"
         )
-    return ConcurrentCommitError(f"{what} (Lance: {_first_line(exc)})", exc.retryable)
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first line of an error's message, without the Rust source location Lance adds."""
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return re.sub(r", /\S+\.rs:\d+:\d+$", "", text)
+    return ConcurrentCommitError(f"{what} (Lance: {lance_message(exc)})", exc.retryable)
 
 
 def lance_commit(
@@ -395,11 +388,10 @@ def committed_deletions(
     location: TableLocation, storage_options: StorageOptions | None
 ) -> set[str]:
     """The deletion files (relative to the dataset) the latest version of the branch uses."""
-    try:
-        dataset = lance.dataset(location.dataset_path, storage_options=storage_options)
-    except (ValueError, OSError):
-        return set()
-    paths = (_deletion_path(f.fragment_id, f.metadata) for f in dataset.get_fragments())
+    paths = (
+        _deletion_path(f.fragment_id, f.metadata)
+        for f in _latest_fragments(location, storage_options)
+    )
     return {p for p in paths if p is not None}
 
 
@@ -425,11 +417,17 @@ def committed_names(location: TableLocation, storage_options: StorageOptions | N
     """The data files the latest version of the table's branch uses. A write interrupted as
     its commit returns (Ctrl-C reaches Python only once Lance's commit is done) fails after
     committing: its cleanup must not remove what it committed."""
+    fragments = _latest_fragments(location, storage_options)
+    return {file_path(f) for fragment in fragments for f in fragment.metadata.files}
+
+
+def _latest_fragments(location: TableLocation, storage_options: StorageOptions | None) -> list:
+    """The fragments of the latest version of the table's branch (none: no table yet)."""
     try:
         dataset = lance.dataset(location.dataset_path, storage_options=storage_options)
     except (ValueError, OSError):
-        return set()  # no table (yet)
-    return {file_path(f) for fragment in dataset.get_fragments() for f in fragment.metadata.files}
+        return []
+    return dataset.get_fragments()
 
 
 def remove_staged(
