@@ -16,9 +16,11 @@ file being written.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
-from typing import Literal
+import os
+import threading
+from collections.abc import Hashable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, NamedTuple
 
 import blake3
 
@@ -29,6 +31,9 @@ DEDUP_MODES: tuple[str, ...] = ("content", "ref_id", "global", "off")
 
 
 PARALLEL_HASH_BYTES = 1 << 20
+# below this many bytes in all, a list of payloads is hashed on the calling thread: handing
+# work to the pool costs more than it saves
+_SPREAD_BYTES = 4 << 20
 
 
 def content_hash(payload: memoryview | bytes) -> bytes:
@@ -40,6 +45,59 @@ def content_hash(payload: memoryview | bytes) -> bytes:
     if len(payload) >= PARALLEL_HASH_BYTES:
         return blake3.blake3(payload, max_threads=blake3.blake3.AUTO).digest()
     return blake3.blake3(payload).digest()
+
+
+def content_hashes(payloads: Sequence[memoryview | bytes]) -> list[bytes]:
+    """blake3-256 of each payload, the list spread over every core.
+
+    blake3 releases the GIL while it hashes, so slices of the list hashed on pool threads run
+    in parallel; one payload of many MB is still split across cores by :func:`content_hash`.
+
+    >>> content_hashes([b"abc", b""]) == [content_hash(b"abc"), content_hash(b"")]
+    True
+    """
+    sizes = [len(p) for p in payloads]
+    total = sum(sizes)
+    workers = os.cpu_count() or 1
+    if workers < 2 or len(payloads) < 2 or total < _SPREAD_BYTES or max(sizes) * 2 > total:
+        return [content_hash(p) for p in payloads]
+    slices = _byte_balanced(sizes, total, workers)
+    # one thread per slice already keeps every core busy: each payload on one thread
+    parts = _hash_pool().map(lambda s: [blake3.blake3(p).digest() for p in payloads[s]], slices)
+    return [digest for part in parts for digest in part]
+
+
+def _byte_balanced(sizes: list[int], total: int, parts: int) -> list[slice]:
+    """``parts`` consecutive slices of ``sizes`` holding about as many bytes each."""
+    slices, start, done = [], 0, 0
+    for i, size in enumerate(sizes):
+        done += size
+        if done * parts >= total * (len(slices) + 1) and len(slices) < parts - 1:
+            slices.append(slice(start, i + 1))
+            start = i + 1
+    slices.append(slice(start, len(sizes)))
+    return slices
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(os.cpu_count(), thread_name_prefix="blobhouse-hash")
+        return _pool
+
+
+def _forget_pool() -> None:
+    # a forked child (a Spark Python worker) inherits the pool but not its threads
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def dedup_modes(dedup: str | Mapping[str, str], columns: list[str]) -> dict[str, DedupMode]:
@@ -59,9 +117,9 @@ def dedup_modes(dedup: str | Mapping[str, str], columns: list[str]) -> dict[str,
     return modes  # type: ignore[return-value]
 
 
-@dataclass(frozen=True)
-class Fingerprint:
-    """What the first row of a shared payload looked like: checked against later rows."""
+class Fingerprint(NamedTuple):
+    """What the first row of a shared payload looked like: checked against later rows (a
+    tuple: one is made for every row of a write)."""
 
     size: int
     digest: bytes | None

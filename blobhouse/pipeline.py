@@ -16,12 +16,13 @@ import uuid
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import pyarrow as pa
 from lance.blob import blob_field as lance_blob_field
 
 from blobhouse import leases
-from blobhouse.dedup import DedupIndex, DedupMode, Fingerprint, content_hash, dedup_modes
+from blobhouse.dedup import DedupIndex, DedupMode, Fingerprint, content_hashes, dedup_modes
 from blobhouse.errors import ExternalBlobError, InvalidInputError, SchemaError
 from blobhouse.layout import TableLocation
 from blobhouse.managed import ManagedPolicy
@@ -442,14 +443,13 @@ def store_reference(
     return StoreReference(location.root, plan.store_base_id, storage_options)
 
 
-@dataclass(frozen=True)
-class _Pending:
-    """A small payload whose placement waits until its window is flushed (``digest``: its
-    blake3, when dedup already computed it)."""
+class _Pending(NamedTuple):
+    """A small payload whose placement waits until its window is flushed (a tuple: one is
+    made for most small rows)."""
 
     row: int
     key: Hashable | None
-    digest: bytes | None = None
+    digest: bytes
 
 
 @dataclass(frozen=True)
@@ -496,7 +496,17 @@ class _ColumnPlacer:
         column = LogicalColumn(
             get_column(batch, self.plan.path), self.name, ref_ids, first_row=first_row
         )
-        values = [self._decide_row(column, row, first_row + row) for row in range(column.length)]
+        # every stored payload is hashed (dedup key and checksum): all rows of the batch in
+        # one call, spread over the cores, before the per-row decisions
+        rows = column.data_rows()
+        digests: list[bytes | None] = [None] * column.length
+        hashed = content_hashes([column.payload(r) for r in rows])
+        for row, digest in zip(rows, hashed, strict=True):
+            digests[row] = digest
+        values = [
+            self._decide_row(column, row, first_row + row, digests[row])
+            for row in range(column.length)
+        ]
         return _Decided(column, values)
 
     def resolve(
@@ -521,18 +531,17 @@ class _ColumnPlacer:
             self._pack.finish()  # closes the file; the session deletes it
             self._pack = None
 
-    def _decide_row(self, column: LogicalColumn, row: int, global_row: int):
+    def _decide_row(
+        self, column: LogicalColumn, row: int, global_row: int, digest: bytes | None
+    ) -> PreparedBlob | _Pending | None:
         if not column.valid[row]:
             return None
         ref_id = column.ref_id[row] if column.ref_id is not None else None
-        if column.uri is not None and column.uri[row] is not None:
+        if digest is None:  # no bytes: a uri
             return self._external(column, row, global_row, ref_id)
         payload = column.payload(row)
         if self.plan.dedup == "global" and len(payload):
-            return self.store.place(payload, content_hash(payload))
-        digest = None
-        if self.plan.dedup == "content" or (self.plan.dedup == "ref_id" and ref_id):
-            digest = content_hash(payload)
+            return self.store.place(payload, digest)
         key = self.index.key(self.plan.dedup, self.name, ref_id=ref_id, digest=digest)
         if key is not None:
             fingerprint = Fingerprint(len(payload), digest, global_row)
@@ -540,10 +549,9 @@ class _ColumnPlacer:
                 if key in self.stored:
                     return self.stored[key]
                 return _Pending(row, key, digest)
-        seen_inlined = digest is not None and _short(digest) in self.inlined_before
         if (
             self.plan.placement.kind_for(len(payload), shared=False) == Kind.INLINE
-            and not seen_inlined
+            and _short(digest) not in self.inlined_before
         ):
             return _Pending(row, key, digest)
         kind = self.plan.placement.kind_for(len(payload), shared=True)
@@ -571,14 +579,13 @@ class _ColumnPlacer:
             # met again in a later window is packed (one extra copy, then shared)
             self.index.forget(key)
             self.inlined_before.add(_short(pending.digest))
-        digest = pending.digest or content_hash(payload)  # dedup "off" hashed nothing yet
         self.session.checksums.record_inline(
-            self.name, file_row + pending.row, len(payload), digest
+            self.name, file_row + pending.row, len(payload), pending.digest
         )
         return PreparedBlob(Kind.INLINE, size=len(payload))
 
-    def _store(self, payload: memoryview, kind: Kind, digest: bytes | None) -> PreparedBlob:
-        """Write ``payload`` to a sidecar (``digest``: its blake3, when dedup computed it)."""
+    def _store(self, payload: memoryview, kind: Kind, digest: bytes) -> PreparedBlob:
+        """Write ``payload`` (whose blake3 is ``digest``) to a sidecar."""
         self.sidecar_bytes += len(payload)
         if kind == Kind.DEDICATED:
             sidecar = self.session.new_dedicated(digest)

@@ -95,26 +95,24 @@ def prepared_array(
     >>> arr.null_count, arr.type == PREPARED_TYPE
     (1, True)
     """
-    columns: dict[str, list] = {f.name: [] for f in PREPARED_TYPE}
-    for value in values:
-        if value is None:
-            for column in columns.values():
-                column.append(None)
-            continue
-        columns["kind"].append(int(value.kind))
-        columns["data"].append(value.data if data is None else None)
-        columns["uri"].append(value.uri)
-        columns["blob_id"].append(value.blob_id)
-        columns["blob_size"].append(value.size)
-        columns["position"].append(value.position)
+    # one pass per child: comprehensions, not appends, for the many small rows a batch has
+    kinds = [None if v is None else int(v.kind) for v in values]
+    columns = {
+        "kind": kinds,
+        "data": [None] * len(values) if data is not None else [v and v.data for v in values],
+        "uri": [v and v.uri for v in values],
+        "blob_id": [v and v.blob_id for v in values],
+        "blob_size": [v and v.size for v in values],
+        "position": [v and v.position for v in values],
+    }
     try:
         children = [pa.array(columns[f.name], type=f.type) for f in PREPARED_TYPE]
     except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise InvalidInputError(f"prepared blob values out of range: {exc}") from None
     if data is not None:
-        inline = pa.array([v is not None and v.kind == Kind.INLINE for v in values])
+        inline = pc.fill_null(pc.equal(children[0], int(Kind.INLINE)), False)
         children[1] = pc.if_else(inline, data.cast(pa.large_binary()), children[1])
-    mask = pa.array([v is None for v in values], type=pa.bool_())
+    mask = pc.is_null(children[0])
     return pa.StructArray.from_arrays(children, fields=list(PREPARED_TYPE), mask=mask)
 
 
@@ -192,6 +190,12 @@ class WrittenFile:
         return FragmentMetadata(
             id=0, files=[self.data_file(field_ids)], physical_rows=self.num_rows
         )
+
+
+# Lance buffers this much column data before it writes pages (its default: 8 MiB a column).
+# Inline payloads encode ~1.5x faster in fewer, larger flushes (bench/findings.md); the
+# buffer is bounded, so memory stays flat however much is written.
+DATA_FILE_CACHE_BYTES = 64 << 20
 
 
 class WriteQueue:
@@ -706,7 +710,12 @@ class BlobSession:
     def open_data_file(self, schema: pa.Schema) -> LanceFileWriter:
         """Open the Lance 2.2 writer of the data file itself."""
         self._file_schema = schema
-        return self.files.open_writer(self.data_file_name, schema=schema, version="2.2")
+        return self.files.open_writer(
+            self.data_file_name,
+            schema=schema,
+            version="2.2",
+            data_cache_bytes=DATA_FILE_CACHE_BYTES,
+        )
 
     def close_data_file(self, writer: LanceFileWriter) -> None:
         """Close the data file's writer, storing the checksums of every payload the session

@@ -348,11 +348,20 @@ class LogicalColumn:
         """The bytes of ``row`` (which must hold data, not a URI), without copying."""
         return self._data[self._offsets[row] : self._offsets[row + 1]]
 
+    def data_rows(self) -> list[int]:
+        """The rows that hold bytes (not null, not a URI)."""
+        if self.has_data is None:
+            return []
+        return np.flatnonzero(self.valid & self.has_data).tolist()
+
     def is_managed(self, row: int) -> bool:
         """Whether ``row`` hands its external object to the table (its ``managed`` field)."""
         return bool(self.managed is not None and self.managed[row])
 
     def _check_rows(self) -> None:
+        given = (self.uri, self.position, self.size, self.ref_id, self.managed)
+        if all(values is None for values in given):
+            return  # plain bytes: every valid row holds data, nothing else to check
         for row in range(self.length):
             if not self.valid[row]:
                 continue

@@ -186,3 +186,23 @@ def test_small_payloads_next_to_large_ones_are_stored_at_most_twice(table_uri):
     assert image["logical_bytes"] == rows * 63_000
     assert image["physical_bytes"] <= 2 * 24 * 63_000
     assert stock_read(table_uri, "image") == [images[i % 24] for i in range(rows)]
+
+
+def test_batches_of_payloads_are_hashed_across_threads_and_after_a_fork():
+    """``content_hashes`` gives each payload's own blake3 whether it spreads the list over
+    threads or not, and a forked child (a Spark Python worker) hashes with a pool of its own
+    instead of waiting on the parent's threads, which the fork did not copy."""
+    import multiprocessing
+
+    from blobhouse.dedup import content_hash, content_hashes
+
+    big = [os.urandom(300_000 + i) for i in range(40)]  # 12 MB: spread over the pool
+    small = [os.urandom(i) for i in range(50)]  # 1.2 KB: hashed inline
+    assert content_hashes(big) == [content_hash(p) for p in big]
+    assert content_hashes(small) == [content_hash(p) for p in small]
+    assert content_hashes([]) == []
+
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        forked = pool.apply_async(content_hashes, (big,)).get(timeout=60)
+    assert forked == [content_hash(p) for p in big]
