@@ -12,6 +12,7 @@ than once in the window is packed once and shared instead of being inlined.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
@@ -582,7 +583,7 @@ class _ColumnPlacer:
         self.session.checksums.record_inline(
             self.name, file_row + pending.row, len(payload), pending.digest
         )
-        return PreparedBlob(Kind.INLINE, size=len(payload))
+        return _inline(len(payload))
 
     def _store(self, payload: memoryview, kind: Kind, digest: bytes) -> PreparedBlob:
         """Write ``payload`` (whose blake3 is ``digest``) to a sidecar."""
@@ -630,6 +631,12 @@ class _ColumnPlacer:
             fingerprint = Fingerprint(size, None, global_row, external=(uri, position, size))
             self.index.first_seen(key, fingerprint, column=name, ref_id=ref_id)
         return PreparedBlob(Kind.EXTERNAL, size=size, position=position, uri=uri)
+
+
+@functools.lru_cache(maxsize=4096)
+def _inline(size: int) -> PreparedBlob:
+    """The value of an inline payload of ``size`` bytes (shared: most small rows get one)."""
+    return PreparedBlob(Kind.INLINE, size=size)
 
 
 def _short(digest: bytes) -> int:

@@ -111,7 +111,10 @@ def prepared_array(
         raise InvalidInputError(f"prepared blob values out of range: {exc}") from None
     if data is not None:
         inline = pc.fill_null(pc.equal(children[0], int(Kind.INLINE)), False)
-        children[1] = pc.if_else(inline, data.cast(pa.large_binary()), children[1])
+        data = data.cast(pa.large_binary())
+        # a batch of small payloads, all inline, keeps its bytes where they are (no copy)
+        all_inline = inline.equals(data.is_valid())
+        children[1] = data if all_inline else pc.if_else(inline, data, children[1])
     mask = pc.is_null(children[0])
     return pa.StructArray.from_arrays(children, fields=list(PREPARED_TYPE), mask=mask)
 

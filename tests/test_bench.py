@@ -39,6 +39,8 @@ def test_quick_benchmark_run(tmp_path):
     writes = results["write_throughput"]["rows"]
     dup = {r["contender"]: r for r in writes if r["workload"].startswith("20x")}
     assert dup["blobhouse"]["physical_mb_s"] < dup["blobhouse"]["logical_mb_s"] / 10
+    limit = dup["blake3, all cores (the limit)"]  # the duplicates target's yardstick
+    assert limit["logical_mb_s"] > 0 and limit["physical_mb_s"] == "-"  # it writes nothing
     contenders = {r["contender"] for r in results["random_access"]["rows"]}
     assert contenders == {
         "blobhouse refs + ranged reads",
