@@ -496,8 +496,26 @@ class _ColumnPlacer:
         column = LogicalColumn(
             get_column(batch, self.plan.path), self.name, ref_ids, first_row=first_row
         )
-        values = [self._decide_row(column, row, first_row + row) for row in range(column.length)]
+        in_store = self._place_in_store(column) if self.plan.dedup == "global" else {}
+        values = [
+            in_store[row] if row in in_store else self._decide_row(column, row, first_row + row)
+            for row in range(column.length)
+        ]
         return _Decided(column, values)
+
+    def _place_in_store(self, column: LogicalColumn) -> dict[int, PreparedBlob]:
+        """Row -> store reference of every non-empty payload of the batch (``dedup="global"``):
+        the store's index is asked once for the whole batch."""
+        rows = [
+            row
+            for row in range(column.length)
+            if column.valid[row]
+            and (column.uri is None or column.uri[row] is None)
+            and len(column.payload(row))
+        ]
+        payloads = [column.payload(row) for row in rows]
+        placed = self.store.place_many(payloads, [content_hash(p) for p in payloads])
+        return dict(zip(rows, placed, strict=True))
 
     def resolve(
         self, decided: _Decided, counts: Counter, file_row: int
@@ -528,8 +546,6 @@ class _ColumnPlacer:
         if column.uri is not None and column.uri[row] is not None:
             return self._external(column, row, global_row, ref_id)
         payload = column.payload(row)
-        if self.plan.dedup == "global" and len(payload):
-            return self.store.place(payload, content_hash(payload))
         digest = None
         if self.plan.dedup == "content" or (self.plan.dedup == "ref_id" and ref_id):
             digest = content_hash(payload)
