@@ -596,7 +596,7 @@ STORE_APPEND_SCRIPT = textwrap.dedent(
 )
 # distinct payloads the store holds before the timed appends (0: registered, empty)
 STORE_PAYLOADS = {
-    "quick": (0, 10_000, 100_000),
+    "quick": (0, 10_000),
     "full": (0, 10_000, 100_000, 1_000_000, 10_000_000),
 }
 STORE_APPEND = (1000, 10 * KB)  # payloads per timed append, and their size
