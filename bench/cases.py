@@ -31,6 +31,7 @@ from blobhouse.demo import BLOB_COLUMNS, EpisodeData
 from blobhouse.options import DEFAULT_MAX_ROWS_PER_FILE
 from blobhouse.rangeio import plan_reads, refs_from_arrow
 from blobhouse.storage import checked_options, object_store
+from blobhouse.store import INDEX_SCHEMA, index_uri, maintain_index
 from blobhouse.testing import LocalS3Server
 
 KB, MB = 1024, 1024 * 1024
@@ -585,6 +586,127 @@ def global_dedup(size: Size) -> Case:
         f"{logical / 1e6:.0f} MB logical, {unique / 1e6:.1f} MB unique"
     )
     return case
+
+
+STORE_APPEND_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np, pyarrow as pa
+    from blobhouse import write_table
+    uri, count, size, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    rng = np.random.default_rng(seed)
+    table = pa.table({"b": pa.array([rng.bytes(size) for _ in range(count)], pa.large_binary())})
+    started = time.perf_counter()
+    write_table(table, uri, mode="append", blob_columns=["b"], dedup="global")
+    seconds = time.perf_counter() - started
+    status = open("/proc/self/status").read()  # VmHWM: see SCALE_SCRIPT
+    peak_kb = int(status.split("VmHWM:")[1].split()[0])
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_kb / 1024}))
+    """
+)
+# distinct payloads the store holds before the timed appends (0: registered, empty)
+STORE_PAYLOADS = {
+    "quick": (0, 10_000),
+    "full": (0, 10_000, 100_000, 1_000_000, 10_000_000),
+}
+STORE_APPEND = (1000, 10 * KB)  # payloads per timed append, and their size
+STORE_ENTRY = 16  # bytes each synthetic store entry takes in its pack
+
+
+def store_scale(size: Size) -> Case:
+    """Appending 1,000 new payloads with ``dedup="global"`` as the table's store grows: seconds
+    and peak RSS of the writing process (fresh, so nothing is cached but the page cache)."""
+    case = Case(
+        "store_scale",
+        "dedup=global appends of 1,000 new 10 KB payloads to a store of N payloads, each in a "
+        "fresh process: median seconds and peak RSS",
+    )
+    count, payload = STORE_APPEND
+    with Scratch() as root:
+        tables, built = {}, {}
+        for n in STORE_PAYLOADS[size.name]:
+            started = time.perf_counter()
+            tables[n] = _store_with(root / f"store-{n}", n)
+            built[n] = time.perf_counter() - started
+        samples: dict[int, list[dict]] = {n: [] for n in tables}
+        for run in range(size.runs):  # the store sizes alternate inside each round
+            for n, uri in tables.items():
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        STORE_APPEND_SCRIPT,
+                        uri,
+                        str(count),
+                        str(payload),
+                        str(run),
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                samples[n].append(_last_json(out.stdout))
+        empty = statistics.median(s["seconds"] for s in samples[min(samples)])
+        for n, results in samples.items():
+            seconds = statistics.median(r["seconds"] for r in results)
+            case.add(
+                mode="store",
+                store_payloads=n,
+                seconds=round(seconds, 3),
+                vs_empty_store=round(seconds / empty, 2),
+                peak_rss_mb=round(max(r["peak_rss_mb"] for r in results), 1),
+                store_built_s=round(built[n], 1),
+            )
+    rows = case.rows
+    case.notes.append(
+        f"each store: N index entries written directly (random digests into one sparse pack), "
+        f"then gc's index maintenance; every timed append adds {count} new payloads of "
+        f"{payload // KB} KB ({size.runs} appends per store, sizes alternating); seconds per "
+        f"append from {rows[0]['store_payloads']:,} to {rows[-1]['store_payloads']:,} payloads: "
+        + ", ".join(str(r["seconds"]) for r in rows)
+        + "; peak RSS MB: "
+        + ", ".join(str(r["peak_rss_mb"]) for r in rows)
+    )
+    return case
+
+
+def _store_with(uri: Path, payloads: int) -> str:
+    """A table whose store holds ``payloads`` distinct payloads (entries of STORE_ENTRY bytes
+    in one sparse pack; their digests are random: no write will find them)."""
+    fresh(uri)
+    # an empty payload registers the store and stores nothing
+    write_table(
+        pa.table({"b": pa.array([b""], pa.large_binary())}),
+        str(uri),
+        blob_columns=["b"],
+        dedup="global",
+    )
+    if not payloads:
+        return str(uri)
+    pack = f"packs/bench-{uuid.uuid4().hex}.pack"
+    packs = uri / "_blobs" / "packs"
+    packs.mkdir(parents=True, exist_ok=True)
+    with open(uri / "_blobs" / pack, "wb") as f:
+        f.truncate(payloads * STORE_ENTRY)
+    rng = np.random.default_rng(11)
+    chunk = 1_000_000
+
+    def entries() -> Iterator[pa.RecordBatch]:
+        for start in range(0, payloads, chunk):
+            n = min(chunk, payloads - start)
+            digests = pa.FixedSizeBinaryArray.from_buffers(
+                pa.binary(32), n, [None, pa.py_buffer(rng.bytes(32 * n))]
+            ).cast(pa.binary())
+            positions = np.arange(start, start + n, dtype=np.int64) * STORE_ENTRY
+            yield pa.record_batch(
+                [digests, pa.array([pack] * n), positions, np.full(n, STORE_ENTRY)],
+                schema=INDEX_SCHEMA,
+            )
+
+    reader = pa.RecordBatchReader.from_batches(INDEX_SCHEMA, entries())
+    lance.write_dataset(reader, index_uri(str(uri)))
+    maintain_index(str(uri), timedelta(hours=1))
+    return str(uri)
 
 
 def object_storage(size: Size) -> Case:
@@ -1208,6 +1330,7 @@ CASES = {
     "spark": spark,
     "maintenance": maintenance,
     "global_dedup": global_dedup,
+    "store_scale": store_scale,
     "object_storage": object_storage,
     "mutations": mutations,
 }

@@ -25,6 +25,8 @@ TARGETS = (
     "| peak RSS flat (within 1.5x) from 1 GB to 8 GB written | {rss} |\n"
     "| after compaction, physical bytes <= 1.05 x unique live bytes | {compaction} |\n"
     '| dedup="global": bytes on disk <= 1.05 x unique across appends | {global_dedup} |\n'
+    '| dedup="global": append of 1,000 payloads to a 10 M-payload store <= 2 x to an empty '
+    "store, writer peak RSS < 1 GB | {store_scale} |\n"
     "| S3: one GET per coalesced range (requests the server logged) | {s3_requests} |\n"
     "| S3: reads by reference >= 1.0 x pylance read_blobs on the same store | {s3_access} |\n"
     "| update of a plain column, 1,250-row fragments: "
@@ -155,6 +157,7 @@ def _verdicts(data: dict) -> dict[str, str]:
         for r in rows("mutations", contender="blobhouse", dedup="global")
         if r["operation"].startswith("upsert")
     ]
+    store_scale = _store_scale(rows("store_scale", mode="store"))
     gb = rows("scale", mode="gb")
     rss = gb[-1]["peak_rss_mb"] / gb[0]["peak_rss_mb"] if gb else None
     return {
@@ -173,8 +176,22 @@ def _verdicts(data: dict) -> dict[str, str]:
         "update_growth": _range(update_growth, "x the column", lambda v: v < 1),
         "update_growth_default": _range(update_growth_default, "x the column", lambda v: v < 1),
         "upsert_growth": _range(upsert_growth, "x new unique", lambda v: v <= 1.05),
+        "store_scale": store_scale,
         "rss": "-" if rss is None else f"{rss:.2f}x ({'met' if rss <= 1.5 else 'missed'})",
     }
+
+
+def _store_scale(rows: list[dict]) -> str:
+    """The append to the biggest store against the empty one, and the writer's peak RSS."""
+    if not rows:
+        return "-"
+    big = max(rows, key=lambda r: r["store_payloads"])
+    met = big["store_payloads"] >= 10_000_000 and big["vs_empty_store"] <= 2
+    met = met and big["peak_rss_mb"] < 1024
+    return (
+        f"{big['vs_empty_store']}x at {big['store_payloads']:,} payloads, peak RSS "
+        f"{big['peak_rss_mb']} MB ({'met' if met else 'missed'})"
+    )
 
 
 def _range(values: list[float], unit: str, ok) -> str:

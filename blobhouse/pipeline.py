@@ -504,11 +504,24 @@ class _ColumnPlacer:
         hashed = content_hashes([column.payload(r) for r in rows])
         for row, digest in zip(rows, hashed, strict=True):
             digests[row] = digest
+        in_store = self._place_in_store(column, digests) if self.plan.dedup == "global" else {}
         values = [
-            self._decide_row(column, row, first_row + row, digests[row])
+            in_store.get(row) or self._decide_row(column, row, first_row + row, digests[row])
             for row in range(column.length)
         ]
         return _Decided(column, values)
+
+    def _place_in_store(
+        self, column: LogicalColumn, digests: list[bytes | None]
+    ) -> dict[int, PreparedBlob]:
+        """Row -> store reference of every non-empty payload of the batch (``dedup="global"``;
+        ``digests``: each row's blake3, None without bytes): the store's index is asked once
+        for the whole batch."""
+        rows = [r for r, d in enumerate(digests) if d is not None and len(column.payload(r))]
+        placed = self.store.place_many(
+            [column.payload(r) for r in rows], [digests[r] for r in rows]
+        )
+        return dict(zip(rows, placed, strict=True))
 
     def resolve(
         self, decided: _Decided, counts: Counter, file_row: int
@@ -541,8 +554,6 @@ class _ColumnPlacer:
         if digest is None:  # no bytes: a uri
             return self._external(column, row, global_row, ref_id)
         payload = column.payload(row)
-        if self.plan.dedup == "global" and len(payload):
-            return self.store.place(payload, digest)
         key = self.index.key(self.plan.dedup, self.name, ref_id=ref_id, digest=digest)
         if key is not None:
             fingerprint = Fingerprint(len(payload), digest, global_row)

@@ -1121,7 +1121,7 @@ class Table:
         """The blake3 recorded for this table's stored payloads (loaded as they are needed)."""
         if self._hashes is None:
             root, options = self.location.root, self.storage_options
-            store = (store_uri_prefix(self.uri), lambda: StoreIndex.load(root, options))
+            store = (store_uri_prefix(self.uri), lambda: StoreIndex.open(root, options))
             self._hashes = RecordedHashes(options, store)
         return self._hashes
 

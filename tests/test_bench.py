@@ -93,3 +93,5 @@ def test_quick_benchmark_run(tmp_path):
         and r["contender"] == "blobhouse"
     ]
     assert upsert["growth_vs_reference"] <= 1.05  # only the new payloads are stored
+    store = {r["store_payloads"]: r for r in results["store_scale"]["rows"]}
+    assert store[0]["vs_empty_store"] == 1 and all(r["seconds"] > 0 for r in store.values())

@@ -53,7 +53,7 @@ def test_appends_of_the_same_payloads_store_them_once(table_uri):
     assert stock_read(table_uri, "b") == expected
     descriptor = lance.dataset(table_uri).to_table(columns=["b"]).column("b")[0].as_py()
     assert descriptor["kind"] == 3 and descriptor["blob_uri"].startswith("packs/")
-    assert len(StoreIndex.load(table_uri)) == len(PAYLOADS)
+    assert len(StoreIndex.open(table_uri)) == len(PAYLOADS)
     assert open_table(table_uri).verify()["problems"] == []
 
 
@@ -458,7 +458,7 @@ def test_gc_keeps_the_store_index_small_and_removes_what_a_killed_append_left(ta
     open_table(table_uri).gc(grace=timedelta(hours=1))
     assert len(lance.dataset(str(index)).get_fragments()) == 1
     assert not stray.exists()
-    assert len(StoreIndex.load(table_uri)) == 14
+    assert len(StoreIndex.open(table_uri)) == 14
     before = disk_bytes(str(Path(table_uri, "_blobs", "packs")))
     write_table(rows([99], [PAYLOADS[0]]), table_uri, mode="append", dedup="global")
     assert disk_bytes(str(Path(table_uri, "_blobs", "packs"))) == before  # still deduplicated

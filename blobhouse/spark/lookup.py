@@ -102,11 +102,8 @@ def _store_task(
             writer = StoreWriter(root, 0, name_prefix, pack_limit, storage_options, False)
             try:
                 for batch in batches:
-                    digests = batch.column(_DIGEST).to_pylist()
-                    for digest, payload in zip(
-                        digests, batch.column("data").to_pylist(), strict=True
-                    ):
-                        writer.place(payload, digest)
+                    payloads = batch.column("data").to_pylist()
+                    writer.place_many(payloads, batch.column(_DIGEST).to_pylist())
                 writer.finish()
             except BaseException:
                 writer.abort()

@@ -1,0 +1,123 @@
+"""The store's index at scale: writers look up only the hashes at hand through Lance scalar
+indices (``blake3``, ``pack``) that writers and gc keep current; the index stays a cache that
+may lag but never hands out a retired pack or a wrong place."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from blobhouse import blob_array, open_table, write_table
+from blobhouse.dedup import content_hash
+from blobhouse.store import (
+    StoredPayload,
+    StoreIndex,
+    StoreWriter,
+    append_to_index,
+    index_uri,
+    maintain_index,
+)
+
+
+def rows(payloads: list[bytes]) -> pa.Table:
+    return pa.table({"b": blob_array(payloads)})
+
+
+def lookups(root: str) -> dict[str, dict]:
+    """Column -> stats of the scalar index on it."""
+    index = lance.dataset(index_uri(root))
+    return {d.field_names[0]: index.stats.index_stats(d.name) for d in index.describe_indices()}
+
+
+def entry(n: int, pack: str = "packs/a.pack") -> StoredPayload:
+    return StoredPayload(content_hash(b"%d" % n), pack, 10 * n, 10)
+
+
+def test_writers_find_payloads_through_scalar_indices_that_gc_keeps_current(table_uri):
+    for _ in range(12):  # one index fragment per write, outside the scalar indices
+        write_table(rows([os.urandom(1000)]), table_uri, mode="append", dedup="global")
+    assert lookups(table_uri)["blake3"]["num_unindexed_rows"] == 11
+    open_table(table_uri).gc(grace=timedelta(hours=1))
+    index = lance.dataset(index_uri(table_uri))
+    assert len(index.get_fragments()) == 1
+    for column, stats in lookups(table_uri).items():
+        assert (stats["num_unindexed_rows"], stats["num_indices"]) == (0, 1), column
+    digest = index.to_table(columns=["blake3"]).column(0)[0].as_py()
+    plan = index.scanner(filter=pc.field("blake3").isin([digest])).explain_plan()
+    assert "ScalarIndexQuery" in plan  # not a scan of every entry
+    assert len(StoreIndex.open(table_uri).find([digest])) == 1
+
+
+def test_a_big_write_indexes_what_it_added(table_uri, monkeypatch):
+    monkeypatch.setattr("blobhouse.store._UNINDEXED_ROWS", 5)
+    write_table(rows([os.urandom(100)]), table_uri, dedup="global")
+    write_table(rows([os.urandom(100) for _ in range(3)]), table_uri, mode="append", dedup="global")
+    assert lookups(table_uri)["blake3"]["num_unindexed_rows"] == 3  # few: left to the scan
+    write_table(rows([os.urandom(100) for _ in range(4)]), table_uri, mode="append", dedup="global")
+    stats = lookups(table_uri)["blake3"]
+    assert (stats["num_unindexed_rows"], stats["num_indices"]) == (0, 2)  # a delta
+
+
+def test_a_lookup_prefers_a_copy_in_a_pack_gc_is_not_reclaiming(tmp_path):
+    root = str(tmp_path)
+    doubled = StoredPayload(entry(1).digest, "packs/b.pack", 0, 10)
+    append_to_index(root, [entry(1), entry(2)])
+    append_to_index(root, [doubled])
+    index = StoreIndex.open(root)
+    assert index.find([entry(1).digest], avoid={"packs/a.pack"}) == {entry(1).digest: doubled}
+    assert index.find([entry(2).digest, b"\0" * 32], avoid={"packs/a.pack"}) == {}
+    assert index.find([entry(2).digest]) == {entry(2).digest: entry(2)}
+
+
+def test_a_long_write_outlives_the_index_version_it_opened(tmp_path):
+    """gc compacts the index and removes the old version's files while a writer still holds
+    it: the writer's next lookup reads the current version instead of failing."""
+    root = str(tmp_path)
+    for n in range(10):
+        append_to_index(root, [entry(n)])
+    index = StoreIndex.open(root)
+    maintain_index(root, keep=timedelta(0))
+    assert len(lance.dataset(index_uri(root)).get_fragments()) == 1
+    wanted = [entry(n).digest for n in range(10)]
+    assert index.find(wanted) == {entry(n).digest: entry(n) for n in range(10)}
+
+
+def test_hashes_of_store_places_are_read_one_pack_at_a_time(tmp_path, monkeypatch):
+    monkeypatch.setattr("blobhouse.store._CACHED_PACK_ENTRIES", 3)
+    root = str(tmp_path)
+    append_to_index(root, [entry(n, f"packs/{n % 3}.pack") for n in range(9)])
+    index = StoreIndex.open(root)
+    for _ in range(2):  # packs evicted and read again
+        for n in range(9):
+            assert index.digest_at(f"packs/{n % 3}.pack", 10 * n, 10) == entry(n).digest
+            assert len(index._packs) <= 2
+    assert index.digest_at("packs/0.pack", 0, 11) is None
+    assert index.digest_at("packs/missing.pack", 0, 10) is None
+
+
+@pytest.mark.parametrize("many", [True, False])
+def test_place_many_asks_the_index_once_and_stores_each_payload_once(tmp_path, many):
+    root = str(tmp_path)
+    known = b"known" * 100
+    append_to_index(root, [StoredPayload(content_hash(known), "packs/old.pack", 0, len(known))])
+    writer = StoreWriter(root, 1, "w-", 1 << 20)
+    asked = []
+    find = writer.index.find
+    writer.index.find = lambda digests, avoid: asked.append(list(digests)) or find(digests, avoid)
+    payloads = [b"new" * 100, known, b"new" * 100, known]
+    digests = [content_hash(p) for p in payloads]
+    if many:
+        placed = writer.place_many(payloads, digests)
+    else:
+        placed = [writer.place(p, d) for p, d in zip(payloads, digests, strict=True)]
+    writer.finish()
+    assert [p.uri for p in placed[1::2]] == ["packs/old.pack"] * 2
+    assert placed[0] == placed[2] and placed[0].uri.startswith("packs/w-")
+    assert writer.found_packs == {"packs/old.pack"}
+    assert len(writer.packs.stored) == 1
+    assert asked == ([digests[:2]] if many else [digests[:1], digests[1:2]])
