@@ -19,7 +19,10 @@ from blobhouse.layout import BasePaths, TableLocation
 from blobhouse.placement import AllowedBases, Kind, normalize_uri
 from blobhouse.rangeio import REF_TYPE
 from blobhouse.session import DATA_FILE_NAME, sidecar_name
-from blobhouse.values import ColumnPath, path_name
+from blobhouse.values import ColumnPath, numbers, path_name, validity
+
+# numpy compares an array with a plain int ~8x faster than with an IntEnum member
+_INLINE, _DEDICATED, _EXTERNAL = int(Kind.INLINE), int(Kind.DEDICATED), int(Kind.EXTERNAL)
 
 
 def field_id(dataset: LanceDataset, path: ColumnPath) -> int:
@@ -139,19 +142,18 @@ class ReferenceResolver:
         ``column``, named in errors)."""
         if isinstance(descriptors, pa.ChunkedArray):
             descriptors = descriptors.combine_chunks()
-        valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
-        numbers = {
-            name: descriptors.field(name).fill_null(0).to_numpy(zero_copy_only=False)
-            for name in ("kind", "position", "size", "blob_id")
-        }
-        kinds, positions, sizes = numbers["kind"], numbers["position"], numbers["size"]
-        blob_ids = numbers["blob_id"]
+        valid = validity(descriptors)
+        kinds, blob_ids = numbers(descriptors.field("kind")), numbers(descriptors.field("blob_id"))
+        positions, sizes = (
+            numbers(descriptors.field("position")),
+            numbers(descriptors.field("size")),
+        )
         fragments = np.asarray(row_addresses.to_numpy(zero_copy_only=False)) >> 32
         # rows of one data file and sidecar share a URI: build each distinct URI once, keyed by
         # (fragment, kind, blob_id) packed into one integer; external rows are keyed by row
-        ids = np.where(kinds == Kind.INLINE, 0, blob_ids).astype(np.int64)
+        ids = np.where(kinds == _INLINE, 0, blob_ids).astype(np.int64)
         keys = (fragments.astype(np.int64) << 35) | (kinds.astype(np.int64) << 32) | ids
-        external = valid & (kinds == Kind.EXTERNAL)
+        external = valid & (kinds == _EXTERNAL)
         keys[external] = -1 - np.flatnonzero(external)
         unique, codes = np.unique(keys[valid], return_inverse=True)
         blob_uris = descriptors.field("blob_uri")
@@ -164,11 +166,11 @@ class ReferenceResolver:
             if uris
             else pa.nulls(len(descriptors), pa.utf8())
         )
-        positions = np.where(kinds == Kind.DEDICATED, 0, positions).astype(np.int64)
+        positions = np.where(kinds == _DEDICATED, 0, positions).astype(np.int64)
         return pa.StructArray.from_arrays(
             [uri_column, pa.array(positions), pa.array(sizes.astype(np.int64))],
             fields=list(REF_TYPE),
-            mask=pa.array(~valid),
+            mask=None if descriptors.null_count == 0 else pa.array(~valid),
         )
 
     def _uri_of_key(

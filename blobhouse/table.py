@@ -58,7 +58,14 @@ from blobhouse.options import (
 )
 from blobhouse.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
 from blobhouse.placement import AllowedBases
-from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges_arrow, refs_from_arrow
+from blobhouse.rangeio import (
+    REF_TYPE,
+    BlobRef,
+    open_ref,
+    read_ranges,
+    read_ranges_arrow,
+    refs_from_arrow,
+)
 from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.storage import checked_options
@@ -901,10 +908,14 @@ class Table:
         """The bytes of ``column`` at ``indices`` (None for null), with coalesced ranged reads,
         checked against their recorded hashes."""
         path = self._blob_path(column)
-        taken = self.take(indices, columns=[path[0]], blobs="bytes")
-        if not len(taken):
+        indices = self._check_indices(indices)
+        if not indices:
             return []
-        return get_column(taken.combine_chunks().to_batches()[0], path).to_pylist()
+        # one take for descriptors and row addresses; each payload read into its own bytes
+        taken = self.dataset.take(indices, columns=[path[0], _ROW_ADDRESS])
+        taken = taken.combine_chunks().to_batches()[0]
+        descriptors, addresses = get_column(taken, path), taken.column(_ROW_ADDRESS)
+        return self._checked_bytes(path, descriptors, addresses, read_ranges)
 
     def open_blob(self, column: str, index: int) -> BinaryIO | None:
         """A seekable file object over one blob (None if the value is null). Reading it whole,
@@ -1170,21 +1181,31 @@ class Table:
         addresses = batch.column(_ROW_ADDRESS)
         for path in paths:
             descriptors = get_column(batch, path)
-            refs = self.resolve_refs(path, descriptors, addresses)
             if blobs == "bytes":
-                try:
-                    values = read_ranges_arrow(
-                        refs_from_arrow(refs), storage_options=self.storage_options
-                    )
-                except BlobReadError as exc:
-                    raise _naming_row(exc, path_name(path), refs, addresses) from None
-                self.recorded_hashes().check_read(
-                    path_name(path), self.file_column(path), descriptors, refs, addresses, values
-                )
+                values = self._checked_bytes(path, descriptors, addresses, read_ranges_arrow)
                 batch = replace_column(batch, path, values, pa.field(path[-1], pa.large_binary()))
             else:
+                refs = self.resolve_refs(path, descriptors, addresses)
                 batch = replace_column(batch, path, refs, pa.field(path[-1], REF_TYPE))
         return batch.drop_columns([_ROW_ADDRESS])
+
+    def _checked_bytes(
+        self,
+        path: ColumnPath,
+        descriptors: pa.Array,
+        addresses: pa.Array,
+        read: Callable[..., pa.Array | list],
+    ) -> pa.Array | list:
+        """The payloads of blob column ``path`` (``read_ranges`` or ``read_ranges_arrow``),
+        each checked against its recorded blake3 as it arrives (hashing overlaps reading)."""
+        refs = refs_from_arrow(self.resolve_refs(path, descriptors, addresses))
+        verify = self.recorded_hashes().verifier(
+            path_name(path), self.file_column(path), descriptors, refs, addresses
+        )
+        try:
+            return read(refs, storage_options=self.storage_options, verify=verify)
+        except BlobReadError as exc:
+            raise _naming_row(exc, path_name(path), refs, addresses) from None
 
     def output_schema(
         self, columns: Sequence[str] | None = None, blobs: BlobsMode = "refs"
@@ -1202,10 +1223,10 @@ class Table:
 
 
 def _naming_row(
-    error: BlobReadError, column: str, refs: pa.StructArray, addresses: pa.Array
+    error: BlobReadError, column: str, refs: list[BlobRef | None], addresses: pa.Array
 ) -> BlobReadError:
     """``error`` naming the first row of the batch whose reference points at its object."""
-    row = refs.field("uri").to_pylist().index(error.uri)
+    row = next(i for i, ref in enumerate(refs) if ref is not None and ref.uri == error.uri)
     address = addresses[row].as_py()
     return BlobReadError(
         f"blob column {column!r}, fragment {address >> 32} row {address & 0xFFFFFFFF}: {error}",
