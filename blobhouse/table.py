@@ -574,6 +574,7 @@ class Table:
         self._resolver: ReferenceResolver | None = None
         self._hashes: RecordedHashes | None = None
         self._schema: pa.Schema | None = None
+        self._stored_blob_columns: list[ColumnPath] | None = None
         self._field_ids: dict[ColumnPath, int] = {}
 
     def __repr__(self) -> str:
@@ -599,7 +600,7 @@ class Table:
     @property
     def blob_columns(self) -> list[str]:
         """Names of the blob columns (``parent.child`` inside structs)."""
-        return [path_name(p) for p in stored_blob_columns(self.schema)]
+        return [path_name(p) for p in self._blob_paths()]
 
     @property
     def allowed_bases(self) -> list[str]:
@@ -754,6 +755,7 @@ class Table:
         self._resolver = None
         self._hashes = None
         self._schema = None
+        self._stored_blob_columns = None
         self._field_ids = {}
         return self
 
@@ -1136,6 +1138,11 @@ class Table:
             self._hashes = RecordedHashes(options, store)
         return self._hashes
 
+    def _blob_paths(self) -> list[ColumnPath]:
+        if self._stored_blob_columns is None:  # walking the schema costs ~30 us per read
+            self._stored_blob_columns = stored_blob_columns(self.schema)
+        return self._stored_blob_columns
+
     def _field_id(self, path: ColumnPath) -> int:
         # Lance rebuilds its schema object on every access: look each column up once
         if path not in self._field_ids:
@@ -1144,7 +1151,7 @@ class Table:
 
     def _blob_path(self, column: str) -> ColumnPath:
         path = tuple(column.split("."))
-        if path not in stored_blob_columns(self.schema):
+        if path not in self._blob_paths():
             raise InvalidInputError(
                 f"{column!r} is not a blob column of this table (blob columns: {self.blob_columns})"
             )
@@ -1163,7 +1170,7 @@ class Table:
             raise InvalidInputError(f"unknown column(s) {unknown}; columns: {self.schema.names}")
         if blobs == "descriptors":
             return columns, []
-        return columns, [p for p in stored_blob_columns(self.schema) if p[0] in columns]
+        return columns, [p for p in self._blob_paths() if p[0] in columns]
 
     def _check_indices(self, indices: Sequence[int]) -> list[int]:
         indices = [int(i) for i in indices]
@@ -1198,7 +1205,9 @@ class Table:
     ) -> pa.Array | list:
         """The payloads of blob column ``path`` (``read_ranges`` or ``read_ranges_arrow``),
         each checked against its recorded blake3 as it arrives (hashing overlaps reading)."""
-        refs = refs_from_arrow(self.resolve_refs(path, descriptors, addresses))
+        refs = self._resolved().resolve_list(
+            descriptors, addresses, self._field_id(path), path_name(path)
+        )
         verify = self.recorded_hashes().verifier(
             path_name(path), self.file_column(path), descriptors, refs, addresses
         )
