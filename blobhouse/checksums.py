@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -35,10 +35,13 @@ from lance.file import LanceFileReader, LanceFileWriter
 from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobhouseError, CorruptBlobError
 from blobhouse.placement import Kind
+from blobhouse.rangeio import BlobRef, Verify
+from blobhouse.values import numbers
 
 CHECKSUMS_KEY = "blobhouse:checksums"
 FILE_COLUMNS_KEY = b"file_columns"  # {recorded column name: its column in the data file}
 DIGEST_BYTES = 32
+_SIDECAR_KEY = np.dtype([("blob_id", np.uint32), ("position", np.uint64), ("size", np.uint64)])
 _DESCRIPTOR_SPILL = ["kind", "position", "size", "blob_id", "blob_uri"]
 CHECKSUM_SCHEMA = pa.schema(
     [
@@ -181,14 +184,15 @@ class FileChecksums:
         table = table.combine_chunks()
         rows = table.column("row").to_numpy()
         self._digests = _digest_matrix(table.column("blake3"))
-        # both kinds sorted by their key, so a lookup is a few binary searches
+        # both kinds sorted by their key, so a lookup is one binary search
         sidecar = np.flatnonzero(rows < 0)
-        self._sidecar = _sorted(
+        self._sidecar_entries, *keys = _sorted(
             sidecar,
             table.column("blob_id").to_numpy()[sidecar],
             table.column("position").to_numpy()[sidecar],
             table.column("size").to_numpy()[sidecar],
         )
+        self._sidecar_keys = _sidecar_keys(*keys)
         inline = np.flatnonzero(rows >= 0)
         columns = table.column("column").to_numpy(zero_copy_only=False)[inline]
         self._inline: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -201,28 +205,45 @@ class FileChecksums:
 
     def sidecar(self, blob_id: int, position: int, size: int) -> bytes | None:
         """The digest of the payload at ``[position, +size)`` of sidecar ``blob_id``."""
-        entries, blob_ids, positions, sizes = self._sidecar
-        lo, hi = _equal_range(blob_ids, blob_id, 0, len(blob_ids))
-        lo, hi = _equal_range(positions, position, lo, hi)
-        lo, hi = _equal_range(sizes, size, lo, hi)
-        return self._digest(entries[lo]) if lo < hi else None
+        if not (0 <= blob_id < 1 << 32 and 0 <= position < 1 << 64 and 0 <= size < 1 << 64):
+            return None  # no such entry: numpy would wrap the number, or refuse it
+        return self.sidecar_many(
+            np.array([blob_id], np.uint32),
+            np.array([position], np.uint64),
+            np.array([size], np.uint64),
+        )[0]
+
+    def sidecar_many(
+        self, blob_ids: np.ndarray, positions: np.ndarray, sizes: np.ndarray
+    ) -> list[bytes | None]:
+        """:meth:`sidecar` for many payloads at once (one vectorized search)."""
+        return self._lookup(
+            self._sidecar_entries, self._sidecar_keys, _sidecar_keys(blob_ids, positions, sizes)
+        )
 
     def inline_many(self, column: int, rows: np.ndarray) -> list[bytes | None]:
         """:meth:`inline` for many rows at once (one vectorized search)."""
         name = self._names.get(column)
-        if name not in self._inline or not len(rows):
+        if name not in self._inline:
             return [None] * len(rows)
-        entries, recorded = self._inline[name]
-        at = np.minimum(np.searchsorted(recorded, rows), max(len(recorded) - 1, 0))
-        found = (recorded[at] == rows) if len(recorded) else np.zeros(len(rows), bool)
-        return [self._digest(entries[a]) if f else None for a, f in zip(at, found, strict=True)]
+        return self._lookup(*self._inline[name], rows)
 
     def inline(self, column: int, row: int) -> bytes | None:
         """The digest of the inline payload at ``row`` of the data file's ``column``."""
         return self.inline_many(column, np.array([row], np.int64))[0]
 
-    def _digest(self, entry: int) -> bytes:
-        return self._digests[entry].tobytes()
+    def _lookup(
+        self, entries: np.ndarray, recorded: np.ndarray, wanted: np.ndarray
+    ) -> list[bytes | None]:
+        """The digests of the ``wanted`` keys in ``recorded`` (sorted keys of ``entries``)."""
+        if not len(recorded) or not len(wanted):
+            return [None] * len(wanted)
+        at = np.minimum(np.searchsorted(recorded, wanted), len(recorded) - 1)
+        found = recorded[at] == wanted
+        digests = self._digests
+        return [
+            digests[entries[a]].tobytes() if f else None for a, f in zip(at, found, strict=True)
+        ]
 
 
 def _digest_matrix(column: pa.ChunkedArray) -> np.ndarray:
@@ -241,14 +262,11 @@ def _sorted(entries: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, ...]:
     return (entries[order], *(key[order] for key in keys))
 
 
-def _equal_range(values: np.ndarray, value: int, lo: int, hi: int) -> tuple[int, int]:
-    """The range of ``values[lo:hi]`` (sorted) equal to ``value``."""
-    limits = np.iinfo(values.dtype)
-    if not limits.min <= value <= limits.max:
-        return lo, lo  # numpy would wrap it, or refuse it
-    window, target = values[lo:hi], values.dtype.type(value)
-    start, stop = np.searchsorted(window, target, "left"), np.searchsorted(window, target, "right")
-    return lo + int(start), lo + int(stop)
+def _sidecar_keys(blob_ids: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Sidecar keys as one structured array: numpy orders and searches it field by field."""
+    keys = np.empty(len(blob_ids), _SIDECAR_KEY)
+    keys["blob_id"], keys["position"], keys["size"] = blob_ids, positions, sizes
+    return keys
 
 
 def load_checksums(
@@ -372,58 +390,85 @@ class RecordedHashes:
         self._store_index = None  # loaded on the first store reference: most checks need none
         self._files: dict[str, FileChecksums | None] = {}
 
-    def check_read(
+    def verifier(
         self,
         column: str,
         file_column: Callable[[int], int],
         descriptors: pa.StructArray,
-        refs: pa.StructArray,
+        refs: Sequence[BlobRef | None],
         row_addresses: pa.Array,
-        values: pa.LargeBinaryArray,
-    ) -> None:
-        """Raise :class:`CorruptBlobError` if a payload just read (``values``, through the
-        resolved ``refs`` of ``descriptors`` read at ``row_addresses``) differs from the blake3
-        recorded when it was written. ``column`` names the blob column in errors;
-        ``file_column(fragment id)`` is its column in that fragment's data file. Rows without
-        a recorded hash (user-owned external blobs, files other writers made) pass as they
-        are."""
-        kinds = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False)
-        blob_ids = descriptors.field("blob_id").fill_null(0).to_numpy(zero_copy_only=False)
+    ) -> Verify | None:
+        """A :data:`~blobhouse.rangeio.Verify` for reading ``refs`` (resolved from
+        ``descriptors`` read at ``row_addresses``): it raises :class:`CorruptBlobError` if a
+        payload differs from the blake3 recorded when it was written. ``column`` names the blob
+        column in errors; ``file_column(fragment id)`` is its column in that fragment's data
+        file. Rows without a recorded hash (user-owned external blobs, files other writers
+        made) pass as they are; None when no row has one."""
         addresses = np.asarray(row_addresses.to_numpy(zero_copy_only=False), np.uint64)
-        offsets = (addresses & 0xFFFFFFFF).astype(np.int64)
-        uris = refs.field("uri").to_pylist()
-        positions = refs.field("position").to_pylist()
-        sizes = refs.field("size").to_pylist()
-        valid = refs.is_valid().to_numpy(zero_copy_only=False)
-        expected: list[bytes | None] = [None] * len(uris)
-        inline: dict[str, list[int]] = {}
-        for row, uri in enumerate(uris):
-            if not valid[row]:
-                continue
-            if kinds[row] == Kind.INLINE:
-                inline.setdefault(uri, []).append(row)
-                continue
-            expected[row] = self.expected(
-                int(kinds[row]), int(blob_ids[row]), 0, 0, uri, positions[row], sizes[row]
+        expected = self._expected_many(file_column, descriptors, refs, addresses)
+        if not any(expected):
+            return None
+        # rows sharing a payload share its range, read once: hash it once
+        passed: set[tuple[BlobRef, bytes]] = set()
+
+        def verify(row: int, payload: memoryview) -> None:
+            ref, digest = refs[row], expected[row]
+            if digest is None or (ref, digest) in passed:
+                return
+            if content_hash(payload) == digest:
+                passed.add((ref, digest))
+                return
+            address = int(addresses[row])
+            raise CorruptBlobError(
+                f"blob column {column!r}, fragment {address >> 32} row {address & 0xFFFFFFFF}: "
+                f"the bytes at {ref.uri} [{ref.position}, +{ref.size}) do not match the blake3 "
+                "recorded when they were written; the stored copy is damaged "
+                "(`blobhouse verify --deep` lists every such row)"
             )
-        for uri, rows in inline.items():
-            recorded = self._file(uri)
-            if recorded is not None:  # one data file: one fragment
-                at = file_column(int(addresses[rows[0]]) >> 32)
-                digests = recorded.inline_many(at, offsets[rows])
-                for row, digest in zip(rows, digests, strict=True):
-                    expected[row] = digest
-        payload = _binary_views(values)
-        rows = [row for row, digest in enumerate(expected) if digest is not None]
-        actual = [content_hash(payload(row)) for row in rows]
-        for row, digest in zip(rows, actual, strict=True):
-            if digest != expected[row]:
-                raise CorruptBlobError(
-                    f"blob column {column!r}, fragment {int(addresses[row]) >> 32} row "
-                    f"{offsets[row]}: the bytes at {uris[row]} [{positions[row]}, "
-                    f"+{sizes[row]}) do not match the blake3 recorded when they were written; "
-                    "the stored copy is damaged (`blobhouse verify --deep` lists every such row)"
+
+        return verify
+
+    def _expected_many(
+        self,
+        file_column: Callable[[int], int],
+        descriptors: pa.StructArray,
+        refs: Sequence[BlobRef | None],
+        addresses: np.ndarray,
+    ) -> list[bytes | None]:
+        """The recorded digest of every reference (None: none recorded, or a null row), looked
+        up for each data file's rows at once."""
+        kinds = numbers(descriptors.field("kind")).tolist()
+        blob_ids = numbers(descriptors.field("blob_id"))
+        expected: list[bytes | None] = [None] * len(refs)
+        files: dict[tuple[str, bool], list[int]] = {}  # (data file, inline) -> rows
+        for row, ref in enumerate(refs):
+            if ref is None:
+                continue
+            if kinds[row] == Kind.EXTERNAL:
+                expected[row] = self.expected(
+                    Kind.EXTERNAL, int(blob_ids[row]), 0, 0, ref.uri, ref.position, ref.size
                 )
+            elif kinds[row] == Kind.INLINE:
+                files.setdefault((ref.uri, True), []).append(row)
+            else:  # packed or dedicated: in data/<file>/<blob_id>.blob
+                files.setdefault((_sidecar_data_file(ref.uri), False), []).append(row)
+        for (data_file, inline), rows in files.items():
+            recorded = self._file(data_file)
+            if recorded is None:
+                continue
+            if inline:  # one data file: one fragment
+                at = file_column(int(addresses[rows[0]]) >> 32)
+                digests = recorded.inline_many(at, (addresses[rows] & 0xFFFFFFFF).astype(np.int64))
+            else:  # a dedicated payload's entry has position 0
+                positions = np.array(
+                    [0 if kinds[row] == Kind.DEDICATED else refs[row].position for row in rows],
+                    np.uint64,
+                )
+                sizes = np.array([refs[row].size for row in rows], np.uint64)
+                digests = recorded.sidecar_many(blob_ids[rows], positions, sizes)
+            for row, digest in zip(rows, digests, strict=True):
+                expected[row] = digest
+        return expected
 
     def expected(
         self,
@@ -443,7 +488,7 @@ class RecordedHashes:
             return self._store_index.digest_at(uri.removeprefix(self.store[0]), position, size)
         if kind == Kind.EXTERNAL:
             return None  # user-owned: whatever is there now is what readers get
-        data_file = uri if kind == Kind.INLINE else uri.rsplit("/", 1)[0] + ".lance"
+        data_file = uri if kind == Kind.INLINE else _sidecar_data_file(uri)
         recorded = self._file(data_file)
         if recorded is None:
             return None
@@ -457,9 +502,6 @@ class RecordedHashes:
         return self._files[data_file]
 
 
-def _binary_views(values: pa.LargeBinaryArray):
-    """A function giving row ``i`` of a large_binary array as a memoryview (no copy)."""
-    offsets = np.frombuffer(values.buffers()[1], np.int64)[values.offset :]
-    data = values.buffers()[2]
-    memory = memoryview(data) if data is not None else memoryview(b"")
-    return lambda row: memory[offsets[row] : offsets[row + 1]]
+def _sidecar_data_file(uri: str) -> str:
+    """The data file a sidecar (``data/<file>/<blob_id>.blob``) belongs to."""
+    return uri.rsplit("/", 1)[0] + ".lance"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -100,14 +100,24 @@ def plan_reads(refs: Sequence[BlobRef | None], gap: int = 0) -> list[RangeRead]:
     return reads
 
 
+Verify = Callable[[int, memoryview], None]
+"""Called with a reference's index and its bytes as soon as they are read, in the reading
+thread (so checks of one range overlap the reads of others); raises to fail the read."""
+
+
 def read_ranges(
     refs: Sequence[BlobRef | None],
     *,
     threads: int = READ_THREADS,
     storage_options: Mapping[str, str] | None = None,
+    verify: Verify | None = None,
 ) -> list:
     """The bytes of every reference, in order (None for None). ``storage_options`` configure
-    access to object stores (see :func:`blobhouse.storage.checked_options`).
+    access to object stores (see :func:`blobhouse.storage.checked_options`); ``verify`` checks
+    each payload as it arrives (see :data:`Verify`).
+
+    Each payload is read straight into its own ``bytes`` object (one copy, no buffer in
+    between); references to the same range share one object.
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
@@ -115,7 +125,24 @@ def read_ranges(
     >>> read_ranges([BlobRef("file://" + path, 6, 5), BlobRef("file://" + path, 0, 5), None])
     [b'world', b'hello', None]
     """
-    return read_ranges_arrow(refs, threads=threads, storage_options=storage_options).to_pylist()
+    out: list = [None] * len(refs)
+
+    def fill(reader: _ObjectReader, read: RangeRead) -> None:
+        data = reader.read(read.uri, read.start, read.end - read.start)
+        raw, last, value = memoryview(data), None, b""
+        for index in read.members:  # ordered by range: a repeated range follows its first
+            ref = refs[index]
+            if (ref.position, ref.end) != last:
+                last = ref.position, ref.end
+                whole = last == (read.start, read.end)
+                value = data if whole else raw[ref.position - read.start : ref.end - read.start]
+                value = bytes(value)  # bytes(data) is data itself: no copy for a whole read
+            out[index] = value
+            if verify is not None:
+                verify(index, memoryview(value))
+
+    _run_reads(refs, threads, storage_options, fill)
+    return out
 
 
 def read_ranges_arrow(
@@ -123,45 +150,40 @@ def read_ranges_arrow(
     *,
     threads: int = READ_THREADS,
     storage_options: Mapping[str, str] | None = None,
+    verify: Verify | None = None,
 ) -> pa.LargeBinaryArray:
-    """The bytes of every reference as one ``large_binary`` array (null for None).
+    """The bytes of every reference as one ``large_binary`` array (null for None); ``verify``
+    checks each payload as it arrives (see :data:`Verify`).
 
     Reads go straight into the array's buffer, as :func:`plan_reads` plans them: each distinct
     range once, nearby ranges of one object merged (on object stores, ranges up to
     ``coalesce_gap`` apart: one GET), objects and ranges in parallel (on object stores, up to
     ``threads`` requests in flight).
     """
-    stores = [object_store(uri, storage_options) for uri in {r.uri for r in refs if r}]
     sizes = np.array([0 if r is None else r.size for r in refs], dtype=np.int64)
     offsets = np.zeros(len(refs) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     data = pa.allocate_buffer(int(offsets[-1]))
     out = memoryview(data).cast("B") if data.size else memoryview(bytearray())
 
-    def run(group: list[RangeRead]) -> None:
-        with _ObjectReader(storage_options) as reader:
-            for read in group:
-                first = refs[read.members[0]]
-                if len(read.members) == 1 and (first.position, first.end) == (read.start, read.end):
-                    slot = int(offsets[read.members[0]])
-                    reader.read_into(read.uri, read.start, out[slot : slot + first.size])
-                    continue
-                raw = memoryview(reader.read(read.uri, read.start, read.end - read.start))
-                for index in read.members:
-                    ref, slot = refs[index], int(offsets[index])
-                    out[slot : slot + ref.size] = raw[
-                        ref.position - read.start : ref.end - read.start
-                    ]
+    def fill(reader: _ObjectReader, read: RangeRead) -> None:
+        first = refs[read.members[0]]
+        if len(read.members) == 1 and (first.position, first.end) == (read.start, read.end):
+            slot = int(offsets[read.members[0]])
+            target = out[slot : slot + first.size]
+            reader.read_into(read.uri, read.start, target)
+            if verify is not None:
+                verify(read.members[0], target)
+            return
+        raw = memoryview(reader.read(read.uri, read.start, read.end - read.start))
+        for index in read.members:
+            ref, slot = refs[index], int(offsets[index])
+            target = out[slot : slot + ref.size]
+            target[:] = raw[ref.position - read.start : ref.end - read.start]
+            if verify is not None:
+                verify(index, target)
 
-    gap = min((s.coalesce_gap for s in stores), default=0)
-    min_bytes = max((s.parallel_min_bytes for s in stores), default=0)
-    groups = _balanced_groups(plan_reads(refs, gap), threads, min_bytes)
-    if len(groups) <= 1:
-        for group in groups:
-            run(group)
-    else:
-        with ThreadPoolExecutor(len(groups)) as pool:
-            list(pool.map(run, groups))
+    _run_reads(refs, threads, storage_options, fill)
     validity = pa.array([r is not None for r in refs], pa.bool_())
     return pa.Array.from_buffers(
         pa.large_binary(),
@@ -169,6 +191,31 @@ def read_ranges_arrow(
         [validity.buffers()[1] if None in refs else None, pa.py_buffer(offsets), data],
         null_count=sum(r is None for r in refs),
     )
+
+
+def _run_reads(
+    refs: Sequence[BlobRef | None],
+    threads: int,
+    storage_options: Mapping[str, str] | None,
+    fill: Callable[[_ObjectReader, RangeRead], None],
+) -> None:
+    """Plan the reads of ``refs`` and run ``fill`` on each, groups of them in parallel."""
+    stores = [object_store(uri, storage_options) for uri in {r.uri for r in refs if r}]
+    gap = min((s.coalesce_gap for s in stores), default=0)
+    min_bytes = max((s.parallel_min_bytes for s in stores), default=0)
+    groups = _balanced_groups(plan_reads(refs, gap), threads, min_bytes)
+
+    def run(group: list[RangeRead]) -> None:
+        with _ObjectReader(storage_options) as reader:
+            for read in group:
+                fill(reader, read)
+
+    if len(groups) <= 1:
+        for group in groups:
+            run(group)
+    else:
+        with ThreadPoolExecutor(len(groups)) as pool:
+            list(pool.map(run, groups))
 
 
 def _balanced_groups(reads: list[RangeRead], threads: int, min_bytes: int) -> list[list[RangeRead]]:
@@ -240,7 +287,14 @@ class _ObjectReader:
         if size == 0:
             return b""
         try:
-            data = self._source(uri).read(position, size)
+            source = self._source(uri)
+            data = source.read(position, size)
+            if 0 < len(data) < size:  # one read(2) returns at most ~2 GiB: read on, then join
+                parts, got = [data], len(data)
+                while got < size and parts[-1]:
+                    parts.append(source.read(position + got, size - got))
+                    got += len(parts[-1])
+                data = b"".join(parts)
         except OSError as exc:
             raise _read_error(uri, exc) from None
         if len(data) != size:

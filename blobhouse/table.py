@@ -58,7 +58,14 @@ from blobhouse.options import (
 )
 from blobhouse.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
 from blobhouse.placement import AllowedBases
-from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges_arrow, refs_from_arrow
+from blobhouse.rangeio import (
+    REF_TYPE,
+    BlobRef,
+    open_ref,
+    read_ranges,
+    read_ranges_arrow,
+    refs_from_arrow,
+)
 from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.storage import checked_options
@@ -567,6 +574,7 @@ class Table:
         self._resolver: ReferenceResolver | None = None
         self._hashes: RecordedHashes | None = None
         self._schema: pa.Schema | None = None
+        self._stored_blob_columns: list[ColumnPath] | None = None
         self._field_ids: dict[ColumnPath, int] = {}
 
     def __repr__(self) -> str:
@@ -592,7 +600,7 @@ class Table:
     @property
     def blob_columns(self) -> list[str]:
         """Names of the blob columns (``parent.child`` inside structs)."""
-        return [path_name(p) for p in stored_blob_columns(self.schema)]
+        return [path_name(p) for p in self._blob_paths()]
 
     @property
     def allowed_bases(self) -> list[str]:
@@ -747,6 +755,7 @@ class Table:
         self._resolver = None
         self._hashes = None
         self._schema = None
+        self._stored_blob_columns = None
         self._field_ids = {}
         return self
 
@@ -901,10 +910,14 @@ class Table:
         """The bytes of ``column`` at ``indices`` (None for null), with coalesced ranged reads,
         checked against their recorded hashes."""
         path = self._blob_path(column)
-        taken = self.take(indices, columns=[path[0]], blobs="bytes")
-        if not len(taken):
+        indices = self._check_indices(indices)
+        if not indices:
             return []
-        return get_column(taken.combine_chunks().to_batches()[0], path).to_pylist()
+        # one take for descriptors and row addresses; each payload read into its own bytes
+        taken = self.dataset.take(indices, columns=[path[0], _ROW_ADDRESS])
+        taken = taken.combine_chunks().to_batches()[0]
+        descriptors, addresses = get_column(taken, path), taken.column(_ROW_ADDRESS)
+        return self._checked_bytes(path, descriptors, addresses, read_ranges)
 
     def open_blob(self, column: str, index: int) -> BinaryIO | None:
         """A seekable file object over one blob (None if the value is null). Reading it whole,
@@ -1125,6 +1138,11 @@ class Table:
             self._hashes = RecordedHashes(options, store)
         return self._hashes
 
+    def _blob_paths(self) -> list[ColumnPath]:
+        if self._stored_blob_columns is None:  # walking the schema costs ~30 us per read
+            self._stored_blob_columns = stored_blob_columns(self.schema)
+        return self._stored_blob_columns
+
     def _field_id(self, path: ColumnPath) -> int:
         # Lance rebuilds its schema object on every access: look each column up once
         if path not in self._field_ids:
@@ -1133,7 +1151,7 @@ class Table:
 
     def _blob_path(self, column: str) -> ColumnPath:
         path = tuple(column.split("."))
-        if path not in stored_blob_columns(self.schema):
+        if path not in self._blob_paths():
             raise InvalidInputError(
                 f"{column!r} is not a blob column of this table (blob columns: {self.blob_columns})"
             )
@@ -1152,7 +1170,7 @@ class Table:
             raise InvalidInputError(f"unknown column(s) {unknown}; columns: {self.schema.names}")
         if blobs == "descriptors":
             return columns, []
-        return columns, [p for p in stored_blob_columns(self.schema) if p[0] in columns]
+        return columns, [p for p in self._blob_paths() if p[0] in columns]
 
     def _check_indices(self, indices: Sequence[int]) -> list[int]:
         indices = [int(i) for i in indices]
@@ -1170,21 +1188,33 @@ class Table:
         addresses = batch.column(_ROW_ADDRESS)
         for path in paths:
             descriptors = get_column(batch, path)
-            refs = self.resolve_refs(path, descriptors, addresses)
             if blobs == "bytes":
-                try:
-                    values = read_ranges_arrow(
-                        refs_from_arrow(refs), storage_options=self.storage_options
-                    )
-                except BlobReadError as exc:
-                    raise _naming_row(exc, path_name(path), refs, addresses) from None
-                self.recorded_hashes().check_read(
-                    path_name(path), self.file_column(path), descriptors, refs, addresses, values
-                )
+                values = self._checked_bytes(path, descriptors, addresses, read_ranges_arrow)
                 batch = replace_column(batch, path, values, pa.field(path[-1], pa.large_binary()))
             else:
+                refs = self.resolve_refs(path, descriptors, addresses)
                 batch = replace_column(batch, path, refs, pa.field(path[-1], REF_TYPE))
         return batch.drop_columns([_ROW_ADDRESS])
+
+    def _checked_bytes(
+        self,
+        path: ColumnPath,
+        descriptors: pa.Array,
+        addresses: pa.Array,
+        read: Callable[..., pa.Array | list],
+    ) -> pa.Array | list:
+        """The payloads of blob column ``path`` (``read_ranges`` or ``read_ranges_arrow``),
+        each checked against its recorded blake3 as it arrives (hashing overlaps reading)."""
+        refs = self._resolved().resolve_list(
+            descriptors, addresses, self._field_id(path), path_name(path)
+        )
+        verify = self.recorded_hashes().verifier(
+            path_name(path), self.file_column(path), descriptors, refs, addresses
+        )
+        try:
+            return read(refs, storage_options=self.storage_options, verify=verify)
+        except BlobReadError as exc:
+            raise _naming_row(exc, path_name(path), refs, addresses) from None
 
     def output_schema(
         self, columns: Sequence[str] | None = None, blobs: BlobsMode = "refs"
@@ -1202,10 +1232,10 @@ class Table:
 
 
 def _naming_row(
-    error: BlobReadError, column: str, refs: pa.StructArray, addresses: pa.Array
+    error: BlobReadError, column: str, refs: list[BlobRef | None], addresses: pa.Array
 ) -> BlobReadError:
     """``error`` naming the first row of the batch whose reference points at its object."""
-    row = refs.field("uri").to_pylist().index(error.uri)
+    row = next(i for i, ref in enumerate(refs) if ref is not None and ref.uri == error.uri)
     address = addresses[row].as_py()
     return BlobReadError(
         f"blob column {column!r}, fragment {address >> 32} row {address & 0xFFFFFFFF}: {error}",

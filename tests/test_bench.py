@@ -45,6 +45,7 @@ def test_quick_benchmark_run(tmp_path):
     assert contenders == {
         "blobhouse refs + ranged reads",
         "blobhouse read_blobs",
+        'blobhouse take blobs="bytes"',
         "pylance read_blobs",
         "parquet row groups",
     }

@@ -8,6 +8,7 @@ from collections import Counter
 
 import blake3
 import lance
+import numpy as np
 import pyarrow as pa
 import pytest
 from lance.file import LanceFileReader
@@ -335,3 +336,16 @@ def test_log_round_trips_through_the_ipc_buffer():
 def test_a_digest_must_be_32_bytes():
     with pytest.raises(ValueError, match="32 bytes"):
         ChecksumLog().record_inline("img", row=0, size=1, digest=b"short")
+
+
+def test_many_sidecar_lookups_at_once_match_one_at_a_time():
+    log = ChecksumLog()
+    entries = [(b, p, s) for b in (1, 2, 7) for p in (0, 10, 2**40) for s in (5, 6)]
+    for at, (blob_id, position, size) in enumerate(entries):
+        log.record_sidecar(blob_id, position, size, digest=bytes([at]) * 32)
+    found = FileChecksums(log.to_table())
+    wanted = [*reversed(entries), (2, 10, 7), (3, 0, 5), (7, 2**40 + 1, 5), (0, 0, 0)]
+    many = found.sidecar_many(*(np.array(k, np.uint64) for k in zip(*wanted, strict=True)))
+    assert many == [found.sidecar(*key) for key in wanted]
+    assert many[: len(entries)] == [bytes([at]) * 32 for at in reversed(range(len(entries)))]
+    assert many[len(entries) :] == [None] * 4

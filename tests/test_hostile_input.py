@@ -33,7 +33,8 @@ from blobhouse import (
     open_table,
     write_table,
 )
-from blobhouse.placement import AllowedBases, normalize_uri
+from blobhouse.placement import AllowedBases, MiB, normalize_uri
+from blobhouse.rangeio import _balanced_groups, plan_reads, refs_from_arrow
 from blobhouse.session import prepared_array, prepared_field
 from blobhouse.storage import uri_to_path
 from blobhouse.store import store_base_id
@@ -508,6 +509,35 @@ def test_reads_of_damaged_bytes_fail_naming_column_row_and_file(table_uri, dedup
     assert table.to_arrow(blobs="refs").num_rows == 4  # references never touch the bytes
     problems = {p["row"] for p in table.verify(deep=True)["problems"]}
     assert problems == set(damaged)
+
+
+def test_damage_in_a_parallel_read_fails_naming_its_row(table_uri):
+    # every other row of 24 payloads of 1 MB, rows 4 and 8 sharing one: separate ranges read
+    # by several threads, each hashing what it read; the damaged row is named whichever
+    # thread finds it
+    payloads = [os.urandom(1_000_000) for _ in range(24)]
+    payloads[8] = payloads[4]
+    write_table(pa.table({"b": blob_array(payloads)}), table_uri)
+    table = open_table(table_uri)
+    rows = list(range(0, 24, 2))
+    refs = table.blob_refs("b", range(24)).to_pylist()
+    assert refs[8] == refs[4]
+    assert (
+        len(_balanced_groups(plan_reads(refs_from_arrow(table.blob_refs("b", rows))), 16, 4 * MiB))
+        > 1
+    )
+    flip(refs[10]["uri"], refs[10]["position"] + 7)
+    where = rf"'b', fragment 0 row 10: the bytes at {re.escape(refs[10]['uri'])}"
+    with pytest.raises(CorruptBlobError, match=where):
+        table.read_blobs("b", rows)
+    with pytest.raises(CorruptBlobError, match=where):
+        table.take(rows, blobs="bytes")
+    rows.remove(10)
+    assert table.read_blobs("b", rows) == [payloads[r] for r in rows]
+    assert table.take(rows, blobs="bytes").column("b").to_pylist() == [payloads[r] for r in rows]
+    flip(refs[4]["uri"], refs[4]["position"] + 7)  # the payload rows 4 and 8 share
+    with pytest.raises(CorruptBlobError, match=r"'b', fragment 0 row [48]: the bytes"):
+        table.read_blobs("b", [8, 4, 0])
 
 
 def test_missing_and_truncated_objects_fail_naming_column_row_and_file(table_uri):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from blobhouse import BlobRef, read_ranges
-from blobhouse.rangeio import MAX_READ_BYTES, open_ref, plan_reads
+from blobhouse import BlobRef, CorruptBlobError, read_ranges
+from blobhouse.rangeio import MAX_READ_BYTES, open_ref, plan_reads, read_ranges_arrow
 
 
 @pytest.fixture
@@ -72,3 +73,46 @@ def test_open_ref_reads_and_seeks_within_the_range(objects):
     f.seek(490)
     assert f.read() == content[1490:1500]
     assert f.read() == b""
+
+
+def test_references_to_one_range_share_one_bytes_object(objects):
+    a, _ = objects
+    got = read_ranges([BlobRef(a, 10, 100), BlobRef(a, 0, 500), BlobRef(a, 10, 100)])
+    assert got[0] is got[2] and got[0] == got[1][10:110]
+
+
+@pytest.mark.parametrize("read", [read_ranges, read_ranges_arrow])
+def test_verify_sees_each_payload_as_read_and_its_error_fails_the_read(objects, read):
+    a, b = objects
+    content = {u: Path(u.removeprefix("file://")).read_bytes() for u in objects}
+    refs = [BlobRef(a, 0, 100), BlobRef(a, 50, 100), None, BlobRef(b, 5, 50_000), BlobRef(a, 0, 0)]
+    seen = {}
+
+    def record(index: int, payload: memoryview) -> None:
+        seen[index] = bytes(payload)
+
+    read(refs, verify=record)
+    assert seen == {i: content[r.uri][r.position : r.end] for i, r in enumerate(refs) if r}
+
+    def refuse(index: int, payload: memoryview) -> None:
+        if index == 3:
+            raise CorruptBlobError("payload 3 is damaged")
+
+    with pytest.raises(CorruptBlobError, match="payload 3 is damaged"):
+        read(refs, verify=refuse)
+
+
+@pytest.mark.parametrize("read", [read_ranges, read_ranges_arrow])
+def test_large_reads_are_checked_in_the_threads_that_read_them(tmp_path, read):
+    path = tmp_path / "big.bin"
+    path.write_bytes(os.urandom(12 * 2**20))
+    # a byte apart: separate reads, in parallel
+    refs = [BlobRef(f"file://{path}", i * 2**20, 2**20 - 1) for i in range(12)]
+    threads = set()
+
+    def record(index: int, payload: memoryview) -> None:
+        threads.add(threading.get_ident())
+
+    read(refs, verify=record)
+    # read on pool threads, and checked there: hashing one range overlaps reading the next
+    assert threads and threading.get_ident() not in threads
