@@ -50,7 +50,9 @@ class Size:
     write_bytes: int  # logical bytes per write-throughput case
     access_rows: int  # rows of 1 MB in the random-access table
     scale_rows: tuple[int, ...]
-    scale_gb: tuple[float, ...]
+    scale_gb: tuple[float, ...]  # unique 1 MB payloads
+    scale_dup_gb: tuple[float, ...]  # logical GB of 1 MB payloads, each in SCALE_DUPLICATES rows
+    scale_versions: tuple[int, ...]  # fragments (and versions) at which maintenance is timed
     spark_rows: int
     machine_bytes: int
     appends: int  # appends of 24 rows piled up before a compaction
@@ -70,6 +72,8 @@ QUICK = Size(
     60,
     (10_000, 40_000),
     (0.06, 0.24),
+    (0.06, 0.5),
+    (4, 12),
     400,
     64 * MB,
     4,
@@ -86,8 +90,10 @@ FULL = Size(
     200,
     256 * MB,
     1000,
-    (10_000, 100_000, 1_000_000),
+    (10_000, 100_000, 1_000_000, 10_000_000),
     (1.0, 2.0, 4.0, 8.0),
+    (1.0, 4.0, 16.0, 64.0),
+    (10, 100, 500, 2000),
     8000,
     1024 * MB,
     24,
@@ -348,74 +354,236 @@ def _parquet_take(parquet: pq.ParquetFile, group_rows: list[int], picks: list[in
     return table.column("b").take(rows).to_pylist()
 
 
-SCALE_SCRIPT = textwrap.dedent(
-    """
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec
+PEAK_RSS = """
+def peak_rss_mb():
+    status = open("/proc/self/status").read()
+    return int(status.split("VmHWM:")[1].split()[0]) / 1024
+"""
+
+SCALE_DUPLICATES = 32  # each payload of the duplicated-bytes curve is in 32 rows
+
+SCALE_SCRIPT = PEAK_RSS + textwrap.dedent(
+    f"""
     import json, sys, time
     import numpy as np, pyarrow as pa
     from blobhouse import write_table
     uri, mode, amount = sys.argv[1], sys.argv[2], float(sys.argv[3])
     rng = np.random.default_rng(5)
     block = rng.bytes(1 << 20)
+    DUP = {SCALE_DUPLICATES}
 
-    def rows(n):  # small rows: ids, a timestamp and a 100-byte blob
+    def rows(n):  # small rows: ids, a timestamp and a 100-byte blob (1,000 distinct)
+        small = pa.array([block[i % 1000 : i % 1000 + 100] for i in range(50_000)], pa.binary())
         for start in range(0, n, 50_000):
             m = min(50_000, n - start)
             ids = np.arange(start, start + m)
-            yield pa.record_batch({"id": ids, "ts": ids * 0.033,
-                                   "b": pa.array([block[i % 1000: i % 1000 + 100] for i in ids],
-                                                 pa.binary())})
+            yield pa.record_batch({{"id": ids, "ts": ids * 0.033, "b": small.slice(0, m)}})
+
+    def payloads(first, count):  # distinct 1 MB payloads: a counter, then the block
+        return pa.array([(first + i).to_bytes(8, "little") + block[8:] for i in range(count)],
+                        pa.large_binary())
 
     def gigabytes(gb):  # 1 MB payloads, all different, streamed in 64 MB batches
         total = int(gb * 1024)
         for start in range(0, total, 64):
             m = min(64, total - start)
-            yield pa.record_batch({"id": np.arange(start, start + m),
-                                   "b": pa.array([i.to_bytes(8, "little") + block[8:]
-                                                  for i in range(start, start + m)],
-                                                 pa.large_binary())})
+            yield pa.record_batch({{"id": np.arange(start, start + m),
+                                   "b": payloads(start, m)}})
 
+    def duplicated(gb):  # 1 MB payloads each in DUP rows: 32 distinct ones, batched DUP times
+        total = int(gb * 1024)
+        for group in range(0, total, 32 * DUP):
+            distinct = payloads(group, 32)
+            for start in range(group, min(group + 32 * DUP, total), 32):
+                m = min(32, total - start)
+                yield pa.record_batch({{"id": np.arange(start, start + m),
+                                       "b": distinct.slice(0, m)}})
+
+    source = {{"rows": lambda: rows(int(amount)), "gb": lambda: gigabytes(amount),
+              "dup_gb": lambda: duplicated(amount)}}[mode]()
     started = time.perf_counter()
-    source = rows(int(amount)) if mode == "rows" else gigabytes(amount)
     write_table(source, uri, blob_columns=["b"])
     seconds = time.perf_counter() - started
-    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec
-    status = open("/proc/self/status").read()
-    peak_kb = int(status.split("VmHWM:")[1].split()[0])
-    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_kb / 1024}))
+    print(json.dumps({{"seconds": seconds, "peak_rss_mb": peak_rss_mb()}}))
     """
 )
 
+# one maintenance operation on a table in a fresh process; read-only ones are repeated (up to
+# 5 runs, while under a second in all) and the median taken
+SCALE_OPERATION_SCRIPT = PEAK_RSS + textwrap.dedent(
+    """
+    import json, statistics, sys, time
+    from datetime import timedelta
+    import lance
+    uri, operation = sys.argv[1], sys.argv[2]
+
+    def walk_versions():  # what any walk of every version costs in Lance itself
+        for v in lance.dataset(uri).versions():
+            for fragment in lance.dataset(uri, version=v["version"]).get_fragments():
+                fragment.metadata
+
+    if operation.startswith("pylance"):
+        operations = {
+            "pylance count_rows": (lambda: lance.dataset(uri).count_rows(), True),
+            "pylance open every version": (walk_versions, True),
+            "pylance cleanup_old_versions": (
+                lambda: lance.dataset(uri).cleanup_old_versions(older_than=timedelta(0)), False),
+            "pylance compact_files": (
+                lambda: lance.dataset(uri).optimize.compact_files(), False),
+        }
+    else:
+        from blobhouse import open_table
+        zero = timedelta(0)
+        operations = {
+            "stats": (lambda: open_table(uri).stats(), True),
+            "verify": (lambda: open_table(uri).verify(), True),
+            "verify deep": (lambda: open_table(uri).verify(deep=True), True),
+            "gc": (lambda: open_table(uri).gc(older_than=zero, grace=zero), False),
+            "compact": (lambda: open_table(uri).compact(), False),
+        }
+    run, repeatable = operations[operation]
+    samples = []
+    while not samples or (repeatable and len(samples) < 5 and sum(samples) < 1.0):
+        started = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - started)
+    print(json.dumps({"seconds": statistics.median(samples), "peak_rss_mb": peak_rss_mb()}))
+    """
+)
+
+# each blobhouse operation of the versions curve, and pylance's nearest one
+SCALE_OPERATIONS = {
+    "stats": "pylance count_rows",
+    "verify": "pylance open every version",
+    "verify deep": None,
+    "gc": "pylance cleanup_old_versions",
+    "compact": "pylance compact_files",
+}
+SCALE_MUTATING = ("gc", "compact", "pylance cleanup_old_versions", "pylance compact_files")
+SCALE_DEEP_UP_TO = 100  # deep verify reads every payload: measured at the small end only
+
 
 def scale(size: Size) -> Case:
-    """Time and peak RSS as rows and bytes grow: both should grow linearly / stay flat."""
-    case = Case("scale", "Streamed writes in a fresh process: seconds and peak RSS")
+    """How costs grow, each point in a fresh process: streamed writes as rows, unique bytes and
+    duplicated bytes grow; stats, verify, gc and compaction as fragments and versions grow.
+    Seconds per unit and peak RSS should stay flat."""
+    case = Case(
+        "scale",
+        "Growth curves, each point in a fresh process: seconds, seconds per unit and peak RSS",
+    )
     with Scratch() as root:
-        for mode, amounts in (("rows", size.scale_rows), ("gb", size.scale_gb)):
-            for amount in amounts:
-                out = subprocess.run(
-                    [sys.executable, "-c", SCALE_SCRIPT, str(fresh(root / "t")), mode, str(amount)],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                )
-                result = _last_json(out.stdout)
-                unit = amount / 1e6 if mode == "rows" else amount
-                case.add(
-                    mode=mode,
-                    amount=amount,
-                    seconds=round(result["seconds"], 3),
-                    peak_rss_mb=round(result["peak_rss_mb"], 1),
-                    seconds_per_unit=round(result["seconds"] / unit, 3),
-                    unit="1M rows" if mode == "rows" else "GB",
-                )
-    for mode in ("rows", "gb"):
-        rows = [r for r in case.rows if r["mode"] == mode]
-        case.notes.append(
-            f"{mode}: peak RSS {rows[-1]['peak_rss_mb'] / rows[0]['peak_rss_mb']:.2f}x from the "
-            f"smallest to the largest run; seconds per {rows[0]['unit']}: "
-            + ", ".join(str(r["seconds_per_unit"]) for r in rows)
+        curves = (
+            ("rows", size.scale_rows, "1M rows"),
+            ("gb", size.scale_gb, "GB"),
+            ("dup_gb", size.scale_dup_gb, "GB"),
         )
+        for mode, amounts, unit in curves:
+            for amount in amounts:
+                if not _fits(case, root, mode, amount):
+                    continue
+                result = _scale_run(SCALE_SCRIPT, str(fresh(root / "t")), mode, str(amount))
+                units = amount / 1e6 if mode == "rows" else amount
+                _scale_row(case, mode, "write", "blobhouse", amount, unit, units, result)
+        fresh(root / "t")
+        _version_curve(case, root, size.scale_versions)
+    case.notes += _scale_notes(case)
     return case
+
+
+def _fits(case: Case, root: Path, mode: str, amount: float) -> bool:
+    """Whether the disk has room for a point of a write curve (its physical bytes, 1 GB to
+    spare); a point that does not fit is left out and said so in the notes."""
+    physical = {"rows": amount * 150, "gb": amount * 2**30, "dup_gb": amount * 2**30 / 32}
+    free = shutil.disk_usage(root).free
+    if physical[mode] + 2**30 <= free:
+        return True
+    case.notes.append(
+        f"{mode} {amount} left out: it needs ~{physical[mode] / 2**30:.1f} GB on disk and "
+        f"{free / 2**30:.1f} GB were free"
+    )
+    return False
+
+
+def _scale_run(script: str, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"scale point {args[1:]} failed: {out.stderr[-2000:]}")
+    return _last_json(out.stdout)
+
+
+def _scale_row(case, mode, operation, contender, amount, unit, units, result) -> None:
+    case.add(
+        mode=mode,
+        operation=operation,
+        contender=contender,
+        amount=amount,
+        unit=unit,
+        seconds=round(result["seconds"], 4),
+        seconds_per_unit=float(f"{result['seconds'] / units:.4g}"),  # 4 significant digits
+        # None: measured in the bench's own process (appends), where peak RSS says nothing
+        peak_rss_mb=None if result["peak_rss_mb"] is None else round(result["peak_rss_mb"], 1),
+    )
+
+
+def _version_curve(case: Case, root: Path, steps: tuple[int, ...]) -> None:
+    """One table grown by appends of 4 rows (three 1 KB inline payloads, one 70 KB packed):
+    at each step it has that many fragments and versions, and every operation runs on it (on
+    a copy, if it changes the table)."""
+    rng = np.random.default_rng(9)
+    table = root / "versions"
+    appended = 0
+    for step in steps:
+        started = time.perf_counter()
+        for a in range(appended, step):
+            payloads = [rng_bytes(rng, KB) for _ in range(3)] + [rng_bytes(rng, 70 * KB)]
+            data = pa.table({"id": pa.array(range(4 * a, 4 * a + 4)), "b": blob_array(payloads)})
+            write_table(data, table, mode="append")
+        appends = step - appended
+        append = {"seconds": (time.perf_counter() - started) / appends, "peak_rss_mb": None}
+        appended = step
+        _scale_row(case, "versions", "append", "blobhouse", step, "append", 1, append)
+        for operation, stock in SCALE_OPERATIONS.items():
+            if operation == "verify deep" and step > SCALE_DEEP_UP_TO:
+                continue
+            for contender, name in (("blobhouse", operation), ("pylance", stock)):
+                if name is None:
+                    continue
+                uri = table
+                if name in SCALE_MUTATING:
+                    uri = fresh(root / "copy")
+                    shutil.copytree(table, uri)
+                result = _scale_run(SCALE_OPERATION_SCRIPT, str(uri), name)
+                _scale_row(case, "versions", operation, contender, step, "fragment", step, result)
+                if contender == "pylance":
+                    case.rows[-1]["operation"] = name.removeprefix("pylance ")
+
+
+def _scale_notes(case: Case) -> list[str]:
+    """Per curve: how seconds per unit and peak RSS changed from the smallest to the largest
+    point."""
+    notes = []
+    for (mode, operation, contender), points in _curves(case.rows).items():
+        if len(points) < 2 or operation == "append":
+            continue
+        first, last = points[0], points[-1]
+        notes.append(
+            f"{mode} {operation} ({contender}), {first['amount']} to {last['amount']}: seconds "
+            f"per {first['unit']} " + ", ".join(str(p["seconds_per_unit"]) for p in points) + "; "
+            f"peak RSS {_growth(first, last, 'peak_rss_mb')}x"
+        )
+    return notes
+
+
+def _curves(rows: list[dict]) -> dict[tuple, list[dict]]:
+    curves: dict[tuple, list[dict]] = {}
+    for row in rows:
+        curves.setdefault((row["mode"], row["operation"], row["contender"]), []).append(row)
+    return curves
+
+
+def _growth(first: dict, last: dict, key: str) -> float:
+    return round(last[key] / first[key], 2) if first[key] else float("nan")
 
 
 def machine_limits(size: Size) -> Case:

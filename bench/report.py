@@ -37,7 +37,22 @@ TARGETS = (
     "growth after gc < the column's bytes | {update_growth_default} |\n"
     '| upsert, dedup="global": '
     "growth after gc <= 1.05 x the new unique payloads | {upsert_growth} |\n"
+    "{growth}"
 )
+GROWTH_LIMIT = 1.5  # a growth curve is flat when the largest point is within 1.5x the smallest
+# the growth curves of the scale case (mode, operation) and of the store (the store_scale
+# case), as the targets and the chart name them
+GROWTH_CURVES = {
+    ("rows", "write"): "write, small rows",
+    ("gb", "write"): "write, unique 1 MB payloads (GB)",
+    ("dup_gb", "write"): "write, 1 MB payloads x32 (logical GB)",
+    ("store", "append"): "append to a global-dedup store (payloads in the store)",
+    ("versions", "stats"): "stats",
+    ("versions", "verify"): "verify",
+    ("versions", "verify deep"): "verify deep",
+    ("versions", "gc"): "gc",
+    ("versions", "compact"): "compact",
+}
 
 
 def write_report(results: Path, target: Path) -> None:
@@ -186,6 +201,7 @@ def _verdicts(data: dict) -> dict[str, str]:
         "upsert_growth": _range(upsert_growth, "x new unique", lambda v: v <= 1.05),
         "store_scale": store_scale,
         "rss": "-" if rss is None else f"{rss:.2f}x ({'met' if rss <= 1.5 else 'missed'})",
+        "growth": "".join(_growth_targets(data)),
     }
 
 
@@ -202,6 +218,71 @@ def _store_scale(rows: list[dict]) -> str:
     )
 
 
+def growth_curves(data: dict) -> dict[tuple[str, str], list[dict]]:
+    """blobhouse's growth curves by (mode, operation), each a list of points ``amount``,
+    ``unit``, ``seconds_per_unit``, ``peak_rss_mb`` from the smallest to the largest:
+    the scale case's, and the store_scale case's if it ran (the seconds of one append of the
+    same payloads, whatever the store holds, are its seconds per unit)."""
+    curves: dict[tuple[str, str], list[dict]] = {}
+    for row in data.get("scale", {}).get("rows", []):
+        if row.get("contender", "blobhouse") == "blobhouse":
+            key = (row["mode"], row.get("operation", "write"))
+            curves.setdefault(key, []).append(row)
+    store = data.get("store_scale", {}).get("rows", [])
+    if store:
+        curves[("store", "append")] = [
+            {
+                "amount": r["store_payloads"],
+                "unit": "append",
+                "seconds_per_unit": r["seconds"],
+                "peak_rss_mb": r.get("peak_rss_mb"),
+            }
+            for r in sorted(store, key=lambda r: r["store_payloads"])
+        ]
+    return curves
+
+
+def _growth_targets(data: dict) -> list[str]:
+    """One target row per growth curve: seconds per unit and peak RSS of the largest point
+    against the smallest."""
+    out = []
+    for key, points in growth_curves(data).items():
+        if key not in GROWTH_CURVES or len(points) < 2:
+            continue
+        first, last = points[0], points[-1]
+        span = f"{_amount(first['amount'])} to {_amount(last['amount'])}"
+        name = GROWTH_CURVES[key]
+        if key[0] == "versions":
+            name = f"{name}, fragments and versions"
+        ratios = [_above_lowest(points, "seconds_per_unit")]
+        result = f"seconds per {first['unit']} {ratios[0]:.2f}x"
+        if first.get("peak_rss_mb") and last.get("peak_rss_mb"):
+            ratios.append(_above_lowest(points, "peak_rss_mb"))
+            result += f", peak RSS {ratios[1]:.2f}x"
+        met = all(r <= GROWTH_LIMIT for r in ratios)
+        out.append(
+            f"| growth, {name} {span}: seconds per unit and peak RSS of the largest point "
+            f"within {GROWTH_LIMIT}x the curve's lowest | {result} "
+            f"({'met' if met else 'missed'}) |\n"
+        )
+    return out
+
+
+def _above_lowest(points: list[dict], key: str) -> float:
+    """The largest point's ``key`` against the lowest of the curve: the smallest points carry
+    fixed costs (a process start, a table open) that make them dearer per unit, which a ratio
+    to the first point would count as the curve falling."""
+    return points[-1][key] / min(p[key] for p in points if p.get(key))
+
+
+def _amount(value: float) -> str:
+    """10000 -> 10K, 1000000 -> 1M, 2.0 -> 2 (GB), 2000 -> 2,000."""
+    for limit, suffix in ((1e6, "M"), (1e4, "K")):
+        if value >= limit:
+            return f"{value / (limit if suffix == 'M' else 1e3):g}{suffix}"
+    return f"{value:,g}"
+
+
 def _range(values: list[float], unit: str, ok) -> str:
     if not values:
         return "-"
@@ -215,7 +296,8 @@ def _chart(data: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, grid = plt.subplots(2, 3, figsize=(15, 9.5))
+    axes = grid[0]
     write = [
         r for r in data.get("write_throughput", {}).get("rows", []) if r["contender"] == "blobhouse"
     ]
@@ -240,8 +322,108 @@ def _chart(data: dict, path: Path) -> None:
     axes[2].barh(labels, [r["ratio_to_unique"] for r in storage])
     axes[2].set_xscale("log")
     axes[2].set_title("bytes on disk / unique bytes (log)")
-    for ax in axes:
+    _growth_panels(data, grid[1])
+    for ax in grid.flat:
         ax.tick_params(labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _growth_panels(data: dict, axes) -> None:
+    """The growth curves: writes' seconds per unit against their smallest point (both axes as
+    growth factors, log-log: flat is 1), maintenance seconds per fragment as fragments and
+    versions grow (pylance's nearest operation dashed), and peak RSS of every curve."""
+    curves = growth_curves(data)
+    writes = {k: v for k, v in curves.items() if k[0] != "versions"}
+    for key, points in writes.items():
+        label = f"{GROWTH_CURVES.get(key, key[0])} {_span(points)}"
+        lowest = min(p["seconds_per_unit"] for p in points)
+        shown = _sized(points)  # a log axis has no 0 (an empty store)
+        x = [p["amount"] / shown[0]["amount"] for p in shown]
+        y = [p["seconds_per_unit"] / lowest for p in shown]
+        axes[0].plot(x, y, marker="o", label=label)
+    _limits(axes[0], "writes: seconds per unit / the curve's lowest (log-log)")
+    axes[0].set_xlabel("size / smallest size", fontsize=8)
+    for number, (key, points) in enumerate(curves.items()):
+        if key[0] != "versions":
+            continue
+        color = f"C{number % 10}"
+        amounts = [p["amount"] for p in points]
+        axes[1].plot(
+            amounts, [p["seconds_per_unit"] for p in points], marker="o", color=color, label=key[1]
+        )
+        others = [
+            r
+            for r in data["scale"]["rows"]
+            if r.get("contender") == "pylance" and _paired(r, key[1])
+        ]
+        if others:
+            axes[1].plot(
+                [r["amount"] for r in others],
+                [r["seconds_per_unit"] for r in others],
+                linestyle="--",
+                color=color,
+                label=f"pylance {others[0]['operation']}",
+            )
+    axes[1].set_xscale("log")
+    axes[1].set_yscale("log")
+    _log_log(axes[1])
+    axes[1].set_title("maintenance: seconds per fragment (append: per append), log-log")
+    axes[1].set_xlabel("fragments = versions (appends of 4 rows)", fontsize=8)
+    axes[1].legend(fontsize=6)
+    for key, points in curves.items():
+        measured = [p for p in _sized(points) if p.get("peak_rss_mb")]
+        if len(measured) < 2:
+            continue
+        name = GROWTH_CURVES.get(key, key[1])
+        axes[2].plot(
+            [p["amount"] / measured[0]["amount"] for p in measured],
+            [p["peak_rss_mb"] for p in measured],
+            marker="o",
+            linestyle="--" if key[0] == "versions" else "-",
+            label=f"{name} {_span(measured)}",
+        )
+    axes[2].set_xscale("log")
+    _log_log(axes[2])
+    axes[2].set_yscale("linear")
+    axes[2].set_ylim(bottom=0)
+    axes[2].set_title("peak RSS (MB) of each point, in a fresh process")
+    axes[2].set_xlabel("size / smallest size", fontsize=8)
+    axes[2].legend(fontsize=6)
+
+
+def _log_log(ax) -> None:
+    """Log scales on both axes, ticks at 1, 2, 5 x powers of ten, labelled as plain numbers."""
+    from matplotlib import ticker
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _paired(row: dict, operation: str) -> bool:
+    """Whether a pylance row of the scale case is the counterpart of blobhouse ``operation``."""
+    from bench.cases import SCALE_OPERATIONS
+
+    stock = SCALE_OPERATIONS.get(operation)
+    return stock is not None and row["operation"] == stock.removeprefix("pylance ")
+
+
+def _sized(points: list[dict]) -> list[dict]:
+    return [p for p in points if p["amount"] > 0]
+
+
+def _span(points: list[dict]) -> str:
+    return f"{_amount(points[0]['amount'])}-{_amount(points[-1]['amount'])}"
+
+
+def _limits(ax, title: str) -> None:
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _log_log(ax)
+    ax.axhspan(1, GROWTH_LIMIT, color="green", alpha=0.1)
+    ax.axhline(1.0, color="gray", linestyle="--")
+    ax.set_title(title)
+    ax.legend(fontsize=6)

@@ -257,3 +257,41 @@ def test_retention_arguments_are_checked_and_the_table_left_alone(table_uri):
     for version in (0, 2**70, 1.5, True):
         with pytest.raises(InvalidInputError, match="version"):
             open_table(table_uri, version)
+
+
+def test_walking_a_long_history_of_appends_does_not_resolve_every_version(table_uri, monkeypatch):
+    """Each append adds a version that lists every fragment so far: verify, gc and stats read
+    them all, but place data files and open fragment states once, not once per version (that
+    was quadratic: 1,000 appends took ~20 s to verify), and keep the versions a fragment is in
+    as runs, not an entry per version."""
+    from blobhouse.maintenance.walk import VersionGraph, fragment_states
+    from blobhouse.references import ReferenceResolver
+
+    built = []
+    real_init = ReferenceResolver.__init__
+
+    def counted(self, *args, **kwargs):  # the real resolver, counted
+        built.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ReferenceResolver, "__init__", counted)
+    resolvers, appended = {}, 0
+    for appends in (3, 12):
+        for i in range(appended, appends):
+            write_table(rows(range(i, i + 1), [os.urandom(100)]), table_uri, mode="append")
+        appended = appends
+        table = open_table(table_uri)
+        states = fragment_states(table, list(VersionGraph.of(table).versions))
+        assert len(states) == appends
+        assert {s.ref.version for s in states} == {table.version}  # opened at the latest
+        # each fragment is in every version since its append, at the same row: one run each,
+        # however many versions (memory flat as versions grow)
+        assert [s.appearances.runs for s in states] == [
+            ((None, v, appends, v - 1),) for v in range(1, appends + 1)
+        ]
+        built.clear()
+        report = table.verify()
+        # version v holds v one-row fragments
+        assert report["problems"] == [] and report["references"] == appends * (appends + 1) // 2
+        resolvers[appends] = len(built)
+    assert resolvers[12] == resolvers[3] <= 3

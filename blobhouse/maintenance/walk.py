@@ -16,9 +16,12 @@ import numpy as np
 import pyarrow as pa
 
 from blobhouse.errors import BlobhouseError
+from blobhouse.references import file_path
 from blobhouse.values import get_column, path_name, stored_blob_columns
 
 if TYPE_CHECKING:
+    from lance.fragment import DataFile
+
     from blobhouse.table import Table
 
 _ROW_ADDRESS = "_rowaddr"
@@ -41,10 +44,34 @@ class VersionRef:
 
 
 @dataclass(frozen=True)
+class Appearances:
+    """The versions that hold one fragment state, with the position of its first live row in
+    each: iterates as ``(VersionRef, first_row)``. Kept as runs ``(branch, first version, last
+    version, first_row)`` of consecutive versions, so a fragment that every version of a long
+    history holds takes one run, not an entry per version (memory flat as versions grow).
+
+    >>> a = Appearances(((None, 3, 5, 0), ("exp", 1, 1, 4)))
+    >>> [(str(v), row) for v, row in a], len(a)
+    ([('main@3', 0), ('main@4', 0), ('main@5', 0), ('exp@1', 4)], 4)
+    """
+
+    runs: tuple[tuple[str | None, int, int, int], ...]
+
+    def __iter__(self) -> Iterator[tuple[VersionRef, int]]:
+        for branch, first, last, first_row in self.runs:
+            for version in range(first, last + 1):
+                yield VersionRef(branch, version), first_row
+
+    def __len__(self) -> int:
+        return sum(last - first + 1 for _, first, last, _ in self.runs)
+
+
+@dataclass(frozen=True)
 class FragmentState:
     """One fragment as one or more versions see it.
 
-    ``ref`` is a version that holds it (where to open it); ``appearances`` is
+    ``ref`` is the last version (in walk order) that holds it, where it is opened: the newest
+    versions hold most states, so a long history of appends opens one; ``appearances`` are
     ``(version, first_row)`` for every version holding it (on any branch), ``first_row`` being
     the position of the fragment's first live row among that version's rows. ``data_files``
     are the URIs of its data files.
@@ -52,7 +79,7 @@ class FragmentState:
 
     fragment_id: int
     ref: VersionRef
-    appearances: tuple[tuple[VersionRef, int], ...]
+    appearances: Appearances
     data_files: tuple[str, ...]
 
 
@@ -131,15 +158,17 @@ def fragment_states(table: Table, versions: list[VersionRef] | None = None) -> l
     [(0, [('main@1', 0), ('main@2', 0)]), (1, [('main@2', 1)])]
     """
     found: dict[tuple, list] = {}
+    places = _DataFilePlaces()
     for ref in versions or VersionGraph.of(table).versions:
         first_row = 0
         at = open_version(table, ref)
         # what a version calls its blob columns is part of the state: problems are reported
         # under the names of the version they are found in
         names = tuple(path_name(p) for p in stored_blob_columns(at.schema))
+        locate = places.of(at)
         for fragment in at.dataset.get_fragments():
             metadata = fragment.metadata
-            files = tuple(at.data_file_uri(f) for f in metadata.files)
+            files = tuple(locate(f) for f in metadata.files)
             deletion = metadata.deletion_file
             key = (
                 metadata.id,
@@ -150,12 +179,53 @@ def fragment_states(table: Table, versions: list[VersionRef] | None = None) -> l
                 names,
             )
             entry = found.setdefault(key, [metadata.id, ref, [], files])
-            entry[2].append((ref, first_row))
+            entry[1] = ref
+            _appear(entry[2], ref, first_row)
             first_row += metadata.num_rows
     return [
-        FragmentState(fid, ref, tuple(appearances), files)
-        for fid, ref, appearances, files in found.values()
+        FragmentState(fid, ref, Appearances(tuple(map(tuple, runs))), files)
+        for fid, ref, runs, files in found.values()
     ]
+
+
+def _appear(runs: list[list], ref: VersionRef, first_row: int) -> None:
+    """Add ``ref`` to the :class:`Appearances` runs being built: the last run grows when
+    ``ref`` is the next version of its branch with the same first row."""
+    last = runs[-1] if runs else None
+    if last and last[0] == ref.branch and last[2] == ref.version - 1 and last[3] == first_row:
+        last[2] = ref.version
+    else:
+        runs.append([ref.branch, ref.version, ref.version, first_row])
+
+
+class _DataFilePlaces:
+    """Where the data files of many versions are, each placed once.
+
+    A data file's place depends only on its path, its base id, the branch and the base paths
+    the manifest records; these rarely change between versions, so one opened version of each
+    (branch, base paths) places the files of all of them: resolving per version would build a
+    resolver over every fragment of every version, quadratic in a history of appends."""
+
+    def __init__(self) -> None:
+        self._places: dict[tuple, str] = {}
+        self._placers: dict[tuple, Table] = {}  # the first version opened in each context
+
+    def of(self, at: Table) -> Callable[[DataFile], str]:
+        """``data file -> URI`` for the files of ``at``'s version."""
+        bases = at.dataset.base_paths()
+        recorded = tuple(
+            sorted((i, b.path, b.name, bool(b.is_dataset_root)) for i, b in bases.items())
+        )
+        context = (at.branch, recorded)
+        placer = self._placers.setdefault(context, at)
+
+        def locate(data_file: DataFile) -> str:
+            key = (context, file_path(data_file), data_file.base_id)
+            if key not in self._places:
+                self._places[key] = placer.data_file_uri(data_file)
+            return self._places[key]
+
+        return locate
 
 
 def open_version(table: Table, ref: VersionRef) -> Table:
