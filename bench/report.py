@@ -28,6 +28,8 @@ TARGETS = (
     "growth after gc < the column's bytes | {update_growth_default} |\n"
     '| upsert, dedup="global": '
     "growth after gc <= 1.05 x the new unique payloads | {upsert_growth} |\n"
+    "| Spark: reference scan >= 0.95 x the Python data source floor | {spark_scan} |\n"
+    "| Spark: read_blob and materialize >= 1.5 GB/s on local[2] | {spark_bytes} |\n"
 )
 
 
@@ -140,6 +142,7 @@ def _verdicts(data: dict) -> dict[str, str]:
         for r in rows("mutations", contender="blobhouse", dedup="global")
         if r["operation"].startswith("upsert")
     ]
+    spark = rows("spark")
     gb = rows("scale", mode="gb")
     rss = gb[-1]["peak_rss_mb"] / gb[0]["peak_rss_mb"] if gb else None
     return {
@@ -157,7 +160,29 @@ def _verdicts(data: dict) -> dict[str, str]:
         "update_growth_default": _range(update_growth_default, "x the column", lambda v: v < 1),
         "upsert_growth": _range(upsert_growth, "x new unique", lambda v: v <= 1.05),
         "rss": "-" if rss is None else f"{rss:.2f}x ({'met' if rss <= 1.5 else 'missed'})",
+        "spark_scan": _range(
+            [r["scan_vs_floor"] for r in spark if "scan_vs_floor" in r],
+            "x the floor",
+            lambda v: v >= 0.95,
+        ),
+        "spark_bytes": _spark_bytes(spark),
     }
+
+
+def _spark_bytes(rows: list[dict]) -> str:
+    """read_blob and materialize MB/s against 1.5 GB/s, and against Spark's own floor (an Arrow
+    UDF / mapInArrow returning a preallocated column of the same bytes, no I/O)."""
+    verdicts = []
+    for row in rows:
+        for name in ("read_blob", "materialize"):
+            if f"{name}_mb_s" not in row:
+                continue
+            mb_s, floor = row[f"{name}_mb_s"], row.get(f"{name}_floor_mb_s")
+            text = f"{name} {mb_s:.0f} MB/s ({'met' if mb_s >= 1500 else 'missed'}"
+            if floor is not None:
+                text += f"; Spark's floor {floor:.0f} MB/s, {row[f'{name}_vs_floor']}x it"
+            verdicts.append(text + ")")
+    return ", ".join(verdicts) or "-"
 
 
 def _range(values: list[float], unit: str, ok) -> str:
