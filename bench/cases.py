@@ -619,10 +619,16 @@ def machine_limits(size: Size) -> Case:
 
 
 def spark(size: Size) -> Case:
-    """The Spark targets: the data source vs Spark's parquet, read_blob, materialize."""
+    """The Spark targets: the data source vs Spark's parquet and the floor of any Python data
+    source; read_blob and materialize vs Spark's own floor for moving the same bytes."""
     from bench.spark_targets import run as run_spark
 
-    case = Case("spark", "Spark local[2]: medians of the data source vs Spark's parquet")
+    case = Case(
+        "spark",
+        "Spark local[2]: medians of the data source against Spark's parquet and the floor of a "
+        "Python data source yielding the same columns from memory; read_blob and materialize "
+        "against an Arrow UDF / mapInArrow returning the same bytes without I/O (Spark's floor)",
+    )
     started = time.perf_counter()
     result = run_spark(rows=size.spark_rows, blob_kb=64, runs=size.runs)
     case.add(**result)

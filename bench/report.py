@@ -37,6 +37,8 @@ TARGETS = (
     "growth after gc < the column's bytes | {update_growth_default} |\n"
     '| upsert, dedup="global": '
     "growth after gc <= 1.05 x the new unique payloads | {upsert_growth} |\n"
+    "| Spark: reference scan >= 0.95 x the Python data source floor | {spark_scan} |\n"
+    "| Spark: read_blob and materialize >= 1.5 GB/s on local[2] | {spark_bytes} |\n"
     "{growth}"
 )
 GROWTH_LIMIT = 1.5  # a growth curve is flat when the largest point is within 1.5x the smallest
@@ -180,6 +182,7 @@ def _verdicts(data: dict) -> dict[str, str]:
         if r["operation"].startswith("upsert")
     ]
     store_scale = _store_scale(rows("store_scale", mode="store"))
+    spark = rows("spark")
     gb = rows("scale", mode="gb")
     rss = gb[-1]["peak_rss_mb"] / gb[0]["peak_rss_mb"] if gb else None
     return {
@@ -202,6 +205,12 @@ def _verdicts(data: dict) -> dict[str, str]:
         "store_scale": store_scale,
         "rss": "-" if rss is None else f"{rss:.2f}x ({'met' if rss <= 1.5 else 'missed'})",
         "growth": "".join(_growth_targets(data)),
+        "spark_scan": _range(
+            [r["scan_vs_floor"] for r in spark if "scan_vs_floor" in r],
+            "x the floor",
+            lambda v: v >= 0.95,
+        ),
+        "spark_bytes": _spark_bytes(spark),
     }
 
 
@@ -281,6 +290,22 @@ def _amount(value: float) -> str:
         if value >= limit:
             return f"{value / (limit if suffix == 'M' else 1e3):g}{suffix}"
     return f"{value:,g}"
+
+
+def _spark_bytes(rows: list[dict]) -> str:
+    """read_blob and materialize MB/s against 1.5 GB/s, and against Spark's own floor (an Arrow
+    UDF / mapInArrow returning a preallocated column of the same bytes, no I/O)."""
+    verdicts = []
+    for row in rows:
+        for name in ("read_blob", "materialize"):
+            if f"{name}_mb_s" not in row:
+                continue
+            mb_s, floor = row[f"{name}_mb_s"], row.get(f"{name}_floor_mb_s")
+            text = f"{name} {mb_s:.0f} MB/s ({'met' if mb_s >= 1500 else 'missed'}"
+            if floor is not None:
+                text += f"; Spark's floor {floor:.0f} MB/s, {row[f'{name}_vs_floor']}x it"
+            verdicts.append(text + ")")
+    return ", ".join(verdicts) or "-"
 
 
 def _range(values: list[float], unit: str, ok) -> str:

@@ -1,14 +1,15 @@
-"""Spark targets of the Spark issue, measured side by side in one run (medians of N runs).
+"""Spark targets, measured side by side in one run (medians of N rounds, contenders alternating).
 
-    .venv/bin/python bench/spark_targets.py [--rows 20000] [--blob-kb 256] [--runs 5]
+    .venv/bin/python -m bench.spark_targets [--rows 20000] [--blob-kb 256] [--runs 5]
 
-1. reading references through the blobhouse data source vs ``spark.read.parquet`` of the same
-   non-blob columns (``count`` and a full scan);
-2. ``read_blob`` and ``materialize`` MB/s over every blob (warm page cache);
-3. writing with dedup off vs ``df.write.parquet`` of the same data.
-
-The floor of any pyspark Python data source is measured too: a reader that yields the same
-non-blob columns from memory, with no I/O at all.
+1. Reading references through the blobhouse data source, against the floor of any pyspark
+   Python data source (a source yielding the same columns, reference structs included, from
+   memory with no I/O) and against ``spark.read.parquet`` of the non-blob columns.
+2. ``read_blob`` and ``materialize`` MB/s over every blob (warm page cache), against Spark's
+   own floor for each: an Arrow UDF (for ``read_blob``) and a ``mapInArrow`` (for
+   ``materialize``) that return a preallocated binary column of the same sizes, no I/O; what is
+   left is Spark moving the bytes from the Python worker into rows.
+3. Writing with dedup off vs ``df.write.parquet`` of the same data.
 """
 
 from __future__ import annotations
@@ -17,52 +18,84 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import tempfile
-import time
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.functions import arrow_udf
+from pyspark.sql.types import BinaryType
 
 import blobhouse.spark as bs
+from bench.harness import medians
+from blobhouse.rangeio import REF_TYPE
+
+_PARTITIONS = 4
+_FLOOR_SCHEMA = pa.schema(
+    [pa.field("id", pa.int64()), pa.field("group", pa.int64()), pa.field("payload", REF_TYPE)]
+)
 
 
 class _FloorReader(DataSourceReader):
-    def __init__(self, rows: int) -> None:
-        self.rows = rows
+    def __init__(self, rows: int, blob: int, uri: str) -> None:
+        self.rows, self.blob, self.uri = rows, blob, uri
 
     def partitions(self):
-        return [InputPartition(i) for i in range(4)]
+        return [InputPartition(i) for i in range(_PARTITIONS)]
 
     def read(self, partition):
-        ids = np.arange(partition.value, self.rows, 4, dtype=np.int64)
-        yield pa.record_batch({"id": ids, "group": ids % 97})
+        ids = np.arange(partition.value, self.rows, _PARTITIONS, dtype=np.int64)
+        refs = pa.StructArray.from_arrays(
+            [
+                pa.array([self.uri], pa.utf8()).take(np.zeros(len(ids), dtype=np.int64)),
+                pa.array(ids * self.blob),
+                pa.array(np.full(len(ids), self.blob, dtype=np.int64)),
+            ],
+            fields=list(REF_TYPE),
+        )
+        yield pa.record_batch([ids, ids % 97, refs], schema=_FLOOR_SCHEMA)
 
 
 class _FloorSource(DataSource):
-    """The cheapest possible Python data source: Arrow batches from memory."""
+    """The cheapest possible Python data source: the columns the blobhouse source yields (one
+    data file's uri in every reference) as Arrow batches from memory."""
 
     @classmethod
     def name(cls):
         return "bh_floor"
 
     def schema(self):
-        return "id long, group long"
+        return "id long, group long, payload struct<uri string, position long, size long>"
 
     def reader(self, schema):
-        return _FloorReader(int(self.options["rows"]))
+        options = self.options
+        return _FloorReader(int(options["rows"]), int(options["blob"]), options["uri"])
 
 
-def timed(fn, runs: int) -> float:
-    fn()  # warm-up
-    samples = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
+_FILLED: list[pa.Buffer] = []  # one buffer per worker process, shared by every batch
+
+
+def _preallocated(refs: pa.Array) -> pa.Array:
+    """A binary column of the sizes ``refs`` name, over one buffer allocated (and touched)
+    once per process: the bytes Spark moves, with no I/O and no allocation per batch."""
+    sizes = refs.field("size").to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    if not _FILLED or _FILLED[0].size < offsets[-1]:
+        _FILLED[:] = [pa.py_buffer(np.ones(int(offsets[-1]), dtype=np.uint8))]
+    return pa.Array.from_buffers(
+        pa.large_binary(), len(sizes), [None, pa.py_buffer(offsets), _FILLED[0]]
+    )
+
+
+_floor_udf = arrow_udf(_preallocated, BinaryType())
+
+
+def _floor_map(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        yield batch.set_column(2, "payload", _preallocated(batch.column("payload")))
 
 
 def main() -> None:
@@ -76,11 +109,10 @@ def main() -> None:
 
 def run(rows: int, blob_kb: int, runs: int) -> dict:
     """Measure every Spark target once; returns seconds, ratios and MB/s."""
-    args = argparse.Namespace(rows=rows, blob_kb=blob_kb, runs=runs)
-    spark = bs.local_session("local[2]", shuffle_partitions=4)
+    spark = bs.local_session("local[2]", shuffle_partitions=_PARTITIONS)
     bs.register(spark)
     root = tempfile.mkdtemp(prefix="bh-bench-")
-    blob = args.blob_kb * 1024
+    blob = blob_kb * 1024
 
     def payloads(batches):
         for batch in batches:
@@ -95,11 +127,11 @@ def run(rows: int, blob_kb: int, runs: int) -> dict:
 
     # incompressible payloads, computed once: every contender writes the same rows
     source = (
-        spark.range(args.rows, numPartitions=4)
+        spark.range(rows, numPartitions=_PARTITIONS)
         .mapInArrow(payloads, "id long, group long, payload binary")
         .localCheckpoint()
     )
-    total_mb = args.rows * blob / 1e6
+    total_mb = rows * blob / 1e6
 
     def write_blobhouse():
         shutil.rmtree(f"{root}/bh", ignore_errors=True)
@@ -114,33 +146,53 @@ def run(rows: int, blob_kb: int, runs: int) -> dict:
     def write_parquet():
         source.write.mode("overwrite").parquet(f"{root}/pq")
 
-    results = {"rows": args.rows, "blob_bytes": blob}
-    results["write_parquet_s"] = timed(write_parquet, args.runs)
-    results["write_blobhouse_s"] = timed(write_blobhouse, args.runs)
-    results["write_ratio"] = results["write_parquet_s"] / results["write_blobhouse_s"]
+    writes = medians({"parquet": write_parquet, "blobhouse": write_blobhouse}, runs)
+    results = {"rows": rows, "blob_bytes": blob}
+    results["write_parquet_s"] = writes["parquet"]
+    results["write_blobhouse_s"] = writes["blobhouse"]
+    results["write_ratio"] = writes["parquet"] / writes["blobhouse"]
 
     refs = spark.read.format("blobhouse").load(f"{root}/bh")
     parquet = spark.read.parquet(f"{root}/pq").select("id", "group")
-    results["scan_parquet_s"] = timed(lambda: parquet.agg(F.sum("id")).collect(), args.runs)
-    results["scan_refs_s"] = timed(
-        lambda: refs.agg(F.sum("id"), F.sum(F.col("payload.size"))).collect(), args.runs
-    )
-    results["scan_ratio"] = results["scan_parquet_s"] / results["scan_refs_s"]
     spark.dataSource.register(_FloorSource)
-    floor = spark.read.format("bh_floor").option("rows", str(args.rows)).load()
-    results["scan_python_source_floor_s"] = timed(
-        lambda: floor.agg(F.sum("id")).collect(), args.runs
+    floor = (
+        spark.read.format("bh_floor")
+        .options(rows=str(rows), blob=str(blob), uri=refs.first()["payload"]["uri"])
+        .load()
     )
-    results["floor_ratio"] = results["scan_parquet_s"] / results["scan_python_source_floor_s"]
-    read_blob_s = timed(
-        lambda: refs.select(F.sum(F.length(bs.read_blob("payload")))).collect(), args.runs
+    scans = medians(
+        {
+            "parquet": lambda: parquet.agg(F.sum("id")).collect(),
+            "refs": lambda: refs.agg(F.sum("id"), F.sum(F.col("payload.size"))).collect(),
+            "floor": lambda: floor.agg(F.sum("id"), F.sum(F.col("payload.size"))).collect(),
+        },
+        runs,
     )
-    materialize_s = timed(
-        lambda: bs.materialize(refs, ["payload"]).select(F.sum(F.length("payload"))).collect(),
-        args.runs,
+    results["scan_parquet_s"] = scans["parquet"]
+    results["scan_refs_s"] = scans["refs"]
+    results["scan_ratio"] = scans["parquet"] / scans["refs"]
+    results["scan_python_source_floor_s"] = scans["floor"]
+    results["floor_ratio"] = scans["parquet"] / scans["floor"]
+    results["scan_vs_floor"] = scans["floor"] / scans["refs"]
+
+    def total_length(df, column) -> None:
+        df.select(F.sum(F.length(column))).collect()
+
+    reads = medians(
+        {
+            "read_blob": lambda: total_length(refs, bs.read_blob("payload")),
+            "read_blob_floor": lambda: total_length(refs, _floor_udf("payload")),
+            "materialize": lambda: total_length(bs.materialize(refs, ["payload"]), "payload"),
+            "materialize_floor": lambda: total_length(
+                refs.mapInArrow(_floor_map, "id long, group long, payload binary"), "payload"
+            ),
+        },
+        runs,
     )
-    results["read_blob_mb_s"] = total_mb / read_blob_s
-    results["materialize_mb_s"] = total_mb / materialize_s
+    for name in ("read_blob", "materialize"):
+        results[f"{name}_mb_s"] = total_mb / reads[name]
+        results[f"{name}_floor_mb_s"] = total_mb / reads[f"{name}_floor"]
+        results[f"{name}_vs_floor"] = reads[f"{name}_floor"] / reads[name]
     shutil.rmtree(root, ignore_errors=True)
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in results.items()}
 

@@ -67,6 +67,7 @@ def test_quick_benchmark_run(tmp_path):
     assert all(r["requests"].get("PUT", 0) > 0 for r in writes if r["contender"].endswith("s3"))
     spark = results["spark"]["rows"][0]
     assert spark["read_blob_mb_s"] > 0 and spark["write_ratio"] > 0
+    assert spark["scan_vs_floor"] > 0 and spark["read_blob_vs_floor"] > 0  # the targets' floors
     mutated = results["mutations"]["rows"]
     assert all(r["seconds"] > 0 for r in mutated)
     relabels = [r for r in mutated if r["operation"].startswith("update")]

@@ -7,6 +7,7 @@ import random
 import time
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
@@ -14,6 +15,9 @@ from pyspark.sql.utils import AnalysisException
 
 import blobhouse.spark as bs
 from blobhouse import open_table, write_table
+from blobhouse.errors import InvalidInputError
+from blobhouse.rangeio import REF_TYPE
+from blobhouse.spark.functions import _runs, read_bytes
 
 from helpers import disk_bytes, stock_read, tree
 
@@ -287,3 +291,49 @@ def test_blobhouse_functions_work_in_a_session_that_never_registered(spark, tmp_
         bs.write_table(df, uri, blob_columns=["b"], dedup="global")
     assert open_table(uri).count_rows() == 8
     assert disk_bytes(os.path.join(uri, "_blobs", "packs")) == len(shared)  # stored once
+
+
+def _read_plan(refs: pa.Array, limit: int = 64 << 20) -> list:
+    valid = refs.is_valid().to_numpy(zero_copy_only=False)
+    sizes = [s if ok else 0 for s, ok in zip(refs.field("size").to_pylist(), valid, strict=True)]
+    return _runs(refs, valid, np.concatenate([[0], np.cumsum(sizes)]), limit)
+
+
+def test_read_bytes_reads_each_file_in_one_range_and_keeps_every_row(table_uri):
+    # Lance starts inline payloads at multiples of 64 bytes: these leave no gaps between rows
+    payloads = [os.urandom(64 * random.randrange(1, 48)) for _ in range(60)]
+    for start in (0, 30):  # two fragments: two data files
+        rows = range(start, start + 30)
+        data = pa.table(
+            {
+                "id": pa.array(rows, pa.int64()),
+                "b": pa.array([payloads[i] for i in rows], pa.large_binary()),
+            }
+        )
+        write_table(data, table_uri, mode="append", blob_columns=["b"], dedup="off")
+    refs = open_table(table_uri).to_arrow(blobs="refs").column("b").combine_chunks()
+    assert read_bytes(refs).to_pylist() == payloads
+    assert [r.size for r in _read_plan(refs)] == [
+        sum(map(len, payloads[:30])),
+        sum(map(len, payloads[30:])),
+    ]
+    # bounded reads: a run ends where its bytes cross a multiple of the limit
+    bounded = _read_plan(refs, limit=4 * KB)
+    assert sum(r.size for r in bounded) == sum(map(len, payloads)) and len(bounded) > 4
+    assert all(r.size < 4 * KB + 3 * KB for r in bounded)
+    # out of order, repeated, null, null uri, empty: each row its own bytes
+    no_uri = pa.array([{"uri": None, "position": 0, "size": 5}], REF_TYPE)
+    empty = pa.array([{"uri": refs[0]["uri"].as_py(), "position": 7, "size": 0}], REF_TYPE)
+    pieces = [refs.slice(40, 10), pa.nulls(2, REF_TYPE), refs.slice(0, 5), refs.slice(2, 1)]
+    mixed = pa.concat_arrays([*pieces, no_uri, empty, refs.slice(29, 3)])
+    expected = [*payloads[40:50], None, None, *payloads[0:5], payloads[2], None, b""]
+    assert read_bytes(mixed).to_pylist() == [*expected, *payloads[29:32]]
+    assert read_bytes(pa.array([], REF_TYPE)).to_pylist() == []
+
+
+def test_read_bytes_refuses_a_negative_size(tmp_path):
+    path = tmp_path / "x.bin"
+    path.write_bytes(b"hello")
+    bad = pa.array([{"uri": path.as_uri(), "position": 0, "size": -1}], REF_TYPE)
+    with pytest.raises(InvalidInputError, match=r"row 0 of the batch\) has a negative size"):
+        read_bytes(bad)
