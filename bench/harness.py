@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import statistics
 import tempfile
@@ -45,12 +46,17 @@ class Case:
 
 def medians(contenders: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
     """Median seconds of each contender over ``runs`` rounds after one warm-up round; contenders
-    alternate inside every round so drifts of the machine hit all of them alike."""
+    alternate inside every round so drifts of the machine hit all of them alike, in an order
+    shuffled per round (seeded), so none always follows the same neighbour (a write right
+    after another's big write pays for that one's page-cache writeback)."""
     for fn in contenders.values():
         fn()
     samples: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(runs):
-        for name, fn in contenders.items():
+    for round_ in range(runs):
+        names = list(contenders)
+        random.Random(round_).shuffle(names)
+        for name in names:
+            fn = contenders[name]
             started = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - started)

@@ -67,7 +67,7 @@ def write_report(results: Path, target: Path) -> None:
         "",
         "Every contender runs on the same data in the same process run; times are medians of "
         f"{5} runs after a warm-up, contenders alternating inside each round. Regenerate with "
-        "`bin/bench` (roughly 10-15 minutes on 2 cores; `bin/bench --quick` is the CI smoke run).",
+        "`bin/bench` (roughly 15-20 minutes on 2 cores; `bin/bench --quick` is the CI smoke run).",
         "",
         f"Machine: {run.get('cpus')} cores, {run.get('memory_gb')} GiB, Python "
         f"{run.get('python')}, {run.get('platform')}.",

@@ -47,21 +47,26 @@ def content_hash(payload: memoryview | bytes) -> bytes:
     return blake3.blake3(payload).digest()
 
 
-def content_hashes(payloads: Sequence[memoryview | bytes]) -> list[bytes]:
-    """blake3-256 of each payload, the list spread over every core.
+def content_hashes(
+    payloads: Sequence[memoryview | bytes], threads: int | None = None
+) -> list[bytes]:
+    """blake3-256 of each payload, the list spread over ``threads`` cores (default: all).
 
     blake3 releases the GIL while it hashes, so slices of the list hashed on pool threads run
     in parallel; one payload of many MB is still split across cores by :func:`content_hash`.
+    ``threads=1`` hashes on the calling thread only (a core is busy writing, say).
 
     >>> content_hashes([b"abc", b""]) == [content_hash(b"abc"), content_hash(b"")]
     True
     """
+    threads = (os.cpu_count() or 1) if threads is None else threads
+    if threads < 2:
+        return [blake3.blake3(p).digest() for p in payloads]
     sizes = [len(p) for p in payloads]
     total = sum(sizes)
-    workers = os.cpu_count() or 1
-    if workers < 2 or len(payloads) < 2 or total < _SPREAD_BYTES or max(sizes) * 2 > total:
+    if len(payloads) < 2 or total < _SPREAD_BYTES or max(sizes) * 2 > total:
         return [content_hash(p) for p in payloads]
-    slices = _byte_balanced(sizes, total, workers)
+    slices = _byte_balanced(sizes, total, threads)
     # one thread per slice already keeps every core busy: each payload on one thread
     parts = _hash_pool().map(lambda s: [blake3.blake3(p).digest() for p in payloads[s]], slices)
     return [digest for part in parts for digest in part]

@@ -13,6 +13,7 @@ than once in the window is packed once and shared instead of being inlined.
 from __future__ import annotations
 
 import functools
+import os
 import uuid
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
@@ -501,7 +502,7 @@ class _ColumnPlacer:
         # one call, spread over the cores, before the per-row decisions
         rows = column.data_rows()
         digests: list[bytes | None] = [None] * column.length
-        hashed = content_hashes([column.payload(r) for r in rows])
+        hashed = content_hashes([column.payload(r) for r in rows], self._hash_threads())
         for row, digest in zip(rows, hashed, strict=True):
             digests[row] = digest
         in_store = self._place_in_store(column, digests) if self.plan.dedup == "global" else {}
@@ -510,6 +511,12 @@ class _ColumnPlacer:
             for row in range(column.length)
         ]
         return _Decided(column, values)
+
+    def _hash_threads(self) -> int | None:
+        """Every core hashes, unless payloads of the last batch are still being written: then
+        one core is left to the writer (hashing on all of them would slow it as much)."""
+        queue = self.store.queue if self.plan.dedup == "global" else self.session.writes
+        return max(1, (os.cpu_count() or 1) - 1) if queue.busy else None
 
     def _place_in_store(
         self, column: LogicalColumn, digests: list[bytes | None]

@@ -218,6 +218,11 @@ class WriteQueue:
         self._pending.append((self._pool.submit(fn), nbytes))
         self._bytes += nbytes
 
+    @property
+    def busy(self) -> bool:
+        """Whether a submitted write is still running or waiting."""
+        return any(not future.done() for future, _ in self._pending)
+
     def drain(self) -> None:
         """Wait for every submitted write."""
         while self._pending:
