@@ -19,6 +19,7 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 from blobhouse.errors import InvalidInputError
 from blobhouse.rangeio import MAX_READ_BYTES, BlobRef, read_ranges_arrow
 from blobhouse.storage import checked_options
+from blobhouse.values import numbers
 
 MATERIALIZE_BATCH_BYTES = 64 << 20
 
@@ -42,7 +43,7 @@ def read_bytes(array: pa.Array, storage_options: Mapping[str, str] | None = None
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     valid = _readable(array)
-    sizes = np.where(valid, _numbers(array, "size"), 0)
+    sizes = np.where(valid, numbers(array.field("size")), 0)
     if (sizes < 0).any():
         row = int(np.flatnonzero(sizes < 0)[0])
         raise InvalidInputError(
@@ -68,10 +69,6 @@ def _readable(refs: pa.Array) -> np.ndarray:
     return valid.to_numpy(zero_copy_only=False)
 
 
-def _numbers(refs: pa.Array, name: str) -> np.ndarray:
-    return refs.field(name).fill_null(0).to_numpy(zero_copy_only=False)
-
-
 def _runs(
     refs: pa.Array, valid: np.ndarray, offsets: np.ndarray, limit: int = MAX_READ_BYTES
 ) -> list[BlobRef]:
@@ -82,7 +79,7 @@ def _runs(
     rows = np.flatnonzero(valid)
     if not len(rows):
         return []
-    positions = _numbers(refs, "position")[rows]
+    positions = numbers(refs.field("position"))[rows]
     sizes = np.diff(offsets)[rows]
     uris = refs.field("uri").take(pa.array(rows))
     starts = offsets[rows]
