@@ -44,12 +44,20 @@ class Case:
         return path
 
 
-def medians(contenders: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
+def medians(
+    contenders: dict[str, Callable[[], object]],
+    runs: int,
+    before: Callable[[str], object] | None = None,
+) -> dict[str, float]:
     """Median seconds of each contender over ``runs`` rounds after one warm-up round; contenders
     alternate inside every round so drifts of the machine hit all of them alike, in an order
-    shuffled per round (seeded), so none always follows the same neighbour (a write right
-    after another's big write pays for that one's page-cache writeback)."""
-    for fn in contenders.values():
+    shuffled per round (seeded). ``before(name)`` runs untimed ahead of each call: writes
+    pass :func:`settled`, so none pays for a neighbour's page-cache writeback or leftover files
+    (with a seeded order, one contender followed Parquet's write in 3 of 5 rounds and was
+    0.05-0.1 s slower for it)."""
+    for name, fn in contenders.items():
+        if before is not None:
+            before(name)
         fn()
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     for round_ in range(runs):
@@ -57,6 +65,8 @@ def medians(contenders: dict[str, Callable[[], object]], runs: int) -> dict[str,
         random.Random(round_).shuffle(names)
         for name in names:
             fn = contenders[name]
+            if before is not None:
+                before(name)
             started = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - started)
@@ -85,6 +95,21 @@ class Scratch:
 def fresh(path: Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     return path
+
+
+def settled(outputs: dict[str, Path]) -> Callable[[str], None]:
+    """A ``before`` for :func:`medians`: remove what the contender wrote last time (its path
+    in ``outputs``), then flush every dirty page to the disk."""
+
+    def settle(name: str) -> None:
+        path = outputs.get(name)  # a contender that writes nothing (a hash) has none
+        if path is not None and path.is_dir():
+            shutil.rmtree(path)
+        elif path is not None:
+            path.unlink(missing_ok=True)
+        os.sync()
+
+    return settle
 
 
 def machine() -> dict:

@@ -247,8 +247,14 @@ class WriteQueue:
         future.result()
 
 
+# Payloads reach a sidecar's writer thread in runs of about this many bytes: one hand-off per
+# payload cost ~25 us of locking and GIL switches, a third of a 256 MB write of 100 KB payloads
+SIDECAR_RUN_BYTES = 4 << 20
+
+
 class SidecarFile:
-    """A new sidecar object, written sequentially without copies through a :class:`WriteQueue`.
+    """A new sidecar object, written sequentially without copies through a :class:`WriteQueue`,
+    in runs of :data:`SIDECAR_RUN_BYTES` (the views are kept, not copied, until written).
 
     An existing sidecar is never overwritten, even by a writer racing this one: local sidecars
     are created with ``O_EXCL``, S3 ones with a conditional PUT (:mod:`blobhouse.storage`).
@@ -260,22 +266,43 @@ class SidecarFile:
         self.uri = uri
         self._queue = queue
         self._object: NewObject | None = object_store(uri, storage_options).create(uri)
+        self._run: list[memoryview] = []
+        self._run_bytes = 0
 
     def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
-        self._queue.submit(lambda: self._object.write(view), len(view))
+        self._run.append(view)
+        self._run_bytes += len(view)
+        if self._run_bytes >= SIDECAR_RUN_BYTES:
+            self._submit_run()
+
+    def flush(self) -> None:
+        """Hand what was written so far to the queue (its bytes are written once it drains)."""
+        self._submit_run()
 
     def close(self, wait: bool = True) -> None:
         """Close the object; with ``wait`` (the default) return once every byte is written."""
+        self._submit_run()
         self._queue.submit(self._close_now)
         if wait:
             self._queue.drain()
 
     def abort(self) -> None:
         """Give up on the object (after the queue stopped writing it)."""
+        self._run.clear()
         if self._object is not None:
             self._object.abort()
             self._object = None
+
+    def _submit_run(self) -> None:
+        if self._run:
+            run, nbytes = self._run, self._run_bytes
+            self._run, self._run_bytes = [], 0
+            self._queue.submit(lambda: self._write_run(run), nbytes)
+
+    def _write_run(self, run: list[memoryview]) -> None:
+        for view in run:
+            self._object.write(view)
 
     def _close_now(self) -> None:
         if self._object is not None:

@@ -440,6 +440,11 @@ class PackWriter:
         self.stored.append(stored)
         return stored
 
+    def flush(self) -> None:
+        """Hand the open pack's bytes so far to the queue (written once it drains)."""
+        if self._file is not None:
+            self._file.flush()
+
     def finish(self) -> None:
         """Close the current pack (its bytes are written once the queue drains)."""
         self._close()
@@ -521,6 +526,7 @@ class StoreWriter:
 
     def take_new(self) -> tuple[tuple[str, ...], tuple[StoredPayload, ...]]:
         """Packs and payloads stored since the last call, once their bytes are written."""
+        self.packs.flush()
         self.queue.drain()
         stored = tuple(self.packs.stored[self._reported :])
         self._reported = len(self.packs.stored)

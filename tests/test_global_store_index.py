@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from pathlib import Path
 
 import lance
 import pyarrow as pa
@@ -14,6 +15,7 @@ import pytest
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.dedup import content_hash
+from blobhouse.layout import store_dir
 from blobhouse.store import (
     StoredPayload,
     StoreIndex,
@@ -121,3 +123,18 @@ def test_place_many_asks_the_index_once_and_stores_each_payload_once(tmp_path, m
     assert writer.found_packs == {"packs/old.pack"}
     assert len(writer.packs.stored) == 1
     assert asked == ([digests[:2]] if many else [digests[:1], digests[1:2]])
+
+
+def test_take_new_reports_payloads_whose_bytes_are_in_the_open_pack(tmp_path):
+    """A pack stays open across data files; its bytes reach the writer thread in runs, and
+    ``take_new`` (the payloads a data file may commit references to) hands the open run over
+    and waits for it, so every reported payload is on disk before the pack is closed."""
+    root = str(tmp_path)
+    writer = StoreWriter(root, 1, "w-", 1 << 30)
+    payloads = [os.urandom(1000 + n) for n in range(3)]
+    writer.place_many(payloads, [content_hash(p) for p in payloads])
+    packs, stored = writer.take_new()
+    (pack,) = packs
+    content = (Path(store_dir(root)) / pack).read_bytes()
+    assert [content[s.position : s.position + s.size] for s in stored] == payloads
+    writer.finish()

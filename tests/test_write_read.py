@@ -382,3 +382,24 @@ def test_nested_blobs_in_sliced_batches(table_uri):
         3,
         4,
     ]
+
+
+@pytest.mark.parametrize("dedup", ["content", "ref_id", "off"])
+def test_a_batch_hashed_and_placed_in_runs_writes_what_one_run_writes(
+    tmp_path, external, dedup, monkeypatch
+):
+    """The pipeline hashes a batch in runs of rows and places each run before hashing the
+    next; with every data row its own run (and nulls and URIs between and after them), the
+    table reads back the same and shares payloads exactly as with the whole batch in one run."""
+    base, path = external
+    data, expected = sample(path)
+    whole = write(data, str(tmp_path / "whole"), base, dedup=dedup)
+    monkeypatch.setattr(blobhouse.pipeline, "HASH_RUN_BYTES", 1)
+    runs = write(data, str(tmp_path / "runs"), base, dedup=dedup)
+    assert stock_read(str(tmp_path / "runs"), "media") == expected
+    assert runs.read_blobs("media", list(range(len(expected)))) == expected
+    assert stock_descriptors(str(tmp_path / "runs"), "media") == stock_descriptors(
+        str(tmp_path / "whole"), "media"
+    )
+    assert runs.stats()["physical_bytes"] == whole.stats()["physical_bytes"]
+    assert runs.verify(deep=True)["problems"] == []
