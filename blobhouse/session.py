@@ -274,15 +274,18 @@ class SidecarFile:
         self._run.append(view)
         self._run_bytes += len(view)
         if self._run_bytes >= SIDECAR_RUN_BYTES:
-            self._submit_run()
+            self.flush()
 
     def flush(self) -> None:
         """Hand what was written so far to the queue (its bytes are written once it drains)."""
-        self._submit_run()
+        if self._run:
+            run, nbytes = self._run, self._run_bytes
+            self._run, self._run_bytes = [], 0
+            self._queue.submit(lambda: self._write_run(run), nbytes)
 
     def close(self, wait: bool = True) -> None:
         """Close the object; with ``wait`` (the default) return once every byte is written."""
-        self._submit_run()
+        self.flush()
         self._queue.submit(self._close_now)
         if wait:
             self._queue.drain()
@@ -293,12 +296,6 @@ class SidecarFile:
         if self._object is not None:
             self._object.abort()
             self._object = None
-
-    def _submit_run(self) -> None:
-        if self._run:
-            run, nbytes = self._run, self._run_bytes
-            self._run, self._run_bytes = [], 0
-            self._queue.submit(lambda: self._write_run(run), nbytes)
 
     def _write_run(self, run: list[memoryview]) -> None:
         for view in run:
