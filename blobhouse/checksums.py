@@ -94,6 +94,18 @@ class ChecksumLog:
         self._inline_sizes.append(size)
         self._inline_digests += digest
 
+    def record_inline_many(
+        self, column: str, rows: np.ndarray, sizes: np.ndarray, digests: list[bytes]
+    ) -> None:
+        """:meth:`record_inline` for many rows of ``column`` at once."""
+        joined = b"".join(digests)
+        if len(joined) != DIGEST_BYTES * len(rows) or len(sizes) != len(rows):
+            raise ValueError("one size and one blake3-256 digest per row")
+        self._columns.extend([self._names.setdefault(column, len(self._names))] * len(rows))
+        self._rows.frombytes(np.asarray(rows, dtype=np.int64).tobytes())
+        self._inline_sizes.frombytes(np.asarray(sizes, dtype=np.uint64).tobytes())
+        self._inline_digests += joined
+
     def to_table(self) -> pa.Table:
         """Every entry (sidecar entries first) as a :data:`CHECKSUM_SCHEMA` table."""
         names = pa.array(list(self._names), pa.utf8())

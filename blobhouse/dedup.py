@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, NamedTuple
 
@@ -135,16 +136,21 @@ class Fingerprint(NamedTuple):
 class DedupIndex:
     """Dedup keys seen in one data file, with the fingerprint of their first row.
 
+    A content key is the payload's digest: a later row with the key holds the same bytes, so
+    content keys carry no fingerprint (None). A ref_id key's later rows must match the first.
+
     >>> index = DedupIndex()
-    >>> key = index.key("content", "img", ref_id=None, digest=b"h")
-    >>> index.first_seen(key, Fingerprint(3, b"h", row=0), column="img", ref_id=None)
+    >>> key = index.key("ref_id", "img", ref_id=7, digest=b"h")
+    >>> index.first_seen(key, Fingerprint(3, b"h", row=0), column="img", ref_id=7)
     True
-    >>> index.first_seen(key, Fingerprint(3, b"h", row=5), column="img", ref_id=None)
+    >>> index.first_seen(key, Fingerprint(3, b"h", row=5), column="img", ref_id=7)
     False
+    >>> index.add([b"d1", b"d2"]); index.known({b"d2", b"d3"})
+    {b'd2'}
     """
 
     def __init__(self) -> None:
-        self._seen: dict[Hashable, Fingerprint] = {}
+        self._seen: dict[Hashable, Fingerprint | None] = {}
 
     @staticmethod
     def key(mode: DedupMode, column: str, *, ref_id: int | None, digest: bytes | None) -> Hashable:
@@ -152,21 +158,22 @@ class DedupIndex:
         if mode == "ref_id":
             return ("ref", column, ref_id) if ref_id else None
         if mode == "content" and digest is not None:
-            return ("content", digest)
+            return digest
         return None
 
     def first_seen(
-        self, key: Hashable, fingerprint: Fingerprint, *, column: str, ref_id: int | None
+        self, key: Hashable, fingerprint: Fingerprint | None, *, column: str, ref_id: int | None
     ) -> bool:
         """Record ``key``; True the first time. Later rows must match the first (ref_id mode)."""
-        first = self._seen.get(key)
-        if first is None:
+        if key not in self._seen:
             self._seen[key] = fingerprint
             return True
-        if (first.size, first.digest, first.external) != (
-            fingerprint.size,
-            fingerprint.digest,
-            fingerprint.external,
+        first = self._seen[key]
+        if (
+            first is not None
+            and fingerprint is not None
+            and (first.size, first.digest, first.external)
+            != (fingerprint.size, fingerprint.digest, fingerprint.external)
         ):
             raise RefIdConflictError(
                 f"blob column {column!r}: ref_id {ref_id} is used by row {first.row} "
@@ -175,9 +182,19 @@ class DedupIndex:
             )
         return False
 
-    def forget(self, key: Hashable) -> None:
-        """Drop ``key``: a later row with the same key counts as a first sighting again."""
-        self._seen.pop(key, None)
+    def add(self, digests: Iterable[bytes]) -> None:
+        """Record content keys (digests) seen for the first time, many at once."""
+        self._seen.update(dict.fromkeys(digests))
+
+    def known(self, keys: AbstractSet[Hashable]) -> AbstractSet[Hashable]:
+        """Those of ``keys`` already recorded."""
+        return self._seen.keys() & keys
+
+    def forget(self, keys: Iterable[Hashable]) -> None:
+        """Drop ``keys``: a later row with one of them counts as a first sighting again."""
+        seen = self._seen
+        for key in keys:
+            seen.pop(key, None)
 
 
 def _describe(fp: Fingerprint) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import pyarrow as pa
 from lance.blob import blob_field as lance_blob_field
 
@@ -62,7 +63,9 @@ from blobhouse.values import (
     stored_blob_columns,
 )
 
-WINDOW_BYTES = 64 * MiB
+# while a window is placed, the one before it is written (blobhouse.session.DATA_WRITE_BYTES):
+# two windows at most are in memory
+WINDOW_BYTES = 32 * MiB
 WINDOW_ROWS = 64 * 1024  # small rows cost more in bookkeeping than in bytes
 
 
@@ -330,6 +333,7 @@ class DataFileWriter:
         for _, decided in self._window:
             for count, column in zip(counts, decided, strict=True):
                 count.update(v.key for v in column.values if isinstance(v, _Pending) and v.key)
+                count.update(column.fresh_keys)
         file_row = self.num_rows - self._window_rows  # rows of the window start here in the file
         for batch, decided in self._window:
             for placer, count, column in zip(self.placers, counts, decided, strict=True):
@@ -341,7 +345,7 @@ class DataFileWriter:
                 )
             file_row += batch.num_rows
             out = pa.RecordBatch.from_arrays(batch.columns, schema=self.plan.file_schema)
-            self._data_file().write_batch(out)
+            self.session.write_data(self._data_file(), out)
             self._file_bytes += out.nbytes
         self._window.clear()
         self._window_bytes = 0
@@ -454,12 +458,26 @@ class _Pending(NamedTuple):
     digest: bytes
 
 
+# the value of a row in :attr:`_Decided.fresh` until its window is resolved
+_FRESH = _Pending(-1, None, b"")
+
+
 @dataclass(frozen=True)
 class _Decided:
-    """One blob column of one batch: placed values, and small payloads still pending."""
+    """One blob column of one batch: placed values, and small payloads still pending.
+
+    Small payloads first seen in the batch (most rows of many small ones) wait in bulk: their
+    rows and digests (:attr:`fresh`), not a :class:`_Pending` each.
+    """
 
     column: LogicalColumn
     values: list[PreparedBlob | _Pending | None]
+    fresh: tuple[list[int], list[bytes]] = ([], [])
+    keyed: bool = False  # the fresh digests are dedup keys (content dedup)
+
+    @property
+    def fresh_keys(self) -> list[bytes]:
+        return self.fresh[1] if self.keyed else []
 
 
 class _ColumnPlacer:
@@ -505,22 +523,64 @@ class _ColumnPlacer:
         payloads = [column.payload(r) for r in rows]
         digests: list[bytes | None] = [None] * column.length
         values: list[PreparedBlob | _Pending | None] = []
+        fresh_rows: list[int] = []
+        fresh_digests: list[bytes] = []
         run_bytes = None if self.plan.dedup == "global" else HASH_RUN_BYTES
         for start, end in _byte_runs(payloads, run_bytes):
             hashed = content_hashes(payloads[start:end], self._hash_threads())
             for row, digest in zip(rows[start:end], hashed, strict=True):
                 digests[row] = digest
             in_store = self._place_in_store(column, digests) if run_bytes is None else {}
+            fresh = self._fresh(column, rows[start:end], hashed)
+            fresh_rows += fresh[0]
+            fresh_digests += fresh[1]
+            waiting = set(fresh[0])
             placed = column.length if end == len(rows) else rows[end]
             values += [
-                in_store.get(row) or self._decide_row(column, row, first_row + row, digests[row])
+                _FRESH
+                if row in waiting
+                else in_store.get(row)
+                or self._decide_row(column, row, first_row + row, digests[row])
                 for row in range(len(values), placed)
             ]
         values += [  # rows without bytes after the last one with bytes
             self._decide_row(column, row, first_row + row, None)
             for row in range(len(values), column.length)
         ]
-        return _Decided(column, values)
+        keyed = self.plan.dedup == "content"
+        return _Decided(column, values, (fresh_rows, fresh_digests), keyed)
+
+    def _fresh(
+        self, column: LogicalColumn, rows: list[int], digests: list[bytes]
+    ) -> tuple[list[int], list[bytes]]:
+        """Those of ``rows`` (hashed: ``digests``) whose small payload is seen for the first
+        time, once in the run: each waits to be inlined. They are found with set operations
+        over the run, not row by row (a data file may hold millions of small rows); the other
+        rows are decided one by one (:meth:`_decide_row`)."""
+        if self.plan.dedup not in ("content", "off") or not rows:
+            return [], []
+        placement = self.plan.placement
+        limit = min(placement.inline_size_threshold, placement.dedicated_size_threshold)
+        small = np.flatnonzero(column.sizes(rows) <= limit).tolist()
+        if len(small) < len(rows):
+            rows, digests = [rows[i] for i in small], [digests[i] for i in small]
+        if self.plan.dedup == "off":
+            return rows, digests
+        unique = set(digests)
+        known = set(self.index.known(unique))
+        if len(unique) < len(digests):
+            known |= {d for d, n in Counter(digests).items() if n > 1}
+        shorts = _shorts(digests)
+        inlined_before = self.inlined_before.intersection(shorts)
+        if known or inlined_before:
+            kept = [
+                i
+                for i, (digest, short) in enumerate(zip(digests, shorts, strict=True))
+                if digest not in known and short not in inlined_before
+            ]
+            rows, digests = [rows[i] for i in kept], [digests[i] for i in kept]
+        self.index.add(digests)
+        return rows, digests
 
     def _hash_threads(self) -> int | None:
         """Every core hashes, unless payloads of the last batch are still being written: then
@@ -545,12 +605,36 @@ class _ColumnPlacer:
     ) -> list[PreparedBlob | None]:
         """Final values of one batch (whose first row is ``file_row`` of the data file):
         pending payloads are packed if shared, else inlined."""
+        self._resolve_fresh(decided, counts, file_row)
         return [
             self._resolve_pending(decided.column, v, counts, file_row)
             if isinstance(v, _Pending)
             else v
             for v in decided.values
         ]
+
+    def _resolve_fresh(self, decided: _Decided, counts: Counter, file_row: int) -> None:
+        """Set the values of ``decided``'s fresh rows: inline, their checksums recorded at
+        once, unless a later row of the window shares the payload (then a :class:`_Pending`,
+        packed and shared as :meth:`resolve` meets it)."""
+        rows, digests = decided.fresh
+        if decided.keyed:
+            stored = self.stored
+            alone = [i for i, d in enumerate(digests) if counts[d] == 1 and d not in stored]
+            if len(alone) < len(rows):
+                for i in set(range(len(rows))).difference(alone):
+                    decided.values[rows[i]] = _Pending(rows[i], digests[i], digests[i])
+                rows, digests = [rows[i] for i in alone], [digests[i] for i in alone]
+            self.index.forget(digests)  # see _resolve_pending
+            self.inlined_before.update(_shorts(digests))
+        if not rows:
+            return
+        sizes = decided.column.sizes(rows)
+        self.session.checksums.record_inline_many(
+            self.name, np.asarray(rows, dtype=np.int64) + file_row, sizes, digests
+        )
+        for row, size in zip(rows, sizes.tolist(), strict=True):
+            decided.values[row] = _inline(size)
 
     def close(self) -> None:
         if self._pack is not None:
@@ -573,7 +657,8 @@ class _ColumnPlacer:
         payload = column.payload(row)
         key = self.index.key(self.plan.dedup, self.name, ref_id=ref_id, digest=digest)
         if key is not None:
-            fingerprint = Fingerprint(len(payload), digest, global_row)
+            ref = self.plan.dedup == "ref_id"  # a content key is the digest: nothing to compare
+            fingerprint = Fingerprint(len(payload), digest, global_row) if ref else None
             if not self.index.first_seen(key, fingerprint, column=self.name, ref_id=ref_id):
                 if key in self.stored:
                     return self.stored[key]
@@ -606,7 +691,7 @@ class _ColumnPlacer:
             # a unique small payload is forgotten once placed, so the index of a file holds
             # its stored payloads and the current window, not one entry per small row; a copy
             # met again in a later window is packed (one extra copy, then shared)
-            self.index.forget(key)
+            self.index.forget([key])
             self.inlined_before.add(_short(pending.digest))
         self.session.checksums.record_inline(
             self.name, file_row + pending.row, len(payload), pending.digest
@@ -688,6 +773,13 @@ def _inline(size: int) -> PreparedBlob:
 
 def _short(digest: bytes) -> int:
     return int.from_bytes(digest[:8], "little")
+
+
+def _shorts(digests: list[bytes]) -> list[int]:
+    """:func:`_short` of each digest, in one pass."""
+    if not digests:
+        return []
+    return np.frombuffer(b"".join(digests), dtype="<u8")[::4].tolist()
 
 
 def _conform(batch: pa.RecordBatch, plan: WritePlan, first_row: int) -> pa.RecordBatch:

@@ -202,13 +202,13 @@ DATA_FILE_CACHE_BYTES = 64 << 20
 
 
 class WriteQueue:
-    """Sidecar writes on one background thread, in submission order, so hashing the next
-    payload overlaps writing this one. At most ``limit`` bytes wait; an error of a background
-    write is raised by the next submit or by :meth:`drain`."""
+    """Writes on one background thread, in submission order, so hashing the next payload
+    overlaps writing this one. At most ``limit`` bytes wait; an error of a background write is
+    raised by the next submit or by :meth:`drain`."""
 
-    def __init__(self, limit: int = 256 << 20) -> None:
+    def __init__(self, limit: int = 256 << 20, name: str = "blobhouse-sidecar") -> None:
         self.limit = limit
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="blobhouse-sidecar")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
         self._pending: deque[tuple[Future, int]] = deque()
         self._bytes = 0
 
@@ -246,6 +246,9 @@ class WriteQueue:
         self._bytes -= nbytes
         future.result()
 
+
+# batches of up to this many bytes wait for the data file's writer thread (one placement window)
+DATA_WRITE_BYTES = 32 << 20
 
 # Payloads reach a sidecar's writer thread in runs of about this many bytes: one hand-off per
 # payload cost ~25 us of locking and GIL switches, a third of a 256 MB write of 100 KB payloads
@@ -527,6 +530,9 @@ class BlobSession:
         self.flagged: set[str] = set()  # external objects rows hand to the table
         self.managed: set[str] = set()  # every external object the file hands to the table
         self.writes = WriteQueue()
+        # Lance encodes and writes a batch with the GIL released: the next window is placed
+        # meanwhile
+        self._data_writes = WriteQueue(DATA_WRITE_BYTES, name="blobhouse-data")
         self.checksums = ChecksumLog()
         self._file_schema: pa.Schema | None = None
 
@@ -749,16 +755,22 @@ class BlobSession:
             data_cache_bytes=DATA_FILE_CACHE_BYTES,
         )
 
+    def write_data(self, writer: LanceFileWriter, batch: pa.RecordBatch) -> None:
+        """Hand ``batch`` to the data file's writer thread (:meth:`close_data_file` waits)."""
+        self._data_writes.submit(lambda: writer.write_batch(batch), batch.nbytes)
+
     def close_data_file(self, writer: LanceFileWriter) -> None:
         """Close the data file's writer, storing the checksums of every payload the session
         wrote in it first (see :mod:`blobhouse.checksums`)."""
+        self._data_writes.close()
         self.checksums.attach(writer, self._file_schema)
         writer.close()
 
     def abort(self) -> None:
         """Remove the data file and every sidecar this session created."""
-        self.writes.abandon()
-        self.writes.close()
+        for queue in (self._data_writes, self.writes):
+            queue.abandon()
+            queue.close()
         for file in self._sidecar_files:  # an unfinished S3 upload leaves no object to delete
             file.abort()
         for path in [self.data_file_name, *self.sidecars]:

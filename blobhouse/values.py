@@ -348,6 +348,11 @@ class LogicalColumn:
         """The bytes of ``row`` (which must hold data, not a URI), without copying."""
         return self._data[self._offsets[row] : self._offsets[row + 1]]
 
+    def sizes(self, rows: list[int]) -> np.ndarray:
+        """The payload sizes of ``rows`` (which must hold data)."""
+        rows_at = np.asarray(rows, dtype=np.int64)
+        return self._offsets[rows_at + 1] - self._offsets[rows_at]
+
     def data_rows(self) -> list[int]:
         """The rows that hold bytes (not null, not a URI)."""
         if self.has_data is None:

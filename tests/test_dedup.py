@@ -155,7 +155,7 @@ def test_same_payload_in_two_columns_is_placed_per_column(table_uri):
 
 def test_small_payloads_next_to_large_ones_are_stored_at_most_twice(table_uri):
     # ~63 KB images repeated 24 rows apart in rows that also carry 4 MB videos: the placement
-    # window (64 MiB) fills with the videos, so an image's copies land in different windows.
+    # window (32 MiB) fills with the videos, so an image's copies land in different windows.
     # Each distinct image may cost one inline copy plus one shared copy, never one per row.
     rng = random.Random(3)
     images = [rng.randbytes(63_000) for _ in range(24)]

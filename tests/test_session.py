@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -95,3 +96,29 @@ def test_appends_never_touch_sidecars_of_committed_files(table_uri):
 
 def _sidecars(uri: str) -> list[str]:
     return [os.path.join(r, n) for r, _, ns in os.walk(uri) for n in ns if n.endswith(".blob")]
+
+
+def test_data_file_batches_are_written_on_their_own_thread_and_their_errors_raised(tmp_path):
+    """The data file's batches are written on a thread of their own, in order (placing the
+    next batch overlaps Lance encoding this one); a batch Lance refuses there is raised when
+    the file is closed, and abort removes the file."""
+    session = BlobSession(f"{tmp_path}/data/f.lance")
+    writer = session.open_data_file(pa.schema([pa.field("a", pa.int64())]))
+    threads = []
+    write_batch = writer.write_batch
+
+    def recorded(batch):
+        threads.append((threading.current_thread().name, batch.column(0)[0].as_py()))
+        write_batch(batch)
+
+    writer.write_batch = recorded
+    for first in (1, 2):
+        session.write_data(writer, pa.record_batch({"a": [first, 9]}))
+    session.write_data(writer, pa.record_batch({"a": ["not a number"]}))
+    with pytest.raises(ValueError, match="does not match the file schema"):
+        session.close_data_file(writer)
+    assert [value for _, value in threads] == [1, 2, "not a number"]
+    assert all(name.startswith("blobhouse-data") for name, _ in threads)
+    session.abort()
+    assert not os.path.exists(tmp_path / "data" / "f.lance")
+    assert not os.path.exists(tmp_path / "data" / "f")  # no sidecar folder either

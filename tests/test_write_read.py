@@ -7,6 +7,7 @@ import io
 import os
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -403,3 +404,44 @@ def test_a_batch_hashed_and_placed_in_runs_writes_what_one_run_writes(
     )
     assert runs.stats()["physical_bytes"] == whole.stats()["physical_bytes"]
     assert runs.verify(deep=True)["problems"] == []
+
+
+@pytest.mark.parametrize("dedup", ["content", "off"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_small_payloads_placed_in_bulk_write_what_row_by_row_placement_writes(
+    tmp_path, dedup, seed, monkeypatch
+):
+    """Small payloads seen for the first time are placed in bulk (set operations over a run
+    of rows). On random mixes of repeats (within a run, across runs, batches and windows),
+    nulls, empty payloads and payloads too big to inline, the table is exactly the one
+    placing every row by itself writes: same descriptors, physical bytes and checksums."""
+    rng = np.random.default_rng(seed)
+    repeated = [rng.bytes(int(n)) for n in rng.integers(1, 300, 25)]
+    values: list[bytes | None] = []
+    for _ in range(700):
+        pick = rng.random()
+        if pick < 0.05:
+            values.append(None)
+        elif pick < 0.08:
+            values.append(b"")
+        elif pick < 0.45:
+            values.append(repeated[int(rng.integers(len(repeated)))])
+        else:
+            values.append(rng.bytes(int(rng.integers(1, 300))))
+    data = pa.table({"id": list(range(len(values))), "b": pa.array(values, pa.large_binary())})
+    batches = data.to_batches(max_chunksize=45)
+    monkeypatch.setattr(blobhouse.pipeline, "WINDOW_ROWS", 130)  # several windows
+    monkeypatch.setattr(blobhouse.pipeline, "HASH_RUN_BYTES", 2_000)  # several runs a batch
+    options = dict(blob_columns=["b"], dedup=dedup, placement={"b": {"inline_size_threshold": 200}})
+    bulk = write_table(pa.Table.from_batches(batches), str(tmp_path / "bulk"), **options)
+    monkeypatch.setattr(blobhouse.pipeline._ColumnPlacer, "_fresh", lambda *_: ([], []))
+    by_row = write_table(pa.Table.from_batches(batches), str(tmp_path / "by_row"), **options)
+
+    assert stock_descriptors(str(tmp_path / "bulk"), "b") == stock_descriptors(
+        str(tmp_path / "by_row"), "b"
+    )
+    kinds = {d["kind"] for d in stock_descriptors(str(tmp_path / "bulk"), "b") if d}
+    assert kinds == {int(Kind.INLINE), int(Kind.PACKED)}  # both placements were exercised
+    assert bulk.read_blobs("b", list(range(len(values)))) == values
+    assert bulk.stats()["physical_bytes"] == by_row.stats()["physical_bytes"]
+    assert bulk.verify(deep=True)["problems"] == []
