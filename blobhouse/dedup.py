@@ -67,10 +67,18 @@ def content_hashes(
     total = sum(sizes)
     if len(payloads) < 2 or total < _SPREAD_BYTES or max(sizes) * 2 > total:
         return [content_hash(p) for p in payloads]
-    slices = _byte_balanced(sizes, total, threads)
-    # one thread per slice already keeps every core busy: each payload on one thread
-    parts = _hash_pool().map(lambda s: [blake3.blake3(p).digest() for p in payloads[s]], slices)
-    return [digest for part in parts for digest in part]
+    first, *rest = _byte_balanced(sizes, total, threads)
+
+    def hash_slice(part: slice) -> list[bytes]:
+        # one thread per slice already keeps every core busy: each payload on one thread
+        return [blake3.blake3(p).digest() for p in payloads[part]]
+
+    # the calling thread hashes a slice too: it would only wait, and a hand-off costs a wake-up
+    futures = [_hash_pool().submit(hash_slice, part) for part in rest]
+    digests = hash_slice(first)
+    for future in futures:
+        digests += future.result()
+    return digests
 
 
 def _byte_balanced(sizes: list[int], total: int, parts: int) -> list[slice]:

@@ -219,9 +219,9 @@ class WriteQueue:
         self._bytes += nbytes
 
     @property
-    def busy(self) -> bool:
-        """Whether a submitted write is still running or waiting."""
-        return any(not future.done() for future, _ in self._pending)
+    def unwritten_bytes(self) -> int:
+        """Bytes of the submitted writes still running or waiting."""
+        return sum(nbytes for future, nbytes in self._pending if not future.done())
 
     def drain(self) -> None:
         """Wait for every submitted write."""

@@ -396,6 +396,7 @@ def test_a_batch_hashed_and_placed_in_runs_writes_what_one_run_writes(
     data, expected = sample(path)
     whole = write(data, str(tmp_path / "whole"), base, dedup=dedup)
     monkeypatch.setattr(blobhouse.pipeline, "HASH_RUN_BYTES", 1)
+    monkeypatch.setattr(blobhouse.pipeline, "MAX_HASH_RUN_BYTES", 1)
     runs = write(data, str(tmp_path / "runs"), base, dedup=dedup)
     assert stock_read(str(tmp_path / "runs"), "media") == expected
     assert runs.read_blobs("media", list(range(len(expected)))) == expected
@@ -432,6 +433,7 @@ def test_small_payloads_placed_in_bulk_write_what_row_by_row_placement_writes(
     batches = data.to_batches(max_chunksize=45)
     monkeypatch.setattr(blobhouse.pipeline, "WINDOW_ROWS", 130)  # several windows
     monkeypatch.setattr(blobhouse.pipeline, "HASH_RUN_BYTES", 2_000)  # several runs a batch
+    monkeypatch.setattr(blobhouse.pipeline, "MAX_HASH_RUN_BYTES", 5_000)
     options = dict(blob_columns=["b"], dedup=dedup, placement={"b": {"inline_size_threshold": 200}})
     bulk = write_table(pa.Table.from_batches(batches), str(tmp_path / "bulk"), **options)
     monkeypatch.setattr(blobhouse.pipeline._ColumnPlacer, "_fresh", lambda *_: ([], []))
@@ -445,3 +447,30 @@ def test_small_payloads_placed_in_bulk_write_what_row_by_row_placement_writes(
     assert bulk.read_blobs("b", list(range(len(values)))) == values
     assert bulk.stats()["physical_bytes"] == by_row.stats()["physical_bytes"]
     assert bulk.verify(deep=True)["problems"] == []
+
+
+def test_hash_runs_grow_while_they_write_nothing_and_start_over_once_they_write(
+    tmp_path, monkeypatch
+):
+    """A run of payloads seen before writes nothing, so there is no write for hashing to
+    overlap: the next run is twice as long (up to a cap). A run that writes starts over."""
+    sizes = []
+    hashes = blobhouse.pipeline.content_hashes
+
+    def hashed(payloads, threads=None):
+        sizes.append(len(payloads))
+        return hashes(payloads, threads)
+
+    monkeypatch.setattr(blobhouse.pipeline, "content_hashes", hashed)
+    monkeypatch.setattr(blobhouse.pipeline, "HASH_RUN_BYTES", 1 << 20)
+    monkeypatch.setattr(blobhouse.pipeline, "MAX_HASH_RUN_BYTES", 4 << 20)
+    rng = np.random.default_rng(5)
+    repeated = rng.bytes(256 << 10)  # packed: four make a 1 MiB run
+    payloads = [repeated] * 40 + [rng.bytes(256 << 10) for _ in range(20)]
+    data = pa.table({"b": pa.array(payloads, pa.large_binary())})
+    table = write_table(data, str(tmp_path / "t"), blob_columns=["b"])
+    # 1 MiB (the first copy written), then 1, 2, 4 and 4 MiB of copies, then 8 copies and
+    # 8 new payloads (2 MiB written): the next run is 1 MiB again
+    assert sizes[:6] == [4, 4, 8, 16, 16, 4]
+    assert table.read_blobs("b", list(range(60))) == payloads
+    assert table.stats()["physical_bytes"] == 21 * (256 << 10)
