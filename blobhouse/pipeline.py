@@ -472,8 +472,8 @@ class _Decided:
 
     column: LogicalColumn
     values: list[PreparedBlob | _Pending | None]
-    fresh: tuple[list[int], list[bytes]] = ([], [])
-    keyed: bool = False  # the fresh digests are dedup keys (content dedup)
+    fresh: tuple[list[int], list[bytes]]
+    keyed: bool  # the fresh digests are dedup keys (content dedup)
 
     @property
     def fresh_keys(self) -> list[bytes]:
@@ -512,7 +512,7 @@ class _ColumnPlacer:
         self._object_sizes: dict[str, int] = {}
 
     def decide(self, batch: pa.RecordBatch, first_row: int) -> _Decided:
-        """Place every row that can be placed now; small payloads wait as :class:`_Pending`."""
+        """Place every row that can be placed now; small payloads wait (:class:`_Decided`)."""
         ref_ids = batch.column(self.plan.ref_id_column) if self.plan.ref_id_column else None
         column = LogicalColumn(
             get_column(batch, self.plan.path), self.name, ref_ids, first_row=first_row
@@ -520,41 +520,43 @@ class _ColumnPlacer:
         # every stored payload is hashed (dedup key and checksum), a run of rows per call spread
         # over the cores; each run is placed before the next is hashed, so its sidecar writes
         # overlap that hashing. A global store is asked once, for the whole batch.
+        decided = _Decided(column, [], ([], []), keyed=self.plan.dedup == "content")
         rows = column.data_rows()
-        payloads = [column.payload(r) for r in rows]
         ends = np.cumsum(column.sizes(rows))  # bytes up to and with each row of ``rows``
-        digests: list[bytes | None] = [None] * column.length
-        values: list[PreparedBlob | _Pending | None] = []
-        fresh_rows: list[int] = []
-        fresh_digests: list[bytes] = []
         end = 0
         while end < len(rows):
-            start, run_bytes = end, None if self.plan.dedup == "global" else self._run_bytes
-            end = _run_end(ends, start, run_bytes)
-            queued, run = self.sidecar_bytes, int(ends[end - 1] - (ends[start - 1] if start else 0))
-            hashed = content_hashes(payloads[start:end], self._hash_threads(run))
-            for row, digest in zip(rows[start:end], hashed, strict=True):
-                digests[row] = digest
-            in_store = self._place_in_store(column, digests) if run_bytes is None else {}
-            fresh = self._fresh(column, rows[start:end], hashed)
-            fresh_rows += fresh[0]
-            fresh_digests += fresh[1]
-            waiting = set(fresh[0])
-            placed = column.length if end == len(rows) else rows[end]
-            values += [
-                _FRESH
-                if row in waiting
-                else in_store.get(row)
-                or self._decide_row(column, row, first_row + row, digests[row])
-                for row in range(len(values), placed)
-            ]
-            self._adapt_runs(run, queued)
-        values += [  # rows without bytes after the last one with bytes
+            start = end
+            end = _run_end(ends, start, None if self.plan.dedup == "global" else self._run_bytes)
+            until = column.length if end == len(rows) else rows[end]
+            self._place_run(decided, rows[start:end], until, first_row)
+        decided.values.extend(  # rows without bytes after the last one with bytes
             self._decide_row(column, row, first_row + row, None)
-            for row in range(len(values), column.length)
-        ]
-        keyed = self.plan.dedup == "content"
-        return _Decided(column, values, (fresh_rows, fresh_digests), keyed)
+            for row in range(len(decided.values), column.length)
+        )
+        return decided
+
+    def _place_run(self, decided: _Decided, rows: list[int], until: int, first_row: int) -> None:
+        """Hash the payloads of ``rows`` and decide every row of ``decided`` up to ``until``
+        (``first_row``: the batch's first row in the write, for errors)."""
+        column, values = decided.column, decided.values
+        payloads = [column.payload(r) for r in rows]
+        queued, run = self.sidecar_bytes, sum(map(len, payloads))
+        hashed = content_hashes(payloads, self._hash_threads(run))
+        digests = dict(zip(rows, hashed, strict=True))
+        global_ = self.plan.dedup == "global"
+        in_store = self._place_in_store(column, rows, hashed) if global_ else {}
+        fresh_rows, fresh_digests = self._fresh(column, rows, hashed)
+        decided.fresh[0].extend(fresh_rows)
+        decided.fresh[1].extend(fresh_digests)
+        waiting = set(fresh_rows)
+        values.extend(
+            _FRESH
+            if row in waiting
+            else in_store.get(row)
+            or self._decide_row(column, row, first_row + row, digests.get(row))
+            for row in range(len(values), until)
+        )
+        self._adapt_runs(run, queued)
 
     def _adapt_runs(self, run: int, queued: int) -> None:
         """Size the next run after one of ``run`` bytes that had ``queued`` sidecar bytes
@@ -606,16 +608,16 @@ class _ColumnPlacer:
         return None
 
     def _place_in_store(
-        self, column: LogicalColumn, digests: list[bytes | None]
+        self, column: LogicalColumn, rows: list[int], digests: list[bytes]
     ) -> dict[int, PreparedBlob]:
-        """Row -> store reference of every non-empty payload of the batch (``dedup="global"``;
-        ``digests``: each row's blake3, None without bytes): the store's index is asked once
-        for the whole batch."""
-        rows = [r for r, d in enumerate(digests) if d is not None and len(column.payload(r))]
+        """Row -> store reference of every non-empty payload of ``rows`` (``dedup="global"``;
+        ``digests``: their blake3): the store's index is asked once for all of them."""
+        pairs = zip(rows, digests, strict=True)
+        kept = [(row, digest) for row, digest in pairs if len(column.payload(row))]
         placed = self.store.place_many(
-            [column.payload(r) for r in rows], [digests[r] for r in rows]
+            [column.payload(row) for row, _ in kept], [digest for _, digest in kept]
         )
-        return dict(zip(rows, placed, strict=True))
+        return {row: value for (row, _), value in zip(kept, placed, strict=True)}
 
     def resolve(
         self, decided: _Decided, counts: Counter, file_row: int
