@@ -206,7 +206,9 @@ class WriteQueue:
     overlaps writing this one. At most ``limit`` bytes wait; an error of a background write is
     raised by the next submit or by :meth:`drain`."""
 
-    def __init__(self, limit: int = 256 << 20, name: str = "blobhouse-sidecar") -> None:
+    # 64 MiB: the queued views keep their input batches alive, so a writer stalled in the kernel
+    # (page-cache writeback) may hold that much of a write's input; 256 MiB wrote no faster
+    def __init__(self, limit: int = 64 << 20, name: str = "blobhouse-sidecar") -> None:
         self.limit = limit
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
         self._pending: deque[tuple[Future, int]] = deque()

@@ -122,3 +122,20 @@ def test_data_file_batches_are_written_on_their_own_thread_and_their_errors_rais
     session.abort()
     assert not os.path.exists(tmp_path / "data" / "f.lance")
     assert not os.path.exists(tmp_path / "data" / "f")  # no sidecar folder either
+
+
+def test_a_stalled_writer_holds_at_most_the_queue_limit():
+    """A submit waits while the writes queued would pass the limit: a writer stalled in the
+    kernel keeps at most that many bytes of a write's input alive."""
+    queue = WriteQueue(limit=10)
+    release = threading.Event()
+    queue.submit(release.wait, 6)  # a write that stalls
+    queue.submit(lambda: None, 4)  # 10 bytes wait: fits
+    third = threading.Thread(target=queue.submit, args=(lambda: None, 1))
+    third.start()
+    third.join(0.3)
+    assert third.is_alive()  # 11 bytes would wait: held until the stalled write ends
+    release.set()
+    third.join(10)
+    assert not third.is_alive()
+    queue.close()

