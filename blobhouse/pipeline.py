@@ -16,7 +16,7 @@ import functools
 import os
 import uuid
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -331,9 +331,8 @@ class DataFileWriter:
     def _flush(self) -> None:
         counts = [Counter[Hashable]() for _ in self.placers]
         for _, decided in self._window:
-            for count, column in zip(counts, decided, strict=True):
-                count.update(v.key for v in column.values if isinstance(v, _Pending) and v.key)
-                count.update(column.fresh_keys)
+            for placer, count, column in zip(self.placers, counts, decided, strict=True):
+                count.update(placer.waiting_keys(column))
         file_row = self.num_rows - self._window_rows  # rows of the window start here in the file
         for batch, decided in self._window:
             for placer, count, column in zip(self.placers, counts, decided, strict=True):
@@ -473,11 +472,6 @@ class _Decided:
     column: LogicalColumn
     values: list[PreparedBlob | _Pending | None]
     fresh: tuple[list[int], list[bytes]]
-    keyed: bool  # the fresh digests are dedup keys (content dedup)
-
-    @property
-    def fresh_keys(self) -> list[bytes]:
-        return self.fresh[1] if self.keyed else []
 
 
 class _ColumnPlacer:
@@ -520,7 +514,7 @@ class _ColumnPlacer:
         # every stored payload is hashed (dedup key and checksum), a run of rows per call spread
         # over the cores; each run is placed before the next is hashed, so its sidecar writes
         # overlap that hashing. A global store is asked once, for the whole batch.
-        decided = _Decided(column, [], ([], []), keyed=self.plan.dedup == "content")
+        decided = _Decided(column, [], ([], []))
         rows = column.data_rows()
         ends = np.cumsum(column.sizes(rows))  # bytes up to and with each row of ``rows``
         end = 0
@@ -528,19 +522,22 @@ class _ColumnPlacer:
             start = end
             end = _run_end(ends, start, None if self.plan.dedup == "global" else self._run_bytes)
             until = column.length if end == len(rows) else rows[end]
-            self._place_run(decided, rows[start:end], until, first_row)
+            run = int(ends[end - 1] - (ends[start - 1] if start else 0))
+            self._place_run(decided, rows[start:end], run, until, first_row)
         decided.values.extend(  # rows without bytes after the last one with bytes
             self._decide_row(column, row, first_row + row, None)
             for row in range(len(decided.values), column.length)
         )
         return decided
 
-    def _place_run(self, decided: _Decided, rows: list[int], until: int, first_row: int) -> None:
-        """Hash the payloads of ``rows`` and decide every row of ``decided`` up to ``until``
-        (``first_row``: the batch's first row in the write, for errors)."""
+    def _place_run(
+        self, decided: _Decided, rows: list[int], run: int, until: int, first_row: int
+    ) -> None:
+        """Hash the payloads of ``rows`` (``run`` bytes) and decide every row of ``decided`` up
+        to ``until`` (``first_row``: the batch's first row in the write, for errors)."""
         column, values = decided.column, decided.values
         payloads = [column.payload(r) for r in rows]
-        queued, run = self.sidecar_bytes, sum(map(len, payloads))
+        queued = self.sidecar_bytes
         hashed = content_hashes(payloads, self._hash_threads(run))
         digests = dict(zip(rows, hashed, strict=True))
         global_ = self.plan.dedup == "global"
@@ -619,6 +616,13 @@ class _ColumnPlacer:
         )
         return {row: value for (row, _), value in zip(kept, placed, strict=True)}
 
+    def waiting_keys(self, decided: _Decided) -> Iterator[Hashable]:
+        """The dedup keys of ``decided``'s rows that wait for their window: counted over the
+        window, a key met more than once is packed and shared."""
+        yield from (v.key for v in decided.values if isinstance(v, _Pending) and v.key)
+        if self.plan.dedup == "content":  # a fresh payload's key is its digest
+            yield from decided.fresh[1]
+
     def resolve(
         self, decided: _Decided, counts: Counter, file_row: int
     ) -> list[PreparedBlob | None]:
@@ -637,7 +641,7 @@ class _ColumnPlacer:
         once, unless a later row of the window shares the payload (then a :class:`_Pending`,
         packed and shared as :meth:`resolve` meets it)."""
         rows, digests = decided.fresh
-        if decided.keyed:
+        if self.plan.dedup == "content":
             stored = self.stored
             alone = [i for i, d in enumerate(digests) if counts[d] == 1 and d not in stored]
             if len(alone) < len(rows):
