@@ -24,7 +24,6 @@ import itertools
 import time
 import uuid
 import warnings
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,6 +35,7 @@ import pyarrow.compute as pc
 from lance import DatasetBasePath, LanceDataset
 from lance.indices import IndexConfig
 
+from blobhouse.cache import WeightedLRU
 from blobhouse.errors import (
     BlobhouseError,
     ExternalBlobError,
@@ -208,8 +208,8 @@ class StoreIndex:
         self.table_path = table_path
         self.storage_options = storage_options
         self._dataset = dataset
-        self._packs: OrderedDict[str, _PackEntries] = OrderedDict()  # least recently used first
-        self._cached = 0  # entries in self._packs
+        # a read or verify that walks every pack keeps only the latest ones (memory stays flat)
+        self._packs: WeightedLRU[str, _PackEntries] = WeightedLRU(_CACHED_PACK_ENTRIES, len)
 
     @classmethod
     def open(cls, table_path: str, storage_options: StorageOptions | None = None) -> StoreIndex:
@@ -246,20 +246,14 @@ class StoreIndex:
         return self._pack_entries(pack).get((position, size))
 
     def _pack_entries(self, pack: str) -> _PackEntries:
-        entries = self._packs.get(pack)
-        if entries is not None:
-            self._packs.move_to_end(pack)
-            return entries
+        return self._packs.get(pack, lambda: self._load_pack_entries(pack))
+
+    def _load_pack_entries(self, pack: str) -> _PackEntries:
         entries: _PackEntries = {}
         if self._dataset is not None:
             rows = self._query(pc.field("pack") == pack)
             for digest, position, size in _rows(rows, ["blake3", "position", "size"]):
                 entries.setdefault((position, size), digest)
-        self._packs[pack] = entries
-        self._cached += len(entries)
-        # a read or verify that walks every pack keeps only the latest ones (memory stays flat)
-        while self._cached > _CACHED_PACK_ENTRIES and len(self._packs) > 1:
-            self._cached -= len(self._packs.popitem(last=False)[1])
         return entries
 
     def _query(self, condition: pc.Expression) -> pa.Table:

@@ -13,6 +13,8 @@ import pyarrow as pa
 import pytest
 from lance.file import LanceFileReader
 
+import blobhouse
+import blobhouse.checksums
 import blobhouse.pipeline
 import blobhouse.session
 from blobhouse import Blob, BlobSession, Kind, blob_array, blob_field, write_table
@@ -349,3 +351,37 @@ def test_many_sidecar_lookups_at_once_match_one_at_a_time():
     assert many == [found.sidecar(*key) for key in wanted]
     assert many[: len(entries)] == [bytes([at]) * 32 for at in reversed(range(len(entries)))]
     assert many[len(entries) :] == [None] * 4
+
+
+def test_a_walk_over_many_data_files_keeps_a_bounded_set_of_checksums(table_uri, monkeypatch):
+    # one budget per two files: a read of every file's rows, twice, loads each file's
+    # checksums again once evicted, checks every row, and never holds more than two files
+    monkeypatch.setattr(
+        "blobhouse.checksums._CACHED_CHECKSUM_BYTES", 2 * blobhouse.checksums._FILE_BYTES + 4096
+    )
+    payloads = [os.urandom(2_000 + n) for n in range(6)]
+    for n, payload in enumerate(payloads):  # one data file per append, inline and packed rows
+        table = write_table(
+            pa.table({"b": blob_array([payload, MEDIUM + bytes([n])])}), table_uri, mode="append"
+        )
+    hashes = table.recorded_hashes()
+    loaded = Counter()
+    real_load = blobhouse.checksums.load_checksums
+
+    def counting_load(uri, options=None):
+        loaded[uri] += 1
+        return real_load(uri, options)
+
+    monkeypatch.setattr("blobhouse.checksums.load_checksums", counting_load)
+    for _ in range(2):
+        for row in range(12):
+            expected = payloads[row // 2] if row % 2 == 0 else MEDIUM + bytes([row // 2])
+            assert table.read_blobs("b", [row]) == [expected]
+            assert len(hashes._files) <= 2
+    assert len(loaded) == 6 and set(loaded.values()) == {2}
+    corrupt = table.blob_refs("b", [0])[0].as_py()
+    with open(corrupt["uri"].removeprefix("file://"), "r+b") as f:
+        f.seek(corrupt["position"])
+        f.write(b"\0")
+    with pytest.raises(blobhouse.CorruptBlobError):  # a file read again is checked again
+        table.read_blobs("b", [0])
