@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from blobhouse.console import ProgressBars, mb, print_report, when_interrupted
+from blobhouse.console import ProgressBars, format_value, mb, print_report, when_interrupted
 from blobhouse.errors import BlobhouseError, InvalidInputError, MissingExtraError
 from blobhouse.storage import checked_options, is_local, uri_to_path
 
@@ -684,10 +684,13 @@ def _verify(args: argparse.Namespace, run: Run) -> int:
         if report["deep"]
         else ""
     )
-    branches = "".join(f", branch {b} {v}" for b, v in report["branches"].items())
+    branches = "".join(
+        f", branch {b} {format_value('versions', v)}" for b, v in report["branches"].items()
+    )
     missing = ", ".join(f"{n} {owner}" for owner, n in report["missing_objects"].items() if n)
     print(
-        f"{report['references']} references in versions {report['versions']}{branches}, "
+        f"{report['references']} references in versions "
+        f"{format_value('versions', report['versions'])}{branches}, "
         f"{report['objects']} objects{hashed}, {len(report['problems'])} problem(s)"
         + (f"; missing objects: {missing}" if missing else "")
     )
@@ -730,10 +733,11 @@ def _gc(args: argparse.Namespace, run: Run) -> int:
     verb = "would remove" if report["dry_run"] else "removed"
     tagged = report["kept_tagged_versions"]
     print(
-        f"{verb} versions {report['removed_versions']} and {report['removed_files']} "
+        f"{verb} versions {format_value('versions', report['removed_versions'])} and "
+        f"{report['removed_files']} "
         f"unreferenced files ({mb(report['reclaimed_bytes'])}); kept "
         f"{report['kept_young_files']} younger than the grace period"
-        + (f" and tagged versions {tagged}" if tagged else "")
+        + (f" and tagged versions {format_value('versions', tagged)}" if tagged else "")
     )
     managed = report.get("managed")
     if managed and (managed["registered"] or managed["removed"]):

@@ -212,8 +212,8 @@ def format_value(key: str, value: Any) -> str:
 
     >>> format_value("physical_bytes", 12_345_678), format_value("dedup_ratio", 30.6)
     ('12.3 MB', '30.60x')
-    >>> format_value("removed_versions", list(range(12)))
-    '0, 1, 2, 3, 4, 5, 6, 7, ... (4 more)'
+    >>> format_value("removed_versions", [1, 2, 3, 7] + list(range(10, 20, 2)))
+    '1-3, 7, 10, 12, 14, 16, 18'
     """
     if value is None:
         return "-"
@@ -235,10 +235,27 @@ def format_value(key: str, value: Any) -> str:
         items = list(value)
         if not items:
             return "none"
+        if key.endswith("versions") and all(type(v) is int for v in items):
+            items = version_spans(items)
         shown = ", ".join(format_value(key, v) for v in items[:LIST_ITEMS])
         more = len(items) - LIST_ITEMS
         return shown + (f", ... ({more} more)" if more > 0 else "")
     return str(value)
+
+
+def version_spans(versions: Iterable[int]) -> list[str]:
+    """Version numbers as runs of consecutive ones (a table may retain thousands).
+
+    >>> version_spans([7, 1, 2, 3, 9])
+    ['1-3', '7', '9']
+    """
+    spans: list[list[int]] = []
+    for v in sorted(versions):
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return [str(a) if a == b else f"{a}-{b}" for a, b in spans]
 
 
 def mb(n: float) -> str:

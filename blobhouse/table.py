@@ -31,6 +31,7 @@ from blobhouse.backfill import (
     table_for,
 )
 from blobhouse.checksums import RecordedHashes
+from blobhouse.console import version_spans
 from blobhouse.errors import (
     BlobhouseError,
     BlobReadError,
@@ -444,7 +445,7 @@ def _not_found(
         )
     return VersionRemovedError(
         f"version {version} of {where}{root} was removed by cleanup (gc); the oldest retained "
-        f"version is {min(retained)} (retained: {_spans(retained)})"
+        f"version is {min(retained)} (retained: {', '.join(version_spans(retained))})"
     )
 
 
@@ -499,17 +500,6 @@ def _file_in_the_way(path: str) -> str | None:
 def _listing(entries: list[str], shown: int = 3) -> str:
     more = f" and {len(entries) - shown} more" if len(entries) > shown else ""
     return ", ".join(entries[:shown]) + more
-
-
-def _spans(versions: list[int]) -> str:
-    """``[1, 2, 3, 7]`` as ``1-3, 7``."""
-    spans: list[list[int]] = []
-    for v in sorted(versions):
-        if spans and v == spans[-1][1] + 1:
-            spans[-1][1] = v
-        else:
-            spans.append([v, v])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _version_number(version: object) -> int:

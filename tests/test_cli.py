@@ -217,7 +217,8 @@ def test_reports_print_fields_the_library_adds(tmp_path, capsys, monkeypatch):
 
 def test_print_report_renders_records_and_long_lists():
     report = {
-        "removed_versions": list(range(1, 21)),
+        "removed_versions": list(range(1, 41, 2)),
+        "kept_versions": [*range(1, 502), 700, 702],
         "problems": [
             {"version": 3, "column": "img", "rows": [1, 2], "reason": "missing object"},
             {"version": 4, "column": "img", "rows": [5], "reason": "missing object", "new": 1},
@@ -228,7 +229,8 @@ def test_print_report_renders_records_and_long_lists():
     out = io.StringIO()
     print_report(report, file=out)
     text = out.getvalue()
-    assert "removed versions  1, 2, 3, 4, 5, 6, 7, 8, ... (12 more)" in text
+    assert "removed versions  1, 3, 5, 7, 9, 11, 13, 15, ... (12 more)" in text
+    assert "kept versions     1-501, 700, 702" in text  # runs, not 503 numbers
     assert "empty             none" in text
     lines = text.splitlines()
     assert all(line == line.rstrip() for line in lines)  # logs get no trailing blanks
