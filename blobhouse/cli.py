@@ -685,12 +685,13 @@ def _verify(args: argparse.Namespace, run: Run) -> int:
         else ""
     )
     branches = "".join(
-        f", branch {b} {format_value('versions', v)}" for b, v in report["branches"].items()
+        f"; branch {b} versions {format_value('versions', v)}"
+        for b, v in report["branches"].items()
     )
     missing = ", ".join(f"{n} {owner}" for owner, n in report["missing_objects"].items() if n)
     print(
         f"{report['references']} references in versions "
-        f"{format_value('versions', report['versions'])}{branches}, "
+        f"{format_value('versions', report['versions'])}{branches}; "
         f"{report['objects']} objects{hashed}, {len(report['problems'])} problem(s)"
         + (f"; missing objects: {missing}" if missing else "")
     )
