@@ -520,9 +520,8 @@ class _ColumnPlacer:
         end = 0
         while end < len(rows):
             start = end
-            end = _run_end(ends, start, None if self.plan.dedup == "global" else self._run_bytes)
+            end, run = _run(ends, start, None if self.plan.dedup == "global" else self._run_bytes)
             until = column.length if end == len(rows) else rows[end]
-            run = int(ends[end - 1] - (ends[start - 1] if start else 0))
             self._place_run(decided, rows[start:end], run, until, first_row)
         decided.values.extend(  # rows without bytes after the last one with bytes
             self._decide_row(column, row, first_row + row, None)
@@ -777,18 +776,20 @@ HASH_RUN_BYTES = 8 << 20
 MAX_HASH_RUN_BYTES = 64 << 20
 
 
-def _run_end(ends: np.ndarray, start: int, run_bytes: int | None) -> int:
-    """Where the run of payloads from ``start`` ends: once it holds ``run_bytes`` bytes, or at
-    the last payload (``ends``: the payloads' cumulative sizes; ``run_bytes`` None: all).
+def _run(ends: np.ndarray, start: int, run_bytes: int | None) -> tuple[int, int]:
+    """Where the run of payloads from ``start`` ends (once it holds ``run_bytes`` bytes, or at
+    the last payload), and its bytes (``ends``: the payloads' cumulative sizes; ``run_bytes``
+    None: all).
 
     >>> ends = np.cumsum([3, 3, 0, 3])
-    >>> _run_end(ends, 0, 5), _run_end(ends, 2, 1), _run_end(ends, 0, None)
-    (2, 4, 4)
+    >>> _run(ends, 0, 5), _run(ends, 2, 1), _run(ends, 0, None)
+    ((2, 6), (4, 3), (4, 9))
     """
-    if run_bytes is None:
-        return len(ends)
     before = int(ends[start - 1]) if start else 0
-    return min(len(ends), int(np.searchsorted(ends, before + run_bytes, side="left")) + 1)
+    end = len(ends)
+    if run_bytes is not None:
+        end = min(end, int(np.searchsorted(ends, before + run_bytes, side="left")) + 1)
+    return end, int(ends[end - 1]) - before
 
 
 @functools.lru_cache(maxsize=4096)
