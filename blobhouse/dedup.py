@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, NamedTuple
 
 import blake3
+import pyarrow as pa
 
 from blobhouse.errors import InvalidInputError, RefIdConflictError
 
@@ -31,7 +32,11 @@ DedupMode = Literal["content", "ref_id", "global", "off"]
 DEDUP_MODES: tuple[str, ...] = ("content", "ref_id", "global", "off")
 
 
-PARALLEL_HASH_BYTES = 1 << 20
+# a lone payload this large is hashed on every core: below it, waking blake3's pool costs more
+# than it saves (after a Lance take, 1 MB: 181-194 us on one thread, 232-251 us on the pool; a
+# write of 20x repeated 1 MB payloads, which hashes its distinct ones one by one: 106 against
+# 121 ms); at 16 MB the two are a draw
+PARALLEL_HASH_BYTES = 16 << 20
 # below this many bytes in all, a list of payloads is hashed on the calling thread: handing
 # work to the pool costs more than it saves
 _SPREAD_BYTES = 4 << 20
@@ -82,6 +87,73 @@ def content_hashes(
     for future in futures:
         digests += future.result()
     return digests
+
+
+class BatchHasher:
+    """blake3 of the payloads of one batch, where a payload byte-identical to one it has hashed
+    already takes that digest instead of being hashed again.
+
+    Comparing two payloads costs a memcmp, a few times less than blake3 on one core, so rows
+    that repeat a payload (the same clip in 20 rows) cost a compare each, not a hash. Only
+    payloads with equal samples (:meth:`LogicalColumn.samples`) are compared; a sample shared
+    by two different payloads is not compared again (at most one wasted compare per sample).
+    Holds views of the batch's payloads: one lives as long as its batch.
+
+    >>> hasher = BatchHasher()
+    >>> a, b = b"clip" * 16, b"clap" * 16
+    >>> hasher.hashes([a, a, b], [b"s", b"s", None]) == content_hashes([a, a, b])
+    True
+    """
+
+    def __init__(self) -> None:
+        # sample -> the first payload with it and its digest (a one-item list, set once hashed)
+        self._first: dict[bytes, tuple[memoryview | bytes, list[bytes]]] = {}
+        self._ambiguous: set[bytes] = set()
+
+    def hashes(
+        self,
+        payloads: Sequence[memoryview | bytes],
+        samples: Sequence[bytes | None],
+        threads: int | None = None,
+    ) -> list[bytes]:
+        """The blake3 of each payload (``samples``: each one's sample, None where it is not
+        worth comparing), the ones hashed spread over ``threads`` cores."""
+        sampled = [s for s in samples if s is not None]
+        if not sampled:
+            return content_hashes(payloads, threads)
+        if len(set(sampled)) == len(sampled) and self._first.keys().isdisjoint(sampled):
+            digests = content_hashes(payloads, threads)  # no payload can repeat another
+            self._first.update(
+                (s, (p, [d])) for s, p, d in zip(samples, payloads, digests, strict=True) if s
+            )
+            return digests
+        hashed: list[int] = []  # positions of the payloads to hash
+        digests: list[bytes | list[bytes]] = []  # a digest, or a cell set once hashed
+        cells: dict[int, list[bytes]] = {}
+        for i, (payload, sample) in enumerate(zip(payloads, samples, strict=True)):
+            known = sample is not None and sample not in self._ambiguous
+            first = self._first.get(sample) if known else None
+            if first is not None:
+                if _equal(first[0], payload):
+                    digests.append(first[1])
+                    continue
+                self._ambiguous.add(sample)
+            elif known:
+                cells[i] = []
+                self._first[sample] = (payload, cells[i])
+            hashed.append(i)
+            digests.append(b"")
+        fresh = content_hashes([payloads[i] for i in hashed], threads)
+        for i, digest in zip(hashed, fresh, strict=True):
+            digests[i] = digest
+            if i in cells:
+                cells[i].append(digest)
+        return [d if isinstance(d, bytes) else d[0] for d in digests]
+
+
+def _equal(one: memoryview | bytes, other: memoryview | bytes) -> bool:
+    # Arrow's buffer comparison is a memcmp; a memoryview's == compares item by item
+    return len(one) == len(other) and pa.py_buffer(one).equals(pa.py_buffer(other))
 
 
 def _byte_balanced(sizes: list[int], total: int, parts: int) -> list[slice]:

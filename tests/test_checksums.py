@@ -15,6 +15,7 @@ from lance.file import LanceFileReader
 
 import blobhouse
 import blobhouse.checksums
+import blobhouse.dedup
 import blobhouse.pipeline
 import blobhouse.session
 from blobhouse import Blob, BlobSession, Kind, blob_array, blob_field, write_table
@@ -185,8 +186,10 @@ def test_nested_inline_rows_are_keyed_by_their_column_in_the_data_file(table_uri
 
 
 def test_each_payload_is_hashed_once(table_uri, media, monkeypatch):
-    """The pipeline hashes each payload once, all of a batch in one call, and hands the digest
-    to dedup and the checksums; the sidecars hash nothing again, with dedup on or off."""
+    """The pipeline hashes each payload at most once, a run of a batch in one call, and hands
+    the digest to dedup and the checksums; the sidecars hash nothing again, with dedup on or
+    off. A payload of COMPARED_BYTES or more that repeats one earlier in the batch (MEDIUM,
+    LARGE) is compared with it, not hashed."""
     calls: Counter[str] = Counter()
 
     def counted(name, fn, items=lambda args: 1):
@@ -201,12 +204,19 @@ def test_each_payload_is_hashed_once(table_uri, media, monkeypatch):
     monkeypatch.setattr(blobhouse.session, "blake3", types.SimpleNamespace(blake3=hasher))
     monkeypatch.setattr(blobhouse.session, "content_hash", counted("session", content_hash))
     monkeypatch.setattr(
-        blobhouse.pipeline,
+        blobhouse.dedup,
         "content_hashes",
         counted("pipeline", content_hashes, items=lambda args: len(args[0])),
     )
     data = sample(media)
-    with_data = sum(1 for v in data.column("media").to_pylist() if v and v["data"] is not None)
+    payloads = [v["data"] for v in data.column("media").to_pylist() if v and v["data"] is not None]
+    repeats = sum(
+        1
+        for i, p in enumerate(payloads)
+        if len(p) >= blobhouse.pipeline.COMPARED_BYTES and p in payloads[:i]
+    )
+    assert repeats == 2
+    with_data = len(payloads) - repeats
 
     write_table(data, table_uri, dedup="content", allowed_bases=[str(media)])
     assert calls == {"pipeline": with_data}

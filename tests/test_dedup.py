@@ -206,3 +206,45 @@ def test_batches_of_payloads_are_hashed_across_threads_and_after_a_fork():
     with context.Pool(1) as pool:
         forked = pool.apply_async(content_hashes, (big,)).get(timeout=60)
     assert forked == [content_hash(p) for p in big]
+
+
+def _lookalikes(count: int, size: int = 128 * 1024) -> list[bytes]:
+    """Payloads of one size that differ only in byte 1, which no sample looks at."""
+    return [bytes([0, i]) + bytes(size - 2) for i in range(count)]
+
+
+def test_a_repeated_payload_takes_its_first_copys_digest_and_a_lookalike_is_hashed():
+    """A payload equal to one hashed earlier in the batch (or earlier run) gets that one's
+    digest; payloads whose samples are equal but whose bytes differ each get their own."""
+    from blobhouse.dedup import BatchHasher, content_hash
+    from blobhouse.values import LogicalColumn
+
+    lookalikes = _lookalikes(3)
+    unique = [os.urandom(200_000) for _ in range(3)]
+    rows = [lookalikes[0], unique[0], lookalikes[1], unique[0], lookalikes[0], lookalikes[2]]
+    rows += [unique[1], lookalikes[1], unique[2], b"tiny", unique[1], lookalikes[2]]
+    column = LogicalColumn(pa.array(rows, pa.large_binary()), "b")
+    samples = column.samples(list(range(len(rows))), min_size=64 * 1024)
+    assert samples[0] == samples[2] == samples[5]  # the lookalikes' samples collide
+    assert samples[9] is None  # too small to compare
+    hasher = BatchHasher()
+    digests = []
+    for run in (range(0, 4), range(4, 8), range(8, 12)):  # runs of one batch
+        payloads = [column.payload(r) for r in run]
+        digests += hasher.hashes(payloads, [samples[r] for r in run])
+    assert digests == [content_hash(p) for p in rows]
+
+
+def test_lookalike_payloads_are_stored_apart_and_repeats_once(table_uri):
+    """Through a write: payloads that only a full compare tells apart stay distinct, exact
+    repeats are stored once, and stock pylance reads back every row's own bytes."""
+    from blobhouse import open_table
+
+    lookalikes = _lookalikes(6)
+    rows = [lookalikes[i % 6] for i in range(60)] + [lookalikes[5 - i % 6] for i in range(60)]
+    table = write_table(
+        pa.table({"b": pa.array(rows, pa.large_binary())}), table_uri, blob_columns=["b"]
+    )
+    assert stock_read(table_uri, "b") == rows
+    assert table.stats()["physical_bytes"] == 6 * len(lookalikes[0])
+    assert open_table(table_uri).verify(deep=True)["problems"] == []

@@ -13,6 +13,7 @@ import pytest
 
 import blobhouse
 from blobhouse import Blob, Kind, blob_array, blob_field, open_table, write_table
+from blobhouse.dedup import BatchHasher
 from blobhouse.rangeio import REF_TYPE
 
 from helpers import stock_descriptors, stock_read
@@ -455,13 +456,13 @@ def test_hash_runs_grow_while_they_write_nothing_and_start_over_once_they_write(
     """A run of payloads seen before writes nothing, so there is no write for hashing to
     overlap: the next run is twice as long (up to a cap). A run that writes starts over."""
     sizes = []
-    hashes = blobhouse.pipeline.content_hashes
+    hashes = BatchHasher.hashes
 
-    def hashed(payloads, threads=None):
+    def hashed(self, payloads, samples, threads=None):
         sizes.append(len(payloads))
-        return hashes(payloads, threads)
+        return hashes(self, payloads, samples, threads)
 
-    monkeypatch.setattr(blobhouse.pipeline, "content_hashes", hashed)
+    monkeypatch.setattr(BatchHasher, "hashes", hashed)
     monkeypatch.setattr(blobhouse.pipeline, "HASH_RUN_BYTES", 1 << 20)
     monkeypatch.setattr(blobhouse.pipeline, "MAX_HASH_RUN_BYTES", 4 << 20)
     rng = np.random.default_rng(5)
