@@ -43,6 +43,7 @@ from blobhouse.session import (
     PackedSidecar,
     PreparedBlob,
     WrittenFile,
+    data_cache_bytes,
     prepared_array,
     prepared_field,
 )
@@ -323,9 +324,12 @@ class DataFileWriter:
             placer.discard()
         self.session.abort()
 
-    def _data_file(self):
+    def _data_file(self, first: pa.RecordBatch | None = None):
+        """The data file's writer, opened for ``first``, the file's first batch (None: the
+        file has no rows)."""
         if self._writer is None:
-            self._writer = self.session.open_data_file(self.plan.file_schema)
+            cache_bytes = data_cache_bytes(first)
+            self._writer = self.session.open_data_file(self.plan.file_schema, cache_bytes)
         return self._writer
 
     def _flush(self) -> None:
@@ -344,7 +348,7 @@ class DataFileWriter:
                 )
             file_row += batch.num_rows
             out = pa.RecordBatch.from_arrays(batch.columns, schema=self.plan.file_schema)
-            self.session.write_data(self._data_file(), out)
+            self.session.write_data(self._data_file(out), out)
             self._file_bytes += out.nbytes
         self._window.clear()
         self._window_bytes = 0

@@ -195,10 +195,37 @@ class WrittenFile:
         )
 
 
-# Lance buffers this much column data before it writes pages (its default: 8 MiB a column).
-# Inline payloads encode ~1.5x faster in fewer, larger flushes (bench/findings.md); the
-# buffer is bounded, so memory stays flat however much is written.
-DATA_FILE_CACHE_BYTES = 64 << 20
+# Lance buffers this much column data of a data file before it writes pages. Its default,
+# 8 MiB, unless inline payloads make up most of the file's first batch: those encode ~1.5x
+# faster in fewer, larger flushes (bench/findings.md). A bigger buffer only holds more memory
+# for other columns (a 6M-row file of ids, timestamps and shared 100-byte payloads peaked at
+# 381 MB with 64 MiB, 243 MB with 8). Either way the buffer is bounded: memory stays flat.
+DATA_CACHE_BYTES = 8 << 20
+INLINE_DATA_CACHE_BYTES = 64 << 20
+
+
+def data_cache_bytes(first: pa.RecordBatch | None) -> int:
+    """How much column data Lance buffers for a data file whose first batch is ``first``
+    (prepared blob columns carry their inline payloads in their ``data`` child).
+
+    >>> inline = prepared_array([PreparedBlob(Kind.INLINE, size=1000, data=b"x" * 1000)] * 8)
+    >>> data_cache_bytes(pa.record_batch({"img": inline})) == INLINE_DATA_CACHE_BYTES
+    True
+    >>> data_cache_bytes(pa.record_batch({"id": range(8)})) == DATA_CACHE_BYTES
+    True
+    """
+    if first is None or not first.nbytes:
+        return DATA_CACHE_BYTES
+    inline = sum(_inline_bytes(column) for column in first.columns)
+    return INLINE_DATA_CACHE_BYTES if 2 * inline >= first.nbytes else DATA_CACHE_BYTES
+
+
+def _inline_bytes(array: pa.Array) -> int:
+    if array.type == PREPARED_TYPE:
+        return array.field("data").nbytes
+    if pa.types.is_struct(array.type):
+        return sum(_inline_bytes(array.field(i)) for i in range(array.type.num_fields))
+    return 0
 
 
 class WriteQueue:
@@ -587,8 +614,9 @@ class BlobSession:
         for field in table.schema:
             if field.type == PREPARED_TYPE:
                 self._check_prepared(field.name, table.column(field.name))
-        writer = self.open_data_file(schema)
-        for batch in table.to_batches():
+        batches = table.to_batches()
+        writer = self.open_data_file(schema, data_cache_bytes(batches[0] if batches else None))
+        for batch in batches:
             writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema))
         self.close_data_file(writer)
         return WrittenFile(
@@ -747,14 +775,14 @@ class BlobSession:
         """Wait until every sidecar byte handed to this session is written."""
         self.writes.drain()
 
-    def open_data_file(self, schema: pa.Schema) -> LanceFileWriter:
-        """Open the Lance 2.2 writer of the data file itself."""
+    def open_data_file(
+        self, schema: pa.Schema, cache_bytes: int = DATA_CACHE_BYTES
+    ) -> LanceFileWriter:
+        """Open the Lance 2.2 writer of the data file itself, buffering ``cache_bytes`` of
+        column data (:func:`data_cache_bytes`)."""
         self._file_schema = schema
         return self.files.open_writer(
-            self.data_file_name,
-            schema=schema,
-            version="2.2",
-            data_cache_bytes=DATA_FILE_CACHE_BYTES,
+            self.data_file_name, schema=schema, version="2.2", data_cache_bytes=cache_bytes
         )
 
     def write_data(self, writer: LanceFileWriter, batch: pa.RecordBatch) -> None:
