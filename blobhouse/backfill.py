@@ -124,8 +124,15 @@ def backfill_fragment(
     Deleted rows get null. With ``dedup="global"``, ``store`` is the store writer shared by
     the fragments this process backfills (one of its own when not given).
     """
-    with plan.transaction.lease():
-        return _backfill_fragment(table, fragment_id, fn, plan, store)
+    try:
+        with plan.transaction.lease():
+            written = _backfill_fragment(table, fragment_id, fn, plan, store)
+    except BaseException:
+        plan.transaction.end_task(None)
+        raise
+    # a Spark task can finish after the job was aborted and swept: it cleans up itself
+    plan.transaction.end_task([written])
+    return written
 
 
 def _backfill_fragment(

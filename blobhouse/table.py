@@ -82,7 +82,6 @@ from blobhouse.transaction import (
     DEFAULT_RETRIES,
     TableCreatedMeanwhile,
     Transaction,
-    remove_written,
 )
 from blobhouse.values import (
     Blob,
@@ -268,17 +267,12 @@ class TableWrite:
         try:
             written = write_data_files(batches, self.plan, location, options, self.name_prefix)
         except BaseException:
-            # no one will commit: no lease
-            if txn.is_aborted():
-                leases.release(location.root, self.name_prefix, options)
+            txn.end_task(None)
             if self.read_version is None:
                 self._remove_empty_dirs()
             raise
         # a Spark task can finish after the job was aborted and swept: it cleans up itself
-        if txn.is_aborted():
-            remove_written(written, location, options)
-            leases.release(location.root, self.name_prefix, options)
-            raise BlobhouseError(f"write {txn.id} was aborted; its files are removed")
+        txn.end_task(written)
         return written
 
     def commit(self, written: Sequence[WrittenFile]) -> Table:

@@ -217,6 +217,18 @@ class Transaction:
         remove_deletions(deletions, self.location, self.storage_options)
         remove_staged(self.location, self.name_prefix, self.storage_options)
 
+    def end_task(self, written: Sequence[WrittenFile] | None) -> None:
+        """End one task's part of this transaction (``written``: its files; None: it failed
+        and removed them). If the driver aborted meanwhile, its sweep may have run before the
+        task wrote or touched its lease: the task removes both itself, and a task that
+        succeeded raises, since nobody will commit its files."""
+        if not self.is_aborted():
+            return
+        remove_written(written or (), self.location, self.storage_options)
+        leases.release(self.location.root, self.name_prefix, self.storage_options)
+        if written is not None:
+            raise BlobhouseError(f"write {self.id} was aborted; its files are removed")
+
     def is_aborted(self) -> bool:
         """Whether the transaction was aborted while tasks ran (see :meth:`abort`)."""
         uri = self._marker_uri()

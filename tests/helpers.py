@@ -81,3 +81,13 @@ def unreferenced_deletion_files(path: str) -> set[str]:
             if deletion is not None:
                 used.add(deletion.path(fragment.fragment_id))
     return {p for p in tree(path) if p.startswith("_deletions/")} - used
+
+
+def wait_for_idle_tasks(spark, seconds: float = 30) -> None:
+    """Tasks of a failed job may still be finishing: wait until Spark runs none."""
+    import time
+
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + seconds
+    while tracker.getActiveStageIds() and time.monotonic() < deadline:
+        time.sleep(0.1)

@@ -19,20 +19,10 @@ from blobhouse.errors import InvalidInputError
 from blobhouse.rangeio import REF_TYPE
 from blobhouse.spark.functions import _runs, read_bytes
 
-from helpers import disk_bytes, stock_read, tree
+from helpers import disk_bytes, stock_read, tree, wait_for_idle_tasks
 
 pytestmark = pytest.mark.usefixtures("spark")
 KB = 1024
-
-
-def wait_for_idle_tasks(spark, seconds: float = 30) -> None:
-    """Tasks of a failed job may still be finishing: wait until Spark runs none."""
-    import time
-
-    tracker = spark.sparkContext.statusTracker()
-    deadline = time.monotonic() + seconds
-    while tracker.getActiveStageIds() and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 def frame(spark, rows, schema, partitions=2):

@@ -289,7 +289,9 @@ def backfill_blob_column(
 
     ``fn`` maps an Arrow batch of a fragment's non-blob columns to one blob value per row (it
     is shipped to the executors). A failed task, or a failed commit, leaves the table unchanged
-    and removes what the tasks wrote.
+    and removes what the tasks wrote; a task still running when the job failed removes its own
+    file when it ends (an abort marker tells it, which gc removes later, as after a failed
+    Spark write).
     """
     options = checked_options(storage_options)
     table = table_for(open_table(table_uri, storage_options=options), dedup)
@@ -312,7 +314,7 @@ def backfill_blob_column(
             )
         commit_backfill(table, plan, dict(zip(fragment_ids, written, strict=True)))
     except BaseException:
-        plan.transaction.abort()
+        plan.transaction.abort(tasks_may_run=True)  # tasks of a failed job may still run
         raise
     record_stored(location.root, stored, options)
 
