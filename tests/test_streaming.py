@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -61,8 +62,14 @@ SMALL_ROWS_SCRIPT = textwrap.dedent(
 
 
 def run(uri: str, amount: int, script: str = SCRIPT) -> dict:
+    # glibc gives threads arenas of their own, and which arena a window's buffers land in
+    # moves the peak by tens of MB from run to run (growth 16-67 MB in 6 runs of the same
+    # code); with two arenas it is the same every run (12-19 MB in 5), and memory that grows
+    # with the data still shows
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
     out = subprocess.run(
         [sys.executable, "-c", script, uri, str(amount)],
+        env=env,
         check=True,
         capture_output=True,
         text=True,
