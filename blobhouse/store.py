@@ -36,6 +36,14 @@ from lance import DatasetBasePath, LanceDataset
 from lance.indices import IndexConfig
 
 from blobhouse.cache import WeightedLRU
+from blobhouse.digest_filter import (
+    DigestFilter,
+    FilterFile,
+    digest_matrix,
+    may_contain,
+    read_filters,
+    write_filter,
+)
 from blobhouse.errors import (
     BlobhouseError,
     ExternalBlobError,
@@ -59,6 +67,7 @@ if TYPE_CHECKING:
 
 _REGISTER_ATTEMPTS = 10
 _INDEX_FRAGMENTS = 8  # more than this many and gc compacts the index
+_INDEX_FILTERS = 8  # more filters than this cover it and gc merges them into one
 _LOOKUP_WINDOW = 4096  # hashes per scalar-index query
 _UNINDEXED_ROWS = 100_000  # more index rows outside its scalar indices and a writer adds them
 _CACHED_PACK_ENTRIES = 500_000  # entries of recently read packs kept for digest_at
@@ -66,6 +75,9 @@ _CACHED_PACK_ENTRIES = 500_000  # entries of recently read packs kept for digest
 # every page), measured 6x faster cold and half the memory at 10 M entries
 _LOOKUPS = {"blake3": IndexConfig("btree", {"zone_size": 256}), "pack": "BTREE"}
 PACKS_DIR = "packs"
+# filters of the index's data files (blobhouse.digest_filter), inside the index's folder: Lance
+# leaves folders of its own names alone
+FILTERS_DIR = "_filters"
 TOMBSTONES_DIR = "tombstones"
 INDEX_SCHEMA = pa.schema(
     [
@@ -185,8 +197,10 @@ class StoreIndex:
     """The store's index as one process reads it (the version current when opened): the
     payloads of the hashes at hand, found through a Lance scalar index on ``blake3``, and the
     hash of a payload at a place of a pack, one pack's entries at a time (through the scalar
-    index on ``pack``). Nothing loads the whole index: a lookup reads the index pages of its
-    hashes, and the fragments the scalar indices do not cover yet (see :func:`index_lookups`).
+    index on ``pack``). Nothing loads the whole index: a lookup first asks the filters of the
+    index's data files (:mod:`blobhouse.digest_filter`, one block read per hash), then reads
+    the index pages of the hashes they may hold, and the fragments the scalar indices do not
+    cover yet (see :func:`index_lookups`).
 
     >>> import tempfile
     >>> from blobhouse.dedup import content_hash
@@ -210,6 +224,7 @@ class StoreIndex:
         self._dataset = dataset
         # a read or verify that walks every pack keeps only the latest ones (memory stays flat)
         self._packs: WeightedLRU[str, _PackEntries] = WeightedLRU(_CACHED_PACK_ENTRIES, len)
+        self._filters: list[FilterFile] | None = None  # read at the first lookup
 
     @classmethod
     def open(cls, table_path: str, storage_options: StorageOptions | None = None) -> StoreIndex:
@@ -232,6 +247,7 @@ class StoreIndex:
         found: dict[bytes, StoredPayload] = {}
         if self._dataset is None or not digests:
             return found
+        digests = self._maybe_held(digests)
         for start in range(0, len(digests), _LOOKUP_WINDOW):
             window = pa.array(digests[start : start + _LOOKUP_WINDOW], pa.binary())
             rows = self._query(pc.field("blake3").isin(window))
@@ -240,6 +256,22 @@ class StoreIndex:
                 if pack not in avoid and digest not in found:
                     found[digest] = StoredPayload(digest, pack, position, size)
         return found
+
+    def _maybe_held(self, digests: Sequence[bytes]) -> Sequence[bytes]:
+        """Those of ``digests`` the index may hold: the ones no filter rules out (all of
+        them while a data file has no filter yet, or when a filter cannot be read)."""
+        try:
+            if self._filters is None:
+                self._filters = _covering_filters(
+                    self.table_path, self._dataset, self.storage_options
+                )
+            if not self._filters:
+                return digests
+            maybe = may_contain(self._filters, digest_matrix(digests), self.storage_options)
+        except (BlobhouseError, OSError, ValueError):  # e.g. gc replaced a filter meanwhile
+            self._filters = []
+            return digests
+        return [d for d, held in zip(digests, maybe.tolist(), strict=True) if held]
 
     def digest_at(self, pack: str, position: int, size: int) -> bytes | None:
         """The blake3 of the payload at ``[position, +size)`` of ``pack`` (None if unknown)."""
@@ -263,6 +295,7 @@ class StoreIndex:
             # a long write outlived its version of the index (gc removed it after a compaction):
             # the current version has every entry that one had, minus retired packs
             self._dataset = _open_index(self.table_path, self.storage_options)
+            self._filters = None  # the new version's data files may have others
             if self._dataset is None:
                 return INDEX_SCHEMA.empty_table()
             return self._dataset.to_table(filter=condition)
@@ -309,12 +342,17 @@ def append_to_index(
     )
     uri = index_uri(table_path)
     try:
-        lance.write_dataset(rows, uri, mode="create", storage_options=storage_options)
+        dataset = lance.write_dataset(rows, uri, mode="create", storage_options=storage_options)
     except (ValueError, OSError):
         # it exists (maybe a concurrent writer just created it): append, Lance merges appends
-        lance.write_dataset(rows, uri, mode="append", storage_options=storage_options)
-    # a big write indexes what it added (lookups scan what the scalar indices do not cover);
-    # small ones leave that to gc
+        dataset = lance.write_dataset(rows, uri, mode="append", storage_options=storage_options)
+    # its filter lets the next writer skip the lookup of hashes none of the index holds (gc
+    # covers big fragments); a big write indexes what it added (lookups scan what the scalar
+    # indices do not cover), small ones leave that to gc
+    try:
+        write_filters(table_path, dataset, storage_options, max_rows=_UNINDEXED_ROWS)
+    except (BlobhouseError, ValueError, OSError) as exc:
+        warnings.warn(f"the store index of {table_path} got no filter: {exc}", stacklevel=2)
     index_lookups(table_path, storage_options)
 
 
@@ -356,7 +394,8 @@ def maintain_index(
     table_path: str, keep: timedelta, storage_options: StorageOptions | None = None
 ) -> None:
     """Compact the index (one small fragment per write adds up), bring its scalar indices up
-    to date (:func:`index_lookups`) and remove its versions older than ``keep``. Lance's
+    to date (:func:`index_lookups`), remove its versions older than ``keep``, and cover its
+    data files with filters again (:func:`_tidy_filters`). Lance's
     cleanup also removes files no version names once they are 7 days old: the leftovers of an
     index append that was killed before it committed. The index is a cache: a failure here is
     a warning."""
@@ -370,8 +409,97 @@ def maintain_index(
         if compact:  # remaps the scalar indices onto the new fragments
             dataset.optimize.compact_files()
         dataset.cleanup_old_versions(older_than=keep)
-    except (ValueError, OSError) as exc:  # e.g. a concurrent index delete won the commit
+        _tidy_filters(table_path, keep, storage_options)
+    except (
+        BlobhouseError,
+        ValueError,
+        OSError,
+    ) as exc:  # e.g. a concurrent index delete won the commit
         warnings.warn(f"the store index of {table_path} was not maintained: {exc}", stacklevel=2)
+
+
+def filters_uri(table_path: str) -> str:
+    return f"{index_uri(table_path)}/{FILTERS_DIR}"
+
+
+def _data_files(dataset: LanceDataset) -> dict[str, lance.LanceFragment]:
+    """The index's data files (one per fragment) and their fragments."""
+    return {
+        str(data_file.path): fragment
+        for fragment in dataset.get_fragments()
+        for data_file in fragment.data_files()
+    }
+
+
+def _covering_filters(
+    table_path: str, dataset: LanceDataset, storage_options: StorageOptions | None
+) -> list[FilterFile]:
+    """The filters that together cover every data file of ``dataset`` (none if one is not
+    covered yet: a lookup must then ask the scalar index for every hash)."""
+    files = set(_data_files(dataset))
+    chosen: list[FilterFile] = []
+    covered: set[str] = set()
+    # the widest first, and none whose files others cover: each one asked adds false positives
+    listed = read_filters(filters_uri(table_path), storage_options)
+    for bloom in sorted(listed, key=lambda f: -len(f.covered & files)):
+        if (bloom.covered & files) - covered:
+            chosen.append(bloom)
+            covered |= bloom.covered
+    return chosen if files <= covered else []
+
+
+def write_filters(
+    table_path: str,
+    dataset: LanceDataset,
+    storage_options: StorageOptions | None = None,
+    max_rows: int | None = None,
+    whole: bool = False,
+) -> frozenset[str]:
+    """Cover the data files of ``dataset`` no filter covers yet (``whole``: all of them) with
+    one new filter, unless they hold more than ``max_rows`` rows (a writer covers its own small
+    fragment; gc what a compaction wrote); the data files it covers."""
+    filters = [] if whole else read_filters(filters_uri(table_path), storage_options)
+    covered = set().union(*(f.covered for f in filters))
+    missing = {name: f for name, f in _data_files(dataset).items() if name not in covered}
+    rows = sum(f.physical_rows for f in missing.values())
+    if not missing or (max_rows is not None and rows > max_rows):
+        return frozenset()
+    bloom = DigestFilter.for_entries(rows)
+    for fragment in missing.values():
+        for batch in fragment.to_batches(columns=["blake3"]):
+            bloom.add(digest_matrix(batch.column(0)))
+    uri = f"{filters_uri(table_path)}/{uuid.uuid4().hex}.bloom"
+    write_filter(uri, sorted(missing), bloom, storage_options)
+    return frozenset(missing)
+
+
+def _tidy_filters(
+    table_path: str, keep: timedelta, storage_options: StorageOptions | None = None
+) -> None:
+    """Cover the index with filters again after gc's maintenance: one new filter for the data
+    files a compaction wrote, or, once more than a few filters cover the index, one for all
+    of it. Then remove the filters whose data files are all gone or covered by the new one,
+    and files older than ``keep`` that are not whole filters (a writer died writing one)."""
+    dataset = _open_index(table_path, storage_options)
+    if dataset is None:
+        return
+    folder = filters_uri(table_path)
+    whole = len(_covering_filters(table_path, dataset, storage_options)) > _INDEX_FILTERS
+    fresh = write_filters(table_path, dataset, storage_options, whole=whole)
+    store = object_store(folder, storage_options)
+    on_disk = {i.name for i in store.list(f"{index_uri(table_path)}/data")}
+    filters = {f.uri: f for f in read_filters(folder, storage_options)}
+    before = store.now(folder) - keep.total_seconds()
+    for info in store.list(folder):
+        uri = f"{folder}/{info.name}"
+        bloom = filters.get(uri)
+        if bloom is None:
+            stale = info.mtime < before
+        else:  # a file a writer just covered is on disk but in no version gc saw: kept
+            live = bloom.covered & on_disk
+            stale = not live or (bloom.covered != fresh and live <= fresh)
+        if stale:
+            store.delete(uri)
 
 
 def indexed_packs(table_path: str, storage_options: StorageOptions | None = None) -> set[str]:

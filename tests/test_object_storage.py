@@ -33,8 +33,11 @@ from blobhouse import (
     read_ranges,
     write_table,
 )
+from blobhouse.dedup import content_hash
+from blobhouse.digest_filter import digest_matrix, may_contain, read_filters
 from blobhouse.rangeio import READ_THREADS, _balanced_groups, plan_reads
 from blobhouse.storage import ArrowStore, checked_options, object_store
+from blobhouse.store import filters_uri
 from blobhouse.table import TableWrite
 
 KIB, MIB = 1024, 1024 * 1024
@@ -432,7 +435,7 @@ def test_gc_on_s3_keeps_the_files_of_a_running_write(s3):
     assert table.read_blobs("media", [5]) == [payload(1, 300 * KIB)]
 
 
-def test_compaction_verify_and_global_dedup_on_s3(s3):
+def test_compaction_verify_and_global_dedup_on_s3(s3, monkeypatch):
     uri = f"{s3.uri}/t"
     shared = payload(5, 600 * KIB)
     for i in range(3):
@@ -441,6 +444,15 @@ def test_compaction_verify_and_global_dedup_on_s3(s3):
     packs = [k for k in s3.objects("t/_blobs/packs/")]
     stored = sum(s3.objects("t/_blobs/packs/").values())
     assert stored == 600 * KIB + 3 * 700 * KIB, packs  # the shared payload once, table-wide
+    # each write's index fragment got its filter, and the later writes read them from S3
+    # read as big filters are: the header first, then the names, then a block per digest
+    monkeypatch.setattr("blobhouse.digest_filter._WHOLE_BYTES", 0)
+    monkeypatch.setattr("blobhouse.digest_filter._HEAD_BYTES", 32)
+    filters = read_filters(filters_uri(uri), s3.options)
+    assert not any(f.loaded for f in filters)
+    assert len(filters) == 3 == len(s3.objects("t/_blobs/index/_filters/"))
+    asked = digest_matrix([content_hash(shared), content_hash(b"never stored")])
+    assert may_contain(filters, asked, s3.options).tolist() == [True, False]
     table = open_table(uri, storage_options=s3.options)
     before = table.read_blobs("media", range(6))
     table.compact(target_rows=100)
