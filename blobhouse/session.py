@@ -109,7 +109,7 @@ def prepared_array(
         children = [pa.array(columns[f.name], type=f.type) for f in PREPARED_TYPE]
     except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise InvalidInputError(f"prepared blob values out of range: {exc}") from None
-    if data is not None:
+    if data is not None and int(Kind.INLINE) in kinds:  # else every data child stays null
         inline = pc.fill_null(pc.equal(children[0], int(Kind.INLINE)), False)
         data = data.cast(pa.large_binary())
         # a batch of small payloads, all inline, keeps its bytes where they are (no copy)

@@ -395,10 +395,9 @@ def maintain_index(
 ) -> None:
     """Compact the index (one small fragment per write adds up), bring its scalar indices up
     to date (:func:`index_lookups`), remove its versions older than ``keep``, and cover its
-    data files with filters again (:func:`_tidy_filters`). Lance's
-    cleanup also removes files no version names once they are 7 days old: the leftovers of an
-    index append that was killed before it committed. The index is a cache: a failure here is
-    a warning."""
+    data files with filters again (:func:`_tidy_filters`). Lance's cleanup also removes files
+    no version names once they are 7 days old: the leftovers of an index append that was
+    killed before it committed. The index is a cache: a failure here is a warning."""
     dataset = _open_index(table_path, storage_options)
     if dataset is None:
         return  # no store, or nothing stored yet
@@ -410,11 +409,8 @@ def maintain_index(
             dataset.optimize.compact_files()
         dataset.cleanup_old_versions(older_than=keep)
         _tidy_filters(table_path, keep, storage_options)
-    except (
-        BlobhouseError,
-        ValueError,
-        OSError,
-    ) as exc:  # e.g. a concurrent index delete won the commit
+    # e.g. a concurrent index delete won the commit, or a filter vanished while gc read it
+    except (BlobhouseError, ValueError, OSError) as exc:
         warnings.warn(f"the store index of {table_path} was not maintained: {exc}", stacklevel=2)
 
 
