@@ -200,10 +200,9 @@ def object_sizes(uris: Sequence[str], options: Mapping[str, str] | None = None) 
     >>> object_sizes(["/nonexistent/x"])
     [None]
     """
-    if not uris:
-        return []
-    threads = 1 if all(is_local(u) for u in uris) else min(len(uris), STAT_THREADS)
-    with ThreadPoolExecutor(threads) as pool:
+    if all(is_local(u) for u in uris):  # a stat each: a thread would cost more than them
+        return [LOCAL.size(u) for u in uris]
+    with ThreadPoolExecutor(min(len(uris), STAT_THREADS)) as pool:
         return list(pool.map(lambda u: object_store(u, options).size(u), uris))
 
 
