@@ -7,6 +7,7 @@ import os
 import lance
 
 from blobhouse.session import BlobSession, sidecar_name
+from blobhouse.storage import uri_to_path
 
 
 def disk_bytes(path: str) -> int:
@@ -91,3 +92,13 @@ def wait_for_idle_tasks(spark, seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
     while tracker.getActiveStageIds() and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def flip(uri: str, position: int) -> None:
+    """Damage the byte at ``position`` of the local file at ``uri`` (inverted: always a change,
+    where writing a fixed byte leaves one that already had it untouched)."""
+    with open(uri_to_path(uri), "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ 0xFF]))

@@ -29,7 +29,7 @@ from blobhouse.checksums import (
 )
 from blobhouse.dedup import content_hash, content_hashes
 
-from helpers import placed_sidecar, stock_read
+from helpers import flip, placed_sidecar, stock_read
 
 PLACEMENT = {"dedicated_size_threshold": 200_000}
 SMALL_SHARED = b"shared" * 20
@@ -390,8 +390,6 @@ def test_a_walk_over_many_data_files_keeps_a_bounded_set_of_checksums(table_uri,
             assert len(hashes._files) <= 2
     assert len(loaded) == 6 and set(loaded.values()) == {2}
     corrupt = table.blob_refs("b", [0])[0].as_py()
-    with open(corrupt["uri"].removeprefix("file://"), "r+b") as f:
-        f.seek(corrupt["position"])
-        f.write(b"\0")
+    flip(corrupt["uri"], corrupt["position"])
     with pytest.raises(blobhouse.CorruptBlobError):  # a file read again is checked again
         table.read_blobs("b", [0])

@@ -11,9 +11,8 @@ import pyarrow as pa
 import pytest
 
 from blobhouse import CorruptBlobError, blob_array, open_table, write_table
-from blobhouse.storage import uri_to_path
 
-from helpers import stock_read
+from helpers import flip, stock_read
 
 ROWS = 6
 
@@ -33,11 +32,7 @@ def two_columns(table_uri) -> dict[str, list[bytes]]:
 def flip_byte(table_uri: str, column: str, row: int) -> None:
     """Damage one byte of the stored payload of ``column`` at ``row``."""
     ref = open_table(table_uri).blob_refs(column, [row])[0].as_py()
-    with open(uri_to_path(ref["uri"]), "r+b") as f:
-        f.seek(ref["position"] + ref["size"] // 2)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    flip(ref["uri"], ref["position"] + ref["size"] // 2)
 
 
 def read(table_uri: str, column: str) -> list[bytes]:

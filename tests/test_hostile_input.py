@@ -39,7 +39,7 @@ from blobhouse.session import prepared_array, prepared_field
 from blobhouse.storage import uri_to_path
 from blobhouse.store import store_base_id
 
-from helpers import stock_read, tree
+from helpers import flip, stock_read, tree
 
 SCALE = int(os.environ.get("BLOBHOUSE_FUZZ_SCALE", "1"))
 SECRET = b"secret bytes outside every allowed base"
@@ -467,15 +467,6 @@ def test_written_file_names_cannot_lead_outside(fields):
 
 
 # --- damaged bytes on read ----------------------------------------------------------------
-
-
-def flip(uri: str, position: int) -> None:
-    path = uri_to_path(uri)
-    with open(path, "r+b") as f:
-        f.seek(position)
-        byte = f.read(1)
-        f.seek(position)
-        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 @pytest.mark.parametrize("dedup", ["content", "global"])

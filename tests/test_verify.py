@@ -11,6 +11,8 @@ import pytest
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.cli import main
 
+from helpers import flip
+
 
 @pytest.fixture
 def two_versions(table_uri):
@@ -86,15 +88,6 @@ def test_stats_counts_deleted_rows(table_uri):
     table.delete("id IN (1, 4)")
     stats = open_table(table_uri).stats()
     assert (stats["rows"], stats["fragments"], stats["deleted_rows"]) == (4, 2, 2)
-
-
-def flip(uri: str, position: int) -> None:
-    path = uri.removeprefix("file://")
-    with open(path, "r+b") as f:
-        f.seek(position)
-        byte = f.read(1)
-        f.seek(position)
-        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 def test_deep_verify_detects_flipped_bytes_in_sidecars_and_data_files(two_versions, capsys):
