@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -209,6 +210,8 @@ class LocalSparkCluster:
         raise RuntimeError(f"the Spark cluster did not start; logs in {self.work_dir}")
 
     def __exit__(self, *exc: object) -> None:
+        """Stop every process; after a ``with`` block that raised nothing, remove
+        :attr:`work_dir` too (its logs explain a failure, so a failed start or block keeps it)."""
         for process in reversed(self._processes):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
@@ -219,6 +222,8 @@ class LocalSparkCluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
         self._processes = []
+        if exc and exc[0] is None:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
 def _free_port() -> int:

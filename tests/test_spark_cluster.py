@@ -96,6 +96,8 @@ def test_main_job_and_services_on_a_standalone_cluster(tmp_path: Path):
             timeout=600,
         )
         assert services.returncode == 0, services.stderr[-3000:]
+        assert not list(cluster.work_dir.rglob("episodes"))  # nothing landed in an executor's dir
+    assert not cluster.work_dir.exists()  # a cluster that stopped cleanly leaves nothing behind
     done = json.loads(services.stdout.strip().splitlines()[-1])
     assert (done["rows"], done["first_frames"]) == (90, 3)
     assert done["clips"] == 3 * 40_000 * len(b"clip-0")  # three distinct clips, once each
@@ -113,6 +115,5 @@ def test_main_job_and_services_on_a_standalone_cluster(tmp_path: Path):
     assert len(done["gc_versions"]) == 1
     table = tmp_path / "rel" / "episodes"
     assert open_table(str(table)).count_rows() == 45
-    assert not list(cluster.work_dir.rglob("episodes"))  # nothing landed in an executor's dir
     rows = open_table(str(table)).to_arrow(columns=["row"])["row"].to_pylist()
     assert all(r % 2 == 0 for r in rows) and len(stock_read(str(table), "video")) == 45
