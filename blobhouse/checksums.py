@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from lance.file import LanceFileReader, LanceFileWriter
 
 from blobhouse.cache import WeightedLRU
-from blobhouse.dedup import content_hash
+from blobhouse.dedup import DIGEST_BYTES, content_hash, digest_matrix
 from blobhouse.errors import BlobhouseError, CorruptBlobError
 from blobhouse.placement import Kind
 from blobhouse.rangeio import BlobRef, Verify
@@ -42,7 +42,6 @@ from blobhouse.values import numbers
 
 CHECKSUMS_KEY = "blobhouse:checksums"
 FILE_COLUMNS_KEY = b"file_columns"  # {recorded column name: its column in the data file}
-DIGEST_BYTES = 32
 _SIDECAR_KEY = np.dtype([("blob_id", np.uint32), ("position", np.uint64), ("size", np.uint64)])
 _DESCRIPTOR_SPILL = ["kind", "position", "size", "blob_id", "blob_uri"]
 # files' checksums kept loaded for lookups, by their estimated memory: measured ~18 KB a file
@@ -201,7 +200,7 @@ class FileChecksums:
         self._names = {column: name for name, column in (columns or {}).items()}
         table = table.combine_chunks()
         rows = table.column("row").to_numpy()
-        self._digests = _digest_matrix(table.column("blake3"))
+        self._digests = digest_matrix(table.column("blake3"))
         # both kinds sorted by their key, so a lookup is one binary search
         sidecar = np.flatnonzero(rows < 0)
         self._sidecar_entries, *keys = _sorted(
@@ -264,16 +263,6 @@ class FileChecksums:
         return [
             digests[entries[a]].tobytes() if f else None for a, f in zip(at, found, strict=True)
         ]
-
-
-def _digest_matrix(column: pa.ChunkedArray) -> np.ndarray:
-    """The digests as an ``(n, 32)`` byte matrix over the Arrow buffer (no copy)."""
-    if column.num_chunks == 0:
-        return np.zeros((0, DIGEST_BYTES), np.uint8)
-    digests = column.chunk(0)
-    values = np.frombuffer(digests.buffers()[1], np.uint8)
-    start = digests.offset * DIGEST_BYTES
-    return values[start : start + len(digests) * DIGEST_BYTES].reshape(-1, DIGEST_BYTES)
 
 
 def _sorted(entries: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -393,7 +382,7 @@ class RecordedHashes:
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
-    >>> from blobhouse.dedup import content_hash
+    >>> from blobhouse.dedup import DIGEST_BYTES, content_hash, digest_matrix
     >>> t = write_table(pa.table({"b": blob_array([b"x" * 100_000])}), tempfile.mkdtemp() + "/t")
     >>> ref = t.blob_refs("b", [0])[0].as_py()
     >>> digest = RecordedHashes().expected(

@@ -24,12 +24,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, NamedTuple
 
 import blake3
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from blobhouse.errors import InvalidInputError, RefIdConflictError
 
 DedupMode = Literal["content", "ref_id", "global", "off"]
 DEDUP_MODES: tuple[str, ...] = ("content", "ref_id", "global", "off")
+
+
+DIGEST_BYTES = 32  # blake3-256
 
 
 # a lone payload this large is hashed on every core: below it, waking blake3's pool costs more
@@ -87,6 +92,36 @@ def content_hashes(
     for future in futures:
         digests += future.result()
     return digests
+
+
+def digest_matrix(digests: Sequence[bytes] | pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Digests as an ``n x 32`` uint8 matrix, over the Arrow buffer where they are one
+    (``binary(32)``, or variable-length binary all 32 bytes long); :class:`ValueError` if one
+    is null or not 32 bytes.
+
+    >>> digest_matrix([content_hash(b"a"), content_hash(b"b")]).shape
+    (2, 32)
+    """
+    if isinstance(digests, pa.ChunkedArray):
+        digests = digests.chunk(0) if digests.num_chunks == 1 else digests.combine_chunks()
+    if not isinstance(digests, pa.Array):
+        digests = pa.array(digests, pa.binary())
+    if len(digests) == 0:
+        return np.empty((0, DIGEST_BYTES), np.uint8)
+    if digests.null_count:
+        raise ValueError("a digest is null")
+    if digests.type == pa.binary(DIGEST_BYTES):
+        start = digests.offset * DIGEST_BYTES
+    else:
+        lengths = pc.min_max(pc.binary_length(digests)).as_py()
+        if lengths != {"min": DIGEST_BYTES, "max": DIGEST_BYTES}:
+            raise ValueError(f"{DIGEST_BYTES}-byte digests only, got lengths {lengths}")
+        if not pa.types.is_large_binary(digests.type):
+            digests = digests.cast(pa.large_binary())
+        # equal lengths: the values lie back to back from the first one's offset
+        start = np.frombuffer(digests.buffers()[1], np.int64)[digests.offset]
+    values = np.frombuffer(digests.buffers()[-1], np.uint8)
+    return values[start : start + DIGEST_BYTES * len(digests)].reshape(-1, DIGEST_BYTES)
 
 
 class BatchHasher:

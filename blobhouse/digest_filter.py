@@ -11,7 +11,7 @@ A filter file is a header, the names of what it covers (one per line), then the 
 size is fixed by its header, so a file still being written (or cut short) is recognized and
 not used.
 
->>> from blobhouse.dedup import content_hash
+>>> from blobhouse.dedup import content_hash, digest_matrix
 >>> held, other = content_hash(b"held"), content_hash(b"other")
 >>> bloom = DigestFilter.for_entries(1)
 >>> bloom.add(digest_matrix([held]))
@@ -27,13 +27,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from blobhouse.rangeio import BlobRef, read_ranges
 from blobhouse.storage import StorageOptions, object_store
 
-DIGEST_BYTES = 32
 BLOCK_BYTES = 64
 # 1 M random digests against a filter of 1 M: 20 bits an entry and 10 probes let 2.0e-4 pass,
 # 24 and 12 5.4e-5, 28 and 12 1.8e-5; a lookup asks several filters, and each false positive
@@ -48,29 +45,6 @@ HEADER = struct.Struct("<4sBBHQI")
 MAGIC, VERSION = b"BHBF", 1
 _WHOLE_BYTES = 64 << 10  # a filter file this small is read whole, once
 _HEAD_BYTES = 4096  # what is read of a bigger one first: its header and covered names
-
-
-def digest_matrix(digests: Sequence[bytes] | pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """The digests as an ``n x 32`` uint8 array; :class:`ValueError` if one is not 32 bytes.
-
-    >>> digest_matrix([bytes(32), bytes([1]) * 32]).shape
-    (2, 32)
-    """
-    if isinstance(digests, pa.ChunkedArray):
-        digests = digests.combine_chunks()
-    if not isinstance(digests, pa.Array):
-        digests = pa.array(digests, pa.binary())
-    if len(digests) == 0:
-        return np.empty((0, DIGEST_BYTES), np.uint8)
-    lengths = pc.min_max(pc.binary_length(digests)).as_py()
-    if digests.null_count or lengths != {"min": DIGEST_BYTES, "max": DIGEST_BYTES}:
-        raise ValueError(f"a digest filter holds {DIGEST_BYTES}-byte digests only")
-    if not pa.types.is_large_binary(digests.type):
-        digests = digests.cast(pa.large_binary())
-    # equal lengths: the values lie back to back from the first one's offset
-    start = np.frombuffer(digests.buffers()[1], np.int64)[digests.offset]
-    values = np.frombuffer(digests.buffers()[2], np.uint8)
-    return values[start : start + DIGEST_BYTES * len(digests)].reshape(-1, DIGEST_BYTES)
 
 
 def _blocks_of(digests: np.ndarray, blocks: int) -> np.ndarray:

@@ -36,10 +36,10 @@ from lance import DatasetBasePath, LanceDataset
 from lance.indices import IndexConfig
 
 from blobhouse.cache import WeightedLRU
+from blobhouse.dedup import digest_matrix
 from blobhouse.digest_filter import (
     DigestFilter,
     FilterFile,
-    digest_matrix,
     may_contain,
     read_filters,
     write_filter,
@@ -428,16 +428,21 @@ def _data_files(dataset: LanceDataset) -> dict[str, lance.LanceFragment]:
 
 
 def _covering_filters(
-    table_path: str, dataset: LanceDataset, storage_options: StorageOptions | None
+    table_path: str,
+    dataset: LanceDataset,
+    storage_options: StorageOptions | None,
+    filters: list[FilterFile] | None = None,
 ) -> list[FilterFile]:
-    """The filters that together cover every data file of ``dataset`` (none if one is not
-    covered yet: a lookup must then ask the scalar index for every hash)."""
+    """Of ``filters`` (default: the index's), those that together cover every data file of
+    ``dataset`` (none if one is not covered yet: a lookup must then ask the scalar index for
+    every hash)."""
     files = set(_data_files(dataset))
+    if filters is None:
+        filters = read_filters(filters_uri(table_path), storage_options)
     chosen: list[FilterFile] = []
     covered: set[str] = set()
     # the widest first, and none whose files others cover: each one asked adds false positives
-    listed = read_filters(filters_uri(table_path), storage_options)
-    for bloom in sorted(listed, key=lambda f: -len(f.covered & files)):
+    for bloom in sorted(filters, key=lambda f: -len(f.covered & files)):
         if (bloom.covered & files) - covered:
             chosen.append(bloom)
             covered |= bloom.covered
@@ -449,12 +454,13 @@ def write_filters(
     dataset: LanceDataset,
     storage_options: StorageOptions | None = None,
     max_rows: int | None = None,
-    whole: bool = False,
+    filters: list[FilterFile] | None = None,
 ) -> frozenset[str]:
-    """Cover the data files of ``dataset`` no filter covers yet (``whole``: all of them) with
-    one new filter, unless they hold more than ``max_rows`` rows (a writer covers its own small
-    fragment; gc what a compaction wrote); the data files it covers."""
-    filters = [] if whole else read_filters(filters_uri(table_path), storage_options)
+    """Cover the data files of ``dataset`` that none of ``filters`` (default: the index's)
+    covers with one new filter, unless they hold more than ``max_rows`` rows (a writer covers
+    its own small fragment; gc what a compaction wrote); the data files it covers."""
+    if filters is None:
+        filters = read_filters(filters_uri(table_path), storage_options)
     covered = set().union(*(f.covered for f in filters))
     missing = {name: f for name, f in _data_files(dataset).items() if name not in covered}
     rows = sum(f.physical_rows for f in missing.values())
@@ -480,21 +486,20 @@ def _tidy_filters(
     if dataset is None:
         return
     folder = filters_uri(table_path)
-    whole = len(_covering_filters(table_path, dataset, storage_options)) > _INDEX_FILTERS
-    fresh = write_filters(table_path, dataset, storage_options, whole=whole)
     store = object_store(folder, storage_options)
+    listed = store.list(folder)  # before the new filter is written: it is never removed below
+    filters = read_filters(folder, storage_options)
+    whole = len(_covering_filters(table_path, dataset, storage_options, filters)) > _INDEX_FILTERS
+    fresh = write_filters(table_path, dataset, storage_options, filters=[] if whole else filters)
     on_disk = {i.name for i in store.list(f"{index_uri(table_path)}/data")}
-    filters = {f.uri: f for f in read_filters(folder, storage_options)}
+    by_uri = {f.uri: f for f in filters}
     before = store.now(folder) - keep.total_seconds()
-    for info in store.list(folder):
+    for info in listed:
         uri = f"{folder}/{info.name}"
-        bloom = filters.get(uri)
-        if bloom is None:
-            stale = info.mtime < before
-        else:  # a file a writer just covered is on disk but in no version gc saw: kept
-            live = bloom.covered & on_disk
-            stale = not live or (bloom.covered != fresh and live <= fresh)
-        if stale:
+        bloom = by_uri.get(uri)
+        # not a whole filter: removed once old; a filter: once its data files are all gone or
+        # newly covered (a file a writer just covered is on disk, in no version gc saw: kept)
+        if info.mtime < before if bloom is None else (bloom.covered & on_disk) <= fresh:
             store.delete(uri)
 
 

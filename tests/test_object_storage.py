@@ -33,8 +33,8 @@ from blobhouse import (
     read_ranges,
     write_table,
 )
-from blobhouse.dedup import content_hash
-from blobhouse.digest_filter import digest_matrix, may_contain, read_filters
+from blobhouse.dedup import content_hash, digest_matrix
+from blobhouse.digest_filter import may_contain, read_filters
 from blobhouse.rangeio import READ_THREADS, _balanced_groups, plan_reads
 from blobhouse.storage import ArrowStore, checked_options, object_store
 from blobhouse.store import filters_uri

@@ -15,11 +15,10 @@ import pyarrow as pa
 import pytest
 
 from blobhouse import blob_array, open_table, write_table
-from blobhouse.dedup import content_hash
+from blobhouse.dedup import content_hash, digest_matrix
 from blobhouse.digest_filter import (
     DigestFilter,
     _read_each,
-    digest_matrix,
     may_contain,
     read_filters,
     write_filter,
