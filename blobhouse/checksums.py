@@ -85,11 +85,20 @@ class ChecksumLog:
 
     def record_sidecar(self, blob_id: int, position: int, size: int, digest: bytes) -> None:
         """Record the payload at ``[position, +size)`` of sidecar ``blob_id``."""
-        _check_digest(digest)
-        self._blob_ids.append(blob_id)
-        self._positions.append(position)
-        self._sidecar_sizes.append(size)
-        self._sidecar_digests += digest
+        self.record_sidecars(blob_id, [position], [size], [digest])
+
+    def record_sidecars(
+        self, blob_id: int, positions: list[int], sizes: list[int], digests: Sequence[bytes]
+    ) -> None:
+        """:meth:`record_sidecar` for many payloads of sidecar ``blob_id`` at once."""
+        for digest in digests:
+            _check_digest(digest)
+        if len(digests) != len(positions) or len(sizes) != len(positions):
+            raise ValueError("one size and one blake3-256 digest per payload")
+        self._blob_ids.extend([blob_id] * len(positions))
+        self._positions.extend(positions)
+        self._sidecar_sizes.extend(sizes)
+        self._sidecar_digests += b"".join(digests)
 
     def record_inline(self, column: str, row: int, size: int, digest: bytes) -> None:
         """Record the inline payload of ``column`` (dotted name) at ``row`` of the data file."""

@@ -551,8 +551,10 @@ class _ColumnPlacer:
         samples = column.samples(rows, COMPARED_BYTES)
         hashed = hasher.hashes(payloads, samples, self._hash_threads(run))
         digests = dict(zip(rows, hashed, strict=True))
-        global_ = self.plan.dedup == "global"
-        in_store = self._place_in_store(column, rows, hashed) if global_ else {}
+        if self.plan.dedup == "global":
+            placed = self._place_in_store(column, rows, hashed)
+        else:
+            placed = self._store_new(column, rows, hashed)
         fresh_rows, fresh_digests = self._fresh(column, rows, hashed)
         decided.fresh[0].extend(fresh_rows)
         decided.fresh[1].extend(fresh_digests)
@@ -560,8 +562,7 @@ class _ColumnPlacer:
         values.extend(
             _FRESH
             if row in waiting
-            else in_store.get(row)
-            or self._decide_row(column, row, first_row + row, digests.get(row))
+            else placed.get(row) or self._decide_row(column, row, first_row + row, digests.get(row))
             for row in range(len(values), until)
         )
         self._adapt_runs(run, queued)
@@ -587,6 +588,8 @@ class _ColumnPlacer:
         placement = self.plan.placement
         limit = min(placement.inline_size_threshold, placement.dedicated_size_threshold)
         small = np.flatnonzero(column.sizes(rows) <= limit).tolist()
+        if not small:
+            return [], []
         if len(small) < len(rows):
             rows, digests = [rows[i] for i in small], [digests[i] for i in small]
         if self.plan.dedup == "off":
@@ -607,12 +610,39 @@ class _ColumnPlacer:
         self.index.add(digests)
         return rows, digests
 
+    def _store_new(
+        self, column: LogicalColumn, rows: list[int], digests: list[bytes]
+    ) -> dict[int, PreparedBlob]:
+        """Row -> value of those of ``rows`` (hashed: ``digests``) whose payload is too big to
+        inline and new to the data file (``dedup`` "content" or "off"; the first row of each),
+        stored in bulk: one pack write for all of them, not a :meth:`_decide_row` each."""
+        if self.plan.dedup not in ("content", "off") or not rows:
+            return {}
+        placement = self.plan.placement
+        limit = min(placement.inline_size_threshold, placement.dedicated_size_threshold)
+        big = np.flatnonzero(column.sizes(rows) > limit).tolist()
+        if not big:
+            return {}
+        new = {rows[i]: digests[i] for i in big}
+        if self.plan.dedup == "content":
+            known = self.index.known(set(new.values()))
+            firsts: dict[bytes, int] = {}  # digest -> its first row
+            for row, digest in new.items():
+                if digest not in known:
+                    firsts.setdefault(digest, row)
+            self.index.add(firsts)
+            new = {row: digest for digest, row in firsts.items()}
+        values = self._store_many([column.payload(row) for row in new], list(new.values()))
+        if self.plan.dedup == "content":
+            self.stored.update(zip(new.values(), values, strict=True))
+        return dict(zip(new, values, strict=True))
+
     def _hash_threads(self, run: int) -> int | None:
         """Every core hashes a run of ``run`` bytes, unless the writer still has half as many
         to write: then one core is left to it (hashing on all of them would slow it as much)."""
         queue = self.store.queue if self.plan.dedup == "global" else self.session.writes
         if queue.unwritten_bytes * 2 >= run:
-            return max(1, (os.cpu_count() or 1) - 1)
+            return max(1, _CORES - 1)
         return None
 
     def _place_in_store(
@@ -733,19 +763,52 @@ class _ColumnPlacer:
         return _inline(len(payload))
 
     def _store(self, payload: memoryview, kind: Kind, digest: bytes) -> PreparedBlob:
-        """Write ``payload`` (whose blake3 is ``digest``) to a sidecar."""
-        self.sidecar_bytes += len(payload)
+        """Write ``payload`` (whose blake3 is ``digest``) to a sidecar of kind ``kind``."""
         if kind == Kind.DEDICATED:
+            self.sidecar_bytes += len(payload)
             sidecar = self.session.new_dedicated(digest)
             sidecar.write(payload)
             return sidecar.finish(wait=False)  # the session drains before the file is done
+        return self._pack_many([payload], [digest])[0]
+
+    def _store_many(self, payloads: list[memoryview], digests: list[bytes]) -> list[PreparedBlob]:
+        """Write each of ``payloads`` (too big to inline; blake3: ``digests``) to the sidecar
+        its size calls for: consecutive packed ones in one :meth:`_pack_many`."""
+        dedicated = self.plan.placement.dedicated_size_threshold
+        values: list[PreparedBlob] = []
+        start = 0
+        while start < len(payloads):
+            if len(payloads[start]) > dedicated:
+                values.append(self._store(payloads[start], Kind.DEDICATED, digests[start]))
+                start += 1
+                continue
+            end = start + 1
+            while end < len(payloads) and len(payloads[end]) <= dedicated:
+                end += 1
+            values += self._pack_many(payloads[start:end], digests[start:end])
+            start = end
+        return values
+
+    def _pack_many(self, payloads: list[memoryview], digests: list[bytes]) -> list[PreparedBlob]:
+        """Append ``payloads`` (blake3: ``digests``) to packed sidecars, in order, starting a
+        new one whenever the next payload would take the current one past the size limit."""
         limit = self.plan.placement.pack_file_size_threshold
-        if self._pack is not None and self._pack.size and self._pack.size + len(payload) > limit:
-            self._pack.finish(wait=False)
-            self._pack = None
-        if self._pack is None:
-            self._pack = self.session.new_packed()
-        return self._pack.write_blob(payload, digest)
+        ends = np.cumsum([len(p) for p in payloads])
+        self.sidecar_bytes += int(ends[-1])
+        values: list[PreparedBlob] = []
+        start = 0
+        while start < len(payloads):
+            self._pack = self._pack or self.session.new_packed()
+            before = int(ends[start - 1]) if start else 0
+            fits = int(np.searchsorted(ends, before + limit - self._pack.size, side="right"))
+            if fits <= start and self._pack.size:  # the next payload does not fit: a new pack
+                self._pack.finish(wait=False)
+                self._pack = None
+                continue
+            end = max(fits, start + 1)  # an empty pack takes even a payload over the limit
+            values += self._pack.write_blobs(payloads[start:end], digests[start:end])
+            start = end
+        return values
 
     def _external(
         self, column: LogicalColumn, row: int, global_row: int, ref_id: int | None
@@ -779,6 +842,8 @@ class _ColumnPlacer:
             self.index.first_seen(key, fingerprint, column=name, ref_id=ref_id)
         return PreparedBlob(Kind.EXTERNAL, size=size, position=position, uri=uri)
 
+
+_CORES = os.cpu_count() or 1  # asked once: the call costs ~30 us inside a write
 
 # a batch is hashed and placed in runs of about this many bytes (see decide): with 1 MB
 # payloads, 4 MB runs wrote slower, and with 16-64 MB the sidecar writer waits on each batch's

@@ -10,6 +10,7 @@ goes through here, and :meth:`BlobSession.abort` removes all of it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 from collections import deque
@@ -242,7 +243,8 @@ class WriteQueue:
         self._bytes = 0
 
     def submit(self, fn, nbytes: int = 0) -> None:
-        while self._pending and self._bytes + nbytes > self.limit:
+        # writes already done leave the queue here, so it stays short (and errors come early)
+        while self._pending and (self._pending[0][0].done() or self._bytes + nbytes > self.limit):
             self._wait_oldest()
         self._pending.append((self._pool.submit(fn), nbytes))
         self._bytes += nbytes
@@ -302,11 +304,16 @@ class SidecarFile:
         self._run_bytes = 0
 
     def write(self, data: bytes | memoryview) -> None:
-        view = memoryview(data).cast("B")
-        self._run.append(view)
-        self._run_bytes += len(view)
-        if self._run_bytes >= SIDECAR_RUN_BYTES:
-            self.flush()
+        self.write_many([data])
+
+    def write_many(self, chunks: Iterable[bytes | memoryview]) -> None:
+        """:meth:`write` each of ``chunks``, in order."""
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            self._run.append(view)
+            self._run_bytes += len(view)
+            if self._run_bytes >= SIDECAR_RUN_BYTES:
+                self.flush()
 
     def flush(self) -> None:
         """Hand what was written so far to the queue (its bytes are written once it drains)."""
@@ -356,16 +363,29 @@ class PackedSidecar:
     def write_blob(self, payload: bytes | memoryview, digest: bytes | None = None) -> PreparedBlob:
         """Append ``payload``; returns the value rows use to reference it. ``digest`` is its
         blake3-256 when the caller already has it (else it is computed here)."""
-        self._file.write(payload)
-        value = PreparedBlob(
-            Kind.PACKED, size=len(payload), blob_id=self.blob_id, position=self.size
-        )
-        self._checksums.record_sidecar(
-            self.blob_id, self.size, len(payload), digest or content_hash(payload)
-        )
-        self.size += len(payload)
-        self._values.append(value)
-        return value
+        return self.write_blobs([payload], [digest or content_hash(payload)])[0]
+
+    def write_blobs(
+        self, payloads: Sequence[bytes | memoryview], digests: Sequence[bytes]
+    ) -> list[PreparedBlob]:
+        """Append ``payloads`` (whose blake3-256 are ``digests``) in order; returns their values.
+
+        >>> import tempfile
+        >>> pack = BlobSession(tempfile.mkdtemp() + "/data/f.lance").new_packed()
+        >>> [v.position for v in pack.write_blobs([b"ab", b"cde"], [bytes(32)] * 2)]
+        [0, 2]
+        """
+        sizes = [len(p) for p in payloads]
+        ends = list(itertools.accumulate(sizes, initial=self.size))
+        self._file.write_many(payloads)
+        values = [
+            PreparedBlob(Kind.PACKED, size=size, blob_id=self.blob_id, position=position)
+            for size, position in zip(sizes, ends[:-1], strict=True)
+        ]
+        self._checksums.record_sidecars(self.blob_id, ends[:-1], sizes, digests)
+        self.size = ends[-1]
+        self._values.extend(values)
+        return values
 
     def finish(self, wait: bool = True) -> list[PreparedBlob]:
         """Close the sidecar (``wait``: once written) and return every value in write order."""

@@ -10,6 +10,8 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import blobhouse
 from blobhouse import Blob, Kind, blob_array, blob_field, open_table, write_table
@@ -192,6 +194,61 @@ def test_pack_sidecars_roll_over(table_uri):
     assert [x["kind"] for x in d] == [Kind.PACKED] * 6
     assert len({x["blob_id"] for x in d}) == 3
     assert stock_read(table_uri, "b") == payloads
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    picks=st.lists(st.integers(0, 8), min_size=1, max_size=30),
+    dedup=st.sampled_from(["content", "off"]),
+    batch_rows=st.integers(1, 9),
+)
+def test_stored_payloads_fill_packs_in_row_order_and_roll_over(
+    tmp_path_factory, picks, dedup, batch_rows
+):
+    """Payloads too big to inline are stored in bulk per run of a batch: each goes to the
+    current pack while it fits (a pack over the limit holds one payload), a dedicated
+    sidecar above the threshold, and a repeat (content dedup) takes its first copy."""
+    uri = str(tmp_path_factory.mktemp("packs") / "t")
+    sizes = [0, 500, 1000, 1001, 70_000, 119_999, 120_000, 120_001, 200_000]
+    distinct = [os.urandom(size) for size in sizes]
+    rows = [distinct[p] for p in picks]
+    batches = [
+        pa.record_batch({"b": blob_array(rows[i : i + batch_rows])})
+        for i in range(0, len(rows), batch_rows)
+    ]
+    limits = {"inline_size_threshold": 1000, "dedicated_size_threshold": 120_000}
+    placement = {"b": {**limits, "pack_file_size_threshold": 150_000}}
+    write_table(batches, uri, dedup=dedup, placement=placement)
+    assert stock_read(uri, "b") == rows
+    described = stock_descriptors(uri, "b")
+    packs: dict[int, set[tuple[int, int]]] = {}  # blob_id -> its payloads' ranges
+    big: dict[bytes, set[tuple[int, int]]] = {}  # a payload too big to inline -> its copies
+    order: dict[int, list[int]] = {}  # blob_id -> positions of big payloads, in row order
+    for row, (payload, d) in enumerate(zip(rows, described, strict=True)):
+        if len(payload) > 120_000:
+            assert d["kind"] == Kind.DEDICATED, row
+        elif len(payload) > 1000:
+            assert d["kind"] == Kind.PACKED, row
+            order.setdefault(d["blob_id"], []).append(d["position"])
+        if d["kind"] == Kind.PACKED:
+            packs.setdefault(d["blob_id"], set()).add((d["position"], d["size"]))
+        if len(payload) > 1000:
+            big.setdefault(payload, set()).add((d["blob_id"], d["position"]))
+    for blob_id, ranges in packs.items():
+        ranges = sorted(ranges)
+        ends = [position + size for position, size in ranges]
+        assert [position for position, _ in ranges] == [0, *ends[:-1]], blob_id  # no gaps
+        assert ends[-1] <= 150_000 or len(ranges) == 1, blob_id
+    for blob_id, positions in order.items():  # a repeat (dedup off) is a new, later copy
+        firsts = list(dict.fromkeys(positions)) if dedup == "content" else positions
+        assert firsts == sorted(firsts), blob_id
+    copies = [len(places) for payload, places in big.items()]
+    if dedup == "content":
+        assert copies == [1] * len(big)
+    else:
+        assert sum(copies) == sum(len(p) > 1000 for p in rows)
 
 
 def test_binary_columns_named_as_blob_columns(table_uri):
