@@ -377,12 +377,13 @@ class PackedSidecar:
         """
         sizes = [len(p) for p in payloads]
         ends = list(itertools.accumulate(sizes, initial=self.size))
+        # recorded first: a digest of the wrong length is refused before a byte is written
+        self._checksums.record_sidecars(self.blob_id, ends[:-1], sizes, digests)
         self._file.write_many(payloads)
         values = [
             PreparedBlob(Kind.PACKED, size=size, blob_id=self.blob_id, position=position)
             for size, position in zip(sizes, ends[:-1], strict=True)
         ]
-        self._checksums.record_sidecars(self.blob_id, ends[:-1], sizes, digests)
         self.size = ends[-1]
         self._values.extend(values)
         return values
