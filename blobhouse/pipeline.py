@@ -13,7 +13,6 @@ than once in the window is packed once and shared instead of being inlined.
 from __future__ import annotations
 
 import functools
-import os
 import uuid
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Mapping
@@ -25,7 +24,14 @@ import pyarrow as pa
 from lance.blob import blob_field as lance_blob_field
 
 from blobhouse import leases
-from blobhouse.dedup import BatchHasher, DedupIndex, DedupMode, Fingerprint, dedup_modes
+from blobhouse.dedup import (
+    CORES,
+    BatchHasher,
+    DedupIndex,
+    DedupMode,
+    Fingerprint,
+    dedup_modes,
+)
 from blobhouse.errors import ExternalBlobError, InvalidInputError, SchemaError
 from blobhouse.layout import TableLocation
 from blobhouse.managed import ManagedPolicy
@@ -506,6 +512,10 @@ class _ColumnPlacer:
         self.inlined_before: set[int] = set()
         self.sidecar_bytes = 0
         self._run_bytes = HASH_RUN_BYTES  # see _adapt_runs
+        # a payload up to this size may be inlined: above it, it is stored (packed, dedicated)
+        self._inline_limit = min(
+            plan.placement.inline_size_threshold, plan.placement.dedicated_size_threshold
+        )
         self._pack: PackedSidecar | None = None
         self._object_sizes: dict[str, int] = {}
 
@@ -551,11 +561,15 @@ class _ColumnPlacer:
         samples = column.samples(rows, COMPARED_BYTES)
         hashed = hasher.hashes(payloads, samples, self._hash_threads(run))
         digests = dict(zip(rows, hashed, strict=True))
+        placed: dict[int, PreparedBlob] = {}
+        fresh_rows: list[int] = []
+        fresh_digests: list[bytes] = []
         if self.plan.dedup == "global":
             placed = self._place_in_store(column, rows, hashed)
-        else:
-            placed = self._store_new(column, rows, hashed)
-        fresh_rows, fresh_digests = self._fresh(column, rows, hashed)
+        elif self.plan.dedup in ("content", "off"):
+            small, big = _split(column.sizes(rows) <= self._inline_limit, rows, hashed)
+            placed = self._store_new(column, *big)
+            fresh_rows, fresh_digests = self._fresh(*small)
         decided.fresh[0].extend(fresh_rows)
         decided.fresh[1].extend(fresh_digests)
         waiting = set(fresh_rows)
@@ -576,22 +590,13 @@ class _ColumnPlacer:
         else:
             self._run_bytes = HASH_RUN_BYTES
 
-    def _fresh(
-        self, column: LogicalColumn, rows: list[int], digests: list[bytes]
-    ) -> tuple[list[int], list[bytes]]:
-        """Those of ``rows`` (hashed: ``digests``) whose small payload is seen for the first
-        time, once in the run: each waits to be inlined. They are found with set operations
-        over the run, not row by row (a data file may hold millions of small rows); the other
-        rows are decided one by one (:meth:`_decide_row`)."""
-        if self.plan.dedup not in ("content", "off") or not rows:
+    def _fresh(self, rows: list[int], digests: list[bytes]) -> tuple[list[int], list[bytes]]:
+        """Those of ``rows`` (payloads small enough to inline; hashed: ``digests``) seen for
+        the first time, once in the run: each waits to be inlined. They are found with set
+        operations over the run, not row by row (a data file may hold millions of small rows);
+        the other rows are decided one by one (:meth:`_decide_row`)."""
+        if not rows:
             return [], []
-        placement = self.plan.placement
-        limit = min(placement.inline_size_threshold, placement.dedicated_size_threshold)
-        small = np.flatnonzero(column.sizes(rows) <= limit).tolist()
-        if not small:
-            return [], []
-        if len(small) < len(rows):
-            rows, digests = [rows[i] for i in small], [digests[i] for i in small]
         if self.plan.dedup == "off":
             return rows, digests
         unique = set(digests)
@@ -613,17 +618,12 @@ class _ColumnPlacer:
     def _store_new(
         self, column: LogicalColumn, rows: list[int], digests: list[bytes]
     ) -> dict[int, PreparedBlob]:
-        """Row -> value of those of ``rows`` (hashed: ``digests``) whose payload is too big to
-        inline and new to the data file (``dedup`` "content" or "off"; the first row of each),
-        stored in bulk: one pack write for all of them, not a :meth:`_decide_row` each."""
-        if self.plan.dedup not in ("content", "off") or not rows:
+        """Row -> value of those of ``rows`` (payloads too big to inline; hashed: ``digests``)
+        new to the data file (the first row of each; ``dedup="off"``: all), stored in bulk:
+        one pack write for all of them, not a :meth:`_decide_row` each."""
+        if not rows:
             return {}
-        placement = self.plan.placement
-        limit = min(placement.inline_size_threshold, placement.dedicated_size_threshold)
-        big = np.flatnonzero(column.sizes(rows) > limit).tolist()
-        if not big:
-            return {}
-        new = {rows[i]: digests[i] for i in big}
+        new = dict(zip(rows, digests, strict=True))
         if self.plan.dedup == "content":
             known = self.index.known(set(new.values()))
             firsts: dict[bytes, int] = {}  # digest -> its first row
@@ -642,7 +642,7 @@ class _ColumnPlacer:
         to write: then one core is left to it (hashing on all of them would slow it as much)."""
         queue = self.store.queue if self.plan.dedup == "global" else self.session.writes
         if queue.unwritten_bytes * 2 >= run:
-            return max(1, _CORES - 1)
+            return max(1, CORES - 1)
         return None
 
     def _place_in_store(
@@ -843,8 +843,6 @@ class _ColumnPlacer:
         return PreparedBlob(Kind.EXTERNAL, size=size, position=position, uri=uri)
 
 
-_CORES = os.cpu_count() or 1  # asked once: the call costs ~30 us inside a write
-
 # a batch is hashed and placed in runs of about this many bytes (see decide): with 1 MB
 # payloads, 4 MB runs wrote slower, and with 16-64 MB the sidecar writer waits on each batch's
 # first run. Runs that write (next to) nothing grow up to MAX_HASH_RUN_BYTES (_adapt_runs):
@@ -857,6 +855,26 @@ MAX_HASH_RUN_BYTES = 64 << 20
 # are hashed (BatchHasher): a compare costs ~40 us a MB, blake3 ~160 us a MB on one core, and
 # below this size the sample and the lookup cost more than they save
 COMPARED_BYTES = 64 << 10
+
+
+def _split(
+    mask: np.ndarray, rows: list[int], digests: list[bytes]
+) -> tuple[tuple[list[int], list[bytes]], tuple[list[int], list[bytes]]]:
+    """``(rows, digests)`` where ``mask`` holds, then where it does not.
+
+    >>> _split(np.array([True, False, True]), [4, 5, 6], [b"a", b"b", b"c"])
+    (([4, 6], [b'a', b'c']), ([5], [b'b']))
+    """
+    held = np.flatnonzero(mask).tolist()
+    if len(held) == len(rows):
+        return (rows, digests), ([], [])
+    if not held:
+        return ([], []), (rows, digests)
+    other = np.flatnonzero(~mask).tolist()
+    return (
+        ([rows[i] for i in held], [digests[i] for i in held]),
+        ([rows[i] for i in other], [digests[i] for i in other]),
+    )
 
 
 def _run(ends: np.ndarray, start: int, run_bytes: int | None) -> tuple[int, int]:

@@ -283,6 +283,18 @@ def test_a_given_digest_is_recorded_as_given(tmp_path):
     session.abort()
 
 
+def test_a_digest_of_the_wrong_length_is_refused_before_a_byte_is_written(tmp_path):
+    session = BlobSession(str(tmp_path / "data" / "f.lance"))
+    pack = session.new_packed()
+    pack.write_blob(b"abc")
+    with pytest.raises(ValueError, match="32 bytes, got 31"):
+        pack.write_blobs([b"def", b"ghi"], [digest(b"def"), b"x" * 31])
+    assert pack.size == 3 and len(session.checksums) == 1
+    (value,) = pack.finish()
+    assert os.path.getsize(os.path.join(session.data_dir, session.sidecar_path(value.blob_id))) == 3
+    session.abort()
+
+
 def test_stock_lance_reads_are_unaffected(table_uri, media):
     data = sample(media)
     write_table(data, table_uri, allowed_bases=[str(media)])
