@@ -34,6 +34,7 @@ from blobhouse.maintenance.walk import (
     Progress,
     VersionGraph,
     VersionRef,
+    VersionSet,
     fragment_references,
     fragment_states,
     opened_states,
@@ -195,11 +196,11 @@ def reclaimable(table: Table) -> dict:
     """
     graph = VersionGraph.of(table)
     cleanup = explain_version_cleanup(table, 1, None)
-    gone = {VersionRef(table.branch, v) for v in cleanup.versions}
+    gone = VersionSet.of(VersionRef(table.branch, v) for v in cleanup.versions)
     referenced, by_kept = unreadable_marks(graph), unreadable_marks(graph)
     for state, paths in state_marks(table, graph):
         referenced |= paths
-        if any(ref not in gone for ref, _ in state.appearances):
+        if not state.appearances.within(gone):
             by_kept |= paths
     everything, kept = Marked(referenced), Marked(by_kept)
     owned = _TableFiles(table)

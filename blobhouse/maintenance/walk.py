@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import lance
 import numpy as np
 import pyarrow as pa
 
@@ -20,7 +21,7 @@ from blobhouse.references import file_path
 from blobhouse.values import get_column, path_name, stored_blob_columns
 
 if TYPE_CHECKING:
-    from lance.fragment import DataFile
+    from lance.fragment import DataFile, FragmentMetadata
 
     from blobhouse.table import Table
 
@@ -64,6 +65,43 @@ class Appearances:
 
     def __len__(self) -> int:
         return sum(last - first + 1 for _, first, last, _ in self.runs)
+
+    def within(self, versions: VersionSet) -> bool:
+        """Whether every version holding the state is one of ``versions``.
+
+        >>> a = Appearances(((None, 3, 5, 0),))
+        >>> a.within(VersionSet.of([VersionRef(None, v) for v in (3, 4, 5, 9)]))
+        True
+        >>> a.within(VersionSet.of([VersionRef(None, v) for v in (3, 5)]))
+        False
+        """
+        return all(
+            versions.count(branch, first, last) == last - first + 1
+            for branch, first, last, _ in self.runs
+        )
+
+
+@dataclass(frozen=True)
+class VersionSet:
+    """Versions, counted by range: a state's runs are checked against it without iterating
+    every version of a long history (that was quadratic in a history of appends)."""
+
+    by_branch: dict[str | None, np.ndarray]
+
+    @classmethod
+    def of(cls, refs: Iterable[VersionRef]) -> VersionSet:
+        """The set of ``refs``."""
+        versions: dict[str | None, list[int]] = {}
+        for ref in refs:
+            versions.setdefault(ref.branch, []).append(ref.version)
+        return cls({b: np.unique(np.array(v, np.int64)) for b, v in versions.items()})
+
+    def count(self, branch: str | None, first: int, last: int) -> int:
+        """How many of the versions are ``first`` to ``last`` of ``branch``."""
+        versions = self.by_branch.get(branch)
+        if versions is None:
+            return 0
+        return int(np.searchsorted(versions, last, "right") - np.searchsorted(versions, first))
 
 
 @dataclass(frozen=True)
@@ -148,6 +186,12 @@ def fragment_states(table: Table, versions: list[VersionRef] | None = None) -> l
     """The distinct fragment states of ``versions`` (default: every retained version of every
     branch that can be read).
 
+    A run of versions that each append to the one before is read from the versions'
+    transactions plus the run's last manifest, not from every manifest: each manifest lists
+    every fragment so far, so reading them all was quadratic in a history of appends. The last
+    manifest must list the first one's fragments followed by the appended ones, or the run's
+    versions are read one by one.
+
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
     >>> uri = tempfile.mkdtemp() + "/t"
@@ -159,13 +203,60 @@ def fragment_states(table: Table, versions: list[VersionRef] | None = None) -> l
     """
     found: dict[tuple, list] = {}
     places = _DataFilePlaces()
-    for ref in versions or VersionGraph.of(table).versions:
-        first_row = 0
-        at = open_version(table, ref)
-        # what a version calls its blob columns is part of the state: problems are reported
-        # under the names of the version they are found in
+    refs = list(versions or VersionGraph.of(table).versions)
+    i, one_by_one_until = 0, -1
+    while i < len(refs):
+        start = refs[i]
+        opened = open_version(table, start)
+        at = _Manifest.read(opened, places)
+        appended = [] if i < one_by_one_until else _appends_after(opened, refs, i)
+        last = refs[i + len(appended)]
+        new: tuple[_Fragment, ...] = ()
+        if appended:
+            end = _Manifest.read(open_version(table, last), places)
+            if end.extends(at, appended):
+                new = end.fragments[len(at.fragments) :]
+            else:
+                one_by_one_until, appended, last = i + len(appended) + 1, [], start
+        for fragment in at.fragments:
+            _record(found, fragment, start, last.version)
+        fragments = iter(new)
+        for k, added in enumerate(appended, start=1):
+            for _ in added:
+                _record(found, next(fragments), refs[i + k], last.version)
+        i += len(appended) + 1
+    return [
+        FragmentState(fid, ref, Appearances(tuple(map(tuple, runs))), files)
+        for fid, ref, runs, files in found.values()
+    ]
+
+
+@dataclass(frozen=True)
+class _Fragment:
+    """One fragment as one manifest lists it: ``key`` tells its states apart; ``written`` is
+    what an append's transaction says of it (data file paths and base ids, physical rows)."""
+
+    key: tuple
+    fragment_id: int
+    data_files: tuple[str, ...]
+    first_row: int
+    written: tuple
+
+
+@dataclass(frozen=True)
+class _Manifest:
+    """The fragments of one version, from its manifest, and what it calls its blob columns
+    (part of a fragment's state: problems are reported under the names of the version they are
+    found in)."""
+
+    names: tuple[str, ...]
+    fragments: tuple[_Fragment, ...]
+
+    @classmethod
+    def read(cls, at: Table, places: _DataFilePlaces) -> _Manifest:
         names = tuple(path_name(p) for p in stored_blob_columns(at.schema))
         locate = places.of(at)
+        fragments, first_row = [], 0
         for fragment in at.dataset.get_fragments():
             metadata = fragment.metadata
             files = tuple(locate(f) for f in metadata.files)
@@ -175,27 +266,71 @@ def fragment_states(table: Table, versions: list[VersionRef] | None = None) -> l
                 files,
                 None
                 if deletion is None
-                else (deletion.base_id, ref.branch, deletion.id, deletion.read_version),
+                else (deletion.base_id, at.branch, deletion.id, deletion.read_version),
                 names,
             )
-            entry = found.setdefault(key, [metadata.id, ref, [], files])
-            entry[1] = ref
-            _appear(entry[2], ref, first_row)
+            written = _written(metadata) if deletion is None else None
+            fragments.append(_Fragment(key, metadata.id, files, first_row, written))
             first_row += metadata.num_rows
-    return [
-        FragmentState(fid, ref, Appearances(tuple(map(tuple, runs))), files)
-        for fid, ref, runs, files in found.values()
-    ]
+        return cls(names, tuple(fragments))
+
+    def extends(self, before: _Manifest, appended: list[list[tuple]]) -> bool:
+        """Whether this manifest lists ``before``'s fragments as they were, then fragments
+        written as ``appended`` says, in order."""
+        kept = len(before.fragments)
+        added = [written for run in appended for written in run]
+        return (
+            len(self.fragments) == kept + len(added)
+            and [f.key for f in self.fragments[:kept]] == [f.key for f in before.fragments]
+            and [f.written for f in self.fragments[kept:]] == added
+            and self.names == before.names
+        )
 
 
-def _appear(runs: list[list], ref: VersionRef, first_row: int) -> None:
-    """Add ``ref`` to the :class:`Appearances` runs being built: the last run grows when
-    ``ref`` is the next version of its branch with the same first row."""
-    last = runs[-1] if runs else None
-    if last and last[0] == ref.branch and last[2] == ref.version - 1 and last[3] == first_row:
-        last[2] = ref.version
+def _written(metadata: FragmentMetadata) -> tuple:
+    """A fragment's data files (paths, base ids) and physical rows: what an append's
+    transaction and the manifest after it both say of it."""
+    return (tuple((file_path(f), f.base_id) for f in metadata.files), metadata.physical_rows)
+
+
+def _appends_after(at: Table, refs: list[VersionRef], i: int) -> list[list[tuple]]:
+    """What each version after ``refs[i]`` (opened: ``at``) appends, for as long as they are
+    the consecutive versions of its branch and their transactions are appends."""
+    appended: list[list[tuple]] = []
+    for before, ref in zip(refs[i:], refs[i + 1 :], strict=False):
+        if ref.branch != before.branch or ref.version != before.version + 1:
+            break
+        written = _appended(at.dataset, ref.version)
+        if written is None:
+            break
+        appended.append(written)
+    return appended
+
+
+def _appended(dataset: lance.LanceDataset, version: int) -> list[tuple] | None:
+    """The fragments ``version``'s transaction appends, as written (None: not an append)."""
+    try:
+        transaction = dataset.read_transaction(version)
+    except Exception:  # the manifest is read instead
+        # not only a missing file: pylance 14 fails to convert some transactions to Python
+        # (TypeError on a compaction that rewrote an index)
+        return None
+    operation = getattr(transaction, "operation", None)
+    if not isinstance(operation, lance.LanceOperation.Append):
+        return None
+    return [_written(fragment) for fragment in operation.fragments]
+
+
+def _record(found: dict[tuple, list], fragment: _Fragment, ref: VersionRef, last: int) -> None:
+    """``fragment`` is in ``ref``'s version and every version of its branch up to ``last``."""
+    entry = found.setdefault(fragment.key, [fragment.fragment_id, ref, [], fragment.data_files])
+    entry[1] = VersionRef(ref.branch, last)
+    runs = entry[2]
+    run = runs[-1] if runs else None
+    if run and run[0] == ref.branch and run[2] == ref.version - 1 and run[3] == fragment.first_row:
+        run[2] = last
     else:
-        runs.append([ref.branch, ref.version, ref.version, first_row])
+        runs.append([ref.branch, ref.version, last, fragment.first_row])
 
 
 class _DataFilePlaces:
