@@ -269,7 +269,6 @@ def gc(
     0
     """
     _check_retention(retain_versions, older_than, grace)
-    versions_before = [v["version"] for v in table.versions()]
     cleanup = VersionCleanup()
     if retain_versions is not None or older_than is not None:
         if dry_run:
@@ -282,15 +281,8 @@ def gc(
                 error_if_tagged_old_versions=False,
             )
             table = table.checkout(table.version)
-            left = lance_files(table)
-            remaining = {v["version"] for v in table.versions()}
-            cleanup = VersionCleanup(
-                tuple(v for v in versions_before if v not in remaining),
-                {p: listed[p] for p in sorted(listed.keys() - left.keys())},
-            )
+            cleanup = VersionCleanup.between(listed, lance_files(table), _dataset_prefix(table))
     removed_versions = list(cleanup.versions)
-    retained = [v for v in versions_before if v not in removed_versions]
-    kept_tagged = _kept_for_tags(table, removed_versions, retained)
     table_path, options = table.location.root, table.storage_options
     store = object_store(table.uri, options)
     # files staged after this instant may belong to a write that commits after the mark
@@ -300,6 +292,9 @@ def gc(
     registry = Registry.load(table.location, options)
     # a dry run marks as if Lance's cleanup had removed the versions already
     graph = VersionGraph.of(table).without(table.branch, removed_versions)
+    # from the graph, not Lance's versions() before the cleanup: that reads every manifest
+    retained = [ref.version for ref in graph.versions if ref.branch == table.branch]
+    kept_tagged = _kept_for_tags(table, removed_versions, retained)
     if referenced is not None:  # Spark marks what can be read; the rest is kept whole here
         found = referenced(table, list(graph.versions), registry.uris)
         marked = Marked(found | unreadable_marks(graph))
@@ -401,6 +396,13 @@ class VersionCleanup:
     def bytes(self) -> int:
         return sum(self.files.values())
 
+    @classmethod
+    def between(cls, listed: dict[str, int], left: dict[str, int], within: str) -> VersionCleanup:
+        """What a cleanup removed, from the files :func:`lance_files` ``listed`` before it and
+        those ``left`` after (the removed versions are those whose manifests went)."""
+        files = {p: listed[p] for p in sorted(listed.keys() - left.keys())}
+        return cls(_manifest_versions(files, within), files)
+
 
 def explain_version_cleanup(
     table: Table, retain_versions: int | None, older_than: timedelta | None
@@ -436,8 +438,9 @@ def explain_version_cleanup(
         files[path] = candidate.size_bytes
         if candidate.unverified:
             unverified.add(path)
-    versions = sorted(v for v in (_manifest_version(p, within) for p in files) if v is not None)
-    return VersionCleanup(tuple(versions), dict(sorted(files.items())), frozenset(unverified))
+    return VersionCleanup(
+        _manifest_versions(files, within), dict(sorted(files.items())), frozenset(unverified)
+    )
 
 
 def lance_files(table: Table) -> dict[str, int]:
@@ -480,6 +483,11 @@ def _relative_to_root(path: str, root: str, within: str) -> str:
     if start < 0:
         raise BlobhouseError(f"Lance named a file outside the table {root}: {path}")
     return path[start + 1 :]
+
+
+def _manifest_versions(paths: Iterable[str], within: str) -> tuple[int, ...]:
+    """The versions whose manifests are among ``paths``, in order."""
+    return tuple(sorted(v for v in (_manifest_version(p, within) for p in paths) if v is not None))
 
 
 def _manifest_version(path: str, within: str) -> int | None:
