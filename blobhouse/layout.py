@@ -26,6 +26,7 @@ from blobhouse.placement import as_uri, local_uri, normalize_uri
 from blobhouse.storage import StorageOptions, is_local, object_store, uri_to_path
 
 TREE_DIR = "tree"
+VERSIONS_DIR = "_versions"  # Lance's manifests, one per version
 REFS_DIR = "_refs"
 STORE_DIR = "_blobs"
 STORE_BASE_NAME = "blobhouse-store"  # a relocated store's base is named "<this>@<n>"
@@ -107,6 +108,14 @@ class TableLocation:
     def data_dir(self) -> str:
         """Where this branch's new data files go."""
         return f"{self.dataset_path}/data"
+
+    def listed_versions(self, storage_options: StorageOptions | None = None) -> list[int]:
+        """Every version of this branch, in order, from the names of its manifests: one
+        listing, where Lance's ``versions()`` reads every manifest (quadratic in a history of
+        appends, each manifest listing every fragment so far)."""
+        store = object_store(self.dataset_path, storage_options)
+        listed = store.list(f"{self.dataset_path}/{VERSIONS_DIR}")
+        return sorted(v for v in (manifest_version(info.name) for info in listed) if v is not None)
 
     @property
     def store_path(self) -> str:
@@ -243,3 +252,23 @@ def same_location(a: str, b: str) -> bool:
         return normalize_uri(a).rstrip("/") == normalize_uri(b).rstrip("/")
     except InvalidInputError:
         return a.rstrip("/") == b.rstrip("/")
+
+
+def manifest_version(name: str) -> int | None:
+    """The version a manifest's file name in ``_versions/`` names (None: not a manifest).
+
+    >>> manifest_version("3.manifest"), manifest_version(f"{2**64 - 1 - 3:020}.manifest")
+    (3, 3)
+    >>> manifest_version("3.manifest.tmp"), manifest_version("d1.manifest")
+    (None, None)
+    >>> manifest_version(f"{2**64 - 1 - (2**63 + 5):020}.manifest")  # a detached version
+    """
+    stem = name.removesuffix(".manifest")
+    if stem == name or not stem.isdigit():
+        return None
+    # Lance's V2 naming: u64::MAX - version in 20 digits; V1: the version itself
+    version = 2**64 - 1 - int(stem) if len(stem) == 20 else int(stem)
+    return None if version >= _DETACHED else version
+
+
+_DETACHED = 1 << 63  # Lance marks a detached version (on no branch) with the top bit

@@ -359,10 +359,16 @@ def mixed_history(uri: str) -> None:
 
 
 def test_a_walk_through_append_transactions_finds_what_every_manifest_lists(table_uri):
-    from blobhouse.maintenance.walk import fragment_states
+    from blobhouse.maintenance.walk import VersionGraph, fragment_states
 
     mixed_history(table_uri)
     table = open_table(table_uri)
+    # the graph lists manifests; Lance's versions() reads each of them
+    graph = VersionGraph.of(table).versions
+    for branch, dataset in ((None, lance.dataset(table_uri)), ("exp", table_uri + "/tree/exp")):
+        dataset = lance.dataset(dataset) if isinstance(dataset, str) else dataset
+        listed = [ref.version for ref in graph if ref.branch == branch]
+        assert listed == [v["version"] for v in dataset.versions()]
     expected = every_manifest(table)
     versions = {v for v, *_ in expected}
     # the tagged version, a gap gc left, and the branch are walked

@@ -28,7 +28,13 @@ import pyarrow as pa
 
 from blobhouse import leases
 from blobhouse.errors import BlobhouseError, InvalidInputError, TableNotFoundError
-from blobhouse.layout import TREE_DIR, TableLocation, branch_data_dir
+from blobhouse.layout import (
+    TREE_DIR,
+    VERSIONS_DIR,
+    TableLocation,
+    branch_data_dir,
+    manifest_version,
+)
 from blobhouse.maintenance.walk import (
     FragmentState,
     Progress,
@@ -378,7 +384,7 @@ def gc(
 
 
 # the directories of a dataset (main's root, or a branch's tree/<name>) Lance's cleanup lists
-_LANCE_DIRS = ("_versions", "_transactions", "data", "_indices", "_deletions")
+_LANCE_DIRS = (VERSIONS_DIR, "_transactions", "data", "_indices", "_deletions")
 
 
 @dataclass(frozen=True)
@@ -492,14 +498,8 @@ def _manifest_versions(paths: Iterable[str], within: str) -> tuple[int, ...]:
 
 def _manifest_version(path: str, within: str) -> int | None:
     """The version a manifest path (relative to the root) names; None for other files."""
-    folder = f"{within}_versions/"
-    if not path.startswith(folder) or not path.endswith(".manifest"):
-        return None
-    stem = path[len(folder) : -len(".manifest")]
-    if not stem.isdigit():
-        return None
-    # Lance's V2 naming: u64::MAX - version, 20 digits; V1: the version itself
-    return 2**64 - 1 - int(stem) if len(stem) == 20 else int(stem)
+    folder = f"{within}{VERSIONS_DIR}/"
+    return manifest_version(path[len(folder) :]) if path.startswith(folder) else None
 
 
 @dataclass(frozen=True)

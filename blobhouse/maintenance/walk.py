@@ -171,7 +171,8 @@ class VersionGraph:
                     raise
                 unreadable.append((branch, str(exc)))
                 continue
-            refs.extend(VersionRef(branch, v["version"]) for v in on.versions())
+            listed = on.location.listed_versions(on.storage_options)
+            refs.extend(VersionRef(branch, v) for v in listed)
         return cls(tuple(refs), tuple(unreadable))
 
     def without(self, branch: str | None, versions: Iterable[int]) -> VersionGraph:
