@@ -738,7 +738,7 @@ def _gc(args: argparse.Namespace, run: Run) -> int:
         f"{report['removed_files']} "
         f"unreferenced files ({mb(report['reclaimed_bytes'])}); kept "
         f"{report['kept_young_files']} younger than the grace period"
-        + (f" and tagged versions {format_value('versions', tagged)}" if tagged else "")
+        + (f" and pinned versions {format_value('versions', tagged)}" if tagged else "")
     )
     managed = report.get("managed")
     if managed and (managed["registered"] or managed["removed"]):

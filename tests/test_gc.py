@@ -197,6 +197,23 @@ def test_the_first_dry_run_names_the_versions_lance_would_remove(table_uri):
     assert done["removed_versions"] == [1, 3] and done["paths"] == dry["paths"]
 
 
+def test_a_version_a_branch_was_made_from_is_reported_as_kept(table_uri):
+    for _ in range(6):
+        write_table(pa.table({"b": blob_array([os.urandom(50_000)])}), table_uri, mode="append")
+    lance.dataset(table_uri).create_branch("exp", 3)
+    write_table(
+        pa.table({"b": blob_array([os.urandom(50_000)])}), table_uri, branch="exp", mode="append"
+    )
+    lance.dataset(table_uri).tags.create("gold", 2)
+    dry = open_table(table_uri).gc(retain_versions=1, grace=timedelta(0), dry_run=True)
+    done = open_table(table_uri).gc(retain_versions=1, grace=timedelta(0))
+    for report in (dry, done):
+        assert report["retained_versions"] == [2, 3, 6]
+        assert report["kept_tagged_versions"] == [2, 3]  # the tag's, and the branch point
+    # on the branch, its own versions are not main's branch points
+    assert open_table(table_uri, branch="exp").gc(retain_versions=1)["kept_tagged_versions"] == []
+
+
 def test_a_retired_pack_waits_for_its_tombstone_and_is_counted_once(table_uri):
     """A pack gc retired is deleted only once its tombstone is past the grace period (a gc run
     in between keeps it), and the run that reaps it counts it once."""

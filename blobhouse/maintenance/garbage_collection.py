@@ -741,11 +741,15 @@ def _check_retention(
 
 
 def _kept_for_tags(table: Table, removed: list[int], retained: list[int]) -> list[int]:
-    """Versions of this branch a tag keeps although cleanup removed a newer version."""
+    """Versions of this branch that a tag, or a branch made from them, keeps although cleanup
+    removed a newer version."""
     if not removed:
         return []
-    tagged = {t["version"] for t in table.tags().values() if t["branch"] == table.branch}
-    return sorted(v for v in tagged & set(retained) if v < max(removed))
+    pinned = {t["version"] for t in table.tags().values() if t["branch"] == table.branch}
+    pinned |= {
+        b["parent_version"] for b in table.branches().values() if b["parent_branch"] == table.branch
+    }
+    return sorted(v for v in pinned & set(retained) if v < max(removed))
 
 
 def owned_dirs(table: Table) -> list[str]:
