@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 
 import lance
@@ -345,3 +346,10 @@ def test_many_small_units_share_a_few_tasks_and_keep_their_order(spark):
     assert 1 < len(tasks) <= cores * TASKS_PER_CORE
     few = run_tasks(spark, [1, 2, 3], lambda u: TaskContext.get().partitionId())
     assert len(set(few)) == 3  # fewer units than that: a task each, as before
+
+
+def test_the_console_progress_bar_is_off_when_stderr_is_not_a_terminal(spark):
+    # the session was made by local_session in this process: under pytest (and in CI logs)
+    # standard error is captured, and the bar's redraws would fill it
+    shown = spark.sparkContext.getConf().get("spark.ui.showConsoleProgress", "true")
+    assert shown == ("true" if sys.stderr.isatty() else "false")

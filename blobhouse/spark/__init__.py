@@ -100,6 +100,7 @@ def local_session(
     (docs/spark-cluster.md). Arrow batches are capped at 256 rows: ``read_blob`` returns one
     blob per row, so with multi-MB blobs a default 10,000-row batch would need tens of GB. Set
     the same (``spark.sql.execution.arrow.maxRecordsPerBatch``) on sessions you build yourself.
+    Spark's console progress bar is off when standard error is not a terminal (a log file).
     """
     # Spark starts its JVM and Python workers by fork+exec; lance warns on every fork although
     # nothing of lance runs in those children before exec
@@ -121,11 +122,18 @@ def local_session(
         )
     if shuffle_partitions is not None:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    if not _is_terminal(sys.stderr):  # its bar redraws with \r: a log file gets a line per redraw
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def _is_terminal(stream: object) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
 
 
 @spark_entry_point
