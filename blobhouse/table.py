@@ -16,6 +16,7 @@ from itertools import chain
 from typing import Any, BinaryIO, Literal
 
 import lance
+import numpy as np
 import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.fragment import DataFile, FragmentMetadata
@@ -97,6 +98,7 @@ from blobhouse.values import (
 BlobsMode = Literal["refs", "bytes", "descriptors"]
 WriteMode = Literal["create", "append", "overwrite"]
 _ROW_ADDRESS = "_rowaddr"
+_ROW_ID = "_rowid"
 
 
 @keywords_checked
@@ -876,6 +878,40 @@ class Table:
         extra = [_ROW_ADDRESS] if paths else []
         taken = self.dataset.take(indices, columns=[*columns, *extra])
         batches = [self._convert(b, paths, blobs) for b in taken.to_batches()]
+        if batches:
+            return pa.Table.from_batches(batches)
+        return self._empty(columns, blobs)
+
+    def row_ids(self, filter: str | None = None) -> np.ndarray:
+        """The ids of the live rows (those matching ``filter``), in table order, for
+        :meth:`take_rows`: a scan of the filter's columns only, never of blob bytes.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"id": [1, 2, 3], "img": blob_array([b"a", b"b", b"c"])}),
+        ...                 tempfile.mkdtemp() + "/t")
+        >>> t.take_rows(t.row_ids("id >= 2"), blobs="bytes").to_pylist()
+        [{'id': 2, 'img': b'b'}, {'id': 3, 'img': b'c'}]
+        """
+        scanner = self.dataset.scanner(columns=[], filter=filter, with_row_id=True)
+        ids = [batch.column(_ROW_ID).to_numpy() for batch in scanner.to_batches()]
+        return np.concatenate(ids) if ids else np.zeros(0, np.uint64)
+
+    @keywords_checked
+    def take_rows(
+        self,
+        row_ids: Sequence[int] | np.ndarray,
+        columns: Sequence[str] | None = None,
+        blobs: BlobsMode = "refs",
+    ) -> pa.Table:
+        """Rows by id (from :meth:`row_ids`), in the order asked: one native take for the
+        rows and their addresses, then each distinct payload read once (``blobs="bytes"``,
+        checked against its recorded hash)."""
+        columns, paths = self._selection(columns, blobs)
+        extra = [_ROW_ADDRESS] if paths else []
+        ids = np.asarray(row_ids, dtype=np.uint64)
+        taken = self.dataset._take_rows(ids.tolist(), columns=[*columns, *extra])
+        batches = [self._convert(b, paths, blobs) for b in taken.to_batches() if b.num_rows]
         if batches:
             return pa.Table.from_batches(batches)
         return self._empty(columns, blobs)

@@ -1,0 +1,286 @@
+"""Training reads: a table's rows in shuffled, sharded batches, with their blob bytes.
+
+:class:`BatchLoader` needs no torch. Each epoch's order is a function of ``(seed, epoch)``;
+ranks and workers take disjoint shares of it, so every row is read once per epoch across all
+of them, and every rank gets the same number of batches. A batch is one native take of its
+rows, then each distinct payload it references read once (coalesced ranged reads) and checked
+against its recorded hash; a few batches are read ahead on threads.
+
+Nothing Lance owns crosses a fork or a pickle: the table is opened in the process that
+iterates, at the version pinned when the loader was made.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from blobhouse.errors import InvalidInputError
+from blobhouse.layout import TableLocation
+from blobhouse.storage import checked_options
+
+if TYPE_CHECKING:
+    from blobhouse.table import Table
+
+LoaderBlobs = Literal["bytes", "refs"]
+#: batches read ahead of the one being yielded
+PREFETCH_BATCHES = 2
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Which share of an epoch's batches one loader reads: ``rank`` of ``world_size`` (each
+    rank a share of the rows), ``worker_id`` of ``num_workers`` (each worker every
+    ``num_workers``-th batch of its rank, so a DataLoader that takes one batch from each
+    worker in turn yields the rank's batches in order)."""
+
+    rank: int = 0
+    world_size: int = 1
+    worker_id: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        _check_int("world_size", self.world_size, 1)
+        _check_int("num_workers", self.num_workers, 1)
+        _check_int("rank", self.rank, 0, self.world_size - 1)
+        _check_int("worker_id", self.worker_id, 0, self.num_workers - 1)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The batches of one rank in one epoch: ``rows[i]`` are positions into the selected
+    rows; ``batches`` the rank's batch boundaries.
+
+    >>> plan = EpochPlan.of(10, batch_size=4, seed=0, epoch=0, shuffle=False,
+    ...                     world_size=2, rank=1, drop_last=False)
+    >>> [plan.batch(i).tolist() for i in range(len(plan))]
+    [[1, 3, 5, 7], [9]]
+    """
+
+    rows: np.ndarray
+    batch_size: int
+
+    @classmethod
+    def of(
+        cls,
+        n: int,
+        *,
+        batch_size: int,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        world_size: int,
+        rank: int,
+        drop_last: bool,
+    ) -> EpochPlan:
+        order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+        if drop_last:
+            per_rank = n // world_size
+            per_rank -= per_rank % batch_size
+            order = order[: per_rank * world_size]
+        elif n:
+            per_rank = math.ceil(n / world_size)
+            missing = per_rank * world_size - n  # padded from the start of the order
+            order = np.concatenate([order, np.resize(order, missing)])
+        return cls(order[rank::world_size], batch_size)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.rows) / self.batch_size)
+
+    def batch(self, index: int) -> np.ndarray:
+        return self.rows[index * self.batch_size : (index + 1) * self.batch_size]
+
+
+class BatchLoader:
+    """Batches of a table's rows for training: shuffled by ``(seed, epoch)``, sharded by rank
+    and worker, ``blobs`` as bytes (checked against their recorded hashes) or references.
+
+    ``filter`` (a SQL predicate on the small columns) picks the rows before any blob is read.
+    ``drop_last`` drops the rows that would make ranks uneven or a batch short; otherwise the
+    last rows are padded with rows from the start of the epoch's order, so every rank has the
+    same number of batches. ``version`` (a number or a tag) pins what is read; by default the
+    latest version when the loader is made, so every worker reads the same rows. Inside a
+    torch DataLoader worker, ``worker_id`` and ``num_workers`` default to torch's.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> _ = write_table(pa.table({"id": list(range(10)),
+    ...                          "img": blob_array([b"x" * i for i in range(10)])}), uri)
+    >>> loader = BatchLoader(uri, ["id", "img"], batch_size=4, filter="id < 6", seed=1)
+    >>> len(loader), sorted(r["id"] for b in loader for r in b.to_pylist())
+    (2, [0, 1, 2, 3, 4, 5])
+    """
+
+    def __init__(
+        self,
+        uri: str | os.PathLike,
+        columns: Sequence[str] | None = None,
+        *,
+        batch_size: int,
+        filter: str | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        worker_id: int | None = None,
+        num_workers: int | None = None,
+        drop_last: bool = False,
+        blobs: LoaderBlobs = "bytes",
+        storage_options: dict[str, str] | None = None,
+        version: int | str | None = None,
+        branch: str | None = None,
+    ) -> None:
+        _check_int("batch_size", batch_size, 1)
+        _check_int("seed", seed, 0)
+        if blobs not in ("bytes", "refs"):
+            raise InvalidInputError(f"blobs must be 'bytes' or 'refs', got {blobs!r}")
+        if filter is not None and not isinstance(filter, str):
+            raise InvalidInputError(f"filter must be a SQL predicate string, got {filter!r}")
+        self.storage_options = checked_options(storage_options)
+        self.location = TableLocation.of(uri, branch, self.storage_options)
+        self.columns = None if columns is None else list(columns)
+        self.batch_size, self.filter, self.shuffle, self.seed = batch_size, filter, shuffle, seed
+        self.drop_last, self.blobs = drop_last, blobs
+        self._given = (rank, world_size, worker_id, num_workers)
+        Shard(rank, world_size, worker_id or 0, num_workers or 1)  # checked now
+        self.version = version if version is not None else self._latest()
+        self.epoch = 0
+        self._resume_at = 0
+        self._position = 0
+        self._opened: tuple[int, Table, np.ndarray] | None = None  # (pid, table, row ids)
+
+    @property
+    def shard(self) -> Shard:
+        """This loader's share; the worker's from torch when not given and inside a torch
+        DataLoader worker."""
+        rank, world_size, worker_id, num_workers = self._given
+        if worker_id is None and num_workers is None:
+            worker_id, num_workers = _torch_worker()
+        return Shard(rank, world_size, worker_id or 0, num_workers or 1)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch``'s order next (from its first batch)."""
+        _check_int("epoch", epoch, 0)
+        self.epoch, self._resume_at, self._position = epoch, 0, 0
+
+    def __len__(self) -> int:
+        """Batches per epoch of this shard (rank and worker)."""
+        return len(self._batches())
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        indices = [i for i in self._batches() if i >= self._resume_at]
+        self._resume_at = 0
+        table, ids = self._table()
+        plan = self._plan(len(ids))
+        with ThreadPoolExecutor(PREFETCH_BATCHES, thread_name_prefix="blobhouse-loader") as pool:
+            ahead: deque[tuple[int, Future]] = deque()
+            pending = iter(indices)
+            try:
+                while True:
+                    while len(ahead) <= PREFETCH_BATCHES and (i := next(pending, None)) is not None:
+                        rows = ids[plan.batch(i)]
+                        ahead.append((i, pool.submit(self._read, table, rows)))
+                    if not ahead:
+                        break
+                    i, future = ahead.popleft()
+                    batch = future.result()
+                    self._position = i + 1
+                    yield batch
+            finally:
+                for _, future in ahead:
+                    future.cancel()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: resuming from it (:meth:`load_state_dict`) continues the
+        epoch after the last batch yielded."""
+        return {
+            "epoch": self.epoch,
+            "position": self._position,
+            "seed": self.seed,
+            "version": self.version,
+            "rows": len(self._table()[1]),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (of a loader over the same rows, seed and version): the next
+        iteration starts at the batch after the last one it had yielded."""
+        missing = {"epoch", "position", "seed", "version", "rows"} - set(state)
+        if missing:
+            raise InvalidInputError(f"state is missing {sorted(missing)}")
+        mine = {"seed": self.seed, "version": self.version, "rows": len(self._table()[1])}
+        differ = [
+            f"{k} {state[k]!r} (this loader: {v!r})" for k, v in mine.items() if state[k] != v
+        ]
+        if differ:
+            raise InvalidInputError(f"state is of a different loader: {', '.join(differ)}")
+        self.set_epoch(state["epoch"])
+        _check_int("position", state["position"], 0)
+        self._resume_at = self._position = state["position"]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_opened": None}  # reopened where it is unpickled
+
+    def _batches(self) -> list[int]:
+        """This shard's batches of the rank's epoch, as indices into the rank's batches."""
+        shard, rows = self.shard, len(self._table()[1])
+        return list(range(shard.worker_id, len(self._plan(rows)), shard.num_workers))
+
+    def _plan(self, n: int) -> EpochPlan:
+        shard = self.shard
+        return EpochPlan.of(
+            n,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            epoch=self.epoch,
+            shuffle=self.shuffle,
+            world_size=shard.world_size,
+            rank=shard.rank,
+            drop_last=self.drop_last,
+        )
+
+    def _table(self) -> tuple[Table, np.ndarray]:
+        """The table at the pinned version and its selected row ids, opened once per process
+        (a forked worker opens its own)."""
+        if self._opened is None or self._opened[0] != os.getpid():
+            from blobhouse.table import open_at
+
+            table = open_at(self.location, self.version, self.storage_options)
+            self._opened = (os.getpid(), table, table.row_ids(self.filter))
+        return self._opened[1], self._opened[2]
+
+    def _read(self, table: Table, rows: np.ndarray) -> pa.RecordBatch:
+        taken = table.take_rows(rows, self.columns, blobs=self.blobs)
+        return taken.combine_chunks().to_batches()[0]
+
+    def _latest(self) -> int:
+        """The latest version, from the manifests' names (no Lance object in this process)."""
+        listed = self.location.listed_versions(self.storage_options)
+        if not listed:
+            raise InvalidInputError(f"no table at {self.location}")
+        return listed[-1]
+
+
+def _torch_worker() -> tuple[int | None, int | None]:
+    """(worker id, worker count) inside a torch DataLoader worker, else (None, None)."""
+    import sys
+
+    torch_data = sys.modules.get("torch.utils.data")
+    info = torch_data.get_worker_info() if torch_data is not None else None
+    return (info.id, info.num_workers) if info is not None else (None, None)
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidInputError(f"{name} must be {bounds}, got {value}")

@@ -1,0 +1,195 @@
+"""BatchLoader: every row once per epoch across ranks and workers, orders by (seed, epoch),
+resumption, forks and spawns, pinned versions, checked bytes, clear errors."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import pickle
+from collections import Counter
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from blobhouse import CorruptBlobError, InvalidInputError, blob_array, write_table
+from blobhouse.loader import BatchLoader
+
+from helpers import flip
+
+ROWS = 103  # not a multiple of any batch size or world below: padding and short batches show
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    """103 rows; rows share payloads in groups of 5 (clips of one video), some are inline."""
+    uri = str(tmp_path_factory.mktemp("loader") / "videos")
+    rng = np.random.default_rng(7)
+    payloads = [rng.bytes(int(rng.integers(50, 300_000))) for _ in range(ROWS // 5 + 1)]
+    ids = list(range(ROWS))
+    data = pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "split": ["val" if i % 4 == 0 else "train" for i in ids],
+            "clip": blob_array([payloads[i // 5] for i in ids]),
+        }
+    )
+    write_table(data, uri, max_rows_per_file=40)
+    return uri, {i: hashlib.sha256(payloads[i // 5]).hexdigest() for i in ids}
+
+
+def ids_of(batches) -> list[int]:
+    return [i for b in batches for i in b.column("id").to_pylist()]
+
+
+def shard_ids(uri, epoch=0, **kwargs) -> list[list[int]]:
+    """The ids each (rank, worker) reads in ``epoch``, ranks and workers in order."""
+    out = []
+    for rank in range(kwargs.get("world_size", 1)):
+        for worker in range(kwargs.get("num_workers", 1)):
+            loader = BatchLoader(uri, ["id"], rank=rank, worker_id=worker, **kwargs)
+            loader.set_epoch(epoch)
+            out.append(ids_of(loader))
+    return out
+
+
+def test_two_ranks_of_two_workers_read_every_row_once_per_epoch(videos):
+    uri, _ = videos
+    shards = shard_ids(uri, batch_size=8, world_size=2, num_workers=2)
+    everything = Counter(i for s in shards for i in s)
+    assert set(everything) == set(range(ROWS))
+    # 103 rows on 2 ranks: one row of the epoch's order pads the second rank
+    assert sum(everything.values()) == 104 and list(everything.values()).count(2) == 1
+    ranks = [shards[0] + shards[1], shards[2] + shards[3]]
+    assert len(ranks[0]) == len(ranks[1]) == 52
+    lengths = [
+        len(BatchLoader(uri, batch_size=8, world_size=2, rank=r, num_workers=2, worker_id=w))
+        for r in (0, 1)
+        for w in (0, 1)
+    ]
+    assert lengths == [4, 3, 4, 3]  # 7 batches a rank: 52 rows of 8, the last short
+
+
+def test_drop_last_gives_full_batches_and_no_row_twice(videos):
+    uri, _ = videos
+    shards = shard_ids(uri, batch_size=8, world_size=2, drop_last=True)
+    assert [len(s) for s in shards] == [48, 48]
+    both = shards[0] + shards[1]
+    assert len(set(both)) == len(both) == 96
+
+
+def test_orders_depend_on_seed_and_epoch_only(videos):
+    uri, _ = videos
+    first = shard_ids(uri, epoch=0, batch_size=10, seed=3)
+    assert shard_ids(uri, epoch=0, batch_size=10, seed=3) == first
+    assert shard_ids(uri, epoch=1, batch_size=10, seed=3) != first
+    assert shard_ids(uri, epoch=0, batch_size=10, seed=4) != first
+    assert sorted(first[0]) == list(range(ROWS))
+    assert shard_ids(uri, batch_size=10, shuffle=False) == [list(range(ROWS))]
+
+
+def test_bytes_are_each_rows_own_and_a_filter_picks_rows_first(videos):
+    uri, digests = videos
+    loader = BatchLoader(uri, ["id", "clip"], batch_size=16, filter="split = 'train'", seed=9)
+    seen = []
+    for batch in loader:
+        assert batch.schema.field("clip").type == pa.large_binary()
+        for row in batch.to_pylist():
+            assert hashlib.sha256(row["clip"]).hexdigest() == digests[row["id"]]
+            seen.append(row["id"])
+    assert sorted(seen) == [i for i in range(ROWS) if i % 4]
+    refs = next(iter(BatchLoader(uri, ["clip"], batch_size=4, blobs="refs")))
+    assert refs.schema.field("clip").type.names == ["uri", "position", "size"]
+
+
+def test_resuming_from_a_state_continues_the_epoch(videos):
+    uri, _ = videos
+    whole = BatchLoader(
+        uri, ["id"], batch_size=7, seed=5, world_size=2, rank=1, num_workers=2, worker_id=1
+    )
+    whole.set_epoch(2)
+    expected = [b.column("id").to_pylist() for b in whole]
+    loader = BatchLoader(
+        uri, ["id"], batch_size=7, seed=5, world_size=2, rank=1, num_workers=2, worker_id=1
+    )
+    loader.set_epoch(2)
+    batches = iter(loader)
+    done = [next(batches).column("id").to_pylist() for _ in range(2)]
+    state = pickle.loads(pickle.dumps(loader.state_dict()))
+    assert state["epoch"] == 2 and state["position"] == 4  # worker 1 read rank batches 1 and 3
+    resumed = BatchLoader(
+        uri, ["id"], batch_size=7, seed=5, world_size=2, rank=1, num_workers=2, worker_id=1
+    )
+    resumed.load_state_dict(state)
+    assert done + [b.column("id").to_pylist() for b in resumed] == expected
+    assert [b.column("id").to_pylist() for b in resumed] == expected  # the next pass: whole
+    with pytest.raises(InvalidInputError, match=r"seed 5 \(this loader: 6\)"):
+        BatchLoader(uri, ["id"], batch_size=7, seed=6).load_state_dict(state)
+
+
+def _read_in_child(loader: BatchLoader, queue) -> None:
+    queue.put(ids_of(loader))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_made_by_fork_or_spawn_read_their_share(videos, method):
+    uri, _ = videos
+    context = multiprocessing.get_context(method)
+    queue = context.Queue()
+    loaders = [
+        BatchLoader(uri, ["id", "clip"], batch_size=9, num_workers=3, worker_id=w) for w in range(3)
+    ]
+    list(loaders[0])  # the parent has read with Lance before the children start
+    children = [context.Process(target=_read_in_child, args=(lo, queue)) for lo in loaders]
+    for child in children:
+        child.start()
+    got = [queue.get(timeout=120) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0
+    assert sorted(i for ids in got for i in ids) == list(range(ROWS))
+
+
+def test_the_version_is_pinned_when_the_loader_is_made(tmp_path):
+    uri = str(tmp_path / "t")
+    write_table(pa.table({"id": [0, 1], "b": blob_array([b"a", b"b"])}), uri)
+    loader = BatchLoader(uri, ["id"], batch_size=10)
+    write_table(pa.table({"id": [2], "b": blob_array([b"c"])}), uri, mode="append")
+    assert sorted(ids_of(loader)) == [0, 1] and loader.version == 1
+    lance.dataset(uri).tags.create("first", 1)
+    assert sorted(ids_of(BatchLoader(uri, ["id"], batch_size=10, version="first"))) == [0, 1]
+    assert sorted(ids_of(BatchLoader(uri, ["id"], batch_size=10))) == [0, 1, 2]
+
+
+def test_damaged_bytes_raise_naming_the_column(tmp_path):
+    uri = str(tmp_path / "t")
+    write_table(pa.table({"id": [0], "b": blob_array([os.urandom(200_000)])}), uri)
+    pack = next(p for p in tmp_path.rglob("*") if p.is_file() and p.stat().st_size >= 200_000)
+    flip(str(pack), 100_000)
+    with pytest.raises(CorruptBlobError, match="'b'"):
+        list(BatchLoader(uri, batch_size=1))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
+        ({"batch_size": "8"}, "batch_size must be an integer"),
+        ({"batch_size": 8, "rank": 2, "world_size": 2}, r"rank must be in \[0, 1\], got 2"),
+        ({"batch_size": 8, "worker_id": 3, "num_workers": 2}, r"worker_id must be in \[0, 1\]"),
+        ({"batch_size": 8, "blobs": "descriptors"}, "blobs must be 'bytes' or 'refs'"),
+        ({"batch_size": 8, "filter": 3}, "filter must be a SQL predicate"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(videos, kwargs, message):
+    with pytest.raises(InvalidInputError, match=message):
+        BatchLoader(videos[0], **kwargs)
+
+
+def test_unknown_columns_and_missing_tables_are_named(videos, tmp_path):
+    with pytest.raises(InvalidInputError, match=r"unknown column.*'nope'"):
+        list(BatchLoader(videos[0], ["id", "nope"], batch_size=8))
+    with pytest.raises(InvalidInputError, match="no table at"):
+        BatchLoader(str(tmp_path / "missing"), batch_size=8)
