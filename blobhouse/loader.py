@@ -4,7 +4,7 @@
 ranks and workers take disjoint shares of it, so every row is read once per epoch across all
 of them, and every rank gets the same number of batches. A batch is one native take of its
 rows, then each distinct payload it references read once (coalesced ranged reads) and checked
-against its recorded hash; a few batches are read ahead on threads.
+against its recorded hash; a few batches are read ahead on a thread.
 
 Nothing Lance owns crosses a fork or a pickle: the table is opened in the process that
 iterates, at the version pinned when the loader was made.
@@ -174,21 +174,22 @@ class BatchLoader:
 
     def __len__(self) -> int:
         """Batches per epoch of this shard (rank and worker)."""
-        return len(self._batches())
+        return len(self._batches(self._plan()))
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        indices = [i for i in self._batches() if i >= self._resume_at]
-        self._resume_at = 0
         table, ids = self._table()
-        plan = self._plan(len(ids))
-        with ThreadPoolExecutor(PREFETCH_BATCHES, thread_name_prefix="blobhouse-loader") as pool:
+        plan = self._plan()
+        indices = [i for i in self._batches(plan) if i >= self._resume_at]
+        self._resume_at = 0
+        # one thread reads ahead while the caller works on a batch: the table's caches are
+        # not shared between threads, and each batch's reads run in parallel already
+        with ThreadPoolExecutor(1, thread_name_prefix="blobhouse-loader") as pool:
             ahead: deque[tuple[int, Future]] = deque()
             pending = iter(indices)
             try:
                 while True:
                     while len(ahead) <= PREFETCH_BATCHES and (i := next(pending, None)) is not None:
-                        rows = ids[plan.batch(i)]
-                        ahead.append((i, pool.submit(self._read, table, rows)))
+                        ahead.append((i, pool.submit(self._read, table, ids[plan.batch(i)])))
                     if not ahead:
                         break
                     i, future = ahead.popleft()
@@ -229,15 +230,15 @@ class BatchLoader:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_opened": None}  # reopened where it is unpickled
 
-    def _batches(self) -> list[int]:
-        """This shard's batches of the rank's epoch, as indices into the rank's batches."""
-        shard, rows = self.shard, len(self._table()[1])
-        return list(range(shard.worker_id, len(self._plan(rows)), shard.num_workers))
+    def _batches(self, plan: EpochPlan) -> list[int]:
+        """This worker's batches of the rank's epoch, as indices into the rank's batches."""
+        shard = self.shard
+        return list(range(shard.worker_id, len(plan), shard.num_workers))
 
-    def _plan(self, n: int) -> EpochPlan:
+    def _plan(self) -> EpochPlan:
         shard = self.shard
         return EpochPlan.of(
-            n,
+            len(self._table()[1]),
             batch_size=self.batch_size,
             seed=self.seed,
             epoch=self.epoch,

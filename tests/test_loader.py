@@ -13,6 +13,8 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
+from lance.blob import blob_array as lance_blob_array
+from lance.blob import blob_field as lance_blob_field
 
 from blobhouse import CorruptBlobError, InvalidInputError, blob_array, write_table
 from blobhouse.loader import BatchLoader
@@ -193,3 +195,31 @@ def test_unknown_columns_and_missing_tables_are_named(videos, tmp_path):
         list(BatchLoader(videos[0], ["id", "nope"], batch_size=8))
     with pytest.raises(InvalidInputError, match="no table at"):
         BatchLoader(str(tmp_path / "missing"), batch_size=8)
+
+
+def test_stable_row_ids_after_a_compaction_read_the_right_rows(tmp_path):
+    # with stable row ids a row's id is not its address once compaction has moved it
+    uri = str(tmp_path / "t")
+    payloads = {i: os.urandom(1_000 + i) for i in range(12)}
+    first = pa.table(
+        {
+            "id": pa.array(range(4), pa.int64()),
+            "b": lance_blob_array([payloads[i] for i in range(4)]),
+        }
+    )
+    first = first.cast(first.schema.set(1, lance_blob_field("b")))
+    lance.write_dataset(first, uri, enable_stable_row_ids=True, max_rows_per_file=2)
+    for start in (4, 8):
+        rows = range(start, start + 4)
+        more = {"id": pa.array(rows, pa.int64()), "b": blob_array([payloads[i] for i in rows])}
+        write_table(pa.table(more), uri, mode="append", max_rows_per_file=2)
+    lance.dataset(uri).delete("id = 3")
+    lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=100)
+    dataset = lance.dataset(uri)
+    assert dataset.has_stable_row_ids
+    ids = dataset.to_table(columns=[], with_row_id=True, with_row_address=True)
+    assert ids.column("_rowid") != ids.column("_rowaddr")
+    got = {}
+    for batch in BatchLoader(uri, ["id", "b"], batch_size=5, seed=2):
+        got.update((r["id"], r["b"]) for r in batch.to_pylist())
+    assert got == {i: p for i, p in payloads.items() if i != 3}
