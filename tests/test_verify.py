@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from pathlib import Path
 
-import lance
 import pyarrow as pa
 import pytest
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.cli import main
-from blobhouse.maintenance.garbage_collection import mark
-from blobhouse.maintenance.verification import verify
-from blobhouse.maintenance.walk import VersionGraph, fragment_states
-from blobhouse.spark.jobs import _Opener
 
 from helpers import flip
 
@@ -134,61 +128,3 @@ def test_one_damaged_payload_shared_by_60_rows_is_one_problem_listing_them(table
     assert all(p["reason"].startswith("content hash mismatch") for p in damaged)
     assert all(p["size"] == len(shared) for p in damaged)
     assert main(["verify", table_uri, "--deep", "--json"]) == 1
-
-
-@pytest.fixture
-def history_gc_removes(table_uri):
-    """Versions 1-4 (a tag on 2, a delete, a compaction): gc(retain_versions=1) removes 1 and 3,
-    with data files only they used; fragment 1's state is last in 3 and still held by 2."""
-    rows = pa.table({"id": [0, 1, 2], "b": blob_array([os.urandom(90_000) for _ in range(3)])})
-    write_table(rows, table_uri)
-    more = pa.table({"id": [3], "b": blob_array([os.urandom(90_000)])})
-    write_table(more, table_uri, mode="append")
-    lance.dataset(table_uri).tags.create("gold", 2)
-    open_table(table_uri).delete("id = 1")
-    open_table(table_uri).compact()
-    return table_uri
-
-
-def remove_old_versions(uri: str) -> None:
-    report = open_table(uri).gc(retain_versions=1, grace=timedelta(0))
-    assert report["removed_versions"] == [1, 3]
-
-
-@pytest.mark.parametrize("at_state", [0, 1, 2, 3])
-def test_a_gc_running_meanwhile_makes_no_problem_and_leaves_its_versions_out(
-    history_gc_removes, at_state
-):
-    uri = history_gc_removes
-
-    ran = []
-
-    def gc_meanwhile(step, done, total):  # before the state ``done`` is verified
-        if done == at_state < total:
-            remove_old_versions(uri)
-            ran.append(total)
-
-    raced = open_table(uri).verify(deep=True, progress=gc_meanwhile)
-    assert ran == [4]  # four fragment states; the gc ran before the chosen one
-    after = open_table(uri).verify(deep=True)
-    assert raced == after  # exactly what a verify after the gc reports
-    assert raced["problems"] == [] and raced["versions"] == [2, 4]
-    assert raced["references"] == 4 + 3 and raced["hashed"] == 7
-
-
-def test_states_listed_before_a_gc_are_opened_where_they_still_are(history_gc_removes):
-    uri = history_gc_removes
-    table = open_table(uri)
-    graph = VersionGraph.of(table)
-    states = fragment_states(table, list(graph.versions))
-    remove_old_versions(uri)
-    assert verify(table, graph, deep=True) == verify(open_table(uri), deep=True)
-    assert mark(table, graph) == mark(open_table(uri))
-    opener = _Opener.of(table)  # what Spark tasks open states with
-    moved = 0
-    for state in states:
-        held = [ref.version for ref, _ in state.appearances if ref.version in (2, 4)]
-        opened = opener.open_state(state)
-        assert (opened and opened.version) == (max(held) if held else None)
-        moved += bool(held) and state.ref.version == 3
-    assert moved == 1  # fragment 1: last in version 3, opened at the tagged version 2

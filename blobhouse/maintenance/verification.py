@@ -8,10 +8,8 @@ Work is split by :class:`~blobhouse.maintenance.walk.FragmentState` (:func:`veri
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
-
-import pyarrow as pa
 
 from blobhouse.dedup import content_hash
 from blobhouse.maintenance.walk import (
@@ -19,7 +17,6 @@ from blobhouse.maintenance.walk import (
     Progress,
     ReferenceBatch,
     VersionGraph,
-    VersionSet,
     fragment_references,
     fragment_states,
     opened_states,
@@ -139,26 +136,6 @@ def verify_state(
         report.problems.append(("", 0, uri, None, None, reason))
     if missing:
         return report
-    try:
-        _check_references(table, state, report, deep, checker)
-    except (OSError, pa.ArrowException) as exc:  # a data file went missing or cannot be read
-        gone = [
-            uri for uri in state.data_files if _object_size(uri, checker.storage_options) is None
-        ]
-        for uri in gone or state.data_files[:1]:
-            reason = (
-                f"{_MISSING_DATA_FILE}: every row of fragment {state.fragment_id} is unreadable"
-                if gone
-                else f"unreadable data file: fragment {state.fragment_id} cannot be read ({exc})"
-            )
-            report.problems.append(("", 0, uri, None, None, reason))
-    return report
-
-
-def _check_references(
-    table: Table, state: FragmentState, report: StateReport, deep: bool, checker: _Checker
-) -> None:
-    """Add what the references of ``state`` resolve to (and, ``deep``, hash to) to ``report``."""
     for batch in fragment_references(table, state.fragment_id):
         uris = batch.refs.field("uri").to_pylist()
         positions = batch.refs.field("position").to_pylist()
@@ -187,6 +164,7 @@ def _check_references(
                 report.problems.append(
                     (batch.column, row, ref.uri, ref.position, ref.size, verdict)
                 )
+    return report
 
 
 def _hash_checked(
@@ -274,17 +252,11 @@ def summarize(
 ) -> dict:
     """One verify report from the reports of fragment states (each counted per version); the
     problems of one stored payload, however many rows and versions reference it, are one
-    problem listing those rows. Versions a gc running meanwhile removed are left out: the
-    versions are listed again, and only the ones still there are reported."""
-    kept = VersionSet.of(VersionGraph.of(table).versions)
-    graph = graph.within(kept)
+    problem listing those rows."""
     checked = hashed = unhashed = 0
     objects: set[str] = set()
     by_payload: dict[tuple, list[tuple[str | None, int, str, int]]] = {}
-    for held, report in reports:
-        state = replace(held, appearances=held.appearances.among(kept))
-        if not state.appearances.runs:
-            continue
+    for state, report in reports:
         objects |= report.objects
         copies = len(state.appearances)
         checked += report.references * copies

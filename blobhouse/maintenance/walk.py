@@ -8,7 +8,6 @@ Spark task can take one.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -17,7 +16,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from blobhouse.errors import BlobhouseError, VersionRemovedError
+from blobhouse.errors import BlobhouseError
 from blobhouse.references import file_path
 from blobhouse.values import get_column, path_name, stored_blob_columns
 
@@ -81,19 +80,6 @@ class Appearances:
             for branch, first, last, _ in self.runs
         )
 
-    def among(self, versions: VersionSet) -> Appearances:
-        """Only the appearances in ``versions`` (those that still exist, say).
-
-        >>> a = Appearances(((None, 3, 6, 0),))
-        >>> a.among(VersionSet.of([VersionRef(None, v) for v in (3, 5, 6)])).runs
-        ((None, 3, 3, 0), (None, 5, 6, 0))
-        """
-        runs = []
-        for branch, first, last, first_row in self.runs:
-            for start, end in versions.spans(branch, first, last):
-                runs.append((branch, start, end, first_row))
-        return Appearances(tuple(runs))
-
 
 @dataclass(frozen=True)
 class VersionSet:
@@ -116,20 +102,6 @@ class VersionSet:
         if versions is None:
             return 0
         return int(np.searchsorted(versions, last, "right") - np.searchsorted(versions, first))
-
-    def spans(self, branch: str | None, first: int, last: int) -> Iterator[tuple[int, int]]:
-        """The runs of consecutive versions of ``branch`` from ``first`` to ``last`` that are
-        in the set."""
-        versions = self.by_branch.get(branch)
-        if versions is None:
-            return
-        found = versions[
-            np.searchsorted(versions, first) : np.searchsorted(versions, last, "right")
-        ]
-        breaks = np.flatnonzero(np.diff(found) != 1)
-        for run in np.split(found, breaks + 1):
-            if len(run):
-                yield int(run[0]), int(run[-1])
 
 
 @dataclass(frozen=True)
@@ -203,11 +175,6 @@ class VersionGraph:
             refs.extend(VersionRef(branch, v) for v in listed)
         return cls(tuple(refs), tuple(unreadable))
 
-    def within(self, versions: VersionSet) -> VersionGraph:
-        """This graph less the versions not in ``versions``."""
-        kept = tuple(r for r in self.versions if versions.count(r.branch, r.version, r.version))
-        return VersionGraph(kept, self.unreadable)
-
     def without(self, branch: str | None, versions: Iterable[int]) -> VersionGraph:
         """This graph less ``versions`` of ``branch`` (what a cleanup would remove)."""
         gone = {VersionRef(branch, v) for v in versions}
@@ -241,18 +208,14 @@ def fragment_states(table: Table, versions: list[VersionRef] | None = None) -> l
     i, one_by_one_until = 0, -1
     while i < len(refs):
         start = refs[i]
-        try:
-            opened = open_version(table, start)
-        except VersionRemovedError:  # by a gc running meanwhile: nothing of it to walk
-            i += 1
-            continue
+        opened = open_version(table, start)
         at = _Manifest.read(opened, places)
         appended = [] if i < one_by_one_until else _appends_after(opened, refs, i)
         last = refs[i + len(appended)]
         new: tuple[_Fragment, ...] = ()
         if appended:
-            end = _read_if_kept(table, last, places)
-            if end is not None and end.extends(at, appended):
+            end = _Manifest.read(open_version(table, last), places)
+            if end.extends(at, appended):
                 new = end.fragments[len(at.fragments) :]
             else:
                 one_by_one_until, appended, last = i + len(appended) + 1, [], start
@@ -323,14 +286,6 @@ class _Manifest:
             and [f.written for f in self.fragments[kept:]] == added
             and self.names == before.names
         )
-
-
-def _read_if_kept(table: Table, ref: VersionRef, places: _DataFilePlaces) -> _Manifest | None:
-    """The manifest of ``ref``, None if a gc running meanwhile removed it."""
-    try:
-        return _Manifest.read(open_version(table, ref), places)
-    except VersionRemovedError:
-        return None
 
 
 def _written(metadata: FragmentMetadata) -> tuple:
@@ -419,59 +374,15 @@ def open_version(table: Table, ref: VersionRef) -> Table:
 def opened_states(
     table: Table, states: list[FragmentState]
 ) -> Iterator[tuple[Table, FragmentState]]:
-    """Each state with the table opened at a version that holds it; every version is opened
-    once. States every version of which a gc running meanwhile removed are left out."""
-    opener = _StateOpener(table)
+    """Each state with the table opened at its version; every version is opened once."""
+    opened: Table | None = None
     for state in sorted(states, key=lambda s: (s.ref.sort_key(), s.fragment_id)):
-        opened = opener.open(state)
-        if opened is not None:
-            yield opened, state
-
-
-def open_state(table: Table, state: FragmentState) -> Table | None:
-    """``table`` (at any version) opened at ``state.ref``, or, when a gc running meanwhile
-    removed that version, at the newest version that still holds the state; None when every
-    version holding it was removed.
-
-    >>> import tempfile, pyarrow as pa
-    >>> from blobhouse import blob_array, write_table
-    >>> t = write_table(pa.table({"b": blob_array([b"x"])}), tempfile.mkdtemp() + "/t")
-    >>> open_state(t, fragment_states(t)[0]).version
-    1
-    """
-    return _StateOpener(table).open(state)
-
-
-class _StateOpener:
-    """Opens ``table`` at the versions of fragment states, reusing the last one opened.
-
-    A version a gc removed after the walk listed it is found once (opening it failed); the
-    versions are then listed again, and a state it held is opened at the newest version that
-    still holds it."""
-
-    def __init__(self, table: Table) -> None:
-        self.table = table
-        self.last: Table | None = None
-        self.kept: VersionSet | None = None  # listed again after a removal was seen
-
-    def open(self, state: FragmentState) -> Table | None:
-        ref = state.ref
-        if self.last is not None and (self.last.branch, self.last.version) == (
-            ref.branch,
-            ref.version,
+        if opened is None or (opened.branch, opened.version) != (
+            state.ref.branch,
+            state.ref.version,
         ):
-            return self.last
-        if self.kept is None or self.kept.count(ref.branch, ref.version, ref.version):
-            try:
-                self.last = open_version(self.table, ref)
-                return self.last
-            except VersionRemovedError:
-                self.kept = VersionSet.of(VersionGraph.of(self.table).versions)
-        held = sorted((r for r, _ in state.appearances.among(self.kept)), key=VersionRef.sort_key)
-        for other in reversed(held):
-            with contextlib.suppress(VersionRemovedError):  # removed since the listing
-                return open_version(self.table, other)
-        return None
+            opened = open_version(table, state.ref)
+        yield opened, state
 
 
 def fragment_references(table: Table, fragment_id: int) -> Iterator[ReferenceBatch]:

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from blobhouse.errors import VersionRemovedError
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance import gc as gc_table
 from blobhouse.maintenance.compaction import (
@@ -37,14 +36,8 @@ from blobhouse.maintenance.compaction import (
 )
 from blobhouse.maintenance.compaction import compact as compact_table
 from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, referenced_paths
-from blobhouse.maintenance.verification import StateReport, summarize, verify_state
-from blobhouse.maintenance.walk import (
-    FragmentState,
-    VersionGraph,
-    VersionRef,
-    fragment_states,
-    open_state,
-)
+from blobhouse.maintenance.verification import summarize, verify_state
+from blobhouse.maintenance.walk import VersionGraph, VersionRef, fragment_states
 from blobhouse.spark.errors import spark_entry_point
 from blobhouse.table import Table, open_at, open_table
 
@@ -135,7 +128,7 @@ def verify(
     graph = VersionGraph.of(table)
     states = fragment_states(table, list(graph.versions))
     at = _Opener.of(table)
-    reports = run_tasks(spark, states, lambda s: _verified(at, s, deep))
+    reports = run_tasks(spark, states, lambda s: verify_state(at.open_ref(s.ref), s, deep=deep))
     return summarize(table, graph, zip(states, reports, strict=True), deep=deep)
 
 
@@ -158,7 +151,9 @@ def gc(
     def mark(table: Table, versions: list[VersionRef], registered: frozenset[str]) -> set[str]:
         states = fragment_states(table, versions)
         at = _Opener.of(table)
-        found = run_tasks(spark, states, lambda s: _referenced(at, s, registered))
+        found = run_tasks(
+            spark, states, lambda s: referenced_paths(at.open_ref(s.ref), s, registered)
+        )
         return set().union(*found)
 
     return gc_table(
@@ -189,23 +184,3 @@ class _Opener:
 
     def open_ref(self, ref: VersionRef) -> Table:
         return open_at(self.location.on(ref.branch), ref.version, self.storage_options)
-
-    def open_state(self, state: FragmentState) -> Table | None:
-        """The table at a version that holds ``state``; None if a gc running meanwhile
-        removed them all (:func:`~blobhouse.maintenance.walk.open_state`)."""
-        try:
-            return self.open_ref(state.ref)
-        except VersionRemovedError:
-            return open_state(open_at(self.location, None, self.storage_options), state)
-
-
-def _verified(at: _Opener, state: FragmentState, deep: bool) -> StateReport:
-    """What verifying ``state`` finds (nothing if every version holding it was removed)."""
-    held = at.open_state(state)
-    return StateReport() if held is None else verify_state(held, state, deep=deep)
-
-
-def _referenced(at: _Opener, state: FragmentState, registered: frozenset[str]) -> set[str]:
-    """What ``state`` references (nothing if every version holding it was removed)."""
-    held = at.open_state(state)
-    return set() if held is None else referenced_paths(held, state, registered)
