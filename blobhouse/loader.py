@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,8 +57,8 @@ class Shard:
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """The batches of one rank in one epoch: ``rows[i]`` are positions into the selected
-    rows; ``batches`` the rank's batch boundaries.
+    """The rows of one rank in one epoch, as positions into the selected rows, cut into
+    batches of ``batch_size``.
 
     >>> plan = EpochPlan.of(10, batch_size=4, seed=0, epoch=0, shuffle=False,
     ...                     world_size=2, rank=1, drop_last=False)
@@ -272,8 +273,6 @@ class BatchLoader:
 
 def _torch_worker() -> tuple[int | None, int | None]:
     """(worker id, worker count) inside a torch DataLoader worker, else (None, None)."""
-    import sys
-
     torch_data = sys.modules.get("torch.utils.data")
     info = torch_data.get_worker_info() if torch_data is not None else None
     return (info.id, info.num_workers) if info is not None else (None, None)

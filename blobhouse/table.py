@@ -874,13 +874,7 @@ class Table:
     ) -> pa.Table:
         """Rows at ``indices`` (positions among the live rows), in the order asked."""
         indices = self._check_indices(indices)
-        columns, paths = self._selection(columns, blobs)
-        extra = [_ROW_ADDRESS] if paths else []
-        taken = self.dataset.take(indices, columns=[*columns, *extra])
-        batches = [self._convert(b, paths, blobs) for b in taken.to_batches()]
-        if batches:
-            return pa.Table.from_batches(batches)
-        return self._empty(columns, blobs)
+        return self._taken(lambda cols: self.dataset.take(indices, columns=cols), columns, blobs)
 
     def row_ids(self, filter: str | None = None) -> np.ndarray:
         """The ids of the live rows (those matching ``filter``), in table order, for
@@ -907,10 +901,20 @@ class Table:
         """Rows by id (from :meth:`row_ids`), in the order asked: one native take for the
         rows and their addresses, then each distinct payload read once (``blobs="bytes"``,
         checked against its recorded hash)."""
+        ids = np.asarray(row_ids, dtype=np.uint64).tolist()
+        # pylance's public take is by position; rows by id have only _take_rows
+        return self._taken(lambda cols: self.dataset._take_rows(ids, columns=cols), columns, blobs)
+
+    def _taken(
+        self,
+        take: Callable[[list[str]], pa.Table],
+        columns: Sequence[str] | None,
+        blobs: BlobsMode,
+    ) -> pa.Table:
+        """The rows ``take(columns)`` returns (with their addresses when blobs are read), blob
+        columns converted as ``blobs`` says."""
         columns, paths = self._selection(columns, blobs)
-        extra = [_ROW_ADDRESS] if paths else []
-        ids = np.asarray(row_ids, dtype=np.uint64)
-        taken = self.dataset._take_rows(ids.tolist(), columns=[*columns, *extra])
+        taken = take([*columns, _ROW_ADDRESS] if paths else columns)
         batches = [self._convert(b, paths, blobs) for b in taken.to_batches() if b.num_rows]
         if batches:
             return pa.Table.from_batches(batches)
