@@ -107,6 +107,11 @@ class ManagedObjectRaceError(BlobhouseError):
     the write commits; nothing was committed (see docs/managed-objects.md)."""
 
 
+class ForkedAfterLanceError(BlobhouseError):
+    """A read in a process forked from one where Lance had already started (pylance's reads
+    crash or hang at random there); the message says how to start workers instead."""
+
+
 class MissingExtraError(BlobhouseError, ImportError):
     """A part of blobhouse whose optional dependencies are not installed (Spark without
     pyspark). The message is one line naming the ``pip install`` that adds them."""

@@ -2,8 +2,9 @@
 
 ``pip install blobhouse`` is the Python library (tables, dedup, object stores, the table
 services); ``pip install "blobhouse[spark]"`` adds pyspark for :mod:`blobhouse.spark`,
-``blobhouse ingest`` and ``blobhouse demo``. :func:`require_spark` turns a missing or too old
-pyspark into a :class:`~blobhouse.errors.MissingExtraError` that says so in one line.
+``blobhouse ingest`` and ``blobhouse demo``; ``pip install "blobhouse[torch]"`` adds torch for
+:mod:`blobhouse.torch`. :func:`require_spark` and :func:`require_torch` turn a missing (or too
+old) package into a :class:`~blobhouse.errors.MissingExtraError` that says so in one line.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from blobhouse.errors import MissingExtraError
 
 SPARK_EXTRA = 'pip install "blobhouse[spark]"'
+TORCH_EXTRA = 'pip install "blobhouse[torch]"'
 # the Python data source API blobhouse.spark is built on, with filter pushdown: Spark 4.1
 SPARK_MIN_VERSION = (4, 1)
 
@@ -31,6 +33,17 @@ def require_spark(what: str = "blobhouse.spark") -> None:
             f"(this is pyspark {version or 'of no version'}): "
             f"{SPARK_EXTRA}"
         )
+
+
+def require_torch(what: str = "blobhouse.torch") -> None:
+    """Returns if torch is installed; otherwise raises :class:`MissingExtraError` naming the
+    extra that installs it."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as error:
+        raise MissingExtraError(
+            f"{what} needs torch, which is not installed: {TORCH_EXTRA}"
+        ) from error
 
 
 def _release(version: str) -> tuple[int, ...]:

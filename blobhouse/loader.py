@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from blobhouse.errors import InvalidInputError
+from blobhouse.forks import check_not_forked_after_lance, in_fresh_process, lance_is_running
 from blobhouse.layout import TableLocation
 from blobhouse.storage import checked_options
 
@@ -142,22 +143,23 @@ class BatchLoader:
     ) -> None:
         _check_int("batch_size", batch_size, 1)
         _check_int("seed", seed, 0)
-        if blobs not in ("bytes", "refs"):
-            raise InvalidInputError(f"blobs must be 'bytes' or 'refs', got {blobs!r}")
-        if filter is not None and not isinstance(filter, str):
-            raise InvalidInputError(f"filter must be a SQL predicate string, got {filter!r}")
-        self.storage_options = checked_options(storage_options)
-        self.location = TableLocation.of(uri, branch, self.storage_options)
+        check_blobs(blobs)
+        Shard(rank, world_size, worker_id or 0, num_workers or 1)  # checked now
+        self.rows = PinnedRows(
+            uri, filter=filter, storage_options=storage_options, version=version, branch=branch
+        )
         self.columns = None if columns is None else list(columns)
-        self.batch_size, self.filter, self.shuffle, self.seed = batch_size, filter, shuffle, seed
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.drop_last, self.blobs = drop_last, blobs
         self._given = (rank, world_size, worker_id, num_workers)
-        Shard(rank, world_size, worker_id or 0, num_workers or 1)  # checked now
-        self.version = version if version is not None else self._latest()
         self.epoch = 0
         self._resume_at = 0
         self._position = 0
-        self._opened: tuple[int, Table, np.ndarray] | None = None  # (pid, table, row ids)
+
+    @property
+    def version(self) -> int | str:
+        """The version (or tag) every process of this loader reads."""
+        return self.rows.version
 
     @property
     def shard(self) -> Shard:
@@ -175,12 +177,12 @@ class BatchLoader:
 
     def __len__(self) -> int:
         """Batches per epoch of this shard (rank and worker)."""
-        return len(self._batches(self._plan()))
+        return len(self._batches(self._plan(self.rows.ids(keep_lance_out=True)), 0))
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        table, ids = self._table()
-        plan = self._plan()
-        indices = [i for i in self._batches(plan) if i >= self._resume_at]
+        table, ids = self.rows.table(), self.rows.ids()
+        plan = self._plan(ids)
+        indices = self._batches(plan, self._resume_at)
         self._resume_at = 0
         # one thread reads ahead while the caller works on a batch: the table's caches are
         # not shared between threads, and each batch's reads run in parallel already
@@ -202,25 +204,28 @@ class BatchLoader:
                     future.cancel()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader is: resuming from it (:meth:`load_state_dict`) continues the
-        epoch after the last batch yielded."""
+        """Where this loader is: ``position`` counts the rank's batches done, up to the last
+        one this loader yielded, so a single-worker loader resumed from it
+        (:meth:`load_state_dict`) continues the epoch after that batch. With several workers
+        the rank's count is the consumer's (``TableBatchDataset.state_dict`` in
+        :mod:`blobhouse.torch`)."""
         return {
             "epoch": self.epoch,
             "position": self._position,
-            "seed": self.seed,
-            "version": self.version,
-            "rows": len(self._table()[1]),
+            **self._identity(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (of a loader over the same rows, seed and version): the next
-        iteration starts at the batch after the last one it had yielded."""
-        missing = {"epoch", "position", "seed", "version", "rows"} - set(state)
+        """Continue from ``state`` (of a loader over the same version, filter, seed and batch
+        size): the next pass deals the rank's batches from ``position`` on to the workers,
+        worker 0 first."""
+        missing = {"epoch", "position", *self._identity()} - set(state)
         if missing:
             raise InvalidInputError(f"state is missing {sorted(missing)}")
-        mine = {"seed": self.seed, "version": self.version, "rows": len(self._table()[1])}
         differ = [
-            f"{k} {state[k]!r} (this loader: {v!r})" for k, v in mine.items() if state[k] != v
+            f"{k} {state[k]!r} (this loader: {v!r})"
+            for k, v in self._identity().items()
+            if state[k] != v
         ]
         if differ:
             raise InvalidInputError(f"state is of a different loader: {', '.join(differ)}")
@@ -228,18 +233,26 @@ class BatchLoader:
         _check_int("position", state["position"], 0)
         self._resume_at = self._position = state["position"]
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_opened": None}  # reopened where it is unpickled
-
-    def _batches(self, plan: EpochPlan) -> list[int]:
-        """This worker's batches of the rank's epoch, as indices into the rank's batches."""
+    def _batches(self, plan: EpochPlan, start: int) -> range:
+        """This worker's share of the rank's batches from ``start`` on: every
+        ``num_workers``-th, so a DataLoader taking one from each worker in turn (from worker 0)
+        yields the rank's batches in order, also when a pass resumes mid-epoch."""
         shard = self.shard
-        return list(range(shard.worker_id, len(plan), shard.num_workers))
+        return range(start + shard.worker_id, len(plan), shard.num_workers)
 
-    def _plan(self) -> EpochPlan:
+    def _identity(self) -> dict[str, Any]:
+        """What a state's position means only for: the rows, their order and the batches."""
+        return {
+            "seed": self.seed,
+            "version": self.rows.version,
+            "filter": self.rows.filter,
+            "batch_size": self.batch_size,
+        }
+
+    def _plan(self, ids: np.ndarray) -> EpochPlan:
         shard = self.shard
         return EpochPlan.of(
-            len(self._table()[1]),
+            len(ids),
             batch_size=self.batch_size,
             seed=self.seed,
             epoch=self.epoch,
@@ -249,26 +262,95 @@ class BatchLoader:
             drop_last=self.drop_last,
         )
 
-    def _table(self) -> tuple[Table, np.ndarray]:
-        """The table at the pinned version and its selected row ids, opened once per process
-        (a forked worker opens its own)."""
-        if self._opened is None or self._opened[0] != os.getpid():
-            from blobhouse.table import open_at
-
-            table = open_at(self.location, self.version, self.storage_options)
-            self._opened = (os.getpid(), table, table.row_ids(self.filter))
-        return self._opened[1], self._opened[2]
-
     def _read(self, table: Table, rows: np.ndarray) -> pa.RecordBatch:
         taken = table.take_rows(rows, self.columns, blobs=self.blobs)
         return taken.combine_chunks().to_batches()[0]
 
+
+class PinnedRows:
+    """A table at one version and the ids of its rows that match ``filter``, for the process
+    that reads them: the table is opened in each process (a forked child opens its own, a
+    pickle carries the location, version and ids). ``version`` (a number or a tag) defaults
+    to the latest one now, read from the manifests' names.
+
+    The ids a parent process needs before its workers start (``len()``) are computed in a
+    fresh Python process while this one has not started Lance, so workers forked from it can
+    read (:mod:`blobhouse.forks`).
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> _ = write_table(pa.table({"id": [1, 2, 3]}), uri)
+    >>> rows = PinnedRows(uri, filter="id > 1")
+    >>> rows.version, rows.ids().tolist()
+    (1, [1, 2])
+    """
+
+    def __init__(
+        self,
+        uri: str | os.PathLike,
+        *,
+        filter: str | None = None,
+        storage_options: dict[str, str] | None = None,
+        version: int | str | None = None,
+        branch: str | None = None,
+    ) -> None:
+        if filter is not None and not isinstance(filter, str):
+            raise InvalidInputError(f"filter must be a SQL predicate string, got {filter!r}")
+        self.storage_options = checked_options(storage_options)
+        self.location = TableLocation.of(uri, branch, self.storage_options)
+        self.filter = filter
+        self.version = version if version is not None else self._latest()
+        self._ids: np.ndarray | None = None
+        self._opened: tuple[int, Table] | None = None  # (pid, table)
+
+    def table(self) -> Table:
+        """The table at the pinned version, opened in this process."""
+        if self._opened is None or self._opened[0] != os.getpid():
+            check_not_forked_after_lance("blobhouse's loader")
+            from blobhouse.table import open_at
+
+            table = open_at(self.location, self.version, self.storage_options)
+            self._opened = (os.getpid(), table)
+        return self._opened[1]
+
+    def ids(self, *, keep_lance_out: bool = False) -> np.ndarray:
+        """The ids of the rows matching the filter, in table order. ``keep_lance_out``: if
+        this process has not started Lance, compute them in a fresh process (for a parent
+        whose DataLoader workers may fork)."""
+        if self._ids is None:
+            if keep_lance_out and not lance_is_running():
+                self._ids = in_fresh_process(_row_ids, self.location, self.version,
+                                             self.storage_options, self.filter)  # fmt: skip
+            else:
+                self._ids = self.table().row_ids(self.filter)
+        return self._ids
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_opened": None}  # reopened where it is unpickled
+
     def _latest(self) -> int:
-        """The latest version, from the manifests' names (no Lance object in this process)."""
         listed = self.location.listed_versions(self.storage_options)
         if not listed:
             raise InvalidInputError(f"no table at {self.location}")
         return listed[-1]
+
+
+def _row_ids(
+    location: TableLocation,
+    version: int | str,
+    storage_options: dict[str, str] | None,
+    filter: str | None,
+) -> np.ndarray:
+    from blobhouse.table import open_at
+
+    return open_at(location, version, storage_options).row_ids(filter)
+
+
+def check_blobs(blobs: object) -> None:
+    """Raises unless ``blobs`` is ``"bytes"`` or ``"refs"``."""
+    if blobs not in ("bytes", "refs"):
+        raise InvalidInputError(f"blobs must be 'bytes' or 'refs', got {blobs!r}")
 
 
 def _torch_worker() -> tuple[int | None, int | None]:

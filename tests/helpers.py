@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import lance
 
@@ -102,3 +106,16 @@ def flip(uri: str, position: int) -> None:
         byte = f.read(1)
         f.seek(position)
         f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def run_fork_worker(mode: str, uri: str) -> dict:
+    """tests/fork_worker.py in a fresh Python (a parent that has not used Lance): its JSON."""
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("fork_worker.py")), mode, uri],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])

@@ -16,10 +16,16 @@ import pytest
 from lance.blob import blob_array as lance_blob_array
 from lance.blob import blob_field as lance_blob_field
 
-from blobhouse import CorruptBlobError, InvalidInputError, blob_array, write_table
+from blobhouse import (
+    CorruptBlobError,
+    ForkedAfterLanceError,
+    InvalidInputError,
+    blob_array,
+    write_table,
+)
 from blobhouse.loader import BatchLoader
 
-from helpers import flip
+from helpers import flip, run_fork_worker
 
 ROWS = 103  # not a multiple of any batch size or world below: padding and short batches show
 
@@ -132,13 +138,15 @@ def test_resuming_from_a_state_continues_the_epoch(videos):
 
 
 def _read_in_child(loader: BatchLoader, queue) -> None:
-    queue.put(ids_of(loader))
+    try:
+        queue.put(ids_of(loader))
+    except Exception as error:
+        queue.put(error)
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_workers_made_by_fork_or_spawn_read_their_share(videos, method):
+def test_spawned_workers_read_their_share_after_the_parent_used_lance(videos):
     uri, _ = videos
-    context = multiprocessing.get_context(method)
+    context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     loaders = [
         BatchLoader(uri, ["id", "clip"], batch_size=9, num_workers=3, worker_id=w) for w in range(3)
@@ -152,6 +160,26 @@ def test_workers_made_by_fork_or_spawn_read_their_share(videos, method):
         child.join(timeout=60)
         assert child.exitcode == 0
     assert sorted(i for ids in got for i in ids) == list(range(ROWS))
+
+
+def test_forked_workers_read_their_share_when_the_parent_has_not_used_lance(videos):
+    uri, _ = videos
+    assert run_fork_worker("loader", uri)["result"] == list(range(ROWS))
+
+
+def test_a_worker_forked_after_the_parent_used_lance_refuses_to_read(videos):
+    # pylance's reads crash or hang at random in such a child; the loader says why instead
+    uri, _ = videos
+    loader = BatchLoader(uri, ["id"], batch_size=9)
+    list(loader)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_read_in_child, args=(loader, queue))
+    child.start()
+    error = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert isinstance(error, ForkedAfterLanceError)
+    assert "multiprocessing_context='forkserver'" in str(error)
 
 
 def test_the_version_is_pinned_when_the_loader_is_made(tmp_path):

@@ -1,0 +1,224 @@
+"""PyTorch datasets over a blobhouse table (``pip install "blobhouse[torch]"``).
+
+:class:`TableBatchDataset` is an ``IterableDataset`` of whole batches, a
+:class:`~blobhouse.loader.BatchLoader` in each DataLoader worker: shuffled by ``(seed, epoch)``,
+sharded by rank (``torch.distributed``'s by default) and by worker, resumable. Give it to
+``DataLoader(dataset, batch_size=None, num_workers=...)``: the dataset makes the batches.
+
+:class:`TableRowDataset` is a map-style dataset of rows for torch's samplers
+(``DistributedSampler``, ``RandomSampler``): a DataLoader fetches each batch of indices with one
+take (``__getitems__``), so a payload several rows of a batch share is read once.
+
+Both run ``transform`` on each row (a dict of column values, blob columns as checked bytes) in
+the process that reads it, a DataLoader worker when there are workers. Neither starts Lance in
+the process that makes the DataLoader (what it needs there is computed in a fresh process), so
+workers may fork; a worker forked after something else in the parent had used Lance refuses
+to read, naming the fix (``multiprocessing_context="forkserver"``, see :mod:`blobhouse.forks`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from blobhouse.extras import require_torch
+
+require_torch()
+
+import torch  # noqa: E402
+from torch import distributed  # noqa: E402
+from torch.utils.data import Dataset, IterableDataset, default_collate  # noqa: E402
+
+from blobhouse.errors import InvalidInputError  # noqa: E402
+from blobhouse.loader import BatchLoader, LoaderBlobs, PinnedRows, check_blobs  # noqa: E402
+
+Row = dict[str, Any]
+
+
+class TableBatchDataset(IterableDataset):
+    """Shuffled, sharded batches of a table for ``DataLoader(dataset, batch_size=None)``.
+
+    Each batch is ``collate([transform(row) for row in rows])`` (``torch``'s default collate),
+    or without a ``transform`` a dict of columns: numeric columns without nulls as tensors,
+    the others (blob bytes, strings, references) as lists. ``rank`` and ``world_size`` default
+    to ``torch.distributed``'s when a process group is initialized; the worker is torch's.
+    Call :meth:`set_epoch` before each epoch. The arguments are :class:`BatchLoader`'s.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from torch.utils.data import DataLoader
+    >>> from blobhouse import blob_array, write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> _ = write_table(pa.table({"id": list(range(6)),
+    ...                          "img": blob_array([b"x" * i for i in range(6)])}), uri)
+    >>> dataset = TableBatchDataset(uri, batch_size=4, transform=lambda row: len(row["img"]))
+    >>> sorted(n for batch in DataLoader(dataset, batch_size=None) for n in batch.tolist())
+    [0, 1, 2, 3, 4, 5]
+    """
+
+    def __init__(
+        self,
+        uri: str | os.PathLike,
+        columns: Sequence[str] | None = None,
+        *,
+        batch_size: int,
+        transform: Callable[[Row], Any] | None = None,
+        collate: Callable[[list[Any]], Any] = default_collate,
+        filter: str | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        blobs: LoaderBlobs = "bytes",
+        storage_options: dict[str, str] | None = None,
+        version: int | str | None = None,
+        branch: str | None = None,
+    ) -> None:
+        rank, world_size = _distributed(rank, world_size)
+        _check_callable("transform", transform, optional=True)
+        _check_callable("collate", collate, optional=False)
+        self.loader = BatchLoader(
+            uri,
+            columns,
+            batch_size=batch_size,
+            filter=filter,
+            shuffle=shuffle,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            blobs=blobs,
+            storage_options=storage_options,
+            version=version,
+            branch=branch,
+        )
+        self.transform, self.collate = transform, collate
+        self._start = 0  # the rank's batch this pass starts at (load_state_dict)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch``'s order next, from its first batch; call it before each epoch."""
+        self.loader.set_epoch(epoch)
+        self._start = 0
+
+    def __len__(self) -> int:
+        """Batches per epoch of this rank (what a DataLoader over it yields)."""
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            yield self._sample(batch)
+
+    def state_dict(self, batches_done: int) -> dict[str, Any]:
+        """Where this rank is after a DataLoader yielded ``batches_done`` batches of this pass
+        (the main process counts them; the workers do the reading). The DataLoader must yield
+        in order (``in_order=True``, its default) and the dataset reach its workers anew each
+        pass (``persistent_workers=False``, the default)."""
+        if isinstance(batches_done, bool) or not isinstance(batches_done, (int, np.integer)):
+            raise InvalidInputError(f"batches_done must be an integer, got {batches_done!r}")
+        left = len(self) - self._start
+        if not 0 <= batches_done <= left:
+            raise InvalidInputError(
+                f"batches_done must be in [0, {left}] (batches of this pass), got {batches_done}"
+            )
+        return {**self.loader.state_dict(), "position": self._start + int(batches_done)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (:meth:`state_dict` of a dataset over the same rows, seed
+        and version): the next pass starts at the batch after the last one counted."""
+        self.loader.load_state_dict(state)
+        self._start = state["position"]
+
+    def _sample(self, batch: pa.RecordBatch) -> Any:
+        if self.transform is None:
+            return _as_tensors(batch)
+        return self.collate([self.transform(row) for row in batch.to_pylist()])
+
+
+class TableRowDataset(Dataset):
+    """The rows of a table (those matching ``filter``, at ``version``) by position, for a
+    DataLoader with torch's samplers: ``dataset[i]`` is ``transform(row)`` (the row as a dict
+    when there is no ``transform``), and a DataLoader's batch of indices is one take, each
+    distinct payload read once and checked against its recorded hash.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> _ = write_table(pa.table({"id": [7, 8, 9], "img": blob_array([b"a", b"b", b"c"])}), uri)
+    >>> rows = TableRowDataset(uri, ["id", "img"], filter="id > 7")
+    >>> len(rows), rows[1]
+    (2, {'id': 9, 'img': b'c'})
+    """
+
+    def __init__(
+        self,
+        uri: str | os.PathLike,
+        columns: Sequence[str] | None = None,
+        *,
+        transform: Callable[[Row], Any] | None = None,
+        filter: str | None = None,
+        blobs: LoaderBlobs = "bytes",
+        storage_options: dict[str, str] | None = None,
+        version: int | str | None = None,
+        branch: str | None = None,
+    ) -> None:
+        check_blobs(blobs)
+        _check_callable("transform", transform, optional=True)
+        self.rows = PinnedRows(
+            uri, filter=filter, storage_options=storage_options, version=version, branch=branch
+        )
+        self.columns = None if columns is None else list(columns)
+        self.transform, self.blobs = transform, blobs
+
+    def __len__(self) -> int:
+        return len(self.rows.ids(keep_lance_out=True))
+
+    def __getitem__(self, index: int) -> Any:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The samples at ``indices``, read with one take (DataLoader calls this per batch)."""
+        ids = self.rows.ids()
+        positions = np.asarray(indices)
+        if positions.ndim != 1 or (len(positions) and positions.dtype.kind not in "iu"):
+            raise InvalidInputError(f"indices must be integers, got {indices!r}")
+        if not len(positions):
+            return []
+        outside = positions[(positions < 0) | (positions >= len(ids))]
+        if len(outside):
+            raise IndexError(f"index {outside[0]} is outside the {len(ids)} rows of the dataset")
+        taken = self.rows.table().take_rows(ids[positions], self.columns, blobs=self.blobs)
+        rows = taken.to_pylist()
+        return rows if self.transform is None else [self.transform(row) for row in rows]
+
+
+def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """The rank and world size given, else ``torch.distributed``'s, else a single process."""
+    if rank is not None or world_size is not None:
+        return (0 if rank is None else rank), (1 if world_size is None else world_size)
+    if distributed.is_available() and distributed.is_initialized():
+        return distributed.get_rank(), distributed.get_world_size()
+    return 0, 1
+
+
+def _as_tensors(batch: pa.RecordBatch) -> dict[str, Any]:
+    """Numeric and boolean columns without nulls as tensors; the others as Python lists."""
+    columns: dict[str, Any] = {}
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        kind = column.type
+        numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+        if (numeric or pa.types.is_boolean(kind)) and column.null_count == 0:
+            columns[name] = torch.from_numpy(np.array(column))  # a writable copy
+        else:
+            columns[name] = column.to_pylist()
+    return columns
+
+
+def _check_callable(name: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not callable(value):
+        raise InvalidInputError(f"{name} must be a function, got {value!r}")

@@ -1,0 +1,72 @@
+"""Reads a table with forked workers from a parent that has not used Lance, as a training
+script does; tests run it as a fresh process (a pytest process has used Lance by then).
+
+    python tests/fork_worker.py MODE URI  ->  JSON on stdout
+
+MODE ``loader``: three BatchLoader workers made by multiprocessing's fork: their ids.
+MODE ``batches``: TableBatchDataset, 2 ranks x 2 DataLoader workers: (id, sha256, pid) rows.
+MODE ``rows``: TableRowDataset with DistributedSampler, 2 ranks x 2 workers: the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import sys
+
+
+def sample(row: dict) -> list:
+    return [row["id"], hashlib.sha256(row["clip"]).hexdigest(), os.getpid()]
+
+
+def listed(samples: list) -> list:
+    return samples
+
+
+def loader_ids(uri: str) -> list[int]:
+    from blobhouse.loader import BatchLoader
+
+    def read(loader, queue):
+        queue.put([i for b in loader for i in b.column("id").to_pylist()])
+
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    loaders = [BatchLoader(uri, ["id"], batch_size=9, num_workers=3, worker_id=w) for w in range(3)]
+    children = [context.Process(target=read, args=(lo, queue)) for lo in loaders]
+    for child in children:
+        child.start()
+    got = [queue.get(timeout=120) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0, child.exitcode
+    return sorted(i for ids in got for i in ids)
+
+
+def torch_samples(uri: str, mode: str) -> list[list]:
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from blobhouse.torch import TableBatchDataset, TableRowDataset
+
+    samples = []
+    for rank in (0, 1):
+        common = {"num_workers": 2, "multiprocessing_context": "fork"}
+        if mode == "batches":
+            dataset = TableBatchDataset(
+                uri, ["id", "clip"], batch_size=4, transform=sample, collate=listed,
+                rank=rank, world_size=2, seed=4,
+            )  # fmt: skip
+            loader = DataLoader(dataset, batch_size=None, **common)
+        else:
+            dataset = TableRowDataset(uri, ["id", "clip"], transform=sample)
+            sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, seed=3)
+            loader = DataLoader(dataset, 6, sampler=sampler, collate_fn=listed, **common)
+        samples += [s for batch in loader for s in batch]
+    return samples
+
+
+if __name__ == "__main__":
+    mode, uri = sys.argv[1:3]
+    result = loader_ids(uri) if mode == "loader" else torch_samples(uri, mode)
+    print(json.dumps({"parent": os.getpid(), "result": result}))
