@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from blobhouse.errors import InvalidInputError
+from blobhouse.errors import InvalidInputError, TableNotFoundError
 from blobhouse.forks import check_not_forked_after_lance, in_fresh_process, lance_is_running
 from blobhouse.layout import TableLocation
 from blobhouse.storage import checked_options
@@ -332,7 +332,10 @@ class PinnedRows:
     def _latest(self) -> int:
         listed = self.location.listed_versions(self.storage_options)
         if not listed:
-            raise InvalidInputError(f"no table at {self.location}")
+            from blobhouse.table import path_problem
+
+            problem = path_problem(self.location.root) if self.location.branch is None else None
+            raise problem or TableNotFoundError(f"no table at {self.location}")
         return listed[-1]
 
 

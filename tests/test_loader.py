@@ -20,6 +20,8 @@ from blobhouse import (
     CorruptBlobError,
     ForkedAfterLanceError,
     InvalidInputError,
+    PathIsFileError,
+    TableNotFoundError,
     blob_array,
     write_table,
 )
@@ -221,8 +223,11 @@ def test_bad_arguments_are_refused_by_name(videos, kwargs, message):
 def test_unknown_columns_and_missing_tables_are_named(videos, tmp_path):
     with pytest.raises(InvalidInputError, match=r"unknown column.*'nope'"):
         list(BatchLoader(videos[0], ["id", "nope"], batch_size=8))
-    with pytest.raises(InvalidInputError, match="no table at"):
+    with pytest.raises(TableNotFoundError, match=r"no table at .*missing: no such file"):
         BatchLoader(str(tmp_path / "missing"), batch_size=8)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PathIsFileError, match="file is not a table"):
+        BatchLoader(str(tmp_path / "file"), batch_size=8)
 
 
 def test_stable_row_ids_after_a_compaction_read_the_right_rows(tmp_path):
@@ -251,3 +256,19 @@ def test_stable_row_ids_after_a_compaction_read_the_right_rows(tmp_path):
     for batch in BatchLoader(uri, ["id", "b"], batch_size=5, seed=2):
         got.update((r["id"], r["b"]) for r in batch.to_pylist())
     assert got == {i: p for i, p in payloads.items() if i != 3}
+
+
+def test_a_table_on_s3_reads_every_row_once_with_its_bytes(s3):
+    uri = f"{s3.uri}/clips"
+    payloads = [os.urandom(70_000 + i) for i in range(5)]
+    data = {"id": list(range(20)), "clip": blob_array([payloads[i % 5] for i in range(20)])}
+    write_table(pa.table(data), uri, storage_options=s3.options, max_rows_per_file=8)
+    seen = []
+    for worker in (0, 1):
+        loader = BatchLoader(
+            uri, batch_size=3, num_workers=2, worker_id=worker, storage_options=s3.options
+        )
+        seen += [(r["id"], r["clip"]) for b in loader for r in b.to_pylist()]
+    assert sorted(i for i, _ in seen) == list(range(20))
+    assert all(clip == payloads[i % 5] for i, clip in seen)
+    assert len(BatchLoader(uri, batch_size=3, storage_options=s3.options)) == 7

@@ -18,7 +18,13 @@ import torch.multiprocessing
 from torch import distributed
 from torch.utils.data import DataLoader, DistributedSampler
 
-from blobhouse import ForkedAfterLanceError, InvalidInputError, blob_array, write_table
+from blobhouse import (
+    ForkedAfterLanceError,
+    InvalidInputError,
+    TableNotFoundError,
+    blob_array,
+    write_table,
+)
 from blobhouse.torch import TableBatchDataset, TableRowDataset
 
 from helpers import run_fork_worker
@@ -268,5 +274,5 @@ def test_bad_arguments_are_refused_by_name(clips, kwargs, message):
 
 
 def test_a_missing_table_is_named(tmp_path):
-    with pytest.raises(InvalidInputError, match="no table at"):
+    with pytest.raises(TableNotFoundError, match="no table at"):
         TableRowDataset(str(tmp_path / "missing"))
