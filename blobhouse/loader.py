@@ -7,7 +7,8 @@ rows, then each distinct payload it references read once (coalesced ranged reads
 against its recorded hash; a few batches are read ahead on a thread.
 
 Nothing Lance owns crosses a fork or a pickle: the table is opened in the process that
-iterates, at the version pinned when the loader was made.
+iterates, at the version pinned when the loader was made, and a process forked after Lance
+had started refuses to read rather than crash (:mod:`blobhouse.forks`).
 """
 
 from __future__ import annotations
