@@ -138,7 +138,7 @@ def test_core_works_without_pyspark_and_spark_names_its_extra():
         from blobhouse.errors import BlobhouseError, MissingExtraError
 
         core = [m.name for m in pkgutil.walk_packages(blobhouse.__path__, "blobhouse.")
-                if not m.name.startswith("blobhouse.spark")]
+                if not m.name.startswith(("blobhouse.spark", "blobhouse.torch"))]
         for name in core:  # the CLI, the demo's generator, blobhouse.testing included
             __import__(name)
         assert not [m for m in sys.modules if m.split(".")[0] == "pyspark"]
@@ -177,6 +177,34 @@ def test_a_pyspark_older_than_4_1_is_named():
     assert done.returncode == 0, done.stderr
     assert "pyspark 4.1 or later (this is pyspark 3.5.1)" in done.stdout
     assert "blobhouse[spark]" in done.stdout
+
+
+def test_blobhouse_torch_without_torch_names_its_extra():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WITHOUT_PYSPARK.replace("pyspark", "torch")
+            + textwrap.dedent(
+                """
+                from blobhouse.errors import MissingExtraError
+                import blobhouse.loader  # the loader needs no torch
+                try:
+                    import blobhouse.torch
+                except MissingExtraError as error:
+                    print(error)
+                """
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        'blobhouse.torch needs torch, which is not installed: pip install "blobhouse[torch]"'
+    )
 
 
 def test_the_demo_without_pyspark_is_one_line_naming_the_extra(tmp_path):
