@@ -25,23 +25,33 @@ def listed(samples: list) -> list:
     return samples
 
 
-def loader_ids(uri: str) -> list[int]:
-    from blobhouse.loader import BatchLoader
-
-    def read(loader, queue):
+def read_ids(loader, queue) -> None:
+    """A child's work: the ids its loader reads, or the error it raised."""
+    try:
         queue.put([i for b in loader for i in b.column("id").to_pylist()])
+    except Exception as error:
+        queue.put(error)
 
-    context = multiprocessing.get_context("fork")
+
+def read_in_children(method: str, loaders: list) -> list:
+    """What each loader read (or raised) in a child process made by ``method``."""
+    context = multiprocessing.get_context(method)
     queue = context.Queue()
-    loaders = [BatchLoader(uri, ["id"], batch_size=9, num_workers=3, worker_id=w) for w in range(3)]
-    children = [context.Process(target=read, args=(lo, queue)) for lo in loaders]
+    children = [context.Process(target=read_ids, args=(lo, queue)) for lo in loaders]
     for child in children:
         child.start()
     got = [queue.get(timeout=120) for _ in children]
     for child in children:
         child.join(timeout=60)
         assert child.exitcode == 0, child.exitcode
-    return sorted(i for ids in got for i in ids)
+    return got
+
+
+def loader_ids(uri: str) -> list[int]:
+    from blobhouse.loader import BatchLoader
+
+    loaders = [BatchLoader(uri, ["id"], batch_size=9, num_workers=3, worker_id=w) for w in range(3)]
+    return sorted(i for ids in read_in_children("fork", loaders) for i in ids)
 
 
 def torch_samples(uri: str, mode: str) -> list[list]:

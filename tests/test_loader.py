@@ -4,7 +4,6 @@ resumption, forks and spawns, pinned versions, checked bytes, clear errors."""
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import os
 import pickle
 from collections import Counter
@@ -27,6 +26,7 @@ from blobhouse import (
 )
 from blobhouse.loader import BatchLoader
 
+from fork_worker import read_in_children
 from helpers import flip, run_fork_worker
 
 ROWS = 103  # not a multiple of any batch size or world below: padding and short batches show
@@ -139,28 +139,13 @@ def test_resuming_from_a_state_continues_the_epoch(videos):
         BatchLoader(uri, ["id"], batch_size=7, seed=6).load_state_dict(state)
 
 
-def _read_in_child(loader: BatchLoader, queue) -> None:
-    try:
-        queue.put(ids_of(loader))
-    except Exception as error:
-        queue.put(error)
-
-
 def test_spawned_workers_read_their_share_after_the_parent_used_lance(videos):
     uri, _ = videos
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
     loaders = [
         BatchLoader(uri, ["id", "clip"], batch_size=9, num_workers=3, worker_id=w) for w in range(3)
     ]
     list(loaders[0])  # the parent has read with Lance before the children start
-    children = [context.Process(target=_read_in_child, args=(lo, queue)) for lo in loaders]
-    for child in children:
-        child.start()
-    got = [queue.get(timeout=120) for _ in children]
-    for child in children:
-        child.join(timeout=60)
-        assert child.exitcode == 0
+    got = read_in_children("spawn", loaders)
     assert sorted(i for ids in got for i in ids) == list(range(ROWS))
 
 
@@ -174,12 +159,7 @@ def test_a_worker_forked_after_the_parent_used_lance_refuses_to_read(videos):
     uri, _ = videos
     loader = BatchLoader(uri, ["id"], batch_size=9)
     list(loader)
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_read_in_child, args=(loader, queue))
-    child.start()
-    error = queue.get(timeout=120)
-    child.join(timeout=60)
+    (error,) = read_in_children("fork", [loader])
     assert isinstance(error, ForkedAfterLanceError)
     assert "multiprocessing_context='forkserver'" in str(error)
 
