@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench.harness import Case, Scratch, disk_bytes, fresh, medians, settled
+from bench.loader_case import loader, parquet_take
 from blobhouse import Blob, blob_array, open_table, read_ranges, write_table
 from blobhouse.dedup import content_hashes
 from blobhouse.demo import BLOB_COLUMNS, EpisodeData
@@ -60,6 +61,11 @@ class Size:
     s3_rows: int  # 1 MB payloads per object-storage workload
     mutation_rows: int  # rows of the table the mutations case changes
     one_fragment_rows: int  # rows of its second table, in one fragment (Lance's default size)
+    loader_images: int  # rows of 100 KB images the loader case reads in an epoch
+    loader_clips: int  # distinct clips of the loader case, each in ROWS_PER_CLIP rows
+    loader_clip_bytes: tuple[int, int]  # their smallest and largest size
+    loader_workers: tuple[int, ...]  # DataLoader worker counts
+    startup_rows: int  # rows of the table whose first batch is timed
 
 
 QUICK = Size(
@@ -81,6 +87,11 @@ QUICK = Size(
     16,
     200,
     100_000,
+    320,
+    16,
+    (64 * KB, 256 * KB),
+    (0, 2),
+    20_000,
 )
 FULL = Size(
     "full",
@@ -100,6 +111,11 @@ FULL = Size(
     24,
     128,
     5000,
+    1_000_000,
+    10_240,
+    32,
+    (1 * MB, 4 * MB),
+    (0, 2, 4),
     1_000_000,
 )
 
@@ -319,9 +335,6 @@ def random_access(size: Size) -> Case:
 
 
 def _access(case: Case, table, stock, parquet: pq.ParquetFile, picks: list[int], runs: int):
-    group_rows = [
-        parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)
-    ]
     refs = refs_from_arrow(table.blob_refs("b", picks))
     times = medians(
         {
@@ -335,9 +348,7 @@ def _access(case: Case, table, stock, parquet: pq.ParquetFile, picks: list[int],
     # Parquet reads whole row groups (all 1 GB at K = 1) and runs on its own: the first Lance
     # call after it was measured 5-15x slower (pylance's read_blobs of one row: 8-10 ms instead
     # of 0.6-0.8 ms), whichever contender made it
-    times.update(
-        medians({"parquet row groups": lambda: _parquet_take(parquet, group_rows, picks)}, runs)
-    )
+    times.update(medians({"parquet row groups": lambda: parquet_take(parquet, picks)}, runs))
     k = len(picks)
     for contender, seconds in times.items():
         case.add(
@@ -349,20 +360,6 @@ def _access(case: Case, table, stock, parquet: pq.ParquetFile, picks: list[int],
             vs_pylance=round(times["pylance read_blobs"] / seconds, 3),
             vs_parquet=round(times["parquet row groups"] / seconds, 3),
         )
-
-
-def _parquet_take(parquet: pq.ParquetFile, group_rows: list[int], picks: list[int]) -> list:
-    starts = np.cumsum([0, *group_rows])
-    groups = sorted({int(np.searchsorted(starts, p, side="right") - 1) for p in picks})
-    table = parquet.read_row_groups(groups, columns=["b"])
-    offsets = {g: sum(group_rows[x] for x in groups[: groups.index(g)]) for g in groups}
-    rows = [
-        offsets[int(np.searchsorted(starts, p, side="right") - 1)]
-        + p
-        - int(starts[int(np.searchsorted(starts, p, side="right") - 1)])
-        for p in picks
-    ]
-    return table.column("b").take(rows).to_pylist()
 
 
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec
@@ -1524,4 +1521,5 @@ CASES = {
     "store_scale": store_scale,
     "object_storage": object_storage,
     "mutations": mutations,
+    "loader": loader,
 }

@@ -39,6 +39,11 @@ TARGETS = (
     "growth after gc <= 1.05 x the new unique payloads | {upsert_growth} |\n"
     "| Spark: reference scan >= 0.95 x the Python data source floor | {spark_scan} |\n"
     "| Spark: read_blob and materialize >= 1.5 GB/s on local[2] | {spark_bytes} |\n"
+    "| loader, 100 KB images, cold: MB/s >= 0.8 x the random-read limit (0, 2, 4 workers) "
+    "| {loader_images} |\n"
+    "| loader, 1-4 MB clips each in 30 rows, cold: >= 1.5 x the best contender "
+    "(0, 2, 4 workers) | {loader_clips} |\n"
+    "| loader, first batch of a 1 M-row table < 1 s | {loader_startup} |\n"
     "{growth}"
 )
 GROWTH_LIMIT = 1.5  # a growth curve is flat when the largest point is within 1.5x the smallest
@@ -183,6 +188,7 @@ def _verdicts(data: dict) -> dict[str, str]:
     ]
     store_scale = _store_scale(rows("store_scale", mode="store"))
     spark = rows("spark")
+    loader = rows("loader", contender="blobhouse")
     gb = rows("scale", mode="gb")
     rss = gb[-1]["peak_rss_mb"] / gb[0]["peak_rss_mb"] if gb else None
     return {
@@ -211,7 +217,29 @@ def _verdicts(data: dict) -> dict[str, str]:
             lambda v: v >= 0.95,
         ),
         "spark_bytes": _spark_bytes(spark),
+        "loader_images": _range(
+            [r["vs_limit"] for r in loader if r["workload"].startswith("images")],
+            "x the limit",
+            lambda v: v >= 0.8,
+        ),
+        "loader_clips": _range(
+            [r["vs_best_other"] for r in loader if r["workload"].startswith("clips")],
+            "x the best contender",
+            lambda v: v >= 1.5,
+        ),
+        "loader_startup": _loader_startup(rows("loader")),
     }
+
+
+def _loader_startup(rows: list[dict]) -> str:
+    """Seconds to the first batch, met under 1 s on a table of at least 1 M rows."""
+    firsts = [r for r in rows if r["workload"].startswith("first batch")]
+    if not firsts:
+        return "-"
+    table_rows = int(firsts[0]["workload"].split(": ")[1].split()[0].replace(",", ""))
+    met = table_rows >= 1_000_000 and all(r["seconds"] < 1 for r in firsts)
+    times = ", ".join(f"{r['contender']} {r['seconds']} s" for r in firsts)
+    return f"{times} at {table_rows:,} rows ({'met' if met else 'missed'})"
 
 
 def _store_scale(rows: list[dict]) -> str:

@@ -107,9 +107,10 @@ class ManagedObjectRaceError(BlobhouseError):
     the write commits; nothing was committed (see docs/managed-objects.md)."""
 
 
-class ForkedAfterLanceError(BlobhouseError):
+class ForkedAfterLanceWarning(UserWarning):
     """A read in a process forked from one where Lance had already started (pylance's reads
-    crash or hang at random there); the message says how to start workers instead."""
+    crash or hang at random there), done through a fresh process instead; the message says
+    how to start workers for full speed."""
 
 
 class MissingExtraError(BlobhouseError, ImportError):

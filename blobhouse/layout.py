@@ -15,23 +15,36 @@ read as they are, as Lance does.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
 from lance import LanceDataset
 
 from blobhouse.errors import InvalidInputError
 from blobhouse.placement import as_uri, local_uri, normalize_uri
-from blobhouse.storage import StorageOptions, is_local, object_store, uri_to_path
+from blobhouse.storage import StorageOptions, is_local, object_store, read_object, uri_to_path
 
 TREE_DIR = "tree"
 VERSIONS_DIR = "_versions"  # Lance's manifests, one per version
 REFS_DIR = "_refs"
 STORE_DIR = "_blobs"
 STORE_BASE_NAME = "blobhouse-store"  # a relocated store's base is named "<this>@<n>"
-# what Lance accepts as a branch name
+TAGS_DIR = f"{REFS_DIR}/tags"  # Lance's tag records, one JSON file per tag
+# what Lance accepts as a branch name, and as a tag name
 BRANCH_NAME = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
+TAG_NAME = re.compile(r"[\w-][\w.-]*")  # letters and digits of any script, as Lance's
+
+
+@dataclass(frozen=True)
+class Tag:
+    """A tag: the version of a branch (None: main) it names."""
+
+    name: str
+    branch: str | None
+    version: int
 
 
 @dataclass(frozen=True)
@@ -108,6 +121,25 @@ class TableLocation:
     def data_dir(self) -> str:
         """Where this branch's new data files go."""
         return f"{self.dataset_path}/data"
+
+    def tag(self, name: str, storage_options: StorageOptions | None = None) -> Tag | None:
+        """Where tag ``name`` of the table points, read from Lance's tag record
+        (``<root>/_refs/tags/<name>.json``) without starting Lance (a process whose DataLoader
+        workers fork must not); None when there is no such tag."""
+        if not TAG_NAME.fullmatch(name) or ".." in name or name.endswith(".lock"):
+            return None  # Lance makes no tag by such a name
+        path = f"{self.root}/{TAGS_DIR}/{quote(name, safe='')}.json"  # as Lance names it
+        try:
+            record = json.loads(read_object(path, storage_options))
+        except FileNotFoundError:
+            return None
+        return Tag(name, record.get("branch"), int(record["version"]))
+
+    def tag_names(self, storage_options: StorageOptions | None = None) -> list[str]:
+        """The names of the table's tags."""
+        listed = object_store(self.root, storage_options).list(f"{self.root}/{TAGS_DIR}")
+        names = (i.name.removesuffix(".json") for i in listed if i.name.endswith(".json"))
+        return sorted(map(unquote, names))
 
     def listed_versions(self, storage_options: StorageOptions | None = None) -> list[int]:
         """Every version of this branch, in order, from the names of its manifests: one

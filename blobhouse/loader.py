@@ -4,11 +4,12 @@
 ranks and workers take disjoint shares of it, so every row is read once per epoch across all
 of them, and every rank gets the same number of batches. A batch is one native take of its
 rows, then each distinct payload it references read once (coalesced ranged reads) and checked
-against its recorded hash; a few batches are read ahead on a thread.
+against its recorded hash; a few batches are read at once, each on a thread of its own.
 
 Nothing Lance owns crosses a fork or a pickle: the table is opened in the process that
-iterates, at the version pinned when the loader was made, and a process forked after Lance
-had started refuses to read rather than crash (:mod:`blobhouse.forks`).
+iterates, at the version pinned when the loader was made; a process forked after Lance had
+started reads through a fresh interpreter instead of calling Lance, whose reads crash at
+random there (:mod:`blobhouse.forks`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
+import warnings
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from blobhouse.errors import InvalidInputError, TableNotFoundError
-from blobhouse.forks import check_not_forked_after_lance, in_fresh_process, lance_is_running
+from blobhouse.errors import ForkedAfterLanceWarning, InvalidInputError, TableNotFoundError
+from blobhouse.forks import FreshProcess, forked_after_lance, in_fresh_process, lance_is_running
 from blobhouse.layout import TableLocation
 from blobhouse.storage import checked_options
 
@@ -34,8 +38,12 @@ if TYPE_CHECKING:
     from blobhouse.table import Table
 
 LoaderBlobs = Literal["bytes", "refs"]
-#: batches read ahead of the one being yielded
-PREFETCH_BATCHES = 2
+#: batches a rank reads at once, each on its own thread with its own handle of the table,
+#: while the caller has the one yielded: one batch at a time leaves the disk idle while a batch
+#: is checked and assembled (bench/findings.md, the loader case). Shared by a DataLoader's
+#: workers (each reads READ_AHEAD // num_workers at once, at least one), which read side by
+#: side already: 4 workers reading 4 each were slower, and held 4x the memory.
+READ_AHEAD = 4
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,7 @@ class BatchLoader:
         self.rows = PinnedRows(
             uri, filter=filter, storage_options=storage_options, version=version, branch=branch
         )
-        self.columns = None if columns is None else list(columns)
+        self.columns = checked_columns(columns)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.drop_last, self.blobs = drop_last, blobs
         self._given = (rank, world_size, worker_id, num_workers)
@@ -158,8 +166,9 @@ class BatchLoader:
         self._position = 0
 
     @property
-    def version(self) -> int | str:
-        """The version (or tag) every process of this loader reads."""
+    def version(self) -> int:
+        """The version every process of this loader reads (a tag named it when the loader was
+        made)."""
         return self.rows.version
 
     @property
@@ -181,22 +190,25 @@ class BatchLoader:
         return len(self._batches(self._plan(self.rows.ids(keep_lance_out=True)), 0))
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        table, ids = self.rows.table(), self.rows.ids()
+        ids = self.rows.ids()
         plan = self._plan(ids)
         indices = self._batches(plan, self._resume_at)
         self._resume_at = 0
-        # one thread reads ahead while the caller works on a batch: the table's caches are
-        # not shared between threads, and each batch's reads run in parallel already
-        with ThreadPoolExecutor(1, thread_name_prefix="blobhouse-loader") as pool:
+        tables = _ThreadTables(self.rows)
+        at_once = max(1, READ_AHEAD // self.shard.num_workers)
+        with ThreadPoolExecutor(at_once, thread_name_prefix="blobhouse-loader") as pool:
             ahead: deque[tuple[int, Future]] = deque()
             pending = iter(indices)
+
+            def read_ahead() -> None:
+                while len(ahead) < at_once and (i := next(pending, None)) is not None:
+                    ahead.append((i, pool.submit(tables.read, self, ids[plan.batch(i)])))
+
+            read_ahead()
             try:
-                while True:
-                    while len(ahead) <= PREFETCH_BATCHES and (i := next(pending, None)) is not None:
-                        ahead.append((i, pool.submit(self._read, table, ids[plan.batch(i)])))
-                    if not ahead:
-                        break
+                while ahead:
                     i, future = ahead.popleft()
+                    read_ahead()  # the next ones are read while the caller has this one
                     batch = future.result()
                     self._position = i + 1
                     yield batch
@@ -268,6 +280,20 @@ class BatchLoader:
         return taken.combine_chunks().to_batches()[0]
 
 
+class _ThreadTables:
+    """A handle of the pinned table for each reading thread: a table's caches (the recorded
+    hashes) are not shared between threads."""
+
+    def __init__(self, rows: PinnedRows) -> None:
+        self._rows, self._local = rows, threading.local()
+
+    def read(self, loader: BatchLoader, rows: np.ndarray) -> pa.RecordBatch:
+        table = getattr(self._local, "table", None)
+        if table is None:
+            table = self._local.table = self._rows.open()
+        return loader._read(table, rows)
+
+
 class PinnedRows:
     """A table at one version and the ids of its rows that match ``filter``, for the process
     that reads them: the table is opened in each process (a forked child opens its own, a
@@ -301,19 +327,29 @@ class PinnedRows:
         self.storage_options = checked_options(storage_options)
         self.location = TableLocation.of(uri, branch, self.storage_options)
         self.filter = filter
-        self.version = version if version is not None else self._latest()
+        self.version = self._pinned(version)
         self._ids: np.ndarray | None = None
-        self._opened: tuple[int, Table] | None = None  # (pid, table)
+        self._opened: tuple[int, Table | TableInFreshProcess] | None = None  # (pid, table)
+        self._helper: tuple[int, TableInFreshProcess] | None = None
 
     def table(self) -> Table:
-        """The table at the pinned version, opened in this process."""
+        """The table at the pinned version, opened once in this process."""
         if self._opened is None or self._opened[0] != os.getpid():
-            check_not_forked_after_lance("blobhouse's loader")
-            from blobhouse.table import open_at
-
-            table = open_at(self.location, self.version, self.storage_options)
-            self._opened = (os.getpid(), table)
+            self._opened = (os.getpid(), self.open())
         return self._opened[1]
+
+    def open(self) -> Table | TableInFreshProcess:
+        """A new handle of the table at the pinned version (for one more thread). In a process
+        forked after Lance had started, whose own Lance calls crash at random, the one handle
+        of this process that reads through a fresh interpreter."""
+        if forked_after_lance():
+            with _HELPER_LOCK:  # the loader's threads ask at once: one helper for them all
+                if self._helper is None or self._helper[0] != os.getpid():
+                    self._helper = (os.getpid(), TableInFreshProcess(self))
+            return self._helper[1]
+        from blobhouse.table import open_at
+
+        return open_at(self.location, self.version, self.storage_options)
 
     def ids(self, *, keep_lance_out: bool = False) -> np.ndarray:
         """The ids of the rows matching the filter, in table order. ``keep_lance_out``: if
@@ -328,7 +364,17 @@ class PinnedRows:
         return self._ids
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_opened": None}  # reopened where it is unpickled
+        return {**self.__dict__, "_opened": None, "_helper": None}  # reopened where unpickled
+
+    def _pinned(self, version: int | str | None) -> int:
+        """``version`` as a number: a tag resolved once, here, so every worker reads the
+        version it named when the loader was made, also if it is moved meanwhile."""
+        if not isinstance(version, str):
+            return self._latest() if version is None else version
+        from blobhouse.table import resolve_tag
+
+        self.location, number = resolve_tag(self.location, version, self.storage_options)
+        return number
 
     def _latest(self) -> int:
         listed = self.location.listed_versions(self.storage_options)
@@ -340,6 +386,49 @@ class PinnedRows:
         return listed[-1]
 
 
+class TableInFreshProcess:
+    """The pinned table of a process forked after Lance had started, read through a fresh
+    Python interpreter (:class:`~blobhouse.forks.FreshProcess`): what :class:`BatchLoader`
+    and the torch datasets call, each call's result copied through a pipe."""
+
+    def __init__(self, rows: PinnedRows) -> None:
+        warnings.warn(
+            "this process was forked from one that had already used Lance, whose reads crash "
+            "or hang at random after a fork (pylance is not fork-safe): blobhouse reads through "
+            "a fresh Python process instead, at the cost of a copy of every batch. For full "
+            "speed make the DataLoader with multiprocessing_context='forkserver' (or 'spawn'), "
+            "or use Lance in the parent only after its workers start",
+            ForkedAfterLanceWarning,
+            stacklevel=4,
+        )
+        self._helper = FreshProcess()
+        weakref.finalize(self, self._helper.close)
+        self._helper.call(_open_pinned, rows.location, rows.version, rows.storage_options)
+
+    def take_rows(self, *args: Any, **kwargs: Any) -> pa.Table:
+        return self._helper.call(_on_pinned, "take_rows", *args, **kwargs)
+
+    def row_ids(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        return self._helper.call(_on_pinned, "row_ids", *args, **kwargs)
+
+
+_HELPER_LOCK = threading.Lock()
+_pinned: Table | None = None  # the table a FreshProcess reads for TableInFreshProcess
+
+
+def _open_pinned(
+    location: TableLocation, version: int, storage_options: dict[str, str] | None
+) -> None:
+    global _pinned
+    from blobhouse.table import open_at
+
+    _pinned = open_at(location, version, storage_options)
+
+
+def _on_pinned(method: str, *args: Any, **kwargs: Any) -> Any:
+    return getattr(_pinned, method)(*args, **kwargs)
+
+
 def _row_ids(
     location: TableLocation,
     version: int | str,
@@ -349,6 +438,18 @@ def _row_ids(
     from blobhouse.table import open_at
 
     return open_at(location, version, storage_options).row_ids(filter)
+
+
+def checked_columns(columns: object) -> list[str] | None:
+    """``columns`` as a list of names (None: all), or an error naming what is wrong."""
+    if columns is None:
+        return None
+    if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
+        raise InvalidInputError(f"columns must be a list of column names, got {columns!r}")
+    names = list(columns)
+    if not all(isinstance(name, str) for name in names):
+        raise InvalidInputError(f"columns must be a list of column names, got {columns!r}")
+    return names
 
 
 def check_blobs(blobs: object) -> None:

@@ -46,6 +46,7 @@ from blobhouse.errors import (
     TableNotFoundError,
     VersionNotFoundError,
     VersionRemovedError,
+    lance_message,
 )
 from blobhouse.layout import STORE_DIR, BasePaths, TableLocation
 from blobhouse.maintenance import compaction, garbage_collection, verification
@@ -401,7 +402,7 @@ def open_at(
     """:func:`open_table` for a location resolved earlier (on a Spark driver, say: tasks open
     the table where the driver found it, whatever their working directory)."""
     if isinstance(version, str):
-        location, version = _tagged(location, version, storage_options)
+        location, version = resolve_tag(location, version, storage_options)
     elif version is not None:
         version = _version_number(version)
     dataset = _open_dataset(location, version, storage_options)
@@ -507,28 +508,25 @@ def _version_number(version: object) -> int:
     return number
 
 
-def _tagged(
+def resolve_tag(
     location: TableLocation, tag: str, storage_options: dict[str, str] | None
 ) -> tuple[TableLocation, int]:
     """The branch and version tag ``tag`` points at; a string of digits that names no tag is
     a version number."""
-    dataset = _open_dataset(location.on(None), None, storage_options)
-    if dataset is None:
-        raise TableNotFoundError(f"no table at {location.root}")
-    tags = dataset.tags.list()
-    if tag not in tags:
+    found = location.tag(tag, storage_options)
+    if found is None:
         if tag.isdigit():
             return location, _version_number(tag)
-        raise TableNotFoundError(
-            f"no tag {tag!r} in {location.root} (tags: {sorted(tags) or 'none'})"
-        )
-    branch = tags[tag]["branch"]
-    if location.branch is not None and branch != location.branch:
+        if not location.on(None).listed_versions(storage_options):
+            raise TableNotFoundError(f"no table at {location.root}")
+        tags = location.tag_names(storage_options)
+        raise TableNotFoundError(f"no tag {tag!r} in {location.root} (tags: {tags or 'none'})")
+    if location.branch is not None and found.branch != location.branch:
         raise InvalidInputError(
-            f"tag {tag!r} points into {'main' if branch is None else repr(branch)}, not branch "
-            f"{location.branch!r}"
+            f"tag {tag!r} points into {'main' if found.branch is None else repr(found.branch)}, "
+            f"not branch {location.branch!r}"
         )
-    return location.on(branch), tags[tag]["version"]
+    return location.on(found.branch), found.version
 
 
 class Table:
@@ -887,8 +885,15 @@ class Table:
         >>> t.take_rows(t.row_ids("id >= 2"), blobs="bytes").to_pylist()
         [{'id': 2, 'img': b'b'}, {'id': 3, 'img': b'c'}]
         """
-        scanner = self.dataset.scanner(columns=[], filter=filter, with_row_id=True)
-        ids = [batch.column(_ROW_ID).to_numpy() for batch in scanner.to_batches()]
+        try:
+            scanner = self.dataset.scanner(columns=[], filter=filter, with_row_id=True)
+            ids = [batch.column(_ROW_ID).to_numpy() for batch in scanner.to_batches()]
+        except (ValueError, pa.ArrowInvalid) as exc:
+            if filter is None:
+                raise
+            raise InvalidInputError(
+                f"filter {filter!r} is not valid SQL for this table: {lance_message(exc)}"
+            ) from None
         return np.concatenate(ids) if ids else np.zeros(0, np.uint64)
 
     @keywords_checked

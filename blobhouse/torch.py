@@ -12,8 +12,9 @@ take (``__getitems__``), so a payload several rows of a batch share is read once
 Both run ``transform`` on each row (a dict of column values, blob columns as checked bytes) in
 the process that reads it, a DataLoader worker when there are workers. Neither starts Lance in
 the process that makes the DataLoader (what it needs there is computed in a fresh process), so
-workers may fork; a worker forked after something else in the parent had used Lance refuses
-to read, naming the fix (``multiprocessing_context="forkserver"``, see :mod:`blobhouse.forks`).
+workers may fork; a worker forked after something else in the parent had used Lance reads
+through a fresh process, slower, and warns naming the way to full speed
+(``multiprocessing_context="forkserver"``, see :mod:`blobhouse.forks`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ from torch import distributed  # noqa: E402
 from torch.utils.data import Dataset, IterableDataset, default_collate  # noqa: E402
 
 from blobhouse.errors import InvalidInputError  # noqa: E402
-from blobhouse.loader import BatchLoader, LoaderBlobs, PinnedRows, check_blobs  # noqa: E402
+from blobhouse.loader import (  # noqa: E402
+    BatchLoader,
+    LoaderBlobs,
+    PinnedRows,
+    check_blobs,
+    checked_columns,
+)
 
 Row = dict[str, Any]
 
@@ -170,7 +177,7 @@ class TableRowDataset(Dataset):
         self.rows = PinnedRows(
             uri, filter=filter, storage_options=storage_options, version=version, branch=branch
         )
-        self.columns = None if columns is None else list(columns)
+        self.columns = checked_columns(columns)
         self.transform, self.blobs = transform, blobs
 
     def __len__(self) -> int:

@@ -33,11 +33,34 @@ def read_ids(loader, queue) -> None:
         queue.put(error)
 
 
-def read_in_children(method: str, loaders: list) -> list:
-    """What each loader read (or raised) in a child process made by ``method``."""
+def read_watched(loader, queue) -> None:
+    """A child's work: its loader's (id, sha256) rows, the warnings it gave, and whether Lance
+    started in the child."""
+    import hashlib
+    import warnings
+
+    from blobhouse.forks import lance_is_running
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rows = [
+                (row["id"], hashlib.sha256(row["clip"]).hexdigest())
+                for batch in loader
+                for row in batch.to_pylist()
+            ]
+        said = [f"{w.category.__name__}: {w.message}" for w in caught]
+        queue.put({"rows": rows, "warnings": said, "lance_started": lance_is_running()})
+    except Exception as error:
+        queue.put(error)
+
+
+def read_in_children(method: str, loaders: list, work=read_ids) -> list:
+    """What each loader read (or raised) in a child process made by ``method``, doing
+    ``work``."""
     context = multiprocessing.get_context(method)
     queue = context.Queue()
-    children = [context.Process(target=read_ids, args=(lo, queue)) for lo in loaders]
+    children = [context.Process(target=work, args=(lo, queue)) for lo in loaders]
     for child in children:
         child.start()
     got = [queue.get(timeout=120) for _ in children]

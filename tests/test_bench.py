@@ -31,6 +31,7 @@ def test_quick_benchmark_run(tmp_path):
         "global_dedup",
         "object_storage",
         "mutations",
+        "loader",
     }
     storage = results["storage"]["rows"]
     seed = {r["contender"]: r for r in storage if r["workload"].startswith("seed")}
@@ -97,3 +98,21 @@ def test_quick_benchmark_run(tmp_path):
     assert upsert["growth_vs_reference"] <= 1.05  # only the new payloads are stored
     store = {r["store_payloads"]: r for r in results["store_scale"]["rows"]}
     assert store[0]["vs_empty_store"] == 1 and all(r["seconds"] > 0 for r in store.values())
+    loader = results["loader"]["rows"]
+    contenders = {"blobhouse", "pylance read_blobs", "parquet", "webdataset"}
+    epochs = [r for r in loader if r["contender"] in contenders]
+    delivered = {(r["workload"].split(":")[0], r["contender"], r["workers"]) for r in epochs}
+    limit = {r["contender"] for r in loader if r["contender"].startswith("random-read limit")}
+    assert delivered == {(w, c, n) for w in ("images", "clips") for c in contenders for n in (0, 2)}
+    assert len(limit) == 3 and all(r["seconds"] > 0 for r in loader)
+    clips = {(r["contender"], r["workers"]): r for r in epochs if r["workload"].startswith("clips")}
+    unique_mb = float(epochs[-1]["workload"].split(", ")[1].split()[0])
+    for (contender, _), r in clips.items():  # every clip once in blobhouse, once a row elsewhere
+        if contender == "blobhouse":
+            assert r["on_disk_mb"] < 2 * unique_mb + 1 and isinstance(r["vs_best_other"], float)
+        else:
+            assert r["on_disk_mb"] > 20 * unique_mb
+    images = [r for r in epochs if r["workload"].startswith("images")]
+    assert all(r["vs_limit"] > 0 for r in images if r["contender"] == "blobhouse")
+    firsts = [r for r in loader if r["workload"].startswith("first batch")]
+    assert [r["contender"] for r in firsts] == ["blobhouse BatchLoader", "blobhouse DataLoader"]

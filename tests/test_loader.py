@@ -6,7 +6,13 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import shutil
+import subprocess
+import sys
+import threading
+import time
 from collections import Counter
+from pathlib import Path
 
 import lance
 import numpy as np
@@ -15,18 +21,20 @@ import pytest
 from lance.blob import blob_array as lance_blob_array
 from lance.blob import blob_field as lance_blob_field
 
+import blobhouse
 from blobhouse import (
+    BlobhouseError,
     CorruptBlobError,
-    ForkedAfterLanceError,
     InvalidInputError,
     PathIsFileError,
     TableNotFoundError,
     blob_array,
     write_table,
 )
-from blobhouse.loader import BatchLoader
+from blobhouse.loader import READ_AHEAD, BatchLoader
+from blobhouse.table import Table
 
-from fork_worker import read_in_children
+from fork_worker import read_in_children, read_watched
 from helpers import flip, run_fork_worker
 
 ROWS = 103  # not a multiple of any batch size or world below: padding and short batches show
@@ -154,14 +162,51 @@ def test_forked_workers_read_their_share_when_the_parent_has_not_used_lance(vide
     assert run_fork_worker("loader", uri)["result"] == list(range(ROWS))
 
 
-def test_a_worker_forked_after_the_parent_used_lance_refuses_to_read(videos):
-    # pylance's reads crash or hang at random in such a child; the loader says why instead
-    uri, _ = videos
-    loader = BatchLoader(uri, ["id"], batch_size=9)
-    list(loader)
-    (error,) = read_in_children("fork", [loader])
-    assert isinstance(error, ForkedAfterLanceError)
-    assert "multiprocessing_context='forkserver'" in str(error)
+def test_a_worker_forked_after_the_parent_used_lance_reads_through_a_fresh_process(videos):
+    # pylance's reads crash or hang at random in such a child: it must never call Lance
+    uri, digests = videos
+    loader = BatchLoader(uri, ["id", "clip"], batch_size=9, filter="split = 'train'")
+    expected = sorted(ids_of(loader))  # the parent has read with Lance
+    (got,) = read_in_children("fork", [loader], work=read_watched)
+    assert sorted(i for i, _ in got["rows"]) == expected
+    assert all(digests[i] == sha for i, sha in got["rows"])
+    assert not got["lance_started"]
+    (warned,) = [w for w in got["warnings"] if w.startswith("ForkedAfterLanceWarning")]
+    assert "multiprocessing_context='forkserver'" in warned
+
+
+def test_a_fresh_process_imports_blobhouse_from_where_its_parent_did(tmp_path):
+    # a script that finds blobhouse on a sys.path of its own (a vendored copy): len() runs in
+    # a fresh process, which must import that copy, not another or none
+    vendored = tmp_path / "vendored"
+    shutil.copytree(Path(blobhouse.__file__).parent, vendored / "blobhouse")
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import blobhouse; "
+        "from blobhouse.forks import in_fresh_process; "
+        "print(in_fresh_process(eval, '__import__(\"blobhouse\").__file__') == blobhouse.__file__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(vendored)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.stdout.split() == ["True"], done.stderr
+
+
+def test_a_reader_in_a_fresh_process_names_how_it_failed(tmp_path):
+    from blobhouse.forks import FreshProcess
+
+    with FreshProcess() as helper:
+        with pytest.raises(ZeroDivisionError):
+            helper.call(divmod, 1, 0)  # an exception of the call is raised here
+        assert helper.call(divmod, 7, 2) == (3, 1)  # and the helper serves on
+        with pytest.raises(BlobhouseError, match=r"helper process exited with 3"):
+            helper.call(os._exit, 3)
+    # what the helper said before it died is in the error
+    unimportable = r"(?s)exited with 1: .*No module named 'test_loader'"
+    with FreshProcess() as helper, pytest.raises(BlobhouseError, match=unimportable):
+        helper.call(test_a_reader_in_a_fresh_process_names_how_it_failed, tmp_path)
 
 
 def test_the_version_is_pinned_when_the_loader_is_made(tmp_path):
@@ -173,6 +218,76 @@ def test_the_version_is_pinned_when_the_loader_is_made(tmp_path):
     lance.dataset(uri).tags.create("first", 1)
     assert sorted(ids_of(BatchLoader(uri, ["id"], batch_size=10, version="first"))) == [0, 1]
     assert sorted(ids_of(BatchLoader(uri, ["id"], batch_size=10))) == [0, 1, 2]
+
+
+def test_a_tag_is_resolved_once_so_workers_read_its_version_after_it_moves(tmp_path):
+    uri = str(tmp_path / "t")
+    write_table(pa.table({"id": [0, 1], "b": blob_array([b"a", b"b"])}), uri)
+    write_table(pa.table({"id": [2], "b": blob_array([b"c"])}), uri, mode="append")
+    lance.dataset(uri).tags.create("gold", 1)
+    loader = BatchLoader(uri, ["id"], batch_size=10, version="gold")
+    lance.dataset(uri).tags.update("gold", 2)  # moved before a worker unpickles the loader
+    in_worker = pickle.loads(pickle.dumps(loader))
+    assert in_worker.version == loader.version == 1
+    assert sorted(ids_of(in_worker)) == [0, 1]
+    assert in_worker.state_dict()["version"] == 1
+    lance.dataset(uri).tags.create("größer", 2)  # Lance stores it as %C3%B6 and %C3%9F
+    assert BatchLoader(uri, batch_size=1, version="größer").version == 2
+    tags = r"\(tags: \['gold', 'größer'\]\)"
+    with pytest.raises(TableNotFoundError, match=rf"no tag 'nope' in .* {tags}"):
+        BatchLoader(uri, batch_size=1, version="nope")
+    with pytest.raises(TableNotFoundError, match=r"no tag '\.\./gold'"):
+        BatchLoader(uri, batch_size=1, version="../gold")  # not a path out of _refs/tags
+
+
+def test_a_tag_is_resolved_without_starting_lance(tmp_path):
+    # a DataLoader's parent that starts Lance cannot fork its workers safely
+    uri = str(tmp_path / "t")
+    write_table(pa.table({"id": [0, 1], "b": blob_array([b"a", b"b"])}), uri)
+    lance.dataset(uri).tags.create("gold", 1)
+    script = (
+        "import sys; from blobhouse.loader import BatchLoader; "
+        "from blobhouse.forks import lance_is_running; "
+        "loader = BatchLoader(sys.argv[1], batch_size=1, version='gold'); "
+        "print(loader.version, lance_is_running())"
+    )
+    done = subprocess.run([sys.executable, "-c", script, uri], capture_output=True, text=True)
+    assert done.stdout.split() == ["1", "False"], done.stderr
+
+
+def test_batches_are_read_ahead_on_threads_each_with_its_own_table(videos, monkeypatch):
+    uri, _ = videos
+    readers: Counter = Counter()
+    at_once = [0, 0]  # (now, most)
+    lock = threading.Lock()
+    take_rows = Table.take_rows
+
+    def counted(self, *args, **kwargs):
+        with lock:
+            readers[threading.get_ident(), id(self)] += 1
+            at_once[0] += 1
+            at_once[1] = max(at_once)
+        time.sleep(0.02)  # long enough for the others to start
+        try:
+            return take_rows(self, *args, **kwargs)
+        finally:
+            with lock:
+                at_once[0] -= 1
+
+    monkeypatch.setattr(Table, "take_rows", counted)
+    batches = iter(BatchLoader(uri, ["id"], batch_size=5))
+    next(batches)
+    time.sleep(0.2)  # the consumer is slow: the loader reads ahead, never more than READ_AHEAD
+    assert sum(readers.values()) == 1 + READ_AHEAD
+    assert sorted(ids_of(batches)) != []
+    assert at_once[1] == READ_AHEAD
+    threads = {t for t, _ in readers}
+    assert len(threads) == READ_AHEAD == len({table for _, table in readers})  # none shared
+    readers.clear()
+    worker = iter(BatchLoader(uri, ["id"], batch_size=5, worker_id=0, num_workers=2))
+    next(worker)
+    time.sleep(0.2)  # a DataLoader's workers share the read-ahead
+    assert sum(readers.values()) == 1 + READ_AHEAD // 2
 
 
 def test_damaged_bytes_raise_naming_the_column(tmp_path):
@@ -193,6 +308,8 @@ def test_damaged_bytes_raise_naming_the_column(tmp_path):
         ({"batch_size": 8, "worker_id": 3, "num_workers": 2}, r"worker_id must be in \[0, 1\]"),
         ({"batch_size": 8, "blobs": "descriptors"}, "blobs must be 'bytes' or 'refs'"),
         ({"batch_size": 8, "filter": 3}, "filter must be a SQL predicate"),
+        ({"batch_size": 8, "columns": "clip"}, "columns must be a list of column names"),
+        ({"batch_size": 8, "columns": ["id", 3]}, "columns must be a list of column names"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(videos, kwargs, message):
@@ -203,6 +320,10 @@ def test_bad_arguments_are_refused_by_name(videos, kwargs, message):
 def test_unknown_columns_and_missing_tables_are_named(videos, tmp_path):
     with pytest.raises(InvalidInputError, match=r"unknown column.*'nope'"):
         list(BatchLoader(videos[0], ["id", "nope"], batch_size=8))
+    for bad in ("split = = 'val'", "nope > 1"):
+        with pytest.raises(InvalidInputError, match=rf"filter {bad!r} is not valid SQL") as got:
+            list(BatchLoader(videos[0], ["id"], batch_size=8, filter=bad))
+        assert ".rs:" not in str(got.value)  # no Rust source locations
     with pytest.raises(TableNotFoundError, match=r"no table at .*missing: no such file"):
         BatchLoader(str(tmp_path / "missing"), batch_size=8)
     (tmp_path / "file").write_text("x")
