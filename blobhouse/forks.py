@@ -120,6 +120,8 @@ class FreshProcess:
         self.close()
 
     def _died(self) -> BlobhouseError:
+        if self._child.poll() is None:  # alive but talking nonsense: it cannot serve on
+            self._child.kill()
         code = self._child.wait()
         self._errors.seek(0)
         said = self._errors.read().decode(errors="replace").strip()[-2000:]

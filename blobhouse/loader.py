@@ -332,7 +332,7 @@ class PinnedRows:
         self._opened: tuple[int, Table | TableInFreshProcess] | None = None  # (pid, table)
         self._helper: tuple[int, TableInFreshProcess] | None = None
 
-    def table(self) -> Table:
+    def table(self) -> Table | TableInFreshProcess:
         """The table at the pinned version, opened once in this process."""
         if self._opened is None or self._opened[0] != os.getpid():
             self._opened = (os.getpid(), self.open())
