@@ -120,9 +120,11 @@ class FreshProcess:
         self.close()
 
     def _died(self) -> BlobhouseError:
-        if self._child.poll() is None:  # alive but talking nonsense: it cannot serve on
+        try:
+            code = self._child.wait(timeout=5)  # it is exiting: its code and last words
+        except subprocess.TimeoutExpired:  # alive but talking nonsense: it cannot serve on
             self._child.kill()
-        code = self._child.wait()
+            code = self._child.wait()
         self._errors.seek(0)
         said = self._errors.read().decode(errors="replace").strip()[-2000:]
         return BlobhouseError(f"the helper process exited with {code}: {said}")

@@ -128,7 +128,10 @@ class TableLocation:
         workers fork must not); None when there is no such tag."""
         if not TAG_NAME.fullmatch(name) or ".." in name or name.endswith(".lock"):
             return None  # Lance makes no tag by such a name
-        path = f"{self.root}/{TAGS_DIR}/{quote(name, safe='')}.json"  # as Lance names it
+        stored = quote(name, safe="")  # Lance percent-encodes the name of the tag's file
+        if "://" in self.root:  # in a URI that name is encoded once more
+            stored = quote(stored, safe="")
+        path = f"{self.root}/{TAGS_DIR}/{stored}.json"
         try:
             record = json.loads(read_object(path, storage_options))
         except FileNotFoundError:

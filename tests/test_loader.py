@@ -373,3 +373,9 @@ def test_a_table_on_s3_reads_every_row_once_with_its_bytes(s3):
     assert sorted(i for i, _ in seen) == list(range(20))
     assert all(clip == payloads[i % 5] for i, clip in seen)
     assert len(BatchLoader(uri, batch_size=3, storage_options=s3.options)) == 7
+    write_table(pa.table(data), uri, mode="append", storage_options=s3.options)
+    tags = lance.dataset(uri, storage_options=s3.options).tags
+    for tag in ("gold", "größer"):  # Lance's key for the second: "gr%C3%B6%C3%9Fer.json"
+        tags.create(tag, 1)
+        pinned = BatchLoader(uri, ["id"], batch_size=30, version=tag, storage_options=s3.options)
+        assert (pinned.version, sorted(ids_of(pinned))) == (1, list(range(20)))
