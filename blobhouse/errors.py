@@ -119,11 +119,12 @@ class MissingExtraError(BlobhouseError, ImportError):
 
 
 def lance_message(exc: BaseException) -> str:
-    """The first line of a (Lance) error's message, without the Rust source location Lance
-    appends, to quote in an error of blobhouse's own.
+    """The first line of a (Lance) error's message, without its "Invalid user input" prefix
+    and the Rust source locations Lance adds, to quote in an error of blobhouse's own.
 
     >>> lance_message(ValueError("Invalid user input: bad, /build/lance/src/sql.rs:12:5"))
-    'Invalid user input: bad'
+    'bad'
     """
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return re.sub(r", /home/runner/\S+$|, \S+\.rs:\d+:\d+$", "", text)
+    text = re.sub(r", /home/runner/\S+$|,\s*\S+\.rs:\d+:\d+", "", text)
+    return text.removeprefix("Invalid user input: ").strip()

@@ -24,7 +24,7 @@ from urllib.parse import quote, unquote
 from lance import LanceDataset
 
 from blobhouse.errors import InvalidInputError
-from blobhouse.placement import as_uri, local_uri, normalize_uri
+from blobhouse.placement import as_uri, child_of, local_uri, normalize_uri
 from blobhouse.storage import StorageOptions, is_local, object_store, read_object, uri_to_path
 
 TREE_DIR = "tree"
@@ -129,9 +129,7 @@ class TableLocation:
         if not TAG_NAME.fullmatch(name) or ".." in name or name.endswith(".lock"):
             return None  # Lance makes no tag by such a name
         stored = quote(name, safe="")  # Lance percent-encodes the name of the tag's file
-        if "://" in self.root:  # in a URI that name is encoded once more
-            stored = quote(stored, safe="")
-        path = f"{self.root}/{TAGS_DIR}/{stored}.json"
+        path = child_of(f"{self.root}/{TAGS_DIR}", f"{stored}.json")
         try:
             record = json.loads(read_object(path, storage_options))
         except FileNotFoundError:

@@ -21,10 +21,10 @@ import threading
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from blobhouse.table import Table
 
 LoaderBlobs = Literal["bytes", "refs"]
+_Batch = TypeVar("_Batch")  # what a loader yields per batch: a RecordBatch or a list of rows
 #: batches a rank reads at once, each on its own thread with its own handle of the table,
 #: while the caller has the one yielded: one batch at a time leaves the disk idle while a batch
 #: is checked and assembled (bench/findings.md, the loader case). Shared by a DataLoader's
@@ -190,6 +191,15 @@ class BatchLoader:
         return len(self._batches(self._plan(self.rows.ids(keep_lance_out=True)), 0))
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        return self._iterate(self._read)
+
+    def row_batches(self) -> Iterator[list[dict[str, Any]]]:
+        """The batches iteration yields, each as a list of rows (dicts), for Python code that
+        wants rows: blob payloads are read straight into ``bytes``, one object for all the
+        rows of a batch that reference the same payload (no Arrow buffer, no second copy)."""
+        return self._iterate(self._read_rows)
+
+    def _iterate(self, read: Callable[[Table, np.ndarray], _Batch]) -> Iterator[_Batch]:
         ids = self.rows.ids()
         plan = self._plan(ids)
         indices = self._batches(plan, self._resume_at)
@@ -202,7 +212,7 @@ class BatchLoader:
 
             def read_ahead() -> None:
                 while len(ahead) < at_once and (i := next(pending, None)) is not None:
-                    ahead.append((i, pool.submit(tables.read, self, ids[plan.batch(i)])))
+                    ahead.append((i, pool.submit(tables.read, read, ids[plan.batch(i)])))
 
             read_ahead()
             try:
@@ -279,6 +289,9 @@ class BatchLoader:
         taken = table.take_rows(rows, self.columns, blobs=self.blobs)
         return taken.combine_chunks().to_batches()[0]
 
+    def _read_rows(self, table: Table, rows: np.ndarray) -> list[dict[str, Any]]:
+        return table.take_row_dicts(rows, self.columns, blobs=self.blobs)
+
 
 class _ThreadTables:
     """A handle of the pinned table for each reading thread: a table's caches (the recorded
@@ -287,11 +300,11 @@ class _ThreadTables:
     def __init__(self, rows: PinnedRows) -> None:
         self._rows, self._local = rows, threading.local()
 
-    def read(self, loader: BatchLoader, rows: np.ndarray) -> pa.RecordBatch:
+    def read(self, read: Callable[[Table, np.ndarray], _Batch], rows: np.ndarray) -> _Batch:
         table = getattr(self._local, "table", None)
         if table is None:
             table = self._local.table = self._rows.open()
-        return loader._read(table, rows)
+        return read(table, rows)
 
 
 class PinnedRows:
@@ -408,6 +421,9 @@ class TableInFreshProcess:
     def take_rows(self, *args: Any, **kwargs: Any) -> pa.Table:
         return self._helper.call(_on_pinned, "take_rows", *args, **kwargs)
 
+    def take_row_dicts(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        return self._helper.call(_on_pinned, "take_row_dicts", *args, **kwargs)
+
     def row_ids(self, *args: Any, **kwargs: Any) -> np.ndarray:
         return self._helper.call(_on_pinned, "row_ids", *args, **kwargs)
 
@@ -444,12 +460,10 @@ def checked_columns(columns: object) -> list[str] | None:
     """``columns`` as a list of names (None: all), or an error naming what is wrong."""
     if columns is None:
         return None
-    if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
+    listed = isinstance(columns, Sequence) and not isinstance(columns, (str, bytes))
+    if not listed or not all(isinstance(name, str) for name in columns):
         raise InvalidInputError(f"columns must be a list of column names, got {columns!r}")
-    names = list(columns)
-    if not all(isinstance(name, str) for name in names):
-        raise InvalidInputError(f"columns must be a list of column names, got {columns!r}")
-    return names
+    return list(columns)
 
 
 def check_blobs(blobs: object) -> None:

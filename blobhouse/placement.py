@@ -197,6 +197,16 @@ def local_uri(path: str) -> str:
     return "file://" + quote(os.path.abspath(path), safe=PATH_SAFE)
 
 
+def child_of(root: str, name: str) -> str:
+    """The location of the object ``name`` (any characters but ``/``) under ``root``: the name
+    percent-encoded in a URI, as it is under a local path.
+
+    >>> child_of("s3://bucket/t", "50%.json"), child_of("/data/t", "50%.json")
+    ('s3://bucket/t/50%25.json', '/data/t/50%.json')
+    """
+    return f"{root}/{quote(name, safe=PATH_SAFE) if '://' in root else name}"
+
+
 def as_uri(location: str) -> str:
     """``location`` as a URI: URIs unchanged, local paths through :func:`local_uri`."""
     return location if "://" in location else local_uri(location)

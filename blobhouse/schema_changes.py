@@ -30,7 +30,7 @@ import pyarrow as pa
 from lance import LanceDataset
 from lance.blob import blob_field as lance_blob_field
 
-from blobhouse.errors import InvalidInputError, SchemaError
+from blobhouse.errors import InvalidInputError, SchemaError, lance_message
 from blobhouse.layout import TableLocation
 from blobhouse.options import check_names
 from blobhouse.placement import placement_metadata
@@ -166,17 +166,10 @@ def _run(dataset: LanceDataset, change: Callable[[LanceDataset], None], what: st
     try:
         change(dataset)
     except (OSError, ValueError) as exc:
-        message = str(exc)
-        if isinstance(exc, OSError) and not message.startswith(_LANCE_INPUT_ERRORS):
+        if isinstance(exc, OSError) and not str(exc).startswith(_LANCE_INPUT_ERRORS):
             raise
-        raise SchemaError(f"{what}: {_lance_message(message)}") from None
+        raise SchemaError(f"{what}: {lance_message(exc)}") from None
     return dataset
-
-
-def _lance_message(message: str) -> str:
-    """Lance's error message without its prefix and the Rust source location."""
-    message = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", message.splitlines()[0] if message else "")
-    return message.removeprefix("Invalid user input: ").strip()
 
 
 def _check_name_form(name: object) -> None:
@@ -218,7 +211,7 @@ def _check_expressions(dataset: LanceDataset, columns: Mapping[str, str]) -> Non
         except (ValueError, OSError) as exc:
             raise SchemaError(
                 f"the expression for column {name!r} ({expression!r}) is not valid: "
-                f"{_lance_message(str(exc))}"
+                f"{lance_message(exc)}"
             ) from None
 
 

@@ -116,8 +116,11 @@ class TableBatchDataset(IterableDataset):
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Any]:
-        for batch in self.loader:
-            yield self._sample(batch)
+        if self.transform is None:
+            yield from (_as_tensors(batch) for batch in self.loader)
+        else:
+            for rows in self.loader.row_batches():
+                yield self.collate([self.transform(row) for row in rows])
 
     def state_dict(self, batches_done: int) -> dict[str, Any]:
         """Where this rank is after a DataLoader yielded ``batches_done`` batches of this pass
@@ -138,11 +141,6 @@ class TableBatchDataset(IterableDataset):
         and version): the next pass starts at the batch after the last one counted."""
         self.loader.load_state_dict(state)
         self._start = state["position"]
-
-    def _sample(self, batch: pa.RecordBatch) -> Any:
-        if self.transform is None:
-            return _as_tensors(batch)
-        return self.collate([self.transform(row) for row in batch.to_pylist()])
 
 
 class TableRowDataset(Dataset):
@@ -197,8 +195,7 @@ class TableRowDataset(Dataset):
         outside = positions[(positions < 0) | (positions >= len(ids))]
         if len(outside):
             raise IndexError(f"index {outside[0]} is outside the {len(ids)} rows of the dataset")
-        taken = self.rows.table().take_rows(ids[positions], self.columns, blobs=self.blobs)
-        rows = taken.to_pylist()
+        rows = self.rows.table().take_row_dicts(ids[positions], self.columns, blobs=self.blobs)
         return rows if self.transform is None else [self.transform(row) for row in rows]
 
 

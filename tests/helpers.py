@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -9,7 +10,10 @@ import sys
 from pathlib import Path
 
 import lance
+import numpy as np
+import pyarrow as pa
 
+from blobhouse import blob_array, write_table
 from blobhouse.session import BlobSession, sidecar_name
 from blobhouse.storage import uri_to_path
 
@@ -119,3 +123,24 @@ def run_fork_worker(mode: str, uri: str) -> dict:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def clips_table(
+    uri: str, rows: int, *, share: int, largest: int, val_every: int, rows_per_file: int, seed: int
+) -> dict[int, str]:
+    """A table of ``rows`` rows (``id``, ``split``, blob ``clip``) where each ``share``
+    consecutive rows are clips of one video (one payload of up to ``largest`` bytes, some
+    small enough to be inline), every ``val_every``-th row in split 'val'; the sha256 of each
+    row's payload by id."""
+    rng = np.random.default_rng(seed)
+    payloads = [rng.bytes(int(rng.integers(10, largest))) for _ in range(rows // share + 1)]
+    ids = list(range(rows))
+    data = pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "split": ["val" if i % val_every == 0 else "train" for i in ids],
+            "clip": blob_array([payloads[i // share] for i in ids]),
+        }
+    )
+    write_table(data, uri, max_rows_per_file=rows_per_file)
+    return {i: hashlib.sha256(payloads[i // share]).hexdigest() for i in ids}

@@ -15,7 +15,6 @@ from collections import Counter
 from pathlib import Path
 
 import lance
-import numpy as np
 import pyarrow as pa
 import pytest
 from lance.blob import blob_array as lance_blob_array
@@ -35,7 +34,7 @@ from blobhouse.loader import READ_AHEAD, BatchLoader
 from blobhouse.table import Table
 
 from fork_worker import read_in_children, read_watched
-from helpers import flip, run_fork_worker
+from helpers import clips_table, flip, run_fork_worker
 
 ROWS = 103  # not a multiple of any batch size or world below: padding and short batches show
 
@@ -44,18 +43,8 @@ ROWS = 103  # not a multiple of any batch size or world below: padding and short
 def videos(tmp_path_factory):
     """103 rows; rows share payloads in groups of 5 (clips of one video), some are inline."""
     uri = str(tmp_path_factory.mktemp("loader") / "videos")
-    rng = np.random.default_rng(7)
-    payloads = [rng.bytes(int(rng.integers(50, 300_000))) for _ in range(ROWS // 5 + 1)]
-    ids = list(range(ROWS))
-    data = pa.table(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "split": ["val" if i % 4 == 0 else "train" for i in ids],
-            "clip": blob_array([payloads[i // 5] for i in ids]),
-        }
-    )
-    write_table(data, uri, max_rows_per_file=40)
-    return uri, {i: hashlib.sha256(payloads[i // 5]).hexdigest() for i in ids}
+    kwargs = dict(share=5, largest=300_000, val_every=4, rows_per_file=40, seed=7)
+    return uri, clips_table(uri, ROWS, **kwargs)
 
 
 def ids_of(batches) -> list[int]:
@@ -120,6 +109,22 @@ def test_bytes_are_each_rows_own_and_a_filter_picks_rows_first(videos):
     assert sorted(seen) == [i for i in range(ROWS) if i % 4]
     refs = next(iter(BatchLoader(uri, ["clip"], batch_size=4, blobs="refs")))
     assert refs.schema.field("clip").type.names == ["uri", "position", "size"]
+
+
+def test_row_batches_are_the_batches_as_rows_sharing_each_payload(videos):
+    uri, digests = videos
+    loader = BatchLoader(uri, ["id", "clip"], batch_size=16, seed=5)
+    as_rows = list(loader.row_batches())
+    assert as_rows == [batch.to_pylist() for batch in loader]
+    for rows in as_rows:
+        by_video: dict[int, bytes] = {}
+        for row in rows:
+            assert hashlib.sha256(row["clip"]).hexdigest() == digests[row["id"]]
+            first = by_video.setdefault(row["id"] // 5, row["clip"])
+            assert row["clip"] is first  # one object per payload in a batch, never a copy
+        assert len({id(r["clip"]) for r in rows}) == len(by_video)
+    refs = next(BatchLoader(uri, ["clip"], batch_size=4, blobs="refs").row_batches())
+    assert set(refs[0]["clip"]) == {"uri", "position", "size"}
 
 
 def test_resuming_from_a_state_continues_the_epoch(videos):
@@ -297,6 +302,8 @@ def test_damaged_bytes_raise_naming_the_column(tmp_path):
     flip(str(pack), 100_000)
     with pytest.raises(CorruptBlobError, match="'b'"):
         list(BatchLoader(uri, batch_size=1))
+    with pytest.raises(CorruptBlobError, match="'b'"):
+        list(BatchLoader(uri, batch_size=1).row_batches())
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,6 @@ import pickle
 import socket
 from collections import Counter
 
-import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 import torch.multiprocessing
@@ -21,12 +19,10 @@ from torch.utils.data import DataLoader, DistributedSampler
 from blobhouse import (
     InvalidInputError,
     TableNotFoundError,
-    blob_array,
-    write_table,
 )
 from blobhouse.torch import TableBatchDataset, TableRowDataset
 
-from helpers import run_fork_worker
+from helpers import clips_table, run_fork_worker
 
 ROWS = 45  # 23 rows a rank on 2 ranks: one row pads the second rank
 
@@ -35,18 +31,8 @@ ROWS = 45  # 23 rows a rank on 2 ranks: one row pads the second rank
 def clips(tmp_path_factory):
     """45 rows sharing payloads in groups of 3, in several fragments."""
     uri = str(tmp_path_factory.mktemp("torch") / "clips")
-    rng = np.random.default_rng(11)
-    payloads = [rng.bytes(int(rng.integers(10, 120_000))) for _ in range(ROWS // 3)]
-    ids = list(range(ROWS))
-    data = pa.table(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "split": ["val" if i % 5 == 0 else "train" for i in ids],
-            "clip": blob_array([payloads[i // 3] for i in ids]),
-        }
-    )
-    write_table(data, uri, max_rows_per_file=16)
-    return uri, {i: hashlib.sha256(payloads[i // 3]).hexdigest() for i in ids}
+    kwargs = dict(share=3, largest=120_000, val_every=5, rows_per_file=16, seed=11)
+    return uri, clips_table(uri, ROWS, **kwargs)
 
 
 def decode(row: dict) -> dict:
@@ -269,6 +255,8 @@ def test_the_row_dataset_indexes_like_a_sequence(clips):
     assert [row["id"] for row in dataset] == [40, 41, 42, 43, 44]  # stops at IndexError
     assert hashlib.sha256(dataset[2]["clip"]).hexdigest() == digests[42]
     assert dataset.__getitems__([]) == []
+    rows = dataset.__getitems__([0, 1, 2, 3, 4])  # ids 40-41 share a payload, and 42-44
+    assert rows[0]["clip"] is rows[1]["clip"] and rows[2]["clip"] is rows[4]["clip"]
     with pytest.raises(IndexError, match="index 5 is outside the 5 rows"):
         dataset[5]
     with pytest.raises(InvalidInputError, match="indices must be integers"):

@@ -441,6 +441,10 @@ def test_nested_blobs_in_sliced_batches(table_uri):
         3,
         4,
     ]
+    rows = table.take_row_dicts(table.row_ids()[::-1], ["meta"])  # as Python rows, in order
+    assert rows == [
+        {"meta": None if i == 2 else {"image": images[i], "n": i}} for i in range(4, -1, -1)
+    ]
 
 
 @pytest.mark.parametrize("dedup", ["content", "ref_id", "off"])
