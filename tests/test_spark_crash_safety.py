@@ -181,7 +181,8 @@ def test_spark_jobs_killed_mid_write_lose_nothing(table_uri, tmp_path):
         **os.environ,
         "TMPDIR": str(scratch),
         "SPARK_LOCAL_DIRS": str(scratch),
-        "SPARK_SUBMIT_OPTS": "-XX:TieredStopAtLevel=1",  # the JVM starts ~2 s sooner
+        # the JVM starts ~2 s sooner; a killed JVM's temp files stay in the scratch folder
+        "SPARK_SUBMIT_OPTS": f"-XX:TieredStopAtLevel=1 -Djava.io.tmpdir={scratch}",
     }
     checked, rows = 1, 1  # version, rows
     ids = {0}  # every id the table holds
