@@ -103,6 +103,17 @@ def check_names(
             raise unknown_option(name, valid, what)
 
 
+def check_flag(name: str, value: object) -> None:
+    """Raises unless ``value`` is True or False (not merely truthy: a misspelled string is).
+
+    >>> check_flag("check_hashes", "no")
+    Traceback (most recent call last):
+    blobhouse.errors.InvalidInputError: check_hashes must be True or False, got 'no'
+    """
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{name} must be True or False, got {value!r}")
+
+
 def keywords_checked(fn: F) -> F:
     """``fn`` refusing unknown keyword arguments with the closest valid name (Python's own
     TypeError names the argument but not what was meant).

@@ -57,6 +57,7 @@ from blobhouse.options import (
     DEFAULT_MAX_BYTES_PER_FILE,
     DEFAULT_MAX_ROWS_PER_FILE,
     WriteOptions,
+    check_flag,
     keywords_checked,
 )
 from blobhouse.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
@@ -840,7 +841,7 @@ class Table:
             limit=limit,
         )
         for batch in scanner.to_batches():
-            yield self._convert(batch, paths, blobs)
+            yield self._convert(batch, paths, blobs, check_hashes=True)
 
     @keywords_checked
     def to_arrow(
@@ -902,24 +903,30 @@ class Table:
         row_ids: Sequence[int] | np.ndarray,
         columns: Sequence[str] | None = None,
         blobs: BlobsMode = "refs",
+        *,
+        check_hashes: bool = True,
     ) -> pa.Table:
         """Rows by id (from :meth:`row_ids`), in the order asked: one native take for the
         rows and their addresses, then each distinct payload read once (``blobs="bytes"``,
-        checked against its recorded hash)."""
+        checked against its recorded hash unless ``check_hashes`` is False)."""
         ids = np.asarray(row_ids, dtype=np.uint64).tolist()
         # pylance's public take is by position; rows by id have only _take_rows
-        return self._taken(lambda cols: self.dataset._take_rows(ids, columns=cols), columns, blobs)
+        return self._taken(
+            lambda cols: self.dataset._take_rows(ids, columns=cols), columns, blobs, check_hashes
+        )
 
     def take_row_dicts(
         self,
         row_ids: Sequence[int] | np.ndarray,
         columns: Sequence[str] | None = None,
         blobs: BlobsMode = "bytes",
+        *,
+        check_hashes: bool = True,
     ) -> list[dict[str, Any]]:
         """Rows by id as dicts, in the order asked, for Python consumers (a DataLoader's
         ``transform``). With ``blobs="bytes"`` each distinct payload is read once, straight
         into one ``bytes`` object that every row referencing it shares, and checked against
-        its recorded hash: no Arrow buffer in between.
+        its recorded hash (unless ``check_hashes`` is False): no Arrow buffer in between.
 
         >>> import tempfile, pyarrow as pa
         >>> from blobhouse import blob_array, write_table
@@ -931,18 +938,23 @@ class Table:
         """
         if blobs != "bytes":
             return self.take_rows(row_ids, columns, blobs).to_pylist()
+        check_flag("check_hashes", check_hashes)
         ids = np.asarray(row_ids, dtype=np.uint64).tolist()
         columns, paths = self._selection(columns, blobs)
         taken = self.dataset._take_rows(ids, columns=[*columns, _ROW_ADDRESS] if paths else columns)
-        return [row for batch in taken.to_batches() for row in self._row_dicts(batch, paths)]
+        batches = taken.to_batches()
+        return [row for batch in batches for row in self._row_dicts(batch, paths, check_hashes)]
 
-    def _row_dicts(self, batch: pa.RecordBatch, paths: list[ColumnPath]) -> list[dict[str, Any]]:
+    def _row_dicts(
+        self, batch: pa.RecordBatch, paths: list[ColumnPath], check_hashes: bool
+    ) -> list[dict[str, Any]]:
         if not paths:
             return batch.to_pylist()
         addresses, payloads = batch.column(_ROW_ADDRESS), []
         for path in paths:
             descriptors = get_column(batch, path)
-            payloads.append(self._checked_bytes(path, descriptors, addresses, read_ranges))
+            read = self._checked_bytes(path, descriptors, addresses, read_ranges, check_hashes)
+            payloads.append(read)
             # the descriptors are not wanted in the rows: nulls convert for nothing
             nulls = pa.nulls(batch.num_rows)
             batch = replace_column(batch, path, nulls, pa.field(path[-1], pa.null()))
@@ -957,12 +969,16 @@ class Table:
         take: Callable[[list[str]], pa.Table],
         columns: Sequence[str] | None,
         blobs: BlobsMode,
+        check_hashes: bool = True,
     ) -> pa.Table:
         """The rows ``take(columns)`` returns (with their addresses when blobs are read), blob
         columns converted as ``blobs`` says."""
+        check_flag("check_hashes", check_hashes)
         columns, paths = self._selection(columns, blobs)
         taken = take([*columns, _ROW_ADDRESS] if paths else columns)
-        batches = [self._convert(b, paths, blobs) for b in taken.to_batches() if b.num_rows]
+        batches = [
+            self._convert(b, paths, blobs, check_hashes) for b in taken.to_batches() if b.num_rows
+        ]
         if batches:
             return pa.Table.from_batches(batches)
         return self._empty(columns, blobs)
@@ -1252,7 +1268,7 @@ class Table:
         return indices
 
     def _convert(
-        self, batch: pa.RecordBatch, paths: list[ColumnPath], blobs: str
+        self, batch: pa.RecordBatch, paths: list[ColumnPath], blobs: str, check_hashes: bool
     ) -> pa.RecordBatch:
         if not paths:
             return batch
@@ -1260,7 +1276,9 @@ class Table:
         for path in paths:
             descriptors = get_column(batch, path)
             if blobs == "bytes":
-                values = self._checked_bytes(path, descriptors, addresses, read_ranges_arrow)
+                values = self._checked_bytes(
+                    path, descriptors, addresses, read_ranges_arrow, check_hashes
+                )
                 batch = replace_column(batch, path, values, pa.field(path[-1], pa.large_binary()))
             else:
                 refs = self.resolve_refs(path, descriptors, addresses)
@@ -1273,15 +1291,19 @@ class Table:
         descriptors: pa.Array,
         addresses: pa.Array,
         read: Callable[..., pa.Array | list],
+        check_hashes: bool = True,
     ) -> pa.Array | list:
         """The payloads of blob column ``path`` (``read_ranges`` or ``read_ranges_arrow``),
-        each checked against its recorded blake3 as it arrives (hashing overlaps reading)."""
+        each checked against its recorded blake3 as it arrives (hashing overlaps reading)
+        unless ``check_hashes`` is False."""
         refs = self._resolved().resolve_list(
             descriptors, addresses, self._field_id(path), path_name(path)
         )
-        verify = self.recorded_hashes().verifier(
-            path_name(path), self.file_column(path), descriptors, refs, addresses
-        )
+        verify = None
+        if check_hashes:
+            verify = self.recorded_hashes().verifier(
+                path_name(path), self.file_column(path), descriptors, refs, addresses
+            )
         try:
             return read(refs, storage_options=self.storage_options, verify=verify)
         except BlobReadError as exc:

@@ -42,6 +42,7 @@ from blobhouse.loader import (  # noqa: E402
     check_blobs,
     checked_columns,
 )
+from blobhouse.options import check_flag  # noqa: E402
 
 Row = dict[str, Any]
 
@@ -84,6 +85,7 @@ class TableBatchDataset(IterableDataset):
         storage_options: dict[str, str] | None = None,
         version: int | str | None = None,
         branch: str | None = None,
+        check_hashes: bool = True,
     ) -> None:
         rank, world_size = _distributed(rank, world_size)
         _check_callable("transform", transform, optional=True)
@@ -102,6 +104,7 @@ class TableBatchDataset(IterableDataset):
             storage_options=storage_options,
             version=version,
             branch=branch,
+            check_hashes=check_hashes,
         )
         self.transform, self.collate = transform, collate
         self._start = 0  # the rank's batch this pass starts at (load_state_dict)
@@ -169,14 +172,16 @@ class TableRowDataset(Dataset):
         storage_options: dict[str, str] | None = None,
         version: int | str | None = None,
         branch: str | None = None,
+        check_hashes: bool = True,
     ) -> None:
         check_blobs(blobs)
+        check_flag("check_hashes", check_hashes)
         _check_callable("transform", transform, optional=True)
         self.rows = PinnedRows(
             uri, filter=filter, storage_options=storage_options, version=version, branch=branch
         )
         self.columns = checked_columns(columns)
-        self.transform, self.blobs = transform, blobs
+        self.transform, self.blobs, self.check_hashes = transform, blobs, check_hashes
 
     def __len__(self) -> int:
         return len(self.rows.ids(keep_lance_out=True))
@@ -195,7 +200,10 @@ class TableRowDataset(Dataset):
         outside = positions[(positions < 0) | (positions >= len(ids))]
         if len(outside):
             raise IndexError(f"index {outside[0]} is outside the {len(ids)} rows of the dataset")
-        rows = self.rows.table().take_row_dicts(ids[positions], self.columns, blobs=self.blobs)
+        table = self.rows.table()
+        rows = table.take_row_dicts(
+            ids[positions], self.columns, self.blobs, check_hashes=self.check_hashes
+        )
         return rows if self.transform is None else [self.transform(row) for row in rows]
 
 

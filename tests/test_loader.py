@@ -295,15 +295,21 @@ def test_batches_are_read_ahead_on_threads_each_with_its_own_table(videos, monke
     assert sum(readers.values()) == 1 + READ_AHEAD // 2
 
 
-def test_damaged_bytes_raise_naming_the_column(tmp_path):
+def test_damaged_bytes_raise_naming_the_column_unless_hashes_are_not_checked(tmp_path):
     uri = str(tmp_path / "t")
-    write_table(pa.table({"id": [0], "b": blob_array([os.urandom(200_000)])}), uri)
+    payload = os.urandom(200_000)
+    write_table(pa.table({"id": [0], "b": blob_array([payload])}), uri)
     pack = next(p for p in tmp_path.rglob("*") if p.is_file() and p.stat().st_size >= 200_000)
     flip(str(pack), 100_000)
     with pytest.raises(CorruptBlobError, match="'b'"):
         list(BatchLoader(uri, batch_size=1))
     with pytest.raises(CorruptBlobError, match="'b'"):
         list(BatchLoader(uri, batch_size=1).row_batches())
+    unchecked = BatchLoader(uri, batch_size=1, check_hashes=False)
+    (batch,) = list(unchecked)
+    (rows,) = list(unchecked.row_batches())
+    damaged = batch.column("b")[0].as_py()
+    assert damaged != payload and len(damaged) == len(payload) and rows[0]["b"] == damaged
 
 
 @pytest.mark.parametrize(
@@ -317,6 +323,7 @@ def test_damaged_bytes_raise_naming_the_column(tmp_path):
         ({"batch_size": 8, "filter": 3}, "filter must be a SQL predicate"),
         ({"batch_size": 8, "columns": "clip"}, "columns must be a list of column names"),
         ({"batch_size": 8, "columns": ["id", 3]}, "columns must be a list of column names"),
+        ({"batch_size": 8, "check_hashes": "no"}, "check_hashes must be True or False"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(videos, kwargs, message):

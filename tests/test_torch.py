@@ -275,6 +275,8 @@ def test_the_row_dataset_indexes_like_a_sequence(clips):
 def test_bad_arguments_are_refused_by_name(clips, kwargs, message):
     with pytest.raises(InvalidInputError, match=message):
         TableBatchDataset(clips[0], **kwargs)
+    with pytest.raises(InvalidInputError, match="check_hashes must be True or False"):
+        TableRowDataset(clips[0], check_hashes=1)
 
 
 def test_a_missing_table_is_named(tmp_path):
