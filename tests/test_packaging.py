@@ -5,8 +5,10 @@ without pyspark, saying which extra adds Spark when it is asked for."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import tomllib
 from pathlib import Path
@@ -218,3 +220,20 @@ def test_the_demo_without_pyspark_is_one_line_naming_the_extra(tmp_path):
     assert "blobhouse[spark]" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "demo").exists()
+
+
+def test_a_test_run_keeps_its_temporary_files_in_one_folder(tmp_path):
+    """conftest.py points this process, its children and the Spark JVMs at one folder per run
+    (removed when the run passes), so tests leave nothing behind in the system's /tmp."""
+    run_tmp = tempfile.gettempdir()
+    assert os.path.basename(run_tmp).startswith("blobhouse-tests-")
+    assert str(tmp_path).startswith(run_tmp)
+    child = subprocess.run(
+        [sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.strip() == run_tmp
+    assert f"-Djava.io.tmpdir={run_tmp}" in os.environ["SPARK_SUBMIT_OPTS"]
+    assert os.environ["SPARK_LOCAL_DIRS"] == run_tmp
