@@ -32,7 +32,7 @@ import pyarrow as pa
 from blobhouse.errors import ForkedAfterLanceWarning, InvalidInputError, TableNotFoundError
 from blobhouse.forks import FreshProcess, forked_after_lance, in_fresh_process, lance_is_running
 from blobhouse.layout import TableLocation
-from blobhouse.options import check_flag
+from blobhouse.options import check_flag, keywords_checked
 from blobhouse.storage import checked_options
 
 if TYPE_CHECKING:
@@ -135,6 +135,7 @@ class BatchLoader:
     (2, [0, 1, 2, 3, 4, 5])
     """
 
+    @keywords_checked
     def __init__(
         self,
         uri: str | os.PathLike,
@@ -158,7 +159,7 @@ class BatchLoader:
         _check_int("batch_size", batch_size, 1)
         _check_int("seed", seed, 0)
         check_blobs(blobs)
-        check_flag("check_hashes", check_hashes)
+        check_hashes = check_flag("check_hashes", check_hashes)
         Shard(rank, world_size, worker_id or 0, num_workers or 1)  # checked now
         self.rows = PinnedRows(
             uri, filter=filter, storage_options=storage_options, version=version, branch=branch
@@ -410,6 +411,19 @@ class TableInFreshProcess:
     and the torch datasets call, each call's result copied through a pipe."""
 
     def __init__(self, rows: PinnedRows) -> None:
+        self._warn_once()
+        self._helper = FreshProcess()
+        weakref.finalize(self, self._helper.close)
+        self._helper.call(_open_pinned, rows.location, rows.version, rows.storage_options)
+
+    @staticmethod
+    def _warn_once() -> None:
+        """Warn once per process (each worker): from whichever thread opens first, the
+        warning's location varies, so Python's once-per-location filter would repeat it."""
+        global _warned_in
+        if _warned_in == os.getpid():
+            return
+        _warned_in = os.getpid()
         warnings.warn(
             "this process was forked from one that had already used Lance, whose reads crash "
             "or hang at random after a fork (pylance is not fork-safe): blobhouse reads through "
@@ -417,11 +431,8 @@ class TableInFreshProcess:
             "speed make the DataLoader with multiprocessing_context='forkserver' (or 'spawn'), "
             "or use Lance in the parent only after its workers start",
             ForkedAfterLanceWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
-        self._helper = FreshProcess()
-        weakref.finalize(self, self._helper.close)
-        self._helper.call(_open_pinned, rows.location, rows.version, rows.storage_options)
 
     def take_rows(self, *args: Any, **kwargs: Any) -> pa.Table:
         return self._helper.call(_on_pinned, "take_rows", *args, **kwargs)
@@ -434,6 +445,7 @@ class TableInFreshProcess:
 
 
 _HELPER_LOCK = threading.Lock()
+_warned_in: int | None = None  # the process that warned of reading through a fresh process
 _pinned: Table | None = None  # the table a FreshProcess reads for TableInFreshProcess
 
 

@@ -17,6 +17,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+import numpy as np
+
 from blobhouse.errors import InvalidInputError, UnknownOptionError
 
 F = TypeVar("F", bound=Callable)
@@ -103,15 +105,17 @@ def check_names(
             raise unknown_option(name, valid, what)
 
 
-def check_flag(name: str, value: object) -> None:
-    """Raises unless ``value`` is True or False (not merely truthy: a misspelled string is).
+def check_flag(name: str, value: object) -> bool:
+    """``value`` as a bool if it is True or False (numpy's too), else an error naming ``name``
+    (not merely truthy: a misspelled string is).
 
     >>> check_flag("check_hashes", "no")
     Traceback (most recent call last):
     blobhouse.errors.InvalidInputError: check_hashes must be True or False, got 'no'
     """
-    if not isinstance(value, bool):
+    if not isinstance(value, (bool, np.bool_)):
         raise InvalidInputError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def keywords_checked(fn: F) -> F:
@@ -138,7 +142,8 @@ def keywords_checked(fn: F) -> F:
         for p in parameters
         if p.name in keywords and (p.kind == p.KEYWORD_ONLY or p.default is not p.empty)
     } or keywords
-    what = f"option of {fn.__name__}()"
+    name = fn.__qualname__.removesuffix(".__init__") if fn.__name__ == "__init__" else fn.__name__
+    what = f"option of {name}()"
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):

@@ -910,11 +910,9 @@ class Table:
         rows and their addresses, then each distinct payload read once (``blobs="bytes"``,
         checked against its recorded hash unless ``check_hashes`` is False)."""
         ids = np.asarray(row_ids, dtype=np.uint64).tolist()
-        # pylance's public take is by position; rows by id have only _take_rows
-        return self._taken(
-            lambda cols: self.dataset._take_rows(ids, columns=cols), columns, blobs, check_hashes
-        )
+        return self._taken(lambda cols: self._by_id(ids, cols), columns, blobs, check_hashes)
 
+    @keywords_checked
     def take_row_dicts(
         self,
         row_ids: Sequence[int] | np.ndarray,
@@ -936,14 +934,26 @@ class Table:
         >>> rows, rows[0]["img"] is rows[1]["img"]
         ([{'id': 1, 'img': b'a'}, {'id': 2, 'img': b'a'}], True)
         """
+        check_hashes = check_flag("check_hashes", check_hashes)
         if blobs != "bytes":
-            return self.take_rows(row_ids, columns, blobs).to_pylist()
-        check_flag("check_hashes", check_hashes)
+            return self.take_rows(row_ids, columns, blobs, check_hashes=check_hashes).to_pylist()
         ids = np.asarray(row_ids, dtype=np.uint64).tolist()
-        columns, paths = self._selection(columns, blobs)
-        taken = self.dataset._take_rows(ids, columns=[*columns, _ROW_ADDRESS] if paths else columns)
+        columns, paths = self._taken_columns(columns, blobs)
+        taken = self._by_id(ids, [*columns, _ROW_ADDRESS] if paths else columns)
         batches = taken.to_batches()
         return [row for batch in batches for row in self._row_dicts(batch, paths, check_hashes)]
+
+    def _by_id(self, ids: list[int], columns: list[str]) -> pa.Table:
+        """One native take of rows by id (pylance's public take is by position)."""
+        try:
+            return self.dataset._take_rows(ids, columns=columns)
+        except OSError as exc:
+            if not str(exc).startswith("Invalid user input"):
+                raise  # a missing or unreadable data file
+            raise IndexError(
+                f"row ids {ids[:5]}{' ...' if len(ids) > 5 else ''} are not all rows of version "
+                f"{self.version} of this table (take ids from row_ids()): {lance_message(exc)}"
+            ) from None
 
     def _row_dicts(
         self, batch: pa.RecordBatch, paths: list[ColumnPath], check_hashes: bool
@@ -973,8 +983,8 @@ class Table:
     ) -> pa.Table:
         """The rows ``take(columns)`` returns (with their addresses when blobs are read), blob
         columns converted as ``blobs`` says."""
-        check_flag("check_hashes", check_hashes)
-        columns, paths = self._selection(columns, blobs)
+        check_hashes = check_flag("check_hashes", check_hashes)
+        columns, paths = self._taken_columns(columns, blobs)
         taken = take([*columns, _ROW_ADDRESS] if paths else columns)
         batches = [
             self._convert(b, paths, blobs, check_hashes) for b in taken.to_batches() if b.num_rows
@@ -1258,6 +1268,15 @@ class Table:
         if blobs == "descriptors":
             return columns, []
         return columns, [p for p in self._blob_paths() if p[0] in columns]
+
+    def _taken_columns(
+        self, columns: Sequence[str] | None, blobs: str
+    ) -> tuple[list[str], list[ColumnPath]]:
+        """:meth:`_selection` for a take, which needs a column (a scan may have none)."""
+        columns, paths = self._selection(columns, blobs)
+        if not columns:
+            raise InvalidInputError(f"columns is empty: name one or more of {self.schema.names}")
+        return columns, paths
 
     def _check_indices(self, indices: Sequence[int]) -> list[int]:
         indices = [int(i) for i in indices]

@@ -42,7 +42,7 @@ from blobhouse.loader import (  # noqa: E402
     check_blobs,
     checked_columns,
 )
-from blobhouse.options import check_flag  # noqa: E402
+from blobhouse.options import check_flag, keywords_checked  # noqa: E402
 
 Row = dict[str, Any]
 
@@ -50,11 +50,14 @@ Row = dict[str, Any]
 class TableBatchDataset(IterableDataset):
     """Shuffled, sharded batches of a table for ``DataLoader(dataset, batch_size=None)``.
 
-    Each batch is ``collate([transform(row) for row in rows])`` (``torch``'s default collate),
-    or without a ``transform`` a dict of columns: numeric columns without nulls as tensors,
-    the others (blob bytes, strings, references) as lists. ``rank`` and ``world_size`` default
-    to ``torch.distributed``'s when a process group is initialized; the worker is torch's.
-    Call :meth:`set_epoch` before each epoch. The arguments are :class:`BatchLoader`'s.
+    Each batch is ``collate([transform(row) for row in rows])`` (by default ``torch``'s
+    ``default_collate``; without a ``transform``, ``collate`` gets the rows themselves), or
+    with neither a dict of columns: numeric columns without nulls as tensors, the others (blob
+    bytes, strings, references) as lists. ``rank`` and ``world_size`` default to
+    ``torch.distributed``'s when a process group is initialized; the worker is torch's. Call
+    :meth:`set_epoch` before each epoch: the epoch (and a resumed start) reaches the workers
+    also when they persist between epochs (``persistent_workers=True``). The other arguments
+    are :class:`BatchLoader`'s.
 
     >>> import tempfile, pyarrow as pa
     >>> from torch.utils.data import DataLoader
@@ -67,6 +70,7 @@ class TableBatchDataset(IterableDataset):
     [0, 1, 2, 3, 4, 5]
     """
 
+    @keywords_checked
     def __init__(
         self,
         uri: str | os.PathLike,
@@ -74,7 +78,7 @@ class TableBatchDataset(IterableDataset):
         *,
         batch_size: int,
         transform: Callable[[Row], Any] | None = None,
-        collate: Callable[[list[Any]], Any] = default_collate,
+        collate: Callable[[list[Any]], Any] | None = None,
         filter: str | None = None,
         shuffle: bool = True,
         seed: int = 0,
@@ -89,7 +93,7 @@ class TableBatchDataset(IterableDataset):
     ) -> None:
         rank, world_size = _distributed(rank, world_size)
         _check_callable("transform", transform, optional=True)
-        _check_callable("collate", collate, optional=False)
+        _check_callable("collate", collate, optional=True)
         self.loader = BatchLoader(
             uri,
             columns,
@@ -107,29 +111,37 @@ class TableBatchDataset(IterableDataset):
             check_hashes=check_hashes,
         )
         self.transform, self.collate = transform, collate
-        self._start = 0  # the rank's batch this pass starts at (load_state_dict)
+        # (epoch, the rank's batch the pass starts at), in shared memory: persistent workers
+        # keep their copy of the dataset between epochs, and read this at each pass
+        self._pass = torch.zeros(2, dtype=torch.int64).share_memory_()
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch``'s order next, from its first batch; call it before each epoch."""
         self.loader.set_epoch(epoch)
-        self._start = 0
+        self._pass[0], self._pass[1] = epoch, 0
+
+    @property
+    def _start(self) -> int:
+        return int(self._pass[1])
 
     def __len__(self) -> int:
         """Batches per epoch of this rank (what a DataLoader over it yields)."""
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Any]:
-        if self.transform is None:
+        epoch, start = self._pass.tolist()
+        self.loader.load_state_dict({**self.loader.state_dict(), "epoch": epoch, "position": start})
+        if self.transform is None and self.collate is None:
             yield from (_as_tensors(batch) for batch in self.loader)
-        else:
-            for rows in self.loader.row_batches():
-                yield self.collate([self.transform(row) for row in rows])
+            return
+        collate = self.collate or default_collate
+        for rows in self.loader.row_batches():
+            yield collate(rows if self.transform is None else [self.transform(r) for r in rows])
 
     def state_dict(self, batches_done: int) -> dict[str, Any]:
         """Where this rank is after a DataLoader yielded ``batches_done`` batches of this pass
         (the main process counts them; the workers do the reading). The DataLoader must yield
-        in order (``in_order=True``, its default) and the dataset reach its workers anew each
-        pass (``persistent_workers=False``, the default)."""
+        in order (``in_order=True``, its default)."""
         if isinstance(batches_done, bool) or not isinstance(batches_done, (int, np.integer)):
             raise InvalidInputError(f"batches_done must be an integer, got {batches_done!r}")
         left = len(self) - self._start
@@ -143,7 +155,7 @@ class TableBatchDataset(IterableDataset):
         """Continue from ``state`` (:meth:`state_dict` of a dataset over the same rows, seed
         and version): the next pass starts at the batch after the last one counted."""
         self.loader.load_state_dict(state)
-        self._start = state["position"]
+        self._pass[0], self._pass[1] = state["epoch"], state["position"]
 
 
 class TableRowDataset(Dataset):
@@ -161,6 +173,7 @@ class TableRowDataset(Dataset):
     (2, {'id': 9, 'img': b'c'})
     """
 
+    @keywords_checked
     def __init__(
         self,
         uri: str | os.PathLike,
@@ -175,7 +188,7 @@ class TableRowDataset(Dataset):
         check_hashes: bool = True,
     ) -> None:
         check_blobs(blobs)
-        check_flag("check_hashes", check_hashes)
+        check_hashes = check_flag("check_hashes", check_hashes)
         _check_callable("transform", transform, optional=True)
         self.rows = PinnedRows(
             uri, filter=filter, storage_options=storage_options, version=version, branch=branch

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pytest
 from lance.blob import blob_array as lance_blob_array
@@ -310,6 +311,21 @@ def test_damaged_bytes_raise_naming_the_column_unless_hashes_are_not_checked(tmp
     (rows,) = list(unchecked.row_batches())
     damaged = batch.column("b")[0].as_py()
     assert damaged != payload and len(damaged) == len(payload) and rows[0]["b"] == damaged
+    table = blobhouse.open_table(uri)
+    ids = table.row_ids()
+    assert table.take_row_dicts(ids, check_hashes=np.False_) == rows  # numpy's bools too
+    for blobs in ("bytes", "refs"):
+        with pytest.raises(InvalidInputError, match="check_hashes must be True or False"):
+            table.take_row_dicts(ids, blobs=blobs, check_hashes="false")
+    with pytest.raises(InvalidInputError, match="columns is empty"):
+        table.take_row_dicts(ids, [])
+    with pytest.raises(InvalidInputError, match="columns is empty"):
+        table.take_rows(ids, [])
+    for missing in ([999], [2**40]):  # past the fragment's rows; a fragment that is not there
+        with pytest.raises(IndexError, match=r"row ids \[\d+\] are not all rows of version 1"):
+            table.take_row_dicts(missing)
+        with pytest.raises(IndexError, match=r"take ids from row_ids\(\)"):
+            table.take_rows(missing, blobs="bytes")
 
 
 @pytest.mark.parametrize(
@@ -324,6 +340,7 @@ def test_damaged_bytes_raise_naming_the_column_unless_hashes_are_not_checked(tmp
         ({"batch_size": 8, "columns": "clip"}, "columns must be a list of column names"),
         ({"batch_size": 8, "columns": ["id", 3]}, "columns must be a list of column names"),
         ({"batch_size": 8, "check_hashes": "no"}, "check_hashes must be True or False"),
+        ({"batch_size": 8, "shufle": False}, "did you mean 'shuffle'"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(videos, kwargs, message):

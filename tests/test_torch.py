@@ -19,7 +19,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 from blobhouse import (
     InvalidInputError,
     TableNotFoundError,
+    UnknownOptionError,
 )
+from blobhouse.loader import BatchLoader
 from blobhouse.torch import TableBatchDataset, TableRowDataset
 
 from helpers import clips_table, run_fork_worker
@@ -165,6 +167,46 @@ def test_resuming_from_the_main_process_count_continues_the_epoch(clips):
     )
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_read_the_epoch_set_and_a_resumed_start(clips, context):
+    uri, digests = clips
+    dataset = TableBatchDataset(
+        uri, ["id", "clip"], batch_size=4, transform=decode, collate=collate, seed=6,
+        rank=0, world_size=2,
+    )  # fmt: skip
+    loader = DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context=context,
+        persistent_workers=True,
+    )
+    epochs = []
+    for epoch in (0, 1, 2):
+        dataset.set_epoch(epoch)
+        samples = [s for batch in loader for s in batch]
+        assert all(s["sha"] == digests[s["id"]] for s in samples)
+        epochs.append([s["id"] for s in samples])
+    expected = []
+    for epoch in (0, 1, 2):  # the rank's order: what one loader of the rank reads in turn
+        rank = BatchLoader(uri, ["id"], batch_size=4, seed=6, rank=0, world_size=2)
+        rank.set_epoch(epoch)
+        expected.append([i for batch in rank for i in batch.column("id").to_pylist()])
+    assert epochs == expected and len({tuple(e) for e in epochs}) == 3
+    dataset.load_state_dict({**dataset.state_dict(batches_done=2), "epoch": 1})
+    assert [s["id"] for batch in loader for s in batch] == expected[1][8:]
+
+
+def test_a_collate_without_a_transform_gets_the_rows(clips):
+    uri, digests = clips
+    dataset = TableBatchDataset(
+        uri, ["id", "clip"], batch_size=5, shuffle=False, filter="id < 5", collate=collate
+    )
+    (rows,) = list(DataLoader(dataset, batch_size=None))
+    assert [r["id"] for r in rows] == [0, 1, 2, 3, 4]
+    assert [hashlib.sha256(r["clip"]).hexdigest() for r in rows] == [digests[i] for i in range(5)]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -267,7 +309,7 @@ def test_the_row_dataset_indexes_like_a_sequence(clips):
     ("kwargs", "message"),
     [
         ({"batch_size": 4, "transform": "decode"}, "transform must be a function"),
-        ({"batch_size": 4, "collate": None}, "collate must be a function"),
+        ({"batch_size": 4, "collate": "stack"}, "collate must be a function"),
         ({"batch_size": 4, "rank": 2, "world_size": 2}, r"rank must be in \[0, 1\], got 2"),
         ({"batch_size": 4, "blobs": "bytez"}, "blobs must be 'bytes' or 'refs'"),
     ],
@@ -277,6 +319,10 @@ def test_bad_arguments_are_refused_by_name(clips, kwargs, message):
         TableBatchDataset(clips[0], **kwargs)
     with pytest.raises(InvalidInputError, match="check_hashes must be True or False"):
         TableRowDataset(clips[0], check_hashes=1)
+    with pytest.raises(UnknownOptionError, match="did you mean 'check_hashes'"):
+        TableRowDataset(clips[0], check_hash=False)
+    with pytest.raises(UnknownOptionError, match=r"TableBatchDataset.*did you mean 'transform'"):
+        TableBatchDataset(clips[0], batch_size=4, transfrom=decode)
 
 
 def test_a_missing_table_is_named(tmp_path):
