@@ -31,7 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A passing run's temporary files are removed; a failing run's are kept to look at."""
     run_tmp = session.config.stash.get(_RUN_TMP, None)
-    if run_tmp is None or hasattr(session.config, "workerinput"):
+    if run_tmp is None:
         return
     if exitstatus == 0:
         shutil.rmtree(run_tmp, ignore_errors=True)

@@ -963,8 +963,9 @@ class Table:
         addresses, payloads = batch.column(_ROW_ADDRESS), []
         for path in paths:
             descriptors = get_column(batch, path)
-            read = self._checked_bytes(path, descriptors, addresses, read_ranges, check_hashes)
-            payloads.append(read)
+            payloads.append(
+                self._checked_bytes(path, descriptors, addresses, read_ranges, check_hashes)
+            )
             # the descriptors are not wanted in the rows: nulls convert for nothing
             nulls = pa.nulls(batch.num_rows)
             batch = replace_column(batch, path, nulls, pa.field(path[-1], pa.null()))
