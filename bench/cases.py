@@ -173,8 +173,10 @@ def _storage_contenders(root: Path, payloads: list[bytes], ref_ids: list[int] | 
         rows = [Blob(data=p, ref_id=r) for p, r in zip(payloads, ref_ids, strict=True)]
         write_table(pa.table({"b": blob_array(rows)}), fresh(root / "bh_ref"), dedup="ref_id")
         out["blobhouse ref_id"] = disk_bytes(root / "bh_ref")
-    write_table(binary, fresh(root / "bh"), blob_columns=["b"])
-    out["blobhouse content"] = disk_bytes(root / "bh")
+    write_table(binary, fresh(root / "bh"), blob_columns=["b"])  # the default: global
+    out["blobhouse"] = disk_bytes(root / "bh")
+    write_table(binary, fresh(root / "bh_file"), blob_columns=["b"], dedup="content")
+    out["blobhouse content"] = disk_bytes(root / "bh_file")
     lance.write_dataset(lance_table(payloads), fresh(root / "pylance"), data_storage_version="2.2")
     out["pylance"] = disk_bytes(root / "pylance")
     pq.write_table(binary, fresh(root / "default.parquet"))
@@ -236,7 +238,7 @@ def write_throughput(size: Size) -> Case:
     case = Case("write_throughput", "Median write seconds; MB/s of logical (row) bytes")
     rng = np.random.default_rng(3)
     workloads = {}
-    for payload in (10 * KB, 100 * KB, MB, 10 * MB):
+    for payload in (4 * KB, 10 * KB, 100 * KB, MB, 10 * MB):
         count = max(2, size.write_bytes // payload)
         workloads[f"unique {payload // KB} KB"] = [rng_bytes(rng, payload) for _ in range(count)]
     # 4x the bytes of the unique workloads: the fixed cost of a write (open, commit) must not
@@ -265,12 +267,18 @@ def _write_workload(
     lance_input = lance_table(payloads)
     outputs = {
         "blobhouse": root / "bh",
+        "blobhouse, per-file dedup": root / "bh_file",
         "blobhouse, dedup off": root / "bh_off",
         "pylance": root / "pl",
         "parquet": root / "p.parquet",
     }
     writes = {
+        # the default: dedup="global", each payload once for the whole table
         "blobhouse": lambda: write_table(binary, outputs["blobhouse"], blob_columns=["b"]),
+        # the default before table properties: dedup="content", each payload once per file
+        "blobhouse, per-file dedup": lambda: write_table(
+            binary, outputs["blobhouse, per-file dedup"], blob_columns=["b"], dedup="content"
+        ),
         "blobhouse, dedup off": lambda: write_table(
             binary, outputs["blobhouse, dedup off"], blob_columns=["b"], dedup="off"
         ),
@@ -303,6 +311,7 @@ def _write_workload(
                 round(physical[contender] / seconds / 1e6, 1) if contender in physical else "-"
             ),
             vs_pylance=round(times["pylance"] / seconds, 3),
+            vs_per_file=round(times["blobhouse, per-file dedup"] / seconds, 3),
         )
 
 
@@ -661,7 +670,8 @@ def maintenance(size: Size) -> Case:
             ids = list(range(24 * a, 24 * a + 24))
             payloads = [shared[(a + i) % 6] if i % 2 else rng_bytes(rng, 100 * KB) for i in ids]
             data = pa.table({"id": pa.array(ids, pa.int64()), "b": blob_array(payloads)})
-            write_table(data, base, mode="append")
+            # per-file dedup: what compaction shares again (the default shares at write time)
+            write_table(data, base, mode="append", dedup="content")
             live.update(zip(ids, payloads, strict=True))
         open_table(base).delete("id % 5 = 0")
         live = {i: p for i, p in live.items() if i % 5}
@@ -748,7 +758,7 @@ def global_dedup(size: Size) -> Case:
                 t, uri, mode="append", blob_columns=["b"], dedup="global"
             ),
             "blobhouse per file": lambda t, uri: write_table(
-                t, uri, mode="append", blob_columns=["b"]
+                t, uri, mode="append", blob_columns=["b"], dedup="content"
             ),
             "pylance": lambda t, uri: lance.write_dataset(
                 lance_table(t.column("b").to_pylist()),
@@ -1212,8 +1222,9 @@ def _mutation_base(root: Path, data: MutationData, dedup: str) -> None:
 
 def _one_fragment_base(root: Path, one: OneFragmentData) -> None:
     """The one-fragment table at ``root/table`` and its pristine copy, as
-    :func:`_mutation_base` makes the case's first table (default dedup and fragment size)."""
-    table = write_table(one.batches(), str(fresh(root / "table")))
+    :func:`_mutation_base` makes the case's first table (per-file dedup, Lance's default
+    fragment size)."""
+    table = write_table(one.batches(), str(fresh(root / "table")), dedup="content")
     assert len(table.dataset.get_fragments()) == 1
     table.gc(retain_versions=1, grace=timedelta(0))
     shutil.copytree(root / "table", fresh(root / "pristine"))

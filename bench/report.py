@@ -15,6 +15,8 @@ TARGETS = (
     "| {write_unique} |\n"
     '| write, unique 10 KB-10 MB payloads >= 1.0 x pylance, dedup="off" (page cache) '
     "| {write_unique_off} |\n"
+    "| write, default dedup (global) >= 0.8 x per-file dedup (content), unique 4 KB-10 MB "
+    "and 20x duplicates (page cache) | {write_default_vs_file} |\n"
     "| write, 20x duplicated 1 MB: logical MB/s >= 0.8 x blake3 on all cores (same run) "
     "| {write_dup_hash} |\n"
     "| write, 20x duplicates >= 5 x pylance (page cache) | {write_dup} |\n"
@@ -39,6 +41,8 @@ TARGETS = (
     "growth after gc <= 1.05 x the new unique payloads | {upsert_growth} |\n"
     "| Spark: reference scan >= 0.95 x the Python data source floor | {spark_scan} |\n"
     "| Spark: read_blob and materialize >= 1.5 GB/s on local[2] | {spark_bytes} |\n"
+    "| Spark: natural df.write, video chunks repeating across tasks: bytes <= 1.05 x unique "
+    "(and seconds against df.write.parquet) | {spark_shared} |\n"
     "| loader, 100 KB images, cold: MB/s >= 0.8 x the random-read limit (0, 2, 4 workers) "
     "| {loader_images} |\n"
     "| loader, 1-4 MB clips each in 30 rows, cold: >= 1.5 x the best contender "
@@ -195,6 +199,16 @@ def _verdicts(data: dict) -> dict[str, str]:
         "storage": _range(storage, "x unique", lambda v: v <= 1.05),
         "write_unique": _range(unique("blobhouse"), "x pylance", lambda v: v >= 1.0),
         "write_unique_off": _range(unique("blobhouse, dedup off"), "x pylance", lambda v: v >= 1.0),
+        "write_default_vs_file": _range(
+            [
+                r["vs_per_file"]
+                for r in rows("write_throughput", contender="blobhouse", durable=False)
+                if "vs_per_file" in r
+            ],
+            "x per-file",
+            lambda v: v >= 0.8,
+        ),
+        "spark_shared": _spark_shared(spark),
         "write_dup_hash": _range(dup_hash, "x blake3", lambda v: v >= 0.8),
         "write_dup": _range(dup, "x pylance", lambda v: v >= 5),
         "write_dup_durable": _range(dup_durable, "x pylance", lambda v: v >= 5),
@@ -229,6 +243,21 @@ def _verdicts(data: dict) -> dict[str, str]:
         ),
         "loader_startup": _loader_startup(rows("loader")),
     }
+
+
+def _spark_shared(rows: list[dict]) -> str:
+    """Bytes on disk of the natural df.write of shared chunks, and its time against Parquet's."""
+    found = [r for r in rows if "shared_ratio_to_unique" in r]
+    if not found:
+        return "-"
+    r = found[0]
+    met = r["shared_ratio_to_unique"] <= 1.05
+    return (
+        f"{r['shared_ratio_to_unique']:.3f} x unique ({'met' if met else 'missed'}); "
+        f"{r['write_shared_blobhouse_s']} s against Parquet's {r['write_shared_parquet_s']} s "
+        f"({r['write_shared_vs_parquet']:.2f}x), writing {r['shared_bytes_on_disk'] / 1e6:.0f} "
+        f"MB against {r['shared_parquet_bytes_on_disk'] / 1e6:.0f} MB"
+    )
 
 
 def _loader_startup(rows: list[dict]) -> str:

@@ -8,33 +8,42 @@
 [b'jpeg']
 """
 
-from blobhouse.errors import (
-    BlobhouseError,
-    BlobReadError,
-    ConcurrentCommitError,
-    CorruptBlobError,
-    ExternalBlobError,
-    ForkedAfterLanceWarning,
-    InvalidInputError,
-    ManagedObjectRaceError,
-    NotATableError,
-    PathIsFileError,
-    PathNotFoundError,
-    RefIdConflictError,
-    SchemaError,
-    StaleWriteError,
-    StoreRaceError,
-    TableExistsError,
-    TableNotFoundError,
-    UnknownOptionError,
-    VersionNotFoundError,
-    VersionRemovedError,
-)
-from blobhouse.placement import Kind, Placement
-from blobhouse.rangeio import REF_TYPE, BlobRef, open_ref, read_ranges
-from blobhouse.session import BlobColumnWriter, BlobSession, PreparedBlob, WrittenFile
-from blobhouse.table import Table, open_table, write_table
-from blobhouse.values import Blob, blob_array, blob_field
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from blobhouse.errors import (
+        BlobhouseError,
+        BlobReadError,
+        ConcurrentCommitError,
+        CorruptBlobError,
+        ExternalBlobError,
+        ForkedAfterLanceWarning,
+        InvalidInputError,
+        ManagedObjectRaceError,
+        MovedTableWarning,
+        NotATableError,
+        PathIsFileError,
+        PathNotFoundError,
+        PropertyConflictError,
+        RefIdConflictError,
+        SchemaError,
+        StaleWriteError,
+        StoreRaceError,
+        TableExistsError,
+        TableNotFoundError,
+        UnknownOptionError,
+        VersionNotFoundError,
+        VersionRemovedError,
+    )
+    from blobhouse.placement import Kind, Placement
+    from blobhouse.properties import ColumnProperties, TableProperties
+    from blobhouse.rangeio import REF_TYPE, BlobRef, open_ref, read_ranges
+    from blobhouse.session import BlobColumnWriter, BlobSession, PreparedBlob, WrittenFile
+    from blobhouse.table import Table, open_table, write_table
+    from blobhouse.values import Blob, blob_array, blob_field
 
 __all__ = [
     "REF_TYPE",
@@ -44,6 +53,7 @@ __all__ = [
     "BlobRef",
     "BlobSession",
     "BlobhouseError",
+    "ColumnProperties",
     "ConcurrentCommitError",
     "CorruptBlobError",
     "ExternalBlobError",
@@ -51,11 +61,13 @@ __all__ = [
     "InvalidInputError",
     "Kind",
     "ManagedObjectRaceError",
+    "MovedTableWarning",
     "NotATableError",
     "PathIsFileError",
     "PathNotFoundError",
     "Placement",
     "PreparedBlob",
+    "PropertyConflictError",
     "RefIdConflictError",
     "SchemaError",
     "StaleWriteError",
@@ -63,6 +75,7 @@ __all__ = [
     "Table",
     "TableExistsError",
     "TableNotFoundError",
+    "TableProperties",
     "UnknownOptionError",
     "VersionNotFoundError",
     "VersionRemovedError",
@@ -74,3 +87,61 @@ __all__ = [
     "read_ranges",
     "write_table",
 ]
+
+
+# where each public name lives: imported on first use, so that `import blobhouse` (and the
+# command line's --help, or a Ctrl-C while it starts) does not wait for Lance and pyarrow
+_WHERE = {
+    "Blob": "blobhouse.values",
+    "BlobColumnWriter": "blobhouse.session",
+    "BlobReadError": "blobhouse.errors",
+    "BlobRef": "blobhouse.rangeio",
+    "BlobSession": "blobhouse.session",
+    "BlobhouseError": "blobhouse.errors",
+    "ConcurrentCommitError": "blobhouse.errors",
+    "ColumnProperties": "blobhouse.properties",
+    "CorruptBlobError": "blobhouse.errors",
+    "ExternalBlobError": "blobhouse.errors",
+    "ForkedAfterLanceWarning": "blobhouse.errors",
+    "InvalidInputError": "blobhouse.errors",
+    "Kind": "blobhouse.placement",
+    "ManagedObjectRaceError": "blobhouse.errors",
+    "MovedTableWarning": "blobhouse.errors",
+    "NotATableError": "blobhouse.errors",
+    "PathIsFileError": "blobhouse.errors",
+    "PathNotFoundError": "blobhouse.errors",
+    "Placement": "blobhouse.placement",
+    "PreparedBlob": "blobhouse.session",
+    "PropertyConflictError": "blobhouse.errors",
+    "REF_TYPE": "blobhouse.rangeio",
+    "RefIdConflictError": "blobhouse.errors",
+    "SchemaError": "blobhouse.errors",
+    "StaleWriteError": "blobhouse.errors",
+    "StoreRaceError": "blobhouse.errors",
+    "Table": "blobhouse.table",
+    "TableExistsError": "blobhouse.errors",
+    "TableProperties": "blobhouse.properties",
+    "TableNotFoundError": "blobhouse.errors",
+    "UnknownOptionError": "blobhouse.errors",
+    "VersionNotFoundError": "blobhouse.errors",
+    "VersionRemovedError": "blobhouse.errors",
+    "WrittenFile": "blobhouse.session",
+    "blob_array": "blobhouse.values",
+    "blob_field": "blobhouse.values",
+    "open_ref": "blobhouse.rangeio",
+    "open_table": "blobhouse.table",
+    "read_ranges": "blobhouse.rangeio",
+    "write_table": "blobhouse.table",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'blobhouse' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value  # once found, an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

@@ -22,6 +22,7 @@ from lance.schema import LanceSchema
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.pipeline import DataFileWriter, plan_write
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
+from blobhouse.properties import DEDUP_KEY, TableProperties
 from blobhouse.schema_changes import add_null_blob_column
 from blobhouse.session import WrittenFile
 from blobhouse.store import StoreWriter, ensure_store, relocate_store, store_base_id
@@ -52,6 +53,7 @@ class BackfillPlan:
     allowed_bases: AllowedBases
     transaction: Transaction
     store_base_id: int | None = None  # dedup="global": the table's store (see table_for)
+    recorded: Mapping[bytes, bytes] | None = None  # a new column's own properties
 
     @property
     def name_prefix(self) -> str:
@@ -60,6 +62,8 @@ class BackfillPlan:
 
     @classmethod
     def create(cls, table: Table, column: str, dedup: str = "content") -> BackfillPlan:
+        """The backfill of ``column`` with ``dedup`` (its mode: see
+        :meth:`~blobhouse.properties.TableProperties.change_mode`)."""
         schema = table.schema
         if "." in column:
             raise InvalidInputError("backfill writes top-level blob columns only")
@@ -74,6 +78,8 @@ class BackfillPlan:
             raise InvalidInputError("dedup='global' backfills a table with a store (table_for)")
         if column not in schema.names:
             field_id = _new_field_id(table.dataset, column)
+            properties = TableProperties.of(table.dataset)
+            own = properties.recorded and dedup != properties.dedup
             return cls(
                 column,
                 (column,),
@@ -85,6 +91,7 @@ class BackfillPlan:
                 bases,
                 txn,
                 store_base_id=store,
+                recorded={DEDUP_KEY: dedup.encode()} if own else None,
             )
         if not is_lance_blob_field(schema.field(column)):
             raise SchemaError(f"column {column!r} exists and is not a blob column")
@@ -212,7 +219,9 @@ def commit_backfill(
     add_first = plan.new_column and not ids
     transaction = plan.transaction
     if add_first:  # a dropped column's id is reserved: Lance adds the column, the files fill it
-        dataset, added = add_null_blob_column(location, plan.column, dataset.version, options)
+        dataset, added = add_null_blob_column(
+            location, plan.column, dataset.version, options, plan.recorded
+        )
         ids = [added]
         transaction = transaction.on_version(dataset.version)
     if plan.new_column and not add_first:
@@ -221,7 +230,8 @@ def commit_backfill(
             metadata = fragment.metadata
             metadata.files.append(files[fragment.fragment_id].data_file(ids))
             merged.append(metadata)
-        schema = dataset.schema.append(lance_blob_field(plan.column))
+        new_field = lance_blob_field(plan.column)
+        schema = dataset.schema.append(new_field.with_metadata(plan.recorded or None))
         operation = LanceOperation.Merge(merged, LanceSchema.from_pyarrow(schema))
     else:
         operation = LanceOperation.DataReplacement(

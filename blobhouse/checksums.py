@@ -392,7 +392,8 @@ class RecordedHashes:
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
     >>> from blobhouse.dedup import DIGEST_BYTES, content_hash, digest_matrix
-    >>> t = write_table(pa.table({"b": blob_array([b"x" * 100_000])}), tempfile.mkdtemp() + "/t")
+    >>> t = write_table(pa.table({"b": blob_array([b"x" * 100_000])}), tempfile.mkdtemp() + "/t",
+    ...                 dedup="content")  # a pack of the data file's own
     >>> ref = t.blob_refs("b", [0])[0].as_py()
     >>> digest = RecordedHashes().expected(
     ...     Kind.PACKED, 1, 0, 0, ref["uri"], ref["position"], ref["size"])

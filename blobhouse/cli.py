@@ -9,26 +9,39 @@ expected failures, 1 for anything unexpected; ``--debug`` adds the traceback) an
 
 from __future__ import annotations
 
-import argparse
-import atexit
-import contextlib
-import difflib
-import json
-import logging
-import os
-import re
-import socket
 import sys
-import tempfile
-import threading
-import time
-import traceback
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 
-from blobhouse.console import ProgressBars, format_value, mb, print_report, when_interrupted
-from blobhouse.errors import BlobhouseError, InvalidInputError, MissingExtraError
-from blobhouse.storage import checked_options, is_local, uri_to_path
+try:  # loading takes most of a second (Lance, pyarrow): a Ctrl-C meanwhile exits as later ones do
+    import argparse
+    import atexit
+    import contextlib
+    import difflib
+    import json
+    import logging
+    import os
+    import re
+    import socket
+    import tempfile
+    import threading
+    import time
+    import traceback
+    from collections.abc import Callable, Iterator, Mapping
+    from dataclasses import dataclass, field
+
+    from blobhouse.console import (
+        ProgressBars,
+        format_value,
+        mb,
+        print_report,
+        when_interrupted,
+    )
+    from blobhouse.errors import BlobhouseError, InvalidInputError, MissingExtraError
+    from blobhouse.storage import checked_options, is_local, uri_to_path
+except KeyboardInterrupt:
+    print("interrupted while starting; nothing was changed", file=sys.stderr, flush=True)
+    raise SystemExit(130) from None
+
+INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C
 
 DESCRIPTION = """\
 blobhouse: multimodal training tables whose blob bytes are stored once however many rows
@@ -54,12 +67,24 @@ leaves them out). Appending casts the manifest's columns to the table's types (a
 appended to a table a JSONL one made), or names the column that cannot be cast.
 
 Rows are split into consecutive ranges, one Spark task each (about 1 GiB of distinct files
-per task, or --tasks N). With the default --dedup content, rows of one task naming the same
-file store it once; --dedup global stores each file once per table, across tasks and appends.
+per task, or --tasks N). Each distinct file is stored once per table, across tasks and appends
+(the table's dedup property, "global" for a new table); --dedup content stores it once per
+task, --dedup off once per row (a new table records the choice; an existing one keeps its own).
 
 --managed references the files in place instead of copying them, and hands them to the table:
 gc deletes a file once no retained version of the table references it. The files must lie
 under the folders the table allows (--allowed-bases when the ingest creates the table).
+"""
+
+PROPERTIES_DESCRIPTION = """\
+Show the table's properties: the write settings every writer uses (write_table, df.write, SQL
+INSERT, merge_insert, update, backfill, ingest, compact): the dedup mode of each blob column,
+ref_id columns, placement thresholds, allowed and managed bases, data file size limits. A
+writer that leaves a setting out uses the table's; one that asks for another value is refused.
+
+--set NAME=VALUE changes them in one commit (a new manifest, nothing rewritten): later writes
+follow the new settings, and compact brings earlier rows under a new dedup mode. Bases can be
+added, not removed.
 """
 
 DEMO_DESCRIPTION = """\
@@ -108,15 +133,21 @@ logger.netty.name = io.netty
 logger.netty.level = off
 """
 
-INTERRUPTED = 130
-
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``blobhouse`` command."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before a command began (parsing, Spark's start is inside)
+        print("interrupted while starting; nothing was changed", file=sys.stderr, flush=True)
+        return INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # reported by the command's parser: its usage, and a suggestion
-        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # reported by the command's parser, with a suggestion
+        _subparser(parser, args.command).error(_unknown(unknown))
     run = Run(args)
     with _logging(args.debug), ProgressBars() as bars:
         run.bars = bars
@@ -243,9 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument(
         "--dedup",
         choices=["content", "global", "off"],
-        default="content",
-        help="content (default): rows of one task naming byte-identical files store them "
-        "once; global: once per table, across tasks and appends; off: one copy per row",
+        default=None,
+        help="global (a new table's default; an existing table's own mode otherwise): each "
+        "distinct file once per table, across tasks and appends; content: once per task; "
+        "off: one copy per row",
     )
     ingest.add_argument(
         "--managed",
@@ -360,14 +392,37 @@ def build_parser() -> argparse.ArgumentParser:
         common,
         table,
     )
+
+    properties = command(
+        "properties",
+        "show or change the table's write settings (its properties)",
+        PROPERTIES_DESCRIPTION,
+        common,
+        table,
+        on_branch,
+    )
+    properties.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="change a property (repeat for more, one commit): dedup, dedup.<column>, "
+        "ref_id_column.<column>, inline_size_threshold[.<column>], dedicated_size_threshold"
+        "[.<column>], pack_file_size_threshold[.<column>], allowed_bases, managed_bases, "
+        "max_rows_per_file, max_bytes_per_file",
+    )
     return parser
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, suggesting the option meant when one is misspelled."""
+    """argparse that never takes an option by a prefix of its name, and reports a bad command
+    line as one line on stderr (exit code 2), suggesting the option or command meant."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
-        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        unknown = re.match(r"unknown options? (\S+)", message)
         if unknown:
             known = sorted(
                 {
@@ -377,19 +432,25 @@ class _Parser(argparse.ArgumentParser):
                     for option in action.option_strings
                 }
             )
-            for token in unknown.group(1).split():
-                if token.startswith("--"):
-                    close = difflib.get_close_matches(token.split("=", 1)[0], known, n=1)
-                    if close:
-                        message += f" (did you mean {close[0]}?)"
-                        break
+            close = difflib.get_close_matches(unknown.group(1).split("=", 1)[0], known, n=1)
+            if close:
+                message += f" (did you mean {close[0]}?)"
         choice = re.match(r"argument \w+: invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
             names = re.findall(r"'([^']*)'", choice.group(2))
             close = difflib.get_close_matches(choice.group(1), names, n=1)
             if close:
                 message += f" (did you mean {close[0]}?)"
-        super().error(message)
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _unknown(tokens: list[str]) -> str:
+    """What argparse calls unrecognized arguments, options first (the likelier typo)."""
+    options = [t for t in tokens if t.startswith("-")]
+    others = [t for t in tokens if not t.startswith("-")]
+    if options:
+        return f"unknown option{'s' if len(options) > 1 else ''} {' '.join(options)}"
+    return f"unexpected argument{'s' if len(others) > 1 else ''} {' '.join(others)}"
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -663,12 +724,13 @@ def _stats(args: argparse.Namespace, run: Run) -> int:
     print(f"logical        {mb(report['logical_bytes'])}")
     print(f"physical       {mb(report['physical_bytes'])} ({report['dedup_ratio']:.2f}x dedup)")
     print(f"orphans        {report['orphan_files']} files, {mb(report['orphan_bytes'])}")
+    print(f"dedup          {report['properties']['dedup']} (the table's mode; per column below)")
     for owner, refs in report["external_references"].items():
         print(
             f"{owner + ' refs':<14} {refs['references']} references, {refs['objects']} "
             f"objects, {mb(refs['bytes'])}"
         )
-    print_report(report, skip=[*shown, "external_references"], separate=True)
+    print_report(report, skip=[*shown, "external_references", "properties"], separate=True)
     return 0
 
 
@@ -833,6 +895,28 @@ def _relocate(args: argparse.Namespace, run: Run) -> int:
     return 1 if graph.unreadable else 0
 
 
+def _properties(args: argparse.Namespace, run: Run) -> int:
+    from blobhouse.properties import parse_settings
+
+    table = _open(args)
+    if args.set:
+        changes = parse_settings(_pairs(args.set, "--set", "NAME=VALUE"))
+        run.will_write(args.table, _storage_options(args), args.branch)
+        run.doing = f"changing the properties of {args.table}"
+        table.set_properties(**changes)
+    report = {"table": args.table, "version": table.version, **table.properties.to_dict()}
+    if args.json:
+        _print_json(report)
+    else:
+        print_report(report, skip=["recorded"])
+        if not table.properties.recorded:
+            print(
+                "(recorded by no blobhouse version that keeps properties: writers use their own "
+                "options, per-file content dedup by default, until a property is set)"
+            )
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Run], int]] = {
     "demo": _demo,
     "ingest": _ingest,
@@ -841,6 +925,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Run], int]] = {
     "gc": _gc,
     "compact": _compact,
     "relocate": _relocate,
+    "properties": _properties,
 }
 
 

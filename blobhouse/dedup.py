@@ -227,20 +227,37 @@ os.register_at_fork(after_in_child=_forget_pool)
 
 
 def dedup_modes(dedup: str | Mapping[str, str], columns: list[str]) -> dict[str, DedupMode]:
-    """The dedup mode of each blob column: one mode for all, or a mapping column -> mode."""
+    """The dedup mode of each blob column: one mode for all, or a mapping column -> mode
+    (``"*"``: every column it does not name; without it, ``"content"``).
+
+    >>> dedup_modes({"video": "ref_id", "*": "global"}, ["video", "thumb"])
+    {'video': 'ref_id', 'thumb': 'global'}
+    """
     if isinstance(dedup, str):
         modes = dict.fromkeys(columns, dedup)
     else:
-        unknown = set(dedup) - set(columns)
+        unknown = set(dedup) - set(columns) - {"*"}
         if unknown:
             raise InvalidInputError(f"dedup names unknown blob column(s) {sorted(unknown)}")
-        modes = {c: dedup.get(c, "content") for c in columns}
+        modes = {c: dedup.get(c, dedup.get("*", "content")) for c in columns}
     for column, mode in modes.items():
         if mode not in DEDUP_MODES:
             raise InvalidInputError(
                 f"dedup mode {mode!r} for column {column!r}; choose one of {DEDUP_MODES}"
             )
     return modes  # type: ignore[return-value]
+
+
+def mode_of(dedup: str | Mapping[str, str], column: str) -> str:
+    """The mode ``dedup`` (one mode, or a mapping as :func:`dedup_modes` takes) gives
+    ``column``.
+
+    >>> mode_of({"video": "ref_id", "*": "global"}, "thumb")
+    'global'
+    """
+    if isinstance(dedup, str):
+        return dedup
+    return dedup.get(column, dedup.get("*", "content"))
 
 
 class Fingerprint(NamedTuple):

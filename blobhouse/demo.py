@@ -155,16 +155,14 @@ def run_demo(
     frames = spark.range(data.chunks, numPartitions=tasks).mapInArrow(
         lambda ids: _generate(data, ids), ROW_SCHEMA
     )
-    # each task generates whole chunks of consecutive episodes, so rows that share a payload
-    # already sit together: plain df.write dedups them without write_table's shuffle
-    # overwrite: a new version replacing the rows (and creating the table when it is missing),
-    # never a delete of what another run may still be reading
+    # the default dedup stores each distinct payload once for the whole table, whichever task
+    # meets it (tasks claim new payloads in the table's store); overwrite: a new version
+    # replacing the rows (and creating the table when it is missing), never a delete of what
+    # another run may still be reading
     writer = (
         frames.write.format("blobhouse")
         .mode("overwrite")
         .option("blob_columns", ",".join(BLOB_COLUMNS))
-        .option("ref_id_columns", "video:video_chunk")
-        .option("dedup", '{"video": "ref_id", "calibration": "content", "thumbnail": "content"}')
         .options(**storage_prefixed(options))
     )
     run_spark_job(spark, lambda: writer.save(out), step="write", progress=task_progress)

@@ -28,6 +28,12 @@ class SchemaError(InvalidInputError):
     """A schema that cannot hold blob columns as asked (unknown column, blob in a list...)."""
 
 
+class PropertyConflictError(InvalidInputError):
+    """A write asked for a setting other than the one the table keeps (its properties); the
+    message names the setting and both values. Change the property first
+    (``Table.set_properties``) or leave the option out to use the table's."""
+
+
 class RefIdConflictError(InvalidInputError):
     """Two rows share a ref_id but carry different bytes."""
 
@@ -105,6 +111,12 @@ class StoreRaceError(BlobhouseError):
 class ManagedObjectRaceError(BlobhouseError):
     """A write references a managed object that gc is deleting, or that is gone, by the time
     the write commits; nothing was committed (see docs/managed-objects.md)."""
+
+
+class MovedTableWarning(UserWarning):
+    """A table copied or moved (``cp -r``, a bucket sync) whose manifest still names its old
+    place for the store: blobhouse reads the table's own files, stock Lance readers read the
+    old place until the first blobhouse write or ``blobhouse relocate``."""
 
 
 class ForkedAfterLanceWarning(UserWarning):

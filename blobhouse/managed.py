@@ -152,9 +152,11 @@ def register(
     (a hand-made :class:`~blobhouse.session.WrittenFile` cannot give gc anything else).
 
     >>> import tempfile, os
+    >>> from blobhouse.properties import TableProperties
     >>> root, media = tempfile.mkdtemp(), tempfile.mkdtemp()
     >>> clip = f"file://{os.path.realpath(media)}/clip.mp4"
-    >>> schema = pa.schema([]).with_metadata(AllowedBases([media]).table_metadata())
+    >>> properties = TableProperties(allowed_bases=(media,))
+    >>> schema = pa.schema([]).with_metadata(properties.schema_metadata())
     >>> register(TableLocation(root), schema, [clip], "w1-")
     >>> sorted(Registry.load(TableLocation(root)).entries) == [clip]
     True

@@ -21,7 +21,7 @@ The per-fragment steps (:func:`rewrite_fragment`) are what Spark runs as tasks.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,7 @@ from blobhouse.pipeline import (
     write_data_files,
 )
 from blobhouse.placement import AllowedBases
+from blobhouse.properties import TableProperties
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.store import store_base_id
@@ -114,7 +115,7 @@ def update(
     updates: Mapping[str, str | BlobFunction | None],
     where: str | None = None,
     *,
-    dedup: str = "content",
+    dedup: str | None = None,
     retries: int = DEFAULT_RETRIES,
     rewrite: Rewrite | None = None,
 ) -> UpdateReport:
@@ -128,9 +129,9 @@ def update(
 
     def attempt(n: int) -> UpdateReport:
         latest = table if n == 1 else table.checkout(table.dataset.latest_version)
-        blobs_change = any(c in latest.blob_columns for c in updates)
-        latest = table_for(latest, dedup if blobs_change else "content")
-        plan = plan_update(latest, updates, where, dedup)
+        modes = blob_modes(latest, updates, dedup)
+        latest = table_for(latest, "global" if "global" in modes.values() else "content")
+        plan = plan_update(latest, updates, where, modes)
         try:
             with plan.transaction.lease():
                 done = rewrite(latest, plan)
@@ -155,6 +156,15 @@ def update(
     return retrying(attempt, retries)
 
 
+def blob_modes(table: Table, columns: Iterable[str], given: str | None = None) -> dict[str, str]:
+    """The dedup mode each blob column among ``columns`` is written with: the table's
+    property (``given``, if any, must be the same; see
+    :meth:`~blobhouse.properties.TableProperties.change_mode`)."""
+    properties = TableProperties.of(table.dataset)
+    blobs = set(table.blob_columns)
+    return {c: properties.change_mode(c, given) for c in columns if c in blobs}
+
+
 def _rewrite_here(table: Table, plan: ColumnRewrite) -> dict[int, tuple[WrittenFile, BitMap]]:
     return {
         i: rewrite_fragment(table, plan, i) for i in touched_fragments(table.dataset, plan.where)
@@ -165,7 +175,7 @@ def plan_update(
     table: Table,
     updates: Mapping[str, str | BlobFunction | None],
     where: str | None,
-    dedup: str = "content",
+    dedup: Mapping[str, str] | None = None,
     *,
     kind: str = "update",
 ) -> ColumnRewrite:
@@ -200,7 +210,7 @@ def _column_rewrite(
     expressions: Mapping[str, str],
     functions: Mapping[str, BlobFunction | None],
     where: str | None,
-    dedup: str,
+    dedup: Mapping[str, str] | None,
     kind: str,
 ) -> ColumnRewrite:
     schema = table.schema
@@ -219,7 +229,7 @@ def _column_rewrite(
     plan = plan_write(
         input_schema,
         blob_columns=blobs,
-        dedup={c: dedup for c in blobs},
+        dedup={c: (dedup or {}).get(c, "content") for c in blobs},
         table_schema=pa.schema([schema.field(c) for c in columns]),
         allowed_bases=AllowedBases.of_table(schema, table.uri),
         max_rows_per_file=2**62,
@@ -602,6 +612,11 @@ class MergeInsert:
         self.table._advance(self.table.checkout(report.version).dataset)
         return report
 
+    def resolved(self, table: Table) -> WriteOptions:
+        """This merge's options against ``table``'s properties: each one it leaves out is the
+        table's, and one it gives must be the same (``PropertyConflictError``)."""
+        return TableProperties.of(table.dataset).resolve(self.options, table.blob_columns)
+
     def check_actions(self) -> None:
         """Refuse a merge that was told to do nothing.
 
@@ -625,7 +640,7 @@ class MergeInsert:
         table = (
             self.table if attempt == 1 else self.table.checkout(self.table.dataset.latest_version)
         )
-        table = table_for(table, _dedup_of(self.options))
+        table = table_for(table, store_mode(self.resolved(table)))
         source = self.check_source(table, source)
         matches = _match(table.dataset, source, self.on, self._delete)
         txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
@@ -737,7 +752,7 @@ class MergeInsert:
 
         plan = plan_write(
             schema,
-            **self.options.layout(),
+            **self.resolved(table).layout(),
             table_schema=table.schema,
             allowed_bases=_allowed_bases(table.dataset, None, True, table.location.root_uri),
         )
@@ -752,13 +767,14 @@ class MergeInsert:
         which :func:`rewrite_fragment` writes). Spark fills it one fragment per task."""
         columns = tuple(self._update_columns or ())
         blobs = {p[0] for p in stored_blob_columns(table.schema)}
+        modes = self.resolved(table).dedup
         rewrite = _column_rewrite(
             table,
             columns,
             {},
             {c: None for c in columns if c in blobs},
             None,
-            _dedup_of(self.options),
+            {c: modes[c] for c in columns if c in blobs},
             "merge",
         )
         return replace(rewrite, transaction=txn)
@@ -928,12 +944,10 @@ def _source_type(schema: pa.Schema, name: str) -> pa.DataType:
     return INPUT_BLOB_TYPE if is_lance_blob_field(field_) else field_.type
 
 
-def _dedup_of(options: WriteOptions) -> str:
-    return (
-        options.dedup
-        if isinstance(options.dedup, str)
-        else ("global" if "global" in options.dedup.values() else "content")
-    )
+def store_mode(options: WriteOptions) -> str:
+    """``"global"`` if a column of these (resolved) options stores in the table's store."""
+    modes = [options.dedup] if isinstance(options.dedup, str) else options.dedup.values()
+    return "global" if "global" in modes else "content"
 
 
 # ---------------------------------------------------------------------------------------------

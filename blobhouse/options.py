@@ -32,9 +32,10 @@ class WriteOptions:
     Spark writer, ``merge_insert`` and the CLI, checked once.
 
     ``dedup`` is one mode (``"off"``, ``"content"``, ``"ref_id"``, ``"global"``) or a mode per
-    blob column; ``placement`` maps a blob column (or ``"*"``) to its size thresholds;
-    ``managed_bases`` are allowed bases whose objects the table takes ownership of
-    (docs/managed-objects.md).
+    blob column (``"*"``: the others); ``placement`` maps a blob column (or ``"*"``) to its size
+    thresholds; ``managed_bases`` are allowed bases whose objects the table takes ownership of
+    (docs/managed-objects.md). An option left at None is the table's property
+    (:mod:`blobhouse.properties`), or the default for a new table.
 
     >>> WriteOptions(blob_columns=["image"], dedup="global").dedup
     'global'
@@ -48,12 +49,12 @@ placement, ref_id_columns
 
     blob_columns: Sequence[str] = ()
     ref_id_columns: Mapping[str, str] | None = None
-    dedup: str | Mapping[str, str] = "content"
+    dedup: str | Mapping[str, str] | None = None
     placement: Mapping[str, Mapping[str, int]] | None = None
     allowed_bases: Sequence[str] | None = None
     managed_bases: Sequence[str] | None = None
-    max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE
-    max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE
+    max_rows_per_file: int | None = None
+    max_bytes_per_file: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.blob_columns, str):

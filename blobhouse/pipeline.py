@@ -16,7 +16,7 @@ import functools
 import uuid
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -24,6 +24,7 @@ import pyarrow as pa
 from lance.blob import blob_field as lance_blob_field
 
 from blobhouse import leases
+from blobhouse.claims import Claims
 from blobhouse.dedup import (
     CORES,
     BatchHasher,
@@ -104,6 +105,8 @@ class WritePlan:
     store_base_id: int | None = None  # the table's store (blobhouse.store), when it has one
     load_store_index: bool = True  # False: the rows were already looked up (a Spark join)
     avoid_packs: frozenset[str] = frozenset()  # store packs not to reference (being repacked)
+    # the tasks of a Spark write claim new store payloads, so that one of them stores each
+    claim_payloads: bool = False
     filled: tuple[str, ...] = ()  # nullable table columns the input lacks: written as nulls
 
     @property
@@ -314,6 +317,8 @@ class DataFileWriter:
             packs=packs,
             stored=stored,
             found_packs=tuple(sorted(self._found_packs())),
+            borrowed=tuple(self.store.borrowed.values()) if self.store is not None else (),
+            claimed=self.store is not None and self.store.claims is not None,
             managed=tuple(sorted(set().union(*(p.handed for p in self.placers)))),
         )
 
@@ -422,6 +427,8 @@ def _write_data_files(
             writer.abort()
         if store is not None:
             store.abort()
+        if store is not None and store.claimed:  # other tasks may reference its packs
+            written = [replace(w, packs=()) for w in written]
         remove_written(written, location, storage_options)
         raise
     return written
@@ -438,6 +445,8 @@ def store_writer_for_plan(
     if plan.store_base_id is None:
         raise InvalidInputError("dedup='global' needs the table's store registered (TableWrite)")
     limit = min(c.placement.pack_file_size_threshold for c in plan.columns if c.dedup == "global")
+    write_id = name_prefix.removesuffix("-")
+    claims = Claims(location.root, write_id, storage_options) if plan.claim_payloads else None
     return StoreWriter(
         location.root,
         plan.store_base_id,
@@ -446,6 +455,7 @@ def store_writer_for_plan(
         storage_options,
         plan.load_store_index,
         plan.avoid_packs,
+        claims,
     )
 
 

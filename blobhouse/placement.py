@@ -146,12 +146,6 @@ class AllowedBases:
         settings = json.loads(raw) if raw else {}
         return cls(settings.get("allowed_bases", []), table_root, settings.get("managed_bases", []))
 
-    def table_metadata(self) -> dict[bytes, bytes]:
-        """Schema metadata recording these bases with the table (``allowed_bases`` lists the
-        managed ones too, so a reader that knows only allowed bases still reads them)."""
-        settings = {"format": 1, "allowed_bases": self.bases, "managed_bases": self.managed}
-        return {SETTINGS_KEY: json.dumps(settings).encode()}
-
     def is_managed(self, normalized: str) -> bool:
         """Whether a normalized uri lies under a managed base."""
         return any(normalized.startswith(base + "/") for base in self.managed)

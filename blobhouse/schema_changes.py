@@ -21,19 +21,23 @@ What each change costs (pylance 14.0.2, measured):
 
 from __future__ import annotations
 
+import random
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import lance
 import pyarrow as pa
-from lance import LanceDataset
+from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
+from lance.commit import CommitConflictError
 
-from blobhouse.errors import InvalidInputError, SchemaError, lance_message
+from blobhouse.errors import ConcurrentCommitError, InvalidInputError, SchemaError, lance_message
 from blobhouse.layout import TableLocation
 from blobhouse.options import check_names
-from blobhouse.placement import placement_metadata
+from blobhouse.placement import AllowedBases, placement_metadata
+from blobhouse.properties import TableProperties, field_ids
 from blobhouse.references import field_id
 from blobhouse.storage import StorageOptions
 from blobhouse.values import (
@@ -139,11 +143,96 @@ def drop_columns(
     return _run(dataset, lambda d: d.drop_columns(names), f"dropping column(s) {names}")
 
 
+def set_properties(
+    location: TableLocation,
+    changes: Mapping[str, Any],
+    storage_options: StorageOptions | None = None,
+    retries: int = 8,
+) -> LanceDataset:
+    """Change the table's properties (:meth:`TableProperties.changed` names them) in one commit
+    on the latest version (a new manifest only: nothing is rewritten; later writes follow the
+    new settings, ``compact`` brings earlier rows under a new dedup mode). Bases can be added,
+    never removed (rows may reference them). Returns the dataset at the new version.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> t = write_table(pa.table({"id": [1], "img": blob_array([b"x"])}), tempfile.mkdtemp() + "/t")
+    >>> TableProperties.of(set_properties(t.location, {"dedup": "content"})).dedup
+    'content'
+    """
+    if not changes:
+        raise InvalidInputError("set_properties needs at least one property to change")
+    for attempt in range(retries + 1):
+        if attempt:  # another change committed first: planned again on the latest version
+            time.sleep(random.uniform(0, 0.02 * 2**attempt))
+        dataset = latest(location, storage_options)
+        before = TableProperties.of(dataset)
+        after = before.changed(**changes)
+        _check_property_change(dataset.schema, before, after, location)
+        ids = field_ids(dataset.lance_schema.fields())
+        operation = LanceOperation.UpdateConfig(
+            schema_metadata_updates=LanceOperation.UpdateMap(
+                {k.decode(): v.decode() for k, v in after.schema_metadata().items()}
+            ),
+            field_metadata_updates={
+                ids[column]: LanceOperation.UpdateMap(
+                    {
+                        k.decode(): None if v is None else v.decode()
+                        for k, v in after.field_metadata(column, ids).items()
+                    }
+                )
+                for column in after.columns
+            },
+        )
+        try:
+            return LanceDataset.commit(
+                location.dataset_path,
+                operation,
+                read_version=dataset.version,
+                storage_options=storage_options,
+            )
+        except CommitConflictError as exc:
+            if attempt == retries:
+                raise ConcurrentCommitError(
+                    f"concurrent commits preempted all {retries + 1} attempts to change the "
+                    f"properties of {location}; nothing was changed, run it again (Lance: "
+                    f"{lance_message(exc)})",
+                    True,
+                ) from exc
+    raise AssertionError("unreachable")
+
+
+def _check_property_change(
+    schema: pa.Schema, before: TableProperties, after: TableProperties, location: TableLocation
+) -> None:
+    for column, own in after.columns.items():
+        ref = own.ref_id_column
+        if ref is not None and (ref not in schema.names or not _is_integer(schema, ref)):
+            raise SchemaError(
+                f"ref_id column {ref!r} of {column!r} must be an integer column of the table "
+                f"(columns: {schema.names})"
+            )
+    after.bases(location.root_uri)  # checked: URIs, none inside the table
+    for name in ("allowed_bases", "managed_bases"):
+        old = set(AllowedBases(getattr(before, name)).bases)
+        removed = sorted(old - set(AllowedBases(getattr(after, name)).bases))
+        if removed:
+            raise InvalidInputError(
+                f"{name} can be added to, not removed from: rows may reference {removed} "
+                "(write the table anew with mode='overwrite' to drop a base)"
+            )
+
+
+def _is_integer(schema: pa.Schema, name: str) -> bool:
+    return pa.types.is_integer(schema.field(name).type)
+
+
 def add_null_blob_column(
     location: TableLocation,
     column: str,
     read_version: int,
     storage_options: StorageOptions | None = None,
+    metadata: Mapping[bytes, bytes] | None = None,
 ) -> tuple[LanceDataset, int]:
     """Add blob ``column``, all null, on ``read_version`` (a new manifest only); the dataset at
     the new version and the column's field id. How a backfill adds a column when Lance keeps
@@ -154,7 +243,7 @@ def add_null_blob_column(
     _check_new_name(dataset.schema, column)
     dataset = _run(
         dataset,
-        lambda d: d.add_columns(lance_blob_field(column)),
+        lambda d: d.add_columns(lance_blob_field(column).with_metadata(metadata or None)),
         f"adding blob column {column!r}",
     )
     return dataset, field_id(dataset, (column,))

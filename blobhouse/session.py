@@ -160,6 +160,10 @@ class WrittenFile:
     packs: tuple[str, ...] = ()  # store packs (dedup="global") holding payloads added for it
     stored: tuple = ()  # those payloads (store.StoredPayload), for the store's index
     found_packs: tuple[str, ...] = ()  # store packs it references that the index named
+    # payloads it references that another task of the write claimed and stored (store.
+    # StoredPayload; blobhouse.claims): the commit checks that a succeeding task stored them
+    borrowed: tuple = ()
+    claimed: bool = False  # its task claimed payloads for the write (blobhouse.claims)
     # external objects it hands to the table (normalized URIs): checked before the commit,
     # registered after it (blobhouse.managed)
     managed: tuple[str, ...] = ()
@@ -172,7 +176,8 @@ class WrittenFile:
         names += [
             (s, re.fullmatch(rf"{re.escape(key)}/[01]{{32}}\.blob", s)) for s in self.sidecars
         ]
-        names += [(p, PACK_NAME.fullmatch(p)) for p in (*self.packs, *self.found_packs)]
+        packs = (*self.packs, *self.found_packs, *(b.pack for b in self.borrowed))
+        names += [(p, PACK_NAME.fullmatch(p)) for p in packs]
         bad = [name for name, ok in names if not ok]
         if bad:
             raise InvalidInputError(

@@ -36,6 +36,7 @@ from lance import DatasetBasePath, LanceDataset
 from lance.indices import IndexConfig
 
 from blobhouse.cache import WeightedLRU
+from blobhouse.claims import CLAIM_MIN_BYTES, Claim, Claims
 from blobhouse.dedup import digest_matrix
 from blobhouse.digest_filter import (
     DigestFilter,
@@ -545,18 +546,29 @@ class PackWriter:
         self.stored: list[StoredPayload] = []
         self._file: SidecarFile | None = None
         self._files: list[SidecarFile] = []
+        self._next: str | None = None  # the name the next pack gets
         self._size = 0
+
+    def next_place(self, size: int) -> tuple[str, int]:
+        """The pack and position the next payload of ``size`` bytes goes to (a new pack past
+        the size limit), so that it can be claimed before it is written (nothing is created
+        until it is)."""
+        if self._file is not None and self._size and self._size + size > self.limit:
+            self._close()
+        if self._file is not None:
+            return self.packs[-1], self._size
+        if self._next is None:
+            self._next = f"{PACKS_DIR}/{self.name_prefix}{uuid.uuid4().hex}.pack"
+        return self._next, 0
 
     def write(self, payload: bytes | memoryview, digest: bytes) -> StoredPayload:
         """Append ``payload`` to the current pack (a new one past the size limit)."""
-        if self._file is not None and self._size and self._size + len(payload) > self.limit:
-            self._close()
+        pack, _ = self.next_place(len(payload))
         if self._file is None:
-            pack = f"{PACKS_DIR}/{self.name_prefix}{uuid.uuid4().hex}.pack"
             self._file = SidecarFile(f"{self.root}/{pack}", self.queue, self.storage_options)
             self._files.append(self._file)
             self.packs.append(pack)
-            self._size = 0
+            self._next, self._size = None, 0
         stored = StoredPayload(digest, self.packs[-1], self._size, len(payload))
         self._file.write(payload)
         self._size += len(payload)
@@ -602,8 +614,11 @@ class StoreWriter:
         storage_options: StorageOptions | None = None,
         load_index: bool = True,
         avoid: frozenset[str] = frozenset(),
+        claims: Claims | None = None,
     ) -> None:
         self.base_id = base_id
+        # the tasks of a Spark write claim new payloads, so that only one of them stores each
+        self.claims = claims
         # a Spark write that joined its rows with the index already turned what it found into
         # references (see blobhouse.spark.write_table): no task needs the index
         self.index = (
@@ -619,6 +634,9 @@ class StoreWriter:
         # what this write references: payloads it stored, and payloads it found in the index
         self._written: dict[bytes, StoredPayload] = {}
         self._found: dict[bytes, StoredPayload] = {}
+        # payloads another task of the write claimed and stores (checked at the commit)
+        self.borrowed: dict[bytes, StoredPayload] = {}
+        self.claimed = False  # it claimed payloads: its packs are kept if its task fails
         self._reported = 0
 
     def place_many(
@@ -626,26 +644,49 @@ class StoreWriter:
     ) -> list[PreparedBlob]:
         """The references of ``payloads`` (whose blake3 are ``digests``) in the store, writing
         only those the store lacks; the index is asked once for all of them."""
-        unknown = [
-            d for d in dict.fromkeys(digests) if d not in self._written and d not in self._found
-        ]
+        known = (self._written, self._found, self.borrowed)
+        unknown = [d for d in dict.fromkeys(digests) if not any(d in k for k in known)]
         if unknown:
             self._found.update(self.index.find(unknown, self.retired))
-        return [self._place(p, d) for p, d in zip(payloads, digests, strict=True)]
+        repeated = set()
+        if self.claims is not None and len(unknown) < len(digests):
+            seen: set[bytes] = set()
+            repeated = {d for d in digests if d in seen or seen.add(d)}
+        return [self._place(p, d, d in repeated) for p, d in zip(payloads, digests, strict=True)]
 
     def place(self, payload: bytes | memoryview, digest: bytes) -> PreparedBlob:
         """The reference of ``payload`` in the store, writing it only if the store lacks it."""
         return self.place_many([payload], [digest])[0]
 
-    def _place(self, payload: bytes | memoryview, digest: bytes) -> PreparedBlob:
-        stored = self._written.get(digest)
+    def _place(
+        self, payload: bytes | memoryview, digest: bytes, repeated: bool = False
+    ) -> PreparedBlob:
+        stored = self._written.get(digest) or self.borrowed.get(digest)
         if stored is None:
             stored = self._found.get(digest)
-            if stored is None:  # not in the index, or in a pack gc is reclaiming: store anew
-                stored = self._written[digest] = self.packs.write(payload, digest)
-            else:
+            if stored is not None:
                 self.found_packs.add(stored.pack)
+            elif self._claimed_elsewhere(payload, digest, repeated):
+                stored = self.borrowed[digest]
+            else:  # not in the index, or in a pack gc is reclaiming: store anew
+                stored = self._written[digest] = self.packs.write(payload, digest)
         return stored.prepared(self.base_id)
+
+    def _claimed_elsewhere(
+        self, payload: bytes | memoryview, digest: bytes, repeated: bool
+    ) -> bool:
+        """Whether another task of the write claimed ``digest`` first (then it is borrowed);
+        else this one claims it and stores it (blobhouse.claims)."""
+        if self.claims is None or (len(payload) <= CLAIM_MIN_BYTES and not repeated):
+            return False
+        pack, position = self.packs.next_place(len(payload))
+        mine = Claim(digest, pack, position, len(payload), self.claims.claimant)
+        theirs = self.claims.claim(mine)
+        if theirs is None:
+            self.claimed = True
+            return False
+        self.borrowed[digest] = StoredPayload(digest, theirs.pack, theirs.position, theirs.size)
+        return True
 
     def take_new(self) -> tuple[tuple[str, ...], tuple[StoredPayload, ...]]:
         """Packs and payloads stored since the last call, once their bytes are written."""
@@ -661,7 +702,13 @@ class StoreWriter:
         self.queue.close()
 
     def abort(self) -> None:
-        """Remove every pack this writer created (its write will not commit)."""
+        """Remove every pack this writer created (its write will not commit); a task that
+        claimed payloads finishes its packs instead: other tasks of the write may reference
+        them, and the commit checks them (blobhouse.claims)."""
+        if self.claimed:
+            with contextlib.suppress(Exception):
+                self.finish()
+                return
         self.packs.finish()
         self.queue.abandon()
         self.packs.abort_open()

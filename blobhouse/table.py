@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -37,9 +38,11 @@ from blobhouse.errors import (
     BlobhouseError,
     BlobReadError,
     InvalidInputError,
+    MovedTableWarning,
     NotATableError,
     PathIsFileError,
     PathNotFoundError,
+    PropertyConflictError,
     SchemaError,
     StaleWriteError,
     TableExistsError,
@@ -54,14 +57,13 @@ from blobhouse.maintenance.stats import blob_stats
 from blobhouse.maintenance.walk import Progress
 from blobhouse.mutations import UpdateReport
 from blobhouse.options import (
-    DEFAULT_MAX_BYTES_PER_FILE,
-    DEFAULT_MAX_ROWS_PER_FILE,
     WriteOptions,
     check_flag,
     keywords_checked,
 )
 from blobhouse.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
 from blobhouse.placement import AllowedBases
+from blobhouse.properties import TableProperties, field_ids, new_table_properties
 from blobhouse.rangeio import (
     REF_TYPE,
     BlobRef,
@@ -111,12 +113,12 @@ def write_table(
     mode: WriteMode = "create",
     blob_columns: Sequence[str] = (),
     ref_id_columns: Mapping[str, str] | None = None,
-    dedup: str | Mapping[str, str] = "content",
+    dedup: str | Mapping[str, str] | None = None,
     placement: Mapping[str, Mapping[str, int]] | None = None,
     allowed_bases: Sequence[str] | None = None,
     managed_bases: Sequence[str] | None = None,
-    max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE,
-    max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE,
+    max_rows_per_file: int | None = None,
+    max_bytes_per_file: int | None = None,
     storage_options: dict[str, str] | None = None,
     branch: str | None = None,
     allow_nonempty_folder: bool = False,
@@ -132,7 +134,10 @@ def write_table(
     this call wrote is removed. A new table is not created in a folder that holds other files
     unless ``allow_nonempty_folder``. The other keywords are :class:`WriteOptions`
     (``managed_bases``: allowed bases whose objects the table takes ownership of once
-    referenced, docs/managed-objects.md).
+    referenced, docs/managed-objects.md). A new table records them as its properties
+    (:attr:`Table.properties`; ``dedup`` defaults to ``"global"``: each distinct payload once
+    for the whole table); a write to an existing table uses the table's for the ones it
+    leaves out, and refuses others than the table's (:class:`PropertyConflictError`).
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -178,6 +183,7 @@ class TableWrite:
     plan: WritePlan
     appending: bool
     mode: WriteMode = "append"
+    properties: TableProperties | None = None  # what a create or an overwrite records
 
     @classmethod
     def begin(
@@ -216,24 +222,27 @@ class TableWrite:
         if existing is not None:
             existing = relocate_store(existing, location, storage_options)
         appending = mode == "append" and existing is not None
+        kept = TableProperties.of(existing) if existing is not None else TableProperties()
+        bases = _allowed_bases(
+            existing, options.allowed_bases, appending, location.root_uri, options.managed_bases
+        )
+        if appending:
+            options = kept.resolve(options, columns=_blob_names(existing.schema))
+        else:
+            options = kept.for_new_table(options)
         plan = plan_write(
             schema,
             **options.layout(),
             table_schema=existing.schema if appending else None,
-            allowed_bases=_allowed_bases(
-                existing,
-                options.allowed_bases,
-                appending,
-                location.root_uri,
-                options.managed_bases,
-            ),
+            allowed_bases=bases,
         )
         if plan.uses_store:
             existing, base_id = _with_store(location, existing, storage_options)
             plan = replace(plan, store_base_id=base_id, load_store_index=load_store_index)
         read_version = existing.version if existing is not None else None
         transaction = Transaction.start(location, read_version, storage_options, id=write_id)
-        return cls(transaction, plan, appending, mode)
+        recorded = None if appending else _properties_of(plan, options)
+        return cls(transaction, plan, appending, mode, recorded)
 
     @property
     def location(self) -> TableLocation:
@@ -333,10 +342,19 @@ class TableWrite:
         check_same_schema(self.plan.table_schema, existing.schema)
         theirs = AllowedBases.of_table(existing.schema, location.root_uri).bases
         if self.plan.allowed_bases.bases and self.plan.allowed_bases.bases != theirs:
-            raise InvalidInputError(
+            raise PropertyConflictError(
                 f"table {location} was created meanwhile with allowed_bases {theirs}; this "
                 f"write asked for {self.plan.allowed_bases.bases} and committed nothing"
             )
+        their_properties = TableProperties.of(existing)
+        for column in self.plan.columns:
+            if their_properties.dedup_of(column.name) != column.dedup:
+                raise PropertyConflictError(
+                    f"table {location} was created meanwhile with dedup "
+                    f"{their_properties.dedup_of(column.name)!r} for column {column.name!r}; "
+                    f"this write stored it with {column.dedup!r} and committed nothing (retry "
+                    "it: it then uses the table's)"
+                )
         if self.plan.uses_store:
             existing, base_id = _with_store(location, existing, options)
             if base_id != self.plan.store_base_id:
@@ -355,13 +373,14 @@ class TableWrite:
             dataset = self.transaction.read_dataset()
             ids = leaf_field_ids(dataset.lance_schema.fields())
             return LanceOperation.Append([w.fragment(ids) for w in written])
-        schema = self.plan.table_schema.with_metadata(self.plan.allowed_bases.table_metadata())
-        ids = leaf_field_ids(LanceSchema.from_pyarrow(schema).fields())
-        # a new table that stores payloads globally registers its store as it is created
+        fields = LanceSchema.from_pyarrow(self.plan.table_schema).fields()
+        schema = self.properties.recorded_in(self.plan.table_schema, field_ids(fields))
+        ids = leaf_field_ids(fields)
+        # a new table that stores payloads globally (or will: its mode is global, its blob
+        # columns may come later) registers its store as it is created
+        global_mode = self.plan.uses_store or self.properties.dedup == "global"
         bases = (
-            [store_base(self.location, None)]
-            if self.plan.uses_store and self.read_version is None
-            else None
+            [store_base(self.location, None)] if global_mode and self.read_version is None else None
         )
         return LanceOperation.Overwrite(
             schema, [w.fragment(ids) for w in written], initial_bases=bases
@@ -417,7 +436,28 @@ def open_at(
             f"the branch here (lance.dataset({location.root!r}).branches.delete(...)) and make "
             "it again, or read it at the old place"
         )
+    _warn_if_moved(dataset, location)
     return Table(dataset, location, storage_options)
+
+
+_WARNED_MOVED: set[str] = set()
+
+
+def _warn_if_moved(dataset: LanceDataset, location: TableLocation) -> None:
+    """Warn once per process that a copied or moved table sends stock readers elsewhere."""
+    if location.root in _WARNED_MOVED:
+        return
+    bases = BasePaths(dataset, location)
+    if bases.store_moved:
+        _WARNED_MOVED.add(location.root)
+        warnings.warn(
+            f"table {location.root} was copied or moved from {bases.recorded_root}: blobhouse "
+            "reads its own files, but stock Lance readers (pylance, LanceDB) read its store at "
+            "the old place until the first blobhouse write or `blobhouse relocate "
+            f"{location.root}` (Table.relocate())",
+            MovedTableWarning,
+            stacklevel=3,
+        )
 
 
 def _not_found(
@@ -467,6 +507,25 @@ def path_problem(path: str) -> TableNotFoundError | None:
 _TABLE_ENTRIES = frozenset(
     ("_versions", "_transactions", "_deletions", "_indices", "_refs", "tree", "data")
 ) | {STORE_DIR, leases.LEASES_DIR}
+
+
+def check_target(uri: str, allow_nonempty_folder: bool = False) -> None:
+    """Refuse a local ``uri`` a write cannot make or change a table at (a file, a folder below
+    a file, a folder of other files), before any work starts (ingest checks it before Spark).
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "rows.jsonl")
+    >>> _ = open(path, "w").write("{}")
+    >>> check_target(path)
+    Traceback (most recent call last):
+    ...
+    blobhouse.errors.PathIsFileError: cannot create a table at ... it is a file
+    """
+    if "://" in uri and not uri.startswith("file://"):
+        return  # object stores have no files in the way
+    root = TableLocation.of(uri).root
+    if path_problem(root) is not None:  # no table there yet
+        _check_new_table_folder(root, allow_nonempty_folder)
 
 
 def _check_new_table_folder(root: str, allow_nonempty_folder: bool) -> None:
@@ -597,6 +656,57 @@ class Table:
         """The allowed bases whose objects the table takes ownership of once referenced."""
         return AllowedBases.of_table(self.schema).managed
 
+    @property
+    def properties(self) -> TableProperties:
+        """The table's write settings (dedup mode, blob columns, ref_id columns, placement,
+        bases, file size limits) as its manifest records them; every writer uses them.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"img": blob_array([b"x"])}), tempfile.mkdtemp() + "/t")
+        >>> t.properties.dedup, t.properties.blob_columns
+        ('global', ('img',))
+        """
+        return TableProperties.of(self.dataset)
+
+    @keywords_checked
+    def set_properties(
+        self,
+        *,
+        dedup: str | Mapping[str, str | None] | None = None,
+        ref_id_columns: Mapping[str, str | None] | None = None,
+        placement: Mapping[str, Mapping[str, int]] | None = None,
+        allowed_bases: Sequence[str] | None = None,
+        managed_bases: Sequence[str] | None = None,
+        max_rows_per_file: int | None = None,
+        max_bytes_per_file: int | None = None,
+    ) -> Table:
+        """Change the table's properties in one commit (a new manifest; nothing rewritten) and
+        move this table to the new version. Later writes follow them; :meth:`compact` brings
+        earlier rows under a new dedup mode. ``dedup`` is the table's mode or
+        ``{column: mode}`` (None: the table's again); bases can be added, not removed.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"img": blob_array([b"x"])}), tempfile.mkdtemp() + "/t",
+        ...                 dedup="content")
+        >>> t.set_properties(dedup="global").properties.dedup_of("img")
+        'global'
+        """
+        given = {
+            "dedup": dedup,
+            "ref_id_columns": ref_id_columns,
+            "placement": placement,
+            "allowed_bases": allowed_bases,
+            "managed_bases": managed_bases,
+            "max_rows_per_file": max_rows_per_file,
+            "max_bytes_per_file": max_bytes_per_file,
+        }
+        changes = {name: value for name, value in given.items() if value is not None}
+        return self._advance(
+            schema_changes.set_properties(self.location, changes, self.storage_options)
+        )
+
     def versions(self) -> list[dict]:
         """Every version of this branch (``version``, ``timestamp``, ``metadata``)."""
         return self.dataset.versions()
@@ -663,7 +773,7 @@ class Table:
         updates: Mapping[str, str | BlobFunction | None],
         where: str | None = None,
         *,
-        dedup: str = "content",
+        dedup: str | None = None,
         retries: int = DEFAULT_RETRIES,
     ) -> UpdateReport:
         """Set columns on the rows matching the SQL ``where`` (every row if None), in one
@@ -674,7 +784,8 @@ class Table:
         blob value per row, like :meth:`backfill_blob_column`) or None (null). Only the
         changed columns are rewritten, in the fragments holding a matching row: blob payloads
         of other columns are never copied. New blob values go through the write pipeline with
-        ``dedup``; the unchanged rows of a rewritten blob column are copied once per distinct
+        the column's dedup mode (its property; ``dedup``, if given, must be the same); the
+        unchanged rows of a rewritten blob column are copied once per distinct
         payload (their store references kept, with ``dedup="global"``).
 
         >>> import tempfile, pyarrow as pa
@@ -696,14 +807,15 @@ class Table:
         self,
         on: str | Sequence[str],
         *,
-        dedup: str | Mapping[str, str] = "content",
+        dedup: str | Mapping[str, str] | None = None,
         ref_id_columns: Mapping[str, str] | None = None,
         placement: Mapping[str, Mapping[str, int]] | None = None,
     ) -> mutations.MergeInsert:
         """An upsert keyed by ``on``, built like Lance's ``merge_insert`` and run with
         ``execute(data)`` in one commit (see :class:`~blobhouse.mutations.MergeInsert`). New
-        rows are written through the write pipeline with ``dedup``: with ``"global"`` a
-        payload the table already stores anywhere is referenced, not written again.
+        rows are written through the write pipeline with the table's properties (options
+        given must be the same): with ``dedup="global"``, the default, a payload the table
+        already stores anywhere is referenced, not written again.
 
         >>> import tempfile, pyarrow as pa
         >>> from blobhouse import blob_array, write_table
@@ -1106,7 +1218,7 @@ class Table:
 
     @keywords_checked
     def backfill_blob_column(
-        self, column: str, fn: BlobFunction, *, dedup: str = "content"
+        self, column: str, fn: BlobFunction, *, dedup: str | None = None
     ) -> Table:
         """Compute blob ``column`` for every row and commit it in one transaction.
 
@@ -1114,7 +1226,8 @@ class Table:
         A new column is added (Lance ``Merge``); an existing one has its files replaced (Lance
         ``DataReplacement``). If anything fails, nothing changes and the staged files are gone.
         ``blobhouse.spark.backfill_blob_column`` runs the same steps with a Spark task per
-        fragment.
+        fragment. The column is written with its dedup mode (a new one: ``dedup``, else the
+        table's).
 
         >>> import tempfile, pyarrow as pa
         >>> from blobhouse import write_table
@@ -1125,8 +1238,9 @@ class Table:
         >>> t.read_blobs("img", [2])
         [b'img-3']
         """
-        table = table_for(self, dedup)
-        plan = BackfillPlan.create(table, column, dedup)
+        mode = self.properties.change_mode(column, dedup)
+        table = table_for(self, mode)
+        plan = BackfillPlan.create(table, column, mode)
         store = store_writer_for(table, plan)  # shared: a payload is stored once per backfill
         try:
             files = {
@@ -1406,6 +1520,18 @@ def _remove_empty_local_dirs(*paths: str) -> None:
                 os.rmdir(path)
 
 
+def _blob_names(schema: pa.Schema) -> list[str]:
+    return [path_name(p) for p in stored_blob_columns(schema)]
+
+
+def _properties_of(plan: WritePlan, options: WriteOptions) -> TableProperties:
+    """What a write that makes the table anew records (its bases as the plan checked them)."""
+    columns = [(c.name, c.dedup, c.ref_id_column, c.placement) for c in plan.columns]
+    properties = new_table_properties(options, columns)
+    bases = plan.allowed_bases
+    return replace(properties, allowed_bases=tuple(bases.bases), managed_bases=tuple(bases.managed))
+
+
 def _allowed_bases(
     existing: LanceDataset | None,
     given: Sequence[str] | None,
@@ -1422,7 +1548,7 @@ def _allowed_bases(
     # an append may repeat the table's settings (what it gives of them), never change them
     same_allowed = given is None or set(requested.bases) | set(kept.managed) == set(kept.bases)
     if not same_allowed or (managed is not None and requested.managed != kept.managed):
-        raise InvalidInputError(
+        raise PropertyConflictError(
             "allowed_bases are set when a table is created or overwritten (managed_bases "
             f"too); this table's are {kept.bases} (managed: {kept.managed}), the append asked "
             f"for {requested.bases} (managed: {requested.managed})"

@@ -50,6 +50,7 @@ from lance.file import LanceFileSession
 from lance.fragment import FragmentMetadata
 
 from blobhouse import leases
+from blobhouse.claims import adopt, remove_claims
 from blobhouse.errors import BlobhouseError, ConcurrentCommitError, StaleWriteError, lance_message
 from blobhouse.layout import STORE_DIR, TableLocation, branch_data_dir
 from blobhouse.managed import check_usable, register
@@ -158,10 +159,11 @@ class Transaction:
         except BaseException:
             self.abort(written)
             raise
-        record_stored(
-            self.location.root, [s for w in written for s in w.stored], self.storage_options
-        )
+        stored = [s for w in written for s in w.stored] + _adopted(written)
+        record_stored(self.location.root, stored, self.storage_options)
         self._register_managed(dataset, written)
+        if any(w.claimed for w in written):
+            remove_claims(self.location.root, self.id, self.storage_options)
         return dataset
 
     def _register_managed(self, dataset: LanceDataset, written: Sequence[WrittenFile]) -> None:
@@ -183,6 +185,7 @@ class Transaction:
         try:
             with self.lease():
                 check_packs_usable(root, {p for w in written for p in w.found_packs}, options)
+                adopt(root, _adopted(written), options)
                 check_usable(root, _managed(written), options)
                 lost = _lost_files(self.location, written, options)
                 if lost:
@@ -216,6 +219,7 @@ class Transaction:
         remove_written(written, self.location, self.storage_options)
         remove_deletions(deletions, self.location, self.storage_options)
         remove_staged(self.location, self.name_prefix, self.storage_options)
+        remove_claims(self.location.root, self.id, self.storage_options)
 
     def end_task(self, written: Sequence[WrittenFile] | None) -> None:
         """End one task's part of this transaction (``written``: its files; None: it failed
@@ -237,6 +241,15 @@ class Transaction:
     def _marker_uri(self) -> str:
         # outside the prefix: sweeps of the prefix keep it; gc removes it with the leftovers
         return as_uri(f"{self.location.data_dir}/aborted-{self.name_prefix}")
+
+
+def _adopted(written: Sequence[WrittenFile]) -> list[StoredPayload]:
+    """Payloads the files borrowed from packs no file of the write lists: stored by a task
+    that failed after claiming them (blobhouse.claims), checked before the commit and
+    recorded in the index after it."""
+    produced = {p for w in written for p in w.packs}
+    found = {b.digest: b for w in written for b in w.borrowed if b.pack not in produced}
+    return list(found.values())
 
 
 def _managed(written: Sequence[WrittenFile]) -> list[str]:

@@ -2,10 +2,12 @@
 
 ``python concurrent_writer_worker.py URI WORKER_ID WRITES SEED [GO_FILE [DEDUP]]`` appends
 ``WRITES`` batches of 1-8 rows whose ids are ``WORKER_ID * 1_000_000 + n`` and whose payload is
-``payload(id)``; each write draws its dedup (content, global, off) from ``SEED``, or uses
-``DEDUP``. Half the payloads come from a small pool every worker shares (global dedup shares store
-packs across processes), the rest are the worker's own; sizes are inline (100 B), packed (20 kB)
-and dedicated (120 kB), as in ``crash_worker.py``. A write that fails with an error documented as
+``payload(id)``; each write draws a dedup mode (content, global, off) from ``SEED`` and sets
+it as the table's property first (beside the other writers), or writes with the table's own
+when ``DEDUP`` is given. Half the payloads come from a small pool every worker shares (global
+dedup shares store packs across processes), the rest are the worker's own; sizes are inline
+(100 B), packed (20 kB) and dedicated (120 kB), as in ``crash_worker.py``. A write that fails
+with an error documented as
 retryable (blobhouse's ``StoreRaceError`` and ``StaleWriteError``, Lance's ``CommitConflictError``
 with ``retryable``) is retried, at most ``RETRIES`` times; any other error fails the write and is
 recorded with its class and message. With ``GO_FILE``, the worker creates
@@ -94,6 +96,7 @@ def writer(
     committed: list[list[int]] = []  # [first id, rows] of every committed write
     failed: list[dict] = []
     retried: dict[str, int] = {}
+    property_changes = 0
     slowest = 0.0
     for _ in range(writes):
         count = rng.randint(1, 8)
@@ -106,7 +109,12 @@ def writer(
         for attempt in range(RETRIES + 1):
             started = time.monotonic()
             try:
-                write_table(data, uri, mode="append", dedup=mode, placement=PLACEMENT)
+                table = open_table(uri)
+                if dedup is None and table.properties.dedup != mode:
+                    # the table's mode changes beside the other writers
+                    table.set_properties(dedup=mode)
+                    property_changes += 1
+                write_table(data, uri, mode="append")
             except Exception as exc:
                 slowest = max(slowest, time.monotonic() - started)
                 if _retryable(exc) and attempt < RETRIES:
@@ -126,6 +134,7 @@ def writer(
         "retried": retried,
         "committed": committed,
         "failed": failed,
+        "property_changes": property_changes,
         "slowest_write_seconds": round(slowest, 3),
     }
 

@@ -8,7 +8,8 @@ worker's). Each write spreads its rows over 2-4 partitions, so several tasks wri
 and ``committed LAST`` after its commit. Each write goes, at random, through
 ``blobhouse.spark.write_table`` (shuffle by payload hash first; for global dedup a join with the
 store index on the executors) or plain ``df.write.format("blobhouse")`` (tasks load the store
-index themselves), with ``dedup`` drawn from content, global and off. A kill lands in any phase
+index themselves and claim new payloads), with the table's ``dedup`` drawn from content, global
+and off before each write (a property change: a commit of its own). A kill lands in any phase
 of a Spark write: the driver's plan, the tasks' file writes, the Lance commit, the store index
 append after it.
 """
@@ -21,6 +22,7 @@ import sys
 
 from crash_worker import payload
 
+from blobhouse import TableNotFoundError, open_table
 from blobhouse.spark import local_session, register, write_table
 
 PLACEMENT = {"b": {"dedicated_size_threshold": 100_000}}
@@ -40,6 +42,16 @@ def main(uri: str, seed: int) -> None:
         df = spark.createDataFrame(rows, "id long, b binary")
         dedup = rng.choice(["content", "global", "off"])
         how = rng.choice(["write_table", "df.write"])
+        # the mode is the table's: set as a property (a commit of its own), or by the first write
+        options = {"dedup": dedup, "placement": json.dumps(PLACEMENT)}
+        try:
+            table = open_table(uri)
+        except TableNotFoundError:
+            table = None
+        if table is not None:
+            options = {}
+            if table.properties.dedup != dedup:
+                table.set_properties(dedup=dedup)
         print(f"writing {ids[0]} {ids[-1]} {how} {dedup}", flush=True)
         if how == "write_table":
             write_table(
@@ -47,19 +59,13 @@ def main(uri: str, seed: int) -> None:
                 uri,
                 mode="append",
                 blob_columns=["b"],
-                dedup=dedup,
                 partitions=partitions,
-                options={"placement": json.dumps(PLACEMENT)},
+                options=options,
             )
         else:
-            (
-                df.write.format("blobhouse")
-                .mode("append")
-                .option("blob_columns", "b")
-                .option("dedup", dedup)
-                .option("placement", json.dumps(PLACEMENT))
-                .save(uri)
-            )
+            df.write.format("blobhouse").mode("append").option("blob_columns", "b").options(
+                **options
+            ).save(uri)
         print(f"committed {ids[-1]}", flush=True)
 
 

@@ -163,7 +163,12 @@ def test_every_stored_payload_has_its_hash(table_uri, media, dedup, monkeypatch)
 
 def test_a_shared_payload_has_one_entry(table_uri):
     rows = [MEDIUM] * 5 + [SMALL_SHARED] * 3 + [LARGE] * 2
-    write_table(pa.table({"media": blob_array(rows)}), table_uri, placement={"media": PLACEMENT})
+    write_table(
+        pa.table({"media": blob_array(rows)}),
+        table_uri,
+        placement={"media": PLACEMENT},
+        dedup="content",
+    )
     (fragment,) = lance.dataset(table_uri).get_fragments()
     found = load_checksums(file_uri(table_uri, fragment.metadata.files[0].path))
     assert sorted(found.table.column("size").to_pylist()) == sorted(
@@ -176,7 +181,7 @@ def test_a_shared_payload_has_one_entry(table_uri):
 def test_nested_inline_rows_are_keyed_by_their_column_in_the_data_file(table_uri):
     payloads = [os.urandom(40) for _ in range(3)]
     meta = pa.StructArray.from_arrays([blob_array(payloads), pa.array([1, 2, 3])], ["img", "n"])
-    write_table(pa.table({"id": [7, 8, 9], "meta": meta}), table_uri)
+    write_table(pa.table({"id": [7, 8, 9], "meta": meta}), table_uri, dedup="content")
     (fragment,) = lance.dataset(table_uri).get_fragments()
     found = load_checksums(file_uri(table_uri, fragment.metadata.files[0].path))
     # columns of the file: id, meta.img, meta.n
@@ -329,7 +334,9 @@ def test_files_without_stored_payloads_have_an_empty_list_stock_files_none(
 
 def test_lance_compaction_leaves_files_without_checksums(table_uri):
     payloads = [os.urandom(50) for _ in range(6)] + [MEDIUM]
-    write_table(pa.table({"media": blob_array(payloads)}), table_uri, max_rows_per_file=3)
+    write_table(
+        pa.table({"media": blob_array(payloads)}), table_uri, max_rows_per_file=3, dedup="content"
+    )
     assert recorded_entries(table_uri) == 7
     lance.dataset(table_uri).optimize.compact_files(target_rows_per_fragment=100)
     (fragment,) = lance.dataset(table_uri).get_fragments()
@@ -384,7 +391,10 @@ def test_a_walk_over_many_data_files_keeps_a_bounded_set_of_checksums(table_uri,
     payloads = [os.urandom(2_000 + n) for n in range(6)]
     for n, payload in enumerate(payloads):  # one data file per append, inline and packed rows
         table = write_table(
-            pa.table({"b": blob_array([payload, MEDIUM + bytes([n])])}), table_uri, mode="append"
+            pa.table({"b": blob_array([payload, MEDIUM + bytes([n])])}),
+            table_uri,
+            mode="append",
+            dedup="content",
         )
     hashes = table.recorded_hashes()
     loaded = Counter()

@@ -121,7 +121,16 @@ def subparsers(parser):
 def test_every_option_and_argument_has_help_and_help_is_plain_text(capsys):
     parser = build_parser()
     commands = subparsers(parser)
-    assert set(commands) == {"demo", "ingest", "stats", "verify", "gc", "compact", "relocate"}
+    assert set(commands) == {
+        "demo",
+        "ingest",
+        "stats",
+        "verify",
+        "gc",
+        "compact",
+        "relocate",
+        "properties",
+    }
     for name, command in [("blobhouse", parser), *commands.items()]:
         for action in command._actions:
             if action.dest == "command":
@@ -151,6 +160,50 @@ def test_misspelled_options_and_commands_get_a_suggestion(capsys):
             main(argv)
         assert done.value.code == 2
         assert f"did you mean {hint}" in capsys.readouterr().err
+
+
+def test_a_bad_command_line_is_one_line_and_no_option_is_taken_by_prefix(table_uri, capsys):
+    write_table(pa.table({"id": [1]}), table_uri)
+    for argv, message in [
+        (
+            ["gc", table_uri, "--retain-version", "2"],  # not run as --retain-versions
+            "error: blobhouse gc: unknown option --retain-version (did you mean "
+            "--retain-versions?)",
+        ),
+        (["gc", table_uri, "--grace", "1"], "unknown option --grace (did you mean --grace-hours?)"),
+        (["stats"], "the following arguments are required: table"),
+        (["gc", table_uri, "--retain-versions", "x"], "invalid int value: 'x'"),
+        (["stats", table_uri, "extra"], "unexpected argument extra"),
+    ]:
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "usage:" not in err, err
+    assert open_table(table_uri).version == 1  # nothing ran
+
+
+# from the first line of blobhouse's own code on (Python's start, ~30 ms, is the interpreter's)
+@pytest.mark.parametrize("delay", [0.1, 0.3, 0.8])
+def test_ctrl_c_while_starting_exits_130_without_a_traceback(table_uri, delay):
+    import signal
+
+    write_table(pa.table({"id": [1]}), table_uri)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "blobhouse.cli", "gc", table_uri, "--dry-run"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(delay)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    # finished before the signal, or as Python exited (which restores the default handler)
+    if child.returncode in (0, -signal.SIGINT):
+        assert "Traceback" not in err
+        return
+    assert child.returncode == 130, err
+    assert "Traceback" not in err and err.startswith("interrupted"), err
 
 
 def test_an_unreachable_spark_master_is_one_line_at_once(tmp_path, capsys):

@@ -25,7 +25,7 @@ def two_columns(table_uri) -> dict[str, list[bytes]]:
     data = pa.table(
         {"id": pa.array(range(ROWS), pa.int64()), "a": blob_array(a), "b": blob_array(b)}
     )
-    write_table(data, table_uri)
+    write_table(data, table_uri, dedup="content")
     return {"a": a, "b": b}
 
 
@@ -105,7 +105,7 @@ def test_added_columns_and_later_appends_keep_their_checks(table_uri, two_column
             "score": pa.array([99], pa.int64()),
         }
     )
-    table = write_table(more, table_uri, mode="append")
+    table = write_table(more, table_uri, mode="append", dedup="content")
     assert table.read_blobs("a", [ROWS]) == [b"new-a" * 10]
     assert problems(table_uri) == set()
     flip_byte(table_uri, "b", 1)  # packed

@@ -24,7 +24,7 @@ SHARED = os.urandom(300_000)
 
 def append(uri: str, ids: list[int], payloads: list, **kwargs) -> None:
     data = pa.table({"id": pa.array(ids, pa.int64()), "b": blob_array(payloads)})
-    write_table(data, uri, mode="append", **kwargs)
+    write_table(data, uri, mode="append", **kwargs, dedup="content")
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_external_blobs_stay_references(table_uri, tmp_path):
     data = pa.table(
         {"id": pa.array([0, 1], pa.int64()), "b": blob_array([Blob(uri=str(clip)), SHARED])}
     )
-    write_table(data, table_uri, allowed_bases=[str(media)])
+    write_table(data, table_uri, allowed_bases=[str(media)], dedup="content")
     append(table_uri, [2], [Blob(uri=str(clip), position=10, size=100)])
     before = live_rows(table_uri)
     open_table(table_uri).compact()

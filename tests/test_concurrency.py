@@ -97,6 +97,7 @@ def tally(results: list[dict]) -> dict:
         "retries": sum(r["retries"] for r in results),
         "retried": dict(sum((Counter(r["retried"]) for r in results), Counter())),
         "slowest_write_seconds": max(r["slowest_write_seconds"] for r in results),
+        "property_changes": sum(r["property_changes"] for r in results),
         "committed": expand([w for r in results for w in r["committed"]]),
         "failed_ids": expand([f["ids"] for f in failed]),
         "errors": [f"{f['error']}: {f['message']}" for f in failed],
@@ -175,7 +176,8 @@ def test_writers_appending_at_the_same_time_lose_nothing(table_uri):
     assert counts["commits"] == counts["writes"] - counts["failures"]
     assert open_table(table_uri).verify(deep=True)["problems"] == []
     versions = len(open_table(table_uri).versions())
-    assert versions == counts["commits"] + 1  # one version per write, none lost or extra
+    # one version per write and per change of the table's dedup mode, none lost or extra
+    assert versions == counts["commits"] + counts["property_changes"] + 1
     report("writers", counts | {"rows": len(ids), "seconds": time.monotonic() - started})
 
 
@@ -237,8 +239,9 @@ def test_a_store_registered_by_another_process_meanwhile_is_used(table_uri):
 
 
 def test_writers_registering_the_store_at_the_same_time_all_commit(table_uri):
-    create(table_uri, dedup="content")  # no store yet: each writer's first write registers it
-    counts = tally(run_writers(table_uri, writes=2, dedup="global")[0])
+    create(table_uri, dedup="content")
+    open_table(table_uri).set_properties(dedup="global")  # no store yet: each writer's first
+    counts = tally(run_writers(table_uri, writes=2, dedup="global")[0])  # write registers it
     report("writers registering the store", counts)
     counts["committed"].add(0)
     check_rows(read_back(table_uri), counts)
@@ -292,7 +295,7 @@ def test_a_stalled_write_fails_clearly(table_uri):
     """A write that stopped touching its lease (stalled for an hour) has its staged files swept
     once they are older than the grace: it then fails clearly instead of committing references
     to missing files."""
-    create(table_uri)
+    create(table_uri, dedup="content")
     write, written = stage(table_uri, [1, 3, 5], "content")
     age(table_uri, hours=1)  # the write has been running for an hour
     assert open_table(table_uri).gc(grace=timedelta(minutes=30))["removed_files"] >= 1
@@ -305,7 +308,7 @@ def test_a_commit_retrying_longer_than_the_grace_keeps_its_files(table_uri, monk
     the write's lease keeps its files, and what lands reads back."""
     from lance import LanceDataset
 
-    create(table_uri)
+    create(table_uri, dedup="content")
     write, written = stage(table_uri, [1, 3, 5], "content")
     commit = LanceDataset.__dict__["commit"]
 

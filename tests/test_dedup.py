@@ -49,7 +49,7 @@ def test_without_dedup_every_row_is_stored(table_uri):
 def test_shared_small_payloads_are_packed_once_never_inlined(table_uri):
     small = os.urandom(500)
     rows = [small, os.urandom(10), small, small]
-    write_table(pa.table({"b": blob_array(rows)}), table_uri)
+    write_table(pa.table({"b": blob_array(rows)}), table_uri, dedup="content")
     d = stock_descriptors(table_uri, "b")
     assert [x["kind"] for x in d] == [Kind.PACKED, Kind.INLINE, Kind.PACKED, Kind.PACKED]
     assert len({(x["blob_id"], x["position"]) for x in (d[0], d[2], d[3])}) == 1
@@ -58,7 +58,7 @@ def test_shared_small_payloads_are_packed_once_never_inlined(table_uri):
 def test_small_payload_shared_across_batches_is_packed_once(table_uri):
     small = os.urandom(300)
     batches = [pa.record_batch({"b": blob_array([small, os.urandom(5)])}) for _ in range(4)]
-    write_table(batches, table_uri)
+    write_table(batches, table_uri, dedup="content")
     d = stock_descriptors(table_uri, "b")
     shared = [x for i, x in enumerate(d) if i % 2 == 0]
     assert {x["kind"] for x in shared} == {Kind.PACKED}
@@ -94,7 +94,9 @@ def test_dedup_mode_per_column(table_uri):
 
 def test_files_split_by_rows_and_bytes_keep_dedup_inside_each_file(table_uri, tmp_path):
     payload = os.urandom(100_000)
-    table = write_table(pa.table({"b": blob_array([payload] * 10)}), table_uri, max_rows_per_file=4)
+    table = write_table(
+        pa.table({"b": blob_array([payload] * 10)}), table_uri, max_rows_per_file=4, dedup="content"
+    )
     assert [f.count_rows() for f in table.dataset.get_fragments()] == [4, 4, 2]
     assert table.stats()["physical_bytes"] == 3 * 100_000
     assert stock_read(table_uri, "b") == [payload] * 10
@@ -104,6 +106,7 @@ def test_files_split_by_rows_and_bytes_keep_dedup_inside_each_file(table_uri, tm
         iter([pa.record_batch({"b": blob_array([p])}) for p in unique]),
         uri,
         max_bytes_per_file=250_000,
+        dedup="content",
     )
     assert len(by_bytes.dataset.get_fragments()) == 4
     assert stock_read(uri, "b") == unique
@@ -145,7 +148,7 @@ def test_any_mix_reads_back_and_stores_each_payload_once(
 def test_same_payload_in_two_columns_is_placed_per_column(table_uri):
     big, small = os.urandom(100_000), os.urandom(100)
     data = pa.table({"x": blob_array([big, small]), "y": blob_array([big, small])})
-    table = write_table(data, table_uri)
+    table = write_table(data, table_uri, dedup="content")
     for column in ("x", "y"):
         d = stock_descriptors(table_uri, column)
         assert [x["kind"] for x in d] == [Kind.PACKED, Kind.INLINE]

@@ -65,9 +65,11 @@ def test_old_versions_go_and_what_is_referenced_stays(table_uri, tmp_path):
     media.mkdir()
     (media / "clip.bin").write_bytes(b"z" * 1000)
     first = [os.urandom(300_000), Blob(uri=str(media / "clip.bin"))]
-    write_table(pa.table({"b": blob_array(first)}), table_uri, allowed_bases=[str(media)])
+    write_table(
+        pa.table({"b": blob_array(first)}), table_uri, allowed_bases=[str(media)], dedup="content"
+    )
     second = [os.urandom(200_000)]
-    write_table(pa.table({"b": blob_array(second)}), table_uri, mode="overwrite")
+    write_table(pa.table({"b": blob_array(second)}), table_uri, mode="overwrite", dedup="content")
     table = open_table(table_uri)
     report = table.gc(retain_versions=1, grace=timedelta(0))
     assert report["removed_versions"] == [1]
@@ -219,7 +221,12 @@ def test_a_retired_pack_waits_for_its_tombstone_and_is_counted_once(table_uri):
     in between keeps it), and the run that reaps it counts it once."""
     first = pa.table({"b": blob_array([os.urandom(300_000)])})
     write_table(first, table_uri, dedup="global")
-    write_table(pa.table({"b": blob_array([os.urandom(1_000)])}), table_uri, mode="overwrite")
+    write_table(
+        pa.table({"b": blob_array([os.urandom(1_000)])}),
+        table_uri,
+        mode="overwrite",
+        dedup="content",
+    )
     age_tree(table_uri, hours=48)
     retired = open_table(table_uri).gc(retain_versions=1)
     assert (retired["retired_packs"], retired["reaped_packs"]) == (1, 0)

@@ -172,15 +172,23 @@ def test_the_table_own_files_are_never_external_blobs(tmp_path):
     base.mkdir()
     uri = str(base / "t")
     table = write_table(
-        pa.table({"b": blob_array([b"x" * 100_000])}), uri, allowed_bases=[str(base)]
+        pa.table({"b": blob_array([b"x" * 100_000])}),
+        uri,
+        allowed_bases=[str(base)],
+        dedup="content",
     )
     inside = table.blob_refs("b", [0])[0].as_py()["uri"]
     for target in (uri_to_path(inside), f"{uri}/data/../data/{Path(inside).parent.name}"):
         rows = pa.table({"b": blob_array([Blob(uri=target)])})
         with pytest.raises(ExternalBlobError, match="inside the table"):
-            write_table(rows, uri, mode="append")
+            write_table(rows, uri, mode="append", dedup="content")
     with pytest.raises(InvalidInputError, match="lies inside the table"):
-        write_table(rows, str(tmp_path / "u"), allowed_bases=[str(tmp_path / "u" / "media")])
+        write_table(
+            rows,
+            str(tmp_path / "u"),
+            allowed_bases=[str(tmp_path / "u" / "media")],
+            dedup="content",
+        )
     assert open_table(uri).version == 1
 
 
@@ -309,9 +317,11 @@ def test_fuzz_writes_either_commit_exactly_or_refuse_cleanly(world, rows, dedup)
         values.append(row)
     ids = list(range(1000, 1000 + len(values)))
     data = pa.table({"id": ids, "b": pa.array(values, LOGICAL_INPUT)})
+    if open_table(world.table).properties.dedup != dedup:  # the mode is the table's
+        open_table(world.table).set_properties(dedup=dedup)
     before, version = world.files(), open_table(world.table).version
     try:
-        table = write_table(data, world.table, mode="append", dedup=dedup)
+        table = write_table(data, world.table, mode="append")
     except InvalidInputError as exc:
         assert "'b'" in str(exc) and "row" in str(exc), str(exc)
         assert_unchanged(world, before, version)
@@ -537,6 +547,7 @@ def test_missing_and_truncated_objects_fail_naming_column_row_and_file(table_uri
         pa.table({"b": blob_array(payloads)}),
         table_uri,
         placement={"b": {"dedicated_size_threshold": 1_000_000}},
+        dedup="content",
     )
     table = open_table(table_uri)
     refs = table.blob_refs("b", [0, 1, 2]).to_pylist()

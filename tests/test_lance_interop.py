@@ -67,6 +67,7 @@ def built(tmp_path: Path) -> Built:
             mode="append",
             placement=PLACEMENT,
             allowed_bases=None if rows or versions else [str(media)],
+            dedup="content",
         )
         for i, value in zip(ids, values, strict=True):
             rows[i] = external_bytes if isinstance(value, Blob) else value

@@ -330,6 +330,7 @@ def test_managed_wins_once_registered(table_uri, media):
     assert not os.path.exists(shared)
 
 
+@pytest.mark.filterwarnings("ignore::blobhouse.errors.MovedTableWarning")
 def test_compaction_keeps_ownership_and_a_copied_table_takes_none(table_uri, media, tmp_path):
     owned = [f"{media['owned']}/{i}.bin" for i in range(3)]
     for path in owned:

@@ -200,7 +200,9 @@ def test_backfill_after_a_column_was_dropped(fragmented):
     then its files replace the nulls (DataReplacement): one call, two versions."""
     uri = fragmented.dataset.uri
     data = pa.table({"id": pa.array(range(9), pa.int64()), "name": [f"n{i}" for i in range(9)]})
-    write_table(data.append_column("extra", pa.array(range(9))), uri, mode="overwrite")
+    write_table(
+        data.append_column("extra", pa.array(range(9))), uri, mode="overwrite", dedup="content"
+    )
     lance.dataset(uri).drop_columns(["extra"])  # its data stays in the files: its id too
     version = open_table(uri).version
     updated = open_table(uri).backfill_blob_column("img", render)

@@ -22,6 +22,9 @@ from blobhouse.layout import BasePaths
 from helpers import stock_read
 
 SHARED = os.urandom(150_000)
+# every test here opens copied tables on purpose: the warning they get is checked once, in
+# test_table_properties.py
+pytestmark = pytest.mark.filterwarnings("ignore::blobhouse.errors.MovedTableWarning")
 
 
 def rows(ids, payloads) -> pa.Table:

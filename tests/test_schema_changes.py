@@ -56,7 +56,7 @@ def frames(ids: list[int], mode: str = "content") -> pa.Table:
 @pytest.fixture
 def table(table_uri) -> Table:
     """Two fragments of three rows each; every row shares one payload."""
-    return write_table(frames(list(range(ROWS))), table_uri, max_rows_per_file=3)
+    return write_table(frames(list(range(ROWS))), table_uri, max_rows_per_file=3, dedup="content")
 
 
 def no_leases(uri: str) -> None:
@@ -142,7 +142,7 @@ def test_a_blob_field_adds_a_null_blob_column_that_backfill_fills(table, table_u
         1
     }  # packed: the column's inline threshold is 0
     more = frames([ROWS]).append_column("thumb", blob_array([b"appended"]))
-    write_table(more, table_uri, mode="append")
+    write_table(more, table_uri, mode="append", dedup="content")
     assert stock_read(table_uri, "thumb")[-2:] == [b"t5", b"appended"]
     assert open_table(table_uri).verify(deep=True)["problems"] == []
 
@@ -240,7 +240,7 @@ def test_a_renamed_blob_column_reads_verifies_compacts_gcs_and_dedups(table, tab
     assert stock_read(table_uri, "video") == [SHARED] * ROWS
     assert table.verify(deep=True)["problems"] == []
     appended = frames([10, 11]).rename_columns(["id", "label", "video"])
-    write_table(appended, table_uri, mode="append")
+    write_table(appended, table_uri, mode="append", dedup="content")
     table.refresh()
     assert table.stats()["columns"]["video"]["physical_bytes"] == 3 * len(SHARED)  # per file
     report = table.compact()
@@ -362,7 +362,9 @@ def test_gc_reclaims_a_dropped_blob_column_once_no_retained_version_needs_it(tab
     gone = gone_payloads()
     data = pa.table({"id": pa.array(range(ROWS), pa.int64()), "keep": blob_array(keep)})
     if layout == "same-file":
-        table = write_table(data.append_column("gone", blob_array(gone)), table_uri)
+        table = write_table(
+            data.append_column("gone", blob_array(gone)), table_uri, dedup="content"
+        )
     else:
         dedup = "global" if layout == "backfilled-global" else "content"
         table = write_table(data, table_uri, dedup=dedup)

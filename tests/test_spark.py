@@ -42,6 +42,7 @@ def test_round_trip_every_kind(spark, table_uri, tmp_path):
         .mode("append")
         .option("blob_columns", "media")
         .option("dedicated_size_threshold", str(500 * KB))
+        .option("dedup", "content")  # placed in the data file's own sidecars
         .save(table_uri)
     )
     kinds = [
@@ -108,8 +109,8 @@ def test_dedup_across_partitions(spark, tmp_path):
     rows = [(i, distinct[rng.randrange(20)]) for i in range(600)]
     df = frame(spark, rows, "id long, img binary", partitions=8)
     unique = sum(len(p) for p in {r[1] for r in rows})
-    colocated = str(tmp_path / "colocated")
-    bs.write_table(df, colocated, blob_columns=["img"], partitions=4)
+    colocated = str(tmp_path / "colocated")  # per-file dedup: rows sharing a payload shuffled
+    bs.write_table(df, colocated, blob_columns=["img"], dedup="content", partitions=4)
     assert disk_bytes(colocated) <= 1.05 * unique
     got = dict(
         zip(
@@ -122,8 +123,13 @@ def test_dedup_across_partitions(spark, tmp_path):
     )
     assert got == dict(rows)
     plain = str(tmp_path / "plain")
-    df.write.format("blobhouse").mode("append").option("blob_columns", "img").save(plain)
-    assert disk_bytes(plain) > 2 * unique  # what co-location saves
+    df.write.format("blobhouse").mode("append").option("blob_columns", "img").option(
+        "dedup", "content"
+    ).save(plain)
+    assert disk_bytes(plain) > 2 * unique  # what co-location saves per file
+    natural = str(tmp_path / "natural")  # the default: tasks claim payloads, no shuffle
+    df.write.format("blobhouse").mode("append").option("blob_columns", "img").save(natural)
+    assert disk_bytes(natural) <= 1.05 * unique
 
 
 def test_dedup_across_partitions_by_ref_id(spark, table_uri):

@@ -47,6 +47,11 @@ with open("media/manifest.jsonl", "w") as f:  # file paths relative to the manif
     f.writelines(json.dumps({"id": i, "file": f"{i % 3}.bin"}) + chr(10) for i in range(6))
 from blobhouse.spark.ingest import ingest
 ingest(spark, "media/manifest.jsonl", "rel/ingested", ["file"])
+# the natural write: each chunk in every task of the write (round-robin), stored once
+chunks = spark.createDataFrame([(i, b"chunk-%d" % (i % 4) * 50_000) for i in range(48)],
+                               "id long, chunk binary").repartition(4)
+chunks.write.format("blobhouse").mode("append").option("blob_columns", "chunk").save("rel/shared")
+chunks.write.format("blobhouse").mode("append").save("rel/shared")  # again: nothing new
 open_table(table).delete("frame % 2 = 1")
 compacted = bs.compact(spark, table)
 verified = bs.verify(spark, table, deep=True)
@@ -64,6 +69,8 @@ print(json.dumps({
     "previews": open_table("rel/clips").to_arrow(["preview"], filter="id = 4", blobs="bytes")[
         "preview"].to_pylist(),
     "ingested": open_table("rel/ingested").stats()["columns"]["file"]["physical_bytes"],
+    "shared": [open_table("rel/shared").count_rows(),
+               open_table("rel/shared").stats()["physical_bytes"]],
     "compacted": compacted["fragments_removed"],
     "problems": verified["problems"],
     "hashed": verified["hashed"],
@@ -111,6 +118,7 @@ def test_main_job_and_services_on_a_standalone_cluster(tmp_path: Path):
         "99": ["zzzzzz", "q99"],
     }
     assert done["ingested"] == 3 * len(b"media-0") * 1000  # three files, each stored once
+    assert done["shared"] == [96, 4 * len(b"chunk-0") * 50_000]  # tasks claimed the chunks
     assert done["compacted"] >= 1 and done["problems"] == [] and done["hashed"] > 0
     assert len(done["gc_versions"]) == 1
     table = tmp_path / "rel" / "episodes"

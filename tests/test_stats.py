@@ -67,7 +67,7 @@ def test_deleted_rows_bytes_are_what_only_deleted_rows_hold(table_uri, media):
     values = [*PAYLOADS[:1], PAYLOADS[0], PAYLOADS[1], PAYLOADS[2], PAYLOADS[3], b"tiny"]
     values += [Blob(uri=clip), Blob(uri=clip)]
     data = pa.table({"id": ids, "b": blob_array(values)})
-    write_table(data, table_uri, allowed_bases=[folder], max_rows_per_file=4)
+    write_table(data, table_uri, allowed_bases=[folder], max_rows_per_file=4, dedup="content")
     assert open_table(table_uri).stats()["deleted_rows_bytes"] == 0
     # 0 shares its payload with 1 (live), 2 is the only row of its payload, 5 is inline,
     # 6 references the user's clip
@@ -111,7 +111,9 @@ def test_old_versions_bytes_are_what_gc_may_remove(table_uri):
 
 def test_old_versions_bytes_count_store_packs_only_old_versions_reference(table_uri):
     write_table(pa.table({"b": blob_array(PAYLOADS[:2])}), table_uri, dedup="global")
-    write_table(pa.table({"b": blob_array([PAYLOADS[1]])}), table_uri, mode="overwrite")
+    write_table(
+        pa.table({"b": blob_array([PAYLOADS[1]])}), table_uri, mode="overwrite", dedup="content"
+    )
     stats = open_table(table_uri).stats()
     # the new version stores its payload anew in a pack of its own (content dedup) and the
     # first pack is only the old version's; retired by a first gc, reaped by a later one

@@ -41,6 +41,7 @@ def plain_and_blob_table(uri: str):
         ),
         uri,
         max_rows_per_file=PER_FILE,
+        dedup="content",
     )
 
 
@@ -93,6 +94,7 @@ def test_a_file_of_several_columns_stays_until_none_of_them_is_live(table_uri):
         pa.table({"id": pa.array(range(100), pa.int64()), "a": range(100), "b": range(100)}),
         table_uri,
         max_rows_per_file=50,
+        dedup="content",
     )
     table.update({"a": "a + 1", "b": "b + 1"})
     table.update({"a": "a + 1"})  # the first file still provides b
@@ -122,7 +124,12 @@ def stable_row_id_table(uri: str):
     data = data.cast(data.schema.set(2, lance_blob_field("img")))
     lance.write_dataset(data, uri, enable_stable_row_ids=True, max_rows_per_file=3)
     more = {"id": pa.array([6, 7, 8], pa.int64()), "label": ["l6", "l7", "l8"]}
-    write_table(pa.table({**more, "img": blob_array([b"y" * 1_000] * 3)}), uri, mode="append")
+    write_table(
+        pa.table({**more, "img": blob_array([b"y" * 1_000] * 3)}),
+        uri,
+        mode="append",
+        dedup="content",
+    )
     table = open_table(uri)
     table.delete("id = 1")
     return table
@@ -220,7 +227,9 @@ def test_without_stable_row_ids_the_changed_rows_are_not_recorded(table_uri):
     would only bloat the transaction file and the version's manifest, which keeps a copy of
     it (2 x ~26 KB here)."""
     ids = pa.array(range(200_000), pa.int64())
-    table = write_table(pa.table({"id": ids, "label": pa.nulls(200_000, pa.string())}), table_uri)
+    table = write_table(
+        pa.table({"id": ids, "label": pa.nulls(200_000, pa.string())}), table_uri, dedup="content"
+    )
     gc_old(table)
     before = metadata_bytes(table_uri)
     table.update({"label": "'x'"}, where="id % 7 = 0")
@@ -255,6 +264,7 @@ def test_update_writes_a_string_column_with_its_own_compression(tmp_path, compre
         pa.table({"id": range(ROWS), "label": labels}, schema=schema),
         uri,
         max_rows_per_file=PER_FILE,
+        dedup="content",
     )
     table.update({"label": "upper(label)"})
     expected = pa.array([label.upper() for label in labels])

@@ -21,8 +21,14 @@ def two_versions(table_uri):
         pa.table({"b": blob_array(first)}),
         table_uri,
         placement={"b": {"dedicated_size_threshold": 1_000_000}},
+        dedup="content",
     )
-    write_table(pa.table({"b": blob_array([os.urandom(200_000)])}), table_uri, mode="append")
+    write_table(
+        pa.table({"b": blob_array([os.urandom(200_000)])}),
+        table_uri,
+        mode="append",
+        dedup="content",
+    )
     return open_table(table_uri)
 
 
@@ -84,7 +90,7 @@ def test_stats_reports_fragments_deleted_rows_and_orphans(two_versions):
 
 def test_stats_counts_deleted_rows(table_uri):
     data = pa.table({"id": pa.array(range(6), pa.int64()), "b": blob_array([b"x"] * 6)})
-    table = write_table(data, table_uri, max_rows_per_file=3)
+    table = write_table(data, table_uri, max_rows_per_file=3, dedup="content")
     table.delete("id IN (1, 4)")
     stats = open_table(table_uri).stats()
     assert (stats["rows"], stats["fragments"], stats["deleted_rows"]) == (4, 2, 2)

@@ -14,7 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import blobhouse
-from blobhouse import Blob, Kind, blob_array, blob_field, open_table, write_table
+from blobhouse import (
+    Blob,
+    Kind,
+    PropertyConflictError,
+    blob_array,
+    blob_field,
+    open_table,
+    write_table,
+)
 from blobhouse.dedup import BatchHasher
 from blobhouse.rangeio import REF_TYPE
 
@@ -73,6 +81,7 @@ def sample(external_path: str) -> tuple[pa.Table, list[bytes | None]]:
 
 def write(data, uri, base, **kwargs):
     kwargs.setdefault("allowed_bases", [base])
+    kwargs.setdefault("dedup", "content")
     return write_table(data, uri, **kwargs)
 
 
@@ -172,14 +181,15 @@ def test_placement_overrides_per_column_are_kept_with_the_table(table_uri):
     )
     assert stock_descriptors(table_uri, "a")[1]["kind"] == Kind.PACKED
     assert table.schema.field("a").metadata[b"lance-encoding:blob-inline-size-threshold"] == b"0"
-    # a write-time override wins for that write
-    write_table(
-        pa.table({"a": blob_array([payload]), "b": blob_array([payload])}),
-        table_uri,
-        mode="append",
-        dedup="off",
-        placement={"b": {"dedicated_size_threshold": 500}},
-    )
+    # thresholds are the table's properties: a write asking for others is refused, a change
+    # of the property applies to later writes
+    more = pa.table({"a": blob_array([payload]), "b": blob_array([payload])})
+    with pytest.raises(PropertyConflictError, match="dedicated_size_threshold of column 'b'"):
+        write_table(
+            more, table_uri, mode="append", placement={"b": {"dedicated_size_threshold": 500}}
+        )
+    open_table(table_uri).set_properties(placement={"b": {"dedicated_size_threshold": 500}})
+    write_table(more, table_uri, mode="append")
     assert stock_descriptors(table_uri, "b")[2]["kind"] == Kind.DEDICATED
 
 
@@ -189,6 +199,7 @@ def test_pack_sidecars_roll_over(table_uri):
         pa.table({"b": blob_array(payloads)}),
         table_uri,
         placement={"b": {"pack_file_size_threshold": 150_000}},
+        dedup="content",
     )
     d = stock_descriptors(table_uri, "b")
     assert [x["kind"] for x in d] == [Kind.PACKED] * 6
@@ -260,7 +271,7 @@ def test_binary_columns_named_as_blob_columns(table_uri):
             "plain": pa.array([b"x", b"y", b"z"]),
         }
     )
-    table = write_table(data, table_uri, blob_columns=["img", "big"])
+    table = write_table(data, table_uri, blob_columns=["img", "big"], dedup="content")
     assert table.blob_columns == ["img", "big"]
     assert table.schema.field("plain").type == pa.binary()
     assert stock_read(table_uri, "img") == payloads
@@ -309,7 +320,7 @@ def test_blob_columns_inside_structs(table_uri):
         type=meta_type,
     )
     data = pa.table({"id": [1, 2, 3], "meta": meta, "tags": [["a"], [], None]})
-    table = write_table(data, table_uri, blob_columns=["meta.image"])
+    table = write_table(data, table_uri, blob_columns=["meta.image"], dedup="content")
     assert sorted(table.blob_columns) == ["meta.image", "meta.thumb"]
     assert table.read_blobs("meta.image", [0, 1, 2]) == [image, image, None]
     assert table.read_blobs("meta.thumb", [0, 1]) == [b"t1", b"t2"]
@@ -341,7 +352,7 @@ def test_references_are_absolute_and_self_contained(table_uri, external):
 
 def test_open_blob_is_a_seekable_file(table_uri):
     payload = os.urandom(300_000)
-    table = write_table(pa.table({"b": blob_array([payload, None])}), table_uri)
+    table = write_table(pa.table({"b": blob_array([payload, None])}), table_uri, dedup="content")
     f = table.open_blob("b", 0)
     assert f.seekable()
     f.seek(1000)
@@ -353,7 +364,9 @@ def test_open_blob_is_a_seekable_file(table_uri):
 
 def test_take_filter_versions_and_delete(table_uri):
     payloads = [os.urandom(1000 * (i + 1)) for i in range(5)]
-    table = write_table(pa.table({"id": range(5), "b": blob_array(payloads)}), table_uri)
+    table = write_table(
+        pa.table({"id": range(5), "b": blob_array(payloads)}), table_uri, dedup="content"
+    )
     assert table.take([4, 1], blobs="bytes").to_pylist() == [
         {"id": 4, "b": payloads[4]},
         {"id": 1, "b": payloads[1]},
@@ -382,26 +395,29 @@ def test_inputs_of_every_accepted_shape(table_uri, tmp_path):
     }
     for name, source in sources.items():
         uri = str(tmp_path / name)
-        write_table(source, uri)
+        write_table(source, uri, dedup="content")
         assert stock_read(uri, "b")[:2] == [b"one", b"two"], name
     uri = str(tmp_path / "pandas")
-    write_table(frame, uri)
+    write_table(frame, uri, dedup="content")
     assert stock_read(uri, "b") == [b"p1", None]
 
 
 def test_lance_blob_arrays_are_accepted(table_uri):
     arr = lance.blob.blob_array([b"abc", None])
-    write_table(pa.table({"b": arr}), table_uri)
+    write_table(pa.table({"b": arr}), table_uri, dedup="content")
     assert stock_read(table_uri, "b") == [b"abc", None]
 
 
 def test_empty_create_then_append(table_uri):
     schema = pa.schema([pa.field("id", pa.int64()), blob_field("b")])
-    table = write_table(schema.empty_table(), table_uri)
+    table = write_table(schema.empty_table(), table_uri, dedup="content")
     assert table.count_rows() == 0
     assert table.to_arrow().schema.field("b").type == REF_TYPE
     write_table(
-        pa.table({"id": [1], "b": blob_array([b"x"])}, schema=schema), table_uri, mode="append"
+        pa.table({"id": [1], "b": blob_array([b"x"])}, schema=schema),
+        table_uri,
+        mode="append",
+        dedup="content",
     )
     assert stock_read(table_uri, "b") == [b"x"]
 
@@ -429,7 +445,11 @@ def test_nested_blobs_in_sliced_batches(table_uri):
         type=pa.struct([pa.field("image", pa.large_binary()), pa.field("n", pa.int64())]),
     )
     table = write_table(
-        pa.table({"meta": meta}), table_uri, blob_columns=["meta.image"], max_rows_per_file=2
+        pa.table({"meta": meta}),
+        table_uri,
+        blob_columns=["meta.image"],
+        max_rows_per_file=2,
+        dedup="content",
     )
     assert len(table.dataset.get_fragments()) == 3
     expected = [None if i == 2 else images[i] for i in range(5)]
@@ -530,7 +550,7 @@ def test_hash_runs_grow_while_they_write_nothing_and_start_over_once_they_write(
     repeated = rng.bytes(256 << 10)  # packed: four make a 1 MiB run
     payloads = [repeated] * 40 + [rng.bytes(256 << 10) for _ in range(20)]
     data = pa.table({"b": pa.array(payloads, pa.large_binary())})
-    table = write_table(data, str(tmp_path / "t"), blob_columns=["b"])
+    table = write_table(data, str(tmp_path / "t"), blob_columns=["b"], dedup="content")
     # 1 MiB (the first copy written), then 1, 2, 4 and 4 MiB of copies, then 8 copies and
     # 8 new payloads (2 MiB written): the next run is 1 MiB again
     assert sizes[:6] == [4, 4, 8, 16, 16, 4]

@@ -32,11 +32,13 @@ from blobhouse.errors import CorruptBlobError, InvalidInputError
 from blobhouse.maintenance.walk import Progress, fragment_references
 from blobhouse.pipeline import WritePlan, plan_write, write_data_files
 from blobhouse.placement import AllowedBases, Kind, MiB
+from blobhouse.properties import TableProperties
 from blobhouse.rangeio import BlobRef, read_ranges_arrow
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.storage import object_store
 from blobhouse.store import (
+    ensure_store,
     relocate_store,
     retire_packs,
     store_base_id,
@@ -149,9 +151,11 @@ def plan_compaction(
         raise InvalidInputError("target_rows and target_bytes must be positive")
     if not 0 < deleted_fraction <= 1:
         raise InvalidInputError(f"deleted_fraction must be in (0, 1], got {deleted_fraction}")
-    usage = StoreUsage.of(table)
+    global_columns = _global_columns(table)
+    usage = StoreUsage.of(table, scan=bool(global_columns))
     repack = usage.sparse(repack_threshold)
-    forced = usage.fragments_using(repack)
+    # rows of a column whose mode is (now) global but stored per file move into the store
+    forced = usage.fragments_using(repack) | usage.fragments_per_file(global_columns)
     groups: list[CompactionGroup] = []
     run = _Run()
     indexed = _index_coverage(table)
@@ -188,10 +192,18 @@ def plan_compaction(
         ),
         groups=tuple(groups),
         repack=tuple(sorted(repack)),
-        global_columns=tuple(sorted(usage.columns)),
+        global_columns=tuple(sorted(usage.columns | global_columns)),
         target_rows=target_rows,
         target_bytes=target_bytes,
     )
+
+
+def _global_columns(table: Table) -> set[str]:
+    """The blob columns whose property stores them in the table's store."""
+    properties = TableProperties.of(table.dataset)
+    if not properties.recorded:
+        return set()
+    return {c for c in properties.blob_columns if properties.dedup_of(c) == "global"}
 
 
 def _index_coverage(table: Table) -> dict[int, frozenset[str]]:
@@ -353,7 +365,8 @@ def compact(
     >>> from blobhouse import blob_array, open_table, write_table
     >>> uri = tempfile.mkdtemp() + "/t"
     >>> for i in range(3):  # three appends of the same 100 kB payload: three stored copies
-    ...     t = write_table(pa.table({"b": blob_array([b"x" * 100_000])}), uri, mode="append")
+    ...     t = write_table(pa.table({"b": blob_array([b"x" * 100_000])}), uri, mode="append",
+    ...                     dedup="content")
     >>> report = compact(t)
     >>> report["fragments_removed"], report["fragments_added"]
     (3, 1)
@@ -373,6 +386,8 @@ def compact(
             "over (Lance's compact_files does, without keeping blob sharing)"
         )
     relocated = relocate_store(table.dataset, table.location, table.storage_options)
+    if _global_columns(table) and store_base_id(relocated) is None:  # a mode set to global
+        relocated, _ = ensure_store(relocated, table.location, table.storage_options)
     if relocated is not table.dataset:  # a moved table: its first write points its store home
         table = table.checkout(relocated.version)
 
@@ -453,7 +468,8 @@ def _write_plan(table: Table, plan: CompactionPlan) -> WritePlan:
 
 
 def _mode(column: str, plan: CompactionPlan) -> str:
-    # a column whose rows reference the store keeps storing there (repacked payloads too)
+    # a column whose mode is global, or whose rows reference the store, stores there (repacked
+    # payloads too); the others share payloads per file
     return "global" if column in plan.global_columns else "content"
 
 
@@ -594,15 +610,22 @@ class StoreUsage:
     fragments: dict[str, set[int]] = field(default_factory=dict)
     columns: set[str] = field(default_factory=set)
     pack_sizes: dict[str, int] = field(default_factory=dict)
+    # column -> fragments holding payloads of it in their own files (inline, packed, dedicated)
+    per_file: dict[str, set[int]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, table: Table) -> StoreUsage:
+    def of(cls, table: Table, scan: bool = False) -> StoreUsage:
+        """The usage of the current version (``scan``: also without a store, for
+        :attr:`per_file`)."""
         usage = cls()
-        if store_base_id(table.dataset) is None:
+        if store_base_id(table.dataset) is None and not scan:
             return usage
         prefix = store_uri_prefix(table.uri)
         for fragment in table.dataset.get_fragments():
             for batch in fragment_references(table, fragment.fragment_id):
+                sizes = batch.refs.field("size").to_numpy(zero_copy_only=False)
+                if ((batch.kinds <= int(Kind.DEDICATED)) & (sizes > 0)).any():
+                    usage.per_file.setdefault(batch.column, set()).add(fragment.fragment_id)
                 refs = zip(
                     batch.refs.field("uri").to_pylist(),
                     batch.refs.field("position").to_pylist(),
@@ -631,6 +654,10 @@ class StoreUsage:
 
     def fragments_using(self, packs: set[str]) -> set[int]:
         return set().union(*(self.fragments[p] for p in packs))
+
+    def fragments_per_file(self, columns: set[str]) -> set[int]:
+        """Fragments holding payloads of ``columns`` in their own files."""
+        return set().union(*(self.per_file.get(c, set()) for c in columns))
 
 
 def _foreign(table: Table, fragment_id: int) -> bool:

@@ -27,6 +27,7 @@ import lance
 import pyarrow as pa
 
 from blobhouse import leases
+from blobhouse.claims import CLAIMS_DIR
 from blobhouse.errors import BlobhouseError, InvalidInputError, TableNotFoundError
 from blobhouse.layout import (
     TREE_DIR,
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
 
 DEFAULT_GRACE = timedelta(hours=24)
 _PACKS = f"{STORE_DIR}/{PACKS_DIR}"
+_CLAIMS = f"{STORE_DIR}/{CLAIMS_DIR}"
 
 
 def referenced_paths(
@@ -345,9 +347,10 @@ def gc(
             if progress and done % 100 == 0:
                 progress("sweep", done, len(old))
             owned.delete(path)
+        index_before = _IndexCleanup.listed(table)  # retiring packs adds to the index too
         packs.apply()
         managed.apply()
-        index = _IndexCleanup.run(table, index_keep)
+        index = _IndexCleanup.run(table, index_keep, index_before)
         expired = leases.remove_expired(table_path, lease_cutoff, options)
         aborted_uploads = owned.abort_uploads(cutoff, running)
         owned.remove_empty_dirs()
@@ -373,6 +376,8 @@ def gc(
         "kept_young_files": len(young),
         "kept_leased_files": len(leased),
         "retired_packs": len(packs.retire),
+        # reclaimed by a later run, once their tombstone is older than the grace
+        "retired_bytes": sum(packs.size(p) for p in packs.retire),
         "reaped_packs": len(packs.reap),
         "resurrected_packs": len(packs.resurrect),
         "kept_retired_packs": len(packs.waiting),
@@ -511,10 +516,10 @@ class _IndexCleanup:
     added_bytes: int = 0
 
     @classmethod
-    def run(cls, table: Table, keep: timedelta) -> _IndexCleanup:
-        before = cls._listed(table)
+    def run(cls, table: Table, keep: timedelta, before: dict[str, int]) -> _IndexCleanup:
+        """Maintain the index; what changed since it held ``before`` (:meth:`listed`)."""
         maintain_index(table.location.root, keep, table.storage_options)
-        after = cls._listed(table)
+        after = cls.listed(table)
         return cls(
             {p: before[p] for p in sorted(before.keys() - after.keys())},
             sum(after[p] for p in after.keys() - before.keys()),
@@ -541,7 +546,7 @@ class _IndexCleanup:
         )
 
     @staticmethod
-    def _listed(table: Table) -> dict[str, int]:
+    def listed(table: Table) -> dict[str, int]:
         store = object_store(table.uri, table.storage_options)
         index = f"{table.uri}/{STORE_DIR}/index"
         return {f"{STORE_DIR}/index/{i.name}": i.size for i in store.list(index)}
@@ -754,9 +759,10 @@ def _kept_for_tags(table: Table, removed: list[int], retained: list[int]) -> lis
 
 def owned_dirs(table: Table) -> list[str]:
     """The directories (relative to the root) whose files belong to the table: main's and each
-    branch's ``data/``, and the store's packs."""
+    branch's ``data/``, the store's packs, and the claims of Spark writes (blobhouse.claims:
+    named with their write's prefix, kept while it runs, swept once it died)."""
     branches = [branch_data_dir(b) for b in sorted(table.branches())]
-    return ["data", *branches, _PACKS]
+    return ["data", *branches, _PACKS, _CLAIMS]
 
 
 class _TableFiles:
@@ -855,6 +861,10 @@ class _StorePacks:
         for pack in self.reap:
             self.owned.delete(f"{STORE_DIR}/{pack}")
             forget_tombstone(self.table_path, pack, self.options)
+
+    def size(self, pack: str) -> int:
+        info = self.owned.objects.get(f"{STORE_DIR}/{pack}")
+        return info.size if info is not None else 0
 
     def _mtime(self, pack: str) -> float:
         info = self.owned.objects.get(f"{STORE_DIR}/{pack}")

@@ -83,6 +83,9 @@ def blob_stats(table: Table) -> dict:
         path_name(path): _column_stats(table, path, fragments, registered, outside)
         for path in stored_blob_columns(table.schema)
     }
+    properties = table.properties
+    for name, column in columns.items():
+        column["dedup"] = properties.dedup_of(name)
     files = reclaimable(table)
     rows = table.count_rows()
     report = {
@@ -120,6 +123,7 @@ def blob_stats(table: Table) -> dict:
         "old_versions_bytes": files["old_versions_bytes"],
         "on_disk_bytes": disk_usage(table),
         "columns": columns,
+        "properties": properties.to_dict(),
     }
     return report
 

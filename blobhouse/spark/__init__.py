@@ -30,6 +30,7 @@ import sys
 import warnings
 from collections.abc import Mapping, Sequence
 
+import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -45,9 +46,12 @@ from blobhouse.backfill import (
     store_writer_for,
     table_for,
 )
-from blobhouse.errors import InvalidInputError
+from blobhouse.dedup import mode_of
+from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.layout import TableLocation
+from blobhouse.options import WriteOptions, closest
 from blobhouse.placement import Placement
+from blobhouse.properties import TableProperties
 from blobhouse.spark.datasource import (
     WRITE_OPTIONS,
     check_options,
@@ -154,7 +158,7 @@ def write_table(
     mode: str = "append",
     blob_columns: Sequence[str] = (),
     ref_id_columns: Mapping[str, str] | None = None,
-    dedup: str | Mapping[str, str] = "content",
+    dedup: str | Mapping[str, str] | None = None,
     colocate_by: str | None = None,
     partitions: int | None = None,
     options: Mapping[str, str] | None = None,
@@ -168,32 +172,34 @@ def write_table(
     partition by that key, so each payload is written once whatever the input partitioning.
     Cost: one shuffle of the rows, payload bytes included. Plain ``df.write`` is enough when
     rows that share payloads already sit in the same partition, or when duplicates are rare.
-    Columns written with ``dedup="global"`` are stored first, each distinct payload once, and
-    the rows then carry references (:mod:`blobhouse.spark.lookup`): they need no colocation.
+    Columns written with ``dedup="global"`` (a new table's default) are stored first, each
+    distinct payload once, and the rows then carry references (:mod:`blobhouse.spark.lookup`):
+    they need no colocation. Options left out are the table's properties.
     ``storage_options`` reach the table's object store (as ``storage.<name>`` writer options).
     """
     if mode not in ("append", "overwrite"):
         raise InvalidInputError(f"mode must be 'append' or 'overwrite', got {mode!r}")
     check_options(options or {}, WRITE_OPTIONS, "blobhouse write option")
-    ref_id_columns = dict(ref_id_columns or {})
-    modes = dedup if isinstance(dedup, Mapping) else {}
-    key_column = colocate_by or _default_colocation(df, blob_columns, dedup)
+    _check_columns(df, [*blob_columns, *([colocate_by] if colocate_by else [])])
+    options_checked = checked_options(storage_options)
+    location = TableLocation.of(uri, storage_options=options_checked)
+    resolved = _resolved(location, options_checked, mode, dedup, ref_id_columns)
+    ref_id_columns = dict(resolved.ref_id_columns or {})
+    key_column = colocate_by or _default_colocation(df, blob_columns, resolved.dedup)
     writer_options = {
         "blob_columns": ",".join(blob_columns),
-        "ref_id_columns": json.dumps(ref_id_columns),
-        "dedup": json.dumps(dict(dedup)) if isinstance(dedup, Mapping) else dedup,
+        **({"ref_id_columns": json.dumps(dict(ref_id_columns))} if ref_id_columns else {}),
+        **({"dedup": _dedup_option(dedup)} if dedup is not None else {}),
         **dict(options or {}),
         **storage_prefixed(storage_options),
     }
-    options_checked = checked_options(storage_options)
-    location = TableLocation.of(uri, storage_options=options_checked)
-    count = partitions or df.rdd.getNumPartitions()
+    count = max(1, partitions or df.rdd.getNumPartitions())  # an empty DataFrame has none
     ensure_registered(df.sparkSession)
 
     def colocated(df: DataFrame) -> DataFrame:
         if key_column is None:
             return df
-        key_mode = modes.get(key_column, dedup if isinstance(dedup, str) else "content")
+        key_mode = mode_of(resolved.dedup, key_column)
         key = _colocation_key(df, key_column, key_mode, ref_id_columns.get(key_column))
         return (
             df.withColumn(_COLOCATE_KEY, key)
@@ -202,7 +208,7 @@ def write_table(
             .drop(_COLOCATE_KEY)
         )
 
-    stored_globally = _global_columns(df, blob_columns, dedup)
+    stored_globally = _global_columns(df, blob_columns, resolved.dedup)
     if not stored_globally:
         colocated(df).write.format("blobhouse").mode(mode).options(**writer_options).save(
             location.dataset_path
@@ -231,6 +237,42 @@ def write_table(
     record_stored(location.root, stored, options_checked)
 
 
+def _check_columns(df: DataFrame, columns: Sequence[str]) -> None:
+    """Refuse column names (``parent.child`` inside structs) the DataFrame lacks, naming the
+    closest one."""
+    for name in columns:
+        if name.split(".")[0] not in df.columns:
+            near = closest(name, df.columns)
+            hint = f" (did you mean {near!r}?)" if near else ""
+            raise SchemaError(
+                f"column {name!r} is not in the DataFrame{hint}; its columns: {df.columns}"
+            )
+
+
+def _resolved(
+    location: TableLocation,
+    storage_options: Mapping[str, str] | None,
+    mode: str,
+    dedup: str | Mapping[str, str] | None,
+    ref_id_columns: Mapping[str, str] | None,
+) -> WriteOptions:
+    """The dedup modes and ref_id columns a write uses: the table's properties, checked
+    against what the call gives (a conflict is refused before Spark runs anything)."""
+    given = WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns)
+    try:
+        dataset = lance.dataset(location.dataset_path, storage_options=storage_options)
+    except (ValueError, OSError):  # no table yet: the write creates it
+        return TableProperties().for_new_table(given)
+    properties = TableProperties.of(dataset)
+    if mode == "append":
+        return properties.resolve(given, properties.blob_columns)
+    return properties.for_new_table(given)
+
+
+def _dedup_option(dedup: str | Mapping[str, str]) -> str:
+    return json.dumps(dict(dedup)) if isinstance(dedup, Mapping) else dedup
+
+
 def _pack_limit(writer_options: Mapping[str, str]) -> int:
     """The store's pack size: the write's ``pack_file_size_threshold``, else the default."""
     given = writer_options.get("pack_file_size_threshold")
@@ -244,8 +286,7 @@ def _global_columns(
     candidates = list(blob_columns) + [
         f.name for f in df.schema.fields if _looks_like_blob_struct(f.dataType)
     ]
-    mode = dedup.get if isinstance(dedup, Mapping) else (lambda name, default: dedup)
-    return [c for c in dict.fromkeys(candidates) if "." not in c and mode(c, "content") == "global"]
+    return [c for c in dict.fromkeys(candidates) if "." not in c and mode_of(dedup, c) == "global"]
 
 
 def _default_colocation(
@@ -255,7 +296,7 @@ def _default_colocation(
         f.name for f in df.schema.fields if _looks_like_blob_struct(f.dataType)
     ]
     for name in candidates:
-        mode = dedup.get(name, "content") if isinstance(dedup, Mapping) else dedup
+        mode = mode_of(dedup, name)
         # global columns are stored before the rows move: only per-file dedup needs colocation
         if mode not in ("off", "global") and "." not in name:
             return name
@@ -289,7 +330,7 @@ def backfill_blob_column(
     column: str,
     fn: BlobFunction,
     *,
-    dedup: str = "content",
+    dedup: str | None = None,
     storage_options: Mapping[str, str] | None = None,
 ) -> None:
     """Compute blob ``column`` for every fragment of a table in parallel, one Spark task per
@@ -302,7 +343,9 @@ def backfill_blob_column(
     Spark write).
     """
     options = checked_options(storage_options)
-    table = table_for(open_table(table_uri, storage_options=options), dedup)
+    opened = open_table(table_uri, storage_options=options)
+    dedup = opened.properties.change_mode(column, dedup)  # the column's own, else the table's
+    table = table_for(opened, dedup)
     plan = BackfillPlan.create(table, column, dedup)
     # resolved here: an executor's working directory is not the driver's
     location, version = table.location, table.version

@@ -190,6 +190,11 @@ class BlobhouseDataSource(DataSource):
                 "blobhouse.spark.materialize(df, columns); in SQL, INSERT into a catalog table "
                 "made with OPTIONS (blobs 'bytes') (docs/spark-sql.md)"
             ) from error
+        if write.plan.uses_store and write.plan.load_store_index:
+            # tasks get no shuffle: they claim each new payload, so one of them stores it
+            write = dataclasses.replace(
+                write, plan=dataclasses.replace(write.plan, claim_payloads=True)
+            )
         return BlobhouseWriter(write)
 
 
@@ -417,10 +422,10 @@ class _WriteOptions:
         get = self.options.get
         given: dict = {
             "blob_columns": _names(get("blob_columns")),
-            "ref_id_columns": _mapping(get("ref_id_columns")),
+            "ref_id_columns": _mapping(get("ref_id_columns")) or None,
             "dedup": _mapping(get("dedup"))
             if (get("dedup") or "").startswith("{")
-            else (get("dedup") or "content"),
+            else (get("dedup") or None),
             "placement": self._placement(),
         }
         for name in ("allowed_bases", "managed_bases"):
@@ -542,6 +547,8 @@ def _create_if_missing(read: ReadSpec, options: dict[str, str]) -> None:
         raise InvalidInputError(
             f"blob_columns {missing} are not blob columns of the table at {table.location.root}"
         )
+    # options the table's INSERTs will carry: refused now if they are not the table's own
+    table.properties.resolve(_WriteOptions(options).write_options(), sorted(stored))
 
 
 def _read_options(options, schema: StructType) -> Mapping[str, str]:

@@ -42,6 +42,7 @@ def read_bytes(array: pa.Array, storage_options: Mapping[str, str] | None = None
     """
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
+    check_references(array, "read_blob")
     valid = _readable(array)
     sizes = np.where(valid, numbers(array.field("size")), 0)
     if (sizes < 0).any():
@@ -61,6 +62,25 @@ def read_bytes(array: pa.Array, storage_options: Mapping[str, str] | None = None
         [validity, pa.py_buffer(offsets), data.buffers()[2]],
         null_count=nulls,
     )
+
+
+def check_references(array: pa.Array, function: str) -> None:
+    """Refuse anything but blob references ``struct<uri, position, size>`` as the argument of
+    ``function``, naming what it got (an executor's error is the last line Spark shows).
+
+    >>> check_references(pa.array(["a.jpg"]), "read_blob")
+    Traceback (most recent call last):
+    ...
+    blobhouse.errors.InvalidInputError: read_blob takes a blob reference \
+struct<uri, position, size> (a blob column as the blobhouse data source reads it), got a \
+column of string
+    """
+    fields = [f.name for f in array.type] if pa.types.is_struct(array.type) else None
+    if fields is None or not {"uri", "position", "size"} <= set(fields):
+        raise InvalidInputError(
+            f"{function} takes a blob reference struct<uri, position, size> (a blob column as "
+            f"the blobhouse data source reads it), got a column of {array.type}"
+        )
 
 
 def _readable(refs: pa.Array) -> np.ndarray:
@@ -117,6 +137,7 @@ read_blob = read_blob_function()
 @arrow_udf(LongType())
 def blob_size(refs: pa.Array) -> pa.Array:
     """``blob_size(ref)``: the size in bytes of a referenced blob, without reading it."""
+    check_references(refs, "blob_size")
     sizes = refs.field("size")
     return pc.if_else(refs.is_valid(), sizes, pa.nulls(len(refs), pa.int64())).cast(pa.int64())
 

@@ -37,6 +37,7 @@ from blobhouse.storage import (
     read_object,
     uri_to_path,
 )
+from blobhouse.table import check_target
 
 FORMATS = ("jsonl", "csv", "parquet")
 #: dedup modes ingest offers (``ref_id`` needs ref ids, which a manifest's paths do not carry)
@@ -73,7 +74,7 @@ class IngestPlan:
     path_columns: dict[str, str]
     sizes: dict[str, int]
     mode: str
-    dedup: str
+    dedup: str | None  # None: the table's (a new table: "global")
     storage_options: StorageOptions | None
     managed: bool = False  # reference the files in place; the table owns them
     allowed_bases: list[str] | None = None  # the table's, when this ingest creates it
@@ -158,7 +159,7 @@ class IngestPlan:
             .write.format("blobhouse")
             .mode(self.mode)
             .option("blob_columns", ",".join(self.blob_columns))
-            .option("dedup", self.dedup)
+            .options(**({"dedup": self.dedup} if self.dedup is not None else {}))
             .options(**storage_prefixed(self.storage_options))
         )
         if self.allowed_bases is not None:
@@ -167,13 +168,14 @@ class IngestPlan:
             run_spark_job(spark, lambda: writer.save(self.table), step="ingest", progress=progress)
         finally:
             shared.unpersist()
-        stats = open_table(self.table, storage_options=self.storage_options).stats()
+        table = open_table(self.table, storage_options=self.storage_options)
+        stats = table.stats()
         return {
             "table": self.table,
             "manifest": self.manifest,
             "version": stats["version"],
             "mode": self.mode,
-            "dedup": self.dedup,
+            "dedup": {c: table.properties.dedup_of(c) for c in self.blob_columns},
             "managed": self.managed,
             "ingested_rows": self.rows.num_rows,
             "files": len(self.sizes),
@@ -198,7 +200,7 @@ def plan_ingest(
     *,
     fmt: str | None = None,
     mode: str = "append",
-    dedup: str = "content",
+    dedup: str | None = None,
     drop_path_columns: bool = False,
     storage_options: Mapping[str, str] | None = None,
     managed: bool = False,
@@ -218,15 +220,16 @@ def plan_ingest(
     blob_columns = list(blob_columns)
     if mode not in MODES:
         raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}")
-    if dedup not in DEDUP_MODES:
+    if dedup is not None and dedup not in DEDUP_MODES:
         raise InvalidInputError(f"dedup must be one of {DEDUP_MODES} for ingest, got {dedup!r}")
-    if managed and dedup != "content":
+    if managed and dedup is not None:
         raise InvalidInputError(
             f"dedup={dedup!r} does not apply to a managed ingest: the files are referenced in "
             "place, never copied (leave dedup at its default)"
         )
     if not blob_columns:
         raise InvalidInputError("name at least one blob column (the columns holding paths)")
+    check_target(table)  # a file or a folder of other files in the way: refused before Spark
     if len(set(blob_columns)) != len(blob_columns):
         raise InvalidInputError(f"blob columns named twice: {blob_columns}")
     fmt = fmt or _format_of(manifest)
@@ -348,7 +351,7 @@ def ingest(
     *,
     fmt: str | None = None,
     mode: str = "append",
-    dedup: str = "content",
+    dedup: str | None = None,
     drop_path_columns: bool = False,
     partitions: int | None = None,
     storage_options: Mapping[str, str] | None = None,
@@ -361,8 +364,9 @@ def ingest(
 
     The manifest is checked first, on the driver (:func:`plan_ingest`); rows keep their
     manifest order, split into consecutive ranges, one Spark task each (``partitions`` of them,
-    or one per ~1 GiB of distinct files); per-file dedup (``dedup="content"``) stores a file
-    once per task, ``"global"`` once per table, ``"off"`` once per row. ``storage_options``
+    or one per ~1 GiB of distinct files); ``dedup`` (default: the table's, ``"global"`` for a
+    new table) stores a file once per table (``"global"``), once per task (``"content"``) or
+    once per row (``"off"``). ``storage_options``
     reach the table, the manifest and the files on an object store. ``managed=True``
     references the files in place and hands them to the table (they must lie under
     ``allowed_bases``, or the existing table's); gc deletes each once no retained version

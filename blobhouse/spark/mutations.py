@@ -39,6 +39,7 @@ from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
 from blobhouse import mutations
 from blobhouse.backfill import BlobFunction, table_for
+from blobhouse.dedup import mode_of
 from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.mutations import (
     ColumnRewrite,
@@ -50,9 +51,9 @@ from blobhouse.mutations import (
     empty_rewrite,
     has_match,
     rewrite_fragment,
+    store_mode,
 )
 from blobhouse.options import WriteOptions
-from blobhouse.placement import Placement
 from blobhouse.session import WrittenFile
 from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.jobs import run_tasks
@@ -79,7 +80,7 @@ def update(
     updates: Mapping[str, str | BlobFunction | None],
     where: str | None = None,
     *,
-    dedup: str = "content",
+    dedup: str | None = None,
     storage_options: Mapping[str, str] | None = None,
     retries: int = DEFAULT_RETRIES,
 ) -> UpdateReport:
@@ -128,7 +129,7 @@ def merge_insert(
     when_matched_update: Sequence[str] | None = None,
     when_not_matched_insert_all: bool = True,
     when_not_matched_by_source_delete: bool | str = False,
-    dedup: str = "content",
+    dedup: str | Mapping[str, str] | None = None,
     ref_id_columns: Mapping[str, str] | None = None,
     placement: Mapping[str, Mapping[str, int]] | None = None,
     storage_options: Mapping[str, str] | None = None,
@@ -141,8 +142,9 @@ def merge_insert(
     (``when_not_matched_insert_all``), and table rows whose key the source lacks are deleted
     when ``when_not_matched_by_source_delete`` is True or a SQL condition they match.
 
-    New rows go through the write pipeline with ``dedup`` (``"global"``: payloads the table
-    stores anywhere are referenced). Duplicate keys in ``df`` are an error naming one. ``df`` is
+    New rows go through the write pipeline with the table's properties (``dedup`` and the
+    other options, if given, must be the same; ``"global"``: payloads the table stores
+    anywhere are referenced). Duplicate keys in ``df`` are an error naming one. ``df`` is
     cached for the merge and released after it (unless the caller cached it): its keys and its
     rows are read several times, and a source that is not deterministic (``rand()``, files
     changing underneath) would otherwise match one set of rows and write another. A commit
@@ -218,13 +220,11 @@ class _Merge:
     options: WriteOptions
     storage_options: Mapping[str, str] | None
 
-    @property
-    def dedup(self) -> str:
-        return str(self.options.dedup)
-
     def latest(self, uri: str) -> Table:
         """The table's latest version, ready for this merge's dedup mode."""
-        return table_for(open_table(uri, storage_options=self.storage_options), self.dedup)
+        table = open_table(uri, storage_options=self.storage_options)
+        resolved = MergeInsert(table, list(self.on), self.options).resolved(table)
+        return table_for(table, store_mode(resolved))
 
     def builder(self, table: Table) -> MergeInsert:
         """The Python merge's builder on ``table``: its checks of keys and columns."""
@@ -394,14 +394,18 @@ def _write_new_rows(
     """The rows to add, written as new data files by tasks (store payloads first with
     ``dedup="global"``: the rows then carry references into the table's store)."""
     options = table.storage_options
-    globally = builder.options.dedup == "global"
+    resolved = builder.resolved(table)
+    stored_globally = [
+        c for c in _blob_columns(table, rows) if mode_of(resolved.dedup, c) == "global"
+    ]
+    globally = bool(stored_globally)
     if globally:
         rows, staged.stored = store_payloads_first(
             rows,
             table.location,
-            _blob_columns(table, rows),
+            stored_globally,
             txn.name_prefix,
-            _pack_limit(builder.options),
+            _pack_limit(table, stored_globally),
             max(1, rows.rdd.getNumPartitions()),
             options,
         )
@@ -412,10 +416,10 @@ def _write_new_rows(
     staged.new_files.extend(_write_rows(rows, write))
 
 
-def _pack_limit(options: WriteOptions) -> int:
-    """The store's pack size: the merge's ``pack_file_size_threshold``, else the default."""
-    given = (options.placement or {}).get("*", {}).get("pack_file_size_threshold")
-    return int(given) if given is not None else Placement().pack_file_size_threshold
+def _pack_limit(table: Table, columns: Sequence[str]) -> int:
+    """The store's pack size: the smallest ``pack_file_size_threshold`` of ``columns``."""
+    properties = table.properties
+    return min(properties.columns[c].placement.pack_file_size_threshold for c in columns)
 
 
 def _blob_columns(table, df: DataFrame) -> list[str]:

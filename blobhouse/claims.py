@@ -1,0 +1,235 @@
+"""Claims: the tasks of one Spark write store each new payload once between them.
+
+The data source API gives a Spark write no shuffle: every task writes the rows it was handed,
+and tasks that meet the same new payload (a video chunk whose frames landed in several
+partitions) would each store it in the table's store. Instead, before a task stores a payload
+the store's index lacks, it claims the payload's hash for its write: it creates
+``_blobs/claims/<write id>-claims/<blake3 hex>`` exclusively (``O_EXCL`` locally, a conditional PUT
+on an object store), holding where it is about to store the payload (pack, position, size).
+The task that creates the claim stores the bytes; every other task of the write that meets the
+payload references that place instead (it *borrows* it), without writing anything.
+
+Why nothing is lost when a task fails (docs/table-properties.md has the whole argument):
+
+- the write commits once, on the driver, with the files of the tasks that succeeded; a pack a
+  borrowed reference names must be one of theirs, or be *adopted*: a task that failed after
+  claiming finishes the packs it claimed into instead of removing them, and the commit checks
+  every borrowed range of such a pack against its hash before it commits. A range that is
+  missing or wrong fails the commit (nothing is visible; the write can be run again);
+- a retry of a failed task (same partition, a later attempt) takes its predecessor's claims
+  over: it stores those payloads itself and points the claims at its own copy;
+- claims are named per write: another write never sees them; they are removed when the write
+  commits or aborts, and gc removes those of writes that died.
+
+A payload up to :data:`CLAIM_MIN_BYTES` is claimed only when it repeats within the batch that
+meets it: a small payload met once in each of several tasks may be stored once per task (at
+most the number of tasks times 64 KiB for it), which keeps a claim (one small object) from
+costing more than the bytes it saves for the commonest small payloads, thumbnails unique per
+row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+from blobhouse.dedup import content_hash
+from blobhouse.errors import StaleWriteError
+from blobhouse.layout import store_dir
+from blobhouse.placement import KiB, as_uri
+from blobhouse.storage import StorageOptions, is_local, object_store, read_object, uri_to_path
+
+CLAIMS_DIR = "claims"
+#: payloads above this size are always claimed; smaller ones when they repeat in a batch
+CLAIM_MIN_BYTES = 64 * KiB
+_READ_ATTEMPTS = 40  # a claim read empty (being written) is read again for up to ~2 s
+
+
+@dataclass(frozen=True)
+class Claimant:
+    """Who claims: a Spark task (its partition and attempt), or one process of a write."""
+
+    partition: int
+    attempt: int
+    id: str
+
+    @classmethod
+    def here(cls) -> Claimant:
+        """The Spark task running this code, or a process outside Spark."""
+        try:
+            from pyspark import TaskContext
+
+            context = TaskContext.get()
+        except ImportError:
+            context = None
+        if context is None:
+            return cls(-1, 0, uuid.uuid4().hex)
+        return cls(context.partitionId(), context.attemptNumber(), uuid.uuid4().hex)
+
+    def succeeds(self, other: Claimant) -> bool:
+        """Whether this is a later attempt of ``other``'s task: Spark ran it because that
+        one failed, so what ``other`` claimed may never be stored."""
+        return (
+            self.partition >= 0
+            and self.partition == other.partition
+            and (self.attempt > other.attempt)
+        )
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A payload a write's task claimed: ``size`` bytes at ``position`` of ``pack``, whose
+    blake3 is ``digest``, stored by ``claimant``."""
+
+    digest: bytes
+    pack: str
+    position: int
+    size: int
+    claimant: Claimant
+
+    def encode(self) -> bytes:
+        c = self.claimant
+        return json.dumps(
+            {
+                "pack": self.pack,
+                "position": self.position,
+                "size": self.size,
+                "task": [c.partition, c.attempt, c.id],
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, digest: bytes, raw: bytes) -> Claim:
+        record = json.loads(raw)
+        partition, attempt, claimant_id = record["task"]
+        return cls(
+            digest,
+            record["pack"],
+            int(record["position"]),
+            int(record["size"]),
+            Claimant(int(partition), int(attempt), str(claimant_id)),
+        )
+
+
+class Claims:
+    """The claims of one write, as one task makes and reads them.
+
+    >>> import tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> mine = Claims(root, "write-1", claimant=Claimant(0, 0, "a"))
+    >>> theirs = Claims(root, "write-1", claimant=Claimant(1, 0, "b"))
+    >>> digest = content_hash(b"clip")
+    >>> mine.claim(Claim(digest, "packs/write-1-a.pack", 0, 4, mine.claimant)) is None
+    True
+    >>> theirs.claim(Claim(digest, "packs/write-1-b.pack", 0, 4, theirs.claimant)).pack
+    'packs/write-1-a.pack'
+    """
+
+    def __init__(
+        self,
+        table_path: str,
+        write_id: str,
+        storage_options: StorageOptions | None = None,
+        claimant: Claimant | None = None,
+    ) -> None:
+        self.folder = claims_folder(table_path, write_id)
+        self.storage_options = storage_options
+        self.claimant = claimant or Claimant.here()
+        self.store = object_store(self.folder, storage_options)
+
+    def claim(self, claim: Claim) -> Claim | None:
+        """Claim ``claim.digest`` for ``claim``'s place: None if this task now stores the
+        payload there, else the claim another task of the write made first (reference its
+        place). A claim of an earlier attempt of this task is taken over."""
+        uri = self._uri(claim.digest)
+        if self._create(uri, claim):
+            return None
+        found = self._read(uri, claim.digest)
+        if found is None or self.claimant.succeeds(found.claimant):
+            # the claimant died while writing its claim, or before storing the payload:
+            # nobody could borrow an unreadable claim; a predecessor's borrowers are checked
+            # at the commit
+            self.store.put(uri, claim.encode())
+            return None
+        return found
+
+    def _create(self, uri: str, claim: Claim) -> bool:
+        try:
+            new = self.store.create(uri)
+        except FileExistsError:
+            return False
+        try:
+            new.write(claim.encode())
+            new.close()
+        except FileExistsError:  # on an object store, the conditional PUT at close lost
+            return False
+        except BaseException:
+            new.abort()
+            raise
+        return True
+
+    def _read(self, uri: str, digest: bytes) -> Claim | None:
+        """The claim at ``uri``; None if it stays unreadable (its writer died writing it)."""
+        delay = 0.001
+        for _ in range(_READ_ATTEMPTS):
+            try:
+                return Claim.decode(digest, read_object(uri, self.storage_options))
+            except (ValueError, KeyError, FileNotFoundError):  # created, not written yet
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        return None
+
+    def _uri(self, digest: bytes) -> str:
+        return f"{self.folder}/{digest.hex()}"
+
+
+def claims_folder(table_path: str, write_id: str) -> str:
+    """Where the claims of write ``write_id`` live: named with the write's prefix, so that gc
+    keeps them while the write's lease lives and sweeps those of a write that died."""
+    return as_uri(f"{store_dir(table_path)}/{CLAIMS_DIR}/{write_id}-claims")
+
+
+def remove_claims(
+    table_path: str, write_id: str, storage_options: StorageOptions | None = None
+) -> None:
+    """Remove the claims of a write that committed or aborted (best effort: gc removes what
+    is left)."""
+    folder = claims_folder(table_path, write_id)
+    store = object_store(folder, storage_options)
+    try:
+        for info in store.list(folder):
+            store.delete(f"{folder}/{info.name}")
+        if is_local(folder):  # object stores have no folders
+            os.rmdir(uri_to_path(folder))
+    except OSError:
+        return
+
+
+def adopt(table_path: str, borrowed: list, storage_options: StorageOptions | None = None) -> None:
+    """Check the payloads borrowed from packs no succeeding task of the write produced (a task
+    that failed after claiming them finished those packs): each range must hash to its
+    digest. :class:`StaleWriteError` if one is missing or wrong: the write cannot commit."""
+    root = store_dir(table_path)
+    for payload in borrowed:
+        uri = as_uri(f"{root}/{payload.pack}")
+        store = object_store(uri, storage_options)
+        try:
+            size = store.size(uri)
+            if size is None or payload.position + payload.size > size:
+                raise FileNotFoundError(uri)
+            source = store.open(uri)
+            try:
+                data = source.read(payload.position, payload.size)
+            finally:
+                source.close()
+        except OSError:
+            data = None
+        if data is None or content_hash(data) != payload.digest:
+            raise StaleWriteError(
+                f"a task of this write failed after claiming a payload other tasks reference "
+                f"({payload.pack} at {payload.position}, {payload.size} bytes) and before "
+                "storing it; nothing was committed, run the write again"
+            )

@@ -1,0 +1,538 @@
+"""Table properties: the write settings a table keeps in its own Lance manifest, so that every
+writer -- ``write_table``, ``df.write``, SQL INSERT, ``merge_insert``, ``update``, backfill,
+ingest, compaction -- in every process and on every executor stores data the same way, without
+the user repeating a keyword (Iceberg's ``write.*``, Delta's ``delta.*`` properties).
+
+Where they live (both are part of the manifest, so they change with a commit and travel with
+versions, branches and copies):
+
+- table-wide settings in the schema metadata key ``blobhouse`` (JSON, ``"format": 2``): the
+  dedup mode of blob columns that have none of their own, the allowed and managed bases of
+  external blobs, and the data file size limits;
+- a blob column's own settings in its field's metadata, which Lance keys by field id (they
+  follow a rename and go with a drop): ``blobhouse:dedup``, ``blobhouse:ref-id-field`` (the
+  field id of the integer column holding the column's ref_ids) and Lance's own placement keys
+  (``lance-encoding:blob-inline-size-threshold``, ...), which stock Lance writers honour too.
+
+A write to an existing table that leaves a setting out uses the table's; one that gives the
+same value is fine; one that gives another value is refused with
+:class:`~blobhouse.errors.PropertyConflictError` naming the setting and both values. A create
+or an overwrite sets them (an overwrite keeps what it does not give). Tables written before
+properties existed (``"format": 1`` or no key) keep their old behaviour: a writer's own options,
+or per-file ``"content"`` dedup by default. :meth:`TableProperties.changed` validates a change
+(``Table.set_properties``).
+
+>>> props = TableProperties(columns={"video": ColumnProperties(dedup="ref_id")})
+>>> props.dedup, props.dedup_of("video"), props.dedup_of("thumb")
+('global', 'ref_id', 'global')
+>>> props.resolve(WriteOptions(dedup="content"), columns=["video"])
+Traceback (most recent call last):
+...
+blobhouse.errors.PropertyConflictError: dedup of column 'video': the table's is 'ref_id', this \
+write asked for 'content' (leave the option out to use the table's, or change the property \
+with Table.set_properties)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from blobhouse.dedup import DEDUP_MODES
+from blobhouse.errors import InvalidInputError, PropertyConflictError
+from blobhouse.options import (
+    DEFAULT_MAX_BYTES_PER_FILE,
+    DEFAULT_MAX_ROWS_PER_FILE,
+    WriteOptions,
+    check_names,
+)
+from blobhouse.placement import SETTINGS_KEY, AllowedBases, Placement
+from blobhouse.values import get_field, path_name, replace_field, stored_blob_columns
+
+if TYPE_CHECKING:
+    from lance import LanceDataset
+
+FORMAT = 2
+#: the dedup mode of a new table's blob columns when the writer names none: each distinct
+#: payload once for the whole table (docs/table-properties.md says why this one)
+DEFAULT_DEDUP = "global"
+#: what a writer used when a table records no dedup mode (tables of earlier blobhouse)
+LEGACY_DEDUP = "content"
+DEDUP_KEY = b"blobhouse:dedup"
+REF_ID_FIELD_KEY = b"blobhouse:ref-id-field"
+PLACEMENT_NAMES = tuple(f.name for f in fields(Placement))
+#: what ``set_properties`` and ``blobhouse properties --set`` change
+SETTABLE = (
+    "dedup",
+    "ref_id_columns",
+    "placement",
+    "allowed_bases",
+    "managed_bases",
+    "max_rows_per_file",
+    "max_bytes_per_file",
+)
+_HINT = "leave the option out to use the table's, or change the property with Table.set_properties"
+
+
+@dataclass(frozen=True)
+class ColumnProperties:
+    """The settings of one blob column: its dedup mode (None: the table's), the integer column
+    holding its ref_ids (None: ref_ids come in the blob values, if any) and its placement."""
+
+    dedup: str | None = None
+    ref_id_column: str | None = None
+    placement: Placement = field(default_factory=Placement)
+
+    def to_dict(self, table_dedup: str) -> dict[str, Any]:
+        return {
+            "dedup": self.dedup or table_dedup,
+            "ref_id_column": self.ref_id_column,
+            **{name: getattr(self.placement, name) for name in PLACEMENT_NAMES},
+        }
+
+
+@dataclass(frozen=True)
+class TableProperties:
+    """A table's write settings (see the module docstring). ``columns`` has every blob
+    column, by name; ``recorded`` is False for a table written before properties existed.
+
+    >>> TableProperties().to_dict()["dedup"]
+    'global'
+    """
+
+    dedup: str = DEFAULT_DEDUP
+    columns: Mapping[str, ColumnProperties] = field(default_factory=dict)
+    allowed_bases: tuple[str, ...] = ()
+    managed_bases: tuple[str, ...] = ()
+    max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE
+    max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE
+    recorded: bool = True
+
+    def __post_init__(self) -> None:
+        _check_mode(self.dedup, "the table")
+        for name, column in self.columns.items():
+            if column.dedup is not None:
+                _check_mode(column.dedup, f"column {name!r}")
+        for name in ("max_rows_per_file", "max_bytes_per_file"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
+
+    @property
+    def blob_columns(self) -> tuple[str, ...]:
+        return tuple(self.columns)
+
+    def dedup_of(self, column: str) -> str:
+        """The dedup mode blob column ``column`` is written with."""
+        own = self.columns.get(column)
+        return own.dedup if own is not None and own.dedup else self.dedup
+
+    def change_mode(self, column: str, given: str | None = None) -> str:
+        """The dedup mode a change (update, backfill, merge) writes blob column ``column``
+        with: the table's for a column it has (``given``, if any, must be the same), else
+        ``given`` or the table's mode; for a table without recorded properties, ``given`` or
+        ``"content"``.
+
+        >>> TableProperties(columns={"img": ColumnProperties()}).change_mode("new", "off")
+        'off'
+        """
+        if given is not None:
+            _check_mode(given, f"column {column!r}")
+        if not self.recorded:
+            return given or LEGACY_DEDUP
+        if column in self.columns:
+            mode = self.dedup_of(column)
+            if given is not None and given != mode:
+                raise _conflict(f"dedup of column {column!r}", mode, given)
+            return mode
+        return given or self.dedup
+
+    @classmethod
+    def of(cls, dataset: LanceDataset) -> TableProperties:
+        """The properties ``dataset``'s manifest records."""
+        return cls.of_schema(dataset.schema, _names_by_id(dataset.lance_schema.fields()))
+
+    @classmethod
+    def of_schema(cls, schema: pa.Schema, names: Mapping[int, str]) -> TableProperties:
+        """The properties of a table schema (``names``: field id -> column name, which
+        resolves a ref_id column recorded by field id)."""
+        raw = (schema.metadata or {}).get(SETTINGS_KEY)
+        settings = json.loads(raw) if raw else {}
+        recorded = settings.get("format", 1) >= FORMAT
+        columns = {}
+        for path in stored_blob_columns(schema):
+            metadata = get_field(schema, path).metadata or {}
+            ref_field = metadata.get(REF_ID_FIELD_KEY)
+            columns[path_name(path)] = ColumnProperties(
+                dedup=metadata[DEDUP_KEY].decode() if DEDUP_KEY in metadata else None,
+                ref_id_column=names.get(int(ref_field)) if ref_field else None,
+                placement=Placement().updated(metadata),
+            )
+        return cls(
+            dedup=settings.get("dedup", DEFAULT_DEDUP if recorded else LEGACY_DEDUP),
+            columns=columns,
+            allowed_bases=tuple(settings.get("allowed_bases", ())),
+            managed_bases=tuple(settings.get("managed_bases", ())),
+            max_rows_per_file=settings.get("max_rows_per_file", DEFAULT_MAX_ROWS_PER_FILE),
+            max_bytes_per_file=settings.get("max_bytes_per_file", DEFAULT_MAX_BYTES_PER_FILE),
+            recorded=recorded,
+        )
+
+    def resolve(self, options: WriteOptions, columns: Iterable[str] = ()) -> WriteOptions:
+        """The options of a write that adds rows to this table: each one left out (None) is
+        the table's; one given must equal the table's (:class:`PropertyConflictError`).
+        ``columns``: the blob columns of the write. A table without recorded properties keeps
+        the old rule: the writer's options, per-file content dedup by default."""
+        if not self.recorded:
+            return replace(
+                options,
+                dedup=LEGACY_DEDUP if options.dedup is None else options.dedup,
+                max_rows_per_file=options.max_rows_per_file or DEFAULT_MAX_ROWS_PER_FILE,
+                max_bytes_per_file=options.max_bytes_per_file or DEFAULT_MAX_BYTES_PER_FILE,
+            )
+        columns = list(dict.fromkeys([*self.columns, *columns]))
+        self._check_dedup(options.dedup, columns)
+        self._check_ref_ids(options.ref_id_columns)
+        self._check_placement(options.placement)
+        for name in ("max_rows_per_file", "max_bytes_per_file"):
+            given = getattr(options, name)
+            if given is not None and given != getattr(self, name):
+                raise _conflict(name, getattr(self, name), given)
+        return replace(
+            options,
+            dedup={c: self.dedup_of(c) for c in columns},
+            # a ref_id column given for a column that records none is used by this write
+            ref_id_columns={
+                **(options.ref_id_columns or {}),
+                **{c: p.ref_id_column for c, p in self.columns.items() if p.ref_id_column},
+            },
+            max_rows_per_file=self.max_rows_per_file,
+            max_bytes_per_file=self.max_bytes_per_file,
+        )
+
+    def for_new_table(self, options: WriteOptions) -> WriteOptions:
+        """The options of a write that makes the table anew (create, overwrite): what it
+        gives, else what this table had (an overwrite keeps its settings), else defaults."""
+        dedup = options.dedup
+        if dedup is None:  # a table written before properties: the mode it was written with
+            dedup = self.dedup
+        if isinstance(dedup, Mapping):  # columns it leaves out keep theirs, or the table's
+            kept = {c: p.dedup for c, p in self.columns.items() if p.dedup}
+            dedup = {"*": self.dedup, **kept, **dedup}
+        given_ids = options.ref_id_columns
+        kept_ids = {c: p.ref_id_column for c, p in self.columns.items() if p.ref_id_column}
+        return replace(
+            options,
+            dedup=dedup,
+            ref_id_columns=given_ids if given_ids is not None else kept_ids or None,
+            max_rows_per_file=options.max_rows_per_file or self.max_rows_per_file,
+            max_bytes_per_file=options.max_bytes_per_file or self.max_bytes_per_file,
+        )
+
+    def changed(self, **changes: Any) -> TableProperties:
+        """These properties with ``changes`` (the names of :data:`SETTABLE`), validated:
+        ``dedup`` a mode or ``{column: mode}`` (``None`` for a column: the table's mode
+        again), ``ref_id_columns`` ``{column: integer column or None}``, ``placement``
+        ``{column or "*": {threshold: bytes}}``, bases lists of URIs, limits positive ints.
+
+        >>> TableProperties().changed(dedup="content").dedup
+        'content'
+        >>> TableProperties().changed(dedupe="off")
+        Traceback (most recent call last):
+        ...
+        blobhouse.errors.UnknownOptionError: unknown property 'dedupe' (did you mean 'dedup'?); \
+valid: allowed_bases, dedup, managed_bases, max_bytes_per_file, max_rows_per_file, placement, \
+ref_id_columns
+        """
+        check_names(changes, SETTABLE, "property")
+        columns = dict(self.columns)
+        updated = replace(self, recorded=True)
+        if "dedup" in changes:
+            updated, columns = _with_dedup(updated, columns, changes["dedup"])
+        if "ref_id_columns" in changes:
+            columns = _with_ref_ids(columns, changes["ref_id_columns"])
+        if "placement" in changes:
+            columns = _with_placement(columns, changes["placement"])
+        for name in ("allowed_bases", "managed_bases"):
+            if name in changes:
+                updated = replace(updated, **{name: _bases(name, changes[name])})
+        for name in ("max_rows_per_file", "max_bytes_per_file"):
+            if name in changes:
+                updated = replace(updated, **{name: changes[name]})
+        return replace(updated, columns=columns)
+
+    def schema_metadata(self) -> dict[bytes, bytes]:
+        """The schema metadata that records the table-wide settings (``allowed_bases`` also
+        lists the managed ones, so a reader that knows only allowed bases still reads them)."""
+        managed = sorted(self.managed_bases)
+        settings = {
+            "format": FORMAT,
+            "dedup": self.dedup,
+            "allowed_bases": sorted({*self.allowed_bases, *managed}),
+            "managed_bases": managed,
+            "max_rows_per_file": self.max_rows_per_file,
+            "max_bytes_per_file": self.max_bytes_per_file,
+        }
+        return {SETTINGS_KEY: json.dumps(settings).encode()}
+
+    def field_metadata(self, column: str, ids: Mapping[str, int]) -> dict[bytes, bytes | None]:
+        """The metadata keys of blob column ``column``'s field (None: remove the key);
+        ``ids``: column name -> field id."""
+        own = self.columns.get(column, ColumnProperties())
+        ref = str(ids[own.ref_id_column]).encode() if own.ref_id_column else None
+        metadata: dict[bytes, bytes | None] = {
+            DEDUP_KEY: own.dedup.encode() if own.dedup else None,
+            REF_ID_FIELD_KEY: ref,
+        }
+        # only thresholds other than Lance's defaults are recorded (as Lance's writers do)
+        default = Placement()
+        changed = {
+            name: value
+            for name, value in _thresholds(own.placement).items()
+            if value != getattr(default, name)
+        }
+        recorded = Placement.overrides(**changed)
+        for key in Placement.overrides(**_thresholds(default)):
+            metadata[key] = recorded.get(key)
+        return metadata
+
+    def recorded_in(self, schema: pa.Schema, ids: Mapping[str, int]) -> pa.Schema:
+        """``schema`` (a new table's) recording these properties."""
+        for path in stored_blob_columns(schema):
+            column = path_name(path)
+            if column not in self.columns:
+                continue
+            current = get_field(schema, path)
+            kept = {k: v for k, v in (current.metadata or {}).items()}
+            for key, value in self.field_metadata(column, ids).items():
+                if value is None:
+                    kept.pop(key, None)
+                else:
+                    kept[key] = value
+            schema = replace_field(schema, path, current.with_metadata(kept or None))
+        return schema.with_metadata({**(schema.metadata or {}), **self.schema_metadata()})
+
+    def bases(self, table_root: str | None = None) -> AllowedBases:
+        """The allowed and managed bases of external blobs, checked."""
+        return AllowedBases(self.allowed_bases, table_root, self.managed_bases)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The properties as plain values (for JSON, the CLI and ``stats``)."""
+        return {
+            "dedup": self.dedup,
+            "blob_columns": list(self.columns),
+            "columns": {c: p.to_dict(self.dedup) for c, p in self.columns.items()},
+            "allowed_bases": sorted(self.allowed_bases),
+            "managed_bases": sorted(self.managed_bases),
+            "max_rows_per_file": self.max_rows_per_file,
+            "max_bytes_per_file": self.max_bytes_per_file,
+            "recorded": self.recorded,
+        }
+
+    def _check_dedup(self, given: str | Mapping[str, str] | None, columns: Sequence[str]) -> None:
+        if given is None:
+            return
+        if isinstance(given, str):
+            asked = dict.fromkeys(columns, given)
+        else:  # "*": every column it does not name
+            unknown = sorted(set(given) - set(columns) - {"*"})
+            if unknown:
+                raise InvalidInputError(
+                    f"dedup names unknown blob column(s) {unknown}; blob columns: {columns}"
+                )
+            asked = {c: given.get(c, given.get("*")) for c in columns if c in given or "*" in given}
+        for column, mode in asked.items():
+            _check_mode(mode, f"column {column!r}")
+            if column in columns and mode != self.dedup_of(column):
+                raise _conflict(f"dedup of column {column!r}", self.dedup_of(column), mode)
+
+    def _check_ref_ids(self, given: Mapping[str, str] | None) -> None:
+        for column, ref in (given or {}).items():
+            own = self.columns.get(column)
+            recorded = own.ref_id_column if own is not None else None
+            if recorded is not None and ref != recorded:
+                raise _conflict(f"ref_id column of column {column!r}", recorded, ref)
+
+    def _check_placement(self, given: Mapping[str, Mapping[str, int]] | None) -> None:
+        for target, thresholds in (given or {}).items():
+            targets = list(self.columns) if target == "*" else [target]
+            for column in targets:
+                own = self.columns.get(column)
+                if own is None:
+                    continue
+                for name, value in thresholds.items():
+                    if getattr(own.placement, name, value) != value:
+                        current = getattr(own.placement, name)
+                        raise _conflict(f"{name} of column {column!r}", current, value)
+
+
+def new_table_properties(
+    options: WriteOptions, columns: Iterable[tuple[str, str, str | None, Placement]]
+) -> TableProperties:
+    """The properties a create or an overwrite records: the table-wide settings of
+    ``options`` (resolved by :meth:`TableProperties.for_new_table`) and, per blob column of the
+    write, ``(name, dedup mode, ref_id column, placement)``."""
+    given = options.dedup if options.dedup is not None else DEFAULT_DEDUP
+    explicit = dict(given) if isinstance(given, Mapping) else {}
+    table_dedup = given if isinstance(given, str) else explicit.pop("*", DEFAULT_DEDUP)
+    return TableProperties(
+        dedup=table_dedup,
+        columns={
+            name: ColumnProperties(
+                dedup=mode if name in explicit and mode != table_dedup else None,
+                ref_id_column=ref,
+                placement=placement,
+            )
+            for name, mode, ref, placement in columns
+        },
+        allowed_bases=tuple(options.allowed_bases or ()),
+        managed_bases=tuple(options.managed_bases or ()),
+        max_rows_per_file=options.max_rows_per_file or DEFAULT_MAX_ROWS_PER_FILE,
+        max_bytes_per_file=options.max_bytes_per_file or DEFAULT_MAX_BYTES_PER_FILE,
+    )
+
+
+def parse_settings(pairs: Mapping[str, str]) -> dict[str, Any]:
+    """``NAME=VALUE`` settings (the command line's ``--set``) as changes for
+    :meth:`TableProperties.changed`: ``dedup`` (the table's mode), ``dedup.<column>``,
+    ``ref_id_column.<column>`` (``none`` to clear), a placement threshold for every blob column
+    (``inline_size_threshold``) or one (``inline_size_threshold.<column>``), ``allowed_bases``
+    and ``managed_bases`` (comma separated), ``max_rows_per_file``, ``max_bytes_per_file``.
+
+    >>> parse_settings({"dedup.video": "ref_id", "inline_size_threshold": "0"})
+    {'dedup': {'video': 'ref_id'}, 'placement': {'*': {'inline_size_threshold': 0}}}
+    >>> parse_settings({"dedup": "content"})
+    {'dedup': {'*': 'content'}}
+    """
+    changes: dict[str, Any] = {}
+    for name, value in pairs.items():
+        key, _, column = name.partition(".")
+        if key == "dedup":
+            changes.setdefault("dedup", {})[column or "*"] = value
+        elif key == "ref_id_column" and column:
+            ref = None if value.lower() in ("", "none") else value
+            changes.setdefault("ref_id_columns", {})[column] = ref
+        elif key in PLACEMENT_NAMES:
+            target = changes.setdefault("placement", {}).setdefault(column or "*", {})
+            target[key] = _integer(name, value)
+        elif key in ("allowed_bases", "managed_bases") and not column:
+            changes[key] = [v.strip() for v in value.split(",") if v.strip()]
+        elif key in ("max_rows_per_file", "max_bytes_per_file") and not column:
+            changes[key] = _integer(name, value)
+        else:
+            valid = [
+                "dedup",
+                "dedup.<column>",
+                "ref_id_column.<column>",
+                *PLACEMENT_NAMES,
+                *(f"{n}.<column>" for n in PLACEMENT_NAMES),
+                "allowed_bases",
+                "managed_bases",
+                "max_rows_per_file",
+                "max_bytes_per_file",
+            ]
+            check_names([name], valid, "property")
+    return changes
+
+
+def _integer(name: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidInputError(f"property {name} must be an integer, got {value!r}") from None
+
+
+def field_ids(lance_fields, prefix: str = "") -> dict[str, int]:
+    """Column name (``parent.child`` inside structs) -> Lance field id."""
+    ids: dict[str, int] = {}
+    for lance_field in lance_fields:
+        name = f"{prefix}{lance_field.name()}"
+        ids[name] = lance_field.id()
+        ids.update(field_ids(lance_field.children(), f"{name}."))
+    return ids
+
+
+def _names_by_id(lance_fields) -> dict[int, str]:
+    return {i: name for name, i in field_ids(lance_fields).items()}
+
+
+def _conflict(setting: str, table: object, given: object) -> PropertyConflictError:
+    return PropertyConflictError(
+        f"{setting}: the table's is {table!r}, this write asked for {given!r} ({_HINT})"
+    )
+
+
+def _check_mode(mode: object, whose: str) -> None:
+    if mode not in DEDUP_MODES:
+        raise InvalidInputError(
+            f"dedup mode {mode!r} for {whose}; choose one of {', '.join(DEDUP_MODES)}"
+        )
+
+
+def _with_dedup(
+    properties: TableProperties, columns: dict[str, ColumnProperties], dedup: Any
+) -> tuple[TableProperties, dict[str, ColumnProperties]]:
+    if isinstance(dedup, str):  # the table's mode, for every column without one of its own
+        return replace(properties, dedup=dedup), columns
+    if not isinstance(dedup, Mapping):
+        raise InvalidInputError(f"dedup must be a mode or {{column: mode}}, got {dedup!r}")
+    dedup = dict(dedup)
+    if "*" in dedup:  # the table's mode, then the columns' own
+        properties, columns = _with_dedup(properties, columns, dedup.pop("*"))
+    for column, mode in dedup.items():
+        own = _column(columns, column, "dedup")
+        if mode is not None:
+            _check_mode(mode, f"column {column!r}")
+        columns[column] = replace(own, dedup=None if mode == properties.dedup else mode)
+    return properties, columns
+
+
+def _with_ref_ids(columns: dict[str, ColumnProperties], given: Any) -> dict[str, ColumnProperties]:
+    if not isinstance(given, Mapping):
+        raise InvalidInputError(f"ref_id_columns must be {{column: ref column}}, got {given!r}")
+    for column, ref in given.items():
+        own = _column(columns, column, "ref_id_columns")
+        if ref is not None and not isinstance(ref, str):
+            raise InvalidInputError(f"ref_id column of {column!r} must be a name, got {ref!r}")
+        columns[column] = replace(own, ref_id_column=ref)
+    return columns
+
+
+def _with_placement(
+    columns: dict[str, ColumnProperties], given: Any
+) -> dict[str, ColumnProperties]:
+    if not isinstance(given, Mapping):
+        raise InvalidInputError(
+            f"placement must be {{column: {{threshold: bytes}}}}, got {given!r}"
+        )
+    for target, thresholds in given.items():
+        if not isinstance(thresholds, Mapping):
+            raise InvalidInputError(f"placement of {target!r} must be a mapping of thresholds")
+        check_names(thresholds, PLACEMENT_NAMES, "placement threshold")
+        for column in list(columns) if target == "*" else [target]:
+            own = _column(columns, column, "placement")
+            columns[column] = replace(own, placement=own.placement.updated(dict(thresholds)))
+    return columns
+
+
+def _column(columns: Mapping[str, ColumnProperties], name: str, what: str) -> ColumnProperties:
+    if name not in columns:
+        raise InvalidInputError(
+            f"{what} names {name!r}, which is not a blob column of the table (blob columns: "
+            f"{', '.join(columns) or 'none'})"
+        )
+    return columns[name]
+
+
+def _bases(name: str, given: Any) -> tuple[str, ...]:
+    if isinstance(given, str) or not isinstance(given, Iterable):
+        raise InvalidInputError(f"{name} must be a list of URIs, got {given!r}")
+    return tuple(given)
+
+
+def _thresholds(placement: Placement) -> dict[str, int]:
+    return {name: getattr(placement, name) for name in PLACEMENT_NAMES}
