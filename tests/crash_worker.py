@@ -1,9 +1,10 @@
 """A writer that appends forever, to be killed (SIGKILL) at a random point by the crash test.
 
 ``python crash_worker.py URI SEED [STORAGE_OPTIONS_JSON]``: rows with ids from
-``SEED * 10_000`` on, whose payload is ``payload(id)``; writes alternate between per-file and
-global dedup and sizes (inline, packed, dedicated), so a kill lands in every phase: sidecars, data
-files, store packs, the Lance commit, the store index append.
+``SEED * 10_000`` on, whose payload is ``payload(id)``; the table's dedup mode alternates
+between per-file and global (a property change before a write) and sizes (inline, packed,
+dedicated), so a kill lands in every phase: sidecars, data files, store packs, the Lance
+commit, the store index append.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 
 import pyarrow as pa
 
-from blobhouse import blob_array, write_table
+from blobhouse import TableNotFoundError, blob_array, open_table, write_table
 
 SIZES = (100, 20_000, 120_000)
 
@@ -36,14 +37,18 @@ def main(uri: str, seed: int, storage_options: dict | None = None) -> None:
             {"id": pa.array(ids, pa.int64()), "b": blob_array([payload(i) for i in ids])}
         )
         dedup = rng.choice(["content", "global", "off"])
-        write_table(
-            data,
-            uri,
-            mode="append",
-            dedup=dedup,
-            placement={"b": {"dedicated_size_threshold": 100_000}},
-            storage_options=storage_options,
-        )
+        # the mode is the table's: set as a property (a commit of its own; a kill may land
+        # in it too), or by the write that creates the table
+        options = {"dedup": dedup, "placement": {"b": {"dedicated_size_threshold": 100_000}}}
+        try:
+            table = open_table(uri, storage_options=storage_options)
+        except TableNotFoundError:
+            table = None
+        if table is not None:
+            options = {}
+            if table.properties.dedup != dedup:
+                table.set_properties(dedup=dedup)
+        write_table(data, uri, mode="append", storage_options=storage_options, **options)
         print(f"committed {ids[-1]}", flush=True)
 
 
