@@ -153,11 +153,19 @@ def test_set_properties_changes_later_writes_and_compact_brings_earlier_rows_und
     assert set(stats["columns"]["video"]["kinds"]) == {"global"}
     assert stats["physical_bytes"] <= 1.05 * unique_bytes(*data)
     assert open_table(table_uri).verify(deep=True)["problems"] == []
+    # and back: per-file again, compact moves the payloads out of the store into the data file
+    open_table(table_uri).set_properties(dedup="content").compact()
+    stats = open_table(table_uri).stats()
+    assert "global" not in stats["columns"]["video"]["kinds"]
+    assert stats["physical_bytes"] <= 1.05 * unique_bytes(*data)  # one data file: once each
+    assert open_table(table_uri).verify(deep=True)["problems"] == []
+    rows = open_table(table_uri).to_arrow(columns=["id", "video"], blobs="bytes").to_pylist()
+    assert all(r["video"] == CHUNKS[(r["id"] // 10) % len(CHUNKS)] for r in rows)
     # and per column, back to the table's mode with None
     table = open_table(table_uri).set_properties(dedup={"thumb": "off"})
     assert table.properties.dedup_of("thumb") == "off"
     table = table.set_properties(dedup={"thumb": None})
-    assert table.properties.dedup_of("thumb") == "global"
+    assert table.properties.dedup_of("thumb") == "content"  # the table's own again
 
 
 def test_set_properties_refuses_bad_changes_naming_them(table_uri, tmp_path):

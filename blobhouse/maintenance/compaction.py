@@ -102,7 +102,8 @@ class CompactionPlan:
     target_rows: int
     target_bytes: int
     repack: tuple[str, ...] = ()  # store packs mostly dead: their live payloads move out
-    global_columns: tuple[str, ...] = ()  # columns that reference the table's store
+    global_columns: tuple[str, ...] = ()  # columns written into the table's store
+    leave_store: tuple[str, ...] = ()  # columns whose mode is per file: out of the store
 
     @property
     def fragments(self) -> int:
@@ -151,11 +152,15 @@ def plan_compaction(
         raise InvalidInputError("target_rows and target_bytes must be positive")
     if not 0 < deleted_fraction <= 1:
         raise InvalidInputError(f"deleted_fraction must be in (0, 1], got {deleted_fraction}")
-    global_columns = _global_columns(table)
+    global_columns, per_file_columns = _columns_by_mode(table)
     usage = StoreUsage.of(table, scan=bool(global_columns))
     repack = usage.sparse(repack_threshold)
-    # rows of a column whose mode is (now) global but stored per file move into the store
-    forced = usage.fragments_using(repack) | usage.fragments_per_file(global_columns)
+    # rows of a column whose mode changed move: into the store (global now), or out of it
+    forced = (
+        usage.fragments_using(repack)
+        | usage.fragments_per_file(global_columns)
+        | usage.fragments_in_store(per_file_columns)
+    )
     groups: list[CompactionGroup] = []
     run = _Run()
     indexed = _index_coverage(table)
@@ -192,18 +197,23 @@ def plan_compaction(
         ),
         groups=tuple(groups),
         repack=tuple(sorted(repack)),
-        global_columns=tuple(sorted(usage.columns | global_columns)),
+        global_columns=tuple(sorted((usage.columns - per_file_columns) | global_columns)),
+        leave_store=tuple(sorted(per_file_columns)),
         target_rows=target_rows,
         target_bytes=target_bytes,
     )
 
 
-def _global_columns(table: Table) -> set[str]:
-    """The blob columns whose property stores them in the table's store."""
+def _columns_by_mode(table: Table) -> tuple[set[str], set[str]]:
+    """The blob columns whose property stores them in the table's store, and those stored per
+    data file (a table without recorded properties: neither, its rows stay as they are)."""
     properties = TableProperties.of(table.dataset)
     if not properties.recorded:
-        return set()
-    return {c for c in properties.blob_columns if properties.dedup_of(c) == "global"}
+        return set(), set()
+    modes = {c: properties.dedup_of(c) for c in properties.blob_columns}
+    return {c for c, m in modes.items() if m == "global"}, {
+        c for c, m in modes.items() if m != "global"
+    }
 
 
 def _index_coverage(table: Table) -> dict[int, frozenset[str]]:
@@ -386,7 +396,7 @@ def compact(
             "over (Lance's compact_files does, without keeping blob sharing)"
         )
     relocated = relocate_store(table.dataset, table.location, table.storage_options)
-    if _global_columns(table) and store_base_id(relocated) is None:  # a mode set to global
+    if _columns_by_mode(table)[0] and store_base_id(relocated) is None:  # a mode set to global
         relocated, _ = ensure_store(relocated, table.location, table.storage_options)
     if relocated is not table.dataset:  # a moved table: its first write points its store home
         table = table.checkout(relocated.version)
@@ -484,6 +494,7 @@ def _logical_batches(
     prefix = store_uri_prefix(table.uri)
     hashes = table.recorded_hashes()
     repack = frozenset(f"{prefix}{p}" for p in plan.repack)
+    leave = {tuple(c.split(".")) for c in plan.leave_store}
     scanner = dataset.scanner(
         fragments=[dataset.get_fragment(i) for i in fragment_ids],
         with_row_address=True,
@@ -495,7 +506,7 @@ def _logical_batches(
                 piece = replace_column(
                     piece,
                     path,
-                    logical_values(table, path, piece, hashes, repack),
+                    logical_values(table, path, piece, hashes, repack, path in leave),
                     pa.field(path[-1], INPUT_BLOB_TYPE),
                 )
             yield piece.drop_columns([_ROW_ADDRESS])
@@ -521,14 +532,22 @@ def logical_values(
     batch: pa.RecordBatch,
     hashes: RecordedHashes,
     repack: frozenset[str],
+    leave_store: bool = False,
 ) -> pa.StructArray:
+    """Blob column ``path`` of ``batch`` as logical values: bytes (checked) for what the table
+    stores, the reference for external blobs and for store payloads that stay where they are
+    (those of ``repack`` packs move, every store payload with ``leave_store``)."""
     descriptors = get_column(batch, path)
     refs = table.resolve_refs(path, descriptors, batch.column(_ROW_ADDRESS))
     valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
     kinds = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False)
     uris = refs.field("uri").to_pylist()
     # payloads of packs being repacked are read and stored again, other references kept
-    moving = np.array([u in repack for u in uris], dtype=bool)
+    store = store_uri_prefix(table.uri)
+    moving = np.array(
+        [u in repack or (leave_store and u is not None and u.startswith(store)) for u in uris],
+        dtype=bool,
+    )
     external = valid & (kinds == Kind.EXTERNAL) & ~moving
     stored = valid & ~external
     positions = refs.field("position").to_pylist()
@@ -612,6 +631,8 @@ class StoreUsage:
     pack_sizes: dict[str, int] = field(default_factory=dict)
     # column -> fragments holding payloads of it in their own files (inline, packed, dedicated)
     per_file: dict[str, set[int]] = field(default_factory=dict)
+    # column -> fragments referencing the store for it
+    in_store: dict[str, set[int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, table: Table, scan: bool = False) -> StoreUsage:
@@ -638,6 +659,7 @@ class StoreUsage:
                         usage.ranges.setdefault(pack, set()).add((position, size))
                         usage.fragments.setdefault(pack, set()).add(fragment.fragment_id)
                         usage.columns.add(batch.column)
+                        usage.in_store.setdefault(batch.column, set()).add(fragment.fragment_id)
         store = object_store(prefix, table.storage_options)
         for pack in usage.ranges:
             usage.pack_sizes[pack] = store.size(f"{prefix}{pack}") or 0
@@ -658,6 +680,10 @@ class StoreUsage:
     def fragments_per_file(self, columns: set[str]) -> set[int]:
         """Fragments holding payloads of ``columns`` in their own files."""
         return set().union(*(self.per_file.get(c, set()) for c in columns))
+
+    def fragments_in_store(self, columns: set[str]) -> set[int]:
+        """Fragments referencing the store for ``columns``."""
+        return set().union(*(self.in_store.get(c, set()) for c in columns))
 
 
 def _foreign(table: Table, fragment_id: int) -> bool:
