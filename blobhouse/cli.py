@@ -25,6 +25,7 @@ try:  # loading takes most of a second (Lance, pyarrow): a Ctrl-C meanwhile exit
     import threading
     import time
     import traceback
+    import warnings
     from collections.abc import Callable, Iterator, Mapping
     from dataclasses import dataclass, field
 
@@ -868,9 +869,12 @@ def _compact(args: argparse.Namespace, run: Run) -> int:
 
 
 def _relocate(args: argparse.Namespace, run: Run) -> int:
+    from blobhouse.errors import MovedTableWarning
     from blobhouse.maintenance.walk import VersionGraph
 
-    table = _open(args)
+    with warnings.catch_warnings():  # what the command is about: no warning to relocate
+        warnings.simplefilter("ignore", MovedTableWarning)
+        table = _open(args)
     run.will_write(args.table, _storage_options(args))
     run.doing = f"relocating {args.table}"
     graph = VersionGraph.of(table)
@@ -900,6 +904,10 @@ def _properties(args: argparse.Namespace, run: Run) -> int:
 
     table = _open(args)
     if args.set:
+        names = [item.split("=", 1)[0] for item in args.set]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InvalidInputError(f"--set names {twice} more than once: give each once")
         changes = parse_settings(_pairs(args.set, "--set", "NAME=VALUE"))
         run.will_write(args.table, _storage_options(args), args.branch)
         run.doing = f"changing the properties of {args.table}"
@@ -1210,12 +1218,20 @@ def _logging(debug: bool) -> Iterator[None]:
     root.addHandler(handler)  # a handler of its own: logging.exception adds none to stderr
     _HANDLERS.append(handler)
     unregister = when_interrupted(_silence_python_logging)
+    shown = warnings.showwarning
+    warnings.showwarning = _one_line_warning
     try:
         yield
     finally:
+        warnings.showwarning = shown
         unregister()
         _HANDLERS.remove(handler)
         root.removeHandler(handler)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A Python warning as one line, ``warning: ...``, without the source line it came from."""
+    print(f"warning: {_first_line(str(message))}", file=sys.stderr, flush=True)
 
 
 def _silence_python_logging() -> None:

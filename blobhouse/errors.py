@@ -34,6 +34,12 @@ class PropertyConflictError(InvalidInputError):
     (``Table.set_properties``) or leave the option out to use the table's."""
 
 
+class TableMetadataError(BlobhouseError):
+    """The table's own metadata (the schema metadata key ``blobhouse``: its properties and
+    bases) is not what blobhouse writes: damaged by another tool, or written by a newer
+    blobhouse. Writes refuse such a table; reads go on without its external bases."""
+
+
 class RefIdConflictError(InvalidInputError):
     """Two rows share a ref_id but carry different bytes."""
 

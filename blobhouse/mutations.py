@@ -161,8 +161,12 @@ def blob_modes(table: Table, columns: Iterable[str], given: str | None = None) -
     property (``given``, if any, must be the same; see
     :meth:`~blobhouse.properties.TableProperties.change_mode`)."""
     properties = TableProperties.of(table.dataset)
-    blobs = set(table.blob_columns)
-    return {c: properties.change_mode(c, given) for c in columns if c in blobs}
+    blobs = [c for c in columns if c in set(table.blob_columns)]
+    if given is not None and not blobs:
+        raise InvalidInputError(
+            f"dedup={given!r} applies to blob columns; this change sets none of them"
+        )
+    return {c: properties.change_mode(c, given) for c in blobs}
 
 
 def _rewrite_here(table: Table, plan: ColumnRewrite) -> dict[int, tuple[WrittenFile, BitMap]]:

@@ -63,6 +63,22 @@ placement, ref_id_columns
                 f"{self.blob_columns!r} (write [{self.blob_columns!r}])"
             )
         object.__setattr__(self, "blob_columns", tuple(self.blob_columns))
+        dedup = self.dedup
+        if dedup is not None and not isinstance(dedup, str | Mapping):
+            raise InvalidInputError(
+                f"dedup must be a mode ('global', 'content', 'ref_id', 'off') or a mapping "
+                f"{{column: mode}}, got {dedup!r}"
+            )
+        for name in ("max_rows_per_file", "max_bytes_per_file"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1
+            ):
+                raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("ref_id_columns", "placement"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Mapping):
+                raise InvalidInputError(f"{name} must be a mapping by column, got {value!r}")
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> WriteOptions:

@@ -11,13 +11,14 @@ import enum
 import json
 import os
 import posixpath
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from urllib.parse import quote, unquote, urlsplit
 
 import pyarrow as pa
 
-from blobhouse.errors import ExternalBlobError, InvalidInputError
+from blobhouse.errors import ExternalBlobError, InvalidInputError, TableMetadataError
 from blobhouse.storage import object_store
 
 SETTINGS_KEY = b"blobhouse"
@@ -140,11 +141,23 @@ class AllowedBases:
         return bool(self.bases)
 
     @classmethod
-    def of_table(cls, schema: pa.Schema | None, table_root: str | None = None) -> AllowedBases:
-        """The bases a table schema records (none if it records nothing)."""
-        raw = (schema.metadata or {}).get(SETTINGS_KEY) if schema is not None else None
-        settings = json.loads(raw) if raw else {}
-        return cls(settings.get("allowed_bases", []), table_root, settings.get("managed_bases", []))
+    def of_table(
+        cls, schema: pa.Schema | None, table_root: str | None = None, *, reading: bool = False
+    ) -> AllowedBases:
+        """The bases a table schema records (none if it records nothing). Damaged metadata
+        raises :class:`TableMetadataError`, unless ``reading``: then a warning, and no base
+        (the table's own payloads still read; external ones are refused)."""
+        try:
+            settings = table_settings(schema)
+            return cls(
+                settings.get("allowed_bases", []), table_root, settings.get("managed_bases", [])
+            )
+        except (TableMetadataError, InvalidInputError, TypeError) as exc:
+            problem = exc if isinstance(exc, TableMetadataError) else _damaged(repr(exc))
+            if not reading:
+                raise problem from None
+            warnings.warn(f"{problem}; reading without its external bases", stacklevel=3)
+            return cls((), table_root)
 
     def is_managed(self, normalized: str) -> bool:
         """Whether a normalized uri lies under a managed base."""
@@ -174,6 +187,36 @@ class AllowedBases:
             return normalized, ""
         allowed = self.bases or "none (pass allowed_bases=[...] when creating the table)"
         return "", f"external uri {uri!r} is outside the table's allowed bases; allowed: {allowed}"
+
+
+def table_settings(schema: pa.Schema | None) -> dict:
+    """The table's own metadata (schema metadata key ``blobhouse``, JSON) as a dict; empty if
+    there is none; :class:`TableMetadataError` if it is not a JSON object.
+
+    >>> try:
+    ...     table_settings(pa.schema([]).with_metadata({b"blobhouse": b"[1]"}))
+    ... except TableMetadataError as error:
+    ...     print(str(error).split(";")[0])
+    the table's metadata key 'blobhouse' is damaged (not a JSON object: [1])
+    """
+    raw = (schema.metadata or {}).get(SETTINGS_KEY) if schema is not None else None
+    if not raw:
+        return {}
+    try:
+        settings = json.loads(raw)
+    except ValueError:
+        raise _damaged(f"not JSON: {raw[:60]!r}") from None
+    if not isinstance(settings, dict):
+        raise _damaged(f"not a JSON object: {raw[:60].decode(errors='replace')}")
+    return settings
+
+
+def _damaged(detail: str) -> TableMetadataError:
+    return TableMetadataError(
+        f"the table's metadata key 'blobhouse' is damaged ({detail}); another tool changed it. "
+        "Reading an earlier version works (open_table(uri, version=...)); writes and "
+        "set_properties refuse this one"
+    )
 
 
 SCHEMES = ("file", "s3", "gs", "az", "abfs", "abfss", "hdfs")

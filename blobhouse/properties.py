@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from blobhouse.dedup import DEDUP_MODES
-from blobhouse.errors import InvalidInputError, PropertyConflictError
+from blobhouse.errors import InvalidInputError, PropertyConflictError, TableMetadataError
 from blobhouse.options import (
     DEFAULT_MAX_BYTES_PER_FILE,
     DEFAULT_MAX_ROWS_PER_FILE,
     WriteOptions,
     check_names,
 )
-from blobhouse.placement import SETTINGS_KEY, AllowedBases, Placement
+from blobhouse.placement import SETTINGS_KEY, AllowedBases, Placement, table_settings
 from blobhouse.values import get_field, path_name, replace_field, stored_blob_columns
 
 if TYPE_CHECKING:
@@ -86,11 +86,12 @@ class ColumnProperties:
     dedup: str | None = None
     ref_id_column: str | None = None
     placement: Placement = field(default_factory=Placement)
+    ref_id_dropped: bool = False  # its ref_id column was dropped (by Lance's drop_columns)
 
     def to_dict(self, table_dedup: str) -> dict[str, Any]:
         return {
             "dedup": self.dedup or table_dedup,
-            "ref_id_column": self.ref_id_column,
+            "ref_id_column": "(dropped)" if self.ref_id_dropped else self.ref_id_column,
             **{name: getattr(self.placement, name) for name in PLACEMENT_NAMES},
         }
 
@@ -111,6 +112,7 @@ class TableProperties:
     max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE
     max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE
     recorded: bool = True
+    format: int = FORMAT  # what wrote them: a newer blobhouse may mean more than this knows
 
     def __post_init__(self) -> None:
         _check_mode(self.dedup, "the table")
@@ -131,6 +133,15 @@ class TableProperties:
         own = self.columns.get(column)
         return own.dedup if own is not None and own.dedup else self.dedup
 
+    def check_writable(self) -> None:
+        """Refuse to write by these properties when a newer blobhouse recorded them (they may
+        say more than this version knows)."""
+        if self.format > FORMAT:
+            raise TableMetadataError(
+                f"this table's properties were written by a newer blobhouse (format "
+                f"{self.format}; this one knows {FORMAT}): upgrade blobhouse to write to it"
+            )
+
     def change_mode(self, column: str, given: str | None = None) -> str:
         """The dedup mode a change (update, backfill, merge) writes blob column ``column``
         with: the table's for a column it has (``given``, if any, must be the same), else
@@ -140,6 +151,7 @@ class TableProperties:
         >>> TableProperties(columns={"img": ColumnProperties()}).change_mode("new", "off")
         'off'
         """
+        self.check_writable()
         if given is not None:
             _check_mode(given, f"column {column!r}")
         if not self.recorded:
@@ -160,17 +172,34 @@ class TableProperties:
     def of_schema(cls, schema: pa.Schema, names: Mapping[int, str]) -> TableProperties:
         """The properties of a table schema (``names``: field id -> column name, which
         resolves a ref_id column recorded by field id)."""
-        raw = (schema.metadata or {}).get(SETTINGS_KEY)
-        settings = json.loads(raw) if raw else {}
-        recorded = settings.get("format", 1) >= FORMAT
+        settings = table_settings(schema)
+        try:
+            return cls._of_settings(schema, names, settings)
+        except (InvalidInputError, TypeError, ValueError, AttributeError) as exc:
+            raise TableMetadataError(
+                f"the table's properties are damaged ({exc}); another tool changed them. "
+                "Reading an earlier version works (open_table(uri, version=...)); writes and "
+                "set_properties refuse this one (an overwrite replaces them)"
+            ) from None
+
+    @classmethod
+    def _of_settings(
+        cls, schema: pa.Schema, names: Mapping[int, str], settings: dict
+    ) -> TableProperties:
+        version = settings.get("format", 1)
+        if not isinstance(version, int):
+            raise ValueError(f"format {version!r}")
+        recorded = version >= FORMAT
         columns = {}
         for path in stored_blob_columns(schema):
             metadata = get_field(schema, path).metadata or {}
             ref_field = metadata.get(REF_ID_FIELD_KEY)
+            ref = names.get(int(ref_field)) if ref_field else None
             columns[path_name(path)] = ColumnProperties(
                 dedup=metadata[DEDUP_KEY].decode() if DEDUP_KEY in metadata else None,
-                ref_id_column=names.get(int(ref_field)) if ref_field else None,
+                ref_id_column=ref,
                 placement=Placement().updated(metadata),
+                ref_id_dropped=bool(ref_field) and ref is None,
             )
         return cls(
             dedup=settings.get("dedup", DEFAULT_DEDUP if recorded else LEGACY_DEDUP),
@@ -180,6 +209,7 @@ class TableProperties:
             max_rows_per_file=settings.get("max_rows_per_file", DEFAULT_MAX_ROWS_PER_FILE),
             max_bytes_per_file=settings.get("max_bytes_per_file", DEFAULT_MAX_BYTES_PER_FILE),
             recorded=recorded,
+            format=version,
         )
 
     def resolve(self, options: WriteOptions, columns: Iterable[str] = ()) -> WriteOptions:
@@ -187,16 +217,18 @@ class TableProperties:
         the table's; one given must equal the table's (:class:`PropertyConflictError`).
         ``columns``: the blob columns of the write. A table without recorded properties keeps
         the old rule: the writer's options, per-file content dedup by default."""
+        self.check_writable()
         if not self.recorded:
             return replace(
                 options,
                 dedup=LEGACY_DEDUP if options.dedup is None else options.dedup,
-                max_rows_per_file=options.max_rows_per_file or DEFAULT_MAX_ROWS_PER_FILE,
-                max_bytes_per_file=options.max_bytes_per_file or DEFAULT_MAX_BYTES_PER_FILE,
+                max_rows_per_file=_given(options.max_rows_per_file, DEFAULT_MAX_ROWS_PER_FILE),
+                max_bytes_per_file=_given(options.max_bytes_per_file, DEFAULT_MAX_BYTES_PER_FILE),
             )
         columns = list(dict.fromkeys([*self.columns, *columns]))
         self._check_dedup(options.dedup, columns)
         self._check_ref_ids(options.ref_id_columns)
+        self.check_ref_id_columns(options.ref_id_columns)
         self._check_placement(options.placement)
         for name in ("max_rows_per_file", "max_bytes_per_file"):
             given = getattr(options, name)
@@ -214,24 +246,44 @@ class TableProperties:
             max_bytes_per_file=self.max_bytes_per_file,
         )
 
-    def for_new_table(self, options: WriteOptions) -> WriteOptions:
-        """The options of a write that makes the table anew (create, overwrite): what it
-        gives, else what this table had (an overwrite keeps its settings), else defaults."""
-        dedup = options.dedup
-        if dedup is None:  # a table written before properties: the mode it was written with
-            dedup = self.dedup
+    def for_new_table(self, options: WriteOptions, columns: Iterable[str] = ()) -> WriteOptions:
+        """The options of a write that makes the table anew (create, overwrite) of blob
+        ``columns``: what it gives, else what this table had for them (an overwrite keeps its
+        settings), else defaults."""
+        self.check_writable()
+        kept_columns = {c: p for c, p in self.columns.items() if c in set(columns)}
+        dedup = {} if options.dedup is None else options.dedup
         if isinstance(dedup, Mapping):  # columns it leaves out keep theirs, or the table's
-            kept = {c: p.dedup for c, p in self.columns.items() if p.dedup}
+            kept = {c: p.dedup for c, p in kept_columns.items() if p.dedup}
             dedup = {"*": self.dedup, **kept, **dedup}
         given_ids = options.ref_id_columns
-        kept_ids = {c: p.ref_id_column for c, p in self.columns.items() if p.ref_id_column}
+        kept_ids = {c: p.ref_id_column for c, p in kept_columns.items() if p.ref_id_column}
         return replace(
             options,
             dedup=dedup,
             ref_id_columns=given_ids if given_ids is not None else kept_ids or None,
-            max_rows_per_file=options.max_rows_per_file or self.max_rows_per_file,
-            max_bytes_per_file=options.max_bytes_per_file or self.max_bytes_per_file,
+            max_rows_per_file=_given(options.max_rows_per_file, self.max_rows_per_file),
+            max_bytes_per_file=_given(options.max_bytes_per_file, self.max_bytes_per_file),
+            placement=self._placement_kept(kept_columns, options.placement),
         )
+
+    @staticmethod
+    def _placement_kept(
+        columns: Mapping[str, ColumnProperties], given: Mapping[str, Mapping[str, int]] | None
+    ) -> dict[str, dict[str, int]] | None:
+        """The thresholds a write that makes the table anew records: those it gives, over the
+        ``columns``' own (an overwrite keeps what it does not give)."""
+        default = Placement()
+        kept: dict[str, dict[str, int]] = {}
+        for column, own in columns.items():
+            changed = {
+                n: v for n, v in _thresholds(own.placement).items() if v != getattr(default, n)
+            }
+            if changed:
+                kept[column] = changed
+        for target, thresholds in (given or {}).items():
+            kept[target] = {**kept.get(target, {}), **thresholds}
+        return kept or None
 
     def changed(self, **changes: Any) -> TableProperties:
         """These properties with ``changes`` (the names of :data:`SETTABLE`), validated:
@@ -249,6 +301,7 @@ valid: allowed_bases, dedup, managed_bases, max_bytes_per_file, max_rows_per_fil
 ref_id_columns
         """
         check_names(changes, SETTABLE, "property")
+        self.check_writable()
         columns = dict(self.columns)
         updated = replace(self, recorded=True)
         if "dedup" in changes:
@@ -350,6 +403,21 @@ ref_id_columns
             if column in columns and mode != self.dedup_of(column):
                 raise _conflict(f"dedup of column {column!r}", self.dedup_of(column), mode)
 
+    def check_ref_id_columns(self, given: Mapping[str, str] | None = None) -> None:
+        """Refuse to write a ref_id column whose ref_id column was dropped (by Lance's
+        ``drop_columns``) unless ``given`` names another: its rows would share nothing."""
+        for column, own in self.columns.items():
+            if (
+                own.ref_id_dropped
+                and self.dedup_of(column) == "ref_id"
+                and column not in (given or {})
+            ):
+                raise InvalidInputError(
+                    f"blob column {column!r} takes its ref_ids from a column that was dropped; "
+                    f"name another with set_properties(ref_id_columns={{{column!r}: ...}}) (or "
+                    "ref_id_columns=... on this write), or change its dedup mode"
+                )
+
     def _check_ref_ids(self, given: Mapping[str, str] | None) -> None:
         for column, ref in (given or {}).items():
             own = self.columns.get(column)
@@ -391,8 +459,8 @@ def new_table_properties(
         },
         allowed_bases=tuple(options.allowed_bases or ()),
         managed_bases=tuple(options.managed_bases or ()),
-        max_rows_per_file=options.max_rows_per_file or DEFAULT_MAX_ROWS_PER_FILE,
-        max_bytes_per_file=options.max_bytes_per_file or DEFAULT_MAX_BYTES_PER_FILE,
+        max_rows_per_file=_given(options.max_rows_per_file, DEFAULT_MAX_ROWS_PER_FILE),
+        max_bytes_per_file=_given(options.max_bytes_per_file, DEFAULT_MAX_BYTES_PER_FILE),
     )
 
 
@@ -401,7 +469,8 @@ def parse_settings(pairs: Mapping[str, str]) -> dict[str, Any]:
     :meth:`TableProperties.changed`: ``dedup`` (the table's mode), ``dedup.<column>``,
     ``ref_id_column.<column>`` (``none`` to clear), a placement threshold for every blob column
     (``inline_size_threshold``) or one (``inline_size_threshold.<column>``), ``allowed_bases``
-    and ``managed_bases`` (comma separated), ``max_rows_per_file``, ``max_bytes_per_file``.
+    and ``managed_bases`` (comma separated), ``max_rows_per_file``, ``max_bytes_per_file``;
+    ``default`` as the value of ``dedup.<column>`` or a threshold goes back to the default.
 
     >>> parse_settings({"dedup.video": "ref_id", "inline_size_threshold": "0"})
     {'dedup': {'video': 'ref_id'}, 'placement': {'*': {'inline_size_threshold': 0}}}
@@ -412,13 +481,14 @@ def parse_settings(pairs: Mapping[str, str]) -> dict[str, Any]:
     for name, value in pairs.items():
         key, _, column = name.partition(".")
         if key == "dedup":
-            changes.setdefault("dedup", {})[column or "*"] = value
+            mode = None if column and value.lower() == "default" else value
+            changes.setdefault("dedup", {})[column or "*"] = mode
         elif key == "ref_id_column" and column:
             ref = None if value.lower() in ("", "none") else value
             changes.setdefault("ref_id_columns", {})[column] = ref
         elif key in PLACEMENT_NAMES:
             target = changes.setdefault("placement", {}).setdefault(column or "*", {})
-            target[key] = _integer(name, value)
+            target[key] = None if value.lower() == "default" else _integer(name, value)
         elif key in ("allowed_bases", "managed_bases") and not column:
             changes[key] = [v.strip() for v in value.split(",") if v.strip()]
         elif key in ("max_rows_per_file", "max_bytes_per_file") and not column:
@@ -460,6 +530,10 @@ def _names_by_id(lance_fields) -> dict[int, str]:
     return {i: name for name, i in field_ids(lance_fields).items()}
 
 
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
 def _conflict(setting: str, table: object, given: object) -> PropertyConflictError:
     return PropertyConflictError(
         f"{setting}: the table's is {table!r}, this write asked for {given!r} ({_HINT})"
@@ -498,7 +572,7 @@ def _with_ref_ids(columns: dict[str, ColumnProperties], given: Any) -> dict[str,
         own = _column(columns, column, "ref_id_columns")
         if ref is not None and not isinstance(ref, str):
             raise InvalidInputError(f"ref_id column of {column!r} must be a name, got {ref!r}")
-        columns[column] = replace(own, ref_id_column=ref)
+        columns[column] = replace(own, ref_id_column=ref, ref_id_dropped=False)
     return columns
 
 
@@ -513,9 +587,11 @@ def _with_placement(
         if not isinstance(thresholds, Mapping):
             raise InvalidInputError(f"placement of {target!r} must be a mapping of thresholds")
         check_names(thresholds, PLACEMENT_NAMES, "placement threshold")
+        default = Placement()
+        wanted = {n: getattr(default, n) if v is None else v for n, v in thresholds.items()}
         for column in list(columns) if target == "*" else [target]:
             own = _column(columns, column, "placement")
-            columns[column] = replace(own, placement=own.placement.updated(dict(thresholds)))
+            columns[column] = replace(own, placement=own.placement.updated(wanted))
     return columns
 
 

@@ -74,7 +74,7 @@ class ReferenceResolver:
         # and in the canonical form references are checked against (symlinks resolved)
         self._canonical_bases = {i: normalize_uri(base) for i, base in self._bases.items()}
         # a table written by another writer may hold anything: externals are checked on read
-        self._allowed = AllowedBases.of_table(dataset.schema, self.root_uri)
+        self._allowed = AllowedBases.of_table(dataset.schema, self.root_uri, reading=True)
         self._externals: dict[tuple[int, str], str] = {}
         # (fragment, field id) -> (data file uri, the field's column in that file)
         self._files: dict[tuple[int, int], tuple[str, int]] = {}

@@ -140,6 +140,13 @@ def drop_columns(
         raise SchemaError(
             f"dropping {names} would drop every column of the table; a table keeps at least one"
         )
+    for blob, own in TableProperties.of(dataset).columns.items():
+        if own.ref_id_column in names and blob not in names:
+            raise SchemaError(
+                f"column {own.ref_id_column!r} holds the ref_ids of blob column {blob!r}: change "
+                f"that first (set_properties(ref_id_columns={{{blob!r}: None}}) or another "
+                "column), or drop both"
+            )
     return _run(dataset, lambda d: d.drop_columns(names), f"dropping column(s) {names}")
 
 
@@ -168,6 +175,8 @@ def set_properties(
         dataset = latest(location, storage_options)
         before = TableProperties.of(dataset)
         after = before.changed(**changes)
+        if after == before:  # nothing to change: no new version
+            return dataset
         _check_property_change(dataset.schema, before, after, location)
         ids = field_ids(dataset.lance_schema.fields())
         operation = LanceOperation.UpdateConfig(

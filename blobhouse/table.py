@@ -46,6 +46,7 @@ from blobhouse.errors import (
     SchemaError,
     StaleWriteError,
     TableExistsError,
+    TableMetadataError,
     TableNotFoundError,
     VersionNotFoundError,
     VersionRemovedError,
@@ -92,6 +93,7 @@ from blobhouse.values import (
     Blob,
     ColumnPath,
     blob_array,
+    find_blob_columns,
     get_column,
     path_name,
     replace_column,
@@ -222,14 +224,16 @@ class TableWrite:
         if existing is not None:
             existing = relocate_store(existing, location, storage_options)
         appending = mode == "append" and existing is not None
-        kept = TableProperties.of(existing) if existing is not None else TableProperties()
+        kept = _kept_properties(existing, appending)
         bases = _allowed_bases(
             existing, options.allowed_bases, appending, location.root_uri, options.managed_bases
         )
         if appending:
             options = kept.resolve(options, columns=_blob_names(existing.schema))
         else:
-            options = kept.for_new_table(options)
+            named = sorted(options.blob_columns)
+            columns = [path_name(p) for p in find_blob_columns(schema, named)]
+            options = kept.for_new_table(options, columns)
         plan = plan_write(
             schema,
             **options.layout(),
@@ -436,7 +440,8 @@ def open_at(
             f"the branch here (lance.dataset({location.root!r}).branches.delete(...)) and make "
             "it again, or read it at the old place"
         )
-    _warn_if_moved(dataset, location)
+    if version is None:  # older versions name the old place even after a relocation
+        _warn_if_moved(dataset, location)
     return Table(dataset, location, storage_options)
 
 
@@ -1520,6 +1525,18 @@ def _remove_empty_local_dirs(*paths: str) -> None:
                 os.rmdir(path)
 
 
+def _kept_properties(existing: LanceDataset | None, appending: bool) -> TableProperties:
+    """The properties a write plans by: the table's (an overwrite replaces damaged ones)."""
+    if existing is None:
+        return TableProperties()
+    try:
+        return TableProperties.of(existing)
+    except TableMetadataError:
+        if appending:
+            raise
+        return TableProperties()
+
+
 def _blob_names(schema: pa.Schema) -> list[str]:
     return [path_name(p) for p in stored_blob_columns(schema)]
 
@@ -1539,7 +1556,12 @@ def _allowed_bases(
     root_uri: str,
     managed: Sequence[str] | None = None,
 ) -> AllowedBases:
-    kept = AllowedBases.of_table(existing.schema if existing is not None else None, root_uri)
+    try:
+        kept = AllowedBases.of_table(existing.schema if existing is not None else None, root_uri)
+    except TableMetadataError:
+        if appending:
+            raise
+        kept = AllowedBases((), root_uri)  # an overwrite replaces damaged metadata
     if given is None and managed is None:
         return kept
     requested = AllowedBases(given or (), root_uri, managed or ())

@@ -23,7 +23,7 @@ from blobhouse import (
     write_table,
 )
 from blobhouse.cli import main
-from blobhouse.errors import InvalidInputError, UnknownOptionError
+from blobhouse.errors import InvalidInputError, TableMetadataError, UnknownOptionError
 from blobhouse.placement import SETTINGS_KEY
 
 from helpers import disk_bytes, stock_read
@@ -287,3 +287,129 @@ def test_pandas_and_blob_values_use_the_default_too(table_uri):
     write_table(frame, table_uri, mode="append")
     assert physical(open_table(table_uri)) == len(clip)
     assert disk_bytes(table_uri) < 2 * len(clip) + 200_000
+
+
+# --- found by a user's tryout -------------------------------------------------------------
+
+
+def test_an_overwrite_keeps_each_columns_settings_it_does_not_give(table_uri):
+    rows = pa.table({"id": [0], "img": blob_array([CHUNKS[0]])})
+    placement = {"img": {"inline_size_threshold": 0}}
+    write_table(rows, table_uri, dedup={"img": "off"}, placement=placement, max_rows_per_file=10)
+    properties = write_table(rows, table_uri, mode="overwrite").properties
+    assert properties.dedup_of("img") == "off" and properties.max_rows_per_file == 10
+    assert properties.columns["img"].placement.inline_size_threshold == 0
+    # a column the overwrite no longer has is simply gone
+    properties = write_table(pa.table({"id": [1]}), table_uri, mode="overwrite").properties
+    assert properties.blob_columns == () and properties.max_rows_per_file == 10
+
+
+def test_compaction_keeps_to_the_tables_file_limits(table_uri):
+    for k in range(4):
+        rows = pa.table({"id": range(10 * k, 10 * k + 10), "b": blob_array([b"x" * 10] * 10)})
+        write_table(rows, table_uri, mode="append")
+    open_table(table_uri).set_properties(max_rows_per_file=25)
+    open_table(table_uri).compact()
+    sizes = [f.count_rows() for f in open_table(table_uri).dataset.get_fragments()]
+    assert sum(sizes) == 40 and max(sizes) <= 25
+
+
+def test_a_dropped_ref_id_column_is_refused_or_named(table_uri):
+    rows = pa.table(
+        {
+            "id": pa.array([0, 1], pa.int64()),
+            "chunk": pa.array([1, 1], pa.int64()),
+            "other": pa.array([2, 2], pa.int64()),
+            "img": pa.array([CHUNKS[0]] * 2, pa.binary()),
+        }
+    )
+    args = {"blob_columns": ["img"], "dedup": "ref_id", "ref_id_columns": {"img": "chunk"}}
+    write_table(rows, table_uri, **args)
+    with pytest.raises(InvalidInputError, match="'chunk' holds the ref_ids of blob column 'img'"):
+        open_table(table_uri).drop_columns(["chunk"])
+    lance.dataset(table_uri).drop_columns(["chunk"])  # Lance's own drop cannot be refused
+    assert open_table(table_uri).properties.to_dict()["columns"]["img"]["ref_id_column"] == (
+        "(dropped)"
+    )
+    more = rows.drop_columns(["chunk"])
+    with pytest.raises(InvalidInputError, match="ref_ids from a column that was dropped"):
+        write_table(more, table_uri, mode="append")  # would store a copy per row, silently
+    open_table(table_uri).set_properties(ref_id_columns={"img": "other"})
+    write_table(more, table_uri, mode="append")
+    assert open_table(table_uri).stats()["physical_bytes"] == 2 * len(CHUNKS[0])  # per file
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_rows_per_file": "10"}, "max_rows_per_file must be a positive integer, got '10'"),
+        ({"max_bytes_per_file": 0}, "max_bytes_per_file must be a positive integer, got 0"),
+        ({"dedup": 3}, "dedup must be a mode"),
+        ({"dedup": "globl"}, "dedup mode 'globl'"),
+        ({"placement": "big"}, "placement must be a mapping"),
+    ],
+)
+def test_bad_option_values_are_named_before_anything_is_written(table_uri, options, message):
+    with pytest.raises(InvalidInputError, match=message):
+        write_table(frames(0, 2), table_uri, **options)
+    assert not os.path.exists(table_uri)
+
+
+@pytest.mark.parametrize("garbage", ["not json {", "[1, 2]", '{"dedup": "bogus", "format": 2}'])
+def test_damaged_metadata_still_reads_refuses_writes_and_an_overwrite_repairs_it(
+    table_uri, garbage
+):
+    write_table(frames(0, 3), table_uri)
+    lance.dataset(table_uri).update_schema_metadata({"blobhouse": garbage})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert open_table(table_uri).read_blobs("video", [0]) == [CHUNKS[0]]
+    if not garbage.startswith("{"):  # the bases unreadable too: reads go on without them
+        assert any("damaged" in str(w.message) for w in caught)
+    for write in (
+        lambda: write_table(frames(3, 1), table_uri, mode="append"),
+        lambda: open_table(table_uri).set_properties(dedup="content"),
+    ):
+        with pytest.raises(TableMetadataError, match="damaged"):
+            write()
+    assert write_table(frames(0, 3), table_uri, mode="overwrite").properties.dedup == "global"
+
+
+def test_properties_of_a_newer_blobhouse_are_read_but_never_written_over(table_uri):
+    write_table(frames(0, 2), table_uri)
+    newer = json.dumps({"format": 99, "dedup": "global"})
+    lance.dataset(table_uri).update_schema_metadata({"blobhouse": newer})
+    assert open_table(table_uri).read_blobs("video", [1]) == [CHUNKS[0]]
+    with pytest.raises(TableMetadataError, match=r"newer blobhouse \(format 99"):
+        write_table(frames(2, 1), table_uri, mode="append")
+    assert lance.dataset(table_uri).schema.metadata[b"blobhouse"] == newer.encode()
+
+
+def test_stats_names_where_a_copy_came_from_and_old_versions_do_not_warn(tmp_path):
+    original, copy = str(tmp_path / "a"), str(tmp_path / "b")
+    write_table(frames(0, 2), original)
+    shutil.copytree(original, copy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert open_table(copy).stats()["moved_from"].endswith("/a")
+    open_table(copy).relocate()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert open_table(copy).stats()["moved_from"] is None
+        open_table(copy, version=1)  # names the old place, as Lance recorded it: no warning
+
+
+def test_small_misuses_of_properties_are_named(table_uri, capsys):
+    table = write_table(frames(0, 2), table_uri)
+    assert table.set_properties(dedup={}).version == 1  # nothing to change: no version
+    with pytest.raises(InvalidInputError, match="applies to blob columns"):
+        table.update({"id": "id + 1"}, dedup="off")
+    argv = ["properties", table_uri, "--set", "dedup=content", "--set", "dedup=off"]
+    assert main(argv) == 2 and "more than once" in capsys.readouterr().err
+    main(["properties", table_uri, "--set", "dedup.video=off", "--set", "inline_size_threshold=0"])
+    argv = ["properties", table_uri, "--set", "dedup.video=default"]
+    assert main([*argv, "--set", "inline_size_threshold.thumb=default"]) == 0
+    properties = open_table(table_uri).properties
+    assert properties.dedup_of("video") == "global"
+    assert properties.columns["thumb"].placement.inline_size_threshold == 65536
+    assert properties.columns["calib"].placement.inline_size_threshold == 0

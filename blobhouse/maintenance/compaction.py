@@ -133,7 +133,8 @@ def plan_compaction(
     its live payloads go to new packs, and it is retired (gc deletes it once no retained version
     references it).
 
-    A fragment is a candidate when it is small (fewer than ``target_rows`` rows and
+    The targets never exceed the table's ``max_rows_per_file`` and ``max_bytes_per_file``
+    properties. A fragment is a candidate when it is small (fewer than ``target_rows`` rows and
     ``target_bytes`` bytes, sidecars included) or when at least ``deleted_fraction`` of its rows
     are deleted. Runs of adjacent candidates are grouped up to the targets. A group of one
     fragment with nothing deleted is left alone (rewriting it gains nothing) unless another
@@ -152,6 +153,10 @@ def plan_compaction(
         raise InvalidInputError("target_rows and target_bytes must be positive")
     if not 0 < deleted_fraction <= 1:
         raise InvalidInputError(f"deleted_fraction must be in (0, 1], got {deleted_fraction}")
+    properties = TableProperties.of(table.dataset)
+    if properties.recorded:  # no new data file beyond the table's own limits
+        target_rows = min(target_rows, properties.max_rows_per_file)
+        target_bytes = min(target_bytes, properties.max_bytes_per_file)
     global_columns, per_file_columns = _columns_by_mode(table)
     usage = StoreUsage.of(table, scan=bool(global_columns))
     repack = usage.sparse(repack_threshold)

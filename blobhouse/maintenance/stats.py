@@ -124,6 +124,8 @@ def blob_stats(table: Table) -> dict:
         "on_disk_bytes": disk_usage(table),
         "columns": columns,
         "properties": properties.to_dict(),
+        # a copy whose manifest still names its old place: stock readers read the store there
+        "moved_from": table.moved_from,
     }
     return report
 

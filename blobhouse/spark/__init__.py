@@ -266,7 +266,7 @@ def _resolved(
     properties = TableProperties.of(dataset)
     if mode == "append":
         return properties.resolve(given, properties.blob_columns)
-    return properties.for_new_table(given)
+    return properties.for_new_table(given, properties.blob_columns)
 
 
 def _dedup_option(dedup: str | Mapping[str, str]) -> str:
