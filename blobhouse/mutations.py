@@ -239,8 +239,10 @@ def _column_rewrite(
         max_rows_per_file=2**62,
         max_bytes_per_file=2**62,
     )
-    # references into the table's own store stay references
-    plan = replace(plan, store_base_id=store_base_id(table.dataset))
+    # references into the table's own store stay references; each fragment is rewritten by a
+    # store writer of its own (a Spark task, or one after another): they claim new payloads,
+    # so that a value several fragments get is stored once (blobhouse.claims)
+    plan = replace(plan, store_base_id=store_base_id(table.dataset), claim_payloads=True)
     txn = Transaction.start(table.location, table.version, table.storage_options, kind=kind)
     return ColumnRewrite(columns, ids, dict(expressions), dict(functions), where, plan, txn)
 

@@ -184,3 +184,22 @@ def test_gc_sweeps_the_claims_of_a_write_that_died(table_uri):
     open_table(table_uri).gc(grace=timedelta(0))
     assert claim_files(table_uri) == []
     assert open_table(table_uri).stats()["orphan_files"] == 0
+
+
+def test_a_value_several_fragments_get_is_stored_once_by_update_and_compaction(table_uri):
+    """Updates and compactions write each fragment (or group) with a store writer of its own:
+    they claim, so one new payload several of them get is stored once."""
+    write_table(rows(0, [0, 1, 2, 3]), table_uri, max_rows_per_file=1)  # four fragments
+    open_table(table_uri).update({"clip": lambda batch: [CLIPS[5]] * batch.num_rows})
+    table = open_table(table_uri)
+    assert table.stats()["columns"]["clip"]["physical_bytes"] == len(CLIPS[5])
+    assert table.read_blobs("clip", range(4)) == [CLIPS[5]] * 4
+    # per file, then global: a compaction of two groups stores the shared clip once
+    other = str(table_uri) + "-per-file"
+    write_table(rows(0, [0, 0, 0, 0]), other, dedup="content", max_rows_per_file=1)
+    open_table(other).set_properties(dedup="global", max_rows_per_file=2)
+    assert open_table(other).compact()["fragments_added"] == 2
+    stats = open_table(other).stats()
+    assert stats["columns"]["clip"]["physical_bytes"] == len(CLIPS[0])
+    assert set(stats["columns"]["clip"]["kinds"]) == {"global"}
+    assert claim_files(other) == []

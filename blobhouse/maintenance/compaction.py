@@ -477,8 +477,13 @@ def _write_plan(table: Table, plan: CompactionPlan) -> WritePlan:
         max_bytes_per_file=plan.target_bytes,
     )
     # references into the table's own store stay store references
+    # each group has a store writer of its own (a Spark task, or one after another): they
+    # claim the payloads they store, so that one several groups hold is stored once
     return replace(
-        write, store_base_id=store_base_id(table.dataset), avoid_packs=frozenset(plan.repack)
+        write,
+        store_base_id=store_base_id(table.dataset),
+        avoid_packs=frozenset(plan.repack),
+        claim_payloads=True,
     )
 
 
