@@ -21,11 +21,12 @@ Why nothing is lost when a task fails (docs/table-properties.md has the whole ar
 - claims are named per write: another write never sees them; they are removed when the write
   commits or aborts, and gc removes those of writes that died.
 
-A payload up to :data:`CLAIM_MIN_BYTES` is claimed only when it repeats within the batch that
-meets it: a small payload met once in each of several tasks may be stored once per task (at
-most the number of tasks times 64 KiB for it), which keeps a claim (one small object) from
-costing more than the bytes it saves for the commonest small payloads, thumbnails unique per
-row.
+A payload up to :data:`CLAIM_MIN_BYTES` costs about as much to claim (one small object) as to
+store twice, so a task claims small payloads of a column only while they turn out shared: its
+first :data:`SMALL_PROBE` of them, then as long as at least 1 in :data:`SMALL_SHARED_RATIO`
+was met again (by the task, or claimed first by another), and always one that repeats within
+the batch that meets it. A column of calibration files keeps claiming; one of thumbnails
+unique per row stops after the probe. What is not claimed may be stored once per task.
 """
 
 from __future__ import annotations
@@ -43,8 +44,12 @@ from blobhouse.placement import KiB, as_uri
 from blobhouse.storage import StorageOptions, is_local, object_store, read_object, uri_to_path
 
 CLAIMS_DIR = "claims"
-#: payloads above this size are always claimed; smaller ones when they repeat in a batch
+#: payloads above this size are always claimed; smaller ones while their column's are shared
 CLAIM_MIN_BYTES = 64 * KiB
+#: a task claims the first this many small payloads of a column ...
+SMALL_PROBE = 256
+#: ... and later ones while at least 1 in this many of them turned out shared
+SMALL_SHARED_RATIO = 20
 _READ_ATTEMPTS = 40  # a claim read empty (being written) is read again for up to ~2 s
 
 

@@ -663,7 +663,7 @@ class _ColumnPlacer:
         pairs = zip(rows, digests, strict=True)
         kept = [(row, digest) for row, digest in pairs if len(column.payload(row))]
         placed = self.store.place_many(
-            [column.payload(row) for row, _ in kept], [digest for _, digest in kept]
+            [column.payload(row) for row, _ in kept], [digest for _, digest in kept], self.name
         )
         return {row: value for (row, _), value in zip(kept, placed, strict=True)}
 

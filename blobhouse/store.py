@@ -24,6 +24,7 @@ import itertools
 import time
 import uuid
 import warnings
+from collections import defaultdict
 from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,7 +37,13 @@ from lance import DatasetBasePath, LanceDataset
 from lance.indices import IndexConfig
 
 from blobhouse.cache import WeightedLRU
-from blobhouse.claims import CLAIM_MIN_BYTES, Claim, Claims
+from blobhouse.claims import (
+    CLAIM_MIN_BYTES,
+    SMALL_PROBE,
+    SMALL_SHARED_RATIO,
+    Claim,
+    Claims,
+)
 from blobhouse.dedup import digest_matrix
 from blobhouse.digest_filter import (
     DigestFilter,
@@ -637,13 +644,19 @@ class StoreWriter:
         # payloads another task of the write claimed and stores (checked at the commit)
         self.borrowed: dict[bytes, StoredPayload] = {}
         self.claimed = False  # it claimed payloads: its packs are kept if its task fails
+        # per column: small payloads claimed, and how many of them turned out shared
+        self._small_probe: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
+        self._small_claimed: dict[bytes, str] = {}  # claimed by this task, not met again yet
         self._reported = 0
 
     def place_many(
-        self, payloads: Sequence[bytes | memoryview], digests: Sequence[bytes]
+        self,
+        payloads: Sequence[bytes | memoryview],
+        digests: Sequence[bytes],
+        column: str = "",
     ) -> list[PreparedBlob]:
-        """The references of ``payloads`` (whose blake3 are ``digests``) in the store, writing
-        only those the store lacks; the index is asked once for all of them."""
+        """The references of ``payloads`` (whose blake3 are ``digests``; of blob ``column``) in
+        the store, writing only those the store lacks; the index is asked once for all."""
         known = (self._written, self._found, self.borrowed)
         unknown = [d for d in dict.fromkeys(digests) if not any(d in k for k in known)]
         if unknown:
@@ -652,41 +665,60 @@ class StoreWriter:
         if self.claims is not None and len(unknown) < len(digests):
             seen: set[bytes] = set()
             repeated = {d for d in digests if d in seen or seen.add(d)}
-        return [self._place(p, d, d in repeated) for p, d in zip(payloads, digests, strict=True)]
+        return [
+            self._place(p, d, column, d in repeated) for p, d in zip(payloads, digests, strict=True)
+        ]
 
     def place(self, payload: bytes | memoryview, digest: bytes) -> PreparedBlob:
         """The reference of ``payload`` in the store, writing it only if the store lacks it."""
         return self.place_many([payload], [digest])[0]
 
     def _place(
-        self, payload: bytes | memoryview, digest: bytes, repeated: bool = False
+        self, payload: bytes | memoryview, digest: bytes, column: str = "", repeated: bool = False
     ) -> PreparedBlob:
         stored = self._written.get(digest) or self.borrowed.get(digest)
+        if stored is not None and digest in self._small_claimed:  # met again: shared
+            self._small_probe[self._small_claimed.pop(digest)][1] += 1
         if stored is None:
             stored = self._found.get(digest)
             if stored is not None:
                 self.found_packs.add(stored.pack)
-            elif self._claimed_elsewhere(payload, digest, repeated):
+            elif self._claimed_elsewhere(payload, digest, column, repeated):
                 stored = self.borrowed[digest]
             else:  # not in the index, or in a pack gc is reclaiming: store anew
                 stored = self._written[digest] = self.packs.write(payload, digest)
         return stored.prepared(self.base_id)
 
     def _claimed_elsewhere(
-        self, payload: bytes | memoryview, digest: bytes, repeated: bool
+        self, payload: bytes | memoryview, digest: bytes, column: str, repeated: bool
     ) -> bool:
         """Whether another task of the write claimed ``digest`` first (then it is borrowed);
-        else this one claims it and stores it (blobhouse.claims)."""
-        if self.claims is None or (len(payload) <= CLAIM_MIN_BYTES and not repeated):
+        else this one claims it, if worth it, and stores it (blobhouse.claims)."""
+        small = len(payload) <= CLAIM_MIN_BYTES
+        if self.claims is None or (small and not repeated and not self._small_worth(column)):
             return False
         pack, position = self.packs.next_place(len(payload))
         mine = Claim(digest, pack, position, len(payload), self.claims.claimant)
         theirs = self.claims.claim(mine)
+        if small:
+            self._small_probe[column][0] += 1
+            if theirs is None:
+                self._small_claimed[digest] = column
+            else:  # another task met it: shared
+                self._small_probe[column][1] += 1
         if theirs is None:
             self.claimed = True
             return False
         self.borrowed[digest] = StoredPayload(digest, theirs.pack, theirs.position, theirs.size)
         return True
+
+    def _small_worth(self, column: str) -> bool:
+        """Whether claiming ``column``'s small payloads pays: its first
+        :data:`~blobhouse.claims.SMALL_PROBE` are claimed, later ones while at least 1 in
+        :data:`~blobhouse.claims.SMALL_SHARED_RATIO` turned out shared (a column of thumbnails
+        unique per row stops claiming; one of calibration files keeps on)."""
+        claimed, shared = self._small_probe[column]
+        return claimed < SMALL_PROBE or shared * SMALL_SHARED_RATIO >= claimed
 
     def take_new(self) -> tuple[tuple[str, ...], tuple[StoredPayload, ...]]:
         """Packs and payloads stored since the last call, once their bytes are written."""

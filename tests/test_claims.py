@@ -203,3 +203,33 @@ def test_a_value_several_fragments_get_is_stored_once_by_update_and_compaction(t
     assert stats["columns"]["clip"]["physical_bytes"] == len(CLIPS[0])
     assert set(stats["columns"]["clip"]["kinds"]) == {"global"}
     assert claim_files(other) == []
+
+
+def test_small_payloads_are_claimed_while_their_column_shares_them(table_uri):
+    """A small calibration file met once in each batch of every task is stored once (each
+    batch alone would not show it repeats); thumbnails unique per row stop being claimed once
+    the first SMALL_PROBE of them turned out unique."""
+    from blobhouse.claims import SMALL_PROBE
+
+    calibration = [os.urandom(3_000), os.urandom(3_100)]
+    unique = SMALL_PROBE + 100
+
+    def task(n: int):
+        for i in range(unique):  # one row per batch: every batch is placed alone
+            yield pa.record_batch(
+                {
+                    "id": pa.array([n * 10_000 + i], pa.int64()),
+                    "calib": blob_array([calibration[i % 2]]),
+                    "thumb": blob_array([b"%d-%d" % (n, i) * 500]),
+                }
+            )
+
+    write_table(next(task(9)), table_uri)
+    write = begin(table_uri, pa.Table.from_batches([next(task(9))]))
+    written = [write.write(task(n)) for n in range(3)]
+    claims = claim_files(table_uri)
+    assert len([c for c in claims]) <= 2 + 3 * SMALL_PROBE  # thumbnails stopped claiming
+    table = write.commit([f for files in written for f in files])
+    stats = table.stats()["columns"]
+    assert stats["calib"]["physical_bytes"] == sum(map(len, calibration))  # once, not per task
+    assert stats["thumb"]["physical_bytes"] == stats["thumb"]["logical_bytes"]

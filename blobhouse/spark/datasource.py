@@ -506,6 +506,9 @@ def _catalog_table_schema(options) -> StructType:
             f"{error}; to create a new table there, declare its columns: OPTIONS (path '<uri>', "
             "columns 'id BIGINT, img BINARY', blob_columns 'img')"
         ) from error
+    # the write settings its INSERTs will carry: refused now if they are not the table's own
+    stored = sorted(path_name(p) for p in stored_blob_columns(table.dataset.schema))
+    table.properties.resolve(_WriteOptions(own).write_options(), stored)
     carried = {k: v for k, v in own.items() if k not in CREATE_TABLE_OPTIONS}
     # resolved here, on the driver: a relative path means the driver's working directory
     carried["path"] = table.location.root
@@ -547,8 +550,6 @@ def _create_if_missing(read: ReadSpec, options: dict[str, str]) -> None:
         raise InvalidInputError(
             f"blob_columns {missing} are not blob columns of the table at {table.location.root}"
         )
-    # options the table's INSERTs will carry: refused now if they are not the table's own
-    table.properties.resolve(_WriteOptions(options).write_options(), sorted(stored))
 
 
 def _read_options(options, schema: StructType) -> Mapping[str, str]:
