@@ -297,7 +297,11 @@ class TableWrite:
 
         A write that created the table and lost that race to another creator commits again
         on the table the other one made: as an append (``mode="append"``) or an overwrite,
-        or not at all (``mode="create"``: :class:`TableExistsError`)."""
+        or not at all (``mode="create"``: :class:`TableExistsError`). An append of no rows
+        commits nothing (no new version)."""
+        if self.appending and not any(w.num_rows for w in written):
+            self.abort(written)  # its lease (and any empty file)
+            return Table(self.transaction.read_dataset(), self.location, self.storage_options)
         try:
             dataset = self.transaction.commit(written, lambda: self._operation(written))
         except TableCreatedMeanwhile:
