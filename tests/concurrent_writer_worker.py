@@ -111,9 +111,10 @@ def writer(
             try:
                 table = open_table(uri)
                 if dedup is None and table.properties.dedup != mode:
-                    # the table's mode changes beside the other writers
-                    table.set_properties(dedup=mode)
-                    property_changes += 1
+                    # the table's mode changes beside the other writers (a change another
+                    # writer made meanwhile leaves nothing to change: no version)
+                    version = table.version
+                    property_changes += table.set_properties(dedup=mode).version != version
                 write_table(data, uri, mode="append")
             except Exception as exc:
                 slowest = max(slowest, time.monotonic() - started)
