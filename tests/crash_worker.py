@@ -18,12 +18,26 @@ import pyarrow as pa
 from blobhouse import TableNotFoundError, blob_array, open_table, write_table
 
 SIZES = (100, 20_000, 120_000)
+PLACEMENT = {"b": {"dedicated_size_threshold": 100_000}}
 
 
 def payload(row_id: int) -> bytes:
     """Deterministic bytes of a row: readers check every row against it."""
     size = SIZES[row_id % 3]
     return row_id.to_bytes(8, "little") * (size // 8)
+
+
+def use_mode(uri: str, dedup: str, placement: dict, storage_options: dict | None = None) -> dict:
+    """Make ``dedup`` the table's mode: a property change (a commit of its own, where a kill may
+    land too); a table not created yet gets it from its first write, with the options
+    returned."""
+    try:
+        table = open_table(uri, storage_options=storage_options)
+    except TableNotFoundError:
+        return {"dedup": dedup, "placement": placement}
+    if table.properties.dedup != dedup:
+        table.set_properties(dedup=dedup)
+    return {}
 
 
 def main(uri: str, seed: int, storage_options: dict | None = None) -> None:
@@ -37,17 +51,7 @@ def main(uri: str, seed: int, storage_options: dict | None = None) -> None:
             {"id": pa.array(ids, pa.int64()), "b": blob_array([payload(i) for i in ids])}
         )
         dedup = rng.choice(["content", "global", "off"])
-        # the mode is the table's: set as a property (a commit of its own; a kill may land
-        # in it too), or by the write that creates the table
-        options = {"dedup": dedup, "placement": {"b": {"dedicated_size_threshold": 100_000}}}
-        try:
-            table = open_table(uri, storage_options=storage_options)
-        except TableNotFoundError:
-            table = None
-        if table is not None:
-            options = {}
-            if table.properties.dedup != dedup:
-                table.set_properties(dedup=dedup)
+        options = use_mode(uri, dedup, PLACEMENT, storage_options)
         write_table(data, uri, mode="append", storage_options=storage_options, **options)
         print(f"committed {ids[-1]}", flush=True)
 

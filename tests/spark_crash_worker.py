@@ -20,12 +20,9 @@ import json
 import random
 import sys
 
-from crash_worker import payload
+from crash_worker import PLACEMENT, payload, use_mode
 
-from blobhouse import TableNotFoundError, open_table
 from blobhouse.spark import local_session, register, write_table
-
-PLACEMENT = {"b": {"dedicated_size_threshold": 100_000}}
 
 
 def main(uri: str, seed: int) -> None:
@@ -42,16 +39,7 @@ def main(uri: str, seed: int) -> None:
         df = spark.createDataFrame(rows, "id long, b binary")
         dedup = rng.choice(["content", "global", "off"])
         how = rng.choice(["write_table", "df.write"])
-        # the mode is the table's: set as a property (a commit of its own), or by the first write
-        options = {"dedup": dedup, "placement": json.dumps(PLACEMENT)}
-        try:
-            table = open_table(uri)
-        except TableNotFoundError:
-            table = None
-        if table is not None:
-            options = {}
-            if table.properties.dedup != dedup:
-                table.set_properties(dedup=dedup)
+        options = use_mode(uri, dedup, json.dumps(PLACEMENT))
         print(f"writing {ids[0]} {ids[-1]} {how} {dedup}", flush=True)
         if how == "write_table":
             write_table(
