@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -64,12 +65,9 @@ class Claimant:
     @classmethod
     def here(cls) -> Claimant:
         """The Spark task running this code, or a process outside Spark."""
-        try:
-            from pyspark import TaskContext
-
-            context = TaskContext.get()
-        except ImportError:
-            context = None
+        # a Spark task's worker has pyspark loaded already: elsewhere it is not imported
+        pyspark = sys.modules.get("pyspark")
+        context = pyspark.TaskContext.get() if pyspark is not None else None
         if context is None:
             return cls(-1, 0, uuid.uuid4().hex)
         return cls(context.partitionId(), context.attemptNumber(), uuid.uuid4().hex)
