@@ -225,10 +225,14 @@ class Transaction:
         """End one task's part of this transaction (``written``: its files; None: it failed
         and removed them). If the driver aborted meanwhile, its sweep may have run before the
         task wrote or touched its lease: the task removes both itself, and a task that
-        succeeded raises, since nobody will commit its files."""
+        succeeded raises, since nobody will commit its files. It also sweeps what the write
+        staged and claimed since: the packs a failed task kept for others (its claims) and the
+        claims tasks made after the sweep."""
         if not self.is_aborted():
             return
         remove_written(written or (), self.location, self.storage_options)
+        remove_staged(self.location, self.name_prefix, self.storage_options)
+        remove_claims(self.location.root, self.id, self.storage_options)
         leases.release(self.location.root, self.name_prefix, self.storage_options)
         if written is not None:
             raise BlobhouseError(f"write {self.id} was aborted; its files are removed")

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pyarrow as pa
 import pytest
 
-from blobhouse import StaleWriteError, blob_array, open_table, write_table
+from blobhouse import BlobhouseError, StaleWriteError, blob_array, open_table, write_table
 from blobhouse.claims import Claim, Claimant, Claims, claims_folder
 from blobhouse.dedup import content_hash
 from blobhouse.storage import uri_to_path
@@ -233,3 +233,24 @@ def test_small_payloads_are_claimed_while_their_column_shares_them(table_uri):
     stats = table.stats()["columns"]
     assert stats["calib"]["physical_bytes"] == sum(map(len, calibration))  # once, not per task
     assert stats["thumb"]["physical_bytes"] == stats["thumb"]["logical_bytes"]
+
+
+def test_tasks_ending_after_their_write_was_aborted_leave_no_claim_or_pack(table_uri):
+    """Spark cancels a failed job's tasks, but one may still be running when the driver's
+    abort swept the write: it claims and stores after the sweep, and cleans up as it ends."""
+    table = write_table(rows(0, [5]), table_uri)
+    before = tree(table_uri)
+    write = begin(table_uri, rows(0, [0]))
+    write.abort([], tasks_may_run=True)  # the driver gave up first
+
+    def failing():
+        yield from rows(100, [0, 1]).to_batches()
+        raise RuntimeError("cancelled")
+
+    with pytest.raises(RuntimeError):  # failed after claiming: it kept its packs for others
+        write.write(failing())
+    with pytest.raises(BlobhouseError, match="was aborted"):
+        write.write(rows(200, [2, 3]).to_batches())
+    left = tree(table_uri) - before
+    assert all(p.startswith("data/aborted-") for p in left), left
+    assert open_table(table_uri).version == table.version
