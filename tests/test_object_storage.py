@@ -863,3 +863,42 @@ def test_writers_beside_gc_and_compaction_on_s3_lose_nothing(s3, monkeypatch):
     assert all(r["b"] == payload(r["id"] % 7, 90 * KIB) for r in got)
     assert len(committed) >= 3 * 3 * (WRITES_BESIDE_GC - 1)  # at most a write per writer gave up
     assert table.verify(deep=True)["problems"] == []
+
+
+def test_claims_on_s3_let_one_task_store_a_payload_and_the_others_borrow_it(s3):
+    """Tasks of one write claiming on S3 (a conditional PUT each): the first stores the
+    payload, the others reference its copy; the write commits each payload once."""
+    from dataclasses import replace
+
+    from blobhouse.claims import Claim, Claimant, Claims
+    from blobhouse.dedup import content_hash
+
+    uri = f"{s3.uri}/t"
+    clips = [payload(1, 200 * KIB), payload(2, 200 * KIB)]
+
+    def rows(first: int) -> pa.Table:
+        return pa.table(
+            {"id": pa.array(range(first, first + 4), pa.int64()), "b": blob_array(clips * 2)}
+        )
+
+    write_table(rows(0), uri, storage_options=s3.options)
+    write = TableWrite.begin(uri, rows(0).schema, mode="append", storage_options=s3.options)
+    write = replace(write, plan=replace(write.plan, claim_payloads=True))
+    digest = content_hash(b"x" * 100)  # the claim itself: one conditional PUT
+    first = Claims(uri, write.transaction.id, s3.options, Claimant(0, 0, "a"))
+    second = Claims(uri, write.transaction.id, s3.options, Claimant(1, 0, "b"))
+    assert first.claim(Claim(digest, "packs/a.pack", 0, 100, first.claimant)) is None
+    assert second.claim(Claim(digest, "packs/b.pack", 0, 100, second.claimant)).pack == (
+        "packs/a.pack"
+    )
+    new = [payload(3, 200 * KIB)] * 4
+    tasks = [
+        pa.table({"id": pa.array(range(n * 10, n * 10 + 4), pa.int64()), "b": blob_array(new)})
+        for n in (1, 2, 3)
+    ]
+    written = [f for task in tasks for f in write.write(task.to_batches())]
+    assert sum(len(f.borrowed) for f in written) == 2  # two of three tasks borrowed it
+    table = write.commit(written)
+    assert table.stats()["physical_bytes"] == sum(map(len, clips)) + len(new[0])
+    assert not s3.objects("t/_blobs/claims/")  # removed at the commit
+    assert table.read_blobs("b", range(table.count_rows()))[-1] == new[0]
