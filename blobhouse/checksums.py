@@ -385,8 +385,10 @@ class RecordedHashes:
 
     A reference's digest lives with the data file that stored it: inline payloads under
     ``(column of the file, row in the file)``, sidecar payloads (``data/<file>/<blob_id>.blob``)
-    under ``(blob_id, position, size)``. Payloads in the table's store (``dedup="global"``) are
-    looked up in ``store``: ``(uri prefix of the store, a function loading an object with
+    under ``(blob_id, position, size)``. A row referencing the table's store (``dedup="global"``)
+    has the digest of the value it was written with under its ``(column, row)`` in its own data
+    file; rows written before that was recorded (or rewritten by Lance) are looked up in
+    ``store``: ``(uri prefix of the store, a function loading an object with
     digest_at(pack, position, size))``. Other external blobs have none.
 
     >>> import tempfile, pyarrow as pa
@@ -418,15 +420,17 @@ class RecordedHashes:
         descriptors: pa.StructArray,
         refs: Sequence[BlobRef | None],
         row_addresses: pa.Array,
+        data_file: Callable[[int], str] | None = None,
     ) -> Verify | None:
         """A :data:`~blobhouse.rangeio.Verify` for reading ``refs`` (resolved from
         ``descriptors`` read at ``row_addresses``): it raises :class:`CorruptBlobError` if a
         payload differs from the blake3 recorded when it was written. ``column`` names the blob
         column in errors; ``file_column(fragment id)`` is its column in that fragment's data
-        file. Rows without a recorded hash (user-owned external blobs, files other writers
+        file, ``data_file(fragment id)`` that file (where store references' digests are). Rows
+        without a recorded hash (user-owned external blobs, files other writers
         made) pass as they are; None when no row has one."""
         addresses = np.asarray(row_addresses.to_numpy(zero_copy_only=False), np.uint64)
-        expected = self._expected_many(file_column, descriptors, refs, addresses)
+        expected = self._expected_many(file_column, descriptors, refs, addresses, data_file)
         if not any(expected):
             return None
         # rows sharing a payload share its range, read once: hash it once
@@ -458,6 +462,7 @@ class RecordedHashes:
         descriptors: pa.StructArray,
         refs: Sequence[BlobRef | None],
         addresses: np.ndarray,
+        data_file: Callable[[int], str] | None = None,
     ) -> list[bytes | None]:
         """The recorded digest of every reference (None: none recorded, or a null row), looked
         up for each data file's rows at once."""
@@ -465,10 +470,15 @@ class RecordedHashes:
         blob_ids = numbers(descriptors.field("blob_id"))
         expected: list[bytes | None] = [None] * len(refs)
         files: dict[tuple[str, bool], list[int]] = {}  # (data file, inline) -> rows
+        in_store: list[int] = []
         for row, ref in enumerate(refs):
             if ref is None:
                 continue
-            if kinds[row] == Kind.EXTERNAL:
+            if kinds[row] == Kind.EXTERNAL and self._in_store(ref.uri) and data_file is not None:
+                # the row's own record (keyed like an inline payload), else the index's
+                files.setdefault((data_file(int(addresses[row]) >> 32), True), []).append(row)
+                in_store.append(row)
+            elif kinds[row] == Kind.EXTERNAL:
                 expected[row] = self.expected(
                     Kind.EXTERNAL, int(blob_ids[row]), 0, 0, ref.uri, ref.position, ref.size
                 )
@@ -492,7 +502,21 @@ class RecordedHashes:
                 digests = recorded.sidecar_many(blob_ids[rows], positions, sizes)
             for row, digest in zip(rows, digests, strict=True):
                 expected[row] = digest
+        for row in in_store:
+            if expected[row] is None:
+                ref = refs[row]
+                expected[row] = self._indexed(ref.uri, ref.position, ref.size)
         return expected
+
+    def _in_store(self, uri: str) -> bool:
+        return bool(self.store) and uri.startswith(self.store[0])
+
+    def _indexed(self, uri: str, position: int, size: int) -> bytes | None:
+        """What the store's index says the payload at ``uri`` holds (rows without a record of
+        their own)."""
+        if self._store_index is None:
+            self._store_index = self.store[1]()
+        return self._store_index.digest_at(uri.removeprefix(self.store[0]), position, size)
 
     def expected(
         self,
@@ -503,13 +527,15 @@ class RecordedHashes:
         uri: str,
         position: int,
         size: int,
+        data_file: str | None = None,
     ) -> bytes | None:
         """The digest recorded for one reference, or None (an external blob, or a data file
-        another writer made). An inline payload is named by its data file's column and row."""
-        if kind == Kind.EXTERNAL and self.store and uri.startswith(self.store[0]):
-            if self._store_index is None:
-                self._store_index = self.store[1]()
-            return self._store_index.digest_at(uri.removeprefix(self.store[0]), position, size)
+        another writer made). An inline payload is named by its data file's column and row,
+        and so is a store reference in ``data_file``, the row's data file."""
+        if kind == Kind.EXTERNAL and self._in_store(uri):
+            recorded = self._file(data_file) if data_file is not None else None
+            digest = recorded.inline(file_column, file_row) if recorded is not None else None
+            return digest or self._indexed(uri, position, size)
         if kind == Kind.EXTERNAL:
             return None  # user-owned: whatever is there now is what readers get
         data_file = uri if kind == Kind.INLINE else _sidecar_data_file(uri)

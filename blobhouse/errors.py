@@ -109,14 +109,20 @@ class ConcurrentCommitError(BlobhouseError, CommitConflictError):
         return type(self), (str(self), self.retryable)
 
 
-class StoreRaceError(BlobhouseError):
+class StoreRaceError(StaleWriteError):
     """A write found payloads in the table's store that gc retired before the write committed;
-    nothing was committed and retrying the write succeeds."""
+    nothing was committed and retrying the write succeeds (a :class:`StaleWriteError`: gc
+    took what the write used)."""
 
 
 class ManagedObjectRaceError(BlobhouseError):
     """A write references a managed object that gc is deleting, or that is gone, by the time
     the write commits; nothing was committed (see docs/managed-objects.md)."""
+
+
+class StoreIndexWarning(UserWarning):
+    """The table's store index names bytes that differ from its entry (a damaged index or
+    pack): the write stored those payloads anew instead of referencing them."""
 
 
 class MovedTableWarning(UserWarning):

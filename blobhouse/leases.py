@@ -8,16 +8,23 @@ driver share one lease). gc keeps every file whose name starts with the prefix o
 touched less than :data:`TIMEOUT_SECONDS` before its mark began: a write that committed after
 the mark began touched its lease after that, so its files are kept too. A lease nobody touches
 any more (the write ended or died) expires, and gc removes it once it is older than the grace.
+
+Lance names some files itself (its temporary files while it writes one, the data files of a
+schema change or of its own compaction): they carry no prefix. A lease holds the time its
+write started, so gc keeps every file without a prefix that is younger than the oldest live
+write (:func:`oldest_start`), whatever its grace.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
+import time
 from collections.abc import Iterator
 
 from blobhouse.placement import as_uri
-from blobhouse.storage import ObjectStore, StorageOptions, object_store
+from blobhouse.storage import ObjectStore, StorageOptions, object_store, read_object
 
 LEASES_DIR = "_leases"
 REFRESH_SECONDS = 2.0
@@ -40,13 +47,16 @@ def held(
         yield
         return
     store, uri = _lease(table_path, prefix, storage_options)
-    store.put(uri, b"")  # rewriting the object sets its modification time, on every store
+    # the write's start: a write of many processes (Spark tasks) keeps its first one's
+    started = _started(uri, storage_options) or time.time()
+    body = json.dumps({"started": started}).encode()
+    store.put(uri, body)  # rewriting the object sets its modification time, on every store
     stop = threading.Event()
 
     def refresh() -> None:
         while not stop.wait(REFRESH_SECONDS):
             with contextlib.suppress(OSError):  # a missed touch is retried; gc allows 15
-                store.put(uri, b"")
+                store.put(uri, body)
 
     thread = threading.Thread(target=refresh, name="blobhouse-lease", daemon=True)
     thread.start()
@@ -73,6 +83,42 @@ def live_prefixes(
     store's clock) or later."""
     touched = _leases(table_path, storage_options)
     return {name for name, at in touched.items() if at >= since}
+
+
+def oldest_start(
+    table_path: str, since: float, storage_options: StorageOptions | None = None
+) -> float | None:
+    """When the oldest write whose lease was touched at ``since`` or later started (epoch
+    seconds, the writer's clock less :data:`TIMEOUT_SECONDS` for clocks that differ; a
+    lease that does not say: 0), or None when no lease is live.
+
+    >>> import tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> oldest_start(root, since=0) is None
+    True
+    >>> with held(root, "w1-"):
+    ...     time.time() - 60 < oldest_start(root, since=0) < time.time()
+    True
+    """
+    live = [n for n, at in _leases(table_path, storage_options).items() if at >= since]
+    if not live:
+        return None
+    starts = []
+    for name in live:
+        _, uri = _lease(table_path, name, storage_options)
+        starts.append(_started(uri, storage_options, missing=0.0))
+    return min(starts) - TIMEOUT_SECONDS
+
+
+def _started(
+    uri: str, storage_options: StorageOptions | None, missing: float | None = None
+) -> float | None:
+    """The start a lease records (``missing`` if it has none: gone, or written by an older
+    blobhouse, or being written)."""
+    try:
+        return float(json.loads(read_object(uri, storage_options))["started"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return missing
 
 
 def expired(

@@ -492,6 +492,9 @@ class _Decided:
     column: LogicalColumn
     values: list[PreparedBlob | _Pending | None]
     fresh: tuple[list[int], list[bytes]]
+    # rows referencing the table's store and the blake3 each was written with: recorded in the
+    # data file, so reads check a row against its own value, never only against the index
+    in_store: tuple[list[int], list[bytes]] = field(default_factory=lambda: ([], []))
 
 
 class _ColumnPlacer:
@@ -576,6 +579,8 @@ class _ColumnPlacer:
         fresh_digests: list[bytes] = []
         if self.plan.dedup == "global":
             placed = self._place_in_store(column, rows, hashed)
+            decided.in_store[0].extend(placed)
+            decided.in_store[1].extend(digests[row] for row in placed)
         elif self.plan.dedup in ("content", "off"):
             small, big = _split(column.sizes(rows) <= self._inline_limit, rows, hashed)
             placed = self._store_new(column, *big)
@@ -680,6 +685,14 @@ class _ColumnPlacer:
         """Final values of one batch (whose first row is ``file_row`` of the data file):
         pending payloads are packed if shared, else inlined."""
         self._resolve_fresh(decided, counts, file_row)
+        rows, digests = decided.in_store
+        if rows:
+            self.session.checksums.record_inline_many(
+                self.name,
+                np.asarray(rows, dtype=np.int64) + file_row,
+                decided.column.sizes(rows),
+                digests,
+            )
         return [
             self._resolve_pending(decided.column, v, counts, file_row)
             if isinstance(v, _Pending)

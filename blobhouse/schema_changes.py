@@ -24,6 +24,7 @@ from __future__ import annotations
 import random
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
 from lance.commit import CommitConflictError
 
+from blobhouse import leases
 from blobhouse.errors import ConcurrentCommitError, InvalidInputError, SchemaError, lance_message
 from blobhouse.layout import TableLocation
 from blobhouse.options import check_names
@@ -89,7 +91,13 @@ def add_columns(
     else:
         transforms = _new_fields(dataset.schema, columns)
         names = [f.name for f in transforms]
-    return _run(dataset, lambda d: d.add_columns(transforms), f"adding column(s) {names}")
+    return _run(
+        dataset,
+        lambda d: d.add_columns(transforms),
+        f"adding column(s) {names}",
+        location,
+        storage_options,
+    )
 
 
 def alter_columns(
@@ -112,7 +120,13 @@ def alter_columns(
         raise InvalidInputError("alter_columns needs at least one alteration")
     checked = _check_alterations(dataset.schema, alterations)
     paths = [a["path"] for a in checked]
-    return _run(dataset, lambda d: d.alter_columns(*checked), f"altering column(s) {paths}")
+    return _run(
+        dataset,
+        lambda d: d.alter_columns(*checked),
+        f"altering column(s) {paths}",
+        location,
+        storage_options,
+    )
 
 
 def drop_columns(
@@ -147,7 +161,13 @@ def drop_columns(
                 f"that first (set_properties(ref_id_columns={{{blob!r}: None}}) or another "
                 "column), or drop both"
             )
-    return _run(dataset, lambda d: d.drop_columns(names), f"dropping column(s) {names}")
+    return _run(
+        dataset,
+        lambda d: d.drop_columns(names),
+        f"dropping column(s) {names}",
+        location,
+        storage_options,
+    )
 
 
 def set_properties(
@@ -254,16 +274,30 @@ def add_null_blob_column(
         dataset,
         lambda d: d.add_columns(lance_blob_field(column).with_metadata(metadata or None)),
         f"adding blob column {column!r}",
+        location,
+        storage_options,
     )
     return dataset, field_id(dataset, (column,))
 
 
-def _run(dataset: LanceDataset, change: Callable[[LanceDataset], None], what: str) -> LanceDataset:
-    """Run one Lance schema change; Lance's bad-input errors as a :class:`SchemaError` that
-    says what was being done (Lance itself names the column)."""
+def _run(
+    dataset: LanceDataset,
+    change: Callable[[LanceDataset], None],
+    what: str,
+    location: TableLocation,
+    storage_options: StorageOptions | None = None,
+) -> LanceDataset:
+    """Run one Lance schema change under a lease (the data files Lance writes for it are
+    named by Lance: gc keeps them by their age while the lease lives); Lance's bad-input
+    errors as a :class:`SchemaError` that says what was being done (Lance names the column)."""
+    lease = f"schema-{uuid.uuid4().hex[:12]}-"
     try:
-        change(dataset)
-    except (OSError, ValueError) as exc:
+        with leases.held(location.root, lease, storage_options):
+            change(dataset)
+    except BaseException as exc:
+        leases.release(location.root, lease, storage_options)  # it did not commit
+        if not isinstance(exc, OSError | ValueError):
+            raise
         if isinstance(exc, OSError) and not str(exc).startswith(_LANCE_INPUT_ERRORS):
             raise
         raise SchemaError(f"{what}: {lance_message(exc)}") from None

@@ -25,7 +25,7 @@ import time
 import uuid
 import warnings
 from collections import defaultdict
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -44,7 +44,7 @@ from blobhouse.claims import (
     Claim,
     Claims,
 )
-from blobhouse.dedup import digest_matrix
+from blobhouse.dedup import content_hash, digest_matrix
 from blobhouse.digest_filter import (
     DigestFilter,
     FilterFile,
@@ -56,6 +56,7 @@ from blobhouse.errors import (
     BlobhouseError,
     ExternalBlobError,
     InvalidInputError,
+    StoreIndexWarning,
     StoreRaceError,
 )
 from blobhouse.layout import (
@@ -67,6 +68,7 @@ from blobhouse.layout import (
     store_dir,
 )
 from blobhouse.placement import Kind, as_uri, normalize_uri, object_size
+from blobhouse.rangeio import BlobRef, read_ranges
 from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue
 from blobhouse.storage import StorageOptions, object_sizes, object_store, uri_to_path
 
@@ -79,6 +81,7 @@ _INDEX_FILTERS = 8  # more filters than this cover it and gc merges them into on
 _LOOKUP_WINDOW = 4096  # hashes per scalar-index query
 _UNINDEXED_ROWS = 100_000  # more index rows outside its scalar indices and a writer adds them
 _CACHED_PACK_ENTRIES = 500_000  # entries of recently read packs kept for digest_at
+_CHECK_WINDOW = 256  # index entries read and hashed per coalesced read of one pack
 # 256 rows per page instead of 4,096: a lookup reads one page per hash (random hashes touch
 # every page), measured 6x faster cold and half the memory at 10 M entries
 _LOOKUPS = {"blake3": IndexConfig("btree", {"zone_size": 256}), "pack": "BTREE"}
@@ -251,8 +254,16 @@ class StoreIndex:
         self, digests: Sequence[bytes], avoid: Set[str] = frozenset()
     ) -> dict[bytes, StoredPayload]:
         """The stored payloads among ``digests``, found in packs other than ``avoid``: one
-        scalar-index query per window of hashes."""
-        found: dict[bytes, StoredPayload] = {}
+        scalar-index query per window of hashes. What the index says is not checked here (see
+        :func:`checked_entries`)."""
+        return {d: copies[0] for d, copies in self.find_copies(digests, avoid).items()}
+
+    def find_copies(
+        self, digests: Sequence[bytes], avoid: Set[str] = frozenset()
+    ) -> dict[bytes, list[StoredPayload]]:
+        """Every indexed copy of each of ``digests`` (concurrent writers may both have stored
+        a payload), in packs other than ``avoid``."""
+        found: defaultdict[bytes, list[StoredPayload]] = defaultdict(list)
         if self._dataset is None or not digests:
             return found
         digests = self._maybe_held(digests)
@@ -260,9 +271,8 @@ class StoreIndex:
             window = pa.array(digests[start : start + _LOOKUP_WINDOW], pa.binary())
             rows = self._query(pc.field("blake3").isin(window))
             for digest, pack, position, size in _rows(rows, INDEX_SCHEMA.names):
-                # concurrent writers may both have stored a payload: any copy will do
-                if pack not in avoid and digest not in found:
-                    found[digest] = StoredPayload(digest, pack, position, size)
+                if pack not in avoid:
+                    found[digest].append(StoredPayload(digest, pack, position, size))
         return found
 
     def _maybe_held(self, digests: Sequence[bytes]) -> Sequence[bytes]:
@@ -307,6 +317,96 @@ class StoreIndex:
             if self._dataset is None:
                 return INDEX_SCHEMA.empty_table()
             return self._dataset.to_table(filter=condition)
+
+
+@dataclass(frozen=True)
+class CheckedEntries:
+    """Index entries a writer is about to reference, checked against the bytes they name:
+    ``usable`` (digest -> the first copy whose bytes hash to its key), ``damaged`` (entries
+    whose size or bytes differ from what their key says: a damaged index or pack) and
+    ``unreadable`` (their pack is gone or cannot be read: gc, most likely)."""
+
+    usable: dict[bytes, StoredPayload]
+    damaged: list[StoredPayload]
+    unreadable: list[StoredPayload]
+
+
+def checked_entries(
+    table_path: str,
+    copies: Mapping[bytes, Sequence[StoredPayload]],
+    sizes: Mapping[bytes, int] | None = None,
+    storage_options: StorageOptions | None = None,
+) -> CheckedEntries:
+    """Check index entries before a write references them: each digest's copies in order,
+    until one's size is ``sizes[digest]`` (when known) and its bytes hash to the digest. The
+    index is a cache that a bit flip or a buggy tool can damage; a reference made from a wrong
+    entry would hand every reader another payload's bytes. Reads are coalesced per pack.
+
+    >>> import tempfile
+    >>> from blobhouse.dedup import content_hash
+    >>> root = tempfile.mkdtemp()
+    >>> uri = f"{store_dir(root)}/{PACKS_DIR}/a.pack"
+    >>> object_store(as_uri(uri)).put(as_uri(uri), b"helloworld")
+    >>> good = StoredPayload(content_hash(b"hello"), "packs/a.pack", 0, 5)
+    >>> bad = StoredPayload(content_hash(b"world"), "packs/a.pack", 0, 5)  # wrong position
+    >>> checked = checked_entries(root, {good.digest: [good], bad.digest: [bad]})
+    >>> list(checked.usable.values()) == [good], checked.damaged == [bad]
+    (True, True)
+    """
+    usable: dict[bytes, StoredPayload] = {}
+    damaged: list[StoredPayload] = []
+    unreadable: list[StoredPayload] = []
+    pending = {d: list(c) for d, c in copies.items() if c}
+    while pending:
+        tried = {d: c.pop(0) for d, c in pending.items()}
+        for digest, entry in list(tried.items()):
+            if sizes is not None and digest in sizes and sizes[digest] != entry.size:
+                damaged.append(tried.pop(digest))
+        for digest, verdict in _hash_entries(table_path, tried, storage_options).items():
+            if verdict is None:
+                usable[digest] = tried[digest]
+            else:
+                (damaged if verdict == "damaged" else unreadable).append(tried[digest])
+        pending = {d: c for d, c in pending.items() if d not in usable and c}
+    return CheckedEntries(usable, damaged, unreadable)
+
+
+def _hash_entries(
+    table_path: str, entries: Mapping[bytes, StoredPayload], storage_options: StorageOptions | None
+) -> dict[bytes, str | None]:
+    """Per digest: None when its entry's bytes hash to it, else "damaged" or "unreadable"."""
+    listed = list(entries.values())
+    verdicts = entry_verdicts(table_path, listed, storage_options)
+    return {e.digest: None if v is None else v[0] for e, v in zip(listed, verdicts, strict=True)}
+
+
+def entry_verdicts(
+    table_path: str, entries: Sequence[StoredPayload], storage_options: StorageOptions | None
+) -> list[tuple[str, str] | None]:
+    """For each index entry: None when the bytes it names hash to its key, else ``("damaged",
+    the blake3 read)`` or ``("unreadable", why)``; one coalesced read per window of a pack."""
+    verdicts: list[tuple[str, str] | None] = [None] * len(entries)
+    by_pack: defaultdict[str, list[int]] = defaultdict(list)
+    for i, entry in enumerate(entries):
+        by_pack[entry.pack].append(i)
+    prefix = as_uri(store_dir(table_path))
+    for pack, members in by_pack.items():
+        for start in range(0, len(members), _CHECK_WINDOW):
+            window = members[start : start + _CHECK_WINDOW]
+            refs = [
+                BlobRef(f"{prefix}/{pack}", entries[i].position, entries[i].size) for i in window
+            ]
+            try:
+                data = read_ranges(refs, storage_options=storage_options)
+            except (BlobhouseError, OSError, ValueError) as exc:
+                for i in window:
+                    verdicts[i] = ("unreadable", str(exc).splitlines()[0])
+                continue
+            for i, payload in zip(window, data, strict=True):
+                actual = content_hash(payload)
+                if actual != entries[i].digest:
+                    verdicts[i] = ("damaged", actual.hex())
+    return verdicts
 
 
 def _rows(table: pa.Table, names: Sequence[str]) -> Iterable[tuple]:
@@ -522,6 +622,46 @@ def indexed_packs(table_path: str, storage_options: StorageOptions | None = None
     return packs
 
 
+@dataclass(frozen=True)
+class DamagedEntry:
+    """An index entry whose bytes are not what its key says (``verdict``: "damaged" with the
+    blake3 read, or "unreadable" with why)."""
+
+    entry: StoredPayload
+    verdict: tuple[str, str]
+
+    @property
+    def reason(self) -> str:
+        key = self.entry.digest.hex()
+        kind, detail = self.verdict
+        if kind == "damaged":
+            return f"store index entry {key}: the bytes it names hash to {detail}"
+        return f"store index entry {key}: its bytes cannot be read ({detail})"
+
+
+def damaged_entries(
+    table_path: str, storage_options: StorageOptions | None = None
+) -> Iterable[DamagedEntry]:
+    """Every index entry whose bytes do not hash to its key, the index streamed a batch at
+    a time (an index of millions of entries never sits in memory); entries of retired packs
+    are left out (gc is reclaiming them; writers no longer take them)."""
+    dataset = _open_index(table_path, storage_options)
+    if dataset is None:
+        return
+    retired = set(retired_packs(table_path, storage_options))
+    for batch in dataset.to_batches(columns=INDEX_SCHEMA.names, batch_size=_CHECK_WINDOW * 16):
+        entries = [
+            StoredPayload(*row)
+            for row in _rows(pa.Table.from_batches([batch]), INDEX_SCHEMA.names)
+            if row[1] not in retired
+        ]
+        for entry, verdict in zip(
+            entries, entry_verdicts(table_path, entries, storage_options), strict=True
+        ):
+            if verdict is not None:
+                yield DamagedEntry(entry, verdict)
+
+
 class PackWriter:
     """The packs one writing process adds to the store, rolled over at ``limit`` bytes.
 
@@ -636,6 +776,7 @@ class StoreWriter:
         # packs never to reference
         self.retired = frozenset(retired_packs(table_path, storage_options)) | avoid
         self.found_packs: set[str] = set()  # packs found in the index: checked before commit
+        self.damaged: list[StoredPayload] = []  # index entries whose bytes differ from their key
         self.queue = WriteQueue()
         self.packs = PackWriter(table_path, name_prefix, self.queue, pack_limit, storage_options)
         # what this write references: payloads it stored, and payloads it found in the index
@@ -660,7 +801,8 @@ class StoreWriter:
         known = (self._written, self._found, self.borrowed)
         unknown = [d for d in dict.fromkeys(digests) if not any(d in k for k in known)]
         if unknown:
-            self._found.update(self.index.find(unknown, self.retired))
+            sizes = {d: len(p) for p, d in zip(payloads, digests, strict=True)}
+            self._found.update(self._checked(self.index.find_copies(unknown, self.retired), sizes))
         repeated = set()
         if self.claims is not None and len(unknown) < len(digests):
             seen: set[bytes] = set()
@@ -668,6 +810,26 @@ class StoreWriter:
         return [
             self._place(p, d, column, d in repeated) for p, d in zip(payloads, digests, strict=True)
         ]
+
+    def _checked(
+        self, copies: Mapping[bytes, Sequence[StoredPayload]], sizes: Mapping[bytes, int]
+    ) -> dict[bytes, StoredPayload]:
+        """The entries of ``copies`` whose bytes are what their key says; a payload without
+        one is stored anew (a damaged entry is named in a warning, once per write)."""
+        checked = checked_entries(self.packs.table_path, copies, sizes, self.packs.storage_options)
+        new = [e for e in checked.damaged if e not in self.damaged]
+        if new and not self.damaged:
+            warnings.warn(
+                StoreIndexWarning(
+                    f"the store index of {self.packs.table_path} names bytes that differ from "
+                    f"its entries (e.g. {new[0].digest.hex()[:16]} at {new[0].pack} "
+                    f"[{new[0].position}, +{new[0].size})): this write stored those payloads "
+                    "anew; `blobhouse verify --deep` lists every damaged entry and its rows"
+                ),
+                stacklevel=4,
+            )
+        self.damaged.extend(new)
+        return checked.usable
 
     def place(self, payload: bytes | memoryview, digest: bytes) -> PreparedBlob:
         """The reference of ``payload`` in the store, writing it only if the store lacks it."""

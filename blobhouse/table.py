@@ -1166,6 +1166,7 @@ class Table:
             ref.uri,
             ref.position,
             ref.size,
+            self.data_file_of(path)(row >> 32),
         )
         name = f"blob column {column!r}, fragment {row >> 32} row {row & 0xFFFFFFFF}"
         return open_ref(ref, digest, name, self.storage_options)
@@ -1341,6 +1342,12 @@ class Table:
         resolver, field = self._resolved(), self._field_id(path)
         return lambda fragment_id: resolver.file_column(fragment_id, field)
 
+    def data_file_of(self, path: ColumnPath) -> Callable[[int], str]:
+        """For blob column ``path``: fragment id -> the data file holding it in that fragment
+        (where its rows' recorded hashes are)."""
+        resolver, field = self._resolved(), self._field_id(path)
+        return lambda fragment_id: resolver.data_file_uri(fragment_id, field)
+
     def data_file_uri(self, data_file: DataFile) -> str:
         """Where one of this version's data files is (in this branch's ``data/``, or under a
         base path: a branch reading its parent's files)."""
@@ -1445,7 +1452,12 @@ class Table:
         verify = None
         if check_hashes:
             verify = self.recorded_hashes().verifier(
-                path_name(path), self.file_column(path), descriptors, refs, addresses
+                path_name(path),
+                self.file_column(path),
+                descriptors,
+                refs,
+                addresses,
+                self.data_file_of(path),
             )
         try:
             return read(refs, storage_options=self.storage_options, verify=verify)

@@ -263,7 +263,11 @@ def test_deep_verify_checks_store_payloads_against_the_index(table_uri):
         f.seek(300_000 + 10)
         f.write(bytes([byte[0] ^ 0xFF]))
     problems = open_table(table_uri).verify(deep=True)["problems"]
-    assert [(p["row"], p["reason"][:21]) for p in problems] == [(1, "content hash mismatch")]
+    # the row's bytes differ from its value, and the index entry from what it names
+    assert sorted((p["row"], p["reason"][:17]) for p in problems) == [
+        (1, "content hash mism"),
+        (1, "store index entry"),
+    ]
 
 
 @pytest.fixture

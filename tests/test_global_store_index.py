@@ -106,11 +106,16 @@ def test_hashes_of_store_places_are_read_one_pack_at_a_time(tmp_path, monkeypatc
 def test_place_many_asks_the_index_once_and_stores_each_payload_once(tmp_path, many):
     root = str(tmp_path)
     known = b"known" * 100
+    os.makedirs(f"{root}/_blobs/packs")
+    with open(f"{root}/_blobs/packs/old.pack", "wb") as pack:  # the entry is checked: real bytes
+        pack.write(known)
     append_to_index(root, [StoredPayload(content_hash(known), "packs/old.pack", 0, len(known))])
     writer = StoreWriter(root, 1, "w-", 1 << 20)
     asked = []
-    find = writer.index.find
-    writer.index.find = lambda digests, avoid: asked.append(list(digests)) or find(digests, avoid)
+    find = writer.index.find_copies
+    writer.index.find_copies = lambda digests, avoid: (
+        asked.append(list(digests)) or find(digests, avoid)
+    )
     payloads = [b"new" * 100, known, b"new" * 100, known]
     digests = [content_hash(p) for p in payloads]
     if many:

@@ -568,7 +568,7 @@ def logical_values(
     data = read_ranges_arrow(wanted, storage_options=table.storage_options)
     _check_recorded(
         path_name(path),
-        table.file_column(path),
+        (table.file_column(path), table.data_file_of(path)),
         descriptors,
         batch.column(_ROW_ADDRESS),
         wanted,
@@ -590,7 +590,7 @@ def logical_values(
 
 def _check_recorded(
     column: str,
-    file_column: Callable[[int], int],
+    located: tuple[Callable[[int], int], Callable[[int], str]],
     descriptors: pa.StructArray,
     addresses: pa.Array,
     refs: list[BlobRef | None],
@@ -598,7 +598,9 @@ def _check_recorded(
     hashes: RecordedHashes,
 ) -> None:
     """Refuse to copy a payload whose bytes differ from the hash recorded when it was written:
-    the copy would get a fresh, matching hash and the damage would no longer show."""
+    the copy would get a fresh, matching hash and the damage would no longer show.
+    ``located``: fragment id -> the column's column in its data file, and that file."""
+    file_column, data_file = located
     kinds = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False)
     blob_ids = descriptors.field("blob_id").fill_null(0).to_numpy(zero_copy_only=False)
     addresses = addresses.to_numpy()
@@ -616,6 +618,7 @@ def _check_recorded(
             ref.uri,
             ref.position,
             ref.size,
+            data_file(address >> 32),
         )
         if expected is not None and content_hash(data[i].as_buffer()) != expected:
             raise CorruptBlobError(

@@ -321,7 +321,12 @@ def gc(
     )
     # writes that ran at any time since the mark began (including those that committed after
     # it, which the mark could not see) keep their files, however old
-    running = leases.live_prefixes(table_path, mark_started - leases.TIMEOUT_SECONDS, options)
+    alive_since = mark_started - leases.TIMEOUT_SECONDS
+    running = leases.live_prefixes(table_path, alive_since, options)
+    # files Lance names itself (its temporary files, a schema change's data files) carry no
+    # write's prefix: those younger than the oldest running write may be its own
+    oldest = leases.oldest_start(table_path, alive_since, options)
+    in_flight = cutoff if oldest is None else min(cutoff, oldest)
     # retired packs (tombstoned) follow the store's rules only: reaped once their tombstone
     # has aged, never swept as plain leftovers (which would skip the tombstone's grace)
     leftovers = [p for p in sorted(owned.objects) if p not in marked and p not in packs.tombstoned]
@@ -331,7 +336,11 @@ def gc(
     leased = [
         p
         for p in unindexed
-        if owned.objects[p].mtime < cutoff and _staged_by(owned.relative[p], running)
+        if owned.objects[p].mtime < cutoff
+        and (
+            _staged_by(owned.relative[p], running)
+            or (not _prefixed(owned.relative[p]) and owned.objects[p].mtime >= in_flight)
+        )
     ]
     old = sorted(set(unindexed) - set(young) - set(leased))
     swept = old + packs.reap_paths
@@ -352,7 +361,7 @@ def gc(
         managed.apply()
         index = _IndexCleanup.run(table, index_keep, index_before)
         expired = leases.remove_expired(table_path, lease_cutoff, options)
-        aborted_uploads = owned.abort_uploads(cutoff, running)
+        aborted_uploads = owned.abort_uploads(cutoff, running, in_flight)
         owned.remove_empty_dirs()
     swept_bytes = sum(owned.objects[p].size for p in swept)
     removed = {**cleanup.files, **{p: owned.objects[p].size for p in swept}, **index.removed}
@@ -793,12 +802,13 @@ class _TableFiles:
     def delete(self, path: str) -> None:
         self.store.delete(f"{self.root}/{path}")
 
-    def abort_uploads(self, cutoff: float, running: set[str]) -> int:
-        """Abort uploads older than ``cutoff`` that no running write owns."""
+    def abort_uploads(self, cutoff: float, running: set[str], in_flight: float) -> int:
+        """Abort uploads older than ``cutoff`` that no running write owns (one without a
+        write's prefix: older than ``in_flight`` too, the oldest running write's start)."""
         return sum(
             self.store.abort_uploads(
                 f"{self.root}/{owned}",
-                cutoff,
+                min(cutoff, in_flight),
                 lambda name: _staged_by(name, running),
             )
             for owned in self.dirs
@@ -869,6 +879,14 @@ class _StorePacks:
     def _mtime(self, pack: str) -> float:
         info = self.owned.objects.get(f"{STORE_DIR}/{pack}")
         return info.mtime if info is not None else float("inf")
+
+
+_WRITE_PREFIX = re.compile(NAME_PREFIX_PATTERN)
+
+
+def _prefixed(path: str) -> bool:
+    """Whether ``path`` (relative to its owned directory) is named after a blobhouse write."""
+    return _WRITE_PREFIX.match(path.split("/", 1)[0]) is not None
 
 
 def _staged_by(path: str, prefixes: set[str]) -> bool:

@@ -7,7 +7,7 @@ Work is split by :class:`~blobhouse.maintenance.walk.FragmentState` (:func:`veri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,6 +25,7 @@ from blobhouse.managed import Registry
 from blobhouse.placement import MiB
 from blobhouse.rangeio import BlobRef, read_ranges
 from blobhouse.storage import StorageOptions, object_store
+from blobhouse.store import damaged_entries, store_uri_prefix
 
 if TYPE_CHECKING:
     from blobhouse.table import Table
@@ -92,11 +93,15 @@ class StateReport:
     problems: list[tuple[str, int, str, int | None, int | None, str]] = field(default_factory=list)
 
 
-class _Checker:
+class Checker:
     """Object sizes and verified payloads, remembered across fragment states of one run."""
 
-    def __init__(self, table: Table) -> None:
+    def __init__(
+        self, table: Table, damaged: Mapping[tuple[str, int, int], str] | None = None
+    ) -> None:
         self.sizes: dict[str, int | None] = {}
+        # (pack uri, position, size) of damaged store index entries -> why: their rows are named
+        self.damaged = damaged or {}
         self.storage_options = table.storage_options
         self.hashes = table.recorded_hashes()
         # keyed with the hash it is checked against: a range is judged per expectation
@@ -121,14 +126,15 @@ class _Checker:
             ref.uri,
             ref.position,
             ref.size,
+            batch.data_file,
         )
 
 
 def verify_state(
-    table: Table, state: FragmentState, *, deep: bool = False, checker: _Checker | None = None
+    table: Table, state: FragmentState, *, deep: bool = False, checker: Checker | None = None
 ) -> StateReport:
     """Check every reference of one fragment state; ``table`` is opened at ``state.version``."""
-    checker = checker or _Checker(table)
+    checker = checker or Checker(table)
     report = StateReport()
     missing = [uri for uri in state.data_files if checker.range_problem(uri, 0, 0)]
     for uri in missing:  # the manifest names a file that is gone: no row of it can be read
@@ -144,6 +150,10 @@ def verify_state(
         for i, (uri, position, size) in enumerate(zip(uris, positions, sizes, strict=True)):
             report.references += 1
             report.objects.add(uri)
+            entry = checker.damaged.get((uri, position, size))
+            if entry is not None:  # the row may be right: the entry naming its bytes is not
+                row = int(batch.rows[i])
+                report.problems.append((batch.column, row, uri, position, size, entry))
             problem = checker.range_problem(uri, position, size)
             if problem:
                 row = int(batch.rows[i])
@@ -168,7 +178,7 @@ def verify_state(
 
 
 def _hash_checked(
-    items: list[tuple[int, BlobRef, bytes]], checker: _Checker
+    items: list[tuple[int, BlobRef, bytes]], checker: Checker
 ) -> Iterable[tuple[int, BlobRef, str | None]]:
     """Each item with its verdict; each distinct range is read and hashed once per run, in
     coalesced reads of bounded size."""
@@ -232,7 +242,8 @@ def verify(
     """
     graph = graph or VersionGraph.of(table)
     states = fragment_states(table, list(graph.versions))
-    checker = _Checker(table)
+    damaged = damaged_store_entries(table) if deep else {}
+    checker = Checker(table, damaged)
     reports = []
     for done, (at, state) in enumerate(opened_states(table, states)):
         if progress:
@@ -240,7 +251,17 @@ def verify(
         reports.append((state, verify_state(at, state, deep=deep, checker=checker)))
     if progress:
         progress("verify", len(states), len(states))
-    return summarize(table, graph, reports, deep=deep)
+    return summarize(table, graph, reports, deep=deep, damaged=damaged)
+
+
+def damaged_store_entries(table: Table) -> dict[tuple[str, int, int], str]:
+    """The store index entries whose bytes are not what their key says, by the range they
+    name (pack uri, position, size) -> the reason (what ``verify(deep=True)`` reports)."""
+    prefix = store_uri_prefix(table.uri)
+    return {
+        (f"{prefix}{d.entry.pack}", d.entry.position, d.entry.size): d.reason
+        for d in damaged_entries(table.location.root, table.storage_options)
+    }
 
 
 def summarize(
@@ -249,6 +270,7 @@ def summarize(
     reports: Iterable[tuple[FragmentState, StateReport]],
     *,
     deep: bool,
+    damaged: Mapping[tuple[str, int, int], str] | None = None,
 ) -> dict:
     """One verify report from the reports of fragment states (each counted per version); the
     problems of one stored payload, however many rows and versions reference it, are one
@@ -278,6 +300,13 @@ def summarize(
                 branch, version, column, row, uri, reason, position, size, tuple(rows), owner(uri)
             )
         )
+    referenced = {(uri, position, size) for uri, position, size, _ in by_payload}
+    latest = graph.versions[-1].version if graph.versions else table.version
+    problems.extend(  # damaged entries no row references: named all the same
+        Problem(None, latest, "", 0, uri, reason, position, size, (), "table")
+        for (uri, position, size), reason in (damaged or {}).items()
+        if (uri, position, size) not in referenced
+    )
     missing = {name: set() for name in _OWNERS}
     for problem in problems:
         if problem.reason == _MISSING or problem.reason.startswith(_MISSING_DATA_FILE):

@@ -127,12 +127,13 @@ class ReferenceBatch:
 
     ``rows`` are positions among the fragment's live rows, ``offsets`` physical row offsets in
     the fragment (the row inside its data file), ``file_column`` the column's position in the
-    fragment's data file; ``refs`` are resolved ``struct<uri, position, size>`` values; null
-    values are left out.
+    fragment's data file ``data_file``; ``refs`` are resolved ``struct<uri, position, size>``
+    values; null values are left out.
     """
 
     column: str
     file_column: int
+    data_file: str | None
     rows: np.ndarray
     offsets: np.ndarray
     kinds: np.ndarray
@@ -392,8 +393,9 @@ def fragment_references(table: Table, fragment_id: int) -> Iterator[ReferenceBat
     for path in stored_blob_columns(table.schema):
         try:
             file_column = table.file_column(path)(fragment_id)
+            data_file = table.data_file_of(path)(fragment_id)
         except BlobhouseError:
-            file_column = -1  # no data file holds the column: its rows read as null
+            file_column, data_file = -1, None  # no data file holds the column: rows read null
         row = 0
         scanner = table.dataset.scanner(
             columns=[path[0]], with_row_address=True, fragments=[fragment]
@@ -407,6 +409,7 @@ def fragment_references(table: Table, fragment_id: int) -> Iterator[ReferenceBat
             yield ReferenceBatch(
                 column=path_name(path),
                 file_column=file_column,
+                data_file=data_file,
                 rows=np.arange(row, row + batch.num_rows)[valid],
                 offsets=(addresses.to_numpy() & 0xFFFFFFFF)[valid],
                 kinds=descriptors.field("kind").filter(keep).to_numpy(zero_copy_only=False),

@@ -36,8 +36,14 @@ from blobhouse.maintenance.compaction import (
 )
 from blobhouse.maintenance.compaction import compact as compact_table
 from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, referenced_paths
-from blobhouse.maintenance.verification import summarize, verify_state
-from blobhouse.maintenance.walk import VersionGraph, VersionRef, fragment_states
+from blobhouse.maintenance.verification import (
+    Checker,
+    StateReport,
+    damaged_store_entries,
+    summarize,
+    verify_state,
+)
+from blobhouse.maintenance.walk import FragmentState, VersionGraph, VersionRef, fragment_states
 from blobhouse.spark.errors import spark_entry_point
 from blobhouse.table import Table, open_at, open_table
 
@@ -128,8 +134,14 @@ def verify(
     graph = VersionGraph.of(table)
     states = fragment_states(table, list(graph.versions))
     at = _Opener.of(table)
-    reports = run_tasks(spark, states, lambda s: verify_state(at.open_ref(s.ref), s, deep=deep))
-    return summarize(table, graph, zip(states, reports, strict=True), deep=deep)
+    damaged = damaged_store_entries(table) if deep else {}
+
+    def verified(state: FragmentState) -> StateReport:
+        opened = at.open_ref(state.ref)
+        return verify_state(opened, state, deep=deep, checker=Checker(opened, damaged))
+
+    reports = run_tasks(spark, states, verified)
+    return summarize(table, graph, zip(states, reports, strict=True), deep=deep, damaged=damaged)
 
 
 @spark_entry_point

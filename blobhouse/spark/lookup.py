@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.functions import arrow_udf
-from pyspark.sql.types import BinaryType
+from pyspark.sql.types import BinaryType, BooleanType
 
 from blobhouse import leases
 from blobhouse.layout import TableLocation
@@ -29,6 +29,7 @@ from blobhouse.store import (
     INDEX_SCHEMA,
     StoredPayload,
     StoreWriter,
+    entry_verdicts,
     has_index,
     index_uri,
     retired_packs,
@@ -36,6 +37,7 @@ from blobhouse.store import (
 )
 
 _DIGEST, _PACK, _POSITION, _SIZE = "__bh_digest", "__bh_pack", "__bh_position", "__bh_size"
+_FRESH = "__bh_fresh"  # an entry this write stored: its bytes were just hashed
 
 
 @arrow_udf(BinaryType())
@@ -134,13 +136,17 @@ def look_up_in_store(
     ``new_entries`` lists: payloads stored by this write) replaced by a reference into it (the
     columns become logical blob structs)."""
     index = _index(spark, location.root, storage_options)
+    if index is not None:
+        index = index.withColumn(_FRESH, F.lit(False))
     if new_entries is not None:
         # a concurrent writer may have indexed the same payload since: one row per hash
-        both = new_entries if index is None else index.unionByName(new_entries)
+        new_entries = new_entries.withColumn(_FRESH, F.lit(True))
+        both = new_entries if index is None else new_entries.unionByName(index)
         index = both.dropDuplicates(["blake3"])
     if index is None:
         return df
     prefix = store_uri_prefix(location.root_uri)
+    usable = _usable_entry(location.root, storage_options)
     for column in columns:
         data = F.col(f"{column}.data") if _is_struct(df, column) else F.col(column)
         found = index.select(
@@ -148,8 +154,20 @@ def look_up_in_store(
             F.col("pack").alias(_PACK),
             F.col("position").alias(_POSITION),
             F.col("size").alias(_SIZE),
+            F.col(_FRESH),
         )
         joined = df.withColumn(_DIGEST, _blake3(data)).join(found, on=_DIGEST, how="left")
+        # an entry from the index is referenced only once its bytes are checked (a damaged
+        # index must not hand rows another payload's bytes): otherwise the row keeps its bytes
+        # and its task stores them anew
+        checked = F.when(
+            F.col(_PACK).isNotNull()
+            & (
+                F.col(_FRESH) | usable(F.col(_DIGEST), F.col(_PACK), F.col(_POSITION), F.col(_SIZE))
+            ),
+            F.col(_PACK),
+        )
+        joined = joined.withColumn(_PACK, checked)
         reference = F.struct(
             F.lit(None).cast("binary").alias("data"),
             F.concat(F.lit(prefix), F.col(_PACK)).alias("uri"),
@@ -159,8 +177,29 @@ def look_up_in_store(
         )
         df = joined.withColumn(
             column, F.when(F.col(_PACK).isNotNull(), reference).otherwise(_as_logical(df, column))
-        ).drop(_DIGEST, _PACK, _POSITION, _SIZE)
+        ).drop(_DIGEST, _PACK, _POSITION, _SIZE, _FRESH)
     return df
+
+
+def _usable_entry(root: str, storage_options: StorageOptions | None):
+    """A Spark function (digest, pack, position, size) -> whether that index entry's bytes
+    hash to its digest; each distinct entry is read once per Python worker."""
+    verdicts: dict[StoredPayload, bool] = {}
+
+    @arrow_udf(BooleanType())
+    def usable(
+        digests: pa.Array, packs: pa.Array, positions: pa.Array, sizes: pa.Array
+    ) -> pa.Array:
+        rows = zip(*(a.to_pylist() for a in (digests, packs, positions, sizes)), strict=True)
+        entries = [StoredPayload(*row) if row[1] is not None else None for row in rows]
+        unknown = list({e for e in entries if e is not None and e not in verdicts})
+        for entry, verdict in zip(
+            unknown, entry_verdicts(root, unknown, storage_options), strict=True
+        ):
+            verdicts[entry] = verdict is None
+        return pa.array([None if e is None else verdicts[e] for e in entries], pa.bool_())
+
+    return usable
 
 
 def _index(

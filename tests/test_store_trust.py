@@ -1,0 +1,125 @@
+"""Nothing the store's index says returns bytes unchecked (issue 38): a damaged entry never
+turns into a reference to another payload's bytes, and verify(deep=True) names it."""
+
+from __future__ import annotations
+
+import os
+
+import lance
+import pyarrow as pa
+import pytest
+
+from blobhouse import blob_array, open_table, write_table
+from blobhouse.dedup import content_hash
+from blobhouse.errors import CorruptBlobError, StoreIndexWarning
+from blobhouse.storage import uri_to_path
+from blobhouse.store import index_uri
+
+from helpers import stock_read
+
+SIZE = 50_000
+
+
+def _entries(uri: str) -> dict[bytes, dict]:
+    return {r["blake3"]: r for r in lance.dataset(index_uri(uri)).to_table().to_pylist()}
+
+
+def _set_entry(uri: str, digest: bytes, **values) -> None:
+    """Damage one index entry the way a bit flip or a buggy tool would."""
+    index = lance.dataset(index_uri(uri))
+    index.update({k: repr(v) for k, v in values.items()}, where=f"blake3 = X'{digest.hex()}'")
+
+
+def _table(tmp_path):
+    """A global table holding payloads a and b of the same size, and a's index entry
+    pointing at b's bytes (a flipped ``position``)."""
+    a, b = os.urandom(SIZE), os.urandom(SIZE)
+    uri = str(tmp_path / "t")
+    write_table(pa.table({"id": [0, 1], "img": blob_array([a, b])}), uri)
+    entries = _entries(uri)
+    _set_entry(uri, content_hash(a), position=entries[content_hash(b)]["position"])
+    return uri, a, b
+
+
+def test_a_write_does_not_reference_a_damaged_index_entry(tmp_path):
+    uri, a, _ = _table(tmp_path)
+    with pytest.warns(StoreIndexWarning, match="differ from its entries"):
+        table = write_table(pa.table({"id": [2], "img": blob_array([a])}), uri, mode="append")
+    assert table.read_blobs("img", [2]) == [a]
+    assert stock_read(uri, "img")[2] == a  # stock pylance too
+    # the damaged entry is still named, and no row's bytes are wrong
+    reasons = [p["reason"] for p in table.verify(deep=True)["problems"]]
+    assert len(reasons) == 1 and reasons[0].startswith("store index entry"), reasons
+
+
+def test_an_entry_of_the_wrong_size_is_not_referenced(tmp_path):
+    a = os.urandom(SIZE)
+    uri = str(tmp_path / "t")
+    write_table(pa.table({"id": [0], "img": blob_array([a])}), uri)
+    _set_entry(uri, content_hash(a), size=SIZE - 1)
+    with pytest.warns(StoreIndexWarning):
+        table = write_table(pa.table({"id": [1], "img": blob_array([a])}), uri, mode="append")
+    assert table.read_blobs("img", [1]) == [a]
+
+
+def test_a_row_is_checked_against_its_own_value_not_the_index(tmp_path):
+    """A pack range rewritten with other bytes and the index entry of that range changed to
+    match them: a check against the index would pass; the row records the hash of the value
+    it was written with, so its checked read and verify fail."""
+    a, b = os.urandom(SIZE), os.urandom(SIZE)
+    uri = str(tmp_path / "t")
+    table = write_table(pa.table({"id": [0], "img": blob_array([a])}), uri)
+    ref = table.blob_refs("img", [0])[0].as_py()
+    with open(uri_to_path(ref["uri"]), "r+b") as pack:
+        pack.seek(ref["position"])
+        pack.write(b)
+    index = lance.dataset(index_uri(uri))
+    index.update({"blake3": f"X'{content_hash(b).hex()}'"})
+    table = open_table(uri)
+    with pytest.raises(CorruptBlobError, match="img"):
+        table.read_blobs("img", [0])
+    problems = table.verify(deep=True)["problems"]
+    assert any("content hash mismatch" in p["reason"] and p["row"] == 0 for p in problems)
+
+
+def test_verify_deep_names_a_damaged_index_entry_and_the_rows_referencing_it(tmp_path):
+    uri, a, b = _table(tmp_path)
+    table = open_table(uri)
+    assert table.read_blobs("img", [0, 1]) == [a, b]  # the rows themselves are right
+    report = table.verify(deep=True)
+    entries = [p for p in report["problems"] if p["reason"].startswith("store index entry")]
+    assert len(entries) == 1, report["problems"]
+    (problem,) = entries
+    assert content_hash(a).hex() in problem["reason"]
+    assert content_hash(b).hex() in problem["reason"]  # what the bytes hash to
+    assert problem["size"] == SIZE
+    assert [r["row"] for r in problem["rows"]] == [1]  # the rows referencing those bytes
+    assert not table.verify()["problems"]  # a shallow verify reads no bytes
+
+
+def test_verify_deep_names_an_unreferenced_damaged_entry(tmp_path):
+    uri, a, _ = _table(tmp_path)
+    table = open_table(uri).delete("id = 1")
+    entries = [
+        p for p in table.verify(deep=True)["problems"] if p["reason"].startswith("store index")
+    ]
+    assert len(entries) == 1
+    assert content_hash(a).hex() in entries[0]["reason"]
+
+
+@pytest.mark.parametrize("path", ["bs.write_table", "df.write"])
+def test_spark_writes_do_not_reference_a_damaged_index_entry(spark, tmp_path, path):
+    import blobhouse.spark as bs
+
+    uri, a, _ = _table(tmp_path)
+    df = spark.createDataFrame([(2, a), (3, a)], "id long, img binary").repartition(2)
+    if path == "bs.write_table":
+        bs.write_table(df, uri, blob_columns=["img"], mode="append")
+    else:
+        df.write.format("blobhouse").option("blob_columns", "img").mode("append").save(uri)
+    table = open_table(uri)
+    ids = table.to_arrow(columns=["id"]).column("id").to_pylist()
+    assert sorted(ids) == [0, 1, 2, 3]
+    rows = [ids.index(2), ids.index(3)]
+    assert table.read_blobs("img", rows) == [a, a]
+    assert [stock_read(uri, "img")[r] for r in rows] == [a, a]
