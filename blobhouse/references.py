@@ -137,11 +137,18 @@ class ReferenceResolver:
             raise BlobhouseError(f"fragment {fragment_id}: {problem}") from None
 
     def resolve(
-        self, descriptors: pa.Array, row_addresses: pa.Array, field_id: int, column: str = ""
+        self,
+        descriptors: pa.Array,
+        row_addresses: pa.Array,
+        field_id: int,
+        column: str = "",
+        unresolved: list[Unresolved] | None = None,
     ) -> pa.StructArray:
         """``REF_TYPE`` references for ``descriptors`` read at ``row_addresses`` (of blob
-        ``column``, named in errors)."""
-        rows = self._rows(descriptors, row_addresses, field_id, column)
+        ``column``, named in errors). With an ``unresolved`` list, an external reference that
+        cannot be resolved (it escapes its base, lies outside the allowed bases) is appended
+        to it and left null, instead of failing the whole batch: what verify and gc report."""
+        rows = self._rows(descriptors, row_addresses, field_id, column, unresolved)
         uri_column = (
             pa.array(rows.uris, pa.utf8()).take(pa.array(rows.codes))
             if rows.uris
@@ -172,7 +179,12 @@ class ReferenceResolver:
         ]
 
     def _rows(
-        self, descriptors: pa.Array, row_addresses: pa.Array, field_id: int, column: str
+        self,
+        descriptors: pa.Array,
+        row_addresses: pa.Array,
+        field_id: int,
+        column: str,
+        unresolved: list[Unresolved] | None = None,
     ) -> _Resolved:
         if isinstance(descriptors, pa.ChunkedArray):
             descriptors = descriptors.combine_chunks()
@@ -188,9 +200,21 @@ class ReferenceResolver:
         unique, codes = np.unique(keys[valid], return_inverse=True)
         blob_uris = descriptors.field("blob_uri")
         where = _RowNames(column, row_addresses)
-        uris = [self._uri_of_key(int(key), field_id, blob_uris, blob_ids, where) for key in unique]
+        uris = []
+        for key in unique.tolist():
+            try:
+                uris.append(self._uri_of_key(key, field_id, blob_uris, blob_ids, where))
+            except BlobhouseError as exc:
+                if unresolved is None or key >= 0:
+                    raise
+                row = -1 - key
+                unresolved.append(Unresolved(row, blob_uris[row].as_py() or "", str(exc)))
+                uris.append("")
         row_codes = np.zeros(len(descriptors), dtype=np.int64)
         row_codes[valid] = codes.reshape(-1)
+        if unresolved:
+            valid = valid.copy()
+            valid[[u.row for u in unresolved if u.row < len(valid)]] = False
         positions = numbers(descriptors.field("position"))
         return _Resolved(
             valid,
@@ -260,6 +284,16 @@ class ReferenceResolver:
             f"fragment {fragment_id}: cannot resolve a blob descriptor of kind {kind}; "
             "blobhouse resolves inline, packed, dedicated and external blobs"
         )
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    """A reference that could not be resolved: its ``row`` in the batch, the ``uri`` it
+    names (as stored) and why."""
+
+    row: int
+    uri: str
+    reason: str
 
 
 @dataclass(frozen=True)

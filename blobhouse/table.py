@@ -73,7 +73,7 @@ from blobhouse.rangeio import (
     read_ranges_arrow,
     refs_from_arrow,
 )
-from blobhouse.references import ReferenceResolver, field_id, leaf_field_ids
+from blobhouse.references import ReferenceResolver, Unresolved, field_id, leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.storage import checked_options
 from blobhouse.store import (
@@ -1328,12 +1328,18 @@ class Table:
         return blob_stats(self)
 
     def resolve_refs(
-        self, path: ColumnPath, descriptors: pa.Array, row_addresses: pa.Array
+        self,
+        path: ColumnPath,
+        descriptors: pa.Array,
+        row_addresses: pa.Array,
+        unresolved: list[Unresolved] | None = None,
     ) -> pa.StructArray:
         """Resolved references ``struct<uri, position, size>`` of blob column ``path``, from its
-        stored descriptors and the row addresses (``_rowaddr``) they were read at."""
+        stored descriptors and the row addresses (``_rowaddr``) they were read at (with an
+        ``unresolved`` list: external references that cannot be resolved go there, as nulls;
+        see :meth:`ReferenceResolver.resolve`)."""
         return self._resolved().resolve(
-            descriptors, row_addresses, self._field_id(path), path_name(path)
+            descriptors, row_addresses, self._field_id(path), path_name(path), unresolved
         )
 
     def file_column(self, path: ColumnPath) -> Callable[[int], int]:

@@ -9,7 +9,7 @@ import lance
 import pyarrow as pa
 import pytest
 
-from blobhouse import blob_array, open_table, write_table
+from blobhouse import Blob, blob_array, open_table, write_table
 from blobhouse.dedup import content_hash
 from blobhouse.errors import CorruptBlobError, StoreIndexWarning
 from blobhouse.storage import uri_to_path
@@ -123,3 +123,60 @@ def test_spark_writes_do_not_reference_a_damaged_index_entry(spark, tmp_path, pa
     rows = [ids.index(2), ids.index(3)]
     assert table.read_blobs("img", rows) == [a, a]
     assert [stock_read(uri, "img")[r] for r in rows] == [a, a]
+
+
+def _escaping(tmp_path, managed: bool):
+    """A table referencing two objects under its allowed base; one is then replaced by a
+    symlink that leads outside the base."""
+    media, outside = tmp_path / "media", tmp_path / "outside"
+    media.mkdir()
+    outside.mkdir()
+    (outside / "secret.bin").write_bytes(b"secret")
+    for name in ("a.bin", "b.bin"):
+        (media / name).write_bytes(os.urandom(1000))
+    uri = str(tmp_path / "t")
+    refs = [Blob(uri=str(media / n), managed=managed) for n in ("a.bin", "b.bin")]
+    table = write_table(
+        pa.table({"id": [0, 1], "clip": blob_array(refs)}),
+        uri,
+        allowed_bases=[str(media)],
+        **({"managed_bases": [str(media)]} if managed else {}),
+    )
+    (media / "a.bin").unlink()
+    (media / "a.bin").symlink_to(outside / "secret.bin")
+    return table, media
+
+
+@pytest.mark.parametrize("managed", [False, True])
+def test_verify_and_gc_report_an_escaping_reference_and_go_on(tmp_path, managed):
+    from datetime import timedelta
+
+    table, media = _escaping(tmp_path, managed)
+    uri = table.location.root
+    with pytest.raises(Exception, match="outside"):
+        open_table(uri).read_blobs("clip", [0])  # reads refuse it, as before
+    report = open_table(uri).verify(deep=True)
+    (problem,) = report["problems"]
+    assert problem["row"] == 0 and problem["column"] == "clip"
+    assert problem["reason"].startswith("unresolvable reference")
+    assert report["hashed"] == 0 and report["references"] == 1  # the other row is checked
+    table = open_table(uri).delete("id = 1")  # b.bin is no longer referenced
+    for _ in range(3):  # enough runs to reclaim a managed object with no grace
+        (unresolved,) = open_table(uri).gc(grace=timedelta(0))["unresolved_references"]
+        assert unresolved.endswith("/media/a.bin")
+    assert (media / "a.bin").is_symlink()  # what gc cannot judge is kept
+    assert (media / "b.bin").exists()  # and nothing managed is reclaimed while it cannot judge
+
+
+def test_verify_reports_an_object_it_cannot_read_and_goes_on(tmp_path):
+    uri = str(tmp_path / "t")
+    table = write_table(pa.table({"b": blob_array([os.urandom(3000), os.urandom(3000)])}), uri)
+    (pack,) = {r.as_py()["uri"] for r in table.blob_refs("b", [0, 1])}
+    path = uri_to_path(pack)
+    os.remove(path)
+    os.mkdir(path)  # there, but not readable as an object
+    report = open_table(uri).verify(deep=True)
+    missing = [p["row"] for p in report["problems"] if p["reason"] == "missing object"]
+    assert sorted(missing) == [0, 1]
+    entries = [p for p in report["problems"] if p["reason"].startswith("store index entry")]
+    assert len(entries) == 2 and all("cannot be read" in p["reason"] for p in entries)

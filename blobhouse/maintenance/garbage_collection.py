@@ -47,7 +47,7 @@ from blobhouse.maintenance.walk import (
     opened_states,
 )
 from blobhouse.managed import Reclaim, Registry
-from blobhouse.placement import AllowedBases
+from blobhouse.placement import AllowedBases, as_uri
 from blobhouse.storage import ObjectInfo, StorageOptions, is_local, object_store, uri_to_path
 from blobhouse.store import (
     PACKS_DIR,
@@ -83,6 +83,7 @@ def referenced_paths(
     referenced = {uri.removeprefix(prefix) for uri in state.data_files if uri.startswith(prefix)}
     try:
         for batch in fragment_references(table, state.fragment_id):
+            referenced |= _unjudged(batch.unresolved, prefix)
             for uri in batch.refs.field("uri").unique().to_pylist():
                 if uri.startswith(prefix):
                     referenced.add(uri.removeprefix(prefix))
@@ -97,6 +98,28 @@ def referenced_paths(
             f"{_PACKS}/"
         }
     return referenced
+
+
+# a mark entry naming a reference gc could not resolve (kept, and reported); see Marked
+UNRESOLVED = "unresolved:"
+
+
+def _unjudged(unresolved: Iterable[tuple[int, str, str]], prefix: str) -> set[str]:
+    """What references that cannot be resolved keep: whatever they may name (the object at
+    their uri as stored; the whole store for one relative to a base path), and a mark entry
+    that reports them and holds back every managed object's reclaim (gc keeps what it
+    cannot judge)."""
+    kept: set[str] = set()
+    for _, uri, _ in unresolved:
+        kept.add(f"{UNRESOLVED}{uri}")
+        if "://" not in uri and not uri.startswith("/"):
+            kept.add(f"{_PACKS}/")
+            continue
+        absolute = as_uri(uri)
+        kept |= {uri, absolute}
+        if absolute.startswith(prefix):  # inside the table
+            kept.add(absolute.removeprefix(prefix))
+    return kept
 
 
 def mark(
@@ -145,6 +168,10 @@ class Marked:
 
     def __init__(self, paths: Iterable[str]) -> None:
         self.paths = set(paths)
+        self.unresolved = sorted(
+            p.removeprefix(UNRESOLVED) for p in self.paths if p.startswith(UNRESOLVED)
+        )
+        self.paths -= {f"{UNRESOLVED}{u}" for u in self.unresolved}
         self.dirs = tuple(sorted(p for p in self.paths if p.endswith("/")))
 
     def __contains__(self, path: str) -> bool:
@@ -315,7 +342,7 @@ def gc(
         AllowedBases.of_table(table.schema, table.uri),
         registry,
         marked.paths,
-        complete=not marked.dirs,
+        complete=not marked.dirs and not marked.unresolved,
         cutoff=cutoff,
         storage_options=options,
     )
@@ -382,6 +409,9 @@ def gc(
         },
         "kept_referenced_files": len(marked.paths - registry.uris),
         "kept_unreadable": marked.kept_whole,
+        # references no object could be judged for (escaping their base or the allowed
+        # bases): what they may name is kept, and no managed object is reclaimed this run
+        "unresolved_references": marked.unresolved,
         "kept_young_files": len(young),
         "kept_leased_files": len(leased),
         "retired_packs": len(packs.retire),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from blobhouse.dedup import content_hash
+from blobhouse.errors import BlobReadError
 from blobhouse.maintenance.walk import (
     FragmentState,
     Progress,
@@ -143,6 +144,8 @@ def verify_state(
     if missing:
         return report
     for batch in fragment_references(table, state.fragment_id):
+        for row, uri, reason in batch.unresolved:  # reported, and the walk goes on
+            report.problems.append((batch.column, row, uri, None, None, _unresolved(reason)))
         uris = batch.refs.field("uri").to_pylist()
         positions = batch.refs.field("position").to_pylist()
         sizes = batch.refs.field("size").to_pylist()
@@ -177,6 +180,11 @@ def verify_state(
     return report
 
 
+def _unresolved(reason: str) -> str:
+    """Why a reference cannot be resolved, without the row the problem lists anyway."""
+    return "unresolvable reference: " + reason.split(": ", 1)[-1]
+
+
 def _hash_checked(
     items: list[tuple[int, BlobRef, bytes]], checker: Checker
 ) -> Iterable[tuple[int, BlobRef, str | None]]:
@@ -192,11 +200,10 @@ def _hash_checked(
             total += pending[end][1].size
             end += 1
         chunk = pending[start:end]
-        for (_, ref, expected), data in zip(
-            chunk,
-            read_ranges([c[1] for c in chunk], storage_options=checker.storage_options),
-            strict=True,
-        ):
+        for (_, ref, expected), data in zip(chunk, _read_each(chunk, checker), strict=True):
+            if isinstance(data, str):  # the object could not be read: reported, walk goes on
+                checker.verdicts[_verdict_key(ref, expected)] = data
+                continue
             actual = content_hash(data)
             checker.verdicts[_verdict_key(ref, expected)] = (
                 None
@@ -207,6 +214,18 @@ def _hash_checked(
         start = end
     for i, ref, expected in items:
         yield i, ref, checker.verdicts[_verdict_key(ref, expected)]
+
+
+def _read_each(chunk: list[tuple[int, BlobRef, bytes]], checker: Checker) -> list[bytes | str]:
+    """The bytes of each item's range, read together; when that fails, one by one, with why
+    a range could not be read in place of its bytes."""
+    refs = [item[1] for item in chunk]
+    try:
+        return read_ranges(refs, storage_options=checker.storage_options)
+    except (BlobReadError, OSError) as exc:
+        if len(refs) == 1:
+            return [f"unreadable object: {str(exc).splitlines()[0]}"]
+    return [_read_each([item], checker)[0] for item in chunk]
 
 
 def _verdict_key(ref: BlobRef, expected: bytes) -> tuple[str, int, int, bytes]:

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from blobhouse.errors import BlobhouseError
-from blobhouse.references import file_path
+from blobhouse.references import Unresolved, file_path
 from blobhouse.values import get_column, path_name, stored_blob_columns
 
 if TYPE_CHECKING:
@@ -139,6 +139,9 @@ class ReferenceBatch:
     kinds: np.ndarray
     blob_ids: np.ndarray
     refs: pa.StructArray
+    # references that cannot be resolved (they escape their base, or the allowed bases):
+    # (row among the fragment's live rows, the uri as stored, why), left out of ``refs``
+    unresolved: tuple[tuple[int, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -403,8 +406,9 @@ def fragment_references(table: Table, fragment_id: int) -> Iterator[ReferenceBat
         for batch in scanner.to_batches():
             descriptors = get_column(batch, path)
             addresses = batch.column(_ROW_ADDRESS)
-            refs = table.resolve_refs(path, descriptors, addresses)
-            valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
+            unresolved: list[Unresolved] = []
+            refs = table.resolve_refs(path, descriptors, addresses, unresolved)
+            valid = refs.is_valid().to_numpy(zero_copy_only=False)
             keep = pa.array(valid)
             yield ReferenceBatch(
                 column=path_name(path),
@@ -415,5 +419,6 @@ def fragment_references(table: Table, fragment_id: int) -> Iterator[ReferenceBat
                 kinds=descriptors.field("kind").filter(keep).to_numpy(zero_copy_only=False),
                 blob_ids=descriptors.field("blob_id").filter(keep).to_numpy(zero_copy_only=False),
                 refs=refs.filter(keep),
+                unresolved=tuple((row + u.row, u.uri, u.reason) for u in unresolved),
             )
             row += batch.num_rows
