@@ -810,6 +810,8 @@ def _gc(args: argparse.Namespace, run: Run) -> int:
             f"{managed['referenced']} of {managed['registered']} referenced, "
             f"{managed['retired'] + managed['doomed'] + managed['waiting']} on their way out"
         )
+    for kept in (managed or {}).get("kept", []):  # another table's (or unjudgeable): not deleted
+        print(f"managed object kept: {kept}")
     if report.get("failed_create"):
         print(f"no table at {args.table}: these were the leftovers of a failed create")
     for path in report.get("foreign_files", []):

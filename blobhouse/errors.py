@@ -48,6 +48,13 @@ class ExternalBlobError(InvalidInputError):
     """An external URI outside the table's allowed bases, missing, or with a bad range."""
 
 
+class ManagedObjectOwnedError(ExternalBlobError):
+    """A write hands the table a managed object another table owns (its owner marker names
+    that table: a second table sharing the managed folder, or the original of a copied or
+    moved table). The message names the object and its owner; nothing was committed.
+    Reference the object unmanaged, or give the table a managed folder of its own."""
+
+
 class TableExistsError(BlobhouseError, FileExistsError):
     """``mode="create"`` on a table that already exists."""
 

@@ -13,8 +13,9 @@ A write decides which of its external URIs are managed (:class:`ManagedPolicy`: 
 its :class:`~blobhouse.session.WrittenFile` s to the commit. Right before the Lance commit they
 are checked (:func:`check_usable`), right after it recorded (:func:`register`): a write that
 never commits hands nothing over, and a crash between commit and record leaves the object
-unmanaged (a leak, never a wrong delete). gc's rules are :class:`Reclaim`; the argument is in
-docs/managed-objects.md.
+unmanaged (a leak, never a wrong delete). Each managed object has one owning table, named by
+an owner marker next to it (:mod:`blobhouse.ownership`), made right before the commit too.
+gc's rules are :class:`Reclaim`; the argument is in docs/managed-objects.md.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pyarrow as pa
 
 from blobhouse.errors import ManagedObjectRaceError
 from blobhouse.layout import TableLocation, same_location, store_dir
+from blobhouse.ownership import Owner, read_owner, read_owners, release, take
 from blobhouse.placement import AllowedBases, as_uri
 from blobhouse.storage import (
     STAT_THREADS,
@@ -80,6 +82,8 @@ class Registry:
     entries: dict[str, float] = field(default_factory=dict)
     files: tuple[str, ...] = ()
     foreign: int = 0
+    #: uri -> the root a foreign entry names: a write here must not take such an object over
+    foreign_owners: dict[str, str] = field(default_factory=dict)
 
     @property
     def uris(self) -> frozenset[str]:
@@ -102,7 +106,7 @@ class Registry:
         listed = [i for i in object_store(folder, storage_options).list(folder) if _is_file(i.name)]
         bodies = _read_all([f"{folder}/{i.name}" for i in listed], storage_options)
         entries: dict[str, float] = {}
-        files, foreign = [], 0
+        files, foreign, owners = [], 0, {}
         for info, body in zip(listed, bodies, strict=True):
             parsed = _parsed(body)
             if parsed is None:
@@ -110,12 +114,13 @@ class Registry:
             objects = parsed["objects"]
             if not same_location(parsed["table"], location.root_uri):
                 foreign += len(objects)
+                owners.update({e["uri"]: parsed["table"] for e in objects})
                 continue
             files.append(info.name)
             for entry in objects:
                 at = float(entry.get("registered", info.mtime))
                 entries[entry["uri"]] = max(at, entries.get(entry["uri"], at))
-        return cls(entries, tuple(files), foreign)
+        return cls(entries, tuple(files), foreign, owners)
 
     def rewrite(
         self,
@@ -254,7 +259,9 @@ class Reclaim:
     already is just forgotten) and leaves the registry. An object a retained version references
     again is *resurrected* (its markers removed). Nothing is retired or doomed when the mark is
     incomplete (a branch or data file could not be read), nor deleted outside the bases the
-    table allows.
+    table allows, nor deleted unless its owner marker names this table
+    (:mod:`blobhouse.ownership`; one of no marker is claimed first): one another table owns
+    is kept and leaves the registry, one whose marker cannot be read is kept.
     """
 
     location: TableLocation
@@ -270,6 +277,9 @@ class Reclaim:
     outside: list[str] = field(default_factory=list)
     stale: list[tuple[str, str]] = field(default_factory=list)  # markers of no entry
     failed: dict[str, str] = field(default_factory=dict)  # uri -> why it was not deleted
+    unclaimed: set[str] = field(default_factory=set)  # to reap, no owner marker: claimed first
+    owned: set[str] = field(default_factory=set)  # to reap (or gone), marker names this table
+    elsewhere: dict[str, Owner] = field(default_factory=dict)  # kept: another owner (or none)
 
     @classmethod
     def plan(
@@ -310,6 +320,7 @@ class Reclaim:
                 plan.retire.append(uri)
         plan.waiting = len(waiting)
         plan.reap = dict(zip(due, object_sizes(due, storage_options), strict=True))
+        plan._judge_owners()
         names = {marker_name(u) for u in registry.entries}
         plan.stale = [
             (folder, name)
@@ -319,6 +330,22 @@ class Reclaim:
         ]
         return plan
 
+    def _judge_owners(self) -> None:
+        """Keep the objects to reap that this table does not own (an owner marker naming
+        another table, or one that cannot be read: gc keeps what it cannot judge); an object
+        of no marker (registered before markers existed) is claimed when it is reaped."""
+        owners = read_owners(list(self.reap), self.storage_options)
+        for uri, owner in owners.items():
+            if owner.is_table(self.location):
+                self.owned.add(uri)
+            elif self.reap[uri] is None:
+                continue  # gone already: forgotten, and another table's marker is not ours
+            elif owner.readable and owner.table is None:
+                self.unclaimed.add(uri)
+            else:
+                self.elsewhere[uri] = owner
+                del self.reap[uri]
+
     def apply(self) -> None:
         """Do what :meth:`plan` decided: markers first, then deletes, then the registry."""
         for uri in self.retire:
@@ -327,7 +354,9 @@ class Reclaim:
             self._mark(DOOMED_DIR, uri)
         for uri in self.resurrect:
             self._unmark(uri)
-        forgotten = [uri for uri in self.reap if self._delete(uri)]
+        forgotten = [uri for uri in list(self.reap) if self._reap(uri)]
+        # another table owns these: they leave this table's registry, the object stays
+        forgotten += [u for u, owner in self.elsewhere.items() if owner.readable]
         if forgotten or len(self.registry.files) > COMPACT_FILES:
             self.registry.rewrite(self.location, forgotten, self.storage_options)
         for uri in forgotten:  # after the registry: a crash in between reaps them again
@@ -352,9 +381,41 @@ class Reclaim:
             "undecided": self.undecided,
             "kept_outside_bases": len(self.outside),
             "foreign_entries": self.registry.foreign,
+            "kept_owned_elsewhere": sum(1 for o in self.elsewhere.values() if o.readable),
+            "kept_unknown_owner": sum(1 for o in self.elsewhere.values() if not o.readable),
+            "kept": [f"{u}: owned by {o.describe()}" for u, o in sorted(self.elsewhere.items())],
             "failed": [f"{uri}: {why}" for uri, why in sorted(self.failed.items())],
             "paths": sorted(removed),
         }
+
+    def _reap(self, uri: str) -> bool:
+        """Delete one object this table owns, then its owner marker; whether it may leave the
+        registry. One of no marker is claimed first: if a write claimed it meanwhile, it is
+        kept (another table's leaves the registry; this table's is judged again next run)."""
+        claimed = self._take(uri) if uri in self.unclaimed else True
+        if claimed is None:
+            return False
+        if not claimed:
+            owner = read_owner(uri, self.storage_options)
+            if not owner.is_table(self.location):
+                self.elsewhere[uri] = owner
+            del self.reap[uri]
+            return False
+        if self.reap[uri] is not None and not self._delete(uri):
+            return False
+        if uri in self.owned or uri in self.unclaimed:
+            release([uri], self.storage_options)
+        return True
+
+    def _take(self, uri: str) -> bool | None:
+        """Claim an object of no owner marker: whether this table now owns it (False: a
+        marker appeared meanwhile), None if the marker cannot be made (the object is kept,
+        reported as failed, and tried again by the next run)."""
+        try:
+            return take(self.location, uri, self.storage_options)
+        except (OSError, ValueError) as exc:
+            self.failed[uri] = f"its owner marker could not be created: {exc}"
+            return None
 
     def _delete(self, uri: str) -> bool:
         try:

@@ -53,7 +53,8 @@ from blobhouse import leases
 from blobhouse.claims import adopt, remove_claims
 from blobhouse.errors import BlobhouseError, ConcurrentCommitError, StaleWriteError, lance_message
 from blobhouse.layout import STORE_DIR, TableLocation, branch_data_dir
-from blobhouse.managed import check_usable, register
+from blobhouse.managed import Registry, check_usable, register
+from blobhouse.ownership import claim, release
 from blobhouse.placement import as_uri
 from blobhouse.references import file_path
 from blobhouse.session import BlobSession, WrittenFile
@@ -139,7 +140,10 @@ class Transaction:
         Right before the commit, every staged file must still exist and the store packs the
         files reference must not be retired (gc may have run meanwhile); the lease is held
         throughout, also while Lance retries; the external objects the files hand to the table
-        must not be doomed or gone (:func:`blobhouse.managed.check_usable`). Right after it,
+        must not be doomed or gone (:func:`blobhouse.managed.check_usable`), and this table
+        becomes their one owner (:func:`blobhouse.ownership.claim`: an object another table
+        owns refuses the commit, except in a compaction, which keeps such references without
+        registering them). Right after it,
         the payloads the files added to the table's store are recorded in its index and the
         objects they hand over in its managed-object registry (a crash in between loses dedup
         or leaves an object unmanaged, never a reference). If anything fails, nothing is visible
@@ -153,7 +157,7 @@ class Transaction:
                 self.location, operation, self.read_version, self.storage_options
             )
         try:
-            dataset = self._checked_commit(written, commit)
+            dataset, owned_elsewhere = self._checked_commit(written, commit)
         except TableCreatedMeanwhile:
             raise
         except BaseException:
@@ -161,13 +165,22 @@ class Transaction:
             raise
         stored = [s for w in written for s in w.stored] + _adopted(written)
         record_stored(self.location.root, stored, self.storage_options)
-        self._register_managed(dataset, written)
+        self._register_managed(dataset, written, owned_elsewhere)
         if any(w.claimed for w in written):
             remove_claims(self.location.root, self.id, self.storage_options)
         return dataset
 
-    def _register_managed(self, dataset: LanceDataset, written: Sequence[WrittenFile]) -> None:
-        uris = _managed(written)
+    @property
+    def rewrites_only(self) -> bool:
+        """Whether this change only rewrites rows the table has (a compaction): it hands no
+        object over that the rows did not reference already."""
+        return self.name_prefix.startswith("compact-")
+
+    def _register_managed(
+        self, dataset: LanceDataset, written: Sequence[WrittenFile], skipped: Iterable[str]
+    ) -> None:
+        skipped = set(skipped)
+        uris = [u for u in _managed(written) if u not in skipped]
         if not uris:
             return
         try:
@@ -180,13 +193,26 @@ class Transaction:
 
     def _checked_commit(
         self, written: Sequence[WrittenFile], commit: Callable[[], LanceDataset]
-    ) -> LanceDataset:
+    ) -> tuple[LanceDataset, list[str]]:
+        """The checks, then the commit: the committed dataset, and the managed objects a
+        compaction keeps referencing that another table owns (not this table's to register)."""
         root, options = self.location.root, self.storage_options
+        managed = _managed(written)
+        taken: list[str] = []
         try:
             with self.lease():
                 check_packs_usable(root, {p for w in written for p in w.found_packs}, options)
                 adopt(root, _adopted(written), options)
-                check_usable(root, _managed(written), options)
+                check_usable(root, managed, options)
+                claimed = claim(
+                    self.location,
+                    managed,
+                    options,
+                    foreign=lambda: Registry.load(self.location, options).foreign_owners,
+                )
+                taken = claimed.created
+                if claimed.refused and not self.rewrites_only:
+                    raise claimed.error(self.location)
                 lost = _lost_files(self.location, written, options)
                 if lost:
                     raise StaleWriteError(
@@ -194,8 +220,9 @@ class Transaction:
                         "swept them because the write ran longer than its grace period; "
                         "nothing was committed, retry"
                     )
-                return commit()
+                return commit(), sorted(claimed.refused)
         except BaseException:
+            release(taken, options)  # the objects stay unowned: this write hands nothing over
             leases.release(root, self.name_prefix, options)  # it will not commit
             raise
 

@@ -29,6 +29,7 @@ from blobhouse import (
 from blobhouse.cli import main
 from blobhouse.managed import DOOMED_DIR, Registry, managed_dir
 from blobhouse.options import WriteOptions
+from blobhouse.ownership import OWNER_DIR
 from blobhouse.table import TableWrite
 
 from helpers import tree
@@ -77,6 +78,11 @@ def registered(uri: str) -> set[str]:
 
 def file_uri(path: str) -> str:
     return f"file://{os.path.realpath(path)}"
+
+
+def owner_of(name: str) -> str:
+    """The owner marker of the object ``name``, relative to its folder."""
+    return f"{OWNER_DIR}/{name}.json"
 
 
 def content(path: str) -> bytes:
@@ -275,7 +281,7 @@ def test_dry_run_lists_exactly_what_the_run_does(table_uri, media):
     assert (done["managed"]["removed"], done["managed"]["already_missing"]) == (1, 1)
     assert done["managed"]["paths"] == [file_uri(owned[0])]
     assert done["managed"]["removed_bytes"] == 10_000
-    assert sorted(os.listdir(media["owned"])) == ["2.bin"]
+    assert tree(media["owned"]) == {"2.bin", owner_of("2.bin")}  # its marker went with it
     assert registered(table_uri) == {file_uri(owned[2])}
 
 
@@ -342,7 +348,7 @@ def test_compaction_keeps_ownership_and_a_copied_table_takes_none(table_uri, med
     assert registered(table_uri) == {file_uri(p) for p in owned}
     reports = gc_runs(table_uri)
     assert [r["removed"] for r in reports] == [0, 0, 2]
-    assert os.listdir(media["owned"]) == ["2.bin"]
+    assert tree(media["owned"]) == {"2.bin", owner_of("2.bin")}
     assert open_table(table_uri).read_blobs("v", [0]) == [content(owned[2])]
 
     copy = str(tmp_path / "copy")
@@ -540,7 +546,7 @@ def test_ingest_managed_references_files_in_place_and_owns_them(spark, tmp_path,
     )
     reports = gc_runs(table)
     assert [r["removed"] for r in reports] == [0, 0, 2]
-    assert os.listdir(folder) == ["0.bin"]
+    assert tree(folder) == {"0.bin", owner_of("0.bin")}
 
 
 def test_update_and_merge_insert_hand_over_and_release_managed_objects(table_uri, media):

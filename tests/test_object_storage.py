@@ -255,6 +255,9 @@ def test_managed_objects_on_s3_are_deleted_only_once_unreferenced(s3):
     assert removed == [f"{owned}/0.bin"]
     left = s3.objects()
     assert "owned/0.bin" not in left and {"owned/1.bin", "shared/0.bin"} <= set(left)
+    # the owner markers: the kept object's names the table, the deleted one's went with it
+    assert "owned/.blobhouse-owner/0.bin.json" not in left
+    assert json.loads(s3.get("owned/.blobhouse-owner/1.bin.json"))["table"] == uri
     again = open_table(uri, storage_options=s3.options)
     assert again.read_blobs("clip", [0]) == [payload(len("owned/1.bin"), 50 * KIB)]
     assert again.verify()["problems"] == []
