@@ -430,7 +430,7 @@ class RecordedHashes:
         without a recorded hash (user-owned external blobs, files other writers
         made) pass as they are; None when no row has one."""
         addresses = np.asarray(row_addresses.to_numpy(zero_copy_only=False), np.uint64)
-        expected = self._expected_many(file_column, descriptors, refs, addresses, data_file)
+        expected = self.expected_many(file_column, descriptors, refs, addresses, data_file)
         if not any(expected):
             return None
         # rows sharing a payload share its range, read once: hash it once
@@ -456,7 +456,7 @@ class RecordedHashes:
 
         return verify
 
-    def _expected_many(
+    def expected_many(
         self,
         file_column: Callable[[int], int],
         descriptors: pa.StructArray,

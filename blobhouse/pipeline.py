@@ -108,6 +108,9 @@ class WritePlan:
     # the tasks of a Spark write claim new store payloads, so that one of them stores each
     claim_payloads: bool = False
     filled: tuple[str, ...] = ()  # nullable table columns the input lacks: written as nulls
+    # (pack, position, size) -> the blake3 rows recorded for a store payload they keep
+    # referencing (a rewrite fills it as it reads them): recorded again in the new data file
+    store_digests: dict[tuple[str, int, int], bytes] | None = field(default=None, compare=False)
 
     @property
     def uses_store(self) -> bool:
@@ -465,7 +468,7 @@ def store_reference(
     """How the placers of a write recognize references into the table's own store."""
     if plan.store_base_id is None:
         return None
-    return StoreReference(location.root, plan.store_base_id, storage_options)
+    return StoreReference(location.root, plan.store_base_id, storage_options, plan.store_digests)
 
 
 class _Pending(NamedTuple):
@@ -531,6 +534,7 @@ class _ColumnPlacer:
         )
         self._pack: PackedSidecar | None = None
         self._object_sizes: dict[str, int] = {}
+        self._kept_in_store: tuple[list[int], list[bytes]] = ([], [])  # see _external
 
     def decide(self, batch: pa.RecordBatch, first_row: int) -> _Decided:
         """Place every row that can be placed now; small payloads wait (:class:`_Decided`)."""
@@ -555,6 +559,9 @@ class _ColumnPlacer:
             self._decide_row(column, row, first_row + row, None)
             for row in range(len(decided.values), column.length)
         )
+        kept, self._kept_in_store = self._kept_in_store, ([], [])
+        decided.in_store[0].extend(kept[0])
+        decided.in_store[1].extend(kept[1])
         return decided
 
     def _place_run(
@@ -844,8 +851,12 @@ class _ColumnPlacer:
                 f"blob column {name!r}, row {global_row}: managed uri {column.uri[row]!r} lies "
                 "inside the table (its store); the table owns its own files already"
             )
-        if in_store is not None:
-            return in_store  # the table's own store: compaction keeps such references
+        if in_store is not None:  # the table's own store: compaction keeps such references
+            digest = self.own_store.recorded(in_store)
+            if digest is not None:  # and the hash its rows recorded, so reads stay checked
+                self._kept_in_store[0].append(row)
+                self._kept_in_store[1].append(digest)
+            return in_store
         uri, position, size = external_range(
             column.uri[row],
             column.position[row] if column.position is not None else None,

@@ -44,7 +44,7 @@ from blobhouse.claims import (
     Claim,
     Claims,
 )
-from blobhouse.dedup import content_hash, digest_matrix
+from blobhouse.dedup import content_hashes, digest_matrix
 from blobhouse.digest_filter import (
     DigestFilter,
     FilterFile,
@@ -402,8 +402,7 @@ def entry_verdicts(
                 for i in window:
                     verdicts[i] = ("unreadable", str(exc).splitlines()[0])
                 continue
-            for i, payload in zip(window, data, strict=True):
-                actual = content_hash(payload)
+            for i, actual in zip(window, content_hashes(data), strict=True):
                 if actual != entries[i].digest:
                     verdicts[i] = ("damaged", actual.hex())
     return verdicts
@@ -915,10 +914,15 @@ class StoreReference:
     keeps them as store references instead of treating them as user-owned external blobs."""
 
     def __init__(
-        self, table_path: str, base_id: int, storage_options: StorageOptions | None = None
+        self,
+        table_path: str,
+        base_id: int,
+        storage_options: StorageOptions | None = None,
+        digests: Mapping[tuple[str, int, int], bytes] | None = None,
     ) -> None:
         self.base_id = base_id
         self.storage_options = storage_options
+        self.digests = digests if digests is not None else {}
         # compared in the canonical form: any spelling of a pack's path is recognized
         self.prefix = normalize_uri(store_dir(table_path)) + "/"
         self.found: set[str] = set()  # packs referenced this way: checked before commit
@@ -954,6 +958,11 @@ class StoreReference:
             )
         self.found.add(pack)
         return StoredPayload(b"", pack, position, size).prepared(self.base_id)
+
+    def recorded(self, reference: PreparedBlob) -> bytes | None:
+        """The blake3 the rewritten rows recorded for the store payload ``reference`` names
+        (None: unknown, e.g. rows Lance rewrote)."""
+        return self.digests.get((reference.uri, reference.position, reference.size))
 
 
 def store_uri_prefix(table_uri: str) -> str:

@@ -82,6 +82,33 @@ def test_a_row_is_checked_against_its_own_value_not_the_index(tmp_path):
     assert any("content hash mismatch" in p["reason"] and p["row"] == 0 for p in problems)
 
 
+@pytest.mark.parametrize("rewrite", ["compact", "update"])
+def test_rows_a_rewrite_keeps_stay_checked_against_their_own_value(tmp_path, rewrite):
+    """Compaction and updates keep store references as they are: the hash the rows recorded
+    goes with them into the new data files."""
+    a, b = os.urandom(SIZE), os.urandom(SIZE)
+    uri = str(tmp_path / "t")
+    for i in range(3):  # small fragments, for compaction to merge
+        write_table(
+            pa.table({"id": [i], "n": [i], "img": blob_array([a])}),
+            uri,
+            mode="create" if i == 0 else "append",
+        )
+    table = open_table(uri)
+    if rewrite == "compact":
+        assert table.compact()["fragments_removed"] == 3
+    else:
+        table.update({"n": "n + 1"})
+    table = open_table(uri)
+    ref = table.blob_refs("img", [0])[0].as_py()
+    with open(uri_to_path(ref["uri"]), "r+b") as pack:
+        pack.seek(ref["position"])
+        pack.write(b)
+    lance.dataset(index_uri(uri)).update({"blake3": f"X'{content_hash(b).hex()}'"})
+    with pytest.raises(CorruptBlobError):
+        open_table(uri).read_blobs("img", [0])
+
+
 def test_verify_deep_names_a_damaged_index_entry_and_the_rows_referencing_it(tmp_path):
     uri, a, b = _table(tmp_path)
     table = open_table(uri)

@@ -33,7 +33,7 @@ from blobhouse.maintenance.walk import Progress, fragment_references
 from blobhouse.pipeline import WritePlan, plan_write, write_data_files
 from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.properties import TableProperties
-from blobhouse.rangeio import BlobRef, read_ranges_arrow
+from blobhouse.rangeio import BlobRef, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.storage import object_store
@@ -265,9 +265,10 @@ def compact_group(table: Table, plan: CompactionPlan, group: CompactionGroup) ->
     """Write the live rows of one group into new data files (``table`` at
     ``plan.read_version``). Nothing is visible until :func:`commit_compaction`; on failure the
     files written so far are removed."""
+    write = replace(_write_plan(table, plan), store_digests={})
     return write_data_files(
-        _logical_batches(table, plan, group.fragment_ids),
-        _write_plan(table, plan),
+        _logical_batches(table, plan, group.fragment_ids, write.store_digests),
+        write,
         table.location,
         table.storage_options,
         plan.name_prefix,
@@ -494,7 +495,10 @@ def _mode(column: str, plan: CompactionPlan) -> str:
 
 
 def _logical_batches(
-    table: Table, plan: CompactionPlan, fragment_ids: Sequence[int]
+    table: Table,
+    plan: CompactionPlan,
+    fragment_ids: Sequence[int],
+    store_digests: dict[tuple[str, int, int], bytes] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The live rows of ``fragment_ids`` in order, blob columns as logical values: bytes for
     what the table stores (checked against their recorded hashes), the reference for external
@@ -516,7 +520,9 @@ def _logical_batches(
                 piece = replace_column(
                     piece,
                     path,
-                    logical_values(table, path, piece, hashes, repack, path in leave),
+                    logical_values(
+                        table, path, piece, hashes, repack, path in leave, store_digests
+                    ),
                     pa.field(path[-1], INPUT_BLOB_TYPE),
                 )
             yield piece.drop_columns([_ROW_ADDRESS])
@@ -543,10 +549,12 @@ def logical_values(
     hashes: RecordedHashes,
     repack: frozenset[str],
     leave_store: bool = False,
+    store_digests: dict[tuple[str, int, int], bytes] | None = None,
 ) -> pa.StructArray:
     """Blob column ``path`` of ``batch`` as logical values: bytes (checked) for what the table
     stores, the reference for external blobs and for store payloads that stay where they are
-    (those of ``repack`` packs move, every store payload with ``leave_store``)."""
+    (those of ``repack`` packs move, every store payload with ``leave_store``). The hash rows
+    recorded for the store payloads they keep go to ``store_digests`` (pack, position, size)."""
     descriptors = get_column(batch, path)
     refs = table.resolve_refs(path, descriptors, batch.column(_ROW_ADDRESS))
     valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
@@ -560,6 +568,9 @@ def logical_values(
     )
     external = valid & (kinds == Kind.EXTERNAL) & ~moving
     stored = valid & ~external
+    if store_digests is not None:
+        kept = external & np.array([u is not None and u.startswith(store) for u in uris], bool)
+        _kept_digests(table, path, batch, descriptors, refs, kept, store, store_digests)
     positions = refs.field("position").to_pylist()
     sizes = refs.field("size").to_pylist()
     wanted = [
@@ -586,6 +597,33 @@ def logical_values(
         fields=list(INPUT_BLOB_TYPE),
         mask=pa.array(~valid),
     )
+
+
+def _kept_digests(
+    table: Table,
+    path: ColumnPath,
+    batch: pa.RecordBatch,
+    descriptors: pa.StructArray,
+    refs: pa.StructArray,
+    kept: np.ndarray,
+    store: str,
+    out: dict[tuple[str, int, int], bytes],
+) -> None:
+    """Add to ``out`` the hash the ``kept`` rows (store references a rewrite keeps) recorded
+    for their payloads, keyed by (pack, position, size)."""
+    if not kept.any():
+        return
+    wanted = [r if k else None for r, k in zip(refs_from_arrow(refs), kept.tolist(), strict=True)]
+    expected = table.recorded_hashes().expected_many(
+        table.file_column(path),
+        descriptors,
+        wanted,
+        np.asarray(batch.column(_ROW_ADDRESS).to_numpy(zero_copy_only=False), np.uint64),
+        table.data_file_of(path),
+    )
+    for ref, digest in zip(wanted, expected, strict=True):
+        if ref is not None and digest is not None:
+            out[(ref.uri.removeprefix(store), ref.position, ref.size)] = digest
 
 
 def _check_recorded(
