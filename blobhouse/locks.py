@@ -16,8 +16,10 @@ PUT on S3: :meth:`~blobhouse.storage.ObjectStore.create`), holding a random toke
 - a holder removes its lock when the step ends (only its own: it checks the token).
 
 A holder stalled for longer than the expiry (a frozen VM) may find its lock broken; the step it
-guards is short (a check and a commit), so this is the accepted limit. Locks live under
-``_leases/`` with a ``/`` in their name: leases ignore them, and gc does not sweep them.
+guards is short (a check and a commit), so this is the accepted limit. On the stores pyarrow
+reaches (``gs://``, ``az://``) creating an object is not atomic: there the lock is best effort.
+Locks live under ``_leases/`` with a ``/`` in their name: leases ignore them, and gc does not
+sweep them.
 """
 
 from __future__ import annotations
