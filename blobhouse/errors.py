@@ -116,6 +116,20 @@ class ConcurrentCommitError(BlobhouseError, CommitConflictError):
         return type(self), (str(self), self.retryable)
 
 
+class KeysInsertedMeanwhile(BlobhouseError, CommitConflictError):
+    """A merge would insert keys that a concurrent commit inserted after the version the merge
+    read (it was not committed). Retryable: planned again on the latest version, those rows are
+    updates (:func:`blobhouse.transaction.retrying` does so); a merge out of retries raises
+    :class:`ConcurrentCommitError` naming the keys. ``keys``: some of them."""
+
+    def __init__(self, message: str, keys: list | None = None) -> None:
+        super().__init__(message, True)
+        self.keys = list(keys or [])
+
+    def __reduce__(self):  # OSError pickles its args only
+        return type(self), (str(self), self.keys)
+
+
 class StoreRaceError(StaleWriteError):
     """A write found payloads in the table's store that gc retired before the write committed;
     nothing was committed and retrying the write succeeds (a :class:`StaleWriteError`: gc

@@ -15,6 +15,8 @@ blob payloads are copied once per row and sharing is lost until a compaction. He
 
 Both run on one :class:`~blobhouse.transaction.Transaction` each: one Lance commit, nothing
 visible on failure, staged files removed, a commit a concurrent one preempted planned again.
+Two merges inserting the same new key at once leave it once: the later one is planned again,
+where its row is an update (see :meth:`~blobhouse.transaction.Transaction.commit`).
 The per-fragment steps (:func:`rewrite_fragment`) are what Spark runs as tasks.
 """
 
@@ -50,6 +52,8 @@ from blobhouse.session import WrittenFile
 from blobhouse.store import store_base_id
 from blobhouse.transaction import (
     DEFAULT_RETRIES,
+    SHOWN_KEYS,
+    Inserts,
     StagedDeletion,
     Transaction,
     retrying,
@@ -449,13 +453,15 @@ def commit_rewrite(
     deletions: Mapping[int, Any] | None = None,
     new_files: Sequence[WrittenFile] = (),
     matched: Mapping[int, BitMap] | None = None,
+    inserts: Inserts | None = None,
 ) -> LanceDataset:
     """One Lance ``Update`` commit: each fragment of ``files`` reads ``rewrite.columns`` from
     its new file (the old files' copies retired), ``deletions`` (fragment id -> metadata with
     a new deletion file, or None when no row is left) apply, and ``new_files`` become new
     fragments. ``matched`` (fragment id -> offsets of the rows that got new values; by default
     the rows ``rewrite.source`` names) lets Lance stamp those rows, and only those, as updated
-    in this version on a table with stable row ids (elsewhere Lance has no use for them)."""
+    in this version on a table with stable row ids (elsewhere Lance has no use for them).
+    ``inserts``: the keys a merge inserts (see :meth:`Transaction.commit`)."""
     dataset = table.dataset
     deletions = dict(deletions or {})
     removed = sorted(i for i, metadata in deletions.items() if metadata is None)
@@ -485,7 +491,9 @@ def commit_rewrite(
             else None  # they would only bloat the transaction file and the manifest's copy
         ),
     )
-    return rewrite.transaction.commit([*files.values(), *new_files], lambda: operation)
+    return rewrite.transaction.commit(
+        [*files.values(), *new_files], lambda: operation, inserts=inserts
+    )
 
 
 def _offsets(
@@ -670,9 +678,11 @@ class MergeInsert:
         written_rows: list[int] = []
         if self._update_all:
             written_rows.extend(matched_source.tolist())
+        inserted_keys = None
         if self._insert:
             unmatched = np.setdiff1d(np.arange(source.num_rows), matched_source)
             written_rows.extend(unmatched.tolist())
+            inserted_keys = source.select(self.on).take(pa.array(unmatched, pa.int64()))
         rows = _rows_of(source, sorted(written_rows))
         with txn.lease():
             new_files = self._write_rows(table, rows, txn) if rows is not None else []
@@ -685,7 +695,12 @@ class MergeInsert:
             _delete(table.dataset, matches, self._update_all, self._delete, deletions)
         rewrite = rewrite or empty_rewrite(table, txn)
         dataset = commit_rewrite(
-            table, rewrite, files, deletions=deleted_fragments(deletions), new_files=new_files
+            table,
+            rewrite,
+            files,
+            deletions=deleted_fragments(deletions),
+            new_files=new_files,
+            inserts=None if inserted_keys is None else keys_inserted(inserted_keys),
         )
         inserted = len(written_rows) - (len(matched_source) if self._update_all else 0)
         return MergeReport(
@@ -794,6 +809,23 @@ class MergeInsert:
             for fragment_id, (offsets, rows) in matches.by_fragment().items()
         }
         return replace(rewrite, source=by_fragment)
+
+
+def keys_inserted(keys: pa.Table) -> Inserts:
+    """The keys a merge inserts (``keys``: one row each), checked against the fragments of a
+    later version in this process."""
+
+    def found(dataset: LanceDataset, fragment_ids: list[int]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for fragment_id in fragment_ids:
+            present = dataset.get_fragment(fragment_id).to_table(columns=keys.column_names)
+            both = keys.join(present, keys.column_names, join_type="left semi")
+            out.extend(both.slice(0, SHOWN_KEYS - len(out)).to_pylist())
+            if len(out) >= SHOWN_KEYS:
+                break
+        return out
+
+    return Inserts(tuple(keys.column_names), keys.num_rows, found)
 
 
 def empty_rewrite(table: Table, txn: Transaction) -> ColumnRewrite:

@@ -13,6 +13,11 @@ holds its lease) and names its Lance operation; :meth:`Transaction.commit` does 
 :func:`retrying` runs a change again, planned on the latest version, when a concurrent commit
 preempted it (Lance's retryable conflict).
 
+A merge that inserts rows also names their keys (:class:`Inserts`): Lance would rebase two
+merges' appended rows over each other silently, so such a commit runs under the table's upsert
+lock (:mod:`blobhouse.locks`) after a check that no commit since its read version holds one of
+those keys; one that does makes the merge plan again (its rows are then updates).
+
 Deletion files are the exception to the naming rule: Lance names them itself
 (``_deletions/<fragment>-<read version>-<random>.arrow``; pylance 14.0.2 offers no way to choose
 the name or write one with another writer), so they cannot carry the prefix and no sweep of the
@@ -41,7 +46,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import lance
 from lance import LanceDataset, LanceOperation
@@ -49,9 +54,15 @@ from lance.commit import CommitConflictError
 from lance.file import LanceFileSession
 from lance.fragment import FragmentMetadata
 
-from blobhouse import leases
+from blobhouse import leases, locks
 from blobhouse.claims import adopt, remove_claims
-from blobhouse.errors import BlobhouseError, ConcurrentCommitError, StaleWriteError, lance_message
+from blobhouse.errors import (
+    BlobhouseError,
+    ConcurrentCommitError,
+    KeysInsertedMeanwhile,
+    StaleWriteError,
+    lance_message,
+)
 from blobhouse.layout import STORE_DIR, TableLocation, branch_data_dir
 from blobhouse.managed import Registry, check_usable, register
 from blobhouse.ownership import claim, release
@@ -73,11 +84,25 @@ DEFAULT_RETRIES = 3
 # the prefix of a transaction's files (older blobhouse named them without the kind)
 NAME_PREFIX_PATTERN = r"(?:[a-z]+-)?[0-9a-f]{12}-"
 Operation = Callable[[], LanceOperation.BaseOperation]
+#: how many of the keys that two merges inserted an error names
+SHOWN_KEYS = 3
 
 
 class TableCreatedMeanwhile(BlobhouseError):
     """A write that created the table lost the race to another creator; nothing of it was
     committed (its files are still staged)."""
+
+
+@dataclass(frozen=True)
+class Inserts:
+    """The keys a merge inserts: ``count`` rows whose key (``columns``) the version it read
+    lacks. ``found(dataset, fragment_ids)``: up to :data:`SHOWN_KEYS` of those keys that the
+    given fragments of ``dataset`` hold (as dicts), computed where the keys are (in this process,
+    or in Spark tasks)."""
+
+    columns: tuple[str, ...]
+    count: int
+    found: Callable[[LanceDataset, list[int]], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -132,10 +157,15 @@ class Transaction:
         operation: Operation | None = None,
         *,
         commit: Callable[[], LanceDataset] | None = None,
+        inserts: Inserts | None = None,
     ) -> LanceDataset:
         """Make ``written`` visible with one Lance commit of ``operation()`` on the read
         version (or with ``commit()``, a commit of the caller's own such as Lance's compaction
         commit that remaps indices), and return the committed dataset.
+
+        A merge that inserts keys names them (``inserts``): it commits under the table's upsert
+        lock, and only if no commit since its read version holds one of them
+        (:meth:`check_inserts`); else :class:`~blobhouse.errors.KeysInsertedMeanwhile`.
 
         Right before the commit, every staged file must still exist and the store packs the
         files reference must not be retired (gc may have run meanwhile); the lease is held
@@ -156,6 +186,8 @@ class Transaction:
             commit = lambda: lance_commit(  # noqa: E731
                 self.location, operation, self.read_version, self.storage_options
             )
+        if inserts is not None and inserts.count:
+            commit = self._with_unique_keys(commit, inserts)
         try:
             dataset, owned_elsewhere = self._checked_commit(written, commit)
         except TableCreatedMeanwhile:
@@ -169,6 +201,57 @@ class Transaction:
         if any(w.claimed for w in written):
             remove_claims(self.location.root, self.id, self.storage_options)
         return dataset
+
+    def _with_unique_keys(
+        self, commit: Callable[[], LanceDataset], inserts: Inserts
+    ) -> Callable[[], LanceDataset]:
+        """``commit`` run under the table's upsert lock, after :meth:`check_inserts`.
+
+        Checking the latest version and then committing leaves a window in which another merge
+        commits the same keys (Lance rebases one merge's appended rows over another's without a
+        conflict): the lock closes it among blobhouse's merges. The versions committed before
+        the lock is asked for are checked outside it, so that the lock is held only for what
+        lands meanwhile (usually nothing) and the commit."""
+
+        def guarded() -> LanceDataset:
+            checked = self.check_inserts(inserts)
+            try:
+                with locks.held(upsert_lock(self.location), self.storage_options):
+                    self.check_inserts(inserts, checked)
+                    return commit()
+            except locks.LockTimeoutError as exc:
+                raise ConcurrentCommitError(
+                    f"merge into {self.location}: another merge held the table's upsert lock "
+                    f"for {locks.WAIT_SECONDS:.0f} s; nothing was committed, run it again",
+                    True,
+                ) from exc
+
+        return guarded
+
+    def check_inserts(self, inserts: Inserts, checked: LanceDataset | None = None) -> LanceDataset:
+        """Raise :class:`~blobhouse.errors.KeysInsertedMeanwhile` if a commit since the read
+        version (or since ``checked``, a later version checked already) holds a key of
+        ``inserts``; returns the latest version, now checked. The read version lacked every
+        such key, so only the fragments made or rewritten since can hold one: only those are
+        read."""
+        latest = lance.dataset(self.location.dataset_path, storage_options=self.storage_options)
+        since = checked.version if checked is not None else self.read_version
+        if latest.version == since:
+            return latest
+        with commit_errors(self.location, self.read_version, self.storage_options):
+            before = checked or self.read_dataset()  # gc may have removed the read version
+        changed = changed_fragments(before, latest)
+        found = inserts.found(latest, changed) if changed else []
+        if found:
+            columns = list(inserts.columns)
+            raise KeysInsertedMeanwhile(
+                f"merge into {self.location}: a concurrent commit (version "
+                f"{since + 1}..{latest.version}) inserted key(s) on {columns} that this merge, "
+                f"planned on version {self.read_version}, inserts too, e.g. "
+                f"{', '.join(map(str, found))}",
+                found,
+            )
+        return latest
 
     @property
     def rewrites_only(self) -> bool:
@@ -324,6 +407,12 @@ def retrying(attempt: Callable[[int], T], retries: int = DEFAULT_RETRIES) -> T:
 
 def _conflict(exc: CommitConflictError, attempts: int) -> ConcurrentCommitError:
     """Lance's conflict as the reason the change failed, and what the caller can do."""
+    if isinstance(exc, KeysInsertedMeanwhile):
+        return ConcurrentCommitError(
+            f"{exc}; on all {attempts} attempt(s): nothing was committed. Run it again (those "
+            "rows are then updates), or allow more conflict retries",
+            True,
+        )
     if exc.retryable:
         what = (
             f"concurrent commits preempted all {attempts} attempt(s) of this change; nothing "
@@ -357,6 +446,29 @@ def lance_commit(
         return LanceDataset.commit(
             path, operation(), read_version=read_version, storage_options=storage_options
         )
+
+
+def upsert_lock(location: TableLocation) -> str:
+    """The lock merges that insert keys into the table's branch commit under.
+
+    >>> upsert_lock(TableLocation("/data/t", "dev"))
+    'file:///data/t/_leases/locks/upsert.dev'
+    """
+    name = "upsert" if location.branch is None else f"upsert.{location.branch}"
+    return locks.lock_uri(location.root, name)
+
+
+def changed_fragments(before: LanceDataset, after: LanceDataset) -> list[int]:
+    """The fragments of ``after`` that ``before`` lacks or that read other data files (a
+    column rewrite): the only ones that may hold rows ``before`` did not."""
+    known = {f.fragment_id: _data_files(f) for f in before.get_fragments()}
+    return [
+        f.fragment_id for f in after.get_fragments() if known.get(f.fragment_id) != _data_files(f)
+    ]
+
+
+def _data_files(fragment) -> tuple[str, ...]:
+    return tuple(file_path(d) for d in fragment.metadata.files)
 
 
 @contextlib.contextmanager

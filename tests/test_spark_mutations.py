@@ -290,6 +290,33 @@ def test_spark_merge_retries_after_a_concurrent_delete(spark, table_uri, tmp_pat
     assert open_table(table_uri).verify(deep=True)["problems"] == []
 
 
+def test_spark_merge_updates_keys_another_merge_inserted_meanwhile(spark, table_uri, tmp_path):
+    make(table_uri)
+    version = open_table(table_uri).version
+    new = list(range(70, 80))
+
+    def insert_them():  # a concurrent merge inserting the same new keys commits first
+        data = pa.table(
+            {
+                "id": pa.array(new, pa.int64()),
+                "label": [f"p{i}" for i in new],
+                "img": blob_array([SHARED[0]] * len(new)),
+            }
+        )
+        open_table(table_uri).merge_insert("id").when_not_matched_insert_all().execute(data)
+
+    source = racing_source(spark, str(tmp_path / "flag"), insert_them, [1, *new])
+    report = bs.merge_insert(source, table_uri, on="id")
+    # planned again on the other merge's version: its rows are updates, each key stays once
+    assert report.attempts == 2 and report.read_version == version + 1
+    assert (report.num_updated_rows, report.num_inserted_rows) == (11, 0)
+    ids = open_table(table_uri).to_arrow(columns=["id"])["id"].to_pylist()
+    assert sorted(ids) == [*range(60), *new]
+    got = rows(table_uri)
+    assert all(got[i] == (f"u{i}", SHARED[1]) for i in [1, *new])
+    assert unreferenced_deletion_files(table_uri) == set()
+
+
 def test_spark_merge_that_meets_an_incompatible_commit_leaves_nothing(spark, table_uri, tmp_path):
     make(table_uri)
     version = open_table(table_uri).version

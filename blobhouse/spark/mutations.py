@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
+from lance import LanceDataset
 from pyroaring import BitMap
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -62,6 +63,8 @@ from blobhouse.storage import checked_options
 from blobhouse.table import Table, TableWrite, open_at, open_table
 from blobhouse.transaction import (
     DEFAULT_RETRIES,
+    SHOWN_KEYS,
+    Inserts,
     StagedDeletion,
     Transaction,
     record_stored,
@@ -288,6 +291,15 @@ def _merge(source: DataFrame, merge: _Merge, table: Table, attempt: int) -> Merg
     """One attempt: match ``source`` with ``table``'s version, write in tasks, commit once."""
     builder = merge.check(table, source)
     match = _Match.of(source, table, merge)
+    try:
+        return _merge_matched(match, merge, builder, table, attempt)
+    finally:
+        match.release()
+
+
+def _merge_matched(
+    match: _Match, merge: _Merge, builder: MergeInsert, table: Table, attempt: int
+) -> MergeReport:
     matched, rows = match.counts()
     txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
     rewrite = builder.column_rewrite(table, txn) if merge.update_columns else None
@@ -304,6 +316,7 @@ def _merge(source: DataFrame, merge: _Merge, table: Table, attempt: int) -> Merg
             deletions=deleted_fragments(staged.deletions),
             new_files=staged.new_files,
             matched=staged.changed,
+            inserts=match.inserts(table, rows - matched) if merge.insert else None,
         )
     except BaseException:
         txn.abort(staged.files(), deletions=staged.deletions, tasks_may_run=tasks_may_run)
@@ -323,22 +336,35 @@ def _merge(source: DataFrame, merge: _Merge, table: Table, attempt: int) -> Merg
 @dataclass(frozen=True)
 class _Match:
     """The source's rows matched with the table's keys (a Spark join: keys never gather on
-    the driver); ``joined`` carries each source row's match, its address in the table."""
+    the driver); ``joined`` carries each source row's match, its address in the table, and
+    ``keyed`` only the source's keys and that address."""
 
     source: DataFrame
     targets: DataFrame
     joined: DataFrame
     on: list[str]
+    keyed: DataFrame
 
     @classmethod
     def of(cls, source: DataFrame, table: Table, merge: _Merge) -> _Match:
         keys = list(merge.on)
         targets = _target_keys(source.sparkSession, table, source, keys, merge.delete)
-        return cls(source, targets, source.join(targets, keys, "left"), keys)
+        joined = source.join(targets, keys, "left")
+        keyed = joined.select(*keys, _ADDRESS)
+        if merge.insert:
+            # the check before the commit reads the inserted keys again, under the upsert lock:
+            # cached (keys only) by counts(), it does not read the table's keys a second time
+            keyed = keyed.persist()
+        return cls(source, targets, joined, keys, keyed)
+
+    def release(self) -> None:
+        """Drop what the match cached."""
+        if self.keyed.is_cached:
+            self.keyed.unpersist()
 
     def counts(self) -> tuple[int, int]:
         """How many source rows match a table row, and how many there are."""
-        found = self.joined.select(
+        found = self.keyed.select(
             F.count(F.col(_ADDRESS)).alias("matched"), F.count(F.lit(1)).alias("rows")
         ).first()
         return int(found["matched"]), int(found["rows"])
@@ -352,6 +378,21 @@ class _Match:
         found = F.col(_ADDRESS).isNotNull()
         keep = (found if matched else F.lit(False)) | (~found if unmatched else F.lit(False))
         return self.joined.where(keep).drop(_ADDRESS, _SCOPE)
+
+    def inserts(self, table: Table, count: int) -> Inserts:
+        """The ``count`` source rows that match no row of ``table`` (the version matched),
+        whose keys the merge inserts: checked against a later version's fragments by a Spark
+        join, so that the keys need not fit in the driver either."""
+        inserted = self.keyed.where(F.col(_ADDRESS).isNull()).select(*self.on)
+        spark = self.source.sparkSession
+
+        def found(dataset: LanceDataset, fragment_ids: list[int]) -> list[dict]:
+            later = open_at(table.location, dataset.version, table.storage_options)
+            present = _target_keys(spark, later, self.source, self.on, False, fragment_ids)
+            both = inserted.join(present.select(*self.on), self.on, "left_semi")
+            return [row.asDict() for row in both.limit(SHOWN_KEYS).collect()]
+
+        return Inserts(tuple(self.on), count, found)
 
     def by_source(self) -> DataFrame:
         """The addresses of the table rows in scope whose key the source lacks."""
@@ -437,10 +478,16 @@ def _check_unique_keys(df: DataFrame, keys: list[str]) -> None:
 
 
 def _target_keys(
-    spark: SparkSession, table, df: DataFrame, keys: list[str], scope: bool | str
+    spark: SparkSession,
+    table,
+    df: DataFrame,
+    keys: list[str],
+    scope: bool | str,
+    fragment_ids: Sequence[int] | None = None,
 ) -> DataFrame:
-    """The table's keys with each row's address, read by one task per fragment; ``scope``:
-    whether a row may be deleted by the source's lack of it."""
+    """The table's keys with each row's address, read by one task per fragment (of
+    ``fragment_ids``, or all); ``scope``: whether a row may be deleted by the source's lack of
+    it."""
     schema = StructType(
         [df.schema[k] for k in keys]
         + [StructField(_ADDRESS, LongType(), False), StructField(_SCOPE, BooleanType(), True)]
@@ -461,7 +508,9 @@ def _target_keys(
                     arrays += [part.column("_rowaddr").cast(pa.int64()), part.column(_SCOPE)]
                     yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 
-    ids = [f.fragment_id for f in table.dataset.get_fragments()] or [-1]
+    if fragment_ids is None:
+        fragment_ids = [f.fragment_id for f in table.dataset.get_fragments()]
+    ids = list(fragment_ids) or [-1]
     frame = spark.createDataFrame([(i,) for i in ids], "fragment long").repartition(len(ids))
     frame = frame.where(F.col("fragment") >= 0)
     return frame.mapInArrow(read, schema)
