@@ -213,3 +213,14 @@ def test_loader_and_torch(table):
     assert dataset[1] == {"meta.image": IMAGES[1], "meta.label": "dog"}
     with pytest.raises(InvalidInputError, match=r"did you mean 'meta.label'\?"):
         torch_data.TableRowDataset(table.uri, ["meta.lable"])[0]
+
+
+def test_spark_materialize_nested(spark, table):
+    import blobhouse.spark as bs
+
+    df = spark.read.format("blobhouse").load(table.uri)
+    rows = bs.materialize(df, ["meta.image"]).orderBy("id").collect()
+    assert [bytes(r["meta"]["image"]) for r in rows] == IMAGES
+    assert [r["meta"]["label"] for r in rows] == LABELS
+    with pytest.raises(InvalidInputError, match=r"did you mean 'meta.image'\?"):
+        bs.materialize(df, ["meta.imag"])
