@@ -19,6 +19,7 @@ from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
 from lance.schema import LanceSchema
 
+from blobhouse.columns import resolve_column
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.pipeline import DataFileWriter, plan_write
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
@@ -27,7 +28,7 @@ from blobhouse.schema_changes import add_null_blob_column
 from blobhouse.session import WrittenFile
 from blobhouse.store import StoreWriter, ensure_store, relocate_store, store_base_id
 from blobhouse.transaction import Transaction
-from blobhouse.values import blob_array, is_lance_blob_field, stored_blob_columns
+from blobhouse.values import blob_array, get_field, is_lance_blob_field, stored_blob_columns
 
 if TYPE_CHECKING:
     from blobhouse.table import Table
@@ -65,8 +66,15 @@ class BackfillPlan:
         """The backfill of ``column`` with ``dedup`` (its mode: see
         :meth:`~blobhouse.properties.TableProperties.change_mode`)."""
         schema = table.schema
-        if "." in column:
-            raise InvalidInputError("backfill writes top-level blob columns only")
+        if isinstance(column, str) and "." in column:
+            # nested blob columns exist already (Table.backfill_blob_column updates them);
+            # a new one would be a new struct field, which Lance's Merge cannot add
+            path = resolve_column(schema, column, "blob column to backfill")
+            kind = "" if is_lance_blob_field(get_field(schema, path)) else " (not a blob column)"
+            raise InvalidInputError(
+                f"backfill adds top-level blob columns only: {column!r} is inside struct "
+                f"{path[0]!r}{kind}"
+            )
         blob_columns = {p[0] for p in stored_blob_columns(schema)}
         input_columns = tuple(n for n in schema.names if n not in blob_columns and n != column)
         bases = AllowedBases.of_table(schema, table.uri)

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from blobhouse.columns import check_blob_column
 from blobhouse.errors import InvalidInputError, RefIdConflictError
 
 DedupMode = Literal["content", "ref_id", "global", "off"]
@@ -236,9 +237,8 @@ def dedup_modes(dedup: str | Mapping[str, str], columns: list[str]) -> dict[str,
     if isinstance(dedup, str):
         modes = dict.fromkeys(columns, dedup)
     else:
-        unknown = set(dedup) - set(columns) - {"*"}
-        if unknown:
-            raise InvalidInputError(f"dedup names unknown blob column(s) {sorted(unknown)}")
+        for name in sorted(set(dedup) - set(columns) - {"*"}):
+            check_blob_column(name, list(columns), "dedup")  # raises, naming the closest
         modes = {c: dedup.get(c, dedup.get("*", "content")) for c in columns}
     for column, mode in modes.items():
         if mode not in DEDUP_MODES:

@@ -35,6 +35,7 @@ from lance.fragment import DataFile
 from pyroaring import BitMap
 
 from blobhouse.backfill import BlobFunction, check_fragment_rows, table_for
+from blobhouse.columns import column_paths, resolve_column, unknown_column
 from blobhouse.errors import InvalidInputError, SchemaError, lance_message
 from blobhouse.maintenance.compaction import INPUT_BLOB_TYPE, logical_values
 from blobhouse.options import WriteOptions, closest
@@ -59,7 +60,15 @@ from blobhouse.transaction import (
     retrying,
     stage_deletion,
 )
-from blobhouse.values import blob_array, is_lance_blob_field, stored_blob_columns
+from blobhouse.values import (
+    ColumnPath,
+    blob_array,
+    get_field,
+    is_lance_blob_field,
+    path_name,
+    replace_field,
+    stored_blob_columns,
+)
 
 if TYPE_CHECKING:
     from blobhouse.table import Table
@@ -109,6 +118,11 @@ class ColumnRewrite:
     @property
     def blob_columns(self) -> list[str]:
         return [c.name for c in self.plan.columns]
+
+    @property
+    def file_columns(self) -> list[str]:
+        """The top-level columns the new files hold: those of ``columns``, or holding one."""
+        return self.plan.input_schema.names
 
 
 Rewrite = Callable[["Table", "ColumnRewrite"], dict[int, tuple[WrittenFile, BitMap]]]
@@ -194,12 +208,21 @@ def plan_update(
             "{'label': \"'cat'\"}"
         )
     schema = table.schema
-    blob_names = {p[0] for p in stored_blob_columns(schema)}
+    blob_paths = stored_blob_columns(schema)
     expressions: dict[str, str] = {}
     functions: dict[str, BlobFunction | None] = {}
+    paths = {column: resolve_column(schema, column) for column in updates}
+    _check_disjoint(paths)
     for column, value in updates.items():
-        _check_column(column, schema)
-        if column in blob_names:
+        path = paths[column]
+        held = [path_name(b) for b in blob_paths if len(b) > len(path) and b[: len(path)] == path]
+        if held:
+            # a struct holding blobs is rewritten field by field: its blobs by a function
+            raise InvalidInputError(
+                f"column {column!r} holds blob column(s) {held}: update its fields by name "
+                f"(e.g. {held[0]!r})"
+            )
+        if path in blob_paths:
             functions[column] = _blob_update(column, value)
         elif isinstance(value, str):
             expressions[column] = value
@@ -222,23 +245,28 @@ def _column_rewrite(
     kind: str,
 ) -> ColumnRewrite:
     schema = table.schema
-    # file order follows the table's column order: one data file of these columns per fragment
-    columns = tuple(n for n in schema.names if n in columns)
-    ids = tuple(leaf_field_ids([table.dataset.lance_schema.field(c) for c in columns]))
-    blobs = [c for c in columns if is_lance_blob_field(schema.field(c))]
-    input_schema = pa.schema(
-        [
-            pa.field(c, INPUT_BLOB_TYPE, schema.field(c).nullable)
-            if c in blobs
-            else schema.field(c)
-            for c in columns
-        ]
-    )
+    order = column_paths(schema)
+    columns = tuple(n for n in order if n in set(columns))
+    # the new files hold whole top-level columns, in the table's order: a nested column is
+    # rewritten with its top-level struct, whose other fields keep their values (Lance 14
+    # cannot read a struct child alone once the struct's fields are split over data files)
+    tops = [n for n in schema.names if any(order[c][0] == n for c in columns)]
+    ids = tuple(leaf_field_ids([table.dataset.lance_schema.field(n) for n in tops]))
+    blob_paths = [p for p in stored_blob_columns(schema) if p[0] in tops]
+    blobs = [path_name(p) for p in blob_paths]
+    properties = TableProperties.of(table.dataset)
+    modes = {c: (dedup or {}).get(c) or properties.dedup_of(c) for c in blobs}
+    input_schema = schema
+    for path in blob_paths:
+        field = get_field(schema, path)
+        input_schema = replace_field(
+            input_schema, path, pa.field(path[-1], INPUT_BLOB_TYPE, field.nullable)
+        )
     plan = plan_write(
-        input_schema,
+        pa.schema([input_schema.field(n) for n in tops]),
         blob_columns=blobs,
-        dedup={c: (dedup or {}).get(c, "content") for c in blobs},
-        table_schema=pa.schema([schema.field(c) for c in columns]),
+        dedup=modes,
+        table_schema=pa.schema([schema.field(n) for n in tops]),
         allowed_bases=AllowedBases.of_table(schema, table.uri),
         max_rows_per_file=2**62,
         max_bytes_per_file=2**62,
@@ -249,6 +277,16 @@ def _column_rewrite(
     plan = replace(plan, store_base_id=store_base_id(table.dataset), claim_payloads=True)
     txn = Transaction.start(table.location, table.version, table.storage_options, kind=kind)
     return ColumnRewrite(columns, ids, dict(expressions), dict(functions), where, plan, txn)
+
+
+def _check_disjoint(paths: Mapping[str, ColumnPath]) -> None:
+    """Refuse a change that names a struct and one of its fields (which value would win?)."""
+    for column, path in paths.items():
+        for other, inner in paths.items():
+            if len(inner) > len(path) and inner[: len(path)] == path:
+                raise InvalidInputError(
+                    f"the update names both {column!r} and its field {other!r}; name one"
+                )
 
 
 def touched_fragments(dataset: LanceDataset, where: str | None) -> list[int]:
@@ -317,7 +355,7 @@ def _fragment_rows(
     """Every physical row of ``fragment``: the old values of the rewritten columns, their new
     values (``__bh_new_<column>``), whether the row matches, and the plain columns a blob
     function reads."""
-    projection = {c: _quoted(c) for c in rewrite.columns}
+    projection = {c: _quoted(c) for c in rewrite.file_columns}
     for column, expression in rewrite.expressions.items():
         projection[f"__bh_new_{column}"] = expression
     if rewrite.functions and not rewrite.source:
@@ -343,7 +381,6 @@ def _new_values(
     changed."""
     live = batch.column("_rowid").is_valid()
     offsets = np.arange(first_row, first_row + batch.num_rows, dtype=np.uint64)
-    new: dict[str, pa.Array] = {}
     if rewrite.source:
         match, source_rows = _source_match(rewrite.source.get(fragment_id), offsets)
         source = rewrite.source[fragment_id][1] if fragment_id in rewrite.source else None
@@ -351,38 +388,49 @@ def _new_values(
         match = pc.and_(live, pc.fill_null(batch.column(_MATCH), False))
         source_rows, source = None, None
     addresses = pa.array((np.uint64(fragment_id) << np.uint64(32)) | offsets)
-    for column in rewrite.columns:
-        old = batch.column(column)
+    wanted = set(rewrite.columns)
+
+    def value(field: pa.Field, path: ColumnPath, old: pa.Array) -> pa.Array:
+        """The new values of the column at ``path`` (``old``: its current ones)."""
+        column = path_name(path)
         if column in rewrite.blob_columns:
-            old = _old_blobs(table, column, batch, addresses, live)
+            old = _old_blobs(table, path, old, addresses, live)
+        elif column not in wanted and pa.types.is_struct(field.type):
+            # a struct holding a rewritten column: its other fields keep their values
+            children = old.flatten()
+            rebuilt = [
+                value(c, (*path, c.name), a) for c, a in zip(field.type, children, strict=True)
+            ]
+            mask = old.is_null() if old.null_count else None
+            return pa.StructArray.from_arrays(rebuilt, fields=list(field.type), mask=mask)
+        if column not in wanted:
+            return old
         if source is not None:
-            value = _from_source(source, source_rows, column, old.type)
+            new = _from_source(source, source_rows, column, old.type)
         elif column in rewrite.expressions:
-            value = _cast(batch.column(f"__bh_new_{column}"), old.type, column)
+            new = _cast(batch.column(f"__bh_new_{column}"), old.type, column)
         else:
-            value = _blob_function_values(rewrite, column, batch, match, old.type)
-        new[column] = pc.if_else(match, value, old)
-    out = pa.RecordBatch.from_arrays(
-        [new[c] for c in rewrite.columns], schema=rewrite.plan.input_schema
-    )
+            new = _blob_function_values(rewrite, column, batch, match, old.type)
+        return pc.if_else(match, new, old)
+
+    schema = rewrite.plan.input_schema
+    arrays = [value(f, (f.name,), batch.column(f.name)) for f in schema]
+    out = pa.RecordBatch.from_arrays(arrays, schema=schema)
     hits = offsets[np.flatnonzero(match.to_numpy(zero_copy_only=False))]
     return out, hits.astype(np.uint32)
 
 
 def _old_blobs(
-    table: Table, column: str, batch: pa.RecordBatch, addresses: pa.Array, live: pa.Array
+    table: Table, path: ColumnPath, descriptors: pa.Array, addresses: pa.Array, live: pa.Array
 ) -> pa.StructArray:
-    """The blob column's current values as logical values (bytes the table stores, checked
-    against their recorded hashes; references kept for external and store blobs); null for
-    deleted rows."""
-    piece = pa.RecordBatch.from_arrays(
-        [
-            pc.if_else(live, batch.column(column), pa.scalar(None, batch.column(column).type)),
-            addresses,
-        ],
-        names=[column, _ROW_ADDRESS],
-    )
-    return logical_values(table, (column,), piece, table.recorded_hashes(), frozenset())
+    """Blob column ``path``'s current values (its ``descriptors``) as logical values (bytes
+    the table stores, checked against their recorded hashes; references kept for external and
+    store blobs); null for deleted rows."""
+    values = pc.if_else(live, descriptors, pa.scalar(None, descriptors.type))
+    for name in reversed(path[1:]):  # inside its parents, where logical_values looks for it
+        values = pa.StructArray.from_arrays([values], names=[name])
+    piece = pa.RecordBatch.from_arrays([values, addresses], names=[path[0], _ROW_ADDRESS])
+    return logical_values(table, path, piece, table.recorded_hashes(), frozenset())
 
 
 def _blob_function_values(
@@ -993,12 +1041,10 @@ def store_mode(options: WriteOptions) -> str:
 
 
 def _check_column(column: str, schema: pa.Schema, what: str = "column") -> None:
+    """Refuse a name that is not a top-level column (merge_insert keys and the columns it
+    updates match the source's top-level columns), naming the closest."""
     if not isinstance(column, str) or column not in schema.names:
-        hint = closest(str(column), schema.names)
-        near = f" (did you mean {hint!r}?)" if hint else ""
-        raise InvalidInputError(
-            f"unknown {what} {column!r}{near}; columns: {', '.join(schema.names)}"
-        )
+        raise unknown_column(column, schema.names, what)
 
 
 def _blob_update(column: str, value: Any) -> BlobFunction | None:

@@ -25,6 +25,7 @@ from lance.blob import blob_field as lance_blob_field
 
 from blobhouse import leases
 from blobhouse.claims import Claims
+from blobhouse.columns import check_blob_column, resolve_column
 from blobhouse.dedup import (
     CORES,
     BatchHasher,
@@ -148,9 +149,8 @@ def plan_write(
     ref_id_columns = dict(ref_id_columns or {})
     _check_ref_id_columns(input_schema, ref_id_columns, names)
     placement = dict(placement or {})
-    unknown = set(placement) - set(names) - {"*"}
-    if unknown:
-        raise InvalidInputError(f"placement names unknown blob column(s) {sorted(unknown)}")
+    for name in sorted(set(placement) - set(names) - {"*"}):
+        check_blob_column(name, names, "placement")  # raises, naming the closest
     modes = dedup_modes(dedup, names)
 
     columns = []
@@ -538,7 +538,9 @@ class _ColumnPlacer:
 
     def decide(self, batch: pa.RecordBatch, first_row: int) -> _Decided:
         """Place every row that can be placed now; small payloads wait (:class:`_Decided`)."""
-        ref_ids = batch.column(self.plan.ref_id_column) if self.plan.ref_id_column else None
+        ref_ids = None
+        if self.plan.ref_id_column:  # a nested one (``meta.ref``) too
+            ref_ids = get_column(batch, resolve_column(batch.schema, self.plan.ref_id_column))
         column = LogicalColumn(
             get_column(batch, self.plan.path), self.name, ref_ids, first_row=first_row
         )
@@ -991,19 +993,11 @@ def _check_ref_id_columns(
     schema: pa.Schema, ref_id_columns: dict[str, str], names: list[str]
 ) -> None:
     for blob, ref in ref_id_columns.items():
-        if blob not in names:
-            raise SchemaError(
-                f"ref_id_columns names {blob!r}, which is not a blob column (blob columns: {names})"
-            )
-        if ref not in schema.names:
-            raise SchemaError(
-                f"ref_id column {ref!r} for blob column {blob!r} is not in the "
-                f"data (columns: {schema.names})"
-            )
-        if not pa.types.is_integer(schema.field(ref).type):
-            raise SchemaError(
-                f"ref_id column {ref!r} must be an integer column, got {schema.field(ref).type}"
-            )
+        check_blob_column(blob, names, "ref_id_columns", SchemaError)
+        path = resolve_column(schema, ref, f"ref_id column for blob column {blob!r}", SchemaError)
+        ref_type = get_field(schema, path).type
+        if not pa.types.is_integer(ref_type):
+            raise SchemaError(f"ref_id column {ref!r} must be an integer column, got {ref_type}")
 
 
 def _placement_to_keep(

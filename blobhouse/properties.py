@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from blobhouse.columns import check_blob_column
 from blobhouse.dedup import DEDUP_MODES
 from blobhouse.errors import InvalidInputError, PropertyConflictError, TableMetadataError
 from blobhouse.options import (
@@ -392,11 +393,8 @@ ref_id_columns
         if isinstance(given, str):
             asked = dict.fromkeys(columns, given)
         else:  # "*": every column it does not name
-            unknown = sorted(set(given) - set(columns) - {"*"})
-            if unknown:
-                raise InvalidInputError(
-                    f"dedup names unknown blob column(s) {unknown}; blob columns: {columns}"
-                )
+            for name in sorted(set(given) - set(columns) - {"*"}):
+                check_blob_column(name, list(columns), "dedup")  # raises, naming the closest
             asked = {c: given.get(c, given.get("*")) for c in columns if c in given or "*" in given}
         for column, mode in asked.items():
             _check_mode(mode, f"column {column!r}")
@@ -596,12 +594,7 @@ def _with_placement(
 
 
 def _column(columns: Mapping[str, ColumnProperties], name: str, what: str) -> ColumnProperties:
-    if name not in columns:
-        raise InvalidInputError(
-            f"{what} names {name!r}, which is not a blob column of the table (blob columns: "
-            f"{', '.join(columns) or 'none'})"
-        )
-    return columns[name]
+    return columns[check_blob_column(name, list(columns), what)]
 
 
 def _bases(name: str, given: Any) -> tuple[str, ...]:

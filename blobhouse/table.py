@@ -33,6 +33,7 @@ from blobhouse.backfill import (
     table_for,
 )
 from blobhouse.checksums import RecordedHashes
+from blobhouse.columns import check_blob_column, lance_name, resolve_columns
 from blobhouse.console import version_spans
 from blobhouse.errors import (
     BlobhouseError,
@@ -95,6 +96,7 @@ from blobhouse.values import (
     blob_array,
     find_blob_columns,
     get_column,
+    get_field,
     path_name,
     replace_column,
     replace_field,
@@ -105,6 +107,47 @@ BlobsMode = Literal["refs", "bytes", "descriptors"]
 WriteMode = Literal["create", "append", "overwrite"]
 _ROW_ADDRESS = "_rowaddr"
 _ROW_ID = "_rowid"
+#: a blob column to convert: (its path in a read batch, its path in the table)
+BlobTarget = tuple[ColumnPath, ColumnPath]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What ``columns=`` selects (see :func:`blobhouse.columns.resolve_column`): a nested
+    name (``meta.image``) reads as one top-level column of that name holding the field's
+    values (null where a parent is null), as Lance's scan returns it; every read of a
+    :class:`Table` (scan, take, take_rows, take_row_dicts) gives that same shape."""
+
+    names: list[str]  # the output columns, as the caller named them
+    lance: list[str]  # the same columns as Lance's ``columns=`` takes them
+    paths: list[ColumnPath]  # their paths in the table
+    blobs: list[BlobTarget]  # the blob columns they hold, to convert
+
+    @property
+    def nested(self) -> bool:
+        return any(len(p) > 1 for p in self.paths)
+
+    def flat(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A batch Lance's take returned (a nested column inside its pruned parent struct)
+        in the scan's shape: each nested column its own top-level column."""
+        if not self.nested:
+            return batch
+        arrays = [get_column(batch, p) for p in self.paths]
+        fields = [
+            get_field(batch.schema, p).with_name(n)
+            for p, n in zip(self.paths, self.names, strict=True)
+        ]
+        if _ROW_ADDRESS in batch.schema.names:
+            arrays.append(batch.column(_ROW_ADDRESS))
+            fields.append(batch.schema.field(_ROW_ADDRESS))
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+    def named(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A scanned batch with its columns named as the caller named them (Lance names a
+        nested column by its quoted name, ``s.`a.b```)."""
+        if self.lance == self.names:
+            return batch
+        return batch.rename_columns(self.names + batch.schema.names[len(self.names) :])
 
 
 @keywords_checked
@@ -948,21 +991,21 @@ class Table:
         ``fragment_ids``, ``offset`` and ``limit`` restrict the scan to some fragments and a
         range of their rows (how Spark splits a read).
         """
-        columns, paths = self._selection(columns, blobs)
+        selection = self._selection(columns, blobs)
         fragments = None
         if fragment_ids is not None:
             fragments = [self.dataset.get_fragment(i) for i in fragment_ids]
         scanner = self.dataset.scanner(
-            columns=columns,
+            columns=selection.lance,
             filter=filter,
             batch_size=batch_size,
-            with_row_address=bool(paths),
+            with_row_address=bool(selection.blobs),
             fragments=fragments,
             offset=offset,
             limit=limit,
         )
         for batch in scanner.to_batches():
-            yield self._convert(batch, paths, blobs, check_hashes=True)
+            yield self._convert(selection.named(batch), selection.blobs, blobs, check_hashes=True)
 
     @keywords_checked
     def to_arrow(
@@ -1059,10 +1102,17 @@ class Table:
         if blobs != "bytes":
             return self.take_rows(row_ids, columns, blobs, check_hashes=check_hashes).to_pylist()
         ids = np.asarray(row_ids, dtype=np.uint64).tolist()
-        columns, paths = self._taken_columns(columns, blobs)
-        taken = self._by_id(ids, [*columns, _ROW_ADDRESS] if paths else columns)
-        batches = taken.to_batches()
-        return [row for batch in batches for row in self._row_dicts(batch, paths, check_hashes)]
+        selection = self._taken_columns(columns, blobs)
+        lance_columns = selection.lance
+        taken = self._by_id(
+            ids, [*lance_columns, _ROW_ADDRESS] if selection.blobs else lance_columns
+        )
+        batches = [selection.flat(b) for b in taken.to_batches()]
+        return [
+            row
+            for batch in batches
+            for row in self._row_dicts(batch, selection.blobs, check_hashes)
+        ]
 
     def _by_id(self, ids: list[int], columns: list[str]) -> pa.Table:
         """One native take of rows by id (pylance's public take is by position)."""
@@ -1077,23 +1127,23 @@ class Table:
             ) from None
 
     def _row_dicts(
-        self, batch: pa.RecordBatch, paths: list[ColumnPath], check_hashes: bool
+        self, batch: pa.RecordBatch, targets: list[BlobTarget], check_hashes: bool
     ) -> list[dict[str, Any]]:
-        if not paths:
+        if not targets:
             return batch.to_pylist()
         addresses, payloads = batch.column(_ROW_ADDRESS), []
-        for path in paths:
-            descriptors = get_column(batch, path)
+        for out, path in targets:
+            descriptors = get_column(batch, out)
             payloads.append(
                 self._checked_bytes(path, descriptors, addresses, read_ranges, check_hashes)
             )
             # the descriptors are not wanted in the rows: nulls convert for nothing
             nulls = pa.nulls(batch.num_rows)
-            batch = replace_column(batch, path, nulls, pa.field(path[-1], pa.null()))
+            batch = replace_column(batch, out, nulls, pa.field(out[-1], pa.null()))
         rows = batch.drop_columns([_ROW_ADDRESS]).to_pylist()
-        for path, values in zip(paths, payloads, strict=True):
+        for (out, _), values in zip(targets, payloads, strict=True):
             for row, value in zip(rows, values, strict=True):
-                _set_nested(row, path, value)
+                _set_nested(row, out, value)
         return rows
 
     def _taken(
@@ -1106,10 +1156,13 @@ class Table:
         """The rows ``take(columns)`` returns (with their addresses when blobs are read), blob
         columns converted as ``blobs`` says."""
         check_hashes = check_flag("check_hashes", check_hashes)
-        columns, paths = self._taken_columns(columns, blobs)
-        taken = take([*columns, _ROW_ADDRESS] if paths else columns)
+        selection = self._taken_columns(columns, blobs)
+        lance_columns = selection.lance
+        taken = take([*lance_columns, _ROW_ADDRESS] if selection.blobs else lance_columns)
         batches = [
-            self._convert(b, paths, blobs, check_hashes) for b in taken.to_batches() if b.num_rows
+            self._convert(selection.flat(b), selection.blobs, blobs, check_hashes)
+            for b in taken.to_batches()
+            if b.num_rows
         ]
         if batches:
             return pa.Table.from_batches(batches)
@@ -1117,23 +1170,19 @@ class Table:
 
     def blob_refs(self, column: str, indices: Sequence[int]) -> pa.StructArray:
         """Resolved references ``struct<uri, position, size>`` of ``column`` at ``indices``."""
-        path = self._blob_path(column)
-        taken = self.take(indices, columns=[path[0]], blobs="refs")
-        return (
-            get_column(taken.combine_chunks().to_batches()[0], path)
-            if len(taken)
-            else (pa.array([], type=REF_TYPE))
-        )
+        self._blob_path(column, "blob_refs")
+        taken = self.take(indices, columns=[column], blobs="refs")
+        return taken.column(column).combine_chunks() if len(taken) else pa.array([], type=REF_TYPE)
 
     def read_blobs(self, column: str, indices: Sequence[int]) -> list[bytes | None]:
         """The bytes of ``column`` at ``indices`` (None for null), with coalesced ranged reads,
         checked against their recorded hashes."""
-        path = self._blob_path(column)
+        path = self._blob_path(column, "read_blobs")
         indices = self._check_indices(indices)
         if not indices:
             return []
         # one take for descriptors and row addresses; each payload read into its own bytes
-        taken = self.dataset.take(indices, columns=[path[0], _ROW_ADDRESS])
+        taken = self.dataset.take(indices, columns=[lance_name(path), _ROW_ADDRESS])
         taken = taken.combine_chunks().to_batches()[0]
         descriptors, addresses = get_column(taken, path), taken.column(_ROW_ADDRESS)
         return self._checked_bytes(path, descriptors, addresses, read_ranges)
@@ -1150,9 +1199,10 @@ class Table:
         ...     _ = f.seek(6); f.read(6)
         b'frames'
         """
-        path = self._blob_path(column)
+        path = self._blob_path(column, "open_blob")
         (index,) = self._check_indices([index])
-        taken = self.dataset.take([index], columns=[path[0], _ROW_ADDRESS]).to_batches()[0]
+        taken = self.dataset.take([index], columns=[lance_name(path), _ROW_ADDRESS])
+        taken = taken.to_batches()[0]
         descriptor, address = get_column(taken, path), taken.column(_ROW_ADDRESS)
         (ref,) = refs_from_arrow(self.resolve_refs(path, descriptor, address))
         if ref is None:
@@ -1237,7 +1287,8 @@ class Table:
         ``DataReplacement``). If anything fails, nothing changes and the staged files are gone.
         ``blobhouse.spark.backfill_blob_column`` runs the same steps with a Spark task per
         fragment. The column is written with its dedup mode (a new one: ``dedup``, else the
-        table's).
+        table's). A blob column inside a struct (``meta.image``) must exist: it is computed
+        for every row as :meth:`update` ``({column: fn})`` does.
 
         >>> import tempfile, pyarrow as pa
         >>> from blobhouse import write_table
@@ -1248,6 +1299,10 @@ class Table:
         >>> t.read_blobs("img", [2])
         [b'img-3']
         """
+        if column in self.blob_columns and "." in column:
+            # a nested blob column is rewritten with its struct, as an update of every row is
+            self.update({column: fn}, dedup=dedup)
+            return self
         mode = self.properties.change_mode(column, dedup)
         table = table_for(self, mode)
         plan = BackfillPlan.create(table, column, mode)
@@ -1383,37 +1438,41 @@ class Table:
             self._field_ids[path] = field_id(self.dataset, path)
         return self._field_ids[path]
 
-    def _blob_path(self, column: str) -> ColumnPath:
-        path = tuple(column.split("."))
-        if path not in self._blob_paths():
-            raise InvalidInputError(
-                f"{column!r} is not a blob column of this table (blob columns: {self.blob_columns})"
-            )
-        return path
+    def _blob_path(self, column: str, what: str) -> ColumnPath:
+        """The path of blob column ``column`` (``parent.child`` inside a struct); any other
+        name is refused, naming the closest blob column (``what``: the API it was given to)."""
+        names = self.blob_columns
+        return self._blob_paths()[names.index(check_blob_column(column, names, what))]
 
-    def _selection(
-        self, columns: Sequence[str] | None, blobs: str
-    ) -> tuple[list[str], list[ColumnPath]]:
+    def _selection(self, columns: Sequence[str] | None, blobs: str) -> Selection:
         if blobs not in ("refs", "bytes", "descriptors"):
             raise InvalidInputError(
                 f"blobs must be 'refs', 'bytes' or 'descriptors', got {blobs!r}"
             )
-        columns = list(columns) if columns is not None else list(self.schema.names)
-        unknown = [c for c in columns if c not in self.schema.names]
-        if unknown:
-            raise InvalidInputError(f"unknown column(s) {unknown}; columns: {self.schema.names}")
-        if blobs == "descriptors":
-            return columns, []
-        return columns, [p for p in self._blob_paths() if p[0] in columns]
+        if columns is None:
+            names = list(self.schema.names)
+            paths = [(n,) for n in names]
+        else:
+            names = list(columns)
+            paths = resolve_columns(self.schema, names)
+        targets: list[BlobTarget] = []
+        if blobs != "descriptors":
+            for name, path in zip(names, paths, strict=True):
+                # a nested selection is one top-level column named as selected
+                out = (name,) if len(path) > 1 else path
+                targets.extend(
+                    ((*out, *b[len(path) :]), b)
+                    for b in self._blob_paths()
+                    if b[: len(path)] == path
+                )
+        return Selection(names, [lance_name(p) for p in paths], paths, targets)
 
-    def _taken_columns(
-        self, columns: Sequence[str] | None, blobs: str
-    ) -> tuple[list[str], list[ColumnPath]]:
+    def _taken_columns(self, columns: Sequence[str] | None, blobs: str) -> Selection:
         """:meth:`_selection` for a take, which needs a column (a scan may have none)."""
-        columns, paths = self._selection(columns, blobs)
-        if not columns:
+        selection = self._selection(columns, blobs)
+        if not selection.names:
             raise InvalidInputError(f"columns is empty: name one or more of {self.schema.names}")
-        return columns, paths
+        return selection
 
     def _check_indices(self, indices: Sequence[int]) -> list[int]:
         indices = [int(i) for i in indices]
@@ -1424,21 +1483,21 @@ class Table:
         return indices
 
     def _convert(
-        self, batch: pa.RecordBatch, paths: list[ColumnPath], blobs: str, check_hashes: bool
+        self, batch: pa.RecordBatch, targets: list[BlobTarget], blobs: str, check_hashes: bool
     ) -> pa.RecordBatch:
-        if not paths:
+        if not targets:
             return batch
         addresses = batch.column(_ROW_ADDRESS)
-        for path in paths:
-            descriptors = get_column(batch, path)
+        for out, path in targets:
+            descriptors = get_column(batch, out)
             if blobs == "bytes":
                 values = self._checked_bytes(
                     path, descriptors, addresses, read_ranges_arrow, check_hashes
                 )
-                batch = replace_column(batch, path, values, pa.field(path[-1], pa.large_binary()))
+                batch = replace_column(batch, out, values, pa.field(out[-1], pa.large_binary()))
             else:
                 refs = self.resolve_refs(path, descriptors, addresses)
-                batch = replace_column(batch, path, refs, pa.field(path[-1], REF_TYPE))
+                batch = replace_column(batch, out, refs, pa.field(out[-1], REF_TYPE))
         return batch.drop_columns([_ROW_ADDRESS])
 
     def _checked_bytes(
@@ -1474,11 +1533,16 @@ class Table:
         self, columns: Sequence[str] | None = None, blobs: BlobsMode = "refs"
     ) -> pa.Schema:
         """The schema :meth:`scan` yields for these columns and blob mode."""
-        columns, paths = self._selection(columns, blobs)
-        schema = self.dataset.scanner(columns=columns).projected_schema
+        selection = self._selection(columns, blobs)
+        schema = self.dataset.scanner(columns=selection.lance).projected_schema
+        if selection.lance != selection.names:
+            schema = pa.schema(
+                [f.with_name(n) for f, n in zip(schema, selection.names, strict=True)],
+                metadata=schema.metadata,
+            )
         out_type = pa.large_binary() if blobs == "bytes" else REF_TYPE
-        for path in paths:
-            schema = replace_field(schema, path, pa.field(path[-1], out_type))
+        for out, _ in selection.blobs:
+            schema = replace_field(schema, out, pa.field(out[-1], out_type))
         return schema
 
     def _empty(self, columns: Sequence[str] | None, blobs: BlobsMode) -> pa.Table:

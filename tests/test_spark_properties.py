@@ -154,7 +154,7 @@ def test_missing_columns_and_empty_frames_are_named_or_written(spark, table_uri)
     empty.write.format("blobhouse").mode("append").save(table_uri)
     assert open_table(table_uri).count_rows() == 0
     assert open_table(table_uri).version == 1  # an append of no rows commits nothing
-    with pytest.raises(InvalidInputError, match=r"materialize: no column\(s\) \['nope'\]"):
+    with pytest.raises(InvalidInputError, match=r"unknown materialize column 'nope'"):
         bs.materialize(spark.read.format("blobhouse").load(table_uri), ["nope"])
 
 

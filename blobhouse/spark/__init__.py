@@ -344,6 +344,12 @@ def backfill_blob_column(
     """
     options = checked_options(storage_options)
     opened = open_table(table_uri, storage_options=options)
+    if column in opened.blob_columns and "." in column:
+        # a nested blob column is rewritten with its struct, as Table.backfill_blob_column does
+        from blobhouse.spark.mutations import update
+
+        update(spark, table_uri, {column: fn}, dedup=dedup, storage_options=options)
+        return
     dedup = opened.properties.change_mode(column, dedup)  # the column's own, else the table's
     table = table_for(opened, dedup)
     plan = BackfillPlan.create(table, column, dedup)

@@ -16,10 +16,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
+from blobhouse.columns import resolve_column
 from blobhouse.errors import InvalidInputError
 from blobhouse.rangeio import MAX_READ_BYTES, BlobRef, read_ranges_arrow
 from blobhouse.storage import checked_options
-from blobhouse.values import numbers
+from blobhouse.values import ColumnPath, get_column, numbers, replace_column
 
 MATERIALIZE_BATCH_BYTES = 64 << 20
 
@@ -157,42 +158,66 @@ def materialize(
     ``storage_options`` reach the objects the references name (on an object store).
     """
     options = checked_options(storage_options)
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise InvalidInputError(f"materialize: no column(s) {missing}; columns: {df.columns}")
-    for name in columns:
-        if not _is_ref_type(df.schema[name].dataType):
+    paths = {name: _spark_path(df.schema, name) for name in columns}
+    for name, path in paths.items():
+        data_type = _spark_field(df.schema, path).dataType
+        if not _is_ref_type(data_type):
             raise InvalidInputError(
-                f"materialize: column {name!r} is {df.schema[name].dataType.simpleString()}, "
+                f"materialize: column {name!r} is {data_type.simpleString()}, "
                 "not a blob reference struct<uri, position, size>"
             )
-    wanted = set(columns)
-    out_schema = StructType(
-        [f if f.name not in wanted else StructField(f.name, BinaryType()) for f in df.schema]
-    )
+    out_schema = df.schema
+    for path in paths.values():
+        out_schema = _with_binary(out_schema, path)
+    wanted = list(paths.values())
 
     def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for piece in _by_referenced_bytes(batch, wanted, max_batch_bytes):
-                arrays = [
-                    read_bytes(piece.column(name), options)
-                    if name in wanted
-                    else piece.column(name)
-                    for name in piece.schema.names
-                ]
-                yield pa.RecordBatch.from_arrays(arrays, names=piece.schema.names)
+                for path in wanted:
+                    values = read_bytes(get_column(piece, path), options)
+                    piece = replace_column(piece, path, values, pa.field(path[-1], values.type))
+                yield piece
 
     return df.mapInArrow(convert, out_schema)
 
 
+def _spark_path(schema: StructType, name: str) -> ColumnPath:
+    """The path of column ``name`` (``meta.image`` inside a struct) of a DataFrame's schema, by
+    the rule every blobhouse API follows (:func:`blobhouse.columns.resolve_column`)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return resolve_column(to_arrow_schema(schema), name, "materialize column")
+
+
+def _spark_field(schema: StructType, path: ColumnPath) -> StructField:
+    field = schema[path[0]]
+    for name in path[1:]:
+        field = field.dataType[name]
+    return field
+
+
+def _with_binary(schema: StructType, path: ColumnPath) -> StructType:
+    """``schema`` with the field at ``path`` made ``binary``."""
+    fields = []
+    for f in schema.fields:
+        if f.name != path[0]:
+            fields.append(f)
+        elif len(path) == 1:
+            fields.append(StructField(f.name, BinaryType()))
+        else:
+            fields.append(StructField(f.name, _with_binary(f.dataType, path[1:]), f.nullable))
+    return StructType(fields)
+
+
 def _by_referenced_bytes(
-    batch: pa.RecordBatch, columns: set[str], limit: int
+    batch: pa.RecordBatch, columns: Sequence[ColumnPath], limit: int
 ) -> Iterator[pa.RecordBatch]:
     """Slices of ``batch`` whose references point at no more than ``limit`` bytes (one row at
     least), so output batches stay bounded whatever the input batch size."""
     sizes = [0] * batch.num_rows
-    for name in columns:
-        column = batch.column(name).field("size").fill_null(0).to_pylist()
+    for path in columns:
+        column = get_column(batch, path).field("size").fill_null(0).to_pylist()
         sizes = [a + b for a, b in zip(sizes, column, strict=True)]
     start, total = 0, 0
     for row, size in enumerate(sizes):
