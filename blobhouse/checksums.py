@@ -12,13 +12,18 @@ data file (the manifest ties each Lance field id to a column of each data file),
 maps positions to the names it recorded: the buffer's metadata ``file_columns`` holds that map
 (files written before it existed are mapped through the file's own schema).
 
+Rows that reference the table's store (``dedup="global"``) record the blake3 of the value they
+were written with once per store payload the data file references: *store entries* keyed by
+``(pack, position, size)`` (``column`` holds the pack's path in the store, ``row`` is -2).
+
 No entry is written for external blobs (objects the user owns) nor for sidecar ranges a session
 only loaded (``load_packed`` / ``load_dedicated``): blobhouse never saw those bytes. Files that
 Lance itself writes (stock writers, compaction) carry no checksums; :func:`load_checksums`
 returns None for them.
 
 The buffer is an Arrow IPC stream (zstd-compressed) of :data:`CHECKSUM_SCHEMA`; sidecar entries
-have ``column ""`` and ``row -1``, inline entries ``blob_id 0`` and ``position 0``. blobhouse's
+have ``column ""`` and ``row -1``, inline entries ``blob_id 0`` and ``position 0``, store
+entries ``row -2`` and ``blob_id 0``. blobhouse's
 own rewrites (compaction, backfill) go through the write pipeline and record fresh checksums.
 """
 
@@ -41,6 +46,7 @@ from blobhouse.rangeio import BlobRef, Verify
 from blobhouse.values import numbers
 
 CHECKSUMS_KEY = "blobhouse:checksums"
+SIDECAR_ROW, STORE_ROW = -1, -2  # the ``row`` of sidecar and store entries
 FILE_COLUMNS_KEY = b"file_columns"  # {recorded column name: its column in the data file}
 _SIDECAR_KEY = np.dtype([("blob_id", np.uint32), ("position", np.uint64), ("size", np.uint64)])
 _DESCRIPTOR_SPILL = ["kind", "position", "size", "blob_id", "blob_uri"]
@@ -79,9 +85,25 @@ class ChecksumLog:
         self._sidecar_sizes, self._sidecar_digests = array("Q"), bytearray()
         self._columns, self._rows = array("I"), array("q")
         self._inline_sizes, self._inline_digests = array("Q"), bytearray()
+        self._packs, self._store_positions = array("I"), array("Q")
+        self._store_sizes, self._store_digests = array("Q"), bytearray()
 
     def __len__(self) -> int:
-        return len(self._sidecar_sizes) + len(self._inline_sizes)
+        return len(self._sidecar_sizes) + len(self._inline_sizes) + len(self._store_sizes)
+
+    def record_store(
+        self, places: Sequence[tuple[str, int, int]], digests: Sequence[bytes]
+    ) -> None:
+        """Record the blake3 of the values rows were written with for store payloads at
+        ``(pack, position, size)`` (packs named relative to the store)."""
+        for digest in digests:
+            _check_digest(digest)
+        if len(digests) != len(places):
+            raise ValueError("one blake3-256 digest per store payload")
+        self._packs.extend(self._names.setdefault(p, len(self._names)) for p, _, _ in places)
+        self._store_positions.extend(position for _, position, _ in places)
+        self._store_sizes.extend(size for _, _, size in places)
+        self._store_digests += b"".join(digests)
 
     def record_sidecar(self, blob_id: int, position: int, size: int, digest: bytes) -> None:
         """Record the payload at ``[position, +size)`` of sidecar ``blob_id``."""
@@ -124,6 +146,7 @@ class ChecksumLog:
         """Every entry (sidecar entries first) as a :data:`CHECKSUM_SCHEMA` table."""
         names = pa.array(list(self._names), pa.utf8())
         sidecars, inline = len(self._sidecar_sizes), len(self._inline_sizes)
+        stored = len(self._store_sizes)
         batches = [
             _batch(
                 names.take(np.zeros(sidecars, np.uint32)),
@@ -140,6 +163,14 @@ class ChecksumLog:
                 np.zeros(inline, np.uint64),
                 _numbers(self._inline_sizes, pa.uint64()),
                 self._inline_digests,
+            ),
+            _batch(
+                names.take(_numbers(self._packs, pa.uint32())),
+                np.full(stored, STORE_ROW, np.int64),
+                np.zeros(stored, np.uint32),
+                _numbers(self._store_positions, pa.uint64()),
+                _numbers(self._store_sizes, pa.uint64()),
+                self._store_digests,
             ),
         ]
         return pa.Table.from_batches([b for b in batches if b.num_rows], CHECKSUM_SCHEMA)
@@ -211,7 +242,19 @@ class FileChecksums:
         rows = table.column("row").to_numpy()
         self._digests = digest_matrix(table.column("blake3"))
         # both kinds sorted by their key, so a lookup is one binary search
-        sidecar = np.flatnonzero(rows < 0)
+        sidecar = np.flatnonzero(rows == SIDECAR_ROW)
+        # store entries: one per store payload the file references (few), looked up by place
+        stored = np.flatnonzero(rows == STORE_ROW)
+        self._stored = {
+            (pack, int(position), int(size)): self._digests[i].tobytes()
+            for i, pack, position, size in zip(
+                stored.tolist(),
+                table.column("column").take(stored).to_pylist(),
+                table.column("position").to_numpy()[stored],
+                table.column("size").to_numpy()[stored],
+                strict=True,
+            )
+        }
         self._sidecar_entries, *keys = _sorted(
             sidecar,
             table.column("blob_id").to_numpy()[sidecar],
@@ -230,6 +273,11 @@ class FileChecksums:
 
     def __len__(self) -> int:
         return self.table.num_rows
+
+    def stored(self, pack: str, position: int, size: int) -> bytes | None:
+        """The digest rows of this file were written with for the store payload at
+        ``[position, +size)`` of ``pack`` (relative to the store)."""
+        return self._stored.get((pack, position, size))
 
     def sidecar(self, blob_id: int, position: int, size: int) -> bytes | None:
         """The digest of the payload at ``[position, +size)`` of sidecar ``blob_id``."""
@@ -386,9 +434,9 @@ class RecordedHashes:
     A reference's digest lives with the data file that stored it: inline payloads under
     ``(column of the file, row in the file)``, sidecar payloads (``data/<file>/<blob_id>.blob``)
     under ``(blob_id, position, size)``. A row referencing the table's store (``dedup="global"``)
-    has the digest of the value it was written with under its ``(column, row)`` in its own data
-    file; rows written before that was recorded (or rewritten by Lance) are looked up in
-    ``store``: ``(uri prefix of the store, a function loading an object with
+    has the digest of the value it was written with in its own data file (a store entry,
+    keyed by the payload's place); rows written before that was recorded (or rewritten by
+    Lance) are looked up in ``store``: ``(uri prefix of the store, a function loading an object with
     digest_at(pack, position, size))``. Other external blobs have none.
 
     >>> import tempfile, pyarrow as pa
@@ -474,9 +522,7 @@ class RecordedHashes:
         for row, ref in enumerate(refs):
             if ref is None:
                 continue
-            if kinds[row] == Kind.EXTERNAL and self._in_store(ref.uri) and data_file is not None:
-                # the row's own record (keyed like an inline payload), else the index's
-                files.setdefault((data_file(int(addresses[row]) >> 32), True), []).append(row)
+            if kinds[row] == Kind.EXTERNAL and self._in_store(ref.uri):
                 in_store.append(row)
             elif kinds[row] == Kind.EXTERNAL:
                 expected[row] = self.expected(
@@ -486,8 +532,8 @@ class RecordedHashes:
                 files.setdefault((ref.uri, True), []).append(row)
             else:  # packed or dedicated: in data/<file>/<blob_id>.blob
                 files.setdefault((_sidecar_data_file(ref.uri), False), []).append(row)
-        for (data_file, inline), rows in files.items():
-            recorded = self._file(data_file)
+        for (path, inline), rows in files.items():
+            recorded = self._file(path)
             if recorded is None:
                 continue
             if inline:  # one data file: one fragment
@@ -503,10 +549,20 @@ class RecordedHashes:
             for row, digest in zip(rows, digests, strict=True):
                 expected[row] = digest
         for row in in_store:
-            if expected[row] is None:
-                ref = refs[row]
-                expected[row] = self._indexed(ref.uri, ref.position, ref.size)
+            ref = refs[row]
+            file = data_file(int(addresses[row]) >> 32) if data_file is not None else None
+            expected[row] = self._store_digest(file, ref.uri, ref.position, ref.size)
         return expected
+
+    def _store_digest(
+        self, data_file: str | None, uri: str, position: int, size: int
+    ) -> bytes | None:
+        """The digest of a store payload: what the row's data file recorded for it (the value
+        its rows were written with), else what the store's index says."""
+        recorded = self._file(data_file) if data_file is not None else None
+        pack = uri.removeprefix(self.store[0])
+        digest = recorded.stored(pack, position, size) if recorded is not None else None
+        return digest or self._indexed(uri, position, size)
 
     def _in_store(self, uri: str) -> bool:
         return bool(self.store) and uri.startswith(self.store[0])
@@ -530,12 +586,10 @@ class RecordedHashes:
         data_file: str | None = None,
     ) -> bytes | None:
         """The digest recorded for one reference, or None (an external blob, or a data file
-        another writer made). An inline payload is named by its data file's column and row,
-        and so is a store reference in ``data_file``, the row's data file."""
+        another writer made). An inline payload is named by its data file's column and row;
+        a store payload's is looked up in ``data_file``, the row's data file."""
         if kind == Kind.EXTERNAL and self._in_store(uri):
-            recorded = self._file(data_file) if data_file is not None else None
-            digest = recorded.inline(file_column, file_row) if recorded is not None else None
-            return digest or self._indexed(uri, position, size)
+            return self._store_digest(data_file, uri, position, size)
         if kind == Kind.EXTERNAL:
             return None  # user-owned: whatever is there now is what readers get
         data_file = uri if kind == Kind.INLINE else _sidecar_data_file(uri)

@@ -495,9 +495,6 @@ class _Decided:
     column: LogicalColumn
     values: list[PreparedBlob | _Pending | None]
     fresh: tuple[list[int], list[bytes]]
-    # rows referencing the table's store and the blake3 each was written with: recorded in the
-    # data file, so reads check a row against its own value, never only against the index
-    in_store: tuple[list[int], list[bytes]] = field(default_factory=lambda: ([], []))
 
 
 class _ColumnPlacer:
@@ -534,7 +531,8 @@ class _ColumnPlacer:
         )
         self._pack: PackedSidecar | None = None
         self._object_sizes: dict[str, int] = {}
-        self._kept_in_store: tuple[list[int], list[bytes]] = ([], [])  # see _external
+        # store payloads whose blake3 this data file recorded (see _record_store)
+        self._store_recorded: set[tuple[str, int, int]] = set()
 
     def decide(self, batch: pa.RecordBatch, first_row: int) -> _Decided:
         """Place every row that can be placed now; small payloads wait (:class:`_Decided`)."""
@@ -561,9 +559,6 @@ class _ColumnPlacer:
             self._decide_row(column, row, first_row + row, None)
             for row in range(len(decided.values), column.length)
         )
-        kept, self._kept_in_store = self._kept_in_store, ([], [])
-        decided.in_store[0].extend(kept[0])
-        decided.in_store[1].extend(kept[1])
         return decided
 
     def _place_run(
@@ -588,8 +583,6 @@ class _ColumnPlacer:
         fresh_digests: list[bytes] = []
         if self.plan.dedup == "global":
             placed = self._place_in_store(column, rows, hashed)
-            decided.in_store[0].extend(placed)
-            decided.in_store[1].extend(digests[row] for row in placed)
         elif self.plan.dedup in ("content", "off"):
             small, big = _split(column.sizes(rows) <= self._inline_limit, rows, hashed)
             placed = self._store_new(column, *big)
@@ -679,7 +672,22 @@ class _ColumnPlacer:
         placed = self.store.place_many(
             [column.payload(row) for row, _ in kept], [digest for _, digest in kept], self.name
         )
+        self._record_store(placed, [digest for _, digest in kept])
         return {row: value for (row, _), value in zip(kept, placed, strict=True)}
+
+    def _record_store(self, values: list[PreparedBlob], digests: list[bytes]) -> None:
+        """Record in the data file the blake3 of the value its rows referencing each store
+        payload were written with, once per payload (not per row): reads and verify check
+        those rows against it, never only against what the store's index says."""
+        new: dict[tuple[str, int, int], bytes] = {}
+        # rows sharing a payload share its value: one look per distinct payload
+        for digest, value in dict(zip(digests, values, strict=True)).items():
+            key = (value.uri, value.position, value.size)
+            if key not in self._store_recorded:
+                new.setdefault(key, digest)
+        if new:
+            self._store_recorded.update(new)
+            self.session.checksums.record_store(list(new), list(new.values()))
 
     def waiting_keys(self, decided: _Decided) -> Iterator[Hashable]:
         """The dedup keys of ``decided``'s rows that wait for their window: counted over the
@@ -694,14 +702,6 @@ class _ColumnPlacer:
         """Final values of one batch (whose first row is ``file_row`` of the data file):
         pending payloads are packed if shared, else inlined."""
         self._resolve_fresh(decided, counts, file_row)
-        rows, digests = decided.in_store
-        if rows:
-            self.session.checksums.record_inline_many(
-                self.name,
-                np.asarray(rows, dtype=np.int64) + file_row,
-                decided.column.sizes(rows),
-                digests,
-            )
         return [
             self._resolve_pending(decided.column, v, counts, file_row)
             if isinstance(v, _Pending)
@@ -856,8 +856,7 @@ class _ColumnPlacer:
         if in_store is not None:  # the table's own store: compaction keeps such references
             digest = self.own_store.recorded(in_store)
             if digest is not None:  # and the hash its rows recorded, so reads stay checked
-                self._kept_in_store[0].append(row)
-                self._kept_in_store[1].append(digest)
+                self._record_store([in_store], [digest])
             return in_store
         uri, position, size = external_range(
             column.uri[row],

@@ -404,21 +404,22 @@ def test_gc_on_s3_sweeps_leftovers_by_object_age_and_keeps_every_referenced_byte
     uri = f"{s3.uri}/t"
     table = write_table(rows(8), uri, storage_options=s3.options)
     expected = table.read_blobs("media", range(8))
-    # leftovers of a write that never committed
-    s3.put("t/data/dead-0123.lance", b"x" * 100)
-    s3.put("t/data/dead-0123/00000000000000000000000000000001.blob", b"y" * 200)
+    # leftovers of a write that never committed (named as blobhouse names a write's files)
+    dead = "write-0123456789ab-" + "0" * 32
+    s3.put(f"t/data/{dead}.lance", b"x" * 100)
+    s3.put(f"t/data/{dead}/00000000000000000000000000000001.blob", b"y" * 200)
     young = table.gc()  # default grace: a day
     assert young["removed_files"] == 0 and young["kept_young_files"] == 2
     # uploads a killed writer left open, and one of a write still running (moto reports
     # every upload as started in 2010, so both are old)
-    s3.client.create_multipart_upload(Bucket=s3.name, Key="t/data/dead-0123/x.blob")
+    s3.client.create_multipart_upload(Bucket=s3.name, Key=f"t/data/{dead}/x.blob")
     s3.client.create_multipart_upload(Bucket=s3.name, Key="t/_blobs/packs/live-42.pack")
     time.sleep(1.1)  # S3 times are whole seconds: objects of the current one are kept
     with leases.held(table.uri, "live-", table.storage_options):
         report = table.gc(grace=timedelta(0))
     assert report["removed_files"] == 2 and report["reclaimed_bytes"] == 300
     assert report["aborted_uploads"] == 1 and s3.uploads() == ["t/_blobs/packs/live-42.pack"]
-    assert not any("dead-0123" in k for k in s3.objects())
+    assert not any(dead in k for k in s3.objects())
     assert open_table(uri, storage_options=s3.options).read_blobs("media", range(8)) == expected
     assert table.verify(deep=True)["problems"] == []
 

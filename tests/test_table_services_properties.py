@@ -7,6 +7,7 @@ import random
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -23,7 +24,7 @@ from hypothesis.stateful import (
 )
 from lance.commit import CommitConflictError
 
-from blobhouse import Blob, RefIdConflictError, blob_array, open_table, write_table
+from blobhouse import Blob, RefIdConflictError, blob_array, leases, open_table, write_table
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance import compaction, orphans
 from blobhouse.pipeline import plan_write, write_data_files
@@ -241,7 +242,11 @@ class TableServices(RuleBasedStateMachine):
         ids, values = self.new_rows(picks)
         data = rows_table(ids, values)
         before = tree(self.data_dir) if os.path.isdir(self.data_dir) else set()
-        write_data_files(data.to_batches(), plan_write(data.schema), TableLocation(self.uri))
+        # named as blobhouse names a write's files; its lease never taken (a dead write)
+        prefix = f"write-{uuid.uuid4().hex[:12]}-"
+        location = TableLocation(self.uri)
+        write_data_files(data.to_batches(), plan_write(data.schema), location, None, prefix)
+        leases.release(self.uri, prefix)  # expired: the writer died long ago
         staged = tree(self.data_dir) - before
         assert staged
         self.leftovers.update(file_bytes(self.data_dir, staged))
