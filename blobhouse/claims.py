@@ -42,7 +42,14 @@ from blobhouse.dedup import content_hash
 from blobhouse.errors import StaleWriteError
 from blobhouse.layout import store_dir
 from blobhouse.placement import KiB, as_uri
-from blobhouse.storage import StorageOptions, is_local, object_store, read_object, uri_to_path
+from blobhouse.storage import (
+    StorageOptions,
+    is_local,
+    object_store,
+    put_new,
+    read_object,
+    uri_to_path,
+)
 
 CLAIMS_DIR = "claims"
 #: payloads above this size are always claimed; smaller ones while their column's are shared
@@ -148,7 +155,7 @@ class Claims:
         payload there, else the claim another task of the write made first (reference its
         place). A claim of an earlier attempt of this task is taken over."""
         uri = self._uri(claim.digest)
-        if self._create(uri, claim):
+        if put_new(self.store, uri, claim.encode()):
             return None
         found = self._read(uri, claim.digest)
         if found is None or self.claimant.succeeds(found.claimant):
@@ -158,21 +165,6 @@ class Claims:
             self.store.put(uri, claim.encode())
             return None
         return found
-
-    def _create(self, uri: str, claim: Claim) -> bool:
-        try:
-            new = self.store.create(uri)
-        except FileExistsError:
-            return False
-        try:
-            new.write(claim.encode())
-            new.close()
-        except FileExistsError:  # on an object store, the conditional PUT at close lost
-            return False
-        except BaseException:
-            new.abort()
-            raise
-        return True
 
     def _read(self, uri: str, digest: bytes) -> Claim | None:
         """The claim at ``uri``; None if it stays unreadable (its writer died writing it)."""

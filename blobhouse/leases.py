@@ -21,7 +21,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from blobhouse.placement import as_uri
 from blobhouse.storage import ObjectStore, StorageOptions, object_store, read_object
@@ -51,14 +51,23 @@ def held(
     started = _started(uri, storage_options) or time.time()
     body = json.dumps({"started": started}).encode()
     store.put(uri, body)  # rewriting the object sets its modification time, on every store
+    with touching(lambda: store.put(uri, body), "blobhouse-lease"):
+        yield
+
+
+@contextlib.contextmanager
+def touching(touch: Callable[[], None], name: str) -> Iterator[None]:
+    """Call ``touch`` every :data:`REFRESH_SECONDS` on a thread of its own while the block
+    runs (what keeps a lease or a lock alive); a touch that fails is retried at the next
+    (those who judge it allow :data:`TIMEOUT_SECONDS`, 15 touches)."""
     stop = threading.Event()
 
     def refresh() -> None:
         while not stop.wait(REFRESH_SECONDS):
-            with contextlib.suppress(OSError):  # a missed touch is retried; gc allows 15
-                store.put(uri, body)
+            with contextlib.suppress(OSError):
+                touch()
 
-    thread = threading.Thread(target=refresh, name="blobhouse-lease", daemon=True)
+    thread = threading.Thread(target=refresh, name=name, daemon=True)
     thread.start()
     try:
         yield

@@ -8,11 +8,12 @@ under a lock: ``_leases/locks/<name>``, created exclusively (``O_EXCL`` locally,
 PUT on S3: :meth:`~blobhouse.storage.ObjectStore.create`), holding a random token.
 
 - a waiter retries the create with backoff (jittered, up to :data:`MAX_DELAY_SECONDS` apart);
-- the holder touches the lock every :data:`REFRESH_SECONDS`; a lock nobody touched for
-  :data:`EXPIRY_SECONDS` (its holder was killed) is broken by a waiter, so a dead holder blocks
-  the others for that long at most. Breaking is itself exclusive (a marker named after the
-  lock's token, created exclusively) and deletes the lock only if its token and modification
-  time are still those found stale: two waiters never break a live holder's lock;
+- the holder touches the lock every :data:`~blobhouse.leases.REFRESH_SECONDS`; a lock nobody
+  touched for :data:`EXPIRY_SECONDS` (its holder was killed) is broken by a waiter, so a dead
+  holder blocks the others for that long at most. Breaking is itself exclusive (a marker
+  named after the lock's token, created exclusively) and deletes the lock only if its token
+  and modification time are still those found stale: two waiters never break a live holder's
+  lock;
 - a holder removes its lock when the step ends (only its own: it checks the token).
 
 A holder stalled for longer than the expiry (a frozen VM) may find its lock broken; the step it
@@ -26,20 +27,18 @@ from __future__ import annotations
 
 import contextlib
 import random
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 
-from blobhouse.leases import LEASES_DIR
+from blobhouse.leases import LEASES_DIR, TIMEOUT_SECONDS, touching
 from blobhouse.placement import as_uri
-from blobhouse.storage import ObjectInfo, ObjectStore, StorageOptions, object_store
+from blobhouse.storage import ObjectInfo, ObjectStore, StorageOptions, object_store, put_new
 
 LOCKS_DIR = f"{LEASES_DIR}/locks"
-#: a lock untouched for this long belongs to a holder that died: waiters break it
-EXPIRY_SECONDS = 30.0
-#: how often a holder touches its lock
-REFRESH_SECONDS = 2.0
+#: a lock untouched for this long belongs to a holder that died: waiters break it (a holder
+#: touches it every :data:`~blobhouse.leases.REFRESH_SECONDS`, as a write its lease)
+EXPIRY_SECONDS = TIMEOUT_SECONDS
 #: the longest pause between two attempts of a waiter
 MAX_DELAY_SECONDS = 0.2
 #: how long a waiter waits before it gives up (:class:`LockTimeoutError`)
@@ -80,28 +79,22 @@ def held(
     token = uuid.uuid4().hex
     deadline = time.monotonic() + wait
     delay = 0.002
-    while not _create(store, uri, token.encode()):
+    while not put_new(store, uri, token.encode()):
         _break_if_expired(store, uri)
         if time.monotonic() > deadline:
             raise LockTimeoutError(f"the lock {uri} stayed held for {wait:.0f} s")
         # jittered: waiters that met at the lock do not retry in lockstep
         time.sleep(delay * random.uniform(0.5, 1.5))
         delay = min(delay * 2, MAX_DELAY_SECONDS)
-    stop = threading.Event()
 
     def refresh() -> None:
-        while not stop.wait(REFRESH_SECONDS):
-            with contextlib.suppress(OSError):  # a missed touch is retried; expiry allows 15
-                if _read_token(store, uri) == token:
-                    store.put(uri, token.encode())
+        if _read_token(store, uri) == token:  # a waiter broke it (we stalled): not ours now
+            store.put(uri, token.encode())
 
-    thread = threading.Thread(target=refresh, name="blobhouse-lock", daemon=True)
-    thread.start()
     try:
-        yield
+        with touching(refresh, "blobhouse-lock"):
+            yield
     finally:
-        stop.set()
-        thread.join()
         with contextlib.suppress(OSError):  # left behind, it expires
             if _read_token(store, uri) == token:
                 store.delete(uri)
@@ -110,23 +103,6 @@ def held(
 def holder(uri: str, storage_options: StorageOptions | None = None) -> str | None:
     """The token of the lock's holder ('' while it is being written); None: not held."""
     return _read_token(object_store(uri, storage_options), uri)
-
-
-def _create(store: ObjectStore, uri: str, data: bytes) -> bool:
-    """Create the object at ``uri`` holding ``data``; False if one exists."""
-    try:
-        new = store.create(uri)
-    except FileExistsError:
-        return False
-    try:
-        new.write(data)
-        new.close()
-    except FileExistsError:  # on an object store, the conditional PUT at close lost
-        return False
-    except BaseException:
-        new.abort()
-        raise
-    return True
 
 
 def _info(store: ObjectStore, uri: str) -> ObjectInfo | None:
@@ -147,7 +123,7 @@ def _break_if_expired(store: ObjectStore, uri: str) -> None:
     # the marker names the stale lock (its token, or its time if it is empty): only one
     # waiter breaks it, and a later lock is a different one
     marker = f"{uri}{_BREAK}{token or int(found.mtime * 1e6)}"
-    if not _create(store, marker, b""):
+    if not put_new(store, marker, b""):
         stale = _info(store, marker)
         if stale is not None and store.now(uri) - stale.mtime >= EXPIRY_SECONDS:
             store.delete(marker)  # its breaker died while breaking

@@ -26,7 +26,14 @@ from typing import TypeVar
 
 from blobhouse.errors import ExternalBlobError, ManagedObjectOwnedError
 from blobhouse.layout import TableLocation, same_location
-from blobhouse.storage import STAT_THREADS, StorageOptions, is_local, object_store, read_object
+from blobhouse.storage import (
+    STAT_THREADS,
+    StorageOptions,
+    is_local,
+    object_store,
+    put_new,
+    read_object,
+)
 
 OWNER_DIR = ".blobhouse-owner"
 OWNER_FORMAT = 1
@@ -118,19 +125,7 @@ def take(location: TableLocation, uri: str, storage_options: StorageOptions | No
     marker = owner_marker(uri)
     store = object_store(marker, storage_options)
     body = {"format": OWNER_FORMAT, "table": location.root_uri, "created": time.time()}
-    try:
-        new = store.create(marker)
-    except FileExistsError:
-        return False
-    try:
-        new.write(json.dumps(body).encode())
-        new.close()
-    except FileExistsError:  # on an object store, the conditional PUT at close lost
-        return False
-    except BaseException:
-        new.abort()
-        raise
-    return True
+    return put_new(store, marker, json.dumps(body).encode())
 
 
 @dataclass(frozen=True)
