@@ -141,6 +141,11 @@ class ManagedObjectRaceError(BlobhouseError):
     the write commits; nothing was committed (see docs/managed-objects.md)."""
 
 
+class StoreIndexError(BlobhouseError):
+    """The table's store index cannot be read (its files are damaged): writers store payloads
+    anew, verify reports it, gc keeps every pack."""
+
+
 class StoreIndexWarning(UserWarning):
     """The table's store index names bytes that differ from its entry (a damaged index or
     pack): the write stored those payloads anew instead of referencing them."""

@@ -993,7 +993,10 @@ def _check_ref_id_columns(
 ) -> None:
     for blob, ref in ref_id_columns.items():
         check_blob_column(blob, names, "ref_id_columns", SchemaError)
-        path = resolve_column(schema, ref, f"ref_id column for blob column {blob!r}", SchemaError)
+        try:
+            path = resolve_column(schema, ref, "ref_id column", SchemaError)
+        except SchemaError as exc:
+            raise SchemaError(f"blob column {blob!r}: {exc}") from None
         ref_type = get_field(schema, path).type
         if not pa.types.is_integer(ref_type):
             raise SchemaError(f"ref_id column {ref!r} must be an integer column, got {ref_type}")

@@ -56,8 +56,10 @@ from blobhouse.errors import (
     BlobhouseError,
     ExternalBlobError,
     InvalidInputError,
+    StoreIndexError,
     StoreIndexWarning,
     StoreRaceError,
+    lance_message,
 )
 from blobhouse.layout import (
     STORE_BASE_NAME,
@@ -316,7 +318,22 @@ class StoreIndex:
             self._filters = None  # the new version's data files may have others
             if self._dataset is None:
                 return INDEX_SCHEMA.empty_table()
+        try:
             return self._dataset.to_table(filter=condition)
+        except (ValueError, OSError):
+            pass
+        try:  # its scalar index may be what is damaged: scan its data instead
+            return self._dataset.to_table(filter=condition, use_scalar_index=False)
+        except (ValueError, OSError) as exc:
+            # the index is a cache: what it cannot answer is stored anew (lower dedup)
+            warnings.warn(
+                StoreIndexWarning(
+                    f"the store index of {self.table_path} cannot be read ({lance_message(exc)}): "
+                    "payloads are stored anew; `blobhouse verify` names the damage"
+                ),
+                stacklevel=4,
+            )
+            return INDEX_SCHEMA.empty_table()
 
 
 @dataclass(frozen=True)
@@ -610,14 +627,24 @@ def _tidy_filters(
             store.delete(uri)
 
 
+def _unreadable(table_path: str, cause: BaseException) -> StoreIndexError:
+    return StoreIndexError(
+        f"the store index {index_uri(table_path)} cannot be read: {lance_message(cause)}"
+    )
+
+
 def indexed_packs(table_path: str, storage_options: StorageOptions | None = None) -> set[str]:
-    """Every pack the index names (gc keeps them)."""
+    """Every pack the index names (gc keeps them); :class:`StoreIndexError` when the index
+    cannot be read (gc then keeps every pack)."""
     dataset = _open_index(table_path, storage_options)
     if dataset is None:
         return set()
     packs: set[str] = set()
-    for batch in dataset.to_batches(columns=["pack"]):  # streamed: the index may be big
-        packs.update(pc.unique(batch.column("pack")).to_pylist())
+    try:
+        for batch in dataset.to_batches(columns=["pack"]):  # streamed: the index may be big
+            packs.update(pc.unique(batch.column("pack")).to_pylist())
+    except (ValueError, OSError) as exc:
+        raise _unreadable(table_path, exc) from None
     return packs
 
 
@@ -643,11 +670,24 @@ def damaged_entries(
 ) -> Iterable[DamagedEntry]:
     """Every index entry whose bytes do not hash to its key, the index streamed a batch at
     a time (an index of millions of entries never sits in memory); entries of retired packs
-    are left out (gc is reclaiming them; writers no longer take them)."""
+    are left out (gc is reclaiming them; writers no longer take them). An index whose files
+    cannot be read raises :class:`StoreIndexError` (after the damage found before it)."""
     dataset = _open_index(table_path, storage_options)
     if dataset is None:
         return
     retired = set(retired_packs(table_path, storage_options))
+    try:
+        yield from _damaged_in(table_path, dataset, retired, storage_options)
+    except (ValueError, OSError) as exc:
+        raise _unreadable(table_path, exc) from None
+
+
+def _damaged_in(
+    table_path: str,
+    dataset: LanceDataset,
+    retired: Set[str],
+    storage_options: StorageOptions | None,
+) -> Iterable[DamagedEntry]:
     for batch in dataset.to_batches(columns=INDEX_SCHEMA.names, batch_size=_CHECK_WINDOW * 16):
         entries = [
             StoredPayload(*row)

@@ -679,10 +679,11 @@ def test_spark_global_dedup_backfill_and_table_services_on_s3(spark, s3):
     compacted = open_table(uri, storage_options=s3.options)
     assert compacted.read_blobs("media", range(20)) == expected
     assert bs.verify(spark, uri, deep=True, storage_options=s3.options)["problems"] == []
-    s3.put("t/data/dead-1.lance", b"x")
+    dead = f"t/data/write-0123456789ab-{'0' * 32}.lance"  # a dead write's file, as named
+    s3.put(dead, b"x")
     time.sleep(1.1)  # S3 times are whole seconds
     swept = bs.gc(spark, uri, grace=timedelta(0), storage_options=s3.options)
-    assert swept["removed_files"] >= 1 and "t/data/dead-1.lance" not in s3.objects()
+    assert swept["removed_files"] >= 1 and dead not in s3.objects()
     assert open_table(uri, storage_options=s3.options).read_blobs("media", range(20)) == expected
     assert stock_blobs(uri, s3.options, "media") == expected
 

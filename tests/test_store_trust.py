@@ -4,6 +4,7 @@ turns into a reference to another payload's bytes, and verify(deep=True) names i
 from __future__ import annotations
 
 import os
+import warnings
 
 import lance
 import pyarrow as pa
@@ -207,3 +208,38 @@ def test_verify_reports_an_object_it_cannot_read_and_goes_on(tmp_path):
     assert sorted(missing) == [0, 1]
     entries = [p for p in report["problems"] if p["reason"].startswith("store index entry")]
     assert len(entries) == 2 and all("cannot be read" in p["reason"] for p in entries)
+
+
+def _garble(paths) -> None:
+    for path in paths:
+        size = os.path.getsize(path)
+        with open(path, "wb") as f:
+            f.write(os.urandom(size))
+
+
+@pytest.mark.parametrize("part", ["data", "_indices"])
+def test_damaged_index_files_lower_dedup_and_are_reported(tmp_path, part):
+    """The index's own files damaged (its data file, or the scalar index on its hashes): a
+    write stores the payload anew, verify names the damage, gc keeps every pack."""
+    import glob
+    from datetime import timedelta
+
+    a = os.urandom(SIZE)
+    uri = str(tmp_path / "t")
+    write_table(pa.table({"id": [0], "img": blob_array([a])}), uri)
+    files = glob.glob(f"{index_uri(uri)}/{part}/**/*.lance", recursive=True)
+    assert files
+    _garble(files)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StoreIndexWarning)
+        table = write_table(pa.table({"id": [1], "img": blob_array([a])}), uri, mode="append")
+    assert table.read_blobs("img", [0, 1]) == [a, a]
+    assert stock_read(uri, "img") == [a, a]
+    problems = open_table(uri).verify(deep=True)["problems"]
+    if part == "data":  # a damaged scalar index is only slower: lookups scan the data
+        (problem,) = problems
+        assert problem["reason"].startswith("the store index")
+        assert "cannot be read" in problem["reason"]
+        report = open_table(uri).gc(grace=timedelta(0))
+        assert report["store_index_unreadable"] and report["retired_packs"] == 0
+    assert open_table(uri).read_blobs("img", [0, 1]) == [a, a]

@@ -28,7 +28,12 @@ import pyarrow as pa
 
 from blobhouse import leases
 from blobhouse.claims import CLAIMS_DIR
-from blobhouse.errors import BlobhouseError, InvalidInputError, TableNotFoundError
+from blobhouse.errors import (
+    BlobhouseError,
+    InvalidInputError,
+    StoreIndexError,
+    TableNotFoundError,
+)
 from blobhouse.layout import (
     TREE_DIR,
     VERSIONS_DIR,
@@ -412,6 +417,8 @@ def gc(
         # references no object could be judged for (escaping their base or the allowed
         # bases): what they may name is kept, and no managed object is reclaimed this run
         "unresolved_references": marked.unresolved,
+        # the store index cannot be read (damaged files): every pack is kept
+        "store_index_unreadable": packs.unreadable_index,
         "kept_young_files": len(young),
         "kept_leased_files": len(leased),
         "retired_packs": len(packs.retire),
@@ -864,11 +871,16 @@ class _StorePacks:
     def __init__(self, table: Table, marked: Marked, owned: _TableFiles, cutoff: float) -> None:
         self.table_path, self.options = table.location.root, table.storage_options
         self.owned = owned
-        packs = indexed_packs(self.table_path, self.options)
+        self.unreadable_index: str | None = None
+        try:
+            packs = indexed_packs(self.table_path, self.options)
+        except StoreIndexError as exc:  # which packs writers may take cannot be told: keep all
+            self.unreadable_index = str(exc)
+            packs = {p.removeprefix(f"{STORE_DIR}/") for p in owned.objects if p.startswith(_PACKS)}
         tombstones = retired_packs(self.table_path, self.options)
         # retired packs: only the rules below ever delete them
         self.tombstoned = {f"{STORE_DIR}/{p}" for p in tombstones}
-        if marked.keeps_whole(f"{_PACKS}/"):  # retire and reap nothing
+        if marked.keeps_whole(f"{_PACKS}/") or self.unreadable_index:  # retire, reap nothing
             self.indexed = {f"{STORE_DIR}/{p}" for p in packs}
             self.unreferenced_indexed, self.retire, self.resurrect, self.reap = [], [], [], []
             self.waiting = sorted(p for p in tombstones if f"{STORE_DIR}/{p}" in owned.objects)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from blobhouse.dedup import content_hash
-from blobhouse.errors import BlobReadError
+from blobhouse.errors import BlobReadError, StoreIndexError
 from blobhouse.maintenance.walk import (
     FragmentState,
     Progress,
@@ -26,7 +26,7 @@ from blobhouse.managed import Registry
 from blobhouse.placement import MiB
 from blobhouse.rangeio import BlobRef, read_ranges
 from blobhouse.storage import StorageOptions, object_store
-from blobhouse.store import damaged_entries, store_uri_prefix
+from blobhouse.store import damaged_entries, index_uri, store_uri_prefix
 
 if TYPE_CHECKING:
     from blobhouse.table import Table
@@ -277,10 +277,13 @@ def damaged_store_entries(table: Table) -> dict[tuple[str, int, int], str]:
     """The store index entries whose bytes are not what their key says, by the range they
     name (pack uri, position, size) -> the reason (what ``verify(deep=True)`` reports)."""
     prefix = store_uri_prefix(table.uri)
-    return {
-        (f"{prefix}{d.entry.pack}", d.entry.position, d.entry.size): d.reason
-        for d in damaged_entries(table.location.root, table.storage_options)
-    }
+    damaged: dict[tuple[str, int, int], str] = {}
+    try:
+        for d in damaged_entries(table.location.root, table.storage_options):
+            damaged[(f"{prefix}{d.entry.pack}", d.entry.position, d.entry.size)] = d.reason
+    except StoreIndexError as exc:  # reported with what was checked; the walk goes on
+        damaged[(index_uri(table.uri), 0, 0)] = str(exc)
+    return damaged
 
 
 def summarize(
