@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+import blake3
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,7 +45,7 @@ from blobhouse.claims import (
     Claim,
     Claims,
 )
-from blobhouse.dedup import content_hashes, digest_matrix
+from blobhouse.dedup import content_hash, digest_matrix
 from blobhouse.digest_filter import (
     DigestFilter,
     FilterFile,
@@ -72,7 +73,7 @@ from blobhouse.layout import (
 from blobhouse.placement import Kind, as_uri, normalize_uri, object_size
 from blobhouse.rangeio import BlobRef, read_ranges
 from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue
-from blobhouse.storage import StorageOptions, object_sizes, object_store, uri_to_path
+from blobhouse.storage import StorageOptions, is_local, object_sizes, object_store, uri_to_path
 
 if TYPE_CHECKING:
     from blobhouse.values import LogicalColumn
@@ -83,7 +84,9 @@ _INDEX_FILTERS = 8  # more filters than this cover it and gc merges them into on
 _LOOKUP_WINDOW = 4096  # hashes per scalar-index query
 _UNINDEXED_ROWS = 100_000  # more index rows outside its scalar indices and a writer adds them
 _CACHED_PACK_ENTRIES = 500_000  # entries of recently read packs kept for digest_at
-_CHECK_WINDOW = 256  # index entries read and hashed per coalesced read of one pack
+_CHECK_WINDOW = 256  # index entries per batch of verify's walk of the index (x16)
+_CHECK_BYTES = 64 << 20  # payload bytes read at once by a check of index entries
+_CHECK_BUFFER = 16 << 20  # the buffer a local check reads through (bigger payloads: in parts)
 # 256 rows per page instead of 4,096: a lookup reads one page per hash (random hashes touch
 # every page), measured 6x faster cold and half the memory at 10 M entries
 _LOOKUPS = {"blake3": IndexConfig("btree", {"zone_size": 256}), "pack": "BTREE"}
@@ -401,28 +404,87 @@ def entry_verdicts(
     table_path: str, entries: Sequence[StoredPayload], storage_options: StorageOptions | None
 ) -> list[tuple[str, str] | None]:
     """For each index entry: None when the bytes it names hash to its key, else ``("damaged",
-    the blake3 read)`` or ``("unreadable", why)``; one coalesced read per window of a pack."""
+    the blake3 read)`` or ``("unreadable", why)``. Reads of up to :data:`_CHECK_BYTES` at once,
+    coalesced and in parallel, each payload hashed on the thread that read it."""
     verdicts: list[tuple[str, str] | None] = [None] * len(entries)
-    by_pack: defaultdict[str, list[int]] = defaultdict(list)
-    for i, entry in enumerate(entries):
-        by_pack[entry.pack].append(i)
     prefix = as_uri(store_dir(table_path))
-    for pack, members in by_pack.items():
-        for start in range(0, len(members), _CHECK_WINDOW):
-            window = members[start : start + _CHECK_WINDOW]
-            refs = [
-                BlobRef(f"{prefix}/{pack}", entries[i].position, entries[i].size) for i in window
-            ]
+    order = sorted(range(len(entries)), key=lambda i: (entries[i].pack, entries[i].position))
+    start = 0
+    while start < len(order):
+        end, total = start, 0
+        while end < len(order) and (
+            end == start or total + entries[order[end]].size <= _CHECK_BYTES
+        ):
+            total += entries[order[end]].size
+            end += 1
+        chunk = order[start:end]
+        start = end
+        for pack_members in _by_pack(entries, chunk):
+            uri = f"{prefix}/{entries[pack_members[0]].pack}"
+            places = [(entries[i].position, entries[i].size) for i in pack_members]
             try:
-                data = read_ranges(refs, storage_options=storage_options)
+                actual = _hashes_at(uri, places, storage_options)
             except (BlobhouseError, OSError, ValueError) as exc:
-                for i in window:
+                for i in pack_members:
                     verdicts[i] = ("unreadable", str(exc).splitlines()[0])
                 continue
-            for i, actual in zip(window, content_hashes(data), strict=True):
-                if actual != entries[i].digest:
-                    verdicts[i] = ("damaged", actual.hex())
+            for i, digest in zip(pack_members, actual, strict=True):
+                if digest != entries[i].digest:
+                    verdicts[i] = ("damaged", digest.hex())
     return verdicts
+
+
+def _hashes_at(
+    uri: str, places: list[tuple[int, int]], storage_options: StorageOptions | None
+) -> list[bytes]:
+    """The blake3 of the bytes at each ``(position, size)`` of the object at ``uri``. A local
+    pack is read into one reused buffer (fresh memory for every payload cost more than the
+    read and the hash together: 75 MB in 110 ms against 35); on an object store the reads
+    are coalesced and parallel, each payload hashed on the thread that read it."""
+    if not is_local(uri):
+        actual: list[bytes] = [b""] * len(places)
+
+        def hashed(at: int, payload: memoryview) -> None:
+            actual[at] = content_hash(payload, threads=1)
+
+        refs = [BlobRef(uri, position, size) for position, size in places]
+        read_ranges(refs, storage_options=storage_options, verify=hashed)
+        return actual
+    source = object_store(uri, storage_options).open(uri)
+    view = memoryview(bytearray(min(max(size for _, size in places), _CHECK_BUFFER)))
+    try:
+        return [_hash_range(source, uri, position, size, view) for position, size in places]
+    finally:
+        source.close()
+
+
+def _hash_range(source, uri: str, position: int, size: int, view: memoryview) -> bytes:
+    """The blake3 of ``size`` bytes at ``position`` of ``source``, read through ``view``
+    (a payload bigger than it is hashed a buffer at a time: memory stays bounded)."""
+    if size <= len(view):
+        got = source.read_into(position, view[:size])
+        if got < size:
+            raise BlobhouseError(f"short read from {uri}: {got} of {size} bytes at {position}")
+        return content_hash(view[:size])
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    done = 0
+    while done < size:
+        part = view[: min(len(view), size - done)]
+        got = source.read_into(position + done, part)
+        if got < len(part):
+            raise BlobhouseError(f"short read from {uri}: {done + got} of {size} bytes")
+        hasher.update(part)
+        done += got
+    return hasher.digest()
+
+
+def _by_pack(entries: Sequence[StoredPayload], members: list[int]) -> list[list[int]]:
+    """``members`` (sorted by pack) in runs of one pack each (a pack that cannot be read fails
+    its own entries only)."""
+    runs: dict[str, list[int]] = {}
+    for i in members:
+        runs.setdefault(entries[i].pack, []).append(i)
+    return list(runs.values())
 
 
 def _rows(table: pa.Table, names: Sequence[str]) -> Iterable[tuple]:
