@@ -342,13 +342,12 @@ class StoreIndex:
 @dataclass(frozen=True)
 class CheckedEntries:
     """Index entries a writer is about to reference, checked against the bytes they name:
-    ``usable`` (digest -> the first copy whose bytes hash to its key), ``damaged`` (entries
-    whose size or bytes differ from what their key says: a damaged index or pack) and
-    ``unreadable`` (their pack is gone or cannot be read: gc, most likely)."""
+    ``usable`` (digest -> the first copy whose bytes hash to its key) and ``damaged`` (entries
+    whose size or bytes differ from what their key says: a damaged index or pack). Entries
+    whose pack cannot be read (gc took it, most likely) are neither: not used, not reported."""
 
     usable: dict[bytes, StoredPayload]
     damaged: list[StoredPayload]
-    unreadable: list[StoredPayload]
 
 
 def checked_entries(
@@ -375,7 +374,6 @@ def checked_entries(
     """
     usable: dict[bytes, StoredPayload] = {}
     damaged: list[StoredPayload] = []
-    unreadable: list[StoredPayload] = []
     pending = {d: list(c) for d, c in copies.items() if c}
     while pending:
         tried = {d: c.pop(0) for d, c in pending.items()}
@@ -385,10 +383,10 @@ def checked_entries(
         for digest, verdict in _hash_entries(table_path, tried, storage_options).items():
             if verdict is None:
                 usable[digest] = tried[digest]
-            else:
-                (damaged if verdict == "damaged" else unreadable).append(tried[digest])
+            elif verdict == "damaged":
+                damaged.append(tried[digest])
         pending = {d: c for d, c in pending.items() if d not in usable and c}
-    return CheckedEntries(usable, damaged, unreadable)
+    return CheckedEntries(usable, damaged)
 
 
 def _hash_entries(
@@ -877,7 +875,7 @@ class StoreWriter:
         # packs never to reference
         self.retired = frozenset(retired_packs(table_path, storage_options)) | avoid
         self.found_packs: set[str] = set()  # packs found in the index: checked before commit
-        self.damaged: list[StoredPayload] = []  # index entries whose bytes differ from their key
+        self.damaged: set[StoredPayload] = set()  # index entries whose bytes differ from their key
         self.queue = WriteQueue()
         self.packs = PackWriter(table_path, name_prefix, self.queue, pack_limit, storage_options)
         # what this write references: payloads it stored, and payloads it found in the index
@@ -918,7 +916,7 @@ class StoreWriter:
         """The entries of ``copies`` whose bytes are what their key says; a payload without
         one is stored anew (a damaged entry is named in a warning, once per write)."""
         checked = checked_entries(self.packs.table_path, copies, sizes, self.packs.storage_options)
-        new = [e for e in checked.damaged if e not in self.damaged]
+        new = [e for e in checked.damaged if e not in self.damaged]  # warned once per write
         if new and not self.damaged:
             warnings.warn(
                 StoreIndexWarning(
@@ -929,7 +927,7 @@ class StoreWriter:
                 ),
                 stacklevel=4,
             )
-        self.damaged.extend(new)
+        self.damaged.update(new)
         return checked.usable
 
     def place(self, payload: bytes | memoryview, digest: bytes) -> PreparedBlob:
