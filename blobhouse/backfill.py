@@ -19,6 +19,7 @@ from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
 from lance.schema import LanceSchema
 
+from blobhouse.change import Committed, Staged, run_change
 from blobhouse.columns import resolve_column
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.pipeline import DataFileWriter, plan_write
@@ -26,12 +27,13 @@ from blobhouse.placement import AllowedBases, Placement, placement_metadata
 from blobhouse.properties import DEDUP_KEY, TableProperties
 from blobhouse.schema_changes import add_null_blob_column
 from blobhouse.session import WrittenFile
-from blobhouse.store import StoreWriter, ensure_store, relocate_store, store_base_id
-from blobhouse.transaction import Transaction
+from blobhouse.store import StoreWriter, store_base_id
+from blobhouse.transaction import Transaction, record_stored
 from blobhouse.values import blob_array, get_field, is_lance_blob_field, stored_blob_columns
+from blobhouse.write.prepare import prepared_for_write
 
 if TYPE_CHECKING:
-    from blobhouse.table import Table
+    from blobhouse.snapshot import TableSnapshot
 
 BlobFunction = Callable[[pa.RecordBatch], Any]
 
@@ -53,7 +55,7 @@ class BackfillPlan:
     placement: dict[bytes, bytes]
     allowed_bases: AllowedBases
     transaction: Transaction
-    store_base_id: int | None = None  # dedup="global": the table's store (see table_for)
+    store_base_id: int | None = None  # dedup="global": the table's store (prepared_for_write)
     recorded: Mapping[bytes, bytes] | None = None  # a new column's own properties
 
     @property
@@ -62,7 +64,7 @@ class BackfillPlan:
         return self.transaction.name_prefix
 
     @classmethod
-    def create(cls, table: Table, column: str, dedup: str = "content") -> BackfillPlan:
+    def create(cls, table: TableSnapshot, column: str, dedup: str = "content") -> BackfillPlan:
         """The backfill of ``column`` with ``dedup`` (its mode: see
         :meth:`~blobhouse.properties.TableProperties.change_mode`)."""
         schema = table.schema
@@ -83,7 +85,9 @@ class BackfillPlan:
         )
         store = store_base_id(table.dataset) if dedup == "global" else None
         if dedup == "global" and store is None:
-            raise InvalidInputError("dedup='global' backfills a table with a store (table_for)")
+            raise InvalidInputError(
+                "dedup='global' backfills a table with a store (prepared_for_write)"
+            )
         if column not in schema.names:
             field_id = _new_field_id(table.dataset, column)
             properties = TableProperties.of(table.dataset)
@@ -126,7 +130,7 @@ class BackfillPlan:
 
 
 def backfill_fragment(
-    table: Table,
+    table: TableSnapshot,
     fragment_id: int,
     fn: BlobFunction,
     plan: BackfillPlan,
@@ -151,7 +155,7 @@ def backfill_fragment(
 
 
 def _backfill_fragment(
-    table: Table,
+    table: TableSnapshot,
     fragment_id: int,
     fn: BlobFunction,
     plan: BackfillPlan,
@@ -202,7 +206,7 @@ def check_fragment_rows(written: WrittenFile, fragment) -> None:
 
 
 def commit_backfill(
-    table: Table, plan: BackfillPlan, files: Mapping[int, WrittenFile]
+    table: TableSnapshot, plan: BackfillPlan, files: Mapping[int, WrittenFile]
 ) -> LanceDataset:
     """Swap the new files in for every fragment in one Lance transaction."""
     dataset = table.dataset
@@ -253,19 +257,85 @@ def commit_backfill(
     return transaction.commit(list(files.values()), lambda: operation)
 
 
-def table_for(table: Table, dedup: str) -> Table:
-    """The table a backfill plans against: the latest version, its store pointed at its own
-    place if the table was moved, and registered first (one commit, once) when the column is
-    written with ``dedup="global"``."""
-    location, options = table.location, table.storage_options
-    dataset = relocate_store(table.dataset, location, options)
-    if dedup == "global" and store_base_id(dataset) is None:
-        dataset, _ = ensure_store(dataset, location, options)
-    return table if dataset is table.dataset else table.checkout(dataset.version)
+#: how a backfill writes its files: fragment id -> new file, and the payloads it stored
+#: beyond those the files list (Spark's global backfill stores payloads first)
+StageFiles = Callable[["TableSnapshot", BackfillPlan], tuple[dict[int, WrittenFile], list]]
+
+
+def backfill(
+    table: TableSnapshot, column: str, dedup: str, stage: StageFiles, *, in_tasks: bool = False
+) -> Committed[None]:
+    """Backfill ``column`` (written with ``dedup``, see
+    :meth:`~blobhouse.properties.TableProperties.change_mode`) in one commit, its files
+    written by ``stage`` (:func:`backfill_here`, or Spark tasks); the committed snapshot. A
+    conflicting commit meanwhile fails it (:class:`~blobhouse.errors.ConcurrentCommitError`),
+    leaving the table as it was."""
+    return run_change(_Backfill(column, dedup, stage, in_tasks), table, retries=0)
+
+
+def backfill_here(fn: BlobFunction) -> StageFiles:
+    """A backfill's files written in this process, one fragment after another, every payload
+    stored once (one store writer for the whole backfill)."""
+
+    def stage(table: TableSnapshot, plan: BackfillPlan) -> tuple[dict[int, WrittenFile], list]:
+        store = store_writer_for(table, plan)
+        try:
+            files = {
+                f.fragment_id: backfill_fragment(table, f.fragment_id, fn, plan, store)
+                for f in table.dataset.get_fragments()
+            }
+            if store is not None:
+                store.finish()
+        except BaseException:
+            if store is not None:
+                store.abort()
+            raise
+        return files, []
+
+    return stage
+
+
+@dataclass(frozen=True)
+class _BackfillRun:
+    table: TableSnapshot  # the version read, its store registered if the column needs it
+    plan: BackfillPlan
+
+    @property
+    def transaction(self) -> Transaction:
+        return self.plan.transaction
+
+
+@dataclass(frozen=True)
+class _Backfill:
+    """A backfill as a :class:`~blobhouse.change.Change`."""
+
+    column: str
+    dedup: str
+    stage_files: StageFiles
+    in_tasks: bool
+
+    def plan(self, snapshot: TableSnapshot) -> _BackfillRun:
+        table = prepared_for_write(snapshot, self.dedup)
+        return _BackfillRun(table, BackfillPlan.create(table, self.column, self.dedup))
+
+    def stage(self, run: _BackfillRun, staged: Staged) -> None:
+        files, stored = self.stage_files(run.table, run.plan)
+        staged.written.extend(files.values())
+        staged.detail = (files, stored)
+
+    def commit(self, run: _BackfillRun, staged: Staged) -> LanceDataset:
+        files, stored = staged.detail
+        dataset = commit_backfill(run.table, run.plan, files)
+        if stored:
+            record_stored(run.table.location.root, stored, run.table.storage_options)
+        return dataset
+
+    def report(self, run: _BackfillRun, staged: Staged, committed: TableSnapshot, attempt: int):
+        return None
 
 
 def store_writer_for(
-    table: Table, plan: BackfillPlan, load_index: bool = True
+    table: TableSnapshot, plan: BackfillPlan, load_index: bool = True
 ) -> StoreWriter | None:
     """The store writer a backfill with ``dedup="global"`` writes through (None otherwise);
     ``load_index=False`` when the values are already references into the store."""
@@ -287,7 +357,7 @@ def pack_limit(plan: BackfillPlan) -> int:
 
 
 def live_values(
-    table: Table, fragment_id: int, fn: BlobFunction, plan: BackfillPlan
+    table: TableSnapshot, fragment_id: int, fn: BlobFunction, plan: BackfillPlan
 ) -> Iterator[pa.Array]:
     """``fn``'s values for the live rows of one fragment, one logical blob array per batch, in
     row order (what :func:`backfill_fragment` writes; Spark's global backfill stores them
@@ -297,7 +367,7 @@ def live_values(
 
 
 def _fragment_batches(
-    table: Table, fragment_id: int, plan: BackfillPlan, columns: Iterable[str]
+    table: TableSnapshot, fragment_id: int, plan: BackfillPlan, columns: Iterable[str]
 ) -> Iterator[pa.RecordBatch]:
     fragment = table.dataset.get_fragment(fragment_id)
     if fragment is None:

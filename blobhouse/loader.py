@@ -390,7 +390,7 @@ class PinnedRows:
         version it named when the loader was made, also if it is moved meanwhile."""
         if not isinstance(version, str):
             return self._latest() if version is None else version
-        from blobhouse.table import resolve_tag
+        from blobhouse.snapshot import resolve_tag
 
         self.location, number = resolve_tag(self.location, version, self.storage_options)
         return number
@@ -398,7 +398,7 @@ class PinnedRows:
     def _latest(self) -> int:
         listed = self.location.listed_versions(self.storage_options)
         if not listed:
-            from blobhouse.table import path_problem
+            from blobhouse.snapshot import path_problem
 
             problem = path_problem(self.location.root) if self.location.branch is None else None
             raise problem or TableNotFoundError(f"no table at {self.location}")

@@ -34,7 +34,8 @@ from lance import LanceDataset, LanceOperation
 from lance.fragment import DataFile
 from pyroaring import BitMap
 
-from blobhouse.backfill import BlobFunction, check_fragment_rows, table_for
+from blobhouse.backfill import BlobFunction, check_fragment_rows
+from blobhouse.change import Committed, Staged, run_change
 from blobhouse.columns import column_paths, resolve_column, unknown_column
 from blobhouse.errors import InvalidInputError, SchemaError, lance_message
 from blobhouse.maintenance.compaction import INPUT_BLOB_TYPE, logical_values
@@ -50,6 +51,7 @@ from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
+from blobhouse.snapshot import ROW_ADDRESS
 from blobhouse.store import store_base_id
 from blobhouse.transaction import (
     DEFAULT_RETRIES,
@@ -69,11 +71,12 @@ from blobhouse.values import (
     replace_field,
     stored_blob_columns,
 )
+from blobhouse.write.inputs import input_stream
+from blobhouse.write.prepare import allowed_bases_of, prepared_for_write, with_store
 
 if TYPE_CHECKING:
-    from blobhouse.table import Table
+    from blobhouse.snapshot import TableSnapshot
 
-_ROW_ADDRESS = "_rowaddr"
 _MATCH = "__bh_match"
 _TOMBSTONE = -2  # Lance's field id for a column a data file no longer provides
 _SOURCE_ROW = "__bh_source_row"
@@ -125,56 +128,104 @@ class ColumnRewrite:
         return self.plan.input_schema.names
 
 
-Rewrite = Callable[["Table", "ColumnRewrite"], dict[int, tuple[WrittenFile, BitMap]]]
+Rewrite = Callable[["TableSnapshot", "ColumnRewrite"], dict[int, tuple[WrittenFile, BitMap]]]
 
 
 def update(
-    table: Table,
+    table: TableSnapshot,
     updates: Mapping[str, str | BlobFunction | None],
     where: str | None = None,
     *,
     dedup: str | None = None,
     retries: int = DEFAULT_RETRIES,
     rewrite: Rewrite | None = None,
-) -> UpdateReport:
+) -> Committed[UpdateReport]:
     """Set ``updates`` (column -> SQL expression; for a blob column a function of the matching
     rows' plain columns, or None for null) on the rows matching ``where`` (every row if None),
-    in one commit. See :meth:`blobhouse.Table.update`. ``rewrite`` writes the new file of
-    every fragment holding a matching row, with the offsets of the rows that changed in each
-    (default: one fragment after another in this process; Spark runs them as tasks)."""
-    in_tasks = rewrite is not None
-    rewrite = rewrite or _rewrite_here
+    in one commit: the report and the committed snapshot. See :meth:`blobhouse.Table.update`.
+    ``rewrite`` writes the new file of every fragment holding a matching row, with the offsets
+    of the rows that changed in each (default: one fragment after another in this process;
+    Spark runs them as tasks)."""
+    change = _Update(updates, where, dedup, rewrite or _rewrite_here, rewrite is not None)
+    return run_change(change, table, retries=retries)
 
-    def attempt(n: int) -> UpdateReport:
-        latest = table if n == 1 else table.checkout(table.dataset.latest_version)
-        modes = blob_modes(latest, updates, dedup)
-        latest = table_for(latest, "global" if "global" in modes.values() else "content")
-        plan = plan_update(latest, updates, where, modes)
-        try:
-            with plan.transaction.lease():
-                done = rewrite(latest, plan)
-            files = {i: written for i, (written, _) in done.items()}
-            matched = {i: rows for i, (_, rows) in done.items()}
-            dataset = (
-                commit_rewrite(latest, plan, files, matched=matched) if files else latest.dataset
-            )
-        except BaseException:
-            plan.transaction.abort(tasks_may_run=in_tasks)
-            raise
+
+@dataclass(frozen=True)
+class _UpdatePlan:
+    table: TableSnapshot  # the version read, ready for the update's dedup modes
+    rewrite: ColumnRewrite
+
+    @property
+    def transaction(self) -> Transaction:
+        return self.rewrite.transaction
+
+
+@dataclass(frozen=True)
+class _Update:
+    """An update as a :class:`~blobhouse.change.Change`."""
+
+    updates: Mapping[str, str | BlobFunction | None]
+    where: str | None
+    dedup: str | None
+    rewrite: Rewrite
+    in_tasks: bool
+
+    def plan(self, snapshot: TableSnapshot) -> _UpdatePlan:
+        modes = blob_modes(snapshot, self.updates, self.dedup)
+        table = prepared_for_write(snapshot, "global" if "global" in modes.values() else "content")
+        return _UpdatePlan(table, plan_update(table, self.updates, self.where, modes))
+
+    def stage(self, plan: _UpdatePlan, staged: Staged) -> None:
+        done = self.rewrite(plan.table, plan.rewrite)
+        staged.written.extend(written for written, _ in done.values())
+        staged.detail = done
+
+    def commit(self, plan: _UpdatePlan, staged: Staged) -> LanceDataset:
+        done = staged.detail
+        if not done:
+            return plan.table.dataset
+        files = {i: written for i, (written, _) in done.items()}
+        matched = {i: rows for i, (_, rows) in done.items()}
+        return commit_rewrite(plan.table, plan.rewrite, files, matched=matched)
+
+    def report(
+        self, plan: _UpdatePlan, staged: Staged, committed: TableSnapshot, attempt: int
+    ) -> UpdateReport:
+        done = staged.detail
         return UpdateReport(
-            read_version=latest.version,
-            version=dataset.version,
+            read_version=plan.table.version,
+            version=committed.version,
             rows_updated=sum(len(rows) for _, rows in done.values()),
-            fragments_rewritten=len(files),
-            columns=plan.columns,
-            bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in files.values()),
-            attempts=n,
+            fragments_rewritten=len(done),
+            columns=plan.rewrite.columns,
+            bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in staged.written),
+            attempts=attempt,
         )
 
-    return retrying(attempt, retries)
+
+def delete(table: TableSnapshot, filter: str) -> TableSnapshot:
+    """Delete the rows matching the SQL ``filter`` in one commit (Lance's delete, through a
+    transaction); the committed snapshot.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import write_table
+    >>> t = write_table(pa.table({"id": [1, 2]}), tempfile.mkdtemp() + "/t")
+    >>> delete(t.snapshot, "id = 1").count_rows()
+    1
+    """
+    txn = Transaction.start(table.location, table.version, table.storage_options, kind="delete")
+    own = txn.read_dataset()  # Lance moves the object it changes: not the snapshot's
+
+    def commit() -> LanceDataset:
+        own.delete(filter)
+        return own
+
+    return table.at(txn.commit([], commit=commit))
 
 
-def blob_modes(table: Table, columns: Iterable[str], given: str | None = None) -> dict[str, str]:
+def blob_modes(
+    table: TableSnapshot, columns: Iterable[str], given: str | None = None
+) -> dict[str, str]:
     """The dedup mode each blob column among ``columns`` is written with: the table's
     property (``given``, if any, must be the same; see
     :meth:`~blobhouse.properties.TableProperties.change_mode`)."""
@@ -187,14 +238,16 @@ def blob_modes(table: Table, columns: Iterable[str], given: str | None = None) -
     return {c: properties.change_mode(c, given) for c in blobs}
 
 
-def _rewrite_here(table: Table, plan: ColumnRewrite) -> dict[int, tuple[WrittenFile, BitMap]]:
+def _rewrite_here(
+    table: TableSnapshot, plan: ColumnRewrite
+) -> dict[int, tuple[WrittenFile, BitMap]]:
     return {
         i: rewrite_fragment(table, plan, i) for i in touched_fragments(table.dataset, plan.where)
     }
 
 
 def plan_update(
-    table: Table,
+    table: TableSnapshot,
     updates: Mapping[str, str | BlobFunction | None],
     where: str | None,
     dedup: Mapping[str, str] | None = None,
@@ -236,7 +289,7 @@ def plan_update(
 
 
 def _column_rewrite(
-    table: Table,
+    table: TableSnapshot,
     columns: tuple[str, ...],
     expressions: Mapping[str, str],
     functions: Mapping[str, BlobFunction | None],
@@ -300,7 +353,7 @@ def has_match(fragment, where: str | None) -> bool:
 
 
 def rewrite_fragment(
-    table: Table, rewrite: ColumnRewrite, fragment_id: int
+    table: TableSnapshot, rewrite: ColumnRewrite, fragment_id: int
 ) -> tuple[WrittenFile, BitMap]:
     """Write one fragment's new data file of ``rewrite.columns``: the new value for every
     matching live row, the old one for every other row (null for deleted rows). Returns the
@@ -375,7 +428,11 @@ def _fragment_rows(
 
 
 def _new_values(
-    table: Table, rewrite: ColumnRewrite, fragment_id: int, batch: pa.RecordBatch, first_row: int
+    table: TableSnapshot,
+    rewrite: ColumnRewrite,
+    fragment_id: int,
+    batch: pa.RecordBatch,
+    first_row: int,
 ) -> tuple[pa.RecordBatch, np.ndarray]:
     """The rewritten columns of ``batch``'s rows, and the fragment offsets of those that
     changed."""
@@ -421,7 +478,11 @@ def _new_values(
 
 
 def _old_blobs(
-    table: Table, path: ColumnPath, descriptors: pa.Array, addresses: pa.Array, live: pa.Array
+    table: TableSnapshot,
+    path: ColumnPath,
+    descriptors: pa.Array,
+    addresses: pa.Array,
+    live: pa.Array,
 ) -> pa.StructArray:
     """Blob column ``path``'s current values (its ``descriptors``) as logical values (bytes
     the table stores, checked against their recorded hashes; references kept for external and
@@ -429,7 +490,7 @@ def _old_blobs(
     values = pc.if_else(live, descriptors, pa.scalar(None, descriptors.type))
     for name in reversed(path[1:]):  # inside its parents, where logical_values looks for it
         values = pa.StructArray.from_arrays([values], names=[name])
-    piece = pa.RecordBatch.from_arrays([values, addresses], names=[path[0], _ROW_ADDRESS])
+    piece = pa.RecordBatch.from_arrays([values, addresses], names=[path[0], ROW_ADDRESS])
     return logical_values(table, path, piece, table.recorded_hashes(), frozenset())
 
 
@@ -494,7 +555,7 @@ def _cast(values: pa.Array, to: pa.DataType, column: str) -> pa.Array:
 
 
 def commit_rewrite(
-    table: Table,
+    table: TableSnapshot,
     rewrite: ColumnRewrite,
     files: Mapping[int, WrittenFile],
     *,
@@ -613,8 +674,15 @@ class MergeInsert:
     [{'id': 1, 'img': b'a'}, {'id': 2, 'img': b'B'}, {'id': 3, 'img': b'c'}]
     """
 
-    def __init__(self, table: Table, on: str | Sequence[str], options: WriteOptions) -> None:
+    def __init__(
+        self,
+        table: TableSnapshot,
+        on: str | Sequence[str],
+        options: WriteOptions,
+        on_commit: Callable[[TableSnapshot], object] | None = None,
+    ) -> None:
         self.table = table
+        self._on_commit = on_commit  # the Table that built it moves to the committed version
         self.on = [on] if isinstance(on, str) else list(on)
         self.options = options
         self._update_all = False
@@ -665,16 +733,16 @@ class MergeInsert:
 
     def execute(self, data: Any) -> MergeReport:
         """Run the merge in one commit; this table moves to the new version."""
-        from blobhouse.table import _input_stream
-
         self.check_actions()
-        schema, batches = _input_stream(data)
+        schema, batches = input_stream(data)
         source = pa.Table.from_batches(list(batches), schema=schema)
         report = retrying(lambda n: self._attempt(source, n), self._retries)
-        self.table._advance(self.table.checkout(report.version).dataset)
+        self.table = self.table.checkout(report.version)
+        if self._on_commit is not None:
+            self._on_commit(self.table)
         return report
 
-    def resolved(self, table: Table) -> WriteOptions:
+    def resolved(self, table: TableSnapshot) -> WriteOptions:
         """This merge's options against ``table``'s properties: each one it leaves out is the
         table's, and one it gives must be the same (``PropertyConflictError``)."""
         return TableProperties.of(table.dataset).resolve(self.options, table.blob_columns)
@@ -699,10 +767,8 @@ class MergeInsert:
             )
 
     def _attempt(self, source: pa.Table, attempt: int) -> MergeReport:
-        table = (
-            self.table if attempt == 1 else self.table.checkout(self.table.dataset.latest_version)
-        )
-        table = table_for(table, store_mode(self.resolved(table)))
+        table = self.table if attempt == 1 else self.table.latest()
+        table = prepared_for_write(table, store_mode(self.resolved(table)))
         source = self.check_source(table, source)
         matches = _match(table.dataset, source, self.on, self._delete)
         txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
@@ -715,7 +781,7 @@ class MergeInsert:
 
     def _apply(
         self,
-        table: Table,
+        table: TableSnapshot,
         source: pa.Table,
         matches: _Matches,
         txn: Transaction,
@@ -765,7 +831,7 @@ class MergeInsert:
             attempts=attempt,
         )
 
-    def check_source(self, table: Table, source: pa.Table) -> pa.Table:
+    def check_source(self, table: TableSnapshot, source: pa.Table) -> pa.Table:
         """The source with the table's column order and types; refuses missing keys,
         unknown columns and duplicate keys, naming them."""
         schema = table.schema
@@ -807,30 +873,30 @@ class MergeInsert:
         _check_unique(source, self.on)
         return source
 
-    def _write_rows(self, table: Table, rows: pa.Table, txn: Transaction) -> list[WrittenFile]:
+    def _write_rows(
+        self, table: TableSnapshot, rows: pa.Table, txn: Transaction
+    ) -> list[WrittenFile]:
         """The source rows to add, written as new data files through the write pipeline."""
         plan = self.rows_plan(table, rows.schema)
         return write_data_files(
             rows.to_batches(), plan, table.location, table.storage_options, txn.name_prefix
         )
 
-    def rows_plan(self, table: Table, schema: pa.Schema) -> WritePlan:
+    def rows_plan(self, table: TableSnapshot, schema: pa.Schema) -> WritePlan:
         """How the source rows the merge adds (shaped as ``schema``) are written: planned on
         ``table``'s version, the one the merge read, not on the latest."""
-        from blobhouse.table import _allowed_bases, _with_store
-
         plan = plan_write(
             schema,
             **self.resolved(table).layout(),
             table_schema=table.schema,
-            allowed_bases=_allowed_bases(table.dataset, None, True, table.location.root_uri),
+            allowed_bases=allowed_bases_of(table.dataset, None, True, table.location.root_uri),
         )
         if plan.uses_store:
-            _, base_id = _with_store(table.location, table.dataset, table.storage_options)
+            _, base_id = with_store(table.location, table.dataset, table.storage_options)
             plan = replace(plan, store_base_id=base_id)
         return plan
 
-    def column_rewrite(self, table: Table, txn: Transaction) -> ColumnRewrite:
+    def column_rewrite(self, table: TableSnapshot, txn: Transaction) -> ColumnRewrite:
         """The rewrite of ``when_matched_update(columns)``'s columns on ``txn``, without the
         source's values yet (``source``: fragment id -> the matched rows' offsets and values,
         which :func:`rewrite_fragment` writes). Spark fills it one fragment per task."""
@@ -849,7 +915,7 @@ class MergeInsert:
         return replace(rewrite, transaction=txn)
 
     def _column_rewrite(
-        self, table: Table, source: pa.Table, matches: _Matches, txn: Transaction
+        self, table: TableSnapshot, source: pa.Table, matches: _Matches, txn: Transaction
     ) -> ColumnRewrite:
         rewrite = self.column_rewrite(table, txn)
         by_fragment = {
@@ -876,7 +942,7 @@ def keys_inserted(keys: pa.Table) -> Inserts:
     return Inserts(tuple(keys.column_names), keys.num_rows, found)
 
 
-def empty_rewrite(table: Table, txn: Transaction) -> ColumnRewrite:
+def empty_rewrite(table: TableSnapshot, txn: Transaction) -> ColumnRewrite:
     """A rewrite of no columns, on ``txn``: a merge that only deletes and appends rows."""
     plan = plan_write(pa.schema([]), table_schema=pa.schema([]))
     return ColumnRewrite((), (), {}, {}, None, plan, txn)
@@ -921,7 +987,7 @@ def _match(dataset: LanceDataset, source: pa.Table, on: list[str], delete: str |
     for fragment in dataset.get_fragments():
         joined = _fragment_keys(fragment, on).join(keys, on, join_type="inner")
         if joined.num_rows:
-            addresses = joined[_ROW_ADDRESS].to_numpy()
+            addresses = joined[ROW_ADDRESS].to_numpy()
             matches.fragments.append((addresses >> 32).astype(np.int64))
             matches.offsets.append((addresses & 0xFFFFFFFF).astype(np.int64))
             matches.rows.append(joined[_SOURCE_ROW].to_numpy())
@@ -929,7 +995,7 @@ def _match(dataset: LanceDataset, source: pa.Table, on: list[str], delete: str |
             expr = delete if isinstance(delete, str) else None
             alone = _fragment_keys(fragment, on, expr).join(keys, on, join_type="left anti")
             if alone.num_rows:
-                offsets = alone[_ROW_ADDRESS].to_numpy() & 0xFFFFFFFF
+                offsets = alone[ROW_ADDRESS].to_numpy() & 0xFFFFFFFF
                 matches.unmatched[fragment.fragment_id] = offsets
     return matches
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import random
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -34,7 +33,6 @@ from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
 from lance.commit import CommitConflictError
 
-from blobhouse import leases
 from blobhouse.errors import ConcurrentCommitError, InvalidInputError, SchemaError, lance_message
 from blobhouse.layout import TableLocation
 from blobhouse.options import check_names
@@ -42,6 +40,7 @@ from blobhouse.placement import AllowedBases, placement_metadata
 from blobhouse.properties import TableProperties, field_ids
 from blobhouse.references import field_id
 from blobhouse.storage import StorageOptions
+from blobhouse.transaction import Transaction
 from blobhouse.values import (
     ColumnPath,
     find_blob_columns,
@@ -214,12 +213,8 @@ def set_properties(
             },
         )
         try:
-            return LanceDataset.commit(
-                location.dataset_path,
-                operation,
-                read_version=dataset.version,
-                storage_options=storage_options,
-            )
+            txn = Transaction.start(location, dataset.version, storage_options, kind="properties")
+            return txn.commit([], lambda operation=operation: operation)
         except CommitConflictError as exc:
             if attempt == retries:
                 raise ConcurrentCommitError(
@@ -290,18 +285,20 @@ def _run(
     """Run one Lance schema change under a lease (the data files Lance writes for it are
     named by Lance: gc keeps them by their age while the lease lives); Lance's bad-input
     errors as a :class:`SchemaError` that says what was being done (Lance names the column)."""
-    lease = f"schema-{uuid.uuid4().hex[:12]}-"
+    txn = Transaction.start(location, dataset.version, storage_options, kind="schema")
+
+    def commit() -> LanceDataset:
+        change(dataset)
+        return dataset
+
     try:
-        with leases.held(location.root, lease, storage_options):
-            change(dataset)
+        return txn.commit([], commit=commit)
     except BaseException as exc:
-        leases.release(location.root, lease, storage_options)  # it did not commit
         if not isinstance(exc, OSError | ValueError):
             raise
         if isinstance(exc, OSError) and not str(exc).startswith(_LANCE_INPUT_ERRORS):
             raise
         raise SchemaError(f"{what}: {lance_message(exc)}") from None
-    return dataset
 
 
 def _check_name_form(name: object) -> None:

@@ -20,7 +20,6 @@ from the index were not retired meanwhile: the argument is in docs/global-dedup.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import time
 import uuid
 import warnings
@@ -65,7 +64,6 @@ from blobhouse.errors import (
 from blobhouse.layout import (
     STORE_BASE_NAME,
     STORE_DIR,
-    BasePaths,
     TableLocation,
     is_store_base_name,
     store_dir,
@@ -78,7 +76,6 @@ from blobhouse.storage import StorageOptions, is_local, object_sizes, object_sto
 if TYPE_CHECKING:
     from blobhouse.values import LogicalColumn
 
-_REGISTER_ATTEMPTS = 10
 _INDEX_FRAGMENTS = 8  # more than this many and gc compacts the index
 _INDEX_FILTERS = 8  # more filters than this cover it and gc merges them into one
 _LOOKUP_WINDOW = 4096  # hashes per scalar-index query
@@ -136,73 +133,6 @@ def store_base(location: TableLocation, existing: LanceDataset | None) -> Datase
     taken = existing.base_paths() if existing is not None else {}
     return DatasetBasePath(
         uri_to_path(location.store_path), name=STORE_BASE_NAME, id=max(taken, default=0) + 1
-    )
-
-
-def ensure_store(
-    dataset: LanceDataset, location: TableLocation, storage_options: StorageOptions | None = None
-) -> tuple[LanceDataset, int]:
-    """The dataset with its store registered (one extra commit the first time) and the base id.
-
-    >>> import tempfile, pyarrow as pa
-    >>> root = tempfile.mkdtemp() + "/t"
-    >>> ds = lance.write_dataset(pa.table({"a": [1]}), root)
-    >>> ds, base_id = ensure_store(ds, TableLocation(root))
-    >>> base_id, store_base_id(ds)
-    (1, 1)
-    """
-    path = location.dataset_path
-    for _ in range(_REGISTER_ATTEMPTS):
-        base_id = store_base_id(dataset)
-        if base_id is not None:
-            return dataset, base_id
-        base = store_base(location, dataset)
-        try:
-            dataset.add_bases([base])
-        except OSError:
-            # another writer changed the table first (maybe registering the store itself):
-            # look again at the latest version
-            dataset = lance.dataset(path, storage_options=storage_options)
-            continue
-        return lance.dataset(path, storage_options=storage_options), base.id
-    raise BlobhouseError(
-        f"could not register the store of {location}: {_REGISTER_ATTEMPTS} attempts lost a "
-        "commit race with other writers"
-    )
-
-
-def relocate_store(
-    dataset: LanceDataset, location: TableLocation, storage_options: StorageOptions | None = None
-) -> LanceDataset:
-    """The latest version of ``dataset`` with its store base pointing at the table's own store:
-    one commit when the table was copied or moved (its manifest still names the old place),
-    none otherwise.
-
-    Lance has no operation that changes a base path; registering a base under an id that is
-    taken replaces that base (pylance 14's ``UpdateBases``), so the store keeps its id, rows
-    keep their references, and the base gets a new name (Lance refuses a name or path twice).
-    """
-    for _ in range(_REGISTER_ATTEMPTS):
-        bases = BasePaths(dataset, location)
-        if not bases.store_moved:
-            return dataset
-        taken = {base.name for base in dataset.base_paths().values()}
-        name = next(
-            f"{STORE_BASE_NAME}@{n}"
-            for n in itertools.count(1)
-            if f"{STORE_BASE_NAME}@{n}" not in taken
-        )
-        base = DatasetBasePath(uri_to_path(location.store_path), name=name, id=bases.store_id)
-        # on a conflict another writer committed first (maybe relocating too): look again
-        with contextlib.suppress(OSError, ValueError):
-            dataset.add_bases([base])
-        dataset = lance.dataset(location.dataset_path, storage_options=storage_options)
-        if not BasePaths(dataset, location).store_moved:
-            return dataset
-    raise BlobhouseError(
-        f"could not point the store of {location} at {location.store_uri}: its manifest still "
-        f"names {BasePaths(dataset, location).recorded[bases.store_id]} after "
-        f"{_REGISTER_ATTEMPTS} attempts"
     )
 
 

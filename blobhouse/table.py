@@ -6,55 +6,37 @@ table's settings (the allowed external bases); stock Lance readers ignore it.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import uuid
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from itertools import chain
 from typing import Any, BinaryIO, Literal
 
-import lance
 import numpy as np
 import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.fragment import DataFile, FragmentMetadata
-from lance.schema import LanceSchema
 
-from blobhouse import leases, mutations, schema_changes
+from blobhouse import mutations, schema_changes
 from blobhouse.backfill import (
     BackfillPlan,
     BlobFunction,
-    backfill_fragment,
+    backfill,
+    backfill_here,
     commit_backfill,
-    store_writer_for,
-    table_for,
 )
 from blobhouse.checksums import RecordedHashes
-from blobhouse.columns import check_blob_column, lance_name, resolve_columns
-from blobhouse.console import version_spans
+from blobhouse.columns import lance_name, resolve_columns
 from blobhouse.errors import (
     BlobhouseError,
     BlobReadError,
     InvalidInputError,
-    MovedTableWarning,
-    NotATableError,
-    PathIsFileError,
-    PathNotFoundError,
-    PropertyConflictError,
     SchemaError,
-    StaleWriteError,
-    TableExistsError,
-    TableMetadataError,
-    TableNotFoundError,
-    VersionNotFoundError,
-    VersionRemovedError,
     lance_message,
 )
-from blobhouse.layout import STORE_DIR, BasePaths, TableLocation
+from blobhouse.layout import TableLocation
 from blobhouse.maintenance import compaction, garbage_collection, verification
+from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.stats import blob_stats
 from blobhouse.maintenance.walk import Progress
 from blobhouse.mutations import UpdateReport
@@ -63,9 +45,7 @@ from blobhouse.options import (
     check_flag,
     keywords_checked,
 )
-from blobhouse.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
-from blobhouse.placement import AllowedBases
-from blobhouse.properties import TableProperties, field_ids, new_table_properties
+from blobhouse.properties import TableProperties
 from blobhouse.rangeio import (
     REF_TYPE,
     BlobRef,
@@ -74,38 +54,25 @@ from blobhouse.rangeio import (
     read_ranges_arrow,
     refs_from_arrow,
 )
-from blobhouse.references import ReferenceResolver, Unresolved, field_id, leaf_field_ids
+from blobhouse.references import Unresolved, leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.storage import checked_options
-from blobhouse.store import (
-    PACKS_DIR,
-    StoreIndex,
-    ensure_store,
-    relocate_store,
-    store_base,
-    store_uri_prefix,
-)
+from blobhouse.snapshot import ROW_ADDRESS, TableSnapshot, open_snapshot
 from blobhouse.transaction import (
     DEFAULT_RETRIES,
-    TableCreatedMeanwhile,
     Transaction,
 )
 from blobhouse.values import (
-    Blob,
     ColumnPath,
-    blob_array,
-    find_blob_columns,
     get_column,
     get_field,
     path_name,
     replace_column,
     replace_field,
-    stored_blob_columns,
 )
+from blobhouse.write import TableWrite, WriteMode, input_stream
+from blobhouse.write.prepare import relocate_store
 
 BlobsMode = Literal["refs", "bytes", "descriptors"]
-WriteMode = Literal["create", "append", "overwrite"]
-_ROW_ADDRESS = "_rowaddr"
 _ROW_ID = "_rowid"
 #: a blob column to convert: (its path in a read batch, its path in the table)
 BlobTarget = tuple[ColumnPath, ColumnPath]
@@ -137,9 +104,9 @@ class Selection:
             get_field(batch.schema, p).with_name(n)
             for p, n in zip(self.paths, self.names, strict=True)
         ]
-        if _ROW_ADDRESS in batch.schema.names:
-            arrays.append(batch.column(_ROW_ADDRESS))
-            fields.append(batch.schema.field(_ROW_ADDRESS))
+        if ROW_ADDRESS in batch.schema.names:
+            arrays.append(batch.column(ROW_ADDRESS))
+            fields.append(batch.schema.field(ROW_ADDRESS))
         return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
     def named(self, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -201,7 +168,7 @@ def write_table(
         max_rows_per_file=max_rows_per_file,
         max_bytes_per_file=max_bytes_per_file,
     )
-    schema, batches = _input_stream(data)
+    schema, batches = input_stream(data)
     write = TableWrite.begin(
         uri,
         schema,
@@ -211,231 +178,7 @@ def write_table(
         branch=branch,
         allow_nonempty_folder=allow_nonempty_folder,
     )
-    return write.run(batches)
-
-
-@dataclass(frozen=True)
-class TableWrite:
-    """One write to a table: planned once, data files written anywhere, committed once, on
-    one :class:`~blobhouse.transaction.Transaction`.
-
-    :func:`write_table` runs all three steps in one process; the Spark writer plans on the
-    driver, writes in tasks and commits on the driver. The object pickles, so it travels to the
-    tasks and to the commit. A write that does not commit removes what it wrote (:meth:`abort`).
-    """
-
-    transaction: Transaction
-    plan: WritePlan
-    appending: bool
-    mode: WriteMode = "append"
-    properties: TableProperties | None = None  # what a create or an overwrite records
-
-    @classmethod
-    def begin(
-        cls,
-        uri: str,
-        schema: pa.Schema,
-        options: WriteOptions | None = None,
-        *,
-        mode: WriteMode = "create",
-        storage_options: dict[str, str] | None = None,
-        load_store_index: bool = True,
-        branch: str | None = None,
-        write_id: str | None = None,
-        allow_nonempty_folder: bool = False,
-    ) -> TableWrite:
-        """Check the mode against the table, and plan the write of data shaped as ``schema``.
-
-        ``load_store_index=False``: the rows were already looked up in the table's store (a
-        Spark join), so the writing tasks do not load its index. ``write_id``: the id of a
-        write that already staged files (store packs stored before the rows)."""
-        if mode not in ("create", "append", "overwrite"):
-            raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
-        options = options or WriteOptions()
-        storage_options = checked_options(storage_options)
-        location = TableLocation.of(uri, branch, storage_options)
-        existing = _open_dataset(location, None, storage_options)
-        if existing is None and location.branch is None:
-            _check_new_table_folder(location.root, allow_nonempty_folder)
-        if existing is None and location.branch is not None:
-            raise TableNotFoundError(
-                f"no branch {location.branch!r} in {location.root} (make it with Lance's "
-                "create_branch)"
-            )
-        if mode == "create" and existing is not None:
-            raise TableExistsError(f"table {uri} already exists (use mode='append' or 'overwrite')")
-        if existing is not None:
-            existing = relocate_store(existing, location, storage_options)
-        appending = mode == "append" and existing is not None
-        kept = _kept_properties(existing, appending)
-        bases = _allowed_bases(
-            existing, options.allowed_bases, appending, location.root_uri, options.managed_bases
-        )
-        if appending:
-            options = kept.resolve(options, columns=_blob_names(existing.schema))
-        else:
-            named = sorted(options.blob_columns)
-            columns = [path_name(p) for p in find_blob_columns(schema, named)]
-            options = kept.for_new_table(options, columns)
-        plan = plan_write(
-            schema,
-            **options.layout(),
-            table_schema=existing.schema if appending else None,
-            allowed_bases=bases,
-        )
-        if plan.uses_store:
-            existing, base_id = _with_store(location, existing, storage_options)
-            plan = replace(plan, store_base_id=base_id, load_store_index=load_store_index)
-        read_version = existing.version if existing is not None else None
-        transaction = Transaction.start(location, read_version, storage_options, id=write_id)
-        recorded = None if appending else _properties_of(plan, options)
-        return cls(transaction, plan, appending, mode, recorded)
-
-    @property
-    def location(self) -> TableLocation:
-        return self.transaction.location
-
-    @property
-    def storage_options(self) -> dict[str, str] | None:
-        return self.transaction.storage_options
-
-    @property
-    def read_version(self) -> int | None:
-        return self.transaction.read_version
-
-    @property
-    def name_prefix(self) -> str:
-        """Every data file this write stages is named ``<write id>-<uuid>.lance``."""
-        return self.transaction.name_prefix
-
-    def run(self, batches: Iterable[pa.RecordBatch]) -> Table:
-        """Write ``batches`` and commit them: the whole write in this process."""
-        try:
-            written = self.write(batches)
-        except BaseException:
-            self.abort([])  # the files are gone already; the lease and new directories go too
-            raise
-        return self.commit(written)
-
-    def write(self, batches: Iterable[pa.RecordBatch]) -> list[WrittenFile]:
-        """Write data files (and sidecars) for ``batches``; nothing is visible until commit.
-
-        Runs once per Spark task: on failure it removes only its own files (other tasks of the
-        same write, or a retry of this one, may still commit).
-        """
-        txn, location, options = self.transaction, self.location, self.storage_options
-        try:
-            written = write_data_files(batches, self.plan, location, options, self.name_prefix)
-        except BaseException:
-            txn.end_task(None)
-            if self.read_version is None:
-                self._remove_empty_dirs()
-            raise
-        # a Spark task can finish after the job was aborted and swept: it cleans up itself
-        txn.end_task(written)
-        return written
-
-    def commit(self, written: Sequence[WrittenFile]) -> Table:
-        """Make every written file visible in one Lance transaction.
-
-        A write that created the table and lost that race to another creator commits again
-        on the table the other one made: as an append (``mode="append"``) or an overwrite,
-        or not at all (``mode="create"``: :class:`TableExistsError`). An append of no rows
-        commits nothing (no new version)."""
-        if self.appending and not any(w.num_rows for w in written):
-            self.abort(written)  # its lease (and any empty file)
-            return Table(self.transaction.read_dataset(), self.location, self.storage_options)
-        try:
-            dataset = self.transaction.commit(written, lambda: self._operation(written))
-        except TableCreatedMeanwhile:
-            try:
-                again = self._on_table_made_meanwhile()
-            except BaseException:
-                self.abort(written)
-                raise
-            return again.commit(written)
-        except BaseException:
-            self._remove_empty_dirs_if_new()
-            raise
-        return Table(dataset, self.location, self.storage_options)
-
-    def abort(self, written: Sequence[WrittenFile], *, tasks_may_run: bool = False) -> None:
-        """Remove files this write created; a table that did not exist is left absent
-        (``tasks_may_run``: see :meth:`Transaction.abort`)."""
-        self.transaction.abort(written, tasks_may_run=tasks_may_run)
-        self._remove_empty_dirs_if_new()
-
-    def _remove_empty_dirs_if_new(self) -> None:
-        """Remove the directories a failed create made, if they are local and empty."""
-        if self.read_version is None:
-            self._remove_empty_dirs()
-
-    def _remove_empty_dirs(self) -> None:
-        root = self.location.root
-        store = f"{root}/{STORE_DIR}"
-        _remove_empty_local_dirs(
-            self.location.data_dir,
-            f"{root}/{leases.LEASES_DIR}",
-            f"{store}/{PACKS_DIR}",
-            store,
-            root,
-        )
-
-    def _on_table_made_meanwhile(self) -> TableWrite:
-        """This write, planned again on the table another writer created while it ran."""
-        location, options = self.location, self.storage_options
-        if self.mode == "create":
-            raise TableExistsError(
-                f"table {location} was created by another writer while this write ran; "
-                "nothing of this write was committed (use mode='append' to add to it)"
-            )
-        existing = lance.dataset(location.dataset_path, storage_options=options)
-        check_same_schema(self.plan.table_schema, existing.schema)
-        theirs = AllowedBases.of_table(existing.schema, location.root_uri).bases
-        if self.plan.allowed_bases.bases and self.plan.allowed_bases.bases != theirs:
-            raise PropertyConflictError(
-                f"table {location} was created meanwhile with allowed_bases {theirs}; this "
-                f"write asked for {self.plan.allowed_bases.bases} and committed nothing"
-            )
-        their_properties = TableProperties.of(existing)
-        for column in self.plan.columns:
-            if their_properties.dedup_of(column.name) != column.dedup:
-                raise PropertyConflictError(
-                    f"table {location} was created meanwhile with dedup "
-                    f"{their_properties.dedup_of(column.name)!r} for column {column.name!r}; "
-                    f"this write stored it with {column.dedup!r} and committed nothing (retry "
-                    "it: it then uses the table's)"
-                )
-        if self.plan.uses_store:
-            existing, base_id = _with_store(location, existing, options)
-            if base_id != self.plan.store_base_id:
-                raise StaleWriteError(
-                    f"table {location} was created meanwhile and registered its store as "
-                    f"base {base_id}; nothing of this write was committed, retry it"
-                )
-        return replace(
-            self,
-            transaction=self.transaction.on_version(existing.version),
-            appending=self.mode == "append",
-        )
-
-    def _operation(self, written: Sequence[WrittenFile]) -> LanceOperation.BaseOperation:
-        if self.appending:
-            dataset = self.transaction.read_dataset()
-            ids = leaf_field_ids(dataset.lance_schema.fields())
-            return LanceOperation.Append([w.fragment(ids) for w in written])
-        fields = LanceSchema.from_pyarrow(self.plan.table_schema).fields()
-        schema = self.properties.recorded_in(self.plan.table_schema, field_ids(fields))
-        ids = leaf_field_ids(fields)
-        # a new table that stores payloads globally (or will: its mode is global, its blob
-        # columns may come later) registers its store as it is created
-        global_mode = self.plan.uses_store or self.properties.dedup == "global"
-        bases = (
-            [store_base(self.location, None)] if global_mode and self.read_version is None else None
-        )
-        return LanceOperation.Overwrite(
-            schema, [w.fragment(ids) for w in written], initial_bases=bases
-        )
+    return Table(write.run(batches))
 
 
 @keywords_checked
@@ -461,8 +204,7 @@ def open_table(
     >>> open_table(uri, "gold").version
     1
     """
-    storage_options = checked_options(storage_options)
-    return open_at(TableLocation.of(uri, branch, storage_options), version, storage_options)
+    return Table(open_snapshot(uri, version, storage_options, branch=branch))
 
 
 def open_at(
@@ -472,173 +214,7 @@ def open_at(
 ) -> Table:
     """:func:`open_table` for a location resolved earlier (on a Spark driver, say: tasks open
     the table where the driver found it, whatever their working directory)."""
-    if isinstance(version, str):
-        location, version = resolve_tag(location, version, storage_options)
-    elif version is not None:
-        version = _version_number(version)
-    dataset = _open_dataset(location, version, storage_options)
-    if dataset is None:
-        raise _not_found(location, version, storage_options)
-    if location.branch is not None and (bases := BasePaths(dataset, location)).moved:
-        raise BlobhouseError(
-            f"branch {location.branch!r} of {location.root} was made when the table was at "
-            f"{bases.recorded_root}: Lance records a branch's parent as that absolute path and "
-            "cannot rewrite it, so the branch reads its parent's files there, not here. Delete "
-            f"the branch here (lance.dataset({location.root!r}).branches.delete(...)) and make "
-            "it again, or read it at the old place"
-        )
-    if version is None:  # older versions name the old place even after a relocation
-        _warn_if_moved(dataset, location)
-    return Table(dataset, location, storage_options)
-
-
-_WARNED_MOVED: set[str] = set()
-
-
-def _warn_if_moved(dataset: LanceDataset, location: TableLocation) -> None:
-    """Warn once per process that a copied or moved table sends stock readers elsewhere."""
-    if location.root in _WARNED_MOVED:
-        return
-    bases = BasePaths(dataset, location)
-    if bases.store_moved:
-        _WARNED_MOVED.add(location.root)
-        warnings.warn(
-            f"table {location.root} was copied or moved from {bases.recorded_root}: blobhouse "
-            "reads its own files, but stock Lance readers (pylance, LanceDB) read its store at "
-            "the old place until the first blobhouse write or `blobhouse relocate "
-            f"{location.root}` (Table.relocate())",
-            MovedTableWarning,
-            stacklevel=3,
-        )
-
-
-def _not_found(
-    location: TableLocation, version: int | None, storage_options: dict[str, str] | None
-) -> TableNotFoundError:
-    """Why there is no table at ``location`` (at ``version``): the path, or the version."""
-    root = location.root
-    if location.branch is None or "://" in root:
-        problem = path_problem(root)
-        if problem is not None:
-            return problem
-    latest = _open_dataset(location, None, storage_options) if version is not None else None
-    where = f"branch {location.branch!r} of " if location.branch else ""
-    if latest is None:
-        if location.branch is not None:
-            return TableNotFoundError(f"no branch {location.branch!r} in {root}")
-        return TableNotFoundError(f"no table at {root}")
-    retained = [v["version"] for v in latest.versions()]
-    if version > latest.version:
-        return VersionNotFoundError(
-            f"{where}{root} has no version {version}: it never existed (the latest is "
-            f"{latest.version})"
-        )
-    return VersionRemovedError(
-        f"version {version} of {where}{root} was removed by cleanup (gc); the oldest retained "
-        f"version is {min(retained)} (retained: {', '.join(version_spans(retained))})"
-    )
-
-
-def path_problem(path: str) -> TableNotFoundError | None:
-    """What is wrong with a local ``path`` that should hold a table, if anything is."""
-    if "://" in path:
-        return None
-    in_the_way = _file_in_the_way(path)
-    if in_the_way is not None:
-        return PathIsFileError(f"{path} is not a table: {in_the_way}; a table is a folder")
-    if not os.path.exists(path):
-        return PathNotFoundError(f"no table at {path}: no such file or folder")
-    if not os.path.isdir(os.path.join(path, "_versions")):
-        entries = sorted(os.listdir(path))
-        what = "an empty folder" if not entries else f"a folder of {_listing(entries)}"
-        return NotATableError(f"{path} is not a table: it is {what} (no _versions/)")
-    return None
-
-
-# what a folder holding a table, or a failed create's leftovers, may contain
-_TABLE_ENTRIES = frozenset(
-    ("_versions", "_transactions", "_deletions", "_indices", "_refs", "tree", "data")
-) | {STORE_DIR, leases.LEASES_DIR}
-
-
-def check_target(uri: str, allow_nonempty_folder: bool = False) -> None:
-    """Refuse a local ``uri`` a write cannot make or change a table at (a file, a folder below
-    a file, a folder of other files), before any work starts (ingest checks it before Spark).
-
-    >>> import tempfile, os
-    >>> path = os.path.join(tempfile.mkdtemp(), "rows.jsonl")
-    >>> _ = open(path, "w").write("{}")
-    >>> check_target(path)
-    Traceback (most recent call last):
-    ...
-    blobhouse.errors.PathIsFileError: cannot create a table at ... it is a file
-    """
-    if "://" in uri and not uri.startswith("file://"):
-        return  # object stores have no files in the way
-    root = TableLocation.of(uri).root
-    if path_problem(root) is not None:  # no table there yet
-        _check_new_table_folder(root, allow_nonempty_folder)
-
-
-def _check_new_table_folder(root: str, allow_nonempty_folder: bool) -> None:
-    """Refuse to create a table at a file, or in a folder of other files (unless asked)."""
-    in_the_way = _file_in_the_way(root)
-    if in_the_way is not None:
-        raise PathIsFileError(f"cannot create a table at {root}: {in_the_way}")
-    if isinstance(path_problem(root), NotATableError) and not allow_nonempty_folder:
-        foreign = sorted(set(os.listdir(root)) - _TABLE_ENTRIES)
-        if foreign:
-            raise InvalidInputError(
-                f"{root} is a folder of other files ({_listing(foreign)}): a new table would "
-                "mix its _versions/ and data/ into them. Write to a new or empty folder, or "
-                "pass allow_nonempty_folder=True (Spark: option allow_nonempty_folder=true)"
-            )
-
-
-def _file_in_the_way(path: str) -> str | None:
-    """``"it is a file"`` or which folder above ``path`` is a file, if one is."""
-    if os.path.isfile(path):
-        return "it is a file"
-    while (parent := os.path.dirname(path)) != path:
-        if os.path.isfile(parent):
-            return f"{parent}, a folder above it, is a file"
-        path = parent
-    return None
-
-
-def _listing(entries: list[str], shown: int = 3) -> str:
-    more = f" and {len(entries) - shown} more" if len(entries) > shown else ""
-    return ", ".join(entries[:shown]) + more
-
-
-def _version_number(version: object) -> int:
-    if isinstance(version, bool) or not isinstance(version, int | str):
-        raise InvalidInputError(f"version must be a number or a tag name, got {version!r}")
-    number = int(version)
-    if not 1 <= number < 2**63:
-        raise InvalidInputError(f"versions are numbered from 1 (a 64-bit number), got {version!r}")
-    return number
-
-
-def resolve_tag(
-    location: TableLocation, tag: str, storage_options: dict[str, str] | None
-) -> tuple[TableLocation, int]:
-    """The branch and version tag ``tag`` points at; a string of digits that names no tag is
-    a version number."""
-    found = location.tag(tag, storage_options)
-    if found is None:
-        if tag.isdigit():
-            return location, _version_number(tag)
-        if not location.on(None).listed_versions(storage_options):
-            raise TableNotFoundError(f"no table at {location.root}")
-        tags = location.tag_names(storage_options)
-        raise TableNotFoundError(f"no tag {tag!r} in {location.root} (tags: {tags or 'none'})")
-    if location.branch is not None and found.branch != location.branch:
-        raise InvalidInputError(
-            f"tag {tag!r} points into {'main' if found.branch is None else repr(found.branch)}, "
-            f"not branch {location.branch!r}"
-        )
-    return location.on(found.branch), found.version
+    return Table(open_snapshot(location, version, storage_options))
 
 
 class Table:
@@ -657,56 +233,65 @@ class Table:
     :class:`~blobhouse.errors.CorruptBlobError` naming the column, fragment, row and file.
     """
 
-    def __init__(
-        self,
-        dataset: LanceDataset,
-        location: TableLocation,
-        storage_options: dict[str, str] | None = None,
-    ) -> None:
-        self.dataset = dataset
-        self.location = location
-        self.uri = location.root_uri  # references into the table's files start with it
-        self.storage_options = storage_options
-        self._resolver: ReferenceResolver | None = None
-        self._hashes: RecordedHashes | None = None
-        self._schema: pa.Schema | None = None
-        self._stored_blob_columns: list[ColumnPath] | None = None
-        self._field_ids: dict[ColumnPath, int] = {}
+    def __init__(self, snapshot: TableSnapshot) -> None:
+        self._snapshot = snapshot
 
     def __repr__(self) -> str:
         branch = f", branch={self.branch!r}" if self.branch else ""
         return f"Table({self.uri!r}{branch}, version={self.version}, rows={self.count_rows()})"
 
     @property
+    def snapshot(self) -> TableSnapshot:
+        """The version this table is at, as the services see it (it never changes; a change
+        moves the table to a new one)."""
+        return self._snapshot
+
+    @property
+    def dataset(self) -> LanceDataset:
+        """The Lance dataset at this version (stock pylance reads everything blobhouse wrote)."""
+        return self._snapshot.dataset
+
+    @property
+    def location(self) -> TableLocation:
+        return self._snapshot.location
+
+    @property
+    def uri(self) -> str:
+        """The table's root as a URI (references into its own files start with it)."""
+        return self._snapshot.uri
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        return self._snapshot.storage_options
+
+    @property
     def schema(self) -> pa.Schema:
         """The table's Lance schema (blob columns as Lance blob fields)."""
-        if self._schema is None:
-            self._schema = self.dataset.schema  # rebuilt by Lance on every access
-        return self._schema
+        return self._snapshot.schema
 
     @property
     def version(self) -> int:
-        return self.dataset.version
+        return self._snapshot.version
 
     @property
     def branch(self) -> str | None:
         """The branch this table is on (None: main)."""
-        return self.location.branch
+        return self._snapshot.branch
 
     @property
     def blob_columns(self) -> list[str]:
         """Names of the blob columns (``parent.child`` inside structs)."""
-        return [path_name(p) for p in self._blob_paths()]
+        return self._snapshot.blob_columns
 
     @property
     def allowed_bases(self) -> list[str]:
         """URI prefixes external blobs of this table may live under."""
-        return AllowedBases.of_table(self.schema).bases
+        return self._snapshot.allowed_bases
 
     @property
     def managed_bases(self) -> list[str]:
         """The allowed bases whose objects the table takes ownership of once referenced."""
-        return AllowedBases.of_table(self.schema).managed
+        return self._snapshot.managed_bases
 
     @property
     def properties(self) -> TableProperties:
@@ -719,7 +304,7 @@ class Table:
         >>> t.properties.dedup, t.properties.blob_columns
         ('global', ('img',))
         """
-        return TableProperties.of(self.dataset)
+        return self._snapshot.properties
 
     @keywords_checked
     def set_properties(
@@ -755,36 +340,27 @@ class Table:
             "max_bytes_per_file": max_bytes_per_file,
         }
         changes = {name: value for name, value in given.items() if value is not None}
-        return self._advance(
+        return self._moved_to(
             schema_changes.set_properties(self.location, changes, self.storage_options)
         )
 
     def versions(self) -> list[dict]:
         """Every version of this branch (``version``, ``timestamp``, ``metadata``)."""
-        return self.dataset.versions()
+        return self._snapshot.versions()
 
     def tags(self) -> dict[str, dict]:
         """Every tag of the table: name -> ``{"branch", "version"}`` (branch None: main)."""
-        return {
-            name: {"branch": tag["branch"], "version": tag["version"]}
-            for name, tag in self.dataset.tags.list().items()
-        }
+        return self._snapshot.tags()
 
     def branches(self) -> dict[str, dict]:
         """Every branch of the table: name -> ``{"parent_branch", "parent_version"}``."""
-        return {
-            name: {"parent_branch": b["parent_branch"], "parent_version": b["parent_version"]}
-            for name, b in self.dataset.branches.list().items()
-        }
+        return self._snapshot.branches()
 
     @keywords_checked
-    def checkout(self, version: int | str, *, branch: str | None = None) -> Table:
-        """This table at another version (or tag) of its branch, or of ``branch`` ("main" for
-        main)."""
-        location = self.location
-        if branch is not None:
-            location = TableLocation.of(location.root, branch, self.storage_options)
-        return open_at(location, version, self.storage_options)
+    def checkout(self, version: int | str | None, *, branch: str | None = None) -> Table:
+        """This table at another version (or tag; None: the latest) of its branch, or of
+        ``branch`` ("main" for main)."""
+        return Table(self._snapshot.checkout(version, branch=branch))
 
     def relocate(self) -> Table:
         """Point the store base of main and of every branch at the table's own store, one
@@ -805,19 +381,16 @@ class Table:
     def moved_from(self) -> str | None:
         """The root this version's manifest records for the table's store, when the table was
         copied or moved from there and not relocated yet (None: in place)."""
-        bases = self._resolved().base_paths
-        return bases.recorded_root if bases.store_moved else None
+        return self._snapshot.moved_from
 
     @keywords_checked
     def count_rows(self, filter: str | None = None) -> int:
-        return self.dataset.count_rows(filter)
+        return self._snapshot.count_rows(filter)
 
     def delete(self, filter: str) -> Table:
         """Delete the rows matching the SQL ``filter``, as a new version (this table moves to
         it)."""
-        dataset = self.dataset
-        dataset.delete(filter)  # Lance moves the dataset object to the new version
-        return self._advance(dataset)
+        return self._moved_to(mutations.delete(self._snapshot, filter))
 
     @keywords_checked
     def update(
@@ -849,10 +422,9 @@ class Table:
         >>> t.to_arrow(columns=["id", "label"]).to_pylist()
         [{'id': 1, 'label': 'cat'}, {'id': 2, 'label': 'DOG'}]
         """
-        report = mutations.update(self, updates, where, dedup=dedup, retries=retries)
-        if report.version != self.version:
-            self._advance(self.checkout(report.version).dataset)
-        return report
+        done = mutations.update(self._snapshot, updates, where, dedup=dedup, retries=retries)
+        self._moved_to(done.snapshot)
+        return done.report
 
     @keywords_checked
     def merge_insert(
@@ -879,7 +451,7 @@ class Table:
         1
         """
         options = WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns, placement=placement)
-        return mutations.MergeInsert(self, on, options)
+        return mutations.MergeInsert(self._snapshot, on, options, on_commit=self._moved_to)
 
     def refresh(self) -> Table:
         """Move this table to the latest version of its branch (another writer's commits
@@ -893,19 +465,15 @@ class Table:
         >>> mine.count_rows(), mine.refresh().count_rows()
         (1, 2)
         """
-        latest = _open_dataset(self.location, None, self.storage_options)
-        if latest is None:
-            raise _not_found(self.location, None, self.storage_options)
-        return self._advance(latest)
+        self._snapshot = self._snapshot.latest()
+        return self
 
-    def _advance(self, dataset: LanceDataset) -> Table:
-        """This table at ``dataset``'s version (what every mutation does once it committed)."""
-        self.dataset = dataset
-        self._resolver = None
-        self._hashes = None
-        self._schema = None
-        self._stored_blob_columns = None
-        self._field_ids = {}
+    def _moved_to(self, snapshot: TableSnapshot | LanceDataset) -> Table:
+        """This table at ``snapshot`` (or at a dataset a commit returned): what every change
+        does once it committed."""
+        if isinstance(snapshot, LanceDataset):
+            snapshot = self._snapshot.at(snapshot)
+        self._snapshot = snapshot
         return self
 
     @keywords_checked
@@ -928,7 +496,7 @@ class Table:
         >>> t.read_blobs("img", [1])
         [b'2']
         """
-        return self._advance(
+        return self._moved_to(
             schema_changes.add_columns(self.location, columns, self.storage_options)
         )
 
@@ -952,7 +520,7 @@ class Table:
         >>> t.schema.field("id").type, t.read_blobs("photo", [0])
         (DataType(int32), [b'x'])
         """
-        return self._advance(
+        return self._moved_to(
             schema_changes.alter_columns(self.location, alterations, self.storage_options)
         )
 
@@ -970,7 +538,7 @@ class Table:
         >>> t.drop_columns(["img"]).schema.names
         ['id']
         """
-        return self._advance(
+        return self._moved_to(
             schema_changes.drop_columns(self.location, columns, self.storage_options)
         )
 
@@ -1105,7 +673,7 @@ class Table:
         selection = self._taken_columns(columns, blobs)
         lance_columns = selection.lance
         taken = self._by_id(
-            ids, [*lance_columns, _ROW_ADDRESS] if selection.blobs else lance_columns
+            ids, [*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns
         )
         batches = [selection.flat(b) for b in taken.to_batches()]
         return [
@@ -1131,7 +699,7 @@ class Table:
     ) -> list[dict[str, Any]]:
         if not targets:
             return batch.to_pylist()
-        addresses, payloads = batch.column(_ROW_ADDRESS), []
+        addresses, payloads = batch.column(ROW_ADDRESS), []
         for out, path in targets:
             descriptors = get_column(batch, out)
             payloads.append(
@@ -1140,7 +708,7 @@ class Table:
             # the descriptors are not wanted in the rows: nulls convert for nothing
             nulls = pa.nulls(batch.num_rows)
             batch = replace_column(batch, out, nulls, pa.field(out[-1], pa.null()))
-        rows = batch.drop_columns([_ROW_ADDRESS]).to_pylist()
+        rows = batch.drop_columns([ROW_ADDRESS]).to_pylist()
         for (out, _), values in zip(targets, payloads, strict=True):
             for row, value in zip(rows, values, strict=True):
                 _set_nested(row, out, value)
@@ -1158,7 +726,7 @@ class Table:
         check_hashes = check_flag("check_hashes", check_hashes)
         selection = self._taken_columns(columns, blobs)
         lance_columns = selection.lance
-        taken = take([*lance_columns, _ROW_ADDRESS] if selection.blobs else lance_columns)
+        taken = take([*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns)
         batches = [
             self._convert(selection.flat(b), selection.blobs, blobs, check_hashes)
             for b in taken.to_batches()
@@ -1170,21 +738,21 @@ class Table:
 
     def blob_refs(self, column: str, indices: Sequence[int]) -> pa.StructArray:
         """Resolved references ``struct<uri, position, size>`` of ``column`` at ``indices``."""
-        self._blob_path(column, "blob_refs")
+        self._snapshot.blob_path(column, "blob_refs")
         taken = self.take(indices, columns=[column], blobs="refs")
         return taken.column(column).combine_chunks() if len(taken) else pa.array([], type=REF_TYPE)
 
     def read_blobs(self, column: str, indices: Sequence[int]) -> list[bytes | None]:
         """The bytes of ``column`` at ``indices`` (None for null), with coalesced ranged reads,
         checked against their recorded hashes."""
-        path = self._blob_path(column, "read_blobs")
+        path = self._snapshot.blob_path(column, "read_blobs")
         indices = self._check_indices(indices)
         if not indices:
             return []
         # one take for descriptors and row addresses; each payload read into its own bytes
-        taken = self.dataset.take(indices, columns=[lance_name(path), _ROW_ADDRESS])
+        taken = self.dataset.take(indices, columns=[lance_name(path), ROW_ADDRESS])
         taken = taken.combine_chunks().to_batches()[0]
-        descriptors, addresses = get_column(taken, path), taken.column(_ROW_ADDRESS)
+        descriptors, addresses = get_column(taken, path), taken.column(ROW_ADDRESS)
         return self._checked_bytes(path, descriptors, addresses, read_ranges)
 
     def open_blob(self, column: str, index: int) -> BinaryIO | None:
@@ -1199,11 +767,11 @@ class Table:
         ...     _ = f.seek(6); f.read(6)
         b'frames'
         """
-        path = self._blob_path(column, "open_blob")
+        path = self._snapshot.blob_path(column, "open_blob")
         (index,) = self._check_indices([index])
-        taken = self.dataset.take([index], columns=[lance_name(path), _ROW_ADDRESS])
+        taken = self.dataset.take([index], columns=[lance_name(path), ROW_ADDRESS])
         taken = taken.to_batches()[0]
-        descriptor, address = get_column(taken, path), taken.column(_ROW_ADDRESS)
+        descriptor, address = get_column(taken, path), taken.column(ROW_ADDRESS)
         (ref,) = refs_from_arrow(self.resolve_refs(path, descriptor, address))
         if ref is None:
             return None
@@ -1254,14 +822,14 @@ class Table:
         # the file and its sidecar directory start with the file's name: its lease covers both
         prefix = written.name.removesuffix(".lance")
         txn = Transaction(self.location, self.version, self.storage_options, prefix)
-        return self._advance(txn.commit([written], lambda: operation))
+        return self._moved_to(txn.commit([written], lambda: operation))
 
     def replace_column(self, column: str, files: Mapping[int, WrittenFile]) -> Table:
         """Make session-written ``files`` (fragment id -> file) the data of blob ``column``, in
         one transaction: Lance ``DataReplacement`` for an existing column (any fragments), or
         ``Merge`` adding a new column (every fragment). Each file holds the fragment's number of
         physical rows and the columns of the file it replaces."""
-        plan = BackfillPlan.create(self, column)
+        plan = BackfillPlan.create(self._snapshot, column)
         if not plan.new_column:
             for fragment_id, written in files.items():
                 held = DataFile.create(self.dataset, written.name).fields
@@ -1270,7 +838,7 @@ class Table:
                         f"file {written.name} for fragment {fragment_id} must hold the columns "
                         f"{list(plan.file_columns)} in that order, like the file it replaces"
                     )
-        return self._advance(commit_backfill(self, plan, files))
+        return self._moved_to(commit_backfill(self._snapshot, plan, files))
 
     def data_file_path(self) -> str:
         """A fresh path for a data file of this table (for a :class:`BlobSession`)."""
@@ -1304,22 +872,8 @@ class Table:
             self.update({column: fn}, dedup=dedup)
             return self
         mode = self.properties.change_mode(column, dedup)
-        table = table_for(self, mode)
-        plan = BackfillPlan.create(table, column, mode)
-        store = store_writer_for(table, plan)  # shared: a payload is stored once per backfill
-        try:
-            files = {
-                f.fragment_id: backfill_fragment(table, f.fragment_id, fn, plan, store)
-                for f in table.dataset.get_fragments()
-            }
-            if store is not None:
-                store.finish()
-        except BaseException:
-            if store is not None:
-                store.abort()
-            plan.transaction.abort()
-            raise
-        return self._advance(commit_backfill(table, plan, files))
+        done = backfill(self._snapshot, column, mode, backfill_here(fn))
+        return self._moved_to(done.snapshot)
 
     @keywords_checked
     def gc(
@@ -1330,11 +884,11 @@ class Table:
         grace: timedelta | None = None,
         dry_run: bool = False,
         progress: Progress | None = None,
-    ) -> dict:
+    ) -> GcReport:
         """Remove old versions and files no retained version references (after ``grace``,
         24 hours by default); see :func:`blobhouse.maintenance.garbage_collection.gc`."""
         return garbage_collection.gc(
-            self,
+            self._snapshot,
             retain_versions=retain_versions,
             older_than=older_than,
             grace=garbage_collection.DEFAULT_GRACE if grace is None else grace,
@@ -1343,11 +897,11 @@ class Table:
         )
 
     @keywords_checked
-    def verify(self, *, deep: bool = False, progress: Progress | None = None) -> dict:
+    def verify(self, *, deep: bool = False, progress: Progress | None = None) -> VerifyReport:
         """Check every blob reference of every retained version (``deep``: and its bytes against
         the hash recorded at write time): problems by version, column, row and path (see
         :func:`blobhouse.maintenance.verification.verify`)."""
-        return verification.verify(self, deep=deep, progress=progress)
+        return verification.verify(self._snapshot, deep=deep, progress=progress)
 
     @keywords_checked
     def compact(
@@ -1359,28 +913,29 @@ class Table:
         repack_threshold: float = compaction.DEFAULT_REPACK_THRESHOLD,
         progress: Progress | None = None,
         retries: int = compaction.DEFAULT_RETRIES,
-    ) -> dict:
+    ) -> CompactionReport:
         """Rewrite small fragments and fragments with many deleted rows, keeping blob sharing,
         in one transaction (see :func:`~blobhouse.maintenance.compaction.compact`); a commit a
         concurrent delete or write preempted is run again, up to ``retries`` times. Returns what
         it did, and moves this table to the version it committed."""
-        done = compaction.compact(
-            self,
-            target_rows=target_rows,
-            target_bytes=target_bytes,
-            deleted_fraction=deleted_fraction,
-            repack_threshold=repack_threshold,
-            progress=progress,
+        done = compaction.run_compaction(
+            self._snapshot,
+            {
+                "target_rows": target_rows,
+                "target_bytes": target_bytes,
+                "deleted_fraction": deleted_fraction,
+                "repack_threshold": repack_threshold,
+            },
+            lambda table, plan: compaction.rewrite_here(table, plan, progress),
             retries=retries,
         )
-        if done["version"] != self.version:
-            self._advance(self.checkout(done["version"]).dataset)
-        return done
+        self._moved_to(done.snapshot)
+        return done.report
 
-    def stats(self) -> dict:
+    def stats(self) -> StatsReport:
         """Per blob column and kind: logical bytes, physical bytes and dedup ratio; fragments,
         rows, deleted rows and orphan files (see :func:`blobhouse.maintenance.stats.blob_stats`)."""
-        return blob_stats(self)
+        return blob_stats(self._snapshot)
 
     def resolve_refs(
         self,
@@ -1389,60 +944,24 @@ class Table:
         row_addresses: pa.Array,
         unresolved: list[Unresolved] | None = None,
     ) -> pa.StructArray:
-        """Resolved references ``struct<uri, position, size>`` of blob column ``path``, from its
-        stored descriptors and the row addresses (``_rowaddr``) they were read at (with an
-        ``unresolved`` list: external references that cannot be resolved go there, as nulls;
-        see :meth:`ReferenceResolver.resolve`)."""
-        return self._resolved().resolve(
-            descriptors, row_addresses, self._field_id(path), path_name(path), unresolved
-        )
+        """Resolved references of blob column ``path`` (see :meth:`TableSnapshot.resolve_refs`)."""
+        return self._snapshot.resolve_refs(path, descriptors, row_addresses, unresolved)
 
     def file_column(self, path: ColumnPath) -> Callable[[int], int]:
-        """For blob column ``path``: fragment id -> the column it is in that fragment's data
-        file (what recorded inline hashes are keyed by)."""
-        resolver, field = self._resolved(), self._field_id(path)
-        return lambda fragment_id: resolver.file_column(fragment_id, field)
+        """See :meth:`TableSnapshot.file_column`."""
+        return self._snapshot.file_column(path)
 
     def data_file_of(self, path: ColumnPath) -> Callable[[int], str]:
-        """For blob column ``path``: fragment id -> the data file holding it in that fragment
-        (where its rows' recorded hashes are)."""
-        resolver, field = self._resolved(), self._field_id(path)
-        return lambda fragment_id: resolver.data_file_uri(fragment_id, field)
+        """See :meth:`TableSnapshot.data_file_of`."""
+        return self._snapshot.data_file_of(path)
 
     def data_file_uri(self, data_file: DataFile) -> str:
-        """Where one of this version's data files is (in this branch's ``data/``, or under a
-        base path: a branch reading its parent's files)."""
-        return self._resolved().locate(data_file)
-
-    def _resolved(self) -> ReferenceResolver:
-        if self._resolver is None:
-            self._resolver = ReferenceResolver(self.dataset, self.location)
-        return self._resolver
+        """See :meth:`TableSnapshot.data_file_uri`."""
+        return self._snapshot.data_file_uri(data_file)
 
     def recorded_hashes(self) -> RecordedHashes:
         """The blake3 recorded for this table's stored payloads (loaded as they are needed)."""
-        if self._hashes is None:
-            root, options = self.location.root, self.storage_options
-            store = (store_uri_prefix(self.uri), lambda: StoreIndex.open(root, options))
-            self._hashes = RecordedHashes(options, store)
-        return self._hashes
-
-    def _blob_paths(self) -> list[ColumnPath]:
-        if self._stored_blob_columns is None:  # walking the schema costs ~30 us per read
-            self._stored_blob_columns = stored_blob_columns(self.schema)
-        return self._stored_blob_columns
-
-    def _field_id(self, path: ColumnPath) -> int:
-        # Lance rebuilds its schema object on every access: look each column up once
-        if path not in self._field_ids:
-            self._field_ids[path] = field_id(self.dataset, path)
-        return self._field_ids[path]
-
-    def _blob_path(self, column: str, what: str) -> ColumnPath:
-        """The path of blob column ``column`` (``parent.child`` inside a struct); any other
-        name is refused, naming the closest blob column (``what``: the API it was given to)."""
-        names = self.blob_columns
-        return self._blob_paths()[names.index(check_blob_column(column, names, what))]
+        return self._snapshot.recorded_hashes()
 
     def _selection(self, columns: Sequence[str] | None, blobs: str) -> Selection:
         if blobs not in ("refs", "bytes", "descriptors"):
@@ -1462,7 +981,7 @@ class Table:
                 out = (name,) if len(path) > 1 else path
                 targets.extend(
                     ((*out, *b[len(path) :]), b)
-                    for b in self._blob_paths()
+                    for b in self._snapshot.blob_paths
                     if b[: len(path)] == path
                 )
         return Selection(names, [lance_name(p) for p in paths], paths, targets)
@@ -1487,7 +1006,7 @@ class Table:
     ) -> pa.RecordBatch:
         if not targets:
             return batch
-        addresses = batch.column(_ROW_ADDRESS)
+        addresses = batch.column(ROW_ADDRESS)
         for out, path in targets:
             descriptors = get_column(batch, out)
             if blobs == "bytes":
@@ -1498,7 +1017,7 @@ class Table:
             else:
                 refs = self.resolve_refs(path, descriptors, addresses)
                 batch = replace_column(batch, out, refs, pa.field(out[-1], REF_TYPE))
-        return batch.drop_columns([_ROW_ADDRESS])
+        return batch.drop_columns([ROW_ADDRESS])
 
     def _checked_bytes(
         self,
@@ -1511,8 +1030,8 @@ class Table:
         """The payloads of blob column ``path`` (``read_ranges`` or ``read_ranges_arrow``),
         each checked against its recorded blake3 as it arrives (hashing overlaps reading)
         unless ``check_hashes`` is False."""
-        refs = self._resolved().resolve_list(
-            descriptors, addresses, self._field_id(path), path_name(path)
+        refs = self._snapshot.resolver.resolve_list(
+            descriptors, addresses, self._snapshot.field_id(path), path_name(path)
         )
         verify = None
         if check_hashes:
@@ -1569,137 +1088,3 @@ def _naming_row(
         f"blob column {column!r}, fragment {address >> 32} row {address & 0xFFFFFFFF}: {error}",
         error.uri,
     )
-
-
-def _open_dataset(
-    location: TableLocation, version: int | None, storage_options: dict[str, str] | None
-) -> LanceDataset | None:
-    path = location.dataset_path
-    if "://" not in path and not os.path.isdir(os.path.join(path, "_versions")):
-        return None
-    try:
-        return lance.dataset(path, version=version, storage_options=storage_options)
-    except (ValueError, OSError) as exc:
-        if "not found" in str(exc).lower() or "does not exist" in str(exc).lower():
-            return None
-        raise
-
-
-def _with_store(
-    location: TableLocation, existing: LanceDataset | None, storage_options: dict[str, str] | None
-) -> tuple[LanceDataset | None, int]:
-    """The table with its store registered (an existing table gets one commit for it, once),
-    and the store's base id; a table being created registers it in its first commit."""
-    if existing is None:
-        return None, store_base(location, None).id
-    existing, base_id = ensure_store(existing, location, storage_options)
-    bases = BasePaths(existing, location)
-    if not bases.store_is_own():
-        raise InvalidInputError(
-            f"{location}: the store this table's manifest names ({bases.store.uri}) is not the "
-            f"table's own ({location.store_uri}); a shallow clone shares its source's store, "
-            "so dedup='global' writes to it are refused"
-        )
-    return existing, base_id
-
-
-def _remove_empty_local_dirs(*paths: str) -> None:
-    """Remove directories a failed create made, if they are local and empty."""
-    for path in paths:
-        if "://" not in path:
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
-
-
-def _kept_properties(existing: LanceDataset | None, appending: bool) -> TableProperties:
-    """The properties a write plans by: the table's (an overwrite replaces damaged ones)."""
-    if existing is None:
-        return TableProperties()
-    try:
-        return TableProperties.of(existing)
-    except TableMetadataError:
-        if appending:
-            raise
-        return TableProperties()
-
-
-def _blob_names(schema: pa.Schema) -> list[str]:
-    return [path_name(p) for p in stored_blob_columns(schema)]
-
-
-def _properties_of(plan: WritePlan, options: WriteOptions) -> TableProperties:
-    """What a write that makes the table anew records (its bases as the plan checked them)."""
-    columns = [(c.name, c.dedup, c.ref_id_column, c.placement) for c in plan.columns]
-    properties = new_table_properties(options, columns)
-    bases = plan.allowed_bases
-    return replace(properties, allowed_bases=tuple(bases.bases), managed_bases=tuple(bases.managed))
-
-
-def _allowed_bases(
-    existing: LanceDataset | None,
-    given: Sequence[str] | None,
-    appending: bool,
-    root_uri: str,
-    managed: Sequence[str] | None = None,
-) -> AllowedBases:
-    try:
-        kept = AllowedBases.of_table(existing.schema if existing is not None else None, root_uri)
-    except TableMetadataError:
-        if appending:
-            raise
-        kept = AllowedBases((), root_uri)  # an overwrite replaces damaged metadata
-    if given is None and managed is None:
-        return kept
-    requested = AllowedBases(given or (), root_uri, managed or ())
-    if not appending:
-        return requested
-    # an append may repeat the table's settings (what it gives of them), never change them
-    same_allowed = given is None or set(requested.bases) | set(kept.managed) == set(kept.bases)
-    if not same_allowed or (managed is not None and requested.managed != kept.managed):
-        raise PropertyConflictError(
-            "allowed_bases are set when a table is created or overwritten (managed_bases "
-            f"too); this table's are {kept.bases} (managed: {kept.managed}), the append asked "
-            f"for {requested.bases} (managed: {requested.managed})"
-        )
-    return kept
-
-
-def _input_stream(data: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    """Schema and batches of any accepted input, without materializing a stream."""
-    if _is_pandas(data):
-        data = _from_pandas(data)
-    if isinstance(data, pa.Table):
-        return data.schema, iter(data.to_batches())
-    if isinstance(data, pa.RecordBatch):
-        return data.schema, iter([data])
-    if isinstance(data, pa.RecordBatchReader):
-        return data.schema, iter(data)
-    if isinstance(data, Iterable) and not isinstance(data, str | bytes | dict):
-        batches = iter(data)
-        first = next(batches, None)
-        if not isinstance(first, pa.RecordBatch):
-            raise InvalidInputError(
-                "an iterable input must yield pyarrow RecordBatches (got "
-                f"{type(first).__name__}); pass a pyarrow Table to write an empty table"
-            )
-        return first.schema, chain([first], batches)
-    raise InvalidInputError(
-        f"cannot write a {type(data).__name__}; pass a pyarrow Table, RecordBatch, "
-        "RecordBatchReader, iterable of RecordBatches, or a pandas DataFrame"
-    )
-
-
-def _is_pandas(data: Any) -> bool:
-    return type(data).__module__.startswith("pandas") and type(data).__name__ == "DataFrame"
-
-
-def _from_pandas(frame) -> pa.Table:
-    """A pandas DataFrame as Arrow; object columns holding :class:`Blob` become blob arrays."""
-    columns = {}
-    for name in frame.columns:
-        values = frame[name]
-        if values.dtype == object and any(isinstance(v, Blob) for v in values):
-            columns[name] = blob_array(values.tolist())
-        else:
-            columns[name] = pa.Array.from_pandas(values)
-    return pa.table(columns)

@@ -18,7 +18,8 @@ from blobhouse import BlobhouseError, StaleWriteError, blob_array, open_table, w
 from blobhouse.claims import Claim, Claimant, Claims, claims_folder
 from blobhouse.dedup import content_hash
 from blobhouse.storage import uri_to_path
-from blobhouse.table import TableWrite
+from blobhouse.table import Table
+from blobhouse.write import TableWrite
 
 from helpers import stock_read, tree
 
@@ -66,7 +67,7 @@ def test_tasks_of_one_write_store_each_new_payload_once(table_uri):
         thread.start()
     for thread in threads:
         thread.join()
-    table = write.commit([f for files in written for f in files])
+    table = Table(write.commit([f for files in written for f in files]))
     stats = table.stats()
     assert stats["physical_bytes"] == unique(rows(0, [0]), *tasks)
     assert set(stats["columns"]["clip"]["kinds"]) == {"global"}
@@ -99,7 +100,7 @@ def test_a_task_that_failed_after_claiming_leaves_its_payloads_to_the_commit(
         content_hash(CLIPS[0]),
         content_hash(CLIPS[1]),
     }
-    table = write.commit(survivor)  # the failed task's packs are checked and adopted
+    table = Table(write.commit(survivor))  # the failed task's packs are checked and adopted
     ids = table.to_arrow(columns=["id"])["id"].to_pylist()
     expected = {0: CLIPS[5], 200: CLIPS[0], 201: CLIPS[1], 202: CLIPS[2]}
     assert table.read_blobs("clip", range(4)) == [expected[i] for i in ids]
@@ -153,7 +154,7 @@ def test_a_retry_of_a_task_takes_its_predecessors_claims_over(table_uri, monkeyp
     assert not [b for f in written for b in f.borrowed]  # stored it itself
     claim = dead._read(dead._uri(content_hash(CLIPS[0])), content_hash(CLIPS[0]))
     assert claim.claimant.id == "retry" and claim.pack in {p for f in written for p in f.packs}
-    table = write.commit(written)
+    table = Table(write.commit(written))
     assert table.read_blobs("clip", [1, 2]) == [CLIPS[0], CLIPS[1]]
 
 
@@ -167,7 +168,7 @@ def test_a_claim_its_writer_never_finished_is_taken_over(table_uri, monkeypatch)
     written = write.write(rows(100, [0]).to_batches())
     with open(os.path.join(folder, content_hash(CLIPS[0]).hex()), "rb") as f:
         assert b'"pack"' in f.read()  # the claim names this task's copy now
-    table = write.commit(written)
+    table = Table(write.commit(written))
     assert table.read_blobs("clip", [1]) == [CLIPS[0]]
 
 
@@ -229,7 +230,7 @@ def test_small_payloads_are_claimed_while_their_column_shares_them(table_uri):
     written = [write.write(task(n)) for n in range(3)]
     claims = claim_files(table_uri)
     assert len([c for c in claims]) <= 2 + 3 * SMALL_PROBE  # thumbnails stopped claiming
-    table = write.commit([f for files in written for f in files])
+    table = Table(write.commit([f for files in written for f in files]))
     stats = table.stats()["columns"]
     assert stats["calib"]["physical_bytes"] == sum(map(len, calibration))  # once, not per task
     assert stats["thumb"]["physical_bytes"] == stats["thumb"]["logical_bytes"]

@@ -236,7 +236,8 @@ def test_a_store_registered_by_another_process_meanwhile_is_used(table_uri):
     write), one commits first: the other uses that store (it used to fail with Lance's raw
     'Incompatible transaction: UpdateBases' OSError)."""
     from blobhouse.layout import TableLocation
-    from blobhouse.store import ensure_store, store_base_id
+    from blobhouse.store import store_base_id
+    from blobhouse.write.prepare import ensure_store
 
     create(table_uri, dedup="content")
     first, second = lance.dataset(table_uri), lance.dataset(table_uri)  # both read the table
@@ -260,7 +261,7 @@ def test_writers_registering_the_store_at_the_same_time_all_commit(table_uri):
 def stage(uri: str, ids: list[int], dedup: str):
     """A write of ``ids`` planned and staged, not committed yet."""
     from blobhouse.options import WriteOptions
-    from blobhouse.table import TableWrite
+    from blobhouse.write import TableWrite
 
     data = pa.table({"id": pa.array(ids, pa.int64()), "b": blob_array([payload(i) for i in ids])})
     write = TableWrite.begin(

@@ -18,7 +18,7 @@ import pytest
 
 from blobhouse import SchemaError, TableExistsError, blob_array, open_table
 from blobhouse.options import WriteOptions
-from blobhouse.table import TableWrite
+from blobhouse.write import TableWrite
 
 from helpers import data_files, stock_read
 

@@ -268,7 +268,7 @@ def test_bad_appends_leave_the_table_unchanged(existing, columns, kwargs, error,
 
 def test_a_task_finishing_after_abort_removes_its_own_files(existing):
     from blobhouse.errors import BlobhouseError
-    from blobhouse.table import TableWrite
+    from blobhouse.write import TableWrite
 
     uri, before, _ = existing
     data = pa.table({"id": [7], "b": blob_array([os.urandom(200_000)])})

@@ -118,7 +118,7 @@ def test_failed_writes_leave_no_pack_and_gc_reclaims_unreferenced_packs(table_ur
 
 def test_packs_of_a_write_that_never_committed_are_collected_after_the_grace(table_uri):
     from blobhouse.options import WriteOptions
-    from blobhouse.table import TableWrite
+    from blobhouse.write import TableWrite
 
     write_table(rows([0], [PAYLOADS[0]]), table_uri, dedup="global")
     staged = rows([1], [os.urandom(90_000)])
@@ -274,7 +274,7 @@ def test_deep_verify_checks_store_payloads_against_the_index(table_uri):
 def found_in_the_index(table_uri):
     """A write in flight that found a payload in the index while nothing references it."""
     from blobhouse.options import WriteOptions
-    from blobhouse.table import TableWrite
+    from blobhouse.write import TableWrite
 
     write_table(rows([0], [PAYLOADS[0]]), table_uri, dedup="global")
     write_table(rows([1], [PAYLOADS[1]]), table_uri, mode="overwrite", dedup="global")

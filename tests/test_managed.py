@@ -30,7 +30,7 @@ from blobhouse.cli import main
 from blobhouse.managed import DOOMED_DIR, Registry, managed_dir
 from blobhouse.options import WriteOptions
 from blobhouse.ownership import OWNER_DIR
-from blobhouse.table import TableWrite
+from blobhouse.write import TableWrite
 
 from helpers import tree
 

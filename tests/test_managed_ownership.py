@@ -27,7 +27,7 @@ from blobhouse import (
 from blobhouse.layout import TableLocation
 from blobhouse.managed import Registry
 from blobhouse.ownership import OWNER_DIR, claim, owner_marker, read_owner, release
-from blobhouse.table import TableWrite
+from blobhouse.write import TableWrite
 
 NOW = timedelta(0)
 

@@ -38,7 +38,8 @@ from blobhouse.digest_filter import may_contain, read_filters
 from blobhouse.rangeio import READ_THREADS, _balanced_groups, plan_reads
 from blobhouse.storage import ArrowStore, checked_options, object_store
 from blobhouse.store import filters_uri
-from blobhouse.table import TableWrite
+from blobhouse.table import Table
+from blobhouse.write import TableWrite
 
 KIB, MIB = 1024, 1024 * 1024
 S3_CRASH_KILLS = int(os.environ.get("BLOBHOUSE_S3_CRASH_KILLS", "3"))
@@ -434,7 +435,7 @@ def test_gc_on_s3_keeps_the_files_of_a_running_write(s3):
     with leases.held(write.location.root, write.name_prefix, write.storage_options):
         report = open_table(uri, storage_options=s3.options).gc(grace=timedelta(0))
     assert report["removed_files"] == 0
-    table = write.commit(written)
+    table = Table(write.commit(written))
     assert table.count_rows() == 8
     assert table.read_blobs("media", [5]) == [payload(1, 300 * KIB)]
 
@@ -903,7 +904,7 @@ def test_claims_on_s3_let_one_task_store_a_payload_and_the_others_borrow_it(s3):
     ]
     written = [f for task in tasks for f in write.write(task.to_batches())]
     assert sum(len(f.borrowed) for f in written) == 2  # two of three tasks borrowed it
-    table = write.commit(written)
+    table = Table(write.commit(written))
     assert table.stats()["physical_bytes"] == sum(map(len, clips)) + len(new[0])
     assert not s3.objects("t/_blobs/claims/")  # removed at the commit
     assert table.read_blobs("b", range(table.count_rows()))[-1] == new[0]

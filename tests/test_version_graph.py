@@ -267,7 +267,7 @@ def test_walking_a_long_history_of_appends_does_not_resolve_every_version(table_
     verify), and keep the versions a fragment is in as runs, not an entry per version."""
     from blobhouse.maintenance.walk import VersionGraph, fragment_states
     from blobhouse.references import ReferenceResolver
-    from blobhouse.table import Table
+    from blobhouse.snapshot import TableSnapshot
 
     built = []
     real_init = ReferenceResolver.__init__
@@ -278,9 +278,11 @@ def test_walking_a_long_history_of_appends_does_not_resolve_every_version(table_
 
     monkeypatch.setattr(ReferenceResolver, "__init__", counted)
     opened = []
-    real_checkout = Table.checkout
+    real_checkout = TableSnapshot.checkout
     monkeypatch.setattr(
-        Table, "checkout", lambda self, *a, **k: opened.append(1) or real_checkout(self, *a, **k)
+        TableSnapshot,
+        "checkout",
+        lambda self, *a, **k: opened.append(1) or real_checkout(self, *a, **k),
     )
     resolvers, appended = {}, 0
     for appends in (3, 12):
@@ -289,7 +291,7 @@ def test_walking_a_long_history_of_appends_does_not_resolve_every_version(table_
         appended = appends
         table = open_table(table_uri)
         opened.clear()
-        states = fragment_states(table, list(VersionGraph.of(table).versions))
+        states = fragment_states(table.snapshot, list(VersionGraph.of(table.snapshot).versions))
         # versions 2.. append to the one before: their transactions say what, and only the
         # first version's manifest (and the latest, the table itself) is read
         assert len(opened) == 2

@@ -15,12 +15,17 @@ from blobhouse.maintenance.garbage_collection import (
     gc_at,
     orphans,
 )
+from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.stats import blob_stats
 from blobhouse.maintenance.verification import Problem, verify
 
 __all__ = [
     "DEFAULT_GRACE",
+    "CompactionReport",
+    "GcReport",
     "Problem",
+    "StatsReport",
+    "VerifyReport",
     "blob_stats",
     "clean_failed_create",
     "compact",

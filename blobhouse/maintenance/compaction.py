@@ -14,9 +14,9 @@ Lance ``Rewrite``; if anything fails, what was written is removed and the table 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lance
 import numpy as np
@@ -26,9 +26,11 @@ from lance import LanceDataset, LanceOperation
 from lance.optimize import Compaction, RewriteResult
 from pyroaring import BitMap64
 
+from blobhouse.change import Committed, Staged, run_change
 from blobhouse.checksums import RecordedHashes, written_by_blobhouse
 from blobhouse.dedup import content_hash
 from blobhouse.errors import CorruptBlobError, InvalidInputError
+from blobhouse.maintenance.reports import CompactionReport
 from blobhouse.maintenance.walk import Progress, fragment_references
 from blobhouse.pipeline import WritePlan, plan_write, write_data_files
 from blobhouse.placement import AllowedBases, Kind, MiB
@@ -36,10 +38,9 @@ from blobhouse.properties import TableProperties
 from blobhouse.rangeio import BlobRef, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
+from blobhouse.snapshot import ROW_ADDRESS, snapshot_of
 from blobhouse.storage import object_store
 from blobhouse.store import (
-    ensure_store,
-    relocate_store,
     retire_packs,
     store_base_id,
     store_uri_prefix,
@@ -49,7 +50,6 @@ from blobhouse.transaction import (
     Transaction,
     commit_errors,
     lance_commit,
-    retrying,
 )
 from blobhouse.values import (
     ColumnPath,
@@ -60,9 +60,10 @@ from blobhouse.values import (
     replace_field,
     stored_blob_columns,
 )
+from blobhouse.write.prepare import prepared_for_write
 
 if TYPE_CHECKING:
-    from blobhouse.table import Table
+    from blobhouse.snapshot import TableSnapshot
 
 DEFAULT_TARGET_ROWS = 1024 * 1024
 DEFAULT_TARGET_BYTES = 2 * 1024 * MiB
@@ -79,7 +80,6 @@ INPUT_BLOB_TYPE = pa.struct(
         pa.field("size", pa.uint64()),
     ]
 )
-_ROW_ADDRESS = "_rowaddr"
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class CompactionPlan:
 
 
 def plan_compaction(
-    table: Table,
+    table: TableSnapshot,
     *,
     target_rows: int = DEFAULT_TARGET_ROWS,
     target_bytes: int = DEFAULT_TARGET_BYTES,
@@ -209,7 +209,7 @@ def plan_compaction(
     )
 
 
-def _columns_by_mode(table: Table) -> tuple[set[str], set[str]]:
+def _columns_by_mode(table: TableSnapshot) -> tuple[set[str], set[str]]:
     """The blob columns whose property stores them in the table's store, and those stored per
     data file (a table without recorded properties: neither, its rows stay as they are)."""
     properties = TableProperties.of(table.dataset)
@@ -221,7 +221,7 @@ def _columns_by_mode(table: Table) -> tuple[set[str], set[str]]:
     }
 
 
-def _index_coverage(table: Table) -> dict[int, frozenset[str]]:
+def _index_coverage(table: TableSnapshot) -> dict[int, frozenset[str]]:
     """For each indexed fragment, the index segments that cover it."""
     covering: dict[int, set[str]] = {}
     for index in table.dataset.describe_indices():
@@ -252,7 +252,7 @@ class _Run:
         self.bytes += size
         self.live_bytes += live_size
 
-    def groups(self, table: Table) -> list[CompactionGroup]:
+    def groups(self, table: TableSnapshot) -> list[CompactionGroup]:
         """The group this run makes, or none if rewriting it gains nothing."""
         worth = len(self.ids) > 1 or (
             self.ids and (self.deleted_rows > 0 or self.forced or _foreign(table, self.ids[0]))
@@ -261,7 +261,9 @@ class _Run:
         return [group] if worth else []
 
 
-def compact_group(table: Table, plan: CompactionPlan, group: CompactionGroup) -> list[WrittenFile]:
+def compact_group(
+    table: TableSnapshot, plan: CompactionPlan, group: CompactionGroup
+) -> list[WrittenFile]:
     """Write the live rows of one group into new data files (``table`` at
     ``plan.read_version``). Nothing is visible until :func:`commit_compaction`; on failure the
     files written so far are removed."""
@@ -276,7 +278,7 @@ def compact_group(table: Table, plan: CompactionPlan, group: CompactionGroup) ->
 
 
 def commit_compaction(
-    table: Table, plan: CompactionPlan, written: Sequence[Sequence[WrittenFile]]
+    table: TableSnapshot, plan: CompactionPlan, written: Sequence[Sequence[WrittenFile]]
 ) -> LanceDataset:
     """Replace each group's fragments by its new files in one Lance ``Rewrite`` transaction.
 
@@ -337,7 +339,7 @@ def _rewrite_result(
     for fragment in old:
         scan = dataset.scanner(columns=[], with_row_address=True, fragments=[fragment])
         for batch in scan.to_batches():
-            live.update(batch.column(_ROW_ADDRESS).to_numpy())
+            live.update(batch.column(ROW_ADDRESS).to_numpy())
     ids = leaf_field_ids(dataset.lance_schema.fields())
     new = [w.fragment(ids) for w in files]
     if len(live) != sum(f.physical_rows for f in new):
@@ -361,16 +363,16 @@ def _rewrite_result(
 
 
 def compact(
-    table: Table,
+    table: TableSnapshot,
     *,
     target_rows: int = DEFAULT_TARGET_ROWS,
     target_bytes: int = DEFAULT_TARGET_BYTES,
     deleted_fraction: float = DEFAULT_DELETED_FRACTION,
     repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
     progress: Progress | None = None,
-    rewrite: Callable[[Table, CompactionPlan], list[list[WrittenFile]]] | None = None,
+    rewrite: Callable[[TableSnapshot, CompactionPlan], list[list[WrittenFile]]] | None = None,
     retries: int = DEFAULT_RETRIES,
-) -> dict:
+) -> CompactionReport:
     """Plan, rewrite and commit a compaction; returns what it did. ``rewrite`` writes the new
     files of every group (default: one group after another in this process; Spark runs them
     as tasks). If anything fails, every file the compaction wrote is removed. A commit that a
@@ -389,49 +391,77 @@ def compact(
     >>> open_table(uri).stats()["physical_bytes"]  # one copy again
     100000
     """
-    targets = {
-        "target_rows": target_rows,
-        "target_bytes": target_bytes,
-        "deleted_fraction": deleted_fraction,
-        "repack_threshold": repack_threshold,
-    }
-    rewrite = rewrite or (lambda table, plan: _rewrite_here(table, plan, progress))
+    return run_compaction(
+        snapshot_of(table),
+        {
+            "target_rows": target_rows,
+            "target_bytes": target_bytes,
+            "deleted_fraction": deleted_fraction,
+            "repack_threshold": repack_threshold,
+        },
+        rewrite or (lambda table, plan: rewrite_here(table, plan, progress)),
+        in_tasks=rewrite is not None,
+        retries=retries,
+    ).report
+
+
+def run_compaction(
+    table: TableSnapshot,
+    targets: Mapping[str, Any],
+    rewrite: Callable[[TableSnapshot, CompactionPlan], list[list[WrittenFile]]],
+    *,
+    in_tasks: bool = False,
+    retries: int = DEFAULT_RETRIES,
+) -> Committed[CompactionReport]:
+    """:func:`compact` with the group rewrite given: its report and the committed snapshot."""
     if table.dataset.has_stable_row_ids:
         raise InvalidInputError(
             f"{table.location} uses stable row ids; blobhouse compaction does not carry them "
             "over (Lance's compact_files does, without keeping blob sharing)"
         )
-    relocated = relocate_store(table.dataset, table.location, table.storage_options)
-    if _columns_by_mode(table)[0] and store_base_id(relocated) is None:  # a mode set to global
-        relocated, _ = ensure_store(relocated, table.location, table.storage_options)
-    if relocated is not table.dataset:  # a moved table: its first write points its store home
-        table = table.checkout(relocated.version)
-
-    def attempt(n: int) -> dict:
-        latest = table if n == 1 else table.checkout(table.dataset.latest_version)
-        return _compact_once(latest, plan_compaction(latest, **targets), rewrite) | {"attempts": n}
-
-    return retrying(attempt, retries)
+    table = prepared_for_write(table, "global" if _columns_by_mode(table)[0] else "content")
+    return run_change(_Compaction(dict(targets), rewrite, in_tasks), table, retries=retries)
 
 
-def _compact_once(
-    table: Table,
-    plan: CompactionPlan,
-    rewrite: Callable[[Table, CompactionPlan], list[list[WrittenFile]]],
-) -> dict:
-    if not plan.groups:
-        return report(table.version, plan, [])
-    try:
-        results = rewrite(table, plan)
-        dataset = commit_compaction(table, plan, results)
-    except BaseException:
-        plan.transaction.abort()
-        raise
-    return report(dataset.version, plan, results)
+@dataclass(frozen=True)
+class _CompactionRun:
+    table: TableSnapshot  # the version read
+    compaction: CompactionPlan
+
+    @property
+    def transaction(self) -> Transaction:
+        return self.compaction.transaction
 
 
-def _rewrite_here(
-    table: Table, plan: CompactionPlan, progress: Progress | None
+@dataclass(frozen=True)
+class _Compaction:
+    """A compaction as a :class:`~blobhouse.change.Change`."""
+
+    targets: dict[str, Any]
+    rewrite: Callable[[TableSnapshot, CompactionPlan], list[list[WrittenFile]]]
+    in_tasks: bool
+
+    def plan(self, snapshot: TableSnapshot) -> _CompactionRun:
+        return _CompactionRun(snapshot, plan_compaction(snapshot, **self.targets))
+
+    def stage(self, run: _CompactionRun, staged: Staged) -> None:
+        groups = self.rewrite(run.table, run.compaction) if run.compaction.groups else []
+        staged.written.extend(w for group in groups for w in group)
+        staged.detail = groups
+
+    def commit(self, run: _CompactionRun, staged: Staged) -> LanceDataset:
+        if not run.compaction.groups:
+            return run.table.dataset
+        return commit_compaction(run.table, run.compaction, staged.detail)
+
+    def report(
+        self, run: _CompactionRun, staged: Staged, committed: TableSnapshot, attempt: int
+    ) -> CompactionReport:
+        return report(committed.version, run.compaction, staged.detail) | {"attempts": attempt}
+
+
+def rewrite_here(
+    table: TableSnapshot, plan: CompactionPlan, progress: Progress | None
 ) -> list[list[WrittenFile]]:
     results = []
     for done, group in enumerate(plan.groups):
@@ -460,7 +490,7 @@ def report(version: int, plan: CompactionPlan, written: Sequence[Sequence[Writte
     }
 
 
-def _write_plan(table: Table, plan: CompactionPlan) -> WritePlan:
+def _write_plan(table: TableSnapshot, plan: CompactionPlan) -> WritePlan:
     schema = table.schema
     paths = stored_blob_columns(schema)
     input_schema = schema
@@ -495,7 +525,7 @@ def _mode(column: str, plan: CompactionPlan) -> str:
 
 
 def _logical_batches(
-    table: Table,
+    table: TableSnapshot,
     plan: CompactionPlan,
     fragment_ids: Sequence[int],
     store_digests: dict[tuple[str, int, int], bytes] | None = None,
@@ -525,7 +555,7 @@ def _logical_batches(
                     ),
                     pa.field(path[-1], INPUT_BLOB_TYPE),
                 )
-            yield piece.drop_columns([_ROW_ADDRESS])
+            yield piece.drop_columns([ROW_ADDRESS])
 
 
 def _pieces(batch: pa.RecordBatch, paths: list[ColumnPath]) -> Iterator[pa.RecordBatch]:
@@ -543,7 +573,7 @@ def _pieces(batch: pa.RecordBatch, paths: list[ColumnPath]) -> Iterator[pa.Recor
 
 
 def logical_values(
-    table: Table,
+    table: TableSnapshot,
     path: ColumnPath,
     batch: pa.RecordBatch,
     hashes: RecordedHashes,
@@ -556,7 +586,7 @@ def logical_values(
     (those of ``repack`` packs move, every store payload with ``leave_store``). The hash rows
     recorded for the store payloads they keep go to ``store_digests`` (pack, position, size)."""
     descriptors = get_column(batch, path)
-    refs = table.resolve_refs(path, descriptors, batch.column(_ROW_ADDRESS))
+    refs = table.resolve_refs(path, descriptors, batch.column(ROW_ADDRESS))
     valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
     kinds = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False)
     uris = refs.field("uri").to_pylist()
@@ -581,7 +611,7 @@ def logical_values(
         path_name(path),
         (table.file_column(path), table.data_file_of(path)),
         descriptors,
-        batch.column(_ROW_ADDRESS),
+        batch.column(ROW_ADDRESS),
         wanted,
         data,
         hashes,
@@ -600,7 +630,7 @@ def logical_values(
 
 
 def _kept_digests(
-    table: Table,
+    table: TableSnapshot,
     path: ColumnPath,
     batch: pa.RecordBatch,
     descriptors: pa.StructArray,
@@ -618,7 +648,7 @@ def _kept_digests(
         table.file_column(path),
         descriptors,
         wanted,
-        np.asarray(batch.column(_ROW_ADDRESS).to_numpy(zero_copy_only=False), np.uint64),
+        np.asarray(batch.column(ROW_ADDRESS).to_numpy(zero_copy_only=False), np.uint64),
         table.data_file_of(path),
     )
     for ref, digest in zip(wanted, expected, strict=True):
@@ -686,7 +716,7 @@ class StoreUsage:
     in_store: dict[str, set[int]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, table: Table, scan: bool = False) -> StoreUsage:
+    def of(cls, table: TableSnapshot, scan: bool = False) -> StoreUsage:
         """The usage of the current version (``scan``: also without a store, for
         :attr:`per_file`)."""
         usage = cls()
@@ -737,7 +767,7 @@ class StoreUsage:
         return set().union(*(self.in_store.get(c, set()) for c in columns))
 
 
-def _foreign(table: Table, fragment_id: int) -> bool:
+def _foreign(table: TableSnapshot, fragment_id: int) -> bool:
     """Whether a data file of the fragment was written by another writer than blobhouse."""
     files = table.dataset.get_fragment(fragment_id).metadata.files
     return not all(
@@ -745,7 +775,7 @@ def _foreign(table: Table, fragment_id: int) -> bool:
     )
 
 
-def _fragment_bytes(table: Table, metadata) -> int:
+def _fragment_bytes(table: TableSnapshot, metadata) -> int:
     """Bytes of a fragment's data files and their sidecars."""
     store = object_store(table.uri, table.storage_options)
     total = 0

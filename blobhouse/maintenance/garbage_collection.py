@@ -41,6 +41,7 @@ from blobhouse.layout import (
     branch_data_dir,
     manifest_version,
 )
+from blobhouse.maintenance.reports import GcReport
 from blobhouse.maintenance.walk import (
     FragmentState,
     Progress,
@@ -53,7 +54,14 @@ from blobhouse.maintenance.walk import (
 )
 from blobhouse.managed import Reclaim, Registry
 from blobhouse.placement import AllowedBases, as_uri
-from blobhouse.storage import ObjectInfo, StorageOptions, is_local, object_store, uri_to_path
+from blobhouse.snapshot import open_snapshot, snapshot_of
+from blobhouse.storage import (
+    ObjectInfo,
+    StorageOptions,
+    is_local,
+    object_store,
+    uri_to_path,
+)
 from blobhouse.store import (
     PACKS_DIR,
     STORE_DIR,
@@ -67,7 +75,7 @@ from blobhouse.store import (
 from blobhouse.transaction import NAME_PREFIX_PATTERN
 
 if TYPE_CHECKING:
-    from blobhouse.table import Table
+    from blobhouse.snapshot import TableSnapshot
 
 DEFAULT_GRACE = timedelta(hours=24)
 _PACKS = f"{STORE_DIR}/{PACKS_DIR}"
@@ -75,7 +83,7 @@ _CLAIMS = f"{STORE_DIR}/{CLAIMS_DIR}"
 
 
 def referenced_paths(
-    table: Table, state: FragmentState, registered: Container[str] = frozenset()
+    table: TableSnapshot, state: FragmentState, registered: Container[str] = frozenset()
 ) -> set[str]:
     """Paths, relative to the table root, of the data files, sidecars and store packs one
     fragment state uses, and the URIs of the ``registered`` managed objects it references;
@@ -128,7 +136,7 @@ def _unjudged(unresolved: Iterable[tuple[int, str, str]], prefix: str) -> set[st
 
 
 def mark(
-    table: Table,
+    table: TableSnapshot,
     graph: VersionGraph | None = None,
     progress: Progress | None = None,
     registered: Container[str] = frozenset(),
@@ -145,7 +153,7 @@ def mark(
 
 
 def state_marks(
-    table: Table,
+    table: TableSnapshot,
     graph: VersionGraph,
     progress: Progress | None = None,
     registered: Container[str] = frozenset(),
@@ -192,7 +200,7 @@ class Marked:
         return list(self.dirs)
 
 
-def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
+def orphans(table: TableSnapshot, referenced: Iterable[str] | None = None) -> dict:
     """Files the table owns (under ``data/``, branches' ``tree/<name>/data/`` and the store's
     ``_blobs/packs/``) that no retained version references: leftovers of writes that never
     committed, or of versions already removed. ``paths`` are local paths for local tables,
@@ -204,6 +212,7 @@ def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
     >>> orphans(t)["files"]
     0
     """
+    table = snapshot_of(table)
     marked = Marked(mark(table) if referenced is None else referenced)
     owned = _TableFiles(table)
     found = sorted(p for p in owned.objects if p not in marked)
@@ -214,7 +223,7 @@ def orphans(table: Table, referenced: Iterable[str] | None = None) -> dict:
     }
 
 
-def reclaimable(table: Table) -> dict:
+def reclaimable(table: TableSnapshot) -> dict:
     """What of the table's files no current row needs, by who would reclaim it:
 
     - ``orphan_files`` / ``orphan_bytes`` / ``orphan_paths``: files under ``data/``, the
@@ -258,22 +267,22 @@ def reclaimable(table: Table) -> dict:
     }
 
 
-def disk_usage(table: Table) -> int:
+def disk_usage(table: TableSnapshot) -> int:
     """Bytes of every object under the table's root: every branch, the store, Lance's
     metadata."""
     return sum(info.size for info in object_store(table.uri, table.storage_options).list(table.uri))
 
 
 def gc(
-    table: Table,
+    table: TableSnapshot,
     *,
     retain_versions: int | None = None,
     older_than: timedelta | None = None,
     grace: timedelta = DEFAULT_GRACE,
     dry_run: bool = False,
     progress: Progress | None = None,
-    referenced: Callable[[Table, list[VersionRef], frozenset[str]], set[str]] | None = None,
-) -> dict:
+    referenced: Callable[[TableSnapshot, list[VersionRef], frozenset[str]], set[str]] | None = None,
+) -> GcReport:
     """Remove old versions, then every file the table owns (under ``data/`` and
     ``_blobs/packs/``) that no retained version references and that is older than ``grace``
     (younger ones may belong to a write still in progress). A store pack the store's index
@@ -308,6 +317,7 @@ def gc(
     >>> gc(t, dry_run=True)["removed_files"]
     0
     """
+    table = snapshot_of(table)
     _check_retention(retain_versions, older_than, grace)
     cleanup = VersionCleanup()
     if retain_versions is not None or older_than is not None:
@@ -462,7 +472,7 @@ class VersionCleanup:
 
 
 def explain_version_cleanup(
-    table: Table, retain_versions: int | None, older_than: timedelta | None
+    table: TableSnapshot, retain_versions: int | None, older_than: timedelta | None
 ) -> VersionCleanup:
     """What ``cleanup_old_versions(older_than, retain_versions,
     error_if_tagged_old_versions=False)`` would remove from ``table``'s branch now, as Lance
@@ -500,7 +510,7 @@ def explain_version_cleanup(
     )
 
 
-def lance_files(table: Table) -> dict[str, int]:
+def lance_files(table: TableSnapshot) -> dict[str, int]:
     """Every file in the directories of ``table``'s branch that Lance's cleanup deletes in
     (path relative to the table root -> size)."""
     store = object_store(table.uri, table.storage_options)
@@ -512,7 +522,7 @@ def lance_files(table: Table) -> dict[str, int]:
     return found
 
 
-def _dataset_prefix(table: Table) -> str:
+def _dataset_prefix(table: TableSnapshot) -> str:
     """Where the dataset of ``table``'s branch is, relative to the table root (``""`` or
     ``tree/<branch>/``)."""
     return "" if table.branch is None else f"{TREE_DIR}/{table.branch}/"
@@ -562,7 +572,7 @@ class _IndexCleanup:
     added_bytes: int = 0
 
     @classmethod
-    def run(cls, table: Table, keep: timedelta, before: dict[str, int]) -> _IndexCleanup:
+    def run(cls, table: TableSnapshot, keep: timedelta, before: dict[str, int]) -> _IndexCleanup:
         """Maintain the index; what changed since it held ``before`` (:meth:`listed`)."""
         maintain_index(table.location.root, keep, table.storage_options)
         after = cls.listed(table)
@@ -572,7 +582,7 @@ class _IndexCleanup:
         )
 
     @classmethod
-    def explained(cls, table: Table, keep: timedelta) -> _IndexCleanup:
+    def explained(cls, table: TableSnapshot, keep: timedelta) -> _IndexCleanup:
         """What the index's cleanup would remove now (a compaction it may need first is not
         foreseen: it rewrites a few small files)."""
         root, options = table.location.root, table.storage_options
@@ -592,7 +602,7 @@ class _IndexCleanup:
         )
 
     @staticmethod
-    def listed(table: Table) -> dict[str, int]:
+    def listed(table: TableSnapshot) -> dict[str, int]:
         store = object_store(table.uri, table.storage_options)
         index = f"{table.uri}/{STORE_DIR}/index"
         return {f"{STORE_DIR}/index/{i.name}": i.size for i in store.list(index)}
@@ -619,10 +629,8 @@ def gc_at(
     ...
     blobhouse.errors.TableNotFoundError: no table at ...
     """
-    from blobhouse.table import open_table  # the table module imports this one
-
     try:
-        table = open_table(uri, storage_options=storage_options, branch=branch)
+        table = open_snapshot(uri, None, storage_options, branch=branch)
     except TableNotFoundError:
         if branch is not None:
             raise
@@ -791,7 +799,7 @@ def _check_retention(
             )
 
 
-def _kept_for_tags(table: Table, removed: list[int], retained: list[int]) -> list[int]:
+def _kept_for_tags(table: TableSnapshot, removed: list[int], retained: list[int]) -> list[int]:
     """Versions of this branch that a tag, or a branch made from them, keeps although cleanup
     removed a newer version."""
     if not removed:
@@ -803,7 +811,7 @@ def _kept_for_tags(table: Table, removed: list[int], retained: list[int]) -> lis
     return sorted(v for v in pinned & set(retained) if v < max(removed))
 
 
-def owned_dirs(table: Table) -> list[str]:
+def owned_dirs(table: TableSnapshot) -> list[str]:
     """The directories (relative to the root) whose files belong to the table: main's and each
     branch's ``data/``, the store's packs, and the claims of Spark writes (blobhouse.claims:
     named with their write's prefix, kept while it runs, swept once it died)."""
@@ -814,7 +822,7 @@ def owned_dirs(table: Table) -> list[str]:
 class _TableFiles:
     """The files a table owns, listed once: path relative to the table root -> size, mtime."""
 
-    def __init__(self, table: Table, without: Iterable[str] = ()) -> None:
+    def __init__(self, table: TableSnapshot, without: Iterable[str] = ()) -> None:
         self.root = table.uri
         self.store = object_store(table.uri, table.storage_options)
         self.local = is_local(table.uri)
@@ -868,7 +876,9 @@ class _StorePacks:
     tombstone and committed after the mark that retired it): then it is *resurrected*.
     """
 
-    def __init__(self, table: Table, marked: Marked, owned: _TableFiles, cutoff: float) -> None:
+    def __init__(
+        self, table: TableSnapshot, marked: Marked, owned: _TableFiles, cutoff: float
+    ) -> None:
         self.table_path, self.options = table.location.root, table.storage_options
         self.owned = owned
         self.unreadable_index: str | None = None

@@ -14,15 +14,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from blobhouse.maintenance.garbage_collection import disk_usage, reclaimable
+from blobhouse.maintenance.reports import StatsReport
 from blobhouse.managed import Registry
 from blobhouse.placement import Kind
+from blobhouse.snapshot import ROW_ADDRESS, snapshot_of
 from blobhouse.store import store_uri_prefix
 from blobhouse.values import ColumnPath, get_column, path_name, stored_blob_columns
 
 if TYPE_CHECKING:
     from lance import LanceFragment
 
-    from blobhouse.table import Table
+    from blobhouse.snapshot import TableSnapshot
 
 _GLOBAL = "global"  # external blobs in the table's own store: table-owned bytes
 _GLOBAL_CODE = max(Kind) + 1
@@ -42,10 +44,9 @@ _NAMES = {
 _KIND_ORDER = list(_NAMES.values())
 _STORED_KINDS = ("inline", "packed", "dedicated", _GLOBAL)
 _OUTSIDE_KINDS = (_EXTERNAL, _MANAGED)
-_ROW_ADDRESS = "_rowaddr"
 
 
-def blob_stats(table: Table) -> dict:
+def blob_stats(table: TableSnapshot) -> StatsReport:
     """Logical vs physical bytes per blob column and kind, and what the rest of the bytes on
     disk are.
 
@@ -75,6 +76,7 @@ def blob_stats(table: Table) -> dict:
     >>> s["logical_bytes"], s["physical_bytes"], s["dedup_ratio"], s["table_owned_bytes"]
     (400000, 100000, 4.0, 100000)
     """
+    table = snapshot_of(table)
     dataset = table.dataset
     fragments = dataset.get_fragments()
     registered = Registry.load(table.location, table.storage_options).uris
@@ -147,7 +149,7 @@ class _Outside:
 
 
 def _column_stats(
-    table: Table,
+    table: TableSnapshot,
     path: ColumnPath,
     fragments: list[LanceFragment],
     registered: frozenset[str],
@@ -184,7 +186,7 @@ def _column_stats(
 
 
 def _references(
-    table: Table,
+    table: TableSnapshot,
     path: ColumnPath,
     fragments: list,
     store_prefix: str,
@@ -214,7 +216,7 @@ def _references(
         offset = 0  # physical row of the batch's first row (fragments with deletions)
         for batch in scanner.to_batches():
             descriptors = get_column(batch, path)
-            addresses = batch.column(_ROW_ADDRESS)
+            addresses = batch.column(ROW_ADDRESS)
             live = addresses.is_valid().to_numpy(zero_copy_only=False)
             if fragment_id is not None and not live.all():
                 # a deleted row has no address: it is its fragment's next physical row

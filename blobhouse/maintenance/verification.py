@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobReadError, StoreIndexError
+from blobhouse.maintenance.reports import VerifyReport
 from blobhouse.maintenance.walk import (
     FragmentState,
     Progress,
@@ -25,11 +26,12 @@ from blobhouse.maintenance.walk import (
 from blobhouse.managed import Registry
 from blobhouse.placement import MiB
 from blobhouse.rangeio import BlobRef, read_ranges
+from blobhouse.snapshot import snapshot_of
 from blobhouse.storage import StorageOptions, object_store
 from blobhouse.store import damaged_entries, index_uri, store_uri_prefix
 
 if TYPE_CHECKING:
-    from blobhouse.table import Table
+    from blobhouse.snapshot import TableSnapshot
 
 DEEP_READ_BYTES = 64 * MiB
 _OWNERS = ("table", "managed", "unmanaged")  # whose object a problem is about
@@ -98,7 +100,7 @@ class Checker:
     """Object sizes and verified payloads, remembered across fragment states of one run."""
 
     def __init__(
-        self, table: Table, damaged: Mapping[tuple[str, int, int], str] | None = None
+        self, table: TableSnapshot, damaged: Mapping[tuple[str, int, int], str] | None = None
     ) -> None:
         self.sizes: dict[str, int | None] = {}
         # (pack uri, position, size) of damaged store index entries -> why: their rows are named
@@ -132,7 +134,11 @@ class Checker:
 
 
 def verify_state(
-    table: Table, state: FragmentState, *, deep: bool = False, checker: Checker | None = None
+    table: TableSnapshot,
+    state: FragmentState,
+    *,
+    deep: bool = False,
+    checker: Checker | None = None,
 ) -> StateReport:
     """Check every reference of one fragment state; ``table`` is opened at ``state.version``."""
     checker = checker or Checker(table)
@@ -233,12 +239,12 @@ def _verdict_key(ref: BlobRef, expected: bytes) -> tuple[str, int, int, bytes]:
 
 
 def verify(
-    table: Table,
+    table: TableSnapshot,
     graph: VersionGraph | None = None,
     *,
     deep: bool = False,
     progress: Progress | None = None,
-) -> dict:
+) -> VerifyReport:
     """Check that every blob reference of every retained version of every branch (or of the
     versions of ``graph``) resolves to an existing object with its range inside it; ``deep`` also
     re-hashes every stored payload against the blake3 recorded at write time. A problem is one
@@ -259,6 +265,7 @@ def verify(
     >>> report["problems"], report["hashed"]
     ([], 1)
     """
+    table = snapshot_of(table)
     graph = graph or VersionGraph.of(table)
     states = fragment_states(table, list(graph.versions))
     damaged = damaged_store_entries(table) if deep else {}
@@ -273,7 +280,7 @@ def verify(
     return summarize(table, graph, reports, deep=deep, damaged=damaged)
 
 
-def damaged_store_entries(table: Table) -> dict[tuple[str, int, int], str]:
+def damaged_store_entries(table: TableSnapshot) -> dict[tuple[str, int, int], str]:
     """The store index entries whose bytes are not what their key says, by the range they
     name (pack uri, position, size) -> the reason (what ``verify(deep=True)`` reports)."""
     prefix = store_uri_prefix(table.uri)
@@ -287,13 +294,13 @@ def damaged_store_entries(table: Table) -> dict[tuple[str, int, int], str]:
 
 
 def summarize(
-    table: Table,
+    table: TableSnapshot,
     graph: VersionGraph,
     reports: Iterable[tuple[FragmentState, StateReport]],
     *,
     deep: bool,
     damaged: Mapping[tuple[str, int, int], str] | None = None,
-) -> dict:
+) -> VerifyReport:
     """One verify report from the reports of fragment states (each counted per version); the
     problems of one stored payload, however many rows and versions reference it, are one
     problem listing those rows."""
@@ -358,7 +365,7 @@ def summarize(
     }
 
 
-def _owners(table: Table) -> Callable[[str], str]:
+def _owners(table: TableSnapshot) -> Callable[[str], str]:
     """uri -> whose object it is (:data:`_OWNERS`): the table's files (its own directories,
     its store), managed external objects (the registry), unmanaged ones (the rest)."""
     own = f"{table.uri}/"
@@ -372,7 +379,7 @@ def _owners(table: Table) -> Callable[[str], str]:
     return owner
 
 
-def _placement_problems(table: Table, graph: VersionGraph) -> list[Problem]:
+def _placement_problems(table: TableSnapshot, graph: VersionGraph) -> list[Problem]:
     """Branches whose latest manifest names the store at the table's old place (the table
     was copied or moved)."""
     problems = []

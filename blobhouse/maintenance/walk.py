@@ -18,14 +18,14 @@ import pyarrow as pa
 
 from blobhouse.errors import BlobhouseError
 from blobhouse.references import Unresolved, file_path
+from blobhouse.snapshot import ROW_ADDRESS, snapshot_of
 from blobhouse.values import get_column, path_name, stored_blob_columns
 
 if TYPE_CHECKING:
     from lance.fragment import DataFile, FragmentMetadata
 
-    from blobhouse.table import Table
+    from blobhouse.snapshot import TableSnapshot
 
-_ROW_ADDRESS = "_rowaddr"
 # called as progress(step, done, total) by long-running services (the CLI draws a bar)
 Progress = Callable[[str, int, int], None]
 
@@ -154,7 +154,7 @@ class VersionGraph:
     unreadable: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def of(cls, table: Table) -> VersionGraph:
+    def of(cls, table: TableSnapshot) -> VersionGraph:
         """The graph of ``table``'s versions.
 
         >>> import tempfile, pyarrow as pa, lance
@@ -187,7 +187,9 @@ class VersionGraph:
         return VersionGraph(tuple(r for r in self.versions if r not in gone), self.unreadable)
 
 
-def fragment_states(table: Table, versions: list[VersionRef] | None = None) -> list[FragmentState]:
+def fragment_states(
+    table: TableSnapshot, versions: list[VersionRef] | None = None
+) -> list[FragmentState]:
     """The distinct fragment states of ``versions`` (default: every retained version of every
     branch that can be read).
 
@@ -206,6 +208,7 @@ def fragment_states(table: Table, versions: list[VersionRef] | None = None) -> l
     ...  for s in fragment_states(t)]
     [(0, [('main@1', 0), ('main@2', 0)]), (1, [('main@2', 1)])]
     """
+    table = snapshot_of(table)
     found: dict[tuple, list] = {}
     places = _DataFilePlaces()
     refs = list(versions or VersionGraph.of(table).versions)
@@ -258,7 +261,7 @@ class _Manifest:
     fragments: tuple[_Fragment, ...]
 
     @classmethod
-    def read(cls, at: Table, places: _DataFilePlaces) -> _Manifest:
+    def read(cls, at: TableSnapshot, places: _DataFilePlaces) -> _Manifest:
         names = tuple(path_name(p) for p in stored_blob_columns(at.schema))
         locate = places.of(at)
         fragments, first_row = [], 0
@@ -298,7 +301,7 @@ def _written(metadata: FragmentMetadata) -> tuple:
     return (tuple((file_path(f), f.base_id) for f in metadata.files), metadata.physical_rows)
 
 
-def _appends_after(at: Table, refs: list[VersionRef], i: int) -> list[list[tuple]]:
+def _appends_after(at: TableSnapshot, refs: list[VersionRef], i: int) -> list[list[tuple]]:
     """What each version after ``refs[i]`` (opened: ``at``) appends, for as long as they are
     the consecutive versions of its branch and their transactions are appends."""
     appended: list[list[tuple]] = []
@@ -348,9 +351,9 @@ class _DataFilePlaces:
 
     def __init__(self) -> None:
         self._places: dict[tuple, str] = {}
-        self._placers: dict[tuple, Table] = {}  # the first version opened in each context
+        self._placers: dict[tuple, TableSnapshot] = {}  # the first version opened in each context
 
-    def of(self, at: Table) -> Callable[[DataFile], str]:
+    def of(self, at: TableSnapshot) -> Callable[[DataFile], str]:
         """``data file -> URI`` for the files of ``at``'s version."""
         bases = at.dataset.base_paths()
         recorded = tuple(
@@ -368,7 +371,7 @@ class _DataFilePlaces:
         return locate
 
 
-def open_version(table: Table, ref: VersionRef) -> Table:
+def open_version(table: TableSnapshot, ref: VersionRef) -> TableSnapshot:
     """``table`` at ``ref`` (itself when it is there already)."""
     if table.branch == ref.branch and table.version == ref.version:
         return table
@@ -376,10 +379,10 @@ def open_version(table: Table, ref: VersionRef) -> Table:
 
 
 def opened_states(
-    table: Table, states: list[FragmentState]
-) -> Iterator[tuple[Table, FragmentState]]:
+    table: TableSnapshot, states: list[FragmentState]
+) -> Iterator[tuple[TableSnapshot, FragmentState]]:
     """Each state with the table opened at its version; every version is opened once."""
-    opened: Table | None = None
+    opened: TableSnapshot | None = None
     for state in sorted(states, key=lambda s: (s.ref.sort_key(), s.fragment_id)):
         if opened is None or (opened.branch, opened.version) != (
             state.ref.branch,
@@ -389,7 +392,7 @@ def opened_states(
         yield opened, state
 
 
-def fragment_references(table: Table, fragment_id: int) -> Iterator[ReferenceBatch]:
+def fragment_references(table: TableSnapshot, fragment_id: int) -> Iterator[ReferenceBatch]:
     """Every non-null blob reference of one fragment's live rows, a batch at a time, for every
     blob column; ``table`` is opened at a version holding the fragment."""
     fragment = table.dataset.get_fragment(fragment_id)
@@ -405,7 +408,7 @@ def fragment_references(table: Table, fragment_id: int) -> Iterator[ReferenceBat
         )
         for batch in scanner.to_batches():
             descriptors = get_column(batch, path)
-            addresses = batch.column(_ROW_ADDRESS)
+            addresses = batch.column(ROW_ADDRESS)
             unresolved: list[Unresolved] = []
             refs = table.resolve_refs(path, descriptors, addresses, unresolved)
             valid = refs.is_valid().to_numpy(zero_copy_only=False)

@@ -39,12 +39,11 @@ from pyspark.sql import functions as F
 from blobhouse.backfill import (
     BackfillPlan,
     BlobFunction,
+    backfill,
     backfill_fragment,
-    commit_backfill,
     live_values,
     pack_limit,
     store_writer_for,
-    table_for,
 )
 from blobhouse.dedup import mode_of
 from blobhouse.errors import InvalidInputError, SchemaError
@@ -52,6 +51,7 @@ from blobhouse.layout import TableLocation
 from blobhouse.options import WriteOptions, closest
 from blobhouse.placement import Placement
 from blobhouse.properties import TableProperties
+from blobhouse.snapshot import open_snapshot
 from blobhouse.spark.datasource import (
     WRITE_OPTIONS,
     check_options,
@@ -64,7 +64,6 @@ from blobhouse.spark.jobs import compact, gc, run_tasks, verify
 from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.spark.mutations import merge_insert, update
 from blobhouse.storage import checked_options
-from blobhouse.table import open_at, open_table
 from blobhouse.transaction import Transaction, record_stored
 
 __all__ = [
@@ -343,7 +342,7 @@ def backfill_blob_column(
     Spark write).
     """
     options = checked_options(storage_options)
-    opened = open_table(table_uri, storage_options=options)
+    opened = open_snapshot(table_uri, None, options)
     if column in opened.blob_columns and "." in column:
         # a nested blob column is rewritten with its struct, as Table.backfill_blob_column does
         from blobhouse.spark.mutations import update
@@ -351,29 +350,27 @@ def backfill_blob_column(
         update(spark, table_uri, {column: fn}, dedup=dedup, storage_options=options)
         return
     dedup = opened.properties.change_mode(column, dedup)  # the column's own, else the table's
-    table = table_for(opened, dedup)
-    plan = BackfillPlan.create(table, column, dedup)
-    # resolved here: an executor's working directory is not the driver's
-    location, version = table.location, table.version
-    fragment_ids = [f.fragment_id for f in table.dataset.get_fragments()]
-    try:
+
+    def in_tasks(table, plan: BackfillPlan) -> tuple[dict, list]:
+        # resolved here: an executor's working directory is not the driver's
+        location, version = table.location, table.version
+        fragment_ids = [f.fragment_id for f in table.dataset.get_fragments()]
         if dedup == "global":
-            with plan.transaction.lease():
-                written, stored = _backfill_globally(spark, table, plan, fn, fragment_ids)
+            written, stored = _backfill_globally(spark, table, plan, fn, fragment_ids)
         else:
             written, stored = (
                 run_tasks(
                     spark,
                     fragment_ids,
-                    lambda i: backfill_fragment(open_at(location, version, options), i, fn, plan),
+                    lambda i: backfill_fragment(
+                        open_snapshot(location, version, options), i, fn, plan
+                    ),
                 ),
                 [],
             )
-        commit_backfill(table, plan, dict(zip(fragment_ids, written, strict=True)))
-    except BaseException:
-        plan.transaction.abort(tasks_may_run=True)  # tasks of a failed job may still run
-        raise
-    record_stored(location.root, stored, options)
+        return dict(zip(fragment_ids, written, strict=True)), stored
+
+    backfill(opened, column, dedup, in_tasks, in_tasks=True)
 
 
 _FRAGMENT, _ORDER, _VALUE = "__bh_fragment", "__bh_order", "value"
@@ -396,7 +393,7 @@ def _backfill_globally(
     def values(batches):
         for batch in batches:
             for fragment in batch[_FRAGMENT].to_pylist():
-                opened = open_at(location, version, options)
+                opened = open_snapshot(location, version, options)
                 # a marker row: a fragment without live rows still gets its file
                 yield _values_batch(fragment, -1, pa.nulls(1, _LOGICAL))
                 order = 0
@@ -464,7 +461,7 @@ def _fragment_writer(location, version, options, plan: BackfillPlan):
     store, or values the store does not hold: nulls, empty payloads, external URIs)."""
 
     def write(batches):
-        table = open_at(location, version, options)
+        table = open_snapshot(location, version, options)
         store = store_writer_for(table, plan, load_index=False)
         pending: dict[int, list[pa.Array]] = {}
         for batch in batches:

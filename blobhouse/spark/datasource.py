@@ -1,7 +1,7 @@
 """The ``blobhouse`` Spark data source: ``df.write.format("blobhouse")`` and
 ``spark.read.format("blobhouse")``.
 
-Write: the driver plans the write once (:class:`~blobhouse.table.TableWrite`), every task writes
+Write: the driver plans the write once (:class:`~blobhouse.write.TableWrite`), every task writes
 complete data files and sidecars with the core write pipeline and returns them, the driver
 commits all of them in one Lance transaction; ``abort`` removes what the tasks wrote.
 
@@ -52,8 +52,9 @@ from blobhouse.pipeline import WrittenFile
 from blobhouse.rangeio import REF_TYPE
 from blobhouse.spark.catalog import parse_columns, table_options, with_table_options
 from blobhouse.storage import checked_options
-from blobhouse.table import TableWrite, open_at, write_table
+from blobhouse.table import open_at, write_table
 from blobhouse.values import path_name, stored_blob_columns
+from blobhouse.write import TableWrite
 
 STORAGE_PREFIX = "storage."
 DEFAULT_ROWS_PER_PARTITION = 1_000_000

@@ -37,7 +37,7 @@ from blobhouse.storage import (
     read_object,
     uri_to_path,
 )
-from blobhouse.table import check_target
+from blobhouse.write import check_target
 
 FORMATS = ("jsonl", "csv", "parquet")
 #: dedup modes ingest offers (``ref_id`` needs ref ids, which a manifest's paths do not carry)

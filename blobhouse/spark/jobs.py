@@ -36,6 +36,7 @@ from blobhouse.maintenance.compaction import (
 )
 from blobhouse.maintenance.compaction import compact as compact_table
 from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, referenced_paths
+from blobhouse.maintenance.reports import CompactionReport, GcReport, VerifyReport
 from blobhouse.maintenance.verification import (
     Checker,
     StateReport,
@@ -44,8 +45,8 @@ from blobhouse.maintenance.verification import (
     verify_state,
 )
 from blobhouse.maintenance.walk import FragmentState, VersionGraph, VersionRef, fragment_states
+from blobhouse.snapshot import TableSnapshot, open_snapshot
 from blobhouse.spark.errors import spark_entry_point
-from blobhouse.table import Table, open_at, open_table
 
 Unit = TypeVar("Unit")
 _RESULT = pa.schema([("index", pa.int64()), ("result", pa.binary())])
@@ -96,12 +97,12 @@ def compact(
     storage_options: dict[str, str] | None = None,
     retries: int = DEFAULT_RETRIES,
     branch: str | None = None,
-) -> dict:
+) -> CompactionReport:
     """:func:`~blobhouse.maintenance.compaction.compact` with a Spark task per group of
     fragments and one commit on the driver; if a task or the commit fails, the new files are
     removed (a preempted commit is run again, up to ``retries`` times)."""
 
-    def in_tasks(table: Table, plan: CompactionPlan) -> list:
+    def in_tasks(table: TableSnapshot, plan: CompactionPlan) -> list:
         at = _Opener.of(table)
         return run_tasks(
             spark,
@@ -110,7 +111,7 @@ def compact(
         )
 
     return compact_table(
-        open_table(uri, storage_options=storage_options, branch=branch),
+        open_snapshot(uri, None, storage_options, branch=branch),
         target_rows=target_rows,
         target_bytes=target_bytes,
         deleted_fraction=deleted_fraction,
@@ -127,10 +128,10 @@ def verify(
     *,
     deep: bool = False,
     storage_options: dict[str, str] | None = None,
-) -> dict:
+) -> VerifyReport:
     """:func:`blobhouse.maintenance.verification.verify` with a Spark task per fragment state
     (of every branch)."""
-    table = open_table(uri, storage_options=storage_options)
+    table = open_snapshot(uri, None, storage_options)
     graph = VersionGraph.of(table)
     states = fragment_states(table, list(graph.versions))
     at = _Opener.of(table)
@@ -155,12 +156,14 @@ def gc(
     dry_run: bool = False,
     storage_options: dict[str, str] | None = None,
     branch: str | None = None,
-) -> dict:
+) -> GcReport:
     """:func:`~blobhouse.maintenance.garbage_collection.gc` with the mark phase (which files
     retained versions of every branch reference) in a Spark task per fragment state; versions
     and the sweep run on the driver."""
 
-    def mark(table: Table, versions: list[VersionRef], registered: frozenset[str]) -> set[str]:
+    def mark(
+        table: TableSnapshot, versions: list[VersionRef], registered: frozenset[str]
+    ) -> set[str]:
         states = fragment_states(table, versions)
         at = _Opener.of(table)
         found = run_tasks(
@@ -169,7 +172,7 @@ def gc(
         return set().union(*found)
 
     return gc_table(
-        open_table(uri, storage_options=storage_options, branch=branch),
+        open_snapshot(uri, None, storage_options, branch=branch),
         retain_versions=retain_versions,
         older_than=older_than,
         grace=grace,
@@ -187,12 +190,12 @@ class _Opener:
     storage_options: dict[str, str] | None
 
     @classmethod
-    def of(cls, table: Table) -> _Opener:
+    def of(cls, table: TableSnapshot) -> _Opener:
         return cls(table.location, table.storage_options)
 
-    def open(self, version: int) -> Table:
+    def open(self, version: int) -> TableSnapshot:
         """The table's own branch at ``version``."""
         return self.open_ref(VersionRef(self.location.branch, version))
 
-    def open_ref(self, ref: VersionRef) -> Table:
-        return open_at(self.location.on(ref.branch), ref.version, self.storage_options)
+    def open_ref(self, ref: VersionRef) -> TableSnapshot:
+        return open_snapshot(self.location.on(ref.branch), ref.version, self.storage_options)

@@ -39,7 +39,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
 from blobhouse import mutations
-from blobhouse.backfill import BlobFunction, table_for
+from blobhouse.backfill import BlobFunction
 from blobhouse.dedup import mode_of
 from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.mutations import (
@@ -56,11 +56,11 @@ from blobhouse.mutations import (
 )
 from blobhouse.options import WriteOptions
 from blobhouse.session import WrittenFile
+from blobhouse.snapshot import ROW_ADDRESS, TableSnapshot, open_snapshot
 from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.jobs import run_tasks
 from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.storage import checked_options
-from blobhouse.table import Table, TableWrite, open_at, open_table
 from blobhouse.transaction import (
     DEFAULT_RETRIES,
     SHOWN_KEYS,
@@ -72,6 +72,7 @@ from blobhouse.transaction import (
     retrying,
     stage_deletion,
 )
+from blobhouse.write import TableWrite, prepared_for_write
 
 _ADDRESS, _SCOPE = "__bh_rowaddr", "__bh_in_scope"
 
@@ -90,7 +91,7 @@ def update(
     """:meth:`blobhouse.Table.update` with a Spark task per fragment: each task rewrites the
     changed columns of its fragment if a row matches ``where``; the driver commits once."""
     options = checked_options(storage_options)
-    table = open_table(uri, storage_options=options)
+    table = open_snapshot(uri, None, options)
     return mutations.update(
         table,
         updates,
@@ -98,7 +99,7 @@ def update(
         dedup=dedup,
         retries=retries,
         rewrite=lambda at, plan: _rewrite_in_tasks(spark, at, plan),
-    )
+    ).report
 
 
 def _rewrite_in_tasks(spark: SparkSession, table, plan: ColumnRewrite) -> dict:
@@ -112,7 +113,7 @@ def _rewrite_in_tasks(spark: SparkSession, table, plan: ColumnRewrite) -> dict:
     )
 
     def rewrite(fragment_id: int):
-        at = open_at(location, version, options)
+        at = open_snapshot(location, version, options)
         if not has_match(at.dataset.get_fragment(fragment_id), where):
             return None
         return rewrite_fragment(at, plan, fragment_id)
@@ -223,13 +224,13 @@ class _Merge:
     options: WriteOptions
     storage_options: Mapping[str, str] | None
 
-    def latest(self, uri: str) -> Table:
+    def latest(self, uri: str) -> TableSnapshot:
         """The table's latest version, ready for this merge's dedup mode."""
-        table = open_table(uri, storage_options=self.storage_options)
+        table = open_snapshot(uri, None, self.storage_options)
         resolved = MergeInsert(table, list(self.on), self.options).resolved(table)
-        return table_for(table, store_mode(resolved))
+        return prepared_for_write(table, store_mode(resolved))
 
-    def builder(self, table: Table) -> MergeInsert:
+    def builder(self, table: TableSnapshot) -> MergeInsert:
         """The Python merge's builder on ``table``: its checks of keys and columns."""
         merge = MergeInsert(table, list(self.on), self.options)
         if self.update_all:
@@ -245,7 +246,7 @@ class _Merge:
         merge.check_actions()
         return merge
 
-    def check(self, table: Table, df: DataFrame) -> MergeInsert:
+    def check(self, table: TableSnapshot, df: DataFrame) -> MergeInsert:
         """The builder, with the source's shape checked like the Python merge's (keys, unknown
         columns), without reading data."""
         merge = self.builder(table)
@@ -287,7 +288,7 @@ class _Staged:
         return [*self.new_files, *self.rewritten.values()]
 
 
-def _merge(source: DataFrame, merge: _Merge, table: Table, attempt: int) -> MergeReport:
+def _merge(source: DataFrame, merge: _Merge, table: TableSnapshot, attempt: int) -> MergeReport:
     """One attempt: match ``source`` with ``table``'s version, write in tasks, commit once."""
     builder = merge.check(table, source)
     match = _Match.of(source, table, merge)
@@ -298,7 +299,7 @@ def _merge(source: DataFrame, merge: _Merge, table: Table, attempt: int) -> Merg
 
 
 def _merge_matched(
-    match: _Match, merge: _Merge, builder: MergeInsert, table: Table, attempt: int
+    match: _Match, merge: _Merge, builder: MergeInsert, table: TableSnapshot, attempt: int
 ) -> MergeReport:
     matched, rows = match.counts()
     txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
@@ -346,7 +347,7 @@ class _Match:
     keyed: DataFrame
 
     @classmethod
-    def of(cls, source: DataFrame, table: Table, merge: _Merge) -> _Match:
+    def of(cls, source: DataFrame, table: TableSnapshot, merge: _Merge) -> _Match:
         keys = list(merge.on)
         targets = _target_keys(source.sparkSession, table, source, keys, merge.delete)
         joined = source.join(targets, keys, "left")
@@ -379,7 +380,7 @@ class _Match:
         keep = (found if matched else F.lit(False)) | (~found if unmatched else F.lit(False))
         return self.joined.where(keep).drop(_ADDRESS, _SCOPE)
 
-    def inserts(self, table: Table, count: int) -> Inserts:
+    def inserts(self, table: TableSnapshot, count: int) -> Inserts:
         """The ``count`` source rows that match no row of ``table`` (the version matched),
         whose keys the merge inserts: checked against a later version's fragments by a Spark
         join, so that the keys need not fit in the driver either."""
@@ -387,7 +388,7 @@ class _Match:
         spark = self.source.sparkSession
 
         def found(dataset: LanceDataset, fragment_ids: list[int]) -> list[dict]:
-            later = open_at(table.location, dataset.version, table.storage_options)
+            later = open_snapshot(table.location, dataset.version, table.storage_options)
             present = _target_keys(spark, later, self.source, self.on, False, fragment_ids)
             both = inserted.join(present.select(*self.on), self.on, "left_semi")
             return [row.asDict() for row in both.limit(SHOWN_KEYS).collect()]
@@ -403,7 +404,7 @@ class _Match:
 def _write(
     merge: _Merge,
     builder: MergeInsert,
-    table: Table,
+    table: TableSnapshot,
     match: _Match,
     txn: Transaction,
     rewrite: ColumnRewrite | None,
@@ -430,7 +431,7 @@ def _write(
 
 
 def _write_new_rows(
-    rows: DataFrame, builder: MergeInsert, table: Table, txn: Transaction, staged: _Staged
+    rows: DataFrame, builder: MergeInsert, table: TableSnapshot, txn: Transaction, staged: _Staged
 ) -> None:
     """The rows to add, written as new data files by tasks (store payloads first with
     ``dedup="global"``: the rows then carry references into the table's store)."""
@@ -457,7 +458,7 @@ def _write_new_rows(
     staged.new_files.extend(_write_rows(rows, write))
 
 
-def _pack_limit(table: Table, columns: Sequence[str]) -> int:
+def _pack_limit(table: TableSnapshot, columns: Sequence[str]) -> int:
     """The store's pack size: the smallest ``pack_file_size_threshold`` of ``columns``."""
     properties = table.properties
     return min(properties.columns[c].placement.pack_file_size_threshold for c in columns)
@@ -497,7 +498,7 @@ def _target_keys(
     condition = scope if isinstance(scope, str) else "true"
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        at = open_at(location, version, options)
+        at = open_snapshot(location, version, options)
         for batch in batches:
             for fragment_id in batch.column(0).to_pylist():
                 fragment = at.dataset.get_fragment(fragment_id)
@@ -505,7 +506,7 @@ def _target_keys(
                 scan = fragment.scanner(columns=columns, with_row_address=True)
                 for part in scan.to_batches():
                     arrays = [part.column(k).cast(arrow_schema.field(k).type) for k in keys]
-                    arrays += [part.column("_rowaddr").cast(pa.int64()), part.column(_SCOPE)]
+                    arrays += [part.column(ROW_ADDRESS).cast(pa.int64()), part.column(_SCOPE)]
                     yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 
     if fragment_ids is None:
@@ -544,7 +545,7 @@ def _by_fragment(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.Ta
 
 
 def _rewrite_matched(
-    matched: DataFrame, table: Table, rewrite: ColumnRewrite
+    matched: DataFrame, table: TableSnapshot, rewrite: ColumnRewrite
 ) -> dict[int, tuple[WrittenFile, BitMap]]:
     """``when_matched_update(columns)``: :func:`~blobhouse.mutations.rewrite_fragment` of
     every fragment holding a matched row, in tasks fed that fragment's matched source rows
@@ -553,7 +554,7 @@ def _rewrite_matched(
     present = [c for c in rewrite.columns if c in matched.columns]
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        at = open_at(location, version, options)
+        at = open_snapshot(location, version, options)
         for fragment_id, rows in _by_fragment(batches):
             source = {fragment_id: _fragment_source(rows, rewrite)}
             result = rewrite_fragment(at, replace(rewrite, source=source), fragment_id)
@@ -584,7 +585,7 @@ def _fragment_source(rows: pa.Table, rewrite: ColumnRewrite) -> tuple[np.ndarray
 
 
 def _delete_rows(
-    addresses: DataFrame, table: Table, txn: Transaction, into: list[StagedDeletion]
+    addresses: DataFrame, table: TableSnapshot, txn: Transaction, into: list[StagedDeletion]
 ) -> None:
     """Deletion files for the rows at ``addresses``, written by one task per group of
     fragments; each record lands in ``into``, then the first error a task met is raised.
@@ -601,7 +602,7 @@ def _delete_rows(
             for batch in batches:
                 for address in batch.column(0).to_pylist():
                     by_fragment.setdefault(address >> 32, []).append(address & 0xFFFFFFFF)
-            at = open_at(location, version, options)
+            at = open_snapshot(location, version, options)
             for fragment_id, offsets in by_fragment.items():
                 staged.append(stage_deletion(at.dataset, fragment_id, sorted(set(offsets))))
             if txn.is_aborted():  # the driver gave up while this task ran: nobody will commit

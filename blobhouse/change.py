@@ -1,0 +1,122 @@
+"""The change template: one runner for every change that stages files and commits them.
+
+A change -- an update, a compaction, a backfill -- supplies only what differs (PyIceberg's
+snapshot producers, Lance's ``execute_uncommitted``): its plan on a snapshot (holding its
+:class:`~blobhouse.transaction.Transaction`), the files it stages (in this process, or in Spark
+tasks), its commit and its report. :func:`run_change` does the rest, the same way for all of
+them: plan on the version read, hold the transaction's lease while staging, commit through the
+transaction (its checks and records), abort on any failure (removing exactly what was staged;
+with Spark tasks, marking the abort first so a task still running cleans up after itself), plan
+again on the latest version when a concurrent commit preempted it, and hand back the report
+with the committed snapshot, so the caller moves to it without opening the table again.
+
+>>> import tempfile, pyarrow as pa
+>>> from lance import LanceOperation
+>>> from blobhouse import write_table
+>>> from blobhouse.session import BlobSession
+>>> table = write_table(pa.table({"id": [1]}), tempfile.mkdtemp() + "/t")
+>>> class AppendOne:
+...     in_tasks = False
+...     def plan(self, snapshot):
+...         return Transaction.start(snapshot.location, snapshot.version, kind="example")
+...     def stage(self, txn, staged):
+...         path = f"{txn.location.data_dir}/{txn.name_prefix}0.lance"
+...         staged.written.append(BlobSession(path).write_data_file(pa.table({"id": [2]})))
+...     def commit(self, txn, staged):
+...         fragments = [w.fragment([0]) for w in staged.written]
+...         return txn.commit(staged.written, lambda: LanceOperation.Append(fragments))
+...     def report(self, txn, staged, committed, attempt):
+...         return committed.count_rows()
+>>> done = run_change(AppendOne(), table.snapshot)
+>>> done.report, done.snapshot.version
+(2, 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from lance import LanceDataset
+
+from blobhouse.session import WrittenFile
+from blobhouse.snapshot import TableSnapshot
+from blobhouse.transaction import DEFAULT_RETRIES, StagedDeletion, Transaction, retrying
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+@dataclass
+class Staged:
+    """What one attempt of a change staged so far, filled as it goes so that an abort removes
+    all of it: data files (with their sidecars and packs), the deletion files Lance named, and
+    what else the change wants to report (``detail``)."""
+
+    written: list[WrittenFile] = field(default_factory=list)
+    deletions: list[StagedDeletion] = field(default_factory=list)
+    detail: Any = None
+
+
+class Change(Protocol[P, R]):
+    """What a change supplies to :func:`run_change`. ``P`` is its plan; :func:`transaction_of`
+    finds the plan's transaction (the plan itself, or its ``transaction``)."""
+
+    #: its files are staged by Spark tasks (an abort then marks first; see Transaction.abort)
+    in_tasks: bool
+
+    def plan(self, snapshot: TableSnapshot) -> P:
+        """The change planned on ``snapshot`` (the version read)."""
+
+    def stage(self, plan: P, staged: Staged) -> None:
+        """Write the change's files, adding each to ``staged`` as it is written."""
+
+    def commit(self, plan: P, staged: Staged) -> LanceDataset:
+        """Commit ``staged`` through the plan's transaction; the committed dataset."""
+
+    def report(self, plan: P, staged: Staged, committed: TableSnapshot, attempt: int) -> R:
+        """What the change did, once committed (``attempt``: 1, 2, ... after preemptions)."""
+
+
+@dataclass(frozen=True)
+class Committed(Generic[R]):
+    """A change's report and the snapshot it committed (the version read, if it had nothing to
+    commit)."""
+
+    report: R
+    snapshot: TableSnapshot
+
+
+def transaction_of(plan: object) -> Transaction:
+    """The transaction a plan stages under: the plan itself, or its ``transaction``."""
+    return plan if isinstance(plan, Transaction) else plan.transaction  # type: ignore[attr-defined]
+
+
+def run_change(
+    change: Change[P, R], snapshot: TableSnapshot, *, retries: int = DEFAULT_RETRIES
+) -> Committed[R]:
+    """Run ``change`` on ``snapshot``: plan, stage under the lease, commit or abort, again on the
+    latest version after a preemption (up to ``retries`` times; then, or on a conflict no
+    new plan can resolve, :class:`~blobhouse.errors.ConcurrentCommitError`)."""
+
+    def attempt(n: int) -> Committed[R]:
+        at = snapshot if n == 1 else snapshot.latest()
+        plan = change.plan(at)
+        txn, staged = transaction_of(plan), Staged()
+        try:
+            with txn.lease():
+                change.stage(plan, staged)
+            dataset = change.commit(plan, staged)
+        except BaseException:
+            txn.abort(staged.written, deletions=staged.deletions, tasks_may_run=change.in_tasks)
+            raise
+        committed = at if dataset is at.dataset else at.at(dataset)
+        return Committed(change.report(plan, staged, committed, n), committed)
+
+    return retrying(attempt, retries)
+
+
+def files_of(groups: Sequence[Sequence[WrittenFile]]) -> list[WrittenFile]:
+    """The files of every group (one group per task or fragment), in order."""
+    return [w for group in groups for w in group]

@@ -1,0 +1,384 @@
+"""TableSnapshot: one version of a table -- the state every service, change and Spark task works on.
+
+A snapshot is the dataset at one version, where the table lives (:class:`TableLocation`) and the
+storage options, plus what is read from them on demand and cached: the schema, the blob
+columns, the reference resolver and the recorded hashes. It never changes: a change commits a
+new version, and its caller takes a new snapshot of it. :class:`blobhouse.table.Table`, the
+public facade, holds one and moves to the next (PyIceberg's ``TableMetadata`` under its
+``Table``). Opening one (:func:`open_snapshot`) also says precisely why there is no table, or
+no such version, at a place.
+
+>>> import tempfile, pyarrow as pa
+>>> from blobhouse import blob_array, write_table
+>>> uri = tempfile.mkdtemp() + "/t"
+>>> _ = write_table(pa.table({"img": blob_array([b"x", b"x"])}), uri)
+>>> snapshot = open_snapshot(TableLocation.of(uri))
+>>> snapshot.version, snapshot.blob_columns
+(1, ['img'])
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from functools import cached_property
+
+import lance
+import pyarrow as pa
+from lance import LanceDataset
+from lance.fragment import DataFile
+
+from blobhouse.checksums import RecordedHashes
+from blobhouse.columns import check_blob_column
+from blobhouse.console import version_spans
+from blobhouse.errors import (
+    BlobhouseError,
+    InvalidInputError,
+    MovedTableWarning,
+    NotATableError,
+    PathIsFileError,
+    PathNotFoundError,
+    TableNotFoundError,
+    VersionNotFoundError,
+    VersionRemovedError,
+)
+from blobhouse.layout import BasePaths, TableLocation
+from blobhouse.placement import AllowedBases
+from blobhouse.properties import TableProperties
+from blobhouse.references import ReferenceResolver, Unresolved, field_id
+from blobhouse.storage import checked_options
+from blobhouse.store import StoreIndex, store_uri_prefix
+from blobhouse.values import ColumnPath, path_name, stored_blob_columns
+
+#: the column Lance adds to a scan or take asked ``with_row_address``
+ROW_ADDRESS = "_rowaddr"
+
+
+class TableSnapshot:
+    """A table at one version: its dataset, location and storage options, and what is derived
+    from them (read once, then cached). Services take one; nothing here commits."""
+
+    def __init__(
+        self,
+        dataset: LanceDataset,
+        location: TableLocation,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.location = location
+        self.uri = location.root_uri  # references into the table's files start with it
+        self.storage_options = storage_options
+        self._field_ids: dict[ColumnPath, int] = {}
+
+    def __repr__(self) -> str:
+        branch = f", branch={self.branch!r}" if self.branch else ""
+        return f"TableSnapshot({self.uri!r}{branch}, version={self.version})"
+
+    @cached_property
+    def schema(self) -> pa.Schema:
+        """The table's Lance schema (blob columns as Lance blob fields)."""
+        return self.dataset.schema  # rebuilt by Lance on every access
+
+    @property
+    def version(self) -> int:
+        return self.dataset.version
+
+    @property
+    def branch(self) -> str | None:
+        """The branch this version is on (None: main)."""
+        return self.location.branch
+
+    @cached_property
+    def blob_paths(self) -> list[ColumnPath]:
+        """Paths of the blob columns (walking the schema costs ~30 us per read)."""
+        return stored_blob_columns(self.schema)
+
+    @property
+    def blob_columns(self) -> list[str]:
+        """Names of the blob columns (``parent.child`` inside structs)."""
+        return [path_name(p) for p in self.blob_paths]
+
+    @property
+    def allowed_bases(self) -> list[str]:
+        """URI prefixes external blobs of this table may live under."""
+        return AllowedBases.of_table(self.schema).bases
+
+    @property
+    def managed_bases(self) -> list[str]:
+        """The allowed bases whose objects the table takes ownership of once referenced."""
+        return AllowedBases.of_table(self.schema).managed
+
+    @property
+    def properties(self) -> TableProperties:
+        """The table's write settings as this version's manifest records them."""
+        return TableProperties.of(self.dataset)
+
+    def count_rows(self, filter: str | None = None) -> int:
+        return self.dataset.count_rows(filter)
+
+    def versions(self) -> list[dict]:
+        """Every version of this branch (``version``, ``timestamp``, ``metadata``)."""
+        return self.dataset.versions()
+
+    def tags(self) -> dict[str, dict]:
+        """Every tag of the table: name -> ``{"branch", "version"}`` (branch None: main)."""
+        return {
+            name: {"branch": tag["branch"], "version": tag["version"]}
+            for name, tag in self.dataset.tags.list().items()
+        }
+
+    def branches(self) -> dict[str, dict]:
+        """Every branch of the table: name -> ``{"parent_branch", "parent_version"}``."""
+        return {
+            name: {"parent_branch": b["parent_branch"], "parent_version": b["parent_version"]}
+            for name, b in self.dataset.branches.list().items()
+        }
+
+    def checkout(self, version: int | str | None, *, branch: str | None = None) -> TableSnapshot:
+        """This table at another version (a tag; None: the latest) of its branch, or of
+        ``branch`` ("main" for main)."""
+        location = self.location
+        if branch is not None:
+            location = TableLocation.of(location.root, branch, self.storage_options)
+        return open_snapshot(location, version, self.storage_options)
+
+    def latest(self) -> TableSnapshot:
+        """The latest version of this branch (this snapshot if nothing committed since)."""
+        latest = open_dataset(self.location, None, self.storage_options)
+        if latest is None:
+            raise not_found(self.location, None, self.storage_options)
+        return self if latest.version == self.version else self.at(latest)
+
+    def at(self, dataset: LanceDataset) -> TableSnapshot:
+        """This table at ``dataset``'s version (a dataset a commit returned: no re-open)."""
+        return TableSnapshot(dataset, self.location, self.storage_options)
+
+    @property
+    def moved_from(self) -> str | None:
+        """The root this version's manifest records for the table's store, when the table was
+        copied or moved from there and not relocated yet (None: in place)."""
+        bases = self.resolver.base_paths
+        return bases.recorded_root if bases.store_moved else None
+
+    @cached_property
+    def resolver(self) -> ReferenceResolver:
+        """Resolves this version's stored descriptors into references."""
+        return ReferenceResolver(self.dataset, self.location)
+
+    def recorded_hashes(self) -> RecordedHashes:
+        """The blake3 recorded for this table's stored payloads (loaded as they are needed)."""
+        return self._recorded_hashes
+
+    @cached_property
+    def _recorded_hashes(self) -> RecordedHashes:
+        root, options = self.location.root, self.storage_options
+        store = (store_uri_prefix(self.uri), lambda: StoreIndex.open(root, options))
+        return RecordedHashes(options, store)
+
+    def resolve_refs(
+        self,
+        path: ColumnPath,
+        descriptors: pa.Array,
+        row_addresses: pa.Array,
+        unresolved: list[Unresolved] | None = None,
+    ) -> pa.StructArray:
+        """Resolved references ``struct<uri, position, size>`` of blob column ``path``, from its
+        stored descriptors and the row addresses (``_rowaddr``) they were read at (with an
+        ``unresolved`` list: external references that cannot be resolved go there, as nulls;
+        see :meth:`ReferenceResolver.resolve`)."""
+        return self.resolver.resolve(
+            descriptors, row_addresses, self.field_id(path), path_name(path), unresolved
+        )
+
+    def file_column(self, path: ColumnPath) -> Callable[[int], int]:
+        """For blob column ``path``: fragment id -> the column it is in that fragment's data
+        file (what recorded inline hashes are keyed by)."""
+        resolver, field = self.resolver, self.field_id(path)
+        return lambda fragment_id: resolver.file_column(fragment_id, field)
+
+    def data_file_of(self, path: ColumnPath) -> Callable[[int], str]:
+        """For blob column ``path``: fragment id -> the data file holding it in that fragment
+        (where its rows' recorded hashes are)."""
+        resolver, field = self.resolver, self.field_id(path)
+        return lambda fragment_id: resolver.data_file_uri(fragment_id, field)
+
+    def data_file_uri(self, data_file: DataFile) -> str:
+        """Where one of this version's data files is (in this branch's ``data/``, or under a
+        base path: a branch reading its parent's files)."""
+        return self.resolver.locate(data_file)
+
+    def field_id(self, path: ColumnPath) -> int:
+        """The Lance field id of column ``path``."""
+        # Lance rebuilds its schema object on every access: look each column up once
+        if path not in self._field_ids:
+            self._field_ids[path] = field_id(self.dataset, path)
+        return self._field_ids[path]
+
+    def blob_path(self, column: str, what: str) -> ColumnPath:
+        """The path of blob column ``column`` (``parent.child`` inside a struct); any other
+        name is refused, naming the closest blob column (``what``: the API it was given to)."""
+        names = self.blob_columns
+        return self.blob_paths[names.index(check_blob_column(column, names, what))]
+
+
+def open_snapshot(
+    location: TableLocation | str,
+    version: int | str | None = None,
+    storage_options: dict[str, str] | None = None,
+    *,
+    branch: str | None = None,
+) -> TableSnapshot:
+    """The table at ``location`` (a :class:`TableLocation` resolved earlier, or a URI and a
+    ``branch``) at ``version`` (a number or a tag; None: the latest), as the state every
+    service works on (:func:`blobhouse.open_table` wraps it in a :class:`~blobhouse.Table`)."""
+    if isinstance(location, str):
+        storage_options = checked_options(storage_options)
+        location = TableLocation.of(location, branch, storage_options)
+    if isinstance(version, str):
+        location, version = resolve_tag(location, version, storage_options)
+    elif version is not None:
+        version = version_number(version)
+    dataset = open_dataset(location, version, storage_options)
+    if dataset is None:
+        raise not_found(location, version, storage_options)
+    if location.branch is not None and (bases := BasePaths(dataset, location)).moved:
+        raise BlobhouseError(
+            f"branch {location.branch!r} of {location.root} was made when the table was at "
+            f"{bases.recorded_root}: Lance records a branch's parent as that absolute path and "
+            "cannot rewrite it, so the branch reads its parent's files there, not here. Delete "
+            f"the branch here (lance.dataset({location.root!r}).branches.delete(...)) and make "
+            "it again, or read it at the old place"
+        )
+    if version is None:  # older versions name the old place even after a relocation
+        _warn_if_moved(dataset, location)
+    return TableSnapshot(dataset, location, storage_options)
+
+
+_WARNED_MOVED: set[str] = set()
+
+
+def _warn_if_moved(dataset: LanceDataset, location: TableLocation) -> None:
+    """Warn once per process that a copied or moved table sends stock readers elsewhere."""
+    if location.root in _WARNED_MOVED:
+        return
+    bases = BasePaths(dataset, location)
+    if bases.store_moved:
+        _WARNED_MOVED.add(location.root)
+        warnings.warn(
+            f"table {location.root} was copied or moved from {bases.recorded_root}: blobhouse "
+            "reads its own files, but stock Lance readers (pylance, LanceDB) read its store at "
+            "the old place until the first blobhouse write or `blobhouse relocate "
+            f"{location.root}` (Table.relocate())",
+            MovedTableWarning,
+            stacklevel=3,
+        )
+
+
+def not_found(
+    location: TableLocation, version: int | None, storage_options: dict[str, str] | None
+) -> TableNotFoundError:
+    """Why there is no table at ``location`` (at ``version``): the path, or the version."""
+    root = location.root
+    if location.branch is None or "://" in root:
+        problem = path_problem(root)
+        if problem is not None:
+            return problem
+    latest = open_dataset(location, None, storage_options) if version is not None else None
+    where = f"branch {location.branch!r} of " if location.branch else ""
+    if latest is None:
+        if location.branch is not None:
+            return TableNotFoundError(f"no branch {location.branch!r} in {root}")
+        return TableNotFoundError(f"no table at {root}")
+    retained = [v["version"] for v in latest.versions()]
+    if version > latest.version:
+        return VersionNotFoundError(
+            f"{where}{root} has no version {version}: it never existed (the latest is "
+            f"{latest.version})"
+        )
+    return VersionRemovedError(
+        f"version {version} of {where}{root} was removed by cleanup (gc); the oldest retained "
+        f"version is {min(retained)} (retained: {', '.join(version_spans(retained))})"
+    )
+
+
+def path_problem(path: str) -> TableNotFoundError | None:
+    """What is wrong with a local ``path`` that should hold a table, if anything is."""
+    if "://" in path:
+        return None
+    in_the_way = file_in_the_way(path)
+    if in_the_way is not None:
+        return PathIsFileError(f"{path} is not a table: {in_the_way}; a table is a folder")
+    if not os.path.exists(path):
+        return PathNotFoundError(f"no table at {path}: no such file or folder")
+    if not os.path.isdir(os.path.join(path, "_versions")):
+        entries = sorted(os.listdir(path))
+        what = "an empty folder" if not entries else f"a folder of {listing(entries)}"
+        return NotATableError(f"{path} is not a table: it is {what} (no _versions/)")
+    return None
+
+
+def file_in_the_way(path: str) -> str | None:
+    """``"it is a file"`` or which folder above ``path`` is a file, if one is."""
+    if os.path.isfile(path):
+        return "it is a file"
+    while (parent := os.path.dirname(path)) != path:
+        if os.path.isfile(parent):
+            return f"{parent}, a folder above it, is a file"
+        path = parent
+    return None
+
+
+def listing(entries: list[str], shown: int = 3) -> str:
+    more = f" and {len(entries) - shown} more" if len(entries) > shown else ""
+    return ", ".join(entries[:shown]) + more
+
+
+def version_number(version: object) -> int:
+    if isinstance(version, bool) or not isinstance(version, int | str):
+        raise InvalidInputError(f"version must be a number or a tag name, got {version!r}")
+    number = int(version)
+    if not 1 <= number < 2**63:
+        raise InvalidInputError(f"versions are numbered from 1 (a 64-bit number), got {version!r}")
+    return number
+
+
+def resolve_tag(
+    location: TableLocation, tag: str, storage_options: dict[str, str] | None
+) -> tuple[TableLocation, int]:
+    """The branch and version tag ``tag`` points at; a string of digits that names no tag is
+    a version number."""
+    found = location.tag(tag, storage_options)
+    if found is None:
+        if tag.isdigit():
+            return location, version_number(tag)
+        if not location.on(None).listed_versions(storage_options):
+            raise TableNotFoundError(f"no table at {location.root}")
+        tags = location.tag_names(storage_options)
+        raise TableNotFoundError(f"no tag {tag!r} in {location.root} (tags: {tags or 'none'})")
+    if location.branch is not None and found.branch != location.branch:
+        raise InvalidInputError(
+            f"tag {tag!r} points into {'main' if found.branch is None else repr(found.branch)}, "
+            f"not branch {location.branch!r}"
+        )
+    return location.on(found.branch), found.version
+
+
+def open_dataset(
+    location: TableLocation, version: int | None, storage_options: dict[str, str] | None
+) -> LanceDataset | None:
+    path = location.dataset_path
+    if "://" not in path and not os.path.isdir(os.path.join(path, "_versions")):
+        return None
+    try:
+        return lance.dataset(path, version=version, storage_options=storage_options)
+    except (ValueError, OSError) as exc:
+        if "not found" in str(exc).lower() or "does not exist" in str(exc).lower():
+            return None
+        raise
+
+
+def snapshot_of(table: object) -> TableSnapshot:
+    """The snapshot a public service works on, given one or a :class:`~blobhouse.Table` (which
+    holds one): services never use the facade."""
+    return getattr(table, "snapshot", table)  # type: ignore[return-value]
