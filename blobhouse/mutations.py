@@ -59,7 +59,6 @@ from blobhouse.transaction import (
     Inserts,
     StagedDeletion,
     Transaction,
-    retrying,
     stage_deletion,
 )
 from blobhouse.values import (
@@ -736,11 +735,11 @@ class MergeInsert:
         self.check_actions()
         schema, batches = input_stream(data)
         source = pa.Table.from_batches(list(batches), schema=schema)
-        report = retrying(lambda n: self._attempt(source, n), self._retries)
-        self.table = self.table.checkout(report.version)
+        done = run_change(_Merge(self, source), self.table, retries=self._retries)
+        self.table = done.snapshot
         if self._on_commit is not None:
             self._on_commit(self.table)
-        return report
+        return done.report
 
     def resolved(self, table: TableSnapshot) -> WriteOptions:
         """This merge's options against ``table``'s properties: each one it leaves out is the
@@ -765,71 +764,6 @@ class MergeInsert:
                 "when_matched_update(...), when_not_matched_insert_all() or "
                 "when_not_matched_by_source_delete() before execute()"
             )
-
-    def _attempt(self, source: pa.Table, attempt: int) -> MergeReport:
-        table = self.table if attempt == 1 else self.table.latest()
-        table = prepared_for_write(table, store_mode(self.resolved(table)))
-        source = self.check_source(table, source)
-        matches = _match(table.dataset, source, self.on, self._delete)
-        txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
-        deletions: list[StagedDeletion] = []  # filled as they are written: abort removes them
-        try:
-            return self._apply(table, source, matches, txn, attempt, deletions)
-        except BaseException:
-            txn.abort(deletions=deletions)
-            raise
-
-    def _apply(
-        self,
-        table: TableSnapshot,
-        source: pa.Table,
-        matches: _Matches,
-        txn: Transaction,
-        attempt: int,
-        deletions: list[StagedDeletion],
-    ) -> MergeReport:
-        matched_source = matches.source_rows()
-        written_rows: list[int] = []
-        if self._update_all:
-            written_rows.extend(matched_source.tolist())
-        inserted_keys = None
-        if self._insert:
-            unmatched = np.setdiff1d(np.arange(source.num_rows), matched_source)
-            written_rows.extend(unmatched.tolist())
-            inserted_keys = source.select(self.on).take(pa.array(unmatched, pa.int64()))
-        rows = _rows_of(source, sorted(written_rows))
-        with txn.lease():
-            new_files = self._write_rows(table, rows, txn) if rows is not None else []
-            files: dict[int, WrittenFile] = {}
-            rewrite = None
-            if self._update_columns:
-                rewrite = self._column_rewrite(table, source, matches, txn)
-                for fragment_id in rewrite.source:
-                    files[fragment_id], _ = rewrite_fragment(table, rewrite, fragment_id)
-            _delete(table.dataset, matches, self._update_all, self._delete, deletions)
-        rewrite = rewrite or empty_rewrite(table, txn)
-        dataset = commit_rewrite(
-            table,
-            rewrite,
-            files,
-            deletions=deleted_fragments(deletions),
-            new_files=new_files,
-            inserts=None if inserted_keys is None else keys_inserted(inserted_keys),
-        )
-        inserted = len(written_rows) - (len(matched_source) if self._update_all else 0)
-        return MergeReport(
-            read_version=table.version,
-            version=dataset.version,
-            num_inserted_rows=inserted,
-            num_updated_rows=len(matched_source)
-            if (self._update_all or self._update_columns)
-            else 0,
-            num_deleted_rows=matches.deleted_by_source() if self._delete else 0,
-            bytes_written=sum(
-                w.size_bytes + w.sidecar_bytes for w in [*files.values(), *new_files]
-            ),
-            attempts=attempt,
-        )
 
     def check_source(self, table: TableSnapshot, source: pa.Table) -> pa.Table:
         """The source with the table's column order and types; refuses missing keys,
@@ -923,6 +857,81 @@ class MergeInsert:
             for fragment_id, (offsets, rows) in matches.by_fragment().items()
         }
         return replace(rewrite, source=by_fragment)
+
+
+@dataclass(frozen=True)
+class _MergePlan:
+    table: TableSnapshot  # the version read, ready for the merge's dedup modes
+    source: pa.Table  # checked against the table
+    matches: _Matches
+    transaction: Transaction
+    written_rows: list[int]  # source rows written as new rows (updated whole, or inserted)
+    inserted_keys: pa.Table | None
+
+
+@dataclass(frozen=True)
+class _Merge:
+    """A :class:`MergeInsert` as a :class:`~blobhouse.change.Change`."""
+
+    merge: MergeInsert
+    source: pa.Table
+    in_tasks: bool = False
+
+    def plan(self, snapshot: TableSnapshot) -> _MergePlan:
+        merge = self.merge
+        table = prepared_for_write(snapshot, store_mode(merge.resolved(snapshot)))
+        source = merge.check_source(table, self.source)
+        matches = _match(table.dataset, source, merge.on, merge._delete)
+        txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
+        matched_source = matches.source_rows()
+        written_rows: list[int] = matched_source.tolist() if merge._update_all else []
+        inserted_keys = None
+        if merge._insert:
+            unmatched = np.setdiff1d(np.arange(source.num_rows), matched_source)
+            written_rows.extend(unmatched.tolist())
+            inserted_keys = source.select(merge.on).take(pa.array(unmatched, pa.int64()))
+        return _MergePlan(table, source, matches, txn, written_rows, inserted_keys)
+
+    def stage(self, plan: _MergePlan, staged: Staged) -> None:
+        merge, table, txn = self.merge, plan.table, plan.transaction
+        rows = _rows_of(plan.source, sorted(plan.written_rows))
+        new_files = merge._write_rows(table, rows, txn) if rows is not None else []
+        staged.written.extend(new_files)
+        files: dict[int, WrittenFile] = {}
+        rewrite = None
+        if merge._update_columns:
+            rewrite = merge._column_rewrite(table, plan.source, plan.matches, txn)
+            for fragment_id in rewrite.source:
+                files[fragment_id], _ = rewrite_fragment(table, rewrite, fragment_id)
+                staged.written.append(files[fragment_id])
+        _delete(table.dataset, plan.matches, merge._update_all, merge._delete, staged.deletions)
+        staged.detail = (new_files, files, rewrite or empty_rewrite(table, txn))
+
+    def commit(self, plan: _MergePlan, staged: Staged) -> LanceDataset:
+        new_files, files, rewrite = staged.detail
+        inserted = plan.inserted_keys
+        return commit_rewrite(
+            plan.table,
+            rewrite,
+            files,
+            deletions=deleted_fragments(staged.deletions),
+            new_files=new_files,
+            inserts=None if inserted is None else keys_inserted(inserted),
+        )
+
+    def report(
+        self, plan: _MergePlan, staged: Staged, committed: TableSnapshot, attempt: int
+    ) -> MergeReport:
+        merge, matched = self.merge, len(plan.matches.source_rows())
+        return MergeReport(
+            read_version=plan.table.version,
+            version=committed.version,
+            num_inserted_rows=len(plan.written_rows) - (matched if merge._update_all else 0),
+            num_updated_rows=matched if (merge._update_all or merge._update_columns) else 0,
+            num_deleted_rows=plan.matches.deleted_by_source() if merge._delete else 0,
+            bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in staged.written),
+            attempts=attempt,
+        )
 
 
 def keys_inserted(keys: pa.Table) -> Inserts:
