@@ -41,10 +41,12 @@ if TYPE_CHECKING:
         VersionNotFoundError,
         VersionRemovedError,
     )
+    from blobhouse.options import CommitOptions, CompactionTargets, WriteOptions
     from blobhouse.placement import Kind, Placement
     from blobhouse.properties import ColumnProperties, TableProperties
     from blobhouse.rangeio import REF_TYPE, BlobRef, open_ref, read_ranges
     from blobhouse.session import BlobColumnWriter, BlobSession, PreparedBlob, WrittenFile
+    from blobhouse.snapshot import TableSnapshot
     from blobhouse.table import Table, open_table, write_table
     from blobhouse.values import Blob, blob_array, blob_field
 
@@ -57,6 +59,8 @@ __all__ = [
     "BlobSession",
     "BlobhouseError",
     "ColumnProperties",
+    "CommitOptions",
+    "CompactionTargets",
     "ConcurrentCommitError",
     "CorruptBlobError",
     "ExternalBlobError",
@@ -82,9 +86,11 @@ __all__ = [
     "TableExistsError",
     "TableNotFoundError",
     "TableProperties",
+    "TableSnapshot",
     "UnknownOptionError",
     "VersionNotFoundError",
     "VersionRemovedError",
+    "WriteOptions",
     "WrittenFile",
     "blob_array",
     "blob_field",
@@ -104,6 +110,8 @@ _WHERE = {
     "BlobRef": "blobhouse.rangeio",
     "BlobSession": "blobhouse.session",
     "BlobhouseError": "blobhouse.errors",
+    "CommitOptions": "blobhouse.options",
+    "CompactionTargets": "blobhouse.options",
     "ConcurrentCommitError": "blobhouse.errors",
     "ColumnProperties": "blobhouse.properties",
     "CorruptBlobError": "blobhouse.errors",
@@ -131,9 +139,11 @@ _WHERE = {
     "TableExistsError": "blobhouse.errors",
     "TableProperties": "blobhouse.properties",
     "TableNotFoundError": "blobhouse.errors",
+    "TableSnapshot": "blobhouse.snapshot",
     "UnknownOptionError": "blobhouse.errors",
     "VersionNotFoundError": "blobhouse.errors",
     "VersionRemovedError": "blobhouse.errors",
+    "WriteOptions": "blobhouse.options",
     "WrittenFile": "blobhouse.session",
     "blob_array": "blobhouse.values",
     "blob_field": "blobhouse.values",

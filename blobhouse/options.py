@@ -96,6 +96,51 @@ placement, ref_id_columns
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in bases}
 
 
+@dataclass(frozen=True)
+class CompactionTargets:
+    """What a compaction rewrites, one object for ``Table.maintenance.compact``, Spark and the
+    CLI: fragments below ``target_rows`` rows and ``target_bytes`` bytes are merged toward them;
+    a fragment with more than ``deleted_fraction`` of its rows deleted is rewritten; a store
+    pack of which less than ``repack_threshold`` of the bytes is still referenced is repacked.
+
+    >>> CompactionTargets(target_rows=1000).deleted_fraction
+    0.1
+    >>> CompactionTargets(deleted_fraction=2)
+    Traceback (most recent call last):
+    ...
+    blobhouse.errors.InvalidInputError: deleted_fraction must be in (0, 1], got 2
+    """
+
+    target_rows: int = 1024 * 1024
+    target_bytes: int = 2 * 1024**3
+    deleted_fraction: float = 0.1
+    repack_threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.target_rows < 1 or self.target_bytes < 1:
+            raise InvalidInputError("target_rows and target_bytes must be positive")
+        if not 0 < self.deleted_fraction <= 1:
+            raise InvalidInputError(
+                f"deleted_fraction must be in (0, 1], got {self.deleted_fraction}"
+            )
+
+
+@dataclass(frozen=True)
+class CommitOptions:
+    """How a change commits: how often it is planned and run again on the latest version
+    after a concurrent commit preempted it (Lance's retryable conflict).
+
+    >>> CommitOptions().retries
+    3
+    """
+
+    retries: int = 3
+
+    def __post_init__(self) -> None:
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise InvalidInputError(f"retries must be a whole number >= 0, got {self.retries!r}")
+
+
 def closest(name: str, valid: Iterable[str]) -> str | None:
     """The valid name ``name`` most likely misspells, if any is close."""
     found = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)

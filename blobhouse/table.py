@@ -35,12 +35,14 @@ from blobhouse.errors import (
     lance_message,
 )
 from blobhouse.layout import TableLocation
-from blobhouse.maintenance import compaction, garbage_collection, verification
+from blobhouse.maintenance import compaction
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
-from blobhouse.maintenance.stats import blob_stats
+from blobhouse.maintenance.table_maintenance import TableMaintenance
 from blobhouse.maintenance.walk import Progress
 from blobhouse.mutations import UpdateReport
 from blobhouse.options import (
+    CommitOptions,
+    CompactionTargets,
     WriteOptions,
     check_flag,
     keywords_checked,
@@ -875,6 +877,13 @@ class Table:
         done = backfill(self._snapshot, column, mode, backfill_here(fn))
         return self._moved_to(done.snapshot)
 
+    @property
+    def maintenance(self) -> TableMaintenance:
+        """The table services: ``compact``, ``gc``, ``verify``, ``stats`` (see
+        :class:`~blobhouse.maintenance.table_maintenance.TableMaintenance`); the flat methods
+        below are the same services."""
+        return TableMaintenance(lambda: self._snapshot, self._moved_to)
+
     @keywords_checked
     def gc(
         self,
@@ -885,23 +894,19 @@ class Table:
         dry_run: bool = False,
         progress: Progress | None = None,
     ) -> GcReport:
-        """Remove old versions and files no retained version references (after ``grace``,
-        24 hours by default); see :func:`blobhouse.maintenance.garbage_collection.gc`."""
-        return garbage_collection.gc(
-            self._snapshot,
+        """Remove what no retained version needs: see :meth:`TableMaintenance.gc`."""
+        return self.maintenance.gc(
             retain_versions=retain_versions,
             older_than=older_than,
-            grace=garbage_collection.DEFAULT_GRACE if grace is None else grace,
+            grace=grace,
             dry_run=dry_run,
             progress=progress,
         )
 
     @keywords_checked
     def verify(self, *, deep: bool = False, progress: Progress | None = None) -> VerifyReport:
-        """Check every blob reference of every retained version (``deep``: and its bytes against
-        the hash recorded at write time): problems by version, column, row and path (see
-        :func:`blobhouse.maintenance.verification.verify`)."""
-        return verification.verify(self._snapshot, deep=deep, progress=progress)
+        """Check every reference (and its bytes): see :meth:`TableMaintenance.verify`."""
+        return self.maintenance.verify(deep=deep, progress=progress)
 
     @keywords_checked
     def compact(
@@ -912,30 +917,17 @@ class Table:
         deleted_fraction: float = compaction.DEFAULT_DELETED_FRACTION,
         repack_threshold: float = compaction.DEFAULT_REPACK_THRESHOLD,
         progress: Progress | None = None,
-        retries: int = compaction.DEFAULT_RETRIES,
+        retries: int = DEFAULT_RETRIES,
     ) -> CompactionReport:
-        """Rewrite small fragments and fragments with many deleted rows, keeping blob sharing,
-        in one transaction (see :func:`~blobhouse.maintenance.compaction.compact`); a commit a
-        concurrent delete or write preempted is run again, up to ``retries`` times. Returns what
-        it did, and moves this table to the version it committed."""
-        done = compaction.run_compaction(
-            self._snapshot,
-            {
-                "target_rows": target_rows,
-                "target_bytes": target_bytes,
-                "deleted_fraction": deleted_fraction,
-                "repack_threshold": repack_threshold,
-            },
-            lambda table, plan: compaction.rewrite_here(table, plan, progress),
-            retries=retries,
-        )
-        self._moved_to(done.snapshot)
-        return done.report
+        """:meth:`TableMaintenance.compact` with its targets and ``retries`` as keywords:
+        rewrites small fragments and those with many deleted rows, keeping blob sharing, and
+        moves this table to the version it committed."""
+        targets = CompactionTargets(target_rows, target_bytes, deleted_fraction, repack_threshold)
+        return self.maintenance.compact(targets, progress=progress, commit=CommitOptions(retries))
 
     def stats(self) -> StatsReport:
-        """Per blob column and kind: logical bytes, physical bytes and dedup ratio; fragments,
-        rows, deleted rows and orphan files (see :func:`blobhouse.maintenance.stats.blob_stats`)."""
-        return blob_stats(self._snapshot)
+        """Logical and physical bytes, per column and kind: see :meth:`TableMaintenance.stats`."""
+        return self.maintenance.stats()
 
     def resolve_refs(
         self,

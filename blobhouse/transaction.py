@@ -67,6 +67,7 @@ from blobhouse.errors import (
 )
 from blobhouse.layout import STORE_DIR, TableLocation, branch_data_dir
 from blobhouse.managed import Registry, check_usable, register
+from blobhouse.options import CommitOptions
 from blobhouse.ownership import claim, release
 from blobhouse.placement import as_uri
 from blobhouse.references import file_path
@@ -82,7 +83,7 @@ from blobhouse.store import (
 )
 
 T = TypeVar("T")
-DEFAULT_RETRIES = 3
+DEFAULT_RETRIES = CommitOptions.retries
 # the prefix of a transaction's files (older blobhouse named them without the kind)
 NAME_PREFIX_PATTERN = r"(?:[a-z]+-)?[0-9a-f]{12}-"
 Operation = Callable[[], LanceOperation.BaseOperation]

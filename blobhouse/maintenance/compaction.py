@@ -14,9 +14,9 @@ Lance ``Rewrite``; if anything fails, what was written is removed and the table 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import lance
 import numpy as np
@@ -32,6 +32,7 @@ from blobhouse.dedup import content_hash
 from blobhouse.errors import CorruptBlobError, InvalidInputError
 from blobhouse.maintenance.reports import CompactionReport
 from blobhouse.maintenance.walk import Progress, fragment_references
+from blobhouse.options import CommitOptions, CompactionTargets
 from blobhouse.pipeline import WritePlan, plan_write, write_data_files
 from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.properties import TableProperties
@@ -65,10 +66,10 @@ from blobhouse.write.prepare import prepared_for_write
 if TYPE_CHECKING:
     from blobhouse.snapshot import TableSnapshot
 
-DEFAULT_TARGET_ROWS = 1024 * 1024
-DEFAULT_TARGET_BYTES = 2 * 1024 * MiB
-DEFAULT_DELETED_FRACTION = 0.1
-DEFAULT_REPACK_THRESHOLD = 0.5
+DEFAULT_TARGET_ROWS = CompactionTargets.target_rows
+DEFAULT_TARGET_BYTES = CompactionTargets.target_bytes
+DEFAULT_DELETED_FRACTION = CompactionTargets.deleted_fraction
+DEFAULT_REPACK_THRESHOLD = CompactionTargets.repack_threshold
 # a commit a concurrent delete or write preempted: planned and run again on the new version
 
 READ_BYTES = 64 * MiB  # blob bytes read per batch handed to the pipeline
@@ -149,10 +150,7 @@ def plan_compaction(
     >>> [g.fragment_ids for g in plan_compaction(t).groups]
     [(0, 1, 2)]
     """
-    if target_rows < 1 or target_bytes < 1:
-        raise InvalidInputError("target_rows and target_bytes must be positive")
-    if not 0 < deleted_fraction <= 1:
-        raise InvalidInputError(f"deleted_fraction must be in (0, 1], got {deleted_fraction}")
+    CompactionTargets(target_rows, target_bytes, deleted_fraction, repack_threshold)  # checked
     properties = TableProperties.of(table.dataset)
     if properties.recorded:  # no new data file beyond the table's own limits
         target_rows = min(target_rows, properties.max_rows_per_file)
@@ -393,25 +391,20 @@ def compact(
     """
     return run_compaction(
         snapshot_of(table),
-        {
-            "target_rows": target_rows,
-            "target_bytes": target_bytes,
-            "deleted_fraction": deleted_fraction,
-            "repack_threshold": repack_threshold,
-        },
+        CompactionTargets(target_rows, target_bytes, deleted_fraction, repack_threshold),
         rewrite or (lambda table, plan: rewrite_here(table, plan, progress)),
         in_tasks=rewrite is not None,
-        retries=retries,
+        commit=CommitOptions(retries),
     ).report
 
 
 def run_compaction(
     table: TableSnapshot,
-    targets: Mapping[str, Any],
+    targets: CompactionTargets,
     rewrite: Callable[[TableSnapshot, CompactionPlan], list[list[WrittenFile]]],
     *,
     in_tasks: bool = False,
-    retries: int = DEFAULT_RETRIES,
+    commit: CommitOptions | None = None,
 ) -> Committed[CompactionReport]:
     """:func:`compact` with the group rewrite given: its report and the committed snapshot."""
     if table.dataset.has_stable_row_ids:
@@ -420,7 +413,8 @@ def run_compaction(
             "over (Lance's compact_files does, without keeping blob sharing)"
         )
     table = prepared_for_write(table, "global" if _columns_by_mode(table)[0] else "content")
-    return run_change(_Compaction(dict(targets), rewrite, in_tasks), table, retries=retries)
+    retries = (commit or CommitOptions()).retries
+    return run_change(_Compaction(targets, rewrite, in_tasks), table, retries=retries)
 
 
 @dataclass(frozen=True)
@@ -437,12 +431,12 @@ class _CompactionRun:
 class _Compaction:
     """A compaction as a :class:`~blobhouse.change.Change`."""
 
-    targets: dict[str, Any]
+    targets: CompactionTargets
     rewrite: Callable[[TableSnapshot, CompactionPlan], list[list[WrittenFile]]]
     in_tasks: bool
 
     def plan(self, snapshot: TableSnapshot) -> _CompactionRun:
-        return _CompactionRun(snapshot, plan_compaction(snapshot, **self.targets))
+        return _CompactionRun(snapshot, plan_compaction(snapshot, **asdict(self.targets)))
 
     def stage(self, run: _CompactionRun, staged: Staged) -> None:
         groups = self.rewrite(run.table, run.compaction) if run.compaction.groups else []

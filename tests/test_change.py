@@ -1,0 +1,107 @@
+"""The change template (blobhouse.change.run_change) driven directly: what every update,
+merge, compaction and backfill runs through."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+from lance import LanceOperation
+
+from blobhouse import write_table
+from blobhouse.change import Staged, run_change
+from blobhouse.errors import ConcurrentCommitError
+from blobhouse.session import BlobSession
+from blobhouse.transaction import Transaction
+
+
+class AppendRows:
+    """Appends one row per attempt; ``fail_stage`` / ``preempt`` make attempts fail."""
+
+    in_tasks = False
+
+    def __init__(self, uri: str, *, fail_stage: bool = False, preempt: int = 0) -> None:
+        self.uri, self.fail_stage, self.preempt = uri, fail_stage, preempt
+        self.planned_on: list[int] = []
+        self.staged_names: list[str] = []
+
+    def plan(self, snapshot):
+        self.planned_on.append(snapshot.version)
+        return Transaction.start(snapshot.location, snapshot.version, kind="test")
+
+    def stage(self, txn, staged: Staged) -> None:
+        path = f"{txn.location.data_dir}/{txn.name_prefix}0.lance"
+        staged.written.append(BlobSession(path).write_data_file(pa.table({"id": [99]})))
+        self.staged_names.append(staged.written[-1].name)
+        if self.fail_stage:
+            raise RuntimeError("the stage failed after writing a file")
+
+    def commit(self, txn, staged: Staged):
+        if self.preempt:
+            self.preempt -= 1  # another writer commits first: this commit is preempted
+            write_table(pa.table({"id": [0]}), self.uri, mode="append")
+        fragments = [w.fragment([0]) for w in staged.written]
+        return txn.commit(staged.written, lambda: LanceOperation.Append(fragments))
+
+    def report(self, txn, staged, committed, attempt):
+        return {"attempt": attempt, "version": committed.version}
+
+
+def data_files(uri: str) -> set[str]:
+    return set(os.listdir(os.path.join(uri, "data")))
+
+
+@pytest.fixture
+def table(tmp_path):
+    return write_table(pa.table({"id": [1]}), str(tmp_path / "t"))
+
+
+def test_a_change_commits_and_hands_back_the_committed_snapshot(table):
+    done = run_change(AppendRows(table.uri.removeprefix("file://")), table.snapshot)
+    assert done.report == {"attempt": 1, "version": 2}
+    assert done.snapshot.version == 2
+    assert sorted(done.snapshot.dataset.to_table().column("id").to_pylist()) == [1, 99]
+    assert table.version == 1  # the snapshot it ran on never changes
+
+
+def test_a_failed_stage_removes_exactly_what_it_staged(table):
+    uri = table.uri.removeprefix("file://")
+    before = data_files(uri)
+    change = AppendRows(uri, fail_stage=True)
+    with pytest.raises(RuntimeError, match="the stage failed"):
+        run_change(change, table.snapshot)
+    assert change.staged_names and data_files(uri) == before
+    assert table.snapshot.latest().version == 1
+    leases = os.listdir(os.path.join(uri, "_leases"))
+    assert not [name for name in leases if name.startswith("test-")]  # its lease is gone too
+
+
+def test_a_preempted_change_is_planned_again_on_the_latest_version(table):
+    uri = table.uri.removeprefix("file://")
+    change = AppendRows(uri, preempt=1)
+    done = run_change(change, table.snapshot)
+    # Lance rebases a plain append over another one; a conflict it cannot rebase would be
+    # retried: here the first attempt commits on top of the other writer's append
+    assert done.report["attempt"] == 1 and done.snapshot.version == 3
+    assert change.planned_on == [1]
+
+
+def test_preemptions_past_the_retries_fail_with_nothing_committed(table, monkeypatch):
+    from lance.commit import CommitConflictError
+
+    uri = table.uri.removeprefix("file://")
+    change = AppendRows(uri)
+    attempts = []
+
+    def conflicting(txn, staged):
+        attempts.append(1)
+        raise CommitConflictError(1, "preempted by a concurrent commit (test)")
+
+    monkeypatch.setattr(change, "commit", conflicting)
+    before = data_files(uri)
+    with pytest.raises(ConcurrentCommitError, match="all 3 attempt"):
+        run_change(change, table.snapshot, retries=2)
+    assert len(attempts) == 3 and change.planned_on == [1, 1, 1]
+    assert data_files(uri) == before  # every attempt's file was removed
+    assert table.snapshot.latest().version == 1
