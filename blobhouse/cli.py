@@ -872,7 +872,7 @@ def _compact(args: argparse.Namespace, run: Run) -> int:
 
 def _relocate(args: argparse.Namespace, run: Run) -> int:
     from blobhouse.errors import MovedTableWarning
-    from blobhouse.maintenance.walk import VersionGraph
+    from blobhouse.maintenance.versions import VersionGraph
 
     with warnings.catch_warnings():  # what the command is about: no warning to relocate
         warnings.simplefilter("ignore", MovedTableWarning)

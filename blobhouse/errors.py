@@ -119,7 +119,7 @@ class ConcurrentCommitError(BlobhouseError, CommitConflictError):
 class KeysInsertedMeanwhile(BlobhouseError, CommitConflictError):
     """A merge would insert keys that a concurrent commit inserted after the version the merge
     read (it was not committed). Retryable: planned again on the latest version, those rows are
-    updates (:func:`blobhouse.transaction.retrying` does so); a merge out of retries raises
+    updates (:func:`blobhouse.commit.transaction.retrying` does so); a merge out of retries raises
     :class:`ConcurrentCommitError` naming the keys. ``keys``: some of them."""
 
     def __init__(self, message: str, keys: list | None = None) -> None:

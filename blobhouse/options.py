@@ -91,7 +91,7 @@ placement, ref_id_columns
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def layout(self) -> dict[str, Any]:
-        """The keywords of :func:`~blobhouse.pipeline.plan_write` these options set."""
+        """The keywords of :func:`~blobhouse.write.pipeline.plan_write` these options set."""
         bases = ("allowed_bases", "managed_bases")  # planned against the table's own
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in bases}
 

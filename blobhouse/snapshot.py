@@ -223,7 +223,7 @@ class TableSnapshot:
 
 
 def open_snapshot(
-    location: TableLocation | str,
+    location: TableLocation | str | os.PathLike,
     version: int | str | None = None,
     storage_options: dict[str, str] | None = None,
     *,
@@ -232,7 +232,7 @@ def open_snapshot(
     """The table at ``location`` (a :class:`TableLocation` resolved earlier, or a URI and a
     ``branch``) at ``version`` (a number or a tag; None: the latest), as the state every
     service works on (:func:`blobhouse.open_table` wraps it in a :class:`~blobhouse.Table`)."""
-    if isinstance(location, str):
+    if not isinstance(location, TableLocation):  # a URI or a path
         storage_options = checked_options(storage_options)
         location = TableLocation.of(location, branch, storage_options)
     if isinstance(version, str):

@@ -17,16 +17,21 @@ import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.fragment import DataFile, FragmentMetadata
 
-from blobhouse import mutations, schema_changes
-from blobhouse.backfill import (
+from blobhouse.changes import mutations, schema_changes
+from blobhouse.changes.backfill import (
     BackfillPlan,
     BlobFunction,
     backfill,
     backfill_here,
     commit_backfill,
 )
+from blobhouse.changes.mutations import UpdateReport
 from blobhouse.checksums import RecordedHashes
 from blobhouse.columns import lance_name, resolve_columns
+from blobhouse.commit.transaction import (
+    DEFAULT_RETRIES,
+    Transaction,
+)
 from blobhouse.errors import (
     BlobhouseError,
     BlobReadError,
@@ -38,8 +43,7 @@ from blobhouse.layout import TableLocation
 from blobhouse.maintenance import compaction
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.table_maintenance import TableMaintenance
-from blobhouse.maintenance.walk import Progress
-from blobhouse.mutations import UpdateReport
+from blobhouse.maintenance.versions import Progress
 from blobhouse.options import (
     CommitOptions,
     CompactionTargets,
@@ -59,10 +63,6 @@ from blobhouse.rangeio import (
 from blobhouse.references import Unresolved, leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import ROW_ADDRESS, TableSnapshot, open_snapshot
-from blobhouse.transaction import (
-    DEFAULT_RETRIES,
-    Transaction,
-)
 from blobhouse.values import (
     ColumnPath,
     get_column,
@@ -438,7 +438,7 @@ class Table:
         placement: Mapping[str, Mapping[str, int]] | None = None,
     ) -> mutations.MergeInsert:
         """An upsert keyed by ``on``, built like Lance's ``merge_insert`` and run with
-        ``execute(data)`` in one commit (see :class:`~blobhouse.mutations.MergeInsert`). New
+        ``execute(data)`` in one commit (see :class:`~blobhouse.changes.mutations.MergeInsert`). New
         rows are written through the write pipeline with the table's properties (options
         given must be the same): with ``dedup="global"``, the default, a payload the table
         already stores anywhere is referenced, not written again.

@@ -1,4 +1,4 @@
-"""The change template (blobhouse.change.run_change) driven directly: what every update,
+"""The change template (blobhouse.commit.change.run_change) driven directly: what every update,
 merge, compaction and backfill runs through."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from lance import LanceOperation
 
 from blobhouse import write_table
-from blobhouse.change import Staged, run_change
+from blobhouse.commit.change import Staged, run_change
+from blobhouse.commit.transaction import Transaction
 from blobhouse.errors import ConcurrentCommitError
 from blobhouse.session import BlobSession
-from blobhouse.transaction import Transaction
 
 
 class AppendRows:

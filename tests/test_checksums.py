@@ -16,8 +16,8 @@ from lance.file import LanceFileReader
 import blobhouse
 import blobhouse.checksums
 import blobhouse.dedup
-import blobhouse.pipeline
 import blobhouse.session
+import blobhouse.write.pipeline
 from blobhouse import Blob, BlobSession, Kind, blob_array, blob_field, write_table
 from blobhouse.checksums import (
     CHECKSUM_SCHEMA,
@@ -147,7 +147,7 @@ def assert_every_payload_checked(table_uri: str, column: str) -> list[tuple[dict
 @pytest.mark.parametrize("dedup", ["off", "content", "ref_id"])
 def test_every_stored_payload_has_its_hash(table_uri, media, dedup, monkeypatch):
     # small windows and files: inline rows of later batches, windows and files get their rows
-    monkeypatch.setattr(blobhouse.pipeline, "WINDOW_ROWS", 5)
+    monkeypatch.setattr(blobhouse.write.pipeline, "WINDOW_ROWS", 5)
     data = sample(media)
     batches = pa.Table.from_batches(data.to_batches(max_chunksize=2))
     write_table(batches, table_uri, dedup=dedup, allowed_bases=[str(media)], max_rows_per_file=9)
@@ -218,7 +218,7 @@ def test_each_payload_is_hashed_once(table_uri, media, monkeypatch):
     repeats = sum(
         1
         for i, p in enumerate(payloads)
-        if len(p) >= blobhouse.pipeline.COMPARED_BYTES and p in payloads[:i]
+        if len(p) >= blobhouse.write.pipeline.COMPARED_BYTES and p in payloads[:i]
     )
     assert repeats == 2
     with_data = len(payloads) - repeats

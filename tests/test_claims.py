@@ -179,7 +179,7 @@ def test_gc_sweeps_the_claims_of_a_write_that_died(table_uri):
     assert claim_files(table_uri)
     open_table(table_uri).gc(grace=timedelta(hours=1))  # the write's lease still lives
     assert claim_files(table_uri)
-    from blobhouse import leases
+    from blobhouse.commit import leases
 
     leases.release(table_uri, write.name_prefix)
     open_table(table_uri).gc(grace=timedelta(0))

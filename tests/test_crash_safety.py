@@ -18,7 +18,7 @@ import pyarrow as pa
 from crash_worker import payload
 
 from blobhouse import blob_array, open_table, write_table
-from blobhouse.leases import LEASES_DIR
+from blobhouse.commit.leases import LEASES_DIR
 
 KILLS = int(os.environ.get("BLOBHOUSE_CRASH_KILLS", "8"))
 SEED = int(os.environ.get("BLOBHOUSE_CRASH_SEED", "20261122"))

@@ -18,7 +18,7 @@ from blobhouse import Blob, BlobhouseError, TableNotFoundError, blob_array, open
 from blobhouse.cli import main
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance.garbage_collection import clean_failed_create, gc_at
-from blobhouse.pipeline import plan_write, write_data_files
+from blobhouse.write.pipeline import plan_write, write_data_files
 
 from helpers import disk_bytes, stock_read, tree
 

@@ -10,7 +10,8 @@ from datetime import timedelta
 
 import pyarrow as pa
 
-from blobhouse import blob_array, leases, open_table, write_table
+from blobhouse import blob_array, open_table, write_table
+from blobhouse.commit import leases
 from blobhouse.errors import ConcurrentCommitError, StaleWriteError, StoreRaceError
 
 NO_GRACE = timedelta(0)

@@ -265,7 +265,7 @@ def test_every_command_turns_ctrl_c_into_one_line(
     if method == "gc":  # the command goes through gc_at (a table, or a failed create's folder)
         monkeypatch.setattr("blobhouse.maintenance.garbage_collection.gc_at", interrupted)
     if method == "relocate":  # relocate runs only on a moved table: interrupt what it reads
-        monkeypatch.setattr("blobhouse.maintenance.walk.VersionGraph.of", interrupted)
+        monkeypatch.setattr("blobhouse.maintenance.versions.VersionGraph.of", interrupted)
     assert main([argv[0], table_uri, *argv[1:]]) == 130
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1

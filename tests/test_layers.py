@@ -13,12 +13,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "blobhouse"
 SERVICES = (
     "blobhouse.snapshot",
     "blobhouse.write",
-    "blobhouse.transaction",
+    "blobhouse.commit.transaction",
     "blobhouse.store",
-    "blobhouse.pipeline",
-    "blobhouse.mutations",
-    "blobhouse.backfill",
-    "blobhouse.schema_changes",
+    "blobhouse.write.pipeline",
+    "blobhouse.changes.mutations",
+    "blobhouse.changes.backfill",
+    "blobhouse.changes.schema_changes",
     "blobhouse.maintenance",
 )
 ABOVE_SERVICES = ("blobhouse.table", "blobhouse.spark", "blobhouse.cli", "blobhouse.demo")

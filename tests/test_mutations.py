@@ -10,7 +10,8 @@ import lance
 import pyarrow as pa
 import pytest
 
-from blobhouse import InvalidInputError, SchemaError, blob_array, mutations, open_table, write_table
+from blobhouse import InvalidInputError, SchemaError, blob_array, open_table, write_table
+from blobhouse.changes import mutations
 from blobhouse.errors import ConcurrentCommitError, UnknownOptionError
 from tests.helpers import disk_bytes, stock_read, tree, unreferenced_deletion_files
 

@@ -88,3 +88,12 @@ def test_spark_refuses_a_folder_of_other_files_unless_asked(spark, tmp_path):
     assert sorted(os.listdir(folder)) == ["cat.jpg"]
     bs.write_table(df, str(folder), options={"allow_nonempty_folder": "true"})
     assert open_table(str(folder)).count_rows() == 1
+
+
+def test_a_table_opens_at_a_path_object(tmp_path):
+    """``open_table`` and ``write_table`` take a ``pathlib.Path`` as well as a string."""
+    write_table(pa.table({"id": [1, 2]}), tmp_path / "t")
+    table = open_table(tmp_path / "t")
+    assert table.count_rows() == 2
+    table.delete("id = 1")
+    assert open_table(tmp_path / "t").count_rows() == 1

@@ -24,11 +24,12 @@ from hypothesis.stateful import (
 )
 from lance.commit import CommitConflictError
 
-from blobhouse import Blob, RefIdConflictError, blob_array, leases, open_table, write_table
+from blobhouse import Blob, RefIdConflictError, blob_array, open_table, write_table
+from blobhouse.commit import leases
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance import compaction, orphans
-from blobhouse.pipeline import plan_write, write_data_files
 from blobhouse.store import retired_packs
+from blobhouse.write.pipeline import plan_write, write_data_files
 
 from helpers import assert_totals_are_the_sum_of_the_lines, disk_bytes, tree
 

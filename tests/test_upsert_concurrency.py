@@ -17,9 +17,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from blobhouse import blob_array, locks, open_table, write_table
+from blobhouse import blob_array, open_table, write_table
+from blobhouse.commit import locks
+from blobhouse.commit.transaction import upsert_lock
 from blobhouse.errors import ConcurrentCommitError
-from blobhouse.transaction import upsert_lock
 from tests.helpers import tree
 
 KEYS = 40
@@ -198,7 +199,7 @@ def test_a_merge_out_of_retries_fails_naming_the_keys_and_commits_nothing(table_
 def _hold_and_die(uri: str) -> subprocess.Popen:
     """A process that takes the lock at ``uri`` and waits to be killed."""
     script = (
-        "import sys, time\nfrom blobhouse import locks\n"
+        "import sys, time\nfrom blobhouse.commit import locks\n"
         "with locks.held(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(60)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}

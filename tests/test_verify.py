@@ -70,7 +70,7 @@ def test_truncated_and_deleted_sidecars_are_reported(two_versions, capsys):
 
 
 def test_stats_reports_fragments_deleted_rows_and_orphans(two_versions):
-    from blobhouse.pipeline import plan_write, write_data_files
+    from blobhouse.write.pipeline import plan_write, write_data_files
 
     table = two_versions
     stats = table.stats()

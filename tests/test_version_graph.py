@@ -265,7 +265,7 @@ def test_walking_a_long_history_of_appends_does_not_resolve_every_version(table_
     stats read what each version appended from its transaction, place data files and open
     fragment states once, not once per version (that was quadratic: 1,000 appends took ~20 s to
     verify), and keep the versions a fragment is in as runs, not an entry per version."""
-    from blobhouse.maintenance.walk import VersionGraph, fragment_states
+    from blobhouse.maintenance.versions import VersionGraph, fragment_states
     from blobhouse.references import ReferenceResolver
     from blobhouse.snapshot import TableSnapshot
 
@@ -313,7 +313,7 @@ def test_walking_a_long_history_of_appends_does_not_resolve_every_version(table_
 def every_manifest(table) -> set[tuple]:
     """(version, fragment id, data files, first row) of every fragment of every version, read
     from each version's manifest: what the walk must find however it reads them."""
-    from blobhouse.maintenance.walk import VersionGraph, open_version
+    from blobhouse.maintenance.versions import VersionGraph, open_version
 
     found = set()
     for ref in VersionGraph.of(table).versions:
@@ -362,7 +362,7 @@ def mixed_history(uri: str) -> None:
 
 
 def test_a_walk_through_append_transactions_finds_what_every_manifest_lists(table_uri):
-    from blobhouse.maintenance.walk import VersionGraph, fragment_states
+    from blobhouse.maintenance.versions import VersionGraph, fragment_states
 
     mixed_history(table_uri)
     table = open_table(table_uri)
@@ -388,7 +388,7 @@ def test_a_walk_through_append_transactions_finds_what_every_manifest_lists(tabl
 def test_an_append_transaction_the_manifest_contradicts_is_not_trusted(table_uri, monkeypatch):
     """The last manifest of a run of appends must list what their transactions say was
     appended; where it does not, the run's versions are read one by one."""
-    from blobhouse.maintenance import walk
+    from blobhouse.maintenance import versions as walk
 
     mixed_history(table_uri)
     table = open_table(table_uri)

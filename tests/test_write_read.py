@@ -477,8 +477,8 @@ def test_a_batch_hashed_and_placed_in_runs_writes_what_one_run_writes(
     base, path = external
     data, expected = sample(path)
     whole = write(data, str(tmp_path / "whole"), base, dedup=dedup)
-    monkeypatch.setattr(blobhouse.pipeline, "HASH_RUN_BYTES", 1)
-    monkeypatch.setattr(blobhouse.pipeline, "MAX_HASH_RUN_BYTES", 1)
+    monkeypatch.setattr(blobhouse.write.pipeline, "HASH_RUN_BYTES", 1)
+    monkeypatch.setattr(blobhouse.write.pipeline, "MAX_HASH_RUN_BYTES", 1)
     runs = write(data, str(tmp_path / "runs"), base, dedup=dedup)
     assert stock_read(str(tmp_path / "runs"), "media") == expected
     assert runs.read_blobs("media", list(range(len(expected)))) == expected
@@ -513,12 +513,12 @@ def test_small_payloads_placed_in_bulk_write_what_row_by_row_placement_writes(
             values.append(rng.bytes(int(rng.integers(1, 300))))
     data = pa.table({"id": list(range(len(values))), "b": pa.array(values, pa.large_binary())})
     batches = data.to_batches(max_chunksize=45)
-    monkeypatch.setattr(blobhouse.pipeline, "WINDOW_ROWS", 130)  # several windows
-    monkeypatch.setattr(blobhouse.pipeline, "HASH_RUN_BYTES", 2_000)  # several runs a batch
-    monkeypatch.setattr(blobhouse.pipeline, "MAX_HASH_RUN_BYTES", 5_000)
+    monkeypatch.setattr(blobhouse.write.pipeline, "WINDOW_ROWS", 130)  # several windows
+    monkeypatch.setattr(blobhouse.write.pipeline, "HASH_RUN_BYTES", 2_000)  # several runs a batch
+    monkeypatch.setattr(blobhouse.write.pipeline, "MAX_HASH_RUN_BYTES", 5_000)
     options = dict(blob_columns=["b"], dedup=dedup, placement={"b": {"inline_size_threshold": 200}})
     bulk = write_table(pa.Table.from_batches(batches), str(tmp_path / "bulk"), **options)
-    monkeypatch.setattr(blobhouse.pipeline._ColumnPlacer, "_fresh", lambda *_: ([], []))
+    monkeypatch.setattr(blobhouse.write.pipeline._ColumnPlacer, "_fresh", lambda *_: ([], []))
     by_row = write_table(pa.Table.from_batches(batches), str(tmp_path / "by_row"), **options)
 
     assert stock_descriptors(str(tmp_path / "bulk"), "b") == stock_descriptors(
@@ -544,8 +544,8 @@ def test_hash_runs_grow_while_they_write_nothing_and_start_over_once_they_write(
         return hashes(self, payloads, samples, threads)
 
     monkeypatch.setattr(BatchHasher, "hashes", hashed)
-    monkeypatch.setattr(blobhouse.pipeline, "HASH_RUN_BYTES", 1 << 20)
-    monkeypatch.setattr(blobhouse.pipeline, "MAX_HASH_RUN_BYTES", 4 << 20)
+    monkeypatch.setattr(blobhouse.write.pipeline, "HASH_RUN_BYTES", 1 << 20)
+    monkeypatch.setattr(blobhouse.write.pipeline, "MAX_HASH_RUN_BYTES", 4 << 20)
     rng = np.random.default_rng(5)
     repeated = rng.bytes(256 << 10)  # packed: four make a 1 MiB run
     payloads = [repeated] * 40 + [rng.bytes(256 << 10) for _ in range(20)]

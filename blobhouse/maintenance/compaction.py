@@ -26,14 +26,19 @@ from lance import LanceDataset, LanceOperation
 from lance.optimize import Compaction, RewriteResult
 from pyroaring import BitMap64
 
-from blobhouse.change import Committed, Staged, run_change
 from blobhouse.checksums import RecordedHashes, written_by_blobhouse
+from blobhouse.commit.change import Committed, Staged, run_change
+from blobhouse.commit.transaction import (
+    DEFAULT_RETRIES,
+    Transaction,
+    commit_errors,
+    lance_commit,
+)
 from blobhouse.dedup import content_hash
 from blobhouse.errors import CorruptBlobError, InvalidInputError
 from blobhouse.maintenance.reports import CompactionReport
-from blobhouse.maintenance.walk import Progress, fragment_references
+from blobhouse.maintenance.versions import Progress, fragment_references
 from blobhouse.options import CommitOptions, CompactionTargets
-from blobhouse.pipeline import WritePlan, plan_write, write_data_files
 from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.properties import TableProperties
 from blobhouse.rangeio import BlobRef, read_ranges_arrow, refs_from_arrow
@@ -46,12 +51,6 @@ from blobhouse.store import (
     store_base_id,
     store_uri_prefix,
 )
-from blobhouse.transaction import (
-    DEFAULT_RETRIES,
-    Transaction,
-    commit_errors,
-    lance_commit,
-)
 from blobhouse.values import (
     ColumnPath,
     get_column,
@@ -61,6 +60,7 @@ from blobhouse.values import (
     replace_field,
     stored_blob_columns,
 )
+from blobhouse.write.pipeline import WritePlan, plan_write, write_data_files
 from blobhouse.write.prepare import prepared_for_write
 
 if TYPE_CHECKING:
@@ -429,7 +429,7 @@ class _CompactionRun:
 
 @dataclass(frozen=True)
 class _Compaction:
-    """A compaction as a :class:`~blobhouse.change.Change`."""
+    """A compaction as a :class:`~blobhouse.commit.change.Change`."""
 
     targets: CompactionTargets
     rewrite: Callable[[TableSnapshot, CompactionPlan], list[list[WrittenFile]]]

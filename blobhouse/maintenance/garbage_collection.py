@@ -7,7 +7,7 @@ under ``data/`` and each branch's ``tree/<branch>/data/``, and store packs under
 never looked at, unless a committed write handed them to the table (managed objects, reclaimed
 by the rules of :class:`blobhouse.managed.Reclaim`). The mark phase (:func:`referenced_paths`)
 covers every retained version of main and of every branch (tagged versions among them: Lance
-keeps those), per :class:`~blobhouse.maintenance.walk.FragmentState`, here or in Spark tasks
+keeps those), per :class:`~blobhouse.maintenance.versions.FragmentState`, here or in Spark tasks
 (``blobhouse.spark.gc``).
 """
 
@@ -26,8 +26,9 @@ from urllib.parse import unquote, urlsplit
 import lance
 import pyarrow as pa
 
-from blobhouse import leases
 from blobhouse.claims import CLAIMS_DIR
+from blobhouse.commit import leases
+from blobhouse.commit.transaction import NAME_PREFIX_PATTERN
 from blobhouse.errors import (
     BlobhouseError,
     InvalidInputError,
@@ -42,7 +43,7 @@ from blobhouse.layout import (
     manifest_version,
 )
 from blobhouse.maintenance.reports import GcReport
-from blobhouse.maintenance.walk import (
+from blobhouse.maintenance.versions import (
     FragmentState,
     Progress,
     VersionGraph,
@@ -72,7 +73,6 @@ from blobhouse.store import (
     retire_packs,
     retired_packs,
 )
-from blobhouse.transaction import NAME_PREFIX_PATTERN
 
 if TYPE_CHECKING:
     from blobhouse.snapshot import TableSnapshot
@@ -688,7 +688,7 @@ def clean_failed_create(
 
     >>> import tempfile
     >>> from blobhouse.layout import TableLocation
-    >>> from blobhouse.pipeline import plan_write, write_data_files
+    >>> from blobhouse.write.pipeline import plan_write, write_data_files
     >>> from blobhouse.values import blob_array
     >>> uri = tempfile.mkdtemp() + "/t"
     >>> data = pa.table({"b": blob_array([b"x" * 100_000])})

@@ -23,7 +23,7 @@ from datetime import timedelta
 from blobhouse.maintenance import compaction, garbage_collection, verification
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.stats import blob_stats
-from blobhouse.maintenance.walk import Progress
+from blobhouse.maintenance.versions import Progress
 from blobhouse.options import CommitOptions, CompactionTargets, keywords_checked
 from blobhouse.snapshot import TableSnapshot
 

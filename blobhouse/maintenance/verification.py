@@ -1,7 +1,7 @@
 """verify: every blob reference of every retained version resolves to bytes; ``deep`` also checks
 the bytes against the content hashes recorded when they were written.
 
-Work is split by :class:`~blobhouse.maintenance.walk.FragmentState` (:func:`verify_state`), so
+Work is split by :class:`~blobhouse.maintenance.versions.FragmentState` (:func:`verify_state`), so
 ``blobhouse.spark.verify`` runs the same check with a Spark task per fragment state.
 """
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobReadError, StoreIndexError
 from blobhouse.maintenance.reports import VerifyReport
-from blobhouse.maintenance.walk import (
+from blobhouse.maintenance.versions import (
     FragmentState,
     Progress,
     ReferenceBatch,

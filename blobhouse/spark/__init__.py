@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from blobhouse.backfill import (
+from blobhouse.changes.backfill import (
     BackfillPlan,
     BlobFunction,
     backfill,
@@ -45,6 +45,7 @@ from blobhouse.backfill import (
     pack_limit,
     store_writer_for,
 )
+from blobhouse.commit.transaction import Transaction, record_stored
 from blobhouse.dedup import mode_of
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.layout import TableLocation
@@ -64,7 +65,6 @@ from blobhouse.spark.jobs import compact, gc, run_tasks, verify
 from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.spark.mutations import merge_insert, update
 from blobhouse.storage import checked_options
-from blobhouse.transaction import Transaction, record_stored
 
 __all__ = [
     "backfill_blob_column",

@@ -48,13 +48,13 @@ from pyspark.sql.types import StructType
 from blobhouse.errors import InvalidInputError, SchemaError, TableNotFoundError
 from blobhouse.layout import TableLocation
 from blobhouse.options import WriteOptions, check_names
-from blobhouse.pipeline import WrittenFile
 from blobhouse.rangeio import REF_TYPE
 from blobhouse.spark.catalog import parse_columns, table_options, with_table_options
 from blobhouse.storage import checked_options
 from blobhouse.table import open_at, write_table
 from blobhouse.values import path_name, stored_blob_columns
 from blobhouse.write import TableWrite
+from blobhouse.write.pipeline import WrittenFile
 
 STORAGE_PREFIX = "storage."
 DEFAULT_ROWS_PER_PARTITION = 1_000_000

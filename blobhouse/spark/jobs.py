@@ -44,7 +44,7 @@ from blobhouse.maintenance.verification import (
     summarize,
     verify_state,
 )
-from blobhouse.maintenance.walk import FragmentState, VersionGraph, VersionRef, fragment_states
+from blobhouse.maintenance.versions import FragmentState, VersionGraph, VersionRef, fragment_states
 from blobhouse.snapshot import TableSnapshot, open_snapshot
 from blobhouse.spark.errors import spark_entry_point
 

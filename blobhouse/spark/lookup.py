@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import BinaryType, BooleanType
 
-from blobhouse import leases
+from blobhouse.commit import leases
 from blobhouse.layout import TableLocation
 from blobhouse.spark.datasource import ensure_registered, storage_prefixed
 from blobhouse.storage import StorageOptions

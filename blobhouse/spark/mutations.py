@@ -1,5 +1,5 @@
 """update and merge_insert on Spark: the same plans and per-fragment steps as
-:mod:`blobhouse.mutations`, run as Spark tasks; the driver commits once.
+:mod:`blobhouse.changes.mutations`, run as Spark tasks; the driver commits once.
 
 ``merge_insert`` matches with a join Spark executes: tasks read the table's keys fragment by
 fragment, the join runs in Spark, tasks write the new rows' data files, the rewritten columns of
@@ -38,11 +38,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
-from blobhouse import mutations
-from blobhouse.backfill import BlobFunction
-from blobhouse.dedup import mode_of
-from blobhouse.errors import BlobhouseError, InvalidInputError
-from blobhouse.mutations import (
+from blobhouse.changes import mutations
+from blobhouse.changes.backfill import BlobFunction
+from blobhouse.changes.mutations import (
     ColumnRewrite,
     MergeInsert,
     MergeReport,
@@ -54,14 +52,7 @@ from blobhouse.mutations import (
     rewrite_fragment,
     store_mode,
 )
-from blobhouse.options import WriteOptions
-from blobhouse.session import WrittenFile
-from blobhouse.snapshot import ROW_ADDRESS, TableSnapshot, open_snapshot
-from blobhouse.spark.errors import spark_entry_point
-from blobhouse.spark.jobs import run_tasks
-from blobhouse.spark.lookup import store_payloads_first
-from blobhouse.storage import checked_options
-from blobhouse.transaction import (
+from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
     SHOWN_KEYS,
     Inserts,
@@ -72,6 +63,15 @@ from blobhouse.transaction import (
     retrying,
     stage_deletion,
 )
+from blobhouse.dedup import mode_of
+from blobhouse.errors import BlobhouseError, InvalidInputError
+from blobhouse.options import WriteOptions
+from blobhouse.session import WrittenFile
+from blobhouse.snapshot import ROW_ADDRESS, TableSnapshot, open_snapshot
+from blobhouse.spark.errors import spark_entry_point
+from blobhouse.spark.jobs import run_tasks
+from blobhouse.spark.lookup import store_payloads_first
+from blobhouse.storage import checked_options
 from blobhouse.write import TableWrite, prepared_for_write
 
 _ADDRESS, _SCOPE = "__bh_rowaddr", "__bh_in_scope"
@@ -103,8 +103,8 @@ def update(
 
 
 def _rewrite_in_tasks(spark: SparkSession, table, plan: ColumnRewrite) -> dict:
-    """:func:`~blobhouse.mutations.rewrite_fragment` of every fragment holding a matching row,
-    a Spark task per fragment (each task checks its fragment for a match)."""
+    """:func:`~blobhouse.changes.mutations.rewrite_fragment` of every fragment holding a
+    matching row, a Spark task per fragment (each task checks its fragment for a match)."""
     location, version, options, where = (
         table.location,
         table.version,
@@ -547,7 +547,7 @@ def _by_fragment(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.Ta
 def _rewrite_matched(
     matched: DataFrame, table: TableSnapshot, rewrite: ColumnRewrite
 ) -> dict[int, tuple[WrittenFile, BitMap]]:
-    """``when_matched_update(columns)``: :func:`~blobhouse.mutations.rewrite_fragment` of
+    """``when_matched_update(columns)``: :func:`~blobhouse.changes.mutations.rewrite_fragment` of
     every fragment holding a matched row, in tasks fed that fragment's matched source rows
     (sorted by address: a task holds one fragment's rows at a time), with the rows it changed."""
     location, version, options = table.location, table.version, table.storage_options
@@ -592,7 +592,7 @@ def _delete_rows(
 
     A task reports its error instead of failing: the results of a failed Spark job never
     reach the driver, and Lance names deletion files at random, so the driver must get every
-    record to remove them (:func:`~blobhouse.transaction.stage_deletion`)."""
+    record to remove them (:func:`~blobhouse.commit.transaction.stage_deletion`)."""
     location, version, options = table.location, table.version, table.storage_options
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -17,7 +17,8 @@ import lance
 import pyarrow as pa
 from lance import DatasetBasePath, LanceDataset
 
-from blobhouse import leases
+from blobhouse.commit import leases
+from blobhouse.commit.transaction import Transaction
 from blobhouse.errors import (
     BlobhouseError,
     InvalidInputError,
@@ -28,14 +29,13 @@ from blobhouse.errors import (
 )
 from blobhouse.layout import STORE_BASE_NAME, STORE_DIR, BasePaths, TableLocation
 from blobhouse.options import WriteOptions
-from blobhouse.pipeline import WritePlan
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties, new_table_properties
 from blobhouse.snapshot import TableSnapshot, file_in_the_way, listing, path_problem
 from blobhouse.storage import StorageOptions, uri_to_path
 from blobhouse.store import store_base, store_base_id
-from blobhouse.transaction import Transaction
 from blobhouse.values import path_name, stored_blob_columns
+from blobhouse.write.pipeline import WritePlan
 
 
 def prepared_for_write(snapshot: TableSnapshot, dedup: str) -> TableSnapshot:

@@ -19,7 +19,8 @@ import pyarrow as pa
 from lance import LanceOperation
 from lance.schema import LanceSchema
 
-from blobhouse import leases
+from blobhouse.commit import leases
+from blobhouse.commit.transaction import TableCreatedMeanwhile, Transaction
 from blobhouse.errors import (
     InvalidInputError,
     PropertyConflictError,
@@ -29,7 +30,6 @@ from blobhouse.errors import (
 )
 from blobhouse.layout import STORE_DIR, TableLocation
 from blobhouse.options import WriteOptions
-from blobhouse.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties, field_ids
 from blobhouse.references import leaf_field_ids
@@ -37,8 +37,8 @@ from blobhouse.session import WrittenFile
 from blobhouse.snapshot import TableSnapshot, open_dataset
 from blobhouse.storage import checked_options
 from blobhouse.store import PACKS_DIR, store_base
-from blobhouse.transaction import TableCreatedMeanwhile, Transaction
 from blobhouse.values import find_blob_columns, path_name
+from blobhouse.write.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
 from blobhouse.write.prepare import (
     allowed_bases_of,
     blob_names,
@@ -56,7 +56,7 @@ WriteMode = Literal["create", "append", "overwrite"]
 @dataclass(frozen=True)
 class TableWrite:
     """One write to a table: planned once, data files written anywhere, committed once, on
-    one :class:`~blobhouse.transaction.Transaction`.
+    one :class:`~blobhouse.commit.transaction.Transaction`.
 
     :func:`blobhouse.write_table` runs all three steps in one process; the Spark writer plans on the
     driver, writes in tasks and commits on the driver. The object pickles, so it travels to the

@@ -19,17 +19,17 @@ from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
 from lance.schema import LanceSchema
 
-from blobhouse.change import Committed, Staged, run_change
+from blobhouse.changes.schema_changes import add_null_blob_column
 from blobhouse.columns import resolve_column
+from blobhouse.commit.change import Committed, Staged, run_change
+from blobhouse.commit.transaction import Transaction, record_stored
 from blobhouse.errors import InvalidInputError, SchemaError
-from blobhouse.pipeline import DataFileWriter, plan_write
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
 from blobhouse.properties import DEDUP_KEY, TableProperties
-from blobhouse.schema_changes import add_null_blob_column
 from blobhouse.session import WrittenFile
 from blobhouse.store import StoreWriter, store_base_id
-from blobhouse.transaction import Transaction, record_stored
 from blobhouse.values import blob_array, get_field, is_lance_blob_field, stored_blob_columns
+from blobhouse.write.pipeline import DataFileWriter, plan_write
 from blobhouse.write.prepare import prepared_for_write
 
 if TYPE_CHECKING:
@@ -307,7 +307,7 @@ class _BackfillRun:
 
 @dataclass(frozen=True)
 class _Backfill:
-    """A backfill as a :class:`~blobhouse.change.Change`."""
+    """A backfill as a :class:`~blobhouse.commit.change.Change`."""
 
     column: str
     dedup: str

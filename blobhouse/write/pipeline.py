@@ -23,9 +23,10 @@ import numpy as np
 import pyarrow as pa
 from lance.blob import blob_field as lance_blob_field
 
-from blobhouse import leases
 from blobhouse.claims import Claims
 from blobhouse.columns import check_blob_column, resolve_column
+from blobhouse.commit import leases
+from blobhouse.commit.transaction import remove_written
 from blobhouse.dedup import (
     CORES,
     BatchHasher,
@@ -57,7 +58,6 @@ from blobhouse.session import (
 )
 from blobhouse.storage import StorageOptions
 from blobhouse.store import StoreReference, StoreWriter
-from blobhouse.transaction import remove_written
 from blobhouse.values import (
     LOGICAL_BLOB_TYPE,
     ColumnPath,
@@ -379,8 +379,8 @@ def write_data_files(
     """Write ``batches`` into as many data files as the plan's limits need.
 
     Data file names start with ``name_prefix`` (how a write finds every file it staged), and the
-    write's lease is held meanwhile (:mod:`blobhouse.leases`). On any error, every file written
-    so far is removed and the error is raised.
+    write's lease is held meanwhile (:mod:`blobhouse.commit.leases`). On any error, every file
+    written so far is removed and the error is raised.
     """
     with leases.held(location.root, name_prefix, storage_options):
         return _write_data_files(batches, plan, location, storage_options, name_prefix)

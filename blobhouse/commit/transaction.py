@@ -2,23 +2,23 @@
 
 A transaction stages files -- data files, their sidecars, store packs -- whose names start with
 its prefix (``<kind>-<id>-``), holds a lease while it stages and commits so gc keeps them
-(:mod:`blobhouse.leases`), commits one Lance operation on the version it read, and on any
+(:mod:`blobhouse.commit.leases`), commits one Lance operation on the version it read, and on any
 failure removes everything it staged. Every commit to a table goes through one: writes,
 backfills, compactions, updates, merges, deletes, schema and property changes, and the
 registration or relocation of the table's store (only the store index, a dataset of its own,
 commits on its own: :mod:`blobhouse.store`).
 
 What differs between changes is supplied by them, as in PyIceberg's snapshot producers: a change
-plans its work, writes its files (in this process, or in Spark tasks: the transaction pickles,
-and every task stages under its prefix and holds its lease) and names its Lance operation;
-:meth:`Transaction.commit` does the rest, and :func:`blobhouse.change.run_change` runs the whole
-lifecycle (lease, stage, commit or abort, again on the latest version when a concurrent commit
-preempted it: :func:`retrying`) for the changes that stage files.
+plans its work, writes its files (in this process, or in Spark tasks: the transaction pickles, and
+every task stages under its prefix and holds its lease) and names its Lance operation;
+:meth:`Transaction.commit` does the rest, and :func:`blobhouse.commit.change.run_change` runs the
+whole lifecycle (lease, stage, commit or abort, again on the latest version when a concurrent
+commit preempted it: :func:`retrying`) for the changes that stage files.
 
 A merge that inserts rows also names their keys (:class:`Inserts`): Lance would rebase two
 merges' appended rows over each other silently, so such a commit runs under the table's upsert
-lock (:mod:`blobhouse.locks`) after a check that no commit since its read version holds one of
-those keys; one that does makes the merge plan again (its rows are then updates).
+lock (:mod:`blobhouse.commit.locks`) after a check that no commit since its read version holds
+one of those keys; one that does makes the merge plan again (its rows are then updates).
 
 Deletion files are the exception to the naming rule: Lance names them itself
 (``_deletions/<fragment>-<read version>-<random>.arrow``; pylance 14.0.2 offers no way to choose
@@ -56,8 +56,8 @@ from lance.commit import CommitConflictError
 from lance.file import LanceFileSession
 from lance.fragment import FragmentMetadata
 
-from blobhouse import leases, locks
 from blobhouse.claims import adopt, remove_claims
+from blobhouse.commit import leases, locks
 from blobhouse.errors import (
     BlobhouseError,
     ConcurrentCommitError,

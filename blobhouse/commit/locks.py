@@ -8,7 +8,7 @@ under a lock: ``_leases/locks/<name>``, created exclusively (``O_EXCL`` locally,
 PUT on S3: :meth:`~blobhouse.storage.ObjectStore.create`), holding a random token.
 
 - a waiter retries the create with backoff (jittered, up to :data:`MAX_DELAY_SECONDS` apart);
-- the holder touches the lock every :data:`~blobhouse.leases.REFRESH_SECONDS`; a lock nobody
+- the holder touches the lock every :data:`~blobhouse.commit.leases.REFRESH_SECONDS`; a lock nobody
   touched for :data:`EXPIRY_SECONDS` (its holder was killed) is broken by a waiter, so a dead
   holder blocks the others for that long at most. Breaking is itself exclusive (a marker
   named after the lock's token, created exclusively) and deletes the lock only if its token
@@ -31,13 +31,13 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from blobhouse.leases import LEASES_DIR, TIMEOUT_SECONDS, touching
+from blobhouse.commit.leases import LEASES_DIR, TIMEOUT_SECONDS, touching
 from blobhouse.placement import as_uri
 from blobhouse.storage import ObjectInfo, ObjectStore, StorageOptions, object_store, put_new
 
 LOCKS_DIR = f"{LEASES_DIR}/locks"
 #: a lock untouched for this long belongs to a holder that died: waiters break it (a holder
-#: touches it every :data:`~blobhouse.leases.REFRESH_SECONDS`, as a write its lease)
+#: touches it every :data:`~blobhouse.commit.leases.REFRESH_SECONDS`, as a write its lease)
 EXPIRY_SECONDS = TIMEOUT_SECONDS
 #: the longest pause between two attempts of a waiter
 MAX_DELAY_SECONDS = 0.2

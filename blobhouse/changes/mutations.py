@@ -13,10 +13,10 @@ blob payloads are copied once per row and sharing is lost until a compaction. He
   stores anywhere is referenced, not written again. ``when_matched_update(columns)`` rewrites
   just those columns, like an update.
 
-Both run on one :class:`~blobhouse.transaction.Transaction` each: one Lance commit, nothing
+Both run on one :class:`~blobhouse.commit.transaction.Transaction` each: one Lance commit, nothing
 visible on failure, staged files removed, a commit a concurrent one preempted planned again.
 Two merges inserting the same new key at once leave it once: the later one is planned again,
-where its row is an update (see :meth:`~blobhouse.transaction.Transaction.commit`).
+where its row is an update (see :meth:`~blobhouse.commit.transaction.Transaction.commit`).
 The per-fragment steps (:func:`rewrite_fragment`) are what Spark runs as tasks.
 """
 
@@ -34,26 +34,10 @@ from lance import LanceDataset, LanceOperation
 from lance.fragment import DataFile
 from pyroaring import BitMap
 
-from blobhouse.backfill import BlobFunction, check_fragment_rows
-from blobhouse.change import Committed, Staged, run_change
+from blobhouse.changes.backfill import BlobFunction, check_fragment_rows
 from blobhouse.columns import column_paths, resolve_column, unknown_column
-from blobhouse.errors import InvalidInputError, SchemaError, lance_message
-from blobhouse.maintenance.compaction import INPUT_BLOB_TYPE, logical_values
-from blobhouse.options import WriteOptions, closest
-from blobhouse.pipeline import (
-    DataFileWriter,
-    WritePlan,
-    plan_write,
-    store_writer_for_plan,
-    write_data_files,
-)
-from blobhouse.placement import AllowedBases
-from blobhouse.properties import TableProperties
-from blobhouse.references import leaf_field_ids
-from blobhouse.session import WrittenFile
-from blobhouse.snapshot import ROW_ADDRESS
-from blobhouse.store import store_base_id
-from blobhouse.transaction import (
+from blobhouse.commit.change import Committed, Staged, run_change
+from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
     SHOWN_KEYS,
     Inserts,
@@ -61,6 +45,15 @@ from blobhouse.transaction import (
     Transaction,
     stage_deletion,
 )
+from blobhouse.errors import InvalidInputError, SchemaError, lance_message
+from blobhouse.maintenance.compaction import INPUT_BLOB_TYPE, logical_values
+from blobhouse.options import WriteOptions, closest
+from blobhouse.placement import AllowedBases
+from blobhouse.properties import TableProperties
+from blobhouse.references import leaf_field_ids
+from blobhouse.session import WrittenFile
+from blobhouse.snapshot import ROW_ADDRESS
+from blobhouse.store import store_base_id
 from blobhouse.values import (
     ColumnPath,
     blob_array,
@@ -71,6 +64,13 @@ from blobhouse.values import (
     stored_blob_columns,
 )
 from blobhouse.write.inputs import input_stream
+from blobhouse.write.pipeline import (
+    DataFileWriter,
+    WritePlan,
+    plan_write,
+    store_writer_for_plan,
+    write_data_files,
+)
 from blobhouse.write.prepare import allowed_bases_of, prepared_for_write, with_store
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class _UpdatePlan:
 
 @dataclass(frozen=True)
 class _Update:
-    """An update as a :class:`~blobhouse.change.Change`."""
+    """An update as a :class:`~blobhouse.commit.change.Change`."""
 
     updates: Mapping[str, str | BlobFunction | None]
     where: str | None
@@ -871,7 +871,7 @@ class _MergePlan:
 
 @dataclass(frozen=True)
 class _Merge:
-    """A :class:`MergeInsert` as a :class:`~blobhouse.change.Change`."""
+    """A :class:`MergeInsert` as a :class:`~blobhouse.commit.change.Change`."""
 
     merge: MergeInsert
     source: pa.Table

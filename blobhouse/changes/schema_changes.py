@@ -33,6 +33,7 @@ from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
 from lance.commit import CommitConflictError
 
+from blobhouse.commit.transaction import Transaction
 from blobhouse.errors import ConcurrentCommitError, InvalidInputError, SchemaError, lance_message
 from blobhouse.layout import TableLocation
 from blobhouse.options import check_names
@@ -40,7 +41,6 @@ from blobhouse.placement import AllowedBases, placement_metadata
 from blobhouse.properties import TableProperties, field_ids
 from blobhouse.references import field_id
 from blobhouse.storage import StorageOptions
-from blobhouse.transaction import Transaction
 from blobhouse.values import (
     ColumnPath,
     find_blob_columns,

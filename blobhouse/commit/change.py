@@ -1,14 +1,14 @@
 """The change template: one runner for every change that stages files and commits them.
 
-A change -- an update, a compaction, a backfill -- supplies only what differs (PyIceberg's
-snapshot producers, Lance's ``execute_uncommitted``): its plan on a snapshot (holding its
-:class:`~blobhouse.transaction.Transaction`), the files it stages (in this process, or in Spark
-tasks), its commit and its report. :func:`run_change` does the rest, the same way for all of
+A change -- an update, a compaction, a backfill -- supplies only what differs (PyIceberg's snapshot
+producers, Lance's ``execute_uncommitted``): its plan on a snapshot (holding its
+:class:`~blobhouse.commit.transaction.Transaction`), the files it stages (in this process, or in
+Spark tasks), its commit and its report. :func:`run_change` does the rest, the same way for all of
 them: plan on the version read, hold the transaction's lease while staging, commit through the
-transaction (its checks and records), abort on any failure (removing exactly what was staged;
-with Spark tasks, marking the abort first so a task still running cleans up after itself), plan
-again on the latest version when a concurrent commit preempted it, and hand back the report
-with the committed snapshot, so the caller moves to it without opening the table again.
+transaction (its checks and records), abort on any failure (removing exactly what was staged; with
+Spark tasks, marking the abort first so a task still running cleans up after itself), plan again on
+the latest version when a concurrent commit preempted it, and hand back the report with the
+committed snapshot, so the caller moves to it without opening the table again.
 
 >>> import tempfile, pyarrow as pa
 >>> from lance import LanceOperation
@@ -40,9 +40,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from lance import LanceDataset
 
+from blobhouse.commit.transaction import DEFAULT_RETRIES, StagedDeletion, Transaction, retrying
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import TableSnapshot
-from blobhouse.transaction import DEFAULT_RETRIES, StagedDeletion, Transaction, retrying
 
 P = TypeVar("P")
 R = TypeVar("R")
