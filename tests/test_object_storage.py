@@ -28,11 +28,11 @@ from blobhouse import (
     RefIdConflictError,
     TableNotFoundError,
     blob_array,
-    leases,
     open_table,
     read_ranges,
     write_table,
 )
+from blobhouse.commit import leases
 from blobhouse.dedup import content_hash, digest_matrix
 from blobhouse.digest_filter import may_contain, read_filters
 from blobhouse.rangeio import READ_THREADS, _balanced_groups, plan_reads
