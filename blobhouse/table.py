@@ -9,7 +9,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, BinaryIO, Literal
 
 import numpy as np
@@ -26,7 +25,6 @@ from blobhouse.changes.backfill import (
     commit_backfill,
 )
 from blobhouse.changes.mutations import UpdateReport
-from blobhouse.checksums import RecordedHashes
 from blobhouse.columns import lance_name, resolve_columns
 from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
@@ -60,7 +58,7 @@ from blobhouse.rangeio import (
     read_ranges_arrow,
     refs_from_arrow,
 )
-from blobhouse.references import Unresolved, leaf_field_ids
+from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import ROW_ADDRESS, TableSnapshot, open_snapshot
 from blobhouse.values import (
@@ -219,6 +217,25 @@ def open_at(
     return Table(open_snapshot(location, version, storage_options))
 
 
+def _state(name: str, doc: str | None = None) -> property:
+    """A read-only attribute of the table's snapshot, documented as the snapshot documents it."""
+    return property(
+        lambda self: getattr(self._snapshot, name),
+        doc=doc or getattr(TableSnapshot, name).__doc__,
+    )
+
+
+def _state_method(name: str) -> Callable:
+    """A method of the table's snapshot, called on the version the table is at."""
+
+    def method(self: Table, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._snapshot, name)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = getattr(TableSnapshot, name).__doc__
+    return method
+
+
 class Table:
     """A blob table at one version. Blob columns read as references unless asked otherwise.
 
@@ -248,52 +265,26 @@ class Table:
         moves the table to a new one)."""
         return self._snapshot
 
-    @property
-    def dataset(self) -> LanceDataset:
-        """The Lance dataset at this version (stock pylance reads everything blobhouse wrote)."""
-        return self._snapshot.dataset
-
-    @property
-    def location(self) -> TableLocation:
-        return self._snapshot.location
-
-    @property
-    def uri(self) -> str:
-        """The table's root as a URI (references into its own files start with it)."""
-        return self._snapshot.uri
-
-    @property
-    def storage_options(self) -> dict[str, str] | None:
-        return self._snapshot.storage_options
-
-    @property
-    def schema(self) -> pa.Schema:
-        """The table's Lance schema (blob columns as Lance blob fields)."""
-        return self._snapshot.schema
-
-    @property
-    def version(self) -> int:
-        return self._snapshot.version
-
-    @property
-    def branch(self) -> str | None:
-        """The branch this table is on (None: main)."""
-        return self._snapshot.branch
-
-    @property
-    def blob_columns(self) -> list[str]:
-        """Names of the blob columns (``parent.child`` inside structs)."""
-        return self._snapshot.blob_columns
-
-    @property
-    def allowed_bases(self) -> list[str]:
-        """URI prefixes external blobs of this table may live under."""
-        return self._snapshot.allowed_bases
-
-    @property
-    def managed_bases(self) -> list[str]:
-        """The allowed bases whose objects the table takes ownership of once referenced."""
-        return self._snapshot.managed_bases
+    # the state of the version this table is at: its snapshot's, as the services see it
+    dataset = _state("dataset", "The Lance dataset at this version (stock pylance reads it).")
+    location = _state("location", "Where the table lives (root, branch).")
+    uri = _state("uri", "The table's root as a URI (references into its own files start so).")
+    storage_options = _state("storage_options", "The storage options the table was opened with.")
+    schema = _state("schema")
+    version = _state("version", "The version this table is at.")
+    branch = _state("branch")
+    blob_columns = _state("blob_columns")
+    allowed_bases = _state("allowed_bases")
+    managed_bases = _state("managed_bases")
+    moved_from = _state("moved_from")
+    versions = _state_method("versions")
+    tags = _state_method("tags")
+    branches = _state_method("branches")
+    resolve_refs = _state_method("resolve_refs")
+    file_column = _state_method("file_column")
+    data_file_of = _state_method("data_file_of")
+    data_file_uri = _state_method("data_file_uri")
+    recorded_hashes = _state_method("recorded_hashes")
 
     @property
     def properties(self) -> TableProperties:
@@ -346,18 +337,6 @@ class Table:
             schema_changes.set_properties(self.location, changes, self.storage_options)
         )
 
-    def versions(self) -> list[dict]:
-        """Every version of this branch (``version``, ``timestamp``, ``metadata``)."""
-        return self._snapshot.versions()
-
-    def tags(self) -> dict[str, dict]:
-        """Every tag of the table: name -> ``{"branch", "version"}`` (branch None: main)."""
-        return self._snapshot.tags()
-
-    def branches(self) -> dict[str, dict]:
-        """Every branch of the table: name -> ``{"parent_branch", "parent_version"}``."""
-        return self._snapshot.branches()
-
     @keywords_checked
     def checkout(self, version: int | str | None, *, branch: str | None = None) -> Table:
         """This table at another version (or tag; None: the latest) of its branch, or of
@@ -378,12 +357,6 @@ class Table:
                 continue  # made before a move: Lance cannot repoint it (verify says so)
             relocate_store(on.dataset, on.location, self.storage_options)
         return self.refresh()
-
-    @property
-    def moved_from(self) -> str | None:
-        """The root this version's manifest records for the table's store, when the table was
-        copied or moved from there and not relocated yet (None: in place)."""
-        return self._snapshot.moved_from
 
     @keywords_checked
     def count_rows(self, filter: str | None = None) -> int:
@@ -884,29 +857,13 @@ class Table:
         below are the same services."""
         return TableMaintenance(lambda: self._snapshot, self._moved_to)
 
-    @keywords_checked
-    def gc(
-        self,
-        *,
-        retain_versions: int | None = None,
-        older_than: timedelta | None = None,
-        grace: timedelta | None = None,
-        dry_run: bool = False,
-        progress: Progress | None = None,
-    ) -> GcReport:
-        """Remove what no retained version needs: see :meth:`TableMaintenance.gc`."""
-        return self.maintenance.gc(
-            retain_versions=retain_versions,
-            older_than=older_than,
-            grace=grace,
-            dry_run=dry_run,
-            progress=progress,
-        )
+    def gc(self, **options: Any) -> GcReport:
+        """Remove what no retained version needs: :meth:`TableMaintenance.gc`'s options."""
+        return self.maintenance.gc(**options)
 
-    @keywords_checked
-    def verify(self, *, deep: bool = False, progress: Progress | None = None) -> VerifyReport:
-        """Check every reference (and its bytes): see :meth:`TableMaintenance.verify`."""
-        return self.maintenance.verify(deep=deep, progress=progress)
+    def verify(self, **options: Any) -> VerifyReport:
+        """Check every reference (and its bytes): :meth:`TableMaintenance.verify`'s options."""
+        return self.maintenance.verify(**options)
 
     @keywords_checked
     def compact(
@@ -928,32 +885,6 @@ class Table:
     def stats(self) -> StatsReport:
         """Logical and physical bytes, per column and kind: see :meth:`TableMaintenance.stats`."""
         return self.maintenance.stats()
-
-    def resolve_refs(
-        self,
-        path: ColumnPath,
-        descriptors: pa.Array,
-        row_addresses: pa.Array,
-        unresolved: list[Unresolved] | None = None,
-    ) -> pa.StructArray:
-        """Resolved references of blob column ``path`` (see :meth:`TableSnapshot.resolve_refs`)."""
-        return self._snapshot.resolve_refs(path, descriptors, row_addresses, unresolved)
-
-    def file_column(self, path: ColumnPath) -> Callable[[int], int]:
-        """See :meth:`TableSnapshot.file_column`."""
-        return self._snapshot.file_column(path)
-
-    def data_file_of(self, path: ColumnPath) -> Callable[[int], str]:
-        """See :meth:`TableSnapshot.data_file_of`."""
-        return self._snapshot.data_file_of(path)
-
-    def data_file_uri(self, data_file: DataFile) -> str:
-        """See :meth:`TableSnapshot.data_file_uri`."""
-        return self._snapshot.data_file_uri(data_file)
-
-    def recorded_hashes(self) -> RecordedHashes:
-        """The blake3 recorded for this table's stored payloads (loaded as they are needed)."""
-        return self._snapshot.recorded_hashes()
 
     def _selection(self, columns: Sequence[str] | None, blobs: str) -> Selection:
         if blobs not in ("refs", "bytes", "descriptors"):

@@ -21,7 +21,7 @@ from lance.schema import LanceSchema
 
 from blobhouse.changes.schema_changes import add_null_blob_column
 from blobhouse.columns import resolve_column
-from blobhouse.commit.change import Committed, Staged, run_change
+from blobhouse.commit.change import Committed, Planned, Staged, run_change
 from blobhouse.commit.transaction import Transaction, record_stored
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
@@ -296,16 +296,6 @@ def backfill_here(fn: BlobFunction) -> StageFiles:
 
 
 @dataclass(frozen=True)
-class _BackfillRun:
-    table: TableSnapshot  # the version read, its store registered if the column needs it
-    plan: BackfillPlan
-
-    @property
-    def transaction(self) -> Transaction:
-        return self.plan.transaction
-
-
-@dataclass(frozen=True)
 class _Backfill:
     """A backfill as a :class:`~blobhouse.commit.change.Change`."""
 
@@ -314,24 +304,24 @@ class _Backfill:
     stage_files: StageFiles
     in_tasks: bool
 
-    def plan(self, snapshot: TableSnapshot) -> _BackfillRun:
+    def plan(self, snapshot: TableSnapshot) -> Planned[BackfillPlan]:
         table = prepared_for_write(snapshot, self.dedup)
-        return _BackfillRun(table, BackfillPlan.create(table, self.column, self.dedup))
+        return Planned(table, BackfillPlan.create(table, self.column, self.dedup))
 
-    def stage(self, run: _BackfillRun, staged: Staged) -> None:
+    def stage(self, run: Planned[BackfillPlan], staged: Staged) -> None:
         files, stored = self.stage_files(run.table, run.plan)
         staged.written.extend(files.values())
         staged.detail = (files, stored)
 
-    def commit(self, run: _BackfillRun, staged: Staged) -> LanceDataset:
+    def commit(self, run: Planned[BackfillPlan], staged: Staged) -> LanceDataset:
         files, stored = staged.detail
         dataset = commit_backfill(run.table, run.plan, files)
         if stored:
             record_stored(run.table.location.root, stored, run.table.storage_options)
         return dataset
 
-    def report(self, run: _BackfillRun, staged: Staged, committed: TableSnapshot, attempt: int):
-        return None
+    def report(self, *_: object) -> None:
+        return None  # a backfill reports nothing but the version it committed
 
 
 def store_writer_for(

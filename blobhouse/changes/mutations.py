@@ -36,7 +36,7 @@ from pyroaring import BitMap
 
 from blobhouse.changes.backfill import BlobFunction, check_fragment_rows
 from blobhouse.columns import column_paths, resolve_column, unknown_column
-from blobhouse.commit.change import Committed, Staged, run_change
+from blobhouse.commit.change import Committed, Planned, Staged, run_change
 from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
     SHOWN_KEYS,
@@ -46,7 +46,6 @@ from blobhouse.commit.transaction import (
     stage_deletion,
 )
 from blobhouse.errors import InvalidInputError, SchemaError, lance_message
-from blobhouse.maintenance.compaction import INPUT_BLOB_TYPE, logical_values
 from blobhouse.options import WriteOptions, closest
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
@@ -57,12 +56,11 @@ from blobhouse.store import store_base_id
 from blobhouse.values import (
     ColumnPath,
     blob_array,
-    get_field,
     is_lance_blob_field,
     path_name,
-    replace_field,
     stored_blob_columns,
 )
+from blobhouse.write.carry import INPUT_BLOB_TYPE, carried_schema, logical_values
 from blobhouse.write.inputs import input_stream
 from blobhouse.write.pipeline import (
     DataFileWriter,
@@ -150,16 +148,6 @@ def update(
 
 
 @dataclass(frozen=True)
-class _UpdatePlan:
-    table: TableSnapshot  # the version read, ready for the update's dedup modes
-    rewrite: ColumnRewrite
-
-    @property
-    def transaction(self) -> Transaction:
-        return self.rewrite.transaction
-
-
-@dataclass(frozen=True)
 class _Update:
     """An update as a :class:`~blobhouse.commit.change.Change`."""
 
@@ -169,26 +157,26 @@ class _Update:
     rewrite: Rewrite
     in_tasks: bool
 
-    def plan(self, snapshot: TableSnapshot) -> _UpdatePlan:
+    def plan(self, snapshot: TableSnapshot) -> Planned[ColumnRewrite]:
         modes = blob_modes(snapshot, self.updates, self.dedup)
         table = prepared_for_write(snapshot, "global" if "global" in modes.values() else "content")
-        return _UpdatePlan(table, plan_update(table, self.updates, self.where, modes))
+        return Planned(table, plan_update(table, self.updates, self.where, modes))
 
-    def stage(self, plan: _UpdatePlan, staged: Staged) -> None:
-        done = self.rewrite(plan.table, plan.rewrite)
+    def stage(self, plan: Planned[ColumnRewrite], staged: Staged) -> None:
+        done = self.rewrite(plan.table, plan.plan)
         staged.written.extend(written for written, _ in done.values())
         staged.detail = done
 
-    def commit(self, plan: _UpdatePlan, staged: Staged) -> LanceDataset:
+    def commit(self, plan: Planned[ColumnRewrite], staged: Staged) -> LanceDataset:
         done = staged.detail
         if not done:
             return plan.table.dataset
         files = {i: written for i, (written, _) in done.items()}
         matched = {i: rows for i, (_, rows) in done.items()}
-        return commit_rewrite(plan.table, plan.rewrite, files, matched=matched)
+        return commit_rewrite(plan.table, plan.plan, files, matched=matched)
 
     def report(
-        self, plan: _UpdatePlan, staged: Staged, committed: TableSnapshot, attempt: int
+        self, plan: Planned[ColumnRewrite], staged: Staged, committed: TableSnapshot, attempt: int
     ) -> UpdateReport:
         done = staged.detail
         return UpdateReport(
@@ -196,7 +184,7 @@ class _Update:
             version=committed.version,
             rows_updated=sum(len(rows) for _, rows in done.values()),
             fragments_rewritten=len(done),
-            columns=plan.rewrite.columns,
+            columns=plan.plan.columns,
             bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in staged.written),
             attempts=attempt,
         )
@@ -308,12 +296,7 @@ def _column_rewrite(
     blobs = [path_name(p) for p in blob_paths]
     properties = TableProperties.of(table.dataset)
     modes = {c: (dedup or {}).get(c) or properties.dedup_of(c) for c in blobs}
-    input_schema = schema
-    for path in blob_paths:
-        field = get_field(schema, path)
-        input_schema = replace_field(
-            input_schema, path, pa.field(path[-1], INPUT_BLOB_TYPE, field.nullable)
-        )
+    input_schema = carried_schema(schema, blob_paths)
     plan = plan_write(
         pa.schema([input_schema.field(n) for n in tops]),
         blob_columns=blobs,

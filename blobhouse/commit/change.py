@@ -88,6 +88,19 @@ class Committed(Generic[R]):
     snapshot: TableSnapshot
 
 
+@dataclass(frozen=True)
+class Planned(Generic[P]):
+    """A change's plan with the snapshot it was made on (prepared for the change: its store
+    registered, say), which its staging and commit work on."""
+
+    table: TableSnapshot
+    plan: P
+
+    @property
+    def transaction(self) -> Transaction:
+        return transaction_of(self.plan)
+
+
 def transaction_of(plan: object) -> Transaction:
     """The transaction a plan stages under: the plan itself, or its ``transaction``."""
     return plan if isinstance(plan, Transaction) else plan.transaction  # type: ignore[attr-defined]

@@ -21,27 +21,24 @@ from typing import TYPE_CHECKING
 import lance
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from lance import LanceDataset, LanceOperation
 from lance.optimize import Compaction, RewriteResult
 from pyroaring import BitMap64
 
-from blobhouse.checksums import RecordedHashes, written_by_blobhouse
-from blobhouse.commit.change import Committed, Staged, run_change
+from blobhouse.checksums import written_by_blobhouse
+from blobhouse.commit.change import Committed, Planned, Staged, run_change
 from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
     Transaction,
     commit_errors,
     lance_commit,
 )
-from blobhouse.dedup import content_hash
-from blobhouse.errors import CorruptBlobError, InvalidInputError
+from blobhouse.errors import InvalidInputError
 from blobhouse.maintenance.reports import CompactionReport
 from blobhouse.maintenance.versions import Progress, fragment_references
 from blobhouse.options import CommitOptions, CompactionTargets
 from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.properties import TableProperties
-from blobhouse.rangeio import BlobRef, read_ranges_arrow, refs_from_arrow
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import ROW_ADDRESS, snapshot_of
@@ -54,12 +51,11 @@ from blobhouse.store import (
 from blobhouse.values import (
     ColumnPath,
     get_column,
-    get_field,
     path_name,
     replace_column,
-    replace_field,
     stored_blob_columns,
 )
+from blobhouse.write.carry import INPUT_BLOB_TYPE, carried_schema, logical_values
 from blobhouse.write.pipeline import WritePlan, plan_write, write_data_files
 from blobhouse.write.prepare import prepared_for_write
 
@@ -73,14 +69,6 @@ DEFAULT_REPACK_THRESHOLD = CompactionTargets.repack_threshold
 # a commit a concurrent delete or write preempted: planned and run again on the new version
 
 READ_BYTES = 64 * MiB  # blob bytes read per batch handed to the pipeline
-INPUT_BLOB_TYPE = pa.struct(
-    [
-        pa.field("data", pa.large_binary()),
-        pa.field("uri", pa.utf8()),
-        pa.field("position", pa.uint64()),
-        pa.field("size", pa.uint64()),
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -418,16 +406,6 @@ def run_compaction(
 
 
 @dataclass(frozen=True)
-class _CompactionRun:
-    table: TableSnapshot  # the version read
-    compaction: CompactionPlan
-
-    @property
-    def transaction(self) -> Transaction:
-        return self.compaction.transaction
-
-
-@dataclass(frozen=True)
 class _Compaction:
     """A compaction as a :class:`~blobhouse.commit.change.Change`."""
 
@@ -435,23 +413,23 @@ class _Compaction:
     rewrite: Callable[[TableSnapshot, CompactionPlan], list[list[WrittenFile]]]
     in_tasks: bool
 
-    def plan(self, snapshot: TableSnapshot) -> _CompactionRun:
-        return _CompactionRun(snapshot, plan_compaction(snapshot, **asdict(self.targets)))
+    def plan(self, snapshot: TableSnapshot) -> Planned[CompactionPlan]:
+        return Planned(snapshot, plan_compaction(snapshot, **asdict(self.targets)))
 
-    def stage(self, run: _CompactionRun, staged: Staged) -> None:
-        groups = self.rewrite(run.table, run.compaction) if run.compaction.groups else []
+    def stage(self, run: Planned[CompactionPlan], staged: Staged) -> None:
+        groups = self.rewrite(run.table, run.plan) if run.plan.groups else []
         staged.written.extend(w for group in groups for w in group)
         staged.detail = groups
 
-    def commit(self, run: _CompactionRun, staged: Staged) -> LanceDataset:
-        if not run.compaction.groups:
+    def commit(self, run: Planned[CompactionPlan], staged: Staged) -> LanceDataset:
+        if not run.plan.groups:
             return run.table.dataset
-        return commit_compaction(run.table, run.compaction, staged.detail)
+        return commit_compaction(run.table, run.plan, staged.detail)
 
     def report(
-        self, run: _CompactionRun, staged: Staged, committed: TableSnapshot, attempt: int
+        self, run: Planned[CompactionPlan], staged: Staged, committed: TableSnapshot, attempt: int
     ) -> CompactionReport:
-        return report(committed.version, run.compaction, staged.detail) | {"attempts": attempt}
+        return report(committed.version, run.plan, staged.detail) | {"attempts": attempt}
 
 
 def rewrite_here(
@@ -487,12 +465,7 @@ def report(version: int, plan: CompactionPlan, written: Sequence[Sequence[Writte
 def _write_plan(table: TableSnapshot, plan: CompactionPlan) -> WritePlan:
     schema = table.schema
     paths = stored_blob_columns(schema)
-    input_schema = schema
-    for path in paths:
-        field = get_field(schema, path)
-        input_schema = replace_field(
-            input_schema, path, pa.field(path[-1], INPUT_BLOB_TYPE, field.nullable)
-        )
+    input_schema = carried_schema(schema, paths)
     write = plan_write(
         input_schema,
         table_schema=schema,
@@ -564,135 +537,6 @@ def _pieces(batch: pa.RecordBatch, paths: list[ColumnPath]) -> Iterator[pa.Recor
         stop = max(start + 1, int(np.searchsorted(ends, before + READ_BYTES, side="right")))
         yield batch.slice(start, stop - start)
         start = stop
-
-
-def logical_values(
-    table: TableSnapshot,
-    path: ColumnPath,
-    batch: pa.RecordBatch,
-    hashes: RecordedHashes,
-    repack: frozenset[str],
-    leave_store: bool = False,
-    store_digests: dict[tuple[str, int, int], bytes] | None = None,
-) -> pa.StructArray:
-    """Blob column ``path`` of ``batch`` as logical values: bytes (checked) for what the table
-    stores, the reference for external blobs and for store payloads that stay where they are
-    (those of ``repack`` packs move, every store payload with ``leave_store``). The hash rows
-    recorded for the store payloads they keep go to ``store_digests`` (pack, position, size)."""
-    descriptors = get_column(batch, path)
-    refs = table.resolve_refs(path, descriptors, batch.column(ROW_ADDRESS))
-    valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
-    kinds = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False)
-    uris = refs.field("uri").to_pylist()
-    # payloads of packs being repacked are read and stored again, other references kept
-    store = store_uri_prefix(table.uri)
-    moving = np.array(
-        [u in repack or (leave_store and u is not None and u.startswith(store)) for u in uris],
-        dtype=bool,
-    )
-    external = valid & (kinds == Kind.EXTERNAL) & ~moving
-    stored = valid & ~external
-    if store_digests is not None:
-        kept = external & np.array([u is not None and u.startswith(store) for u in uris], bool)
-        _kept_digests(table, path, batch, descriptors, refs, kept, store, store_digests)
-    positions = refs.field("position").to_pylist()
-    sizes = refs.field("size").to_pylist()
-    wanted = [
-        BlobRef(uris[i], positions[i], sizes[i]) if stored[i] else None for i in range(len(refs))
-    ]
-    data = read_ranges_arrow(wanted, storage_options=table.storage_options)
-    _check_recorded(
-        path_name(path),
-        (table.file_column(path), table.data_file_of(path)),
-        descriptors,
-        batch.column(ROW_ADDRESS),
-        wanted,
-        data,
-        hashes,
-    )
-    outside = pa.array(~external)
-    return pa.StructArray.from_arrays(
-        [
-            data,
-            _masked(refs.field("uri"), outside),
-            _masked(refs.field("position").cast(pa.uint64()), outside),
-            _masked(refs.field("size").cast(pa.uint64()), outside),
-        ],
-        fields=list(INPUT_BLOB_TYPE),
-        mask=pa.array(~valid),
-    )
-
-
-def _kept_digests(
-    table: TableSnapshot,
-    path: ColumnPath,
-    batch: pa.RecordBatch,
-    descriptors: pa.StructArray,
-    refs: pa.StructArray,
-    kept: np.ndarray,
-    store: str,
-    out: dict[tuple[str, int, int], bytes],
-) -> None:
-    """Add to ``out`` the hash the ``kept`` rows (store references a rewrite keeps) recorded
-    for their payloads, keyed by (pack, position, size)."""
-    if not kept.any():
-        return
-    wanted = [r if k else None for r, k in zip(refs_from_arrow(refs), kept.tolist(), strict=True)]
-    expected = table.recorded_hashes().expected_many(
-        table.file_column(path),
-        descriptors,
-        wanted,
-        np.asarray(batch.column(ROW_ADDRESS).to_numpy(zero_copy_only=False), np.uint64),
-        table.data_file_of(path),
-    )
-    for ref, digest in zip(wanted, expected, strict=True):
-        if ref is not None and digest is not None:
-            out[(ref.uri.removeprefix(store), ref.position, ref.size)] = digest
-
-
-def _check_recorded(
-    column: str,
-    located: tuple[Callable[[int], int], Callable[[int], str]],
-    descriptors: pa.StructArray,
-    addresses: pa.Array,
-    refs: list[BlobRef | None],
-    data: pa.LargeBinaryArray,
-    hashes: RecordedHashes,
-) -> None:
-    """Refuse to copy a payload whose bytes differ from the hash recorded when it was written:
-    the copy would get a fresh, matching hash and the damage would no longer show.
-    ``located``: fragment id -> the column's column in its data file, and that file."""
-    file_column, data_file = located
-    kinds = descriptors.field("kind").fill_null(0).to_numpy(zero_copy_only=False)
-    blob_ids = descriptors.field("blob_id").fill_null(0).to_numpy(zero_copy_only=False)
-    addresses = addresses.to_numpy()
-    checked: set[BlobRef] = set()
-    for i, ref in enumerate(refs):
-        if ref is None or ref in checked:
-            continue
-        checked.add(ref)
-        address = int(addresses[i])
-        expected = hashes.expected(
-            int(kinds[i]),
-            int(blob_ids[i]),
-            file_column(address >> 32),
-            address & 0xFFFFFFFF,
-            ref.uri,
-            ref.position,
-            ref.size,
-            data_file(address >> 32),
-        )
-        if expected is not None and content_hash(data[i].as_buffer()) != expected:
-            raise CorruptBlobError(
-                f"blob column {column!r}: the {ref.size} bytes at {ref.position} of {ref.uri} do "
-                "not match the hash recorded when they were written; compaction stopped and "
-                "changed nothing (run verify(deep=True) for every damaged row)"
-            )
-
-
-def _masked(values: pa.Array, hide: pa.Array) -> pa.Array:
-    """``values`` with null where ``hide`` is true."""
-    return pc.if_else(hide, pa.scalar(None, values.type), values)
 
 
 @dataclass
