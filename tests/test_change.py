@@ -10,16 +10,14 @@ import pytest
 from lance import LanceOperation
 
 from blobhouse import write_table
-from blobhouse.commit.change import Staged, run_change
+from blobhouse.commit.change import BaseChange, Staged, run_change
 from blobhouse.commit.transaction import Transaction
 from blobhouse.errors import ConcurrentCommitError
 from blobhouse.session import BlobSession
 
 
-class AppendRows:
+class AppendRows(BaseChange):
     """Appends one row per attempt; ``fail_stage`` / ``preempt`` make attempts fail."""
-
-    in_tasks = False
 
     def __init__(self, uri: str, *, fail_stage: bool = False, preempt: int = 0) -> None:
         self.uri, self.fail_stage, self.preempt = uri, fail_stage, preempt
@@ -85,6 +83,20 @@ def test_a_preempted_change_is_planned_again_on_the_latest_version(table):
     # retried: here the first attempt commits on top of the other writer's append
     assert done.report["attempt"] == 1 and done.snapshot.version == 3
     assert change.planned_on == [1]
+
+
+def test_a_changes_plan_is_released_after_every_attempt(table):
+    uri = table.uri.removeprefix("file://")
+    released = []
+
+    class Releasing(AppendRows):
+        def release(self, plan):
+            released.append(plan.name_prefix)
+
+    run_change(Releasing(uri), table.snapshot)
+    with pytest.raises(RuntimeError):
+        run_change(Releasing(uri, fail_stage=True), table.snapshot)
+    assert len(released) == 2 and released[0] != released[1]
 
 
 def test_preemptions_past_the_retries_fail_with_nothing_committed(table, monkeypatch):

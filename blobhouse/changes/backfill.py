@@ -21,7 +21,7 @@ from lance.schema import LanceSchema
 
 from blobhouse.changes.schema_changes import add_null_blob_column
 from blobhouse.columns import resolve_column
-from blobhouse.commit.change import Committed, Planned, Staged, run_change
+from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
 from blobhouse.commit.transaction import Transaction, record_stored
 from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
@@ -296,7 +296,7 @@ def backfill_here(fn: BlobFunction) -> StageFiles:
 
 
 @dataclass(frozen=True)
-class _Backfill:
+class _Backfill(BaseChange):
     """A backfill as a :class:`~blobhouse.commit.change.Change`."""
 
     column: str

@@ -36,7 +36,7 @@ from pyroaring import BitMap
 
 from blobhouse.changes.backfill import BlobFunction, check_fragment_rows
 from blobhouse.columns import column_paths, resolve_column, unknown_column
-from blobhouse.commit.change import Committed, Planned, Staged, run_change
+from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
 from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
     SHOWN_KEYS,
@@ -148,7 +148,7 @@ def update(
 
 
 @dataclass(frozen=True)
-class _Update:
+class _Update(BaseChange):
     """An update as a :class:`~blobhouse.commit.change.Change`."""
 
     updates: Mapping[str, str | BlobFunction | None]
@@ -853,7 +853,7 @@ class _MergePlan:
 
 
 @dataclass(frozen=True)
-class _Merge:
+class _Merge(BaseChange):
     """A :class:`MergeInsert` as a :class:`~blobhouse.commit.change.Change`."""
 
     merge: MergeInsert

@@ -15,8 +15,7 @@ committed snapshot, so the caller moves to it without opening the table again.
 >>> from blobhouse import write_table
 >>> from blobhouse.session import BlobSession
 >>> table = write_table(pa.table({"id": [1]}), tempfile.mkdtemp() + "/t")
->>> class AppendOne:
-...     in_tasks = False
+>>> class AppendOne(BaseChange):
 ...     def plan(self, snapshot):
 ...         return Transaction.start(snapshot.location, snapshot.version, kind="example")
 ...     def stage(self, txn, staged):
@@ -63,7 +62,8 @@ class Change(Protocol[P, R]):
     """What a change supplies to :func:`run_change`. ``P`` is its plan; :func:`transaction_of`
     finds the plan's transaction (the plan itself, or its ``transaction``)."""
 
-    #: its files are staged by Spark tasks (an abort then marks first; see Transaction.abort)
+    #: its files are staged by Spark tasks: an abort while they stage marks first, so a task
+    #: still running removes its own file (see Transaction.abort)
     in_tasks: bool
 
     def plan(self, snapshot: TableSnapshot) -> P:
@@ -77,6 +77,18 @@ class Change(Protocol[P, R]):
 
     def report(self, plan: P, staged: Staged, committed: TableSnapshot, attempt: int) -> R:
         """What the change did, once committed (``attempt``: 1, 2, ... after preemptions)."""
+
+    def release(self, plan: P) -> None:
+        """Drop what the plan holds (a Spark cache, say) once its attempt ended, either way."""
+
+
+class BaseChange(Generic[P, R]):
+    """Defaults for a :class:`Change`: staged in this process, nothing to release."""
+
+    in_tasks = False
+
+    def release(self, plan: P) -> None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -117,15 +129,20 @@ def run_change(
         at = snapshot if n == 1 else snapshot.latest()
         plan = change.plan(at)
         txn, staged = transaction_of(plan), Staged()
+        staging = change.in_tasks  # until stage returns: then every job it started has ended
         try:
-            with txn.lease():
-                change.stage(plan, staged)
-            dataset = change.commit(plan, staged)
-        except BaseException:
-            txn.abort(staged.written, deletions=staged.deletions, tasks_may_run=change.in_tasks)
-            raise
-        committed = at if dataset is at.dataset else at.at(dataset)
-        return Committed(change.report(plan, staged, committed, n), committed)
+            try:
+                with txn.lease():
+                    change.stage(plan, staged)
+                staging = False
+                dataset = change.commit(plan, staged)
+            except BaseException:
+                txn.abort(staged.written, deletions=staged.deletions, tasks_may_run=staging)
+                raise
+            committed = at if dataset is at.dataset else at.at(dataset)
+            return Committed(change.report(plan, staged, committed, n), committed)
+        finally:
+            change.release(plan)
 
     return retrying(attempt, retries)
 

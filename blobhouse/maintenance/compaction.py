@@ -26,7 +26,7 @@ from lance.optimize import Compaction, RewriteResult
 from pyroaring import BitMap64
 
 from blobhouse.checksums import written_by_blobhouse
-from blobhouse.commit.change import Committed, Planned, Staged, run_change
+from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
 from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
     Transaction,
@@ -406,7 +406,7 @@ def run_compaction(
 
 
 @dataclass(frozen=True)
-class _Compaction:
+class _Compaction(BaseChange):
     """A compaction as a :class:`~blobhouse.commit.change.Change`."""
 
     targets: CompactionTargets

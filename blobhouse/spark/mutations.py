@@ -52,6 +52,7 @@ from blobhouse.changes.mutations import (
     rewrite_fragment,
     store_mode,
 )
+from blobhouse.commit.change import BaseChange, Staged, run_change
 from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
     SHOWN_KEYS,
@@ -60,7 +61,6 @@ from blobhouse.commit.transaction import (
     Transaction,
     record_stored,
     remove_deletions,
-    retrying,
     stage_deletion,
 )
 from blobhouse.dedup import mode_of
@@ -181,14 +181,11 @@ def merge_insert(
         options=WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns, placement=placement),
         storage_options=options,
     )
-    table = merge.latest(uri)
+    table = merge.prepared(open_snapshot(uri, None, options))
     merge.check(table, df)  # before any Spark job
     with _evaluated_once(df) as source:
         _check_unique_keys(source, list(merge.on))
-        return retrying(
-            lambda n: _merge(source, merge, table if n == 1 else merge.latest(uri), n),
-            conflict_retries,
-        )
+        return run_change(_MergeInTasks(merge, source), table, retries=conflict_retries).report
 
 
 def _updates_all(update_all: bool | None, columns: Sequence[str] | None) -> bool:
@@ -224,9 +221,8 @@ class _Merge:
     options: WriteOptions
     storage_options: Mapping[str, str] | None
 
-    def latest(self, uri: str) -> TableSnapshot:
-        """The table's latest version, ready for this merge's dedup mode."""
-        table = open_snapshot(uri, None, self.storage_options)
+    def prepared(self, table: TableSnapshot) -> TableSnapshot:
+        """``table`` ready for this merge's dedup mode (its store registered, say)."""
         resolved = MergeInsert(table, list(self.on), self.options).resolved(table)
         return prepared_for_write(table, store_mode(resolved))
 
@@ -288,50 +284,85 @@ class _Staged:
         return [*self.new_files, *self.rewritten.values()]
 
 
-def _merge(source: DataFrame, merge: _Merge, table: TableSnapshot, attempt: int) -> MergeReport:
-    """One attempt: match ``source`` with ``table``'s version, write in tasks, commit once."""
-    builder = merge.check(table, source)
-    match = _Match.of(source, table, merge)
-    try:
-        return _merge_matched(match, merge, builder, table, attempt)
-    finally:
-        match.release()
+@dataclass(frozen=True)
+class _MergePlan:
+    table: TableSnapshot  # the version read, ready for the merge's dedup mode
+    builder: MergeInsert
+    match: _Match
+    transaction: Transaction
+    rewrite: ColumnRewrite | None
 
 
-def _merge_matched(
-    match: _Match, merge: _Merge, builder: MergeInsert, table: TableSnapshot, attempt: int
-) -> MergeReport:
-    matched, rows = match.counts()
-    txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
-    rewrite = builder.column_rewrite(table, txn) if merge.update_columns else None
-    staged = _Staged()
-    tasks_may_run = True
-    try:
-        with txn.lease():
-            deleted = _write(merge, builder, table, match, txn, rewrite, staged)
-        tasks_may_run = False  # every Spark job of the merge has ended
+@dataclass(frozen=True)
+class _MergeInTasks(BaseChange):
+    """A Spark merge as a :class:`~blobhouse.commit.change.Change`: each attempt matches the
+    source with the version read (a Spark join), writes in tasks, and commits once."""
+
+    merge: _Merge
+    source: DataFrame
+    in_tasks: bool = True
+
+    def plan(self, snapshot: TableSnapshot) -> _MergePlan:
+        merge, table = self.merge, self.merge.prepared(snapshot)
+        builder = merge.check(table, self.source)
+        match = _Match.of(self.source, table, merge)
+        try:
+            txn = Transaction.start(
+                table.location, table.version, table.storage_options, kind="merge"
+            )
+            rewrite = builder.column_rewrite(table, txn) if merge.update_columns else None
+        except BaseException:
+            match.release()
+            raise
+        return _MergePlan(table, builder, match, txn, rewrite)
+
+    def stage(self, plan: _MergePlan, staged: Staged) -> None:
+        matched, rows = plan.match.counts()
+        written = _Staged(deletions=staged.deletions)  # abort removes them as they come
+        deleted = _write(
+            self.merge,
+            plan.builder,
+            plan.table,
+            plan.match,
+            plan.transaction,
+            plan.rewrite,
+            written,
+        )
+        staged.written.extend(written.files())
+        staged.detail = (written, deleted, matched, rows)
+
+    def commit(self, plan: _MergePlan, staged: Staged) -> LanceDataset:
+        written, _, matched, rows = staged.detail
+        table, insert = plan.table, self.merge.insert
         dataset = commit_rewrite(
             table,
-            rewrite or empty_rewrite(table, txn),
-            staged.rewritten,
-            deletions=deleted_fragments(staged.deletions),
-            new_files=staged.new_files,
-            matched=staged.changed,
-            inserts=match.inserts(table, rows - matched) if merge.insert else None,
+            plan.rewrite or empty_rewrite(table, plan.transaction),
+            written.rewritten,
+            deletions=deleted_fragments(written.deletions),
+            new_files=written.new_files,
+            matched=written.changed,
+            inserts=plan.match.inserts(table, rows - matched) if insert else None,
         )
-    except BaseException:
-        txn.abort(staged.files(), deletions=staged.deletions, tasks_may_run=tasks_may_run)
-        raise
-    record_stored(table.location.root, staged.stored, table.storage_options)
-    return MergeReport(
-        read_version=table.version,
-        version=dataset.version,
-        num_inserted_rows=(rows - matched) if merge.insert else 0,
-        num_updated_rows=matched if (merge.update_all or merge.update_columns) else 0,
-        num_deleted_rows=deleted,
-        bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in staged.files()),
-        attempts=attempt,
-    )
+        record_stored(table.location.root, written.stored, table.storage_options)
+        return dataset
+
+    def report(
+        self, plan: _MergePlan, staged: Staged, committed: TableSnapshot, attempt: int
+    ) -> MergeReport:
+        _, deleted, matched, rows = staged.detail
+        merge = self.merge
+        return MergeReport(
+            read_version=plan.table.version,
+            version=committed.version,
+            num_inserted_rows=(rows - matched) if merge.insert else 0,
+            num_updated_rows=matched if (merge.update_all or merge.update_columns) else 0,
+            num_deleted_rows=deleted,
+            bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in staged.written),
+            attempts=attempt,
+        )
+
+    def release(self, plan: _MergePlan) -> None:
+        plan.match.release()
 
 
 @dataclass(frozen=True)
