@@ -12,6 +12,14 @@ import pytest
 
 from blobhouse import blob_array, write_table
 from blobhouse.maintenance import CompactionReport, GcReport, StatsReport, VerifyReport
+from blobhouse.maintenance.garbage_collection import clean_failed_create, orphans, reclaimable
+from blobhouse.maintenance.reports import (
+    FailedCreateReport,
+    IngestReport,
+    OrphansReport,
+    ReclaimableReport,
+)
+from blobhouse.write import TableWrite
 
 
 def mismatches(report: dict, declared: type, where: str = "") -> list[str]:
@@ -47,6 +55,28 @@ def test_every_report_matches_its_declaration(table):
     assert mismatches(table.gc(grace=timedelta(0)), GcReport) == []
     assert mismatches(table.verify(deep=True), VerifyReport) == []
     assert mismatches(table.stats(), StatsReport) == []
+
+
+def test_the_reports_of_orphans_reclaimable_and_a_failed_create(table, tmp_path):
+    assert mismatches(orphans(table), OrphansReport) == []
+    assert mismatches(reclaimable(table.snapshot), ReclaimableReport) == []
+    rows = pa.table({"img": blob_array([b"z" * 100_000])})
+    write = TableWrite.begin(str(tmp_path / "never"), rows.schema)
+    write.write(rows.to_batches())  # staged, never committed: a failed create's leftovers
+    report = clean_failed_create(str(tmp_path / "never"), grace=timedelta(0))
+    assert report["kept_leased_files"] >= 1  # its lease is still live
+    assert mismatches(report, FailedCreateReport) == []
+
+
+def test_the_ingest_report(spark, tmp_path):
+    from blobhouse.spark.ingest import ingest
+
+    (tmp_path / "a.bin").write_bytes(b"a" * 5000)
+    manifest = tmp_path / "rows.jsonl"
+    manifest.write_text('{"id": 1, "image": "a.bin"}\n{"id": 2, "image": "a.bin"}\n')
+    report = ingest(spark, str(manifest), str(tmp_path / "t"), ["image"])
+    assert report["physical_bytes"] == 5000
+    assert mismatches(report, IngestReport) == []
 
 
 def test_the_check_sees_a_wrong_report():

@@ -42,7 +42,12 @@ from blobhouse.layout import (
     branch_data_dir,
     manifest_version,
 )
-from blobhouse.maintenance.reports import GcReport
+from blobhouse.maintenance.reports import (
+    FailedCreateReport,
+    GcReport,
+    OrphansReport,
+    ReclaimableReport,
+)
 from blobhouse.maintenance.versions import (
     FragmentState,
     Progress,
@@ -200,7 +205,7 @@ class Marked:
         return list(self.dirs)
 
 
-def orphans(table: TableSnapshot, referenced: Iterable[str] | None = None) -> dict:
+def orphans(table: TableSnapshot, referenced: Iterable[str] | None = None) -> OrphansReport:
     """Files the table owns (under ``data/``, branches' ``tree/<name>/data/`` and the store's
     ``_blobs/packs/``) that no retained version references: leftovers of writes that never
     committed, or of versions already removed. ``paths`` are local paths for local tables,
@@ -223,7 +228,7 @@ def orphans(table: TableSnapshot, referenced: Iterable[str] | None = None) -> di
     }
 
 
-def reclaimable(table: TableSnapshot) -> dict:
+def reclaimable(table: TableSnapshot) -> ReclaimableReport:
     """What of the table's files no current row needs, by who would reclaim it:
 
     - ``orphan_files`` / ``orphan_bytes`` / ``orphan_paths``: files under ``data/``, the
@@ -618,7 +623,7 @@ def gc_at(
     grace: timedelta = DEFAULT_GRACE,
     dry_run: bool = False,
     progress: Progress | None = None,
-) -> dict:
+) -> GcReport | FailedCreateReport:
     """:func:`gc` of the table at ``uri``; where there is no table but the leftovers of a
     create that never committed, :func:`clean_failed_create` (what ``blobhouse gc PATH``
     runs). A folder with neither raises :class:`TableNotFoundError`.
@@ -671,7 +676,7 @@ def clean_failed_create(
     grace: timedelta = DEFAULT_GRACE,
     dry_run: bool = False,
     storage_options: StorageOptions | None = None,
-) -> dict:
+) -> FailedCreateReport:
     """Remove what a create that never committed left at ``uri`` (Ctrl-C, a killed process, an
     aborted Spark job), where no table exists yet: gc cannot open a table there.
 

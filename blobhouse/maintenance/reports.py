@@ -156,3 +156,64 @@ class StatsReport(TypedDict):
     columns: dict[str, dict]
     properties: dict
     moved_from: str | None
+
+
+class OrphansReport(TypedDict):
+    """:func:`blobhouse.maintenance.garbage_collection.orphans`: files the table owns that no
+    retained version references."""
+
+    files: int
+    bytes: int
+    paths: list[str]
+
+
+class ReclaimableReport(TypedDict):
+    """:func:`blobhouse.maintenance.garbage_collection.reclaimable`: what gc's sweep and a
+    cleanup of old versions would reclaim."""
+
+    orphan_files: int
+    orphan_bytes: int
+    orphan_paths: list[str]
+    old_versions_files: int
+    old_versions_bytes: int
+
+
+class FailedCreateReport(TypedDict):
+    """:func:`blobhouse.maintenance.garbage_collection.clean_failed_create`: gc's keys that
+    apply where no table exists, and the files left alone as foreign."""
+
+    dry_run: bool
+    failed_create: bool
+    branch: None
+    removed_versions: list[int]
+    retained_versions: list[int]
+    kept_tagged_versions: list[int]
+    removed_files: int
+    reclaimed_bytes: int
+    kept_young_files: int
+    kept_leased_files: int
+    expired_leases: int
+    aborted_uploads: int
+    foreign_files: list[str]
+    paths: list[str]
+
+
+class IngestReport(TypedDict):
+    """``blobhouse.spark.ingest.ingest``: what was loaded, and the table's stats after."""
+
+    table: str
+    manifest: str
+    version: int
+    mode: str
+    dedup: dict[str, str]
+    managed: bool
+    ingested_rows: int
+    files: int
+    ingested_bytes: int
+    path_columns: list[str]
+    tasks: int
+    rows: int
+    logical_bytes: int
+    physical_bytes: int
+    dedup_ratio: float
+    columns: dict[str, dict]

@@ -169,7 +169,7 @@ class BlobhouseDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> BlobhouseWriter:
         check_options(self.options, WRITE_OPTIONS, "blobhouse write option")
-        options = _WriteOptions(_write_options(self.options, schema))
+        options = _SparkWriteOptions(_write_options(self.options, schema))
         # planned on the driver: the table path is resolved here, never on an executor
         try:
             write = TableWrite.begin(
@@ -411,7 +411,7 @@ def _fit(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:
     yield from _fit(batch.slice(half), limit)
 
 
-class _WriteOptions:
+class _SparkWriteOptions:
     """Data source options of a write, turned into :meth:`TableWrite.begin` arguments."""
 
     def __init__(self, options) -> None:
@@ -509,7 +509,7 @@ def _catalog_table_schema(options) -> StructType:
         ) from error
     # the write settings its INSERTs will carry: refused now if they are not the table's own
     stored = sorted(path_name(p) for p in stored_blob_columns(table.dataset.schema))
-    table.properties.resolve(_WriteOptions(own).write_options(), stored)
+    table.properties.resolve(_SparkWriteOptions(own).write_options(), stored)
     carried = {k: v for k, v in own.items() if k not in CREATE_TABLE_OPTIONS}
     # resolved here, on the driver: a relative path means the driver's working directory
     carried["path"] = table.location.root
@@ -525,7 +525,7 @@ def _create_if_missing(read: ReadSpec, options: dict[str, str]) -> None:
     try:
         table = read.open()
     except TableNotFoundError:
-        given = _WriteOptions(options)
+        given = _SparkWriteOptions(options)
         allow = given.table_write_kwargs().get("allow_nonempty_folder", False)
         write_table(
             to_arrow_schema(declared).empty_table(),

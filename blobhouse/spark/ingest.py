@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from blobhouse.errors import InvalidInputError, TableNotFoundError
 from blobhouse.layout import TableLocation
+from blobhouse.maintenance.reports import IngestReport
 from blobhouse.placement import AllowedBases, normalize_uri
 from blobhouse.storage import (
     StorageOptions,
@@ -122,7 +123,7 @@ class IngestPlan:
         *,
         partitions: int | None = None,
         progress: Callable[[str, int, int], None] | None = None,
-    ) -> dict:
+    ) -> IngestReport:
         """Load the files on the executors and write the rows in one commit (Ctrl-C cancels
         the write and removes what its tasks staged: :func:`blobhouse.console.run_spark_job`).
         Returns a report: the table's version, rows and bytes, what this ingest added."""
@@ -358,7 +359,7 @@ def ingest(
     progress: Callable[[str, int, int], None] | None = None,
     managed: bool = False,
     allowed_bases: Sequence[str] | None = None,
-) -> dict:
+) -> IngestReport:
     """Load the files named in ``blob_columns`` of ``manifest`` into ``table`` (created when
     missing; ``mode="overwrite"`` replaces its rows) and return a report.
 
