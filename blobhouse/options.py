@@ -117,6 +117,10 @@ class CompactionTargets:
     repack_threshold: float = 0.5
 
     def __post_init__(self) -> None:
+        for name in ("target_rows", "target_bytes"):
+            _check_number(name, getattr(self, name), int)
+        for name in ("deleted_fraction", "repack_threshold"):
+            _check_number(name, getattr(self, name), int | float)
         if self.target_rows < 1 or self.target_bytes < 1:
             raise InvalidInputError("target_rows and target_bytes must be positive")
         if not 0 < self.deleted_fraction <= 1:
@@ -137,8 +141,40 @@ class CommitOptions:
     retries: int = 3
 
     def __post_init__(self) -> None:
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+        _check_number("retries", self.retries, int)
+        if self.retries < 0:
             raise InvalidInputError(f"retries must be a whole number >= 0, got {self.retries!r}")
+
+
+Opts = TypeVar("Opts", CompactionTargets, CommitOptions)
+
+
+def as_options(cls: type[Opts], value: Opts | Mapping[str, Any] | None, what: str) -> Opts:
+    """``value`` as an options object of ``cls``: itself, the defaults (None), or a mapping of
+    its field names (an unknown name is refused, naming the closest).
+
+    >>> as_options(CommitOptions, {"retries": 5}, "commit option")
+    CommitOptions(retries=5)
+    >>> as_options(CommitOptions, {"retry": 5}, "commit option")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    blobhouse.errors.UnknownOptionError: unknown commit option 'retry' (did you mean 'retries'?)...
+    """
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        check_names(value, [f.name for f in fields(cls)], what)
+        return cls(**value)
+    raise InvalidInputError(
+        f"{what}s are a {cls.__name__} or a mapping of its fields, got {type(value).__name__}"
+    )
+
+
+def _check_number(name: str, value: object, kind: type | Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise InvalidInputError(f"{name} must be a number, got {value!r}")
 
 
 def closest(name: str, valid: Iterable[str]) -> str | None:

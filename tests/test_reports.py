@@ -87,3 +87,21 @@ def test_the_check_sees_a_wrong_report():
         "extra: not declared",
         "bytes: str, declared <class 'int'>",
     ]
+
+
+def test_maintenance_options_are_checked_by_name_and_type(table):
+    """table.maintenance takes typed options or mappings of their fields; anything else is
+    refused naming the option, and the table stays where it was."""
+    from blobhouse.errors import InvalidInputError, UnknownOptionError
+
+    version = table.version
+    with pytest.raises(UnknownOptionError, match=r"'target_row' .*did you mean 'target_rows'"):
+        table.maintenance.compact({"target_row": 5})
+    with pytest.raises(InvalidInputError, match="CompactionTargets or a mapping"):
+        table.maintenance.compact(5)
+    with pytest.raises(InvalidInputError, match="target_rows must be a number, got '5'"):
+        table.maintenance.compact({"target_rows": "5"})
+    with pytest.raises(InvalidInputError, match="retries must be a whole number"):
+        table.maintenance.compact(commit={"retries": -1})
+    assert table.version == table.refresh().version == version
+    assert table.maintenance.compact({"target_rows": 100})["fragments_removed"] == 1

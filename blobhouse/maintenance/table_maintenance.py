@@ -17,14 +17,15 @@ facade. Each takes typed options (:class:`~blobhouse.options.CompactionTargets`,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
+from typing import Any
 
 from blobhouse.maintenance import compaction, garbage_collection, verification
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.stats import blob_stats
 from blobhouse.maintenance.versions import Progress
-from blobhouse.options import CommitOptions, CompactionTargets, keywords_checked
+from blobhouse.options import CommitOptions, CompactionTargets, as_options, keywords_checked
 from blobhouse.snapshot import TableSnapshot
 
 
@@ -43,20 +44,21 @@ class TableMaintenance:
     @keywords_checked
     def compact(
         self,
-        targets: CompactionTargets | None = None,
+        targets: CompactionTargets | Mapping[str, Any] | None = None,
         *,
         progress: Progress | None = None,
-        commit: CommitOptions | None = None,
+        commit: CommitOptions | Mapping[str, Any] | None = None,
     ) -> CompactionReport:
         """Rewrite small fragments and fragments with many deleted rows, keeping blob sharing,
         in one transaction (see :func:`~blobhouse.maintenance.compaction.compact`); a commit a
         concurrent delete or write preempted is run again, up to ``commit.retries`` times.
-        Returns what it did, and moves the table to the version it committed."""
+        Returns what it did, and moves the table to the version it committed. ``targets`` and
+        ``commit`` may also be mappings of their fields."""
         done = compaction.run_compaction(
             self._current(),
-            targets or CompactionTargets(),
+            as_options(CompactionTargets, targets, "compaction target"),
             lambda table, plan: compaction.rewrite_here(table, plan, progress),
-            commit=commit,
+            commit=as_options(CommitOptions, commit, "commit option"),
         )
         self._moved_to(done.snapshot)
         return done.report
