@@ -11,8 +11,7 @@ import pyarrow as pa
 import pytest
 
 from blobhouse import CorruptBlobError, blob_array, open_table, write_table
-
-from helpers import flip, stock_read
+from tests.helpers import flip_payload, stock_read
 
 ROWS = 6
 
@@ -27,12 +26,6 @@ def two_columns(table_uri) -> dict[str, list[bytes]]:
     )
     write_table(data, table_uri, dedup="content")
     return {"a": a, "b": b}
-
-
-def flip_byte(table_uri: str, column: str, row: int) -> None:
-    """Damage one byte of the stored payload of ``column`` at ``row``."""
-    ref = open_table(table_uri).blob_refs(column, [row])[0].as_py()
-    flip(ref["uri"], ref["position"] + ref["size"] // 2)
 
 
 def read(table_uri: str, column: str) -> list[bytes]:
@@ -50,7 +43,7 @@ def problems(table_uri: str) -> set[tuple[str, int]]:
 def test_a_renamed_column_still_detects_damage(table_uri, two_columns):
     lance.dataset(table_uri).alter_columns({"path": "a", "name": "picture"})
     assert read(table_uri, "picture") == two_columns["a"]
-    flip_byte(table_uri, "picture", 2)  # inline: keyed by its column in the data file
+    flip_payload(table_uri, "picture", 2)  # inline: keyed by its column in the data file
     with pytest.raises(CorruptBlobError, match="'picture', fragment 0 row 2"):
         read(table_uri, "picture")
     with pytest.raises(CorruptBlobError):
@@ -76,7 +69,7 @@ def test_swapped_names_read_clean_and_damage_lands_in_the_right_column(table_uri
     assert problems(table_uri) == set()
     open_table(table_uri).delete("id = 5")
     assert open_table(table_uri).compact()["fragments_removed"] == 1  # reads every row
-    flip_byte(table_uri, "b", 4)  # the old ``a``: inline, in the file compaction wrote
+    flip_payload(table_uri, "b", 4)  # the old ``a``: inline, in the file compaction wrote
     assert open_table(table_uri).read_blobs("a", range(5)) == two_columns["b"][:5]
     with pytest.raises(CorruptBlobError, match="'b'"):
         open_table(table_uri).read_blobs("b", range(5))
@@ -89,7 +82,7 @@ def test_drop_then_rename_to_the_dropped_name(table_uri, two_columns):
     assert read(table_uri, "a") == two_columns["b"]
     assert stock_read(table_uri, "a") == two_columns["b"]
     assert problems(table_uri) == set()
-    flip_byte(table_uri, "a", 0)  # inline (even rows are small)
+    flip_payload(table_uri, "a", 0)  # inline (even rows are small)
     with pytest.raises(CorruptBlobError):
         read(table_uri, "a")
     assert problems(table_uri) == {("a", 0)}
@@ -108,5 +101,5 @@ def test_added_columns_and_later_appends_keep_their_checks(table_uri, two_column
     table = write_table(more, table_uri, mode="append", dedup="content")
     assert table.read_blobs("a", [ROWS]) == [b"new-a" * 10]
     assert problems(table_uri) == set()
-    flip_byte(table_uri, "b", 1)  # packed
+    flip_payload(table_uri, "b", 1)  # packed
     assert problems(table_uri) == {("b", 1)}

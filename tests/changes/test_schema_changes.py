@@ -25,8 +25,7 @@ from blobhouse import (
     write_table,
 )
 from blobhouse.table import Table
-
-from helpers import data_files, disk_bytes, stock_read, tree
+from tests.helpers import data_files, disk_bytes, stock_read, tree
 
 SHARED = os.urandom(200_000)  # packed, shared by every row
 ROWS = 6

@@ -16,8 +16,7 @@ from blobhouse import blob_array, open_table, write_table
 from blobhouse.cli import build_parser, main
 from blobhouse.console import ProgressBars, print_report
 from blobhouse.demo import FPS, EpisodeData
-
-from helpers import stock_read
+from tests.helpers import stock_read
 
 pytestmark = pytest.mark.usefixtures("spark")
 

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import lance
 import pyarrow as pa
-from concurrent_writer_worker import PLACEMENT, deletable, payload
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.properties import TableProperties
+from tests.helpers import aged, worker_script
+from tests.workers.concurrent_writer_worker import PLACEMENT, deletable, payload
 
 WRITERS = int(os.environ.get("BLOBHOUSE_CONCURRENCY_WRITERS", "4"))
 WRITES = int(os.environ.get("BLOBHOUSE_CONCURRENCY_WRITES", "12"))  # per writer
@@ -39,7 +40,7 @@ RETAIN = int(os.environ.get("BLOBHOUSE_CONCURRENCY_RETAIN", "3"))  # versions, m
 # that running writes and deletes read (writes then fail with StaleWriteError and are retried)
 VERSION_GRACE = float(os.environ.get("BLOBHOUSE_CONCURRENCY_VERSION_GRACE", str(GRACE)))
 VERSIONS_READ = int(os.environ.get("BLOBHOUSE_CONCURRENCY_VERSIONS_READ", "6"))  # test 2
-WORKER = str(Path(__file__).with_name("concurrent_writer_worker.py"))
+WORKER = worker_script("concurrent_writer_worker.py")
 
 
 def start(*args: str) -> subprocess.Popen:
@@ -145,15 +146,6 @@ def create(uri: str, dedup: str = "global") -> None:
     write_table(data, uri, dedup=dedup, placement=PLACEMENT)
 
 
-def age(root: str, hours: float, *, leases: bool = True) -> None:
-    """Make every file look ``hours`` old; ``leases=False`` spares the write leases (a running
-    write keeps touching its own)."""
-    past = time.time() - hours * 3600
-    for path in Path(root).rglob("*"):
-        if leases or "_leases" not in path.parts:
-            os.utime(path, (past, past))
-
-
 def report(name: str, figures: dict) -> None:
     """Print a run's counts (``-s`` shows them); also append them as a JSON line to the file
     ``BLOBHOUSE_CONCURRENCY_REPORT`` names, if set."""
@@ -224,7 +216,7 @@ def test_writers_beside_compaction_gc_and_deletes_lose_nothing(table_uri):
     print(f"verify: {time.monotonic() - started_verify:.1f} s, {len(versions)} versions")
     # quiet now: past the grace period, gc leaves no orphan (packs: retired, then reaped)
     for retain in (1, None, None):
-        age(table_uri, hours=48)
+        aged(table_uri, hours=48)
         open_table(table_uri).gc(retain_versions=retain, grace=timedelta(hours=1))
     assert open_table(table_uri).stats()["orphan_files"] == 0
     assert read_back(table_uri) == ids
@@ -305,7 +297,7 @@ def test_a_stalled_write_fails_clearly(table_uri):
     to missing files."""
     create(table_uri, dedup="content")
     write, written = stage(table_uri, [1, 3, 5], "content")
-    age(table_uri, hours=1)  # the write has been running for an hour
+    aged(table_uri, hours=1)  # the write has been running for an hour
     assert open_table(table_uri).gc(grace=timedelta(minutes=30))["removed_files"] >= 1
     commit_or_fail_clearly(table_uri, write, written, [1, 3, 5], [0])
 
@@ -322,7 +314,7 @@ def test_a_commit_retrying_longer_than_the_grace_keeps_its_files(table_uri, monk
 
     def commit_while_gc_runs(*args, **kwargs):
         monkeypatch.setattr(LanceDataset, "commit", commit)
-        age(table_uri, hours=1, leases=False)  # retrying for an hour, touching its lease
+        aged(table_uri, hours=1, spare_leases=True)  # retrying for an hour, touching its lease
         assert open_table(table_uri).gc(grace=timedelta(minutes=30))["removed_files"] == 0
         return commit.__func__(*args, **kwargs)
 

@@ -19,8 +19,7 @@ import pytest
 from blobhouse import SchemaError, TableExistsError, blob_array, open_table
 from blobhouse.options import WriteOptions
 from blobhouse.table import TableWrite
-
-from helpers import data_files, stock_read
+from tests.helpers import data_files, stock_read
 
 SHARED = os.urandom(120_000)
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import lance
 import pyarrow as pa
-from crash_worker import payload
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.leases import LEASES_DIR
+from tests.helpers import aged, worker_script
+from tests.workers.crash_worker import payload
 
 KILLS = int(os.environ.get("BLOBHOUSE_CRASH_KILLS", "8"))
 SEED = int(os.environ.get("BLOBHOUSE_CRASH_SEED", "20261122"))
@@ -38,18 +39,12 @@ def assert_latest_reads_back(uri: str, storage_options: dict | None = None) -> t
     return table.version, len(got)
 
 
-def age(root: str, hours: float) -> None:
-    past = time.time() - hours * 3600
-    for path in Path(root).rglob("*"):
-        os.utime(path, (past, past))
-
-
 def test_writers_killed_at_random_points_lose_nothing(table_uri):
     rng = random.Random(SEED)
     write_table(
         pa.table({"id": pa.array([0], pa.int64()), "b": blob_array([payload(0)])}), table_uri
     )
-    worker = str(Path(__file__).with_name("crash_worker.py"))
+    worker = worker_script("crash_worker.py")
     checked, rows = 1, 1  # version, rows
     for kill in range(KILLS):
         process = subprocess.Popen(
@@ -71,9 +66,9 @@ def assert_only_orphans_left(uri: str, latest: tuple[int, int]) -> None:
     written with, and what the killed writes left (files, leases) is only orphans that gc
     removes once past the grace period; the latest version still reads back."""
     assert open_table(uri).verify(deep=True)["problems"] == []
-    age(uri, hours=48)
+    aged(uri, hours=48)
     assert open_table(uri).gc(retain_versions=3)["kept_young_files"] == 0
-    age(uri, hours=48)
+    aged(uri, hours=48)
     open_table(uri).gc(grace=timedelta(hours=1))
     assert open_table(uri).stats()["orphan_files"] == 0
     assert not list((Path(uri) / LEASES_DIR).glob("*")), "leases of killed writes stay"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -38,8 +37,7 @@ from blobhouse.rangeio import _balanced_groups, plan_reads, refs_from_arrow
 from blobhouse.session import prepared_array, prepared_field
 from blobhouse.storage import uri_to_path
 from blobhouse.store import store_base_id
-
-from helpers import flip, stock_read, tree
+from tests.helpers import aged, flip, flip_payload, stock_read, tree
 
 SCALE = int(os.environ.get("BLOBHOUSE_FUZZ_SCALE", "1"))
 SECRET = b"secret bytes outside every allowed base"
@@ -570,21 +568,13 @@ def test_missing_and_truncated_objects_fail_naming_column_row_and_file(table_uri
 
 def test_spark_reads_of_damaged_bytes_fail(spark, table_uri):
     write_table(pa.table({"b": blob_array([os.urandom(100_000)])}), table_uri)
-    ref = open_table(table_uri).blob_refs("b", [0])[0].as_py()
-    flip(ref["uri"], ref["position"] + 10)
+    flip_payload(table_uri, "b", 0, offset=10)
     frame = spark.read.format("blobhouse").option("blobs", "bytes").load(table_uri)
     with pytest.raises(Exception, match="CorruptBlobError"):
         frame.collect()
 
 
 # --- gc never leaves the table root --------------------------------------------------------
-
-
-def age(root: str | Path, hours: float) -> None:
-    past = time.time() - hours * 3600
-    for path in Path(root).rglob("*"):
-        if not path.is_symlink():
-            os.utime(path, (past, past))
 
 
 def test_gc_never_deletes_outside_the_table_root(tmp_path):
@@ -602,7 +592,7 @@ def test_gc_never_deletes_outside_the_table_root(tmp_path):
     )
     link = Path(uri, "data", "link.lance")
     link.symlink_to(outside / "precious.bin")
-    age(tmp_path, hours=48)
+    aged(tmp_path, hours=48, links=False)
     open_table(uri).gc(grace=timedelta(hours=1))
     assert (outside / "precious.bin").read_bytes() == b"keep me"  # the link went, not its target
     assert (media / "clip.bin").read_bytes() == b"user-owned clip"  # externals are never swept
@@ -612,7 +602,7 @@ def test_gc_never_deletes_outside_the_table_root(tmp_path):
     os.rename(Path(uri, "data"), moved)
     Path(uri, "data").symlink_to(moved, target_is_directory=True)
     (moved / "stray.bin").write_bytes(b"would be an orphan")
-    age(moved, hours=48)
+    aged(moved, hours=48, links=False)
     with pytest.raises(BlobhouseError, match="is a symlink; gc refuses"):
         open_table(uri).gc(grace=timedelta(hours=1))
     assert (moved / "stray.bin").exists()

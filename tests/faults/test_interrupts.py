@@ -21,8 +21,7 @@ from lance.optimize import Compaction
 import blobhouse.maintenance.compaction as compaction
 import blobhouse.store as store
 from blobhouse import blob_array, open_table, write_table
-
-from helpers import stock_read
+from tests.helpers import stock_read
 
 
 def interrupted_after(real):

@@ -20,11 +20,12 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
-from crash_worker import payload
-from test_crash_safety import assert_latest_reads_back, assert_only_orphans_left
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.maintenance.garbage_collection import orphans
+from tests.faults.test_crash_safety import assert_latest_reads_back, assert_only_orphans_left
+from tests.helpers import worker_script
+from tests.workers.crash_worker import payload
 
 KILLS = int(os.environ.get("BLOBHOUSE_SPARK_CRASH_KILLS", "3"))
 SEED = int(os.environ.get("BLOBHOUSE_SPARK_CRASH_SEED", "20261122"))
@@ -102,7 +103,7 @@ def wait_for_new_file(folder: Path, before: set[str]) -> None:
 def run_and_kill(rng: random.Random, uri: str, seed: int, env: dict, err: Path):
     """Start the job, kill it at a random point of one of its writes. Returns its output lines
     (split), how long it took to commit once, and where the kill was aimed."""
-    worker = str(Path(__file__).with_name("spark_crash_worker.py"))
+    worker = worker_script("spark_crash_worker.py")
     started = time.monotonic()
     with err.open("w") as stderr:
         process = subprocess.Popen(

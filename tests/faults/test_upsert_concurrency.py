@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from blobhouse import blob_array, locks, open_table, write_table
 from blobhouse.errors import ConcurrentCommitError
 from blobhouse.transaction import upsert_lock
-from tests.helpers import tree
+from tests.helpers import ROOT, tree
 
 KEYS = 40
 
@@ -201,7 +200,7 @@ def _hold_and_die(uri: str) -> subprocess.Popen:
         "import sys, time\nfrom blobhouse import locks\n"
         "with locks.held(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(60)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     holder = subprocess.Popen(
         [sys.executable, "-c", script, uri], stdout=subprocess.PIPE, text=True, env=env
     )

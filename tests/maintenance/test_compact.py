@@ -16,8 +16,7 @@ from blobhouse import Blob, blob_array, open_table, write_table
 from blobhouse.cli import main
 from blobhouse.errors import CorruptBlobError
 from blobhouse.maintenance.compaction import plan_compaction
-
-from helpers import stock_read, tree
+from tests.helpers import stock_read, tree
 
 SHARED = os.urandom(300_000)
 

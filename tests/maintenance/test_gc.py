@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from datetime import timedelta
 
 import lance
@@ -19,23 +18,12 @@ from blobhouse.cli import main
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance.garbage_collection import clean_failed_create, gc_at
 from blobhouse.pipeline import plan_write, write_data_files
-
-from helpers import disk_bytes, stock_read, tree
-
-
-def age(paths, hours: float) -> None:
-    past = time.time() - hours * 3600
-    for path in paths:
-        os.utime(path, (past, past))
-
-
-def age_tree(root: str, hours: float) -> None:
-    age([os.path.join(root, p) for p in tree(root)], hours)
+from tests.helpers import aged, disk_bytes, set_age, stock_read, tree
 
 
 def expire_leases(root: str) -> None:
     """Let the leases of the writes so far expire (as 30 s without a touch would)."""
-    age([os.path.join(root, p) for p in tree(root) if p.startswith("_leases/")], hours=1)
+    set_age([os.path.join(root, p) for p in tree(root) if p.startswith("_leases/")], hours=1)
 
 
 @pytest.fixture
@@ -58,7 +46,7 @@ def test_leftovers_are_kept_during_the_grace_period_then_removed(with_leftovers,
     expire_leases(table_uri)
     unreferenced = open_table(table_uri).gc(dry_run=True, grace=timedelta(0))["paths"]
     assert len(unreferenced) == 2  # the staged data file and its sidecar
-    age(unreferenced, hours=48)
+    set_age(unreferenced, hours=48)
     dry = open_table(table_uri).gc(dry_run=True)
     assert dry["removed_files"] == 2 and tree(table_uri) == before
     done = open_table(table_uri).gc()
@@ -169,7 +157,7 @@ def test_a_dry_run_lists_exactly_what_the_real_run_removes(table_uri, dedup):
     files (Lance's and the sweep's, none twice) and bytes, the same in a dry run and in the
     run that follows; the bytes are what the directory lost."""
     build_history(table_uri, dedup)
-    age_tree(table_uri, hours=48)
+    aged(table_uri, hours=48, folders=False)
     removed = []
     for branch, kwargs in [
         (None, {"retain_versions": 1}),
@@ -241,7 +229,7 @@ def test_a_retired_pack_waits_for_its_tombstone_and_is_counted_once(table_uri):
         mode="overwrite",
         dedup="content",
     )
-    age_tree(table_uri, hours=48)
+    aged(table_uri, hours=48, folders=False)
     retired = open_table(table_uri).gc(retain_versions=1)
     assert (retired["retired_packs"], retired["reaped_packs"]) == (1, 0)
     packs = os.path.join(table_uri, "_blobs", "packs")
@@ -249,7 +237,7 @@ def test_a_retired_pack_waits_for_its_tombstone_and_is_counted_once(table_uri):
     again = open_table(table_uri).gc()  # the tombstone is young
     assert os.listdir(packs) == [pack] and again["removed_files"] == 0
     assert again["kept_retired_packs"] == 1 and again["kept_young_files"] == 0
-    age_tree(table_uri, hours=48)
+    aged(table_uri, hours=48, folders=False)
     before = disk_bytes(table_uri)
     dry = open_table(table_uri).gc(dry_run=True)
     reaped = open_table(table_uri).gc()
@@ -302,7 +290,7 @@ def test_gc_cleans_what_a_killed_create_left(table_uri, dedup, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["failed_create"] and report["removed_files"] == 0
     assert report["kept_leased_files"] == len(staged) and tree(table_uri) == left
-    age_tree(table_uri, hours=2)  # the lease expired long ago; the files are 2 hours old
+    aged(table_uri, hours=2, folders=False)  # the lease expired long ago; the files are 2 hours old
     young = gc_at(table_uri)  # the default grace: a day
     assert (young["removed_files"], young["kept_young_files"]) == (0, len(staged))
     dry = gc_at(table_uri, grace=timedelta(hours=1), dry_run=True)
@@ -329,7 +317,7 @@ def test_cleaning_a_failed_create_leaves_foreign_files_and_names_them(table_uri)
         os.makedirs(os.path.dirname(os.path.join(table_uri, foreign)), exist_ok=True)
         with open(os.path.join(table_uri, foreign), "wb") as f:
             f.write(b"mine")
-    age_tree(table_uri, hours=2)
+    aged(table_uri, hours=2, folders=False)
     report = clean_failed_create(table_uri, grace=timedelta(hours=1))
     assert report["removed_files"] == 2  # the data file and its sidecar
     assert report["expired_leases"] == 1

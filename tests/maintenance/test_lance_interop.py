@@ -12,8 +12,7 @@ import pyarrow as pa
 import pytest
 
 from blobhouse import Blob, blob_array, open_table, write_table
-
-from helpers import stock_read
+from tests.helpers import stock_read
 
 PLACEMENT = {"b": {"dedicated_size_threshold": 1_000_000}}  # 1.5 MB payloads are dedicated
 

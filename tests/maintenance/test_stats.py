@@ -14,8 +14,7 @@ import pytest
 
 from blobhouse import Blob, blob_array, open_table, write_table
 from blobhouse.cli import main
-
-from helpers import assert_totals_are_the_sum_of_the_lines, disk_bytes
+from tests.helpers import assert_totals_are_the_sum_of_the_lines, disk_bytes
 
 PAYLOADS = [os.urandom(300_000) for _ in range(4)]
 

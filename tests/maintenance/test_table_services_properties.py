@@ -6,7 +6,6 @@ import os
 import random
 import shutil
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -29,8 +28,7 @@ from blobhouse.layout import TableLocation
 from blobhouse.maintenance import compaction, orphans
 from blobhouse.pipeline import plan_write, write_data_files
 from blobhouse.store import retired_packs
-
-from helpers import assert_totals_are_the_sum_of_the_lines, disk_bytes, tree
+from tests.helpers import aged, assert_totals_are_the_sum_of_the_lines, disk_bytes, tree
 
 _rng = random.Random(20240611)
 # two of each size: 10 B (inline when unique), 70 KB and 300 KB (packed); and null
@@ -73,13 +71,6 @@ def matches(row_id: int, where: str) -> bool:
 
 def rows_table(ids: list[int], values: list) -> pa.Table:
     return pa.table({"id": pa.array(ids, pa.int64()), "b": blob_array(values)})
-
-
-def age_tree(path: str, hours: float) -> None:
-    past = time.time() - hours * 3600
-    for root, _, names in os.walk(path):
-        for name in names:
-            os.utime(os.path.join(root, name), (past, past))
 
 
 def file_bytes(root: str, relative: set[str]) -> dict[str, bytes]:
@@ -286,13 +277,13 @@ class TableServices(RuleBasedStateMachine):
         try:
             if self.model:
                 # past the grace period, gc removes every file no retained version references
-                age_tree(self.uri, hours=48)  # data files and store packs
+                aged(self.uri, hours=48, folders=False)  # data files and store packs
                 report = open_table(self.uri).gc()
                 assert report["kept_young_files"] == 0
                 assert not any(
                     os.path.exists(os.path.join(self.data_dir, p)) for p in self.leftovers
                 )
-                age_tree(self.uri, hours=48)  # tombstones of packs the first pass retired
+                aged(self.uri, hours=48, folders=False)  # tombstones the first pass retired
                 open_table(self.uri).gc()
                 assert open_table(self.uri).stats()["orphan_files"] == 0
                 assert_versions_read_back(self.uri, self.model)
@@ -326,7 +317,7 @@ def test_young_leftovers_are_kept_byte_identical_and_removed_once_aged(table_uri
     report = open_table(table_uri).gc()  # default grace: 24 hours
     assert (report["removed_files"], report["kept_young_files"]) == (0, len(leftovers))
     assert file_bytes(data_dir, set(leftovers)) == leftovers
-    age_tree(data_dir, hours=12)  # still inside the grace period
+    aged(data_dir, hours=12, folders=False)  # still inside the grace period
     report = open_table(table_uri).gc()
     assert report["removed_files"] == 0
     assert file_bytes(data_dir, set(leftovers)) == leftovers

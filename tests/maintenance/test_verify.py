@@ -10,8 +10,7 @@ import pytest
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.cli import main
-
-from helpers import flip
+from tests.helpers import flip
 
 
 @pytest.fixture

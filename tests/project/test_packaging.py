@@ -18,7 +18,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 DEPENDENCIES = [Requirement(r) for r in PROJECT["dependencies"]]
 EXTRAS = {

@@ -33,9 +33,8 @@ from blobhouse import (
 )
 from blobhouse.loader import READ_AHEAD, BatchLoader
 from blobhouse.table import Table
-
-from fork_worker import read_in_children, read_watched
-from helpers import clips_table, flip, run_fork_worker
+from tests.helpers import ROW_ADDRESS, clips_table, flip, run_fork_worker
+from tests.workers.fork_worker import read_in_children, read_watched
 
 ROWS = 103  # not a multiple of any batch size or world below: padding and short batches show
 
@@ -383,7 +382,7 @@ def test_stable_row_ids_after_a_compaction_read_the_right_rows(tmp_path):
     dataset = lance.dataset(uri)
     assert dataset.has_stable_row_ids
     ids = dataset.to_table(columns=[], with_row_id=True, with_row_address=True)
-    assert ids.column("_rowid") != ids.column("_rowaddr")
+    assert ids.column("_rowid") != ids.column(ROW_ADDRESS)
     got = {}
     for batch in BatchLoader(uri, ["id", "b"], batch_size=5, seed=2):
         got.update((r["id"], r["b"]) for r in batch.to_pylist())

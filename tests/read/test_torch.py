@@ -23,8 +23,7 @@ from blobhouse import (
 )
 from blobhouse.loader import BatchLoader
 from blobhouse.torch import TableBatchDataset, TableRowDataset
-
-from helpers import clips_table, run_fork_worker
+from tests.helpers import clips_table, run_fork_worker
 
 ROWS = 45  # 23 rows a rank on 2 ranks: one row pads the second rank
 

@@ -12,8 +12,7 @@ import pyarrow as pa
 import pytest
 
 from blobhouse import InvalidInputError, TableNotFoundError, blob_array, open_table, write_table
-
-from helpers import stock_read
+from tests.helpers import stock_read
 
 SHARED = os.urandom(200_000)
 

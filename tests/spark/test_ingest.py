@@ -18,8 +18,7 @@ from blobhouse import open_table
 from blobhouse.cli import main
 from blobhouse.errors import InvalidInputError
 from blobhouse.spark.ingest import ingest, plan_ingest
-
-from helpers import stock_read
+from tests.helpers import stock_read
 
 pytestmark = pytest.mark.usefixtures("spark")
 

@@ -19,8 +19,7 @@ from blobhouse import open_table, write_table
 from blobhouse.errors import InvalidInputError
 from blobhouse.rangeio import REF_TYPE
 from blobhouse.spark.functions import _runs, read_bytes
-
-from helpers import disk_bytes, stock_read, tree, wait_for_idle_tasks
+from tests.helpers import disk_bytes, stock_read, tree, wait_for_idle_tasks
 
 pytestmark = pytest.mark.usefixtures("spark")
 KB = 1024

@@ -12,8 +12,7 @@ from pathlib import Path
 
 from blobhouse import open_table
 from blobhouse.testing import LocalSparkCluster
-
-from helpers import stock_read
+from tests.helpers import stock_read
 
 SERVICES = """
 import json, os, sys

@@ -14,8 +14,7 @@ import blobhouse.spark as bs
 from blobhouse import open_table, write_table
 from blobhouse.errors import InvalidInputError, PathIsFileError, SchemaError
 from blobhouse.spark.ingest import ingest
-
-from helpers import stock_read
+from tests.helpers import stock_read
 
 pytestmark = pytest.mark.usefixtures("spark")
 

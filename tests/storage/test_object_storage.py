@@ -13,7 +13,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from pathlib import Path
 
 import lance
 import pyarrow as pa
@@ -39,6 +38,7 @@ from blobhouse.rangeio import READ_THREADS, _balanced_groups, plan_reads
 from blobhouse.storage import ArrowStore, checked_options, object_store
 from blobhouse.store import filters_uri
 from blobhouse.table import TableWrite
+from tests.helpers import worker_script
 
 KIB, MIB = 1024, 1024 * 1024
 S3_CRASH_KILLS = int(os.environ.get("BLOBHOUSE_S3_CRASH_KILLS", "3"))
@@ -725,13 +725,13 @@ def test_writers_killed_on_s3_lose_nothing_and_leave_only_orphans(s3):
     """SIGKILLed writers on S3 (uploads half done, commits racing nothing): the table always
     opens at a committed version whose rows read back exactly, and gc removes everything the
     kills left once their leases expired: objects, leases and unfinished uploads."""
-    from crash_worker import payload as row_payload
-    from test_crash_safety import assert_latest_reads_back
+    from tests.faults.test_crash_safety import assert_latest_reads_back
+    from tests.workers.crash_worker import payload as row_payload
 
     uri = f"{s3.uri}/t"
     first = pa.table({"id": pa.array([0], pa.int64()), "b": blob_array([row_payload(0)])})
     write_table(first, uri, storage_options=s3.options)
-    worker = str(Path(__file__).with_name("crash_worker.py"))
+    worker = worker_script("crash_worker.py")
     rng = random.Random(S3_CRASH_SEED)
     checked, rows_seen = 1, 1
     for kill in range(S3_CRASH_KILLS):

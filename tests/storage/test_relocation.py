@@ -18,8 +18,7 @@ import pytest
 
 from blobhouse import BlobhouseError, blob_array, open_table, write_table
 from blobhouse.layout import BasePaths
-
-from helpers import stock_read
+from tests.helpers import stock_read
 
 SHARED = os.urandom(150_000)
 # every test here opens copied tables on purpose: the warning they get is checked once, in

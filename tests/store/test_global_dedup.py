@@ -6,7 +6,6 @@ mostly dead packs."""
 from __future__ import annotations
 
 import os
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,8 +17,7 @@ import blobhouse.spark as bs
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.errors import StoreRaceError
 from blobhouse.store import StoreIndex
-
-from helpers import disk_bytes, stock_read, tree
+from tests.helpers import aged, disk_bytes, stock_read, tree, worker_script
 
 PAYLOADS = [os.urandom(300_000), os.urandom(120_000), os.urandom(5_000), os.urandom(20)]
 UNIQUE = sum(len(p) for p in PAYLOADS)
@@ -31,12 +29,6 @@ def rows(ids: list[int], payloads: list) -> pa.Table:
 
 def packs_bytes(uri: str) -> int:
     return disk_bytes(os.path.join(uri, "_blobs", "packs"))
-
-
-def age(root: str, hours: float) -> None:
-    past = time.time() - hours * 3600
-    for path in Path(root).rglob("*"):
-        os.utime(path, (past, past))
 
 
 def test_appends_of_the_same_payloads_store_them_once(table_uri):
@@ -100,7 +92,7 @@ def test_failed_writes_leave_no_pack_and_gc_reclaims_unreferenced_packs(table_ur
     # names it, so gc first retires it (tombstone, out of the index) and keeps the bytes
     fresh = os.urandom(70_000)
     write_table(rows([9], [fresh]), table_uri, mode="overwrite", dedup="global")
-    age(table_uri, hours=48)
+    aged(table_uri, hours=48)
     report = open_table(table_uri).gc(retain_versions=1)
     assert (report["retired_packs"], report["reaped_packs"]) == (1, 0)
     assert packs_bytes(table_uri) == UNIQUE + 70_000
@@ -108,7 +100,7 @@ def test_failed_writes_leave_no_pack_and_gc_reclaims_unreferenced_packs(table_ur
     write_table(rows([10], [PAYLOADS[0]]), table_uri, mode="append", dedup="global")
     assert packs_bytes(table_uri) == UNIQUE + 70_000 + len(PAYLOADS[0])
     # once the tombstone is older than the grace period, the pack goes
-    age(table_uri, hours=48)
+    aged(table_uri, hours=48)
     report = open_table(table_uri).gc()
     assert (report["reaped_packs"], report["resurrected_packs"]) == (1, 0)
     assert packs_bytes(table_uri) == 70_000 + len(PAYLOADS[0])
@@ -126,7 +118,7 @@ def test_packs_of_a_write_that_never_committed_are_collected_after_the_grace(tab
     write.write(staged.to_batches())  # a writer killed before its commit
     assert packs_bytes(table_uri) == len(PAYLOADS[0]) + 90_000
     assert open_table(table_uri).gc()["kept_young_files"] >= 2  # data file and pack
-    age(table_uri, hours=48)
+    aged(table_uri, hours=48)
     report = open_table(table_uri).gc()
     assert report["removed_files"] >= 2 and report["retired_packs"] == 0
     assert packs_bytes(table_uri) == len(PAYLOADS[0])
@@ -283,7 +275,7 @@ def found_in_the_index(table_uri):
     write = TableWrite.begin(table_uri, data.schema, WriteOptions(dedup="global"), mode="append")
     written = write.write(data.to_batches())
     assert written[0].found_packs and not written[0].packs  # a reference, nothing written
-    age(table_uri, hours=48)
+    aged(table_uri, hours=48)
     return write, written
 
 
@@ -294,7 +286,7 @@ def test_a_write_never_commits_a_reference_to_a_pack_gc_retired(
     write, written = found_in_the_index
     assert open_table(table_uri).gc()["retired_packs"] == 1
     if reaped:
-        age(table_uri, hours=48)
+        aged(table_uri, hours=48)
         assert open_table(table_uri).gc()["reaped_packs"] == 1
     version = open_table(table_uri).version
     with pytest.raises(StoreRaceError, match="retired by gc while this write ran"):
@@ -313,7 +305,7 @@ def test_a_pack_referenced_after_it_was_retired_is_resurrected_not_deleted(table
     (pack,) = (f"packs/{p.name}" for p in Path(table_uri, "_blobs", "packs").iterdir())
     # what a commit racing the retiring gc leaves: a referenced pack with a tombstone
     retire_packs(table_uri, [pack])
-    age(table_uri, hours=48)
+    aged(table_uri, hours=48)
     report = open_table(table_uri).gc()
     assert (report["resurrected_packs"], report["reaped_packs"]) == (1, 0)
     assert not Path(table_uri, "_blobs", "tombstones", pack.removeprefix("packs/")).exists()
@@ -328,9 +320,9 @@ def test_a_writer_and_gc_in_separate_processes_lose_nothing(table_uri):
     import subprocess
     import sys
 
-    from store_race_worker import GRACE, payload
+    from tests.workers.store_race_worker import GRACE, payload
 
-    worker = str(Path(__file__).with_name("store_race_worker.py"))
+    worker = worker_script("store_race_worker.py")
     write_table(rows([1000], [payload(1000)]), table_uri, dedup="global")
 
     def start(*args: str) -> subprocess.Popen:
@@ -361,7 +353,7 @@ def test_a_writer_and_gc_in_separate_processes_lose_nothing(table_uri):
     assert table.verify(deep=True)["problems"] == []
     # quiet now: two aged passes reclaim every unreferenced pack
     for _ in range(2):
-        age(table_uri, hours=1)
+        aged(table_uri, hours=1)
         open_table(table_uri).gc(grace=GRACE)
     assert open_table(table_uri).stats()["orphan_files"] == 0
     assert all(
@@ -424,7 +416,7 @@ def test_compaction_repacks_mostly_dead_packs_and_gc_reclaims_them(table_uri):
     assert all(k == "global" for k in open_table(table_uri).stats()["columns"]["b"]["kinds"])
     assert old_pack.exists()  # older versions still read it
     assert open_table(table_uri).compact()["fragments_removed"] == 0  # nothing sparse now
-    age(table_uri, hours=48)  # the tombstone compaction wrote is past the grace too
+    aged(table_uri, hours=48)  # the tombstone compaction wrote is past the grace too
     assert open_table(table_uri).gc(retain_versions=1)["reaped_packs"] == 1
     assert not old_pack.exists()
     assert packs_bytes(table_uri) == len(PAYLOADS[2]) + len(PAYLOADS[3])
@@ -458,7 +450,7 @@ def test_gc_keeps_the_store_index_small_and_removes_what_a_killed_append_left(ta
     assert len(lance.dataset(str(index)).get_fragments()) == 14
     stray = index / "data" / "killed-append.lance"
     stray.write_bytes(next((index / "data").iterdir()).read_bytes())
-    age(str(index), hours=24 * 8)
+    aged(str(index), hours=24 * 8)
     open_table(table_uri).gc(grace=timedelta(hours=1))
     assert len(lance.dataset(str(index)).get_fragments()) == 1
     assert not stray.exists()

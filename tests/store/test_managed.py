@@ -9,7 +9,6 @@ import json
 import os
 import pickle
 import shutil
-import time
 import warnings
 from datetime import timedelta
 
@@ -31,8 +30,7 @@ from blobhouse.managed import DOOMED_DIR, Registry, managed_dir
 from blobhouse.options import WriteOptions
 from blobhouse.ownership import OWNER_DIR
 from blobhouse.table import TableWrite
-
-from helpers import tree
+from tests.helpers import aged, tree
 
 HOUR = timedelta(hours=1)
 NOW = timedelta(0)
@@ -90,13 +88,6 @@ def content(path: str) -> bytes:
         return f.read()
 
 
-def age(folder: str, hours: float) -> None:
-    """Make every file under ``folder`` look ``hours`` old (markers, registry files)."""
-    past = time.time() - hours * 3600
-    for name in tree(folder):
-        os.utime(os.path.join(folder, name), (past, past))
-
-
 def test_managed_flag_and_managed_base_register_only_what_a_commit_hands_over(table_uri, media):
     flagged = f"{media['shared']}/0.bin"
     in_base = f"{media['owned']}/0.bin"
@@ -145,12 +136,12 @@ def test_gc_deletes_an_unreferenced_managed_object_after_grace_and_keeps_it_befo
         assert (kept["retired"], kept["doomed"], kept["removed"], kept["waiting"]) == (0, 0, 0, 1)
     assert os.path.exists(owned)
 
-    age(registry, hours=2)  # unreferenced (and registered) for longer than the grace
+    aged(registry, hours=2, folders=False)  # unreferenced (and registered) past the grace
     doomed = gc(table_uri, grace=HOUR)
     assert (doomed["doomed"], doomed["removed"]) == (1, 0) and os.path.exists(owned)
     assert gc(table_uri, grace=HOUR)["waiting"] == 1 and os.path.exists(owned)
 
-    age(registry, hours=2)
+    aged(registry, hours=2, folders=False)
     size = os.path.getsize(owned)
     reaped = gc(table_uri, grace=HOUR)
     assert (reaped["removed"], reaped["removed_bytes"]) == (1, size)

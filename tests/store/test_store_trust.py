@@ -15,8 +15,7 @@ from blobhouse.dedup import content_hash
 from blobhouse.errors import CorruptBlobError, StoreIndexWarning
 from blobhouse.storage import uri_to_path
 from blobhouse.store import index_uri
-
-from helpers import stock_read
+from tests.helpers import stock_read
 
 SIZE = 50_000
 

@@ -28,8 +28,7 @@ from blobhouse.checksums import (
     written_by_blobhouse,
 )
 from blobhouse.dedup import content_hash, content_hashes
-
-from helpers import flip, placed_sidecar, stock_read
+from tests.helpers import ROW_ADDRESS, flip, placed_sidecar, stock_read
 
 PLACEMENT = {"dedicated_size_threshold": 200_000}
 SMALL_SHARED = b"shared" * 20
@@ -93,7 +92,7 @@ def recorded(table_uri: str, column: str) -> list[tuple[dict | None, bytes | Non
     rows = dataset.to_table(columns=[column], with_row_address=True)
     out = []
     for desc, address in zip(
-        rows.column(column).to_pylist(), rows.column("_rowaddr").to_pylist(), strict=True
+        rows.column(column).to_pylist(), rows.column(ROW_ADDRESS).to_pylist(), strict=True
     ):
         found = checksums[address >> 32]
         if desc is None or desc["kind"] == Kind.EXTERNAL or found is None:
@@ -111,7 +110,7 @@ def stored_payloads(table_uri: str) -> int:
     rows = lance.dataset(table_uri).to_table(columns=["media"], with_row_address=True)
     seen = set()
     for desc, address in zip(
-        rows.column("media").to_pylist(), rows.column("_rowaddr").to_pylist(), strict=True
+        rows.column("media").to_pylist(), rows.column(ROW_ADDRESS).to_pylist(), strict=True
     ):
         if desc is None or desc["kind"] == Kind.EXTERNAL:
             continue

@@ -19,8 +19,7 @@ from blobhouse.claims import Claim, Claimant, Claims, claims_folder
 from blobhouse.dedup import content_hash
 from blobhouse.storage import uri_to_path
 from blobhouse.table import TableWrite
-
-from helpers import stock_read, tree
+from tests.helpers import stock_read, tree
 
 CLIPS = [os.urandom(200_000 + i) for i in range(6)]
 SMALL = os.urandom(2_000)  # repeats inside each task's batches: claimed too

@@ -10,8 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blobhouse import Blob, Kind, blob_array, write_table
-
-from helpers import disk_bytes, stock_descriptors, stock_read
+from tests.helpers import disk_bytes, stock_descriptors, stock_read
 
 MB = 1_000_000
 

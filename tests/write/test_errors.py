@@ -20,8 +20,7 @@ from blobhouse import (
     write_table,
 )
 from blobhouse.values import LOGICAL_BLOB_TYPE
-
-from helpers import stock_read, tree
+from tests.helpers import stock_read, tree
 
 
 @pytest.fixture

@@ -24,8 +24,7 @@ from blobhouse import (
 from blobhouse.errors import BlobhouseError, ExternalBlobError
 from blobhouse.session import MAX_U64, PREPARED_TYPE
 from blobhouse.values import is_lance_blob_field
-
-from helpers import placed_sidecar, stock_read, tree, wait_for_idle_tasks
+from tests.helpers import placed_sidecar, stock_read, tree, wait_for_idle_tasks
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), blob_field("img")])
 

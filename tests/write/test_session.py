@@ -12,8 +12,7 @@ import pytest
 from blobhouse import write_table
 from blobhouse.errors import BlobhouseError
 from blobhouse.session import SIDECAR_RUN_BYTES, BlobSession, WriteQueue, sidecar_name
-
-from helpers import stock_read
+from tests.helpers import stock_read
 
 
 def test_sidecar_names_match_lance():

@@ -25,8 +25,7 @@ from blobhouse import (
 from blobhouse.cli import main
 from blobhouse.errors import InvalidInputError, TableMetadataError, UnknownOptionError
 from blobhouse.placement import SETTINGS_KEY
-
-from helpers import disk_bytes, stock_read
+from tests.helpers import disk_bytes, stock_read
 
 CHUNKS = [os.urandom(300_000 + i) for i in range(4)]
 CALIBRATION = [os.urandom(5_000 + i) for i in range(2)]

@@ -25,8 +25,7 @@ from blobhouse import (
 )
 from blobhouse.dedup import BatchHasher
 from blobhouse.rangeio import REF_TYPE
-
-from helpers import stock_descriptors, stock_read
+from tests.helpers import stock_descriptors, stock_read
 
 PLACEMENT = {"dedicated_size_threshold": 200_000}
 SMALL = b"s" * 100
