@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def test_quick_benchmark_run(tmp_path):
@@ -15,8 +14,7 @@ def test_quick_benchmark_run(tmp_path):
         [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
         cwd=ROOT,
         check=True,
-        timeout=600,
-        capture_output=True,
+        capture_output=True,  # no timeout: a loaded machine once took more than 600 s
     )
     results = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
     assert set(results) >= {
