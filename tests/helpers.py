@@ -44,6 +44,16 @@ def tree(path: str) -> set[str]:
     }
 
 
+def media_file(tmp_path: Path, name: str, size: int) -> tuple[str, str]:
+    """A file of ``size`` random bytes in a new folder ``tmp_path/media`` (what a table may
+    reference as an external object): the folder and the file."""
+    folder = tmp_path / "media"
+    folder.mkdir()
+    path = folder / name
+    path.write_bytes(os.urandom(size))
+    return str(folder), str(path)
+
+
 def data_files(path: str) -> set[str]:
     """Files under ``path/data`` (data files and sidecars), relative to the table root."""
     return {p for p in tree(path) if p.startswith("data")}

@@ -14,18 +14,14 @@ import pytest
 
 from blobhouse import Blob, blob_array, open_table, write_table
 from blobhouse.cli import main
-from tests.helpers import assert_totals_are_the_sum_of_the_lines, disk_bytes
+from tests.helpers import assert_totals_are_the_sum_of_the_lines, disk_bytes, media_file
 
 PAYLOADS = [os.urandom(300_000) for _ in range(4)]
 
 
 @pytest.fixture
 def media(tmp_path):
-    folder = tmp_path / "media"
-    folder.mkdir()
-    clip = folder / "clip.mp4"
-    clip.write_bytes(os.urandom(1_000_000))
-    return str(folder), str(clip)
+    return media_file(tmp_path, "clip.mp4", 1_000_000)
 
 
 def test_a_table_of_external_references_says_what_it_references_and_stores(table_uri, media):

@@ -25,7 +25,7 @@ from blobhouse import (
 )
 from blobhouse.dedup import BatchHasher
 from blobhouse.rangeio import REF_TYPE
-from tests.helpers import stock_descriptors, stock_read
+from tests.helpers import media_file, stock_descriptors, stock_read
 
 PLACEMENT = {"dedicated_size_threshold": 200_000}
 SMALL = b"s" * 100
@@ -36,11 +36,7 @@ LARGE = os.urandom(300_000)
 
 @pytest.fixture
 def external(tmp_path):
-    base = tmp_path / "media"
-    base.mkdir()
-    path = base / "clip.bin"
-    path.write_bytes(os.urandom(5000))
-    return str(base), str(path)
+    return media_file(tmp_path, "clip.bin", 5000)
 
 
 def sample(external_path: str) -> tuple[pa.Table, list[bytes | None]]:
