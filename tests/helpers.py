@@ -1,4 +1,5 @@
-"""Test helpers: table files on disk, and blobs read back by stock pylance."""
+"""Test helpers: table files on disk, blobs read back by stock pylance, files made to look old or
+damaged, and where the subprocess scripts are."""
 
 from __future__ import annotations
 
@@ -7,15 +8,22 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import lance
 import numpy as np
 import pyarrow as pa
 
-from blobhouse import blob_array, write_table
+from blobhouse import blob_array, open_table, write_table
 from blobhouse.session import BlobSession, sidecar_name
 from blobhouse.storage import uri_to_path
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent  # the repository
+WORKERS = TESTS / "workers"  # the scripts tests run in child processes
+ROW_ADDRESS = "_rowaddr"  # Lance's row address column: fragment id << 32 | offset
 
 
 def disk_bytes(path: str) -> int:
@@ -34,6 +42,16 @@ def tree(path: str) -> set[str]:
         for root, _, names in os.walk(path)
         for name in names
     }
+
+
+def media_file(tmp_path: Path, name: str, size: int) -> tuple[str, str]:
+    """A file of ``size`` random bytes in a new folder ``tmp_path/media`` (what a table may
+    reference as an external object): the folder and the file."""
+    folder = tmp_path / "media"
+    folder.mkdir()
+    path = folder / name
+    path.write_bytes(os.urandom(size))
+    return str(folder), str(path)
 
 
 def data_files(path: str) -> set[str]:
@@ -112,10 +130,58 @@ def flip(uri: str, position: int) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
+def flip_payload(table_uri: str, column: str, row: int, offset: int | None = None) -> None:
+    """Damage one byte of the stored payload of ``column`` at ``row`` of the table's latest
+    version: the byte at ``offset`` into the payload (default: its middle)."""
+    ref = open_table(table_uri).blob_refs(column, [row])[0].as_py()
+    flip(ref["uri"], ref["position"] + (ref["size"] // 2 if offset is None else offset))
+
+
+def set_age(paths: Iterable[str | Path], hours: float) -> None:
+    """Make each of ``paths`` look ``hours`` old (its access and modification times)."""
+    past = time.time() - hours * 3600
+    for path in paths:
+        os.utime(path, (past, past))
+
+
+def aged(
+    root: str | Path,
+    hours: float,
+    *,
+    folders: bool = True,
+    spare_leases: bool = False,
+    links: bool = True,
+) -> None:
+    """Make everything under ``root`` look ``hours`` old, as if that long had passed since it
+    was written: what gc's grace periods and the expiry of leases and markers read.
+
+    ``folders=False``: files only, the folders keep their times. ``spare_leases=True``: not the
+    write leases (``_leases/``), which a running write keeps touching. ``links=False``: not
+    symbolic links (nor, through them, what they point at, which may be outside ``root``).
+    """
+    root = Path(root)
+    set_age(
+        (
+            path
+            for path in root.rglob("*")
+            if (folders or not path.is_dir())
+            and not (spare_leases and "_leases" in path.relative_to(root).parts)
+            and (links or not path.is_symlink())
+        ),
+        hours,
+    )
+
+
+def worker_script(script: str) -> str:
+    """The path of a script of tests/workers/: ``worker_script("crash_worker.py")``."""
+    return str(WORKERS / script)
+
+
 def run_fork_worker(mode: str, uri: str) -> dict:
-    """tests/fork_worker.py in a fresh Python (a parent that has not used Lance): its JSON."""
+    """tests/workers/fork_worker.py in a fresh Python (a parent that has not used Lance): its
+    JSON."""
     done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("fork_worker.py")), mode, uri],
+        [sys.executable, worker_script("fork_worker.py"), mode, uri],
         capture_output=True,
         text=True,
         timeout=600,

@@ -1,0 +1,313 @@
+"""The main job and the CLI, end to end on small data (on the shared local Spark session): help
+text, one-line errors, reports and progress."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pytest
+
+from blobhouse import blob_array, open_table, write_table
+from blobhouse.cli import build_parser, main
+from blobhouse.console import ProgressBars, print_report
+from blobhouse.demo import FPS, EpisodeData
+from tests.helpers import stock_read
+
+pytestmark = pytest.mark.usefixtures("spark")
+
+
+def test_demo_writes_queries_verifies_and_reports(tmp_path, capsys):
+    out = str(tmp_path / "episodes")
+    assert main(["demo", "--rows", "75", "--out", out, "--json", "--master", "local[2]"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["rows"] == 75
+    assert report["mismatches"] == 0
+    assert report["verified_blobs"] == 225
+    data = EpisodeData(75)
+    chunks = [len(data.chunk(i)) for i in range(3)]
+    video = report["columns"]["video"]
+    assert video["physical_bytes"] == sum(chunks)
+    assert video["logical_bytes"] == FPS * chunks[0] + FPS * chunks[1] + 15 * chunks[2]
+    assert report["sql_first_frames"] == [{"episode": 0, "frames": 3, "video_bytes": sum(chunks)}]
+    rows = open_table(out).to_arrow(columns=["row"]).column("row").to_pylist()
+    assert stock_read(out, "video") == [data.payload("video", r) for r in rows]
+
+
+def test_demo_never_deletes_what_is_at_out(tmp_path, capsys):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    assert main(["demo", "--rows", "30", "--out", str(folder), "--master", "local[2]"]) == 2
+    assert "holds other files (notes.txt)" in capsys.readouterr().err
+    assert (folder / "notes.txt").read_text() == "keep me" and len(list(folder.iterdir())) == 1
+    a_file = tmp_path / "file"
+    a_file.write_bytes(b"x")
+    for out in (a_file, a_file / "below"):
+        assert main(["demo", "--rows", "30", "--out", str(out), "--master", "local[2]"]) == 2
+        assert "is a file" in capsys.readouterr().err and a_file.read_bytes() == b"x"
+    other = str(tmp_path / "someone-elses")
+    write_table(pa.table({"id": [1], "img": blob_array([b"mine"])}), other)
+    assert main(["demo", "--rows", "30", "--out", other, "--master", "local[2]"]) == 2
+    assert "not the demo's" in capsys.readouterr().err
+    assert open_table(other).version == 1 and open_table(other).read_blobs("img", [0]) == [b"mine"]
+
+
+def test_stats_command(tmp_path, capsys):
+    out = str(tmp_path / "episodes")
+    main(["demo", "--rows", "30", "--out", out, "--master", "local[2]"])
+    capsys.readouterr()
+    assert main(["stats", out]) == 0
+    text = capsys.readouterr().out
+    assert "30 (0 deleted)" in text and "video" in text
+    assert main(["stats", out, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 30
+
+
+def test_missing_table_is_a_clear_error(tmp_path, capsys):
+    assert main(["stats", str(tmp_path / "nope")]) == 2
+    assert "no table at" in capsys.readouterr().err
+
+
+def test_demo_on_a_local_s3_server(capsys):
+    args = ["demo", "--rows", "40", "--local-s3", "--json", "--master", "local[2]"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["table"] == "s3://blobhouse-demo/episodes"
+    assert (report["rows"], report["verified_blobs"], report["mismatches"]) == (40, 120, 0)
+    assert report["columns"]["video"]["physical_bytes"] == sum(
+        len(EpisodeData(40).chunk(i)) for i in range(2)
+    )
+
+
+def test_missing_table_is_one_line_and_debug_adds_the_traceback(tmp_path, capsys):
+    missing = str(tmp_path / "nope")
+    for argv in (["stats", missing], ["verify", missing, "--json"], ["gc", missing]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: no table at") and err.count("\n") == 1, err
+    for argv in (["--debug", "stats", missing], ["stats", missing, "--debug"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error: no table")
+
+
+def test_unexpected_errors_are_one_line_too(tmp_path, capsys, monkeypatch):
+    import blobhouse.table
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire\nsecond line")
+
+    monkeypatch.setattr(blobhouse.table, "open_table", broken)
+    assert main(["stats", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == "error: RuntimeError: disk on fire (--debug prints the traceback)\n"
+
+
+def subparsers(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
+def test_every_option_and_argument_has_help_and_help_is_plain_text(capsys):
+    parser = build_parser()
+    commands = subparsers(parser)
+    assert set(commands) == {
+        "demo",
+        "ingest",
+        "stats",
+        "verify",
+        "gc",
+        "compact",
+        "relocate",
+        "properties",
+    }
+    for name, command in [("blobhouse", parser), *commands.items()]:
+        for action in command._actions:
+            if action.dest == "command":
+                continue
+            assert action.help and action.help.strip(), (name, action.dest)
+    for argv in (["--help"], *[[name, "--help"] for name in commands]):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0
+        text = capsys.readouterr().out
+        assert "``" not in text and ":func:" not in text and text.strip(), argv
+
+
+def test_every_command_prints_json_and_takes_debug():
+    for name, command in subparsers(build_parser()).items():
+        options = {o for action in command._actions for o in action.option_strings}
+        assert {"--json", "--debug", "--storage-option"} <= options, name
+
+
+def test_misspelled_options_and_commands_get_a_suggestion(capsys):
+    for argv, hint in [
+        (["ingest", "m.jsonl", "t", "--blob-columns", "x", "--dedupe", "off"], "--dedup?"),
+        (["stats", "t", "--jsn"], "--json?"),
+        (["ingst"], "ingest?"),
+    ]:
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 2
+        assert f"did you mean {hint}" in capsys.readouterr().err
+
+
+def test_a_bad_command_line_is_one_line_and_no_option_is_taken_by_prefix(table_uri, capsys):
+    write_table(pa.table({"id": [1]}), table_uri)
+    for argv, message in [
+        (
+            ["gc", table_uri, "--retain-version", "2"],  # not run as --retain-versions
+            "error: blobhouse gc: unknown option --retain-version (did you mean "
+            "--retain-versions?)",
+        ),
+        (["gc", table_uri, "--grace", "1"], "unknown option --grace (did you mean --grace-hours?)"),
+        (["stats"], "the following arguments are required: table"),
+        (["gc", table_uri, "--retain-versions", "x"], "invalid int value: 'x'"),
+        (["stats", table_uri, "extra"], "unexpected argument extra"),
+    ]:
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "usage:" not in err, err
+    assert open_table(table_uri).version == 1  # nothing ran
+
+
+# from the first line of blobhouse's own code on (Python's start, ~30 ms, is the interpreter's)
+@pytest.mark.parametrize("delay", [0.1, 0.3, 0.8])
+def test_ctrl_c_while_starting_exits_130_without_a_traceback(table_uri, delay):
+    import signal
+
+    write_table(pa.table({"id": [1]}), table_uri)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "blobhouse.cli", "gc", table_uri, "--dry-run"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(delay)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    # finished before the signal, or as Python exited (which restores the default handler)
+    if child.returncode in (0, -signal.SIGINT):
+        assert "Traceback" not in err
+        return
+    assert child.returncode == 130, err
+    assert "Traceback" not in err and err.startswith("interrupted"), err
+
+
+def test_an_unreachable_spark_master_is_one_line_at_once(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    master = f"spark://127.0.0.1:{port}"
+    out = str(tmp_path / "episodes")
+    assert main(["demo", "--rows", "30", "--out", out, "--master", master]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot reach the Spark master {master}") and err.count("\n") == 1
+    assert time.monotonic() - started < 10
+
+
+def test_missing_pyspark_names_the_extra(tmp_path):
+    code = (
+        "import sys; sys.modules['pyspark'] = None; from blobhouse.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "ingest",
+            "m.jsonl",
+            str(tmp_path / "t"),
+            "--blob-columns",
+            "f",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr == 'error: blobhouse ingest needs Spark: pip install "blobhouse[spark]"\n'
+
+
+def test_reports_print_fields_the_library_adds(tmp_path, capsys, monkeypatch):
+    from blobhouse.table import Table
+
+    uri = str(tmp_path / "t")
+    write_table(pa.table({"id": [1, 2], "img": blob_array([b"x" * 10, b"x" * 10])}), uri)
+    stats = Table.stats
+
+    def more(self):
+        report = stats(self)
+        report["bytes_only_in_old_versions"] = 1_234_567
+        report["columns"]["img"]["held_by_deleted_rows_bytes"] = 0
+        return report
+
+    monkeypatch.setattr(Table, "stats", more)
+    assert main(["stats", uri]) == 0
+    out = capsys.readouterr().out
+    assert "orphans        0 files" in out  # the summary lines keep their shape
+    assert "bytes only in old versions  1.2 MB" in out
+    assert "held by deleted rows bytes" in out and "img" in out
+    assert main(["stats", uri, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes_only_in_old_versions"] == 1_234_567
+
+
+def test_print_report_renders_records_and_long_lists():
+    report = {
+        "removed_versions": list(range(1, 41, 2)),
+        "kept_versions": [*range(1, 502), 700, 702],
+        "problems": [
+            {"version": 3, "column": "img", "rows": [1, 2], "reason": "missing object"},
+            {"version": 4, "column": "img", "rows": [5], "reason": "missing object", "new": 1},
+        ],
+        "nested": {"a": {"x": 1}, "b": {"x": 2, "y": 3}},
+        "empty": [],
+    }
+    out = io.StringIO()
+    print_report(report, file=out)
+    text = out.getvalue()
+    assert "removed versions  1, 3, 5, 7, 9, 11, 13, 15, ... (12 more)" in text
+    assert "kept versions     1-501, 700, 702" in text  # runs, not 503 numbers
+    assert "empty             none" in text
+    lines = text.splitlines()
+    assert all(line == line.rstrip() for line in lines)  # logs get no trailing blanks
+    header = next(line for line in lines if line.startswith("version"))
+    assert header.split() == ["version", "column", "rows", "reason", "new"]
+    assert any(line.split()[:3] == ["4", "img", "5"] for line in lines)
+    assert any(line.split() == ["b", "2", "3"] for line in lines)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bars_on_a_terminal_and_short_lines_elsewhere():
+    screen = Terminal()
+    with ProgressBars(screen) as bars:
+        for done in range(4):
+            bars("verify", done, 3)
+        bars.message("a line above the bars")
+    drawn = screen.getvalue()
+    assert "verify" in drawn and "3/3" in drawn and "a line above the bars" in drawn
+    log = io.StringIO()
+    with ProgressBars(log) as bars:
+        for done in range(4):
+            bars("mark", done, 3)
+        bars.message("note")
+    assert log.getvalue() == "mark: 0/3\nmark: 3/3\nnote\n"

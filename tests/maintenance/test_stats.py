@@ -1,0 +1,137 @@
+"""stats: the totals are the sums of the lines (external references included, and told apart
+from what the table stores), and the bytes on disk no current row needs are accounted for:
+rows deleted but still stored, older versions, leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+import pytest
+
+from blobhouse import Blob, blob_array, open_table, write_table
+from blobhouse.cli import main
+from tests.helpers import assert_totals_are_the_sum_of_the_lines, disk_bytes, media_file
+
+PAYLOADS = [os.urandom(300_000) for _ in range(4)]
+
+
+@pytest.fixture
+def media(tmp_path):
+    return media_file(tmp_path, "clip.mp4", 1_000_000)
+
+
+def test_a_table_of_external_references_says_what_it_references_and_stores(table_uri, media):
+    folder, clip = media
+    values = [Blob(uri=clip)] * 60 + [Blob(uri=clip, position=10, size=100)]
+    write_table(pa.table({"video": blob_array(values)}), table_uri, allowed_bases=[folder])
+    stats = open_table(table_uri).stats()
+    assert_totals_are_the_sum_of_the_lines(stats)
+    assert stats["logical_bytes"] == 60 * 1_000_000 + 100  # what rows reference, as the lines
+    assert stats["external_bytes"] == stats["physical_bytes"] == 1_000_100  # distinct ranges
+    assert stats["table_owned_bytes"] == 0  # the table stores none of it
+    external = stats["columns"]["video"]["kinds"]["external"]
+    assert (external["rows"], external["logical_bytes"], external["table_owned"]) == (
+        61,
+        60_000_100,
+        False,
+    )
+    assert stats["on_disk_bytes"] == disk_bytes(table_uri) < 100_000
+    assert main(["stats", table_uri, "--json"]) == 0
+
+
+def test_a_mixed_table_keeps_stored_and_external_apart(table_uri, media):
+    folder, clip = media
+    values = [PAYLOADS[0], PAYLOADS[0], b"tiny", Blob(uri=clip), None]
+    write_table(pa.table({"b": blob_array(values)}), table_uri, allowed_bases=[folder])
+    stats = open_table(table_uri).stats()
+    assert_totals_are_the_sum_of_the_lines(stats)
+    assert stats["logical_bytes"] == 600_000 + 4 + 1_000_000
+    assert stats["table_owned_bytes"] == 300_000 + 4
+    assert stats["external_bytes"] == 1_000_000
+
+
+def test_deleted_rows_bytes_are_what_only_deleted_rows_hold(table_uri, media):
+    """A deleted row's payload counts unless a live row shares it; external references free
+    nothing; compaction moves the bytes to old versions, gc removes them."""
+    folder, clip = media
+    ids = pa.array(range(8), pa.int64())
+    values = [*PAYLOADS[:1], PAYLOADS[0], PAYLOADS[1], PAYLOADS[2], PAYLOADS[3], b"tiny"]
+    values += [Blob(uri=clip), Blob(uri=clip)]
+    data = pa.table({"id": ids, "b": blob_array(values)})
+    write_table(data, table_uri, allowed_bases=[folder], max_rows_per_file=4, dedup="content")
+    assert open_table(table_uri).stats()["deleted_rows_bytes"] == 0
+    # 0 shares its payload with 1 (live), 2 is the only row of its payload, 5 is inline,
+    # 6 references the user's clip
+    open_table(table_uri).delete("id IN (0, 2, 5, 6)")
+    stats = open_table(table_uri).stats()
+    assert_totals_are_the_sum_of_the_lines(stats)
+    assert stats["deleted_rows"] == 4
+    assert stats["deleted_rows_bytes"] == 300_000 + len(b"tiny")
+    assert stats["table_owned_bytes"] == 3 * 300_000  # the live rows' payloads
+    assert stats["old_versions_bytes"] < 5_000  # version 1's manifest: its files are shared
+    open_table(table_uri).compact()
+    compacted = open_table(table_uri).stats()
+    assert compacted["deleted_rows_bytes"] == 0 and compacted["deleted_rows"] == 0
+    assert compacted["table_owned_bytes"] == 3 * 300_000
+    # the files written before compaction: only versions 1 and 2 use them now
+    assert compacted["old_versions_bytes"] > 1_200_000
+    assert compacted["on_disk_bytes"] == disk_bytes(table_uri)
+    dry = open_table(table_uri).gc(retain_versions=1, grace=timedelta(0), dry_run=True)
+    assert compacted["old_versions_bytes"] == dry["reclaimed_bytes"]
+    before = disk_bytes(table_uri)
+    done = open_table(table_uri).gc(retain_versions=1, grace=timedelta(0))
+    assert done["reclaimed_bytes"] == before - disk_bytes(table_uri) == dry["reclaimed_bytes"]
+    after = open_table(table_uri).stats()
+    assert (after["old_versions_bytes"], after["orphan_bytes"]) == (0, 0)
+    assert after["on_disk_bytes"] == disk_bytes(table_uri)
+
+
+def test_old_versions_bytes_are_what_gc_may_remove(table_uri):
+    """The files of an overwritten version count, unless a tag keeps that version."""
+    write_table(pa.table({"b": blob_array(PAYLOADS[:2])}), table_uri)
+    write_table(pa.table({"b": blob_array([b"new"])}), table_uri, mode="overwrite")
+    stats = open_table(table_uri).stats()
+    assert 600_000 < stats["old_versions_bytes"] < 610_000  # data file, sidecar, manifest
+    assert stats["table_owned_bytes"] == 3
+    assert stats["on_disk_bytes"] == disk_bytes(table_uri)
+    lance.dataset(table_uri).tags.create("keep", 1)
+    assert open_table(table_uri).stats()["old_versions_bytes"] == 0  # gc keeps it
+    lance.dataset(table_uri).tags.delete("keep")
+    assert open_table(table_uri).stats()["old_versions_bytes"] == stats["old_versions_bytes"]
+
+
+def test_old_versions_bytes_count_store_packs_only_old_versions_reference(table_uri):
+    write_table(pa.table({"b": blob_array(PAYLOADS[:2])}), table_uri, dedup="global")
+    write_table(
+        pa.table({"b": blob_array([PAYLOADS[1]])}), table_uri, mode="overwrite", dedup="content"
+    )
+    stats = open_table(table_uri).stats()
+    # the new version stores its payload anew in a pack of its own (content dedup) and the
+    # first pack is only the old version's; retired by a first gc, reaped by a later one
+    assert stats["old_versions_bytes"] > 600_000
+    assert stats["columns"]["b"]["kinds"]["packed"]["physical_bytes"] == 300_000
+
+
+def test_stats_on_a_branch_counts_the_branch(table_uri):
+    write_table(pa.table({"b": blob_array(PAYLOADS[:2])}), table_uri)
+    lance.dataset(table_uri).create_branch("exp", 1)
+    write_table(pa.table({"b": blob_array([b"x"])}), table_uri, mode="overwrite", branch="exp")
+    branch = open_table(table_uri, branch="exp").stats()
+    assert_totals_are_the_sum_of_the_lines(branch)
+    assert branch["table_owned_bytes"] == 1
+    # version 1 of the branch is its parent's files: gc on the branch frees only its manifest
+    assert branch["old_versions_bytes"] < 5_000
+    main_stats = open_table(table_uri).stats()
+    assert main_stats["table_owned_bytes"] == 600_000 and main_stats["old_versions_bytes"] == 0
+
+
+def test_stats_command_prints_every_key(table_uri, capsys):
+    write_table(pa.table({"b": blob_array(PAYLOADS[:1])}), table_uri)
+    assert main(["stats", table_uri, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    for key in ("deleted_rows_bytes", "old_versions_bytes", "on_disk_bytes", "table_owned_bytes"):
+        assert key in printed

@@ -1,0 +1,116 @@
+"""The benchmark suite runs end to end at its quick size, and its numbers hold together."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import ROOT
+
+
+def test_quick_benchmark_run(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,  # no timeout: a loaded machine once took more than 600 s
+    )
+    results = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert set(results) >= {
+        "run",
+        "machine",
+        "storage",
+        "write_throughput",
+        "random_access",
+        "scale",
+        "spark",
+        "maintenance",
+        "global_dedup",
+        "object_storage",
+        "mutations",
+        "loader",
+    }
+    storage = results["storage"]["rows"]
+    seed = {r["contender"]: r for r in storage if r["workload"].startswith("seed")}
+    assert seed["blobhouse ref_id"]["ratio_to_unique"] <= 1.05
+    assert seed["pylance"]["ratio_to_unique"] >= 19  # one copy per row
+    writes = results["write_throughput"]["rows"]
+    dup = {r["contender"]: r for r in writes if r["workload"].startswith("20x")}
+    assert dup["blobhouse"]["physical_mb_s"] < dup["blobhouse"]["logical_mb_s"] / 10
+    limit = dup["blake3, all cores (the limit)"]  # the duplicates target's yardstick
+    assert limit["logical_mb_s"] > 0 and limit["physical_mb_s"] == "-"  # it writes nothing
+    contenders = {r["contender"] for r in results["random_access"]["rows"]}
+    assert contenders == {
+        "blobhouse refs + ranged reads",
+        "blobhouse read_blobs",
+        'blobhouse take blobs="bytes"',
+        "pylance read_blobs",
+        "parquet row groups",
+    }
+    assert all(r["seconds"] > 0 for r in results["random_access"]["rows"])
+    compacted = {
+        r["contender"]: r for r in results["maintenance"]["rows"] if r["operation"] == "compact"
+    }
+    assert compacted["blobhouse compact"]["ratio_to_unique"] <= 1.05
+    assert compacted["pylance compact_files"]["ratio_to_unique"] > 1.5  # a copy per row
+    stored = {r["contender"]: r for r in results["global_dedup"]["rows"]}
+    assert stored["blobhouse global"]["ratio_to_unique"] <= 1.05
+    assert stored["blobhouse per file"]["ratio_to_unique"] > 2  # one copy per append
+    s3 = {r["contender"]: r for r in results["object_storage"]["rows"] if r["operation"] != "write"}
+    ranged = s3["blobhouse refs + ranged reads, s3"]
+    assert ranged["requests"] == {"GET": ranged["coalesced_reads"]}  # one GET per coalesced range
+    rows_read = int(ranged["operation"].split()[1])
+    assert ranged["bytes_read"] == rows_read * 1024 * 1024  # only the rows' bytes
+    writes = [r for r in results["object_storage"]["rows"] if r["operation"] == "write"]
+    assert all(r["requests"].get("PUT", 0) > 0 for r in writes if r["contender"].endswith("s3"))
+    spark = results["spark"]["rows"][0]
+    assert spark["read_blob_mb_s"] > 0 and spark["write_ratio"] > 0
+    assert spark["scan_vs_floor"] > 0 and spark["read_blob_vs_floor"] > 0  # the targets' floors
+    mutated = results["mutations"]["rows"]
+    assert all(r["seconds"] > 0 for r in mutated)
+    relabels = [r for r in mutated if r["operation"].startswith("update")]
+    small = [r for r in relabels if r["rows_per_fragment"] < 10_000]  # 4 small fragments
+    mine = [r["growth"] for r in small if r["contender"] == "blobhouse"]
+    assert mine and all(g < 100 * 1024 for g in mine)  # the label column only: no payload
+    copied = [r["growth"] for r in small if r["contender"] == "pylance" and r["dedup"] == "content"]
+    assert min(copied) > 100 * max(mine)  # pylance writes the changed rows' payloads again
+    one = [r for r in relabels if r["rows_per_fragment"] >= 100_000]  # one fragment
+    assert {(r["operation"], r["contender"]) for r in one} == {
+        ("update label, 10% of rows", "blobhouse"),
+        ("update label, 10% of rows", "pylance"),
+        ("update label, 100% of rows", "blobhouse"),  # pylance's: every payload again, left out
+    }
+    for r in one:
+        if r["contender"] == "blobhouse":  # a page of 100K+ labels compresses: < the column
+            assert 0 < r["growth_vs_reference"] < 1 and r["target"].endswith("(met)")
+        else:  # a 10-20 KB payload again for each of the 10% of the rows
+            assert r["growth"] > r["rows_per_fragment"] // 10 * 10 * 1024
+    (upsert,) = [
+        r
+        for r in mutated
+        if r["operation"].startswith("upsert")
+        and r["dedup"] == "global"
+        and r["contender"] == "blobhouse"
+    ]
+    assert upsert["growth_vs_reference"] <= 1.05  # only the new payloads are stored
+    store = {r["store_payloads"]: r for r in results["store_scale"]["rows"]}
+    assert store[0]["vs_empty_store"] == 1 and all(r["seconds"] > 0 for r in store.values())
+    loader = results["loader"]["rows"]
+    contenders = {"blobhouse", "pylance read_blobs", "parquet", "webdataset"}
+    epochs = [r for r in loader if r["contender"] in contenders]
+    delivered = {(r["workload"].split(":")[0], r["contender"], r["workers"]) for r in epochs}
+    limit = {r["contender"] for r in loader if r["contender"].startswith("random-read limit")}
+    assert delivered == {(w, c, n) for w in ("images", "clips") for c in contenders for n in (0, 2)}
+    assert len(limit) == 3 and all(r["seconds"] > 0 for r in loader)
+    clips = {(r["contender"], r["workers"]): r for r in epochs if r["workload"].startswith("clips")}
+    unique_mb = float(epochs[-1]["workload"].split(", ")[1].split()[0])
+    for (contender, _), r in clips.items():  # every clip once in blobhouse, once a row elsewhere
+        if contender == "blobhouse":
+            assert r["on_disk_mb"] < 2 * unique_mb + 1 and isinstance(r["vs_best_other"], float)
+        else:
+            assert r["on_disk_mb"] > 20 * unique_mb
+    images = [r for r in epochs if r["workload"].startswith("images")]
+    assert all(r["vs_limit"] > 0 for r in images if r["contender"] == "blobhouse")
+    firsts = [r for r in loader if r["workload"].startswith("first batch")]
+    assert [r["contender"] for r in firsts] == ["blobhouse BatchLoader", "blobhouse DataLoader"]

@@ -1,0 +1,126 @@
+"""The main job, the table services and the mutations on a real standalone Spark cluster on
+127.0.0.1 (a master and two worker processes, started and stopped here), from relative table
+paths: each executor runs in a working directory of its own, so a path resolved anywhere but on
+the driver names nothing there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from blobhouse import open_table
+from blobhouse.testing import LocalSparkCluster
+from tests.helpers import stock_read
+
+SERVICES = """
+import json, os, sys
+from datetime import timedelta
+import blobhouse.spark as bs
+from blobhouse import open_table
+
+spark = bs.local_session(sys.argv[1], conf={"spark.driver.host": "127.0.0.1",
+                                            "spark.executor.memory": "512m"})
+bs.register(spark)
+table = "rel/episodes"  # relative: resolved on the driver, never on an executor
+frames = spark.read.format("blobhouse").load(table)  # pinned to the version it found
+rows = frames.count()
+first = frames.where("frame % 30 = 0").select("row", "video")
+videos = bs.materialize(first, ["video"]).collect()
+clips = spark.createDataFrame([(i, b"clip-%d" % (i % 3) * 40_000) for i in range(12)],
+                              "id long, clip binary")
+bs.write_table(clips, "rel/clips", blob_columns=["clip"], dedup="global", partitions=3)
+bs.backfill_blob_column(spark, "rel/clips", "preview", lambda b: [b"p%d" % i for i in b["id"]])
+clip_bytes = open_table("rel/clips").stats()["columns"]["clip"]["physical_bytes"]
+relabel = lambda b: [b"new-%d" % i * 1000 for i in b["id"].to_pylist()]
+bs.update(spark, "rel/clips", {"clip": relabel}, where="id >= 10", dedup="global")
+source = spark.createDataFrame([(4, b"clip-1" * 40_000, b"q4"), (99, b"z" * 5000, b"q99")],
+                               "id long, clip binary, preview binary")
+merged = bs.merge_insert(source, "rel/clips", on="id", dedup="global")
+os.makedirs("media", exist_ok=True)
+for i in range(3):
+    with open(f"media/{i}.bin", "wb") as f:
+        f.write(b"media-%d" % i * 1000)
+with open("media/manifest.jsonl", "w") as f:  # file paths relative to the manifest
+    f.writelines(json.dumps({"id": i, "file": f"{i % 3}.bin"}) + chr(10) for i in range(6))
+from blobhouse.spark.ingest import ingest
+ingest(spark, "media/manifest.jsonl", "rel/ingested", ["file"])
+# the natural write: each chunk in every task of the write (round-robin), stored once
+chunks = spark.createDataFrame([(i, b"chunk-%d" % (i % 4) * 50_000) for i in range(48)],
+                               "id long, chunk binary").repartition(4)
+chunks.write.format("blobhouse").mode("append").option("blob_columns", "chunk").save("rel/shared")
+chunks.write.format("blobhouse").mode("append").save("rel/shared")  # again: nothing new
+open_table(table).delete("frame % 2 = 1")
+compacted = bs.compact(spark, table)
+verified = bs.verify(spark, table, deep=True)
+collected = bs.gc(spark, table, retain_versions=1, grace=timedelta(0))
+print(json.dumps({
+    "rows": rows,
+    "first_frames": len(videos),
+    "video_bytes": sum(len(r.video) for r in videos),
+    "clips": clip_bytes,
+    "clips_after_mutations": open_table("rel/clips").stats()["columns"]["clip"]["physical_bytes"],
+    "merged": [merged.num_updated_rows, merged.num_inserted_rows],
+    "mutated": {r["id"]: [r["clip"][:6].decode(), r["preview"].decode()] for r in
+                open_table("rel/clips").to_arrow(filter="id in (4, 10, 99)", blobs="bytes")
+                .to_pylist()},
+    "previews": open_table("rel/clips").to_arrow(["preview"], filter="id = 4", blobs="bytes")[
+        "preview"].to_pylist(),
+    "ingested": open_table("rel/ingested").stats()["columns"]["file"]["physical_bytes"],
+    "shared": [open_table("rel/shared").count_rows(),
+               open_table("rel/shared").stats()["physical_bytes"]],
+    "compacted": compacted["fragments_removed"],
+    "problems": verified["problems"],
+    "hashed": verified["hashed"],
+    "gc_versions": collected["retained_versions"],
+}, default=repr))
+"""
+
+
+def test_main_job_and_services_on_a_standalone_cluster(tmp_path: Path):
+    with LocalSparkCluster(workers=2) as cluster:
+        demo = subprocess.run(
+            [
+                *(sys.executable, "-m", "blobhouse.cli", "demo", "--json"),
+                *("--master", cluster.master, "--conf", "spark.driver.host=127.0.0.1"),
+                *("--conf", "spark.executor.memory=512m", "--rows", "90", "--out", "rel/episodes"),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert demo.returncode == 0, demo.stderr[-3000:]
+        report = json.loads(demo.stdout)
+        assert (report["rows"], report["verified_blobs"], report["mismatches"]) == (90, 270, 0)
+        services = subprocess.run(
+            [sys.executable, "-c", SERVICES, cluster.master],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert services.returncode == 0, services.stderr[-3000:]
+        assert not list(cluster.work_dir.rglob("episodes"))  # nothing landed in an executor's dir
+    assert not cluster.work_dir.exists()  # a cluster that stopped cleanly leaves nothing behind
+    done = json.loads(services.stdout.strip().splitlines()[-1])
+    assert (done["rows"], done["first_frames"]) == (90, 3)
+    assert done["clips"] == 3 * 40_000 * len(b"clip-0")  # three distinct clips, once each
+    assert done["previews"] == [repr(b"q4")]  # the merge updated row 4
+    # the update stored two new payloads, the merge one: the matched row's payload was found
+    assert done["clips_after_mutations"] == done["clips"] + 2 * 6000 + 5000
+    assert done["merged"] == [1, 1]
+    assert done["mutated"] == {
+        "4": ["clip-1", "q4"],
+        "10": ["new-10", "p10"],
+        "99": ["zzzzzz", "q99"],
+    }
+    assert done["ingested"] == 3 * len(b"media-0") * 1000  # three files, each stored once
+    assert done["shared"] == [96, 4 * len(b"chunk-0") * 50_000]  # tasks claimed the chunks
+    assert done["compacted"] >= 1 and done["problems"] == [] and done["hashed"] > 0
+    assert len(done["gc_versions"]) == 1
+    table = tmp_path / "rel" / "episodes"
+    assert open_table(str(table)).count_rows() == 45
+    rows = open_table(str(table)).to_arrow(columns=["row"])["row"].to_pylist()
+    assert all(r % 2 == 0 for r in rows) and len(stock_read(str(table), "video")) == 45

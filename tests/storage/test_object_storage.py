@@ -1,0 +1,910 @@
+"""Every blobhouse feature on an ``s3://`` table, against a real S3-compatible server on
+127.0.0.1 (moto's standalone server, started by the ``s3_server`` fixture)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+import pytest
+
+from blobhouse import (
+    Blob,
+    BlobRef,
+    BlobSession,
+    ExternalBlobError,
+    InvalidInputError,
+    RefIdConflictError,
+    TableNotFoundError,
+    blob_array,
+    open_table,
+    read_ranges,
+    write_table,
+)
+from blobhouse.commit import leases
+from blobhouse.dedup import content_hash, digest_matrix
+from blobhouse.digest_filter import may_contain, read_filters
+from blobhouse.rangeio import READ_THREADS, _balanced_groups, plan_reads
+from blobhouse.storage import ArrowStore, checked_options, object_store
+from blobhouse.store import filters_uri
+from blobhouse.table import Table
+from blobhouse.write import TableWrite
+from tests.helpers import worker_script
+
+KIB, MIB = 1024, 1024 * 1024
+S3_CRASH_KILLS = int(os.environ.get("BLOBHOUSE_S3_CRASH_KILLS", "3"))
+S3_CRASH_SEED = int(os.environ.get("BLOBHOUSE_S3_CRASH_SEED", "9"))
+WRITES_BESIDE_GC = int(os.environ.get("BLOBHOUSE_S3_WRITES_BESIDE_GC", "10"))  # per writer
+
+
+def payload(seed: int, size: int) -> bytes:
+    return (seed.to_bytes(4, "little") * (size // 4 + 1))[:size]
+
+
+def rows(n: int = 12) -> pa.Table:
+    """Rows with every placement: inline, shared packed, dedicated, and nulls."""
+    values = []
+    for i in range(n):
+        if i % 4 == 0:
+            values.append(payload(i, 100))  # inline
+        elif i % 4 == 1:
+            values.append(payload(1, 300 * KIB))  # packed, shared by every such row
+        elif i % 4 == 2:
+            values.append(payload(i, 5 * MIB))  # dedicated
+        else:
+            values.append(None)
+    return pa.table({"id": list(range(n)), "media": blob_array(values)})
+
+
+def stock_blobs(uri: str, options: dict, column: str) -> list[bytes | None]:
+    dataset = lance.dataset(uri, storage_options=checked_options(options))
+    indices = list(range(dataset.count_rows()))
+    return [data for _, data in dataset.read_blobs(column, indices=indices, preserve_order=True)]
+
+
+# -- storage options ----------------------------------------------------------------------
+
+
+def test_storage_options_are_checked_and_normalized():
+    options = checked_options(
+        {"aws_endpoint": "http://127.0.0.1:9", "aws_virtual_hosted_style_request": False}
+    )
+    assert options == {
+        "aws_endpoint": "http://127.0.0.1:9",
+        "aws_virtual_hosted_style_request": "false",
+        "allow_http": "true",
+    }
+    assert checked_options({"aws_endpoint": "https://s3.example.com"}) == {
+        "aws_endpoint": "https://s3.example.com"
+    }
+    assert checked_options({}) is None and checked_options(None) is None
+    with pytest.raises(InvalidInputError, match=r"127\.0\.0\.1:9000.*scheme"):
+        checked_options({"aws_endpoint": "127.0.0.1:9000"})
+    with pytest.raises(InvalidInputError, match="allow_http"):
+        checked_options({"aws_endpoint": "http://127.0.0.1:9", "allow_http": False})
+    with pytest.raises(InvalidInputError, match="'aws_region'"):
+        checked_options({"aws_region": ["us-east-1"]})
+
+
+def test_a_bad_endpoint_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(InvalidInputError, match="scheme"):
+        write_table(rows(4), "s3://bucket/t", storage_options={"aws_endpoint": "localhost:1"})
+
+
+# -- write and read -----------------------------------------------------------------------
+
+
+def test_a_missing_bucket_is_named_and_not_masked_by_cleanup(s3):
+    for data in ([b"x"], [payload(1, 300 * KIB)]):
+        with pytest.raises(FileNotFoundError, match=r"s3://no-such-bucket/t.*NoSuchBucket"):
+            write_table(
+                pa.table({"b": blob_array(data)}),
+                "s3://no-such-bucket/t",
+                storage_options=s3.options,
+            )
+    with pytest.raises(TableNotFoundError, match="no-such-bucket"):
+        open_table("s3://no-such-bucket/t", storage_options=s3.options)
+
+
+def test_write_and_read_every_placement_on_s3(s3):
+    uri = f"{s3.uri}/tables/t"
+    data = rows()
+    table = write_table(data, uri, storage_options=s3.options, dedup="content")
+    expected = data.column("media").to_pylist()
+    expected = [None if v is None else v["data"] for v in expected]
+
+    # stock pylance reads what we wrote, byte for byte
+    assert stock_blobs(uri, s3.options, "media") == expected
+    opened = open_table(uri, storage_options=s3.options)
+    assert opened.read_blobs("media", range(len(expected))) == expected
+    as_bytes = opened.to_arrow(blobs="bytes").column("media").to_pylist()
+    assert as_bytes == expected
+    refs = opened.to_arrow().column("media").to_pylist()
+    assert (
+        read_ranges([None if r is None else BlobRef(**r) for r in refs], storage_options=s3.options)
+        == expected
+    )
+    store = object_store(s3.uri, checked_options(s3.options))
+    sent = []
+    store.client.meta.events.register(
+        "before-send.s3.GetObject", lambda **kw: sent.append(1), unique_id="count-gets"
+    )
+    try:
+        with opened.open_blob("media", 2) as f:  # 5 MiB: one GET to read it all
+            assert f.read() == expected[2]
+        assert len(sent) == 1
+        with opened.open_blob("media", 2) as f:
+            f.seek(1000)
+            assert f.read(10) == expected[2][1000:1010]
+            assert f.read(10) == expected[2][1010:1020]  # from the buffer
+        assert len(sent) == 2
+    finally:
+        store.client.meta.events.unregister("before-send.s3.GetObject", unique_id="count-gets")
+
+    # the shared payload is stored once; nothing but the table's own objects in the bucket
+    keys = s3.objects("tables/t/")
+    sidecars = {k: v for k, v in keys.items() if k.endswith(".blob")}
+    assert sorted(sidecars.values()) == sorted([300 * KIB] + [5 * MIB] * 3)
+    assert not any(k.endswith("/") for k in keys), "no directory markers"
+    assert table.stats()["orphan_files"] == 0
+
+
+def test_append_dedups_by_ref_id_and_content_on_s3(s3):
+    uri = f"{s3.uri}/t"
+    chunk = payload(7, 200 * KIB)
+    frames = pa.table(
+        {
+            "frame": list(range(30)),
+            "chunk": [i // 10 + 1 for i in range(30)],  # ref_ids are positive
+            "video": [payload(i // 10, 200 * KIB) for i in range(30)],
+        }
+    )
+    write_table(
+        frames,
+        uri,
+        blob_columns=["video"],
+        dedup="ref_id",
+        ref_id_columns={"video": "chunk"},
+        storage_options=s3.options,
+    )
+    table = write_table(
+        pa.table({"frame": [99], "chunk": [9], "video": [chunk]}),
+        uri,
+        mode="append",
+        storage_options=s3.options,
+    )
+    assert table.count_rows() == 31
+    stored = sum(v for k, v in s3.objects("t/data/").items() if k.endswith(".blob"))
+    assert stored == 4 * 200 * KIB
+    assert stock_blobs(uri, s3.options, "video")[::10] == [
+        payload(0, 200 * KIB),
+        payload(1, 200 * KIB),
+        payload(2, 200 * KIB),
+        chunk,
+    ]
+
+
+def test_a_failed_write_on_s3_leaves_the_table_and_the_bucket_as_they_were(s3):
+    uri = f"{s3.uri}/t"
+    options = {"blob_columns": ["media"], "dedup": "ref_id", "ref_id_columns": {"media": "ref"}}
+    first = pa.table({"media": [payload(0, 100 * KIB)], "ref": [1]})
+    write_table(first, uri, storage_options=s3.options, **options)
+    before = s3.objects()
+    # the conflict shows at row 1, after row 0's payload went into a sidecar upload
+    bad = pa.table({"media": [payload(1, 9 * MIB), payload(2, 9 * MIB)], "ref": [5, 5]})
+    with pytest.raises(RefIdConflictError, match="row 1"):
+        write_table(bad, uri, mode="append", storage_options=s3.options, **options)
+    after = s3.objects()
+    assert open_table(uri, storage_options=s3.options).count_rows() == 1
+    assert {k for k in after if "/_leases/" not in k} == {k for k in before if "/_leases/" not in k}
+    assert s3.uploads() == []
+
+
+def test_external_blobs_under_an_s3_base(s3):
+    media = f"{s3.uri}/media"
+    s3.put("media/clip.bin", payload(3, 1 * MIB))
+    clips = [Blob(uri=f"{media}/clip.bin"), Blob(uri=f"{media}/clip.bin", position=10, size=20)]
+    table = write_table(
+        pa.table({"clip": blob_array(clips)}),
+        f"{s3.uri}/t",
+        allowed_bases=[media],
+        storage_options=s3.options,
+    )
+    assert table.read_blobs("clip", [0, 1]) == [payload(3, 1 * MIB), payload(3, 1 * MIB)[10:30]]
+    with pytest.raises(ExternalBlobError, match=r"missing\.bin"):
+        write_table(
+            pa.table({"clip": blob_array([Blob(uri=f"{media}/missing.bin")])}),
+            f"{s3.uri}/t",
+            mode="append",
+            storage_options=s3.options,
+        )
+
+
+def test_managed_objects_on_s3_are_deleted_only_once_unreferenced(s3):
+    """Managed external objects on an object store: gc deletes the one no retained version
+    references (after retiring and dooming it), never an unmanaged one."""
+    owned, shared = f"{s3.uri}/owned", f"{s3.uri}/shared"
+    for key in ("owned/0.bin", "owned/1.bin", "shared/0.bin"):
+        s3.put(key, payload(len(key), 50 * KIB))
+    values = [Blob(uri=f"{owned}/0.bin"), Blob(uri=f"{owned}/1.bin"), Blob(uri=f"{shared}/0.bin")]
+    uri = f"{s3.uri}/t"
+    table = write_table(
+        pa.table({"id": [0, 1, 2], "clip": blob_array(values)}),
+        uri,
+        allowed_bases=[shared],
+        managed_bases=[owned],
+        storage_options=s3.options,
+    )
+    table.delete("id != 1")  # owned/0.bin and shared/0.bin are no longer referenced
+    removed = []
+    for _ in range(3):  # retire, doom, delete
+        time.sleep(1.1)  # S3 times are whole seconds
+        report = open_table(uri, storage_options=s3.options).gc(
+            retain_versions=1, grace=timedelta(0)
+        )
+        removed += report["managed"]["paths"]
+    assert removed == [f"{owned}/0.bin"]
+    left = s3.objects()
+    assert "owned/0.bin" not in left and {"owned/1.bin", "shared/0.bin"} <= set(left)
+    # the owner markers: the kept object's names the table, the deleted one's went with it
+    assert "owned/.blobhouse-owner/0.bin.json" not in left
+    assert json.loads(s3.get("owned/.blobhouse-owner/1.bin.json"))["table"] == uri
+    again = open_table(uri, storage_options=s3.options)
+    assert again.read_blobs("clip", [0]) == [payload(len("owned/1.bin"), 50 * KIB)]
+    assert again.verify()["problems"] == []
+
+
+def test_schema_changes_on_s3(s3):
+    uri = f"{s3.uri}/t"
+    data = pa.table({"id": list(range(4)), "label": list("abcd"), "media": rows(4)["media"]})
+    table = write_table(data, uri, storage_options=s3.options)
+    table.add_columns({"double": "id * 2"})
+    table.alter_columns({"path": "label", "name": "tag"}, {"path": "id", "data_type": pa.int32()})
+    table.drop_columns(["double"])
+    table.backfill_blob_column("thumb", lambda batch: [b"t%d" % i for i in batch["id"].to_pylist()])
+    write_table(
+        pa.table({"id": pa.array([9], pa.int32()), "media": blob_array([b"new"])}),
+        uri,
+        mode="append",
+        storage_options=s3.options,
+    )
+    got = open_table(uri, storage_options=s3.options).to_arrow(blobs="bytes").to_pylist()
+    assert [r["id"] for r in got] == [0, 1, 2, 3, 9]
+    assert [r["tag"] for r in got] == ["a", "b", "c", "d", None]
+    assert [r["thumb"] for r in got] == [b"t0", b"t1", b"t2", b"t3", None]
+    written = [v["data"] if v else None for v in rows(4)["media"].to_pylist()]
+    assert [r["media"] for r in got] == [*written, b"new"]
+    assert stock_blobs(uri, s3.options, "media")[1] == payload(1, 300 * KIB)
+
+
+# -- the object store layer -----------------------------------------------------------------
+
+
+def test_new_objects_never_replace_existing_ones_on_s3(s3):
+    store = object_store(s3.uri, checked_options(s3.options))
+    s3.put("small", b"first")
+    with pytest.raises(FileExistsError, match="small"):
+        new = store.create(f"{s3.uri}/small")
+        new.write(b"second")
+        new.close()
+    assert s3.get("small") == b"first"
+
+    # a big object goes up in parts; its completion is conditional too
+    s3.put("big", b"first")
+    new = store.create(f"{s3.uri}/big")
+    new.write(payload(1, 9 * MIB))
+    with pytest.raises(FileExistsError):
+        new.write(payload(2, 1 * MIB))
+        new.close()
+    assert s3.get("big") == b"first" and s3.uploads() == []
+
+    new = store.create(f"{s3.uri}/fresh")
+    new.write(payload(1, 9 * MIB))
+    new.write(payload(2, 1 * MIB))
+    new.close()
+    assert s3.get("fresh") == payload(1, 9 * MIB) + payload(2, 1 * MIB)
+
+    aborted = store.create(f"{s3.uri}/aborted")
+    aborted.write(payload(1, 9 * MIB))
+    aborted.abort()
+    assert "aborted" not in s3.objects() and s3.uploads() == []
+
+
+def test_session_sidecars_refuse_to_overwrite_on_s3(s3):
+    options = checked_options(s3.options)
+    # the session checks its options too: a boolean is what Lance would refuse
+    session = BlobSession(f"{s3.uri}/t/data/f.lance", {**s3.options, "allow_http": True})
+    pack = session.new_packed()
+    pack.write_blob(b"abc")
+    pack.finish()
+    key = f"t/data/f/{session.sidecars[0].rsplit('/', 1)[1]}"
+    assert s3.get(key) == b"abc"
+    other = BlobSession(f"{s3.uri}/t/data/f.lance", options)
+    other._taken = set()  # pretend it did not see the existing sidecar
+    with pytest.raises(FileExistsError):
+        other.new_packed().finish()
+    assert s3.get(key) == b"abc"
+
+
+def test_ranged_reads_on_s3_send_one_get_per_coalesced_range(s3):
+    options = checked_options(s3.options)
+    for name in ("a", "b", "c"):
+        s3.put(name, payload(ord(name), 2 * MIB))
+    refs = [BlobRef(f"{s3.uri}/a", i * 1000, 500) for i in range(50)]  # 500 B gaps: one read
+    refs += [BlobRef(f"{s3.uri}/b", 0, 10), BlobRef(f"{s3.uri}/b", MIB, 10)]  # far apart: two
+    refs += [BlobRef(f"{s3.uri}/c", 5, 5)] * 3  # the same range three times: one
+    store = object_store(s3.uri, options)
+    assert len(plan_reads(refs, store.coalesce_gap)) == 4
+    sent = []
+    store.client.meta.events.register(
+        "before-send.s3.GetObject", lambda **kw: sent.append(1), unique_id="count-gets"
+    )
+    try:
+        got = read_ranges(refs, storage_options=options)
+    finally:
+        store.client.meta.events.unregister("before-send.s3.GetObject", unique_id="count-gets")
+    assert len(sent) == 4
+    # on a store every read gets its own thread (up to 16); locally small reads share one
+    reads = plan_reads([BlobRef(f"{s3.uri}/{i}", 0, 10) for i in range(20)], store.coalesce_gap)
+    assert len(_balanced_groups(reads, READ_THREADS, store.parallel_min_bytes)) == READ_THREADS
+    assert len(_balanced_groups(reads, READ_THREADS, object_store("/x").parallel_min_bytes)) == 1
+    for ref, data in zip(refs, got, strict=True):
+        name = ref.uri.rsplit("/", 1)[1]
+        assert data == payload(ord(name), 2 * MIB)[ref.position : ref.end]
+
+
+def test_reading_a_missing_or_short_s3_object_names_it(s3):
+    options = checked_options(s3.options)
+    s3.put("short", b"0123456789")
+    with pytest.raises(OSError, match=r"missing object .*/nothing"):
+        read_ranges([BlobRef(f"{s3.uri}/nothing", 0, 5)], storage_options=options)
+    with pytest.raises(OSError, match=r"short read from .*/short"):
+        read_ranges([BlobRef(f"{s3.uri}/short", 5, 10)], storage_options=options)
+
+
+def test_other_stores_go_through_pyarrow(s3, monkeypatch):
+    """gs://, az://, ... use pyarrow's filesystems, configured from the environment; checked
+    here on the S3 server, through pyarrow's S3 filesystem."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.options["aws_endpoint"])
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    store = ArrowStore()
+    store.put(f"{s3.uri}/x/one", b"12345")
+    assert store.size(f"{s3.uri}/x/one") == 5 and store.size(f"{s3.uri}/x/two") is None
+    with pytest.raises(FileExistsError):
+        store.create(f"{s3.uri}/x/one")
+    new = store.create(f"{s3.uri}/x/two")
+    new.write(b"abc")
+    new.close()
+    assert [(o.name, o.size) for o in sorted(store.list(f"{s3.uri}/x"), key=str)] == [
+        ("one", 5),
+        ("two", 3),
+    ]
+    source = store.open(f"{s3.uri}/x/one")
+    assert source.read(1, 3) == b"234"
+    source.close()
+    store.delete(f"{s3.uri}/x/one")
+    assert s3.get("x/two") == b"abc" and "x/one" not in s3.objects()
+
+
+# -- table services -------------------------------------------------------------------------
+
+
+def test_gc_on_s3_sweeps_leftovers_by_object_age_and_keeps_every_referenced_byte(s3):
+    uri = f"{s3.uri}/t"
+    table = write_table(rows(8), uri, storage_options=s3.options)
+    expected = table.read_blobs("media", range(8))
+    # leftovers of a write that never committed (named as blobhouse names a write's files)
+    dead = "write-0123456789ab-" + "0" * 32
+    s3.put(f"t/data/{dead}.lance", b"x" * 100)
+    s3.put(f"t/data/{dead}/00000000000000000000000000000001.blob", b"y" * 200)
+    young = table.gc()  # default grace: a day
+    assert young["removed_files"] == 0 and young["kept_young_files"] == 2
+    # uploads a killed writer left open, and one of a write still running (moto reports
+    # every upload as started in 2010, so both are old)
+    s3.client.create_multipart_upload(Bucket=s3.name, Key=f"t/data/{dead}/x.blob")
+    s3.client.create_multipart_upload(Bucket=s3.name, Key="t/_blobs/packs/live-42.pack")
+    time.sleep(1.1)  # S3 times are whole seconds: objects of the current one are kept
+    with leases.held(table.uri, "live-", table.storage_options):
+        report = table.gc(grace=timedelta(0))
+    assert report["removed_files"] == 2 and report["reclaimed_bytes"] == 300
+    assert report["aborted_uploads"] == 1 and s3.uploads() == ["t/_blobs/packs/live-42.pack"]
+    assert not any(dead in k for k in s3.objects())
+    assert open_table(uri, storage_options=s3.options).read_blobs("media", range(8)) == expected
+    assert table.verify(deep=True)["problems"] == []
+
+
+def test_gc_on_s3_keeps_the_files_of_a_running_write(s3):
+    uri = f"{s3.uri}/t"
+    write_table(rows(4), uri, storage_options=s3.options)
+    data = rows(4)
+    write = TableWrite.begin(uri, data.schema, mode="append", storage_options=s3.options)
+    written = write.write(data.to_batches())  # staged, lease touched, not committed
+    time.sleep(1.1)  # older than the grace below, by the store's whole-second clock
+    with leases.held(write.location.root, write.name_prefix, write.storage_options):
+        report = open_table(uri, storage_options=s3.options).gc(grace=timedelta(0))
+    assert report["removed_files"] == 0
+    table = Table(write.commit(written))
+    assert table.count_rows() == 8
+    assert table.read_blobs("media", [5]) == [payload(1, 300 * KIB)]
+
+
+def test_compaction_verify_and_global_dedup_on_s3(s3, monkeypatch):
+    uri = f"{s3.uri}/t"
+    shared = payload(5, 600 * KIB)
+    for i in range(3):
+        data = pa.table({"id": [i, i + 10], "media": blob_array([shared, payload(i, 700 * KIB)])})
+        write_table(data, uri, mode="append", dedup="global", storage_options=s3.options)
+    packs = [k for k in s3.objects("t/_blobs/packs/")]
+    stored = sum(s3.objects("t/_blobs/packs/").values())
+    assert stored == 600 * KIB + 3 * 700 * KIB, packs  # the shared payload once, table-wide
+    # each write's index fragment got its filter, and the later writes read them from S3
+    # read as big filters are: the header first, then the names, then a block per digest
+    monkeypatch.setattr("blobhouse.digest_filter._WHOLE_BYTES", 0)
+    monkeypatch.setattr("blobhouse.digest_filter._HEAD_BYTES", 32)
+    filters = read_filters(filters_uri(uri), s3.options)
+    assert not any(f.loaded for f in filters)
+    assert len(filters) == 3 == len(s3.objects("t/_blobs/index/_filters/"))
+    asked = digest_matrix([content_hash(shared), content_hash(b"never stored")])
+    assert may_contain(filters, asked, s3.options).tolist() == [True, False]
+    table = open_table(uri, storage_options=s3.options)
+    before = table.read_blobs("media", range(6))
+    table.compact(target_rows=100)
+    compacted = open_table(uri, storage_options=s3.options)
+    assert len(compacted.dataset.get_fragments()) == 1
+    assert compacted.read_blobs("media", range(6)) == before
+    assert stock_blobs(uri, s3.options, "media") == before
+    report = compacted.verify(deep=True)
+    assert report["problems"] == [] and report["hashed"] > 0
+    gc = compacted.gc(retain_versions=1, grace=timedelta(0))
+    assert gc["removed_versions"]
+    assert open_table(uri, storage_options=s3.options).read_blobs("media", range(6)) == before
+
+
+def test_backfill_on_s3(s3):
+    uri = f"{s3.uri}/t"
+    write_table(pa.table({"id": list(range(6))}), uri, storage_options=s3.options)
+    table = open_table(uri, storage_options=s3.options)
+    filled = table.backfill_blob_column(
+        "thumb", lambda batch: [payload(i, 100 * KIB) for i in batch.column("id").to_pylist()]
+    )
+    assert filled.read_blobs("thumb", range(6)) == [payload(i, 100 * KIB) for i in range(6)]
+    assert stock_blobs(uri, s3.options, "thumb")[3] == payload(3, 100 * KIB)
+
+
+@pytest.mark.parametrize("dedup", ["content", "global"])
+def test_update_and_merge_insert_on_s3(s3, dedup):
+    """Mutations on an object store: plain and blob columns updated, an upsert; stock pylance
+    reads every byte; with global dedup only new payloads are uploaded, and every pack an
+    update or merge stored is complete (its multipart upload finished)."""
+    uri = f"{s3.uri}/t"
+    shared = payload(7, 300 * KIB)
+    data = pa.table(
+        {
+            "id": list(range(8)),
+            "label": [f"l{i}" for i in range(8)],
+            "media": blob_array([shared if i % 2 else payload(i, 200 * KIB) for i in range(8)]),
+        }
+    )
+    table = write_table(data, uri, dedup=dedup, storage_options=s3.options)
+    packs = sum(s3.objects("t/_blobs/packs/").values())
+
+    table.update({"label": "upper(label)"}, where="id < 4")
+
+    def new_media(rows):  # shared payloads stay shared, one new payload per even row
+        return [shared if i % 2 else payload(100 + i, 250 * KIB) for i in rows["id"].to_pylist()]
+
+    table.update({"media": new_media}, where="id >= 6", dedup=dedup)
+    upsert = pa.table(
+        {
+            "id": [1, 2, 20],
+            "label": ["m1", "m2", "n20"],
+            "media": blob_array([shared, payload(2, 200 * KIB), payload(20, 400 * KIB)]),
+        }
+    )
+    report = (
+        table.merge_insert("id", dedup=dedup)
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute(upsert)
+    )
+    assert (report.num_updated_rows, report.num_inserted_rows) == (2, 1)
+
+    want = {i: payload(i, 200 * KIB) if i % 2 == 0 else shared for i in range(8)}
+    want.update({6: payload(106, 250 * KIB), 20: payload(20, 400 * KIB)})
+    labels = {i: (f"L{i}" if i < 4 else f"l{i}") for i in range(8)}
+    labels.update({1: "m1", 2: "m2", 20: "n20"})
+    got = open_table(uri, storage_options=s3.options).to_arrow(blobs="bytes").to_pylist()
+    assert {r["id"]: (r["label"], r["media"]) for r in got} == {
+        i: (labels[i], want[i]) for i in want
+    }
+    stock = lance.dataset(uri, storage_options=checked_options(s3.options))
+    ids = stock.to_table(columns=["id"]).column("id").to_pylist()
+    assert dict(zip(ids, stock_blobs(uri, s3.options, "media"), strict=True)) == want
+    assert s3.uploads() == []  # every pack's upload completed
+    if dedup == "global":  # only the two new payloads went to the store
+        grown = sum(s3.objects("t/_blobs/packs/").values()) - packs
+        assert grown == 250 * KIB + 400 * KIB
+    assert open_table(uri, storage_options=s3.options).verify(deep=True)["problems"] == []
+
+
+def test_a_failed_update_on_s3_leaves_the_table_and_the_bucket_as_they_were(s3):
+    uri = f"{s3.uri}/t"
+    data = pa.table(
+        {"id": list(range(6)), "media": blob_array([payload(i, 300) for i in range(6)])}
+    )
+    table = write_table(data, uri, dedup="global", max_rows_per_file=3, storage_options=s3.options)
+    before, version = s3.objects(), table.version
+
+    def failing(rows):  # the first fragment's big payloads are uploaded before the failure
+        if rows["id"][0].as_py() >= 3:  # the second fragment
+            raise RuntimeError("decoder crashed")
+        return [payload(50 + i, 6 * MIB) for i in range(rows.num_rows)]
+
+    with pytest.raises(RuntimeError, match="decoder crashed"):
+        table.update({"media": failing}, dedup="global")
+    after = s3.objects()
+    assert {k for k in after if "/_leases/" not in k} == {k for k in before if "/_leases/" not in k}
+    assert s3.uploads() == []
+    assert open_table(uri, storage_options=s3.options).version == version
+
+
+def test_spark_update_and_merge_insert_on_s3(spark, s3):
+    import blobhouse.spark as bs
+
+    uri = f"{s3.uri}/t"
+    shared = payload(3, 300 * KIB)
+    rows_ = [(i, i * 10, shared if i % 2 else payload(i, 120 * KIB)) for i in range(10)]
+    df = spark.createDataFrame(rows_, "id long, label long, media binary")
+    bs.write_table(df, uri, blob_columns=["media"], dedup="global", storage_options=s3.options)
+    packs = sum(s3.objects("t/_blobs/packs/").values())
+    bs.update(spark, uri, {"label": "label + 1"}, where="id < 5", storage_options=s3.options)
+    source = spark.createDataFrame(
+        [(2, -2, shared), (30, -30, payload(30, 500 * KIB))], "id long, label long, media binary"
+    )
+    bs.merge_insert(source, uri, on="id", dedup="global", storage_options=s3.options)
+    table = open_table(uri, storage_options=s3.options)
+    got = {r["id"]: (r["label"], r["media"]) for r in table.to_arrow(blobs="bytes").to_pylist()}
+    want = {i: (i * 10 + (i < 5), media) for i, _, media in rows_}
+    want.update({2: (-2, shared), 30: (-30, payload(30, 500 * KIB))})
+    assert got == want
+    assert sum(s3.objects("t/_blobs/packs/").values()) - packs == 500 * KIB
+    assert s3.uploads() == []
+    assert table.verify(deep=True)["problems"] == []
+
+
+def test_opening_a_missing_s3_table_says_so(s3):
+    with pytest.raises(TableNotFoundError, match="nothing"):
+        open_table(f"{s3.uri}/nothing", storage_options=s3.options)
+
+
+def test_env_only_configuration_reaches_the_same_server(s3, monkeypatch):
+    """Without storage_options, boto3 and Lance both read the standard AWS variables."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.options["aws_endpoint"])
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    table = write_table(rows(4), f"{s3.uri}/t")
+    assert table.read_blobs("media", [1]) == [payload(1, 300 * KIB)]
+    assert os.environ["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+
+
+# -- Spark ----------------------------------------------------------------------------------
+
+
+def test_spark_writes_reads_and_serves_bytes_from_s3(spark, s3):
+    import blobhouse.spark as bs
+    from blobhouse.spark.datasource import storage_prefixed
+
+    uri = f"{s3.uri}/frames"
+    frames = [(i, i // 10 + 1, payload(i // 10, 200 * KIB)) for i in range(40)]
+    df = spark.createDataFrame(frames, "frame long, chunk long, video binary").repartition(3)
+    bs.write_table(
+        df,
+        uri,
+        blob_columns=["video"],
+        dedup="ref_id",
+        ref_id_columns={"video": "chunk"},
+        storage_options=s3.options,
+    )
+    stored = sum(v for k, v in s3.objects("frames/data/").items() if k.endswith(".blob"))
+    assert stored == 4 * 200 * KIB  # each chunk once, whatever the input partitioning
+    order = lance.dataset(uri, storage_options=checked_options(s3.options)).to_table(
+        columns=["frame"]
+    )
+    expected = [payload(f // 10, 200 * KIB) for f in order.column("frame").to_pylist()]
+    assert stock_blobs(uri, s3.options, "video") == expected
+
+    read = spark.read.format("blobhouse").options(**storage_prefixed(s3.options)).load(uri)
+    assert read.count() == 40
+    bs.register(spark, storage_options=s3.options)
+    try:
+        read.createOrReplaceTempView("s3_frames")
+        (row,) = spark.sql("SELECT read_blob(video) AS v FROM s3_frames WHERE frame = 31").collect()
+        assert row.v == payload(3, 200 * KIB)
+    finally:
+        bs.register(spark)  # the session is shared: back to reading local files only
+    got = bs.materialize(read.filter("frame < 12"), ["video"], storage_options=s3.options)
+    assert {r.frame: bytes(r.video) for r in got.collect()} == {
+        i: payload(i // 10, 200 * KIB) for i in range(12)
+    }
+    as_bytes = (
+        spark.read.format("blobhouse")
+        .options(**storage_prefixed(s3.options))
+        .option("blobs", "bytes")
+        .load(uri)
+        .filter("frame = 5")
+        .collect()
+    )
+    assert bytes(as_bytes[0].video) == payload(0, 200 * KIB)
+
+
+def test_spark_global_dedup_backfill_and_table_services_on_s3(spark, s3):
+    import blobhouse.spark as bs
+
+    uri = f"{s3.uri}/t"
+    shared = payload(9, 300 * KIB)
+    for start in (0, 10):
+        rows_ = [(i, shared if i % 2 else payload(i, 150 * KIB)) for i in range(start, start + 10)]
+        df = spark.createDataFrame(rows_, "id long, media binary")
+        bs.write_table(df, uri, blob_columns=["media"], dedup="global", storage_options=s3.options)
+    assert sum(s3.objects("t/_blobs/packs/").values()) == 300 * KIB + 10 * 150 * KIB
+
+    bs.backfill_blob_column(
+        spark,
+        uri,
+        "thumb",
+        # self-contained: the function travels to the executors, this module does not
+        lambda batch: [i.to_bytes(4, "little") * 17920 for i in batch.column("id").to_pylist()],
+        storage_options=s3.options,
+    )
+    table = open_table(uri, storage_options=s3.options)
+    ids = table.to_arrow(columns=["id"]).column("id").to_pylist()
+    assert table.read_blobs("thumb", range(len(ids))) == [payload(i, 70 * KIB) for i in ids]
+    expected = table.read_blobs("media", range(20))
+
+    report = bs.compact(spark, uri, storage_options=s3.options)
+    assert report["fragments_removed"] >= 2
+    compacted = open_table(uri, storage_options=s3.options)
+    assert compacted.read_blobs("media", range(20)) == expected
+    assert bs.verify(spark, uri, deep=True, storage_options=s3.options)["problems"] == []
+    dead = f"t/data/write-0123456789ab-{'0' * 32}.lance"  # a dead write's file, as named
+    s3.put(dead, b"x")
+    time.sleep(1.1)  # S3 times are whole seconds
+    swept = bs.gc(spark, uri, grace=timedelta(0), storage_options=s3.options)
+    assert swept["removed_files"] >= 1 and dead not in s3.objects()
+    assert open_table(uri, storage_options=s3.options).read_blobs("media", range(20)) == expected
+    assert stock_blobs(uri, s3.options, "media") == expected
+
+
+def test_ingest_and_the_cli_on_s3(spark, s3, tmp_path, capsys):
+    from blobhouse.cli import main
+    from blobhouse.spark.ingest import ingest
+
+    for name in ("a", "b"):
+        s3.put(f"media/{name}.bin", payload(ord(name), 120 * KIB))
+    manifest = tmp_path / "rows.jsonl"
+    manifest.write_text(
+        "".join(f'{{"id": {i}, "file": "{s3.uri}/media/{"ab"[i % 2]}.bin"}}\n' for i in range(6))
+    )
+    uri = f"{s3.uri}/ingested"
+    ingest(spark, str(manifest), uri, ["file"], storage_options=s3.options)
+    table = open_table(uri, storage_options=s3.options)
+    ids = table.to_arrow(columns=["id"]).column("id").to_pylist()
+    assert table.read_blobs("file", range(6)) == [payload(ord("ab"[i % 2]), 120 * KIB) for i in ids]
+    packs = s3.objects("ingested/_blobs/packs/")  # each file once in the table's store
+    assert sum(packs.values()) == 2 * 120 * KIB
+
+    flags = [f"--storage-option={k}={v}" for k, v in s3.options.items()]
+    assert main(["stats", uri, *flags]) == 0
+    assert "orphans        0 files" in capsys.readouterr().out
+    assert main(["verify", uri, "--deep", *flags]) == 0
+    assert "0 problem(s)" in capsys.readouterr().out
+    assert main(["compact", uri, *flags]) == 0
+    assert main(["gc", uri, "--grace-hours", "0", *flags]) == 0
+    assert "removed versions none" in capsys.readouterr().out
+    assert main(["stats", uri, "--storage-option", "aws_endpoint"]) == 2
+    assert "NAME=VALUE" in capsys.readouterr().err
+
+
+# -- crash safety ---------------------------------------------------------------------------
+
+
+def test_writers_killed_on_s3_lose_nothing_and_leave_only_orphans(s3):
+    """SIGKILLed writers on S3 (uploads half done, commits racing nothing): the table always
+    opens at a committed version whose rows read back exactly, and gc removes everything the
+    kills left once their leases expired: objects, leases and unfinished uploads."""
+    from tests.faults.test_crash_safety import assert_latest_reads_back
+    from tests.workers.crash_worker import payload as row_payload
+
+    uri = f"{s3.uri}/t"
+    first = pa.table({"id": pa.array([0], pa.int64()), "b": blob_array([row_payload(0)])})
+    write_table(first, uri, storage_options=s3.options)
+    worker = worker_script("crash_worker.py")
+    rng = random.Random(S3_CRASH_SEED)
+    checked, rows_seen = 1, 1
+    for kill in range(S3_CRASH_KILLS):
+        process = subprocess.Popen(
+            [sys.executable, worker, uri, str(kill + 1), json.dumps(s3.options)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(rng.uniform(1.5, 3.5))  # imports and the first request take ~1 s
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+        version, now = assert_latest_reads_back(uri, s3.options)
+        assert version >= checked and now >= rows_seen
+        checked, rows_seen = version, now
+    table = open_table(uri, storage_options=s3.options)
+    assert table.verify(deep=True)["problems"] == []
+    time.sleep(leases.TIMEOUT_SECONDS + 1.5)  # the killed writes' leases expire
+    table.gc(grace=timedelta(0))
+    assert table.stats()["orphan_files"] == 0
+    assert s3.uploads() == []
+    assert not [k for k in s3.objects("t/_leases/")], "leases of killed writes stay"
+    assert assert_latest_reads_back(uri, s3.options) == (checked, rows_seen)
+
+
+def test_concurrent_appends_on_s3_lose_no_commit(s3):
+    """Writers racing on one S3 table: Lance's conditional manifest PUTs rebase them, and
+    blobhouse's store index takes their concurrent appends."""
+    uri = f"{s3.uri}/t"
+    shared = payload(77, 200 * KIB)
+
+    def value(row: int) -> bytes:  # even rows share one payload
+        return shared if row % 2 == 0 else payload(row, 90 * KIB)
+
+    def writer(w: int) -> None:
+        for row in range(w * 10, w * 10 + 3):
+            data = pa.table({"id": [row], "media": blob_array([value(row)])})
+            write_table(data, uri, mode="append", dedup="global", storage_options=s3.options)
+
+    write_table(
+        pa.table({"id": [-2], "media": blob_array([shared])}), uri, storage_options=s3.options
+    )
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(writer, range(4)))
+    table = open_table(uri, storage_options=s3.options)
+    ids = table.to_arrow(columns=["id"]).column("id").to_pylist()
+    assert sorted(ids) == sorted([-2] + [w * 10 + i for w in range(4) for i in range(3)])
+    assert table.read_blobs("media", range(len(ids))) == [value(i) for i in ids]
+    assert table.verify(deep=True)["problems"] == []
+
+
+def test_the_demo_replaces_its_table_on_s3(spark, s3, capsys):
+    from blobhouse.cli import main
+
+    flags = [f"--storage-option={k}={v}" for k, v in s3.options.items()]
+    out = f"{s3.uri}/episodes"
+    for _ in range(2):  # the second run overwrites the first table (a new version)
+        assert main(["demo", "--rows", "35", "--out", out, "--json", *flags]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert (report["rows"], report["mismatches"]) == (35, 0)
+    table = open_table(out, storage_options=s3.options)
+    assert (table.version, table.count_rows()) == (2, 35)
+
+
+def test_writers_beside_gc_and_compaction_on_s3_lose_nothing(s3, monkeypatch):
+    """Writers racing a maintenance loop (compaction, then gc with a 1 s grace) on S3: gc ages
+    files by the server's whole-second clock and keeps what running writes staged (their
+    leases), so every committed row reads back exactly and nothing of a failed write shows."""
+    from blobhouse.errors import ConcurrentCommitError, StaleWriteError, StoreRaceError
+
+    # leases expire after 5 s instead of 30 (still 2.5 refresh periods), so the dead writes'
+    # files are swept inside the test
+    monkeypatch.setattr(leases, "TIMEOUT_SECONDS", 5.0)
+
+    uri = f"{s3.uri}/t"
+    write_table(
+        pa.table({"id": [0], "b": blob_array([payload(0, 90 * KIB)])}),
+        uri,
+        dedup="global",
+        storage_options=s3.options,
+    )
+    done = threading.Event()
+    committed: list[int] = []
+    maintenance = {"removed_files": 0, "removed_versions": 0}
+
+    def writer(w: int) -> None:
+        for i in range(WRITES_BESIDE_GC):
+            ids = [w * 100 + i * 10 + k for k in range(3)]
+            data = pa.table({"id": ids, "b": blob_array([payload(j % 7, 90 * KIB) for j in ids])})
+            if i % 3 == 2:  # a write that dies after staging: leftovers for gc to sweep
+                staged = TableWrite.begin(
+                    uri, data.schema, mode="append", storage_options=s3.options
+                )
+                staged.write(data.to_batches())
+            for _ in range(5):  # documented as retryable: nothing was committed
+                try:
+                    # the table's mode changes beside the other writers, gc and compaction
+                    table = open_table(uri, storage_options=s3.options)
+                    mode = ("global", "content")[i % 2]
+                    if table.properties.dedup != mode:
+                        table.set_properties(dedup=mode)
+                    write_table(data, uri, mode="append", storage_options=s3.options)
+                except (StaleWriteError, StoreRaceError, ConcurrentCommitError):
+                    continue
+                committed.extend(ids)
+                break
+
+    def maintain() -> None:
+        deadline = time.monotonic() + 120
+        # runs beside the writers, and on until passes removed old versions and files
+        while not (
+            done.is_set() and maintenance["removed_versions"] and maintenance["removed_files"]
+        ):
+            assert time.monotonic() < deadline, maintenance
+            try:
+                open_table(uri, storage_options=s3.options).compact(target_rows=64)
+            except OSError as exc:  # lost its commit to a writer's: Lance's retryable conflict
+                assert getattr(exc, "retryable", False), exc
+            report = open_table(uri, storage_options=s3.options).gc(
+                retain_versions=2, older_than=timedelta(seconds=1), grace=timedelta(seconds=1)
+            )
+            maintenance["removed_files"] += report["removed_files"]
+            maintenance["removed_versions"] += len(report["removed_versions"])
+
+    with ThreadPoolExecutor(4) as pool:
+        background = pool.submit(maintain)
+        writers = [pool.submit(writer, w) for w in range(1, 4)]
+        for future in writers:
+            future.result()
+        done.set()
+        background.result()
+    table = open_table(uri, storage_options=s3.options)
+    got = table.to_arrow(blobs="bytes").to_pylist()
+    assert sorted(r["id"] for r in got) == sorted([0, *committed])
+    assert all(r["b"] == payload(r["id"] % 7, 90 * KIB) for r in got)
+    assert len(committed) >= 3 * 3 * (WRITES_BESIDE_GC - 1)  # at most a write per writer gave up
+    assert table.verify(deep=True)["problems"] == []
+
+
+def test_claims_on_s3_let_one_task_store_a_payload_and_the_others_borrow_it(s3):
+    """Tasks of one write claiming on S3 (a conditional PUT each): the first stores the
+    payload, the others reference its copy; the write commits each payload once."""
+    from dataclasses import replace
+
+    from blobhouse.claims import Claim, Claimant, Claims
+    from blobhouse.dedup import content_hash
+
+    uri = f"{s3.uri}/t"
+    clips = [payload(1, 200 * KIB), payload(2, 200 * KIB)]
+
+    def rows(first: int) -> pa.Table:
+        return pa.table(
+            {"id": pa.array(range(first, first + 4), pa.int64()), "b": blob_array(clips * 2)}
+        )
+
+    write_table(rows(0), uri, storage_options=s3.options)
+    write = TableWrite.begin(uri, rows(0).schema, mode="append", storage_options=s3.options)
+    write = replace(write, plan=replace(write.plan, claim_payloads=True))
+    digest = content_hash(b"x" * 100)  # the claim itself: one conditional PUT
+    first = Claims(uri, write.transaction.id, s3.options, Claimant(0, 0, "a"))
+    second = Claims(uri, write.transaction.id, s3.options, Claimant(1, 0, "b"))
+    assert first.claim(Claim(digest, "packs/a.pack", 0, 100, first.claimant)) is None
+    assert second.claim(Claim(digest, "packs/b.pack", 0, 100, second.claimant)).pack == (
+        "packs/a.pack"
+    )
+    new = [payload(3, 200 * KIB)] * 4
+    tasks = [
+        pa.table({"id": pa.array(range(n * 10, n * 10 + 4), pa.int64()), "b": blob_array(new)})
+        for n in (1, 2, 3)
+    ]
+    written = [f for task in tasks for f in write.write(task.to_batches())]
+    assert sum(len(f.borrowed) for f in written) == 2  # two of three tasks borrowed it
+    table = Table(write.commit(written))
+    assert table.stats()["physical_bytes"] == sum(map(len, clips)) + len(new[0])
+    assert not s3.objects("t/_blobs/claims/")  # removed at the commit
+    assert table.read_blobs("b", range(table.count_rows()))[-1] == new[0]

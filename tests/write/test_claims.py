@@ -1,0 +1,256 @@
+"""Claims: the tasks of one write store each new payload once between them, and a task that
+fails after claiming never leaves a reference to bytes that are not there (blobhouse.claims).
+
+Each "task" here is one :meth:`TableWrite.write` call (as a Spark task runs it), with its own
+store writer and claimant; the driver's commit is :meth:`TableWrite.commit`."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import replace
+from datetime import timedelta
+
+import pyarrow as pa
+import pytest
+
+from blobhouse import BlobhouseError, StaleWriteError, blob_array, open_table, write_table
+from blobhouse.claims import Claim, Claimant, Claims, claims_folder
+from blobhouse.dedup import content_hash
+from blobhouse.storage import uri_to_path
+from blobhouse.table import Table
+from blobhouse.write import TableWrite
+from tests.helpers import stock_read, tree
+
+CLIPS = [os.urandom(200_000 + i) for i in range(6)]
+SMALL = os.urandom(2_000)  # repeats inside each task's batches: claimed too
+
+
+def rows(first: int, clips: list[int]) -> pa.Table:
+    ids = list(range(first, first + len(clips)))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "clip": blob_array([CLIPS[c] for c in clips]),
+            "calib": blob_array([SMALL] * len(clips)),
+        }
+    )
+
+
+def begin(uri: str, data: pa.Table) -> TableWrite:
+    """A write as the Spark data source plans it: its tasks claim new payloads."""
+    write = TableWrite.begin(uri, data.schema, mode="append")
+    return replace(write, plan=replace(write.plan, claim_payloads=True))
+
+
+def unique(*tables: pa.Table) -> int:
+    seen = {v["data"] for t in tables for c in ("clip", "calib") for v in t[c].to_pylist()}
+    return sum(len(v) for v in seen)
+
+
+def claim_files(uri: str) -> list[str]:
+    return [p for p in tree(uri) if p.startswith("_blobs/claims/")]
+
+
+def test_tasks_of_one_write_store_each_new_payload_once(table_uri):
+    write_table(rows(0, [0]), table_uri)  # the store holds clip 0 already
+    tasks = [rows(100 * t, [0, 1, 2, 3, 1, 2, 4, 5]) for t in range(4)]
+    write = begin(table_uri, tasks[0])
+    written: list = [None] * len(tasks)
+
+    def task(n: int) -> None:
+        written[n] = write.write(tasks[n].to_batches())
+
+    threads = [threading.Thread(target=task, args=(n,)) for n in range(len(tasks))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    table = Table(write.commit([f for files in written for f in files]))
+    stats = table.stats()
+    assert stats["physical_bytes"] == unique(rows(0, [0]), *tasks)
+    assert set(stats["columns"]["clip"]["kinds"]) == {"global"}
+    expected = [v["data"] for t in [rows(0, [0]), *tasks] for v in t["clip"].to_pylist()]
+    assert sorted(stock_read(table_uri, "clip")) == sorted(expected)
+    assert claim_files(table_uri) == []  # removed once the write committed
+    assert table.verify(deep=True)["problems"] == []
+    # the next write finds everything in the index: it stores nothing
+    again = write_table(rows(900, [1, 2, 3]), table_uri, mode="append")
+    assert again.stats()["physical_bytes"] == stats["physical_bytes"]
+
+
+@pytest.mark.parametrize("files_before", [0, 1])
+def test_a_task_that_failed_after_claiming_leaves_its_payloads_to_the_commit(
+    table_uri, files_before
+):
+    write_table(rows(0, [5]), table_uri)
+    if files_before:  # the failing task finished a data file before it failed
+        open_table(table_uri).set_properties(max_rows_per_file=1)
+
+    def failing():
+        yield from rows(100, [0, 1]).to_batches()
+        raise RuntimeError("the executor lost its input")
+
+    write = begin(table_uri, rows(0, [0]))
+    with pytest.raises(RuntimeError):
+        write.write(failing())  # claimed clips 0 and 1, then failed: its packs are finished
+    survivor = write.write(rows(200, [0, 1, 2]).to_batches())  # borrows clips 0 and 1
+    assert {b.digest for f in survivor for b in f.borrowed} == {
+        content_hash(CLIPS[0]),
+        content_hash(CLIPS[1]),
+    }
+    table = Table(write.commit(survivor))  # the failed task's packs are checked and adopted
+    ids = table.to_arrow(columns=["id"])["id"].to_pylist()
+    expected = {0: CLIPS[5], 200: CLIPS[0], 201: CLIPS[1], 202: CLIPS[2]}
+    assert table.read_blobs("clip", range(4)) == [expected[i] for i in ids]
+    assert stock_read(table_uri, "clip") == [expected[i] for i in ids]
+    assert table.verify(deep=True)["problems"] == []
+    # adopted payloads are in the index: the next write references them
+    before = table.stats()["physical_bytes"]
+    assert (
+        write_table(rows(300, [0, 1]), table_uri, mode="append").stats()["physical_bytes"] == before
+    )
+
+
+@pytest.mark.parametrize("damage", ["missing", "wrong bytes"])
+def test_borrowed_bytes_that_are_not_there_fail_the_commit_and_leave_nothing(table_uri, damage):
+    table = write_table(rows(0, [5]), table_uri)
+    version, before = table.version, tree(table_uri)
+
+    def failing():
+        yield from rows(100, [0]).to_batches()
+        raise RuntimeError("killed")
+
+    write = begin(table_uri, rows(0, [0]))
+    with pytest.raises(RuntimeError):
+        write.write(failing())
+    survivor = write.write(rows(200, [0]).to_batches())
+    (borrowed,) = {b.pack for f in survivor for b in f.borrowed}
+    pack = os.path.join(table_uri, "_blobs", borrowed)
+    if damage == "missing":
+        os.remove(pack)
+    else:
+        with open(pack, "r+b") as f:
+            f.seek(10)
+            f.write(b"\x00\xff")
+    with pytest.raises(StaleWriteError, match="failed after claiming a payload"):
+        write.commit(survivor)
+    assert open_table(table_uri).version == version
+    write.abort(survivor, tasks_may_run=True)
+    left = tree(table_uri) - before
+    assert not [p for p in left if not p.startswith("data/aborted-")], left
+
+
+def test_a_retry_of_a_task_takes_its_predecessors_claims_over(table_uri, monkeypatch):
+    write_table(rows(0, [5]), table_uri)
+    write = begin(table_uri, rows(0, [0]))
+    # attempt 0 of task 3 claimed clip 0 and died before storing it (no pack at all)
+    dead = Claims(table_uri, write.transaction.id, claimant=Claimant(3, 0, "dead"))
+    gone = f"packs/{write.name_prefix}never-written.pack"
+    dead.claim(Claim(content_hash(CLIPS[0]), gone, 0, len(CLIPS[0]), dead.claimant))
+    monkeypatch.setattr(Claimant, "here", classmethod(lambda cls: Claimant(3, 1, "retry")))
+    written = write.write(rows(100, [0, 1]).to_batches())
+    assert not [b for f in written for b in f.borrowed]  # stored it itself
+    claim = dead._read(dead._uri(content_hash(CLIPS[0])), content_hash(CLIPS[0]))
+    assert claim.claimant.id == "retry" and claim.pack in {p for f in written for p in f.packs}
+    table = Table(write.commit(written))
+    assert table.read_blobs("clip", [1, 2]) == [CLIPS[0], CLIPS[1]]
+
+
+def test_a_claim_its_writer_never_finished_is_taken_over(table_uri, monkeypatch):
+    write_table(rows(0, [5]), table_uri)
+    write = begin(table_uri, rows(0, [0]))
+    folder = uri_to_path(claims_folder(table_uri, write.transaction.id))
+    os.makedirs(folder)
+    open(os.path.join(folder, content_hash(CLIPS[0]).hex()), "wb").close()  # died writing it
+    monkeypatch.setattr("blobhouse.claims._READ_ATTEMPTS", 3)
+    written = write.write(rows(100, [0]).to_batches())
+    with open(os.path.join(folder, content_hash(CLIPS[0]).hex()), "rb") as f:
+        assert b'"pack"' in f.read()  # the claim names this task's copy now
+    table = Table(write.commit(written))
+    assert table.read_blobs("clip", [1]) == [CLIPS[0]]
+
+
+def test_gc_sweeps_the_claims_of_a_write_that_died(table_uri):
+    write_table(rows(0, [5]), table_uri)
+    write = begin(table_uri, rows(0, [0]))
+    write.write(rows(100, [0, 1]).to_batches())  # staged and claimed, never committed
+    assert claim_files(table_uri)
+    open_table(table_uri).gc(grace=timedelta(hours=1))  # the write's lease still lives
+    assert claim_files(table_uri)
+    from blobhouse.commit import leases
+
+    leases.release(table_uri, write.name_prefix)
+    open_table(table_uri).gc(grace=timedelta(0))
+    assert claim_files(table_uri) == []
+    assert open_table(table_uri).stats()["orphan_files"] == 0
+
+
+def test_a_value_several_fragments_get_is_stored_once_by_update_and_compaction(table_uri):
+    """Updates and compactions write each fragment (or group) with a store writer of its own:
+    they claim, so one new payload several of them get is stored once."""
+    write_table(rows(0, [0, 1, 2, 3]), table_uri, max_rows_per_file=1)  # four fragments
+    open_table(table_uri).update({"clip": lambda batch: [CLIPS[5]] * batch.num_rows})
+    table = open_table(table_uri)
+    assert table.stats()["columns"]["clip"]["physical_bytes"] == len(CLIPS[5])
+    assert table.read_blobs("clip", range(4)) == [CLIPS[5]] * 4
+    # per file, then global: a compaction of two groups stores the shared clip once
+    other = str(table_uri) + "-per-file"
+    write_table(rows(0, [0, 0, 0, 0]), other, dedup="content", max_rows_per_file=1)
+    open_table(other).set_properties(dedup="global", max_rows_per_file=2)
+    assert open_table(other).compact()["fragments_added"] == 2
+    stats = open_table(other).stats()
+    assert stats["columns"]["clip"]["physical_bytes"] == len(CLIPS[0])
+    assert set(stats["columns"]["clip"]["kinds"]) == {"global"}
+    assert claim_files(other) == []
+
+
+def test_small_payloads_are_claimed_while_their_column_shares_them(table_uri):
+    """A small calibration file met once in each batch of every task is stored once (each
+    batch alone would not show it repeats); thumbnails unique per row stop being claimed once
+    the first SMALL_PROBE of them turned out unique."""
+    from blobhouse.claims import SMALL_PROBE
+
+    calibration = [os.urandom(3_000), os.urandom(3_100)]
+    unique = SMALL_PROBE + 100
+
+    def task(n: int):
+        for i in range(unique):  # one row per batch: every batch is placed alone
+            yield pa.record_batch(
+                {
+                    "id": pa.array([n * 10_000 + i], pa.int64()),
+                    "calib": blob_array([calibration[i % 2]]),
+                    "thumb": blob_array([b"%d-%d" % (n, i) * 500]),
+                }
+            )
+
+    write_table(next(task(9)), table_uri)
+    write = begin(table_uri, pa.Table.from_batches([next(task(9))]))
+    written = [write.write(task(n)) for n in range(3)]
+    claims = claim_files(table_uri)
+    assert len([c for c in claims]) <= 2 + 3 * SMALL_PROBE  # thumbnails stopped claiming
+    table = Table(write.commit([f for files in written for f in files]))
+    stats = table.stats()["columns"]
+    assert stats["calib"]["physical_bytes"] == sum(map(len, calibration))  # once, not per task
+    assert stats["thumb"]["physical_bytes"] == stats["thumb"]["logical_bytes"]
+
+
+def test_tasks_ending_after_their_write_was_aborted_leave_no_claim_or_pack(table_uri):
+    """Spark cancels a failed job's tasks, but one may still be running when the driver's
+    abort swept the write: it claims and stores after the sweep, and cleans up as it ends."""
+    table = write_table(rows(0, [5]), table_uri)
+    before = tree(table_uri)
+    write = begin(table_uri, rows(0, [0]))
+    write.abort([], tasks_may_run=True)  # the driver gave up first
+
+    def failing():
+        yield from rows(100, [0, 1]).to_batches()
+        raise RuntimeError("cancelled")
+
+    with pytest.raises(RuntimeError):  # failed after claiming: it kept its packs for others
+        write.write(failing())
+    with pytest.raises(BlobhouseError, match="was aborted"):
+        write.write(rows(200, [2, 3]).to_batches())
+    left = tree(table_uri) - before
+    assert all(p.startswith("data/aborted-") for p in left), left
+    assert open_table(table_uri).version == table.version
