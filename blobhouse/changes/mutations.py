@@ -36,7 +36,14 @@ from pyroaring import BitMap
 
 from blobhouse.changes.backfill import BlobFunction, check_fragment_rows
 from blobhouse.columns import column_paths, resolve_column, unknown_column
-from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
+from blobhouse.commit.change import (
+    BaseChange,
+    Committed,
+    Planned,
+    Staged,
+    commit_once,
+    run_change,
+)
 from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
     SHOWN_KEYS,
@@ -200,14 +207,7 @@ def delete(table: TableSnapshot, filter: str) -> TableSnapshot:
     >>> delete(t.snapshot, "id = 1").count_rows()
     1
     """
-    txn = Transaction.start(table.location, table.version, table.storage_options, kind="delete")
-    own = txn.read_dataset()  # Lance moves the object it changes: not the snapshot's
-
-    def commit() -> LanceDataset:
-        own.delete(filter)
-        return own
-
-    return table.at(txn.commit([], commit=commit))
+    return commit_once(table, "delete", lambda dataset: dataset.delete(filter))
 
 
 def blob_modes(

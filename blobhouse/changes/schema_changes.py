@@ -33,6 +33,7 @@ from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
 from lance.commit import CommitConflictError
 
+from blobhouse.commit.change import commit_once
 from blobhouse.commit.transaction import Transaction
 from blobhouse.errors import ConcurrentCommitError, InvalidInputError, SchemaError, lance_message
 from blobhouse.layout import TableLocation
@@ -40,6 +41,7 @@ from blobhouse.options import check_names
 from blobhouse.placement import AllowedBases, placement_metadata
 from blobhouse.properties import TableProperties, field_ids
 from blobhouse.references import field_id
+from blobhouse.snapshot import TableSnapshot
 from blobhouse.storage import StorageOptions
 from blobhouse.values import (
     ColumnPath,
@@ -285,14 +287,9 @@ def _run(
     """Run one Lance schema change under a lease (the data files Lance writes for it are
     named by Lance: gc keeps them by their age while the lease lives); Lance's bad-input
     errors as a :class:`SchemaError` that says what was being done (Lance names the column)."""
-    txn = Transaction.start(location, dataset.version, storage_options, kind="schema")
-
-    def commit() -> LanceDataset:
-        change(dataset)
-        return dataset
-
+    snapshot = TableSnapshot(dataset, location, storage_options)
     try:
-        return txn.commit([], commit=commit)
+        return commit_once(snapshot, "schema", change).dataset
     except BaseException as exc:
         if not isinstance(exc, OSError | ValueError):
             raise

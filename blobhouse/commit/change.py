@@ -33,7 +33,7 @@ committed snapshot, so the caller moves to it without opening the table again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -150,3 +150,49 @@ def run_change(
 def files_of(groups: Sequence[Sequence[WrittenFile]]) -> list[WrittenFile]:
     """The files of every group (one group per task or fragment), in order."""
     return [w for group in groups for w in group]
+
+
+@dataclass(frozen=True)
+class OneCommit(BaseChange[Transaction, None]):
+    """A change that stages no file of its own: Lance writes and commits it in one call on the
+    dataset at the version read (``apply``: a delete, a schema change, a base registration),
+    through the transaction (its lease held while Lance runs: gc keeps the files Lance names
+    itself; its abort if Lance fails)."""
+
+    kind: str
+    apply: Callable[[LanceDataset], object]
+
+    def plan(self, snapshot: TableSnapshot) -> Transaction:
+        return Transaction.start(
+            snapshot.location, snapshot.version, snapshot.storage_options, kind=self.kind
+        )
+
+    def stage(self, txn: Transaction, staged: Staged) -> None:
+        return None
+
+    def commit(self, txn: Transaction, staged: Staged) -> LanceDataset:
+        own = txn.read_dataset()  # Lance moves the object it changes: never a snapshot's
+
+        def commit() -> LanceDataset:
+            self.apply(own)
+            return own
+
+        return txn.commit([], commit=commit)
+
+    def report(self, *_: object) -> None:
+        return None
+
+
+def commit_once(
+    snapshot: TableSnapshot, kind: str, apply: Callable[[LanceDataset], object]
+) -> TableSnapshot:
+    """Run a :class:`OneCommit` on ``snapshot`` (no retry: Lance retries what it can); the
+    committed snapshot.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import write_table
+    >>> t = write_table(pa.table({"id": [1, 2]}), tempfile.mkdtemp() + "/t")
+    >>> commit_once(t.snapshot, "delete", lambda d: d.delete("id = 1")).count_rows()
+    1
+    """
+    return run_change(OneCommit(kind, apply), snapshot, retries=0).snapshot

@@ -18,9 +18,10 @@ import pyarrow as pa
 from lance import DatasetBasePath, LanceDataset
 
 from blobhouse.commit import leases
-from blobhouse.commit.transaction import Transaction
+from blobhouse.commit.change import commit_once
 from blobhouse.errors import (
     BlobhouseError,
+    ConcurrentCommitError,
     InvalidInputError,
     NotATableError,
     PathIsFileError,
@@ -73,7 +74,7 @@ def ensure_store(
         base = store_base(location, dataset)
         try:
             _commit_bases(dataset, location, [base], storage_options)
-        except OSError:
+        except (OSError, ConcurrentCommitError):
             # another writer changed the table first (maybe registering the store itself):
             # look again at the latest version
             dataset = lance.dataset(path, storage_options=storage_options)
@@ -108,7 +109,7 @@ def relocate_store(
         )
         base = DatasetBasePath(uri_to_path(location.store_path), name=name, id=bases.store_id)
         # on a conflict another writer committed first (maybe relocating too): look again
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, ConcurrentCommitError):
             _commit_bases(dataset, location, [base], storage_options)
         dataset = lance.dataset(location.dataset_path, storage_options=storage_options)
         if not BasePaths(dataset, location).store_moved:
@@ -128,14 +129,8 @@ def _commit_bases(
 ) -> None:
     """Register ``bases`` in one commit on ``dataset``'s version, through a transaction (on
     an object of its own: Lance moves the object it changes, and the caller's is a snapshot's)."""
-    txn = Transaction.start(location, dataset.version, storage_options, kind="store")
-    own = txn.read_dataset()
-
-    def commit() -> LanceDataset:
-        own.add_bases(bases)
-        return own
-
-    txn.commit([], commit=commit)
+    snapshot = TableSnapshot(dataset, location, storage_options)
+    commit_once(snapshot, "store", lambda own: own.add_bases(bases))
 
 
 # what a folder holding a table, or a failed create's leftovers, may contain
