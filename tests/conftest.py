@@ -81,9 +81,9 @@ OBJECT_STORE_TESTS = {
     "blobhouse/testing.py::blobhouse.testing",
 }
 # The longest tests that no other marker keeps out of the quick loop (5 s or more in the quick
-# loop's --durations on the 2-core machine: together 3 of its 5 minutes), and the benchmark's
-# smoke run.
-SLOW_MODULES = {"test_bench.py"}
+# loop's --durations on the 2-core machine: together 3 of its 5 minutes), and the two longest of
+# the whole suite: the benchmark's smoke run (300 s) and the standalone cluster (190 s).
+SLOW_MODULES = {"test_bench.py", "test_spark_cluster.py"}
 SLOW_TESTS = {
     "tests/read/test_torch.py::test_resuming_from_the_main_process_count_continues_the_epoch",
     "tests/read/test_torch.py::test_orders_change_with_the_epoch_and_repeat_with_the_seed",
