@@ -119,7 +119,7 @@ class LocalSparkCluster:
         with LocalSparkCluster(workers=2) as cluster:
             spark = blobhouse.spark.local_session(cluster.master)
 
-    (``tests/test_spark_cluster.py`` runs the demo and the table services on one.)
+    (``tests/spark/test_spark_cluster.py`` runs the demo and the table services on one.)
     """
 
     def __init__(self, workers: int = 2, memory: str = "1g") -> None:

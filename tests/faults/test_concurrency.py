@@ -2,7 +2,7 @@
 compaction, gc and deletes running in processes of their own: every write a writer reports
 committed is in the table exactly once and reads back exactly (blobhouse and stock pylance), a
 write that fails leaves nothing visible and names its cause, deep verify is clean, and gc past
-the grace period leaves no orphan. Workers: ``tests/concurrent_writer_worker.py``.
+the grace period leaves no orphan. Workers: ``tests/workers/concurrent_writer_worker.py``.
 
 CI runs a bounded, seeded sample; a longer run is a few environment variables away (see
 docs/reliability.md). Run with ``-s`` to see the counts of each run.

@@ -1,7 +1,7 @@
 """Reads a table with forked workers from a parent that has not used Lance, as a training
 script does; tests run it as a fresh process (a pytest process has used Lance by then).
 
-    python tests/fork_worker.py MODE URI  ->  JSON on stdout
+    python tests/workers/fork_worker.py MODE URI  ->  JSON on stdout
 
 MODE ``loader``: three BatchLoader workers made by multiprocessing's fork: their ids.
 MODE ``batches``: TableBatchDataset, 2 ranks x 2 DataLoader workers: (id, sha256, pid) rows.
