@@ -33,7 +33,7 @@ committed snapshot, so the caller moves to it without opening the table again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -145,11 +145,6 @@ def run_change(
             change.release(plan)
 
     return retrying(attempt, retries)
-
-
-def files_of(groups: Sequence[Sequence[WrittenFile]]) -> list[WrittenFile]:
-    """The files of every group (one group per task or fragment), in order."""
-    return [w for group in groups for w in group]
 
 
 @dataclass(frozen=True)
