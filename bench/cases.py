@@ -32,7 +32,8 @@ from blobhouse.demo import BLOB_COLUMNS, EpisodeData
 from blobhouse.options import DEFAULT_MAX_ROWS_PER_FILE
 from blobhouse.rangeio import plan_reads, refs_from_arrow
 from blobhouse.storage import checked_options, object_store
-from blobhouse.store import INDEX_SCHEMA, index_uri, maintain_index
+from blobhouse.store.index import INDEX_SCHEMA, maintain_index
+from blobhouse.store.packs import index_uri
 from blobhouse.testing import LocalS3Server
 from blobhouse.values import LogicalColumn
 

@@ -161,9 +161,9 @@ class WrittenFile:
     stored: tuple = ()  # those payloads (store.StoredPayload), for the store's index
     found_packs: tuple[str, ...] = ()  # store packs it references that the index named
     # payloads it references that another task of the write claimed and stored (store.
-    # StoredPayload; blobhouse.claims): the commit checks that a succeeding task stored them
+    # StoredPayload; blobhouse.store.claims): the commit checks that a succeeding task stored them
     borrowed: tuple = ()
-    claimed: bool = False  # its task claimed payloads for the write (blobhouse.claims)
+    claimed: bool = False  # its task claimed payloads for the write (blobhouse.store.claims)
     # external objects it hands to the table (normalized URIs): checked before the commit,
     # registered after it (blobhouse.managed)
     managed: tuple[str, ...] = ()

@@ -48,7 +48,8 @@ from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
 from blobhouse.references import ReferenceResolver, Unresolved, field_id
 from blobhouse.storage import checked_options
-from blobhouse.store import StoreIndex, store_uri_prefix
+from blobhouse.store.index import StoreIndex
+from blobhouse.store.packs import store_uri_prefix
 from blobhouse.values import ColumnPath, path_name, stored_blob_columns
 
 #: the column Lance adds to a scan or take asked ``with_row_address``

@@ -27,7 +27,8 @@ from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
 from blobhouse.properties import DEDUP_KEY, TableProperties
 from blobhouse.session import WrittenFile
-from blobhouse.store import StoreWriter, store_base_id
+from blobhouse.store.packs import store_base_id
+from blobhouse.store.writer import StoreWriter
 from blobhouse.values import blob_array, get_field, is_lance_blob_field, stored_blob_columns
 from blobhouse.write.pipeline import DataFileWriter, plan_write
 from blobhouse.write.prepare import prepared_for_write

@@ -59,7 +59,7 @@ from blobhouse.properties import TableProperties
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import ROW_ADDRESS
-from blobhouse.store import store_base_id
+from blobhouse.store.packs import store_base_id
 from blobhouse.values import (
     ColumnPath,
     blob_array,
@@ -308,7 +308,7 @@ def _column_rewrite(
     )
     # references into the table's own store stay references; each fragment is rewritten by a
     # store writer of its own (a Spark task, or one after another): they claim new payloads,
-    # so that a value several fragments get is stored once (blobhouse.claims)
+    # so that a value several fragments get is stored once (blobhouse.store.claims)
     plan = replace(plan, store_base_id=store_base_id(table.dataset), claim_payloads=True)
     txn = Transaction.start(table.location, table.version, table.storage_options, kind=kind)
     return ColumnRewrite(columns, ids, dict(expressions), dict(functions), where, plan, txn)

@@ -56,7 +56,6 @@ from lance.commit import CommitConflictError
 from lance.file import LanceFileSession
 from lance.fragment import FragmentMetadata
 
-from blobhouse.claims import adopt, remove_claims
 from blobhouse.commit import leases, locks
 from blobhouse.errors import (
     BlobhouseError,
@@ -73,9 +72,10 @@ from blobhouse.placement import as_uri
 from blobhouse.references import file_path
 from blobhouse.session import BlobSession, WrittenFile
 from blobhouse.storage import LANCE_IO_ERRORS, StorageOptions, object_store
-from blobhouse.store import (
+from blobhouse.store.claims import adopt, remove_claims
+from blobhouse.store.index import append_to_index
+from blobhouse.store.packs import (
     StoredPayload,
-    append_to_index,
     check_packs_usable,
     missing_objects,
     remove_packs,
@@ -362,7 +362,7 @@ class Transaction:
 
 def _adopted(written: Sequence[WrittenFile]) -> list[StoredPayload]:
     """Payloads the files borrowed from packs no file of the write lists: stored by a task
-    that failed after claiming them (blobhouse.claims), checked before the commit and
+    that failed after claiming them (blobhouse.store.claims), checked before the commit and
     recorded in the index after it."""
     produced = {p for w in written for p in w.packs}
     found = {b.digest: b for w in written for b in w.borrowed if b.pack not in produced}

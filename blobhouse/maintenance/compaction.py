@@ -43,11 +43,7 @@ from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import ROW_ADDRESS, snapshot_of
 from blobhouse.storage import object_store
-from blobhouse.store import (
-    retire_packs,
-    store_base_id,
-    store_uri_prefix,
-)
+from blobhouse.store.packs import retire_packs, store_base_id, store_uri_prefix
 from blobhouse.values import (
     ColumnPath,
     get_column,

@@ -26,7 +26,6 @@ from urllib.parse import unquote, urlsplit
 import lance
 import pyarrow as pa
 
-from blobhouse.claims import CLAIMS_DIR
 from blobhouse.commit import leases
 from blobhouse.commit.transaction import NAME_PREFIX_PATTERN
 from blobhouse.errors import (
@@ -36,6 +35,7 @@ from blobhouse.errors import (
     TableNotFoundError,
 )
 from blobhouse.layout import (
+    STORE_DIR,
     TREE_DIR,
     VERSIONS_DIR,
     TableLocation,
@@ -68,13 +68,12 @@ from blobhouse.storage import (
     object_store,
     uri_to_path,
 )
-from blobhouse.store import (
+from blobhouse.store.claims import CLAIMS_DIR
+from blobhouse.store.index import indexed_packs, maintain_index
+from blobhouse.store.packs import (
     PACKS_DIR,
-    STORE_DIR,
     forget_tombstone,
     index_uri,
-    indexed_packs,
-    maintain_index,
     retire_packs,
     retired_packs,
 )
@@ -818,7 +817,7 @@ def _kept_for_tags(table: TableSnapshot, removed: list[int], retained: list[int]
 
 def owned_dirs(table: TableSnapshot) -> list[str]:
     """The directories (relative to the root) whose files belong to the table: main's and each
-    branch's ``data/``, the store's packs, and the claims of Spark writes (blobhouse.claims:
+    branch's ``data/``, the store's packs, and the claims of Spark writes (blobhouse.store.claims:
     named with their write's prefix, kept while it runs, swept once it died)."""
     branches = [branch_data_dir(b) for b in sorted(table.branches())]
     return ["data", *branches, _PACKS, _CLAIMS]

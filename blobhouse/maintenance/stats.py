@@ -18,7 +18,7 @@ from blobhouse.maintenance.reports import StatsReport
 from blobhouse.managed import Registry
 from blobhouse.placement import Kind
 from blobhouse.snapshot import ROW_ADDRESS, snapshot_of
-from blobhouse.store import store_uri_prefix
+from blobhouse.store.packs import store_uri_prefix
 from blobhouse.values import ColumnPath, get_column, path_name, stored_blob_columns
 
 if TYPE_CHECKING:

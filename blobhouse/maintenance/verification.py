@@ -28,7 +28,8 @@ from blobhouse.placement import MiB
 from blobhouse.rangeio import BlobRef, read_ranges
 from blobhouse.snapshot import snapshot_of
 from blobhouse.storage import StorageOptions, object_store
-from blobhouse.store import damaged_entries, index_uri, store_uri_prefix
+from blobhouse.store.checks import damaged_entries
+from blobhouse.store.packs import index_uri, store_uri_prefix
 
 if TYPE_CHECKING:
     from blobhouse.snapshot import TableSnapshot

@@ -25,16 +25,10 @@ from blobhouse.commit import leases
 from blobhouse.layout import TableLocation
 from blobhouse.spark.datasource import ensure_registered, storage_prefixed
 from blobhouse.storage import StorageOptions
-from blobhouse.store import (
-    INDEX_SCHEMA,
-    StoredPayload,
-    StoreWriter,
-    entry_verdicts,
-    has_index,
-    index_uri,
-    retired_packs,
-    store_uri_prefix,
-)
+from blobhouse.store.checks import entry_verdicts
+from blobhouse.store.index import INDEX_SCHEMA, has_index
+from blobhouse.store.packs import StoredPayload, index_uri, retired_packs, store_uri_prefix
+from blobhouse.store.writer import StoreWriter
 
 _DIGEST, _PACK, _POSITION, _SIZE = "__bh_digest", "__bh_pack", "__bh_position", "__bh_size"
 _FRESH = "__bh_fresh"  # an entry this write stored: its bytes were just hashed

@@ -25,7 +25,7 @@ from blobhouse.errors import CorruptBlobError
 from blobhouse.placement import Kind
 from blobhouse.rangeio import BlobRef, read_ranges_arrow, refs_from_arrow
 from blobhouse.snapshot import ROW_ADDRESS
-from blobhouse.store import store_uri_prefix
+from blobhouse.store.packs import store_uri_prefix
 from blobhouse.values import ColumnPath, get_column, get_field, path_name, replace_field
 
 if TYPE_CHECKING:

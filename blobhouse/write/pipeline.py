@@ -23,7 +23,6 @@ import numpy as np
 import pyarrow as pa
 from lance.blob import blob_field as lance_blob_field
 
-from blobhouse.claims import Claims
 from blobhouse.columns import check_blob_column, resolve_column
 from blobhouse.commit import leases
 from blobhouse.commit.transaction import remove_written
@@ -57,7 +56,8 @@ from blobhouse.session import (
     prepared_field,
 )
 from blobhouse.storage import StorageOptions
-from blobhouse.store import StoreReference, StoreWriter
+from blobhouse.store.claims import Claims
+from blobhouse.store.writer import StoreReference, StoreWriter
 from blobhouse.values import (
     LOGICAL_BLOB_TYPE,
     ColumnPath,

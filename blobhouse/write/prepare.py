@@ -34,7 +34,7 @@ from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties, new_table_properties
 from blobhouse.snapshot import TableSnapshot, file_in_the_way, listing, path_problem
 from blobhouse.storage import StorageOptions, uri_to_path
-from blobhouse.store import store_base, store_base_id
+from blobhouse.store.packs import store_base, store_base_id
 from blobhouse.values import path_name, stored_blob_columns
 from blobhouse.write.pipeline import WritePlan
 

@@ -36,7 +36,7 @@ from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import TableSnapshot, open_dataset
 from blobhouse.storage import checked_options
-from blobhouse.store import PACKS_DIR, store_base
+from blobhouse.store.packs import PACKS_DIR, store_base
 from blobhouse.values import find_blob_columns, path_name
 from blobhouse.write.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
 from blobhouse.write.prepare import (

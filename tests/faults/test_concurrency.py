@@ -228,7 +228,7 @@ def test_a_store_registered_by_another_process_meanwhile_is_used(table_uri):
     write), one commits first: the other uses that store (it used to fail with Lance's raw
     'Incompatible transaction: UpdateBases' OSError)."""
     from blobhouse.layout import TableLocation
-    from blobhouse.store import store_base_id
+    from blobhouse.store.packs import store_base_id
     from blobhouse.write.prepare import ensure_store
 
     create(table_uri, dedup="content")

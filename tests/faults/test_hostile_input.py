@@ -36,7 +36,7 @@ from blobhouse.placement import AllowedBases, MiB, normalize_uri
 from blobhouse.rangeio import _balanced_groups, plan_reads, refs_from_arrow
 from blobhouse.session import prepared_array, prepared_field
 from blobhouse.storage import uri_to_path
-from blobhouse.store import store_base_id
+from blobhouse.store.packs import store_base_id
 from tests.helpers import aged, flip, flip_payload, stock_read, tree
 
 SCALE = int(os.environ.get("BLOBHOUSE_FUZZ_SCALE", "1"))

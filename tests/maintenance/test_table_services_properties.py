@@ -33,7 +33,7 @@ from blobhouse import (
 from blobhouse.commit import leases
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance import compaction, orphans
-from blobhouse.store import retired_packs
+from blobhouse.store.packs import retired_packs
 from blobhouse.write.pipeline import plan_write, write_data_files
 from tests.helpers import aged, assert_totals_are_the_sum_of_the_lines, disk_bytes, tree
 

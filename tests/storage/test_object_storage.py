@@ -33,10 +33,10 @@ from blobhouse import (
 )
 from blobhouse.commit import leases
 from blobhouse.dedup import content_hash, digest_matrix
-from blobhouse.digest_filter import may_contain, read_filters
 from blobhouse.rangeio import READ_THREADS, _balanced_groups, plan_reads
 from blobhouse.storage import ArrowStore, checked_options, object_store
-from blobhouse.store import filters_uri
+from blobhouse.store.digest_filter import may_contain, read_filters
+from blobhouse.store.index import filters_uri
 from blobhouse.table import Table
 from blobhouse.write import TableWrite
 from tests.helpers import worker_script
@@ -451,8 +451,8 @@ def test_compaction_verify_and_global_dedup_on_s3(s3, monkeypatch):
     assert stored == 600 * KIB + 3 * 700 * KIB, packs  # the shared payload once, table-wide
     # each write's index fragment got its filter, and the later writes read them from S3
     # read as big filters are: the header first, then the names, then a block per digest
-    monkeypatch.setattr("blobhouse.digest_filter._WHOLE_BYTES", 0)
-    monkeypatch.setattr("blobhouse.digest_filter._HEAD_BYTES", 32)
+    monkeypatch.setattr("blobhouse.store.digest_filter._WHOLE_BYTES", 0)
+    monkeypatch.setattr("blobhouse.store.digest_filter._HEAD_BYTES", 32)
     filters = read_filters(filters_uri(uri), s3.options)
     assert not any(f.loaded for f in filters)
     assert len(filters) == 3 == len(s3.objects("t/_blobs/index/_filters/"))
@@ -876,8 +876,8 @@ def test_claims_on_s3_let_one_task_store_a_payload_and_the_others_borrow_it(s3):
     payload, the others reference its copy; the write commits each payload once."""
     from dataclasses import replace
 
-    from blobhouse.claims import Claim, Claimant, Claims
     from blobhouse.dedup import content_hash
+    from blobhouse.store.claims import Claim, Claimant, Claims
 
     uri = f"{s3.uri}/t"
     clips = [payload(1, 200 * KIB), payload(2, 200 * KIB)]

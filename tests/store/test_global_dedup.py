@@ -16,7 +16,7 @@ import pytest
 import blobhouse.spark as bs
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.errors import StoreRaceError
-from blobhouse.store import StoreIndex
+from blobhouse.store.index import StoreIndex
 from tests.helpers import aged, disk_bytes, stock_read, tree, worker_script
 
 PAYLOADS = [os.urandom(300_000), os.urandom(120_000), os.urandom(5_000), os.urandom(20)]
@@ -299,7 +299,7 @@ def test_a_write_never_commits_a_reference_to_a_pack_gc_retired(
 
 
 def test_a_pack_referenced_after_it_was_retired_is_resurrected_not_deleted(table_uri):
-    from blobhouse.store import retire_packs
+    from blobhouse.store.packs import retire_packs
 
     write_table(rows([0], [PAYLOADS[0]]), table_uri, dedup="global")
     (pack,) = (f"packs/{p.name}" for p in Path(table_uri, "_blobs", "packs").iterdir())

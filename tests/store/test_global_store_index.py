@@ -16,14 +16,9 @@ import pytest
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.dedup import content_hash
 from blobhouse.layout import store_dir
-from blobhouse.store import (
-    StoredPayload,
-    StoreIndex,
-    StoreWriter,
-    append_to_index,
-    index_uri,
-    maintain_index,
-)
+from blobhouse.store.index import StoreIndex, append_to_index, maintain_index
+from blobhouse.store.packs import StoredPayload, index_uri
+from blobhouse.store.writer import StoreWriter
 
 
 def rows(payloads: list[bytes]) -> pa.Table:
@@ -56,7 +51,7 @@ def test_writers_find_payloads_through_scalar_indices_that_gc_keeps_current(tabl
 
 
 def test_a_big_write_indexes_what_it_added(table_uri, monkeypatch):
-    monkeypatch.setattr("blobhouse.store._UNINDEXED_ROWS", 5)
+    monkeypatch.setattr("blobhouse.store.index._UNINDEXED_ROWS", 5)
     write_table(rows([os.urandom(100)]), table_uri, dedup="global")
     write_table(rows([os.urandom(100) for _ in range(3)]), table_uri, mode="append", dedup="global")
     assert lookups(table_uri)["blake3"]["num_unindexed_rows"] == 3  # few: left to the scan
@@ -90,7 +85,7 @@ def test_a_long_write_outlives_the_index_version_it_opened(tmp_path):
 
 
 def test_hashes_of_store_places_are_read_one_pack_at_a_time(tmp_path, monkeypatch):
-    monkeypatch.setattr("blobhouse.store._CACHED_PACK_ENTRIES", 3)
+    monkeypatch.setattr("blobhouse.store.index._CACHED_PACK_ENTRIES", 3)
     root = str(tmp_path)
     append_to_index(root, [entry(n, f"packs/{n % 3}.pack") for n in range(9)])
     index = StoreIndex.open(root)

@@ -16,15 +16,16 @@ import pytest
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.dedup import content_hash, digest_matrix
-from blobhouse.digest_filter import (
+from blobhouse.rangeio import BlobRef
+from blobhouse.store.digest_filter import (
     DigestFilter,
     _read_each,
     may_contain,
     read_filters,
     write_filter,
 )
-from blobhouse.rangeio import BlobRef
-from blobhouse.store import StoreIndex, filters_uri, index_uri, maintain_index
+from blobhouse.store.index import StoreIndex, filters_uri, maintain_index
+from blobhouse.store.packs import index_uri
 
 
 def rows(payloads: list[bytes]) -> pa.Table:
@@ -128,8 +129,8 @@ def test_dedup_holds_when_filters_are_missing_cut_short_or_gone_meanwhile(
     assert stored_bytes(table_uri) == stored
     # covered again by gc, and read block by block as big filters are
     open_table(table_uri).gc(grace=timedelta(hours=1))
-    monkeypatch.setattr("blobhouse.digest_filter._WHOLE_BYTES", 0)
-    monkeypatch.setattr("blobhouse.digest_filter._HEAD_BYTES", 32)
+    monkeypatch.setattr("blobhouse.store.digest_filter._WHOLE_BYTES", 0)
+    monkeypatch.setattr("blobhouse.store.digest_filter._HEAD_BYTES", 32)
     index, asked = StoreIndex.open(table_uri), len(queries)
     assert index.find([content_hash(b"never stored")]) == {} and len(queries) == asked
     for bloom in folder.iterdir():
@@ -168,12 +169,12 @@ def test_gc_covers_a_compacted_index_with_one_filter_and_removes_the_rest(table_
 
 
 def test_many_filters_over_one_index_are_merged_into_one(table_uri, monkeypatch):
-    monkeypatch.setattr("blobhouse.store._INDEX_FRAGMENTS", 100)  # no compaction
+    monkeypatch.setattr("blobhouse.store.index._INDEX_FRAGMENTS", 100)  # no compaction
     for _ in range(4):
         write_table(rows([os.urandom(800)]), table_uri, mode="append", dedup="global")
     open_table(table_uri).gc(grace=timedelta(hours=1))
     assert len(read_filters(filters_uri(table_uri))) == 4  # few: left as they are
-    monkeypatch.setattr("blobhouse.store._INDEX_FILTERS", 3)
+    monkeypatch.setattr("blobhouse.store.index._INDEX_FILTERS", 3)
     maintain_index(table_uri, keep=timedelta(hours=1))
     (merged,) = read_filters(filters_uri(table_uri))
     assert merged.covered == data_files(table_uri) and len(merged.covered) == 4

@@ -1,5 +1,5 @@
 """Claims: the tasks of one write store each new payload once between them, and a task that
-fails after claiming never leaves a reference to bytes that are not there (blobhouse.claims).
+fails after claiming never leaves a reference to bytes that are not there (blobhouse.store.claims).
 
 Each "task" here is one :meth:`TableWrite.write` call (as a Spark task runs it), with its own
 store writer and claimant; the driver's commit is :meth:`TableWrite.commit`."""
@@ -15,9 +15,9 @@ import pyarrow as pa
 import pytest
 
 from blobhouse import BlobhouseError, StaleWriteError, blob_array, open_table, write_table
-from blobhouse.claims import Claim, Claimant, Claims, claims_folder
 from blobhouse.dedup import content_hash
 from blobhouse.storage import uri_to_path
+from blobhouse.store.claims import Claim, Claimant, Claims, claims_folder
 from blobhouse.table import Table
 from blobhouse.write import TableWrite
 from tests.helpers import stock_read, tree
@@ -163,7 +163,7 @@ def test_a_claim_its_writer_never_finished_is_taken_over(table_uri, monkeypatch)
     folder = uri_to_path(claims_folder(table_uri, write.transaction.id))
     os.makedirs(folder)
     open(os.path.join(folder, content_hash(CLIPS[0]).hex()), "wb").close()  # died writing it
-    monkeypatch.setattr("blobhouse.claims._READ_ATTEMPTS", 3)
+    monkeypatch.setattr("blobhouse.store.claims._READ_ATTEMPTS", 3)
     written = write.write(rows(100, [0]).to_batches())
     with open(os.path.join(folder, content_hash(CLIPS[0]).hex()), "rb") as f:
         assert b'"pack"' in f.read()  # the claim names this task's copy now
@@ -209,7 +209,7 @@ def test_small_payloads_are_claimed_while_their_column_shares_them(table_uri):
     """A small calibration file met once in each batch of every task is stored once (each
     batch alone would not show it repeats); thumbnails unique per row stop being claimed once
     the first SMALL_PROBE of them turned out unique."""
-    from blobhouse.claims import SMALL_PROBE
+    from blobhouse.store.claims import SMALL_PROBE
 
     calibration = [os.urandom(3_000), os.urandom(3_100)]
     unique = SMALL_PROBE + 100

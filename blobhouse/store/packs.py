@@ -1,0 +1,182 @@
+"""Store packs: payloads back to back under ``_blobs/packs/``, the store's base path in the table's
+manifest, and packs retired (tombstoned) and removed."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import lance
+from lance import DatasetBasePath, LanceDataset
+
+from blobhouse.errors import (
+    StoreRaceError,
+)
+from blobhouse.layout import (
+    STORE_BASE_NAME,
+    STORE_DIR,
+    TableLocation,
+    is_store_base_name,
+    store_dir,
+)
+from blobhouse.placement import Kind, as_uri
+from blobhouse.session import PreparedBlob
+from blobhouse.storage import StorageOptions, object_sizes, object_store, uri_to_path
+
+if TYPE_CHECKING:
+    pass
+
+
+PACKS_DIR = "packs"
+
+
+TOMBSTONES_DIR = "tombstones"
+
+
+@dataclass(frozen=True)
+class StoredPayload:
+    """One payload in the store: ``size`` bytes at ``position`` of ``pack`` (relative to the
+    store directory), whose blake3 is ``digest``."""
+
+    digest: bytes
+    pack: str
+    position: int
+    size: int
+
+    def prepared(self, base_id: int) -> PreparedBlob:
+        """The value a row stores to reference this payload (a Lance external blob)."""
+        return PreparedBlob(
+            Kind.EXTERNAL, size=self.size, position=self.position, uri=self.pack, blob_id=base_id
+        )
+
+
+def store_base_id(dataset: LanceDataset) -> int | None:
+    """The id of the table's store among its Lance base paths (None: no store yet)."""
+    for base_id, base in dataset.base_paths().items():
+        if is_store_base_name(base.name):
+            return base_id
+    return None
+
+
+def store_base(location: TableLocation, existing: LanceDataset | None) -> DatasetBasePath:
+    """The base path to register for the store of a table (a fresh id if others exist)."""
+    taken = existing.base_paths() if existing is not None else {}
+    return DatasetBasePath(
+        uri_to_path(location.store_path), name=STORE_BASE_NAME, id=max(taken, default=0) + 1
+    )
+
+
+def store_uri_prefix(table_uri: str) -> str:
+    """The prefix resolved references into the table's store start with."""
+    return f"{as_uri(store_dir(table_uri))}/"
+
+
+def remove_packs(
+    table_path: str, packs: Iterable[str], storage_options: StorageOptions | None = None
+) -> None:
+    """Delete store packs (relative to the store directory) that nothing committed uses."""
+    for pack in packs:
+        uri = as_uri(f"{store_dir(table_path)}/{pack}")
+        with contextlib.suppress(OSError):
+            object_store(uri, storage_options).delete(uri)
+
+
+def remove_staged_packs(
+    table_path: str, name_prefix: str, storage_options: StorageOptions | None = None
+) -> None:
+    """Delete every pack whose name starts with ``name_prefix`` (what one write staged)."""
+    root = as_uri(f"{store_dir(table_path)}/{PACKS_DIR}")
+    store = object_store(root, storage_options)
+    try:
+        listed = store.list(root)
+    except OSError:  # cleanup is best effort: gc removes what is left, the cause is raised
+        return
+    for info in listed:
+        if info.name.startswith(name_prefix):
+            with contextlib.suppress(OSError):
+                store.delete(f"{root}/{info.name}")
+
+
+def retired_packs(
+    table_path: str, storage_options: StorageOptions | None = None
+) -> dict[str, float]:
+    """Packs gc has retired (tombstoned), with the time each was retired (store clock)."""
+    root = as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}")
+    listed = object_store(root, storage_options).list(root)
+    return {f"{PACKS_DIR}/{info.name}": info.mtime for info in listed if "/" not in info.name}
+
+
+def retire_packs(
+    table_path: str, packs: Iterable[str], storage_options: StorageOptions | None = None
+) -> None:
+    """Tombstone ``packs`` and drop their index entries: from now on writers store those
+    payloads anew, and a writer that found one earlier refuses to commit (see
+    :func:`check_packs_usable`)."""
+    packs = sorted(packs)
+    if not packs:
+        return
+    for pack in packs:
+        uri = _tombstone_uri(table_path, pack)
+        object_store(uri, storage_options).put(uri, b"")
+    quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in packs)
+    for attempt in range(5):
+        try:
+            index = lance.dataset(index_uri(table_path), storage_options=storage_options)
+            index.delete(f"pack IN ({quoted})")
+            return
+        except (ValueError, OSError):
+            # a writer appended to the index meanwhile; the tombstones already keep writers
+            # away, and gc only deletes a pack once the index no longer names it
+            time.sleep(0.05 * (attempt + 1))
+
+
+def forget_tombstone(
+    table_path: str, pack: str, storage_options: StorageOptions | None = None
+) -> None:
+    """Take a pack back from retirement (a retained version references it after all)."""
+    uri = _tombstone_uri(table_path, pack)
+    with contextlib.suppress(OSError):
+        object_store(uri, storage_options).delete(uri)
+
+
+def _tombstone_uri(table_path: str, pack: str) -> str:
+    name = pack.removeprefix(PACKS_DIR + "/")
+    return as_uri(f"{store_dir(table_path)}/{TOMBSTONES_DIR}/{name}")
+
+
+def missing_objects(
+    table_path: str, paths: Sequence[str], storage_options: StorageOptions | None
+) -> list[str]:
+    """Which of ``paths`` (relative to the table) do not exist. On an object store each is a
+    request: they run in parallel."""
+    root = as_uri(table_path)
+    sizes = object_sizes([f"{root}/{p}" for p in paths], storage_options)
+    return [p for p, size in zip(paths, sizes, strict=True) if size is None]
+
+
+def check_packs_usable(
+    table_path: str, packs: Iterable[str], storage_options: StorageOptions | None = None
+) -> None:
+    """Refuse to commit references to packs gc retired or removed while the write ran (the
+    write found them in the index earlier); retrying the write stores those payloads anew."""
+    packs = set(packs)
+    if not packs:
+        return
+    retired = set(retired_packs(table_path, storage_options)) & packs
+    others = sorted(f"{STORE_DIR}/{p}" for p in packs - retired)
+    missing = {
+        p.removeprefix(f"{STORE_DIR}/")
+        for p in missing_objects(table_path, others, storage_options)
+    }
+    if retired or missing:
+        raise StoreRaceError(
+            f"store pack(s) {sorted(retired | missing)} were retired by gc while this write ran; "
+            "nothing was committed, retry the write (it stores those payloads anew)"
+        )
+
+
+def index_uri(table_path: str) -> str:
+    return f"{store_dir(table_path)}/index"

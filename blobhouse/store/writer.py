@@ -1,0 +1,340 @@
+"""Writing into the store: pack writers, the store writer a write stores payloads through (each
+distinct payload once, looked up and checked first), and store references."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+import warnings
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from blobhouse.errors import (
+    ExternalBlobError,
+    InvalidInputError,
+    StoreIndexWarning,
+)
+from blobhouse.layout import (
+    store_dir,
+)
+from blobhouse.placement import normalize_uri, object_size
+from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue
+from blobhouse.storage import StorageOptions
+from blobhouse.store.checks import checked_entries
+from blobhouse.store.claims import (
+    CLAIM_MIN_BYTES,
+    SMALL_PROBE,
+    SMALL_SHARED_RATIO,
+    Claim,
+    Claims,
+)
+from blobhouse.store.index import StoreIndex
+from blobhouse.store.packs import PACKS_DIR, StoredPayload, remove_packs, retired_packs
+
+if TYPE_CHECKING:
+    from blobhouse.values import LogicalColumn
+
+
+class PackWriter:
+    """The packs one writing process adds to the store, rolled over at ``limit`` bytes.
+
+    >>> import tempfile
+    >>> from blobhouse.dedup import content_hash
+    >>> packs = PackWriter(tempfile.mkdtemp(), "w1-", WriteQueue(), limit=1 << 20)
+    >>> first = packs.write(b"hello", content_hash(b"hello"))
+    >>> (first.position, first.size), packs.write(b"world", content_hash(b"world")).position
+    ((0, 5), 5)
+    >>> packs.finish(); len(packs.packs)
+    1
+    """
+
+    def __init__(
+        self,
+        table_path: str,
+        name_prefix: str,
+        queue: WriteQueue,
+        limit: int,
+        storage_options: StorageOptions | None = None,
+    ) -> None:
+        self.table_path = table_path
+        self.root = store_dir(table_path)
+        self.name_prefix = name_prefix
+        self.queue = queue
+        self.limit = limit
+        self.storage_options = storage_options
+        self.packs: list[str] = []
+        self.stored: list[StoredPayload] = []
+        self._file: SidecarFile | None = None
+        self._files: list[SidecarFile] = []
+        self._next: str | None = None  # the name the next pack gets
+        self._size = 0
+
+    def next_place(self, size: int) -> tuple[str, int]:
+        """The pack and position the next payload of ``size`` bytes goes to (a new pack past
+        the size limit), so that it can be claimed before it is written (nothing is created
+        until it is)."""
+        if self._file is not None and self._size and self._size + size > self.limit:
+            self._close()
+        if self._file is not None:
+            return self.packs[-1], self._size
+        if self._next is None:
+            self._next = f"{PACKS_DIR}/{self.name_prefix}{uuid.uuid4().hex}.pack"
+        return self._next, 0
+
+    def write(self, payload: bytes | memoryview, digest: bytes) -> StoredPayload:
+        """Append ``payload`` to the current pack (a new one past the size limit)."""
+        pack, _ = self.next_place(len(payload))
+        if self._file is None:
+            self._file = SidecarFile(f"{self.root}/{pack}", self.queue, self.storage_options)
+            self._files.append(self._file)
+            self.packs.append(pack)
+            self._next, self._size = None, 0
+        stored = StoredPayload(digest, self.packs[-1], self._size, len(payload))
+        self._file.write(payload)
+        self._size += len(payload)
+        self.stored.append(stored)
+        return stored
+
+    def flush(self) -> None:
+        """Hand the open pack's bytes so far to the queue (written once it drains)."""
+        if self._file is not None:
+            self._file.flush()
+
+    def finish(self) -> None:
+        """Close the current pack (its bytes are written once the queue drains)."""
+        self._close()
+
+    def abort_open(self) -> None:
+        """Give up on packs still being written (after their queue stopped)."""
+        for file in self._files:
+            file.abort()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close(wait=False)
+            self._file = None
+
+
+class StoreWriter:
+    """What one writing process adds to the store: payloads the index does not hold yet go
+    to new packs; every data file of the write dedups against the index and against them.
+
+    :meth:`place_many` looks a batch of payloads up in the index in one query (call it once
+    per batch; :meth:`place` is one payload). :meth:`take_new` hands each data file the
+    payloads added since the last call and the packs holding them (what its commit records in
+    the index, and what its abort removes).
+    """
+
+    def __init__(
+        self,
+        table_path: str,
+        base_id: int,
+        name_prefix: str,
+        pack_limit: int,
+        storage_options: StorageOptions | None = None,
+        load_index: bool = True,
+        avoid: frozenset[str] = frozenset(),
+        claims: Claims | None = None,
+    ) -> None:
+        self.base_id = base_id
+        # the tasks of a Spark write claim new payloads, so that only one of them stores each
+        self.claims = claims
+        # a Spark write that joined its rows with the index already turned what it found into
+        # references (see blobhouse.spark.write_table): no task needs the index
+        self.index = (
+            StoreIndex.open(table_path, storage_options)
+            if load_index
+            else StoreIndex.empty(table_path)
+        )
+        # packs never to reference
+        self.retired = frozenset(retired_packs(table_path, storage_options)) | avoid
+        self.found_packs: set[str] = set()  # packs found in the index: checked before commit
+        self.damaged: set[StoredPayload] = set()  # index entries whose bytes differ from their key
+        self.queue = WriteQueue()
+        self.packs = PackWriter(table_path, name_prefix, self.queue, pack_limit, storage_options)
+        # what this write references: payloads it stored, and payloads it found in the index
+        self._written: dict[bytes, StoredPayload] = {}
+        self._found: dict[bytes, StoredPayload] = {}
+        # payloads another task of the write claimed and stores (checked at the commit)
+        self.borrowed: dict[bytes, StoredPayload] = {}
+        self.claimed = False  # it claimed payloads: its packs are kept if its task fails
+        # per column: small payloads claimed, and how many of them turned out shared
+        self._small_probe: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
+        self._small_claimed: dict[bytes, str] = {}  # claimed by this task, not met again yet
+        self._reported = 0
+
+    def place_many(
+        self,
+        payloads: Sequence[bytes | memoryview],
+        digests: Sequence[bytes],
+        column: str = "",
+    ) -> list[PreparedBlob]:
+        """The references of ``payloads`` (whose blake3 are ``digests``; of blob ``column``) in
+        the store, writing only those the store lacks; the index is asked once for all."""
+        known = (self._written, self._found, self.borrowed)
+        unknown = [d for d in dict.fromkeys(digests) if not any(d in k for k in known)]
+        if unknown:
+            sizes = {d: len(p) for p, d in zip(payloads, digests, strict=True)}
+            self._found.update(self._checked(self.index.find_copies(unknown, self.retired), sizes))
+        repeated = set()
+        if self.claims is not None and len(unknown) < len(digests):
+            seen: set[bytes] = set()
+            repeated = {d for d in digests if d in seen or seen.add(d)}
+        return [
+            self._place(p, d, column, d in repeated) for p, d in zip(payloads, digests, strict=True)
+        ]
+
+    def _checked(
+        self, copies: Mapping[bytes, Sequence[StoredPayload]], sizes: Mapping[bytes, int]
+    ) -> dict[bytes, StoredPayload]:
+        """The entries of ``copies`` whose bytes are what their key says; a payload without
+        one is stored anew (a damaged entry is named in a warning, once per write)."""
+        checked = checked_entries(self.packs.table_path, copies, sizes, self.packs.storage_options)
+        new = [e for e in checked.damaged if e not in self.damaged]  # warned once per write
+        if new and not self.damaged:
+            warnings.warn(
+                StoreIndexWarning(
+                    f"the store index of {self.packs.table_path} names bytes that differ from "
+                    f"its entries (e.g. {new[0].digest.hex()[:16]} at {new[0].pack} "
+                    f"[{new[0].position}, +{new[0].size})): this write stored those payloads "
+                    "anew; `blobhouse verify --deep` lists every damaged entry and its rows"
+                ),
+                stacklevel=4,
+            )
+        self.damaged.update(new)
+        return checked.usable
+
+    def place(self, payload: bytes | memoryview, digest: bytes) -> PreparedBlob:
+        """The reference of ``payload`` in the store, writing it only if the store lacks it."""
+        return self.place_many([payload], [digest])[0]
+
+    def _place(
+        self, payload: bytes | memoryview, digest: bytes, column: str = "", repeated: bool = False
+    ) -> PreparedBlob:
+        stored = self._written.get(digest) or self.borrowed.get(digest)
+        if stored is not None and digest in self._small_claimed:  # met again: shared
+            self._small_probe[self._small_claimed.pop(digest)][1] += 1
+        if stored is None:
+            stored = self._found.get(digest)
+            if stored is not None:
+                self.found_packs.add(stored.pack)
+            elif self._claimed_elsewhere(payload, digest, column, repeated):
+                stored = self.borrowed[digest]
+            else:  # not in the index, or in a pack gc is reclaiming: store anew
+                stored = self._written[digest] = self.packs.write(payload, digest)
+        return stored.prepared(self.base_id)
+
+    def _claimed_elsewhere(
+        self, payload: bytes | memoryview, digest: bytes, column: str, repeated: bool
+    ) -> bool:
+        """Whether another task of the write claimed ``digest`` first (then it is borrowed);
+        else this one claims it, if worth it, and stores it (blobhouse.store.claims)."""
+        small = len(payload) <= CLAIM_MIN_BYTES
+        if self.claims is None or (small and not repeated and not self._small_worth(column)):
+            return False
+        pack, position = self.packs.next_place(len(payload))
+        mine = Claim(digest, pack, position, len(payload), self.claims.claimant)
+        theirs = self.claims.claim(mine)
+        if small:
+            self._small_probe[column][0] += 1
+            if theirs is None:
+                self._small_claimed[digest] = column
+            else:  # another task met it: shared
+                self._small_probe[column][1] += 1
+        if theirs is None:
+            self.claimed = True
+            return False
+        self.borrowed[digest] = StoredPayload(digest, theirs.pack, theirs.position, theirs.size)
+        return True
+
+    def _small_worth(self, column: str) -> bool:
+        """Whether claiming ``column``'s small payloads pays: its first
+        :data:`~blobhouse.store.claims.SMALL_PROBE` are claimed, later ones while at least 1 in
+        :data:`~blobhouse.store.claims.SMALL_SHARED_RATIO` turned out shared (a column of thumbnails
+        unique per row stops claiming; one of calibration files keeps on)."""
+        claimed, shared = self._small_probe[column]
+        return claimed < SMALL_PROBE or shared * SMALL_SHARED_RATIO >= claimed
+
+    def take_new(self) -> tuple[tuple[str, ...], tuple[StoredPayload, ...]]:
+        """Packs and payloads stored since the last call, once their bytes are written."""
+        self.packs.flush()
+        self.queue.drain()
+        stored = tuple(self.packs.stored[self._reported :])
+        self._reported = len(self.packs.stored)
+        return tuple(dict.fromkeys(s.pack for s in stored)), stored
+
+    def finish(self) -> None:
+        """Close the open pack and wait for every byte."""
+        self.packs.finish()
+        self.queue.close()
+
+    def abort(self) -> None:
+        """Remove every pack this writer created (its write will not commit); a task that
+        claimed payloads finishes its packs instead: other tasks of the write may reference
+        them, and the commit checks them (blobhouse.store.claims)."""
+        if self.claimed:
+            with contextlib.suppress(Exception):
+                self.finish()
+                return
+        self.packs.finish()
+        self.queue.abandon()
+        self.packs.abort_open()
+        self.queue.close()
+        remove_packs(self.packs.table_path, self.packs.packs, self.packs.storage_options)
+
+
+class StoreReference:
+    """Recognizes resolved references into the table's own store, so a rewrite (compaction)
+    keeps them as store references instead of treating them as user-owned external blobs."""
+
+    def __init__(
+        self,
+        table_path: str,
+        base_id: int,
+        storage_options: StorageOptions | None = None,
+        digests: Mapping[tuple[str, int, int], bytes] | None = None,
+    ) -> None:
+        self.base_id = base_id
+        self.storage_options = storage_options
+        self.digests = digests if digests is not None else {}
+        # compared in the canonical form: any spelling of a pack's path is recognized
+        self.prefix = normalize_uri(store_dir(table_path)) + "/"
+        self.found: set[str] = set()  # packs referenced this way: checked before commit
+        self._sizes: dict[str, int] = {}
+
+    def reference(self, column: LogicalColumn, row: int) -> PreparedBlob | None:
+        """The store reference of row ``row`` of ``column`` (whose row holds a uri), or None
+        when the uri is not a pack of this table's store. The range must lie inside the pack."""
+        if column.position is None:
+            return None
+        try:
+            uri = normalize_uri(column.uri[row])
+        except InvalidInputError:
+            return None  # not a store reference; the external check names the problem
+        if not uri.startswith(f"{self.prefix}{PACKS_DIR}/"):
+            return None
+        pack = uri.removeprefix(self.prefix)
+        if not PACK_NAME.fullmatch(pack):
+            raise ExternalBlobError(
+                f"blob column {column.column!r}, row {column.first_row + row}: {uri} is not a "
+                "pack of the table's store"
+            )
+        position, size = column.position[row], column.size[row]
+        if pack not in self._sizes:
+            self._sizes[pack] = object_size(
+                uri, column=column.column, row=row, storage_options=self.storage_options
+            )
+        if position + size > self._sizes[pack]:
+            raise ExternalBlobError(
+                f"blob column {column.column!r}, row {column.first_row + row}: range "
+                f"[{position}, +{size}) is past the end of store pack {pack} "
+                f"({self._sizes[pack]} bytes)"
+            )
+        self.found.add(pack)
+        return StoredPayload(b"", pack, position, size).prepared(self.base_id)
+
+    def recorded(self, reference: PreparedBlob) -> bytes | None:
+        """The blake3 the rewritten rows recorded for the store payload ``reference`` names
+        (None: unknown, e.g. rows Lance rewrote)."""
+        return self.digests.get((reference.uri, reference.position, reference.size))
