@@ -19,7 +19,6 @@ from lance import LanceDataset
 from lance.optimize import Compaction
 
 import blobhouse.maintenance.compaction as compaction
-import blobhouse.store as store
 from blobhouse import blob_array, open_table, write_table
 from tests.helpers import stock_read
 
@@ -57,7 +56,7 @@ def test_a_write_interrupted_as_its_commit_returns_keeps_what_it_committed(
     table_uri, dedup, monkeypatch
 ):
     write_table(rows(range(4)), table_uri, dedup=dedup)
-    monkeypatch.setattr(store.LanceDataset, "commit", interrupted_after(LanceDataset.commit))
+    monkeypatch.setattr(LanceDataset, "commit", interrupted_after(LanceDataset.commit))
     with pytest.raises(KeyboardInterrupt):
         write_table(rows(range(4, 8)), table_uri, mode="append", dedup=dedup)
     monkeypatch.undo()
@@ -85,7 +84,7 @@ def test_an_indexed_compaction_interrupted_as_its_commit_returns(table_uri, monk
 
 def test_a_backfill_interrupted_as_its_commit_returns(table_uri, monkeypatch):
     write_table(pa.table({"id": pa.array(range(6), pa.int64())}), table_uri, max_rows_per_file=2)
-    monkeypatch.setattr(store.LanceDataset, "commit", interrupted_after(LanceDataset.commit))
+    monkeypatch.setattr(LanceDataset, "commit", interrupted_after(LanceDataset.commit))
     with pytest.raises(KeyboardInterrupt):
         open_table(table_uri).backfill_blob_column(
             "img",
