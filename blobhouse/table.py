@@ -13,8 +13,8 @@ from typing import Any, BinaryIO, Literal
 
 import numpy as np
 import pyarrow as pa
-from lance import LanceDataset, LanceOperation
-from lance.fragment import DataFile, FragmentMetadata
+from lance import LanceDataset
+from lance.fragment import DataFile
 
 from blobhouse.changes import mutations, schema_changes
 from blobhouse.changes.backfill import (
@@ -28,7 +28,6 @@ from blobhouse.changes.mutations import UpdateReport
 from blobhouse.columns import lance_name, resolve_columns
 from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
-    Transaction,
 )
 from blobhouse.errors import (
     BlobhouseError,
@@ -58,7 +57,6 @@ from blobhouse.rangeio import (
     read_ranges_arrow,
     refs_from_arrow,
 )
-from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import ROW_ADDRESS, TableSnapshot, open_snapshot
 from blobhouse.values import (
@@ -69,7 +67,7 @@ from blobhouse.values import (
     replace_column,
     replace_field,
 )
-from blobhouse.write import TableWrite, WriteMode, input_stream
+from blobhouse.write import WriteMode, add_data_file, begin_write, input_stream
 from blobhouse.write.prepare import relocate_store
 
 BlobsMode = Literal["refs", "bytes", "descriptors"]
@@ -169,16 +167,17 @@ def write_table(
         max_bytes_per_file=max_bytes_per_file,
     )
     schema, batches = input_stream(data)
-    write = TableWrite.begin(
+    write = begin_write(
         uri,
         schema,
         options,
         mode=mode,
         storage_options=storage_options,
         branch=branch,
+        batches=batches,
         allow_nonempty_folder=allow_nonempty_folder,
     )
-    return Table(write.run(batches))
+    return Table(write.run().snapshot)
 
 
 @keywords_checked
@@ -781,23 +780,7 @@ class Table:
         >>> table.add_data_file(written).read_blobs("img", [0, 1])
         [b'one payload, two rows', b'one payload, two rows']
         """
-        data_file = DataFile.create(self.dataset, written.name)
-        fields = self.dataset.lance_schema.fields()
-        missing = [
-            f.name() for f in fields if not set(leaf_field_ids([f])) <= set(data_file.fields)
-        ]
-        if missing:
-            raise SchemaError(
-                f"data file {written.name} lacks column(s) {missing} of the table; a new fragment "
-                "holds every column"
-            )
-        operation = LanceOperation.Append(
-            [FragmentMetadata(id=0, files=[data_file], physical_rows=written.num_rows)]
-        )
-        # the file and its sidecar directory start with the file's name: its lease covers both
-        prefix = written.name.removesuffix(".lance")
-        txn = Transaction(self.location, self.version, self.storage_options, prefix)
-        return self._moved_to(txn.commit([written], lambda: operation))
+        return self._moved_to(add_data_file(self._snapshot, written))
 
     def replace_column(self, column: str, files: Mapping[int, WrittenFile]) -> Table:
         """Make session-written ``files`` (fragment id -> file) the data of blob ``column``, in

@@ -21,21 +21,19 @@ What each change costs (pylance 14.0.2, measured):
 
 from __future__ import annotations
 
-import random
 import re
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import lance
 import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
-from lance.commit import CommitConflictError
 
-from blobhouse.commit.change import commit_once
+from blobhouse.commit.change import BaseChange, Staged, commit_once, run_change
 from blobhouse.commit.transaction import Transaction
-from blobhouse.errors import ConcurrentCommitError, InvalidInputError, SchemaError, lance_message
+from blobhouse.errors import InvalidInputError, SchemaError, lance_message
 from blobhouse.layout import TableLocation
 from blobhouse.options import check_names
 from blobhouse.placement import AllowedBases, placement_metadata
@@ -190,42 +188,71 @@ def set_properties(
     """
     if not changes:
         raise InvalidInputError("set_properties needs at least one property to change")
-    for attempt in range(retries + 1):
-        if attempt:  # another change committed first: planned again on the latest version
-            time.sleep(random.uniform(0, 0.02 * 2**attempt))
-        dataset = latest(location, storage_options)
+    change = _PropertyChange(dict(changes))
+    snapshot = TableSnapshot(latest(location, storage_options), location, storage_options)
+    return run_change(change, snapshot, retries=retries).snapshot.dataset
+
+
+@dataclass(frozen=True)
+class _PropertyPlan:
+    """The manifest update a property change commits on ``table`` (None: nothing changes)."""
+
+    table: TableSnapshot
+    transaction: Transaction
+    operation: LanceOperation.UpdateConfig | None
+
+
+@dataclass(frozen=True)
+class _PropertyChange(BaseChange[_PropertyPlan, None]):
+    """New properties recorded in the manifest (schema and field metadata): no file staged;
+    planned again on the latest version when another commit preempts it."""
+
+    changes: dict[str, Any]
+
+    def plan(self, snapshot: TableSnapshot) -> _PropertyPlan:
+        dataset = snapshot.dataset
         before = TableProperties.of(dataset)
-        after = before.changed(**changes)
-        if after == before:  # nothing to change: no new version
-            return dataset
-        _check_property_change(dataset.schema, before, after, location)
-        ids = field_ids(dataset.lance_schema.fields())
-        operation = LanceOperation.UpdateConfig(
-            schema_metadata_updates=LanceOperation.UpdateMap(
-                {k.decode(): v.decode() for k, v in after.schema_metadata().items()}
-            ),
-            field_metadata_updates={
-                ids[column]: LanceOperation.UpdateMap(
-                    {
-                        k.decode(): None if v is None else v.decode()
-                        for k, v in after.field_metadata(column, ids).items()
-                    }
-                )
-                for column in after.columns
-            },
+        after = before.changed(**self.changes)
+        txn = Transaction.start(
+            snapshot.location, snapshot.version, snapshot.storage_options, kind="properties"
         )
-        try:
-            txn = Transaction.start(location, dataset.version, storage_options, kind="properties")
-            return txn.commit([], lambda operation=operation: operation)
-        except CommitConflictError as exc:
-            if attempt == retries:
-                raise ConcurrentCommitError(
-                    f"concurrent commits preempted all {retries + 1} attempts to change the "
-                    f"properties of {location}; nothing was changed, run it again (Lance: "
-                    f"{lance_message(exc)})",
-                    True,
-                ) from exc
-    raise AssertionError("unreachable")
+        if after == before:  # nothing to change: no new version
+            return _PropertyPlan(snapshot, txn, None)
+        _check_property_change(dataset.schema, before, after, snapshot.location)
+        ids = field_ids(dataset.lance_schema.fields())
+        return _PropertyPlan(snapshot, txn, _update_config(before, after, ids))
+
+    def stage(self, plan: _PropertyPlan, staged: Staged) -> None:
+        return None
+
+    def commit(self, plan: _PropertyPlan, staged: Staged) -> LanceDataset:
+        operation = plan.operation
+        if operation is None:
+            return plan.table.dataset
+        return plan.transaction.commit([], lambda: operation)
+
+    def report(self, *_: object) -> None:
+        return None
+
+
+def _update_config(
+    before: TableProperties, after: TableProperties, ids: Mapping[str, int]
+) -> LanceOperation.UpdateConfig:
+    """The manifest update that records ``after`` (``before``: what it records now)."""
+    return LanceOperation.UpdateConfig(
+        schema_metadata_updates=LanceOperation.UpdateMap(
+            {k.decode(): v.decode() for k, v in after.schema_metadata().items()}
+        ),
+        field_metadata_updates={
+            ids[column]: LanceOperation.UpdateMap(
+                {
+                    k.decode(): None if v is None else v.decode()
+                    for k, v in after.field_metadata(column, ids).items()
+                }
+            )
+            for column in after.columns
+        },
+    )
 
 
 def _check_property_change(

@@ -33,7 +33,7 @@ committed snapshot, so the caller moves to it without opening the table again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -66,8 +66,9 @@ class Change(Protocol[P, R]):
     #: still running removes its own file (see Transaction.abort)
     in_tasks: bool
 
-    def plan(self, snapshot: TableSnapshot) -> P:
-        """The change planned on ``snapshot`` (the version read)."""
+    def plan(self, snapshot: TableSnapshot | None) -> P:
+        """The change planned on ``snapshot`` (the version read; None: a write that creates
+        the table)."""
 
     def stage(self, plan: P, staged: Staged) -> None:
         """Write the change's files, adding each to ``staged`` as it is written."""
@@ -78,14 +79,23 @@ class Change(Protocol[P, R]):
     def report(self, plan: P, staged: Staged, committed: TableSnapshot, attempt: int) -> R:
         """What the change did, once committed (``attempt``: 1, 2, ... after preemptions)."""
 
+    def abort(self, plan: P, staged: Staged, *, tasks_may_run: bool) -> None:
+        """Remove what ``staged`` holds and everything else the attempt staged."""
+
     def release(self, plan: P) -> None:
         """Drop what the plan holds (a Spark cache, say) once its attempt ended, either way."""
 
 
 class BaseChange(Generic[P, R]):
-    """Defaults for a :class:`Change`: staged in this process, nothing to release."""
+    """Defaults for a :class:`Change`: staged in this process, aborted by its transaction,
+    nothing to release."""
 
     in_tasks = False
+
+    def abort(self, plan: P, staged: Staged, *, tasks_may_run: bool) -> None:
+        transaction_of(plan).abort(
+            staged.written, deletions=staged.deletions, tasks_may_run=tasks_may_run
+        )
 
     def release(self, plan: P) -> None:
         return None
@@ -118,6 +128,87 @@ def transaction_of(plan: object) -> Transaction:
     return plan if isinstance(plan, Transaction) else plan.transaction  # type: ignore[attr-defined]
 
 
+@dataclass
+class Attempt(Generic[P, R]):
+    """One attempt of a change, in steps that may run in different places: planned where it
+    begins, staged here (:meth:`stage`) or by Spark tasks (which return their files to the
+    driver), then committed or aborted where it began. :func:`run_change` runs the steps in one
+    place; Spark's data source runs them as Spark calls it (plan in ``writer``, stage in
+    tasks, then ``commit`` or ``abort``).
+
+    A failed stage or commit aborts the attempt (removing what it staged); :meth:`end` releases
+    what its plan holds, either way."""
+
+    change: Change[P, R]
+    at: TableSnapshot | None
+    plan: P
+    number: int = 1
+    staged: Staged = field(default_factory=Staged)
+
+    @classmethod
+    def begin(cls, change: Change[P, R], at: TableSnapshot | None, number: int = 1) -> Attempt:
+        """``change`` planned on ``at`` (None: it creates the table)."""
+        return cls(change, at, change.plan(at), number)
+
+    @property
+    def transaction(self) -> Transaction:
+        return transaction_of(self.plan)
+
+    def stage(self) -> None:
+        """Stage the change's files in this process, under the transaction's lease."""
+        try:
+            with self.transaction.lease():
+                self.change.stage(self.plan, self.staged)
+        except BaseException:
+            # a change that starts Spark tasks waits for them: none runs once stage returned,
+            # but one may while it raises
+            self.abort(tasks_may_run=self.change.in_tasks)
+            raise
+
+    def commit(self, written: Sequence[WrittenFile] = ()) -> Committed[R]:
+        """Commit what was staged (and ``written``: what tasks staged elsewhere); the report and
+        the committed snapshot. On failure, nothing is visible and the attempt is aborted."""
+        self.staged.written.extend(written)
+        try:
+            dataset = self.change.commit(self.plan, self.staged)
+        except BaseException:
+            self.abort()
+            raise
+        committed = self._snapshot_of(dataset)
+        return Committed(
+            self.change.report(self.plan, self.staged, committed, self.number), committed
+        )
+
+    def abort(self, written: Sequence[WrittenFile] = (), *, tasks_may_run: bool = False) -> None:
+        """Remove everything the attempt staged (and ``written``: what tasks staged elsewhere);
+        ``tasks_may_run``: tasks may still be finishing (see Transaction.abort)."""
+        self.staged.written.extend(written)
+        self.change.abort(self.plan, self.staged, tasks_may_run=tasks_may_run)
+
+    def end(self) -> None:
+        """Release what the plan holds; the attempt is over."""
+        self.change.release(self.plan)
+
+    def run(self) -> Committed[R]:
+        """Stage here, then commit: the whole attempt in this process."""
+        try:
+            self.stage()
+            return self.commit()
+        finally:
+            self.end()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a commit in another process (Spark's) builds the committed snapshot from the
+        # transaction's location: the version read is not shipped to every task
+        return {**self.__dict__, "at": None}
+
+    def _snapshot_of(self, dataset: LanceDataset) -> TableSnapshot:
+        if self.at is None:
+            txn = self.transaction
+            return TableSnapshot(dataset, txn.location, txn.storage_options)
+        return self.at if dataset is self.at.dataset else self.at.at(dataset)
+
+
 def run_change(
     change: Change[P, R], snapshot: TableSnapshot, *, retries: int = DEFAULT_RETRIES
 ) -> Committed[R]:
@@ -126,23 +217,7 @@ def run_change(
     new plan can resolve, :class:`~blobhouse.errors.ConcurrentCommitError`)."""
 
     def attempt(n: int) -> Committed[R]:
-        at = snapshot if n == 1 else snapshot.latest()
-        plan = change.plan(at)
-        txn, staged = transaction_of(plan), Staged()
-        staging = change.in_tasks  # until stage returns: then every job it started has ended
-        try:
-            try:
-                with txn.lease():
-                    change.stage(plan, staged)
-                staging = False
-                dataset = change.commit(plan, staged)
-            except BaseException:
-                txn.abort(staged.written, deletions=staged.deletions, tasks_may_run=staging)
-                raise
-            committed = at if dataset is at.dataset else at.at(dataset)
-            return Committed(change.report(plan, staged, committed, n), committed)
-        finally:
-            change.release(plan)
+        return Attempt.begin(change, snapshot if n == 1 else snapshot.latest(), n).run()
 
     return retrying(attempt, retries)
 

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -387,8 +389,9 @@ def record_stored(
 def retrying(attempt: Callable[[int], T], retries: int = DEFAULT_RETRIES) -> T:
     """``attempt(n)`` for n = 1, 2, ...: again (it plans on the latest version) after a commit
     that a concurrent one preempted (Lance's retryable conflict), up to ``retries`` times.
-    A conflict that ends it -- a concurrent commit this change cannot be planned over, or a
-    preemption past ``retries`` -- is raised as :class:`~blobhouse.errors.ConcurrentCommitError`.
+    Each attempt after the first waits a random moment first (up to 1 s). A conflict that ends
+    it -- a concurrent commit this change cannot be planned over, or a preemption past
+    ``retries`` -- is raised as :class:`~blobhouse.errors.ConcurrentCommitError`.
 
     >>> retrying(lambda n: f"done in {n}")
     'done in 1'
@@ -396,6 +399,8 @@ def retrying(attempt: Callable[[int], T], retries: int = DEFAULT_RETRIES) -> T:
     attempts = 0
     while True:
         attempts += 1
+        if attempts > 1:  # jittered: writers preempted together do not meet again at once
+            time.sleep(random.uniform(0, min(1.0, 0.01 * 2**attempts)))
         try:
             return attempt(attempts)
         except ConcurrentCommitError:

@@ -1,7 +1,7 @@
 """The ``blobhouse`` Spark data source: ``df.write.format("blobhouse")`` and
 ``spark.read.format("blobhouse")``.
 
-Write: the driver plans the write once (:class:`~blobhouse.write.TableWrite`), every task writes
+Write: the driver plans the write once (:func:`~blobhouse.write.begin_write`), every task writes
 complete data files and sidecars with the core write pipeline and returns them, the driver
 commits all of them in one Lance transaction; ``abort`` removes what the tasks wrote.
 
@@ -53,7 +53,7 @@ from blobhouse.spark.catalog import parse_columns, table_options, with_table_opt
 from blobhouse.storage import checked_options
 from blobhouse.table import open_at, write_table
 from blobhouse.values import path_name, stored_blob_columns
-from blobhouse.write import TableWrite
+from blobhouse.write import WriteAttempt, begin_write
 from blobhouse.write.pipeline import WrittenFile
 
 STORAGE_PREFIX = "storage."
@@ -172,13 +172,14 @@ class BlobhouseDataSource(DataSource):
         options = _SparkWriteOptions(_write_options(self.options, schema))
         # planned on the driver: the table path is resolved here, never on an executor
         try:
-            write = TableWrite.begin(
+            write = begin_write(
                 options.path,
                 to_arrow_schema(schema),
                 options.write_options(),
                 mode="overwrite" if overwrite else "append",
                 storage_options=storage_options_of(options.options),
                 branch=options.options.get("branch"),
+                in_tasks=True,
                 **options.table_write_kwargs(),
             )
         except SchemaError as error:
@@ -191,11 +192,6 @@ class BlobhouseDataSource(DataSource):
                 "blobhouse.spark.materialize(df, columns); in SQL, INSERT into a catalog table "
                 "made with OPTIONS (blobs 'bytes') (docs/spark-sql.md)"
             ) from error
-        if write.plan.uses_store and write.plan.load_store_index:
-            # tasks get no shuffle: they claim each new payload, so one of them stores it
-            write = dataclasses.replace(
-                write, plan=dataclasses.replace(write.plan, claim_payloads=True)
-            )
         return BlobhouseWriter(write)
 
 
@@ -207,19 +203,26 @@ class WrittenFiles(WriterCommitMessage):
 
 
 class BlobhouseWriter(DataSourceArrowWriter):
-    """Writes a task's batches as data files; the driver commits them together."""
+    """Writes a task's batches as data files; the driver commits them together (the write's
+    attempt: planned in ``writer``, committed or aborted here)."""
 
-    def __init__(self, write: TableWrite) -> None:
-        self.table_write = write
+    def __init__(self, write: WriteAttempt) -> None:
+        self.attempt = write
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenFiles:
-        return WrittenFiles(tuple(self.table_write.write(iterator)))
+        return WrittenFiles(tuple(self.attempt.plan.write(iterator)))
 
     def commit(self, messages: Sequence[WrittenFiles | None]) -> None:
-        self.table_write.commit(_files(messages))
+        try:
+            self.attempt.commit(_files(messages))
+        finally:
+            self.attempt.end()
 
     def abort(self, messages: Sequence[WrittenFiles | None]) -> None:
-        self.table_write.abort(_files(messages), tasks_may_run=True)
+        try:
+            self.attempt.abort(_files(messages), tasks_may_run=True)
+        finally:
+            self.attempt.end()
 
 
 @dataclass(frozen=True)
@@ -412,7 +415,7 @@ def _fit(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:
 
 
 class _SparkWriteOptions:
-    """Data source options of a write, turned into :meth:`TableWrite.begin` arguments."""
+    """Data source options of a write, as :func:`~blobhouse.write.begin_write` arguments."""
 
     def __init__(self, options) -> None:
         self.options = options
@@ -438,7 +441,7 @@ class _SparkWriteOptions:
         return WriteOptions(**given)
 
     def table_write_kwargs(self) -> dict:
-        """The other :meth:`TableWrite.begin` keywords the options set."""
+        """The other :func:`~blobhouse.write.begin_write` keywords the options set."""
         get = self.options.get
         kwargs: dict = {}
         if get("store_index") == "joined":

@@ -1,29 +1,37 @@
-"""TableWrite: one write to a table -- planned once, data files written anywhere, committed once.
+"""One write to a table, as a change (:mod:`blobhouse.commit.change`): planned once, its data
+files written anywhere (here, or by Spark tasks), committed once.
+
+:func:`begin_write` checks the target and plans the write (:class:`TableWrite`, what the tasks
+run); the attempt it returns commits or aborts where it began.
 
 >>> import tempfile, pyarrow as pa
 >>> from blobhouse import blob_array
 >>> data = pa.table({"id": [1, 2], "img": blob_array([b"x", b"x"])})
->>> write = TableWrite.begin(tempfile.mkdtemp() + "/t", data.schema)
->>> write.commit(write.write(data.to_batches())).count_rows()
+>>> write = begin_write(tempfile.mkdtemp() + "/t", data.schema, in_tasks=True)
+>>> written = write.plan.write(data.to_batches())  # in a Spark task, say
+>>> write.commit(written).snapshot.count_rows()
 2
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import lance
 import pyarrow as pa
-from lance import LanceOperation
+from lance import LanceDataset, LanceOperation
+from lance.fragment import DataFile, FragmentMetadata
 from lance.schema import LanceSchema
 
 from blobhouse.commit import leases
+from blobhouse.commit.change import Attempt, BaseChange, Staged, run_change
 from blobhouse.commit.transaction import TableCreatedMeanwhile, Transaction
 from blobhouse.errors import (
     InvalidInputError,
     PropertyConflictError,
+    SchemaError,
     StaleWriteError,
     TableExistsError,
     TableNotFoundError,
@@ -55,13 +63,9 @@ WriteMode = Literal["create", "append", "overwrite"]
 
 @dataclass(frozen=True)
 class TableWrite:
-    """One write to a table: planned once, data files written anywhere, committed once, on
-    one :class:`~blobhouse.commit.transaction.Transaction`.
-
-    :func:`blobhouse.write_table` runs all three steps in one process; the Spark writer plans on the
-    driver, writes in tasks and commits on the driver. The object pickles, so it travels to the
-    tasks and to the commit. A write that does not commit removes what it wrote (:meth:`abort`).
-    """
+    """A planned write (the plan of a :class:`WriteChange`): the data files it writes
+    (:meth:`write`, here or in Spark tasks: the object pickles), then one commit of them all
+    on its :class:`~blobhouse.commit.transaction.Transaction`, or an abort that removes them."""
 
     transaction: Transaction
     plan: WritePlan
@@ -70,42 +74,15 @@ class TableWrite:
     properties: TableProperties | None = None  # what a create or an overwrite records
 
     @classmethod
-    def begin(
-        cls,
-        uri: str,
-        schema: pa.Schema,
-        options: WriteOptions | None = None,
-        *,
-        mode: WriteMode = "create",
-        storage_options: dict[str, str] | None = None,
-        load_store_index: bool = True,
-        branch: str | None = None,
-        write_id: str | None = None,
-        allow_nonempty_folder: bool = False,
-    ) -> TableWrite:
-        """Check the mode against the table, and plan the write of data shaped as ``schema``.
-
-        ``load_store_index=False``: the rows were already looked up in the table's store (a
-        Spark join), so the writing tasks do not load its index. ``write_id``: the id of a
-        write that already staged files (store packs stored before the rows)."""
-        if mode not in ("create", "append", "overwrite"):
-            raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
-        options = options or WriteOptions()
-        storage_options = checked_options(storage_options)
-        location = TableLocation.of(uri, branch, storage_options)
-        existing = open_dataset(location, None, storage_options)
-        if existing is None and location.branch is None:
-            check_new_table_folder(location.root, allow_nonempty_folder)
-        if existing is None and location.branch is not None:
-            raise TableNotFoundError(
-                f"no branch {location.branch!r} in {location.root} (make it with Lance's "
-                "create_branch)"
-            )
-        if mode == "create" and existing is not None:
-            raise TableExistsError(f"table {uri} already exists (use mode='append' or 'overwrite')")
-        if existing is not None:
-            existing = relocate_store(existing, location, storage_options)
-        appending = mode == "append" and existing is not None
+    def planned(cls, at: TableSnapshot | None, request: WriteChange) -> TableWrite:
+        """The write ``request`` asks for, planned on ``at`` (None: it creates the table)."""
+        options, location, storage_options = (
+            request.options,
+            request.location,
+            request.storage_options,
+        )
+        existing = at.dataset if at is not None else None
+        appending = request.mode == "append" and existing is not None
         kept = kept_properties(existing, appending)
         bases = allowed_bases_of(
             existing, options.allowed_bases, appending, location.root_uri, options.managed_bases
@@ -114,21 +91,30 @@ class TableWrite:
             options = kept.resolve(options, columns=blob_names(existing.schema))
         else:
             named = sorted(options.blob_columns)
-            columns = [path_name(p) for p in find_blob_columns(schema, named)]
+            columns = [path_name(p) for p in find_blob_columns(request.schema, named)]
             options = kept.for_new_table(options, columns)
         plan = plan_write(
-            schema,
+            request.schema,
             **options.layout(),
             table_schema=existing.schema if appending else None,
             allowed_bases=bases,
         )
         if plan.uses_store:
             existing, base_id = with_store(location, existing, storage_options)
-            plan = replace(plan, store_base_id=base_id, load_store_index=load_store_index)
+            # tasks that get no shuffle claim each new payload, so one of them stores it
+            claim = request.in_tasks and request.load_store_index
+            plan = replace(
+                plan,
+                store_base_id=base_id,
+                load_store_index=request.load_store_index,
+                claim_payloads=claim,
+            )
         read_version = existing.version if existing is not None else None
-        transaction = Transaction.start(location, read_version, storage_options, id=write_id)
+        transaction = Transaction.start(
+            location, read_version, storage_options, id=request.write_id
+        )
         recorded = None if appending else properties_of(plan, options)
-        return cls(transaction, plan, appending, mode, recorded)
+        return cls(transaction, plan, appending, request.mode, recorded)
 
     @property
     def location(self) -> TableLocation:
@@ -146,15 +132,6 @@ class TableWrite:
     def name_prefix(self) -> str:
         """Every data file this write stages is named ``<write id>-<uuid>.lance``."""
         return self.transaction.name_prefix
-
-    def run(self, batches: Iterable[pa.RecordBatch]) -> TableSnapshot:
-        """Write ``batches`` and commit them: the whole write in this process."""
-        try:
-            written = self.write(batches)
-        except BaseException:
-            self.abort([])  # the files are gone already; the lease and new directories go too
-            raise
-        return self.commit(written)
 
     def write(self, batches: Iterable[pa.RecordBatch]) -> list[WrittenFile]:
         """Write data files (and sidecars) for ``batches``; nothing is visible until commit.
@@ -276,3 +253,142 @@ class TableWrite:
         return LanceOperation.Overwrite(
             schema, [w.fragment(ids) for w in written], initial_bases=bases
         )
+
+
+@dataclass(frozen=True)
+class _AddFile(BaseChange[Transaction, None]):
+    """A data file written by a session (:class:`~blobhouse.session.BlobSession`), appended as
+    one new fragment; its transaction is named by the file, so its lease covers the file and
+    its sidecar directory."""
+
+    written: WrittenFile
+
+    def plan(self, snapshot: TableSnapshot) -> Transaction:
+        data_file = DataFile.create(snapshot.dataset, self.written.name)
+        fields = snapshot.dataset.lance_schema.fields()
+        missing = [
+            f.name() for f in fields if not set(leaf_field_ids([f])) <= set(data_file.fields)
+        ]
+        if missing:
+            raise SchemaError(
+                f"data file {self.written.name} lacks column(s) {missing} of the table; a new "
+                "fragment holds every column"
+            )
+        prefix = self.written.name.removesuffix(".lance")
+        return Transaction(snapshot.location, snapshot.version, snapshot.storage_options, prefix)
+
+    def stage(self, txn: Transaction, staged: Staged) -> None:
+        staged.written.append(self.written)  # written already: an abort removes it
+
+    def commit(self, txn: Transaction, staged: Staged) -> LanceDataset:
+        data_file = DataFile.create(txn.read_dataset(), self.written.name)
+        fragment = FragmentMetadata(id=0, files=[data_file], physical_rows=self.written.num_rows)
+        return txn.commit(staged.written, lambda: LanceOperation.Append([fragment]))
+
+    def report(self, *_: object) -> None:
+        return None
+
+
+def add_data_file(snapshot: TableSnapshot, written: WrittenFile) -> TableSnapshot:
+    """Append ``written`` (a session's data file of the table) as one new fragment; the
+    committed snapshot. Its columns must be all of the table's."""
+    return run_change(_AddFile(written), snapshot, retries=0).snapshot
+
+
+@dataclass(frozen=True)
+class WriteChange(BaseChange[TableWrite, TableSnapshot]):
+    """A write of data shaped as ``schema`` to the table at ``location``, as a change: planned
+    on the table as it is (or on none: a create), its files staged from ``batches`` here, or
+    by Spark tasks (``in_tasks``: ``batches`` is None, the tasks hand their files to the
+    commit); the report is the committed snapshot."""
+
+    location: TableLocation
+    schema: pa.Schema
+    options: WriteOptions
+    mode: WriteMode
+    storage_options: dict[str, str] | None = None
+    load_store_index: bool = True
+    write_id: str | None = None
+    batches: Iterable[pa.RecordBatch] | None = field(default=None, compare=False)
+
+    @property
+    def in_tasks(self) -> bool:  # type: ignore[override]
+        return self.batches is None
+
+    def plan(self, snapshot: TableSnapshot | None) -> TableWrite:
+        return TableWrite.planned(snapshot, self)
+
+    def stage(self, write: TableWrite, staged: Staged) -> None:
+        if self.batches is not None:
+            staged.written.extend(write.write(self.batches))
+
+    def commit(self, write: TableWrite, staged: Staged) -> LanceDataset:
+        return write.commit(staged.written).dataset
+
+    def report(
+        self, write: TableWrite, staged: Staged, committed: TableSnapshot, attempt: int
+    ) -> TableSnapshot:
+        return committed
+
+    def abort(self, write: TableWrite, staged: Staged, *, tasks_may_run: bool) -> None:
+        write.abort(staged.written, tasks_may_run=tasks_may_run)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "batches": None}  # a stream stays where it was read
+
+
+WriteAttempt = Attempt[TableWrite, TableSnapshot]
+
+
+def begin_write(
+    uri: str,
+    schema: pa.Schema,
+    options: WriteOptions | None = None,
+    *,
+    mode: WriteMode = "create",
+    storage_options: dict[str, str] | None = None,
+    branch: str | None = None,
+    batches: Iterable[pa.RecordBatch] | None = None,
+    in_tasks: bool = False,
+    load_store_index: bool = True,
+    write_id: str | None = None,
+    allow_nonempty_folder: bool = False,
+) -> WriteAttempt:
+    """Check ``mode`` against the table at ``uri``, and plan the write of data shaped as
+    ``schema``: of ``batches`` in this process (:meth:`~blobhouse.commit.change.Attempt.run`),
+    or, ``in_tasks``, by Spark tasks that run ``attempt.plan.write`` and hand their files to
+    ``attempt.commit`` (the attempt pickles, so the commit may run in another process).
+
+    ``load_store_index=False``: the rows were already looked up in the table's store (a
+    Spark join), so the writing tasks do not load its index. ``write_id``: the id of a
+    write that already staged files (store packs stored before the rows)."""
+    if mode not in ("create", "append", "overwrite"):
+        raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
+    if (batches is None) != in_tasks:
+        raise ValueError("a write stages either batches here or files in tasks (in_tasks)")
+    storage_options = checked_options(storage_options)
+    location = TableLocation.of(uri, branch, storage_options)
+    existing = open_dataset(location, None, storage_options)
+    if existing is None and location.branch is None:
+        check_new_table_folder(location.root, allow_nonempty_folder)
+    if existing is None and location.branch is not None:
+        raise TableNotFoundError(
+            f"no branch {location.branch!r} in {location.root} (make it with Lance's create_branch)"
+        )
+    if mode == "create" and existing is not None:
+        raise TableExistsError(f"table {uri} already exists (use mode='append' or 'overwrite')")
+    at = None
+    if existing is not None:
+        existing = relocate_store(existing, location, storage_options)
+        at = TableSnapshot(existing, location, storage_options)
+    request = WriteChange(
+        location,
+        schema,
+        options or WriteOptions(),
+        mode,
+        storage_options,
+        load_store_index,
+        write_id,
+        batches,
+    )
+    return Attempt.begin(request, at)

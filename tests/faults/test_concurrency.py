@@ -253,13 +253,17 @@ def test_writers_registering_the_store_at_the_same_time_all_commit(table_uri):
 def stage(uri: str, ids: list[int], dedup: str):
     """A write of ``ids`` planned and staged, not committed yet."""
     from blobhouse.options import WriteOptions
-    from blobhouse.write import TableWrite
+    from blobhouse.write import begin_write
 
     data = pa.table({"id": pa.array(ids, pa.int64()), "b": blob_array([payload(i) for i in ids])})
-    write = TableWrite.begin(
-        uri, data.schema, WriteOptions(dedup=dedup, placement=PLACEMENT), mode="append"
+    write = begin_write(
+        uri,
+        data.schema,
+        WriteOptions(dedup=dedup, placement=PLACEMENT),
+        mode="append",
+        in_tasks=True,
     )
-    return write, write.write(data.to_batches())
+    return write, write.plan.write(data.to_batches())
 
 
 def staged_files(uri: str, prefix: str) -> list[Path]:
@@ -275,7 +279,7 @@ def commit_or_fail_clearly(uri: str, write, written, ids: list[int], before: lis
         write.commit(written)
     except BlobhouseError:
         assert sorted(read_back(uri)) == sorted(before)
-        assert staged_files(uri, write.name_prefix) == []
+        assert staged_files(uri, write.transaction.name_prefix) == []
     else:
         assert sorted(read_back(uri)) == sorted(before + ids)
 

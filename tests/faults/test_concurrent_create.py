@@ -18,7 +18,7 @@ import pytest
 
 from blobhouse import SchemaError, TableExistsError, blob_array, open_table
 from blobhouse.options import WriteOptions
-from blobhouse.write import TableWrite
+from blobhouse.write import begin_write
 from tests.helpers import data_files, stock_read
 
 SHARED = os.urandom(120_000)
@@ -30,8 +30,8 @@ def rows(ids, payloads) -> pa.Table:
 
 def staged(uri: str, data: pa.Table, mode: str, dedup: str = "content"):
     """A write planned (the table missing for every one of them) and its files written."""
-    write = TableWrite.begin(uri, data.schema, WriteOptions(dedup=dedup), mode=mode)
-    return write, write.write(data.to_batches())
+    write = begin_write(uri, data.schema, WriteOptions(dedup=dedup), mode=mode, in_tasks=True)
+    return write, write.plan.write(data.to_batches())
 
 
 def contents(uri: str) -> dict[int, bytes]:
@@ -46,7 +46,7 @@ def test_the_losers_of_a_create_race_append(table_uri, dedup):
     one, one_files = staged(table_uri, first, "append", dedup)
     two, two_files = staged(table_uri, second, "append", dedup)  # also sees no table
     one.commit(one_files)
-    table = two.commit(two_files)
+    table = two.commit(two_files).snapshot
     assert table.version == 2 and [v["version"] for v in table.versions()] == [1, 2]
     expected = dict(zip(range(4), [*first["b"].to_pylist(), *second["b"].to_pylist()], strict=True))
     assert contents(table_uri) == {i: v["data"] for i, v in expected.items()}
@@ -63,7 +63,7 @@ def test_exactly_one_creator_wins_and_the_others_leave_nothing(table_uri):
     two, two_files = staged(table_uri, second, "create")
     one.commit(one_files)
     files_after_first = {f for f in data_files(table_uri)} - {
-        f for f in data_files(table_uri) if two.name_prefix in f
+        f for f in data_files(table_uri) if two.transaction.name_prefix in f
     }
     with pytest.raises(TableExistsError, match="created by another writer"):
         two.commit(two_files)
@@ -80,7 +80,7 @@ def test_a_loser_with_another_schema_commits_nothing(table_uri):
     with pytest.raises(SchemaError, match="id: table has int64, data has string"):
         two.commit(two_files)
     assert contents(table_uri) == {0: SHARED}
-    assert not [f for f in data_files(table_uri) if two.name_prefix in f]
+    assert not [f for f in data_files(table_uri) if two.transaction.name_prefix in f]
 
 
 def test_overwrites_of_a_missing_table_are_last_writer_wins(table_uri):

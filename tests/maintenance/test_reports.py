@@ -19,7 +19,7 @@ from blobhouse.maintenance.reports import (
     OrphansReport,
     ReclaimableReport,
 )
-from blobhouse.write import TableWrite
+from blobhouse.write import begin_write
 
 
 def mismatches(report: dict, declared: type, where: str = "") -> list[str]:
@@ -61,8 +61,8 @@ def test_the_reports_of_orphans_reclaimable_and_a_failed_create(table, tmp_path)
     assert mismatches(orphans(table), OrphansReport) == []
     assert mismatches(reclaimable(table.snapshot), ReclaimableReport) == []
     rows = pa.table({"img": blob_array([b"z" * 100_000])})
-    write = TableWrite.begin(str(tmp_path / "never"), rows.schema)
-    write.write(rows.to_batches())  # staged, never committed: a failed create's leftovers
+    write = begin_write(str(tmp_path / "never"), rows.schema, in_tasks=True)
+    write.plan.write(rows.to_batches())  # staged, never committed: a failed create's leftovers
     report = clean_failed_create(str(tmp_path / "never"), grace=timedelta(0))
     assert report["kept_leased_files"] >= 1  # its lease is still live
     assert mismatches(report, FailedCreateReport) == []

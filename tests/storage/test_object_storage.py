@@ -38,7 +38,7 @@ from blobhouse.storage import ArrowStore, checked_options, object_store
 from blobhouse.store.digest_filter import may_contain, read_filters
 from blobhouse.store.index import filters_uri
 from blobhouse.table import Table
-from blobhouse.write import TableWrite
+from blobhouse.write import begin_write
 from tests.helpers import worker_script
 
 KIB, MIB = 1024, 1024 * 1024
@@ -429,13 +429,17 @@ def test_gc_on_s3_keeps_the_files_of_a_running_write(s3):
     uri = f"{s3.uri}/t"
     write_table(rows(4), uri, storage_options=s3.options)
     data = rows(4)
-    write = TableWrite.begin(uri, data.schema, mode="append", storage_options=s3.options)
-    written = write.write(data.to_batches())  # staged, lease touched, not committed
+    write = begin_write(uri, data.schema, mode="append", storage_options=s3.options, in_tasks=True)
+    written = write.plan.write(data.to_batches())  # staged, lease touched, not committed
     time.sleep(1.1)  # older than the grace below, by the store's whole-second clock
-    with leases.held(write.location.root, write.name_prefix, write.storage_options):
+    with leases.held(
+        write.transaction.location.root,
+        write.transaction.name_prefix,
+        write.transaction.storage_options,
+    ):
         report = open_table(uri, storage_options=s3.options).gc(grace=timedelta(0))
     assert report["removed_files"] == 0
-    table = Table(write.commit(written))
+    table = Table(write.commit(written).snapshot)
     assert table.count_rows() == 8
     assert table.read_blobs("media", [5]) == [payload(1, 300 * KIB)]
 
@@ -822,10 +826,10 @@ def test_writers_beside_gc_and_compaction_on_s3_lose_nothing(s3, monkeypatch):
             ids = [w * 100 + i * 10 + k for k in range(3)]
             data = pa.table({"id": ids, "b": blob_array([payload(j % 7, 90 * KIB) for j in ids])})
             if i % 3 == 2:  # a write that dies after staging: leftovers for gc to sweep
-                staged = TableWrite.begin(
-                    uri, data.schema, mode="append", storage_options=s3.options
+                staged = begin_write(
+                    uri, data.schema, mode="append", storage_options=s3.options, in_tasks=True
                 )
-                staged.write(data.to_batches())
+                staged.plan.write(data.to_batches())
             for _ in range(5):  # documented as retryable: nothing was committed
                 try:
                     # the table's mode changes beside the other writers, gc and compaction
@@ -874,7 +878,6 @@ def test_writers_beside_gc_and_compaction_on_s3_lose_nothing(s3, monkeypatch):
 def test_claims_on_s3_let_one_task_store_a_payload_and_the_others_borrow_it(s3):
     """Tasks of one write claiming on S3 (a conditional PUT each): the first stores the
     payload, the others reference its copy; the write commits each payload once."""
-    from dataclasses import replace
 
     from blobhouse.dedup import content_hash
     from blobhouse.store.claims import Claim, Claimant, Claims
@@ -888,8 +891,10 @@ def test_claims_on_s3_let_one_task_store_a_payload_and_the_others_borrow_it(s3):
         )
 
     write_table(rows(0), uri, storage_options=s3.options)
-    write = TableWrite.begin(uri, rows(0).schema, mode="append", storage_options=s3.options)
-    write = replace(write, plan=replace(write.plan, claim_payloads=True))
+    write = begin_write(
+        uri, rows(0).schema, mode="append", storage_options=s3.options, in_tasks=True
+    )
+    assert write.plan.plan.claim_payloads  # as the Spark data source plans it
     digest = content_hash(b"x" * 100)  # the claim itself: one conditional PUT
     first = Claims(uri, write.transaction.id, s3.options, Claimant(0, 0, "a"))
     second = Claims(uri, write.transaction.id, s3.options, Claimant(1, 0, "b"))
@@ -902,9 +907,9 @@ def test_claims_on_s3_let_one_task_store_a_payload_and_the_others_borrow_it(s3):
         pa.table({"id": pa.array(range(n * 10, n * 10 + 4), pa.int64()), "b": blob_array(new)})
         for n in (1, 2, 3)
     ]
-    written = [f for task in tasks for f in write.write(task.to_batches())]
+    written = [f for task in tasks for f in write.plan.write(task.to_batches())]
     assert sum(len(f.borrowed) for f in written) == 2  # two of three tasks borrowed it
-    table = Table(write.commit(written))
+    table = Table(write.commit(written).snapshot)
     assert table.stats()["physical_bytes"] == sum(map(len, clips)) + len(new[0])
     assert not s3.objects("t/_blobs/claims/")  # removed at the commit
     assert table.read_blobs("b", range(table.count_rows()))[-1] == new[0]

@@ -110,12 +110,14 @@ def test_failed_writes_leave_no_pack_and_gc_reclaims_unreferenced_packs(table_ur
 
 def test_packs_of_a_write_that_never_committed_are_collected_after_the_grace(table_uri):
     from blobhouse.options import WriteOptions
-    from blobhouse.write import TableWrite
+    from blobhouse.write import begin_write
 
     write_table(rows([0], [PAYLOADS[0]]), table_uri, dedup="global")
     staged = rows([1], [os.urandom(90_000)])
-    write = TableWrite.begin(table_uri, staged.schema, WriteOptions(dedup="global"), mode="append")
-    write.write(staged.to_batches())  # a writer killed before its commit
+    write = begin_write(
+        table_uri, staged.schema, WriteOptions(dedup="global"), mode="append", in_tasks=True
+    )
+    write.plan.write(staged.to_batches())  # a writer killed before its commit
     assert packs_bytes(table_uri) == len(PAYLOADS[0]) + 90_000
     assert open_table(table_uri).gc()["kept_young_files"] >= 2  # data file and pack
     aged(table_uri, hours=48)
@@ -266,14 +268,16 @@ def test_deep_verify_checks_store_payloads_against_the_index(table_uri):
 def found_in_the_index(table_uri):
     """A write in flight that found a payload in the index while nothing references it."""
     from blobhouse.options import WriteOptions
-    from blobhouse.write import TableWrite
+    from blobhouse.write import begin_write
 
     write_table(rows([0], [PAYLOADS[0]]), table_uri, dedup="global")
     write_table(rows([1], [PAYLOADS[1]]), table_uri, mode="overwrite", dedup="global")
     open_table(table_uri).gc(retain_versions=1, grace=timedelta(hours=1))  # pack too young
     data = rows([2], [PAYLOADS[0]])
-    write = TableWrite.begin(table_uri, data.schema, WriteOptions(dedup="global"), mode="append")
-    written = write.write(data.to_batches())
+    write = begin_write(
+        table_uri, data.schema, WriteOptions(dedup="global"), mode="append", in_tasks=True
+    )
+    written = write.plan.write(data.to_batches())
     assert written[0].found_packs and not written[0].packs  # a reference, nothing written
     aged(table_uri, hours=48)
     return write, written

@@ -29,7 +29,7 @@ from blobhouse.cli import main
 from blobhouse.managed import DOOMED_DIR, Registry, managed_dir
 from blobhouse.options import WriteOptions
 from blobhouse.ownership import OWNER_DIR
-from blobhouse.write import TableWrite
+from blobhouse.write import begin_write
 from tests.helpers import aged, tree
 
 HOUR = timedelta(hours=1)
@@ -220,8 +220,8 @@ def test_a_failed_or_aborted_write_hands_nothing_over(table_uri, media):
         write_table(failing_source(), table_uri, mode="append")
     # a write planned and written, then aborted (what a failed Spark job does)
     batch = pa.record_batch({"id": pa.array([1, 2], pa.int64()), "v": values})
-    write = TableWrite.begin(table_uri, batch.schema, mode="append")
-    written = write.write([batch])
+    write = begin_write(table_uri, batch.schema, mode="append", in_tasks=True)
+    written = write.plan.write([batch])
     assert {u for w in written for u in w.managed} == {file_uri(owned), file_uri(flagged)}
     write.abort(written)
     assert registered(table_uri) == set()
@@ -252,8 +252,8 @@ def test_written_files_carry_managed_uris_through_pickling_to_the_commit(table_u
     owned = f"{media['owned']}/2.bin"
     batch = pa.record_batch({"id": pa.array([0], pa.int64()), "v": blob_array([Blob(uri=owned)])})
     options = WriteOptions(allowed_bases=[media["shared"]], managed_bases=[media["owned"]])
-    write = TableWrite.begin(table_uri, batch.schema, options)
-    task_result = pickle.dumps(write.write([batch]))  # what a Spark task sends the driver
+    write = begin_write(table_uri, batch.schema, options, in_tasks=True)
+    task_result = pickle.dumps(write.plan.write([batch]))  # what a Spark task sends the driver
     pickle.loads(pickle.dumps(write)).commit(pickle.loads(task_result))
     assert registered(table_uri) == {file_uri(owned)}
 
@@ -388,8 +388,8 @@ def test_a_managed_object_gone_before_the_commit_commits_nothing(table_uri, medi
     owned = f"{media['owned']}/1.bin"
     make_table(table_uri, media, [b"x"])
     batch = pa.record_batch({"id": pa.array([1], pa.int64()), "v": blob_array([Blob(uri=owned)])})
-    write = TableWrite.begin(table_uri, batch.schema, mode="append")
-    written = write.write([batch])
+    write = begin_write(table_uri, batch.schema, mode="append", in_tasks=True)
+    written = write.plan.write([batch])
     os.remove(owned)  # deleted while the write ran (by someone, or by gc)
     with pytest.raises(ManagedObjectRaceError, match="are gone"):
         write.commit(written)

@@ -27,7 +27,7 @@ from blobhouse import (
 from blobhouse.layout import TableLocation
 from blobhouse.managed import Registry
 from blobhouse.ownership import OWNER_DIR, claim, owner_marker, read_owner, release
-from blobhouse.write import TableWrite
+from blobhouse.write import begin_write
 
 NOW = timedelta(0)
 
@@ -231,8 +231,8 @@ def test_a_write_that_does_not_commit_removes_the_markers_it_created(tmp_path, m
 
     # staged files gone before the commit (gc swept them): the markers go with the write
     batch = rows([Blob(uri=kept), Blob(uri=fresh)], 1).to_batches()[0]
-    write_ = TableWrite.begin(table, batch.schema, mode="append")
-    written = write_.write([batch])
+    write_ = begin_write(table, batch.schema, mode="append", in_tasks=True)
+    written = write_.plan.write([batch])
     os.remove(os.path.join(table, "data", written[0].name))
     with pytest.raises(StaleWriteError):
         write_.commit(written)

@@ -2,13 +2,12 @@
 fails after claiming never leaves a reference to bytes that are not there (blobhouse.store.claims).
 
 Each "task" here is one :meth:`TableWrite.write` call (as a Spark task runs it), with its own
-store writer and claimant; the driver's commit is :meth:`TableWrite.commit`."""
+store writer and claimant; the driver's commit is the write attempt's (:func:`begin_write`)."""
 
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import replace
 from datetime import timedelta
 
 import pyarrow as pa
@@ -19,7 +18,7 @@ from blobhouse.dedup import content_hash
 from blobhouse.storage import uri_to_path
 from blobhouse.store.claims import Claim, Claimant, Claims, claims_folder
 from blobhouse.table import Table
-from blobhouse.write import TableWrite
+from blobhouse.write import WriteAttempt, begin_write
 from tests.helpers import stock_read, tree
 
 CLIPS = [os.urandom(200_000 + i) for i in range(6)]
@@ -37,10 +36,11 @@ def rows(first: int, clips: list[int]) -> pa.Table:
     )
 
 
-def begin(uri: str, data: pa.Table) -> TableWrite:
+def begin(uri: str, data: pa.Table) -> WriteAttempt:
     """A write as the Spark data source plans it: its tasks claim new payloads."""
-    write = TableWrite.begin(uri, data.schema, mode="append")
-    return replace(write, plan=replace(write.plan, claim_payloads=True))
+    write = begin_write(uri, data.schema, mode="append", in_tasks=True)
+    assert write.plan.plan.claim_payloads
+    return write
 
 
 def unique(*tables: pa.Table) -> int:
@@ -59,14 +59,14 @@ def test_tasks_of_one_write_store_each_new_payload_once(table_uri):
     written: list = [None] * len(tasks)
 
     def task(n: int) -> None:
-        written[n] = write.write(tasks[n].to_batches())
+        written[n] = write.plan.write(tasks[n].to_batches())
 
     threads = [threading.Thread(target=task, args=(n,)) for n in range(len(tasks))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    table = Table(write.commit([f for files in written for f in files]))
+    table = Table(write.commit([f for files in written for f in files]).snapshot)
     stats = table.stats()
     assert stats["physical_bytes"] == unique(rows(0, [0]), *tasks)
     assert set(stats["columns"]["clip"]["kinds"]) == {"global"}
@@ -93,13 +93,15 @@ def test_a_task_that_failed_after_claiming_leaves_its_payloads_to_the_commit(
 
     write = begin(table_uri, rows(0, [0]))
     with pytest.raises(RuntimeError):
-        write.write(failing())  # claimed clips 0 and 1, then failed: its packs are finished
-    survivor = write.write(rows(200, [0, 1, 2]).to_batches())  # borrows clips 0 and 1
+        write.plan.write(failing())  # claimed clips 0 and 1, then failed: its packs are finished
+    survivor = write.plan.write(rows(200, [0, 1, 2]).to_batches())  # borrows clips 0 and 1
     assert {b.digest for f in survivor for b in f.borrowed} == {
         content_hash(CLIPS[0]),
         content_hash(CLIPS[1]),
     }
-    table = Table(write.commit(survivor))  # the failed task's packs are checked and adopted
+    table = Table(
+        write.commit(survivor).snapshot
+    )  # the failed task's packs are checked and adopted
     ids = table.to_arrow(columns=["id"])["id"].to_pylist()
     expected = {0: CLIPS[5], 200: CLIPS[0], 201: CLIPS[1], 202: CLIPS[2]}
     assert table.read_blobs("clip", range(4)) == [expected[i] for i in ids]
@@ -123,8 +125,8 @@ def test_borrowed_bytes_that_are_not_there_fail_the_commit_and_leave_nothing(tab
 
     write = begin(table_uri, rows(0, [0]))
     with pytest.raises(RuntimeError):
-        write.write(failing())
-    survivor = write.write(rows(200, [0]).to_batches())
+        write.plan.write(failing())
+    survivor = write.plan.write(rows(200, [0]).to_batches())
     (borrowed,) = {b.pack for f in survivor for b in f.borrowed}
     pack = os.path.join(table_uri, "_blobs", borrowed)
     if damage == "missing":
@@ -146,14 +148,14 @@ def test_a_retry_of_a_task_takes_its_predecessors_claims_over(table_uri, monkeyp
     write = begin(table_uri, rows(0, [0]))
     # attempt 0 of task 3 claimed clip 0 and died before storing it (no pack at all)
     dead = Claims(table_uri, write.transaction.id, claimant=Claimant(3, 0, "dead"))
-    gone = f"packs/{write.name_prefix}never-written.pack"
+    gone = f"packs/{write.transaction.name_prefix}never-written.pack"
     dead.claim(Claim(content_hash(CLIPS[0]), gone, 0, len(CLIPS[0]), dead.claimant))
     monkeypatch.setattr(Claimant, "here", classmethod(lambda cls: Claimant(3, 1, "retry")))
-    written = write.write(rows(100, [0, 1]).to_batches())
+    written = write.plan.write(rows(100, [0, 1]).to_batches())
     assert not [b for f in written for b in f.borrowed]  # stored it itself
     claim = dead._read(dead._uri(content_hash(CLIPS[0])), content_hash(CLIPS[0]))
     assert claim.claimant.id == "retry" and claim.pack in {p for f in written for p in f.packs}
-    table = Table(write.commit(written))
+    table = Table(write.commit(written).snapshot)
     assert table.read_blobs("clip", [1, 2]) == [CLIPS[0], CLIPS[1]]
 
 
@@ -164,23 +166,23 @@ def test_a_claim_its_writer_never_finished_is_taken_over(table_uri, monkeypatch)
     os.makedirs(folder)
     open(os.path.join(folder, content_hash(CLIPS[0]).hex()), "wb").close()  # died writing it
     monkeypatch.setattr("blobhouse.store.claims._READ_ATTEMPTS", 3)
-    written = write.write(rows(100, [0]).to_batches())
+    written = write.plan.write(rows(100, [0]).to_batches())
     with open(os.path.join(folder, content_hash(CLIPS[0]).hex()), "rb") as f:
         assert b'"pack"' in f.read()  # the claim names this task's copy now
-    table = Table(write.commit(written))
+    table = Table(write.commit(written).snapshot)
     assert table.read_blobs("clip", [1]) == [CLIPS[0]]
 
 
 def test_gc_sweeps_the_claims_of_a_write_that_died(table_uri):
     write_table(rows(0, [5]), table_uri)
     write = begin(table_uri, rows(0, [0]))
-    write.write(rows(100, [0, 1]).to_batches())  # staged and claimed, never committed
+    write.plan.write(rows(100, [0, 1]).to_batches())  # staged and claimed, never committed
     assert claim_files(table_uri)
     open_table(table_uri).gc(grace=timedelta(hours=1))  # the write's lease still lives
     assert claim_files(table_uri)
     from blobhouse.commit import leases
 
-    leases.release(table_uri, write.name_prefix)
+    leases.release(table_uri, write.transaction.name_prefix)
     open_table(table_uri).gc(grace=timedelta(0))
     assert claim_files(table_uri) == []
     assert open_table(table_uri).stats()["orphan_files"] == 0
@@ -226,10 +228,10 @@ def test_small_payloads_are_claimed_while_their_column_shares_them(table_uri):
 
     write_table(next(task(9)), table_uri)
     write = begin(table_uri, pa.Table.from_batches([next(task(9))]))
-    written = [write.write(task(n)) for n in range(3)]
+    written = [write.plan.write(task(n)) for n in range(3)]
     claims = claim_files(table_uri)
     assert len([c for c in claims]) <= 2 + 3 * SMALL_PROBE  # thumbnails stopped claiming
-    table = Table(write.commit([f for files in written for f in files]))
+    table = Table(write.commit([f for files in written for f in files]).snapshot)
     stats = table.stats()["columns"]
     assert stats["calib"]["physical_bytes"] == sum(map(len, calibration))  # once, not per task
     assert stats["thumb"]["physical_bytes"] == stats["thumb"]["logical_bytes"]
@@ -248,9 +250,9 @@ def test_tasks_ending_after_their_write_was_aborted_leave_no_claim_or_pack(table
         raise RuntimeError("cancelled")
 
     with pytest.raises(RuntimeError):  # failed after claiming: it kept its packs for others
-        write.write(failing())
+        write.plan.write(failing())
     with pytest.raises(BlobhouseError, match="was aborted"):
-        write.write(rows(200, [2, 3]).to_batches())
+        write.plan.write(rows(200, [2, 3]).to_batches())
     left = tree(table_uri) - before
     assert all(p.startswith("data/aborted-") for p in left), left
     assert open_table(table_uri).version == table.version

@@ -267,15 +267,15 @@ def test_bad_appends_leave_the_table_unchanged(existing, columns, kwargs, error,
 
 def test_a_task_finishing_after_abort_removes_its_own_files(existing):
     from blobhouse.errors import BlobhouseError
-    from blobhouse.write import TableWrite
+    from blobhouse.write import begin_write
 
     uri, before, _ = existing
     data = pa.table({"id": [7], "b": blob_array([os.urandom(200_000)])})
-    write = TableWrite.begin(uri, data.schema, mode="append")
+    write = begin_write(uri, data.schema, mode="append", in_tasks=True)
     write.abort([], tasks_may_run=True)  # the driver gave up while this task still ran
     with pytest.raises(BlobhouseError, match="was aborted"):
-        write.write(data.to_batches())
-    assert {p for p in tree(uri) - before} == {f"data/aborted-{write.name_prefix}"}
+        write.plan.write(data.to_batches())
+    assert {p for p in tree(uri) - before} == {f"data/aborted-{write.transaction.name_prefix}"}
     assert open_table(uri).version == 1
 
 
