@@ -16,7 +16,7 @@ import pyarrow as pa
 from lance import LanceDataset
 from lance.fragment import DataFile
 
-from blobhouse.changes import mutations, schema_changes
+from blobhouse.changes import schema_changes
 from blobhouse.changes.backfill import (
     BackfillPlan,
     BlobFunction,
@@ -24,7 +24,8 @@ from blobhouse.changes.backfill import (
     backfill_here,
     commit_backfill,
 )
-from blobhouse.changes.mutations import UpdateReport
+from blobhouse.changes.merge_insert import MergeInsert
+from blobhouse.changes.update import UpdateReport, delete_rows, update_rows
 from blobhouse.columns import lance_name, resolve_columns
 from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
@@ -364,7 +365,7 @@ class Table:
     def delete(self, filter: str) -> Table:
         """Delete the rows matching the SQL ``filter``, as a new version (this table moves to
         it)."""
-        return self._moved_to(mutations.delete(self._snapshot, filter))
+        return self._moved_to(delete_rows(self._snapshot, filter))
 
     @keywords_checked
     def update(
@@ -396,7 +397,7 @@ class Table:
         >>> t.to_arrow(columns=["id", "label"]).to_pylist()
         [{'id': 1, 'label': 'cat'}, {'id': 2, 'label': 'DOG'}]
         """
-        done = mutations.update(self._snapshot, updates, where, dedup=dedup, retries=retries)
+        done = update_rows(self._snapshot, updates, where, dedup=dedup, retries=retries)
         self._moved_to(done.snapshot)
         return done.report
 
@@ -408,10 +409,10 @@ class Table:
         dedup: str | Mapping[str, str] | None = None,
         ref_id_columns: Mapping[str, str] | None = None,
         placement: Mapping[str, Mapping[str, int]] | None = None,
-    ) -> mutations.MergeInsert:
+    ) -> MergeInsert:
         """An upsert keyed by ``on``, built like Lance's ``merge_insert`` and run with
-        ``execute(data)`` in one commit (see :class:`~blobhouse.changes.mutations.MergeInsert`). New
-        rows are written through the write pipeline with the table's properties (options
+        ``execute(data)`` in one commit (see :class:`~blobhouse.changes.merge_insert.MergeInsert`).
+        New rows are written through the write pipeline with the table's properties (options
         given must be the same): with ``dedup="global"``, the default, a payload the table
         already stores anywhere is referenced, not written again.
 
@@ -425,7 +426,7 @@ class Table:
         1
         """
         options = WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns, placement=placement)
-        return mutations.MergeInsert(self._snapshot, on, options, on_commit=self._moved_to)
+        return MergeInsert(self._snapshot, on, options, on_commit=self._moved_to)
 
     def refresh(self) -> Table:
         """Move this table to the latest version of its branch (another writer's commits

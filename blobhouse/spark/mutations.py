@@ -1,5 +1,6 @@
 """update and merge_insert on Spark: the same plans and per-fragment steps as
-:mod:`blobhouse.changes.mutations`, run as Spark tasks; the driver commits once.
+:mod:`blobhouse.changes.update` and :mod:`blobhouse.changes.merge_insert`, run as Spark tasks;
+the driver commits once.
 
 ``merge_insert`` matches with a join Spark executes: tasks read the table's keys fragment by
 fragment, the join runs in Spark, tasks write the new rows' data files, the rewritten columns of
@@ -38,20 +39,17 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
-from blobhouse.changes import mutations
 from blobhouse.changes.backfill import BlobFunction
-from blobhouse.changes.mutations import (
+from blobhouse.changes.column_rewrite import (
     ColumnRewrite,
-    MergeInsert,
-    MergeReport,
-    UpdateReport,
     commit_rewrite,
-    deleted_fragments,
     empty_rewrite,
     has_match,
     rewrite_fragment,
     store_mode,
 )
+from blobhouse.changes.merge_insert import MergeInsert, MergeReport, deleted_fragments
+from blobhouse.changes.update import UpdateReport, update_rows
 from blobhouse.commit.change import BaseChange, Staged, run_change
 from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
@@ -92,7 +90,7 @@ def update(
     changed columns of its fragment if a row matches ``where``; the driver commits once."""
     options = checked_options(storage_options)
     table = open_snapshot(uri, None, options)
-    return mutations.update(
+    return update_rows(
         table,
         updates,
         where,
@@ -103,7 +101,7 @@ def update(
 
 
 def _rewrite_in_tasks(spark: SparkSession, table, plan: ColumnRewrite) -> dict:
-    """:func:`~blobhouse.changes.mutations.rewrite_fragment` of every fragment holding a
+    """:func:`~blobhouse.changes.column_rewrite.rewrite_fragment` of every fragment holding a
     matching row, a Spark task per fragment (each task checks its fragment for a match)."""
     location, version, options, where = (
         table.location,
@@ -578,8 +576,8 @@ def _by_fragment(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.Ta
 def _rewrite_matched(
     matched: DataFrame, table: TableSnapshot, rewrite: ColumnRewrite
 ) -> dict[int, tuple[WrittenFile, BitMap]]:
-    """``when_matched_update(columns)``: :func:`~blobhouse.changes.mutations.rewrite_fragment` of
-    every fragment holding a matched row, in tasks fed that fragment's matched source rows
+    """``when_matched_update(columns)``: :func:`~blobhouse.changes.column_rewrite.rewrite_fragment`
+    of every fragment holding a matched row, in tasks fed that fragment's matched source rows
     (sorted by address: a task holds one fragment's rows at a time), with the rows it changed."""
     location, version, options = table.location, table.version, table.storage_options
     present = [c for c in rewrite.columns if c in matched.columns]

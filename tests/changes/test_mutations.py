@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from blobhouse import InvalidInputError, SchemaError, blob_array, open_table, write_table
-from blobhouse.changes import mutations
+from blobhouse.changes import column_rewrite
 from blobhouse.errors import ConcurrentCommitError, UnknownOptionError
 from tests.helpers import disk_bytes, stock_read, tree, unreferenced_deletion_files
 
@@ -159,7 +159,7 @@ def test_a_failing_blob_function_leaves_nothing_behind(table_uri):
 
 def test_update_retries_after_a_concurrent_delete(table_uri, monkeypatch):
     table = make(table_uri, "content")
-    original = mutations.rewrite_fragment
+    original = column_rewrite.rewrite_fragment
     raced = []
 
     def then_someone_deletes(t, plan, fragment_id):
@@ -169,7 +169,7 @@ def test_update_retries_after_a_concurrent_delete(table_uri, monkeypatch):
             lance.dataset(table_uri).delete("id = 3")
         return out
 
-    monkeypatch.setattr(mutations, "rewrite_fragment", then_someone_deletes)
+    monkeypatch.setattr(column_rewrite, "rewrite_fragment", then_someone_deletes)
     report = table.update({"label": "'x'"}, where="id < 5")
     assert report.attempts == 2 and report.rows_updated == 4  # planned again without id 3
     assert table.count_rows("label = 'x'") == 4 and table.count_rows() == 99
