@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import lance
@@ -323,32 +323,15 @@ def gc(
     """
     table = snapshot_of(table)
     _check_retention(retain_versions, older_than, grace)
-    cleanup = VersionCleanup()
-    if retain_versions is not None or older_than is not None:
-        if dry_run:
-            cleanup = explain_version_cleanup(table, retain_versions, older_than)
-        else:
-            listed = lance_files(table)
-            table.dataset.cleanup_old_versions(
-                older_than=older_than,
-                retain_versions=retain_versions,
-                error_if_tagged_old_versions=False,
-            )
-            table = table.checkout(table.version)
-            cleanup = VersionCleanup.between(listed, lance_files(table), _dataset_prefix(table))
+    table, cleanup = _clean_versions(table, retain_versions, older_than, dry_run)
     removed_versions = list(cleanup.versions)
-    table_path, options = table.location.root, table.storage_options
-    store = object_store(table.uri, options)
     # files staged after this instant may belong to a write that commits after the mark
-    mark_started = store.now(table.uri)
+    mark_started = object_store(table.uri, table.storage_options).now(table.uri)
     cutoff = mark_started - grace.total_seconds()
     # read before the mark: what a write registers later is not this run's to decide
-    registry = Registry.load(table.location, options)
+    registry = Registry.load(table.location, table.storage_options)
     # a dry run marks as if Lance's cleanup had removed the versions already
     graph = VersionGraph.of(table).without(table.branch, removed_versions)
-    # from the graph, not Lance's versions() before the cleanup: that reads every manifest
-    retained = [ref.version for ref in graph.versions if ref.branch == table.branch]
-    kept_tagged = _kept_for_tags(table, removed_versions, retained)
     if referenced is not None:  # Spark marks what can be read; the rest is kept whole here
         found = referenced(table, list(graph.versions), registry.uris)
         marked = Marked(found | unreadable_marks(graph))
@@ -363,89 +346,182 @@ def gc(
         marked.paths,
         complete=not marked.dirs and not marked.unresolved,
         cutoff=cutoff,
-        storage_options=options,
+        storage_options=table.storage_options,
     )
-    # writes that ran at any time since the mark began (including those that committed after
-    # it, which the mark could not see) keep their files, however old
-    alive_since = mark_started - leases.TIMEOUT_SECONDS
-    running = leases.live_prefixes(table_path, alive_since, options)
-    # files Lance names itself (its temporary files, a schema change's data files) carry no
-    # write's prefix: those younger than the oldest running write may be its own
-    oldest = leases.oldest_start(table_path, alive_since, options)
-    in_flight = cutoff if oldest is None else min(cutoff, oldest)
-    # retired packs (tombstoned) follow the store's rules only: reaped once their tombstone
-    # has aged, never swept as plain leftovers (which would skip the tombstone's grace)
-    leftovers = [p for p in sorted(owned.objects) if p not in marked and p not in packs.tombstoned]
-    unindexed = [p for p in leftovers if p not in packs.indexed]
-    young = [p for p in unindexed if owned.objects[p].mtime >= cutoff]
-    # older than the grace, but staged by a write still running: kept
-    leased = [
-        p
-        for p in unindexed
-        if owned.objects[p].mtime < cutoff
-        and (
-            _staged_by(owned.relative[p], running)
-            or (not _prefixed(owned.relative[p]) and owned.objects[p].mtime >= in_flight)
-        )
-    ]
-    old = sorted(set(unindexed) - set(young) - set(leased))
-    swept = old + packs.reap_paths
-    lease_cutoff = min(cutoff, mark_started - leases.TIMEOUT_SECONDS)
+    sweep = _Sweep.plan(table, owned, packs, marked, mark_started, cutoff)
     # index versions a writer may be reading stay, whatever the grace
     index_keep = max(grace, timedelta(hours=1))
-    aborted_uploads = 0
     if dry_run:
-        index = _IndexCleanup.explained(table, index_keep)
-        expired = len(leases.expired(table_path, lease_cutoff, options))
+        done = _SweepDone(_IndexCleanup.explained(table, index_keep), sweep.expired_leases(), 0)
     else:
-        for done, path in enumerate(old):
-            if progress and done % 100 == 0:
-                progress("sweep", done, len(old))
-            owned.delete(path)
-        index_before = _IndexCleanup.listed(table)  # retiring packs adds to the index too
-        packs.apply()
-        managed.apply()
-        index = _IndexCleanup.run(table, index_keep, index_before)
-        expired = leases.remove_expired(table_path, lease_cutoff, options)
-        aborted_uploads = owned.abort_uploads(cutoff, running, in_flight)
-        owned.remove_empty_dirs()
-    swept_bytes = sum(owned.objects[p].size for p in swept)
-    removed = {**cleanup.files, **{p: owned.objects[p].size for p in swept}, **index.removed}
+        done = sweep.apply(managed, index_keep, progress)
+    # from the graph, not Lance's versions() before the cleanup: that reads every manifest
+    retained = [ref.version for ref in graph.versions if ref.branch == table.branch]
+    removed = {**cleanup.files, **sweep.swept_sizes, **done.index.removed}
     return {
         "dry_run": dry_run,
         "branch": table.branch,
         "removed_versions": removed_versions,
         "retained_versions": retained,
-        "kept_tagged_versions": kept_tagged,
+        "kept_tagged_versions": _kept_for_tags(table, removed_versions, retained),
         "removed_files": len(removed),
         "reclaimed_bytes": sum(removed.values()),
         "removed_by_lance_cleanup": {"files": len(cleanup.files), "bytes": cleanup.bytes},
-        "removed_by_sweep": {"files": len(swept), "bytes": swept_bytes},
+        "removed_by_sweep": {
+            "files": len(sweep.swept_sizes),
+            "bytes": sum(sweep.swept_sizes.values()),
+        },
         "store_index": {
-            "removed_files": len(index.removed),
-            "removed_bytes": sum(index.removed.values()),
-            "added_bytes": index.added_bytes,
+            "removed_files": len(done.index.removed),
+            "removed_bytes": sum(done.index.removed.values()),
+            "added_bytes": done.index.added_bytes,
         },
         "kept_referenced_files": len(marked.paths - registry.uris),
         "kept_unreadable": marked.kept_whole,
         # references no object could be judged for (escaping their base or the allowed
         # bases): what they may name is kept, and no managed object is reclaimed this run
         "unresolved_references": marked.unresolved,
-        # the store index cannot be read (damaged files): every pack is kept
-        "store_index_unreadable": packs.unreadable_index,
-        "kept_young_files": len(young),
-        "kept_leased_files": len(leased),
-        "retired_packs": len(packs.retire),
-        # reclaimed by a later run, once their tombstone is older than the grace
-        "retired_bytes": sum(packs.size(p) for p in packs.retire),
-        "reaped_packs": len(packs.reap),
-        "resurrected_packs": len(packs.resurrect),
-        "kept_retired_packs": len(packs.waiting),
-        "expired_leases": expired,
-        "aborted_uploads": aborted_uploads,
-        "paths": [owned.location(p) for p in sorted(removed)],
+        **sweep.packs_report(),
+        "expired_leases": done.expired_leases,
+        "aborted_uploads": done.aborted_uploads,
+        "paths": [sweep.owned.location(p) for p in sorted(removed)],
         "managed": managed.report(),
     }
+
+
+def _clean_versions(
+    table: TableSnapshot, retain_versions: int | None, older_than: timedelta | None, dry_run: bool
+) -> tuple[TableSnapshot, VersionCleanup]:
+    """Lance's cleanup of old versions (nothing without ``retain_versions`` or ``older_than``;
+    a dry run explains it): the table after it, and what it removed."""
+    if retain_versions is None and older_than is None:
+        return table, VersionCleanup()
+    if dry_run:
+        return table, explain_version_cleanup(table, retain_versions, older_than)
+    listed = lance_files(table)
+    table.dataset.cleanup_old_versions(
+        older_than=older_than,
+        retain_versions=retain_versions,
+        error_if_tagged_old_versions=False,
+    )
+    table = table.checkout(table.version)
+    return table, VersionCleanup.between(listed, lance_files(table), _dataset_prefix(table))
+
+
+@dataclass(frozen=True)
+class _SweepDone:
+    """What applying a sweep did besides removing its files."""
+
+    index: _IndexCleanup
+    expired_leases: int
+    aborted_uploads: int
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """Which of the table's own files the sweep removes (``old``, and the store packs it reaps)
+    and which it keeps: ``young`` (staged within the grace) and ``leased`` (older, but staged
+    by a write still running)."""
+
+    table: TableSnapshot
+    owned: _TableFiles
+    packs: _StorePacks
+    young: list[str]
+    leased: list[str]
+    old: list[str]
+    mark_started: float
+    cutoff: float
+    running: set[str]
+    in_flight: float
+
+    @classmethod
+    def plan(
+        cls,
+        table: TableSnapshot,
+        owned: _TableFiles,
+        packs: _StorePacks,
+        marked: Marked,
+        mark_started: float,
+        cutoff: float,
+    ) -> _Sweep:
+        table_path, options = table.location.root, table.storage_options
+        # writes that ran at any time since the mark began (including those that committed
+        # after it, which the mark could not see) keep their files, however old
+        alive_since = mark_started - leases.TIMEOUT_SECONDS
+        running = leases.live_prefixes(table_path, alive_since, options)
+        # files Lance names itself (its temporary files, a schema change's data files) carry
+        # no write's prefix: those younger than the oldest running write may be its own
+        oldest = leases.oldest_start(table_path, alive_since, options)
+        in_flight = cutoff if oldest is None else min(cutoff, oldest)
+        # retired packs (tombstoned) follow the store's rules only: reaped once their
+        # tombstone has aged, never swept as plain leftovers (which would skip its grace)
+        leftovers = [
+            p for p in sorted(owned.objects) if p not in marked and p not in packs.tombstoned
+        ]
+        unindexed = [p for p in leftovers if p not in packs.indexed]
+        young = [p for p in unindexed if owned.objects[p].mtime >= cutoff]
+        leased = [
+            p
+            for p in unindexed
+            if owned.objects[p].mtime < cutoff
+            and (
+                _staged_by(owned.relative[p], running)
+                or (not _prefixed(owned.relative[p]) and owned.objects[p].mtime >= in_flight)
+            )
+        ]
+        old = sorted(set(unindexed) - set(young) - set(leased))
+        return cls(
+            table, owned, packs, young, leased, old, mark_started, cutoff, running, in_flight
+        )
+
+    @property
+    def swept_sizes(self) -> dict[str, int]:
+        """Every file the sweep removes (unreferenced files and reaped packs), with its size."""
+        return {p: self.owned.objects[p].size for p in self.old + self.packs.reap_paths}
+
+    @property
+    def lease_cutoff(self) -> float:
+        return min(self.cutoff, self.mark_started - leases.TIMEOUT_SECONDS)
+
+    def expired_leases(self) -> int:
+        """How many leases are expired (what :meth:`apply` removes)."""
+        location = self.table.location
+        return len(leases.expired(location.root, self.lease_cutoff, self.table.storage_options))
+
+    def apply(self, managed: Reclaim, index_keep: timedelta, progress: Progress | None):
+        """Remove the files, retire and reap packs, reclaim managed objects, clean the store
+        index, expired leases and unfinished uploads, then empty directories."""
+        table, owned = self.table, self.owned
+        for done, path in enumerate(self.old):
+            if progress and done % 100 == 0:
+                progress("sweep", done, len(self.old))
+            owned.delete(path)
+        index_before = _IndexCleanup.listed(table)  # retiring packs adds to the index too
+        self.packs.apply()
+        managed.apply()
+        index = _IndexCleanup.run(table, index_keep, index_before)
+        expired = leases.remove_expired(
+            table.location.root, self.lease_cutoff, table.storage_options
+        )
+        aborted = owned.abort_uploads(self.cutoff, self.running, self.in_flight)
+        owned.remove_empty_dirs()
+        return _SweepDone(index, expired, aborted)
+
+    def packs_report(self) -> dict[str, Any]:
+        """The report's account of the files kept and of the store's packs."""
+        packs = self.packs
+        return {
+            # the store index cannot be read (damaged files): every pack is kept
+            "store_index_unreadable": packs.unreadable_index,
+            "kept_young_files": len(self.young),
+            "kept_leased_files": len(self.leased),
+            "retired_packs": len(packs.retire),
+            # reclaimed by a later run, once their tombstone is older than the grace
+            "retired_bytes": sum(packs.size(p) for p in packs.retire),
+            "reaped_packs": len(packs.reap),
+            "resurrected_packs": len(packs.resurrect),
+            "kept_retired_packs": len(packs.waiting),
+        }
 
 
 # the directories of a dataset (main's root, or a branch's tree/<name>) Lance's cleanup lists
