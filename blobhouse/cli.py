@@ -174,45 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="print tracebacks and Spark's own logging"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--debug",
-        action="store_true",
-        default=argparse.SUPPRESS,  # the global flag's value stays unless given here
-        help="print tracebacks and Spark's own logging",
-    )
-    common.add_argument(
-        "--json", action="store_true", help="print the full report as JSON on stdout"
-    )
-    common.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a storage option of the table's object store, e.g. "
-        "aws_endpoint=http://127.0.0.1:9000 (repeat for more; see docs/object-storage.md)",
-    )
-    spark = argparse.ArgumentParser(add_help=False)
-    spark.add_argument(
-        "--master",
-        default="local[*]",
-        help="Spark master URL, e.g. spark://host:7077 (default: embedded local[*])",
-    )
-    spark.add_argument(
-        "--conf",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a Spark setting, e.g. spark.driver.host=10.0.0.5 (repeat for more; see "
-        "docs/spark-cluster.md)",
-    )
-    table = argparse.ArgumentParser(add_help=False)
-    table.add_argument("table", help="the table: a local path or a URI such as s3://bucket/t")
-    on_branch = argparse.ArgumentParser(add_help=False)
-    on_branch.add_argument(
-        "--branch", default=None, help="a branch of the table (made with Lance's create_branch)"
-    )
+    parents = _Parents.make()
 
     def command(name: str, summary: str, description: str, *parents):
         return commands.add_parser(
@@ -223,12 +185,76 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
 
+    for add in _COMMAND_PARSERS:
+        add(command, parents)
+    return parser
+
+
+_Command = Callable[..., argparse.ArgumentParser]
+
+
+@dataclass(frozen=True)
+class _Parents:
+    """The option groups commands share: ``common`` (every command), ``spark`` (the commands
+    that run on Spark), ``table`` (the table argument) and ``on_branch`` (``--branch``)."""
+
+    common: argparse.ArgumentParser
+    spark: argparse.ArgumentParser
+    table: argparse.ArgumentParser
+    on_branch: argparse.ArgumentParser
+
+    @classmethod
+    def make(cls) -> _Parents:
+        common = argparse.ArgumentParser(add_help=False)
+        common.add_argument(
+            "--debug",
+            action="store_true",
+            default=argparse.SUPPRESS,  # the global flag's value stays unless given here
+            help="print tracebacks and Spark's own logging",
+        )
+        common.add_argument(
+            "--json", action="store_true", help="print the full report as JSON on stdout"
+        )
+        common.add_argument(
+            "--storage-option",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="a storage option of the table's object store, e.g. "
+            "aws_endpoint=http://127.0.0.1:9000 (repeat for more; see docs/object-storage.md)",
+        )
+        spark = argparse.ArgumentParser(add_help=False)
+        spark.add_argument(
+            "--master",
+            default="local[*]",
+            help="Spark master URL, e.g. spark://host:7077 (default: embedded local[*])",
+        )
+        spark.add_argument(
+            "--conf",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a Spark setting, e.g. spark.driver.host=10.0.0.5 (repeat for more; see "
+            "docs/spark-cluster.md)",
+        )
+        table = argparse.ArgumentParser(add_help=False)
+        table.add_argument("table", help="the table: a local path or a URI such as s3://bucket/t")
+        on_branch = argparse.ArgumentParser(add_help=False)
+        on_branch.add_argument(
+            "--branch", default=None, help="a branch of the table (made with Lance's create_branch)"
+        )
+
+        return cls(common, spark, table, on_branch)
+
+
+def _demo_command(command: _Command, parents: _Parents) -> None:
+    """``blobhouse demo``."""
     demo = command(
         "demo",
         "write, query and verify a robot-episode table on Spark",
         DEMO_DESCRIPTION,
-        common,
-        spark,
+        parents.common,
+        parents.spark,
     )
     demo.add_argument(
         "--rows", type=int, default=1800, help="frames to generate at 30 Hz (default 1800)"
@@ -244,12 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the table to a local S3-compatible server (moto, started for the run)",
     )
 
+
+def _ingest_command(command: _Command, parents: _Parents) -> None:
+    """``blobhouse ingest``."""
     ingest = command(
         "ingest",
         "load the files a manifest names into a table, on Spark",
         INGEST_DESCRIPTION,
-        common,
-        spark,
+        parents.common,
+        parents.spark,
     )
     ingest.add_argument("manifest", help="a JSONL, CSV or Parquet file with one row per table row")
     ingest.add_argument("table", help="the table to create or append to (a path or a URI)")
@@ -306,34 +335,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="Spark tasks, each a consecutive range of rows (default: one per ~1 GiB of files)",
     )
 
-    stats = command(
+
+def _stats_command(command: _Command, parents: _Parents) -> None:
+    """``blobhouse stats``."""
+    command(
         "stats",
         "rows, logical and physical bytes, dedup ratio",
         SERVICE_DESCRIPTIONS["stats"],
-        common,
-        table,
-        on_branch,
+        parents.common,
+        parents.table,
+        parents.on_branch,
     )
-    del stats
 
+
+def _verify_command(command: _Command, parents: _Parents) -> None:
+    """``blobhouse verify``."""
     verify = command(
         "verify",
         "check that every blob reference of every version and branch resolves",
         SERVICE_DESCRIPTIONS["verify"],
-        common,
-        table,
+        parents.common,
+        parents.table,
     )
     verify.add_argument(
         "--deep", action="store_true", help="also re-hash every payload against its recorded hash"
     )
 
+
+def _compact_command(command: _Command, parents: _Parents) -> None:
+    """``blobhouse compact``."""
     compact = command(
         "compact",
         "rewrite small and sparse fragments, keeping blob sharing",
         SERVICE_DESCRIPTIONS["compact"],
-        common,
-        table,
-        on_branch,
+        parents.common,
+        parents.table,
+        parents.on_branch,
     )
     compact.add_argument(
         "--target-rows", type=int, default=None, help="rows per new data file (default 1M)"
@@ -354,13 +391,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="repack store packs of which less than this fraction is referenced (default 0.5)",
     )
 
+
+def _gc_command(command: _Command, parents: _Parents) -> None:
+    """``blobhouse gc``."""
     collect = command(
         "gc",
         "remove old versions and unreferenced files",
         SERVICE_DESCRIPTIONS["gc"],
-        common,
-        table,
-        on_branch,
+        parents.common,
+        parents.table,
+        parents.on_branch,
     )
     collect.add_argument(
         "--retain-versions",
@@ -386,21 +426,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     collect.add_argument("--dry-run", action="store_true", help="report, delete nothing")
 
+
+def _relocate_command(command: _Command, parents: _Parents) -> None:
+    """``blobhouse relocate``."""
     command(
         "relocate",
         "point a copied or moved table's store at its new place (one commit)",
         SERVICE_DESCRIPTIONS["relocate"],
-        common,
-        table,
+        parents.common,
+        parents.table,
     )
 
+
+def _properties_command(command: _Command, parents: _Parents) -> None:
+    """``blobhouse properties``."""
     properties = command(
         "properties",
         "show or change the table's write settings (its properties)",
         PROPERTIES_DESCRIPTION,
-        common,
-        table,
-        on_branch,
+        parents.common,
+        parents.table,
+        parents.on_branch,
     )
     properties.add_argument(
         "--set",
@@ -412,7 +458,18 @@ def build_parser() -> argparse.ArgumentParser:
         "[.<column>], pack_file_size_threshold[.<column>], allowed_bases, managed_bases, "
         "max_rows_per_file, max_bytes_per_file",
     )
-    return parser
+
+
+_COMMAND_PARSERS = (
+    _demo_command,
+    _ingest_command,
+    _stats_command,
+    _verify_command,
+    _compact_command,
+    _gc_command,
+    _relocate_command,
+    _properties_command,
+)
 
 
 class _Parser(argparse.ArgumentParser):
