@@ -14,15 +14,13 @@ from typing import Any, BinaryIO, Literal
 import numpy as np
 import pyarrow as pa
 from lance import LanceDataset
-from lance.fragment import DataFile
 
 from blobhouse.changes import schema_changes
 from blobhouse.changes.backfill import (
-    BackfillPlan,
     BlobFunction,
     backfill,
     backfill_here,
-    commit_backfill,
+    replace_files,
 )
 from blobhouse.changes.merge_insert import MergeInsert
 from blobhouse.changes.update import UpdateReport, delete_rows, update_rows
@@ -34,7 +32,6 @@ from blobhouse.errors import (
     BlobhouseError,
     BlobReadError,
     InvalidInputError,
-    SchemaError,
     lance_message,
 )
 from blobhouse.layout import TableLocation
@@ -788,16 +785,7 @@ class Table:
         one transaction: Lance ``DataReplacement`` for an existing column (any fragments), or
         ``Merge`` adding a new column (every fragment). Each file holds the fragment's number of
         physical rows and the columns of the file it replaces."""
-        plan = BackfillPlan.create(self._snapshot, column)
-        if not plan.new_column:
-            for fragment_id, written in files.items():
-                held = DataFile.create(self.dataset, written.name).fields
-                if list(held) != list(plan.field_ids):
-                    raise SchemaError(
-                        f"file {written.name} for fragment {fragment_id} must hold the columns "
-                        f"{list(plan.file_columns)} in that order, like the file it replaces"
-                    )
-        return self._moved_to(commit_backfill(self._snapshot, plan, files))
+        return self._moved_to(replace_files(self._snapshot, column, files))
 
     def data_file_path(self) -> str:
         """A fresh path for a data file of this table (for a :class:`BlobSession`)."""

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
+from lance.fragment import DataFile
 from lance.schema import LanceSchema
 
 from blobhouse.changes.schema_changes import add_null_blob_column
@@ -323,6 +324,43 @@ class _Backfill(BaseChange):
 
     def report(self, *_: object) -> None:
         return None  # a backfill reports nothing but the version it committed
+
+
+def replace_files(
+    table: TableSnapshot, column: str, files: Mapping[int, WrittenFile]
+) -> TableSnapshot:
+    """Make session-written ``files`` (fragment id -> file) the data of blob ``column`` in one
+    commit (see :meth:`blobhouse.Table.replace_column`); the committed snapshot."""
+    return run_change(_ReplaceFiles(column, dict(files)), table, retries=0).snapshot
+
+
+@dataclass(frozen=True)
+class _ReplaceFiles(BaseChange):
+    """Files a session wrote, swapped in as a backfill's would be."""
+
+    column: str
+    files: dict[int, WrittenFile]
+
+    def plan(self, snapshot: TableSnapshot) -> Planned[BackfillPlan]:
+        plan = BackfillPlan.create(snapshot, self.column)
+        if not plan.new_column:
+            for fragment_id, written in self.files.items():
+                held = DataFile.create(snapshot.dataset, written.name).fields
+                if list(held) != list(plan.field_ids):
+                    raise SchemaError(
+                        f"file {written.name} for fragment {fragment_id} must hold the columns "
+                        f"{list(plan.file_columns)} in that order, like the file it replaces"
+                    )
+        return Planned(snapshot, plan)
+
+    def stage(self, run: Planned[BackfillPlan], staged: Staged) -> None:
+        staged.written.extend(self.files.values())  # written already: an abort removes them
+
+    def commit(self, run: Planned[BackfillPlan], staged: Staged) -> LanceDataset:
+        return commit_backfill(run.table, run.plan, self.files)
+
+    def report(self, *_: object) -> None:
+        return None
 
 
 def store_writer_for(
