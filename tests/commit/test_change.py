@@ -12,7 +12,7 @@ from lance import LanceOperation
 from blobhouse import write_table
 from blobhouse.commit.change import BaseChange, Staged, run_change
 from blobhouse.commit.transaction import Transaction
-from blobhouse.errors import ConcurrentCommitError
+from blobhouse.errors import ConcurrentCommitError, MovedTableWarning
 from blobhouse.session import BlobSession
 
 
@@ -117,3 +117,78 @@ def test_preemptions_past_the_retries_fail_with_nothing_committed(table, monkeyp
     assert len(attempts) == 3 and change.planned_on == [1, 1, 1]
     assert data_files(uri) == before  # every attempt's file was removed
     assert table.snapshot.latest().version == 1
+
+
+def test_every_change_a_user_makes_commits_through_the_template(tmp_path, monkeypatch):
+    """Writes, row changes, schema and property changes, maintenance and the store's own
+    commits: each commits inside the template's commit step, none on its own."""
+    import shutil
+
+    from blobhouse import BlobSession, blob_array, open_table
+    from blobhouse.commit import change as template
+
+    steps: list[int] = []  # open commit steps of the template
+    inside: list[str] = []
+    outside: list[str] = []
+    attempt_commit, txn_commit = template.Attempt.commit, Transaction.commit
+
+    def in_step(self, written=()):
+        steps.append(1)
+        try:
+            return attempt_commit(self, written)
+        finally:
+            steps.pop()
+
+    def counted(self, *args, **kwargs):
+        (inside if steps else outside).append(self.name_prefix)
+        return txn_commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(template.Attempt, "commit", in_step)
+    monkeypatch.setattr(Transaction, "commit", counted)
+    uri = str(tmp_path / "t")
+
+    def rows(ids):
+        return pa.table(
+            {"id": pa.array(ids, pa.int64()), "img": blob_array([b"x" * 500] * len(ids))}
+        )
+
+    def add_session_file(t):
+        session = BlobSession(t.data_file_path())
+        images = session.open_writer("img")
+        pack = images.new_packed()
+        shared = pack.write_blob(b"y" * 500)
+        images.extend([*pack.finish(), shared])
+        ids = pa.array([7, 8], pa.int64())
+        return t.add_data_file(
+            session.write_data_file(pa.table({"id": ids, "img": images.finish()}))
+        )
+
+    write_table(rows([1, 2, 3]), uri, dedup="content")
+    changes = [
+        add_session_file,
+        lambda t: write_table(rows([4]), uri, mode="append"),
+        lambda t: t.update({"id": "id + 10"}, where="id = 4"),
+        lambda t: t.delete("id = 1"),
+        lambda t: (
+            t.merge_insert("id")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute(rows([2, 5]))
+        ),
+        lambda t: t.add_columns({"double": "id * 2"}),
+        lambda t: t.set_properties(dedup="global"),
+        lambda t: t.backfill_blob_column("thumb", lambda batch: [b"t"] * batch.num_rows),
+        lambda t: t.maintenance.compact(),
+    ]
+    for n, change in enumerate(changes):
+        before = len(inside)
+        change(open_table(uri))
+        assert len(inside) > before, f"change {n} committed nothing through the template"
+    shutil.copytree(uri, tmp_path / "copy")
+    before = len(inside)
+    with pytest.warns(MovedTableWarning):
+        copy = open_table(str(tmp_path / "copy"))
+    copy.relocate()  # the store's own commit
+    assert len(inside) > before
+    assert outside == []
+    assert open_table(uri).count_rows() == 6
