@@ -11,9 +11,9 @@ commits on its own: :mod:`blobhouse.store`).
 What differs between changes is supplied by them, as in PyIceberg's snapshot producers: a change
 plans its work, writes its files (in this process, or in Spark tasks: the transaction pickles, and
 every task stages under its prefix and holds its lease) and names its Lance operation;
-:meth:`Transaction.commit` does the rest, and :func:`blobhouse.commit.change.run_change` runs the
-whole lifecycle (lease, stage, commit or abort, again on the latest version when a concurrent
-commit preempted it: :func:`retrying`) for the changes that stage files.
+:meth:`Transaction.commit` does the rest, and the change template (:mod:`blobhouse.commit.change`)
+runs every change's lifecycle (lease, stage, commit or abort, again on the latest version when a
+concurrent commit preempted it: :func:`retrying`).
 
 A merge that inserts rows also names their keys (:class:`Inserts`): Lance would rebase two
 merges' appended rows over each other silently, so such a commit runs under the table's upsert
