@@ -39,6 +39,7 @@ from urllib.parse import unquote, urlsplit
 import pyarrow.fs as pafs
 
 from blobhouse.errors import InvalidInputError
+from blobhouse.storage_options import check_option_names
 
 StorageOptions = dict[str, str]
 
@@ -57,7 +58,8 @@ def checked_options(options: Mapping[str, object] | None) -> StorageOptions | No
     """``options`` checked and normalized for every library blobhouse hands them to: values
     become strings (booleans ``"true"``/``"false"``, as Lance requires), an endpoint must name
     its scheme (Lance would panic on ``host:port``), and an ``http://`` endpoint turns on
-    ``allow_http``. Keys are Lance's (``aws_endpoint``, ``aws_region``, ...).
+    ``allow_http``. Keys are Lance's (``aws_endpoint``, ``aws_region``, ...); one Lance does not
+    read is refused, naming the closest (:func:`~blobhouse.storage_options.check_option_names`).
 
     >>> checked_options({"aws_endpoint": "http://127.0.0.1:9000", "aws_region": "us-east-1"})
     {'aws_endpoint': 'http://127.0.0.1:9000', 'aws_region': 'us-east-1', 'allow_http': 'true'}
@@ -79,6 +81,7 @@ def checked_options(options: Mapping[str, object] | None) -> StorageOptions | No
                 f"storage option {key!r}: value must be a string, got {type(value).__name__}"
             )
         normalized[key] = value
+    check_option_names(normalized)
     endpoint = _option(normalized, "endpoint")
     if endpoint is not None:
         scheme = urlsplit(endpoint).scheme

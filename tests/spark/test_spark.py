@@ -188,6 +188,17 @@ def test_bad_input_in_a_task_is_a_clear_error(spark, table_uri):
     assert all("aborted-" in p for p in leftovers), leftovers  # only the abort marker
 
 
+def test_a_misspelled_storage_option_is_refused_before_any_task(spark, table_uri):
+    df = frame(spark, [(1, b"x")], "id long, img binary")
+    writer = df.write.format("blobhouse").option("blob_columns", "img")
+    writer = writer.option("storage.aws_endpiont", "http://127.0.0.1:9")
+    with pytest.raises(Exception, match=r"'aws_endpiont' \(did you mean 'aws_endpoint'\?\)"):
+        writer.mode("append").save(table_uri)
+    with pytest.raises(Exception, match="did you mean 'aws_region'"):
+        spark.read.format("blobhouse").option("storage.aws_regoin", "x").load(table_uri).count()
+    assert not os.path.exists(table_uri)
+
+
 def test_overwrite_and_version_option(spark, table_uri):
     df = spark.createDataFrame([(1, b"one")], "id long, b binary")
     df.write.format("blobhouse").mode("append").option("blob_columns", "b").save(table_uri)
