@@ -9,8 +9,9 @@ points. :func:`object_store` picks the backend of a URI:
   ``O_EXCL``;
 - ``s3://``: boto3, one request per operation; new objects are created with a conditional
   PUT (``If-None-Match: *``), so an existing object is never overwritten, as locally;
-- other schemes (``gs://``, ``az://``, ...): pyarrow's filesystems, configured from the
-  environment; creating an object checks that it does not exist first, which is not atomic.
+- other schemes (``az://``, ``gs://``, ``http(s)://``, ...): obstore, the Python bindings of
+  the object_store crate Lance uses, with the same options; new objects are created with a
+  conditional PUT too.
 
 >>> import tempfile
 >>> root = tempfile.mkdtemp()
@@ -32,11 +33,10 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from email.utils import parsedate_to_datetime
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
-
-import pyarrow.fs as pafs
 
 from blobhouse.errors import InvalidInputError
 from blobhouse.storage_options import check_option_names
@@ -185,15 +185,15 @@ class ObjectStore(Protocol):
 def object_store(uri: str, options: Mapping[str, str] | None = None) -> ObjectStore:
     """The store that holds ``uri`` (a local path or a URI), configured by ``options``.
 
-    >>> type(object_store("/tmp/x")).__name__, type(object_store("s3://bucket/x")).__name__
-    ('LocalStore', 'S3Store')
+    >>> [type(object_store(u)).__name__ for u in ("/tmp/x", "s3://bucket/x", "az://container/x")]
+    ['LocalStore', 'S3Store', 'RemoteStore']
     """
     scheme = urlsplit(uri).scheme if "://" in uri else "file"
     if scheme == "file":
         return LOCAL
     if scheme in ("s3", "s3a"):
         return _s3_store(tuple(sorted((checked_options(options) or {}).items())))
-    return ARROW
+    return _remote_store(tuple(sorted((checked_options(options) or {}).items())))
 
 
 def object_sizes(uris: Sequence[str], options: Mapping[str, str] | None = None) -> list[int | None]:
@@ -643,64 +643,112 @@ def _boto3_client(options: Mapping[str, str]):
         )
 
 
-class ArrowStore:
-    """Objects of any other store pyarrow knows (``gs://``, ``az://``, ``hdfs://``), configured
-    from the environment. Creating an object checks first that none exists: not atomic."""
+class RemoteStore:
+    """Objects of every other store Lance reaches (``az://``, ``gs://``, ``http(s)://``, ...),
+    through obstore (the Python bindings of object_store, the crate Lance itself uses),
+    configured by the same storage options as Lance (:func:`obstore_settings`). New objects
+    are created with a conditional PUT, so an existing one is never replaced."""
 
-    parallel_min_bytes = 0
-    coalesce_gap = 256 * 1024
+    parallel_min_bytes = 0  # a request waits on the network: run many at once
+    coalesce_gap = 256 * 1024  # reading that much more costs less than a second request
     read_buffer_bytes = S3_PART_BYTES
 
-    def _fs(self, uri: str) -> tuple[pafs.FileSystem, str]:
-        return pafs.FileSystem.from_uri(uri)
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.options = dict(options)
+
+    def _at(self, uri: str):
+        """The obstore store of ``uri``'s bucket or container, and the object's path in it."""
+        parts = urlsplit(uri)
+        return _obstore(parts.scheme, parts.netloc, tuple(sorted(self.options.items()))), unquote(
+            parts.path
+        ).lstrip("/")
 
     def size(self, uri: str) -> int | None:
-        fs, path = self._fs(uri)
-        info = fs.get_file_info(path)
-        return info.size if info.type == pafs.FileType.File else None
+        import obstore
+
+        store, path = self._at(uri)
+        try:
+            with _obstore_errors("stat", uri):
+                return obstore.head(store, path)["size"]
+        except FileNotFoundError:
+            return None
 
     def open(self, uri: str) -> RangeSource:
-        fs, path = self._fs(uri)
-        return _ArrowFile(fs.open_input_file(path))
+        store, path = self._at(uri)
+        return _RemoteObject(store, path, uri)
 
     def create(self, uri: str) -> NewObject:
-        if self.size(uri) is not None:
+        store, path = self._at(uri)
+        if self.size(uri) is not None:  # fail early; the conditional PUT decides at close
             raise FileExistsError(f"{uri} already exists")
-        fs, path = self._fs(uri)
-        return _ArrowNewFile(fs, path)
+        return _RemoteNewObject(store, path, uri)
 
     def put(self, uri: str, data: bytes) -> None:
-        fs, path = self._fs(uri)
-        with fs.open_output_stream(path) as stream:
-            stream.write(data)
+        import obstore
+
+        store, path = self._at(uri)
+        with _obstore_errors("write", uri):
+            obstore.put(store, path, data)
 
     def delete(self, uri: str) -> None:
-        fs, path = self._fs(uri)
-        with contextlib.suppress(FileNotFoundError):
-            fs.delete_file(path)
+        import obstore
+
+        store, path = self._at(uri)
+        with contextlib.suppress(FileNotFoundError), _obstore_errors("delete", uri):
+            obstore.delete(store, path)
 
     def list(self, uri: str) -> list[ObjectInfo]:
-        fs, root = self._fs(uri.rstrip("/"))
-        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-        return [
-            ObjectInfo(i.path[len(root) + 1 :], i.size, i.mtime.timestamp())
-            for i in infos
-            if i.type == pafs.FileType.File
-        ]
+        import obstore
+
+        store, path = self._at(uri)
+        prefix = path.rstrip("/")
+        found = []
+        with _obstore_errors("list", uri):
+            for page in obstore.list(store, prefix=prefix or None, chunk_size=1000):
+                for meta in page:
+                    name = meta["path"][len(prefix) :].lstrip("/") if prefix else meta["path"]
+                    if name:
+                        found.append(
+                            ObjectInfo(name, meta["size"], meta["last_modified"].timestamp())
+                        )
+        return found
 
     def now(self, uri: str) -> float:
-        return time.time()
+        # the store's clock, the one object mtimes follow: the time it stamps on a write
+        import obstore
+
+        store, path = self._at(uri)
+        clock = f"{path.rstrip('/')}/_blobs/clock".lstrip("/")
+        with _obstore_errors("write", uri):
+            obstore.put(store, clock, b"")
+            return obstore.head(store, clock)["last_modified"].timestamp()
 
     def abort_uploads(self, uri: str, before: float, keep: Callable[[str], bool]) -> int:
-        return 0
+        return 0  # new objects are single PUTs: no upload is left unfinished
 
 
-class _ArrowFile:
-    def __init__(self, handle) -> None:
-        self._handle = handle
+class _RemoteObject:
+    def __init__(self, store, path: str, uri: str) -> None:
+        self._store, self._path, self._uri = store, path, uri
 
     def read(self, position: int, size: int) -> bytes:
-        return self._handle.read_at(size, position)
+        import obstore
+
+        if size <= 0:
+            return b""
+        try:
+            with _obstore_errors("read", self._uri):
+                return bytes(
+                    obstore.get_range(self._store, self._path, start=position, length=size)
+                )
+        except OSError:
+            # a range past the end: the bytes there are, as a file gives them
+            with _obstore_errors("read", self._uri):
+                total = obstore.head(self._store, self._path)["size"]
+            if position >= total:
+                return b""
+            with _obstore_errors("read", self._uri):
+                return bytes(obstore.get_range(self._store, self._path, start=position, end=total))
 
     def read_into(self, position: int, target: memoryview) -> int:
         data = self.read(position, len(target))
@@ -708,25 +756,105 @@ class _ArrowFile:
         return len(data)
 
     def close(self) -> None:
-        self._handle.close()
+        return None
 
 
-class _ArrowNewFile:
-    def __init__(self, fs: pafs.FileSystem, path: str) -> None:
-        self._fs, self._path = fs, path
-        self._stream = fs.open_output_stream(path)
+class _RemoteNewObject:
+    """Buffered, then written with one conditional PUT at :meth:`close`."""
+
+    def __init__(self, store, path: str, uri: str) -> None:
+        self._store, self._path, self._uri = store, path, uri
+        self._parts: list[bytes] = []
 
     def write(self, data: bytes | memoryview) -> None:
-        self._stream.write(data)
+        self._parts.append(bytes(data))
 
     def close(self) -> None:
-        self._stream.close()
+        import obstore
+
+        with _obstore_errors("write", self._uri):
+            obstore.put(self._store, self._path, b"".join(self._parts), mode="create")
+        self._parts = []
 
     def abort(self) -> None:
-        with contextlib.suppress(OSError):
-            self._stream.close()
-        with contextlib.suppress(OSError):
-            self._fs.delete_file(self._path)
+        self._parts = []  # nothing was written
 
 
-ARROW = ArrowStore()
+@contextlib.contextmanager
+def _obstore_errors(action: str, uri: str):
+    """obstore's errors as the OSErrors callers handle, naming the object."""
+    from obstore.exceptions import AlreadyExistsError, PermissionDeniedError, UnauthenticatedError
+
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"cannot {action} {uri}: not found ({_first(exc)})") from None
+    except AlreadyExistsError:
+        raise FileExistsError(f"{uri} already exists") from None
+    except (PermissionDeniedError, UnauthenticatedError) as exc:
+        raise PermissionError(f"cannot {action} {uri}: {_first(exc)}") from None
+    except Exception as exc:
+        if isinstance(exc, OSError):
+            raise
+        raise OSError(f"cannot {action} {uri}: {_first(exc)}") from None
+
+
+def _first(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+@functools.lru_cache(maxsize=32)
+def _obstore(scheme: str, netloc: str, items: tuple[tuple[str, str], ...]):
+    """The obstore store of one bucket or container (cached: it holds a connection pool)."""
+    from obstore.store import AzureStore, GCSStore, HTTPStore, from_url
+
+    config, client, retry = obstore_settings(scheme, dict(items))
+    kwargs = {"client_options": client, **({"retry_config": retry} if retry else {})}
+    if scheme in ("az", "azure"):
+        return AzureStore(netloc, config=config, **kwargs)
+    if scheme == "gs":
+        return GCSStore(netloc, config=config, **kwargs)
+    if scheme in ("http", "https"):
+        return HTTPStore.from_url(f"{scheme}://{netloc}", **kwargs)
+    return from_url(f"{scheme}://{netloc}", config=config, **kwargs)
+
+
+def obstore_settings(
+    scheme: str, options: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, object], dict[str, object]]:
+    """Lance's storage options as obstore takes them for a store of ``scheme``: the store's
+    own keys (``config``), the HTTP client's (``client_options``: obstore refuses them in
+    ``config``) and Lance's retry budget (``retry_config``); keys of other stores dropped.
+
+    >>> obstore_settings("az", {"account_name": "a", "allow_http": "true", "aws_region": "x",
+    ...                         "client_max_retries": "1"})
+    ({'account_name': 'a'}, {'allow_http': True}, {'max_retries': 1})
+    """
+    from blobhouse.storage_options import AZURE, CLIENT, GOOGLE, S3
+
+    azure = {*AZURE, *(f"azure_{n}" for n in AZURE)}
+    own = {
+        "s3": {*S3, *(n.removeprefix("aws_") for n in S3)},
+        "gs": {*GOOGLE, *(f"google_{n}" for n in GOOGLE)},
+        **dict.fromkeys(("az", "azure", "abfs", "abfss"), azure),
+    }.get(scheme, set())
+    config: dict[str, str] = {}
+    client: dict[str, object] = {}
+    retry: dict[str, object] = {}
+    for key, value in options.items():
+        name = key.lower()
+        bare = name.removeprefix("aws_").removeprefix("azure_").removeprefix("google_")
+        if bare in CLIENT:
+            client[bare] = value.lower() == "true" if value.lower() in ("true", "false") else value
+        elif name == "client_max_retries":
+            retry["max_retries"] = int(value)
+        elif name == "client_retry_timeout":
+            retry["retry_timeout"] = timedelta(seconds=float(value))
+        elif name in own:
+            config[name] = value
+    return config, client, retry
+
+
+@functools.lru_cache(maxsize=32)
+def _remote_store(items: tuple[tuple[str, str], ...]) -> RemoteStore:
+    return RemoteStore(dict(items))

