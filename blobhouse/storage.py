@@ -643,6 +643,10 @@ def _boto3_client(options: Mapping[str, str]):
         )
 
 
+#: the schemes of :class:`RemoteStore` (obstore's; ``s3``, ``s3a`` go to :class:`S3Store`)
+REMOTE_SCHEMES = ("az", "azure", "abfs", "abfss", "adl", "gs", "http", "https", "s3", "s3a")
+
+
 class RemoteStore:
     """Objects of every other store Lance reaches (``az://``, ``gs://``, ``http(s)://``, ...),
     through obstore (the Python bindings of object_store, the crate Lance itself uses),
@@ -659,6 +663,11 @@ class RemoteStore:
     def _at(self, uri: str):
         """The obstore store of ``uri``'s bucket or container, and the object's path in it."""
         parts = urlsplit(uri)
+        if parts.scheme not in REMOTE_SCHEMES:
+            stores = ", ".join(f"{scheme}://" for scheme in REMOTE_SCHEMES)
+            raise InvalidInputError(
+                f"{uri}: {parts.scheme}:// is no store blobhouse reaches (local paths, {stores})"
+            )
         return _obstore(parts.scheme, parts.netloc, tuple(sorted(self.options.items()))), unquote(
             parts.path
         ).lstrip("/")

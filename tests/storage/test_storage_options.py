@@ -86,3 +86,14 @@ def test_the_cli_refuses_a_misspelled_option_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "did you mean 'aws_endpoint'" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_store_neither_lance_nor_blobhouse_reaches_is_refused_by_name(tmp_path):
+    from blobhouse.errors import InvalidInputError
+    from blobhouse.storage import object_store
+
+    with pytest.raises(InvalidInputError, match=r"hdfs:// is no store blobhouse reaches"):
+        object_store("hdfs://namenode:8020/t").size("hdfs://namenode:8020/t/x")
+    data = pa.table({"id": [1], "img": blob_array([b"x"])})
+    with pytest.raises(InvalidInputError, match="scheme 'hdfs' is not supported"):
+        write_table(data, str(tmp_path / "t"), allowed_bases=["hdfs://namenode:8020/media"])
