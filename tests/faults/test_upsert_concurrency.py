@@ -127,6 +127,16 @@ def test_two_merges_on_object_storage_insert_each_key_once(s3):
     assert [k for k in s3.objects() if "/locks/" in k] == []
 
 
+def test_two_merges_on_azure_insert_each_key_once(azure):
+    from blobhouse.storage import object_store
+
+    uri = f"{azure.uri}/t"
+    make(uri, azure.options)
+    race(uri, rounds=2, storage_options=azure.options)
+    listed = object_store(uri, azure.options).list(uri)
+    assert [o.name for o in listed if o.name.startswith(locks.LOCKS_DIR)] == []
+
+
 def _process_merge(uri: str, tag: str, keys: list[int], barrier, results) -> None:
     table = open_table(uri)
     data = source(keys, tag)
