@@ -102,11 +102,17 @@ def checked_options(options: Mapping[str, object] | None) -> StorageOptions | No
 
 
 def _option(options: Mapping[str, str], name: str) -> str | None:
-    """An S3 option under any of the spellings Lance accepts (``aws_region``, ``region``,
-    ``AWS_REGION``; ``endpoint_url`` for ``endpoint``)."""
+    """An option under any of the spellings Lance accepts (``aws_region``, ``region``,
+    ``AWS_REGION``; ``endpoint_url`` for ``endpoint``, and Azure's ``azure_endpoint`` and
+    ``azure_storage_endpoint``).
+
+    >>> _option({"AZURE_STORAGE_ENDPOINT": "http://127.0.0.1:10000/a"}, "endpoint")
+    'http://127.0.0.1:10000/a'
+    """
     aliases = {name, f"{name}_url"} if name == "endpoint" else {name}
     for key, value in options.items():
-        if key.lower().removeprefix("aws_") in aliases:
+        bare = key.lower().removeprefix("aws_").removeprefix("azure_").removeprefix("storage_")
+        if bare in aliases:
             return value
     return None
 

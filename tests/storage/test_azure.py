@@ -132,3 +132,12 @@ def test_spark_writes_reads_and_maintains_a_table_on_azure(spark, azure):
     got = bs.materialize(back, ["chunk"], storage_options=azure.options).collect()
     assert {r.id: r.chunk for r in got} == {i: chunks[i] for i in range(4)}
     assert bs.verify(spark, uri, deep=True, storage_options=azure.options)["problems"] == []
+
+
+def test_an_http_azure_endpoint_turns_on_allow_http_as_on_s3(azure):
+    from blobhouse.storage import checked_options
+
+    options = {k: v for k, v in azure.options.items() if k != "allow_http"}
+    assert checked_options(options)["allow_http"] == "true"
+    table = write_table(rows([1], [b"x" * 5000]), f"{azure.uri}/t", storage_options=options)
+    assert table.read_blobs("img", [0]) == [b"x" * 5000]
