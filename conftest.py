@@ -10,13 +10,45 @@ import tempfile
 import pytest
 
 _RUN_TMP = pytest.StashKey[str]()
+_RUN_PREFIX = "blobhouse-tests-"
+_OWNER = "owner.pid"
+
+
+def _remove_folders_of_ended_runs(keep: int) -> None:
+    """Removes the run folders whose pytest process has ended, newest ``keep`` kept: the disk
+    of a machine (and of CI on it) filled up with the gigabytes of failed runs."""
+    root = tempfile.gettempdir()
+    ended = []
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name.startswith(_RUN_PREFIX) and os.path.isdir(path) and not _running(path):
+            ended.append(path)
+    ended.sort(key=os.path.getmtime, reverse=True)
+    for path in ended[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _running(run_tmp: str) -> bool:
+    try:
+        with open(os.path.join(run_tmp, _OWNER)) as owner:
+            pid = int(owner.read())
+        os.kill(pid, 0)
+    except PermissionError:  # alive, another user's
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Every temporary file of the run (tests' ``tmp_path``, doctests' ``mkdtemp``, child
     processes', the Spark JVMs' scratch) goes under one directory, removed when the run
-    passes: a run used to leave ~200 directories and gigabytes in /tmp."""
-    run_tmp = tempfile.mkdtemp(prefix="blobhouse-tests-")
+    passes: a run used to leave ~200 directories and gigabytes in /tmp. Folders that failed
+    or killed runs left are removed when a later run starts, but for the newest one."""
+    _remove_folders_of_ended_runs(keep=1)
+    run_tmp = tempfile.mkdtemp(prefix=_RUN_PREFIX)
+    with open(os.path.join(run_tmp, _OWNER), "w") as owner:
+        owner.write(str(os.getpid()))
     config.stash[_RUN_TMP] = run_tmp
     tempfile.tempdir = run_tmp
     os.environ["TMPDIR"] = run_tmp  # Python children: multiprocessing, fresh processes

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import tomllib
 from pathlib import Path
 
@@ -238,3 +239,37 @@ def test_a_test_run_keeps_its_temporary_files_in_one_folder(tmp_path):
     assert child.stdout.strip() == run_tmp
     assert f"-Djava.io.tmpdir={run_tmp}" in os.environ["SPARK_SUBMIT_OPTS"]
     assert os.environ["SPARK_LOCAL_DIRS"] == run_tmp
+    with open(os.path.join(run_tmp, "owner.pid")) as owner:
+        assert int(owner.read()) == os.getpid()
+
+
+def test_a_test_run_removes_the_folders_of_ended_runs_but_the_newest(tmp_path):
+    """Failed and killed runs keep their folder to look at; the next run removes all but the
+    newest of them, never one of a run still going (a full run writes gigabytes)."""
+    folders = {}
+    for age, name, pid in [
+        (300, "old-failed", 999_999_999),
+        (200, "killed-without-owner", None),
+        (100, "newest-failed", 999_999_999),
+        (400, "still-running", os.getpid()),
+    ]:
+        folder = tmp_path / f"blobhouse-tests-{name}"
+        folder.mkdir()
+        if pid is not None:
+            (folder / "owner.pid").write_text(str(pid))
+        os.utime(folder, (time.time() - age, time.time() - age))
+        folders[name] = folder
+    (tmp_path / "someone-elses").mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run(
+        [sys.executable, "-c", "import conftest; conftest._remove_folders_of_ended_runs(keep=1)"],
+        cwd=root,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        check=True,
+    )
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [
+        "blobhouse-tests-newest-failed",
+        "blobhouse-tests-still-running",
+        "someone-elses",
+    ]
