@@ -36,6 +36,14 @@ TAGS_DIR = f"{REFS_DIR}/tags"  # Lance's tag records, one JSON file per tag
 # what Lance accepts as a branch name, and as a tag name
 BRANCH_NAME = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 TAG_NAME = re.compile(r"[\w-][\w.-]*")  # letters and digits of any script, as Lance's
+# The names Lance and blobhouse give the files of a data folder (``data/``, a branch's
+# ``tree/<name>/data/``): data files, the blob sidecars in a folder named after one, an aborted
+# Spark write's marker, and the temporary files Lance's writers rename into those (``.tmp*``,
+# object_store's ``<name>#<n>``). Anything else there is a user's: gc never removes it, and a new
+# table is not made beside it.
+DATA_FOLDER_FILE = re.compile(
+    r"(?:[^/]+\.lance|[^/]+/[^/]+\.blob)(?:#\d+)?|(?:[^/]+/)?\.tmp[^/]*|aborted-[^/]+"
+)
 
 
 @dataclass(frozen=True)

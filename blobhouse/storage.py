@@ -30,7 +30,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -180,6 +180,10 @@ class ObjectStore(Protocol):
     def list(self, uri: str) -> list[ObjectInfo]:
         """Every object below ``uri`` (recursively; none if the prefix does not exist)."""
 
+    def walk(self, uri: str) -> Iterator[ObjectInfo]:
+        """The objects below ``uri`` as they are listed, a page at a time (:meth:`list`
+        lazily: a caller looking for one may stop early)."""
+
     def now(self, uri: str) -> float:
         """The store's clock (epoch seconds), to compare with :class:`ObjectInfo` mtimes."""
 
@@ -312,18 +316,17 @@ class LocalStore:
             os.remove(uri_to_path(uri))
 
     def list(self, uri: str) -> list[ObjectInfo]:
+        return list(self.walk(uri))
+
+    def walk(self, uri: str) -> Iterator[ObjectInfo]:
         # os.walk descends into no symlinked directory: a listing stays inside ``uri``
         root = uri_to_path(uri).rstrip("/")
-        found = []
         for folder, _, names in os.walk(root):
             for name in names:
                 path = os.path.join(folder, name)
                 with contextlib.suppress(FileNotFoundError):  # removed while listed
                     info = os.lstat(path)
-                    found.append(
-                        ObjectInfo(os.path.relpath(path, root), info.st_size, info.st_mtime)
-                    )
-        return found
+                    yield ObjectInfo(os.path.relpath(path, root), info.st_size, info.st_mtime)
 
     def now(self, uri: str) -> float:
         return time.time()
@@ -411,9 +414,11 @@ class S3Store:
             self.client.delete_object(Bucket=bucket, Key=key)
 
     def list(self, uri: str) -> list[ObjectInfo]:
+        return list(self.walk(uri))
+
+    def walk(self, uri: str) -> Iterator[ObjectInfo]:
         bucket, key = _bucket_key(uri)
         prefix = key.rstrip("/") + "/" if key else ""
-        found = []
         with _s3_errors("list", uri):
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=bucket, Prefix=prefix
@@ -422,10 +427,7 @@ class S3Store:
                 for item in page.get("Contents", []):
                     name = item["Key"][len(prefix) :]
                     if name and not name.endswith("/"):  # skip directory markers
-                        found.append(
-                            ObjectInfo(name, item["Size"], item["LastModified"].timestamp())
-                        )
-        return found
+                        yield ObjectInfo(name, item["Size"], item["LastModified"].timestamp())
 
     def now(self, uri: str) -> float:
         # the Date header of a response is the store's clock, the one object mtimes follow
@@ -713,20 +715,19 @@ class RemoteStore:
             obstore.delete(store, path)
 
     def list(self, uri: str) -> list[ObjectInfo]:
+        return list(self.walk(uri))
+
+    def walk(self, uri: str) -> Iterator[ObjectInfo]:
         import obstore
 
         store, path = self._at(uri)
         prefix = path.rstrip("/")
-        found = []
         with _obstore_errors("list", uri):
             for page in obstore.list(store, prefix=prefix or None, chunk_size=1000):
                 for meta in page:
                     name = meta["path"][len(prefix) :].lstrip("/") if prefix else meta["path"]
                     if name:
-                        found.append(
-                            ObjectInfo(name, meta["size"], meta["last_modified"].timestamp())
-                        )
-        return found
+                        yield ObjectInfo(name, meta["size"], meta["last_modified"].timestamp())
 
     def now(self, uri: str) -> float:
         # obstore shows no response's Date header, and a probe write would land beside the

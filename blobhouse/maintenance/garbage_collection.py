@@ -35,6 +35,7 @@ from blobhouse.errors import (
     TableNotFoundError,
 )
 from blobhouse.layout import (
+    DATA_FOLDER_FILE,
     STORE_DIR,
     TREE_DIR,
     VERSIONS_DIR,
@@ -68,9 +69,10 @@ from blobhouse.storage import (
     object_store,
     uri_to_path,
 )
-from blobhouse.store.claims import CLAIMS_DIR
+from blobhouse.store.claims import CLAIM_FILE, CLAIMS_DIR
 from blobhouse.store.index import indexed_packs, maintain_index
 from blobhouse.store.packs import (
+    PACK_FILE,
     PACKS_DIR,
     forget_tombstone,
     index_uri,
@@ -297,7 +299,8 @@ def gc(
     removed unless ``retain_versions`` or ``older_than`` is given); tagged versions, and
     versions a branch was made from, are kept and reported (``kept_tagged_versions``), never an
     error. Files are marked by every retained version of every branch. Only the table's own
-    directories are ever swept: external objects the user owns are never touched. Objects a
+    directories are ever swept, and in them only files named as Lance and blobhouse name theirs:
+    external objects, and files a user put there (``foreign_files``), are never touched. Objects a
     committed write handed to the table (managed objects) are retired, doomed and deleted once
     no retained version references them, a grace period apart (``managed`` in the report;
     :class:`blobhouse.managed.Reclaim`). ``dry_run`` deletes nothing and reports what the same
@@ -385,6 +388,7 @@ def gc(
         "expired_leases": done.expired_leases,
         "aborted_uploads": done.aborted_uploads,
         "paths": [sweep.owned.location(p) for p in sorted(removed)],
+        "foreign_files": [owned.location(p) for p in owned.foreign],
         "managed": managed.report(),
     }
 
@@ -899,8 +903,16 @@ def owned_dirs(table: TableSnapshot) -> list[str]:
     return ["data", *branches, _PACKS, _CLAIMS]
 
 
+def _made_by_the_table(owned: str, name: str) -> bool:
+    """Whether ``name``, a file in the owned directory ``owned``, has a name Lance or blobhouse
+    gives (the rest are a user's: never swept)."""
+    pattern = {_PACKS: PACK_FILE, _CLAIMS: CLAIM_FILE}.get(owned, DATA_FOLDER_FILE)
+    return pattern.fullmatch(name) is not None
+
+
 class _TableFiles:
-    """The files a table owns, listed once: path relative to the table root -> size, mtime."""
+    """The files a table owns, listed once: path relative to the table root -> size, mtime;
+    and the ``foreign`` files in its directories, named by no one but a user."""
 
     def __init__(self, table: TableSnapshot, without: Iterable[str] = ()) -> None:
         self.root = table.uri
@@ -909,14 +921,19 @@ class _TableFiles:
         self.dirs = owned_dirs(table)
         self.objects: dict[str, ObjectInfo] = {}
         self.relative: dict[str, str] = {}  # path -> path relative to its owned directory
+        self.foreign: list[str] = []
         gone = set(without)  # removed already (a dry run: what Lance's cleanup would remove)
         for owned in self.dirs:
             if self.local:
                 _refuse_symlinked(uri_to_path(self.root), owned)
-            for info in self.store.list(f"{self.root}/{owned}"):
-                if f"{owned}/{info.name}" not in gone:
-                    self.objects[f"{owned}/{info.name}"] = info
-                    self.relative[f"{owned}/{info.name}"] = info.name
+            for info in self.store.walk(f"{self.root}/{owned}"):
+                path = f"{owned}/{info.name}"
+                if not _made_by_the_table(owned, info.name):
+                    self.foreign.append(path)
+                elif path not in gone:
+                    self.objects[path] = info
+                    self.relative[path] = info.name
+        self.foreign.sort()
 
     def location(self, path: str) -> str:
         """Where ``path`` is, as users name it: a local path, or a URI."""
@@ -934,7 +951,9 @@ class _TableFiles:
             self.store.abort_uploads(
                 f"{self.root}/{owned}",
                 min(cutoff, in_flight),
-                lambda name: _staged_by(name, running),
+                lambda name, owned=owned: (
+                    _staged_by(name, running) or not _made_by_the_table(owned, name)
+                ),
             )
             for owned in self.dirs
         )

@@ -78,6 +78,7 @@ class GcReport(TypedDict):
     expired_leases: int
     aborted_uploads: int
     paths: list[str]
+    foreign_files: list[str]
     managed: ManagedReport
 
 

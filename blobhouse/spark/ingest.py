@@ -230,7 +230,7 @@ def plan_ingest(
         )
     if not blob_columns:
         raise InvalidInputError("name at least one blob column (the columns holding paths)")
-    check_target(table)  # a file or a folder of other files in the way: refused before Spark
+    check_target(table, storage_options=options)  # a file or a folder of others in the way
     if len(set(blob_columns)) != len(blob_columns):
         raise InvalidInputError(f"blob columns named twice: {blob_columns}")
     fmt = fmt or _format_of(manifest)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -52,6 +53,7 @@ from blobhouse.storage import (
 )
 
 CLAIMS_DIR = "claims"
+CLAIM_FILE = re.compile(r"[^/]+-claims/[^/]+")  # a claim's name in CLAIMS_DIR
 #: payloads above this size are always claimed; smaller ones while their column's are shared
 CLAIM_MIN_BYTES = 64 * KiB
 #: a task claims the first this many small payloads of a column ...

@@ -4,6 +4,7 @@ manifest, and packs retired (tombstoned) and removed."""
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 
 PACKS_DIR = "packs"
+PACK_FILE = re.compile(r"[^/]+\.pack")  # a pack's name in PACKS_DIR (anything else: a user's)
 
 
 TOMBSTONES_DIR = "tombstones"

@@ -23,17 +23,22 @@ from blobhouse.errors import (
     BlobhouseError,
     ConcurrentCommitError,
     InvalidInputError,
-    NotATableError,
     PathIsFileError,
     PropertyConflictError,
     TableMetadataError,
 )
-from blobhouse.layout import STORE_BASE_NAME, STORE_DIR, BasePaths, TableLocation
+from blobhouse.layout import (
+    DATA_FOLDER_FILE,
+    STORE_BASE_NAME,
+    STORE_DIR,
+    BasePaths,
+    TableLocation,
+)
 from blobhouse.options import WriteOptions
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties, new_table_properties
-from blobhouse.snapshot import TableSnapshot, file_in_the_way, listing, path_problem
-from blobhouse.storage import StorageOptions, uri_to_path
+from blobhouse.snapshot import TableSnapshot, file_in_the_way, open_dataset
+from blobhouse.storage import StorageOptions, is_local, object_store, uri_to_path
 from blobhouse.store.packs import store_base, store_base_id
 from blobhouse.values import path_name, stored_blob_columns
 from blobhouse.write.pipeline import WritePlan
@@ -133,15 +138,20 @@ def _commit_bases(
     commit_once(snapshot, "store", lambda own: own.add_bases(bases))
 
 
-# what a folder holding a table, or a failed create's leftovers, may contain
-TABLE_ENTRIES = frozenset(
-    ("_versions", "_transactions", "_deletions", "_indices", "_refs", "tree", "data")
-) | {STORE_DIR, leases.LEASES_DIR}
+# What a new table's folder may hold already: the leftovers of a failed create. Their folders
+# have Lance's and blobhouse's names, which no user's folder has by accident, but data/: a
+# project's data/ is its own, so only files named as Lance and blobhouse name theirs count there.
+_LEFTOVER_DIRS = frozenset(
+    ("_versions", "_transactions", "_deletions", "_indices", "_refs", STORE_DIR, leases.LEASES_DIR)
+)
+_SHOWN = 3  # foreign entries named in the error (a listing stops at the next one)
 
 
-def check_target(uri: str, allow_nonempty_folder: bool = False) -> None:
-    """Refuse a local ``uri`` a write cannot make or change a table at (a file, a folder below
-    a file, a folder of other files), before any work starts (ingest checks it before Spark).
+def check_target(
+    uri: str, allow_nonempty_folder: bool = False, storage_options: StorageOptions | None = None
+) -> None:
+    """Refuse a ``uri`` a write cannot make a table at (a file, a folder below a file, a folder
+    or prefix of other files), before any work starts (ingest checks it before Spark).
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "rows.jsonl")
@@ -151,26 +161,49 @@ def check_target(uri: str, allow_nonempty_folder: bool = False) -> None:
     ...
     blobhouse.errors.PathIsFileError: cannot create a table at ... it is a file
     """
-    if "://" in uri and not uri.startswith("file://"):
-        return  # object stores have no files in the way
-    root = TableLocation.of(uri).root
-    if path_problem(root) is not None:  # no table there yet
-        check_new_table_folder(root, allow_nonempty_folder)
+    location = TableLocation.of(uri, None, storage_options)
+    if open_dataset(location, None, storage_options) is None:
+        check_new_table_folder(location.root, allow_nonempty_folder, storage_options)
 
 
-def check_new_table_folder(root: str, allow_nonempty_folder: bool) -> None:
-    """Refuse to create a table at a file, or in a folder of other files (unless asked)."""
-    in_the_way = file_in_the_way(root)
-    if in_the_way is not None:
-        raise PathIsFileError(f"cannot create a table at {root}: {in_the_way}")
-    if isinstance(path_problem(root), NotATableError) and not allow_nonempty_folder:
-        foreign = sorted(set(os.listdir(root)) - TABLE_ENTRIES)
-        if foreign:
-            raise InvalidInputError(
-                f"{root} is a folder of other files ({listing(foreign)}): a new table would "
-                "mix its _versions/ and data/ into them. Write to a new or empty folder, or "
-                "pass allow_nonempty_folder=True (Spark: option allow_nonempty_folder=true)"
-            )
+def check_new_table_folder(
+    root: str, allow_nonempty_folder: bool, storage_options: StorageOptions | None = None
+) -> None:
+    """Refuse to create a table at a file, or in a folder (a prefix, on an object store) of
+    other files, unless asked: gc sweeps a table's data/, and a user's files there with it."""
+    if is_local(root):
+        in_the_way = file_in_the_way(uri_to_path(root))
+        if in_the_way is not None:
+            raise PathIsFileError(f"cannot create a table at {root}: {in_the_way}")
+    if allow_nonempty_folder:
+        return
+    foreign = _foreign_entries(root, storage_options)
+    if foreign:
+        shown = ", ".join(foreign[:_SHOWN]) + (" and more" if len(foreign) > _SHOWN else "")
+        raise InvalidInputError(
+            f"{root} is a folder of other files ({shown}): a new table would mix its "
+            "_versions/ and data/ into them, and gc would sweep them as its own. Write to a new "
+            "or empty folder, or pass allow_nonempty_folder=True (Spark: option "
+            "allow_nonempty_folder=true)"
+        )
+
+
+def _foreign_entries(root: str, storage_options: StorageOptions | None) -> list[str]:
+    """Up to ``_SHOWN + 1`` of the files (and local symlinks) at ``root`` that are not a failed
+    create's leftovers; the listing stops there (a folder of a million files is refused as
+    fast as one of four)."""
+    found = []
+    if is_local(root) and os.path.isdir(uri_to_path(root)):
+        # a symlinked entry would lead the table's files, and gc, out of the folder
+        found = sorted(e.name for e in os.scandir(uri_to_path(root)) if e.is_symlink())
+    for info in object_store(root, storage_options).walk(root):
+        top, _, rest = info.name.partition("/")
+        if top in _LEFTOVER_DIRS or (top == "data" and DATA_FOLDER_FILE.fullmatch(rest)):
+            continue
+        found.append(info.name)
+        if len(found) > _SHOWN:
+            break
+    return found
 
 
 def with_store(

@@ -370,7 +370,7 @@ def begin_write(
     location = TableLocation.of(uri, branch, storage_options)
     existing = open_dataset(location, None, storage_options)
     if existing is None and location.branch is None:
-        check_new_table_folder(location.root, allow_nonempty_folder)
+        check_new_table_folder(location.root, allow_nonempty_folder, storage_options)
     if existing is None and location.branch is not None:
         raise TableNotFoundError(
             f"no branch {location.branch!r} in {location.root} (make it with Lance's create_branch)"

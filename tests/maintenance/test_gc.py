@@ -56,6 +56,30 @@ def test_leftovers_are_kept_during_the_grace_period_then_removed(with_leftovers,
     assert open_table(table_uri).verify()["problems"] == []
 
 
+def test_gc_leaves_a_users_files_in_the_tables_folders_alone(table_uri):
+    """gc sweeps only the files Lance and blobhouse name (data files, sidecars, packs): a file
+    a user put in ``data/`` or a branch's data folder is listed as foreign and kept."""
+    payloads = [os.urandom(200_000), os.urandom(10)]
+    write_table(pa.table({"b": blob_array(payloads)}), table_uri, dedup="global")
+    lance.dataset(table_uri).create_branch("relabel")
+    users = ["data/notes.txt", "data/photos/cat.jpg", "_blobs/packs/readme.md"]
+    users.append("tree/relabel/data/labels.csv")
+    for name in users:
+        os.makedirs(os.path.dirname(os.path.join(table_uri, name)), exist_ok=True)
+        with open(os.path.join(table_uri, name), "wb") as f:
+            f.write(name.encode())
+    aged(table_uri, hours=48)
+    assert open_table(table_uri).stats()["orphan_files"] == 0
+    for dry_run in (True, False):
+        report = open_table(table_uri).gc(grace=timedelta(0), dry_run=dry_run)
+        assert report["foreign_files"] == sorted(os.path.join(table_uri, n) for n in users)
+        assert report["removed_files"] == 0
+    for name in users:
+        with open(os.path.join(table_uri, name), "rb") as f:
+            assert f.read() == name.encode()
+    assert stock_read(table_uri, "b") == payloads
+
+
 def test_old_versions_go_and_what_is_referenced_stays(table_uri, tmp_path):
     media = tmp_path / "media"
     media.mkdir()

@@ -22,6 +22,7 @@ from blobhouse import (
     open_table,
     write_table,
 )
+from tests.helpers import tree
 
 ROWS = pa.table({"id": [1, 2]})
 
@@ -75,6 +76,28 @@ def test_a_new_table_is_not_mixed_into_a_folder_of_other_files(tmp_path):
     table = write_table(ROWS, str(folder), allow_nonempty_folder=True)
     assert table.count_rows() == 2
     write_table(ROWS, str(folder), mode="append")  # a table now: appends need no flag
+
+
+@pytest.mark.parametrize(
+    "users",
+    [
+        ["data/cat.jpg"],  # a project folder with its own data/
+        ["data/2024/notes.txt", "data/2024/run.lance"],
+        ["data/readme.md", "data/part-0.lance"],  # a Lance-looking file does not make it a table's
+        ["tree/oak.png"],
+    ],
+)
+def test_a_new_table_is_not_mixed_into_a_users_data_folder(tmp_path, users):
+    """Only the leftovers of a failed create may be in a new table's folder: a folder named
+    ``data/`` (or ``tree/``) holding a user's files is not one, and gc would sweep them."""
+    folder = tmp_path / "project"
+    for name in users:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(name.encode())
+    with pytest.raises(InvalidInputError, match=f"folder of other files .*{users[0]}"):
+        write_table(ROWS, str(folder))
+    assert tree(str(folder)) == set(users)
+    assert all((folder / name).read_bytes() == name.encode() for name in users)
 
 
 def test_spark_refuses_a_folder_of_other_files_unless_asked(spark, tmp_path):

@@ -34,7 +34,13 @@ from blobhouse import (
 from blobhouse.commit import leases
 from blobhouse.dedup import content_hash, digest_matrix
 from blobhouse.rangeio import READ_THREADS, _balanced_groups, plan_reads
-from blobhouse.storage import RemoteStore, checked_options, object_store, put_new
+from blobhouse.storage import (
+    RemoteStore,
+    checked_options,
+    object_store,
+    put_new,
+    read_object,
+)
 from blobhouse.store.digest_filter import may_contain, read_filters
 from blobhouse.store.index import filters_uri
 from blobhouse.table import Table
@@ -114,6 +120,28 @@ def test_a_missing_bucket_is_named_and_not_masked_by_cleanup(s3):
             )
     with pytest.raises(TableNotFoundError, match="no-such-bucket"):
         open_table("s3://no-such-bucket/t", storage_options=s3.options)
+
+
+@pytest.mark.parametrize("where", ["s3", "azure"])
+def test_a_new_table_is_not_mixed_into_a_prefix_of_other_objects(where, request):
+    """As a local folder: a prefix holding a user's objects (in ``data/`` too) gets no new
+    table beside them unless asked, and gc leaves them alone in the table made there anyway."""
+    place = request.getfixturevalue(where)
+    uri, options = f"{place.uri}/project", place.options
+    store = object_store(uri, options)
+    users = {"data/cat.jpg": b"jpeg", "notes.txt": b"mine"}
+    for name, data in users.items():
+        store.put(f"{uri}/{name}", data)
+    with pytest.raises(InvalidInputError, match=r"folder of other files .*data/cat\.jpg"):
+        write_table(rows(4), uri, storage_options=options)
+    assert {o.name for o in store.list(uri)} == set(users)
+    table = write_table(rows(4), uri, storage_options=options, allow_nonempty_folder=True)
+    time.sleep(1.1)  # object ages are whole seconds on S3
+    report = table.gc(grace=timedelta(0))
+    assert report["foreign_files"] == [f"{uri}/data/cat.jpg"]
+    assert report["removed_files"] == 0
+    assert {n: read_object(f"{uri}/{n}", options) for n in users} == users
+    assert open_table(uri, storage_options=options).verify()["problems"] == []
 
 
 def test_write_and_read_every_placement_on_s3(s3):
