@@ -7,6 +7,7 @@ and is raised before anything is committed, so the table stays at its previous v
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from lance.commit import CommitConflictError
 
@@ -178,3 +179,25 @@ def lance_message(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     text = re.sub(r", /home/runner/\S+$|,\s*\S+\.rs:\d+:\d+", "", text)
     return text.removeprefix("Invalid user input: ").strip()
+
+
+def cleanup_after(failure: BaseException, *cleanups: Callable[[], object]) -> None:
+    """Run each of ``cleanups`` after ``failure`` (what a failed write staged, say), every one
+    even if another fails. A cleanup that fails too -- the store that failed the work is often
+    still down -- is noted on ``failure``, which the caller raises: it is never replaced by the
+    cleanup's error, and what the cleanup left is gc's to remove.
+
+    >>> error = KeyError("the write's own error")
+    >>> cleanup_after(error, lambda: 1 / 0)
+    >>> error.__notes__[0][:64]
+    'cleaning up after it failed too (ZeroDivisionError: division by '
+
+    """
+    for cleanup in cleanups:
+        try:
+            cleanup()
+        except Exception as failed:
+            failure.add_note(
+                f"cleaning up after it failed too ({type(failed).__name__}: "
+                f"{lance_message(failed)}); what it staged is left for gc"
+            )

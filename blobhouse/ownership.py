@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from blobhouse.errors import ExternalBlobError, ManagedObjectOwnedError
+from blobhouse.errors import ExternalBlobError, ManagedObjectOwnedError, cleanup_after
 from blobhouse.layout import TableLocation, same_location
 from blobhouse.storage import (
     STAT_THREADS,
@@ -180,8 +180,8 @@ def claim(
         others = [u for u, new in zip(uris, created, strict=True) if not new]
         owners = read_owners(others, storage_options)
         recorded = foreign() if mine and foreign is not None else {}
-    except BaseException:
-        release(mine, storage_options)
+    except BaseException as exc:
+        cleanup_after(exc, lambda: release(mine, storage_options))
         raise
     refused = {u: o for u, o in owners.items() if not o.is_table(location)}
     taken = [u for u in mine if u in recorded]

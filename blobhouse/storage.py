@@ -38,7 +38,7 @@ from email.utils import parsedate_to_datetime
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
-from blobhouse.errors import InvalidInputError
+from blobhouse.errors import InvalidInputError, cleanup_after
 from blobhouse.storage_options import check_option_names
 
 StorageOptions = dict[str, str]
@@ -238,8 +238,8 @@ def put_new(store: ObjectStore, uri: str, data: bytes) -> bool:
         new.close()
     except FileExistsError:  # on an object store, the conditional PUT at close lost
         return False
-    except BaseException:
-        new.abort()
+    except BaseException as exc:
+        cleanup_after(exc, new.abort)
         raise
     return True
 
@@ -527,8 +527,8 @@ class _S3Upload:
                     MultipartUpload={"Parts": self._parts},
                     IfNoneMatch="*",
                 )
-        except BaseException:
-            self.abort()
+        except BaseException as exc:
+            cleanup_after(exc, self.abort)
             raise
         finally:
             self._buffer = bytearray()

@@ -24,7 +24,7 @@ from blobhouse.changes.schema_changes import add_null_blob_column
 from blobhouse.columns import resolve_column
 from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
 from blobhouse.commit.transaction import Transaction, record_stored
-from blobhouse.errors import InvalidInputError, SchemaError
+from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
 from blobhouse.properties import DEDUP_KEY, TableProperties
 from blobhouse.session import WrittenFile
@@ -148,8 +148,8 @@ def backfill_fragment(
     try:
         with plan.transaction.lease():
             written = _backfill_fragment(table, fragment_id, fn, plan, store)
-    except BaseException:
-        plan.transaction.end_task(None)
+    except BaseException as exc:
+        cleanup_after(exc, lambda: plan.transaction.end_task(None))
         raise
     # a Spark task can finish after the job was aborted and swept: it cleans up itself
     plan.transaction.end_task([written])
@@ -188,11 +188,12 @@ def _backfill_fragment(
         written = writer.finish()
         if store is not None and own_store:
             store.finish()
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        if store is not None and own_store:
-            store.abort()
+    except BaseException as exc:
+        cleanup_after(
+            exc,
+            *([writer.abort] if writer is not None else []),
+            *([store.abort] if store is not None and own_store else []),
+        )
         raise
     check_fragment_rows(written, fragment)
     return written
@@ -288,9 +289,8 @@ def backfill_here(fn: BlobFunction) -> StageFiles:
             }
             if store is not None:
                 store.finish()
-        except BaseException:
-            if store is not None:
-                store.abort()
+        except BaseException as exc:
+            cleanup_after(exc, *([store.abort] if store is not None else []))
             raise
         return files, []
 

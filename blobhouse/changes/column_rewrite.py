@@ -32,7 +32,7 @@ from blobhouse.commit.transaction import (
     Inserts,
     Transaction,
 )
-from blobhouse.errors import InvalidInputError, lance_message
+from blobhouse.errors import InvalidInputError, cleanup_after, lance_message
 from blobhouse.options import WriteOptions
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
@@ -204,10 +204,8 @@ def rewrite_fragment(
         written = writer.finish()
         if store is not None:
             store.finish()  # its packs complete (an object store's uploads too)
-    except BaseException:
-        writer.abort()
-        if store is not None:
-            store.abort()
+    except BaseException as exc:
+        cleanup_after(exc, writer.abort, *([store.abort] if store is not None else []))
         raise
     check_fragment_rows(written, fragment)
     return written, matched

@@ -30,10 +30,16 @@ import lance
 import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
+from lance.commit import CommitConflictError
 
 from blobhouse.commit.change import BaseChange, Staged, commit_once, run_change
 from blobhouse.commit.transaction import Transaction
-from blobhouse.errors import InvalidInputError, SchemaError, lance_message
+from blobhouse.errors import (
+    ConcurrentCommitError,
+    InvalidInputError,
+    SchemaError,
+    lance_message,
+)
 from blobhouse.layout import TableLocation
 from blobhouse.options import check_names
 from blobhouse.placement import AllowedBases, placement_metadata
@@ -229,7 +235,14 @@ class _PropertyChange(BaseChange[_PropertyPlan, None]):
         operation = plan.operation
         if operation is None:
             return plan.table.dataset
-        return plan.transaction.commit([], lambda: operation)
+        try:
+            return plan.transaction.commit([], lambda: operation)
+        except CommitConflictError as exc:
+            if exc.retryable or isinstance(exc, ConcurrentCommitError):
+                raise
+            # Lance refuses a manifest update beside another outright; planned again on the
+            # latest version (its properties read and checked anew), this one is still valid
+            raise CommitConflictError(str(exc), retryable=True) from exc
 
     def report(self, *_: object) -> None:
         return None

@@ -40,11 +40,13 @@ from typing import Any, Generic, Protocol, TypeVar
 from lance import LanceDataset
 
 from blobhouse.commit.transaction import DEFAULT_RETRIES, StagedDeletion, Transaction, retrying
+from blobhouse.errors import cleanup_after
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import TableSnapshot
 
 P = TypeVar("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 @dataclass
@@ -159,10 +161,10 @@ class Attempt(Generic[P, R]):
         try:
             with self.transaction.lease():
                 self.change.stage(self.plan, self.staged)
-        except BaseException:
+        except BaseException as exc:
             # a change that starts Spark tasks waits for them: none runs once stage returned,
             # but one may while it raises
-            self.abort(tasks_may_run=self.change.in_tasks)
+            cleanup_after(exc, lambda: self.abort(tasks_may_run=self.change.in_tasks))
             raise
 
     def commit(self, written: Sequence[WrittenFile] = ()) -> Committed[R]:
@@ -171,8 +173,8 @@ class Attempt(Generic[P, R]):
         self.staged.written.extend(written)
         try:
             dataset = self.change.commit(self.plan, self.staged)
-        except BaseException:
-            self.abort()
+        except BaseException as exc:
+            cleanup_after(exc, self.abort)
             raise
         committed = self._snapshot_of(dataset)
         return Committed(
@@ -189,13 +191,25 @@ class Attempt(Generic[P, R]):
         """Release what the plan holds; the attempt is over."""
         self.change.release(self.plan)
 
+    def ending(self, step: Callable[[], T]) -> T:
+        """``step()`` (the attempt's last: a commit or an abort), then :meth:`end`, whose failure
+        never hides the step's."""
+        try:
+            result = step()
+        except BaseException as exc:
+            cleanup_after(exc, self.end)
+            raise
+        self.end()
+        return result
+
     def run(self) -> Committed[R]:
         """Stage here, then commit: the whole attempt in this process."""
-        try:
+
+        def stage_and_commit() -> Committed[R]:
             self.stage()
             return self.commit()
-        finally:
-            self.end()
+
+        return self.ending(stage_and_commit)
 
     def __getstate__(self) -> dict[str, Any]:
         # a commit in another process (Spark's) builds the committed snapshot from the

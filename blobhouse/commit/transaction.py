@@ -64,6 +64,7 @@ from blobhouse.errors import (
     ConcurrentCommitError,
     KeysInsertedMeanwhile,
     StaleWriteError,
+    cleanup_after,
     lance_message,
 )
 from blobhouse.layout import STORE_DIR, TableLocation, branch_data_dir
@@ -197,8 +198,8 @@ class Transaction:
             dataset, owned_elsewhere = self._checked_commit(written, commit)
         except TableCreatedMeanwhile:
             raise
-        except BaseException:
-            self.abort(written)
+        except BaseException as exc:
+            cleanup_after(exc, lambda: self.abort(written))
             raise
         stored = [s for w in written for s in w.stored] + _adopted(written)
         record_stored(self.location.root, stored, self.storage_options)
@@ -309,9 +310,12 @@ class Transaction:
                         "nothing was committed, retry"
                     )
                 return commit(), sorted(claimed.refused)
-        except BaseException:
-            release(taken, options)  # the objects stay unowned: this write hands nothing over
-            leases.release(root, self.name_prefix, options)  # it will not commit
+        except BaseException as exc:
+            cleanup_after(
+                exc,
+                lambda: release(taken, options),  # the objects stay unowned: nothing handed over
+                lambda: leases.release(root, self.name_prefix, options),  # it will not commit
+            )
             raise
 
     def abort(

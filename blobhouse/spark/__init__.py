@@ -47,7 +47,7 @@ from blobhouse.changes.backfill import (
 )
 from blobhouse.commit.transaction import Transaction, record_stored
 from blobhouse.dedup import mode_of
-from blobhouse.errors import InvalidInputError, SchemaError
+from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after
 from blobhouse.layout import TableLocation
 from blobhouse.options import WriteOptions, closest
 from blobhouse.placement import Placement
@@ -230,8 +230,8 @@ def write_table(
             colocated(df).write.format("blobhouse").mode(mode).options(**writer_options).save(
                 location.dataset_path
             )
-        except BaseException:
-            txn.abort()  # unless the rows committed
+        except BaseException as exc:
+            cleanup_after(exc, txn.abort)  # unless the rows committed
             raise
     record_stored(location.root, stored, options_checked)
 
@@ -477,8 +477,8 @@ def _fragment_writer(location, version, options, plan: BackfillPlan):
                     {"fragment": [fragment], "result": [pickle.dumps(written)]},
                 )
             store.finish()
-        except BaseException:
-            store.abort()
+        except BaseException as exc:
+            cleanup_after(exc, store.abort)
             raise
 
     return write

@@ -213,16 +213,10 @@ class BlobhouseWriter(DataSourceArrowWriter):
         return WrittenFiles(tuple(self.attempt.plan.write(iterator)))
 
     def commit(self, messages: Sequence[WrittenFiles | None]) -> None:
-        try:
-            self.attempt.commit(_files(messages))
-        finally:
-            self.attempt.end()
+        self.attempt.ending(lambda: self.attempt.commit(_files(messages)))
 
     def abort(self, messages: Sequence[WrittenFiles | None]) -> None:
-        try:
-            self.attempt.abort(_files(messages), tasks_may_run=True)
-        finally:
-            self.attempt.end()
+        self.attempt.ending(lambda: self.attempt.abort(_files(messages), tasks_may_run=True))
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import BinaryType, BooleanType
 
 from blobhouse.commit import leases
+from blobhouse.errors import cleanup_after
 from blobhouse.layout import TableLocation
 from blobhouse.spark.datasource import ensure_registered, storage_prefixed
 from blobhouse.storage import StorageOptions
@@ -101,8 +102,8 @@ def _store_task(
                     payloads = batch.column("data").to_pylist()
                     writer.place_many(payloads, batch.column(_DIGEST).to_pylist())
                 writer.finish()
-            except BaseException:
-                writer.abort()
+            except BaseException as exc:
+                cleanup_after(exc, writer.abort)
                 raise
         stored = writer.packs.stored
         yield pa.record_batch(

@@ -62,7 +62,7 @@ from blobhouse.commit.transaction import (
     stage_deletion,
 )
 from blobhouse.dedup import mode_of
-from blobhouse.errors import BlobhouseError, InvalidInputError
+from blobhouse.errors import BlobhouseError, InvalidInputError, cleanup_after
 from blobhouse.options import WriteOptions
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import ROW_ADDRESS, TableSnapshot, open_snapshot
@@ -309,8 +309,8 @@ class _MergeInTasks(BaseChange):
                 table.location, table.version, table.storage_options, kind="merge"
             )
             rewrite = builder.column_rewrite(table, txn) if merge.update_columns else None
-        except BaseException:
-            match.release()
+        except BaseException as exc:
+            cleanup_after(exc, match.release)
             raise
         return _MergePlan(table, builder, match, txn, rewrite)
 

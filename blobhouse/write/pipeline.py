@@ -34,7 +34,7 @@ from blobhouse.dedup import (
     Fingerprint,
     dedup_modes,
 )
-from blobhouse.errors import ExternalBlobError, InvalidInputError, SchemaError
+from blobhouse.errors import ExternalBlobError, InvalidInputError, SchemaError, cleanup_after
 from blobhouse.layout import TableLocation
 from blobhouse.managed import ManagedPolicy
 from blobhouse.options import DEFAULT_MAX_BYTES_PER_FILE, DEFAULT_MAX_ROWS_PER_FILE
@@ -425,14 +425,15 @@ def _write_data_files(
             writer = None
         if store is not None:
             store.finish()
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        if store is not None:
-            store.abort()
+    except BaseException as exc:
         if store is not None and store.claimed:  # other tasks may reference its packs
             written = [replace(w, packs=()) for w in written]
-        remove_written(written, location, storage_options)
+        cleanup_after(
+            exc,
+            *([writer.abort] if writer is not None else []),
+            *([store.abort] if store is not None else []),
+            lambda: remove_written(written, location, storage_options),
+        )
         raise
     return written
 

@@ -35,6 +35,7 @@ from blobhouse.errors import (
     StaleWriteError,
     TableExistsError,
     TableNotFoundError,
+    cleanup_after,
 )
 from blobhouse.layout import STORE_DIR, TableLocation
 from blobhouse.options import WriteOptions
@@ -142,8 +143,8 @@ class TableWrite:
         txn, location, options = self.transaction, self.location, self.storage_options
         try:
             written = write_data_files(batches, self.plan, location, options, self.name_prefix)
-        except BaseException:
-            txn.end_task(None)
+        except BaseException as exc:
+            cleanup_after(exc, lambda: txn.end_task(None))
             if self.read_version is None:
                 self._remove_empty_dirs()
             raise
@@ -167,8 +168,8 @@ class TableWrite:
         except TableCreatedMeanwhile:
             try:
                 again = self._on_table_made_meanwhile()
-            except BaseException:
-                self.abort(written)
+            except BaseException as exc:
+                cleanup_after(exc, lambda: self.abort(written))
                 raise
             return again.commit(written)
         except BaseException:

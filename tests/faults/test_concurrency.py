@@ -16,8 +16,10 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -325,3 +327,28 @@ def test_a_commit_retrying_longer_than_the_grace_keeps_its_files(table_uri, monk
 
     monkeypatch.setattr(LanceDataset, "commit", staticmethod(commit_while_gc_runs))
     commit_or_fail_clearly(table_uri, write, written, [1, 3, 5], [0])
+
+
+def test_property_changes_at_the_same_time_all_commit(table_uri):
+    """Lance refuses a manifest update beside another outright (not retryable); a property
+    change plans again on the latest version, so each of several at once commits, and the
+    changes to different properties all stand."""
+    create(table_uri, dedup="content")
+    changes = [{"max_rows_per_file": 1000 + i} for i in range(4)]
+    changes += [{"dedup": "ref_id"}, {"max_bytes_per_file": 64 * 2**20}]
+    start = threading.Barrier(len(changes))
+
+    def change(properties: dict) -> None:
+        table = open_table(table_uri)
+        start.wait()
+        table.set_properties(**properties)
+
+    with ThreadPoolExecutor(len(changes)) as pool:
+        for done in [pool.submit(change, c) for c in changes]:
+            done.result()
+    properties = TableProperties.of(lance.dataset(table_uri))
+    assert properties.dedup == "ref_id"
+    assert properties.max_bytes_per_file == 64 * 2**20
+    assert properties.max_rows_per_file in {1000 + i for i in range(4)}
+    versions = lance.dataset(table_uri).versions()
+    assert len(versions) == 1 + len(changes)

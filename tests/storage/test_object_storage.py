@@ -44,6 +44,7 @@ from blobhouse.storage import (
 from blobhouse.store.digest_filter import may_contain, read_filters
 from blobhouse.store.index import filters_uri
 from blobhouse.table import Table
+from blobhouse.testing import LocalS3Server
 from blobhouse.write import begin_write
 from tests.helpers import worker_script
 
@@ -142,6 +143,28 @@ def test_a_new_table_is_not_mixed_into_a_prefix_of_other_objects(where, request)
     assert report["removed_files"] == 0
     assert {n: read_object(f"{uri}/{n}", options) for n in users} == users
     assert open_table(uri, storage_options=options).verify()["problems"] == []
+
+
+@pytest.mark.parametrize("dedup", ["content", "global"])
+def test_a_store_that_goes_away_mid_write_fails_it_with_the_writes_own_error(dedup):
+    """The store is down for the cleanup too: its failure is noted on the write's error, never
+    raised in its place (users saw "cannot stat .../aborted-write-..." instead of the write's)."""
+    server = LocalS3Server().__enter__()
+    server.bucket("gone-midway")
+    options = {**server.options, "allow_http": "true"}
+
+    def batches():
+        for i in range(4):
+            if i == 2:
+                server.__exit__(None, None, None)
+            yield from rows(4).to_batches()
+
+    reader = pa.RecordBatchReader.from_batches(rows(1).schema, batches())
+    with pytest.raises(OSError) as raised:
+        write_table(reader, "s3://gone-midway/t", storage_options=options, dedup=dedup)
+    assert "aborted-" not in str(raised.value)
+    notes = "\n".join(getattr(raised.value, "__notes__", []))
+    assert "cleaning up" in notes and "gc" in notes
 
 
 def test_write_and_read_every_placement_on_s3(s3):
