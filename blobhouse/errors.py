@@ -164,6 +164,11 @@ class ForkedAfterLanceWarning(UserWarning):
     how to start workers for full speed."""
 
 
+class StoreError(BlobhouseError, OSError):
+    """An object store that failed a request, or did not answer in time: the message names the
+    table or object, the store and what was being done (never a raw Lance or Arrow error)."""
+
+
 class MissingExtraError(BlobhouseError, ImportError):
     """A part of blobhouse whose optional dependencies are not installed (Spark without
     pyspark). The message is one line naming the ``pip install`` that adds them."""
@@ -201,3 +206,20 @@ def cleanup_after(failure: BaseException, *cleanups: Callable[[], object]) -> No
                 f"cleaning up after it failed too ({type(failed).__name__}: "
                 f"{lance_message(failed)}); what it staged is left for gc"
             )
+
+
+def as_store_error(exc: BaseException, uri: str, doing: str) -> BaseException:
+    """``exc`` as a :class:`StoreError` naming ``uri`` and what was being done when it is an
+    I/O error Lance raised about the store (``LanceError(IO)``); any other error as it is (the
+    caller raises the new one ``from exc``).
+
+    >>> as_store_error(OSError("LanceError(IO): Generic S3 error: connection refused"),
+    ...                "s3://b/t", "write to")
+    StoreError('cannot write to s3://b/t: LanceError(IO): Generic S3 error: connection refused')
+    """
+    if isinstance(exc, BlobhouseError | CommitConflictError) or "LanceError(IO)" not in str(exc):
+        return exc
+    error = StoreError(f"cannot {doing} {uri}: {lance_message(exc)}")
+    for note in getattr(exc, "__notes__", ()):  # what its cleanup met, say
+        error.add_note(note)
+    return error

@@ -42,12 +42,13 @@ from blobhouse.errors import (
     TableNotFoundError,
     VersionNotFoundError,
     VersionRemovedError,
+    as_store_error,
 )
 from blobhouse.layout import BasePaths, TableLocation
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
 from blobhouse.references import ReferenceResolver, Unresolved, field_id
-from blobhouse.storage import checked_options
+from blobhouse.storage import check_answers, checked_options
 from blobhouse.store.index import StoreIndex
 from blobhouse.store.packs import store_uri_prefix
 from blobhouse.values import ColumnPath, path_name, stored_blob_columns
@@ -366,17 +367,26 @@ def resolve_tag(
 
 
 def open_dataset(
-    location: TableLocation, version: int | None, storage_options: dict[str, str] | None
+    location: TableLocation,
+    version: int | None,
+    storage_options: dict[str, str] | None,
+    doing: str = "open",
 ) -> LanceDataset | None:
+    """The dataset at ``location`` (None: there is none); a store that does not answer, or
+    fails, raises :class:`~blobhouse.errors.StoreError` saying what was being ``doing``."""
     path = location.dataset_path
     if "://" not in path and not os.path.isdir(os.path.join(path, "_versions")):
         return None
+    check_answers(path, storage_options, doing)
     try:
         return lance.dataset(path, version=version, storage_options=storage_options)
     except (ValueError, OSError) as exc:
         if "not found" in str(exc).lower() or "does not exist" in str(exc).lower():
             return None
-        raise
+        error = as_store_error(exc, path, doing)
+        if error is exc:
+            raise
+        raise error from exc
 
 
 def snapshot_of(table: object) -> TableSnapshot:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import stat
 import threading
 import time
@@ -38,7 +39,7 @@ from email.utils import parsedate_to_datetime
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
-from blobhouse.errors import InvalidInputError, cleanup_after
+from blobhouse.errors import InvalidInputError, StoreError, cleanup_after
 from blobhouse.storage_options import check_option_names
 
 StorageOptions = dict[str, str]
@@ -52,6 +53,20 @@ STAT_THREADS = 16  # HEAD requests in flight when sizing many objects
 # what Lance's file API raises on I/O failures: OSError locally, RuntimeError ("LanceError(IO)")
 # on object stores
 LANCE_IO_ERRORS = (OSError, RuntimeError)
+#: every request's budget, unless the caller sets one (Lance's names; Lance, obstore and boto3 all
+#: follow it): with Lance's own (a request may wait 30 s, retried 10 times within 3 minutes, for
+#: each of the requests a call makes), a store that did not answer held a write over ten minutes
+REQUEST_BUDGET = {
+    "connect_timeout": "5s",
+    "timeout": "60s",
+    "client_max_retries": "3",
+    "client_retry_timeout": "60",
+}
+#: how long a store may take to answer a call's first request (a listing) before the call fails
+ANSWER_SECONDS = 10.0
+_DURATION = re.compile(
+    r"(?:\d+\s*(?:nsec|ns|usec|us|msec|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h)\s*)+"
+)
 
 
 def checked_options(options: Mapping[str, object] | None) -> StorageOptions | None:
@@ -61,8 +76,12 @@ def checked_options(options: Mapping[str, object] | None) -> StorageOptions | No
     ``allow_http``. Keys are Lance's (``aws_endpoint``, ``aws_region``, ...); one Lance does not
     read is refused, naming the closest (:func:`~blobhouse.storage_options.check_option_names`).
 
-    >>> checked_options({"aws_endpoint": "http://127.0.0.1:9000", "aws_region": "us-east-1"})
-    {'aws_endpoint': 'http://127.0.0.1:9000', 'aws_region': 'us-east-1', 'allow_http': 'true'}
+    Requests get :data:`REQUEST_BUDGET` where the caller sets none (a number of seconds is
+    taken for a ``timeout``); a budget that is not a duration or a count is refused.
+
+    >>> options = checked_options({"aws_endpoint": "http://127.0.0.1:9000", "timeout": 120})
+    >>> options["allow_http"], options["timeout"], options["client_max_retries"]
+    ('true', '120s', '3')
     """
     if not options:
         return None
@@ -82,6 +101,7 @@ def checked_options(options: Mapping[str, object] | None) -> StorageOptions | No
             )
         normalized[key] = value
     check_option_names(normalized)
+    _check_budget(normalized)
     endpoint = _option(normalized, "endpoint")
     if endpoint is not None:
         scheme = urlsplit(endpoint).scheme
@@ -99,6 +119,27 @@ def checked_options(options: Mapping[str, object] | None) -> StorageOptions | No
                 f"{allow_http!r}; Lance refuses plain http unless allow_http is 'true'"
             )
     return normalized
+
+
+def _check_budget(options: StorageOptions) -> None:
+    """Durations and counts of the request budget checked (a number of seconds taken for a
+    duration: Lance wants ``30s``), and :data:`REQUEST_BUDGET` for what is not given."""
+    for key, value in list(options.items()):
+        bare = key.lower().removeprefix("aws_").removeprefix("azure_").removeprefix("google_")
+        if bare in ("timeout", "connect_timeout"):
+            if value.strip().isdigit():
+                options[key] = value = f"{value.strip()}s"
+            if not _DURATION.fullmatch(value.strip()):
+                raise InvalidInputError(
+                    f"storage option {key!r} must be a duration like '30s' or '500ms', "
+                    f"got {value!r}"
+                )
+        elif bare in ("client_max_retries", "client_retry_timeout") and not value.isdigit():
+            what = "a number of retries" if bare == "client_max_retries" else "a number of seconds"
+            raise InvalidInputError(f"storage option {key!r} must be {what}, got {value!r}")
+    for name, value in REQUEST_BUDGET.items():
+        if _option(options, name) is None:
+            options[name] = value
 
 
 def _option(options: Mapping[str, str], name: str) -> str | None:
@@ -262,6 +303,45 @@ def read_object(uri: str, options: Mapping[str, str] | None = None) -> bytes:
         return source.read(0, size)
     finally:
         source.close()
+
+
+_ANSWERED: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
+_ANSWER_KEPT_SECONDS = 60.0  # a store that answered is not asked again for this long
+
+
+def check_answers(uri: str, options: Mapping[str, str] | None, doing: str = "reach") -> None:
+    """Fail fast, with a :class:`~blobhouse.errors.StoreError` naming ``uri`` and its store,
+    when the store that holds it does not answer a listing of it within
+    :data:`ANSWER_SECONDS`: Lance would wait out its timeouts and retries for each of the
+    requests the call makes. An error is an answer (the call that follows reports it); a store
+    that answered is not asked again for a minute. Local paths are not asked.
+
+    >>> check_answers("/tmp/anywhere", None)
+    """
+    if is_local(uri):
+        return
+    parts = urlsplit(uri)
+    key = (parts.scheme, parts.netloc, tuple(sorted((options or {}).items())))
+    if time.monotonic() - _ANSWERED.get(key, -_ANSWER_KEPT_SECONDS) < _ANSWER_KEPT_SECONDS:
+        return
+    answered = threading.Event()
+
+    def ask() -> None:
+        with contextlib.suppress(Exception):
+            next(iter(object_store(uri, options).walk(uri)), None)
+        answered.set()
+
+    # a thread of its own: a store that never answers holds it (not the caller) until its
+    # request's own timeout
+    threading.Thread(target=ask, name="blobhouse-store-check", daemon=True).start()
+    if not answered.wait(ANSWER_SECONDS):
+        where = _option(options or {}, "endpoint") or f"{parts.scheme}://{parts.netloc}"
+        raise StoreError(
+            f"cannot {doing} {uri}: its store ({where}) did not answer a listing within "
+            f"{ANSWER_SECONDS:g} s; check the endpoint, the network and the credentials "
+            "(docs/object-storage.md: Timeouts)"
+        )
+    _ANSWERED[key] = time.monotonic()
 
 
 def is_local(uri: str) -> bool:
@@ -599,9 +679,9 @@ def _s3_errors(action: str, uri: str):
             raise _RangeNotSatisfiable(message) from None
         if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
             raise PermissionError(message) from None
-        raise OSError(message) from None
+        raise StoreError(message) from None
     except BotoCoreError as exc:
-        raise OSError(f"cannot {action} {uri}: {exc}") from None
+        raise StoreError(f"cannot {action} {uri}: {exc}") from None
 
 
 def _bucket_key(uri: str) -> tuple[str, str]:
@@ -627,9 +707,13 @@ def _boto3_client(options: Mapping[str, str]):
     endpoint = _option(options, "endpoint")
     virtual = (_option(options, "virtual_hosted_style_request") or "").lower() == "true"
     anonymous = (_option(options, "skip_signature") or "").lower() == "true"
+    budget = {**REQUEST_BUDGET, **{n: _option(options, n) for n in REQUEST_BUDGET}}
+    budget = {n: v if v is not None else REQUEST_BUDGET[n] for n, v in budget.items()}
     config = Config(
         max_pool_connections=S3_MAX_CONNECTIONS,
-        retries={"max_attempts": 5, "mode": "standard"},
+        connect_timeout=_seconds(budget["connect_timeout"]),
+        read_timeout=_seconds(budget["timeout"]),
+        retries={"total_max_attempts": 1 + int(budget["client_max_retries"]), "mode": "standard"},
         s3={"addressing_style": "virtual" if virtual else "path"},
         signature_version=UNSIGNED if anonymous else None,
     )
@@ -649,6 +733,20 @@ def _boto3_client(options: Mapping[str, str]):
             aws_session_token=_option(options, "session_token"),
             config=config,
         )
+
+
+def _seconds(duration: str) -> float:
+    """A duration Lance takes (``5s``, ``500ms``, ``1m 30s``) in seconds.
+
+    >>> _seconds("1m 30s"), _seconds("500ms")
+    (90.0, 0.5)
+    """
+    units = {"n": 1e-9, "u": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    total = 0.0
+    for number, unit in re.findall(r"(\d+)\s*([a-z]+)", duration.lower()):
+        key = "ms" if unit.startswith("ms") else unit[0]  # n, u, s, m(in), h
+        total += int(number) * units[key]
+    return total
 
 
 #: the schemes of :class:`RemoteStore` (obstore's; ``s3``, ``s3a`` go to :class:`S3Store`)
@@ -807,7 +905,7 @@ def _obstore_errors(action: str, uri: str):
     except Exception as exc:
         if isinstance(exc, OSError):
             raise
-        raise OSError(f"cannot {action} {uri}: {_first(exc)}") from None
+        raise StoreError(f"cannot {action} {uri}: {_first(exc)}") from None
 
 
 def _first(exc: BaseException) -> str:

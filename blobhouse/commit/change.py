@@ -35,12 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 from lance import LanceDataset
 
 from blobhouse.commit.transaction import DEFAULT_RETRIES, StagedDeletion, Transaction, retrying
-from blobhouse.errors import cleanup_after
+from blobhouse.errors import as_store_error, cleanup_after
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import TableSnapshot
 
@@ -164,8 +164,7 @@ class Attempt(Generic[P, R]):
         except BaseException as exc:
             # a change that starts Spark tasks waits for them: none runs once stage returned,
             # but one may while it raises
-            cleanup_after(exc, lambda: self.abort(tasks_may_run=self.change.in_tasks))
-            raise
+            self._failed(exc, lambda: self.abort(tasks_may_run=self.change.in_tasks))
 
     def commit(self, written: Sequence[WrittenFile] = ()) -> Committed[R]:
         """Commit what was staged (and ``written``: what tasks staged elsewhere); the report and
@@ -174,12 +173,21 @@ class Attempt(Generic[P, R]):
         try:
             dataset = self.change.commit(self.plan, self.staged)
         except BaseException as exc:
-            cleanup_after(exc, self.abort)
-            raise
+            self._failed(exc, self.abort)
         committed = self._snapshot_of(dataset)
         return Committed(
             self.change.report(self.plan, self.staged, committed, self.number), committed
         )
+
+    def _failed(self, exc: BaseException, cleanup: Callable[[], object]) -> NoReturn:
+        """Raise ``exc`` -- Lance's I/O errors as a StoreError naming the table and the change --
+        after ``cleanup``, which never replaces it."""
+        txn = self.transaction
+        error = as_store_error(exc, txn.location.root, f"commit a {txn.kind} to")
+        cleanup_after(error, cleanup)
+        if error is exc:
+            raise exc
+        raise error from exc
 
     def abort(self, written: Sequence[WrittenFile] = (), *, tasks_may_run: bool = False) -> None:
         """Remove everything the attempt staged (and ``written``: what tasks staged elsewhere);

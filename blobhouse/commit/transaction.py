@@ -141,6 +141,11 @@ class Transaction:
         """What names this transaction's files (``<id>-<uuid>...``) and its lease."""
         return self.name_prefix.removesuffix("-")
 
+    @property
+    def kind(self) -> str:
+        """What kind of change this is (``write``, ``merge``, ...), as its id says."""
+        return self.id.rpartition("-")[0] or "change"
+
     def on_version(self, read_version: int | None) -> Transaction:
         """The same transaction (same staged files and lease), planned on another version."""
         return replace(self, read_version=read_version)

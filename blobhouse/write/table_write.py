@@ -369,7 +369,7 @@ def begin_write(
         raise ValueError("a write stages either batches here or files in tasks (in_tasks)")
     storage_options = checked_options(storage_options)
     location = TableLocation.of(uri, branch, storage_options)
-    existing = open_dataset(location, None, storage_options)
+    existing = open_dataset(location, None, storage_options, doing="write to")
     if existing is None and location.branch is None:
         check_new_table_folder(location.root, allow_nonempty_folder, storage_options)
     if existing is None and location.branch is not None:
