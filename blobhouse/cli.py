@@ -49,7 +49,7 @@ blobhouse: multimodal training tables whose blob bytes are stored once however m
 reference them, written as standard Lance datasets.
 
 Run "blobhouse COMMAND --help" for a command's options. Every command prints a readable
-summary, or its full report as JSON with --json. Errors are one line on stderr (--debug prints
+from dataclasses import dataclass, field, replace
 the traceback); Ctrl-C stops a command cleanly, exit code 130.
 """
 
@@ -535,7 +535,9 @@ class Run:
     bars: ProgressBars | None = None
     doing: str = ""
     writes: str | None = None  # the table a writing command changes
-    storage_options: dict[str, str] | None = None
+    storage_options: dict[str, str] | None = field(
+        default=None, repr=False
+    )  # credentials: never printed
     branch: str | None = None
     version_before: int | None = None
     existed_before: bool = True

@@ -16,6 +16,7 @@ blobhouse.errors.UnknownOptionError: unknown storage option 'aws_endpiont' (did 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from blobhouse.errors import UnknownOptionError
@@ -191,3 +192,22 @@ def check_option_names(options: Mapping[str, object] | Iterable[str]) -> None:
             "options use Lance's names (docs/object-storage.md), e.g. aws_endpoint, aws_region, "
             "account_name, service_account, timeout"
         )
+
+
+# what gives access to a store (keys, secrets, tokens, signed URLs, headers that may carry
+# them): never kept where others read it, such as a Spark catalog
+_SECRET = re.compile(
+    r"secret|token|password|sas_|^sas|access_key|account_key|master_key|encryption_key"
+    r"|customer_key|^headers\.",
+    re.IGNORECASE,
+)
+
+
+def is_secret(name: str) -> bool:
+    """Whether the storage option ``name`` gives access to a store (a key, a secret, a token).
+
+    >>> [is_secret(n) for n in ("aws_secret_access_key", "account_key", "sas_token", "aws_region")]
+    [True, True, True, False]
+    """
+    # a ``*_file`` option names a file holding a secret, not the secret
+    return not name.lower().endswith("_file") and _SECRET.search(name) is not None

@@ -49,7 +49,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import lance
@@ -118,7 +118,9 @@ class Transaction:
 
     location: TableLocation
     read_version: int | None
-    storage_options: StorageOptions | None = None
+    storage_options: StorageOptions | None = field(
+        default=None, repr=False
+    )  # credentials: never printed
     name_prefix: str = "write-0-"
 
     @classmethod

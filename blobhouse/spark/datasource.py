@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyspark
@@ -51,6 +51,7 @@ from blobhouse.options import WriteOptions, check_names
 from blobhouse.rangeio import REF_TYPE
 from blobhouse.spark.catalog import parse_columns, table_options, with_table_options
 from blobhouse.storage import checked_options
+from blobhouse.storage_options import is_secret
 from blobhouse.table import open_at, write_table
 from blobhouse.values import path_name, stored_blob_columns
 from blobhouse.write import WriteAttempt, begin_write
@@ -121,6 +122,20 @@ def check_table_options(options: Mapping[str, str]) -> None:
     check_options(
         dict.fromkeys(names), READ_OPTIONS | WRITE_OPTIONS | CREATE_TABLE_OPTIONS, "table option"
     )
+    secrets = [
+        n
+        for n in names
+        if n.startswith(STORAGE_PREFIX) and is_secret(n.removeprefix(STORAGE_PREFIX))
+    ]
+    if secrets:
+        raise InvalidInputError(
+            f"{secrets[0]}: a credential in CREATE TABLE's OPTIONS or TBLPROPERTIES would be kept "
+            "in the Spark catalog (SHOW CREATE TABLE prints it) and in the table's column "
+            "metadata. Give credentials from the environment of the driver and the executors "
+            "(AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_KEY, ..., or an instance profile), or "
+            "per statement: SELECT ... FROM t WITH ('storage.<name>' = ...), INSERT INTO t WITH "
+            "(...); OPTIONS may keep the rest (storage.aws_endpoint, storage.aws_region)"
+        )
 
 
 class BlobhouseDataSource(DataSource):
@@ -231,7 +246,9 @@ class ReadSpec:
     rows_per_partition: int
     pushdown: str
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
-    storage_options: dict[str, str] | None = None
+    storage_options: dict[str, str] | None = field(
+        default=None, repr=False
+    )  # credentials: never printed
 
     @classmethod
     def from_options(cls, options) -> ReadSpec:

@@ -307,7 +307,9 @@ class WriteChange(BaseChange[TableWrite, TableSnapshot]):
     schema: pa.Schema
     options: WriteOptions
     mode: WriteMode
-    storage_options: dict[str, str] | None = None
+    storage_options: dict[str, str] | None = field(
+        default=None, repr=False
+    )  # credentials: never printed
     load_store_index: bool = True
     write_id: str | None = None
     batches: Iterable[pa.RecordBatch] | None = field(default=None, compare=False)

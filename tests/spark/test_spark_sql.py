@@ -282,3 +282,24 @@ def test_misspelled_table_options_are_refused(spark, table_name, table_uri):
             "columns 'id BIGINT, img BINARY') TBLPROPERTIES ('dedupe' = 'off')"
         )
     assert not os.path.exists(os.path.join(table_uri, "_versions"))
+
+
+@pytest.mark.parametrize("option", ["storage.aws_secret_access_key", "storage.ACCOUNT_KEY"])
+def test_credentials_are_never_kept_in_the_catalog(spark, table_name, table_uri, option):
+    """Spark keeps a catalog table's OPTIONS (SHOW CREATE TABLE prints them) and blobhouse the
+    table's options in its columns' metadata: a key or a token there is refused, naming it,
+    before anything is created; the error says where credentials go instead."""
+    existing_table(table_uri, {1: b"x" * 100})
+    leaky = table_name("leaky")
+    for clause in (f"OPTIONS (path '{table_uri}', '{option}' 'hunter2')", "TBLPROPERTIES"):
+        if clause == "TBLPROPERTIES":
+            clause = f"OPTIONS (path '{table_uri}') TBLPROPERTIES ('{option}' = 'hunter2')"
+        with pytest.raises(Exception, match=rf"(?i){option}.*kept in the Spark catalog"):
+            spark.sql(f"CREATE TABLE {leaky} USING blobhouse {clause}")
+        assert not spark.catalog.tableExists(leaky)
+    frames = table_name("frames")  # what is not a credential is kept as before
+    spark.sql(
+        f"CREATE TABLE {frames} USING blobhouse "
+        f"OPTIONS (path '{table_uri}', 'storage.aws_region' 'eu-west-1')"
+    )
+    assert rows(spark, f"SELECT count(*) FROM {frames}") == [(1,)]

@@ -97,3 +97,15 @@ def test_a_store_neither_lance_nor_blobhouse_reaches_is_refused_by_name(tmp_path
     data = pa.table({"id": [1], "img": blob_array([b"x"])})
     with pytest.raises(InvalidInputError, match="scheme 'hdfs' is not supported"):
         write_table(data, str(tmp_path / "t"), allowed_bases=["hdfs://namenode:8020/media"])
+
+
+def test_credentials_are_never_printed():
+    """What holds storage options (a change's transaction, the Spark read spec, the CLI's
+    context) leaves them out of its repr: it lands in logs and tracebacks."""
+    from blobhouse.commit.transaction import Transaction
+    from blobhouse.layout import TableLocation
+
+    options = checked_options({"aws_secret_access_key": "hunter2", "aws_region": "eu-west-1"})
+    txn = Transaction.start(TableLocation.of("s3://bucket/t"), None, options)
+    assert txn.storage_options["aws_secret_access_key"] == "hunter2"
+    assert "hunter2" not in repr(txn) and "s3://bucket/t" in repr(txn)
