@@ -30,7 +30,6 @@ import sys
 import warnings
 from collections.abc import Mapping, Sequence
 
-import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -52,7 +51,7 @@ from blobhouse.layout import TableLocation
 from blobhouse.options import WriteOptions, closest
 from blobhouse.placement import Placement
 from blobhouse.properties import TableProperties
-from blobhouse.snapshot import open_snapshot
+from blobhouse.snapshot import open_dataset, open_snapshot
 from blobhouse.spark.datasource import (
     WRITE_OPTIONS,
     check_options,
@@ -258,9 +257,8 @@ def _resolved(
     """The dedup modes and ref_id columns a write uses: the table's properties, checked
     against what the call gives (a conflict is refused before Spark runs anything)."""
     given = WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns)
-    try:
-        dataset = lance.dataset(location.dataset_path, storage_options=storage_options)
-    except (ValueError, OSError):  # no table yet: the write creates it
+    dataset = open_dataset(location, None, dict(storage_options or {}) or None, "write to")
+    if dataset is None:  # no table yet: the write creates it
         return TableProperties().for_new_table(given)
     properties = TableProperties.of(dataset)
     if mode == "append":

@@ -80,3 +80,23 @@ def test_requests_have_a_budget_unless_given_one():
 def test_a_bad_budget_is_refused_naming_the_option(name, value):
     with pytest.raises(InvalidInputError, match=f"storage option {name!r}"):
         checked_options({name: value})
+
+
+def test_a_spark_write_and_read_fail_fast_too(spark, silent_endpoint):
+    """The data source plans on the driver: the write's and the read's first request finds the
+    store silent, and the job fails saying so (blobhouse.spark's helpers raise StoreError
+    itself; Spark's own df.write and spark.read carry it in their error)."""
+    import blobhouse.spark as bs
+    from blobhouse.spark.datasource import storage_prefixed
+
+    uri, options = silent_store("s3", silent_endpoint)
+    df = spark.createDataFrame([(1, b"x" * 1000)], "id long, img binary")
+    silent = f"StoreError: cannot (write to|open) {uri}.* did not answer"
+    started = time.monotonic()
+    with pytest.raises(Exception, match=silent):
+        df.write.format("blobhouse").options(**storage_prefixed(options)).mode("append").save(uri)
+    with pytest.raises(Exception, match=silent):
+        spark.read.format("blobhouse").options(**storage_prefixed(options)).load(uri).count()
+    with pytest.raises(StoreError, match=f"{uri}.* did not answer"):
+        bs.write_table(df, uri, storage_options=options)
+    assert time.monotonic() - started < 60
