@@ -378,7 +378,8 @@ class Table:
 
         ``updates`` maps a column to a SQL expression over the row (Lance's ``update``); a
         blob column to a function of the matching rows' plain columns (an Arrow batch -> one
-        blob value per row, like :meth:`backfill_blob_column`) or None (null). Only the
+        blob value per row, like :meth:`backfill_blob_column`), to bytes (one payload for every
+        matching row) or None (null). Only the
         changed columns are rewritten, in the fragments holding a matching row: blob payloads
         of other columns are never copied. New blob values go through the write pipeline with
         the column's dedup mode (its property; ``dedup``, if given, must be the same); the

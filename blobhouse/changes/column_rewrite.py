@@ -15,6 +15,7 @@ one; :func:`rewrite_fragment` is the per-fragment step Spark runs as tasks, and
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -477,15 +478,25 @@ def check_column(column: str, schema: pa.Schema, what: str = "column") -> None:
         raise unknown_column(column, schema.names, what)
 
 
+_SHORT = reprlib.Repr()  # a value quoted in an error: its start, never megabytes
+_SHORT.maxstring = _SHORT.maxother = 40
+
+
 def blob_update(column: str, value: Any) -> BlobFunction | None:
+    """How an update sets blob ``column``: a function of the matching rows' batch, None
+    (null), or one payload for every matching row (bytes: stored once with dedup)."""
     if value is None or (isinstance(value, str) and value.strip().upper() == "NULL"):
         return None
     if callable(value):
         return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        payload = bytes(value)
+        return lambda batch: [payload] * batch.num_rows
+    shown = _SHORT.repr(value)
     raise InvalidInputError(
         f"blob column {column!r} is set by a function (a batch of the matching rows' plain "
-        f"columns -> one blob value per row) or None (null), not {type(value).__name__} "
-        f"{value!r}: SQL cannot make blob payloads"
+        f"columns -> one blob value per row), bytes (one payload for every row) or None "
+        f"(null), not {type(value).__name__} {shown}: SQL cannot make blob payloads"
     )
 
 

@@ -126,6 +126,7 @@ BAD_UPDATES = [
     ({"id": "'not a number'"}, None, InvalidInputError, r"column 'id'.* do not fit"),
     ({"img": "X'00'"}, None, InvalidInputError, r"blob column 'img' is set by a function"),
     ({"label": 5}, None, InvalidInputError, r"column 'label': give a SQL expression"),
+    ({"img": 5}, None, InvalidInputError, r"blob column 'img' is set by .* not int 5"),
     ({}, None, InvalidInputError, "non-empty mapping"),
 ]
 
@@ -138,6 +139,28 @@ def test_bad_updates_are_refused_and_change_nothing(table_uri, updates, where, e
         table.update(updates, where=where)
     assert table.version == version and open_table(table_uri).version == version
     assert tree(table_uri) - files <= {p for p in tree(table_uri) if p.startswith("_leases/")}
+
+
+def test_a_blob_column_is_set_to_bytes_stored_once(table_uri):
+    """Bytes set every matching row to one payload (a placeholder image, say): stored once."""
+    table = make(table_uri, "global")
+    placeholder = os.urandom(300_000)
+    before = disk_bytes(table_uri)
+    report = table.update({"img": placeholder}, where="id >= 10")
+    assert report.rows_updated == 90
+    after = payloads(table)
+    assert all((p == placeholder) == (i >= 10) for i, p in after.items())
+    gc_old(table)
+    assert disk_bytes(table_uri) - before < 2 * len(placeholder)
+
+
+def test_a_big_value_is_never_quoted_whole_in_an_error(table_uri):
+    """A refused value is named by its type and a short start (a 28 MB message once)."""
+    table = make(table_uri, "content")
+    for updates in ({"label": os.urandom(5_000_000)}, {"img": "X'00'" * 1_000_000}):
+        with pytest.raises(InvalidInputError) as raised:
+            table.update(updates)
+        assert len(str(raised.value)) < 500
 
 
 def test_a_failing_blob_function_leaves_nothing_behind(table_uri):
