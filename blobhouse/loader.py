@@ -343,6 +343,16 @@ class PinnedRows:
     ) -> None:
         if filter is not None and not isinstance(filter, str):
             raise InvalidInputError(f"filter must be a SQL predicate string, got {filter!r}")
+        opened = getattr(uri, "snapshot", None)  # a Table: read it where and as it is
+        if opened is not None:
+            storage_options = opened.storage_options if storage_options is None else storage_options
+            version = opened.version if version is None else version
+            branch = opened.branch if branch is None else branch
+            uri = opened.location.root
+        elif not isinstance(uri, str | os.PathLike):
+            raise InvalidInputError(
+                f"rows are read from a table's URI or a blobhouse Table, got {type(uri).__name__}"
+            )
         self.storage_options = checked_options(storage_options)
         self.location = TableLocation.of(uri, branch, self.storage_options)
         self.filter = filter

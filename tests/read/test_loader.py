@@ -409,3 +409,16 @@ def test_a_table_on_s3_reads_every_row_once_with_its_bytes(s3):
         tags.create(tag, 1)
         pinned = BatchLoader(uri, ["id"], batch_size=30, version=tag, storage_options=s3.options)
         assert (pinned.version, sorted(ids_of(pinned))) == (1, list(range(20)))
+
+
+def test_a_loader_reads_a_table_object_at_its_version(tmp_path):
+    """``BatchLoader(table)`` reads the Table it is given: its place, options, branch and the
+    version it is at (a later write is not read); anything else is refused by name."""
+    uri = str(tmp_path / "t")
+    table = blobhouse.write_table(pa.table({"id": [1, 2], "img": blob_array([b"a", b"b"])}), uri)
+    blobhouse.write_table(pa.table({"id": [3], "img": blob_array([b"c"])}), uri, mode="append")
+    loader = BatchLoader(table, batch_size=8, shuffle=False)
+    assert loader.version == table.version == 1
+    assert [r for b in loader for r in b.column("img").to_pylist()] == [b"a", b"b"]
+    with pytest.raises(blobhouse.InvalidInputError, match="got Table"):
+        BatchLoader(pa.table({"id": [1]}), batch_size=1)
