@@ -38,9 +38,16 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 from lance import LanceDataset
+from lance.commit import CommitConflictError
 
-from blobhouse.commit.transaction import DEFAULT_RETRIES, StagedDeletion, Transaction, retrying
-from blobhouse.errors import as_store_error, cleanup_after
+from blobhouse.commit.transaction import (
+    DEFAULT_RETRIES,
+    StagedDeletion,
+    Transaction,
+    conflict_error,
+    retrying,
+)
+from blobhouse.errors import BlobhouseError, as_store_error, cleanup_after
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import TableSnapshot
 
@@ -184,6 +191,9 @@ class Attempt(Generic[P, R]):
         after ``cleanup``, which never replaces it."""
         txn = self.transaction
         error = as_store_error(exc, txn.location.root, f"commit a {txn.kind} to")
+        if isinstance(exc, CommitConflictError) and not exc.retryable:
+            # Lance's own refusal (a Spark commit has no retry loop to explain it)
+            error = exc if isinstance(exc, BlobhouseError) else conflict_error(exc, self.number)
         cleanup_after(error, cleanup)
         if error is exc:
             raise exc

@@ -418,13 +418,13 @@ def retrying(attempt: Callable[[int], T], retries: int = DEFAULT_RETRIES) -> T:
             raise  # an inner retrying explained it already
         except CommitConflictError as exc:
             if not exc.retryable or attempts > retries:
-                raise _conflict(exc, attempts) from exc
+                raise conflict_error(exc, attempts) from exc
         except OSError as exc:
             if not getattr(exc, "retryable", False) or attempts > retries:
                 raise
 
 
-def _conflict(exc: CommitConflictError, attempts: int) -> ConcurrentCommitError:
+def conflict_error(exc: CommitConflictError, attempts: int) -> ConcurrentCommitError:
     """Lance's conflict as the reason the change failed, and what the caller can do."""
     if isinstance(exc, KeysInsertedMeanwhile):
         return ConcurrentCommitError(

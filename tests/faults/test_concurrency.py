@@ -25,6 +25,7 @@ from pathlib import Path
 
 import lance
 import pyarrow as pa
+import pytest
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.properties import TableProperties
@@ -352,3 +353,23 @@ def test_property_changes_at_the_same_time_all_commit(table_uri):
     assert properties.max_rows_per_file in {1000 + i for i in range(4)}
     versions = lance.dataset(table_uri).versions()
     assert len(versions) == 1 + len(changes)
+
+
+def test_a_spark_style_append_that_an_overwrite_beat_fails_clearly(table_uri):
+    """Tasks staged an append; an overwrite commits first: the append's commit (Spark's, on
+    the driver) is refused as a blobhouse ConcurrentCommitError saying planning it again cannot
+    help (it was Lance's raw CommitConflictError), and its files are removed."""
+    from blobhouse.errors import ConcurrentCommitError
+
+    create(table_uri, dedup="content")
+    write, written = stage(table_uri, [1, 3], "content")
+    write_table(
+        pa.table({"id": pa.array([7], pa.int64()), "b": blob_array([payload(7)])}),
+        table_uri,
+        mode="overwrite",
+    )
+    with pytest.raises(ConcurrentCommitError, match="incompatible with this change") as raised:
+        write.ending(lambda: write.commit(written))
+    assert not raised.value.retryable
+    assert read_back(table_uri) == [7]
+    assert staged_files(table_uri, write.transaction.name_prefix) == []
