@@ -366,7 +366,7 @@ def gc(
         "branch": table.branch,
         "removed_versions": removed_versions,
         "retained_versions": retained,
-        "kept_tagged_versions": _kept_for_tags(table, removed_versions, retained),
+        "kept_tagged_versions": _kept_for_tags(table, removed_versions, retained, retain_versions),
         "removed_files": len(removed),
         "reclaimed_bytes": sum(removed.values()),
         "removed_by_lance_cleanup": {"files": len(cleanup.files), "bytes": cleanup.bytes},
@@ -883,16 +883,23 @@ def _check_retention(
             )
 
 
-def _kept_for_tags(table: TableSnapshot, removed: list[int], retained: list[int]) -> list[int]:
-    """Versions of this branch that a tag, or a branch made from them, keeps although cleanup
-    removed a newer version."""
-    if not removed:
+def _kept_for_tags(
+    table: TableSnapshot, removed: list[int], retained: list[int], retain_versions: int | None
+) -> list[int]:
+    """Versions of this branch that a tag, or a branch made from them, keeps although the
+    cleanup removed a newer version, or although ``retain_versions`` left them out (when the
+    tags kept every version it would have removed, it removed none)."""
+    if removed:
+        cut = max(removed)
+    elif retain_versions is not None and len(retained) > retain_versions:
+        cut = sorted(retained)[-retain_versions]  # the oldest of the versions it keeps anyway
+    else:
         return []
     pinned = {t["version"] for t in table.tags().values() if t["branch"] == table.branch}
     pinned |= {
         b["parent_version"] for b in table.branches().values() if b["parent_branch"] == table.branch
     }
-    return sorted(v for v in pinned & set(retained) if v < max(removed))
+    return sorted(v for v in pinned & set(retained) if v < cut)
 
 
 def owned_dirs(table: TableSnapshot) -> list[str]:

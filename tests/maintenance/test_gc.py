@@ -225,6 +225,20 @@ def test_the_first_dry_run_names_the_versions_lance_would_remove(table_uri):
     assert done["removed_versions"] == [1, 3] and done["paths"] == dry["paths"]
 
 
+def test_versions_kept_only_for_a_tag_are_reported_when_none_is_removed(table_uri):
+    """Every version beyond the retention is tagged: nothing is removed, and the report says
+    which versions the tags kept (it said none)."""
+    for _ in range(3):
+        write_table(pa.table({"b": blob_array([os.urandom(1000)])}), table_uri, mode="append")
+    for version in (1, 2):
+        lance.dataset(table_uri).tags.create(f"v{version}", version)
+    for dry_run in (True, False):
+        report = open_table(table_uri).gc(retain_versions=1, dry_run=dry_run)
+        assert report["removed_versions"] == []
+        assert report["kept_tagged_versions"] == [1, 2]
+    assert open_table(table_uri).gc()["kept_tagged_versions"] == []  # no retention asked
+
+
 def test_a_version_a_branch_was_made_from_is_reported_as_kept(table_uri):
     for _ in range(6):
         write_table(pa.table({"b": blob_array([os.urandom(50_000)])}), table_uri, mode="append")
