@@ -15,6 +15,7 @@ workers from the installed pyspark).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import json
 import os
@@ -314,7 +315,9 @@ def _serve(
     accepts connections (60 s at most); the process and the port."""
     port = _free_port()
     with open(log or os.devnull, "ab") as sink:  # the child keeps its own copy
-        process = subprocess.Popen(command(port), stdout=sink, stderr=sink)
+        process = subprocess.Popen(
+            command(port), stdout=sink, stderr=sink, preexec_fn=_end_with_parent
+        )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -325,6 +328,16 @@ def _serve(
                 _stop(process)
                 raise RuntimeError(f"{what} did not start on 127.0.0.1:{port}") from None
             time.sleep(0.05)
+
+
+def _end_with_parent() -> None:
+    """In a server's process before it starts (Linux): the kernel ends it when the thread that
+    started it ends -- a killed test run left emulators running, holding ports and memory."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _stop(process: subprocess.Popen) -> None:

@@ -141,3 +141,35 @@ def test_an_http_azure_endpoint_turns_on_allow_http_as_on_s3(azure):
     assert checked_options(options)["allow_http"] == "true"
     table = write_table(rows([1], [b"x" * 5000]), f"{azure.uri}/t", storage_options=options)
     assert table.read_blobs("img", [0]) == [b"x" * 5000]
+
+
+@pytest.mark.parametrize("server", ["LocalAzureServer", "LocalS3Server"])
+def test_an_emulator_ends_with_the_process_that_started_it(server):
+    """A test run killed (SIGKILL: no cleanup runs) left Azurite and moto running; the kernel now
+    ends them with the process that started them."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        f"import sys, time\nfrom blobhouse.testing import {server}\n"
+        f"server = {server}().__enter__()\n"
+        "print(server._process.pid, flush=True)\ntime.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(child, 0)  # running
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{child}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":  # ended, not reaped yet
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError(f"{server}'s process {child} outlived the process that started it")
