@@ -3,6 +3,7 @@ medians and ratios in a :class:`~bench.harness.Case`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -910,23 +911,31 @@ def _store_with(uri: Path, payloads: int) -> str:
 
 def object_storage(size: Size) -> Case:
     """The same writes and reads on a local path and on the local S3-compatible server (moto,
-    on 127.0.0.1): throughput, and the requests each sent as the server logged them."""
+    on 127.0.0.1), and the reads on Azurite too: throughput, and the requests each sent as the
+    server logged them."""
     case = Case(
         "object_storage",
-        "Median seconds on a local path vs the local S3 server (moto); requests per run, as the "
-        "server logged them",
+        "Median seconds on a local path vs the local S3 server (moto) and Azurite; requests per "
+        "run, as the server logged them",
     )
     rng = np.random.default_rng(8)
     workloads = {
         "1 MB payloads (packed)": [rng_bytes(rng, MB) for _ in range(size.s3_rows)],
         "8 MB payloads (dedicated)": [rng_bytes(rng, 8 * MB) for _ in range(size.s3_rows // 8)],
     }
-    with Scratch() as root, LocalS3Server(log=root / "s3.log") as server:
+    with (
+        Scratch() as root,
+        LocalS3Server(log=root / "s3.log") as server,
+        _azurite(root, case) as azure,
+    ):
         bucket = f"s3://{server.bucket('bench')}"
         options = server.options
         for label, payloads in workloads.items():
             _object_store_writes(case, server, root, bucket, label, payloads, size.runs)
-        _object_store_reads(case, server, root, bucket, workloads["1 MB payloads (packed)"], size)
+        stores = {"local": _Store(str(root), None, None), "s3": _Store(bucket, options, server)}
+        if azure is not None:
+            stores["azure"] = _Store(azure.uri, azure.options, azure)
+        _object_store_reads(case, root, stores, workloads["1 MB payloads (packed)"], size)
     case.notes.append(
         "moto is a Python server on the same 2 cores: absolute S3 numbers are the server's "
         "speed, not a real store's; the request counts and the ratios between contenders on the "
@@ -979,26 +988,46 @@ def _object_store_writes(
         )
 
 
+@dataclass(frozen=True)
+class _Store:
+    """Where a bench case reads: a root (a local path or a URI), its storage options and the
+    server that logs its requests (None: not counted)."""
+
+    root: str
+    options: dict[str, str] | None
+    server: object | None
+
+
+@contextlib.contextmanager
+def _azurite(root: Path, case: Case):
+    """Azurite on 127.0.0.1 when ``bin/bootstrap --azurite`` installed it; else None (noted)."""
+    from blobhouse.testing import AZURITE_HOME, LocalAzureServer
+
+    if not (AZURITE_HOME / "node_modules" / "azurite").exists():
+        case.notes.append("Azurite is not installed (bin/bootstrap --azurite): no azure rows")
+        yield None
+        return
+    with LocalAzureServer(log=root / "azurite.log") as server:
+        yield server
+
+
 def _object_store_reads(
-    case: Case, server, root: Path, bucket: str, payloads: list[bytes], size: Size
+    case: Case, root: Path, stores: dict[str, _Store], payloads: list[bytes], size: Size
 ) -> None:
-    options = server.options
     binary = pa.table({"b": pa.array(payloads, pa.large_binary())})
-    tables = {
-        "local": write_table(binary, str(root / "read_bh"), blob_columns=["b"]),
-        "s3": write_table(binary, f"{bucket}/read_bh", blob_columns=["b"], storage_options=options),
-    }
-    lance.write_dataset(lance_table(payloads), root / "read_pl", data_storage_version="2.2")
-    lance.write_dataset(
-        lance_table(payloads),
-        f"{bucket}/read_pl",
-        data_storage_version="2.2",
-        storage_options=checked_options(options),
-    )
-    stock = {
-        "local": lance.dataset(str(root / "read_pl")),
-        "s3": lance.dataset(f"{bucket}/read_pl", storage_options=checked_options(options)),
-    }
+    tables, stock = {}, {}
+    for name, store in stores.items():
+        options = checked_options(store.options)
+        tables[name] = write_table(
+            binary, f"{store.root}/read_bh", blob_columns=["b"], storage_options=options
+        )
+        lance.write_dataset(
+            lance_table(payloads),
+            f"{store.root}/read_pl",
+            data_storage_version="2.2",
+            storage_options=options,
+        )
+        stock[name] = lance.dataset(f"{store.root}/read_pl", storage_options=options)
     k = max(1, len(payloads) * 3 // 4)
     picks = sorted(random.Random(k).sample(range(len(payloads)), k))
     for store, table in tables.items():
@@ -1012,6 +1041,7 @@ def _object_store_reads(
             ),
             f"pylance read_blobs, {store}": lambda d=stock[store]: d.read_blobs("b", indices=picks),
         }
+        server = stores[store].server
         requests = {name: _requests_of(server, fn) for name, fn in reads.items()}
         times = medians(reads, size.runs)
         for contender, seconds in times.items():
@@ -1031,7 +1061,10 @@ def _object_store_reads(
 
 def _requests_of(server, fn: Callable[[], object]) -> dict[str, int]:
     """What one call of ``fn`` sent to ``server``, by method (the server logs each request as
-    it answers it: wait until the log stops growing)."""
+    it answers it: wait until the log stops growing); none for a local path (no server)."""
+    if server is None:
+        fn()
+        return {}
     before = server.requests()
     fn()
     after, settled = server.requests(), None

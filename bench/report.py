@@ -33,6 +33,9 @@ TARGETS = (
     "store, writer peak RSS < 1 GB | {store_scale} |\n"
     "| S3: one GET per coalesced range (requests the server logged) | {s3_requests} |\n"
     "| S3: reads by reference >= 1.0 x pylance read_blobs on the same store | {s3_access} |\n"
+    "| Azure (Azurite): one GET per coalesced range | {azure_requests} |\n"
+    "| Azure (Azurite): reads by reference >= 1.0 x pylance read_blobs on the same store "
+    "| {azure_access} |\n"
     "| update of a plain column, 1,250-row fragments: "
     "growth after gc < the rewritten column's bytes | {update_growth} |\n"
     "| update of a plain column at Lance's default fragment size (1M rows): "
@@ -180,6 +183,9 @@ def _verdicts(data: dict) -> dict[str, str]:
     ranged_s3 = rows("object_storage", contender="blobhouse refs + ranged reads, s3")
     s3_requests = [r["requests"].get("GET", 0) / r["coalesced_reads"] for r in ranged_s3]
     s3_access = [r["vs_pylance_same_store"] for r in ranged_s3]
+    ranged_azure = rows("object_storage", contender="blobhouse refs + ranged reads, azure")
+    azure_requests = [r["requests"].get("GET", 0) / r["coalesced_reads"] for r in ranged_azure]
+    azure_access = [r["vs_pylance_same_store"] for r in ranged_azure]
     updates = [
         r for r in rows("mutations", contender="blobhouse") if r["operation"].startswith("update")
     ]
@@ -227,6 +233,8 @@ def _verdicts(data: dict) -> dict[str, str]:
         "global_dedup": _range(global_dedup, "x unique", lambda v: v <= 1.05),
         "s3_requests": _range(s3_requests, "GETs per coalesced range", lambda v: v == 1),
         "s3_access": _range(s3_access, "x pylance", lambda v: v >= 1.0),
+        "azure_requests": _range(azure_requests, "GETs per coalesced range", lambda v: v == 1),
+        "azure_access": _range(azure_access, "x pylance", lambda v: v >= 1.0),
         "update_growth": _range(update_growth, "x the column", lambda v: v < 1),
         "update_growth_default": _range(update_growth_default, "x the column", lambda v: v < 1),
         "upsert_growth": _range(upsert_growth, "x new unique", lambda v: v <= 1.05),

@@ -84,14 +84,22 @@ class LocalS3Server:
 
     def requests(self) -> dict[str, int]:
         """Requests logged so far, by method (needs ``log``)."""
-        counts: dict[str, int] = {}
-        text = _COLORS.sub("", self.log.read_text(errors="replace"))  # werkzeug colours statuses
-        for line in text.splitlines():
-            parts = line.split('"')
-            if len(parts) >= 3 and " HTTP/" in parts[1]:
-                method = parts[1].split(" ", 1)[0]
-                counts[method] = counts.get(method, 0) + 1
-        return counts
+        return _logged_requests(self.log)
+
+
+def _logged_requests(log: Path | None) -> dict[str, int]:
+    """The requests an access log (``"GET /path HTTP/1.1" 200``, moto's and Azurite's) holds,
+    by method."""
+    if log is None:
+        raise ValueError("the server was started without a log")
+    counts: dict[str, int] = {}
+    text = _COLORS.sub("", log.read_text(errors="replace"))  # werkzeug colours statuses
+    for line in text.splitlines():
+        parts = line.split('"')
+        if len(parts) >= 3 and " HTTP/" in parts[1]:
+            method = parts[1].split(" ", 1)[0]
+            counts[method] = counts.get(method, 0) + 1
+    return counts
 
 
 #: Azurite's development account, the same in every Azurite (public, documented by Microsoft)
@@ -151,6 +159,10 @@ class LocalAzureServer:
         self.endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
         self.create_container(self.container)
         return self
+
+    def requests(self) -> dict[str, int]:
+        """Requests logged so far, by method (needs ``log``)."""
+        return _logged_requests(self.log)
 
     def create_container(self, name: str) -> str:
         """Make container ``name`` (a signed ``PUT ?restype=container``: no Azure SDK)."""

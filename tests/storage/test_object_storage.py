@@ -36,6 +36,7 @@ from blobhouse.dedup import content_hash, digest_matrix
 from blobhouse.errors import StoreError
 from blobhouse.rangeio import READ_THREADS, _balanced_groups, plan_reads
 from blobhouse.storage import (
+    REQUEST_BUDGET,
     RemoteStore,
     checked_options,
     object_store,
@@ -91,9 +92,11 @@ def test_storage_options_are_checked_and_normalized():
         "aws_endpoint": "http://127.0.0.1:9",
         "aws_virtual_hosted_style_request": "false",
         "allow_http": "true",
+        **REQUEST_BUDGET,
     }
     assert checked_options({"aws_endpoint": "https://s3.example.com"}) == {
-        "aws_endpoint": "https://s3.example.com"
+        "aws_endpoint": "https://s3.example.com",
+        **REQUEST_BUDGET,
     }
     assert checked_options({}) is None and checked_options(None) is None
     with pytest.raises(InvalidInputError, match=r"127\.0\.0\.1:9000.*scheme"):
