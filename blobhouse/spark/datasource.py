@@ -483,8 +483,8 @@ class _SparkWriteOptions:
 def storage_options_of(options) -> dict[str, str] | None:
     """The ``storage.<name>`` data source options, as storage options.
 
-    >>> storage_options_of({"path": "s3://b/t", "storage.aws_region": "eu-west-1"})
-    {'aws_region': 'eu-west-1'}
+    >>> storage_options_of({"path": "s3://b/t", "storage.aws_region": "eu-west-1"})["aws_region"]
+    'eu-west-1'
     """
     found = {
         k[len(STORAGE_PREFIX) :]: v for k, v in options.items() if k.startswith(STORAGE_PREFIX)
