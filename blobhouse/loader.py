@@ -33,7 +33,7 @@ from blobhouse.errors import ForkedAfterLanceWarning, InvalidInputError, TableNo
 from blobhouse.forks import FreshProcess, forked_after_lance, in_fresh_process, lance_is_running
 from blobhouse.layout import TableLocation
 from blobhouse.options import check_flag, keywords_checked
-from blobhouse.storage import checked_options
+from blobhouse.storage import check_answers, checked_options
 
 if TYPE_CHECKING:
     from blobhouse.table import Table
@@ -355,6 +355,7 @@ class PinnedRows:
             )
         self.storage_options = checked_options(storage_options)
         self.location = TableLocation.of(uri, branch, self.storage_options)
+        check_answers(self.location.dataset_path, self.storage_options, "read")
         self.filter = filter
         self.version = self._pinned(version)
         self._ids: np.ndarray | None = None

@@ -707,13 +707,19 @@ def _boto3_client(options: Mapping[str, str]):
     endpoint = _option(options, "endpoint")
     virtual = (_option(options, "virtual_hosted_style_request") or "").lower() == "true"
     anonymous = (_option(options, "skip_signature") or "").lower() == "true"
-    budget = {**REQUEST_BUDGET, **{n: _option(options, n) for n in REQUEST_BUDGET}}
-    budget = {n: v if v is not None else REQUEST_BUDGET[n] for n, v in budget.items()}
+    budget = {n: _option(options, n) or v for n, v in REQUEST_BUDGET.items()}
+    timeout = _seconds(budget["timeout"])
+    # botocore has no cap on the time spent retrying: retries are spent only while they fit in
+    # client_retry_timeout, as object_store spends them
+    retries = min(
+        int(budget["client_max_retries"]),
+        int(int(budget["client_retry_timeout"]) // max(timeout, 1)),
+    )
     config = Config(
         max_pool_connections=S3_MAX_CONNECTIONS,
         connect_timeout=_seconds(budget["connect_timeout"]),
-        read_timeout=_seconds(budget["timeout"]),
-        retries={"total_max_attempts": 1 + int(budget["client_max_retries"]), "mode": "standard"},
+        read_timeout=timeout,
+        retries={"total_max_attempts": 1 + retries, "mode": "standard"},
         s3={"addressing_style": "virtual" if virtual else "path"},
         signature_version=UNSIGNED if anonymous else None,
     )

@@ -13,6 +13,7 @@ import pytest
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.errors import InvalidInputError, StoreError
+from blobhouse.loader import BatchLoader
 from blobhouse.storage import REQUEST_BUDGET, _boto3_client, checked_options, obstore_settings
 
 pytestmark = pytest.mark.object_store
@@ -51,6 +52,15 @@ def test_a_store_that_does_not_answer_fails_open_and_write_fast(silent_endpoint,
         assert isinstance(raised.value, OSError)
 
 
+def test_a_loader_on_a_store_that_does_not_answer_fails_fast(silent_endpoint):
+    """The loader lists the table's versions itself (to pin one) before Lance is asked."""
+    uri, options = silent_store("s3", silent_endpoint)
+    started = time.monotonic()
+    with pytest.raises(StoreError, match=f"cannot read {uri}.* did not answer"):
+        BatchLoader(uri, batch_size=2, storage_options=options)
+    assert time.monotonic() - started < 30
+
+
 def test_requests_have_a_budget_unless_given_one():
     """Lance, obstore and boto3 get the same timeouts and retries: blobhouse's defaults, or the
     caller's; a number of seconds is taken where Lance wants a duration."""
@@ -63,7 +73,9 @@ def test_requests_have_a_budget_unless_given_one():
     assert client["timeout"] == "300s" and retry["max_retries"] == 1
     config = _boto3_client(given).meta.config
     assert (config.connect_timeout, config.read_timeout) == (2, 300)
-    assert config.retries["total_max_attempts"] == 2
+    assert config.retries["total_max_attempts"] == 1  # no retry fits in the default 60 s
+    config = _boto3_client(checked_options({"aws_region": "x"})).meta.config
+    assert config.retries["total_max_attempts"] == 2  # 60 s requests, retried within 60 s
     assert checked_options(None) is None  # a local table's options stay empty
 
 
