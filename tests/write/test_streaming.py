@@ -100,4 +100,6 @@ def test_peak_memory_is_flat_as_a_data_file_of_small_rows_grows(tmp_path):
     large = run(str(tmp_path / "large"), 2_000_000, SMALL_ROWS_SCRIPT)
     assert large["rows"] == 10 * small["rows"]
     growth_mb = (large["peak_kb"] - small["peak_kb"]) / 1024
-    assert growth_mb < 30, f"peak RSS grew by {growth_mb:.0f} MB for 10x the rows"
+    # measured +10 to +34 MB from run to run on the 2-core machine (the allocator's timing);
+    # the buffer this guards against costs +61 MB
+    assert growth_mb < 45, f"peak RSS grew by {growth_mb:.0f} MB for 10x the rows"
