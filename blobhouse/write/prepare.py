@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -19,6 +20,7 @@ from lance import DatasetBasePath, LanceDataset
 
 from blobhouse.commit import leases
 from blobhouse.commit.change import commit_once
+from blobhouse.commit.transaction import NAME_PREFIX_PATTERN
 from blobhouse.errors import (
     BlobhouseError,
     ConcurrentCommitError,
@@ -28,7 +30,6 @@ from blobhouse.errors import (
     TableMetadataError,
 )
 from blobhouse.layout import (
-    DATA_FOLDER_FILE,
     STORE_BASE_NAME,
     STORE_DIR,
     BasePaths,
@@ -140,9 +141,15 @@ def _commit_bases(
 
 # What a new table's folder may hold already: the leftovers of a failed create. Their folders
 # have Lance's and blobhouse's names, which no user's folder has by accident, but data/: a
-# project's data/ is its own, so only files named as Lance and blobhouse name theirs count there.
+# project's data/ is its own, so only the files a failed create stages count there.
 _LEFTOVER_DIRS = frozenset(
     ("_versions", "_transactions", "_deletions", "_indices", "_refs", STORE_DIR, leases.LEASES_DIR)
+)
+# in data/, only what a blobhouse write stages before it commits (named after the write) and
+# Lance's temporary files: a user's data/x.lance is not a failed create's
+_LEFTOVER_DATA = re.compile(
+    rf"{NAME_PREFIX_PATTERN}[0-9a-f]{{32}}(?:\.lance(?:#\d+)?|/[^/]+\.blob)"
+    rf"|(?:[^/]+/)?\.tmp[^/]*|aborted-{NAME_PREFIX_PATTERN}"
 )
 _SHOWN = 3  # foreign entries named in the error (a listing stops at the next one)
 
@@ -198,7 +205,9 @@ def _foreign_entries(root: str, storage_options: StorageOptions | None) -> list[
         found = sorted(e.name for e in os.scandir(uri_to_path(root)) if e.is_symlink())
     for info in object_store(root, storage_options).walk(root):
         top, _, rest = info.name.partition("/")
-        if top in _LEFTOVER_DIRS or (top == "data" and DATA_FOLDER_FILE.fullmatch(rest)):
+        if top in _LEFTOVER_DIRS or (top == "data" and _LEFTOVER_DATA.fullmatch(rest)):
+            continue
+        if info.name in found:  # a symlinked file, named already
             continue
         found.append(info.name)
         if len(found) > _SHOWN:

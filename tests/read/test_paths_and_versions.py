@@ -84,6 +84,8 @@ def test_a_new_table_is_not_mixed_into_a_folder_of_other_files(tmp_path):
         ["data/cat.jpg"],  # a project folder with its own data/
         ["data/2024/notes.txt", "data/2024/run.lance"],
         ["data/readme.md", "data/part-0.lance"],  # a Lance-looking file does not make it a table's
+        ["data/photo.lance"],  # named like Lance's, but not what a failed create stages
+        ["data/clip/frame.blob"],
         ["tree/oak.png"],
     ],
 )
@@ -98,6 +100,15 @@ def test_a_new_table_is_not_mixed_into_a_users_data_folder(tmp_path, users):
         write_table(ROWS, str(folder))
     assert tree(str(folder)) == set(users)
     assert all((folder / name).read_bytes() == name.encode() for name in users)
+
+
+def test_a_symlink_in_a_new_tables_folder_is_named_once(tmp_path):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (tmp_path / "elsewhere.txt").write_text("x")
+    (folder / "link").symlink_to(tmp_path / "elsewhere.txt")
+    with pytest.raises(InvalidInputError, match=r"folder of other files \(link\)"):
+        write_table(ROWS, str(folder))
 
 
 def test_spark_refuses_a_folder_of_other_files_unless_asked(spark, tmp_path):
