@@ -910,11 +910,14 @@ def owned_dirs(table: TableSnapshot) -> list[str]:
     return ["data", *branches, _PACKS, _CLAIMS]
 
 
+# the names Lance and blobhouse give the files of each owned directory (data folders: the rest)
+_TABLE_FILE_NAMES = {_PACKS: PACK_FILE, _CLAIMS: CLAIM_FILE}
+
+
 def _made_by_the_table(owned: str, name: str) -> bool:
     """Whether ``name``, a file in the owned directory ``owned``, has a name Lance or blobhouse
     gives (the rest are a user's: never swept)."""
-    pattern = {_PACKS: PACK_FILE, _CLAIMS: CLAIM_FILE}.get(owned, DATA_FOLDER_FILE)
-    return pattern.fullmatch(name) is not None
+    return _TABLE_FILE_NAMES.get(owned, DATA_FOLDER_FILE).fullmatch(name) is not None
 
 
 class _TableFiles:
