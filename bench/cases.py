@@ -940,7 +940,7 @@ def object_storage(size: Size) -> Case:
         "moto is a Python server on the same 2 cores: absolute S3 numbers are the server's "
         "speed, not a real store's; the request counts and the ratios between contenders on the "
         "same store are what carry over. requests: GET/HEAD/PUT/POST/DELETE sent in one run "
-        f"(blobhouse's boto3 client and Lance's object_store together); options {sorted(options)}"
+        f"(blobhouse's obstore and Lance's object_store together); options {sorted(options)}"
     )
     return case
 

@@ -6,8 +6,10 @@ and is raised before anything is committed, so the table stays at its previous v
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 from lance.commit import CommitConflictError
 
@@ -169,6 +171,11 @@ class StoreError(BlobhouseError, OSError):
     table or object, the store and what was being done (never a raw Lance or Arrow error)."""
 
 
+class StoreReadError(BlobReadError, StoreError):
+    """A payload's object store failed the read, or did not answer in time (a
+    :class:`BlobReadError` and a :class:`StoreError`: the message names the object)."""
+
+
 class MissingExtraError(BlobhouseError, ImportError):
     """A part of blobhouse whose optional dependencies are not installed (Spark without
     pyspark). The message is one line naming the ``pip install`` that adds them."""
@@ -186,11 +193,18 @@ def lance_message(exc: BaseException) -> str:
     return text.removeprefix("Invalid user input: ").strip()
 
 
+#: how long the cleanup after a store's failure may take before it is left to gc: the store
+#: that failed the work may not answer the cleanup either (each request would wait its budget)
+CLEANUP_SECONDS = 30.0
+
+
 def cleanup_after(failure: BaseException, *cleanups: Callable[[], object]) -> None:
     """Run each of ``cleanups`` after ``failure`` (what a failed write staged, say), every one
     even if another fails. A cleanup that fails too -- the store that failed the work is often
     still down -- is noted on ``failure``, which the caller raises: it is never replaced by the
-    cleanup's error, and what the cleanup left is gc's to remove.
+    cleanup's error, and what the cleanup left is gc's to remove. After a store's failure the
+    cleanup gets :data:`CLEANUP_SECONDS`; one that takes longer goes on in the background, and
+    the caller raises ``failure`` with a note saying so.
 
     >>> error = KeyError("the write's own error")
     >>> cleanup_after(error, lambda: 1 / 0)
@@ -198,14 +212,44 @@ def cleanup_after(failure: BaseException, *cleanups: Callable[[], object]) -> No
     'cleaning up after it failed too (ZeroDivisionError: division by '
 
     """
+    if not _store_failed(failure):
+        _run_cleanups(failure, cleanups)
+        return
+    done = threading.Event()
+
+    def run() -> None:
+        _run_cleanups(failure, cleanups)
+        done.set()
+
+    threading.Thread(target=run, name="blobhouse-cleanup", daemon=True).start()
+    if not done.wait(CLEANUP_SECONDS):
+        _note(
+            failure,
+            f"cleaning up after it did not finish within {CLEANUP_SECONDS:g} s (the store does "
+            "not answer); what it staged is left for gc",
+        )
+
+
+def _store_failed(failure: BaseException) -> bool:
+    return isinstance(failure, StoreError) or "LanceError(IO)" in str(failure)
+
+
+def _run_cleanups(failure: BaseException, cleanups: tuple[Callable[[], object], ...]) -> None:
     for cleanup in cleanups:
         try:
             cleanup()
         except Exception as failed:
-            failure.add_note(
+            _note(
+                failure,
                 f"cleaning up after it failed too ({type(failed).__name__}: "
-                f"{lance_message(failed)}); what it staged is left for gc"
+                f"{lance_message(failed)}); what it staged is left for gc",
             )
+
+
+def _note(failure: BaseException, note: str) -> None:
+    """Add ``note`` to ``failure`` once (nested cleanups meet the same store's failure)."""
+    if note not in getattr(failure, "__notes__", ()):
+        failure.add_note(note)
 
 
 def as_store_error(exc: BaseException, uri: str, doing: str) -> BaseException:
@@ -223,3 +267,22 @@ def as_store_error(exc: BaseException, uri: str, doing: str) -> BaseException:
     for note in getattr(exc, "__notes__", ()):  # what its cleanup met, say
         error.add_note(note)
     return error
+
+
+@contextlib.contextmanager
+def lance_io(uri: str, doing: str) -> Iterator[None]:
+    """Lance's I/O errors inside the block raised as :class:`StoreError` naming ``uri`` and
+    what was being done (:func:`as_store_error`); any other error as it is.
+
+    >>> with lance_io("s3://b/t", "read"):
+    ...     raise OSError("LanceError(IO): timed out")
+    Traceback (most recent call last):
+    blobhouse.errors.StoreError: cannot read s3://b/t: LanceError(IO): timed out
+    """
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError) as exc:
+        error = as_store_error(exc, uri, doing)
+        if error is exc:
+            raise
+        raise error from exc

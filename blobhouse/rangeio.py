@@ -17,7 +17,7 @@ import blake3
 import numpy as np
 import pyarrow as pa
 
-from blobhouse.errors import BlobReadError, CorruptBlobError
+from blobhouse.errors import BlobReadError, CorruptBlobError, StoreError, StoreReadError
 from blobhouse.placement import MiB
 from blobhouse.storage import RangeSource, object_store
 
@@ -313,6 +313,8 @@ def _read_error(uri: str, exc: OSError) -> BlobReadError:
         return exc
     if isinstance(exc, FileNotFoundError):
         return BlobReadError(f"missing object {uri}", uri)
+    if isinstance(exc, StoreError):  # its message names the object and the read already
+        return StoreReadError(str(exc), uri)
     # a directory, a device gone, a store refusing ...
     return BlobReadError(f"cannot read {uri}: {exc.strerror or exc}", uri)
 

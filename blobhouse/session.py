@@ -168,6 +168,11 @@ class WrittenFile:
     # registered after it (blobhouse.managed)
     managed: tuple[str, ...] = ()
 
+    @property
+    def bytes_written(self) -> int:
+        """What writing it wrote: the data file, its sidecars and the store payloads it added."""
+        return self.size_bytes + self.sidecar_bytes + sum(p.size for p in self.stored)
+
     def __post_init__(self) -> None:
         # these names are joined to the table's directories, committed and, on abort,
         # deleted: each must stay where it belongs

@@ -1,17 +1,16 @@
 """Object storage: every object blobhouse reads, writes, lists or deletes itself, on a local
-disk or an S3-compatible store (Lance does its own I/O, with the same storage options).
+disk or an object store (Lance does its own I/O, with the same storage options).
 
 One options dict, in Lance's spelling, configures both: it goes to pylance unchanged and is
-translated here for boto3. :func:`checked_options` checks and normalizes it once, at the entry
-points. :func:`object_store` picks the backend of a URI:
+translated here for obstore. :func:`checked_options` checks and normalizes it once, at the
+entry points. :func:`object_store` picks the backend of a URI:
 
 - local paths and ``file://`` URIs: plain system calls; new objects are created with
   ``O_EXCL``;
-- ``s3://``: boto3, one request per operation; new objects are created with a conditional
-  PUT (``If-None-Match: *``), so an existing object is never overwritten, as locally;
-- other schemes (``az://``, ``gs://``, ``http(s)://``, ...): obstore, the Python bindings of
-  the object_store crate Lance uses, with the same options; new objects are created with a
-  conditional PUT too.
+- ``s3://`` (and S3-compatible), ``az://``, ``gs://``, ``http(s)://``, ...: obstore, the
+  Python bindings of the object_store crate Lance uses, with the same options; new objects
+  are created with a conditional PUT (or, above :data:`SINGLE_PUT_BYTES`, a conditional copy
+  of an upload), so an existing object is never overwritten, as locally.
 
 >>> import tempfile
 >>> root = tempfile.mkdtemp()
@@ -30,12 +29,11 @@ import re
 import stat
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
-from email.utils import parsedate_to_datetime
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
@@ -45,15 +43,19 @@ from blobhouse.storage_options import check_option_names
 StorageOptions = dict[str, str]
 
 MiB = 1024 * 1024
-# S3 parts must be 5 MiB or more (but the last); bigger parts mean fewer requests, more memory
-S3_PART_BYTES = 8 * MiB
-S3_PARTS_IN_FLIGHT = 4  # per object: up to 32 MiB buffered
-S3_MAX_CONNECTIONS = 32
+#: a new object up to this size is one conditional PUT, held in memory until it is closed
+SINGLE_PUT_BYTES = 8 * MiB
+# a bigger one is uploaded in parts of this size (S3's must be 5 MiB or more, but the last),
+# a few at once: up to 32 MiB buffered per object
+UPLOAD_PART_BYTES = 8 * MiB
+UPLOAD_PARTS_IN_FLIGHT = 4
+#: what a temporary object's name starts with (an upload bound for another name)
+TEMPORARY_PREFIX = ".tmp-"
 STAT_THREADS = 16  # HEAD requests in flight when sizing many objects
 # what Lance's file API raises on I/O failures: OSError locally, RuntimeError ("LanceError(IO)")
 # on object stores
 LANCE_IO_ERRORS = (OSError, RuntimeError)
-#: every request's budget, unless the caller sets one (Lance's names; Lance, obstore and boto3 all
+#: every request's budget, unless the caller sets one (Lance's names; Lance and obstore both
 #: follow it): with Lance's own (a request may wait 30 s, retried 10 times within 3 minutes, for
 #: each of the requests a call makes), a store that did not answer held a write over ten minutes
 REQUEST_BUDGET = {
@@ -121,25 +123,57 @@ def checked_options(options: Mapping[str, object] | None) -> StorageOptions | No
     return normalized
 
 
+# the HTTP client's durations (object_store's) and the retry counts and seconds Lance reads
+_DURATIONS = (
+    "timeout",
+    "connect_timeout",
+    "pool_idle_timeout",
+    "http2_keep_alive_interval",
+    "http2_keep_alive_timeout",
+)
+_COUNTS = {
+    "client_max_retries": "a number of retries",
+    "download_retry_count": "a number of retries",
+    "client_retry_timeout": "a number of seconds",
+}
+
+
 def _check_budget(options: StorageOptions) -> None:
     """Durations and counts of the request budget checked (a number of seconds taken for a
-    duration: Lance wants ``30s``), and :data:`REQUEST_BUDGET` for what is not given."""
+    duration: Lance wants ``30s``), and :data:`REQUEST_BUDGET` for what is not given.
+
+    >>> options = {"timeout": "2.5", "pool_idle_timeout": "90"}
+    >>> _check_budget(options); options["timeout"], options["pool_idle_timeout"]
+    ('2500ms', '90s')
+    """
     for key, value in list(options.items()):
         bare = key.lower().removeprefix("aws_").removeprefix("azure_").removeprefix("google_")
-        if bare in ("timeout", "connect_timeout"):
-            if value.strip().isdigit():
-                options[key] = value = f"{value.strip()}s"
-            if not _DURATION.fullmatch(value.strip()):
-                raise InvalidInputError(
-                    f"storage option {key!r} must be a duration like '30s' or '500ms', "
-                    f"got {value!r}"
-                )
-        elif bare in ("client_max_retries", "client_retry_timeout") and not value.isdigit():
-            what = "a number of retries" if bare == "client_max_retries" else "a number of seconds"
-            raise InvalidInputError(f"storage option {key!r} must be {what}, got {value!r}")
+        if bare in _DURATIONS:
+            options[key] = _duration(key, value, positive=bare.endswith("timeout"))
+        elif bare in _COUNTS and not value.strip().isdigit():
+            raise InvalidInputError(
+                f"storage option {key!r} must be {_COUNTS[bare]}, got {value!r}"
+            )
     for name, value in REQUEST_BUDGET.items():
         if _option(options, name) is None:
             options[name] = value
+
+
+def _duration(key: str, value: str, positive: bool) -> str:
+    """``value`` as a duration Lance and obstore take (``30s``, ``1500ms``; a bare number is
+    seconds); a timeout of zero would fail every request."""
+    text = value.strip()
+    with contextlib.suppress(ValueError, OverflowError):  # "inf" stays, and is refused
+        seconds = float(text)
+        if seconds >= 0:
+            text = f"{int(seconds)}s" if seconds.is_integer() else f"{round(seconds * 1000)}ms"
+    if not _DURATION.fullmatch(text):
+        raise InvalidInputError(
+            f"storage option {key!r} must be a duration like '30s' or '500ms', got {value!r}"
+        )
+    if positive and not any(int(n) for n in re.findall(r"\d+", text)):
+        raise InvalidInputError(f"storage option {key!r} must be longer than 0, got {value!r}")
+    return text
 
 
 def _option(options: Mapping[str, str], name: str) -> str | None:
@@ -181,8 +215,8 @@ class RangeSource(Protocol):
 
 
 class NewObject(Protocol):
-    """An object being created (see :meth:`ObjectStore.create`): it is visible whole at
-    ``close`` on S3, and never replaces an object that exists."""
+    """An object being created (see :meth:`ObjectStore.create`): on an object store it is
+    visible whole at ``close``; it never replaces an object that exists."""
 
     def write(self, data: bytes | memoryview) -> None: ...
 
@@ -226,24 +260,18 @@ class ObjectStore(Protocol):
         lazily: a caller looking for one may stop early)."""
 
     def now(self, uri: str) -> float:
-        """The store's clock (epoch seconds), to compare with :class:`ObjectInfo` mtimes."""
-
-    def abort_uploads(self, uri: str, before: float, keep: Callable[[str], bool]) -> int:
-        """Abort unfinished uploads below ``uri`` started before ``before``, but those whose
-        name (relative to ``uri``) ``keep`` holds on to; how many."""
+        """The clock to compare with :class:`ObjectInfo` mtimes (epoch seconds)."""
 
 
 def object_store(uri: str, options: Mapping[str, str] | None = None) -> ObjectStore:
     """The store that holds ``uri`` (a local path or a URI), configured by ``options``.
 
     >>> [type(object_store(u)).__name__ for u in ("/tmp/x", "s3://bucket/x", "az://container/x")]
-    ['LocalStore', 'S3Store', 'RemoteStore']
+    ['LocalStore', 'RemoteStore', 'RemoteStore']
     """
     scheme = urlsplit(uri).scheme if "://" in uri else "file"
     if scheme == "file":
         return LOCAL
-    if scheme in ("s3", "s3a"):
-        return _s3_store(tuple(sorted((checked_options(options) or {}).items())))
     return _remote_store(tuple(sorted((checked_options(options) or {}).items())))
 
 
@@ -262,7 +290,7 @@ def object_sizes(uris: Sequence[str], options: Mapping[str, str] | None = None) 
 
 def put_new(store: ObjectStore, uri: str, data: bytes) -> bool:
     """Create the object at ``uri`` holding ``data`` unless one exists (``O_EXCL`` locally, a
-    conditional PUT on S3); whether this call created it. What claims, locks and owner
+    conditional PUT on an object store); whether this call created it. What claims, locks and owner
     markers are made of: of racing callers, exactly one gets True.
 
     >>> import tempfile, os
@@ -399,10 +427,12 @@ class LocalStore:
         return list(self.walk(uri))
 
     def walk(self, uri: str) -> Iterator[ObjectInfo]:
-        # os.walk descends into no symlinked directory: a listing stays inside ``uri``
+        # os.walk descends into no symlinked directory: a listing stays inside ``uri``, and
+        # lists the link itself, as an object (what it leads to is not ``uri``'s)
         root = uri_to_path(uri).rstrip("/")
-        for folder, _, names in os.walk(root):
-            for name in names:
+        for folder, dirs, names in os.walk(root):
+            links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+            for name in [*names, *links]:
                 path = os.path.join(folder, name)
                 with contextlib.suppress(FileNotFoundError):  # removed while listed
                     info = os.lstat(path)
@@ -410,9 +440,6 @@ class LocalStore:
 
     def now(self, uri: str) -> float:
         return time.time()
-
-    def abort_uploads(self, uri: str, before: float, keep: Callable[[str], bool]) -> int:
-        return 0
 
 
 class _LocalFile:
@@ -457,317 +484,20 @@ class _LocalNewFile:
 LOCAL = LocalStore()
 
 
-class S3Store:
-    """Objects in an S3-compatible store, through one thread-safe boto3 client: one request per
-    operation (a listing: one per 1000 keys), no directory markers, conditional PUTs for new
-    objects."""
-
-    parallel_min_bytes = 0  # a request waits on the network: run many at once
-    coalesce_gap = 256 * 1024  # reading that much more costs less than a second request
-    read_buffer_bytes = S3_PART_BYTES  # a GET per 8 MiB of a blob read front to back
-
-    def __init__(self, options: Mapping[str, str]) -> None:
-        self.client = _boto3_client(options)
-
-    def size(self, uri: str) -> int | None:
-        bucket, key = _bucket_key(uri)
-        try:
-            with _s3_errors("stat", uri):
-                return self.client.head_object(Bucket=bucket, Key=key)["ContentLength"]
-        except FileNotFoundError:
-            return None
-
-    def open(self, uri: str) -> RangeSource:
-        return _S3Object(self.client, uri)
-
-    def create(self, uri: str) -> NewObject:
-        return _S3Upload(self.client, uri)
-
-    def put(self, uri: str, data: bytes) -> None:
-        bucket, key = _bucket_key(uri)
-        with _s3_errors("write", uri):
-            self.client.put_object(Bucket=bucket, Key=key, Body=data)
-
-    def delete(self, uri: str) -> None:
-        bucket, key = _bucket_key(uri)
-        with _s3_errors("delete", uri):
-            self.client.delete_object(Bucket=bucket, Key=key)
-
-    def list(self, uri: str) -> list[ObjectInfo]:
-        return list(self.walk(uri))
-
-    def walk(self, uri: str) -> Iterator[ObjectInfo]:
-        bucket, key = _bucket_key(uri)
-        prefix = key.rstrip("/") + "/" if key else ""
-        with _s3_errors("list", uri):
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=bucket, Prefix=prefix
-            )
-            for page in pages:
-                for item in page.get("Contents", []):
-                    name = item["Key"][len(prefix) :]
-                    if name and not name.endswith("/"):  # skip directory markers
-                        yield ObjectInfo(name, item["Size"], item["LastModified"].timestamp())
-
-    def now(self, uri: str) -> float:
-        # the Date header of a response is the store's clock, the one object mtimes follow
-        bucket, key = _bucket_key(uri)
-        with _s3_errors("list", uri):  # a request gc needs the permission for anyway
-            response = self.client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
-        date = response["ResponseMetadata"]["HTTPHeaders"].get("date")
-        if date is None:
-            return time.time()
-        return parsedate_to_datetime(date).timestamp()
-
-    def abort_uploads(self, uri: str, before: float, keep: Callable[[str], bool]) -> int:
-        bucket, key = _bucket_key(uri)
-        prefix = key.rstrip("/") + "/"
-        aborted = 0
-        with _s3_errors("list uploads under", uri):
-            pages = self.client.get_paginator("list_multipart_uploads").paginate(
-                Bucket=bucket, Prefix=prefix
-            )
-            for page in pages:
-                for upload in page.get("Uploads", []):
-                    name = upload["Key"][len(prefix) :]
-                    if upload["Initiated"].timestamp() < before and not keep(name):
-                        self.client.abort_multipart_upload(
-                            Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]
-                        )
-                        aborted += 1
-        return aborted
-
-
-class _S3Object:
-    def __init__(self, client, uri: str) -> None:
-        self._client, self._uri = client, uri
-        self._bucket, self._key = _bucket_key(uri)
-
-    def read(self, position: int, size: int) -> bytes:
-        if size <= 0:
-            return b""
-        try:
-            with _s3_errors("read", self._uri):
-                response = self._client.get_object(
-                    Bucket=self._bucket,
-                    Key=self._key,
-                    Range=f"bytes={position}-{position + size - 1}",
-                )
-                return response["Body"].read()
-        except _RangeNotSatisfiable:
-            return b""  # the range starts at or after the end of the object
-
-    def read_into(self, position: int, target: memoryview) -> int:
-        data = self.read(position, len(target))
-        target[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        pass
-
-
-class _S3Upload:
-    """A new S3 object: one conditional PUT up to a part's size, else a multipart upload with
-    up to :data:`S3_PARTS_IN_FLIGHT` parts uploading at once and a conditional completion.
-    Until it completes, nothing is visible at the key."""
-
-    def __init__(self, client, uri: str) -> None:
-        self._client, self._uri = client, uri
-        self._bucket, self._key = _bucket_key(uri)
-        self._buffer = bytearray()
-        self._upload_id: str | None = None
-        self._parts: list[dict | None] = []
-        self._in_flight: deque[Future] = deque()
-
-    def write(self, data: bytes | memoryview) -> None:
-        self._buffer += data
-        while len(self._buffer) > S3_PART_BYTES:  # the last part stays: it may be the only one
-            self._start_part(bytes(memoryview(self._buffer)[:S3_PART_BYTES]))
-            del self._buffer[:S3_PART_BYTES]
-
-    def close(self) -> None:
-        try:
-            if self._upload_id is None:
-                with _s3_errors("create", self._uri):
-                    self._client.put_object(
-                        Bucket=self._bucket,
-                        Key=self._key,
-                        Body=bytes(self._buffer),
-                        IfNoneMatch="*",
-                    )
-                return
-            self._start_part(bytes(self._buffer))
-            while self._in_flight:
-                self._in_flight.popleft().result()
-            with _s3_errors("create", self._uri):
-                self._client.complete_multipart_upload(
-                    Bucket=self._bucket,
-                    Key=self._key,
-                    UploadId=self._upload_id,
-                    MultipartUpload={"Parts": self._parts},
-                    IfNoneMatch="*",
-                )
-        except BaseException as exc:
-            cleanup_after(exc, self.abort)
-            raise
-        finally:
-            self._buffer = bytearray()
-
-    def abort(self) -> None:
-        self._buffer = bytearray()
-        while self._in_flight:  # a part finishing after the abort would be billed, not visible
-            with contextlib.suppress(Exception):
-                self._in_flight.popleft().result()
-        if self._upload_id is not None:
-            with contextlib.suppress(Exception):
-                self._client.abort_multipart_upload(
-                    Bucket=self._bucket, Key=self._key, UploadId=self._upload_id
-                )
-            self._upload_id = None
-
-    def _start_part(self, body: bytes) -> None:
-        if self._upload_id is None:
-            with _s3_errors("upload", self._uri):
-                self._upload_id = self._client.create_multipart_upload(
-                    Bucket=self._bucket, Key=self._key
-                )["UploadId"]
-        while len(self._in_flight) >= S3_PARTS_IN_FLIGHT:  # bounds memory: parts wait here
-            self._in_flight.popleft().result()
-        self._parts.append(None)
-        number = len(self._parts)
-        self._in_flight.append(_part_pool().submit(self._upload_part, number, body))
-
-    def _upload_part(self, number: int, body: bytes) -> None:
-        with _s3_errors("upload", self._uri):
-            response = self._client.upload_part(
-                Bucket=self._bucket,
-                Key=self._key,
-                UploadId=self._upload_id,
-                PartNumber=number,
-                Body=body,
-            )
-        self._parts[number - 1] = {"ETag": response["ETag"], "PartNumber": number}
-
-
-@functools.cache
-def _part_pool() -> ThreadPoolExecutor:
-    """Threads that upload parts, shared by every upload of the process."""
-    return ThreadPoolExecutor(S3_MAX_CONNECTIONS // 2, thread_name_prefix="blobhouse-part")
-
-
-class _RangeNotSatisfiable(OSError):
-    pass
-
-
-@contextlib.contextmanager
-def _s3_errors(action: str, uri: str):
-    """botocore's errors as the OSErrors callers handle, naming the object."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        yield
-    except ClientError as exc:
-        error = exc.response.get("Error", {})
-        code = str(error.get("Code", ""))
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        message = f"cannot {action} {uri}: {code or status} {error.get('Message', '')}".rstrip()
-        if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound") or status == 404:
-            raise FileNotFoundError(message) from None
-        if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
-            raise FileExistsError(f"{uri} already exists ({code or status})") from None
-        if code == "InvalidRange" or status == 416:
-            raise _RangeNotSatisfiable(message) from None
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
-            raise PermissionError(message) from None
-        raise StoreError(message) from None
-    except BotoCoreError as exc:
-        raise StoreError(f"cannot {action} {uri}: {exc}") from None
-
-
-def _bucket_key(uri: str) -> tuple[str, str]:
-    parts = urlsplit(uri)
-    return parts.netloc, unquote(parts.path).lstrip("/")
-
-
-_CLIENT_LOCK = threading.Lock()
-
-
-@functools.lru_cache(maxsize=32)
-def _s3_store(items: tuple[tuple[str, str], ...]) -> S3Store:
-    return S3Store(dict(items))
-
-
-def _boto3_client(options: Mapping[str, str]):
-    """A boto3 S3 client configured like Lance is by the same options (anything not given
-    comes from the environment, as it does for Lance)."""
-    import boto3
-    from botocore import UNSIGNED
-    from botocore.config import Config
-
-    endpoint = _option(options, "endpoint")
-    virtual = (_option(options, "virtual_hosted_style_request") or "").lower() == "true"
-    anonymous = (_option(options, "skip_signature") or "").lower() == "true"
-    budget = {n: _option(options, n) or v for n, v in REQUEST_BUDGET.items()}
-    timeout = _seconds(budget["timeout"])
-    # botocore has no cap on the time spent retrying: retries are spent only while they fit in
-    # client_retry_timeout, as object_store spends them
-    retries = min(
-        int(budget["client_max_retries"]),
-        int(int(budget["client_retry_timeout"]) // max(timeout, 1)),
-    )
-    config = Config(
-        max_pool_connections=S3_MAX_CONNECTIONS,
-        connect_timeout=_seconds(budget["connect_timeout"]),
-        read_timeout=timeout,
-        retries={"total_max_attempts": 1 + retries, "mode": "standard"},
-        s3={"addressing_style": "virtual" if virtual else "path"},
-        signature_version=UNSIGNED if anonymous else None,
-    )
-    region = (
-        _option(options, "region")
-        or os.environ.get("AWS_REGION")
-        or os.environ.get("AWS_DEFAULT_REGION")
-        or "us-east-1"
-    )
-    with _CLIENT_LOCK:  # creating clients is not thread-safe; using one is
-        return boto3.session.Session().client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name=region,
-            aws_access_key_id=_option(options, "access_key_id"),
-            aws_secret_access_key=_option(options, "secret_access_key"),
-            aws_session_token=_option(options, "session_token"),
-            config=config,
-        )
-
-
-def _seconds(duration: str) -> float:
-    """A duration Lance takes (``5s``, ``500ms``, ``1m 30s``) in seconds.
-
-    >>> _seconds("1m 30s"), _seconds("500ms")
-    (90.0, 0.5)
-    """
-    units = {"n": 1e-9, "u": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-    total = 0.0
-    for number, unit in re.findall(r"(\d+)\s*([a-z]+)", duration.lower()):
-        key = "ms" if unit.startswith("ms") else unit[0]  # n, u, s, m(in), h
-        total += int(number) * units[key]
-    return total
-
-
-#: the schemes of :class:`RemoteStore` (obstore's; ``s3``, ``s3a`` go to :class:`S3Store`)
-REMOTE_SCHEMES = ("az", "azure", "abfs", "abfss", "adl", "gs", "http", "https", "s3", "s3a")
+#: the schemes of :class:`RemoteStore`
+REMOTE_SCHEMES = ("s3", "s3a", "az", "azure", "abfs", "abfss", "adl", "gs", "http", "https")
 
 
 class RemoteStore:
-    """Objects of every other store Lance reaches (``az://``, ``gs://``, ``http(s)://``, ...),
-    through obstore (the Python bindings of object_store, the crate Lance itself uses),
-    configured by the same storage options as Lance (:func:`obstore_settings`). New objects
-    are created with a conditional PUT, so an existing one is never replaced."""
+    """Objects of every store Lance reaches but the local disk (``s3://``, ``az://``,
+    ``gs://``, ``http(s)://``, ...), through obstore (the Python bindings of object_store, the
+    crate Lance itself uses), configured by the same storage options as Lance
+    (:func:`obstore_settings`): one request per operation (a listing: one per 1000 keys). New
+    objects never replace one that exists (:class:`_RemoteNewObject`)."""
 
     parallel_min_bytes = 0  # a request waits on the network: run many at once
     coalesce_gap = 256 * 1024  # reading that much more costs less than a second request
-    read_buffer_bytes = S3_PART_BYTES
+    read_buffer_bytes = UPLOAD_PART_BYTES  # a GET per 8 MiB of a blob read front to back
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = dict(options)
@@ -780,9 +510,8 @@ class RemoteStore:
             raise InvalidInputError(
                 f"{uri}: {parts.scheme}:// is no store blobhouse reaches (local paths, {stores})"
             )
-        return _obstore(parts.scheme, parts.netloc, tuple(sorted(self.options.items()))), unquote(
-            parts.path
-        ).lstrip("/")
+        store = _obstore(parts.scheme, parts.netloc, tuple(sorted(self.options.items())))
+        return store, unquote(parts.path).lstrip("/")
 
     def size(self, uri: str) -> int | None:
         import obstore
@@ -800,8 +529,6 @@ class RemoteStore:
 
     def create(self, uri: str) -> NewObject:
         store, path = self._at(uri)
-        if self.size(uri) is not None:  # fail early; the conditional PUT decides at close
-            raise FileExistsError(f"{uri} already exists")
         return _RemoteNewObject(store, path, uri)
 
     def put(self, uri: str, data: bytes) -> None:
@@ -826,47 +553,63 @@ class RemoteStore:
 
         store, path = self._at(uri)
         prefix = path.rstrip("/")
+        marker: ObjectInfo | None = None  # an empty object, perhaps another tool's "folder/"
         with _obstore_errors("list", uri):
             for page in obstore.list(store, prefix=prefix or None, chunk_size=1000):
                 for meta in page:
                     name = meta["path"][len(prefix) :].lstrip("/") if prefix else meta["path"]
-                    if name:
-                        yield ObjectInfo(name, meta["size"], meta["last_modified"].timestamp())
+                    if not name:
+                        continue
+                    info = ObjectInfo(name, meta["size"], meta["last_modified"].timestamp())
+                    # keys come in order: a directory marker ("data/", listed as "data")
+                    # comes right before the objects in it, and is skipped
+                    if marker is not None and not name.startswith(f"{marker.name}/"):
+                        yield marker
+                    marker = info if info.size == 0 else None
+                    if marker is None:
+                        yield info
+        if marker is not None:
+            yield marker
 
     def now(self, uri: str) -> float:
         # obstore shows no response's Date header, and a probe write would land beside the
         # caller's objects (inside a lock's folder, say): this machine's clock (docs: Limits)
         return time.time()
 
-    def abort_uploads(self, uri: str, before: float, keep: Callable[[str], bool]) -> int:
-        return 0  # new objects are single PUTs: no upload is left unfinished
+
+def temporary_path(path: str) -> str:
+    """A new name beside ``path`` for an upload bound for it: :data:`TEMPORARY_PREFIX`, the
+    name, a random suffix (gc takes such names in the table's folders for its own).
+
+    >>> temporary_path("t/_blobs/packs/ab.pack").startswith("t/_blobs/packs/.tmp-ab.pack.")
+    True
+    """
+    folder, _, name = path.rpartition("/")
+    temporary = f"{TEMPORARY_PREFIX}{name}.{uuid.uuid4().hex[:12]}"
+    return f"{folder}/{temporary}" if folder else temporary
 
 
 class _RemoteObject:
     def __init__(self, store, path: str, uri: str) -> None:
         self._store, self._path, self._uri = store, path, uri
 
-    def read(self, position: int, size: int) -> bytes:
+    def _get(self, position: int, size: int):
         import obstore
 
         if size <= 0:
             return b""
         try:
             with _obstore_errors("read", self._uri):
-                return bytes(
-                    obstore.get_range(self._store, self._path, start=position, length=size)
-                )
-        except OSError:
-            # a range past the end: the bytes there are, as a file gives them
-            with _obstore_errors("read", self._uri):
-                total = obstore.head(self._store, self._path)["size"]
-            if position >= total:
-                return b""
-            with _obstore_errors("read", self._uri):
-                return bytes(obstore.get_range(self._store, self._path, start=position, end=total))
+                # a range past the end gives the bytes there are, as a file does
+                return obstore.get_range(self._store, self._path, start=position, length=size)
+        except _RangeNotSatisfiable:
+            return b""  # the range starts at or after the end of the object
+
+    def read(self, position: int, size: int) -> bytes:
+        return bytes(self._get(position, size))
 
     def read_into(self, position: int, target: memoryview) -> int:
-        data = self.read(position, len(target))
+        data = memoryview(self._get(position, len(target)))
         target[: len(data)] = data
         return len(data)
 
@@ -875,24 +618,82 @@ class _RemoteObject:
 
 
 class _RemoteNewObject:
-    """Buffered, then written with one conditional PUT at :meth:`close`."""
+    """A new object, invisible until :meth:`close`. Up to :data:`SINGLE_PUT_BYTES` it is held
+    in memory and written with one conditional PUT. A bigger one is uploaded in parts (memory
+    stays bounded) to a temporary name beside it (:func:`temporary_path`), then copied to its
+    name unless an object is there (a conditional copy: object_store cannot make a multipart
+    upload conditional), and the temporary object removed."""
 
     def __init__(self, store, path: str, uri: str) -> None:
         self._store, self._path, self._uri = store, path, uri
-        self._parts: list[bytes] = []
+        self._buffer = bytearray()
+        self._writer = None
+        self._temporary: str | None = None
 
     def write(self, data: bytes | memoryview) -> None:
-        self._parts.append(bytes(data))
+        if self._writer is not None:
+            with _obstore_errors("upload", self._uri):
+                self._writer.write(data)
+            return
+        self._buffer += data
+        if len(self._buffer) > SINGLE_PUT_BYTES:
+            self._start_upload()
+
+    def _start_upload(self) -> None:
+        import obstore
+
+        self._temporary = temporary_path(self._path)
+        with _obstore_errors("upload", self._uri):
+            self._writer = obstore.open_writer(
+                self._store,
+                self._temporary,
+                buffer_size=UPLOAD_PART_BYTES,
+                max_concurrency=UPLOAD_PARTS_IN_FLIGHT,
+            )
+            self._writer.write(self._buffer)
+        self._buffer = bytearray()
 
     def close(self) -> None:
         import obstore
 
-        with _obstore_errors("write", self._uri):
-            obstore.put(self._store, self._path, b"".join(self._parts), mode="create")
-        self._parts = []
+        try:
+            if self._writer is None:
+                with _obstore_errors("create", self._uri):
+                    obstore.put(self._store, self._path, self._buffer, mode="create")
+                return
+            with _obstore_errors("upload", self._uri):
+                self._writer.close()
+            self._writer = None
+            with _obstore_errors("create", self._uri):
+                obstore.copy(self._store, self._temporary, self._path, overwrite=False)
+        except BaseException as exc:
+            cleanup_after(exc, self.abort)
+            raise
+        finally:
+            self._buffer = bytearray()
+        self._remove_temporary()
 
     def abort(self) -> None:
-        self._parts = []  # nothing was written
+        self._buffer = bytearray()
+        if self._writer is not None:
+            # an upload cannot be abandoned through obstore: finished, then removed (a killed
+            # process leaves it unfinished: docs/object-storage.md, Limits)
+            with contextlib.suppress(Exception):
+                self._writer.close()
+            self._writer = None
+        self._remove_temporary()
+
+    def _remove_temporary(self) -> None:
+        import obstore
+
+        if self._temporary is not None:
+            with contextlib.suppress(FileNotFoundError), _obstore_errors("remove", self._uri):
+                obstore.delete(self._store, self._temporary)
+            self._temporary = None
+
+
+class _RangeNotSatisfiable(OSError):
+    pass
 
 
 @contextlib.contextmanager
@@ -911,7 +712,20 @@ def _obstore_errors(action: str, uri: str):
     except Exception as exc:
         if isinstance(exc, OSError):
             raise
-        raise StoreError(f"cannot {action} {uri}: {_first(exc)}") from None
+        text = str(exc)
+        message = f"cannot {action} {uri}: {_first(exc)}"
+        if (code := _ERROR_CODE.search(text)) is not None:  # the store's own word for it
+            message = f"cannot {action} {uri}: {code[1]} ({_first(exc)})"
+        if " 416 Range Not Satisfiable" in text:
+            raise _RangeNotSatisfiable(message) from None
+        if " 404 Not Found" in text:  # a listing in a bucket that is not there, say
+            raise FileNotFoundError(message) from None
+        if " 403 Forbidden" in text:
+            raise PermissionError(message) from None
+        raise StoreError(message) from None
+
+
+_ERROR_CODE = re.compile(r"<Code>(\w+)</Code>")  # S3's and Azure's XML error bodies
 
 
 def _first(exc: BaseException) -> str:
@@ -921,10 +735,15 @@ def _first(exc: BaseException) -> str:
 @functools.lru_cache(maxsize=32)
 def _obstore(scheme: str, netloc: str, items: tuple[tuple[str, str], ...]):
     """The obstore store of one bucket or container (cached: it holds a connection pool)."""
-    from obstore.store import AzureStore, GCSStore, HTTPStore, from_url
+    from obstore.store import AzureStore, GCSStore, HTTPStore, S3Store, from_url
 
     config, client, retry = obstore_settings(scheme, dict(items))
     kwargs = {"client_options": client, **({"retry_config": retry} if retry else {})}
+    if scheme in ("s3", "s3a"):
+        # a new object above SINGLE_PUT_BYTES is copied to its name only if none is there
+        if not any(key.endswith("copy_if_not_exists") for key in config):
+            config["copy_if_not_exists"] = "multipart"
+        return S3Store(netloc, config=config, **kwargs)
     if scheme in ("az", "azure"):
         return AzureStore(netloc, config=config, **kwargs)
     if scheme == "gs":
@@ -948,8 +767,9 @@ def obstore_settings(
     from blobhouse.storage_options import AZURE, CLIENT, GOOGLE, S3
 
     azure = {*AZURE, *(f"azure_{n}" for n in AZURE)}
+    s3 = {*S3, *(n.removeprefix("aws_") for n in S3)}
     own = {
-        "s3": {*S3, *(n.removeprefix("aws_") for n in S3)},
+        **dict.fromkeys(("s3", "s3a"), s3),
         "gs": {*GOOGLE, *(f"google_{n}" for n in GOOGLE)},
         **dict.fromkeys(("az", "azure", "abfs", "abfss"), azure),
     }.get(scheme, set())
@@ -967,7 +787,20 @@ def obstore_settings(
             retry["retry_timeout"] = timedelta(seconds=float(value))
         elif name in own:
             config[name] = value
+    prefix = _ENV_PREFIX.get(scheme)
+    for name in CLIENT:  # obstore reads only the store's own keys from the environment
+        value = os.environ.get(f"{prefix}_{name}".upper()) if prefix else None
+        if name not in client and value is not None:
+            client[name] = value.lower() == "true" if value.lower() in ("true", "false") else value
     return config, client, retry
+
+
+# the prefix of a store's environment variables (``AWS_ALLOW_HTTP``, as Lance reads them)
+_ENV_PREFIX = (
+    dict.fromkeys(("s3", "s3a"), "aws")
+    | dict.fromkeys(("az", "azure", "abfs", "abfss"), "azure")
+    | {"gs": "google"}
+)
 
 
 @functools.lru_cache(maxsize=32)

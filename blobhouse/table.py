@@ -32,6 +32,7 @@ from blobhouse.errors import (
     BlobhouseError,
     BlobReadError,
     InvalidInputError,
+    lance_io,
     lance_message,
 )
 from blobhouse.layout import TableLocation
@@ -545,8 +546,10 @@ class Table:
             offset=offset,
             limit=limit,
         )
-        for batch in scanner.to_batches():
-            yield self._convert(selection.named(batch), selection.blobs, blobs, check_hashes=True)
+        with lance_io(self.uri, "read"):
+            for batch in scanner.to_batches():
+                named = selection.named(batch)
+                yield self._convert(named, selection.blobs, blobs, check_hashes=True)
 
     @keywords_checked
     def to_arrow(
@@ -645,9 +648,10 @@ class Table:
         ids = np.asarray(row_ids, dtype=np.uint64).tolist()
         selection = self._taken_columns(columns, blobs)
         lance_columns = selection.lance
-        taken = self._by_id(
-            ids, [*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns
-        )
+        with lance_io(self.uri, "read"):
+            taken = self._by_id(
+                ids, [*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns
+            )
         batches = [selection.flat(b) for b in taken.to_batches()]
         return [
             row
@@ -699,7 +703,8 @@ class Table:
         check_hashes = check_flag("check_hashes", check_hashes)
         selection = self._taken_columns(columns, blobs)
         lance_columns = selection.lance
-        taken = take([*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns)
+        with lance_io(self.uri, "read"):
+            taken = take([*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns)
         batches = [
             self._convert(selection.flat(b), selection.blobs, blobs, check_hashes)
             for b in taken.to_batches()
@@ -723,7 +728,8 @@ class Table:
         if not indices:
             return []
         # one take for descriptors and row addresses; each payload read into its own bytes
-        taken = self.dataset.take(indices, columns=[lance_name(path), ROW_ADDRESS])
+        with lance_io(self.uri, "read blobs of"):
+            taken = self.dataset.take(indices, columns=[lance_name(path), ROW_ADDRESS])
         taken = taken.combine_chunks().to_batches()[0]
         descriptors, addresses = get_column(taken, path), taken.column(ROW_ADDRESS)
         return self._checked_bytes(path, descriptors, addresses, read_ranges)
@@ -742,7 +748,8 @@ class Table:
         """
         path = self._snapshot.blob_path(column, "open_blob")
         (index,) = self._check_indices([index])
-        taken = self.dataset.take([index], columns=[lance_name(path), ROW_ADDRESS])
+        with lance_io(self.uri, "read blobs of"):
+            taken = self.dataset.take([index], columns=[lance_name(path), ROW_ADDRESS])
         taken = taken.to_batches()[0]
         descriptor, address = get_column(taken, path), taken.column(ROW_ADDRESS)
         (ref,) = refs_from_arrow(self.resolve_refs(path, descriptor, address))

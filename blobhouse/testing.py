@@ -82,14 +82,15 @@ class LocalS3Server:
         self.client.create_bucket(Bucket=name)
         return name
 
-    def requests(self) -> dict[str, int]:
-        """Requests logged so far, by method (needs ``log``)."""
-        return _logged_requests(self.log)
+    def requests(self, path: str = "/") -> dict[str, int]:
+        """Requests logged so far whose path starts with ``path`` (``/bucket/key``), by method
+        (needs ``log``)."""
+        return _logged_requests(self.log, path)
 
 
-def _logged_requests(log: Path | None) -> dict[str, int]:
-    """The requests an access log (``"GET /path HTTP/1.1" 200``, moto's and Azurite's) holds,
-    by method."""
+def _logged_requests(log: Path | None, path: str = "/") -> dict[str, int]:
+    """The requests an access log (``"GET /path HTTP/1.1" 200``, moto's and Azurite's) holds
+    for paths starting with ``path``, by method."""
     if log is None:
         raise ValueError("the server was started without a log")
     counts: dict[str, int] = {}
@@ -97,8 +98,9 @@ def _logged_requests(log: Path | None) -> dict[str, int]:
     for line in text.splitlines():
         parts = line.split('"')
         if len(parts) >= 3 and " HTTP/" in parts[1]:
-            method = parts[1].split(" ", 1)[0]
-            counts[method] = counts.get(method, 0) + 1
+            method, target = parts[1].split(" ", 2)[:2]
+            if target.startswith(path):
+                counts[method] = counts.get(method, 0) + 1
     return counts
 
 

@@ -20,9 +20,10 @@ def table_uri(tmp_path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[LocalS3Server]:
-    """A real S3-compatible server (moto's standalone server) on 127.0.0.1 for the whole run."""
-    with LocalS3Server() as server:
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3Server]:
+    """A real S3-compatible server (moto's standalone server) on 127.0.0.1 for the whole run,
+    logging its requests (tests count them: :meth:`S3Bucket.gets`)."""
+    with LocalS3Server(log=tmp_path_factory.mktemp("s3-server") / "requests.log") as server:
         yield server
 
 
@@ -54,7 +55,7 @@ def s3(s3_server: LocalS3Server) -> S3Bucket:
     """A fresh bucket on the local S3 server, and the storage options that reach it."""
     name = s3_server.bucket("t-" + uuid.uuid4().hex[:20])
     options = {**s3_server.options, "allow_http": "true"}
-    return S3Bucket(f"s3://{name}", options, s3_server.client, name)
+    return S3Bucket(f"s3://{name}", options, s3_server.client, name, s3_server)
 
 
 @dataclass
@@ -65,6 +66,12 @@ class S3Bucket:
     options: dict[str, str]
     client: object
     name: str
+    server: LocalS3Server
+
+    def gets(self, key: str = "") -> int:
+        """How many GETs of objects whose key starts with ``key`` the server answered so far
+        (listings are not counted)."""
+        return self.server.requests(f"/{self.name}/{key}").get("GET", 0)
 
     def objects(self, prefix: str = "") -> dict[str, int]:
         """Every key under ``prefix`` with its size."""

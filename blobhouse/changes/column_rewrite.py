@@ -480,6 +480,8 @@ def check_column(column: str, schema: pa.Schema, what: str = "column") -> None:
 
 _SHORT = reprlib.Repr()  # a value quoted in an error: its start, never megabytes
 _SHORT.maxstring = _SHORT.maxother = 40
+_SQL = reprlib.Repr()  # a statement or Lance's error about one, as an error shows it
+_SQL.maxstring = _SQL.maxother = 300
 
 
 def blob_update(column: str, value: Any) -> BlobFunction | None:
@@ -504,8 +506,8 @@ def check_sql(dataset: LanceDataset, where: str | None, expressions: Mapping[str
     """Refuse a ``where`` or an expression Lance cannot parse or resolve, naming it."""
     if where is not None:
         if not isinstance(where, str) or not where.strip():
-            raise InvalidInputError(f"where must be a SQL condition, got {where!r}")
-        _try_sql(dataset, {_MATCH: f"({where})"}, f"where {where!r}")
+            raise InvalidInputError(f"where must be a SQL condition, got {_SQL.repr(where)}")
+        _try_sql(dataset, {_MATCH: f"({where})"}, f"where {_SQL.repr(where)}")
     for column, expression in expressions.items():
         _try_sql(dataset, {column: expression}, f"the expression for column {column!r}")
 
@@ -516,9 +518,15 @@ def _try_sql(dataset: LanceDataset, projection: dict[str, str], what: str) -> No
         anchor = {"__bh_anchor": _quoted(dataset.schema.names[0])}
         dataset.scanner(columns={**projection, **anchor}, limit=1).to_table()
     except (ValueError, OSError, pa.ArrowInvalid) as exc:
+        # Lance quotes the whole statement back: an error shows its start
         raise InvalidInputError(
-            f"{what} is not valid SQL for this table: {lance_message(exc)}"
+            f"{what} is not valid SQL for this table: {_start(lance_message(exc))}"
         ) from None
+
+
+def _start(text: str, limit: int = 500) -> str:
+    """``text``, or its start when it is longer than ``limit``."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _quoted(name: str) -> str:

@@ -357,7 +357,7 @@ class _Merge(BaseChange):
             num_inserted_rows=len(plan.written_rows) - (matched if merge._update_all else 0),
             num_updated_rows=matched if (merge._update_all or merge._update_columns) else 0,
             num_deleted_rows=plan.matches.deleted_by_source() if merge._delete else 0,
-            bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in staged.written),
+            bytes_written=sum(w.bytes_written for w in staged.written),
             attempts=attempt,
         )
 

@@ -122,7 +122,7 @@ class _Update(BaseChange):
             rows_updated=sum(len(rows) for _, rows in done.values()),
             fragments_rewritten=len(done),
             columns=plan.plan.columns,
-            bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in staged.written),
+            bytes_written=sum(w.bytes_written for w in staged.written),
             attempts=attempt,
         )
 

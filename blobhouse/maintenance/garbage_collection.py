@@ -63,6 +63,7 @@ from blobhouse.managed import Reclaim, Registry
 from blobhouse.placement import AllowedBases, as_uri
 from blobhouse.snapshot import open_snapshot, snapshot_of
 from blobhouse.storage import (
+    TEMPORARY_PREFIX,
     ObjectInfo,
     StorageOptions,
     is_local,
@@ -308,8 +309,8 @@ def gc(
     it), the files the sweep would take once those versions are gone, and the managed objects.
     ``referenced(table, versions, registered)`` replaces the mark of the versions that can be
     read (Spark runs it in parallel).
-    Ages are measured by the store's clock (on S3: the server's), never the local one; on S3,
-    uploads a killed write left unfinished are aborted too, by the same rules.
+    Ages are measured by this machine's clock against the store's modification times (on an
+    object store, keep the clocks in step: docs/object-storage.md, Limits).
 
     The report counts every file once: ``removed_files``, ``reclaimed_bytes`` and ``paths``
     are the sum of what Lance's cleanup removed (``removed_by_lance_cleanup``: manifests,
@@ -355,7 +356,7 @@ def gc(
     # index versions a writer may be reading stay, whatever the grace
     index_keep = max(grace, timedelta(hours=1))
     if dry_run:
-        done = _SweepDone(_IndexCleanup.explained(table, index_keep), sweep.expired_leases(), 0)
+        done = _SweepDone(_IndexCleanup.explained(table, index_keep), sweep.expired_leases())
     else:
         done = sweep.apply(managed, index_keep, progress)
     # from the graph, not Lance's versions() before the cleanup: that reads every manifest
@@ -386,7 +387,6 @@ def gc(
         "unresolved_references": marked.unresolved,
         **sweep.packs_report(),
         "expired_leases": done.expired_leases,
-        "aborted_uploads": done.aborted_uploads,
         "paths": [sweep.owned.location(p) for p in sorted(removed)],
         "foreign_files": [owned.location(p) for p in owned.foreign],
         "managed": managed.report(),
@@ -418,7 +418,6 @@ class _SweepDone:
 
     index: _IndexCleanup
     expired_leases: int
-    aborted_uploads: int
 
 
 @dataclass(frozen=True)
@@ -436,7 +435,6 @@ class _Sweep:
     mark_started: float
     cutoff: float
     running: set[str]
-    in_flight: float
 
     @classmethod
     def plan(
@@ -474,9 +472,7 @@ class _Sweep:
             )
         ]
         old = sorted(set(unindexed) - set(young) - set(leased))
-        return cls(
-            table, owned, packs, young, leased, old, mark_started, cutoff, running, in_flight
-        )
+        return cls(table, owned, packs, young, leased, old, mark_started, cutoff, running)
 
     @property
     def swept_sizes(self) -> dict[str, int]:
@@ -494,7 +490,7 @@ class _Sweep:
 
     def apply(self, managed: Reclaim, index_keep: timedelta, progress: Progress | None):
         """Remove the files, retire and reap packs, reclaim managed objects, clean the store
-        index, expired leases and unfinished uploads, then empty directories."""
+        index and expired leases, then empty directories."""
         table, owned = self.table, self.owned
         for done, path in enumerate(self.old):
             if progress and done % 100 == 0:
@@ -507,9 +503,8 @@ class _Sweep:
         expired = leases.remove_expired(
             table.location.root, self.lease_cutoff, table.storage_options
         )
-        aborted = owned.abort_uploads(self.cutoff, self.running, self.in_flight)
         owned.remove_empty_dirs()
-        return _SweepDone(index, expired, aborted)
+        return _SweepDone(index, expired)
 
     def packs_report(self) -> dict[str, Any]:
         """The report's account of the files kept and of the store's packs."""
@@ -734,13 +729,16 @@ def gc_at(
 
 # what a write stages before its first commit, named after its write id (its lease's name)
 _WRITE_ID = rf"(?P<write>{NAME_PREFIX_PATTERN})"
+_RANDOM = "[0-9a-f]+"  # the random end of a temporary upload's name
 _STAGED = tuple(
     re.compile(pattern)
     for pattern in (
         rf"data/{_WRITE_ID}[0-9a-f]{{32}}\.lance",  # a data file
-        rf"data/{_WRITE_ID}[0-9a-f]{{32}}/[01]{{32}}\.blob",  # its sidecars
+        # its sidecars, and the uploads bound for them (storage.temporary_path)
+        rf"data/{_WRITE_ID}[0-9a-f]{{32}}/(?:[01]{{32}}\.blob|\.tmp-[01]{{32}}\.blob\.{_RANDOM})",
         rf"data/aborted-{_WRITE_ID}",  # an aborted Spark write's marker
         rf"{_PACKS}/{_WRITE_ID}[0-9a-f]{{32}}\.pack",  # store packs (dedup="global")
+        rf"{_PACKS}/\.tmp-{_WRITE_ID}[0-9a-f]{{32}}\.pack\.{_RANDOM}",  # uploads bound for them
         r"_transactions/0-[0-9a-f-]{36}\.txn",  # Lance's commit of the create, interrupted
     )
 )
@@ -817,14 +815,9 @@ def clean_failed_create(
     old = sorted(set(staged) - set(young) - set(leased))
     lease_cutoff = min(cutoff, now - leases.TIMEOUT_SECONDS)
     expired = [p for p in held if listed[p].mtime < lease_cutoff]
-    aborted_uploads = 0
     if not dry_run:
         for path in old + expired:
             store.delete(f"{root}/{path}")
-        for directory in ("data", _PACKS):
-            aborted_uploads += store.abort_uploads(
-                f"{root}/{directory}", cutoff, lambda name: _staged_by(name, running)
-            )
         if is_local(root):
             _remove_create_dirs(uri_to_path(root))
 
@@ -843,7 +836,6 @@ def clean_failed_create(
         "kept_young_files": len(young),
         "kept_leased_files": len(leased),
         "expired_leases": len(expired),
-        "aborted_uploads": aborted_uploads,
         "foreign_files": [where(p) for p in foreign],
         "paths": [where(p) for p in old],
     }
@@ -954,20 +946,6 @@ class _TableFiles:
     def delete(self, path: str) -> None:
         self.store.delete(f"{self.root}/{path}")
 
-    def abort_uploads(self, cutoff: float, running: set[str], in_flight: float) -> int:
-        """Abort uploads older than ``cutoff`` that no running write owns (one without a
-        write's prefix: older than ``in_flight`` too, the oldest running write's start)."""
-        return sum(
-            self.store.abort_uploads(
-                f"{self.root}/{owned}",
-                min(cutoff, in_flight),
-                lambda name, owned=owned: (
-                    _staged_by(name, running) or not _made_by_the_table(owned, name)
-                ),
-            )
-            for owned in self.dirs
-        )
-
     def remove_empty_dirs(self) -> None:
         if self.local:  # object stores have no directories
             for owned in self.dirs:
@@ -1047,14 +1025,20 @@ _WRITE_PREFIX = re.compile(NAME_PREFIX_PATTERN)
 
 def _prefixed(path: str) -> bool:
     """Whether ``path`` (relative to its owned directory) is named after a blobhouse write."""
-    return _WRITE_PREFIX.match(path.split("/", 1)[0]) is not None
+    return _WRITE_PREFIX.match(_first_name(path)) is not None
 
 
 def _staged_by(path: str, prefixes: set[str]) -> bool:
     """Whether ``path`` (relative to its owned directory: a data file, a sidecar in its
     directory, or a store pack) was staged by a write with one of ``prefixes``: its first name
     tells."""
-    return path.split("/", 1)[0].startswith(tuple(prefixes))
+    return _first_name(path).startswith(tuple(prefixes))
+
+
+def _first_name(path: str) -> str:
+    """The first name of ``path``, that of the object a temporary upload is bound for
+    (:func:`blobhouse.storage.temporary_path`)."""
+    return path.split("/", 1)[0].removeprefix(TEMPORARY_PREFIX)
 
 
 def _refuse_symlinked(root_dir: str, owned: str) -> None:

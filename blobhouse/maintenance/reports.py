@@ -76,7 +76,6 @@ class GcReport(TypedDict):
     resurrected_packs: int
     kept_retired_packs: int
     expired_leases: int
-    aborted_uploads: int
     paths: list[str]
     foreign_files: list[str]
     managed: ManagedReport
@@ -194,7 +193,6 @@ class FailedCreateReport(TypedDict):
     kept_young_files: int
     kept_leased_files: int
     expired_leases: int
-    aborted_uploads: int
     foreign_files: list[str]
     paths: list[str]
 

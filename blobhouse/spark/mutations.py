@@ -355,7 +355,7 @@ class _MergeInTasks(BaseChange):
             num_inserted_rows=(rows - matched) if merge.insert else 0,
             num_updated_rows=matched if (merge.update_all or merge.update_columns) else 0,
             num_deleted_rows=deleted,
-            bytes_written=sum(w.size_bytes + w.sidecar_bytes for w in staged.written),
+            bytes_written=sum(w.bytes_written for w in staged.written),
             attempts=attempt,
         )
 

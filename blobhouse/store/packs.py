@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 
 
 PACKS_DIR = "packs"
-PACK_FILE = re.compile(r"[^/]+\.pack")  # a pack's name in PACKS_DIR (anything else: a user's)
+# a pack's name in PACKS_DIR, or an upload's bound for one (storage.temporary_path); anything
+# else there is a user's
+PACK_FILE = re.compile(r"[^/]+\.pack|\.tmp-[^/]+\.pack\.[0-9a-f]+")
 
 
 TOMBSTONES_DIR = "tombstones"

@@ -104,6 +104,14 @@ def test_update_of_a_blob_column_goes_through_the_write_pipeline(table_uri, dedu
     assert table.read_blobs("img", [0, 1]) == [None, SHARED[0]]
 
 
+def test_an_update_reports_the_store_payloads_it_wrote(table_uri):
+    """With dedup="global" a new payload goes to a store pack: bytes_written counts it."""
+    table = make(table_uri, "global")
+    fresh = os.urandom(150_000)
+    report = table.update({"img": fresh}, where="id < 10", dedup="global")
+    assert 150_000 <= report.bytes_written < 200_000
+
+
 def test_update_of_a_blob_column_to_a_stored_payload_references_it_with_global(table_uri):
     table = make(table_uri, "global")
     gc_old(table)
@@ -129,6 +137,15 @@ BAD_UPDATES = [
     ({"img": 5}, None, InvalidInputError, r"blob column 'img' is set by .* not int 5"),
     ({}, None, InvalidInputError, "non-empty mapping"),
 ]
+
+
+def test_a_huge_bad_where_is_quoted_by_its_start(table_uri):
+    """A generated condition of megabytes: the error shows its start, not all of it twice."""
+    table = make(table_uri, "content")
+    where = "id IN (" + ", ".join(map(str, range(200_000))) + ") AND id >>> 3"
+    with pytest.raises(InvalidInputError, match=r"where 'id IN \(0, 1, 2.*not valid SQL") as raised:
+        table.update({"label": "'x'"}, where=where)
+    assert len(str(raised.value)) < 2_000
 
 
 @pytest.mark.parametrize(("updates", "where", "error", "message"), BAD_UPDATES)

@@ -34,7 +34,7 @@ TESTED = [
     "numpy",
     "pandas",
     "blake3",
-    "boto3",
+    "obstore",
     "pyroaring",
     "rich",
     "pyspark",

@@ -111,6 +111,23 @@ def test_a_symlink_in_a_new_tables_folder_is_named_once(tmp_path):
         write_table(ROWS, str(folder))
 
 
+def test_a_symlinked_folder_inside_data_is_another_file(tmp_path):
+    """A symlinked directory in ``data/``: a new table is not made beside it, and gc, on a
+    table made there anyway, lists it as foreign and leaves it and what it leads to alone."""
+    folder, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (folder / "data").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "precious.bin").write_bytes(b"x")
+    (folder / "data" / "shots").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(InvalidInputError, match=r"folder of other files \(data/shots\)"):
+        write_table(ROWS, str(folder))
+    table = write_table(ROWS, str(folder), allow_nonempty_folder=True)
+    report = table.gc(grace=timedelta(0))
+    assert report["foreign_files"] == [str(folder / "data" / "shots")]
+    assert (folder / "data" / "shots").is_symlink()
+    assert (elsewhere / "precious.bin").read_bytes() == b"x"
+
+
 def test_spark_refuses_a_folder_of_other_files_unless_asked(spark, tmp_path):
     bs.register(spark)
     folder = tmp_path / "photos"

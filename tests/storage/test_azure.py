@@ -27,8 +27,10 @@ def test_objects_on_azure(azure):
     one, two = f"{azure.uri}/x/one", f"{azure.uri}/x/two"
     store.put(one, b"12345")
     assert store.size(one) == 5 and store.size(two) is None
-    with pytest.raises(FileExistsError, match="already exists"):
-        store.create(one)
+    with pytest.raises(FileExistsError, match="already exists"):  # a conditional PUT lost
+        existing = store.create(one)
+        existing.write(b"other")
+        existing.close()
     new = store.create(two)
     new.write(b"ab")
     new.write(b"c")

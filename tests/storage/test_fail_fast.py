@@ -4,17 +4,21 @@ requests an open makes) kept a write waiting more than ten minutes."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pytest
 
-from blobhouse import blob_array, open_table, write_table
+from blobhouse import blob_array, errors, open_table, write_table
 from blobhouse.errors import InvalidInputError, StoreError
 from blobhouse.loader import BatchLoader
-from blobhouse.storage import REQUEST_BUDGET, _boto3_client, checked_options, obstore_settings
+from blobhouse.storage import REQUEST_BUDGET, checked_options, obstore_settings
 
 pytestmark = pytest.mark.object_store
 
@@ -26,6 +30,51 @@ def silent_endpoint() -> Iterator[str]:
         listening.bind(("127.0.0.1", 0))
         listening.listen(64)
         yield f"http://127.0.0.1:{listening.getsockname()[1]}"
+
+
+class StallingProxy:
+    """A TCP proxy on 127.0.0.1 to a real server that, once :meth:`stall` is called, keeps
+    taking connections and requests but never answers again: a store that goes silent in the
+    middle of the work."""
+
+    def __init__(self, target: str) -> None:
+        parts = urlsplit(target)
+        self.target = (parts.hostname, parts.port)
+        self.stalled = threading.Event()
+        self._held: list[socket.socket] = []  # connections kept open, never answered
+        self._listening = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self._listening.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stall(self) -> None:
+        self.stalled.set()
+
+    def close(self) -> None:
+        self._listening.close()
+        for connection in self._held:
+            connection.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listening.accept()
+            except OSError:
+                return
+            self._held.append(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        if self.stalled.is_set():
+            return
+        with contextlib.suppress(OSError), socket.create_connection(self.target) as upstream:
+            back = threading.Thread(target=self._pump, args=(upstream, client), daemon=True)
+            back.start()
+            self._pump(client, upstream)
+
+    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while (data := source.recv(1 << 16)) and not self.stalled.is_set():
+                target.sendall(data)
 
 
 def silent_store(kind: str, endpoint: str) -> tuple[str, dict[str, str]]:
@@ -62,20 +111,18 @@ def test_a_loader_on_a_store_that_does_not_answer_fails_fast(silent_endpoint):
 
 
 def test_requests_have_a_budget_unless_given_one():
-    """Lance, obstore and boto3 get the same timeouts and retries: blobhouse's defaults, or the
+    """Lance and obstore get the same timeouts and retries: blobhouse's defaults, or the
     caller's; a number of seconds is taken where Lance wants a duration."""
     options = checked_options({"aws_region": "us-east-1"})
     assert {k: options[k] for k in REQUEST_BUDGET} == REQUEST_BUDGET
     given = checked_options({"timeout": 300, "connect_timeout": "2s", "client_max_retries": 1})
     assert (given["timeout"], given["connect_timeout"]) == ("300s", "2s")
+    assert checked_options({"timeout": 30.5})["timeout"] == "30500ms"
     assert given["client_max_retries"] == "1"
-    _, client, retry = obstore_settings("az", given)
-    assert client["timeout"] == "300s" and retry["max_retries"] == 1
-    config = _boto3_client(given).meta.config
-    assert (config.connect_timeout, config.read_timeout) == (2, 300)
-    assert config.retries["total_max_attempts"] == 1  # no retry fits in the default 60 s
-    config = _boto3_client(checked_options({"aws_region": "x"})).meta.config
-    assert config.retries["total_max_attempts"] == 2  # 60 s requests, retried within 60 s
+    for scheme in ("az", "s3", "gs"):
+        _, client, retry = obstore_settings(scheme, given)
+        assert (client["timeout"], client["connect_timeout"]) == ("300s", "2s")
+        assert retry == {"max_retries": 1, "retry_timeout": timedelta(seconds=60)}
     assert checked_options(None) is None  # a local table's options stay empty
 
 
@@ -87,6 +134,12 @@ def test_requests_have_a_budget_unless_given_one():
         ("client_retry_timeout", "soon"),
         ("timeout", "30 parsecs"),
         ("connect_timeout", ""),
+        ("timeout", "0"),
+        ("connect_timeout", "0ms"),
+        ("pool_idle_timeout", "a while"),
+        ("http2_keep_alive_timeout", "-3"),
+        ("download_retry_count", "x"),
+        ("download_retry_count", "-1"),
     ],
 )
 def test_a_bad_budget_is_refused_naming_the_option(name, value):
@@ -112,3 +165,31 @@ def test_a_spark_write_and_read_fail_fast_too(spark, silent_endpoint):
     with pytest.raises(StoreError, match=f"{uri}.* did not answer"):
         bs.write_table(df, uri, storage_options=options)
     assert time.monotonic() - started < 60
+
+
+def test_a_store_that_goes_silent_mid_write_fails_it_within_its_budget(s3, monkeypatch):
+    """The store answers, then stops in the middle of a write: the write fails within the
+    request budget plus the cleanup's bound (cleanup requests, each waiting a budget of its own,
+    held a write more than 15 minutes), with the write's own StoreError, said once."""
+    monkeypatch.setattr(errors, "CLEANUP_SECONDS", 2.0)
+    proxy = StallingProxy(s3.options["aws_endpoint"])
+    options = {**s3.options, "aws_endpoint": proxy.endpoint}
+    options |= {"timeout": "4s", "connect_timeout": "2s", "client_max_retries": 0}
+    payloads = [bytes([i]) * 300_000 for i in range(6)]
+
+    def batches():
+        for i, payload in enumerate(payloads):
+            if i == 3:
+                proxy.stall()
+            yield pa.record_batch({"img": blob_array([payload])})
+
+    reader = pa.RecordBatchReader.from_batches(next(batches()).schema, batches())
+    started = time.monotonic()
+    try:
+        with pytest.raises(StoreError, match=f"{s3.uri}/t") as raised:
+            write_table(reader, f"{s3.uri}/t", storage_options=options, dedup="content")
+    finally:
+        proxy.close()
+    assert time.monotonic() - started < 40
+    notes = getattr(raised.value, "__notes__", [])
+    assert len(notes) == len(set(notes)) and len(notes) <= 2
