@@ -9,8 +9,8 @@ entry points. :func:`object_store` picks the backend of a URI:
   ``O_EXCL``;
 - ``s3://`` (and S3-compatible), ``az://``, ``gs://``, ``http(s)://``, ...: obstore, the
   Python bindings of the object_store crate Lance uses, with the same options; new objects
-  are created with a conditional PUT (or, above :data:`SINGLE_PUT_BYTES`, a conditional copy
-  of an upload), so an existing object is never overwritten, as locally.
+  are created with a conditional PUT (above :data:`SINGLE_PUT_BYTES`: a multipart upload of
+  a name checked first), so an existing object is never overwritten, as locally.
 
 >>> import tempfile
 >>> root = tempfile.mkdtemp()
@@ -25,11 +25,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import queue
 import re
 import stat
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,8 +49,6 @@ SINGLE_PUT_BYTES = 8 * MiB
 # a few at once: up to 32 MiB buffered per object
 UPLOAD_PART_BYTES = 8 * MiB
 UPLOAD_PARTS_IN_FLIGHT = 4
-#: what a temporary object's name starts with (an upload bound for another name)
-TEMPORARY_PREFIX = ".tmp-"
 STAT_THREADS = 16  # HEAD requests in flight when sizing many objects
 # what Lance's file API raises on I/O failures: OSError locally, RuntimeError ("LanceError(IO)")
 # on object stores
@@ -291,7 +289,8 @@ def object_sizes(uris: Sequence[str], options: Mapping[str, str] | None = None) 
 def put_new(store: ObjectStore, uri: str, data: bytes) -> bool:
     """Create the object at ``uri`` holding ``data`` unless one exists (``O_EXCL`` locally, a
     conditional PUT on an object store); whether this call created it. What claims, locks and owner
-    markers are made of: of racing callers, exactly one gets True.
+    markers are made of: of racing callers, exactly one gets True (on an object store, for
+    ``data`` of up to :data:`SINGLE_PUT_BYTES`).
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "x")
@@ -577,18 +576,6 @@ class RemoteStore:
         return time.time()
 
 
-def temporary_path(path: str) -> str:
-    """A new name beside ``path`` for an upload bound for it: :data:`TEMPORARY_PREFIX`, the
-    name, a random suffix (gc takes such names in the table's folders for its own).
-
-    >>> temporary_path("t/_blobs/packs/ab.pack").startswith("t/_blobs/packs/.tmp-ab.pack.")
-    True
-    """
-    folder, _, name = path.rpartition("/")
-    temporary = f"{TEMPORARY_PREFIX}{name}.{uuid.uuid4().hex[:12]}"
-    return f"{folder}/{temporary}" if folder else temporary
-
-
 class _RemoteObject:
     def __init__(self, store, path: str, uri: str) -> None:
         self._store, self._path, self._uri = store, path, uri
@@ -619,21 +606,21 @@ class _RemoteObject:
 
 class _RemoteNewObject:
     """A new object, invisible until :meth:`close`. Up to :data:`SINGLE_PUT_BYTES` it is held
-    in memory and written with one conditional PUT. A bigger one is uploaded in parts (memory
-    stays bounded) to a temporary name beside it (:func:`temporary_path`), then copied to its
-    name unless an object is there (a conditional copy: object_store cannot make a multipart
-    upload conditional), and the temporary object removed."""
+    in memory and written with one conditional PUT: of racing creators the store lets exactly
+    one win (claims, locks and markers are such objects). A bigger one -- a sidecar or a pack,
+    named with a random 128-bit id no other writer picks -- is refused if its name is taken
+    when it grows past that size, then streamed as a multipart upload (:class:`_Upload`:
+    memory stays bounded) that completes at :meth:`close` (object_store cannot make a
+    multipart upload conditional)."""
 
     def __init__(self, store, path: str, uri: str) -> None:
         self._store, self._path, self._uri = store, path, uri
         self._buffer = bytearray()
-        self._writer = None
-        self._temporary: str | None = None
+        self._upload: _Upload | None = None
 
     def write(self, data: bytes | memoryview) -> None:
-        if self._writer is not None:
-            with _obstore_errors("upload", self._uri):
-                self._writer.write(data)
+        if self._upload is not None:
+            self._upload.write(data)
             return
         self._buffer += data
         if len(self._buffer) > SINGLE_PUT_BYTES:
@@ -642,54 +629,101 @@ class _RemoteNewObject:
     def _start_upload(self) -> None:
         import obstore
 
-        self._temporary = temporary_path(self._path)
-        with _obstore_errors("upload", self._uri):
-            self._writer = obstore.open_writer(
-                self._store,
-                self._temporary,
-                buffer_size=UPLOAD_PART_BYTES,
-                max_concurrency=UPLOAD_PARTS_IN_FLIGHT,
-            )
-            self._writer.write(self._buffer)
+        try:
+            with _obstore_errors("create", self._uri):
+                obstore.head(self._store, self._path)
+            raise FileExistsError(f"{self._uri} already exists")
+        except FileNotFoundError:
+            pass
+        self._upload = _Upload(self._store, self._path, self._uri)
+        self._upload.write(self._buffer)
         self._buffer = bytearray()
 
     def close(self) -> None:
         import obstore
 
         try:
-            if self._writer is None:
-                with _obstore_errors("create", self._uri):
-                    obstore.put(self._store, self._path, self._buffer, mode="create")
+            if self._upload is not None:
+                self._upload.finish()
                 return
-            with _obstore_errors("upload", self._uri):
-                self._writer.close()
-            self._writer = None
             with _obstore_errors("create", self._uri):
-                obstore.copy(self._store, self._temporary, self._path, overwrite=False)
+                obstore.put(self._store, self._path, self._buffer, mode="create")
         except BaseException as exc:
             cleanup_after(exc, self.abort)
             raise
         finally:
             self._buffer = bytearray()
-        self._remove_temporary()
 
     def abort(self) -> None:
         self._buffer = bytearray()
-        if self._writer is not None:
-            # an upload cannot be abandoned through obstore: finished, then removed (a killed
-            # process leaves it unfinished: docs/object-storage.md, Limits)
-            with contextlib.suppress(Exception):
-                self._writer.close()
-            self._writer = None
-        self._remove_temporary()
+        if self._upload is not None:
+            self._upload.abort()
+            self._upload = None
 
-    def _remove_temporary(self) -> None:
+
+class _Upload:
+    """A multipart upload fed by :meth:`write`: obstore reads the parts from a short queue on a
+    thread of its own (so memory stays bounded); :meth:`abort` ends the feed with an error, on
+    which obstore aborts the upload, leaving nothing."""
+
+    _END, _ABORT = object(), object()
+
+    def __init__(self, store, path: str, uri: str) -> None:
+        self._uri = uri
+        self._parts: queue.Queue = queue.Queue(maxsize=2)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(store, path), name="blobhouse-upload", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, store, path: str) -> None:
         import obstore
 
-        if self._temporary is not None:
-            with contextlib.suppress(FileNotFoundError), _obstore_errors("remove", self._uri):
-                obstore.delete(self._store, self._temporary)
-            self._temporary = None
+        try:
+            with _obstore_errors("upload", self._uri):
+                obstore.put(
+                    store,
+                    path,
+                    self._feed(),
+                    chunk_size=UPLOAD_PART_BYTES,
+                    max_concurrency=UPLOAD_PARTS_IN_FLIGHT,
+                )
+        except BaseException as exc:
+            self._error = exc
+
+    def _feed(self) -> Iterator[bytes]:
+        while (part := self._parts.get()) is not self._END:
+            if part is self._ABORT:
+                raise _UploadAborted()
+            yield part
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._send(bytes(data))
+
+    def finish(self) -> None:
+        """Complete the upload: the object appears whole."""
+        self._send(self._END)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def abort(self) -> None:
+        with contextlib.suppress(OSError):
+            self._send(self._ABORT)
+        self._thread.join()
+
+    def _send(self, part: object) -> None:
+        while True:  # the uploading thread may have failed: never wait on it forever
+            if self._error is not None or not self._thread.is_alive():
+                raise self._error or StoreError(f"cannot upload {self._uri}: the upload ended")
+            with contextlib.suppress(queue.Full):
+                self._parts.put(part, timeout=0.5)
+                return
+
+
+class _UploadAborted(Exception):
+    """Ends an upload's feed: obstore aborts the upload."""
 
 
 class _RangeNotSatisfiable(OSError):
@@ -740,9 +774,6 @@ def _obstore(scheme: str, netloc: str, items: tuple[tuple[str, str], ...]):
     config, client, retry = obstore_settings(scheme, dict(items))
     kwargs = {"client_options": client, **({"retry_config": retry} if retry else {})}
     if scheme in ("s3", "s3a"):
-        # a new object above SINGLE_PUT_BYTES is copied to its name only if none is there
-        if not any(key.endswith("copy_if_not_exists") for key in config):
-            config["copy_if_not_exists"] = "multipart"
         return S3Store(netloc, config=config, **kwargs)
     if scheme in ("az", "azure"):
         return AzureStore(netloc, config=config, **kwargs)

@@ -63,7 +63,6 @@ from blobhouse.managed import Reclaim, Registry
 from blobhouse.placement import AllowedBases, as_uri
 from blobhouse.snapshot import open_snapshot, snapshot_of
 from blobhouse.storage import (
-    TEMPORARY_PREFIX,
     ObjectInfo,
     StorageOptions,
     is_local,
@@ -729,16 +728,13 @@ def gc_at(
 
 # what a write stages before its first commit, named after its write id (its lease's name)
 _WRITE_ID = rf"(?P<write>{NAME_PREFIX_PATTERN})"
-_RANDOM = "[0-9a-f]+"  # the random end of a temporary upload's name
 _STAGED = tuple(
     re.compile(pattern)
     for pattern in (
         rf"data/{_WRITE_ID}[0-9a-f]{{32}}\.lance",  # a data file
-        # its sidecars, and the uploads bound for them (storage.temporary_path)
-        rf"data/{_WRITE_ID}[0-9a-f]{{32}}/(?:[01]{{32}}\.blob|\.tmp-[01]{{32}}\.blob\.{_RANDOM})",
+        rf"data/{_WRITE_ID}[0-9a-f]{{32}}/[01]{{32}}\.blob",  # its sidecars
         rf"data/aborted-{_WRITE_ID}",  # an aborted Spark write's marker
         rf"{_PACKS}/{_WRITE_ID}[0-9a-f]{{32}}\.pack",  # store packs (dedup="global")
-        rf"{_PACKS}/\.tmp-{_WRITE_ID}[0-9a-f]{{32}}\.pack\.{_RANDOM}",  # uploads bound for them
         r"_transactions/0-[0-9a-f-]{36}\.txn",  # Lance's commit of the create, interrupted
     )
 )
@@ -1025,20 +1021,14 @@ _WRITE_PREFIX = re.compile(NAME_PREFIX_PATTERN)
 
 def _prefixed(path: str) -> bool:
     """Whether ``path`` (relative to its owned directory) is named after a blobhouse write."""
-    return _WRITE_PREFIX.match(_first_name(path)) is not None
+    return _WRITE_PREFIX.match(path.split("/", 1)[0]) is not None
 
 
 def _staged_by(path: str, prefixes: set[str]) -> bool:
     """Whether ``path`` (relative to its owned directory: a data file, a sidecar in its
     directory, or a store pack) was staged by a write with one of ``prefixes``: its first name
     tells."""
-    return _first_name(path).startswith(tuple(prefixes))
-
-
-def _first_name(path: str) -> str:
-    """The first name of ``path``, that of the object a temporary upload is bound for
-    (:func:`blobhouse.storage.temporary_path`)."""
-    return path.split("/", 1)[0].removeprefix(TEMPORARY_PREFIX)
+    return path.split("/", 1)[0].startswith(tuple(prefixes))
 
 
 def _refuse_symlinked(root_dir: str, owned: str) -> None:

@@ -32,9 +32,7 @@ if TYPE_CHECKING:
 
 
 PACKS_DIR = "packs"
-# a pack's name in PACKS_DIR, or an upload's bound for one (storage.temporary_path); anything
-# else there is a user's
-PACK_FILE = re.compile(r"[^/]+\.pack|\.tmp-[^/]+\.pack\.[0-9a-f]+")
+PACK_FILE = re.compile(r"[^/]+\.pack")  # a pack's name in PACKS_DIR (anything else: a user's)
 
 
 TOMBSTONES_DIR = "tombstones"
