@@ -572,8 +572,9 @@ class RemoteStore:
 
     def now(self, uri: str) -> float:
         # obstore shows no response's Date header, and a probe write would land beside the
-        # caller's objects (inside a lock's folder, say): this machine's clock (docs: Limits)
-        return time.time()
+        # caller's objects (inside a lock's folder, say): this machine's clock (docs: Limits),
+        # a second early, as object times are whole seconds (S3, Azure): no age is overstated
+        return time.time() - 1.0
 
 
 class _RemoteObject:
