@@ -49,7 +49,7 @@ blobhouse: multimodal training tables whose blob bytes are stored once however m
 reference them, written as standard Lance datasets.
 
 Run "blobhouse COMMAND --help" for a command's options. Every command prints a readable
-from dataclasses import dataclass, field, replace
+summary, or its full report as JSON with --json. Errors are one line on stderr (--debug prints
 the traceback); Ctrl-C stops a command cleanly, exit code 130.
 """
 

@@ -117,6 +117,14 @@ def subparsers(parser):
     return {}
 
 
+def test_the_top_level_help_is_prose(capsys):
+    """Its description once held a line of Python an edit left there."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    assert "import" not in shown and "--json" in shown and "--debug" in shown
+
+
 def test_every_option_and_argument_has_help_and_help_is_plain_text(capsys):
     parser = build_parser()
     commands = subparsers(parser)
