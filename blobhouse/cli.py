@@ -858,7 +858,7 @@ def _gc(args: argparse.Namespace, run: Run) -> int:
     print(
         f"{verb} versions {format_value('versions', report['removed_versions'])} and "
         f"{report['removed_files']} "
-        f"unreferenced files ({mb(report['reclaimed_bytes'])}); kept "
+        f"files no retained version uses ({mb(report['reclaimed_bytes'])}); kept "
         f"{report['kept_young_files']} younger than the grace period"
         + (f" and pinned versions {format_value('versions', tagged)}" if tagged else "")
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 from lance.commit import CommitConflictError
@@ -190,7 +191,7 @@ def lance_message(exc: BaseException) -> str:
     """
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     text = re.sub(r", /home/runner/\S+$|,\s*\S+\.rs:\d+:\d+", "", text)
-    return text.removeprefix("Invalid user input: ").strip()
+    return text.removeprefix("External error: ").removeprefix("Invalid user input: ").strip()
 
 
 #: how long the cleanup after a store's failure may take before it is left to gc: the store
@@ -203,8 +204,9 @@ def cleanup_after(failure: BaseException, *cleanups: Callable[[], object]) -> No
     even if another fails. A cleanup that fails too -- the store that failed the work is often
     still down -- is noted on ``failure``, which the caller raises: it is never replaced by the
     cleanup's error, and what the cleanup left is gc's to remove. After a store's failure the
-    cleanup gets :data:`CLEANUP_SECONDS`; one that takes longer goes on in the background, and
-    the caller raises ``failure`` with a note saying so.
+    cleanups get :data:`CLEANUP_SECONDS` in all (nested ones share the first one's deadline,
+    also across the errors raised from ``failure``); one that takes longer goes on in the
+    background, and the caller raises ``failure`` with a note saying so.
 
     >>> error = KeyError("the write's own error")
     >>> cleanup_after(error, lambda: 1 / 0)
@@ -221,8 +223,9 @@ def cleanup_after(failure: BaseException, *cleanups: Callable[[], object]) -> No
         _run_cleanups(failure, cleanups)
         done.set()
 
+    deadline = _cleanup_deadline(failure)
     threading.Thread(target=run, name="blobhouse-cleanup", daemon=True).start()
-    if not done.wait(CLEANUP_SECONDS):
+    if not done.wait(max(0.0, deadline - time.monotonic())):
         _note(
             failure,
             f"cleaning up after it did not finish within {CLEANUP_SECONDS:g} s (the store does "
@@ -230,8 +233,33 @@ def cleanup_after(failure: BaseException, *cleanups: Callable[[], object]) -> No
         )
 
 
+def _cleanup_deadline(failure: BaseException) -> float:
+    """When the cleanups after ``failure`` must end: the deadline a cleanup of it, or of an
+    error it was raised from, set already, or :data:`CLEANUP_SECONDS` from now."""
+    seen: set[int] = set()
+    error: BaseException | None = failure
+    while error is not None and id(error) not in seen:
+        if (deadline := getattr(error, "_blobhouse_cleanup_deadline", None)) is not None:
+            return deadline
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    deadline = time.monotonic() + CLEANUP_SECONDS
+    failure._blobhouse_cleanup_deadline = deadline  # type: ignore[attr-defined]
+    return deadline
+
+
 def _store_failed(failure: BaseException) -> bool:
-    return isinstance(failure, StoreError) or "LanceError(IO)" in str(failure)
+    return isinstance(failure, StoreError) or is_lance_io_error(failure)
+
+
+def is_lance_io_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is Lance's error about its store (``LanceError(IO)``, also wrapped as
+    Arrow's ``External error``), not about its input.
+
+    >>> is_lance_io_error(ValueError("External error: LanceError(IO): Generic S3 error"))
+    True
+    """
+    return "LanceError(IO)" in str(exc)
 
 
 def _run_cleanups(failure: BaseException, cleanups: tuple[Callable[[], object], ...]) -> None:
@@ -261,7 +289,7 @@ def as_store_error(exc: BaseException, uri: str, doing: str) -> BaseException:
     ...                "s3://b/t", "write to")
     StoreError('cannot write to s3://b/t: LanceError(IO): Generic S3 error: connection refused')
     """
-    if isinstance(exc, BlobhouseError | CommitConflictError) or "LanceError(IO)" not in str(exc):
+    if isinstance(exc, BlobhouseError | CommitConflictError) or not is_lance_io_error(exc):
         return exc
     error = StoreError(f"cannot {doing} {uri}: {lance_message(exc)}")
     for note in getattr(exc, "__notes__", ()):  # what its cleanup met, say

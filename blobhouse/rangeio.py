@@ -8,6 +8,7 @@ URI; it is self-contained, so any process can read it without opening the table.
 from __future__ import annotations
 
 import io
+import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -312,10 +313,14 @@ def _read_error(uri: str, exc: OSError) -> BlobReadError:
     if isinstance(exc, BlobReadError):
         return exc
     if isinstance(exc, FileNotFoundError):
-        return BlobReadError(f"missing object {uri}", uri)
+        bucket = re.search(r"\b(NoSuchBucket|ContainerNotFound)\b", str(exc))
+        why = f" (its bucket or container is not there: {bucket[1]})" if bucket else ""
+        return BlobReadError(f"missing object {uri}{why}", uri)
     if isinstance(exc, StoreError):  # its message names the object and the read already
         return StoreReadError(str(exc), uri)
-    # a directory, a device gone, a store refusing ...
+    if uri in str(exc):  # a store's refusal, named already
+        return BlobReadError(str(exc), uri)
+    # a directory, a device gone ...
     return BlobReadError(f"cannot read {uri}: {exc.strerror or exc}", uri)
 
 

@@ -19,10 +19,14 @@ no such version, at a place.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import warnings
 from collections.abc import Callable
 from functools import cached_property
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import lance
 import pyarrow as pa
@@ -43,15 +47,24 @@ from blobhouse.errors import (
     VersionNotFoundError,
     VersionRemovedError,
     as_store_error,
+    lance_io,
 )
 from blobhouse.layout import BasePaths, TableLocation
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
 from blobhouse.references import ReferenceResolver, Unresolved, field_id
-from blobhouse.storage import check_answers, checked_options
+from blobhouse.storage import (
+    check_answers,
+    checked_options,
+    is_local,
+    object_store,
+    while_answering,
+)
 from blobhouse.store.index import StoreIndex
 from blobhouse.store.packs import store_uri_prefix
 from blobhouse.values import ColumnPath, path_name, stored_blob_columns
+
+R = TypeVar("R")
 
 #: the column Lance adds to a scan or take asked ``with_row_address``
 ROW_ADDRESS = "_rowaddr"
@@ -291,7 +304,7 @@ def not_found(
     if latest is None:
         if location.branch is not None:
             return TableNotFoundError(f"no branch {location.branch!r} in {root}")
-        return TableNotFoundError(f"no table at {root}")
+        return missing_bucket(root, storage_options) or TableNotFoundError(f"no table at {root}")
     retained = [v["version"] for v in latest.versions()]
     if version > latest.version:
         return VersionNotFoundError(
@@ -302,6 +315,27 @@ def not_found(
         f"version {version} of {where}{root} was removed by cleanup (gc); the oldest retained "
         f"version is {min(retained)} (retained: {', '.join(version_spans(retained))})"
     )
+
+
+def missing_bucket(uri: str, storage_options: dict[str, str] | None) -> TableNotFoundError | None:
+    """A :class:`PathNotFoundError` when the bucket or container of a store's ``uri`` is not
+    there (one listing of it); None when it is, or ``uri`` is local."""
+    if "://" not in uri or is_local(uri):
+        return None
+    parts = urlsplit(uri)
+    try:
+        next(
+            iter(object_store(uri, storage_options).walk(f"{parts.scheme}://{parts.netloc}/")), None
+        )
+    except FileNotFoundError as exc:
+        code = re.search(r"\b(NoSuchBucket|ContainerNotFound)\b", str(exc))
+        return PathNotFoundError(
+            f"no table at {uri}: its bucket or container {parts.netloc!r} does not exist"
+            + (f" ({code[1]})" if code else "")
+        )
+    except Exception:  # any other answer: the table is what is missing
+        return None
+    return None
 
 
 def path_problem(path: str) -> TableNotFoundError | None:
@@ -379,7 +413,12 @@ def open_dataset(
         return None
     check_answers(path, storage_options, doing)
     try:
-        return lance.dataset(path, version=version, storage_options=storage_options)
+        return while_answering(
+            path,
+            storage_options,
+            lambda: lance.dataset(path, version=version, storage_options=storage_options),
+            doing,
+        )
     except (ValueError, OSError) as exc:
         if "not found" in str(exc).lower() or "does not exist" in str(exc).lower():
             return None
@@ -387,6 +426,30 @@ def open_dataset(
         if error is exc:
             raise
         raise error from exc
+
+
+def table_io(
+    doing: str, *, reads_only: bool = False
+) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """A service of a table (its first argument: a snapshot or a Table) whose Lance I/O errors
+    are raised as :class:`~blobhouse.errors.StoreError` naming the table and ``doing``; one
+    that ``reads_only`` also fails once its store stops answering
+    (:func:`~blobhouse.storage.while_answering`: never a service that changes the table)."""
+
+    def decorate(service: Callable[..., R]) -> Callable[..., R]:
+        @functools.wraps(service)
+        def run(table: object, *args: Any, **kwargs: Any) -> R:
+            snapshot = snapshot_of(table)
+            root = snapshot.location.root
+            with lance_io(root, doing):
+                if not reads_only:
+                    return service(table, *args, **kwargs)
+                call = functools.partial(service, table, *args, **kwargs)
+                return while_answering(root, snapshot.storage_options, call, doing)
+
+        return run
+
+    return decorate
 
 
 def snapshot_of(table: object) -> TableSnapshot:

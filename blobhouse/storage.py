@@ -30,17 +30,18 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from blobhouse.errors import InvalidInputError, StoreError, cleanup_after
 from blobhouse.storage_options import check_option_names
 
 StorageOptions = dict[str, str]
+T = TypeVar("T")
 
 MiB = 1024 * 1024
 #: a new object up to this size is one conditional PUT, held in memory until it is closed
@@ -347,10 +348,18 @@ def check_answers(uri: str, options: Mapping[str, str] | None, doing: str = "rea
     """
     if is_local(uri):
         return
+    object_store(uri, options)._at(uri)  # settings no store can be set up with: refused here
     parts = urlsplit(uri)
     key = (parts.scheme, parts.netloc, tuple(sorted((options or {}).items())))
     if time.monotonic() - _ANSWERED.get(key, -_ANSWER_KEPT_SECONDS) < _ANSWER_KEPT_SECONDS:
         return
+    _ask(uri, options, doing)
+    _ANSWERED[key] = time.monotonic()
+
+
+def _ask(uri: str, options: Mapping[str, str] | None, doing: str) -> None:
+    """List ``uri`` once; a :class:`~blobhouse.errors.StoreError` when its store does not
+    answer within :data:`ANSWER_SECONDS` (an error is an answer)."""
     answered = threading.Event()
 
     def ask() -> None:
@@ -362,13 +371,48 @@ def check_answers(uri: str, options: Mapping[str, str] | None, doing: str = "rea
     # request's own timeout
     threading.Thread(target=ask, name="blobhouse-store-check", daemon=True).start()
     if not answered.wait(ANSWER_SECONDS):
+        parts = urlsplit(uri)
         where = _option(options or {}, "endpoint") or f"{parts.scheme}://{parts.netloc}"
         raise StoreError(
             f"cannot {doing} {uri}: its store ({where}) did not answer a listing within "
             f"{ANSWER_SECONDS:g} s; check the endpoint, the network and the credentials "
             "(docs/object-storage.md: Timeouts)"
         )
-    _ANSWERED[key] = time.monotonic()
+
+
+def while_answering(
+    uri: str, options: Mapping[str, str] | None, read: Callable[[], T], doing: str = "read"
+) -> T:
+    """``read()`` (a read by Lance of ``uri``, on a store), failed with a
+    :class:`~blobhouse.errors.StoreError` once its store, asked after every
+    :data:`ANSWER_SECONDS` the read runs, does not answer a listing within that bound either:
+    Lance waits out each request's timeout several times (minutes) before it fails a read. A
+    read of a store that answers may take as long as it takes. Reads only: an abandoned read
+    goes on in the background until its own timeouts, which a commit never may.
+
+    >>> while_answering("/tmp/local", None, lambda: 42)
+    42
+    """
+    if is_local(uri):
+        return read()
+    outcome: list[tuple[bool, object]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append((True, read()))
+        except BaseException as exc:
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="blobhouse-read", daemon=True).start()
+    while not done.wait(ANSWER_SECONDS):
+        _ask(uri, options, doing)
+    succeeded, value = outcome[0]
+    if not succeeded:
+        raise value  # type: ignore[misc]
+    return value  # type: ignore[return-value]
 
 
 def is_local(uri: str) -> bool:
@@ -509,7 +553,13 @@ class RemoteStore:
             raise InvalidInputError(
                 f"{uri}: {parts.scheme}:// is no store blobhouse reaches (local paths, {stores})"
             )
-        store = _obstore(parts.scheme, parts.netloc, tuple(sorted(self.options.items())))
+        try:
+            store = _obstore(parts.scheme, parts.netloc, tuple(sorted(self.options.items())))
+        except Exception as exc:  # obstore: settings it cannot set a store up with
+            raise InvalidInputError(
+                f"cannot reach {uri}: {_first(exc)}; give the store's settings as storage "
+                "options or in its environment variables (docs/object-storage.md)"
+            ) from None
         return store, unquote(parts.path).lstrip("/")
 
     def size(self, uri: str) -> int | None:
@@ -739,7 +789,10 @@ def _obstore_errors(action: str, uri: str):
     try:
         yield
     except FileNotFoundError as exc:
-        raise FileNotFoundError(f"cannot {action} {uri}: not found ({_first(exc)})") from None
+        code = _ERROR_CODE.search(str(exc))  # NoSuchBucket, ContainerNotFound: say which
+        raise FileNotFoundError(
+            f"cannot {action} {uri}: {code[1] if code else 'not found'} ({_first(exc)})"
+        ) from None
     except AlreadyExistsError:
         raise FileExistsError(f"{uri} already exists") from None
     except (PermissionDeniedError, UnauthenticatedError) as exc:

@@ -178,9 +178,51 @@ def _known() -> frozenset[str]:
 KNOWN = _known()
 
 
+# spellings object_store reads as one key (after a store's prefix is dropped)
+_ONE_KEY = {
+    "s3": {"default_region": "region", "bucket_name": "bucket", "endpoint_url": "endpoint",
+           "session_token": "token"},
+    "azure": {"access_key": "account_key", "master_key": "account_key",
+              "authority_id": "tenant_id", "sas_token": "sas_key", "bearer_token": "token",
+              "identity_endpoint": "msi_endpoint"},
+    "google": {"service_account_path": "service_account", "bucket_name": "bucket"},
+}  # fmt: skip
+
+
+def _meanings(name: str) -> set[tuple[str, str]]:
+    """The (store, key) pairs object_store or Lance reads ``name`` as.
+
+    >>> sorted(_meanings("AWS_REGION")), sorted(_meanings("timeout"))[0]
+    ([('s3', 'region')], ('azure', 'timeout'))
+    """
+    lower = name.lower()
+    if lower in LANCE:
+        return {("lance", lower)}
+    meanings = set()
+    for store, prefix, names in (("s3", "aws_", S3), ("azure", "azure_", AZURE),
+                                 ("google", "google_", GOOGLE)):  # fmt: skip
+        bare = lower.removeprefix(prefix)
+        if bare in CLIENT and (bare == lower or lower.startswith(prefix)):
+            meanings.add((store, bare))
+        elif f"aws_{bare}" in names if store == "s3" else bare in names:
+            bare = bare.removeprefix("storage_") if store == "azure" else bare
+            meanings.add((store, _ONE_KEY[store].get(bare, bare)))
+    return meanings
+
+
 def check_option_names(options: Mapping[str, object] | Iterable[str]) -> None:
-    """Refuse a storage option name Lance does not read (case aside), naming the closest;
+    """Refuse a storage option name Lance does not read (case aside), naming the closest, and
+    two spellings of one option (Lance would take either); both
     :class:`~blobhouse.errors.UnknownOptionError`."""
+    seen: dict[tuple[str, str], str] = {}
+    for name in options:
+        for meaning in _meanings(name):
+            if meaning in seen and seen[meaning] != name:
+                raise UnknownOptionError(
+                    f"storage options {seen[meaning]!r} and {name!r} are one option: Lance "
+                    "would take either of them; give it once"
+                )
+            seen[meaning] = name
     for name in options:
         lower = name.lower()
         if lower in KNOWN or lower.startswith(PREFIXES):

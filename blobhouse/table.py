@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -58,6 +58,7 @@ from blobhouse.rangeio import (
 )
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import ROW_ADDRESS, TableSnapshot, open_snapshot
+from blobhouse.storage import while_answering
 from blobhouse.values import (
     ColumnPath,
     get_column,
@@ -70,6 +71,7 @@ from blobhouse.write import WriteMode, add_data_file, begin_write, input_stream
 from blobhouse.write.prepare import relocate_store
 
 BlobsMode = Literal["refs", "bytes", "descriptors"]
+T = TypeVar("T")
 _ROW_ID = "_rowid"
 #: a blob column to convert: (its path in a read batch, its path in the table)
 BlobTarget = tuple[ColumnPath, ColumnPath]
@@ -358,7 +360,7 @@ class Table:
 
     @keywords_checked
     def count_rows(self, filter: str | None = None) -> int:
-        return self._snapshot.count_rows(filter)
+        return self._lance_read("read", lambda: self._snapshot.count_rows(filter))
 
     def delete(self, filter: str) -> Table:
         """Delete the rows matching the SQL ``filter``, as a new version (this table moves to
@@ -546,10 +548,10 @@ class Table:
             offset=offset,
             limit=limit,
         )
-        with lance_io(self.uri, "read"):
-            for batch in scanner.to_batches():
-                named = selection.named(batch)
-                yield self._convert(named, selection.blobs, blobs, check_hashes=True)
+        batches = scanner.to_batches()
+        while (batch := self._lance_read("read", lambda: next(batches, None))) is not None:
+            named = selection.named(batch)
+            yield self._convert(named, selection.blobs, blobs, check_hashes=True)
 
     @keywords_checked
     def to_arrow(
@@ -648,10 +650,8 @@ class Table:
         ids = np.asarray(row_ids, dtype=np.uint64).tolist()
         selection = self._taken_columns(columns, blobs)
         lance_columns = selection.lance
-        with lance_io(self.uri, "read"):
-            taken = self._by_id(
-                ids, [*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns
-            )
+        wanted = [*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns
+        taken = self._lance_read("read", lambda: self._by_id(ids, wanted))
         batches = [selection.flat(b) for b in taken.to_batches()]
         return [
             row
@@ -703,8 +703,8 @@ class Table:
         check_hashes = check_flag("check_hashes", check_hashes)
         selection = self._taken_columns(columns, blobs)
         lance_columns = selection.lance
-        with lance_io(self.uri, "read"):
-            taken = take([*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns)
+        wanted = [*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns
+        taken = self._lance_read("read", lambda: take(wanted))
         batches = [
             self._convert(selection.flat(b), selection.blobs, blobs, check_hashes)
             for b in taken.to_batches()
@@ -713,6 +713,12 @@ class Table:
         if batches:
             return pa.Table.from_batches(batches)
         return self._empty(columns, blobs)
+
+    def _lance_read(self, doing: str, read: Callable[[], T]) -> T:
+        """``read()``, a read of this table by Lance: its store's errors, and its silence
+        (:func:`~blobhouse.storage.while_answering`), raised as a StoreError naming the table."""
+        with lance_io(self.uri, doing):
+            return while_answering(self.uri, self.storage_options, read, doing)
 
     def blob_refs(self, column: str, indices: Sequence[int]) -> pa.StructArray:
         """Resolved references ``struct<uri, position, size>`` of ``column`` at ``indices``."""
@@ -728,8 +734,8 @@ class Table:
         if not indices:
             return []
         # one take for descriptors and row addresses; each payload read into its own bytes
-        with lance_io(self.uri, "read blobs of"):
-            taken = self.dataset.take(indices, columns=[lance_name(path), ROW_ADDRESS])
+        wanted = [lance_name(path), ROW_ADDRESS]
+        taken = self._lance_read("read blobs of", lambda: self.dataset.take(indices, wanted))
         taken = taken.combine_chunks().to_batches()[0]
         descriptors, addresses = get_column(taken, path), taken.column(ROW_ADDRESS)
         return self._checked_bytes(path, descriptors, addresses, read_ranges)
@@ -748,8 +754,8 @@ class Table:
         """
         path = self._snapshot.blob_path(column, "open_blob")
         (index,) = self._check_indices([index])
-        with lance_io(self.uri, "read blobs of"):
-            taken = self.dataset.take([index], columns=[lance_name(path), ROW_ADDRESS])
+        wanted = [lance_name(path), ROW_ADDRESS]
+        taken = self._lance_read("read blobs of", lambda: self.dataset.take([index], wanted))
         taken = taken.to_batches()[0]
         descriptor, address = get_column(taken, path), taken.column(ROW_ADDRESS)
         (ref,) = refs_from_arrow(self.resolve_refs(path, descriptor, address))

@@ -3,13 +3,13 @@ S3-compatible server (moto's standalone server, from the ``dev`` extra), Azure's
 (Azurite, installed by ``bin/bootstrap --azurite``), and a standalone Spark cluster (a master and
 workers from the installed pyspark).
 
->>> import pyarrow as pa
+>>> import lance, pyarrow as pa
 >>> from blobhouse import blob_array, write_table
 >>> with LocalS3Server() as s3:
 ...     uri = f"s3://{s3.bucket('demo')}/t"
 ...     table = write_table(pa.table({"b": blob_array([b"x"])}), uri, storage_options=s3.options)
-...     table.read_blobs("b", [0])
-[b'x']
+...     table.read_blobs("b", [0]), lance.dataset(uri, storage_options=s3.options).count_rows()
+([b'x'], 1)
 """
 
 from __future__ import annotations
@@ -48,7 +48,12 @@ class LocalS3Server:
     @property
     def options(self) -> dict[str, str]:
         """Storage options that reach this server."""
-        return {**CREDENTIALS, "aws_region": "us-east-1", "aws_endpoint": self.endpoint}
+        return {
+            **CREDENTIALS,
+            "aws_region": "us-east-1",
+            "aws_endpoint": self.endpoint,
+            "allow_http": "true",  # stock pylance, given these options alone, needs it too
+        }
 
     def __enter__(self) -> LocalS3Server:
         os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # no cloud credential lookups
@@ -168,24 +173,47 @@ class LocalAzureServer:
 
     def create_container(self, name: str) -> str:
         """Make container ``name`` (a signed ``PUT ?restype=container``: no Azure SDK)."""
+        status, body = self._signed("PUT", name, {"restype": "container"})
+        if status not in (201, 409):  # 409: it exists
+            raise RuntimeError(f"Azurite refused container {name!r}: {status} {body!r}")
+        return name
+
+    def uncommitted(self, container: str) -> list[str]:
+        """Blobs of ``container`` with blocks staged and never committed: Azure's unfinished
+        multipart uploads (listed with ``include=uncommittedblobs``, less the committed)."""
+
+        def names(**include: str) -> set[str]:
+            query = {"comp": "list", "restype": "container", **include}
+            status, body = self._signed("GET", container, query)
+            if status != 200:
+                raise RuntimeError(f"Azurite refused to list {container!r}: {status} {body!r}")
+            return {name.decode() for name in re.findall(rb"<Name>([^<]+)</Name>", body)}
+
+        return sorted(names(include="uncommittedblobs") - names())
+
+    def _signed(self, method: str, container: str, query: dict[str, str]) -> tuple[int, bytes]:
+        """A request to ``container`` signed with the emulator's well-known key (no SDK)."""
         import base64
         import hashlib
         import hmac
         import http.client
         from email.utils import formatdate
+        from urllib.parse import urlencode
 
         date, version = formatdate(usegmt=True), "2021-08-06"
-        resource = f"/{AZURITE_ACCOUNT}/{AZURITE_ACCOUNT}/{name}\nrestype:container"
-        signed = "PUT" + "\n" * 12 + f"x-ms-date:{date}\nx-ms-version:{version}\n{resource}"
+        resource = f"/{AZURITE_ACCOUNT}/{AZURITE_ACCOUNT}/{container}" + "".join(
+            f"\n{k}:{v}" for k, v in sorted(query.items())
+        )
+        signed = f"{method}" + "\n" * 12 + f"x-ms-date:{date}\nx-ms-version:{version}\n{resource}"
         key = base64.b64decode(AZURITE_KEY)
         signature = base64.b64encode(hmac.new(key, signed.encode(), hashlib.sha256).digest())
         host, port = self.endpoint.removeprefix("http://").split("/")[0].split(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=30)
         try:
             connection.request(
-                "PUT",
-                f"/{AZURITE_ACCOUNT}/{name}?restype=container",
-                body=b"",
+                method,
+                f"/{AZURITE_ACCOUNT}/{container}?{urlencode(query)}",
+                body=b"" if method == "PUT" else None,
                 headers={
                     "x-ms-date": date,
                     "x-ms-version": version,
@@ -193,12 +221,9 @@ class LocalAzureServer:
                 },
             )
             response = connection.getresponse()
-            body = response.read()
+            return response.status, response.read()
         finally:
             connection.close()
-        if response.status not in (201, 409):  # 409: it exists
-            raise RuntimeError(f"Azurite refused container {name!r}: {response.status} {body!r}")
-        return name
 
     def __exit__(self, *exc: object) -> None:
         if self._process is not None:

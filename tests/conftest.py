@@ -39,15 +39,61 @@ def azure_server() -> Iterator[LocalAzureServer]:
 def azure(azure_server: LocalAzureServer) -> AzureContainer:
     """A fresh container on Azurite, and the storage options that reach it."""
     name = azure_server.create_container("t" + uuid.uuid4().hex[:20])
-    return AzureContainer(f"az://{name}", dict(azure_server.options))
+    return AzureContainer(f"az://{name}", dict(azure_server.options), azure_server)
+
+
+@pytest.fixture(params=["s3", "azure"])
+def bucket(request: pytest.FixtureRequest) -> S3Bucket | AzureContainer:
+    """A fresh S3 bucket, then a fresh Azure container: a test taking it runs on both stores
+    (``uri``, ``options``, ``objects()``, ``get``, ``put``, ``uploads()``)."""
+    return request.getfixturevalue(request.param)
 
 
 @dataclass
 class AzureContainer:
-    """A container of Azurite: its URI and storage options."""
+    """A container of Azurite: its URI and storage options, and what it holds, read with
+    obstore (the same questions :class:`S3Bucket` answers with boto3)."""
 
     uri: str
     options: dict[str, str]
+    server: LocalAzureServer
+
+    @property
+    def name(self) -> str:
+        return self.uri.removeprefix("az://")
+
+    def _store(self):
+        from obstore.store import AzureStore
+
+        return AzureStore(
+            self.name,
+            account_name=self.options["account_name"],
+            account_key=self.options["account_key"],
+            endpoint=self.options["azure_endpoint"],
+            client_options={"allow_http": True},
+        )
+
+    def objects(self, prefix: str = "") -> dict[str, int]:
+        """Every key under ``prefix`` with its size."""
+        import obstore
+
+        pages = obstore.list(self._store(), prefix=prefix or None)
+        return {o["path"]: o["size"] for page in pages for o in page}
+
+    def get(self, key: str) -> bytes:
+        import obstore
+
+        return bytes(obstore.get(self._store(), key).bytes())
+
+    def put(self, key: str, data: bytes) -> None:
+        import obstore
+
+        obstore.put(self._store(), key, data)
+
+    def uploads(self) -> list[str]:
+        """Blobs with staged, never committed blocks (Azure keeps an aborted upload's blocks
+        until it discards them, a week later: none is ever an object)."""
+        return self.server.uncommitted(self.name)
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from blobhouse.commit.transaction import (
     Inserts,
     Transaction,
 )
-from blobhouse.errors import InvalidInputError, cleanup_after, lance_message
+from blobhouse.errors import InvalidInputError, cleanup_after, is_lance_io_error, lance_message
 from blobhouse.options import WriteOptions
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
@@ -518,6 +518,8 @@ def _try_sql(dataset: LanceDataset, projection: dict[str, str], what: str) -> No
         anchor = {"__bh_anchor": _quoted(dataset.schema.names[0])}
         dataset.scanner(columns={**projection, **anchor}, limit=1).to_table()
     except (ValueError, OSError, pa.ArrowInvalid) as exc:
+        if is_lance_io_error(exc):  # the store failed: the caller names it
+            raise
         # Lance quotes the whole statement back: an error shows its start
         raise InvalidInputError(
             f"{what} is not valid SQL for this table: {_start(lance_message(exc))}"

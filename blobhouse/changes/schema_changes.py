@@ -38,6 +38,7 @@ from blobhouse.errors import (
     ConcurrentCommitError,
     InvalidInputError,
     SchemaError,
+    lance_io,
     lance_message,
 )
 from blobhouse.layout import TableLocation
@@ -69,7 +70,8 @@ _LANCE_INPUT_ERRORS = ("Invalid user input", "LanceError(Arrow)", "LanceError(Sc
 def latest(location: TableLocation, storage_options: StorageOptions | None = None) -> LanceDataset:
     """The latest version of the table's branch, as a dataset object of its own (Lance moves
     the object it changes to the new version: a caller's dataset is never touched)."""
-    return lance.dataset(location.dataset_path, storage_options=storage_options)
+    with lance_io(location.root, "change the schema of"):
+        return lance.dataset(location.dataset_path, storage_options=storage_options)
 
 
 def add_columns(

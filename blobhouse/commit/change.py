@@ -47,7 +47,7 @@ from blobhouse.commit.transaction import (
     conflict_error,
     retrying,
 )
-from blobhouse.errors import BlobhouseError, as_store_error, cleanup_after
+from blobhouse.errors import BlobhouseError, as_store_error, cleanup_after, lance_io
 from blobhouse.session import WrittenFile
 from blobhouse.snapshot import TableSnapshot
 
@@ -157,7 +157,10 @@ class Attempt(Generic[P, R]):
     @classmethod
     def begin(cls, change: Change[P, R], at: TableSnapshot | None, number: int = 1) -> Attempt:
         """``change`` planned on ``at`` (None: it creates the table)."""
-        return cls(change, at, change.plan(at), number)
+        if at is None:
+            return cls(change, at, change.plan(at), number)
+        with lance_io(at.location.root, "change"):  # a plan reads the table (a compaction's)
+            return cls(change, at, change.plan(at), number)
 
     @property
     def transaction(self) -> Transaction:

@@ -55,6 +55,9 @@ def held(
         yield
 
 
+TOUCH_JOIN_SECONDS = 1.0  # how long a failure waits for a touch in flight
+
+
 @contextlib.contextmanager
 def touching(touch: Callable[[], None], name: str) -> Iterator[None]:
     """Call ``touch`` every :data:`REFRESH_SECONDS` on a thread of its own while the block
@@ -71,9 +74,14 @@ def touching(touch: Callable[[], None], name: str) -> Iterator[None]:
     thread.start()
     try:
         yield
-    finally:
+    except BaseException:
         stop.set()
-        thread.join()
+        # a touch in flight may wait out its store's budget: a failure is not held for it (a
+        # lease it writes after the writer removed its own expires, and gc removes it)
+        thread.join(TOUCH_JOIN_SECONDS)
+        raise
+    stop.set()
+    thread.join()
 
 
 def release(table_path: str, prefix: str, storage_options: StorageOptions | None = None) -> None:

@@ -59,6 +59,7 @@ from lance.file import LanceFileSession
 from lance.fragment import FragmentMetadata
 
 from blobhouse.commit import leases, locks
+from blobhouse.commit.interrupts import HeldInterrupts
 from blobhouse.errors import (
     BlobhouseError,
     ConcurrentCommitError,
@@ -199,21 +200,23 @@ class Transaction:
             commit = lambda: lance_commit(  # noqa: E731
                 self.location, operation, self.read_version, self.storage_options
             )
-        if inserts is not None and inserts.count:
-            commit = self._with_unique_keys(commit, inserts)
-        try:
-            dataset, owned_elsewhere = self._checked_commit(written, commit)
-        except TableCreatedMeanwhile:
-            raise
-        except BaseException as exc:
-            cleanup_after(exc, lambda: self.abort(written))
-            raise
-        stored = [s for w in written for s in w.stored] + _adopted(written)
-        record_stored(self.location.root, stored, self.storage_options)
-        self._register_managed(dataset, written, owned_elsewhere)
-        if any(w.claimed for w in written):
-            remove_claims(self.location.root, self.id, self.storage_options)
-        return dataset
+        with HeldInterrupts() as interrupts:  # a Ctrl-C waits for the commit's records
+            commit = _armed(commit, interrupts)
+            if inserts is not None and inserts.count:
+                commit = self._with_unique_keys(commit, inserts)
+            try:
+                dataset, owned_elsewhere = self._checked_commit(written, commit)
+            except TableCreatedMeanwhile:
+                raise
+            except BaseException as exc:
+                cleanup_after(exc, lambda: self.abort(written))
+                raise
+            stored = [s for w in written for s in w.stored] + _adopted(written)
+            record_stored(self.location.root, stored, self.storage_options)
+            self._register_managed(dataset, written, owned_elsewhere)
+            if any(w.claimed for w in written):
+                remove_claims(self.location.root, self.id, self.storage_options)
+            return dataset
 
     def _with_unique_keys(
         self, commit: Callable[[], LanceDataset], inserts: Inserts
@@ -598,6 +601,16 @@ def remove_written(
         session = BlobSession(f"{location.data_dir}/{written.name}", storage_options)
         session.sidecars = list(written.sidecars)
         session.abort()
+
+
+def _armed(commit: Callable[[], T], interrupts: HeldInterrupts) -> Callable[[], T]:
+    """``commit``, holding Ctrl-C from its start (what it commits is recorded after it)."""
+
+    def armed() -> T:
+        interrupts.arm()
+        return commit()
+
+    return armed
 
 
 def committed_names(location: TableLocation, storage_options: StorageOptions | None) -> set[str]:

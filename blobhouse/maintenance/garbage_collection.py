@@ -61,7 +61,7 @@ from blobhouse.maintenance.versions import (
 )
 from blobhouse.managed import Reclaim, Registry
 from blobhouse.placement import AllowedBases, as_uri
-from blobhouse.snapshot import open_snapshot, snapshot_of
+from blobhouse.snapshot import open_snapshot, snapshot_of, table_io
 from blobhouse.storage import (
     ObjectInfo,
     StorageOptions,
@@ -279,6 +279,7 @@ def disk_usage(table: TableSnapshot) -> int:
     return sum(info.size for info in object_store(table.uri, table.storage_options).list(table.uri))
 
 
+@table_io("collect garbage in")
 def gc(
     table: TableSnapshot,
     *,

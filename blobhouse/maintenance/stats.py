@@ -17,7 +17,7 @@ from blobhouse.maintenance.garbage_collection import disk_usage, reclaimable
 from blobhouse.maintenance.reports import StatsReport
 from blobhouse.managed import Registry
 from blobhouse.placement import Kind
-from blobhouse.snapshot import ROW_ADDRESS, snapshot_of
+from blobhouse.snapshot import ROW_ADDRESS, snapshot_of, table_io
 from blobhouse.store.packs import store_uri_prefix
 from blobhouse.values import ColumnPath, get_column, path_name, stored_blob_columns
 
@@ -46,6 +46,7 @@ _STORED_KINDS = ("inline", "packed", "dedicated", _GLOBAL)
 _OUTSIDE_KINDS = (_EXTERNAL, _MANAGED)
 
 
+@table_io("read the stats of", reads_only=True)
 def blob_stats(table: TableSnapshot) -> StatsReport:
     """Logical vs physical bytes per blob column and kind, and what the rest of the bytes on
     disk are.

@@ -26,7 +26,7 @@ from blobhouse.maintenance.versions import (
 from blobhouse.managed import Registry
 from blobhouse.placement import MiB
 from blobhouse.rangeio import BlobRef, read_ranges
-from blobhouse.snapshot import snapshot_of
+from blobhouse.snapshot import snapshot_of, table_io
 from blobhouse.storage import StorageOptions, object_store
 from blobhouse.store.checks import damaged_entries
 from blobhouse.store.packs import index_uri, store_uri_prefix
@@ -239,6 +239,7 @@ def _verdict_key(ref: BlobRef, expected: bytes) -> tuple[str, int, int, bytes]:
     return (ref.uri, ref.position, ref.size, expected)
 
 
+@table_io("verify", reads_only=True)
 def verify(
     table: TableSnapshot,
     graph: VersionGraph | None = None,

@@ -106,9 +106,11 @@ class PackWriter:
         self._close()
 
     def abort_open(self) -> None:
-        """Give up on packs still being written (after their queue stopped)."""
+        """Give up on packs still being written (after their queue stopped): an open one is
+        aborted, never completed first."""
         for file in self._files:
             file.abort()
+        self._file = None
 
     def _close(self) -> None:
         if self._file is not None:
@@ -277,7 +279,6 @@ class StoreWriter:
             with contextlib.suppress(Exception):
                 self.finish()
                 return
-        self.packs.finish()
         self.queue.abandon()
         self.packs.abort_open()
         self.queue.close()

@@ -332,7 +332,8 @@ class DataFileWriter:
 
     def abort(self) -> None:
         """Remove everything this writer put on storage."""
-        # close open sidecars and drop the data file writer before their files are deleted
+        # drop open sidecars (the session aborts them) and the data file writer before their
+        # files are deleted
         self._writer = None
         for placer in self.placers:
             placer.discard()
@@ -739,9 +740,7 @@ class _ColumnPlacer:
             self._pack = None
 
     def discard(self) -> None:
-        if self._pack is not None:
-            self._pack.finish()  # closes the file; the session deletes it
-            self._pack = None
+        self._pack = None  # the session aborts its file: an upload is never completed first
 
     def _decide_row(
         self, column: LogicalColumn, row: int, global_row: int, digest: bytes | None

@@ -64,6 +64,30 @@ def test_a_write_interrupted_as_its_commit_returns_keeps_what_it_committed(
     assert_reads(table_uri, list(range(8)))
 
 
+def test_ctrl_c_as_a_commit_returns_waits_for_what_the_commit_records(table_uri, monkeypatch):
+    """A real SIGINT right after Lance's commit returned: the commit's records (the payloads
+    it added to the store index) are written before the KeyboardInterrupt is raised (they were
+    lost: the same payloads appended again were stored twice)."""
+    write_table(rows(range(4)), table_uri, dedup="global")
+    real = LanceDataset.commit
+
+    def interrupted(*args, **kwargs):
+        committed = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return committed
+
+    monkeypatch.setattr(LanceDataset, "commit", interrupted)
+    handler = signal.getsignal(signal.SIGINT)  # Python's, or Spark's when a session runs
+    with pytest.raises(KeyboardInterrupt):
+        write_table(rows(range(4, 8)), table_uri, mode="append", dedup="global")
+    monkeypatch.undo()
+    assert signal.getsignal(signal.SIGINT) is handler  # handed back, and it answered
+    stored = open_table(table_uri).stats()["physical_bytes"]
+    write_table(rows(range(4, 8)), table_uri, mode="append", dedup="global")
+    assert open_table(table_uri).stats()["physical_bytes"] == stored
+    assert_reads(table_uri, [*range(8), *range(4, 8)])
+
+
 def test_an_indexed_compaction_interrupted_as_its_commit_returns(table_uri, monkeypatch):
     for start in (0, 4, 8):
         write_table(rows(range(start, start + 4)), table_uri, mode="append", dedup="global")

@@ -103,7 +103,9 @@ def test_old_versions_go_and_what_is_referenced_stays(table_uri, tmp_path):
 
 def test_gc_command(with_leftovers, table_uri, capsys):
     assert main(["gc", table_uri, "--dry-run"]) == 0
-    assert "would remove versions none and 0 unreferenced files" in capsys.readouterr().out
+    assert (
+        "would remove versions none and 0 files no retained version uses" in capsys.readouterr().out
+    )
     expire_leases(table_uri)
     assert main(["gc", table_uri, "--grace-hours", "0", "--json"]) == 0
     assert '"removed_files": 2' in capsys.readouterr().out

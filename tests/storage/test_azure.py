@@ -175,3 +175,41 @@ def test_an_emulator_ends_with_the_process_that_started_it(server):
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
     raise AssertionError(f"{server}'s process {child} outlived the process that started it")
+
+
+def test_an_azure_store_with_no_account_is_refused_naming_it(azure, monkeypatch, capsys):
+    """Without an account Lance raised a raw ValueError, the loader obstore's own error."""
+    from blobhouse.cli import main
+    from blobhouse.errors import InvalidInputError
+    from blobhouse.loader import BatchLoader
+
+    uri = f"{azure.uri}/t"
+    write_table(rows([1], [b"x" * 5000]), uri, storage_options=azure.options)
+    for name in list(os.environ):
+        if name.startswith("AZURE_"):
+            monkeypatch.delenv(name)
+    refused = rf"cannot reach {azure.uri}/.*Account must be specified.*storage options"
+    with pytest.raises(InvalidInputError, match=refused):
+        write_table(rows([2], [b"y"]), f"{azure.uri}/other")
+    with pytest.raises(InvalidInputError, match=refused):
+        open_table(uri)
+    with pytest.raises(InvalidInputError, match=refused):
+        next(iter(BatchLoader(uri, ["img"], batch_size=1)))
+    assert main(["stats", uri]) == 2
+    err = capsys.readouterr().err
+    assert "Account must be specified" in err and "Traceback" not in err
+
+
+def test_a_wrong_azure_key_fails_a_read_naming_the_object_once(azure):
+    from blobhouse import BlobRef, read_ranges
+    from blobhouse.errors import BlobReadError
+
+    table = write_table(
+        rows([1], [b"q" * 100_000]), f"{azure.uri}/t", storage_options=azure.options
+    )
+    ref = BlobRef(**table.blob_refs("img", [0])[0].as_py())
+    wrong = {**azure.options, "account_key": "A" * 86 + "=="}
+    with pytest.raises(BlobReadError) as refused:
+        read_ranges([ref], storage_options=wrong)
+    assert str(refused.value).count(ref.uri) == 1, refused.value
+    assert "privileges" in str(refused.value) or "authoriz" in str(refused.value).lower()

@@ -65,6 +65,32 @@ def test_a_name_like_no_other_is_refused_too():
         checked_options({"frobnicate": "1"})
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("endpoint_url", "aws_endpoint"),
+        ("region", "aws_region"),
+        ("AWS_REGION", "aws_region"),
+        ("aws_default_region", "region"),
+        ("aws_token", "session_token"),
+        ("account_key", "azure_storage_account_key"),
+        ("sas_token", "azure_storage_sas_key"),
+        ("timeout", "aws_timeout"),
+        ("service_account", "google_service_account_path"),
+    ],
+)
+def test_two_spellings_of_one_option_are_refused_naming_both(first, second):
+    """Lance takes one of them, at random (a hash map's order); obstore refused the pair with a
+    bare "Duplicate key"."""
+    with pytest.raises(UnknownOptionError, match=rf"'{first}' and '{second}' are one option"):
+        checked_options({first: "1", second: "2"})
+
+
+def test_one_name_for_several_stores_is_no_duplicate():
+    """``endpoint`` is S3's and Azure's: given once, it is one option."""
+    checked_options({"endpoint": "http://127.0.0.1:9", "account_name": "a", "region": "r"})
+
+
 def test_a_misspelled_option_leaves_nothing_behind(tmp_path):
     uri = str(tmp_path / "t")
     data = pa.table({"id": [1], "img": blob_array([b"x"])})
