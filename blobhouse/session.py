@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import os
 import re
+import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -242,7 +243,8 @@ def _inline_bytes(array: pa.Array) -> int:
 class WriteQueue:
     """Writes on one background thread, in submission order, so hashing the next payload
     overlaps writing this one. At most ``limit`` bytes wait; an error of a background write is
-    raised by the next submit or by :meth:`drain`."""
+    raised by the next submit or by :meth:`drain`, and the writes queued behind it are not run
+    (on a store that stopped answering each would wait out a request budget of its own)."""
 
     # 64 MiB: the queued views keep their input batches alive, so a writer stalled in the kernel
     # (page-cache writeback) may hold that much of a write's input; 256 MiB wrote no faster
@@ -251,13 +253,23 @@ class WriteQueue:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
         self._pending: deque[tuple[Future, int]] = deque()
         self._bytes = 0
+        self._failed = threading.Event()
 
     def submit(self, fn, nbytes: int = 0) -> None:
         # writes already done leave the queue here, so it stays short (and errors come early)
         while self._pending and (self._pending[0][0].done() or self._bytes + nbytes > self.limit):
             self._wait_oldest()
-        self._pending.append((self._pool.submit(fn), nbytes))
+        self._pending.append((self._pool.submit(self._run, fn), nbytes))
         self._bytes += nbytes
+
+    def _run(self, fn) -> None:
+        if self._failed.is_set():
+            raise RuntimeError("not written: an earlier write of the queue failed")
+        try:
+            fn()
+        except BaseException:
+            self._failed.set()
+            raise
 
     @property
     def unwritten_bytes(self) -> int:
@@ -270,7 +282,9 @@ class WriteQueue:
             self._wait_oldest()
 
     def abandon(self) -> None:
-        """Wait for every submitted write, ignoring their errors (the files are being removed)."""
+        """Wait for every submitted write, ignoring their errors (the files are being removed);
+        those not started yet are dropped."""
+        self._failed.set()
         while self._pending:
             with contextlib.suppress(Exception):
                 self._wait_oldest()

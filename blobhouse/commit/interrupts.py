@@ -26,6 +26,7 @@ class HeldInterrupts:
         self._caught = False
         self._previous: Any = None
         self._installed = False
+        self._note: str | None = None
 
     def __enter__(self) -> HeldInterrupts:
         if threading.current_thread() is threading.main_thread():
@@ -36,6 +37,11 @@ class HeldInterrupts:
     def arm(self) -> None:
         """Hold a Ctrl-C from now on (right before the commit)."""
         self._armed = True
+
+    def landed(self, note: str) -> None:
+        """Say what the commit did, on the KeyboardInterrupt a held Ctrl-C raises (the caller
+        cannot tell otherwise that its change is in the table)."""
+        self._note = note
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self._armed and not self._caught:
@@ -51,5 +57,11 @@ class HeldInterrupts:
 
     def __exit__(self, *exc: object) -> None:
         self._restore()
-        if self._caught:
-            signal.raise_signal(signal.SIGINT)
+        if not self._caught:
+            return
+        if self._previous is not signal.default_int_handler or self._note is None:
+            signal.raise_signal(signal.SIGINT)  # Spark's handler, say: it answers
+            return
+        interrupt = KeyboardInterrupt()
+        interrupt.add_note(self._note)
+        raise interrupt

@@ -216,6 +216,7 @@ class Transaction:
             self._register_managed(dataset, written, owned_elsewhere)
             if any(w.claimed for w in written):
                 remove_claims(self.location.root, self.id, self.storage_options)
+            interrupts.landed(f"the {self.kind} committed first: version {dataset.version}")
             return dataset
 
     def _with_unique_keys(

@@ -78,10 +78,12 @@ def test_ctrl_c_as_a_commit_returns_waits_for_what_the_commit_records(table_uri,
 
     monkeypatch.setattr(LanceDataset, "commit", interrupted)
     handler = signal.getsignal(signal.SIGINT)  # Python's, or Spark's when a session runs
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as raised:
         write_table(rows(range(4, 8)), table_uri, mode="append", dedup="global")
     monkeypatch.undo()
     assert signal.getsignal(signal.SIGINT) is handler  # handed back, and it answered
+    if handler is signal.default_int_handler:  # it says the write is in (Spark's cannot)
+        assert raised.value.__notes__ == ["the write committed first: version 2"]
     stored = open_table(table_uri).stats()["physical_bytes"]
     write_table(rows(range(4, 8)), table_uri, mode="append", dedup="global")
     assert open_table(table_uri).stats()["physical_bytes"] == stored

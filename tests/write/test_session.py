@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -138,3 +139,28 @@ def test_a_stalled_writer_holds_at_most_the_queue_limit():
     third.join(10)
     assert not third.is_alive()
     queue.close()
+
+
+@pytest.mark.parametrize("ending", ["close", "abandon"])
+def test_after_a_failed_write_the_queued_writes_are_not_run(ending):
+    """The writes queued behind a failed one are dropped: on a store that stopped answering
+    each would wait out its own request budget (a paused store held a content-dedup write six
+    minutes, one HEAD timeout per queued run of a sidecar)."""
+    queue = WriteQueue()
+    ran: list[int] = []
+
+    def failing() -> None:
+        time.sleep(0.2)
+        raise OSError("the store went away")
+
+    queue.submit(failing)
+    for n in range(5):
+        queue.submit(lambda n=n: (ran.append(n), time.sleep(1)))
+    started = time.monotonic()
+    if ending == "close":
+        with pytest.raises(OSError, match="went away"):
+            queue.close()
+    else:
+        queue.abandon()
+        queue.close()
+    assert ran == [] and time.monotonic() - started < 1
