@@ -8,7 +8,6 @@ URI; it is self-contained, so any process can read it without opening the table.
 from __future__ import annotations
 
 import io
-import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,7 @@ import pyarrow as pa
 
 from blobhouse.errors import BlobReadError, CorruptBlobError, StoreError, StoreReadError
 from blobhouse.placement import MiB
-from blobhouse.storage import RangeSource, object_store
+from blobhouse.storage import MISSING_BUCKET, RangeSource, object_store
 
 REF_TYPE = pa.struct(
     [pa.field("uri", pa.utf8()), pa.field("position", pa.int64()), pa.field("size", pa.int64())]
@@ -313,7 +312,7 @@ def _read_error(uri: str, exc: OSError) -> BlobReadError:
     if isinstance(exc, BlobReadError):
         return exc
     if isinstance(exc, FileNotFoundError):
-        bucket = re.search(r"\b(NoSuchBucket|ContainerNotFound)\b", str(exc))
+        bucket = MISSING_BUCKET.search(str(exc))
         why = f" (its bucket or container is not there: {bucket[1]})" if bucket else ""
         return BlobReadError(f"missing object {uri}{why}", uri)
     if isinstance(exc, StoreError):  # its message names the object and the read already

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import warnings
 from collections.abc import Callable
 from functools import cached_property
@@ -54,6 +53,7 @@ from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
 from blobhouse.references import ReferenceResolver, Unresolved, field_id
 from blobhouse.storage import (
+    MISSING_BUCKET,
     check_answers,
     checked_options,
     is_local,
@@ -328,7 +328,7 @@ def missing_bucket(uri: str, storage_options: dict[str, str] | None) -> TableNot
             iter(object_store(uri, storage_options).walk(f"{parts.scheme}://{parts.netloc}/")), None
         )
     except FileNotFoundError as exc:
-        code = re.search(r"\b(NoSuchBucket|ContainerNotFound)\b", str(exc))
+        code = MISSING_BUCKET.search(str(exc))
         return PathNotFoundError(
             f"no table at {uri}: its bucket or container {parts.netloc!r} does not exist"
             + (f" ({code[1]})" if code else "")
@@ -428,6 +428,13 @@ def open_dataset(
         raise error from exc
 
 
+def lance_read(uri: str, options: dict[str, str] | None, doing: str, read: Callable[[], R]) -> R:
+    """``read()``, a read by Lance of the table at ``uri``: its store's errors, and its silence
+    (:func:`~blobhouse.storage.while_answering`), raised as a StoreError naming the table."""
+    with lance_io(uri, doing):
+        return while_answering(uri, options, read, doing)
+
+
 def table_io(
     doing: str, *, reads_only: bool = False
 ) -> Callable[[Callable[..., R]], Callable[..., R]]:
@@ -440,12 +447,11 @@ def table_io(
         @functools.wraps(service)
         def run(table: object, *args: Any, **kwargs: Any) -> R:
             snapshot = snapshot_of(table)
-            root = snapshot.location.root
-            with lance_io(root, doing):
-                if not reads_only:
-                    return service(table, *args, **kwargs)
-                call = functools.partial(service, table, *args, **kwargs)
-                return while_answering(root, snapshot.storage_options, call, doing)
+            call = functools.partial(service, table, *args, **kwargs)
+            if reads_only:
+                return lance_read(snapshot.location.root, snapshot.storage_options, doing, call)
+            with lance_io(snapshot.location.root, doing):
+                return call()
 
         return run
 

@@ -814,6 +814,8 @@ def _obstore_errors(action: str, uri: str):
 
 
 _ERROR_CODE = re.compile(r"<Code>(\w+)</Code>")  # S3's and Azure's XML error bodies
+#: the store's word for a bucket or container that is not there, in an error's message
+MISSING_BUCKET = re.compile(r"\b(NoSuchBucket|ContainerNotFound)\b")
 
 
 def _first(exc: BaseException) -> str:

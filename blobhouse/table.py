@@ -32,7 +32,6 @@ from blobhouse.errors import (
     BlobhouseError,
     BlobReadError,
     InvalidInputError,
-    lance_io,
     lance_message,
 )
 from blobhouse.layout import TableLocation
@@ -57,8 +56,7 @@ from blobhouse.rangeio import (
     refs_from_arrow,
 )
 from blobhouse.session import WrittenFile
-from blobhouse.snapshot import ROW_ADDRESS, TableSnapshot, open_snapshot
-from blobhouse.storage import while_answering
+from blobhouse.snapshot import ROW_ADDRESS, TableSnapshot, lance_read, open_snapshot
 from blobhouse.values import (
     ColumnPath,
     get_column,
@@ -715,10 +713,8 @@ class Table:
         return self._empty(columns, blobs)
 
     def _lance_read(self, doing: str, read: Callable[[], T]) -> T:
-        """``read()``, a read of this table by Lance: its store's errors, and its silence
-        (:func:`~blobhouse.storage.while_answering`), raised as a StoreError naming the table."""
-        with lance_io(self.uri, doing):
-            return while_answering(self.uri, self.storage_options, read, doing)
+        """``read()``, a read of this table by Lance (:func:`~blobhouse.snapshot.lance_read`)."""
+        return lance_read(self.uri, self.storage_options, doing, read)
 
     def blob_refs(self, column: str, indices: Sequence[int]) -> pa.StructArray:
         """Resolved references ``struct<uri, position, size>`` of ``column`` at ``indices``."""
