@@ -137,7 +137,7 @@ def plan_column_rewrite(
     blob_paths = [p for p in stored_blob_columns(schema) if p[0] in tops]
     blobs = [path_name(p) for p in blob_paths]
     properties = TableProperties.of(table.dataset)
-    modes = {c: (dedup or {}).get(c) or properties.dedup_of(c) for c in blobs}
+    modes = {c: _rewrite_mode((dedup or {}).get(c) or properties.dedup_of(c)) for c in blobs}
     input_schema = carried_schema(schema, blob_paths)
     plan = plan_write(
         pa.schema([input_schema.field(n) for n in tops]),
@@ -154,6 +154,13 @@ def plan_column_rewrite(
     plan = replace(plan, store_base_id=store_base_id(table.dataset), claim_payloads=True)
     txn = Transaction.start(table.location, table.version, table.storage_options, kind=kind)
     return ColumnRewrite(columns, ids, dict(expressions), dict(functions), where, plan, txn)
+
+
+def _rewrite_mode(mode: str) -> str:
+    """How a rewrite stores a column of dedup ``mode``: its values reach the pipeline without
+    their ref_ids (the table keeps none), so a ref_id column shares by content instead: the
+    rows that shared a payload carry the same bytes (compaction does the same)."""
+    return "content" if mode == "ref_id" else mode
 
 
 def check_disjoint(paths: Mapping[str, ColumnPath]) -> None:
