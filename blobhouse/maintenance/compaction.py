@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import lance
@@ -104,14 +104,9 @@ class CompactionPlan:
 
 
 def plan_compaction(
-    table: TableSnapshot,
-    *,
-    target_rows: int = DEFAULT_TARGET_ROWS,
-    target_bytes: int = DEFAULT_TARGET_BYTES,
-    deleted_fraction: float = DEFAULT_DELETED_FRACTION,
-    repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
+    table: TableSnapshot, targets: CompactionTargets | None = None
 ) -> CompactionPlan:
-    """Group the fragments worth rewriting.
+    """Group the fragments worth rewriting toward ``targets``.
 
     A store pack (``dedup="global"``) of which the current version references less than
     ``repack_threshold`` of the bytes is repacked: every fragment referencing it is rewritten,
@@ -134,14 +129,15 @@ def plan_compaction(
     >>> [g.fragment_ids for g in plan_compaction(t).groups]
     [(0, 1, 2)]
     """
-    CompactionTargets(target_rows, target_bytes, deleted_fraction, repack_threshold)  # checked
+    targets = targets or CompactionTargets()
+    target_rows, target_bytes = targets.target_rows, targets.target_bytes
     properties = TableProperties.of(table.dataset)
     if properties.recorded:  # no new data file beyond the table's own limits
         target_rows = min(target_rows, properties.max_rows_per_file)
         target_bytes = min(target_bytes, properties.max_bytes_per_file)
     global_columns, per_file_columns = _columns_by_mode(table)
     usage = StoreUsage.of(table, scan=bool(global_columns))
-    repack = usage.sparse(repack_threshold)
+    repack = usage.sparse(targets.repack_threshold)
     # rows of a column whose mode changed move: into the store (global now), or out of it
     forced = (
         usage.fragments_using(repack)
@@ -161,7 +157,7 @@ def plan_compaction(
         physical, live = metadata.physical_rows, metadata.num_rows
         size = _fragment_bytes(table, metadata)
         small = physical < target_rows and size < target_bytes
-        sparse = physical > 0 and (physical - live) / physical >= deleted_fraction
+        sparse = physical > 0 and (physical - live) / physical >= targets.deleted_fraction
         if small or sparse or metadata.id in forced:
             live_bytes = size * live // max(physical, 1)
             if run.ids and (
@@ -410,7 +406,7 @@ class _Compaction(BaseChange):
     in_tasks: bool
 
     def plan(self, snapshot: TableSnapshot) -> Planned[CompactionPlan]:
-        return Planned(snapshot, plan_compaction(snapshot, **asdict(self.targets)))
+        return Planned(snapshot, plan_compaction(snapshot, self.targets))
 
     def stage(self, run: Planned[CompactionPlan], staged: Staged) -> None:
         groups = self.rewrite(run.table, run.plan) if run.plan.groups else []

@@ -33,8 +33,8 @@ from blobhouse.maintenance.compaction import (
     DEFAULT_TARGET_ROWS,
     CompactionPlan,
     compact_group,
+    run_compaction,
 )
-from blobhouse.maintenance.compaction import compact as compact_table
 from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, referenced_paths
 from blobhouse.maintenance.reports import CompactionReport, GcReport, VerifyReport
 from blobhouse.maintenance.verification import (
@@ -45,6 +45,7 @@ from blobhouse.maintenance.verification import (
     verify_state,
 )
 from blobhouse.maintenance.versions import FragmentState, VersionGraph, VersionRef, fragment_states
+from blobhouse.options import CommitOptions, CompactionTargets
 from blobhouse.snapshot import TableSnapshot, open_snapshot
 from blobhouse.spark.errors import spark_entry_point
 
@@ -110,15 +111,13 @@ def compact(
             lambda group: compact_group(at.open(plan.read_version), plan, group),
         )
 
-    return compact_table(
+    return run_compaction(
         open_snapshot(uri, None, storage_options, branch=branch),
-        target_rows=target_rows,
-        target_bytes=target_bytes,
-        deleted_fraction=deleted_fraction,
-        repack_threshold=repack_threshold,
-        rewrite=in_tasks,
-        retries=retries,
-    )
+        CompactionTargets(target_rows, target_bytes, deleted_fraction, repack_threshold),
+        in_tasks,
+        in_tasks=True,
+        commit=CommitOptions(retries),
+    ).report
 
 
 @spark_entry_point

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import blobhouse.spark as bs
-from blobhouse import Blob, blob_array, open_table, write_table
+from blobhouse import Blob, CompactionTargets, blob_array, open_table, write_table
 from blobhouse.cli import main
 from blobhouse.errors import CorruptBlobError
 from blobhouse.maintenance.compaction import plan_compaction
@@ -125,10 +125,10 @@ def test_plan_groups_only_adjacent_candidates(table_uri):
     append(table_uri, [0], [b"a"])
     append(table_uri, list(range(1, 9)), big)
     append(table_uri, [9], [b"b"])
-    plan = plan_compaction(open_table(table_uri), target_rows=8)
+    plan = plan_compaction(open_table(table_uri), CompactionTargets(target_rows=8))
     assert plan.groups == ()  # the small fragments are not adjacent; the big one is full
     open_table(table_uri).delete("id = 1")
-    plan = plan_compaction(open_table(table_uri), target_rows=8)
+    plan = plan_compaction(open_table(table_uri), CompactionTargets(target_rows=8))
     # 1 + 7 live rows fill the target; fragment 2 alone, with nothing deleted, is left alone
     assert [g.fragment_ids for g in plan.groups] == [(0, 1)]
 
