@@ -1554,6 +1554,40 @@ def _megabytes(nbytes: int) -> str:
     return f"{nbytes / 1e6:+,.2f} MB" if abs(nbytes) >= 100_000 else f"{nbytes / 1e3:+,.1f} KB"
 
 
+def startup(size: Size) -> Case:
+    """Seconds from a shell to the answer, each in a fresh process: ``blobhouse --help``, an
+    argument error and commands on a small table, against ``import lance`` alone."""
+    case = Case("startup", "Seconds to an answer in a fresh process (median); vs import lance")
+    with Scratch() as root:
+        uri = str(root / "small")
+        write_table(pa.table({"id": range(100), "b": blob_array([b"x" * KB] * 100)}), uri)
+        script = Path(sys.executable).with_name("blobhouse")  # what a user runs
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "blobhouse.cli"]
+        runs = {
+            "python -c 'import lance'": [sys.executable, "-c", "import lance"],
+            "blobhouse --help": [*command, "--help"],
+            "blobhouse gc (argument error)": [*command, "gc"],
+            "blobhouse stats": [*command, "stats", uri],
+            "blobhouse verify": [*command, "verify", uri],
+        }
+        seconds = medians(
+            {
+                name: lambda argv=argv: subprocess.run(argv, capture_output=True)
+                for name, argv in runs.items()
+            },
+            size.runs,
+        )
+    lance_s = seconds["python -c 'import lance'"]
+    for name, median in seconds.items():
+        case.add(
+            workload="100 rows, 1 KB blobs",
+            contender=name,
+            seconds=round(median, 3),
+            over_import_lance_s=round(median - lance_s, 3),
+        )
+    return case
+
+
 CASES = {
     "machine": machine_limits,
     "storage": storage,
@@ -1567,4 +1601,5 @@ CASES = {
     "object_storage": object_storage,
     "mutations": mutations,
     "loader": loader,
+    "startup": startup,
 }

@@ -51,6 +51,8 @@ TARGETS = (
     "| loader, 1-4 MB clips each in 30 rows, cold: >= 1.5 x the best contender "
     "(0, 2, 4 workers) | {loader_clips} |\n"
     "| loader, first batch of a 1 M-row table < 1 s | {loader_startup} |\n"
+    "| CLI: --help and an argument error < 0.3 s; a command on a small table <= import lance "
+    "+ 0.3 s | {cli_startup} |\n"
     "{growth}"
 )
 # the heading bench/findings.md opens with, as a link inside BENCHMARKS.md
@@ -258,6 +260,7 @@ def _verdicts(data: dict) -> dict[str, str]:
             lambda v: v >= 1.5,
         ),
         "loader_startup": _loader_startup(rows("loader")),
+        "cli_startup": _cli_startup(rows("startup")),
     }
 
 
@@ -285,6 +288,19 @@ def _loader_startup(rows: list[dict]) -> str:
     met = table_rows >= 1_000_000 and all(r["seconds"] < 1 for r in firsts)
     times = ", ".join(f"{r['contender']} {r['seconds']} s" for r in firsts)
     return f"{times} at {table_rows:,} rows ({'met' if met else 'missed'})"
+
+
+def _cli_startup(rows: list[dict]) -> str:
+    """--help and an argument error under 0.3 s, commands within import lance + 0.3 s."""
+    if not rows:
+        return "-"
+    quick = [r for r in rows if "--help" in r["contender"] or "argument" in r["contender"]]
+    commands = [r for r in rows if r not in quick and "import lance" not in r["contender"]]
+    met = all(r["seconds"] < 0.3 for r in quick)
+    met = met and all(r["over_import_lance_s"] <= 0.3 for r in commands)
+    shown = ", ".join(f"{r['contender']} {r['seconds']} s" for r in quick)
+    over = ", ".join(f"{r['contender']} +{r['over_import_lance_s']} s" for r in commands)
+    return f"{shown}; over import lance: {over} ({'met' if met else 'missed'})"
 
 
 def _store_scale(rows: list[dict]) -> str:

@@ -9,38 +9,29 @@ expected failures, 1 for anything unexpected; ``--debug`` adds the traceback) an
 
 from __future__ import annotations
 
+import argparse
+import atexit
+import contextlib
+import difflib
+import json
+import logging
+import os
+import re
+import socket
 import sys
+import tempfile
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
-try:  # loading takes most of a second (Lance, pyarrow): a Ctrl-C meanwhile exits as later ones do
-    import argparse
-    import atexit
-    import contextlib
-    import difflib
-    import json
-    import logging
-    import os
-    import re
-    import socket
-    import tempfile
-    import threading
-    import time
-    import traceback
-    import warnings
-    from collections.abc import Callable, Iterator, Mapping
-    from dataclasses import dataclass, field
+from blobhouse.console import ProgressBars, format_value, mb, print_report, when_interrupted
+from blobhouse.errors import BlobhouseError, InvalidInputError, MissingExtraError
 
-    from blobhouse.console import (
-        ProgressBars,
-        format_value,
-        mb,
-        print_report,
-        when_interrupted,
-    )
-    from blobhouse.errors import BlobhouseError, InvalidInputError, MissingExtraError
-    from blobhouse.storage import checked_options, is_local, uri_to_path
-except KeyboardInterrupt:
-    print("interrupted while starting; nothing was changed", file=sys.stderr, flush=True)
-    raise SystemExit(130) from None
+# the storage layer, Lance, pyarrow and Spark are imported where a command runs (loading them
+# takes most of a second): --help and an argument error answer without them
 
 INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C
 
@@ -558,6 +549,8 @@ class Run:
 
     def will_write(self, uri: str, options, branch: str | None = None) -> None:
         """Remember ``uri``'s version now, to tell after Ctrl-C what was committed."""
+        from blobhouse.storage import is_local, uri_to_path
+
         self.writes, self.storage_options, self.branch = uri, options, branch
         self.version_before = _version_of(uri, options, branch)
         self.existed_before = not is_local(uri) or os.path.exists(uri_to_path(uri))
@@ -1025,6 +1018,8 @@ def _print_json(report: Mapping) -> None:
 
 
 def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:
+    from blobhouse.storage import checked_options
+
     return checked_options(_pairs(args.storage_option, "--storage-option", "NAME=VALUE"))
 
 
@@ -1231,6 +1226,8 @@ def _tidy_failed_create(uri: str, since: float, existed: bool) -> None:
     """After an interrupted create on a local path with Spark stopped: the abort markers the
     write left (``data/aborted-*``) and the empty directories it made go too, so the path is as
     before (the write's staged files were removed by its abort)."""
+    from blobhouse.storage import is_local, uri_to_path
+
     if not is_local(uri):
         return
     root = uri_to_path(uri)

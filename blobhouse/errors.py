@@ -12,8 +12,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from lance.commit import CommitConflictError
-
 
 class BlobhouseError(Exception):
     """Base class of every error blobhouse raises on purpose."""
@@ -110,28 +108,53 @@ class StaleWriteError(BlobhouseError):
     committed; retrying the write succeeds."""
 
 
-class ConcurrentCommitError(BlobhouseError, CommitConflictError):
-    """A change lost to concurrent commits: one it cannot be planned over (an overwrite, say:
-    ``retryable`` is False), or ones that preempted every attempt it was allowed (``retryable``
-    is True: running it again may succeed). Nothing of the change was committed. Lance's
-    :class:`~lance.commit.CommitConflictError`, explained."""
+def _commit_conflicts() -> dict[str, type[BaseException]]:
+    """The errors built on Lance's :class:`~lance.commit.CommitConflictError`: made when first
+    asked for (importing Lance takes most of a second, which ``blobhouse --help`` and an
+    argument error should not pay)."""
+    from lance.commit import CommitConflictError
 
-    def __reduce__(self):  # OSError pickles its args only: keep retryable across processes
-        return type(self), (str(self), self.retryable)
+    class ConcurrentCommitError(BlobhouseError, CommitConflictError):
+        """A change lost to concurrent commits: one it cannot be planned over (an overwrite,
+        say: ``retryable`` is False), or ones that preempted every attempt it was allowed
+        (``retryable`` is True: running it again may succeed). Nothing of the change was
+        committed. Lance's :class:`~lance.commit.CommitConflictError`, explained."""
+
+        def __reduce__(self):  # OSError pickles its args only: keep retryable across processes
+            return type(self), (str(self), self.retryable)
+
+    class KeysInsertedMeanwhile(BlobhouseError, CommitConflictError):
+        """A merge would insert keys that a concurrent commit inserted after the version the
+        merge read (it was not committed). Retryable: planned again on the latest version, those
+        rows are updates (:func:`blobhouse.commit.transaction.retrying` does so); a merge out of
+        retries raises :class:`ConcurrentCommitError` naming the keys. ``keys``: some of them."""
+
+        def __init__(self, message: str, keys: list | None = None) -> None:
+            super().__init__(message, True)
+            self.keys = list(keys or [])
+
+        def __reduce__(self):  # OSError pickles its args only
+            return type(self), (str(self), self.keys)
+
+    made = {
+        "ConcurrentCommitError": ConcurrentCommitError,
+        "KeysInsertedMeanwhile": KeysInsertedMeanwhile,
+    }
+    for cls in made.values():  # found where they are named, as pickle looks for them
+        cls.__module__, cls.__qualname__ = __name__, cls.__name__
+    return made
 
 
-class KeysInsertedMeanwhile(BlobhouseError, CommitConflictError):
-    """A merge would insert keys that a concurrent commit inserted after the version the merge
-    read (it was not committed). Retryable: planned again on the latest version, those rows are
-    updates (:func:`blobhouse.commit.transaction.retrying` does so); a merge out of retries raises
-    :class:`ConcurrentCommitError` naming the keys. ``keys``: some of them."""
+_MAKING = threading.Lock()  # one class each, however many threads ask first
 
-    def __init__(self, message: str, keys: list | None = None) -> None:
-        super().__init__(message, True)
-        self.keys = list(keys or [])
 
-    def __reduce__(self):  # OSError pickles its args only
-        return type(self), (str(self), self.keys)
+def __getattr__(name: str) -> type[BaseException]:
+    if name not in ("ConcurrentCommitError", "KeysInsertedMeanwhile"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _MAKING:
+        if name not in globals():
+            globals().update(_commit_conflicts())
+    return globals()[name]
 
 
 class StoreRaceError(StaleWriteError):
@@ -289,7 +312,11 @@ def as_store_error(exc: BaseException, uri: str, doing: str) -> BaseException:
     ...                "s3://b/t", "write to")
     StoreError('cannot write to s3://b/t: LanceError(IO): Generic S3 error: connection refused')
     """
-    if isinstance(exc, BlobhouseError | CommitConflictError) or not is_lance_io_error(exc):
+    if isinstance(exc, BlobhouseError) or not is_lance_io_error(exc):
+        return exc
+    from lance.commit import CommitConflictError  # loaded: Lance raised exc
+
+    if isinstance(exc, CommitConflictError):
         return exc
     error = StoreError(f"cannot {doing} {uri}: {lance_message(exc)}")
     for note in getattr(exc, "__notes__", ()):  # what its cleanup met, say

@@ -125,6 +125,31 @@ def test_the_top_level_help_is_prose(capsys):
     assert "import" not in shown and "--json" in shown and "--debug" in shown
 
 
+HEAVY = ("lance", "pyarrow", "pyspark", "pandas", "numpy", "obstore")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["gc", "--help"], ["stats"], ["statz", "t"], ["gc", "t", "--grace-hours", "x"]],
+)
+def test_help_and_argument_errors_answer_without_loading_lance_or_spark(argv):
+    """Loading Lance and pyarrow takes most of a second: help and a misspelled command or
+    option answer without them."""
+    probe = (
+        "import sys\n"
+        "from blobhouse.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert run.stdout.strip().splitlines()[-1] == "[]", run.stdout + run.stderr
+
+
 def test_every_option_and_argument_has_help_and_help_is_plain_text(capsys):
     parser = build_parser()
     commands = subparsers(parser)

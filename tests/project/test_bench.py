@@ -30,6 +30,7 @@ def test_quick_benchmark_run(tmp_path):
         "object_storage",
         "mutations",
         "loader",
+        "startup",
     }
     storage = results["storage"]["rows"]
     seed = {r["contender"]: r for r in storage if r["workload"].startswith("seed")}
@@ -114,3 +115,7 @@ def test_quick_benchmark_run(tmp_path):
     assert all(r["vs_limit"] > 0 for r in images if r["contender"] == "blobhouse")
     firsts = [r for r in loader if r["workload"].startswith("first batch")]
     assert [r["contender"] for r in firsts] == ["blobhouse BatchLoader", "blobhouse DataLoader"]
+    started = {r["contender"]: r["seconds"] for r in results["startup"]["rows"]}
+    lance_s = started.pop("python -c 'import lance'")
+    assert started["blobhouse --help"] < lance_s  # help never loads Lance
+    assert started["blobhouse stats"] > lance_s  # a command does: the yardstick is fair
