@@ -4,6 +4,7 @@ medians and ratios in a :class:`~bench.harness.Case`."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import shutil
@@ -181,6 +182,15 @@ def _storage_contenders(root: Path, payloads: list[bytes], ref_ids: list[int] | 
     out["blobhouse content"] = disk_bytes(root / "bh_file")
     lance.write_dataset(lance_table(payloads), fresh(root / "pylance"), data_storage_version="2.2")
     out["pylance"] = disk_bytes(root / "pylance")
+    for rows_per_batch in (1024, 8):  # its dictionary pages share a value within a page
+        batches = binary.to_batches(max_chunksize=rows_per_batch)
+        plain = fresh(root / f"plain{rows_per_batch}")
+        lance.write_dataset(
+            pa.RecordBatchReader.from_batches(binary.schema, batches),
+            plain,
+            data_storage_version="2.2",
+        )
+        out[f"pylance large_binary, batches of {rows_per_batch}"] = disk_bytes(plain)
     pq.write_table(binary, fresh(root / "default.parquet"))
     out["parquet"] = disk_bytes(root / "default.parquet")
     pq.write_table(binary, fresh(root / "nodict.parquet"), use_dictionary=False)
@@ -371,6 +381,45 @@ def _access(case: Case, table, stock, parquet: pq.ParquetFile, picks: list[int],
             vs_pylance=round(times["pylance read_blobs"] / seconds, 3),
             vs_parquet=round(times["parquet row groups"] / seconds, 3),
         )
+
+
+def small_blobs(size: Size) -> Case:
+    """Latency of reading K random rows' small blobs (5-64 KB: thumbnails, audio snippets)
+    against pylance's take of a plain large_binary column holding the same bytes."""
+    case = Case("small_blobs", "Median seconds to read K random rows' 5-64 KB blobs")
+    rows = size.access_rows * 20
+    rng = np.random.default_rng(5)
+    payloads = [rng_bytes(rng, int(n)) for n in rng.integers(5 * KB, 64 * KB, rows)]
+    with Scratch() as root:
+        binary = pa.table({"b": pa.array(payloads, pa.large_binary())})
+        table = write_table(binary, str(root / "bh"), blob_columns=["b"])
+        lance.write_dataset(binary, root / "plain", data_storage_version="2.2")
+        lance.write_dataset(lance_table(payloads), root / "pl", data_storage_version="2.2")
+        plain, stock = lance.dataset(str(root / "plain")), lance.dataset(str(root / "pl"))
+        for k in (1, 64, 1000):
+            # a fresh draw per call, as a training loop's rows are: nothing is read twice
+            draws = [sorted(random.Random(k * 1000 + i).sample(range(rows), k)) for i in range(64)]
+            nth = {name: itertools.cycle(draws) for name in ("bh", "plain", "stock")}
+            times = medians(
+                {
+                    "blobhouse read_blobs": lambda n=nth: table.read_blobs("b", next(n["bh"])),
+                    "pylance take, large_binary column": lambda n=nth: plain.take(
+                        next(n["plain"]), columns=["b"]
+                    ),
+                    "pylance read_blobs, blob column": lambda n=nth: stock.read_blobs(
+                        "b", indices=next(n["stock"])
+                    ),
+                },
+                max(size.runs, 25),
+            )
+            for contender, seconds in times.items():
+                case.add(
+                    k=k,
+                    contender=contender,
+                    seconds=round(seconds, 6),
+                    vs_large_binary=round(times["pylance take, large_binary column"] / seconds, 3),
+                )
+    return case
 
 
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec
@@ -1593,6 +1642,7 @@ CASES = {
     "storage": storage,
     "write_throughput": write_throughput,
     "random_access": random_access,
+    "small_blobs": small_blobs,
     "scale": scale,
     "spark": spark,
     "maintenance": maintenance,

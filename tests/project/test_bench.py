@@ -31,11 +31,15 @@ def test_quick_benchmark_run(tmp_path):
         "mutations",
         "loader",
         "startup",
+        "small_blobs",
     }
     storage = results["storage"]["rows"]
     seed = {r["contender"]: r for r in storage if r["workload"].startswith("seed")}
     assert seed["blobhouse ref_id"]["ratio_to_unique"] <= 1.05
     assert seed["pylance"]["ratio_to_unique"] >= 19  # one copy per row
+    # a plain large_binary column shares a value within a page only (dictionary encoding)
+    assert seed["pylance large_binary, batches of 1024"]["ratio_to_unique"] <= 1.05
+    assert seed["pylance large_binary, batches of 8"]["ratio_to_unique"] >= 2.5
     writes = results["write_throughput"]["rows"]
     dup = {r["contender"]: r for r in writes if r["workload"].startswith("20x")}
     assert dup["blobhouse"]["physical_mb_s"] < dup["blobhouse"]["logical_mb_s"] / 10
@@ -119,3 +123,14 @@ def test_quick_benchmark_run(tmp_path):
     lance_s = started.pop("python -c 'import lance'")
     assert started["blobhouse --help"] < lance_s  # help never loads Lance
     assert started["blobhouse stats"] > lance_s  # a command does: the yardstick is fair
+    small = results["small_blobs"]["rows"]
+    assert {(r["k"], r["contender"]) for r in small} == {
+        (k, c)
+        for k in (1, 64, 1000)
+        for c in (
+            "blobhouse read_blobs",
+            "pylance take, large_binary column",
+            "pylance read_blobs, blob column",
+        )
+    }
+    assert all(r["seconds"] > 0 and r["vs_large_binary"] > 0 for r in small)
