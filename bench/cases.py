@@ -191,6 +191,13 @@ def _storage_contenders(root: Path, payloads: list[bytes], ref_ids: list[int] | 
             data_storage_version="2.2",
         )
         out[f"pylance large_binary, batches of {rows_per_batch}"] = disk_bytes(plain)
+    db = _lancedb().connect(str(fresh(root / "lancedb")))
+    for rows_per_batch in (1024, 8):
+        batches = binary.to_batches(max_chunksize=rows_per_batch)
+        reader = pa.RecordBatchReader.from_batches(binary.schema, batches)
+        db.create_table(f"t{rows_per_batch}", data=reader)
+        table_bytes = disk_bytes(root / "lancedb" / f"t{rows_per_batch}.lance")
+        out[f"lancedb large_binary, batches of {rows_per_batch}"] = table_bytes
     pq.write_table(binary, fresh(root / "default.parquet"))
     out["parquet"] = disk_bytes(root / "default.parquet")
     pq.write_table(binary, fresh(root / "nodict.parquet"), use_dictionary=False)
@@ -383,6 +390,13 @@ def _access(case: Case, table, stock, parquet: pq.ParquetFile, picks: list[int],
         )
 
 
+def _lancedb():
+    """LanceDB (a dev dependency), imported where a case compares with it."""
+    import lancedb
+
+    return lancedb
+
+
 def small_blobs(size: Size) -> Case:
     """Latency of reading K random rows' small blobs (5-64 KB: thumbnails, audio snippets)
     against pylance's take of a plain large_binary column holding the same bytes."""
@@ -396,10 +410,11 @@ def small_blobs(size: Size) -> Case:
         lance.write_dataset(binary, root / "plain", data_storage_version="2.2")
         lance.write_dataset(lance_table(payloads), root / "pl", data_storage_version="2.2")
         plain, stock = lance.dataset(str(root / "plain")), lance.dataset(str(root / "pl"))
+        other = _lancedb().connect(str(root / "lancedb")).create_table("t", data=binary)
         for k in (1, 64, 1000):
             # a fresh draw per call, as a training loop's rows are: nothing is read twice
             draws = [sorted(random.Random(k * 1000 + i).sample(range(rows), k)) for i in range(64)]
-            nth = {name: itertools.cycle(draws) for name in ("bh", "plain", "stock")}
+            nth = {name: itertools.cycle(draws) for name in ("bh", "plain", "stock", "ldb")}
             times = medians(
                 {
                     "blobhouse read_blobs": lambda n=nth: table.read_blobs("b", next(n["bh"])),
@@ -409,6 +424,9 @@ def small_blobs(size: Size) -> Case:
                     "pylance read_blobs, blob column": lambda n=nth: stock.read_blobs(
                         "b", indices=next(n["stock"])
                     ),
+                    "lancedb take_offsets, large_binary": lambda n=nth: other.take_offsets(
+                        next(n["ldb"])
+                    ).to_arrow(),
                 },
                 max(size.runs, 25),
             )

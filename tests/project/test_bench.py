@@ -131,6 +131,7 @@ def test_quick_benchmark_run(tmp_path):
             "blobhouse read_blobs",
             "pylance take, large_binary column",
             "pylance read_blobs, blob column",
+            "lancedb take_offsets, large_binary",
         )
     }
     assert all(r["seconds"] > 0 and r["vs_large_binary"] > 0 for r in small)
