@@ -24,17 +24,27 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import functions as F
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.functions import arrow_udf
 from pyspark.sql.types import BinaryType
 
 import blobhouse.spark as bs
 from bench.harness import medians
+from blobhouse.dedup import content_hashes
 from blobhouse.rangeio import REF_TYPE
+from blobhouse.spark.datasource import BlobhouseDataSource, BlobhouseWriter, WrittenFiles
 
 _PARTITIONS = 4
 _FLOOR_SCHEMA = pa.schema(
@@ -76,6 +86,77 @@ class _FloorSource(DataSource):
     def reader(self, schema):
         options = self.options
         return _FloorReader(int(options["rows"]), int(options["blob"]), options["uri"])
+
+
+class _SinkWriter(DataSourceArrowWriter):
+    """Takes a task's batches and drops them: what Spark costs to hand the rows to a Python
+    writer. With ``hash_values``, also blake3 of every binary value, as blobhouse's writer
+    hashes them (``content_hashes``: every core)."""
+
+    def __init__(self, hash_values: bool) -> None:
+        self.hash_values = hash_values
+
+    def write(self, iterator):
+        for batch in iterator:
+            if self.hash_values:
+                for column in batch.columns:
+                    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+                        content_hashes([v.as_buffer() for v in column if v.is_valid])
+        return WriterCommitMessage()
+
+
+class _SinkSource(DataSource):
+    """A Python data source that writes nothing: the floor of any Python writer."""
+
+    @classmethod
+    def name(cls):
+        return "bh_sink"
+
+    def writer(self, schema, overwrite):
+        return _SinkWriter(self.options.get("hash") == "1")
+
+
+@dataclass(frozen=True)
+class _MeasuredFiles(WrittenFiles):
+    start_rss_mb: float = 0.0
+    peak_rss_mb: float = 0.0
+
+
+def _status_mb(field: str) -> float:
+    return int(Path("/proc/self/status").read_text().split(f"{field}:")[1].split()[0]) / 1024
+
+
+class _MeasuredWriter(BlobhouseWriter):
+    """blobhouse's writer, reporting each task's Python worker RSS when the task starts and at
+    its peak to ``peaks``, a JSON file (pyspark commits in a Python process of its own, not the
+    driver's). A reused worker starts a task holding what earlier tasks left (the rows it
+    generated, say): what the task adds is the difference."""
+
+    def __init__(self, attempt, peaks: str) -> None:
+        super().__init__(attempt)
+        self.peaks = peaks
+
+    def write(self, iterator):
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # Linux: resets VmHWM to the current RSS
+        start = _status_mb("VmRSS")
+        written = super().write(iterator)
+        return _MeasuredFiles(written.files, start, _status_mb("VmHWM"))
+
+    def commit(self, messages):
+        super().commit(messages)
+        tasks = [(m.start_rss_mb, m.peak_rss_mb) for m in messages if m is not None]
+        Path(self.peaks).write_text(json.dumps(tasks))
+
+
+class _MeasuredSource(BlobhouseDataSource):
+    @classmethod
+    def name(cls):
+        return "bh_measured"
+
+    def writer(self, schema, overwrite):
+        peaks = self.options.pop("peaks")  # the bench's, not a blobhouse write option
+        return _MeasuredWriter(super().writer(schema, overwrite).attempt, peaks)
 
 
 _FILLED: list[pa.Buffer] = []  # one buffer per worker process, shared by every batch
@@ -245,7 +326,31 @@ def _shared_chunks(spark, root: str, rows: int, runs: int) -> dict:
     def write_parquet():
         source.write.mode("overwrite").parquet(f"{root}/shared_pq")
 
-    times = medians({"parquet": write_parquet, "blobhouse": write_blobhouse}, runs)
+    spark.dataSource.register(_SinkSource)
+
+    def write_sink(hash_values: str):
+        source.write.format("bh_sink").mode("append").option("hash", hash_values).save()
+
+    times = medians(
+        {
+            "parquet": write_parquet,
+            "blobhouse": write_blobhouse,
+            "sink": lambda: write_sink("0"),
+            "sink_hash": lambda: write_sink("1"),
+        },
+        runs,
+    )
+    spark.dataSource.register(_MeasuredSource)
+    shutil.rmtree(f"{root}/measured", ignore_errors=True)
+    peaks = f"{root}/peaks.json"
+    (
+        source.write.format("bh_measured")
+        .mode("append")
+        .option("blob_columns", "video,thumb")
+        .option("peaks", peaks)
+        .save(f"{root}/measured")
+    )
+    tasks = json.loads(Path(peaks).read_text())
     on_disk = sum(
         os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(f"{root}/shared") for f in fs
     )
@@ -261,6 +366,16 @@ def _shared_chunks(spark, root: str, rows: int, runs: int) -> dict:
         "write_shared_parquet_s": times["parquet"],
         "write_shared_blobhouse_s": times["blobhouse"],
         "write_shared_vs_parquet": times["parquet"] / times["blobhouse"],
+        # where the time goes: handing the rows to Python workers, then hashing them
+        "write_shared_python_floor_s": times["sink"],
+        "write_shared_python_floor_hash_s": times["sink_hash"],
+        "write_shared_vs_python_floor": times["sink"] / times["blobhouse"],
+        "write_shared_worker_peak_rss_mb": round(max(p for _, p in tasks), 1),
+        "write_shared_worker_added_mb": round(max(p - s for s, p in tasks), 1),
+        # what one task hands its writer: a quarter of the rows' bytes
+        "write_shared_task_mb": round(
+            sum(chunk_sizes[i // 30] + 50_000 for i in range(frames)) / _PARTITIONS / 1e6, 1
+        ),
     }
 
 

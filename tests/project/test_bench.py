@@ -72,6 +72,11 @@ def test_quick_benchmark_run(tmp_path):
     spark = results["spark"]["rows"][0]
     assert spark["read_blob_mb_s"] > 0 and spark["write_ratio"] > 0
     assert spark["scan_vs_floor"] > 0 and spark["read_blob_vs_floor"] > 0  # the targets' floors
+    # where a write's time goes: the rows reach Python, then blake3; and the workers' memory
+    assert (
+        spark["write_shared_python_floor_s"] > 0 and spark["write_shared_python_floor_hash_s"] > 0
+    )
+    assert 0 < spark["write_shared_worker_added_mb"] <= spark["write_shared_worker_peak_rss_mb"]
     mutated = results["mutations"]["rows"]
     assert all(r["seconds"] > 0 for r in mutated)
     relabels = [r for r in mutated if r["operation"].startswith("update")]
