@@ -15,6 +15,7 @@ import contextlib
 import difflib
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -26,6 +27,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from blobhouse.console import ProgressBars, format_value, mb, print_report, when_interrupted
 from blobhouse.errors import BlobhouseError, InvalidInputError, MissingExtraError
@@ -364,20 +366,23 @@ def _compact_command(command: _Command, parents: _Parents) -> None:
         parents.on_branch,
     )
     compact.add_argument(
-        "--target-rows", type=int, default=None, help="rows per new data file (default 1M)"
+        "--target-rows",
+        type=_at_least_one,
+        default=None,
+        help="rows per new data file (default 1M)",
     )
     compact.add_argument(
-        "--target-mb", type=float, default=None, help="MB per new data file (default 2 GiB)"
+        "--target-mb", type=_positive, default=None, help="MB per new data file (default 2 GiB)"
     )
     compact.add_argument(
         "--deleted-fraction",
-        type=float,
+        type=_deleted_fraction,
         default=None,
         help="rewrite fragments with at least this fraction of rows deleted (default 0.1)",
     )
     compact.add_argument(
         "--repack-threshold",
-        type=float,
+        type=_threshold,
         default=None,
         help="repack store packs of which less than this fraction is referenced (default 0.5)",
     )
@@ -395,27 +400,83 @@ def _gc_command(command: _Command, parents: _Parents) -> None:
     )
     collect.add_argument(
         "--retain-versions",
-        type=int,
+        type=_at_least_one,
         default=None,
         metavar="N",
         help="keep the newest N versions, remove older ones (tagged versions are always kept)",
     )
     collect.add_argument(
         "--older-than-hours",
-        type=float,
+        type=_hours,
         default=None,
         metavar="H",
         help="remove versions older than H hours (with --retain-versions: both must hold)",
     )
     collect.add_argument(
         "--grace-hours",
-        type=float,
+        type=_hours,
         default=24.0,
         metavar="H",
         help="keep unreferenced files younger than H hours: they may belong to a write in "
         "progress (default 24)",
     )
     collect.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+
+
+# argparse types of the numeric options: a bad value is a bad command line (exit 2) naming
+# its option, before anything runs
+
+
+def _finite(text: str, what: str = "a number") -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not {what}")
+    return value
+
+
+def _hours(text: str) -> float:
+    hours = _finite(text, "a number of hours")
+    if hours < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    try:
+        timedelta(hours=hours)
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"{text} hours is too long") from None
+    return hours
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def _deleted_fraction(text: str) -> float:
+    value = _finite(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _threshold(text: str) -> float:
+    value = _finite(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
 
 
 def _relocate_command(command: _Command, parents: _Parents) -> None:
@@ -490,6 +551,7 @@ class _Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(choice.group(1), names, n=1)
             if close:
                 message += f" (did you mean {close[0]}?)"
+        message = re.sub(r"^argument (-[-\w]+(?:/-[-\w]+)*): ", r"\1: ", message)
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
@@ -825,8 +887,6 @@ def _verify(args: argparse.Namespace, run: Run) -> int:
 
 
 def _gc(args: argparse.Namespace, run: Run) -> int:
-    from datetime import timedelta
-
     from blobhouse.maintenance.garbage_collection import gc_at
 
     hours = args.older_than_hours

@@ -127,6 +127,10 @@ class CompactionTargets:
             raise InvalidInputError(
                 f"deleted_fraction must be in (0, 1], got {self.deleted_fraction}"
             )
+        if not 0 <= self.repack_threshold <= 1:  # nan too
+            raise InvalidInputError(
+                f"repack_threshold must be in [0, 1], got {self.repack_threshold}"
+            )
 
 
 @dataclass(frozen=True)

@@ -215,6 +215,35 @@ def test_a_bad_command_line_is_one_line_and_no_option_is_taken_by_prefix(table_u
     assert open_table(table_uri).version == 1  # nothing ran
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["gc", "--grace-hours", "nan"], "--grace-hours: nan is not a number of hours"),
+        (["gc", "--grace-hours", "inf"], "--grace-hours: inf is not a number of hours"),
+        (["gc", "--grace-hours", "1e300"], "--grace-hours: 1e300 hours is too long"),
+        (["gc", "--grace-hours", "-5"], "--grace-hours: must be 0 or more, got -5"),
+        (["gc", "--older-than-hours", "nan"], "--older-than-hours: nan is not a number of hours"),
+        (["gc", "--retain-versions", "0"], "--retain-versions: must be 1 or more, got 0"),
+        (["compact", "--target-rows", "0"], "--target-rows: must be 1 or more, got 0"),
+        (["compact", "--target-mb", "0"], "--target-mb: must be more than 0, got 0"),
+        (["compact", "--target-mb", "nan"], "--target-mb: nan is not a number"),
+        (["compact", "--repack-threshold", "nan"], "--repack-threshold: nan is not a number"),
+        (["compact", "--repack-threshold", "2"], "--repack-threshold: must be in [0, 1], got 2"),
+        (["compact", "--deleted-fraction", "0"], "--deleted-fraction: must be in (0, 1], got 0"),
+    ],
+)
+def test_a_bad_number_is_refused_naming_its_option(table_uri, capsys, argv, message):
+    """Found trying the CLI: nan, inf and huge hours raised ValueError or OverflowError (exit
+    1), a nan threshold ran, and -5 hours was named by its Python parameter."""
+    write_table(pa.table({"id": [1]}), table_uri)
+    with pytest.raises(SystemExit) as done:
+        main([*argv[:1], table_uri, *argv[1:]])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert open_table(table_uri).version == 1  # nothing ran
+
+
 # from the first line of blobhouse's own code on (Python's start, ~30 ms, is the interpreter's)
 @pytest.mark.parametrize("delay", [0.1, 0.3, 0.8])
 def test_ctrl_c_while_starting_exits_130_without_a_traceback(table_uri, delay):
