@@ -57,6 +57,8 @@ TARGETS = (
     "| loader, 1-4 MB clips each in 30 rows, cold: >= 1.5 x the best contender "
     "(0, 2, 4 workers) | {loader_clips} |\n"
     "| loader, first batch of a 1 M-row table < 1 s | {loader_startup} |\n"
+    "| loader with its hash check >= 1.0 x a pylance read_blobs loop over the same batches "
+    "(warm, 0 workers; cold with workers: the loader rows above) | {checked_loader} |\n"
     "| small blobs (5-64 KB) by row, K = 1, 64, 1000: read_blobs >= 1.0 x pylance take of a "
     "plain large_binary column | {small_blobs} |\n"
     "| CLI: --help and an argument error < 0.3 s; a command on a small table <= import lance "
@@ -282,6 +284,14 @@ def _verdicts(data: dict) -> dict[str, str]:
         ),
         "loader_startup": _loader_startup(rows("loader")),
         "cli_startup": _cli_startup(rows("startup")),
+        "checked_loader": _range(
+            [
+                r["vs_pylance"]
+                for r in rows("checked_loader", contender="blobhouse BatchLoader, checked")
+            ],
+            "x pylance",
+            lambda v: v >= 1.0,
+        ),
         "small_blobs": _range(
             [r["vs_large_binary"] for r in rows("small_blobs", contender="blobhouse read_blobs")],
             "x large_binary take",

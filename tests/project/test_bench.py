@@ -32,6 +32,7 @@ def test_quick_benchmark_run(tmp_path):
         "loader",
         "startup",
         "small_blobs",
+        "checked_loader",
     }
     storage = results["storage"]["rows"]
     seed = {r["contender"]: r for r in storage if r["workload"].startswith("seed")}
@@ -140,3 +141,10 @@ def test_quick_benchmark_run(tmp_path):
         )
     }
     assert all(r["seconds"] > 0 and r["vs_large_binary"] > 0 for r in small)
+    checked = {r["contender"]: r for r in results["checked_loader"]["rows"]}
+    assert set(checked) == {
+        "blobhouse BatchLoader, checked",
+        "blobhouse BatchLoader, unchecked",
+        "pylance read_blobs loop",
+    }
+    assert all(r["seconds"] > 0 for r in checked.values())
