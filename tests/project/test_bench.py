@@ -77,7 +77,9 @@ def test_quick_benchmark_run(tmp_path):
     assert (
         spark["write_shared_python_floor_s"] > 0 and spark["write_shared_python_floor_hash_s"] > 0
     )
-    assert 0 < spark["write_shared_worker_added_mb"] <= spark["write_shared_worker_peak_rss_mb"]
+    # a quick run's tasks are small enough to add nothing measurable
+    assert 0 <= spark["write_shared_worker_added_mb"] <= spark["write_shared_worker_peak_rss_mb"]
+    assert spark["write_shared_worker_peak_rss_mb"] > 0
     mutated = results["mutations"]["rows"]
     assert all(r["seconds"] > 0 for r in mutated)
     relabels = [r for r in mutated if r["operation"].startswith("update")]
