@@ -372,7 +372,7 @@ def _compact_command(command: _Command, parents: _Parents) -> None:
         help="rows per new data file (default 1M)",
     )
     compact.add_argument(
-        "--target-mb", type=_positive, default=None, help="MB per new data file (default 2 GiB)"
+        "--target-mb", type=_megabytes, default=None, help="MB per new data file (default 2 GiB)"
     )
     compact.add_argument(
         "--deleted-fraction",
@@ -458,10 +458,10 @@ def _at_least_one(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> float:
+def _megabytes(text: str) -> float:
     value = _finite(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    if round(value * 1e6) < 1:  # less than a byte
+        raise argparse.ArgumentTypeError(f"must be at least 0.000001 (a byte), got {text}")
     return value
 
 
@@ -945,7 +945,7 @@ def _gc(args: argparse.Namespace, run: Run) -> int:
 def _compact(args: argparse.Namespace, run: Run) -> int:
     options = {
         "target_rows": args.target_rows,
-        "target_bytes": None if args.target_mb is None else int(args.target_mb * 1e6),
+        "target_bytes": None if args.target_mb is None else round(args.target_mb * 1e6),
         "deleted_fraction": args.deleted_fraction,
         "repack_threshold": args.repack_threshold,
     }
