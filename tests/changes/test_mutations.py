@@ -123,6 +123,7 @@ def test_rewrites_store_each_payload_of_a_file_once(table_uri, dedup):
     # merge's updated rows (two payloads) in a new file of their own
     assert stored <= sum(map(len, SHARED)) + 2 * len(SHARED[0]) + 2 * len(fresh), stored
     assert table.verify(deep=True)["problems"] == []
+    assert stock_read(table_uri, "img") == [expected[i] for i in ids_in_order(table)]
 
 
 def test_an_update_reports_the_store_payloads_it_wrote(table_uri):
