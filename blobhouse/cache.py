@@ -46,6 +46,14 @@ class WeightedLRU(Generic[K, V]):
             self.weight -= self._values.popitem(last=False)[1][1]
         return value
 
+    def find(self, key: K) -> V | None:
+        """The value of ``key`` if it is held (now the most recently used), else None."""
+        held = self._values.get(key)
+        if held is None:
+            return None
+        self._values.move_to_end(key)
+        return held[0]
+
     def keys(self):
         """The keys held, least recently used first."""
         return self._values.keys()

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from array import array
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -42,8 +43,10 @@ from blobhouse.cache import WeightedLRU
 from blobhouse.dedup import DIGEST_BYTES, content_hash, digest_matrix
 from blobhouse.errors import BlobhouseError, CorruptBlobError
 from blobhouse.placement import Kind
-from blobhouse.rangeio import BlobRef, Verify
-from blobhouse.values import numbers
+from blobhouse.rangeio import RefColumns, Verify
+
+if TYPE_CHECKING:
+    from blobhouse.references import ResolvedRows
 
 CHECKSUMS_KEY = "blobhouse:checksums"
 SIDECAR_ROW, STORE_ROW = -1, -2  # the ``row`` of sidecar and store entries
@@ -465,36 +468,38 @@ class RecordedHashes:
         self,
         column: str,
         file_column: Callable[[int], int],
-        descriptors: pa.StructArray,
-        refs: Sequence[BlobRef | None],
-        row_addresses: pa.Array,
+        rows: ResolvedRows,
         data_file: Callable[[int], str] | None = None,
     ) -> Verify | None:
-        """A :data:`~blobhouse.rangeio.Verify` for reading ``refs`` (resolved from
-        ``descriptors`` read at ``row_addresses``): it raises :class:`CorruptBlobError` if a
-        payload differs from the blake3 recorded when it was written. ``column`` names the blob
-        column in errors; ``file_column(fragment id)`` is its column in that fragment's data
-        file, ``data_file(fragment id)`` that file (where store references' digests are). Rows
-        without a recorded hash (user-owned external blobs, files other writers
-        made) pass as they are; None when no row has one."""
-        addresses = np.asarray(row_addresses.to_numpy(zero_copy_only=False), np.uint64)
-        expected = self.expected_many(file_column, descriptors, refs, addresses, data_file)
+        """A :data:`~blobhouse.rangeio.Verify` for reading ``rows.refs``: it raises
+        :class:`CorruptBlobError` if a payload differs from the blake3 recorded when it was
+        written. ``column`` names the blob column in errors; ``file_column(fragment id)`` is
+        its column in that fragment's data file, ``data_file(fragment id)`` that file (where
+        store references' digests are). Rows without a recorded hash (user-owned external
+        blobs, files other writers made) pass as they are; None when no row has one."""
+        expected = self.expected_many(file_column, rows, data_file)
         if not any(expected):
             return None
         # rows sharing a payload share its range, read once: hash it once
-        passed: set[tuple[BlobRef, bytes]] = set()
+        passed: set[tuple[int, int, int, bytes]] = set()
+        refs, addresses = rows.refs, rows.addresses
+        codes, positions, sizes = refs.codes.tolist(), refs.positions.tolist(), refs.sizes.tolist()
 
         def verify(row: int, payload: memoryview) -> None:
-            ref, digest = refs[row], expected[row]
-            if digest is None or (ref, digest) in passed:
+            digest = expected[row]
+            if digest is None:
+                return
+            key = (codes[row], positions[row], sizes[row], digest)
+            if key in passed:
                 return
             # on the reading thread alone: reads run in parallel, and waking blake3's pool
             # for one payload costs more than it gains (1 MB after a Lance take: 235 against
             # 190 us; 8 MB: 1,550 against 1,480 us)
             if content_hash(payload, threads=1) == digest:
-                passed.add((ref, digest))
+                passed.add(key)
                 return
             address = int(addresses[row])
+            ref = refs.ref(row)
             raise CorruptBlobError(
                 f"blob column {column!r}, fragment {address >> 32} row {address & 0xFFFFFFFF}: "
                 f"the bytes at {ref.uri} [{ref.position}, +{ref.size}) do not match the blake3 "
@@ -507,59 +512,64 @@ class RecordedHashes:
     def expected_many(
         self,
         file_column: Callable[[int], int],
-        descriptors: pa.StructArray,
-        refs: Sequence[BlobRef | None],
-        addresses: np.ndarray,
+        rows: ResolvedRows,
         data_file: Callable[[int], str] | None = None,
     ) -> list[bytes | None]:
         """The recorded digest of every reference (None: none recorded, or a null row), looked
         up for each data file's rows at once."""
-        kinds = numbers(descriptors.field("kind")).tolist()
-        blob_ids = numbers(descriptors.field("blob_id"))
+        refs, kinds, blob_ids, addresses = rows.refs, rows.kinds, rows.blob_ids, rows.addresses
         expected: list[bytes | None] = [None] * len(refs)
-        files: dict[tuple[str, bool], list[int]] = {}  # (data file, inline) -> rows
-        in_store: list[int] = []
-        for row, ref in enumerate(refs):
-            if ref is None:
-                continue
-            if kinds[row] == Kind.EXTERNAL and self._in_store(ref.uri):
-                in_store.append(row)
-            elif kinds[row] == Kind.EXTERNAL:
-                expected[row] = self.expected(
-                    Kind.EXTERNAL, int(blob_ids[row]), 0, 0, ref.uri, ref.position, ref.size
-                )
-            elif kinds[row] == Kind.INLINE:
-                files.setdefault((ref.uri, True), []).append(row)
-            else:  # packed or dedicated: in data/<file>/<blob_id>.blob
-                files.setdefault((_sidecar_data_file(ref.uri), False), []).append(row)
-        for (path, inline), rows in files.items():
-            recorded = self._file(path)
-            if recorded is None:
-                continue
-            if inline:  # one data file: one fragment
-                at = file_column(int(addresses[rows[0]]) >> 32)
-                digests = recorded.inline_many(at, (addresses[rows] & 0xFFFFFFFF).astype(np.int64))
-            else:  # a dedicated payload's entry has position 0
-                positions = np.array(
-                    [0 if kinds[row] == Kind.DEDICATED else refs[row].position for row in rows],
-                    np.uint64,
-                )
-                sizes = np.array([refs[row].size for row in rows], np.uint64)
-                digests = recorded.sidecar_many(blob_ids[rows], positions, sizes)
-            for row, digest in zip(rows, digests, strict=True):
-                expected[row] = digest
-        for row in in_store:
-            ref = refs[row]
-            file = data_file(int(addresses[row]) >> 32) if data_file is not None else None
-            expected[row] = self._store_digest(file, ref.uri, ref.position, ref.size)
+        if not refs.uris:
+            return expected
+        codes, valid = refs.codes, refs.valid
+        in_store = np.array([self._in_store(uri) for uri in refs.uris])[codes]
+        external = valid & (kinds == Kind.EXTERNAL)
+        fragments = addresses >> np.uint64(32)
+        # inline rows: by their data file, one fragment's; sidecar rows: by the data file
+        # their sidecar belongs to; other external rows are the user's: none recorded
+        inline = valid & (kinds == Kind.INLINE)
+        for code in np.unique(codes[inline]).tolist():
+            rows = np.flatnonzero(inline & (codes == code))
+            recorded = self._file(refs.uris[code])
+            if recorded is not None:
+                at = file_column(int(fragments[rows[0]]))
+                rows_in_file = (addresses[rows] & 0xFFFFFFFF).astype(np.int64)
+                _put(expected, rows, recorded.inline_many(at, rows_in_file))
+        sidecar = valid & ~inline & (kinds != Kind.EXTERNAL)
+        for code in np.unique(codes[sidecar]).tolist():
+            rows = np.flatnonzero(sidecar & (codes == code))
+            recorded = self._file(_sidecar_data_file(refs.uris[code]))
+            if recorded is not None:  # a dedicated payload's entry has position 0
+                positions = refs.positions[rows].astype(np.uint64)  # 0 for dedicated already
+                sizes = refs.sizes[rows].astype(np.uint64)
+                _put(expected, rows, recorded.sidecar_many(blob_ids[rows], positions, sizes))
+        stored = external & in_store
+        for fragment in np.unique(fragments[stored]).tolist():
+            rows = np.flatnonzero(stored & (fragments == fragment))
+            file = data_file(fragment) if data_file is not None else None
+            _put(expected, rows, self._store_digests(file, refs, rows))
         return expected
 
-    def _store_digest(
-        self, data_file: str | None, uri: str, position: int, size: int
-    ) -> bytes | None:
-        """The digest of a store payload: what the row's data file recorded for it (the value
-        its rows were written with), else what the store's index says."""
+    def _store_digests(
+        self, data_file: str | None, refs: RefColumns, rows: np.ndarray
+    ) -> list[bytes | None]:
+        """The digests of the store payloads of ``rows`` of one data file: what the file
+        recorded for them (the value its rows were written with), else the store's index."""
         recorded = self._file(data_file) if data_file is not None else None
+        places = zip(
+            refs.codes[rows].tolist(),
+            refs.positions[rows].tolist(),
+            refs.sizes[rows].tolist(),
+            strict=True,
+        )
+        uris = refs.uris
+        return [self._store_digest(recorded, uris[c], p, s) for c, p, s in places]
+
+    def _store_digest(
+        self, recorded: FileChecksums | None, uri: str, position: int, size: int
+    ) -> bytes | None:
+        """The digest of a store payload: what the row's data file (``recorded``) recorded for
+        it (the value its rows were written with), else what the store's index says."""
         pack = uri.removeprefix(self.store[0])
         digest = recorded.stored(pack, position, size) if recorded is not None else None
         return digest or self._indexed(uri, position, size)
@@ -589,7 +599,8 @@ class RecordedHashes:
         another writer made). An inline payload is named by its data file's column and row;
         a store payload's is looked up in ``data_file``, the row's data file."""
         if kind == Kind.EXTERNAL and self._in_store(uri):
-            return self._store_digest(data_file, uri, position, size)
+            recorded = self._file(data_file) if data_file is not None else None
+            return self._store_digest(recorded, uri, position, size)
         if kind == Kind.EXTERNAL:
             return None  # user-owned: whatever is there now is what readers get
         data_file = uri if kind == Kind.INLINE else _sidecar_data_file(uri)
@@ -606,6 +617,12 @@ class RecordedHashes:
 
 def _checksums_bytes(checksums: FileChecksums | None) -> int:
     return _FILE_BYTES + _ENTRY_BYTES * (len(checksums) if checksums is not None else 0)
+
+
+def _put(values: list, rows: np.ndarray, found: Sequence) -> None:
+    """``values[row] = found[i]`` for the i-th of ``rows``."""
+    for row, value in zip(rows.tolist(), found, strict=True):
+        values[row] = value
 
 
 def _sidecar_data_file(uri: str) -> str:

@@ -9,16 +9,18 @@ blob column and produces absolute references any process can read on its own.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from lance import LanceDataset
 
 from blobhouse.errors import BlobhouseError, ExternalBlobError, InvalidInputError
 from blobhouse.layout import BasePaths, TableLocation
 from blobhouse.placement import AllowedBases, Kind, normalize_uri
-from blobhouse.rangeio import REF_TYPE, BlobRef
+from blobhouse.rangeio import RefColumns
 from blobhouse.session import DATA_FILE_NAME, sidecar_name
 from blobhouse.values import ColumnPath, numbers, path_name, validity
 
@@ -148,35 +150,21 @@ class ReferenceResolver:
         ``column``, named in errors). With an ``unresolved`` list, an external reference that
         cannot be resolved (it escapes its base, lies outside the allowed bases) is appended
         to it and left null, instead of failing the whole batch: what verify and gc report."""
-        rows = self._rows(descriptors, row_addresses, field_id, column, unresolved)
-        uri_column = (
-            pa.array(rows.uris, pa.utf8()).take(pa.array(rows.codes))
-            if rows.uris
-            else pa.nulls(len(rows.valid), pa.utf8())
-        )
-        return pa.StructArray.from_arrays(
-            [uri_column, pa.array(rows.positions), pa.array(rows.sizes)],
-            fields=list(REF_TYPE),
-            mask=None if rows.valid.all() else pa.array(~rows.valid),
-        )
+        return self._rows(descriptors, row_addresses, field_id, column, unresolved).to_arrow()
 
-    def resolve_list(
+    def resolve_rows(
         self, descriptors: pa.Array, row_addresses: pa.Array, field_id: int, column: str = ""
-    ) -> list[BlobRef | None]:
-        """:meth:`resolve` as Python references (what :mod:`blobhouse.rangeio` reads), without
-        the Arrow array in between."""
-        rows = self._rows(descriptors, row_addresses, field_id, column)
-        uris = rows.uris
-        return [
-            BlobRef(uris[code], position, size) if valid else None
-            for valid, code, position, size in zip(
-                rows.valid.tolist(),
-                rows.codes.tolist(),
-                rows.positions.tolist(),
-                rows.sizes.tolist(),
-                strict=True,
-            )
-        ]
+    ) -> ResolvedRows:
+        """:meth:`resolve` as the columns :mod:`blobhouse.rangeio` reads (no Arrow array in
+        between), with what finds each row's recorded hash."""
+        if isinstance(descriptors, pa.ChunkedArray):
+            descriptors = descriptors.combine_chunks()
+        return ResolvedRows(
+            self._rows(descriptors, row_addresses, field_id, column),
+            numbers(descriptors.field("kind")),
+            numbers(descriptors.field("blob_id")),
+            np.asarray(row_addresses.to_numpy(zero_copy_only=False), np.uint64),
+        )
 
     def _rows(
         self,
@@ -185,56 +173,60 @@ class ReferenceResolver:
         field_id: int,
         column: str,
         unresolved: list[Unresolved] | None = None,
-    ) -> _Resolved:
+    ) -> RefColumns:
         if isinstance(descriptors, pa.ChunkedArray):
             descriptors = descriptors.combine_chunks()
         valid = validity(descriptors)
         kinds, blob_ids = numbers(descriptors.field("kind")), numbers(descriptors.field("blob_id"))
         fragments = np.asarray(row_addresses.to_numpy(zero_copy_only=False)) >> 32
         # rows of one data file and sidecar share a URI: build each distinct URI once, keyed by
-        # (fragment, kind, blob_id) packed into one integer; external rows are keyed by row
+        # (fragment, kind, blob_id) packed into one integer; external rows by (their uri as
+        # stored, blob_id), negated
         ids = np.where(kinds == _INLINE, 0, blob_ids).astype(np.int64)
         keys = (fragments.astype(np.int64) << 35) | (kinds.astype(np.int64) << 32) | ids
         external = valid & (kinds == _EXTERNAL)
-        keys[external] = -1 - np.flatnonzero(external)
-        unique, codes = np.unique(keys[valid], return_inverse=True)
-        blob_uris = descriptors.field("blob_uri")
+        stored_uris: list[str] = []
+        if external.any():
+            rows = np.flatnonzero(external)
+            encoded = pc.dictionary_encode(descriptors.field("blob_uri").take(pa.array(rows)))
+            stored_uris = [u or "" for u in encoded.dictionary.to_pylist()]
+            at = np.asarray(encoded.indices.fill_null(0).to_numpy(zero_copy_only=False), np.int64)
+            keys[rows] = -1 - ((at << 32) | ids[rows])
+        unique, first, codes = np.unique(keys[valid], return_index=True, return_inverse=True)
+        first = np.flatnonzero(valid)[first]
         where = _RowNames(column, row_addresses)
-        uris = []
-        for key in unique.tolist():
+        uris, failed = [], []
+        for key, row in zip(unique.tolist(), first.tolist(), strict=True):
             try:
-                uris.append(self._uri_of_key(key, field_id, blob_uris, blob_ids, where))
+                uris.append(self._uri_of_key(key, field_id, stored_uris, where, row))
             except BlobhouseError as exc:
                 if unresolved is None or key >= 0:
                     raise
-                row = -1 - key
-                unresolved.append(Unresolved(row, blob_uris[row].as_py() or "", str(exc)))
+                failed.append((len(uris), stored_uris[(-1 - key) >> 32], str(exc)))
                 uris.append("")
         row_codes = np.zeros(len(descriptors), dtype=np.int64)
         row_codes[valid] = codes.reshape(-1)
-        if unresolved:
+        if failed:  # every row of an unresolved reference is reported and left null
             valid = valid.copy()
-            valid[[u.row for u in unresolved if u.row < len(valid)]] = False
+            for code, uri, reason in failed:
+                rows = np.flatnonzero(valid & (row_codes == code))
+                unresolved.extend(Unresolved(row, uri, reason) for row in rows.tolist())
+                valid[rows] = False
         positions = numbers(descriptors.field("position"))
-        return _Resolved(
-            valid,
+        return RefColumns(
             uris,
             row_codes,
             np.where(kinds == _DEDICATED, 0, positions).astype(np.int64),
             numbers(descriptors.field("size")).astype(np.int64),
+            valid,
         )
 
     def _uri_of_key(
-        self,
-        key: int,
-        field_id: int,
-        blob_uris: pa.Array,
-        blob_ids: np.ndarray,
-        where: _RowNames,
+        self, key: int, field_id: int, stored_uris: list[str], where: _RowNames, row: int
     ) -> str:
-        if key < 0:
-            row = -1 - key
-            return self._external(int(blob_ids[row]), blob_uris[row].as_py(), where, row)
+        if key < 0:  # (index of the stored uri << 32 | blob_id), negated
+            key = -1 - key
+            return self._external(key & 0xFFFFFFFF, stored_uris[key >> 32], where, row)
         return self._uri((key >> 32) & 7, key >> 35, field_id, key & 0xFFFFFFFF)
 
     def _external(self, blob_id: int, blob_uri: str | None, where: _RowNames, row: int) -> str:
@@ -287,6 +279,36 @@ class ReferenceResolver:
 
 
 @dataclass(frozen=True)
+class ResolvedRows:
+    """Rows of a blob column ready to read: their references, and what their recorded hashes
+    are found by (each row's descriptor kind and blob id, and its row address)."""
+
+    refs: RefColumns
+    kinds: np.ndarray
+    blob_ids: np.ndarray
+    addresses: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.addresses)
+
+    def take(self, rows: np.ndarray) -> ResolvedRows:
+        """The rows at ``rows`` (indices into these)."""
+        return ResolvedRows(
+            self.refs.take(rows), self.kinds[rows], self.blob_ids[rows], self.addresses[rows]
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[ResolvedRows]) -> ResolvedRows:
+        """``parts`` one after the other."""
+        return ResolvedRows(
+            RefColumns.concat([p.refs for p in parts]),
+            np.concatenate([p.kinds for p in parts]),
+            np.concatenate([p.blob_ids for p in parts]),
+            np.concatenate([p.addresses for p in parts]),
+        )
+
+
+@dataclass(frozen=True)
 class Unresolved:
     """A reference that could not be resolved: its ``row`` in the batch, the ``uri`` it
     names (as stored) and why."""
@@ -294,18 +316,6 @@ class Unresolved:
     row: int
     uri: str
     reason: str
-
-
-@dataclass(frozen=True)
-class _Resolved:
-    """Resolved rows: validity, the distinct URIs and each row's index into them, positions
-    and sizes."""
-
-    valid: np.ndarray
-    uris: list[str]
-    codes: np.ndarray
-    positions: np.ndarray
-    sizes: np.ndarray
 
 
 class _RowNames:

@@ -48,10 +48,11 @@ from blobhouse.errors import (
     as_store_error,
     lance_io,
 )
+from blobhouse.kept_references import KeptReferences
 from blobhouse.layout import BasePaths, TableLocation
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
-from blobhouse.references import ReferenceResolver, Unresolved, field_id
+from blobhouse.references import ReferenceResolver, ResolvedRows, Unresolved, field_id
 from blobhouse.storage import (
     MISSING_BUCKET,
     check_answers,
@@ -65,9 +66,6 @@ from blobhouse.store.packs import store_uri_prefix
 from blobhouse.values import ColumnPath, path_name, stored_blob_columns
 
 R = TypeVar("R")
-
-#: the column Lance adds to a scan or take asked ``with_row_address``
-ROW_ADDRESS = "_rowaddr"
 
 
 class TableSnapshot:
@@ -85,6 +83,7 @@ class TableSnapshot:
         self.uri = location.root_uri  # references into the table's files start with it
         self.storage_options = storage_options
         self._field_ids: dict[ColumnPath, int] = {}
+        self._kept: dict[ColumnPath, KeptReferences] = {}
 
     def __repr__(self) -> str:
         branch = f", branch={self.branch!r}" if self.branch else ""
@@ -204,6 +203,33 @@ class TableSnapshot:
         see :meth:`ReferenceResolver.resolve`)."""
         return self.resolver.resolve(
             descriptors, row_addresses, self.field_id(path), path_name(path), unresolved
+        )
+
+    def rows_at(self, path: ColumnPath, positions: list[int]) -> ResolvedRows:
+        """Blob column ``path`` at ``positions`` (among the live rows, checked in range),
+        resolved: from Lance's take or, for fragments read often, from memory
+        (:mod:`blobhouse.kept_references`)."""
+        kept = self._kept.get(path)
+        if kept is None:
+            uri, options = self.uri, self.storage_options
+            kept = self._kept.setdefault(
+                path,
+                KeptReferences(
+                    self.dataset,
+                    path,
+                    lambda read: lance_read(uri, options, "read blobs of", read),
+                    lambda descriptors, addresses: self.resolve_rows(path, descriptors, addresses),
+                ),
+            )
+        return kept.take(positions)
+
+    def resolve_rows(
+        self, path: ColumnPath, descriptors: pa.Array, row_addresses: pa.Array
+    ) -> ResolvedRows:
+        """:meth:`resolve_refs` as the columns reads are planned from, with what finds each
+        row's recorded hash (:class:`~blobhouse.references.ResolvedRows`)."""
+        return self.resolver.resolve_rows(
+            descriptors, row_addresses, self.field_id(path), path_name(path)
         )
 
     def file_column(self, path: ColumnPath) -> Callable[[int], int]:

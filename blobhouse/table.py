@@ -49,15 +49,15 @@ from blobhouse.options import (
 from blobhouse.properties import TableProperties
 from blobhouse.rangeio import (
     REF_TYPE,
-    BlobRef,
     open_ref,
     read_ranges,
     read_ranges_arrow,
-    refs_from_arrow,
 )
+from blobhouse.references import ResolvedRows
 from blobhouse.session import WrittenFile
-from blobhouse.snapshot import ROW_ADDRESS, TableSnapshot, lance_read, open_snapshot
+from blobhouse.snapshot import TableSnapshot, lance_read, open_snapshot
 from blobhouse.values import (
+    ROW_ADDRESS,
     ColumnPath,
     get_column,
     get_field,
@@ -678,7 +678,12 @@ class Table:
         for out, path in targets:
             descriptors = get_column(batch, out)
             payloads.append(
-                self._checked_bytes(path, descriptors, addresses, read_ranges, check_hashes)
+                self._checked_bytes(
+                    path,
+                    self._snapshot.resolve_rows(path, descriptors, addresses),
+                    read_ranges,
+                    check_hashes,
+                )
             )
             # the descriptors are not wanted in the rows: nulls convert for nothing
             nulls = pa.nulls(batch.num_rows)
@@ -718,9 +723,11 @@ class Table:
 
     def blob_refs(self, column: str, indices: Sequence[int]) -> pa.StructArray:
         """Resolved references ``struct<uri, position, size>`` of ``column`` at ``indices``."""
-        self._snapshot.blob_path(column, "blob_refs")
-        taken = self.take(indices, columns=[column], blobs="refs")
-        return taken.column(column).combine_chunks() if len(taken) else pa.array([], type=REF_TYPE)
+        path = self._snapshot.blob_path(column, "blob_refs")
+        indices = self._check_indices(indices)
+        if not indices:
+            return pa.array([], type=REF_TYPE)
+        return self._snapshot.rows_at(path, indices).refs.to_arrow()
 
     def read_blobs(self, column: str, indices: Sequence[int]) -> list[bytes | None]:
         """The bytes of ``column`` at ``indices`` (None for null), with coalesced ranged reads,
@@ -729,12 +736,9 @@ class Table:
         indices = self._check_indices(indices)
         if not indices:
             return []
-        # one take for descriptors and row addresses; each payload read into its own bytes
-        wanted = [lance_name(path), ROW_ADDRESS]
-        taken = self._lance_read("read blobs of", lambda: self.dataset.take(indices, wanted))
-        taken = taken.combine_chunks().to_batches()[0]
-        descriptors, addresses = get_column(taken, path), taken.column(ROW_ADDRESS)
-        return self._checked_bytes(path, descriptors, addresses, read_ranges)
+        # each payload read into its own bytes
+        rows = self._snapshot.rows_at(path, indices)
+        return self._checked_bytes(path, rows, read_ranges, doing="read blobs of")
 
     def open_blob(self, column: str, index: int) -> BinaryIO | None:
         """A seekable file object over one blob (None if the value is null). Reading it whole,
@@ -750,24 +754,17 @@ class Table:
         """
         path = self._snapshot.blob_path(column, "open_blob")
         (index,) = self._check_indices([index])
-        wanted = [lance_name(path), ROW_ADDRESS]
-        taken = self._lance_read("read blobs of", lambda: self.dataset.take([index], wanted))
-        taken = taken.to_batches()[0]
-        descriptor, address = get_column(taken, path), taken.column(ROW_ADDRESS)
-        (ref,) = refs_from_arrow(self.resolve_refs(path, descriptor, address))
+        rows = self._snapshot.rows_at(path, [index])
+        ref = rows.refs.ref(0)
         if ref is None:
             return None
-        value, row = descriptor[0].as_py(), address[0].as_py()
-        digest = self.recorded_hashes().expected(
-            value["kind"],
-            value["blob_id"],
-            self.file_column(path)(row >> 32),
-            row & 0xFFFFFFFF,
-            ref.uri,
-            ref.position,
-            ref.size,
-            self.data_file_of(path)(row >> 32),
+        (digest,) = self._lance_read(
+            "read blobs of",
+            lambda: self.recorded_hashes().expected_many(
+                self.file_column(path), rows, self.data_file_of(path)
+            ),
         )
+        row = int(rows.addresses[0])
         name = f"blob column {column!r}, fragment {row >> 32} row {row & 0xFFFFFFFF}"
         return open_ref(ref, digest, name, self.storage_options)
 
@@ -915,9 +912,8 @@ class Table:
         for out, path in targets:
             descriptors = get_column(batch, out)
             if blobs == "bytes":
-                values = self._checked_bytes(
-                    path, descriptors, addresses, read_ranges_arrow, check_hashes
-                )
+                rows = self._snapshot.resolve_rows(path, descriptors, addresses)
+                values = self._checked_bytes(path, rows, read_ranges_arrow, check_hashes)
                 batch = replace_column(batch, out, values, pa.field(out[-1], pa.large_binary()))
             else:
                 refs = self.resolve_refs(path, descriptors, addresses)
@@ -927,31 +923,27 @@ class Table:
     def _checked_bytes(
         self,
         path: ColumnPath,
-        descriptors: pa.Array,
-        addresses: pa.Array,
+        rows: ResolvedRows,
         read: Callable[..., pa.Array | list],
         check_hashes: bool = True,
+        doing: str = "read",
     ) -> pa.Array | list:
-        """The payloads of blob column ``path`` (``read_ranges`` or ``read_ranges_arrow``),
-        each checked against its recorded blake3 as it arrives (hashing overlaps reading)
-        unless ``check_hashes`` is False."""
-        refs = self._snapshot.resolver.resolve_list(
-            descriptors, addresses, self._snapshot.field_id(path), path_name(path)
-        )
+        """The payloads of ``rows`` of blob column ``path`` (``read_ranges`` or
+        ``read_ranges_arrow``), each checked against its recorded blake3 as it arrives
+        (hashing overlaps reading) unless ``check_hashes`` is False. ``doing`` names the
+        read in a store's errors (recorded hashes are read from the rows' data files)."""
         verify = None
         if check_hashes:
-            verify = self.recorded_hashes().verifier(
-                path_name(path),
-                self.file_column(path),
-                descriptors,
-                refs,
-                addresses,
-                self.data_file_of(path),
+            verify = self._lance_read(
+                doing,
+                lambda: self.recorded_hashes().verifier(
+                    path_name(path), self.file_column(path), rows, self.data_file_of(path)
+                ),
             )
         try:
-            return read(refs, storage_options=self.storage_options, verify=verify)
+            return read(rows.refs, storage_options=self.storage_options, verify=verify)
         except BlobReadError as exc:
-            raise _naming_row(exc, path_name(path), refs, addresses) from None
+            raise _naming_row(exc, path_name(path), rows) from None
 
     def output_schema(
         self, columns: Sequence[str] | None = None, blobs: BlobsMode = "refs"
@@ -983,12 +975,12 @@ def _set_nested(row: dict[str, Any], path: ColumnPath, value: object) -> None:
     row[path[-1]] = value
 
 
-def _naming_row(
-    error: BlobReadError, column: str, refs: list[BlobRef | None], addresses: pa.Array
-) -> BlobReadError:
+def _naming_row(error: BlobReadError, column: str, rows: ResolvedRows) -> BlobReadError:
     """``error`` naming the first row of the batch whose reference points at its object."""
-    row = next(i for i, ref in enumerate(refs) if ref is not None and ref.uri == error.uri)
-    address = addresses[row].as_py()
+    row = rows.refs.first_row_of(error.uri)
+    if row is None:
+        return error
+    address = int(rows.addresses[row])
     return BlobReadError(
         f"blob column {column!r}, fragment {address >> 32} row {address & 0xFFFFFFFF}: {error}",
         error.uri,

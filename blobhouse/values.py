@@ -26,6 +26,9 @@ from blobhouse.placement import Placement
 
 ColumnPath = tuple[str, ...]
 
+#: the column Lance adds to a scan or take asked ``with_row_address``
+ROW_ADDRESS = "_rowaddr"
+
 LOGICAL_BLOB_TYPE = pa.struct(
     [
         pa.field("data", pa.large_binary()),

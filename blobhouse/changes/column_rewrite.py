@@ -39,9 +39,9 @@ from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.snapshot import ROW_ADDRESS
 from blobhouse.store.packs import store_base_id
 from blobhouse.values import (
+    ROW_ADDRESS,
     ColumnPath,
     blob_array,
     path_name,

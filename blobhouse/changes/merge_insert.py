@@ -47,8 +47,8 @@ from blobhouse.errors import InvalidInputError, SchemaError
 from blobhouse.options import WriteOptions, closest
 from blobhouse.properties import TableProperties
 from blobhouse.session import WrittenFile
-from blobhouse.snapshot import ROW_ADDRESS
 from blobhouse.values import (
+    ROW_ADDRESS,
     is_lance_blob_field,
     stored_blob_columns,
 )

@@ -41,10 +41,11 @@ from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.properties import TableProperties
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
-from blobhouse.snapshot import ROW_ADDRESS, snapshot_of
+from blobhouse.snapshot import snapshot_of
 from blobhouse.storage import object_store
 from blobhouse.store.packs import retire_packs, store_base_id, store_uri_prefix
 from blobhouse.values import (
+    ROW_ADDRESS,
     ColumnPath,
     get_column,
     path_name,

@@ -17,9 +17,9 @@ from blobhouse.maintenance.garbage_collection import disk_usage, reclaimable
 from blobhouse.maintenance.reports import StatsReport
 from blobhouse.managed import Registry
 from blobhouse.placement import Kind
-from blobhouse.snapshot import ROW_ADDRESS, snapshot_of, table_io
+from blobhouse.snapshot import snapshot_of, table_io
 from blobhouse.store.packs import store_uri_prefix
-from blobhouse.values import ColumnPath, get_column, path_name, stored_blob_columns
+from blobhouse.values import ROW_ADDRESS, ColumnPath, get_column, path_name, stored_blob_columns
 
 if TYPE_CHECKING:
     from lance import LanceFragment

@@ -18,8 +18,8 @@ import pyarrow as pa
 
 from blobhouse.errors import BlobhouseError
 from blobhouse.references import Unresolved, file_path
-from blobhouse.snapshot import ROW_ADDRESS, snapshot_of
-from blobhouse.values import get_column, path_name, stored_blob_columns
+from blobhouse.snapshot import snapshot_of
+from blobhouse.values import ROW_ADDRESS, get_column, path_name, stored_blob_columns
 
 if TYPE_CHECKING:
     from lance.fragment import DataFile, FragmentMetadata

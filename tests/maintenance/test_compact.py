@@ -178,7 +178,7 @@ def test_compaction_refuses_to_copy_damaged_bytes(appended, table_uri):
         f.seek(damaged["position"] + 7)
         f.write(b"\x00" if f.read(1) != b"\x00" else b"\x01")
     files = tree(table_uri)
-    with pytest.raises(CorruptBlobError, match=r"do not match the hash recorded") as error:
+    with pytest.raises(CorruptBlobError, match=r"do not match the blake3 recorded") as error:
         appended.compact()
     assert damaged["uri"] in str(error.value) and "'b'" in str(error.value)
     assert tree(table_uri) == files

@@ -1,0 +1,215 @@
+"""Random reads by position from kept references (blobhouse.kept_references): once a fragment
+is kept, reads of it skip Lance's take; whatever is kept, every read returns what Lance's own
+take of the same version would, checked, and errors name their rows as before."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from blobhouse import (
+    CorruptBlobError,
+    ExternalBlobError,
+    PreparedBlob,
+    WrittenFile,
+    blob_array,
+    open_table,
+    write_table,
+)
+from blobhouse import kept_references as kept_module
+from blobhouse.kept_references import KeptReferences
+from blobhouse.placement import Kind
+from blobhouse.session import BlobSession, prepared_array, prepared_field
+from tests.helpers import flip_payload, stock_read
+
+# inline, packed and dedicated sizes, a repeat of an earlier payload, and nulls
+SIZES = [100, 70_000, 5_000_000, 3_000, 200_000]
+
+
+def payload(i: int) -> bytes | None:
+    if i % 11 == 7:
+        return None
+    if i % 13 == 5:
+        return payload(i - 5)
+    size = SIZES[i % len(SIZES)]
+    return i.to_bytes(4, "little") * (size // 4)
+
+
+@pytest.fixture
+def keep_at_once(monkeypatch):
+    """Every fragment a take touches is kept at once (its takes never have to earn it)."""
+    monkeypatch.setattr(kept_module, "LOAD_SECONDS_PER_ROW", 0.0)
+
+
+@pytest.fixture
+def fragments_table(tmp_path):
+    """Three fragments of 40 rows, some rows deleted from the middle one, a nested blob column
+    with a null parent, written with each dedup mode's placement in turn."""
+    uri = str(tmp_path / "t")
+    rows = 120
+    meta = pa.StructArray.from_arrays(
+        [blob_array([payload(i + 1) for i in range(rows)]), pa.array(range(rows))],
+        names=["img", "n"],
+        mask=pa.array([i % 17 == 3 for i in range(rows)]),
+    )
+    data = pa.table(
+        {"id": range(rows), "b": blob_array([payload(i) for i in range(rows)]), "meta": meta}
+    )
+    write_table(data, uri, max_rows_per_file=40, dedup="content")
+    open_table(uri).delete("id >= 50 AND id < 60 OR id = 79")
+    return uri
+
+
+def stock_bytes(uri: str, column: str, positions: list[int], version: int | None = None):
+    """What pylance reads for ``positions`` (bytes of blob column ``column``, None for null)."""
+    dataset = lance.dataset(uri, version=version)
+    by_row = dataset.to_table(columns=["id"]).column("id").to_pylist()
+    if column == "b":
+        return [payload(by_row[p]) for p in positions]
+    nulls = {i for i in range(120) if i % 17 == 3}
+    return [None if by_row[p] in nulls else payload(by_row[p] + 1) for p in positions]
+
+
+def draws(rows: int, seed: int) -> list[list[int]]:
+    """Position lists as readers send them: one row, a few, unsorted, repeats, all."""
+    rng = random.Random(seed)
+    return [
+        [rng.randrange(rows)],
+        rng.sample(range(rows), 7),
+        [rng.randrange(rows) for _ in range(30)],
+        sorted(rng.sample(range(rows), 25), reverse=True),
+        list(range(rows)),
+    ]
+
+
+@pytest.mark.parametrize("column", ["b", "meta.img"])
+def test_kept_rows_read_what_lance_reads(fragments_table, keep_at_once, column):
+    table = open_table(fragments_table)
+    rows = table.count_rows()
+    assert rows == 109
+    for positions in draws(rows, seed=len(column)) * 2:  # the second round from what is kept
+        assert table.read_blobs(column, positions) == stock_bytes(
+            fragments_table, column, positions
+        )
+    kept = table.snapshot._kept[tuple(column.split("."))]
+    assert len(kept._kept) == 3  # every fragment is read from memory now
+
+
+def test_reads_are_the_same_kept_or_taken(fragments_table, monkeypatch):
+    monkeypatch.setattr(kept_module, "LOAD_SECONDS_PER_ROW", float("inf"))
+    taken = open_table(fragments_table)
+    expected = [taken.read_blobs("b", p) for p in draws(109, seed=3)]
+    assert not taken.snapshot._kept[("b",)]._kept  # never earned: each read is a take
+    monkeypatch.setattr(kept_module, "LOAD_SECONDS_PER_ROW", 0.0)
+    kept = open_table(fragments_table)
+    assert [kept.read_blobs("b", p) for p in draws(109, seed=3)] == expected
+    assert len(kept.snapshot._kept[("b",)]._kept) == 3
+
+
+def test_kept_rows_stay_within_their_budget(fragments_table, keep_at_once):
+    table = open_table(fragments_table)
+    snapshot = table.snapshot
+    kept = KeptReferences(
+        snapshot.dataset,
+        ("b",),
+        lambda read: read(),
+        lambda d, a: snapshot.resolve_rows(("b",), d, a),
+        limit=3_000,  # room for one fragment's rows at a time
+    )
+    for positions in draws(109, seed=5):
+        rows = kept.take(positions)
+        assert kept._kept.weight <= 3_000 and len(kept._kept) <= 1
+        want = snapshot.dataset.take(positions, ["b", "_rowaddr"])
+        assert rows.addresses.tolist() == want.column("_rowaddr").to_pylist()
+        sizes = [None if d is None else d["size"] for d in want.column("b").to_pylist()]
+        got = rows.refs.sizes.tolist()
+        assert [s if v else None for s, v in zip(got, rows.refs.valid, strict=True)] == sizes
+
+
+def test_a_fragment_with_a_row_that_does_not_resolve_is_read_by_take(tmp_path, keep_at_once):
+    """A fragment another writer filled with a reference outside every base is never kept:
+    its good rows read, its bad row fails naming it, every time."""
+    uri = str(tmp_path / "t")
+    table = write_table(pa.table({"id": [0], "b": blob_array([b"z" * 1000])}), uri)
+    session = BlobSession(table.data_file_path())
+    schema = pa.schema([pa.field("id", pa.int64()), prepared_field("b")])
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"secret" * 10)
+    values = [PreparedBlob(Kind.INLINE, size=100, data=b"good" * 25)] * 3
+    values.insert(1, PreparedBlob(Kind.EXTERNAL, size=10, uri=f"file://{outside}"))
+    batch = pa.record_batch([pa.array(range(1, 5)), prepared_array(values)], schema=schema)
+    writer = session.open_data_file(schema)
+    writer.write_batch(batch)
+    session.close_data_file(writer)
+    table = table.add_data_file(WrittenFile(session.data_file_name, 4, writer.size_bytes, (), 0))
+    for _ in range(3):
+        assert table.read_blobs("b", [3, 1, 0]) == [b"good" * 25, b"good" * 25, b"z" * 1000]
+        with pytest.raises(ExternalBlobError, match=r"'b', fragment 1 row 1"):
+            table.read_blobs("b", [2])
+    assert list(table.snapshot._kept[("b",)]._kept.keys()) == [0]
+
+
+def test_damage_is_caught_in_kept_rows(fragments_table, keep_at_once):
+    table = open_table(fragments_table)
+    assert table.read_blobs("b", list(range(109)))  # every fragment kept
+    flip_payload(fragments_table, "b", 42)
+    with pytest.raises(CorruptBlobError, match=r"'b', fragment 1 row 2: the bytes at"):
+        table.read_blobs("b", [42])
+
+
+def test_threads_share_kept_rows(fragments_table, keep_at_once):
+    table = open_table(fragments_table)
+    failures: list[BaseException] = []
+
+    def reader(seed: int) -> None:
+        try:
+            for positions in draws(109, seed) * 3:
+                assert table.read_blobs("b", positions) == stock_bytes(
+                    fragments_table, "b", positions
+                )
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[0]
+
+
+def test_each_version_keeps_its_own_rows(fragments_table, keep_at_once):
+    """A table pinned at a version reads that version's rows from what it kept, after other
+    Lance tools deleted, updated and compacted the table."""
+    old = open_table(fragments_table)
+    version = old.version
+    positions = list(range(0, 109, 3))
+    before = old.read_blobs("b", positions)
+    dataset = lance.dataset(fragments_table)
+    dataset.delete("id < 10")
+    dataset.update({"id": "id + 1000"}, where="id > 100")
+    dataset.optimize.compact_files()
+    assert (
+        old.read_blobs("b", positions)
+        == before
+        == stock_bytes(fragments_table, "b", positions, version)
+    )
+    new = open_table(fragments_table)
+    expected = stock_read(fragments_table, "b")
+    assert new.read_blobs("b", list(range(len(expected)))) == expected
+
+
+def test_positions_are_counted_as_lance_counts_them(fragments_table):
+    """The fragment of every position, from the manifest's row and deletion counts alone,
+    is the one Lance's take reads it from."""
+    dataset = lance.dataset(fragments_table)
+    kept = KeptReferences(dataset, ("b",), lambda read: read(), lambda d, a: None)
+    addresses = dataset.take(list(range(109)), ["_rowaddr"]).column("_rowaddr").to_numpy()
+    fragments = np.searchsorted(kept._starts, np.arange(109), side="right") - 1
+    ids = np.array([f.fragment_id for f in dataset.get_fragments()])
+    assert (ids[fragments] == addresses >> 32).all()
