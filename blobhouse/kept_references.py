@@ -1,6 +1,8 @@
-"""Resolved references by row position, kept in memory for the fragments read again and again.
+"""Resolved references by row position or id, kept in memory for the fragments read again and
+again.
 
-A read by position (``read_blobs``) needs each row's descriptor and address first. Lance's take
+A read by position (``read_blobs``) or by row id (``take_rows``, what the loaders read) needs
+each row's descriptor and address first. Lance's take
 costs ~0.6 ms a call however few rows it returns (an integer column's ~0.26 ms), more than
 reading a small blob, and resolving a handful of descriptors costs ~0.1 ms more; reading and
 resolving a fragment's whole descriptor column costs about a microsecond a row. So the takes
@@ -42,8 +44,8 @@ Resolve = Callable[[pa.Array, pa.Array], ResolvedRows]
 
 
 class KeptReferences:
-    """Resolved rows of one blob column, by position among a version's live rows: from
-    Lance's take, or from memory for the fragments that earned it.
+    """Resolved rows of one blob column, by position among a version's live rows or by row
+    id: from Lance's take, or from memory for the fragments that earned it.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -73,6 +75,9 @@ class KeptReferences:
         self._rows = np.array([_live_rows(f) for f in self._fragments], np.int64)
         self._starts = np.zeros(len(self._rows) + 1, np.int64)
         np.cumsum(self._rows, out=self._starts[1:])
+        ids = np.array([f.fragment_id for f in self._fragments], np.uint64)
+        self._id_order = np.argsort(ids)
+        self._sorted_ids = ids[self._id_order]
         self._spent = np.zeros(len(self._rows))  # seconds of takes, each fragment's share
         self._limit = KEPT_BYTES if limit is None else limit
         self._kept: WeightedLRU[int, ResolvedRows] = WeightedLRU(self._limit, _weight)
@@ -81,48 +86,82 @@ class KeptReferences:
     def take(self, positions: Sequence[int]) -> ResolvedRows:
         """The rows at ``positions`` (in range, any order, repeats allowed), in that order."""
         positions = np.asarray(positions, np.int64)
-        fragments = np.searchsorted(self._starts, positions, side="right") - 1
+        return self._serve(
+            np.searchsorted(self._starts, positions, side="right") - 1,
+            lambda fragment, _, rows: positions[rows] - self._starts[fragment],
+            lambda rows: self._dataset.take(positions[rows], self._columns),
+        )
+
+    def take_ids(self, ids: np.ndarray) -> ResolvedRows:
+        """The rows with row ids ``ids`` (any order, repeats allowed), in that order, of a
+        version without stable row ids, where a row's id is its address. IndexError names
+        the ids that are not live rows of this version."""
+        ids = np.asarray(ids, np.uint64)
+        fragment_ids = ids >> np.uint64(32)
+        if not np.isin(fragment_ids, self._sorted_ids).all():
+            missing = np.unique(fragment_ids[~np.isin(fragment_ids, self._sorted_ids)])
+            raise IndexError(f"this version has no fragment {missing[:5].tolist()}")
+        at = np.searchsorted(self._sorted_ids, fragment_ids)
+        return self._serve(
+            self._id_order[at],
+            lambda _, held, rows: _offsets_of(held.addresses, ids[rows]),
+            lambda rows: self._dataset._take_rows(ids[rows].tolist(), self._columns),
+        )
+
+    def _serve(
+        self,
+        fragments: np.ndarray,
+        local: Callable[[int, ResolvedRows, np.ndarray], np.ndarray],
+        lance_take: Callable[[np.ndarray], pa.Table],
+    ) -> ResolvedRows:
+        """The request's rows, each from the fragment at index ``fragments[i]``: rows of kept
+        fragments at ``local(fragment, kept rows, request rows)``, the others from
+        ``lance_take(request rows)``, all back in the request's order."""
         first = int(fragments[0])
         touched = [first] if (fragments == first).all() else np.unique(fragments).tolist()
         with self._lock:
             kept = {f: self._kept.find(f) for f in touched}
-        if len(touched) == 1 and kept[first] is not None:  # the common case: one call, no copy
-            return kept[first].take(positions - self._starts[first])
+        everything = np.arange(len(fragments))
+        if len(touched) == 1 and kept[first] is not None:  # the common case: no copy
+            return kept[first].take(local(first, kept[first], everything))
         parts, rows_of_parts = [], []
         taken = [f for f, held in kept.items() if held is None]
         if taken:
-            rows = np.flatnonzero(np.isin(fragments, taken))
-            parts.append(self._lance_take(positions[rows], fragments[rows]))
+            rows = (
+                everything if len(taken) == len(kept) else np.flatnonzero(np.isin(fragments, taken))
+            )
+            parts.append(self._lance_take(lambda: lance_take(rows), fragments[rows]))
             rows_of_parts.append(rows)
         for fragment, held in kept.items():
             if held is not None:
                 rows = np.flatnonzero(fragments == fragment)
-                parts.append(held.take(positions[rows] - self._starts[fragment]))
+                parts.append(held.take(local(fragment, held, rows)))
                 rows_of_parts.append(rows)
         if len(parts) == 1:  # its rows are all the request's, in order
             return parts[0]
-        order = np.empty(len(positions), np.int64)
-        order[np.concatenate(rows_of_parts)] = np.arange(len(positions))
+        order = np.empty(len(fragments), np.int64)
+        order[np.concatenate(rows_of_parts)] = everything
         return ResolvedRows.concat(parts).take(order)
 
-    def _lance_take(self, positions: np.ndarray, fragments: np.ndarray) -> ResolvedRows:
-        """Lance's take of ``positions``; its time is charged to the fragments it read, and
+    def _lance_take(self, take: Callable[[], pa.Table], fragments: np.ndarray) -> ResolvedRows:
+        """Lance's ``take()``, resolved; its time is charged to the fragments it read, and
         those whose charges reached their reading cost are read whole for the next calls."""
         started = time.perf_counter()
-        rows = self._lance_rows(positions)
+        rows = self._resolved(take)
         spent = time.perf_counter() - started
+        if len(rows) != len(fragments):  # Lance leaves deleted rows out without a word
+            raise IndexError(f"{len(fragments) - len(rows)} of them are deleted rows")
         touched, counts = np.unique(fragments, return_counts=True)
         with self._lock:
-            self._spent[touched] += spent * counts / len(positions)
+            self._spent[touched] += spent * counts / len(fragments)
             earned = self._spent[touched] >= self._rows[touched] * LOAD_SECONDS_PER_ROW
         for fragment in touched[earned].tolist():
             self._keep(fragment)
         return rows
 
-    def _lance_rows(self, positions: np.ndarray) -> ResolvedRows:
-        """The rows at ``positions``, taken by Lance and resolved."""
-        taken = self._read(lambda: self._dataset.take(positions, self._columns))
-        taken = taken.combine_chunks().to_batches()[0]
+    def _resolved(self, take: Callable[[], pa.Table]) -> ResolvedRows:
+        """The rows Lance's ``take()`` returns, resolved."""
+        taken = self._read(take).combine_chunks().to_batches()[0]
         return self._resolve(get_column(taken, self._path), taken.column(ROW_ADDRESS))
 
     def _keep(self, fragment: int) -> None:
@@ -139,7 +178,11 @@ class KeptReferences:
         try:  # in pieces, as the take it replaces reads (a nested column's parents included)
             held = ResolvedRows.concat(
                 [
-                    self._lance_rows(np.arange(at, min(at + _PIECE, start + rows)))
+                    self._resolved(
+                        lambda at=at: self._dataset.take(
+                            np.arange(at, min(at + _PIECE, start + rows)), self._columns
+                        )
+                    )
                     for at in range(start, start + rows, _PIECE)
                 ]
             )
@@ -161,6 +204,16 @@ def _live_rows(fragment: LanceFragment) -> int:
     if deleted is None:  # an old deletion file without a count: read it
         return fragment.count_rows()
     return metadata.physical_rows - deleted
+
+
+def _offsets_of(addresses: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Where each of ``wanted`` is in ``addresses`` (a kept fragment's, ascending); IndexError
+    for any that is not there (a deleted row, or past the fragment's end)."""
+    at = np.minimum(np.searchsorted(addresses, wanted), len(addresses) - 1)
+    if (addresses[at] != wanted).any():
+        missing = wanted[addresses[at] != wanted]
+        raise IndexError(f"{missing[:5].tolist()} are deleted or past their fragment's end")
+    return at
 
 
 def _weight(rows: ResolvedRows) -> int:

@@ -44,8 +44,10 @@ _Batch = TypeVar("_Batch")  # what a loader yields per batch: a RecordBatch or a
 #: while the caller has the one yielded: one batch at a time leaves the disk idle while a batch
 #: is checked and assembled (bench/findings.md, the loader case). Shared by a DataLoader's
 #: workers (each reads READ_AHEAD // num_workers at once, at least one), which read side by
-#: side already: 4 workers reading 4 each were slower, and held 4x the memory.
-READ_AHEAD = 4
+#: side already: 4 workers reading 4 each were slower, and held 4x the memory. No more than the
+#: cores: from the page cache a batch is CPU (hashing, the GIL), and on 2 cores 4 reading
+#: threads made a warm epoch 0.84x of 2 threads' speed, the same cold.
+READ_AHEAD = min(4, max(2, os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)

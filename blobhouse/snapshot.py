@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import lance
+import numpy as np
 import pyarrow as pa
 from lance import LanceDataset
 from lance.fragment import DataFile
@@ -209,6 +210,24 @@ class TableSnapshot:
         """Blob column ``path`` at ``positions`` (among the live rows, checked in range),
         resolved: from Lance's take or, for fragments read often, from memory
         (:mod:`blobhouse.kept_references`)."""
+        return self._kept_references(path).take(positions)
+
+    def rows_by_id(self, path: ColumnPath, ids: np.ndarray) -> ResolvedRows:
+        """Blob column ``path`` at row ``ids`` of a version without stable row ids (ids are
+        row addresses), resolved as :meth:`rows_at` does; IndexError for an id that is not a
+        row of this version."""
+        return self._kept_references(path).take_ids(ids)
+
+    def resolve_rows(
+        self, path: ColumnPath, descriptors: pa.Array, row_addresses: pa.Array
+    ) -> ResolvedRows:
+        """:meth:`resolve_refs` as the columns reads are planned from, with what finds each
+        row's recorded hash (:class:`~blobhouse.references.ResolvedRows`)."""
+        return self.resolver.resolve_rows(
+            descriptors, row_addresses, self.field_id(path), path_name(path)
+        )
+
+    def _kept_references(self, path: ColumnPath) -> KeptReferences:
         kept = self._kept.get(path)
         if kept is None:
             uri, options = self.uri, self.storage_options
@@ -221,16 +240,7 @@ class TableSnapshot:
                     lambda descriptors, addresses: self.resolve_rows(path, descriptors, addresses),
                 ),
             )
-        return kept.take(positions)
-
-    def resolve_rows(
-        self, path: ColumnPath, descriptors: pa.Array, row_addresses: pa.Array
-    ) -> ResolvedRows:
-        """:meth:`resolve_refs` as the columns reads are planned from, with what finds each
-        row's recorded hash (:class:`~blobhouse.references.ResolvedRows`)."""
-        return self.resolver.resolve_rows(
-            descriptors, row_addresses, self.field_id(path), path_name(path)
-        )
+        return kept
 
     def file_column(self, path: ColumnPath) -> Callable[[int], int]:
         """For blob column ``path``: fragment id -> the column it is in that fragment's data

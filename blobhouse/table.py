@@ -616,9 +616,94 @@ class Table:
     ) -> pa.Table:
         """Rows by id (from :meth:`row_ids`), in the order asked: one native take for the
         rows and their addresses, then each distinct payload read once (``blobs="bytes"``,
-        checked against its recorded hash unless ``check_hashes`` is False)."""
-        ids = np.asarray(row_ids, dtype=np.uint64).tolist()
+        checked against its recorded hash unless ``check_hashes`` is False). Blob columns
+        of fragments read often come from their kept references
+        (:mod:`blobhouse.kept_references`), without Lance's take."""
+        ids = np.asarray(row_ids, dtype=np.uint64)
+        check_hashes = check_flag("check_hashes", check_hashes)
+        selection = self._taken_columns(columns, blobs)
+        if len(ids) and self._kept_serves(selection, blobs):
+            return self._rows_by_id(ids, selection, blobs, check_hashes)
+        ids = ids.tolist()
         return self._taken(lambda cols: self._by_id(ids, cols), columns, blobs, check_hashes)
+
+    def _kept_serves(self, selection: Selection, blobs: str) -> bool:
+        """Whether rows by id can take their blob columns from kept references: a row's id
+        is its address (no stable row ids), and each blob column is selected itself, not
+        inside a selected struct."""
+        return (
+            blobs in ("refs", "bytes")
+            and bool(selection.blobs)
+            and all(path in selection.paths for _, path in selection.blobs)
+            and not self.dataset.has_stable_row_ids
+        )
+
+    def _rows_by_id(
+        self, ids: np.ndarray, selection: Selection, blobs: str, check_hashes: bool
+    ) -> pa.Table:
+        """:meth:`take_rows` with the blob columns from kept references (:meth:`_kept_parts`)."""
+        plain, blob_rows = self._kept_parts(ids, selection)
+        arrays, fields, at = [], [], 0
+        for i, name in enumerate(selection.names):
+            if i in blob_rows:
+                path, rows = selection.paths[i], blob_rows[i]
+                if blobs == "bytes":
+                    arrays.append(self._checked_bytes(path, rows, read_ranges_arrow, check_hashes))
+                else:
+                    arrays.append(rows.refs.to_arrow())
+                fields.append(pa.field(name, arrays[-1].type))
+            else:  # the take holds the other columns in selection order
+                arrays.append(plain.column(at))
+                fields.append(plain.schema.field(at))
+                at += 1
+        schema = pa.schema(fields, metadata=self._snapshot.schema.metadata)
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    def _row_dicts_by_id(
+        self, ids: np.ndarray, selection: Selection, check_hashes: bool
+    ) -> list[dict[str, Any]]:
+        """:meth:`take_row_dicts` with the blob columns from kept references."""
+        plain, blob_rows = self._kept_parts(ids, selection)
+        rows = plain.to_pylist() if plain is not None else [{} for _ in range(len(ids))]
+        for i, resolved in blob_rows.items():
+            path, name = selection.paths[i], selection.names[i]
+            values = self._checked_bytes(path, resolved, read_ranges, check_hashes)
+            for row, value in zip(rows, values, strict=True):
+                row[name] = value
+        return [{name: row[name] for name in selection.names} for row in rows]
+
+    def _kept_parts(
+        self, ids: np.ndarray, selection: Selection
+    ) -> tuple[pa.RecordBatch | None, dict[int, ResolvedRows]]:
+        """For rows by id: the selected columns that are not blob columns (one take; None
+        when there are none), and each blob column's rows from kept references, by its place
+        in the selection."""
+        blob_paths = {path for _, path in selection.blobs}
+        plain = [i for i, path in enumerate(selection.paths) if path not in blob_paths]
+        batch = None
+        if plain:
+            part = Selection(
+                [selection.names[i] for i in plain],
+                [selection.lance[i] for i in plain],
+                [selection.paths[i] for i in plain],
+                [],
+            )
+            taken = self._lance_read("read", lambda: self._by_id(ids.tolist(), part.lance))
+            batch = part.named(part.flat(taken.combine_chunks().to_batches()[0]))
+        blob_rows = {
+            i: self._kept_by_id(path, ids)
+            for i, path in enumerate(selection.paths)
+            if path in blob_paths
+        }
+        return batch, blob_rows
+
+    def _kept_by_id(self, path: ColumnPath, ids: np.ndarray) -> ResolvedRows:
+        try:
+            return self._snapshot.rows_by_id(path, ids)
+        except (IndexError, OSError) as exc:
+            if isinstance(exc, OSError) and not str(exc).startswith("Invalid user input"):
+                raise  # a missing or unreadable data file
+            raise _not_rows_here(ids.tolist(), self.version, exc) from None
 
     @keywords_checked
     def take_row_dicts(
@@ -645,8 +730,11 @@ class Table:
         check_hashes = check_flag("check_hashes", check_hashes)
         if blobs != "bytes":
             return self.take_rows(row_ids, columns, blobs, check_hashes=check_hashes).to_pylist()
-        ids = np.asarray(row_ids, dtype=np.uint64).tolist()
+        ids = np.asarray(row_ids, dtype=np.uint64)
         selection = self._taken_columns(columns, blobs)
+        if len(ids) and self._kept_serves(selection, blobs):
+            return self._row_dicts_by_id(ids, selection, check_hashes)
+        ids = ids.tolist()
         lance_columns = selection.lance
         wanted = [*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns
         taken = self._lance_read("read", lambda: self._by_id(ids, wanted))
@@ -660,14 +748,15 @@ class Table:
     def _by_id(self, ids: list[int], columns: list[str]) -> pa.Table:
         """One native take of rows by id (pylance's public take is by position)."""
         try:
-            return self.dataset._take_rows(ids, columns=columns)
+            taken = self.dataset._take_rows(ids, columns=columns)
         except OSError as exc:
             if not str(exc).startswith("Invalid user input"):
                 raise  # a missing or unreadable data file
-            raise IndexError(
-                f"row ids {ids[:5]}{' ...' if len(ids) > 5 else ''} are not all rows of version "
-                f"{self.version} of this table (take ids from row_ids()): {lance_message(exc)}"
-            ) from None
+            raise _not_rows_here(ids, self.version, exc) from None
+        if taken.num_rows != len(ids):  # Lance leaves deleted rows out without a word
+            gone = len(ids) - taken.num_rows
+            raise _not_rows_here(ids, self.version, f"{gone} of them are deleted rows")
+        return taken
 
     def _row_dicts(
         self, batch: pa.RecordBatch, targets: list[BlobTarget], check_hashes: bool
@@ -973,6 +1062,15 @@ def _set_nested(row: dict[str, Any], path: ColumnPath, value: object) -> None:
         if row is None:
             return
     row[path[-1]] = value
+
+
+def _not_rows_here(ids: list[int], version: int, why: Exception | str) -> IndexError:
+    """Row ids of a take by id that are not all rows of ``version``."""
+    detail = lance_message(why) if isinstance(why, OSError) else str(why)
+    return IndexError(
+        f"row ids {ids[:5]}{' ...' if len(ids) > 5 else ''} are not all rows of version "
+        f"{version} of this table (take ids from row_ids()): {detail}"
+    )
 
 
 def _naming_row(error: BlobReadError, column: str, rows: ResolvedRows) -> BlobReadError:
