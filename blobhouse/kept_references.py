@@ -89,7 +89,7 @@ class KeptReferences:
         return self._serve(
             np.searchsorted(self._starts, positions, side="right") - 1,
             lambda fragment, _, rows: positions[rows] - self._starts[fragment],
-            lambda rows: self._dataset.take(positions[rows], self._columns),
+            lambda rows: self._dataset.take(positions[rows].tolist(), self._columns),
         )
 
     def take_ids(self, ids: np.ndarray) -> ResolvedRows:
@@ -105,7 +105,7 @@ class KeptReferences:
         return self._serve(
             self._id_order[at],
             lambda _, held, rows: _offsets_of(held.addresses, ids[rows]),
-            lambda rows: self._dataset._take_rows(ids[rows].tolist(), self._columns),
+            lambda rows: take_rows_by_id(self._dataset, ids[rows], self._columns),
         )
 
     def _serve(
@@ -149,8 +149,6 @@ class KeptReferences:
         started = time.perf_counter()
         rows = self._resolved(take)
         spent = time.perf_counter() - started
-        if len(rows) != len(fragments):  # Lance leaves deleted rows out without a word
-            raise IndexError(f"{len(fragments) - len(rows)} of them are deleted rows")
         touched, counts = np.unique(fragments, return_counts=True)
         with self._lock:
             self._spent[touched] += spent * counts / len(fragments)
@@ -161,7 +159,9 @@ class KeptReferences:
 
     def _resolved(self, take: Callable[[], pa.Table]) -> ResolvedRows:
         """The rows Lance's ``take()`` returns, resolved."""
-        taken = self._read(take).combine_chunks().to_batches()[0]
+        taken = pa.RecordBatch.from_struct_array(
+            self._read(take).combine_chunks().to_struct_array().combine_chunks()
+        )
         return self._resolve(get_column(taken, self._path), taken.column(ROW_ADDRESS))
 
     def _keep(self, fragment: int) -> None:
@@ -180,7 +180,7 @@ class KeptReferences:
                 [
                     self._resolved(
                         lambda at=at: self._dataset.take(
-                            np.arange(at, min(at + _PIECE, start + rows)), self._columns
+                            list(range(at, min(at + _PIECE, start + rows))), self._columns
                         )
                     )
                     for at in range(start, start + rows, _PIECE)
@@ -192,6 +192,29 @@ class KeptReferences:
             return  # positions counted otherwise than Lance counts them: never serve them
         with self._lock:
             self._kept.get(fragment, lambda: held)
+
+
+class DeletedRowsError(IndexError):
+    """Row ids asked for by a take that are rows this version deleted."""
+
+    def __init__(self, ids: list[int]) -> None:
+        super().__init__(f"row ids {ids[:5]} are deleted rows")
+        self.ids = ids
+
+
+def take_rows_by_id(dataset: LanceDataset, ids: np.ndarray, columns: list[str]) -> pa.Table:
+    """Lance's take of ``columns`` by row id, in the order asked (repeats allowed), refusing
+    deleted rows (:class:`DeletedRowsError`): Lance leaves them out without a word, and
+    panics when one comes with a repeated id, so each distinct id is taken once."""
+    distinct, back = np.unique(ids, return_inverse=True)
+    if len(distinct) == len(ids):
+        distinct, back = ids, None
+    taken = dataset._take_rows(distinct.tolist(), columns=columns)
+    if taken.num_rows != len(distinct):
+        found = dataset._take_rows(distinct.tolist(), columns=["_rowid"]).column("_rowid")
+        missing = distinct[~np.isin(distinct, found.to_numpy())]
+        raise DeletedRowsError(missing.tolist())
+    return taken if back is None else taken.take(pa.array(back.reshape(-1)))
 
 
 def _live_rows(fragment: LanceFragment) -> int:

@@ -34,6 +34,7 @@ from blobhouse.errors import (
     InvalidInputError,
     lance_message,
 )
+from blobhouse.kept_references import DeletedRowsError, take_rows_by_id
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance import compaction
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
@@ -634,7 +635,8 @@ class Table:
         return (
             blobs in ("refs", "bytes")
             and bool(selection.blobs)
-            and all(path in selection.paths for _, path in selection.blobs)
+            # (a blob column inside a selected struct is read where it is, in the struct)
+            and all(len(out) == 1 and path in selection.paths for out, path in selection.blobs)
             and not self.dataset.has_stable_row_ids
         )
 
@@ -700,6 +702,8 @@ class Table:
     def _kept_by_id(self, path: ColumnPath, ids: np.ndarray) -> ResolvedRows:
         try:
             return self._snapshot.rows_by_id(path, ids)
+        except DeletedRowsError as exc:
+            raise _not_rows_here(exc.ids, self.version, "deleted rows") from None
         except (IndexError, OSError) as exc:
             if isinstance(exc, OSError) and not str(exc).startswith("Invalid user input"):
                 raise  # a missing or unreadable data file
@@ -748,15 +752,13 @@ class Table:
     def _by_id(self, ids: list[int], columns: list[str]) -> pa.Table:
         """One native take of rows by id (pylance's public take is by position)."""
         try:
-            taken = self.dataset._take_rows(ids, columns=columns)
+            return take_rows_by_id(self.dataset, np.asarray(ids, np.uint64), columns)
         except OSError as exc:
             if not str(exc).startswith("Invalid user input"):
                 raise  # a missing or unreadable data file
             raise _not_rows_here(ids, self.version, exc) from None
-        if taken.num_rows != len(ids):  # Lance leaves deleted rows out without a word
-            gone = len(ids) - taken.num_rows
-            raise _not_rows_here(ids, self.version, f"{gone} of them are deleted rows")
-        return taken
+        except DeletedRowsError as exc:
+            raise _not_rows_here(exc.ids, self.version, "deleted rows") from None
 
     def _row_dicts(
         self, batch: pa.RecordBatch, targets: list[BlobTarget], check_hashes: bool
