@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 import time
@@ -260,9 +261,11 @@ def test_ctrl_c_while_starting_exits_130_without_a_traceback(table_uri, delay):
     time.sleep(delay)
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=60)
-    # finished before the signal, or as Python exited (which restores the default handler)
+    # finished before the signal, or as Python exited (which restores the default handler),
+    # or before blobhouse's first line ran (on a loaded machine Python may still be compiling
+    # blobhouse/cli.py at 0.1 s: the traceback is runpy's, no frame of ours in it)
     if child.returncode in (0, -signal.SIGINT):
-        assert "Traceback" not in err
+        assert "Traceback" not in err or not re.search(r'File "[^"]*/blobhouse/', err), err
         return
     assert child.returncode == 130, err
     # by 0.8 s gc may have begun marking: its progress lines come first, the interruption last
