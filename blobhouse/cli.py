@@ -9,28 +9,33 @@ expected failures, 1 for anything unexpected; ``--debug`` adds the traceback) an
 
 from __future__ import annotations
 
-import argparse
-import atexit
-import contextlib
-import difflib
-import json
-import logging
-import math
-import os
-import re
-import socket
 import sys
-import tempfile
-import threading
-import time
-import traceback
-import warnings
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import timedelta
 
-from blobhouse.console import ProgressBars, format_value, mb, print_report, when_interrupted
-from blobhouse.errors import BlobhouseError, InvalidInputError, MissingExtraError
+try:  # a Ctrl-C while the command loads its modules: one line, exit 130, no traceback
+    import argparse
+    import atexit
+    import contextlib
+    import difflib
+    import json
+    import logging
+    import math
+    import os
+    import re
+    import socket
+    import tempfile
+    import threading
+    import time
+    import traceback
+    import warnings
+    from collections.abc import Callable, Iterator, Mapping
+    from dataclasses import dataclass, field
+    from datetime import timedelta
+
+    from blobhouse.console import ProgressBars, format_value, mb, print_report, when_interrupted
+    from blobhouse.errors import BlobhouseError, InvalidInputError, MissingExtraError
+except KeyboardInterrupt:
+    print("interrupted while starting; nothing was changed", file=sys.stderr, flush=True)
+    raise SystemExit(130) from None
 
 # the storage layer, Lance, pyarrow and Spark are imported where a command runs (loading them
 # takes most of a second): --help and an argument error answer without them
