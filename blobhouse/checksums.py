@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lance.file import LanceFileReader, LanceFileWriter
+from lance.file import LanceFileWriter
 
 from blobhouse.cache import WeightedLRU
+from blobhouse.data_file_footer import DataFileFooter
 from blobhouse.dedup import DIGEST_BYTES, content_hash, digest_matrix
 from blobhouse.errors import BlobhouseError, CorruptBlobError
 from blobhouse.placement import Kind
@@ -52,7 +53,6 @@ CHECKSUMS_KEY = "blobhouse:checksums"
 SIDECAR_ROW, STORE_ROW = -1, -2  # the ``row`` of sidecar and store entries
 FILE_COLUMNS_KEY = b"file_columns"  # {recorded column name: its column in the data file}
 _SIDECAR_KEY = np.dtype([("blob_id", np.uint32), ("position", np.uint64), ("size", np.uint64)])
-_DESCRIPTOR_SPILL = ["kind", "position", "size", "blob_id", "blob_uri"]
 # files' checksums kept loaded for lookups, by their estimated memory: measured ~18 KB a file
 # (2,000 files of 4 entries) and ~180 bytes an entry (one file of 400,000)
 _CACHED_CHECKSUM_BYTES = 64 << 20
@@ -357,48 +357,39 @@ def load_checksums(
     >>> load_checksums("file://" + path).inline(0, 0) == b"d" * 32
     True
     """
-    reader = LanceFileReader(data_file_uri, storage_options=storage_options)
-    index = _checksums_index(reader)
+    footer = DataFileFooter.read(data_file_uri, storage_options)
+    index = _checksums_index(footer)
     if index is None:
         return None
-    buffer = reader.read_global_buffer(index)
-    table = pa.ipc.open_stream(pa.py_buffer(buffer)).read_all()
+    table = pa.ipc.open_stream(pa.py_buffer(footer.read_buffer(index))).read_all()
     recorded = (table.schema.metadata or {}).get(FILE_COLUMNS_KEY)
     if recorded is not None:
         columns = json.loads(recorded)
     else:  # written before the map existed: the file's own schema names its columns
-        columns = {name: i for i, name in enumerate(leaf_names(reader.metadata().schema))}
+        columns = {name: i for i, name in enumerate(footer.leaf_names())}
     return FileChecksums(table.replace_schema_metadata(None), columns)
 
 
 def leaf_names(schema: pa.Schema) -> list[str]:
     """Dotted names of the columns a data file stores, in file order: struct children in
-    place of their struct, a blob column as one column.
-
-    The schema pylance reports for a data file it reads shows a blob column as an empty struct
-    followed by its five descriptor fields at the top level; those are not columns of their own.
+    place of their struct, a blob column as one column (what
+    :meth:`~blobhouse.data_file_footer.DataFileFooter.leaf_names` reads back from the file).
 
     >>> leaf_names(pa.schema([("id", pa.int64()), ("m", pa.struct([("a", pa.int8())]))]))
     ['id', 'm.a']
     """
     names: list[str] = []
-    fields = list(schema)
-    at = 0
-    while at < len(fields):
-        blobs = _leaves(fields[at], fields[at].name, names)
-        at += 1
-        for _ in range(blobs):
-            if [f.name for f in fields[at : at + 5]] == _DESCRIPTOR_SPILL:
-                at += 5
+    for field in schema:
+        _leaves(field, field.name, names)
     return names
 
 
-def _leaves(field: pa.Field, name: str, out: list[str]) -> int:
-    """Append the leaf names of ``field`` to ``out``; returns how many are blob columns."""
+def _leaves(field: pa.Field, name: str, out: list[str]) -> None:
     if _is_blob(field) or not pa.types.is_struct(field.type) or not field.type.num_fields:
         out.append(name)
-        return int(_is_blob(field))
-    return sum(_leaves(child, f"{name}.{child.name}", out) for child in field.type)
+        return
+    for child in field.type:
+        _leaves(child, f"{name}.{child.name}", out)
 
 
 def _is_blob(field: pa.Field) -> bool:
@@ -422,12 +413,11 @@ def written_by_blobhouse(data_file_uri: str, storage_options: dict[str, str] | N
     >>> written_by_blobhouse("file://" + path)
     False
     """
-    reader = LanceFileReader(data_file_uri, storage_options=storage_options)
-    return _checksums_index(reader) is not None
+    return _checksums_index(DataFileFooter.read(data_file_uri, storage_options)) is not None
 
 
-def _checksums_index(reader: LanceFileReader) -> int | None:
-    index = (reader.metadata().schema.metadata or {}).get(CHECKSUMS_KEY.encode())
+def _checksums_index(footer: DataFileFooter) -> int | None:
+    index = footer.metadata.get(CHECKSUMS_KEY.encode())
     return None if index is None else int(index)
 
 

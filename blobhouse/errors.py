@@ -338,6 +338,12 @@ def lance_io(uri: str, doing: str) -> Iterator[None]:
         yield
     except (OSError, ValueError, RuntimeError) as exc:
         error = as_store_error(exc, uri, doing)
+        if type(exc) is StoreError and not str(exc).startswith(f"cannot {doing} {uri}"):
+            # blobhouse's own store calls inside Lance's reads (a data file's recorded
+            # hashes) name an object: say which table and which read it failed
+            error = StoreError(f"cannot {doing} {uri}: {exc}")
+            for note in getattr(exc, "__notes__", ()):
+                error.add_note(note)
         if error is exc:
             raise
         raise error from exc

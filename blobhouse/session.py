@@ -832,6 +832,7 @@ class BlobSession:
 
     def write_data(self, writer: LanceFileWriter, batch: pa.RecordBatch) -> None:
         """Hand ``batch`` to the data file's writer thread (:meth:`close_data_file` waits)."""
+        batch = unsliced_structs_of_structs(batch)
         self._data_writes.submit(lambda: writer.write_batch(batch), batch.nbytes)
 
     def close_data_file(self, writer: LanceFileWriter) -> None:
@@ -855,3 +856,31 @@ class BlobSession:
         if "://" not in self.data_dir and os.path.isdir(local_dir):
             with contextlib.suppress(OSError):
                 os.rmdir(local_dir)
+
+
+def unsliced_structs_of_structs(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with each column that is a slice of a struct holding a struct copied to a
+    column of its own: pylance 14's file writer panics on such slices (``end <= self.len()``),
+    and file boundaries and callers' own slices make them. Other columns are not copied.
+
+    >>> deep = pa.array([{"s": {"x": i}} for i in range(4)])
+    >>> unsliced_structs_of_structs(pa.record_batch({"d": deep}).slice(1)).column(0).offset
+    0
+    """
+    columns = [_unsliced(column) for column in batch.columns]
+    if all(new is old for new, old in zip(columns, batch.columns, strict=True)):
+        return batch
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+
+
+def _unsliced(array: pa.Array) -> pa.Array:
+    return pa.concat_arrays([array]) if _sliced_struct_of_structs(array) else array
+
+
+def _sliced_struct_of_structs(array: pa.Array) -> bool:
+    if not pa.types.is_struct(array.type):
+        return False
+    children = [array.field(i) for i in range(array.type.num_fields)]
+    if array.offset and any(pa.types.is_struct(child.type) for child in children):
+        return True
+    return any(_sliced_struct_of_structs(child) for child in children)

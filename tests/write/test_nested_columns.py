@@ -224,3 +224,22 @@ def test_spark_materialize_nested(spark, table):
     assert [r["meta"]["label"] for r in rows] == LABELS
     with pytest.raises(InvalidInputError, match=r"did you mean 'meta.image'\?"):
         bs.materialize(df, ["meta.imag"])
+
+
+def test_structs_of_structs_split_across_files_and_sliced_inputs(tmp_path):
+    """pylance 14's file writer panics on a slice of a struct that holds a struct (a file
+    boundary inside a batch, or a caller's own slice): such columns reach it unsliced."""
+    rows = 60
+    deep = pa.array([{"a": i, "s": {"x": float(i), "y": str(i)}} for i in range(rows)])
+    meta = pa.StructArray.from_arrays(
+        [blob_array([bytes([i]) * 20 for i in range(rows)]), deep], ["image", "deep"]
+    )
+    data = pa.table({"id": pa.array(range(rows)), "deep": deep, "meta": meta})
+    table = write_table(data, str(tmp_path / "t"), max_rows_per_file=25)
+    assert len(table.dataset.get_fragments()) == 3
+    table = write_table(data.slice(7, 30), table.uri, mode="append")
+    got = sorted(table.to_arrow(blobs="bytes").to_pylist(), key=lambda r: r["id"])
+    expected = data.to_pylist() + data.slice(7, 30).to_pylist()
+    expected = sorted(expected, key=lambda r: r["id"])
+    assert [r["deep"] for r in got] == [r["deep"] for r in expected]
+    assert [r["meta"]["image"] for r in got] == [r["meta"]["image"]["data"] for r in expected]

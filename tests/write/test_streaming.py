@@ -97,9 +97,13 @@ def test_peak_memory_is_flat_as_a_data_file_of_small_rows_grows(tmp_path):
     only for inline payloads, so a file of small columns gets Lance's default and holds no more
     memory at 2M rows than at 200K (with a 64 MiB buffer: +61 MB)."""
     small = run(str(tmp_path / "small"), 200_000, SMALL_ROWS_SCRIPT)
-    large = run(str(tmp_path / "large"), 2_000_000, SMALL_ROWS_SCRIPT)
+    # the lower of two runs, as above: one run of the same code measured +45 MB (CI, a loaded
+    # machine) against +10 to +34 MB in others; the buffer this guards against raises both
+    large = min(
+        (run(str(tmp_path / f"large{i}"), 2_000_000, SMALL_ROWS_SCRIPT) for i in range(2)),
+        key=lambda r: r["peak_kb"],
+    )
     assert large["rows"] == 10 * small["rows"]
     growth_mb = (large["peak_kb"] - small["peak_kb"]) / 1024
-    # measured +10 to +34 MB from run to run on the 2-core machine (the allocator's timing);
     # the buffer this guards against costs +61 MB
     assert growth_mb < 45, f"peak RSS grew by {growth_mb:.0f} MB for 10x the rows"

@@ -1,0 +1,226 @@
+"""A Lance data file's schema metadata and global buffers, read with blobhouse's own ranged reads.
+
+Each blobhouse data file keeps its payload checksums in a Lance *global buffer* named by the
+file's schema metadata (:mod:`blobhouse.checksums`). pylance's ``LanceFileReader`` can read
+both, but it blocks on Lance's runtime while holding the GIL: a thread doing so beside threads
+running pylance scans was seen to hang them all. Reading the few bytes here needs no runtime.
+
+The layout (Lance file format 2.x, ``protos/file2.proto``): the file ends in a 48-byte footer
+(four u64 offsets, the global buffer and column counts as u32, the version as two u16,
+``LANC``); the global buffer offset table holds a ``(position, size)`` u64 pair per buffer;
+buffer 0 is a protobuf ``FileDescriptor`` whose ``Schema`` carries the fields and the schema
+metadata.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from blobhouse.errors import BlobReadError
+from blobhouse.storage import RangeSource, object_store
+
+_FOOTER = struct.Struct("<QQQQIIHH4s")
+_MAGIC = b"LANC"
+# one read from the end usually holds the footer, the offset tables and the schema buffer
+_TAIL_BYTES = 64 << 10
+# protobuf field numbers: FileDescriptor.schema; Schema.fields, Schema.metadata; Field.name,
+# id, parent_id, logical_type, metadata; a map entry's key and value
+_SCHEMA, _FIELDS, _METADATA = 1, 1, 5
+_NAME, _ID, _PARENT, _TYPE, _FIELD_METADATA = 2, 3, 4, 5, 10
+_KEY, _VALUE = 1, 2
+_BLOB_MARKS = {(b"lance-encoding:blob", b"true"), (b"ARROW:extension:name", b"lance.blob.v2")}
+
+
+@dataclass(frozen=True)
+class FileField:
+    """One field of a data file's schema as Lance records it (nested fields by parent id)."""
+
+    name: str
+    id: int
+    parent_id: int
+    logical_type: str
+    metadata: dict[bytes, bytes]
+
+    @property
+    def is_blob(self) -> bool:
+        return any(self.metadata.get(key) == value for key, value in _BLOB_MARKS)
+
+
+@dataclass(frozen=True)
+class DataFileFooter:
+    """What a data file says about itself: its schema metadata, fields and global buffers.
+
+    >>> import tempfile, pyarrow as pa
+    >>> from lance.file import LanceFileWriter
+    >>> path = tempfile.mkdtemp() + "/f.lance"
+    >>> writer = LanceFileWriter(path, pa.schema([("a", pa.int64())]), version="2.2")
+    >>> writer.write_batch(pa.record_batch({"a": [1]}))
+    >>> writer.add_global_buffer(b"hello")
+    1
+    >>> writer.add_schema_metadata("k", "v"); writer.close()
+    1
+    >>> footer = DataFileFooter.read(path)
+    >>> footer.metadata[b"k"], footer.read_buffer(1), footer.leaf_names()
+    (b'v', b'hello', ['a'])
+    """
+
+    uri: str
+    metadata: dict[bytes, bytes]
+    fields: list[FileField]
+    buffers: list[tuple[int, int]]
+    storage_options: Mapping[str, str] | None = None
+
+    @classmethod
+    def read(cls, uri: str, storage_options: Mapping[str, str] | None = None) -> DataFileFooter:
+        """The footer of the data file at ``uri`` (:class:`~blobhouse.errors.BlobReadError`
+        naming it when it is missing or is not a Lance 2.x file)."""
+        store = object_store(uri, storage_options)
+        size = store.size(uri)
+        if size is None:
+            raise BlobReadError(f"data file {uri} is missing", uri)
+        source = store.open(uri)
+        try:
+            return cls._parse(uri, size, source, storage_options)
+        except (ValueError, IndexError, OverflowError, struct.error) as exc:  # damaged bytes
+            raise _not_lance(uri, f"its schema does not parse ({exc})") from None
+        finally:
+            source.close()
+
+    @classmethod
+    def _parse(
+        cls, uri: str, size: int, source: RangeSource, options: Mapping[str, str] | None
+    ) -> DataFileFooter:
+        tail_at = max(0, size - _TAIL_BYTES)
+        tail = source.read(tail_at, size - tail_at)
+        if size < _FOOTER.size or len(tail) != size - tail_at:
+            raise _not_lance(uri, "it is shorter than a footer")
+        *_, buffers_at, count, _columns, major, _minor, magic = _FOOTER.unpack_from(
+            tail, len(tail) - _FOOTER.size
+        )
+        if magic != _MAGIC or major < 2 or count == 0:
+            raise _not_lance(uri, f"its footer is not a Lance 2.x footer (magic {magic!r})")
+        table = _span(uri, source, tail, tail_at, buffers_at, 16 * count)
+        buffers = [struct.unpack_from("<QQ", table, 16 * i) for i in range(count)]
+        descriptor = _span(uri, source, tail, tail_at, *buffers[0])
+        metadata: dict[bytes, bytes] = {}
+        fields: list[FileField] = []
+        for number, schema in _messages(descriptor):
+            if number != _SCHEMA:
+                continue
+            for key, value in _messages(schema):
+                if key == _METADATA:
+                    entry = dict(_messages(value))
+                    metadata[bytes(entry.get(_KEY, b""))] = bytes(entry.get(_VALUE, b""))
+                elif key == _FIELDS:
+                    fields.append(_field(value))
+        return cls(uri, metadata, fields, buffers, options)
+
+    def read_buffer(self, index: int) -> bytes:
+        """The bytes of global buffer ``index``."""
+        if not 0 <= index < len(self.buffers):
+            raise _not_lance(self.uri, f"it has no global buffer {index}")
+        position, size = self.buffers[index]
+        source = object_store(self.uri, self.storage_options).open(self.uri)
+        try:
+            data = source.read(position, size)
+        finally:
+            source.close()
+        if len(data) != size:
+            raise _not_lance(self.uri, f"its global buffer {index} is cut short")
+        return data
+
+    def leaf_names(self) -> list[str]:
+        """Dotted names of the columns the file stores, in file order: struct children in
+        place of their struct, a blob column as one column."""
+        children: dict[int, list[FileField]] = {}
+        for field in self.fields:
+            # a blob column's descriptor fields follow it with no field id: not columns
+            if field.id >= 0:
+                children.setdefault(field.parent_id, []).append(field)
+        names: list[str] = []
+
+        def walk(field: FileField, name: str) -> None:
+            inner = children.get(field.id, [])
+            if field.is_blob or field.logical_type != "struct" or not inner:
+                names.append(name)
+                return
+            for child in inner:
+                walk(child, f"{name}.{child.name}")
+
+        for top in children.get(-1, []):
+            walk(top, top.name)
+        return names
+
+
+def _span(
+    uri: str, source: RangeSource, tail: bytes, tail_at: int, position: int, size: int
+) -> memoryview | bytes:
+    """``size`` bytes at ``position``: from the tail already read, or one more read."""
+    if position >= tail_at and position + size <= tail_at + len(tail):
+        return memoryview(tail)[position - tail_at : position - tail_at + size]
+    data = source.read(position, size)
+    if len(data) != size:
+        raise _not_lance(uri, "its metadata points past its end")
+    return data
+
+
+def _field(message: memoryview | bytes) -> FileField:
+    values: dict[int, object] = {}
+    metadata: dict[bytes, bytes] = {}
+    for number, value in _messages(message):
+        if number == _FIELD_METADATA:
+            entry = dict(_messages(value))
+            metadata[bytes(entry.get(_KEY, b""))] = bytes(entry.get(_VALUE, b""))
+        else:
+            values[number] = value
+    return FileField(
+        name=bytes(values.get(_NAME, b"")).decode(),
+        id=_int32(values.get(_ID, 0)),
+        parent_id=_int32(values.get(_PARENT, 0)),
+        logical_type=bytes(values.get(_TYPE, b"")).decode(),
+        metadata=metadata,
+    )
+
+
+def _int32(value: object) -> int:
+    """A protobuf int32 (negative ones are ten-byte varints of their 64-bit two's complement)."""
+    number = int(value)  # type: ignore[call-overload]
+    return number - (1 << 64) if number >= 1 << 63 else number
+
+
+def _messages(buf: memoryview | bytes) -> Iterator[tuple[int, memoryview | int]]:
+    """The ``(field number, value)`` pairs of a protobuf message: varints as ints,
+    length-delimited values as views (fixed-width ones are skipped: no field read here has one)."""
+    view = memoryview(buf)
+    at, end = 0, len(view)
+    while at < end:
+        key, at = _varint(view, at)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, at = _varint(view, at)
+            yield number, value
+        elif wire == 2:
+            size, at = _varint(view, at)
+            yield number, view[at : at + size]
+            at += size
+        elif wire in (1, 5):
+            at += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"protobuf wire type {wire} is not one Lance writes")
+
+
+def _varint(view: memoryview, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = view[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _not_lance(uri: str, why: str) -> BlobReadError:
+    return BlobReadError(f"data file {uri} cannot be read: {why}", uri)
