@@ -580,8 +580,19 @@ class Table:
         columns: Sequence[str] | None = None,
         blobs: BlobsMode = "refs",
     ) -> pa.Table:
-        """Rows at ``indices`` (positions among the live rows), in the order asked."""
+        """Rows at ``indices`` (positions among the live rows), in the order asked. Blob
+        columns of fragments read often come from their kept references
+        (:mod:`blobhouse.kept_references`), without Lance's take."""
         indices = self._check_indices(indices)
+        selection = self._taken_columns(columns, blobs)
+        if indices and self._kept_serves(selection, blobs, by_id=False):
+            return self._kept_table(
+                lambda cols: self.dataset.take(indices, columns=cols),
+                lambda path: self._snapshot.rows_at(path, indices),
+                selection,
+                blobs,
+                check_hashes=True,
+            )
         return self._taken(lambda cols: self.dataset.take(indices, columns=cols), columns, blobs)
 
     def row_ids(self, filter: str | None = None) -> np.ndarray:
@@ -623,28 +634,39 @@ class Table:
         ids = np.asarray(row_ids, dtype=np.uint64)
         check_hashes = check_flag("check_hashes", check_hashes)
         selection = self._taken_columns(columns, blobs)
-        if len(ids) and self._kept_serves(selection, blobs):
-            return self._rows_by_id(ids, selection, blobs, check_hashes)
+        if len(ids) and self._kept_serves(selection, blobs, by_id=True):
+            return self._kept_table(
+                lambda cols: self._by_id(ids.tolist(), cols),
+                lambda path: self._kept_by_id(path, ids),
+                selection,
+                blobs,
+                check_hashes,
+            )
         ids = ids.tolist()
         return self._taken(lambda cols: self._by_id(ids, cols), columns, blobs, check_hashes)
 
-    def _kept_serves(self, selection: Selection, blobs: str) -> bool:
-        """Whether rows by id can take their blob columns from kept references: a row's id
-        is its address (no stable row ids), and each blob column is selected itself, not
-        inside a selected struct."""
+    def _kept_serves(self, selection: Selection, blobs: str, by_id: bool) -> bool:
+        """Whether a take can read its blob columns from kept references: each blob column
+        is selected itself, not inside a selected struct, and, for rows by id, a row's id is
+        its address (no stable row ids)."""
         return (
             blobs in ("refs", "bytes")
             and bool(selection.blobs)
             # (a blob column inside a selected struct is read where it is, in the struct)
             and all(len(out) == 1 and path in selection.paths for out, path in selection.blobs)
-            and not self.dataset.has_stable_row_ids
+            and not (by_id and self.dataset.has_stable_row_ids)
         )
 
-    def _rows_by_id(
-        self, ids: np.ndarray, selection: Selection, blobs: str, check_hashes: bool
+    def _kept_table(
+        self,
+        take: Callable[[list[str]], pa.Table],
+        kept: Callable[[ColumnPath], ResolvedRows],
+        selection: Selection,
+        blobs: str,
+        check_hashes: bool,
     ) -> pa.Table:
-        """:meth:`take_rows` with the blob columns from kept references (:meth:`_kept_parts`)."""
-        plain, blob_rows = self._kept_parts(ids, selection)
+        """A take's rows with the blob columns from kept references (:meth:`_kept_parts`)."""
+        plain, blob_rows = self._kept_parts(take, kept, selection)
         arrays, fields, at = [], [], 0
         for i, name in enumerate(selection.names):
             if i in blob_rows:
@@ -665,7 +687,11 @@ class Table:
         self, ids: np.ndarray, selection: Selection, check_hashes: bool
     ) -> list[dict[str, Any]]:
         """:meth:`take_row_dicts` with the blob columns from kept references."""
-        plain, blob_rows = self._kept_parts(ids, selection)
+        plain, blob_rows = self._kept_parts(
+            lambda cols: self._by_id(ids.tolist(), cols),
+            lambda path: self._kept_by_id(path, ids),
+            selection,
+        )
         rows = plain.to_pylist() if plain is not None else [{} for _ in range(len(ids))]
         for i, resolved in blob_rows.items():
             path, name = selection.paths[i], selection.names[i]
@@ -675,11 +701,14 @@ class Table:
         return [{name: row[name] for name in selection.names} for row in rows]
 
     def _kept_parts(
-        self, ids: np.ndarray, selection: Selection
+        self,
+        take: Callable[[list[str]], pa.Table],
+        kept: Callable[[ColumnPath], ResolvedRows],
+        selection: Selection,
     ) -> tuple[pa.RecordBatch | None, dict[int, ResolvedRows]]:
-        """For rows by id: the selected columns that are not blob columns (one take; None
-        when there are none), and each blob column's rows from kept references, by its place
-        in the selection."""
+        """For a take: the selected columns that are not blob columns (one ``take``; None
+        when there are none), and each blob column's rows from kept references (``kept``),
+        by its place in the selection."""
         blob_paths = {path for _, path in selection.blobs}
         plain = [i for i, path in enumerate(selection.paths) if path not in blob_paths]
         batch = None
@@ -690,13 +719,9 @@ class Table:
                 [selection.paths[i] for i in plain],
                 [],
             )
-            taken = self._lance_read("read", lambda: self._by_id(ids.tolist(), part.lance))
+            taken = self._lance_read("read", lambda: take(part.lance))
             batch = part.named(part.flat(taken.combine_chunks().to_batches()[0]))
-        blob_rows = {
-            i: self._kept_by_id(path, ids)
-            for i, path in enumerate(selection.paths)
-            if path in blob_paths
-        }
+        blob_rows = {i: kept(path) for i, path in enumerate(selection.paths) if path in blob_paths}
         return batch, blob_rows
 
     def _kept_by_id(self, path: ColumnPath, ids: np.ndarray) -> ResolvedRows:
@@ -736,7 +761,7 @@ class Table:
             return self.take_rows(row_ids, columns, blobs, check_hashes=check_hashes).to_pylist()
         ids = np.asarray(row_ids, dtype=np.uint64)
         selection = self._taken_columns(columns, blobs)
-        if len(ids) and self._kept_serves(selection, blobs):
+        if len(ids) and self._kept_serves(selection, blobs, by_id=True):
             return self._row_dicts_by_id(ids, selection, check_hashes)
         ids = ids.tolist()
         lance_columns = selection.lance

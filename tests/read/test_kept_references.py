@@ -245,6 +245,26 @@ def test_rows_by_id_are_the_same_kept_or_taken(fragments_table, monkeypatch, col
         assert all(v is None or isinstance(v, bytes) for v in values)
 
 
+@pytest.mark.parametrize("columns", [["b"], ["meta.img", "id", "b"], ["meta", "b"], None])
+@pytest.mark.parametrize("blobs", ["bytes", "refs"])
+def test_rows_by_position_are_the_same_kept_or_taken(fragments_table, monkeypatch, columns, blobs):
+    """take (rows by position) gives the same table kept or taken, and its bytes are what
+    pylance reads at those positions."""
+    monkeypatch.setattr(kept_module, "LOAD_SECONDS_PER_ROW", float("inf"))
+    taken = open_table(fragments_table)
+    picks = draws(109, seed=11)
+    expected = [taken.take(p, columns, blobs) for p in picks]
+    monkeypatch.setattr(kept_module, "LOAD_SECONDS_PER_ROW", 0.0)
+    kept = open_table(fragments_table)
+    for _ in range(2):  # the second round from what is kept
+        for p, want in zip(picks, expected, strict=True):
+            got = kept.take(p, columns, blobs)
+            assert got.equals(want, check_metadata=True), (got.schema, want.schema)
+            if blobs == "bytes":
+                assert got.column("b").to_pylist() == stock_bytes(fragments_table, "b", p)
+    assert bool(kept.snapshot._kept) == (columns is not None and "meta" not in columns)
+
+
 @pytest.mark.parametrize("columns", [["b"], ["id", "b"], ["id"]])
 def test_deleted_ids_are_named_however_they_are_asked_for(fragments_table, columns):
     """Lance leaves deleted rows out of a take by id without a word, and panics when one
