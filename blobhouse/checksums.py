@@ -434,12 +434,11 @@ class RecordedHashes:
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
-    >>> from blobhouse.dedup import DIGEST_BYTES, content_hash, digest_matrix
+    >>> from blobhouse.dedup import content_hash
     >>> t = write_table(pa.table({"b": blob_array([b"x" * 100_000])}), tempfile.mkdtemp() + "/t",
     ...                 dedup="content")  # a pack of the data file's own
-    >>> ref = t.blob_refs("b", [0])[0].as_py()
-    >>> digest = RecordedHashes().expected(
-    ...     Kind.PACKED, 1, 0, 0, ref["uri"], ref["position"], ref["size"])
+    >>> rows = t.snapshot.rows_at(("b",), [0])
+    >>> [digest] = RecordedHashes().expected_many(t.file_column(("b",)), rows)
     >>> digest == content_hash(b"x" * 100_000)
     True
     """
@@ -573,33 +572,6 @@ class RecordedHashes:
         if self._store_index is None:
             self._store_index = self.store[1]()
         return self._store_index.digest_at(uri.removeprefix(self.store[0]), position, size)
-
-    def expected(
-        self,
-        kind: int,
-        blob_id: int,
-        file_column: int,
-        file_row: int,
-        uri: str,
-        position: int,
-        size: int,
-        data_file: str | None = None,
-    ) -> bytes | None:
-        """The digest recorded for one reference, or None (an external blob, or a data file
-        another writer made). An inline payload is named by its data file's column and row;
-        a store payload's is looked up in ``data_file``, the row's data file."""
-        if kind == Kind.EXTERNAL and self._in_store(uri):
-            recorded = self._file(data_file) if data_file is not None else None
-            return self._store_digest(recorded, uri, position, size)
-        if kind == Kind.EXTERNAL:
-            return None  # user-owned: whatever is there now is what readers get
-        data_file = uri if kind == Kind.INLINE else _sidecar_data_file(uri)
-        recorded = self._file(data_file)
-        if recorded is None:
-            return None
-        if kind == Kind.INLINE:
-            return recorded.inline(file_column, file_row)
-        return recorded.sidecar(blob_id, 0 if kind == Kind.DEDICATED else position, size)
 
     def _file(self, data_file: str) -> FileChecksums | None:
         return self._files.get(data_file, lambda: load_checksums(data_file, self.storage_options))

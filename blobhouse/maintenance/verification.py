@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobReadError, StoreIndexError
 from blobhouse.maintenance.reports import VerifyReport
@@ -25,7 +27,8 @@ from blobhouse.maintenance.versions import (
 )
 from blobhouse.managed import Registry
 from blobhouse.placement import MiB
-from blobhouse.rangeio import BlobRef, read_ranges
+from blobhouse.rangeio import BlobRef, RefColumns, read_ranges, refs_from_arrow
+from blobhouse.references import ResolvedRows
 from blobhouse.snapshot import snapshot_of, table_io
 from blobhouse.storage import StorageOptions, object_store
 from blobhouse.store.checks import damaged_entries
@@ -121,16 +124,17 @@ class Checker:
             return f"range [{position}, +{size}) is past the end ({length} bytes)"
         return None
 
-    def recorded_hash(self, batch: ReferenceBatch, i: int, ref: BlobRef) -> bytes | None:
-        return self.hashes.expected(
-            int(batch.kinds[i]),
-            int(batch.blob_ids[i]),
-            batch.file_column,
-            int(batch.offsets[i]),
-            ref.uri,
-            ref.position,
-            ref.size,
-            batch.data_file,
+    def recorded_hashes(self, batch: ReferenceBatch) -> list[bytes | None]:
+        """The recorded digest of each reference of ``batch`` (None: none recorded)."""
+        rows = ResolvedRows(
+            RefColumns.of(refs_from_arrow(batch.refs)),
+            batch.kinds,
+            batch.blob_ids,
+            batch.offsets.astype(np.uint64),  # one fragment: its rows' offsets are addresses
+        )
+        file = batch.data_file
+        return self.hashes.expected_many(
+            lambda _: batch.file_column, rows, None if file is None else lambda _: file
         )
 
 
@@ -157,6 +161,7 @@ def verify_state(
         positions = batch.refs.field("position").to_pylist()
         sizes = batch.refs.field("size").to_pylist()
         to_hash: list[tuple[int, BlobRef, bytes]] = []
+        recorded = checker.recorded_hashes(batch) if deep else []
         for i, (uri, position, size) in enumerate(zip(uris, positions, sizes, strict=True)):
             report.references += 1
             report.objects.add(uri)
@@ -172,7 +177,7 @@ def verify_state(
             if not deep:
                 continue
             ref = BlobRef(uri, position, size)
-            expected = checker.recorded_hash(batch, i, ref)
+            expected = recorded[i]
             if expected is None:
                 report.unhashed += 1
             else:
