@@ -73,7 +73,7 @@ class Size:
 
 QUICK = Size(
     "quick",
-    5,
+    2,  # a smoke run: every case end to end, medians of 2 (the full run's of 5 cost minutes)
     100,
     10,
     90,
@@ -496,7 +496,7 @@ def small_blobs(size: Size) -> Case:
             for read in contenders.values():
                 for _ in draws:
                     read()
-            times = medians(contenders, max(size.runs, 25))
+            times = medians(contenders, 5 * size.runs)  # reads of 0.1-1 ms: more rounds
             for contender, seconds in times.items():
                 case.add(
                     k=k,
