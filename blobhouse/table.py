@@ -631,7 +631,7 @@ class Table:
         checked against its recorded hash unless ``check_hashes`` is False). Blob columns
         of fragments read often come from their kept references
         (:mod:`blobhouse.kept_references`), without Lance's take."""
-        ids = np.asarray(row_ids, dtype=np.uint64)
+        ids = _row_ids(row_ids)
         check_hashes = check_flag("check_hashes", check_hashes)
         selection = self._taken_columns(columns, blobs)
         if len(ids) and self._kept_serves(selection, blobs, by_id=True):
@@ -759,7 +759,7 @@ class Table:
         check_hashes = check_flag("check_hashes", check_hashes)
         if blobs != "bytes":
             return self.take_rows(row_ids, columns, blobs, check_hashes=check_hashes).to_pylist()
-        ids = np.asarray(row_ids, dtype=np.uint64)
+        ids = _row_ids(row_ids)
         selection = self._taken_columns(columns, blobs)
         if len(ids) and self._kept_serves(selection, blobs, by_id=True):
             return self._row_dicts_by_id(ids, selection, check_hashes)
@@ -1012,7 +1012,7 @@ class Table:
         return selection
 
     def _check_indices(self, indices: Sequence[int]) -> list[int]:
-        indices = [int(i) for i in indices]
+        indices = _integers(indices, "row indices")
         rows = self.count_rows()
         bad = [i for i in indices if not 0 <= i < rows]
         if bad:
@@ -1079,6 +1079,31 @@ class Table:
 
     def _empty(self, columns: Sequence[str] | None, blobs: BlobsMode) -> pa.Table:
         return self.output_schema(columns, blobs).empty_table()
+
+
+def _integers(values: Sequence[int] | np.ndarray, what: str) -> list[int]:
+    """``values`` as Python ints; TypeError naming the first that is not an integer (a float,
+    a string or a bool would read some other row: ``int(1.5)`` is row 1)."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        return values.tolist()
+    out = []
+    for value in values:
+        if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+            raise TypeError(f"{what} must be integers, got {value!r}")
+        out.append(int(value))
+    return out
+
+
+def _row_ids(row_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Row ids (from :meth:`Table.row_ids`) as uint64, checked: integers, none negative (numpy
+    would wrap -1 to the largest id)."""
+    if isinstance(row_ids, np.ndarray) and row_ids.dtype == np.uint64:
+        return row_ids  # what row_ids() returns: nothing to check
+    ids = _integers(row_ids, "row ids")
+    bad = [i for i in ids if not 0 <= i < 1 << 64]
+    if bad:
+        raise IndexError(f"row ids {bad[:5]} are not rows: ids come from row_ids()")
+    return np.array(ids, dtype=np.uint64)
 
 
 def _set_nested(row: dict[str, Any], path: ColumnPath, value: object) -> None:

@@ -317,3 +317,29 @@ def test_row_dicts_are_the_same_kept_or_taken(fragments_table, monkeypatch, colu
         if ref is not None:  # one object for every row of the same stored payload
             assert by_range.setdefault(tuple(ref.values()), row["b"]) is row["b"]
     assert len(by_range) < sum(r is not None for r in refs)
+
+
+@pytest.mark.parametrize(
+    ("read", "bad", "error", "message"),
+    [
+        ("take_rows", [1.5], TypeError, r"row ids must be integers, got 1.5"),
+        ("take_rows", ["0"], TypeError, r"row ids must be integers, got '0'"),
+        ("take_rows", [True], TypeError, r"row ids must be integers, got True"),
+        ("take_rows", [-1], IndexError, r"row ids \[-1\] are not rows"),
+        ("take_rows", np.array([-1]), IndexError, r"row ids \[-1\] are not rows"),
+        ("take_rows", [-1, 1 << 63], IndexError, r"are not rows"),
+        ("take_row_dicts", [2.0], TypeError, r"row ids must be integers, got 2.0"),
+        ("take", [1.5], TypeError, r"row indices must be integers, got 1.5"),
+        ("take", ["0"], TypeError, r"row indices must be integers, got '0'"),
+        ("read_blobs", [0.0], TypeError, r"row indices must be integers, got 0.0"),
+        ("take", [-1], IndexError, r"row indices \[-1\] out of range"),
+        ("take", [1 << 64], IndexError, r"out of range"),
+    ],
+)
+def test_rows_are_asked_for_by_integers(fragments_table, read, bad, error, message):
+    """A float, a string or a bool is not a row (1.5 read row 1, "0" row 0), and a negative
+    id is not one either (numpy wrapped -1 to 2**64 - 1; a list of it overflowed)."""
+    table = open_table(fragments_table)
+    args = ("b", bad) if read == "read_blobs" else (bad,)
+    with pytest.raises(error, match=message):
+        getattr(table, read)(*args)
