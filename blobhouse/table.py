@@ -1131,7 +1131,8 @@ def _naming_row(error: BlobReadError, column: str, rows: ResolvedRows) -> BlobRe
     if row is None:
         return error
     address = int(rows.addresses[row])
-    return BlobReadError(
+    # the same class: a store that failed the read stays a StoreError (StoreReadError)
+    return type(error)(
         f"blob column {column!r}, fragment {address >> 32} row {address & 0xFFFFFFFF}: {error}",
         error.uri,
     )

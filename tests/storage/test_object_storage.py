@@ -27,6 +27,7 @@ from blobhouse import (
     RefIdConflictError,
     TableNotFoundError,
     blob_array,
+    kept_references,
     open_table,
     read_ranges,
     write_table,
@@ -195,6 +196,32 @@ def test_a_store_that_goes_away_fails_reads_with_a_store_error_naming_it():
     assert isinstance(raised.value, BlobReadError) and str(raised.value).count("cannot") == 1
     with pytest.raises(StoreError, match=r"s3://gone-later/t"):
         next(iter(loader))
+
+
+def test_a_store_that_goes_away_fails_kept_reads_with_a_store_error(monkeypatch):
+    """Reads from kept references (no Lance take) of a store that went away: a StoreError
+    naming the row, fast (the row's name made it a plain BlobReadError, "missing or short")."""
+    monkeypatch.setattr(kept_references, "LOAD_SECONDS_PER_ROW", 0.0)
+    with LocalS3Server() as server:
+        server.bucket("gone-kept")
+        options = {**server.options, "allow_http": "true"}
+        write_table(rows(8), "s3://gone-kept/t", storage_options=options, dedup="content")
+        table = open_table("s3://gone-kept/t", storage_options=options)
+        table.read_blobs("media", [0])
+        ids = table.row_ids()
+        table.take_rows(ids[:1], ["media"], "bytes")
+        assert table.snapshot._kept  # what follows reads no descriptor from the store
+    reads = {
+        "read_blobs": lambda: table.read_blobs("media", [1]),
+        "take": lambda: table.take([2], columns=["media"], blobs="bytes"),
+        "take_rows": lambda: table.take_rows(ids[5:6], ["media"], "bytes"),
+    }
+    for name, read in reads.items():
+        started = time.monotonic()
+        with pytest.raises(StoreError, match=r"blob column 'media', fragment 0 row \d+: ") as e:
+            read()
+        assert isinstance(e.value, BlobReadError), name
+        assert time.monotonic() - started < 30, name
 
 
 def test_a_store_that_goes_away_fails_changes_and_services_with_a_store_error():
