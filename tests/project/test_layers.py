@@ -22,6 +22,7 @@ SERVICES = (
     "blobhouse.changes.backfill",
     "blobhouse.changes.schema_changes",
     "blobhouse.maintenance",
+    "blobhouse.reads",
 )
 ABOVE_SERVICES = ("blobhouse.table", "blobhouse.spark", "blobhouse.cli", "blobhouse.demo")
 

@@ -1,0 +1,574 @@
+"""Reading the rows of one table version: selections, scans, takes by position and by id,
+blob columns returned as references or as checked bytes.
+
+:class:`TableReader` is the service behind :class:`~blobhouse.Table`'s reads; it takes a
+:class:`~blobhouse.snapshot.TableSnapshot`. Blob columns of fragments read often come from
+their kept references (:mod:`blobhouse.kept_references`) instead of Lance's take; bytes are
+read with coalesced ranged reads (:mod:`blobhouse.rangeio`), checked against the blake3
+recorded when they were written (:mod:`blobhouse.checksums`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Literal, TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from blobhouse.columns import lance_name, resolve_columns
+from blobhouse.errors import BlobReadError, InvalidInputError, lance_message
+from blobhouse.kept_references import DeletedRowsError, take_rows_by_id
+from blobhouse.options import check_flag
+from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, read_ranges_arrow
+from blobhouse.references import ResolvedRows
+from blobhouse.snapshot import TableSnapshot, lance_read
+from blobhouse.values import (
+    ROW_ADDRESS,
+    ColumnPath,
+    get_column,
+    get_field,
+    path_name,
+    replace_column,
+    replace_field,
+)
+
+BlobsMode = Literal["refs", "bytes", "descriptors"]
+T = TypeVar("T")
+_ROW_ID = "_rowid"
+#: a blob column to convert: (its path in a read batch, its path in the table)
+BlobTarget = tuple[ColumnPath, ColumnPath]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What ``columns=`` selects (see :func:`blobhouse.columns.resolve_column`): a nested
+    name (``meta.image``) reads as one top-level column of that name holding the field's
+    values (null where a parent is null), as Lance's scan returns it; every read of a
+    :class:`Table` (scan, take, take_rows, take_row_dicts) gives that same shape."""
+
+    names: list[str]  # the output columns, as the caller named them
+    lance: list[str]  # the same columns as Lance's ``columns=`` takes them
+    paths: list[ColumnPath]  # their paths in the table
+    blobs: list[BlobTarget]  # the blob columns they hold, to convert
+
+    @property
+    def nested(self) -> bool:
+        return any(len(p) > 1 for p in self.paths)
+
+    def flat(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A batch Lance's take returned (a nested column inside its pruned parent struct)
+        in the scan's shape: each nested column its own top-level column."""
+        if not self.nested:
+            return batch
+        arrays = [get_column(batch, p) for p in self.paths]
+        fields = [
+            get_field(batch.schema, p).with_name(n)
+            for p, n in zip(self.paths, self.names, strict=True)
+        ]
+        if ROW_ADDRESS in batch.schema.names:
+            arrays.append(batch.column(ROW_ADDRESS))
+            fields.append(batch.schema.field(ROW_ADDRESS))
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+    def named(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A scanned batch with its columns named as the caller named them (Lance names a
+        nested column by its quoted name, ``s.`a.b```)."""
+        if self.lance == self.names:
+            return batch
+        return batch.rename_columns(self.names + batch.schema.names[len(self.names) :])
+
+
+class TableReader:
+    """The reads of one table version (what :class:`~blobhouse.Table`'s read methods run).
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> t = write_table(pa.table({"id": [1, 2], "img": blob_array([b"a", b"b"])}),
+    ...                 tempfile.mkdtemp() + "/t")
+    >>> TableReader(t.snapshot).take([1], blobs="bytes").to_pylist()
+    [{'id': 2, 'img': b'b'}]
+    """
+
+    def __init__(self, snapshot: TableSnapshot) -> None:
+        self.snapshot = snapshot
+
+    def count_rows(self, filter: str | None = None) -> int:
+        """See :meth:`blobhouse.Table.count_rows`."""
+        return self._lance_read("read", lambda: self.snapshot.count_rows(filter))
+
+    def scan(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        blobs: BlobsMode = "refs",
+        batch_size: int | None = None,
+        *,
+        fragment_ids: Sequence[int] | None = None,
+        offset: int | None = None,
+        limit: int | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """See :meth:`blobhouse.Table.scan`."""
+        selection = self._selection(columns, blobs)
+        fragments = None
+        if fragment_ids is not None:
+            fragments = [self.snapshot.dataset.get_fragment(i) for i in fragment_ids]
+        scanner = self.snapshot.dataset.scanner(
+            columns=selection.lance,
+            filter=filter,
+            batch_size=batch_size,
+            with_row_address=bool(selection.blobs),
+            fragments=fragments,
+            offset=offset,
+            limit=limit,
+        )
+        batches = scanner.to_batches()
+        while (batch := self._lance_read("read", lambda: next(batches, None))) is not None:
+            named = selection.named(batch)
+            yield self._convert(named, selection.blobs, blobs, check_hashes=True)
+
+    def to_arrow(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        blobs: BlobsMode = "refs",
+    ) -> pa.Table:
+        """See :meth:`blobhouse.Table.to_arrow`."""
+        batches = list(self.scan(columns, filter, blobs))
+        if batches:
+            return pa.Table.from_batches(batches)
+        return self._empty(columns, blobs)
+
+    def take(
+        self,
+        indices: Sequence[int],
+        columns: Sequence[str] | None = None,
+        blobs: BlobsMode = "refs",
+    ) -> pa.Table:
+        """See :meth:`blobhouse.Table.take`."""
+        indices = self._check_indices(indices)
+        selection = self._taken_columns(columns, blobs)
+        if indices and self._kept_serves(selection, blobs, by_id=False):
+            return self._kept_table(
+                lambda cols: self.snapshot.dataset.take(indices, columns=cols),
+                lambda path: self.snapshot.rows_at(path, indices),
+                selection,
+                blobs,
+                check_hashes=True,
+            )
+        return self._taken(
+            lambda cols: self.snapshot.dataset.take(indices, columns=cols), columns, blobs
+        )
+
+    def row_ids(self, filter: str | None = None) -> np.ndarray:
+        """See :meth:`blobhouse.Table.row_ids`."""
+        try:
+            scanner = self.snapshot.dataset.scanner(columns=[], filter=filter, with_row_id=True)
+            ids = [batch.column(_ROW_ID).to_numpy() for batch in scanner.to_batches()]
+        except (ValueError, pa.ArrowInvalid) as exc:
+            if filter is None:
+                raise
+            raise InvalidInputError(
+                f"filter {filter!r} is not valid SQL for this table: {lance_message(exc)}"
+            ) from None
+        return np.concatenate(ids) if ids else np.zeros(0, np.uint64)
+
+    def take_rows(
+        self,
+        row_ids: Sequence[int] | np.ndarray,
+        columns: Sequence[str] | None = None,
+        blobs: BlobsMode = "refs",
+        *,
+        check_hashes: bool = True,
+    ) -> pa.Table:
+        """See :meth:`blobhouse.Table.take_rows`."""
+        ids = _row_ids(row_ids)
+        check_hashes = check_flag("check_hashes", check_hashes)
+        selection = self._taken_columns(columns, blobs)
+        if len(ids) and self._kept_serves(selection, blobs, by_id=True):
+            return self._kept_table(
+                lambda cols: self._by_id(ids.tolist(), cols),
+                lambda path: self._kept_by_id(path, ids),
+                selection,
+                blobs,
+                check_hashes,
+            )
+        ids = ids.tolist()
+        return self._taken(lambda cols: self._by_id(ids, cols), columns, blobs, check_hashes)
+
+    def _kept_serves(self, selection: Selection, blobs: str, by_id: bool) -> bool:
+        """Whether a take can read its blob columns from kept references: each blob column
+        is selected itself, not inside a selected struct, and, for rows by id, a row's id is
+        its address (no stable row ids)."""
+        return (
+            blobs in ("refs", "bytes")
+            and bool(selection.blobs)
+            # (a blob column inside a selected struct is read where it is, in the struct)
+            and all(len(out) == 1 and path in selection.paths for out, path in selection.blobs)
+            and not (by_id and self.snapshot.dataset.has_stable_row_ids)
+        )
+
+    def _kept_table(
+        self,
+        take: Callable[[list[str]], pa.Table],
+        kept: Callable[[ColumnPath], ResolvedRows],
+        selection: Selection,
+        blobs: str,
+        check_hashes: bool,
+    ) -> pa.Table:
+        """A take's rows with the blob columns from kept references (:meth:`_kept_parts`)."""
+        plain, blob_rows = self._kept_parts(take, kept, selection)
+        arrays, fields, at = [], [], 0
+        for i, name in enumerate(selection.names):
+            if i in blob_rows:
+                path, rows = selection.paths[i], blob_rows[i]
+                if blobs == "bytes":
+                    arrays.append(self._checked_bytes(path, rows, read_ranges_arrow, check_hashes))
+                else:
+                    arrays.append(rows.refs.to_arrow())
+                fields.append(pa.field(name, arrays[-1].type))
+            else:  # the take holds the other columns in selection order
+                arrays.append(plain.column(at))
+                fields.append(plain.schema.field(at))
+                at += 1
+        schema = pa.schema(fields, metadata=self.snapshot.schema.metadata)
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    def _row_dicts_by_id(
+        self, ids: np.ndarray, selection: Selection, check_hashes: bool
+    ) -> list[dict[str, Any]]:
+        """:meth:`take_row_dicts` with the blob columns from kept references."""
+        plain, blob_rows = self._kept_parts(
+            lambda cols: self._by_id(ids.tolist(), cols),
+            lambda path: self._kept_by_id(path, ids),
+            selection,
+        )
+        rows = plain.to_pylist() if plain is not None else [{} for _ in range(len(ids))]
+        for i, resolved in blob_rows.items():
+            path, name = selection.paths[i], selection.names[i]
+            values = self._checked_bytes(path, resolved, read_ranges, check_hashes)
+            for row, value in zip(rows, values, strict=True):
+                row[name] = value
+        return [{name: row[name] for name in selection.names} for row in rows]
+
+    def _kept_parts(
+        self,
+        take: Callable[[list[str]], pa.Table],
+        kept: Callable[[ColumnPath], ResolvedRows],
+        selection: Selection,
+    ) -> tuple[pa.RecordBatch | None, dict[int, ResolvedRows]]:
+        """For a take: the selected columns that are not blob columns (one ``take``; None
+        when there are none), and each blob column's rows from kept references (``kept``),
+        by its place in the selection."""
+        blob_paths = {path for _, path in selection.blobs}
+        plain = [i for i, path in enumerate(selection.paths) if path not in blob_paths]
+        batch = None
+        if plain:
+            part = Selection(
+                [selection.names[i] for i in plain],
+                [selection.lance[i] for i in plain],
+                [selection.paths[i] for i in plain],
+                [],
+            )
+            taken = self._lance_read("read", lambda: take(part.lance))
+            batch = part.named(part.flat(taken.combine_chunks().to_batches()[0]))
+        blob_rows = {i: kept(path) for i, path in enumerate(selection.paths) if path in blob_paths}
+        return batch, blob_rows
+
+    def _kept_by_id(self, path: ColumnPath, ids: np.ndarray) -> ResolvedRows:
+        try:
+            return self.snapshot.rows_by_id(path, ids)
+        except DeletedRowsError as exc:
+            raise _not_rows_here(exc.ids, self.snapshot.version, "deleted rows") from None
+        except (IndexError, OSError) as exc:
+            if isinstance(exc, OSError) and not str(exc).startswith("Invalid user input"):
+                raise  # a missing or unreadable data file
+            raise _not_rows_here(ids.tolist(), self.snapshot.version, exc) from None
+
+    def take_row_dicts(
+        self,
+        row_ids: Sequence[int] | np.ndarray,
+        columns: Sequence[str] | None = None,
+        blobs: BlobsMode = "bytes",
+        *,
+        check_hashes: bool = True,
+    ) -> list[dict[str, Any]]:
+        """See :meth:`blobhouse.Table.take_row_dicts`."""
+        check_hashes = check_flag("check_hashes", check_hashes)
+        if blobs != "bytes":
+            return self.take_rows(row_ids, columns, blobs, check_hashes=check_hashes).to_pylist()
+        ids = _row_ids(row_ids)
+        selection = self._taken_columns(columns, blobs)
+        if len(ids) and self._kept_serves(selection, blobs, by_id=True):
+            return self._row_dicts_by_id(ids, selection, check_hashes)
+        ids = ids.tolist()
+        lance_columns = selection.lance
+        wanted = [*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns
+        taken = self._lance_read("read", lambda: self._by_id(ids, wanted))
+        batches = [selection.flat(b) for b in taken.to_batches()]
+        return [
+            row
+            for batch in batches
+            for row in self._row_dicts(batch, selection.blobs, check_hashes)
+        ]
+
+    def _by_id(self, ids: list[int], columns: list[str]) -> pa.Table:
+        """One native take of rows by id (pylance's public take is by position)."""
+        try:
+            return take_rows_by_id(self.snapshot.dataset, np.asarray(ids, np.uint64), columns)
+        except OSError as exc:
+            if not str(exc).startswith("Invalid user input"):
+                raise  # a missing or unreadable data file
+            raise _not_rows_here(ids, self.snapshot.version, exc) from None
+        except DeletedRowsError as exc:
+            raise _not_rows_here(exc.ids, self.snapshot.version, "deleted rows") from None
+
+    def _row_dicts(
+        self, batch: pa.RecordBatch, targets: list[BlobTarget], check_hashes: bool
+    ) -> list[dict[str, Any]]:
+        if not targets:
+            return batch.to_pylist()
+        addresses, payloads = batch.column(ROW_ADDRESS), []
+        for out, path in targets:
+            descriptors = get_column(batch, out)
+            payloads.append(
+                self._checked_bytes(
+                    path,
+                    self.snapshot.resolve_rows(path, descriptors, addresses),
+                    read_ranges,
+                    check_hashes,
+                )
+            )
+            # the descriptors are not wanted in the rows: nulls convert for nothing
+            nulls = pa.nulls(batch.num_rows)
+            batch = replace_column(batch, out, nulls, pa.field(out[-1], pa.null()))
+        rows = batch.drop_columns([ROW_ADDRESS]).to_pylist()
+        for (out, _), values in zip(targets, payloads, strict=True):
+            for row, value in zip(rows, values, strict=True):
+                _set_nested(row, out, value)
+        return rows
+
+    def _taken(
+        self,
+        take: Callable[[list[str]], pa.Table],
+        columns: Sequence[str] | None,
+        blobs: BlobsMode,
+        check_hashes: bool = True,
+    ) -> pa.Table:
+        """The rows ``take(columns)`` returns (with their addresses when blobs are read), blob
+        columns converted as ``blobs`` says."""
+        check_hashes = check_flag("check_hashes", check_hashes)
+        selection = self._taken_columns(columns, blobs)
+        lance_columns = selection.lance
+        wanted = [*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns
+        taken = self._lance_read("read", lambda: take(wanted))
+        batches = [
+            self._convert(selection.flat(b), selection.blobs, blobs, check_hashes)
+            for b in taken.to_batches()
+            if b.num_rows
+        ]
+        if batches:
+            return pa.Table.from_batches(batches)
+        return self._empty(columns, blobs)
+
+    def _lance_read(self, doing: str, read: Callable[[], T]) -> T:
+        """``read()``, a read of this table by Lance (:func:`~blobhouse.snapshot.lance_read`)."""
+        return lance_read(self.snapshot.uri, self.snapshot.storage_options, doing, read)
+
+    def blob_refs(self, column: str, indices: Sequence[int]) -> pa.StructArray:
+        """See :meth:`blobhouse.Table.blob_refs`."""
+        path = self.snapshot.blob_path(column, "blob_refs")
+        indices = self._check_indices(indices)
+        if not indices:
+            return pa.array([], type=REF_TYPE)
+        return self.snapshot.rows_at(path, indices).refs.to_arrow()
+
+    def read_blobs(self, column: str, indices: Sequence[int]) -> list[bytes | None]:
+        """See :meth:`blobhouse.Table.read_blobs`."""
+        path = self.snapshot.blob_path(column, "read_blobs")
+        indices = self._check_indices(indices)
+        if not indices:
+            return []
+        # each payload read into its own bytes
+        rows = self.snapshot.rows_at(path, indices)
+        return self._checked_bytes(path, rows, read_ranges, doing="read blobs of")
+
+    def open_blob(self, column: str, index: int) -> BinaryIO | None:
+        """See :meth:`blobhouse.Table.open_blob`."""
+        path = self.snapshot.blob_path(column, "open_blob")
+        (index,) = self._check_indices([index])
+        rows = self.snapshot.rows_at(path, [index])
+        ref = rows.refs.ref(0)
+        if ref is None:
+            return None
+        (digest,) = self._lance_read(
+            "read blobs of",
+            lambda: self.snapshot.recorded_hashes().expected_many(
+                self.snapshot.file_column(path), rows, self.snapshot.data_file_of(path)
+            ),
+        )
+        row = int(rows.addresses[0])
+        name = f"blob column {column!r}, fragment {row >> 32} row {row & 0xFFFFFFFF}"
+        return open_ref(ref, digest, name, self.snapshot.storage_options)
+
+    def _selection(self, columns: Sequence[str] | None, blobs: str) -> Selection:
+        if blobs not in ("refs", "bytes", "descriptors"):
+            raise InvalidInputError(
+                f"blobs must be 'refs', 'bytes' or 'descriptors', got {blobs!r}"
+            )
+        if columns is None:
+            names = list(self.snapshot.schema.names)
+            paths = [(n,) for n in names]
+        else:
+            names = list(columns)
+            paths = resolve_columns(self.snapshot.schema, names)
+        targets: list[BlobTarget] = []
+        if blobs != "descriptors":
+            for name, path in zip(names, paths, strict=True):
+                # a nested selection is one top-level column named as selected
+                out = (name,) if len(path) > 1 else path
+                targets.extend(
+                    ((*out, *b[len(path) :]), b)
+                    for b in self.snapshot.blob_paths
+                    if b[: len(path)] == path
+                )
+        return Selection(names, [lance_name(p) for p in paths], paths, targets)
+
+    def _taken_columns(self, columns: Sequence[str] | None, blobs: str) -> Selection:
+        """:meth:`_selection` for a take, which needs a column (a scan may have none)."""
+        selection = self._selection(columns, blobs)
+        if not selection.names:
+            raise InvalidInputError(
+                f"columns is empty: name one or more of {self.snapshot.schema.names}"
+            )
+        return selection
+
+    def _check_indices(self, indices: Sequence[int]) -> list[int]:
+        indices = _integers(indices, "row indices")
+        rows = self.count_rows()
+        bad = [i for i in indices if not 0 <= i < rows]
+        if bad:
+            raise IndexError(f"row indices {bad[:5]} out of range for a table of {rows} rows")
+        return indices
+
+    def _convert(
+        self, batch: pa.RecordBatch, targets: list[BlobTarget], blobs: str, check_hashes: bool
+    ) -> pa.RecordBatch:
+        if not targets:
+            return batch
+        addresses = batch.column(ROW_ADDRESS)
+        for out, path in targets:
+            descriptors = get_column(batch, out)
+            if blobs == "bytes":
+                rows = self.snapshot.resolve_rows(path, descriptors, addresses)
+                values = self._checked_bytes(path, rows, read_ranges_arrow, check_hashes)
+                batch = replace_column(batch, out, values, pa.field(out[-1], pa.large_binary()))
+            else:
+                refs = self.snapshot.resolve_refs(path, descriptors, addresses)
+                batch = replace_column(batch, out, refs, pa.field(out[-1], REF_TYPE))
+        return batch.drop_columns([ROW_ADDRESS])
+
+    def _checked_bytes(
+        self,
+        path: ColumnPath,
+        rows: ResolvedRows,
+        read: Callable[..., pa.Array | list],
+        check_hashes: bool = True,
+        doing: str = "read",
+    ) -> pa.Array | list:
+        """The payloads of ``rows`` of blob column ``path`` (``read_ranges`` or
+        ``read_ranges_arrow``), each checked against its recorded blake3 as it arrives
+        (hashing overlaps reading) unless ``check_hashes`` is False. ``doing`` names the
+        read in a store's errors (recorded hashes are read from the rows' data files)."""
+        verify = None
+        if check_hashes:
+            verify = self._lance_read(
+                doing,
+                lambda: self.snapshot.recorded_hashes().verifier(
+                    path_name(path),
+                    self.snapshot.file_column(path),
+                    rows,
+                    self.snapshot.data_file_of(path),
+                ),
+            )
+        try:
+            return read(rows.refs, storage_options=self.snapshot.storage_options, verify=verify)
+        except BlobReadError as exc:
+            raise _naming_row(exc, path_name(path), rows) from None
+
+    def output_schema(
+        self, columns: Sequence[str] | None = None, blobs: BlobsMode = "refs"
+    ) -> pa.Schema:
+        """See :meth:`blobhouse.Table.output_schema`."""
+        selection = self._selection(columns, blobs)
+        schema = self.snapshot.dataset.scanner(columns=selection.lance).projected_schema
+        if selection.lance != selection.names:
+            schema = pa.schema(
+                [f.with_name(n) for f, n in zip(schema, selection.names, strict=True)],
+                metadata=schema.metadata,
+            )
+        out_type = pa.large_binary() if blobs == "bytes" else REF_TYPE
+        for out, _ in selection.blobs:
+            schema = replace_field(schema, out, pa.field(out[-1], out_type))
+        return schema
+
+    def _empty(self, columns: Sequence[str] | None, blobs: BlobsMode) -> pa.Table:
+        return self.output_schema(columns, blobs).empty_table()
+
+
+def _integers(values: Sequence[int] | np.ndarray, what: str) -> list[int]:
+    """``values`` as Python ints; TypeError naming the first that is not an integer (a float,
+    a string or a bool would read some other row: ``int(1.5)`` is row 1)."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        return values.tolist()
+    out = []
+    for value in values:
+        if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+            raise TypeError(f"{what} must be integers, got {value!r}")
+        out.append(int(value))
+    return out
+
+
+def _row_ids(row_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Row ids (from :meth:`Table.row_ids`) as uint64, checked: integers, none negative (numpy
+    would wrap -1 to the largest id)."""
+    if isinstance(row_ids, np.ndarray) and row_ids.dtype == np.uint64:
+        return row_ids  # what row_ids() returns: nothing to check
+    ids = _integers(row_ids, "row ids")
+    bad = [i for i in ids if not 0 <= i < 1 << 64]
+    if bad:
+        raise IndexError(f"row ids {bad[:5]} are not rows: ids come from row_ids()")
+    return np.array(ids, dtype=np.uint64)
+
+
+def _set_nested(row: dict[str, Any], path: ColumnPath, value: object) -> None:
+    """``row[path[0]]...[path[-1]] = value``, unless a parent struct is null (then so is
+    ``value``)."""
+    for name in path[:-1]:
+        row = row[name]
+        if row is None:
+            return
+    row[path[-1]] = value
+
+
+def _not_rows_here(ids: list[int], version: int, why: Exception | str) -> IndexError:
+    """Row ids of a take by id that are not all rows of ``version``."""
+    detail = lance_message(why) if isinstance(why, OSError) else str(why)
+    return IndexError(
+        f"row ids {ids[:5]}{' ...' if len(ids) > 5 else ''} are not all rows of version "
+        f"{version} of this table (take ids from row_ids()): {detail}"
+    )
+
+
+def _naming_row(error: BlobReadError, column: str, rows: ResolvedRows) -> BlobReadError:
+    """``error`` naming the first row of the batch whose reference points at its object."""
+    row = rows.refs.first_row_of(error.uri)
+    if row is None:
+        return error
+    address = int(rows.addresses[row])
+    # the same class: a store that failed the read stays a StoreError (StoreReadError)
+    return type(error)(
+        f"blob column {column!r}, fragment {address >> 32} row {address & 0xFFFFFFFF}: {error}",
+        error.uri,
+    )
