@@ -10,6 +10,7 @@ recorded when they were written (:mod:`blobhouse.checksums`).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Literal, TypeVar
@@ -524,9 +525,12 @@ def _integers(values: Sequence[int] | np.ndarray, what: str) -> list[int]:
         return values.tolist()
     out = []
     for value in values:
-        if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
-            raise TypeError(f"{what} must be integers, got {value!r}")
-        out.append(int(value))
+        try:  # an integer of any kind (numpy's, a torch scalar): what has __index__
+            if isinstance(value, bool | np.bool_):
+                raise TypeError
+            out.append(operator.index(value))
+        except TypeError:
+            raise TypeError(f"{what} must be integers, got {value!r}") from None
     return out
 
 

@@ -343,3 +343,15 @@ def test_rows_are_asked_for_by_integers(fragments_table, read, bad, error, messa
     args = ("b", bad) if read == "read_blobs" else (bad,)
     with pytest.raises(error, match=message):
         getattr(table, read)(*args)
+
+
+def test_rows_are_asked_for_by_any_kind_of_integer(fragments_table):
+    """numpy's integers and torch's integer tensors read the rows they name."""
+    torch = pytest.importorskip("torch")
+    table = open_table(fragments_table)
+    want = table.take([3, 7], ["id"]).column("id").to_pylist()
+    for indices in ([np.int32(3), np.uint64(7)], torch.tensor([3, 7]), np.array([3, 7])):
+        assert table.take(indices, ["id"]).column("id").to_pylist() == want
+    ids = table.row_ids()
+    got = table.take_rows(torch.tensor(ids[[3, 7]].astype(np.int64)), ["id"])
+    assert got.column("id").to_pylist() == want
