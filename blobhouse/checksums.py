@@ -42,7 +42,7 @@ from lance.file import LanceFileWriter
 from blobhouse.cache import WeightedLRU
 from blobhouse.data_file_footer import DataFileFooter
 from blobhouse.dedup import DIGEST_BYTES, content_hash, digest_matrix
-from blobhouse.errors import BlobhouseError, CorruptBlobError
+from blobhouse.errors import BlobhouseError, BlobReadError, CorruptBlobError
 from blobhouse.placement import Kind
 from blobhouse.rangeio import RefColumns, Verify
 
@@ -361,10 +361,29 @@ def load_checksums(
     index = _checksums_index(footer)
     if index is None:
         return None
-    table = pa.ipc.open_stream(pa.py_buffer(footer.read_buffer(index))).read_all()
+    buffer = footer.read_buffer(index)
+    try:
+        return _parsed_checksums(buffer, footer)
+    except (BlobhouseError, OSError, ValueError, TypeError, KeyError, NotImplementedError) as exc:
+        # pyarrow, JSON, or FileChecksums' own check: a damaged buffer, never a crash later
+        raise BlobReadError(
+            f"data file {data_file_uri}: its recorded blob hashes are damaged ({exc})",
+            data_file_uri,
+        ) from None
+
+
+def _parsed_checksums(buffer: bytes, footer: DataFileFooter) -> FileChecksums:
+    table = pa.ipc.open_stream(pa.py_buffer(buffer)).read_all()
+    # a flipped bit can leave a stream that reads but whose offsets point outside its buffers
+    # (lookups in it crashed the process): check every array before any is used
+    table.validate(full=True)
     recorded = (table.schema.metadata or {}).get(FILE_COLUMNS_KEY)
     if recorded is not None:
         columns = json.loads(recorded)
+        if not isinstance(columns, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) for k, v in columns.items()
+        ):
+            raise ValueError(f"its column map is {recorded[:80]!r}")
     else:  # written before the map existed: the file's own schema names its columns
         columns = {name: i for i, name in enumerate(footer.leaf_names())}
     return FileChecksums(table.replace_schema_metadata(None), columns)

@@ -5,11 +5,13 @@ file's schema metadata (:mod:`blobhouse.checksums`). pylance's ``LanceFileReader
 both, but it blocks on Lance's runtime while holding the GIL: a thread doing so beside threads
 running pylance scans was seen to hang them all. Reading the few bytes here needs no runtime.
 
-The layout (Lance file format 2.x, ``protos/file2.proto``): the file ends in a 48-byte footer
-(four u64 offsets, the global buffer and column counts as u32, the version as two u16,
-``LANC``); the global buffer offset table holds a ``(position, size)`` u64 pair per buffer;
-buffer 0 is a protobuf ``FileDescriptor`` whose ``Schema`` carries the fields and the schema
-metadata.
+The layout (Lance file format 2.x, ``protos/file2.proto``; the footer holds three offsets,
+not the four that file's diagram draws): the file ends in a 40-byte footer (the u64 offsets of
+the column metadata, its offset table and the global buffer offset table; the global buffer
+and column counts as u32; the version as two u16; ``LANC``). The global buffer offset table
+holds a ``(position, size)`` u64 pair per buffer; buffer 0 is a protobuf ``FileDescriptor``
+whose ``Schema`` carries the fields and the schema metadata. Every offset is checked against
+the file's size before it sizes a read: a damaged file is named, never read past its end.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from blobhouse.errors import BlobReadError
 from blobhouse.storage import RangeSource, object_store
 
-_FOOTER = struct.Struct("<QQQQIIHH4s")
+_FOOTER = struct.Struct("<QQQIIHH4s")
 _MAGIC = b"LANC"
 # one read from the end usually holds the footer, the offset tables and the schema buffer
 _TAIL_BYTES = 64 << 10
@@ -96,13 +98,21 @@ class DataFileFooter:
         tail = source.read(tail_at, size - tail_at)
         if size < _FOOTER.size or len(tail) != size - tail_at:
             raise _not_lance(uri, "it is shorter than a footer")
-        *_, buffers_at, count, _columns, major, _minor, magic = _FOOTER.unpack_from(
+        *_, buffers_at, count, _columns, major, minor, magic = _FOOTER.unpack_from(
             tail, len(tail) - _FOOTER.size
         )
-        if magic != _MAGIC or major < 2 or count == 0:
-            raise _not_lance(uri, f"its footer is not a Lance 2.x footer (magic {magic!r})")
+        if magic != _MAGIC:
+            raise _not_lance(uri, f"it does not end in {_MAGIC!r} (found {magic!r})")
+        if major < 2:
+            raise _not_lance(uri, f"its footer says Lance format {major}.{minor}, not 2.x")
+        # the offsets are read from the file: a damaged one must not size a read
+        if count == 0 or buffers_at + 16 * count > size - _FOOTER.size:
+            raise _not_lance(uri, "its global buffer table points past its end")
         table = _span(uri, source, tail, tail_at, buffers_at, 16 * count)
         buffers = [struct.unpack_from("<QQ", table, 16 * i) for i in range(count)]
+        past = [i for i, (at, length) in enumerate(buffers) if at + length > size]
+        if past:
+            raise _not_lance(uri, f"its global buffer {past[0]} points past its end")
         descriptor = _span(uri, source, tail, tail_at, *buffers[0])
         metadata: dict[bytes, bytes] = {}
         fields: list[FileField] = []

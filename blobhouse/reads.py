@@ -521,13 +521,15 @@ class TableReader:
 def _integers(values: Sequence[int] | np.ndarray, what: str) -> list[int]:
     """``values`` as Python ints; TypeError naming the first that is not an integer (a float,
     a string or a bool would read some other row: ``int(1.5)`` is row 1)."""
-    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+    if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype.kind in "iu":
         return values.tolist()
+    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{what} must be a sequence of integers, got {values!r}")
     out = []
     for value in values:
         try:  # an integer of any kind (numpy's, a torch scalar): what has __index__
-            if isinstance(value, bool | np.bool_):
-                raise TypeError
+            if isinstance(value, bool | np.bool_) or "bool" in str(getattr(value, "dtype", "")):
+                raise TypeError  # a mask: True would read row 1
             out.append(operator.index(value))
         except TypeError:
             raise TypeError(f"{what} must be integers, got {value!r}") from None

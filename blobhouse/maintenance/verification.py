@@ -113,6 +113,8 @@ class Checker:
         self.hashes = table.recorded_hashes()
         # keyed with the hash it is checked against: a range is judged per expectation
         self.verdicts: dict[tuple[str, int, int, bytes], str | None] = {}
+        # data files whose recorded hashes are damaged, listed once each
+        self.unreadable: set[str] = set()
 
     def range_problem(self, uri: str, position: int, size: int) -> str | None:
         if uri not in self.sizes:
@@ -161,7 +163,7 @@ def verify_state(
         positions = batch.refs.field("position").to_pylist()
         sizes = batch.refs.field("size").to_pylist()
         to_hash: list[tuple[int, BlobRef, bytes]] = []
-        recorded = checker.recorded_hashes(batch) if deep else []
+        recorded = _recorded_or_reported(checker, batch, report) if deep else []
         for i, (uri, position, size) in enumerate(zip(uris, positions, sizes, strict=True)):
             report.references += 1
             report.objects.add(uri)
@@ -190,6 +192,21 @@ def verify_state(
                     (batch.column, row, ref.uri, ref.position, ref.size, verdict)
                 )
     return report
+
+
+def _recorded_or_reported(
+    checker: Checker, batch: ReferenceBatch, report: StateReport
+) -> list[bytes | None]:
+    """The recorded hashes of ``batch``'s references; when the data file holding them is
+    damaged, none (its rows are not hashed) and the file listed once as a problem."""
+    try:
+        return checker.recorded_hashes(batch)
+    except BlobReadError as exc:
+        if exc.uri not in checker.unreadable:
+            checker.unreadable.add(exc.uri)
+            row = int(batch.rows[0]) if len(batch.rows) else 0
+            report.problems.append((batch.column, row, exc.uri, None, None, str(exc)))
+        return [None] * len(batch.rows)
 
 
 def _unresolved(reason: str) -> str:

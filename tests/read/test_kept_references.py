@@ -332,6 +332,9 @@ def test_row_dicts_are_the_same_kept_or_taken(fragments_table, monkeypatch, colu
         ("take", [1.5], TypeError, r"row indices must be integers, got 1.5"),
         ("take", ["0"], TypeError, r"row indices must be integers, got '0'"),
         ("read_blobs", [0.0], TypeError, r"row indices must be integers, got 0.0"),
+        ("take", 3, TypeError, r"row indices must be a sequence of integers, got 3"),
+        ("take", np.array([[1, 2]]), TypeError, r"row indices must be integers, got array"),
+        ("take_rows", "12", TypeError, r"row ids must be a sequence of integers, got '12'"),
         ("take", [-1], IndexError, r"row indices \[-1\] out of range"),
         ("take", [1 << 64], IndexError, r"out of range"),
     ],
@@ -355,3 +358,7 @@ def test_rows_are_asked_for_by_any_kind_of_integer(fragments_table):
     ids = table.row_ids()
     got = table.take_rows(torch.tensor(ids[[3, 7]].astype(np.int64)), ["id"])
     assert got.column("id").to_pylist() == want
+    # a mask is not rows: its True would read row 1
+    for read in (table.take, table.take_rows):
+        with pytest.raises(TypeError, match=r"must be integers, got tensor\(True\)"):
+            read(torch.tensor([True, False, True]), ["id"])
