@@ -243,3 +243,16 @@ def test_structs_of_structs_split_across_files_and_sliced_inputs(tmp_path):
     expected = sorted(expected, key=lambda r: r["id"])
     assert [r["deep"] for r in got] == [r["deep"] for r in expected]
     assert [r["meta"]["image"] for r in got] == [r["meta"]["image"]["data"] for r in expected]
+
+
+def test_two_columns_with_one_dotted_name_are_refused(tmp_path):
+    """``x["y.z"]`` beside ``x["y"]["z"]``: both are ``x.y.z``, so the hashes recorded for one
+    were looked up for the other (an undamaged table read as corrupt): refused, naming them,
+    and nothing is written."""
+    a, b = blob_array([b"\x01" * 100, b"\x02" * 100]), blob_array([b"\x03" * 100] * 2)
+    inner = pa.StructArray.from_arrays([b], names=["z"])
+    x = pa.StructArray.from_arrays([a, inner], names=["y.z", "y"])
+    uri = tmp_path / "t"
+    with pytest.raises(InvalidInputError, match=r"'x\.y\.z' names two columns"):
+        write_table(pa.table({"id": [0, 1], "x": x}), str(uri), dedup="content")
+    assert not uri.exists() or not any(uri.rglob("*.lance"))
