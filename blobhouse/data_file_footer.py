@@ -119,12 +119,12 @@ class DataFileFooter:
         for number, schema in _messages(descriptor):
             if number != _SCHEMA:
                 continue
-            for key, value in _messages(schema):
+            for key, value in _messages(_message(schema)):
                 if key == _METADATA:
-                    entry = dict(_messages(value))
-                    metadata[bytes(entry.get(_KEY, b""))] = bytes(entry.get(_VALUE, b""))
+                    entry = dict(_messages(_message(value)))
+                    metadata[_bytes(entry.get(_KEY))] = _bytes(entry.get(_VALUE))
                 elif key == _FIELDS:
-                    fields.append(_field(value))
+                    fields.append(_field(_message(value)))
         return cls(uri, metadata, fields, buffers, options)
 
     def read_buffer(self, index: int) -> bytes:
@@ -150,8 +150,12 @@ class DataFileFooter:
             if field.id >= 0:
                 children.setdefault(field.parent_id, []).append(field)
         names: list[str] = []
+        seen: set[int] = set()
 
         def walk(field: FileField, name: str) -> None:
+            if field.id in seen:  # a damaged parent id: the fields would nest forever
+                raise _not_lance(self.uri, f"its schema nests field {field.id} in itself")
+            seen.add(field.id)
             inner = children.get(field.id, [])
             if field.is_blob or field.logical_type != "struct" or not inner:
                 names.append(name)
@@ -181,23 +185,36 @@ def _field(message: memoryview | bytes) -> FileField:
     metadata: dict[bytes, bytes] = {}
     for number, value in _messages(message):
         if number == _FIELD_METADATA:
-            entry = dict(_messages(value))
-            metadata[bytes(entry.get(_KEY, b""))] = bytes(entry.get(_VALUE, b""))
+            entry = dict(_messages(_message(value)))
+            metadata[_bytes(entry.get(_KEY))] = _bytes(entry.get(_VALUE))
         else:
             values[number] = value
     return FileField(
-        name=bytes(values.get(_NAME, b"")).decode(),
+        name=_bytes(values.get(_NAME)).decode(),
         id=_int32(values.get(_ID, 0)),
         parent_id=_int32(values.get(_PARENT, 0)),
-        logical_type=bytes(values.get(_TYPE, b"")).decode(),
+        logical_type=_bytes(values.get(_TYPE)).decode(),
         metadata=metadata,
     )
 
 
+def _message(value: object) -> memoryview:
+    """A length-delimited value (a message, a string, bytes); ValueError for a varint where
+    one belongs (a damaged file: ``bytes(2**40)`` would allocate a terabyte)."""
+    if not isinstance(value, memoryview):
+        raise ValueError(f"a varint {value} where a message belongs")
+    return value
+
+
+def _bytes(value: object) -> bytes:
+    return b"" if value is None else bytes(_message(value))
+
+
 def _int32(value: object) -> int:
     """A protobuf int32 (negative ones are ten-byte varints of their 64-bit two's complement)."""
-    number = int(value)  # type: ignore[call-overload]
-    return number - (1 << 64) if number >= 1 << 63 else number
+    if not isinstance(value, int):
+        raise ValueError("a message where a varint belongs")
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _messages(buf: memoryview | bytes) -> Iterator[tuple[int, memoryview | int]]:

@@ -226,3 +226,25 @@ def test_damaged_recorded_hashes_are_named_never_a_crash(tmp_path):
     # every flip the loader named is a problem deep verify lists
     assert all(problems != "0" for loaded, problems in outcomes if loaded == "named")
     assert open_table(uri).verify(deep=True)["problems"] == []
+
+
+def test_any_flipped_bit_of_the_schema_is_read_or_named(mixed_table):
+    """Each bit flipped in turn across the file's schema buffer (protobuf): the footer reads,
+    or a BlobReadError names the file; never another error (a varint where a message belongs
+    made ``bytes(n)`` of it: a terabyte for a large n)."""
+    path = data_files(mixed_table)[0]
+    pristine = path.read_bytes()
+    position, size = DataFileFooter.read(str(path)).buffers[0]
+    outcomes = {"read": 0, "named": 0}
+    for at in range(position, position + size):
+        for bit in (0, 1, 2, 7):  # bits 0-2 of a field key are its wire type
+            damaged = bytearray(pristine)
+            damaged[at] ^= 1 << bit
+            path.write_bytes(bytes(damaged))
+            try:
+                DataFileFooter.read(str(path)).leaf_names()
+                outcomes["read"] += 1
+            except BlobReadError as exc:
+                assert path.name in str(exc)
+                outcomes["named"] += 1
+    assert outcomes["named"] > 0 and outcomes["read"] > 0
