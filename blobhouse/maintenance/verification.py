@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from blobhouse.dedup import content_hash
-from blobhouse.errors import BlobReadError, StoreIndexError
+from blobhouse.errors import BlobReadError, StoreError, StoreIndexError
 from blobhouse.maintenance.reports import VerifyReport
 from blobhouse.maintenance.versions import (
     FragmentState,
@@ -202,6 +202,8 @@ def _recorded_or_reported(
     try:
         return checker.recorded_hashes(batch)
     except BlobReadError as exc:
+        if isinstance(exc, StoreError):
+            raise  # the store failed the read: nothing is known about the file
         if exc.uri not in checker.unreadable:
             checker.unreadable.add(exc.uri)
             row = int(batch.rows[0]) if len(batch.rows) else 0
