@@ -437,7 +437,14 @@ def written_by_blobhouse(data_file_uri: str, storage_options: dict[str, str] | N
 
 def _checksums_index(footer: DataFileFooter) -> int | None:
     index = footer.metadata.get(CHECKSUMS_KEY.encode())
-    return None if index is None else int(index)
+    if index is None:
+        return None
+    if not index.isdigit():
+        raise BlobReadError(
+            f"data file {footer.uri}: its {CHECKSUMS_KEY} entry is {index[:40]!r}, not a number",
+            footer.uri,
+        )
+    return int(index)
 
 
 class RecordedHashes:
