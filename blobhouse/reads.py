@@ -10,6 +10,7 @@ recorded when they were written (:mod:`blobhouse.checksums`).
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -150,17 +151,14 @@ class TableReader:
         """See :meth:`blobhouse.Table.take`."""
         indices = self._check_indices(indices)
         selection = self._taken_columns(columns, blobs)
+
+        def take(cols: list[str]) -> pa.Table:
+            return self.snapshot.dataset.take(indices, columns=cols)
+
         if indices and self._kept_serves(selection, blobs, by_id=False):
-            return self._kept_table(
-                lambda cols: self.snapshot.dataset.take(indices, columns=cols),
-                lambda path: self.snapshot.rows_at(path, indices),
-                selection,
-                blobs,
-                check_hashes=True,
-            )
-        return self._taken(
-            lambda cols: self.snapshot.dataset.take(indices, columns=cols), columns, blobs
-        )
+            kept = functools.partial(self.snapshot.rows_at, positions=indices)
+            return self._kept_table(take, kept, selection, blobs, check_hashes=True)
+        return self._taken(take, columns, blobs)
 
     def row_ids(self, filter: str | None = None) -> np.ndarray:
         """See :meth:`blobhouse.Table.row_ids`."""
@@ -187,16 +185,11 @@ class TableReader:
         ids = _row_ids(row_ids)
         check_hashes = check_flag("check_hashes", check_hashes)
         selection = self._taken_columns(columns, blobs)
+        take = functools.partial(self._by_id, ids.tolist())
         if len(ids) and self._kept_serves(selection, blobs, by_id=True):
-            return self._kept_table(
-                lambda cols: self._by_id(ids.tolist(), cols),
-                lambda path: self._kept_by_id(path, ids),
-                selection,
-                blobs,
-                check_hashes,
-            )
-        ids = ids.tolist()
-        return self._taken(lambda cols: self._by_id(ids, cols), columns, blobs, check_hashes)
+            kept = functools.partial(self._kept_by_id, ids=ids)
+            return self._kept_table(take, kept, selection, blobs, check_hashes)
+        return self._taken(take, columns, blobs, check_hashes)
 
     def _kept_serves(self, selection: Selection, blobs: str, by_id: bool) -> bool:
         """Whether a take can read its blob columns from kept references: each blob column
@@ -241,8 +234,8 @@ class TableReader:
     ) -> list[dict[str, Any]]:
         """:meth:`take_row_dicts` with the blob columns from kept references."""
         plain, blob_rows = self._kept_parts(
-            lambda cols: self._by_id(ids.tolist(), cols),
-            lambda path: self._kept_by_id(path, ids),
+            functools.partial(self._by_id, ids.tolist()),
+            functools.partial(self._kept_by_id, ids=ids),
             selection,
         )
         rows = plain.to_pylist() if plain is not None else [{} for _ in range(len(ids))]
