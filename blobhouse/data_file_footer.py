@@ -20,7 +20,7 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from blobhouse.errors import BlobReadError
+from blobhouse.errors import BlobReadError, StoreError
 from blobhouse.storage import RangeSource, object_store
 
 _FOOTER = struct.Struct("<QQQIIHH4s")
@@ -75,11 +75,14 @@ class DataFileFooter:
     storage_options: Mapping[str, str] | None = None
 
     @classmethod
-    def read(cls, uri: str, storage_options: Mapping[str, str] | None = None) -> DataFileFooter:
-        """The footer of the data file at ``uri`` (:class:`~blobhouse.errors.BlobReadError`
-        naming it when it is missing or is not a Lance 2.x file)."""
+    def read(
+        cls, uri: str, storage_options: Mapping[str, str] | None = None, size: int | None = None
+    ) -> DataFileFooter:
+        """The footer of the data file at ``uri`` of ``size`` bytes (looked up when not
+        given; :class:`~blobhouse.errors.BlobReadError` naming it when it is missing or is not
+        a Lance 2.x file)."""
         store = object_store(uri, storage_options)
-        size = store.size(uri)
+        size = store.size(uri) if size is None else size
         if size is None:
             raise BlobReadError(f"data file {uri} is missing", uri)
         source = store.open(uri)
@@ -247,6 +250,35 @@ def _varint(view: memoryview, at: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, at
         shift += 7
+
+
+def data_file_problem(
+    uri: str, storage_options: Mapping[str, str] | None = None, recorded_size: int | None = None
+) -> str | None:
+    """Why Lance cannot read the data file at ``uri`` -- missing, not the ``recorded_size``
+    its manifest records (when it records one), or its footer damaged -- or None. A store
+    that fails the check raises its :class:`~blobhouse.errors.StoreError`.
+
+    >>> import tempfile
+    >>> path = tempfile.mkdtemp() + "/f.lance"
+    >>> _ = open(path, "wb").write(b"not a Lance file" * 4)
+    >>> data_file_problem(path, recorded_size=64)
+    "it does not end in b'LANC' (found b'file')"
+    >>> data_file_problem(path, recorded_size=100)
+    'it is 64 bytes, its manifest records 100'
+    """
+    size = object_store(uri, storage_options).size(uri)
+    if size is None:
+        return "it is missing"
+    if recorded_size and size != recorded_size:
+        return f"it is {size:,} bytes, its manifest records {recorded_size:,}"
+    try:
+        DataFileFooter.read(uri, storage_options, size)
+    except BlobReadError as exc:
+        if isinstance(exc, StoreError):
+            raise
+        return str(exc).removeprefix(_not_lance(uri, "").args[0])
+    return None
 
 
 def _not_lance(uri: str, why: str) -> BlobReadError:

@@ -102,6 +102,41 @@ class BlobReadError(BlobhouseError, OSError):
         return type(self), (str(self), self.uri)
 
 
+class DataFileError(BlobhouseError, OSError):
+    """A data file of the table that Lance cannot read: shorter or longer than its manifest
+    records, its footer damaged, or a page inside it damaged. ``uri`` is the file when it is
+    known (an empty string when every file's size and footer are intact: a damaged page,
+    which ``verify(deep=True)`` finds by fragment). The table's other versions are unchanged:
+    restore the file, or read a version written before it."""
+
+    def __init__(self, message: str, uri: str = "") -> None:
+        super().__init__(message)
+        self.uri = uri
+
+    def __reduce__(self):  # OSError pickles its args only: keep the uri across processes
+        return type(self), (str(self), self.uri)
+
+
+#: Lance's messages when the bytes of a data file are not what it wrote (its length, footer,
+#: schema or a page), as opposed to its store failing a request
+_DAMAGED_FILE = re.compile(
+    r"corrupt file|not appear to be a Lance file|failed to decode Protobuf"
+    r"|Invalid range \d+\.\.\d+ for object of size|encoding envelope|failed to fill whole buffer"
+    r"|Range Not Satisfiable|InvalidRange"
+)
+
+
+def is_damaged_file_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is Lance's error about damaged bytes in a file it read.
+
+    >>> is_damaged_file_error(OSError("Encountered corrupt file binary mini-block: ..."))
+    True
+    >>> is_damaged_file_error(OSError("LanceError(IO): Generic S3 error: connection refused"))
+    False
+    """
+    return _DAMAGED_FILE.search(str(exc)) is not None
+
+
 class StaleWriteError(BlobhouseError):
     """A write outlived what table maintenance keeps for it: gc removed the version it started
     from, or swept files it staged (the write ran longer than gc's grace period). Nothing was

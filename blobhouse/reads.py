@@ -20,12 +20,17 @@ import numpy as np
 import pyarrow as pa
 
 from blobhouse.columns import lance_name, resolve_columns
-from blobhouse.errors import BlobReadError, InvalidInputError, lance_message
+from blobhouse.errors import (
+    BlobReadError,
+    InvalidInputError,
+    is_damaged_file_error,
+    lance_message,
+)
 from blobhouse.kept_references import DeletedRowsError, take_rows_by_id
 from blobhouse.options import check_flag
 from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, read_ranges_arrow
 from blobhouse.references import ResolvedRows
-from blobhouse.snapshot import TableSnapshot, lance_read
+from blobhouse.snapshot import TableSnapshot
 from blobhouse.values import (
     ROW_ADDRESS,
     ColumnPath,
@@ -274,11 +279,11 @@ class TableReader:
         try:
             return self.snapshot.rows_by_id(path, ids)
         except DeletedRowsError as exc:
-            raise _not_rows_here(exc.ids, self.snapshot.version, "deleted rows") from None
+            raise _not_rows_here(self.snapshot, exc.ids, "deleted rows") from None
         except (IndexError, OSError) as exc:
-            if isinstance(exc, OSError) and not str(exc).startswith("Invalid user input"):
-                raise  # a missing or unreadable data file
-            raise _not_rows_here(ids.tolist(), self.snapshot.version, exc) from None
+            if isinstance(exc, OSError) and not _bad_ids(exc):
+                raise  # a missing, unreadable or damaged data file
+            raise _not_rows_here(self.snapshot, ids.tolist(), exc) from None
 
     def take_row_dicts(
         self,
@@ -312,11 +317,11 @@ class TableReader:
         try:
             return take_rows_by_id(self.snapshot.dataset, np.asarray(ids, np.uint64), columns)
         except OSError as exc:
-            if not str(exc).startswith("Invalid user input"):
-                raise  # a missing or unreadable data file
-            raise _not_rows_here(ids, self.snapshot.version, exc) from None
+            if not _bad_ids(exc):
+                raise  # a missing, unreadable or damaged data file
+            raise _not_rows_here(self.snapshot, ids, exc) from None
         except DeletedRowsError as exc:
-            raise _not_rows_here(exc.ids, self.snapshot.version, "deleted rows") from None
+            raise _not_rows_here(self.snapshot, exc.ids, "deleted rows") from None
 
     def _row_dicts(
         self, batch: pa.RecordBatch, targets: list[BlobTarget], check_hashes: bool
@@ -368,7 +373,7 @@ class TableReader:
 
     def _lance_read(self, doing: str, read: Callable[[], T]) -> T:
         """``read()``, a read of this table by Lance (:func:`~blobhouse.snapshot.lance_read`)."""
-        return lance_read(self.snapshot.uri, self.snapshot.storage_options, doing, read)
+        return self.snapshot.lance_read(doing, read)
 
     def blob_refs(self, column: str, indices: Sequence[int]) -> pa.StructArray:
         """See :meth:`blobhouse.Table.blob_refs`."""
@@ -541,6 +546,12 @@ def _row_ids(row_ids: Sequence[int] | np.ndarray) -> np.ndarray:
     return np.array(ids, dtype=np.uint64)
 
 
+def _bad_ids(exc: OSError) -> bool:
+    """Whether Lance's error of a take by id says the ids are not rows (not that a file
+    it read is missing, unreadable or damaged)."""
+    return str(exc).startswith("Invalid user input") and not is_damaged_file_error(exc)
+
+
 def _set_nested(row: dict[str, Any], path: ColumnPath, value: object) -> None:
     """``row[path[0]]...[path[-1]] = value``, unless a parent struct is null (then so is
     ``value``)."""
@@ -551,13 +562,33 @@ def _set_nested(row: dict[str, Any], path: ColumnPath, value: object) -> None:
     row[path[-1]] = value
 
 
-def _not_rows_here(ids: list[int], version: int, why: Exception | str) -> IndexError:
-    """Row ids of a take by id that are not all rows of ``version``."""
+def _not_rows_here(snapshot: TableSnapshot, ids: list[int], why: Exception | str) -> IndexError:
+    """Row ids of a take by id that are not all rows of ``snapshot``'s version: those that
+    name no fragment of it, or a row past a fragment's end, when Lance's error (``why``) is
+    about them."""
     detail = lance_message(why) if isinstance(why, OSError) else str(why)
+    if not isinstance(why, str) and (outside := _outside(snapshot, ids)):
+        ids, detail = list(outside), "; ".join(outside.values())
     return IndexError(
         f"row ids {ids[:5]}{' ...' if len(ids) > 5 else ''} are not all rows of version "
-        f"{version} of this table (take ids from row_ids()): {detail}"
+        f"{snapshot.version} of this table (take ids from row_ids()): {detail}"
     )
+
+
+def _outside(snapshot: TableSnapshot, ids: list[int]) -> dict[int, str]:
+    """Each of ``ids`` that is no row address of ``snapshot``'s version -> why (none when its
+    row ids are stable ids, not addresses)."""
+    if snapshot.dataset.has_stable_row_ids:
+        return {}
+    rows = {f.fragment_id: f.metadata.physical_rows for f in snapshot.dataset.get_fragments()}
+    outside: dict[int, str] = {}
+    for i in ids:
+        fragment, row = i >> 32, i & 0xFFFFFFFF
+        if fragment not in rows:
+            outside[i] = f"id {i} names fragment {fragment}, not in this version"
+        elif row >= rows[fragment]:
+            outside[i] = f"id {i} names row {row} of fragment {fragment} of {rows[fragment]} rows"
+    return outside
 
 
 def _naming_row(error: BlobReadError, column: str, rows: ResolvedRows) -> BlobReadError:

@@ -19,10 +19,12 @@ no such version, at a place.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -36,8 +38,10 @@ from lance.fragment import DataFile
 from blobhouse.checksums import RecordedHashes
 from blobhouse.columns import check_blob_column
 from blobhouse.console import version_spans
+from blobhouse.data_file_footer import data_file_problem
 from blobhouse.errors import (
     BlobhouseError,
+    DataFileError,
     InvalidInputError,
     MovedTableWarning,
     NotATableError,
@@ -47,7 +51,9 @@ from blobhouse.errors import (
     VersionNotFoundError,
     VersionRemovedError,
     as_store_error,
+    is_damaged_file_error,
     lance_io,
+    lance_message,
 )
 from blobhouse.kept_references import KeptReferences
 from blobhouse.layout import BasePaths, TableLocation
@@ -230,13 +236,12 @@ class TableSnapshot:
     def _kept_references(self, path: ColumnPath) -> KeptReferences:
         kept = self._kept.get(path)
         if kept is None:
-            uri, options = self.uri, self.storage_options
             kept = self._kept.setdefault(
                 path,
                 KeptReferences(
                     self.dataset,
                     path,
-                    lambda read: lance_read(uri, options, "read blobs of", read),
+                    functools.partial(self.lance_read, "read blobs of"),
                     lambda descriptors, addresses: self.resolve_rows(path, descriptors, addresses),
                 ),
             )
@@ -258,6 +263,35 @@ class TableSnapshot:
         """Where one of this version's data files is (in this branch's ``data/``, or under a
         base path: a branch reading its parent's files)."""
         return self.resolver.locate(data_file)
+
+    def damaged_data_files(self) -> dict[str, str]:
+        """This version's data files Lance cannot read -> why: missing, not the size the
+        manifest records, or a damaged footer (:func:`~blobhouse.data_file_footer.
+        data_file_problem`). Every file is checked, on a few threads: what a read that met
+        damaged bytes runs to name the file."""
+        files: dict[str, int | None] = {}
+        problems: dict[str, str] = {}
+        for fragment in self.dataset.get_fragments():
+            for data_file in fragment.metadata.files:
+                try:
+                    files[self.data_file_uri(data_file)] = data_file.file_size_bytes
+                except BlobhouseError as exc:  # its path cannot be a file of this table
+                    problems[data_file.path] = str(exc)
+        options = self.storage_options
+
+        def check(item: tuple[str, int | None]) -> str | None:
+            return data_file_problem(item[0], options, item[1])
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            for uri, problem in zip(files, pool.map(check, files.items()), strict=True):
+                if problem is not None:
+                    problems[uri] = problem
+        return problems
+
+    def lance_read(self, doing: str, read: Callable[[], R]) -> R:
+        """``read()``, a read of this version by Lance (:func:`lance_read`): a data file
+        whose bytes Lance finds damaged is named (:meth:`damaged_data_files`)."""
+        return lance_read(self.uri, self.storage_options, doing, read, self.damaged_data_files)
 
     def field_id(self, path: ColumnPath) -> int:
         """The Lance field id of column ``path``."""
@@ -464,11 +498,53 @@ def open_dataset(
         raise error from exc
 
 
-def lance_read(uri: str, options: dict[str, str] | None, doing: str, read: Callable[[], R]) -> R:
+def lance_read(
+    uri: str,
+    options: dict[str, str] | None,
+    doing: str,
+    read: Callable[[], R],
+    damaged: Callable[[], dict[str, str]] | None = None,
+) -> R:
     """``read()``, a read by Lance of the table at ``uri``: its store's errors, and its silence
-    (:func:`~blobhouse.storage.while_answering`), raised as a StoreError naming the table."""
-    with lance_io(uri, doing):
+    (:func:`~blobhouse.storage.while_answering`), raised as a StoreError naming the table;
+    damaged bytes in a file as a :class:`~blobhouse.errors.DataFileError` naming the data
+    files ``damaged()`` finds."""
+    with lance_io(uri, doing), damage_named(uri, doing, damaged):
         return while_answering(uri, options, read, doing)
+
+
+@contextlib.contextmanager
+def damage_named(
+    uri: str, doing: str, damaged: Callable[[], dict[str, str]] | None
+) -> Iterator[None]:
+    """Lance's errors about damaged bytes in a file inside the block raised as a
+    :class:`~blobhouse.errors.DataFileError` naming the data files ``damaged()`` finds."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError) as exc:
+        if damaged is None or not is_damaged_file_error(exc):
+            raise
+        raise damaged_file_error(uri, doing, damaged(), exc) from exc
+
+
+def damaged_file_error(
+    uri: str, doing: str, damaged: dict[str, str], exc: BaseException | None = None
+) -> DataFileError:
+    """The error of ``doing`` the table at ``uri`` whose data files ``damaged`` are (file ->
+    why), or, when none is found, that met Lance's error ``exc`` about damaged bytes."""
+    if not damaged:
+        return DataFileError(
+            f"cannot {doing} {uri}: a file of this version is damaged ({lance_message(exc)}); "
+            "every data file's size and footer are intact, so it is inside a page: "
+            "verify(deep=True) names the fragment"
+        )
+    first, why = next(iter(damaged.items()))
+    more = f" (and {len(damaged) - 1} more data files)" if len(damaged) > 1 else ""
+    return DataFileError(
+        f"cannot {doing} {uri}: data file {first} is damaged: {why}{more}; its rows cannot be "
+        "read (restore the file, or read a version written before it)",
+        first,
+    )
 
 
 def table_io(
@@ -484,9 +560,11 @@ def table_io(
         def run(table: object, *args: Any, **kwargs: Any) -> R:
             snapshot = snapshot_of(table)
             call = functools.partial(service, table, *args, **kwargs)
+            root, options = snapshot.location.root, snapshot.storage_options
+            damaged = snapshot.damaged_data_files
             if reads_only:
-                return lance_read(snapshot.location.root, snapshot.storage_options, doing, call)
-            with lance_io(snapshot.location.root, doing):
+                return lance_read(root, options, doing, call, damaged)
+            with lance_io(root, doing), damage_named(root, doing, damaged):
                 return call()
 
         return run

@@ -61,7 +61,7 @@ from blobhouse.maintenance.versions import (
 )
 from blobhouse.managed import Reclaim, Registry
 from blobhouse.placement import AllowedBases, as_uri
-from blobhouse.snapshot import open_snapshot, snapshot_of, table_io
+from blobhouse.snapshot import damaged_file_error, open_snapshot, snapshot_of, table_io
 from blobhouse.storage import (
     ObjectInfo,
     StorageOptions,
@@ -402,6 +402,11 @@ def _clean_versions(
         return table, VersionCleanup()
     if dry_run:
         return table, explain_version_cleanup(table, retain_versions, older_than)
+    # the mark after the cleanup would refuse a damaged data file: refuse it before the
+    # versions written before it (the way back to its rows) are gone
+    damaged = table.damaged_data_files()
+    if damaged:
+        raise damaged_file_error(table.location.root, "collect garbage in", damaged)
     listed = lance_files(table)
     table.dataset.cleanup_old_versions(
         older_than=older_than,

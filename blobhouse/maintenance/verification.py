@@ -13,8 +13,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from blobhouse.data_file_footer import DataFileFooter
 from blobhouse.dedup import content_hash
-from blobhouse.errors import BlobReadError, StoreError, StoreIndexError
+from blobhouse.errors import (
+    BlobReadError,
+    StoreError,
+    StoreIndexError,
+    is_damaged_file_error,
+    lance_message,
+)
 from blobhouse.maintenance.reports import VerifyReport
 from blobhouse.maintenance.versions import (
     FragmentState,
@@ -41,6 +48,7 @@ DEEP_READ_BYTES = 64 * MiB
 _OWNERS = ("table", "managed", "unmanaged")  # whose object a problem is about
 _MISSING = "missing object"
 _MISSING_DATA_FILE = "missing data file"
+_DAMAGED_DATA_FILE = "damaged data file"
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,21 @@ class Checker:
         self.verdicts: dict[tuple[str, int, int, bytes], str | None] = {}
         # data files whose recorded hashes are damaged, listed once each
         self.unreadable: set[str] = set()
+        self.footers: dict[str, str | None] = {}  # data file -> why its footer is damaged
+
+    def data_file_problem(self, uri: str) -> str | None:
+        """Why Lance cannot read data file ``uri`` (missing, or its footer damaged), or None."""
+        if self.range_problem(uri, 0, 0):
+            return _MISSING_DATA_FILE
+        if uri not in self.footers:
+            try:
+                DataFileFooter.read(uri, self.storage_options, self.sizes[uri])
+                self.footers[uri] = None
+            except BlobReadError as exc:
+                if isinstance(exc, StoreError):
+                    raise  # the store failed the read: nothing is known about the file
+                self.footers[uri] = f"{_DAMAGED_DATA_FILE}: {str(exc).split(': ', 1)[-1]}"
+        return self.footers[uri]
 
     def range_problem(self, uri: str, position: int, size: int) -> str | None:
         if uri not in self.sizes:
@@ -150,12 +173,33 @@ def verify_state(
     """Check every reference of one fragment state; ``table`` is opened at ``state.version``."""
     checker = checker or Checker(table)
     report = StateReport()
-    missing = [uri for uri in state.data_files if checker.range_problem(uri, 0, 0)]
-    for uri in missing:  # the manifest names a file that is gone: no row of it can be read
-        reason = f"{_MISSING_DATA_FILE}: every row of fragment {state.fragment_id} is unreadable"
-        report.problems.append(("", 0, uri, None, None, reason))
-    if missing:
+    for uri in state.data_files:  # gone or damaged: no row of the fragment can be read
+        problem = checker.data_file_problem(uri)
+        if problem:
+            reason = f"{problem}: every row of fragment {state.fragment_id} is unreadable"
+            report.problems.append(("", 0, uri, None, None, reason))
+    if report.problems:
         return report
+    try:
+        _check_references(table, state, deep, checker, report)
+        if deep:
+            _decode_columns(table, state.fragment_id)
+    except (OSError, ValueError, RuntimeError) as exc:
+        if not is_damaged_file_error(exc):
+            raise
+        # a damaged page: every file's footer is intact, Lance found the damage decoding
+        reason = (
+            f"{_DAMAGED_DATA_FILE}: {lance_message(exc)}: rows of fragment "
+            f"{state.fragment_id} cannot be read"
+        )
+        report.problems.append(("", 0, " ".join(state.data_files), None, None, reason))
+    return report
+
+
+def _check_references(
+    table: TableSnapshot, state: FragmentState, deep: bool, checker: Checker, report: StateReport
+) -> None:
+    """Check every blob reference of ``state``'s rows into ``report``."""
     for batch in fragment_references(table, state.fragment_id):
         for row, uri, reason in batch.unresolved:  # reported, and the walk goes on
             report.problems.append((batch.column, row, uri, None, None, _unresolved(reason)))
@@ -191,7 +235,18 @@ def verify_state(
                 report.problems.append(
                     (batch.column, row, ref.uri, ref.position, ref.size, verdict)
                 )
-    return report
+
+
+def _decode_columns(table: TableSnapshot, fragment_id: int) -> None:
+    """Decode every column of one fragment but the blob columns (read as references): Lance
+    raises on a page it finds damaged."""
+    blob_tops = {path[0] for path in table.blob_paths}
+    columns = [name for name in table.schema.names if name not in blob_tops]
+    if not columns:
+        return
+    fragment = table.dataset.get_fragment(fragment_id)
+    for _ in table.dataset.scanner(columns=columns, fragments=[fragment]).to_batches():
+        pass
 
 
 def _recorded_or_reported(

@@ -1,0 +1,152 @@
+"""A damaged data file (truncated, its footer overwritten, a page garbled) is named: every read
+raises ``DataFileError`` naming the file and why, never Lance's or Arrow's raw error (nor, for a
+take by id, an error blaming the ids); ``verify`` lists it as a problem and goes on with the
+other fragments; gc refuses to run on it. Versions written before the file still read."""
+
+from __future__ import annotations
+
+import glob
+import pickle
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from blobhouse import DataFileError, blob_array, open_table, write_table
+from tests.helpers import tree
+
+
+def _two_fragment_table(uri: str) -> str:
+    """A table of two appends, and the data file the second wrote."""
+    before = set(glob.glob(f"{uri}/data/*.lance"))
+    for start in (0, 100):
+        rows = range(start, start + 100)
+        batch = pa.table(
+            {
+                "id": list(rows),
+                "name": [f"name-{i:05d}" for i in rows],
+                "img": blob_array([b"img-%d" % i * 50 for i in rows]),
+            }
+        )
+        write_table(batch, uri, mode="append" if start else "create")
+        before = before or set(glob.glob(f"{uri}/data/*.lance"))
+    (second,) = set(glob.glob(f"{uri}/data/*.lance")) - before
+    return second
+
+
+def _truncate(path: str) -> None:
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: len(data) // 2])
+
+
+def _zero_footer(path: str) -> None:
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[:-40] + bytes(40))
+
+
+READS = {
+    "to_arrow": lambda t: t.to_arrow(),
+    "to_arrow bytes": lambda t: t.to_arrow(blobs="bytes"),
+    "count_rows filter": lambda t: t.count_rows("id > 3"),
+    "take": lambda t: t.take([150]),
+    "take bytes": lambda t: t.take([150], blobs="bytes"),
+    "take_rows": lambda t: t.take_rows(t.row_ids()[150:152]),
+    "take_row_dicts": lambda t: t.take_row_dicts(t.row_ids()[150:152]),
+    "read_blobs": lambda t: t.read_blobs("img", [150]),
+    "stats": lambda t: t.stats(),
+}
+
+
+@pytest.mark.parametrize("damage", [_truncate, _zero_footer], ids=["truncated", "footer"])
+def test_every_read_of_a_damaged_data_file_names_it(tmp_path, damage):
+    uri = str(tmp_path / "t")
+    second = _two_fragment_table(uri)
+    damage(second)
+    table = open_table(uri)
+    for name, read in READS.items():
+        with pytest.raises(DataFileError) as raised:
+            read(table)
+        error = raised.value
+        assert error.uri.endswith(Path(second).name), name
+        assert "is damaged: it " in str(error) and "row ids" not in str(error), name
+        assert pickle.loads(pickle.dumps(error)).uri == error.uri  # crosses to Spark's driver
+    # the version written before the file reads, through blobhouse, every row
+    first = open_table(uri, version=1).to_arrow(blobs="bytes")
+    assert first["img"].to_pylist() == [b"img-%d" % i * 50 for i in range(100)]
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_verify_lists_a_damaged_data_file_and_checks_the_rest(tmp_path, deep):
+    uri = str(tmp_path / "t")
+    second = _two_fragment_table(uri)
+    _zero_footer(second)
+    report = open_table(uri).verify(deep=deep)
+    (problem,) = report["problems"]
+    assert problem["uri"].endswith(Path(second).name)
+    assert problem["reason"].startswith("damaged data file: it does not end in b'LANC'")
+    assert "fragment 1 is unreadable" in problem["reason"]
+    # the first fragment's rows were checked, in each of the two versions holding them
+    assert report["references"] == 200 and report["hashed"] == (200 if deep else 0)
+
+
+def test_gc_refuses_a_table_with_a_damaged_data_file_and_removes_nothing(tmp_path):
+    uri = str(tmp_path / "t")
+    second = _two_fragment_table(uri)
+    _truncate(second)
+    before = tree(uri)
+    with pytest.raises(DataFileError, match="is damaged"):
+        open_table(uri).gc(retain_versions=1, grace=timedelta(0))
+    assert tree(uri) == before
+
+
+def test_a_damaged_page_is_named_by_deep_verify(tmp_path):
+    uri = str(tmp_path / "t")
+    second = _two_fragment_table(uri)
+    data = bytearray(Path(second).read_bytes())
+    data[data.find(b"name-00150")] = 0xFF  # not UTF-8: Lance refuses the string page
+    Path(second).write_bytes(bytes(data))
+    table = open_table(uri)
+    with pytest.raises(DataFileError, match="inside a page: verify") as raised:
+        table.to_arrow(columns=["name"])
+    assert raised.value.uri == ""  # every file's footer and size are intact
+    assert table.to_arrow(columns=["id"])["id"].to_pylist() == list(range(200))
+    assert table.verify()["problems"] == []  # the references are intact
+    (problem,) = table.verify(deep=True)["problems"]
+    assert problem["uri"].endswith(Path(second).name)
+    assert problem["reason"].startswith("damaged data file: Encountered corrupt file")
+    assert problem["reason"].endswith("rows of fragment 1 cannot be read")
+
+
+def test_a_spark_read_of_a_damaged_data_file_names_it(tmp_path, spark):
+    uri = str(tmp_path / "t")
+    second = _two_fragment_table(uri)
+    _zero_footer(second)
+    frames = spark.read.format("blobhouse").load(uri)
+    with pytest.raises(Exception, match=r"DataFileError: .* is damaged") as raised:
+        frames.collect()
+    assert Path(second).name in str(raised.value)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "footer"])
+def test_damaged_data_files_on_object_stores_are_named(bucket, damage):
+    uri = f"{bucket.uri}/t"
+    options = bucket.options
+    for start in (0, 100):
+        rows = range(start, start + 100)
+        batch = pa.table({"id": list(rows), "img": blob_array([b"i%d" % i * 90 for i in rows])})
+        write_table(batch, uri, mode="append" if start else "create", storage_options=options)
+    table = open_table(uri, storage_options=options)
+    files = {
+        f.metadata.id: f.metadata.files[0].path for f in table.snapshot.dataset.get_fragments()
+    }
+    key = f"t/data/{files[1]}"
+    data = bucket.get(key)
+    bucket.put(key, data[: len(data) // 2] if damage == "truncated" else data[:-40] + bytes(40))
+    table = open_table(uri, storage_options=options)
+    for name, read in READS.items():
+        with pytest.raises(DataFileError) as raised:
+            read(table)
+        assert raised.value.uri.endswith(files[1]) and "is damaged: it " in str(raised.value), name
+    (problem,) = table.verify()["problems"]
+    assert problem["uri"].endswith(files[1]) and problem["reason"].startswith("damaged data file")
