@@ -142,6 +142,8 @@ def _is_terminal(stream: object) -> bool:
 def register(spark: SparkSession, storage_options: Mapping[str, str] | None = None) -> None:
     """Register the ``blobhouse`` data source and the SQL functions ``read_blob``/``blob_size``.
     ``read_blob`` reads object stores with ``storage_options`` (an S3 endpoint, credentials).
+    Spark finds the data source through the calling thread's active session: a thread of your
+    own that uses ``format("blobhouse")`` calls this first (it is cheap, and idempotent).
     """
     ensure_registered(spark)
     spark.udf.register("read_blob", read_blob_function(storage_options))

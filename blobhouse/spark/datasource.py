@@ -650,7 +650,14 @@ def _files(messages: Sequence[WrittenFiles | None]) -> list[WrittenFile]:
 
 
 def ensure_registered(spark: SparkSession) -> None:
-    """Make the ``blobhouse`` format known to ``spark``: blobhouse's own Spark functions use it
-    in sessions nobody called :func:`blobhouse.spark.register` on (registering again is a
-    no-op in effect: the same source replaces itself)."""
+    """Make the ``blobhouse`` format known to ``spark`` in the calling thread: blobhouse's own
+    Spark functions use it in sessions nobody called :func:`blobhouse.spark.register` on
+    (registering again is a no-op in effect: the same source replaces itself).
+
+    Spark looks a Python data source up in the *active* session of the JVM thread asking, and
+    pyspark runs each Python thread on a JVM thread of its own that has none: without this, a
+    ``df.write.format("blobhouse")`` in a thread fails with DATA_SOURCE_NOT_FOUND."""
     spark.dataSource.register(BlobhouseDataSource)
+    jsession = getattr(spark, "_jsparkSession", None)  # Spark Connect: none, nor a JVM here
+    if jsession is not None:
+        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)

@@ -6,6 +6,7 @@ import os
 import random
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import lance
 import numpy as np
@@ -298,6 +299,32 @@ def test_blobhouse_functions_work_in_a_session_that_never_registered(spark, tmp_
         bs.write_table(df, uri, blob_columns=["b"], dedup="global")
     assert open_table(uri).count_rows() == 8
     assert disk_bytes(os.path.join(uri, "_blobs", "packs")) == len(shared)  # stored once
+
+
+def test_threads_write_and_read_through_the_data_source(spark, tmp_path):
+    """Spark looks a Python data source up in the JVM thread's active session, and pyspark
+    runs each Python thread on a JVM thread without one: ``df.write.format("blobhouse")`` in a
+    thread failed with DATA_SOURCE_NOT_FOUND even after ``bs.register(spark)`` in that thread.
+    ``bs.register(spark)`` now makes the format known to the thread that calls it (a pool
+    writing tables at once, a server's request threads); blobhouse's own functions work in
+    any thread."""
+    df = spark.createDataFrame([(i, b"%d" % (i % 2) * 5000) for i in range(4)], "id long, b binary")
+
+    def helper_write(n: int) -> int:
+        bs.write_table(df, str(tmp_path / f"helper{n}"), blob_columns=["b"])
+        return open_table(str(tmp_path / f"helper{n}")).count_rows()
+
+    def natural_write(n: int) -> int:
+        bs.register(spark)  # this thread's JVM thread: the format is known here
+        uri = str(tmp_path / f"natural{n}")
+        df.write.format("blobhouse").mode("append").option("blob_columns", "b").save(uri)
+        return spark.read.format("blobhouse").load(uri).count()
+
+    # fresh threads for each: a thread that ran a Spark job may have an active session since
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(natural_write, range(2))) == [4, 4]
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(helper_write, range(2))) == [4, 4]
 
 
 def _read_plan(refs: pa.Array, limit: int = 64 << 20) -> list:
