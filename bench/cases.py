@@ -4,6 +4,7 @@ medians and ratios in a :class:`~bench.harness.Case`."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import random
@@ -40,6 +41,8 @@ from blobhouse.testing import LocalS3Server
 from blobhouse.values import LogicalColumn
 
 KB, MB = 1024, 1024 * 1024
+# the batch sizes a plain large_binary column is written at: it shares a value within a page
+PLAIN_BATCHES = (1024, 8)
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class Size:
 
 QUICK = Size(
     "quick",
-    2,  # a smoke run: every case end to end, medians of 2 (the full run's of 5 cost minutes)
+    1,  # a smoke run: every case end to end, one round after the warm-up (the full run: 5)
     100,
     10,
     90,
@@ -186,16 +189,11 @@ def _storage_contenders(root: Path, payloads: list[bytes], ref_ids: list[int] | 
     # so what they store depends on how the rows arrive
     db = _lancedb().connect(str(fresh(root / "lancedb")))
     lancedb_sizes = {}
-    for rows_per_batch in (1024, 8):
-
-        def batched(rows: int = rows_per_batch) -> pa.RecordBatchReader:
-            batches = binary.to_batches(max_chunksize=rows)
-            return pa.RecordBatchReader.from_batches(binary.schema, batches)
-
+    for rows_per_batch in PLAIN_BATCHES:
         plain = fresh(root / f"plain{rows_per_batch}")
-        lance.write_dataset(batched(), plain, data_storage_version="2.2")
+        _write_plain(binary, rows_per_batch, plain)
         out[f"pylance large_binary, batches of {rows_per_batch}"] = disk_bytes(plain)
-        db.create_table(f"t{rows_per_batch}", data=batched())
+        db.create_table(f"t{rows_per_batch}", data=_batched(binary, rows_per_batch))
         lancedb_sizes[f"lancedb large_binary, batches of {rows_per_batch}"] = disk_bytes(
             root / "lancedb" / f"t{rows_per_batch}.lance"
         )
@@ -291,8 +289,11 @@ def _write_workload(
         "blobhouse, per-file dedup": root / "bh_file",
         "blobhouse, dedup off": root / "bh_off",
         "pylance": root / "pl",
+        **{f"pylance large_binary, batches of {n}": root / f"plain{n}" for n in PLAIN_BATCHES},
+        "lancedb large_binary": root / "lancedb" / "t.lance",
         "parquet": root / "p.parquet",
     }
+    db = _lancedb().connect(str(root / "lancedb"))
     writes = {
         # the default: dedup="global", each payload once for the whole table
         "blobhouse": lambda: write_table(binary, outputs["blobhouse"], blob_columns=["b"]),
@@ -308,6 +309,18 @@ def _write_workload(
         ),
         "parquet": lambda: pq.write_table(binary, outputs["parquet"]),
     }
+    # plain large_binary columns, timed in rounds of their own: one writes every copy of the
+    # duplicates (1 GB, 4 s), whose deletion before the next round slowed the writes after
+    # it 1.5-2x (the kernel reclaiming the freed pages)
+    plain = {
+        **{
+            f"pylance large_binary, batches of {n}": functools.partial(
+                _write_plain, binary, n, outputs[f"pylance large_binary, batches of {n}"]
+            )
+            for n in PLAIN_BATCHES
+        },
+        "lancedb large_binary": lambda: db.create_table("t", data=binary),
+    }
     if label.startswith("20x") and not durable:
         # the limit when every logical byte is hashed once: blake3 on every core over the
         # bytes the write reads, the column's one buffer (hashing the Python payloads instead,
@@ -315,11 +328,10 @@ def _write_workload(
         column = LogicalColumn(binary.column("b").combine_chunks(), "b")
         views = [column.payload(row) for row in column.data_rows()]
         writes["blake3, all cores (the limit)"] = lambda: content_hashes(views)
-    times = medians(
-        {name: _then_sync(fn, durable) for name, fn in writes.items()},
-        runs,
-        before=settled(outputs),
-    )
+    times = {}
+    for group in (writes, plain):
+        timed = {name: _then_sync(fn, durable) for name, fn in group.items()}
+        times.update(medians(timed, runs, before=settled(outputs)))
     physical = {name: disk_bytes(path) for name, path in outputs.items()}
     for contender, seconds in times.items():
         case.add(
@@ -327,6 +339,7 @@ def _write_workload(
             durable=durable,
             contender=contender,
             seconds=round(seconds, 4),
+            bytes=physical.get(contender, "-"),
             logical_mb_s=round(logical / seconds / 1e6, 1),
             physical_mb_s=(
                 round(physical[contender] / seconds / 1e6, 1) if contender in physical else "-"
@@ -334,6 +347,16 @@ def _write_workload(
             vs_pylance=round(times["pylance"] / seconds, 3),
             vs_per_file=round(times["blobhouse, per-file dedup"] / seconds, 3),
         )
+
+
+def _batched(table: pa.Table, rows: int) -> pa.RecordBatchReader:
+    """``table`` as it arrives in batches of ``rows``: a plain large_binary column shares a
+    value only inside a page, so what it stores depends on how the rows arrive."""
+    return pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=rows))
+
+
+def _write_plain(table: pa.Table, rows: int, uri: Path) -> None:
+    lance.write_dataset(_batched(table, rows), uri, data_storage_version="2.2")
 
 
 def _then_sync(write, durable: bool):
@@ -354,24 +377,35 @@ def random_access(size: Size) -> Case:
         binary = pa.table({"b": pa.array(payloads, pa.large_binary())})
         table = write_table(binary, str(root / "bh"), blob_columns=["b"])
         lance.write_dataset(lance_table(payloads), root / "pl", data_storage_version="2.2")
+        # unique payloads: how the rows arrive changes nothing a plain column stores or reads
+        lance.write_dataset(binary, root / "plain", data_storage_version="2.2")
+        others = {
+            "stock": lance.dataset(str(root / "pl")),
+            "plain": lance.dataset(str(root / "plain")),
+            "lancedb": _lancedb().connect(str(root / "lancedb")).create_table("t", data=binary),
+        }
         pq.write_table(binary, root / "p.parquet")
-        stock = lance.dataset(str(root / "pl"))
         parquet = pq.ParquetFile(root / "p.parquet")
         for k in (1, 100, 1000):
             if k <= size.access_rows:
                 picks = sorted(random.Random(k).sample(range(size.access_rows), k))
-                _access(case, table, stock, parquet, picks, size.runs)
+                _access(case, table, others, parquet, picks, size.runs)
     return case
 
 
-def _access(case: Case, table, stock, parquet: pq.ParquetFile, picks: list[int], runs: int):
+def _access(
+    case: Case, table, others: dict, parquet: pq.ParquetFile, picks: list[int], runs: int
+) -> None:
     refs = refs_from_arrow(table.blob_refs("b", picks))
+    stock, plain, other = others["stock"], others["plain"], others["lancedb"]
     times = medians(
         {
             "blobhouse refs + ranged reads": lambda: read_ranges(refs),
             "blobhouse read_blobs": lambda: table.read_blobs("b", picks),
             'blobhouse take blobs="bytes"': lambda: table.take(picks, columns=["b"], blobs="bytes"),
             "pylance read_blobs": lambda: stock.read_blobs("b", indices=picks),
+            "pylance take, large_binary column": lambda: plain.take(picks, columns=["b"]),
+            "lancedb take_offsets, large_binary": lambda: other.take_offsets(picks).to_arrow(),
         },
         runs,
     )
@@ -388,6 +422,7 @@ def _access(case: Case, table, stock, parquet: pq.ParquetFile, picks: list[int],
             ms_per_row=round(seconds / k * 1e3, 3),
             mb_s=round(k * MB / seconds / 1e6, 1),
             vs_pylance=round(times["pylance read_blobs"] / seconds, 3),
+            vs_large_binary=round(times["pylance take, large_binary column"] / seconds, 3),
             vs_parquet=round(times["parquet row groups"] / seconds, 3),
         )
 
@@ -476,7 +511,10 @@ def small_blobs(size: Size) -> Case:
         other = _lancedb().connect(str(root / "lancedb")).create_table("t", data=binary)
         for k in (1, 64, 1000):
             # a fresh draw per call, as a training loop's rows are: nothing is read twice
-            draws = [sorted(random.Random(k * 1000 + i).sample(range(rows), k)) for i in range(64)]
+            draws = [
+                sorted(random.Random(k * 1000 + i).sample(range(rows), k))
+                for i in range(64 if size.name == "full" else 8)  # a smoke run: fewer
+            ]
             nth = {name: itertools.cycle(draws) for name in ("bh", "plain", "stock", "ldb")}
             contenders = {
                 "blobhouse read_blobs": lambda n=nth: table.read_blobs("b", next(n["bh"])),

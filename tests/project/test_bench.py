@@ -46,12 +46,18 @@ def test_quick_benchmark_run(tmp_path):
     assert dup["blobhouse"]["physical_mb_s"] < dup["blobhouse"]["logical_mb_s"] / 10
     limit = dup["blake3, all cores (the limit)"]  # the duplicates target's yardstick
     assert limit["logical_mb_s"] > 0 and limit["physical_mb_s"] == "-"  # it writes nothing
+    # a plain large_binary column stores a duplicate once per page: each batch of 8 rows
+    # holds at most 8 copies of a payload, so it writes several times blobhouse's bytes
+    assert dup["pylance large_binary, batches of 8"]["bytes"] > 2 * dup["blobhouse"]["bytes"]
+    assert dup["lancedb large_binary"]["bytes"] >= dup["blobhouse"]["bytes"] * 0.9  # it wrote
     contenders = {r["contender"] for r in results["random_access"]["rows"]}
     assert contenders == {
         "blobhouse refs + ranged reads",
         "blobhouse read_blobs",
         'blobhouse take blobs="bytes"',
         "pylance read_blobs",
+        "pylance take, large_binary column",
+        "lancedb take_offsets, large_binary",
         "parquet row groups",
     }
     assert all(r["seconds"] > 0 for r in results["random_access"]["rows"])
