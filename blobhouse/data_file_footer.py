@@ -25,6 +25,8 @@ from blobhouse.storage import RangeSource, object_store
 
 _FOOTER = struct.Struct("<QQQIIHH4s")
 _MAGIC = b"LANC"
+_LAST_MINOR = 3  # Lance file format 2.0 to 2.3
+_ALIGNMENT = 64  # where Lance starts each global buffer
 # one read from the end usually holds the footer, the offset tables and the schema buffer
 _TAIL_BYTES = 64 << 10
 # protobuf field numbers: FileDescriptor.schema; Schema.fields, Schema.metadata; Field.name,
@@ -101,21 +103,32 @@ class DataFileFooter:
         tail = source.read(tail_at, size - tail_at)
         if size < _FOOTER.size or len(tail) != size - tail_at:
             raise _not_lance(uri, "it is shorter than a footer")
-        *_, buffers_at, count, _columns, major, minor, magic = _FOOTER.unpack_from(
-            tail, len(tail) - _FOOTER.size
+        metadata_at, columns_at, buffers_at, count, columns, major, minor, magic = (
+            _FOOTER.unpack_from(tail, len(tail) - _FOOTER.size)
         )
         if magic != _MAGIC:
             raise _not_lance(uri, f"it does not end in {_MAGIC!r} (found {magic!r})")
-        if major < 2:
-            raise _not_lance(uri, f"its footer says Lance format {major}.{minor}, not 2.x")
+        if major != 2 or minor > _LAST_MINOR:
+            raise _not_lance(uri, f"its footer says Lance format {major}.{minor}, not 2.0-2.3")
         # the offsets are read from the file: a damaged one must not size a read
-        if count == 0 or buffers_at + 16 * count > size - _FOOTER.size:
+        end = size - _FOOTER.size
+        if metadata_at > columns_at or columns_at + 16 * columns > end:
+            raise _not_lance(uri, "its column metadata table points past its end")
+        if count == 0 or buffers_at + 16 * count > end:
             raise _not_lance(uri, "its global buffer table points past its end")
+        entries = _span(uri, source, tail, tail_at, columns_at, 16 * columns)
+        for i in range(columns):  # each column's metadata lies between the two offsets
+            at, length = struct.unpack_from("<QQ", entries, 16 * i)
+            if at < metadata_at or at + length > columns_at:
+                raise _not_lance(uri, f"the metadata of its column {i} lies outside their region")
         table = _span(uri, source, tail, tail_at, buffers_at, 16 * count)
         buffers = [struct.unpack_from("<QQ", table, 16 * i) for i in range(count)]
         past = [i for i, (at, length) in enumerate(buffers) if at + length > size]
         if past:
             raise _not_lance(uri, f"its global buffer {past[0]} points past its end")
+        unaligned = [i for i, (at, _) in enumerate(buffers) if at % _ALIGNMENT]
+        if unaligned:  # Lance aligns each buffer: a position that is not was damaged
+            raise _not_lance(uri, f"its global buffer {unaligned[0]} is not {_ALIGNMENT}-aligned")
         descriptor = _span(uri, source, tail, tail_at, *buffers[0])
         metadata: dict[bytes, bytes] = {}
         fields: list[FileField] = []

@@ -122,7 +122,9 @@ class DataFileError(BlobhouseError, OSError):
 _DAMAGED_FILE = re.compile(
     r"corrupt file|not appear to be a Lance file|failed to decode Protobuf"
     r"|Invalid range \d+\.\.\d+ for object of size|encoding envelope|failed to fill whole buffer"
-    r"|Range Not Satisfiable|InvalidRange"
+    r"|Range Not Satisfiable|InvalidRange|Unknown Lance storage version|outside metadata region"
+    r"|not aligned to \d+ bytes|exceeds row bounds|panicked|producer terminated before end"
+    r"|outside file of size"
 )
 
 
@@ -134,7 +136,9 @@ def is_damaged_file_error(exc: BaseException) -> bool:
     >>> is_damaged_file_error(OSError("LanceError(IO): Generic S3 error: connection refused"))
     False
     """
-    return _DAMAGED_FILE.search(str(exc)) is not None
+    # a Lance panic (pyo3's PanicException, a BaseException) reading a file it wrote is damage
+    panicked = type(exc).__name__ == "PanicException"
+    return panicked or _DAMAGED_FILE.search(str(exc)) is not None
 
 
 class StaleWriteError(BlobhouseError):

@@ -167,9 +167,13 @@ class TableReader:
 
     def row_ids(self, filter: str | None = None) -> np.ndarray:
         """See :meth:`blobhouse.Table.row_ids`."""
-        try:
+
+        def scan() -> list[np.ndarray]:
             scanner = self.snapshot.dataset.scanner(columns=[], filter=filter, with_row_id=True)
-            ids = [batch.column(_ROW_ID).to_numpy() for batch in scanner.to_batches()]
+            return [batch.column(_ROW_ID).to_numpy() for batch in scanner.to_batches()]
+
+        try:  # a damaged file or a failing store is raised naming it, never as the filter's
+            ids = self._lance_read("read", scan)
         except (ValueError, pa.ArrowInvalid) as exc:
             if filter is None:
                 raise

@@ -264,19 +264,23 @@ class TableSnapshot:
         base path: a branch reading its parent's files)."""
         return self.resolver.locate(data_file)
 
-    def damaged_data_files(self) -> dict[str, str]:
-        """This version's data files Lance cannot read -> why: missing, not the size the
-        manifest records, or a damaged footer (:func:`~blobhouse.data_file_footer.
+    def damaged_data_files(self, every_version: bool = False) -> dict[str, str]:
+        """This version's data files (with ``every_version``, those of every version of its
+        branch: what stats and gc walk) that Lance cannot read -> why: missing, not the size
+        the manifest records, or a damaged footer (:func:`~blobhouse.data_file_footer.
         data_file_problem`). Every file is checked, on a few threads: what a read that met
         damaged bytes runs to name the file."""
         files: dict[str, int | None] = {}
         problems: dict[str, str] = {}
-        for fragment in self.dataset.get_fragments():
-            for data_file in fragment.metadata.files:
-                try:
-                    files[self.data_file_uri(data_file)] = data_file.file_size_bytes
-                except BlobhouseError as exc:  # its path cannot be a file of this table
-                    problems[data_file.path] = str(exc)
+        versions = [v["version"] for v in self.versions()] if every_version else [self.version]
+        for version in versions:
+            at = self if version == self.version else self.checkout(version)
+            for fragment in at.dataset.get_fragments():
+                for data_file in fragment.metadata.files:
+                    try:
+                        files[at.data_file_uri(data_file)] = data_file.file_size_bytes
+                    except BlobhouseError as exc:  # its path cannot be a file of this table
+                        problems[data_file.path] = str(exc)
         options = self.storage_options
 
         def check(item: tuple[str, int | None]) -> str | None:
@@ -521,7 +525,7 @@ def damage_named(
     :class:`~blobhouse.errors.DataFileError` naming the data files ``damaged()`` finds."""
     try:
         yield
-    except (OSError, ValueError, RuntimeError) as exc:
+    except BaseException as exc:  # Lance's panics are BaseExceptions
         if damaged is None or not is_damaged_file_error(exc):
             raise
         raise damaged_file_error(uri, doing, damaged(), exc) from exc
@@ -534,8 +538,8 @@ def damaged_file_error(
     why), or, when none is found, that met Lance's error ``exc`` about damaged bytes."""
     if not damaged:
         return DataFileError(
-            f"cannot {doing} {uri}: a file of this version is damaged ({lance_message(exc)}); "
-            "every data file's size and footer are intact, so it is inside a page: "
+            f"cannot {doing} {uri}: Lance found damaged bytes ({lance_message(exc)}); every "
+            "data file's size and footer are intact, so they are inside a page: "
             "verify(deep=True) names the fragment"
         )
     first, why = next(iter(damaged.items()))
@@ -561,7 +565,8 @@ def table_io(
             snapshot = snapshot_of(table)
             call = functools.partial(service, table, *args, **kwargs)
             root, options = snapshot.location.root, snapshot.storage_options
-            damaged = snapshot.damaged_data_files
+            # a service walks the versions of the branch: a damaged file may be in any
+            damaged = functools.partial(snapshot.damaged_data_files, every_version=True)
             if reads_only:
                 return lance_read(root, options, doing, call, damaged)
             with lance_io(root, doing), damage_named(root, doing, damaged):

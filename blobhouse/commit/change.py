@@ -47,9 +47,15 @@ from blobhouse.commit.transaction import (
     conflict_error,
     retrying,
 )
-from blobhouse.errors import BlobhouseError, as_store_error, cleanup_after, lance_io
+from blobhouse.errors import (
+    BlobhouseError,
+    as_store_error,
+    cleanup_after,
+    is_damaged_file_error,
+    lance_io,
+)
 from blobhouse.session import WrittenFile
-from blobhouse.snapshot import TableSnapshot
+from blobhouse.snapshot import TableSnapshot, damage_named, damaged_file_error
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -159,7 +165,9 @@ class Attempt(Generic[P, R]):
         """``change`` planned on ``at`` (None: it creates the table)."""
         if at is None:
             return cls(change, at, change.plan(at), number)
-        with lance_io(at.location.root, "change"):  # a plan reads the table (a compaction's)
+        root = at.location.root
+        # a plan reads the table (a compaction's): a damaged data file is named
+        with lance_io(root, "change"), damage_named(root, "change", at.damaged_data_files):
             return cls(change, at, change.plan(at), number)
 
     @property
@@ -193,7 +201,13 @@ class Attempt(Generic[P, R]):
         """Raise ``exc`` -- Lance's I/O errors as a StoreError naming the table and the change --
         after ``cleanup``, which never replaces it."""
         txn = self.transaction
-        error = as_store_error(exc, txn.location.root, f"commit a {txn.kind} to")
+        doing = f"commit {'an' if txn.kind[:1] in 'aeiou' else 'a'} {txn.kind} to"
+        if self.at is not None and is_damaged_file_error(exc):  # not the store's failure
+            error: BaseException = damaged_file_error(
+                txn.location.root, doing, self.at.damaged_data_files(), exc
+            )
+        else:
+            error = as_store_error(exc, txn.location.root, doing)
         if isinstance(exc, CommitConflictError) and not exc.retryable:
             # Lance's own refusal (a Spark commit has no retry loop to explain it)
             error = exc if isinstance(exc, BlobhouseError) else conflict_error(exc, self.number)

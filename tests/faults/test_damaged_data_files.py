@@ -150,3 +150,77 @@ def test_damaged_data_files_on_object_stores_are_named(bucket, damage):
         assert raised.value.uri.endswith(files[1]) and "is damaged: it " in str(raised.value), name
     (problem,) = table.verify()["problems"]
     assert problem["uri"].endswith(files[1]) and problem["reason"].startswith("damaged data file")
+
+
+def _flip_footer_byte(from_end: int):
+    """Damage that flips one byte ``from_end`` bytes before a data file's end."""
+
+    def damage(path: str) -> None:
+        data = bytearray(Path(path).read_bytes())
+        data[-from_end] ^= 0xFF
+        Path(path).write_bytes(bytes(data))
+
+    return damage
+
+
+FOOTER_FIELDS = {  # the 40-byte footer: three u64 offsets, two u32 counts, two u16 versions
+    "column metadata offset": _flip_footer_byte(40),
+    "column metadata table offset": _flip_footer_byte(32),
+    "global buffer table offset": _flip_footer_byte(24),
+    "version": _flip_footer_byte(8),
+}
+
+
+@pytest.mark.parametrize("field", FOOTER_FIELDS)
+def test_a_damaged_footer_field_is_named_by_reads_and_verify(tmp_path, field):
+    uri = str(tmp_path / "t")
+    second = _two_fragment_table(uri)
+    FOOTER_FIELDS[field](second)
+    table = open_table(uri)
+    for name in ("to_arrow", "take_rows", "stats"):
+        with pytest.raises(DataFileError) as raised:
+            READS[name](table)
+        assert raised.value.uri.endswith(Path(second).name), (name, str(raised.value))
+    (problem,) = table.verify(deep=True)["problems"]
+    assert problem["uri"].endswith(Path(second).name) and "damaged data file" in problem["reason"]
+
+
+def test_a_damaged_file_of_an_older_version_is_named_by_the_services(tmp_path):
+    uri = str(tmp_path / "t")
+    second = _two_fragment_table(uri)
+    open_table(uri).delete("id >= 100")  # the latest version no longer holds the file
+    _zero_footer(second)
+    table = open_table(uri)
+    assert table.to_arrow()["id"].to_pylist() == list(range(100))  # the latest reads
+    for service in (lambda: table.stats(), lambda: table.gc(grace=timedelta(0))):
+        with pytest.raises(DataFileError) as raised:
+            service()
+        assert raised.value.uri.endswith(Path(second).name)
+        assert "does not end in b'LANC'" in str(raised.value)
+
+
+def test_a_loader_filter_on_a_damaged_table_is_not_called_invalid(tmp_path):
+    from blobhouse.loader import BatchLoader
+
+    uri = str(tmp_path / "t")
+    _zero_footer(_two_fragment_table(uri))
+    with pytest.raises(DataFileError, match="is damaged"):
+        list(BatchLoader(uri, ["id", "img"], batch_size=8, filter="id < 10"))
+
+
+@pytest.mark.parametrize("damage", [_truncate, _zero_footer], ids=["truncated", "footer"])
+def test_changes_of_a_damaged_table_name_the_file_and_change_nothing(tmp_path, damage):
+    uri = str(tmp_path / "t")
+    second = _two_fragment_table(uri)
+    damage(second)
+    before = tree(uri)
+    changes = {
+        "compact": lambda t: t.compact(),
+        "delete": lambda t: t.delete("id = 150"),
+        "update": lambda t: t.update({"name": "'z'"}, where="id = 150"),
+    }
+    for name, change in changes.items():
+        with pytest.raises(DataFileError) as raised:
+            change(open_table(uri))
+        assert raised.value.uri.endswith(Path(second).name), (name, str(raised.value))
+        assert tree(uri) == before, name
