@@ -518,8 +518,8 @@ class RecordedHashes:
             raise CorruptBlobError(
                 f"blob column {column!r}, fragment {address >> 32} row {address & 0xFFFFFFFF}: "
                 f"the bytes at {ref.uri} [{ref.position}, +{ref.size}) do not match the blake3 "
-                "recorded when they were written; the stored copy is damaged "
-                "(`blobhouse verify --deep` lists every such row)"
+                "recorded when they were written (in the row's data file): the stored copy, or "
+                "that recorded hash, is damaged (`blobhouse verify --deep` lists every such row)"
             )
 
         return verify

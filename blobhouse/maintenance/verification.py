@@ -292,14 +292,23 @@ def _hash_checked(
                 continue
             actual = content_hash(data)
             checker.verdicts[_verdict_key(ref, expected)] = (
-                None
-                if actual == expected
-                else f"content hash mismatch (recorded {expected.hex()[:16]}, "
-                f"read {actual.hex()[:16]})"
+                None if actual == expected else _mismatch(expected, actual)
             )
         start = end
     for i, ref, expected in items:
         yield i, ref, checker.verdicts[_verdict_key(ref, expected)]
+
+
+def _mismatch(expected: bytes, actual: bytes) -> str:
+    """A content hash mismatch, each digest shown to 8 hex digits past where they differ (a
+    damaged recorded hash may differ from the bytes' only late)."""
+    recorded, read = expected.hex(), actual.hex()
+    differ = next(i for i, (a, b) in enumerate(zip(recorded, read, strict=True)) if a != b)
+    shown = max(16, differ + 8)
+    return (
+        f"content hash mismatch (recorded {recorded[:shown]}, read {read[:shown]}): the bytes, "
+        "or the hash recorded in the row's data file, are damaged"
+    )
 
 
 def _read_each(chunk: list[tuple[int, BlobRef, bytes]], checker: Checker) -> list[bytes | str]:

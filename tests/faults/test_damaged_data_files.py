@@ -224,3 +224,31 @@ def test_changes_of_a_damaged_table_name_the_file_and_change_nothing(tmp_path, d
             change(open_table(uri))
         assert raised.value.uri.endswith(Path(second).name), (name, str(raised.value))
         assert tree(uri) == before, name
+
+
+def test_a_damaged_recorded_hash_is_told_apart_in_the_messages(tmp_path):
+    """A byte of a row's recorded hash flipped (its bytes intact): the read's error and deep
+    verify say the hash may be what is damaged, and verify shows the digests where they
+    differ (the first 16 hex digits of both were the same)."""
+    import struct
+
+    import blake3
+
+    from blobhouse import CorruptBlobError
+
+    uri = str(tmp_path / "t")
+    payloads = [bytes([i]) * 1000 for i in range(20)]
+    write_table(pa.table({"id": list(range(20)), "img": blob_array(payloads)}), uri)
+    (path,) = glob.glob(f"{uri}/data/*.lance")
+    data = bytearray(Path(path).read_bytes())
+    *_, buffers_at, count, _, _, _, _ = struct.unpack("<QQQIIHH4s", data[-40:])
+    at, size = struct.unpack_from("<QQ", data, buffers_at + 16 * (count - 1))  # the hashes
+    digest = blake3.blake3(payloads[5]).digest()
+    data[data.find(digest, at, at + size) + 20] ^= 0xFF
+    Path(path).write_bytes(bytes(data))
+    table = open_table(uri)
+    with pytest.raises(CorruptBlobError, match="or that recorded hash, is damaged"):
+        table.read_blobs("img", [5])
+    (problem,) = table.verify(deep=True)["problems"]
+    recorded, read = problem["reason"].split("recorded ")[1].split(")")[0].split(", read ")
+    assert recorded != read and read == digest.hex()[: len(read)]
