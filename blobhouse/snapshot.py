@@ -528,14 +528,27 @@ def damage_named(
     except BaseException as exc:  # Lance's panics are BaseExceptions
         if damaged is None or not is_damaged_file_error(exc):
             raise
-        raise damaged_file_error(uri, doing, damaged(), exc) from exc
+        raise damaged_file_error(uri, doing, damaged, exc) from exc
 
 
 def damaged_file_error(
-    uri: str, doing: str, damaged: dict[str, str], exc: BaseException | None = None
+    uri: str,
+    doing: str,
+    damaged: dict[str, str] | Callable[[], dict[str, str]],
+    exc: BaseException | None = None,
 ) -> DataFileError:
     """The error of ``doing`` the table at ``uri`` whose data files ``damaged`` are (file ->
-    why), or, when none is found, that met Lance's error ``exc`` about damaged bytes."""
+    why; or what finds them), or, when none is found, that met Lance's error ``exc`` about
+    damaged bytes."""
+    if callable(damaged):
+        try:
+            damaged = damaged()
+        except Exception as failed:  # a store that fails the check too: Lance's error stays
+            return DataFileError(
+                f"cannot {doing} {uri}: Lance found damaged bytes ({lance_message(exc)}); "
+                f"checking its data files failed too ({type(failed).__name__}: "
+                f"{lance_message(failed)})"
+            )
     if not damaged:
         return DataFileError(
             f"cannot {doing} {uri}: Lance found damaged bytes ({lance_message(exc)}); every "

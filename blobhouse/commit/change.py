@@ -204,7 +204,7 @@ class Attempt(Generic[P, R]):
         doing = f"commit {'an' if txn.kind[:1] in 'aeiou' else 'a'} {txn.kind} to"
         if self.at is not None and is_damaged_file_error(exc):  # not the store's failure
             error: BaseException = damaged_file_error(
-                txn.location.root, doing, self.at.damaged_data_files(), exc
+                txn.location.root, doing, self.at.damaged_data_files, exc
             )
         else:
             error = as_store_error(exc, txn.location.root, doing)

@@ -252,3 +252,20 @@ def test_a_damaged_recorded_hash_is_told_apart_in_the_messages(tmp_path):
     (problem,) = table.verify(deep=True)["problems"]
     recorded, read = problem["reason"].split("recorded ")[1].split(")")[0].split(", read ")
     assert recorded != read and read == digest.hex()[: len(read)]
+
+
+def test_a_check_of_the_data_files_that_fails_keeps_lances_error(tmp_path, monkeypatch):
+    """Naming the damaged file reads every footer: a store that fails those reads too leaves
+    a DataFileError with Lance's reason and the check's failure, not the check's error."""
+    from blobhouse.snapshot import TableSnapshot
+
+    uri = str(tmp_path / "t")
+    _zero_footer(_two_fragment_table(uri))
+
+    def failing(self, every_version=False):
+        raise OSError("the store went away")
+
+    monkeypatch.setattr(TableSnapshot, "damaged_data_files", failing)
+    with pytest.raises(DataFileError, match="checking its data files failed too") as raised:
+        open_table(uri).to_arrow()
+    assert "not appear to be a Lance file" in str(raised.value) and raised.value.uri == ""
