@@ -266,11 +266,15 @@ def _varint(view: memoryview, at: int) -> tuple[int, int]:
 
 
 def data_file_problem(
-    uri: str, storage_options: Mapping[str, str] | None = None, recorded_size: int | None = None
+    uri: str,
+    storage_options: Mapping[str, str] | None = None,
+    recorded_size: int | None = None,
+    size: int | None = None,
 ) -> str | None:
-    """Why Lance cannot read the data file at ``uri`` -- missing, not the ``recorded_size``
-    its manifest records (when it records one), or its footer damaged -- or None. A store
-    that fails the check raises its :class:`~blobhouse.errors.StoreError`.
+    """Why Lance cannot read the data file at ``uri`` (of ``size`` bytes, looked up when not
+    given) -- missing, not the ``recorded_size`` its manifest records (when it records one),
+    or its footer damaged -- or None. A store that fails the check raises its
+    :class:`~blobhouse.errors.StoreError`.
 
     >>> import tempfile
     >>> path = tempfile.mkdtemp() + "/f.lance"
@@ -280,7 +284,7 @@ def data_file_problem(
     >>> data_file_problem(path, recorded_size=100)
     'it is 64 bytes, its manifest records 100'
     """
-    size = object_store(uri, storage_options).size(uri)
+    size = object_store(uri, storage_options).size(uri) if size is None else size
     if size is None:
         return "it is missing"
     if recorded_size and size != recorded_size:

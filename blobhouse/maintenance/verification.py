@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from blobhouse.data_file_footer import DataFileFooter
+from blobhouse.data_file_footer import data_file_problem
 from blobhouse.dedup import content_hash
 from blobhouse.errors import (
     BlobReadError,
@@ -130,13 +130,8 @@ class Checker:
         if self.range_problem(uri, 0, 0):
             return _MISSING_DATA_FILE
         if uri not in self.footers:
-            try:
-                DataFileFooter.read(uri, self.storage_options, self.sizes[uri])
-                self.footers[uri] = None
-            except BlobReadError as exc:
-                if isinstance(exc, StoreError):
-                    raise  # the store failed the read: nothing is known about the file
-                self.footers[uri] = f"{_DAMAGED_DATA_FILE}: {str(exc).split(': ', 1)[-1]}"
+            why = data_file_problem(uri, self.storage_options, size=self.sizes[uri])
+            self.footers[uri] = None if why is None else f"{_DAMAGED_DATA_FILE}: {why}"
         return self.footers[uri]
 
     def range_problem(self, uri: str, position: int, size: int) -> str | None:
