@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
+from bench import harness
 from bench.cases import CASES, FULL, QUICK
 from bench.harness import machine
 from bench.report import write_report
@@ -23,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="results directory")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
+    harness.WARM_UP = not args.quick
     out = (
         Path(args.out)
         if args.out
@@ -32,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {unknown}; known: {list(CASES)}")
+    # a user's install reads its imports compiled (pip writes the bytecode); a machine that
+    # sets PYTHONDONTWRITEBYTECODE would make every process of the run compile them instead
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps({"size": size.name, **machine()}, indent=2))
     for name in names:

@@ -76,7 +76,7 @@ class Size:
 
 QUICK = Size(
     "quick",
-    1,  # a smoke run: every case end to end, one round after the warm-up (the full run: 5)
+    1,  # a smoke run: every case end to end, one round without a warm-up (the full run: 5)
     100,
     10,
     90,

@@ -44,6 +44,11 @@ class Case:
         return path
 
 
+#: whether :func:`medians` runs a warm-up round first (not in a quick run: a smoke run checks
+#: that every case runs and holds together, not how fast)
+WARM_UP = True
+
+
 def medians(
     contenders: dict[str, Callable[[], object]],
     runs: int,
@@ -55,7 +60,7 @@ def medians(
     pass :func:`settled`, so none pays for a neighbour's page-cache writeback or leftover files
     (with a seeded order, one contender followed Parquet's write in 3 of 5 rounds and was
     0.05-0.1 s slower for it)."""
-    for name, fn in contenders.items():
+    for name, fn in contenders.items() if WARM_UP else ():
         if before is not None:
             before(name)
         fn()

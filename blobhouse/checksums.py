@@ -52,7 +52,9 @@ if TYPE_CHECKING:
 CHECKSUMS_KEY = "blobhouse:checksums"
 SIDECAR_ROW, STORE_ROW = -1, -2  # the ``row`` of sidecar and store entries
 FILE_COLUMNS_KEY = b"file_columns"  # {recorded column name: its column in the data file}
-_SIDECAR_KEY = np.dtype([("blob_id", np.uint32), ("position", np.uint64), ("size", np.uint64)])
+_NO_PACK = 0xFFFFFFFF  # the code of a store pack a file records nothing of
+# a payload's place: a sidecar's blob id (or a store pack's code), position and size
+_PLACE_KEY = np.dtype([("object", np.uint32), ("position", np.uint64), ("size", np.uint64)])
 # files' checksums kept loaded for lookups, by their estimated memory: measured ~18 KB a file
 # (2,000 files of 4 entries) and ~180 bytes an entry (one file of 400,000)
 _CACHED_CHECKSUM_BYTES = 64 << 20
@@ -229,11 +231,16 @@ class FileChecksums:
     >>> log = ChecksumLog()
     >>> log.record_sidecar(blob_id=2, position=10, size=5, digest=b"s" * 32)
     >>> log.record_inline("meta.img", row=3, size=4, digest=b"i" * 32)
+    >>> log.record_store([("packs/a", 0, 7)], [b"p" * 32])
     >>> checksums = FileChecksums(log.to_table(), {"meta.img": 1})
     >>> checksums.sidecar(2, 10, 5) == b"s" * 32, checksums.sidecar(2, 10, 6)
     (True, None)
     >>> checksums.inline(1, 3) == b"i" * 32, checksums.inline(0, 3)
     (True, None)
+    >>> packs, at, sizes = np.array([0, 1, 0]), np.zeros(3), np.array([7, 7, 8])
+    >>> found = checksums.stored_many(["packs/a", "packs/b"], packs, at, sizes)
+    >>> found[0] == b"p" * 32, found[1:]
+    (True, [None, None])
     """
 
     def __init__(self, table: pa.Table, columns: dict[str, int] | None = None) -> None:
@@ -243,28 +250,23 @@ class FileChecksums:
         self._names = {column: name for name, column in (columns or {}).items()}
         table = table.combine_chunks()
         rows = table.column("row").to_numpy()
+        positions, sizes = table.column("position").to_numpy(), table.column("size").to_numpy()
         self._digests = digest_matrix(table.column("blake3"))
-        # both kinds sorted by their key, so a lookup is one binary search
+        # sidecar and inline entries sorted by their key (a lookup is one binary search), store
+        # entries in a dict by place: never a tuple per entry (10,000 of them set off a full
+        # garbage collection, ~0.1 s in a process that imported torch)
         sidecar = np.flatnonzero(rows == SIDECAR_ROW)
-        # store entries: one per store payload the file references (few), looked up by place
-        stored = np.flatnonzero(rows == STORE_ROW)
-        self._stored = {
-            (pack, int(position), int(size)): self._digests[i].tobytes()
-            for i, pack, position, size in zip(
-                stored.tolist(),
-                table.column("column").take(stored).to_pylist(),
-                table.column("position").to_numpy()[stored],
-                table.column("size").to_numpy()[stored],
-                strict=True,
-            )
-        }
         self._sidecar_entries, *keys = _sorted(
-            sidecar,
-            table.column("blob_id").to_numpy()[sidecar],
-            table.column("position").to_numpy()[sidecar],
-            table.column("size").to_numpy()[sidecar],
+            sidecar, table.column("blob_id").to_numpy()[sidecar], positions[sidecar], sizes[sidecar]
         )
-        self._sidecar_keys = _sidecar_keys(*keys)
+        self._sidecar_keys = _place_keys(*keys)
+        # one per store payload the file's rows reference
+        stored = np.flatnonzero(rows == STORE_ROW)
+        packs = pc.dictionary_encode(table.column("column").combine_chunks().take(stored))
+        self._packs = {name: code for code, name in enumerate(packs.dictionary.to_pylist())}
+        codes = packs.indices.to_numpy(zero_copy_only=False).astype(np.uint32)
+        places = _place_bytes(codes, positions[stored], sizes[stored])
+        self._stored = dict(zip(places, stored.tolist(), strict=True))
         # compared in Arrow: a numpy view of the names would be a Python str per entry
         columns = table.column("column")
         self._inline: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -277,10 +279,15 @@ class FileChecksums:
     def __len__(self) -> int:
         return self.table.num_rows
 
-    def stored(self, pack: str, position: int, size: int) -> bytes | None:
-        """The digest rows of this file were written with for the store payload at
-        ``[position, +size)`` of ``pack`` (relative to the store)."""
-        return self._stored.get((pack, position, size))
+    def stored_many(
+        self, packs: Sequence[str], codes: np.ndarray, positions: np.ndarray, sizes: np.ndarray
+    ) -> list[bytes | None]:
+        """The digests rows of this file were written with for the store payloads at
+        ``[positions[i], +sizes[i])`` of pack ``packs[codes[i]]`` (relative to the store)."""
+        ours = np.array([self._packs.get(pack, _NO_PACK) for pack in packs], np.uint32)[codes]
+        entries, digests = self._stored, self._digests
+        found = [entries.get(place) for place in _place_bytes(ours, positions, sizes)]
+        return [None if entry is None else digests[entry].tobytes() for entry in found]
 
     def sidecar(self, blob_id: int, position: int, size: int) -> bytes | None:
         """The digest of the payload at ``[position, +size)`` of sidecar ``blob_id``."""
@@ -297,7 +304,7 @@ class FileChecksums:
     ) -> list[bytes | None]:
         """:meth:`sidecar` for many payloads at once (one vectorized search)."""
         return self._lookup(
-            self._sidecar_entries, self._sidecar_keys, _sidecar_keys(blob_ids, positions, sizes)
+            self._sidecar_entries, self._sidecar_keys, _place_keys(blob_ids, positions, sizes)
         )
 
     def inline_many(self, column: int, rows: np.ndarray) -> list[bytes | None]:
@@ -331,10 +338,16 @@ def _sorted(entries: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, ...]:
     return (entries[order], *(key[order] for key in keys))
 
 
-def _sidecar_keys(blob_ids: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Sidecar keys as one structured array: numpy orders and searches it field by field."""
-    keys = np.empty(len(blob_ids), _SIDECAR_KEY)
-    keys["blob_id"], keys["position"], keys["size"] = blob_ids, positions, sizes
+def _place_bytes(objects: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> list[bytes]:
+    """Places as one ``bytes`` each (no tuple per place: the garbage collector tracks those)."""
+    # numpy drops a fixed-size string's trailing zero bytes: still one value per place
+    return _place_keys(objects, positions, sizes).view(f"S{_PLACE_KEY.itemsize}").tolist()
+
+
+def _place_keys(objects: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Places as one structured array: numpy orders and searches it field by field."""
+    keys = np.empty(len(objects), _PLACE_KEY)
+    keys["object"], keys["position"], keys["size"] = objects, positions, sizes
     return keys
 
 
@@ -364,8 +377,17 @@ def load_checksums(
     buffer = footer.read_buffer(index)
     try:
         return _parsed_checksums(buffer, footer)
-    except (BlobhouseError, OSError, ValueError, TypeError, KeyError, NotImplementedError) as exc:
-        # pyarrow, JSON, or FileChecksums' own check: a damaged buffer, never a crash later
+    except (
+        BlobhouseError,
+        OSError,
+        ValueError,
+        TypeError,
+        KeyError,
+        NotImplementedError,
+        MemoryError,
+    ) as exc:
+        # pyarrow, JSON, or FileChecksums' own check: a damaged buffer, never a crash later (a
+        # damaged length can make pyarrow ask for petabytes: ArrowMemoryError, seen once)
         raise BlobReadError(
             f"data file {data_file_uri}: its recorded blob hashes are damaged ({exc})",
             data_file_uri,
@@ -571,23 +593,14 @@ class RecordedHashes:
         """The digests of the store payloads of ``rows`` of one data file: what the file
         recorded for them (the value its rows were written with), else the store's index."""
         recorded = self._file(data_file) if data_file is not None else None
-        places = zip(
-            refs.codes[rows].tolist(),
-            refs.positions[rows].tolist(),
-            refs.sizes[rows].tolist(),
-            strict=True,
-        )
-        uris = refs.uris
-        return [self._store_digest(recorded, uris[c], p, s) for c, p, s in places]
-
-    def _store_digest(
-        self, recorded: FileChecksums | None, uri: str, position: int, size: int
-    ) -> bytes | None:
-        """The digest of a store payload: what the row's data file (``recorded``) recorded for
-        it (the value its rows were written with), else what the store's index says."""
-        pack = uri.removeprefix(self.store[0])
-        digest = recorded.stored(pack, position, size) if recorded is not None else None
-        return digest or self._indexed(uri, position, size)
+        codes, positions, sizes = refs.codes[rows], refs.positions[rows], refs.sizes[rows]
+        found: list[bytes | None] = [None] * len(rows)
+        if recorded is not None:
+            packs = [uri.removeprefix(self.store[0]) for uri in refs.uris]
+            found = recorded.stored_many(packs, codes, positions, sizes)
+        for i in [i for i, digest in enumerate(found) if digest is None]:
+            found[i] = self._indexed(refs.uris[codes[i]], int(positions[i]), int(sizes[i]))
+        return found
 
     def _in_store(self, uri: str) -> bool:
         return bool(self.store) and uri.startswith(self.store[0])

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -35,8 +35,9 @@ from blobhouse.layout import TableLocation
 from blobhouse.options import check_flag, keywords_checked
 from blobhouse.storage import check_answers, checked_options
 
-if TYPE_CHECKING:
-    from blobhouse.table import Table
+# at import, not at the first open: a DataLoader's workers (forked, or from a forkserver that
+# preloads this module) then find it imported instead of each paying 0.07-0.2 s for it
+from blobhouse.table import Table, open_at
 
 LoaderBlobs = Literal["bytes", "refs"]
 _Batch = TypeVar("_Batch")  # what a loader yields per batch: a RecordBatch or a list of rows
@@ -379,8 +380,6 @@ class PinnedRows:
                 if self._helper is None or self._helper[0] != os.getpid():
                     self._helper = (os.getpid(), TableInFreshProcess(self))
             return self._helper[1]
-        from blobhouse.table import open_at
-
         return open_at(self.location, self.version, self.storage_options)
 
     def ids(self, *, keep_lance_out: bool = False) -> np.ndarray:

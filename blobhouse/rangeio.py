@@ -311,6 +311,8 @@ def _run_reads(
 
     def run(group: list[RangeRead]) -> None:
         with _ObjectReader(storage_options) as reader:
+            if len(group) > 1:  # read one by one: prefetched, the disk gets them at once
+                reader.prefetch(group)
             for read in group:
                 fill(reader, read)
 
@@ -387,6 +389,17 @@ class _ObjectReader:
             raise _read_error(uri, exc) from None
         if filled != len(target):
             raise _short_read(uri, position, len(target), filled)
+
+    def prefetch(self, reads: Sequence[RangeRead]) -> None:
+        """Hint that ``reads`` come next (see :meth:`RangeSource.prefetch`)."""
+        by_uri: dict[str, list[tuple[int, int]]] = {}
+        for read in reads:
+            by_uri.setdefault(read.uri, []).append((read.start, read.end - read.start))
+        for uri, ranges in by_uri.items():
+            try:
+                self._source(uri).prefetch(ranges)
+            except OSError as exc:
+                raise _read_error(uri, exc) from None
 
     def read(self, uri: str, position: int, size: int) -> bytes:
         if size == 0:

@@ -210,6 +210,11 @@ class RangeSource(Protocol):
     def read_into(self, position: int, target: memoryview) -> int:
         """Fill ``target`` with the bytes at ``position``; how many there were."""
 
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """A hint that these ``(position, size)`` ranges are read next, one after another: a
+        local file not in the page cache asks the kernel to start reading them all; an object
+        store ignores it (its reads run as parallel requests instead)."""
+
     def close(self) -> None: ...
 
 
@@ -485,6 +490,9 @@ class LocalStore:
         return time.time()
 
 
+_PREFETCH = hasattr(os, "posix_fadvise") and hasattr(os, "RWF_NOWAIT")  # Linux
+
+
 class _LocalFile:
     def __init__(self, fd: int) -> None:
         self._fd = fd
@@ -500,6 +508,24 @@ class _LocalFile:
                 break
             filled += n
         return filled
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        # one thread's reads otherwise reach the disk one at a time: hinted, they are all
+        # queued at once (cold 100 KB reads ran 1.5x faster). A hint costs 2-10 us even when
+        # the pages are cached, so the first range is probed first: cached, none is hinted
+        if not _PREFETCH or not ranges or self._cached(ranges[0][0]):
+            return
+        for position, size in ranges:
+            os.posix_fadvise(self._fd, position, size, os.POSIX_FADV_WILLNEED)
+
+    def _cached(self, position: int) -> bool:
+        """Whether the byte at ``position`` is in the page cache (reading it would not wait)."""
+        try:
+            return os.preadv(self._fd, [bytearray(1)], position, os.RWF_NOWAIT) == 1
+        except BlockingIOError:
+            return False
+        except OSError:  # a file system that cannot tell: hint, as for a cold file
+            return False
 
     def close(self) -> None:
         os.close(self._fd)
@@ -650,6 +676,9 @@ class _RemoteObject:
         data = memoryview(self._get(position, len(target)))
         target[: len(data)] = data
         return len(data)
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        return None
 
     def close(self) -> None:
         return None

@@ -116,3 +116,33 @@ def test_large_reads_are_checked_in_the_threads_that_read_them(tmp_path, read):
     read(refs, verify=record)
     # read on pool threads, and checked there: hashing one range overlaps reading the next
     assert threads and threading.get_ident() not in threads
+
+
+def test_reads_of_a_cold_file_are_prefetched_and_of_a_cached_one_not(tmp_path, monkeypatch):
+    """Ranges one thread reads one by one are hinted to the kernel first when the file is not
+    in the page cache (they reach the disk at once, not one at a time), and not hinted when it
+    is (a hint costs more there than it saves). The bytes are the same either way."""
+    path = tmp_path / "cold.bin"
+    data = os.urandom(4 << 20)
+    path.write_bytes(data)
+    hinted: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+
+    def recording(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            hinted.append((offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    refs = [BlobRef(f"file://{path}", position, 100_000) for position in (3 << 20, 0, 1 << 20)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        real(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache
+    finally:
+        os.close(fd)
+    assert read_ranges(refs) == [data[r.position : r.position + r.size] for r in refs]
+    assert sorted(hinted) == [(0, 100_000), (1 << 20, 100_000), (3 << 20, 100_000)]
+    hinted.clear()
+    assert read_ranges_arrow(refs).to_pylist() == [data[r.position : r.end] for r in refs]
+    assert hinted == []  # read just now: cached
