@@ -125,6 +125,9 @@ _DAMAGED_FILE = re.compile(
     r"|Range Not Satisfiable|InvalidRange|Unknown Lance storage version|outside metadata region"
     r"|not aligned to \d+ bytes|exceeds row bounds|panicked|producer terminated before end"
     r"|outside file of size"
+    # a column's page metadata or the file's schema decoded but not consistent
+    r"|Column \d+ page \d+|is missing its|buffer has \d+ bytes, expected|mini-?block"
+    r"|Packed struct|references parent id|columns of differing lengths|CMO table needs"
 )
 
 

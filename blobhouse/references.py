@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance import LanceDataset
 
-from blobhouse.errors import BlobhouseError, ExternalBlobError, InvalidInputError
+from blobhouse.errors import BlobhouseError, DataFileError, ExternalBlobError, InvalidInputError
 from blobhouse.layout import BasePaths, TableLocation
 from blobhouse.placement import AllowedBases, Kind, normalize_uri
 from blobhouse.rangeio import RefColumns
@@ -81,11 +81,14 @@ class ReferenceResolver:
         # (fragment, field id) -> (data file uri, the field's column in that file)
         self._files: dict[tuple[int, int], tuple[str, int]] = {}
         self._unreadable: dict[tuple[int, int], str] = {}
+        self._file_sizes: dict[str, int] = {}  # data file uri -> its size as the manifest records
         self._data_dir = f"{location.dataset_uri}/data"
         self._located_files: dict[tuple[str, int | None], tuple[str, str | None]] = {}
         for fragment in dataset.get_fragments():
             for data_file in fragment.metadata.files:
                 uri, problem = self._data_file(data_file)
+                if problem is None and data_file.file_size_bytes:
+                    self._file_sizes[uri] = data_file.file_size_bytes
                 columns = data_file.column_indices or range(len(data_file.fields))
                 for field_id, column in zip(data_file.fields, columns, strict=False):
                     key = (fragment.fragment_id, field_id)
@@ -179,6 +182,11 @@ class ReferenceResolver:
         valid = validity(descriptors)
         kinds, blob_ids = numbers(descriptors.field("kind")), numbers(descriptors.field("blob_id"))
         fragments = np.asarray(row_addresses.to_numpy(zero_copy_only=False)) >> 32
+        where = _RowNames(column, row_addresses)
+        unknown = valid & (kinds > _EXTERNAL)
+        if unknown.any():  # before the keys below, whose 3 bits of kind it would overflow
+            row = int(np.flatnonzero(unknown)[0])
+            self._damaged(where, row, field_id, f"kind {kinds[row]} is no blob kind Lance has")
         # rows of one data file and sidecar share a URI: build each distinct URI once, keyed by
         # (fragment, kind, blob_id) packed into one integer; external rows by (their uri as
         # stored, blob_id), negated
@@ -194,7 +202,6 @@ class ReferenceResolver:
             keys[rows] = -1 - ((at << 32) | ids[rows])
         unique, first, codes = np.unique(keys[valid], return_index=True, return_inverse=True)
         first = np.flatnonzero(valid)[first]
-        where = _RowNames(column, row_addresses)
         uris, failed = [], []
         for key, row in zip(unique.tolist(), first.tolist(), strict=True):
             try:
@@ -212,13 +219,59 @@ class ReferenceResolver:
                 rows = np.flatnonzero(valid & (row_codes == code))
                 unresolved.extend(Unresolved(row, uri, reason) for row in rows.tolist())
                 valid[rows] = False
-        positions = numbers(descriptors.field("position"))
+        positions, sizes = (
+            numbers(descriptors.field("position")),
+            numbers(descriptors.field("size")),
+        )
+        self._check_places(uris, row_codes, kinds, positions, sizes, valid, where, field_id)
         return RefColumns(
             uris,
             row_codes,
             np.where(kinds == _DEDICATED, 0, positions).astype(np.int64),
-            numbers(descriptors.field("size")).astype(np.int64),
+            sizes.astype(np.int64),
             valid,
+        )
+
+    def _check_places(
+        self,
+        uris: list[str],
+        codes: np.ndarray,
+        kinds: np.ndarray,
+        positions: np.ndarray,
+        sizes: np.ndarray,
+        valid: np.ndarray,
+        where: _RowNames,
+        field_id: int,
+    ) -> None:
+        """A :class:`DataFileError` naming the first row whose descriptor cannot be what a
+        writer stored (garbled in the data file: Lance keeps no page checksums), before a read
+        asks for its bytes (a garbled size made reads allocate petabytes)."""
+        positions, sizes = positions.astype(np.uint64), sizes.astype(np.uint64)
+        ends = positions + sizes
+        # beyond 2^63 no file reaches; an end below its start wrapped around
+        huge = valid & ((ends >= np.uint64(1 << 63)) | (ends < positions))
+        damaged = huge.copy()
+        inline = valid & (kinds == _INLINE) & ~huge
+        if inline.any():  # inline bytes lie in the data file, whose size the manifest has
+            known = np.array([self._file_sizes.get(uri, 1 << 63) for uri in uris], np.uint64)
+            damaged |= inline & (ends > known[codes])
+        if not damaged.any():
+            return
+        row = int(np.flatnonzero(damaged)[0])
+        size = self._file_sizes.get(uris[codes[row]], 0)
+        past = "any file's end" if huge[row] else f"the end of its {size:,}-byte data file"
+        self._damaged(
+            where, row, field_id, f"it names bytes [{positions[row]}, +{sizes[row]}), past {past}"
+        )
+
+    def _damaged(self, where: _RowNames, row: int, field_id: int, reason: str) -> None:
+        """Raise the :class:`DataFileError` of a row whose blob descriptor is damaged."""
+        column, fragment, offset = where.of(row)
+        uri = self._files.get((fragment, field_id), ("",))[0]
+        raise DataFileError(
+            f"blob column {column!r}, fragment {fragment} row {offset}: its blob descriptor in "
+            f"data file {uri or '(unknown)'} is damaged: {reason}",
+            uri,
         )
 
     def _uri_of_key(

@@ -17,6 +17,7 @@ from blobhouse.data_file_footer import data_file_problem
 from blobhouse.dedup import content_hash
 from blobhouse.errors import (
     BlobReadError,
+    DataFileError,
     StoreError,
     StoreIndexError,
     is_damaged_file_error,
@@ -179,6 +180,8 @@ def verify_state(
         _check_references(table, state, deep, checker, report)
         if deep:
             _decode_columns(table, state.fragment_id)
+    except DataFileError as exc:  # a blob descriptor that cannot be true, say: the rest go on
+        report.problems.append(("", 0, exc.uri, None, None, f"{_DAMAGED_DATA_FILE}: {exc}"))
     except (OSError, ValueError, RuntimeError) as exc:
         if not is_damaged_file_error(exc):
             raise
