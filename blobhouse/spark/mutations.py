@@ -384,8 +384,12 @@ class _Match:
         keyed = joined.select(*keys, _ADDRESS)
         if merge.insert:
             # the check before the commit reads the inserted keys again, under the upsert lock:
-            # cached (keys only) by counts(), it does not read the table's keys a second time
-            keyed = keyed.persist()
+            # cached (keys only) by counts(), it does not read the table's keys a second time.
+            # In as many tasks as the larger side has partitions: AQE does not coalesce a
+            # cached plan, whose join would otherwise run spark.sql.shuffle.partitions (200)
+            # tasks (a merge of 2 rows ran 600)
+            parts = max(source.rdd.getNumPartitions(), targets.rdd.getNumPartitions(), 1)
+            keyed = keyed.coalesce(parts).persist()
         return cls(source, targets, joined, keys, keyed)
 
     def release(self) -> None:

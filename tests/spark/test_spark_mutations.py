@@ -100,6 +100,32 @@ def test_spark_merge_insert_upserts_in_one_commit(spark, table_uri, dedup):
         assert stock_read(table_uri, "img").count(fresh) == 10
 
 
+def test_a_small_merge_runs_a_few_tasks_not_the_shuffle_partitions(spark, table_uri):
+    """The source joined with the table's keys is cached, and AQE does not coalesce a cached
+    plan: a merge of 2 rows into a 3-fragment table ran its join in 3 x 200 tasks (690 in all,
+    6-16 s on local[2]); now in as many as the larger side has partitions."""
+    make(table_uri, "global")
+    source = spark.createDataFrame(
+        [(5, "u5", SHARED[1]), (500, "u500", b"new")], "id long, label string, img binary"
+    )
+    context = spark.sparkContext
+    context.setJobGroup("small-merge", "a merge of 2 rows")
+    spark.conf.set("spark.sql.shuffle.partitions", "200")  # Spark's default (the fixture's: 4)
+    try:
+        report = bs.merge_insert(source, table_uri, on="id")
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "4")
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert (report.num_updated_rows, report.num_inserted_rows) == (1, 1)
+    tracker = context.statusTracker()
+    stages = [
+        tracker.getStageInfo(stage)
+        for job in tracker.getJobIdsForGroup("small-merge")
+        for stage in tracker.getJobInfo(job).stageIds
+    ]
+    assert stages and max(s.numTasks for s in stages if s) < 50, [s.numTasks for s in stages if s]
+
+
 def test_spark_merge_insert_by_ref_id_stores_a_ref_id_once(spark, table_uri):
     """dedup="ref_id": the new rows carrying one ref_id share one stored payload."""
     data = pa.table({"id": [1, 2], "ref": [1, 2], "img": [SHARED[0], SHARED[1]]})
