@@ -1748,6 +1748,7 @@ def startup(size: Size) -> Case:
                 for name, argv in runs.items()
             },
             size.runs,
+            warm_up=True,  # even quick: a first start reads its files from the disk, the rest not
         )
     lance_s = seconds["python -c 'import lance'"]
     for name, median in seconds.items():

@@ -53,14 +53,16 @@ def medians(
     contenders: dict[str, Callable[[], object]],
     runs: int,
     before: Callable[[str], object] | None = None,
+    warm_up: bool | None = None,
 ) -> dict[str, float]:
     """Median seconds of each contender over ``runs`` rounds after one warm-up round; contenders
     alternate inside every round so drifts of the machine hit all of them alike, in an order
     shuffled per round (seeded). ``before(name)`` runs untimed ahead of each call: writes
     pass :func:`settled`, so none pays for a neighbour's page-cache writeback or leftover files
     (with a seeded order, one contender followed Parquet's write in 3 of 5 rounds and was
-    0.05-0.1 s slower for it)."""
-    for name, fn in contenders.items() if WARM_UP else ():
+    0.05-0.1 s slower for it). ``warm_up``: whether to run the warm-up round (default:
+    :data:`WARM_UP`)."""
+    for name, fn in contenders.items() if (WARM_UP if warm_up is None else warm_up) else ():
         if before is not None:
             before(name)
         fn()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -264,7 +265,7 @@ class ReferenceResolver:
             where, row, field_id, f"it names bytes [{positions[row]}, +{sizes[row]}), past {past}"
         )
 
-    def _damaged(self, where: _RowNames, row: int, field_id: int, reason: str) -> None:
+    def _damaged(self, where: _RowNames, row: int, field_id: int, reason: str) -> NoReturn:
         """Raise the :class:`DataFileError` of a row whose blob descriptor is damaged."""
         column, fragment, offset = where.of(row)
         uri = self._files.get((fragment, field_id), ("",))[0]
