@@ -307,6 +307,8 @@ def _run_reads(
     stores = [object_store(uri, storage_options) for uri in refs.uris]
     gap = min((s.coalesce_gap for s in stores), default=0)
     min_bytes = max((s.parallel_min_bytes for s in stores), default=0)
+    if stores and all(s.max_read_threads for s in stores):
+        threads = min(threads, max(s.max_read_threads for s in stores))
     groups = _balanced_groups(plan_reads(refs, gap), threads, min_bytes)
 
     def run(group: list[RangeRead]) -> None:

@@ -525,6 +525,9 @@ def _integers(values: Sequence[int] | np.ndarray, what: str) -> list[int]:
     a string or a bool would read some other row: ``int(1.5)`` is row 1)."""
     if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype.kind in "iu":
         return values.tolist()
+    # the common call: plain ints (type, not isinstance: a bool is an int and would read row 1)
+    if type(values) is list and all(type(v) is int for v in values):
+        return list(values)
     if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
         raise TypeError(f"{what} must be a sequence of integers, got {values!r}")
     out = []

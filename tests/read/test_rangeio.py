@@ -146,3 +146,24 @@ def test_reads_of_a_cold_file_are_prefetched_and_of_a_cached_one_not(tmp_path, m
     hinted.clear()
     assert read_ranges_arrow(refs).to_pylist() == [data[r.position : r.end] for r in refs]
     assert hinted == []  # read just now: cached
+
+
+@pytest.mark.parametrize("read", [read_ranges, read_ranges_arrow])
+def test_reads_of_local_files_use_no_more_threads_than_cores(tmp_path, read):
+    """Hinted to the kernel, one thread's reads of a local file reach the disk at once: more
+    threads than cores add nothing cold and only contend for the GIL when the pages are cached
+    (1,000 checked reads of 5-64 KB: 24 ms on 2 threads, 33 ms on 8). The bytes are the same."""
+    path = tmp_path / "many.bin"
+    data = os.urandom(40 << 20)
+    path.write_bytes(data)
+    # 400 ranges of 64 KB a byte apart (separate reads): 10 groups' worth at 4 MiB a thread
+    refs = [BlobRef(f"file://{path}", i * 100_001, 64 << 10) for i in range(400)]
+    threads = set()
+
+    def record(index: int, payload: memoryview) -> None:
+        threads.add(threading.get_ident())
+
+    out = read(refs, threads=16, verify=record)
+    values = out.to_pylist() if read is read_ranges_arrow else out
+    assert values == [data[r.position : r.end] for r in refs]
+    assert 1 <= len(threads) <= (os.cpu_count() or 1)
