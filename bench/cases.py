@@ -515,9 +515,14 @@ def small_blobs(size: Size) -> Case:
                 sorted(random.Random(k * 1000 + i).sample(range(rows), k))
                 for i in range(64 if size.name == "full" else 8)  # a smoke run: fewer
             ]
-            nth = {name: itertools.cycle(draws) for name in ("bh", "plain", "stock", "ldb")}
+            names = ("bh", "bh_take", "plain", "stock", "ldb")
+            nth = {name: itertools.cycle(draws) for name in names}
             contenders = {
                 "blobhouse read_blobs": lambda n=nth: table.read_blobs("b", next(n["bh"])),
+                # an Arrow array, as pylance's take returns: no Python object per blob
+                'blobhouse take, blobs="bytes"': lambda n=nth: table.take(
+                    next(n["bh_take"]), columns=["b"], blobs="bytes"
+                ),
                 "pylance take, large_binary column": lambda n=nth: plain.take(
                     next(n["plain"]), columns=["b"]
                 ),

@@ -143,6 +143,7 @@ def test_quick_benchmark_run(tmp_path):
         for k in (1, 64, 1000)
         for c in (
             "blobhouse read_blobs",
+            'blobhouse take, blobs="bytes"',
             "pylance take, large_binary column",
             "pylance read_blobs, blob column",
             "lancedb take_offsets, large_binary",
