@@ -327,20 +327,28 @@ def gc(
     """
     table = snapshot_of(table)
     _check_retention(retain_versions, older_than, grace)
-    table, cleanup = _clean_versions(table, retain_versions, older_than, dry_run)
-    removed_versions = list(cleanup.versions)
+    planned = _planned_cleanup(table, retain_versions, older_than, dry_run)
     # files staged after this instant may belong to a write that commits after the mark
     mark_started = object_store(table.uri, table.storage_options).now(table.uri)
     cutoff = mark_started - grace.total_seconds()
     # read before the mark: what a write registers later is not this run's to decide
     registry = Registry.load(table.location, table.storage_options)
-    # a dry run marks as if Lance's cleanup had removed the versions already
-    graph = VersionGraph.of(table).without(table.branch, removed_versions)
-    if referenced is not None:  # Spark marks what can be read; the rest is kept whole here
-        found = referenced(table, list(graph.versions), registry.uris)
-        marked = Marked(found | unreadable_marks(graph))
-    else:
-        marked = Marked(mark(table, graph, progress, registry.uris))
+
+    def marks(graph: VersionGraph) -> set[str]:
+        if referenced is not None:  # Spark marks what can be read; the rest is kept whole here
+            return referenced(table, list(graph.versions), registry.uris) | unreadable_marks(graph)
+        return mark(table, graph, progress, registry.uris)
+
+    # marked before Lance's cleanup removes a version: a data file the mark cannot read (a
+    # garbled blob descriptor) stops the run while the versions before it are still there
+    graph = VersionGraph.of(table).without(table.branch, planned.versions)
+    found = marks(graph)
+    cleanup = planned
+    if not dry_run and (retain_versions is not None or older_than is not None):
+        table, cleanup = _clean_versions(table, retain_versions, older_than)
+        graph, found = _marked_after_cleanup(table, graph, found, planned, cleanup, marks)
+    removed_versions = list(cleanup.versions)
+    marked = Marked(found)
     owned = _TableFiles(table, without=cleanup.files)
     packs = _StorePacks(table, marked, owned, cutoff)
     managed = Reclaim.plan(
@@ -393,20 +401,25 @@ def gc(
     }
 
 
-def _clean_versions(
+def _planned_cleanup(
     table: TableSnapshot, retain_versions: int | None, older_than: timedelta | None, dry_run: bool
-) -> tuple[TableSnapshot, VersionCleanup]:
-    """Lance's cleanup of old versions (nothing without ``retain_versions`` or ``older_than``;
-    a dry run explains it): the table after it, and what it removed."""
+) -> VersionCleanup:
+    """What Lance's cleanup of old versions will remove (nothing without ``retain_versions`` or
+    ``older_than``), as Lance explains it. Unless this is a dry run, a damaged data file
+    refuses the run first: the versions written before it are the way back to its rows."""
     if retain_versions is None and older_than is None:
-        return table, VersionCleanup()
-    if dry_run:
-        return table, explain_version_cleanup(table, retain_versions, older_than)
-    # the mark after the cleanup would refuse a damaged data file: refuse it before the
-    # versions written before it (the way back to its rows) are gone
-    damaged = table.damaged_data_files()
-    if damaged:
-        raise damaged_file_error(table.location.root, "collect garbage in", damaged)
+        return VersionCleanup()
+    if not dry_run:
+        damaged = table.damaged_data_files()
+        if damaged:
+            raise damaged_file_error(table.location.root, "collect garbage in", damaged)
+    return explain_version_cleanup(table, retain_versions, older_than)
+
+
+def _clean_versions(
+    table: TableSnapshot, retain_versions: int | None, older_than: timedelta | None
+) -> tuple[TableSnapshot, VersionCleanup]:
+    """Lance's cleanup of old versions: the table after it, and what it removed."""
     listed = lance_files(table)
     table.dataset.cleanup_old_versions(
         older_than=older_than,
@@ -415,6 +428,30 @@ def _clean_versions(
     )
     table = table.checkout(table.version)
     return table, VersionCleanup.between(listed, lance_files(table), _dataset_prefix(table))
+
+
+def _marked_after_cleanup(
+    table: TableSnapshot,
+    graph: VersionGraph,
+    found: set[str],
+    planned: VersionCleanup,
+    cleanup: VersionCleanup,
+    marks: Callable[[VersionGraph], set[str]],
+) -> tuple[VersionGraph, set[str]]:
+    """The graph and marks of what Lance's cleanup left, from those made before it of what it
+    was to leave. It may remove more than planned (versions aged past ``older_than`` since):
+    their marks keep files one run longer. It may keep a planned version (tagged since): that
+    version is marked now, or files only it references would be swept."""
+    graph = graph.without(table.branch, cleanup.versions)
+    kept = set(planned.versions) - set(cleanup.versions)
+    if not kept:
+        return graph, found
+    extra = tuple(
+        r for r in VersionGraph.of(table).versions if r.branch == table.branch and r.version in kept
+    )
+    found = found | marks(VersionGraph(extra))
+    versions = sorted({*graph.versions, *extra}, key=VersionRef.sort_key)
+    return VersionGraph(tuple(versions), graph.unreadable), found
 
 
 @dataclass(frozen=True)

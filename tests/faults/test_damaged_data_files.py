@@ -412,3 +412,31 @@ def test_a_blob_descriptor_garbled_on_disk_is_named_by_reads_and_verify(tmp_path
     assert "blob descriptor" in problem["reason"] and problem["uri"] == named.uri
     Path(path).write_bytes(pristine)
     assert open_table(uri).verify(deep=True)["problems"] == []
+
+
+def test_gc_with_retention_stops_on_a_garbled_descriptor_before_removing_a_version(tmp_path):
+    """gc marks what its retained versions reference before Lance's cleanup removes the old
+    ones: a blob descriptor the mark cannot read stops the run with every version (the way
+    back to the rows) still there. It used to remove the old versions first."""
+    uri = str(tmp_path / "t")
+    payloads = [bytes([i]) * (1000 + 7 * i) for i in range(12)]
+    write_table(pa.table({"id": range(12), "b": blob_array(payloads)}), uri, dedup="off")
+    (path,) = glob.glob(f"{uri}/data/*.lance")
+    more = pa.table({"id": [12], "b": blob_array([b"later" * 300])})
+    write_table(more, uri, mode="append", dedup="off")
+    pristine = Path(path).read_bytes()
+    for at in reversed(range(_FOOTER.unpack(pristine[-_FOOTER.size :])[0])):
+        Path(path).write_bytes(pristine[:at] + bytes([pristine[at] ^ 0xFF]) + pristine[at + 1 :])
+        problems = open_table(uri).verify()["problems"]
+        if problems and "blob descriptor" in problems[0]["reason"]:
+            break
+    else:
+        pytest.fail("no flipped byte garbled a blob descriptor")
+    before = tree(uri)
+    with pytest.raises(DataFileError, match="blob descriptor"):
+        open_table(uri).gc(retain_versions=1, grace=timedelta(0))
+    assert tree(uri) == before
+    Path(path).write_bytes(pristine)
+    report = open_table(uri).gc(retain_versions=1, grace=timedelta(0))
+    assert report["removed_versions"] == [1] and report["retained_versions"] == [2]
+    assert open_table(uri).read_blobs("b", range(13)) == [*payloads, b"later" * 300]

@@ -8,11 +8,14 @@ import os
 import threading
 from datetime import timedelta
 
+import lance
 import pyarrow as pa
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.commit import leases
 from blobhouse.errors import ConcurrentCommitError, StaleWriteError, StoreRaceError
+from blobhouse.maintenance.garbage_collection import gc, mark
+from blobhouse.maintenance.versions import VersionGraph
 
 NO_GRACE = timedelta(0)
 
@@ -104,3 +107,26 @@ def test_gc_with_no_grace_beside_appends_updates_and_compactions(table_uri):
     rows = [ids.index(i) for i in committed]
     assert table.read_blobs("img", rows) == list(committed.values())
     assert not [p for p in table.verify(deep=True)["problems"] if p["rows"]]
+
+
+def test_a_version_tagged_while_gc_marks_keeps_its_files(tmp_path):
+    """gc marks the versions Lance's cleanup is to leave, then runs the cleanup. A version
+    tagged in between is kept by Lance: gc marks it too, so its files are not swept and the
+    tag reads every row. (The mark's callback, Spark's hook, tags the version mid-run.)"""
+    uri = str(tmp_path / "t")
+    first = [b"first-%d" % i * 3000 for i in range(4)]
+    write_table(pa.table({"id": range(4), "b": blob_array(first)}), uri)
+    write_table(pa.table({"id": [9], "b": blob_array([b"second" * 3000])}), uri, mode="overwrite")
+
+    def tag_then_mark(table, versions, registered):
+        if "v1" not in lance.dataset(uri).tags.list():
+            lance.dataset(uri).tags.create("v1", 1)
+        return mark(table, VersionGraph(tuple(versions)), None, registered)
+
+    report = gc(
+        open_table(uri).snapshot, retain_versions=1, grace=timedelta(0), referenced=tag_then_mark
+    )
+    assert report["removed_versions"] == [] and report["retained_versions"] == [1, 2]
+    tagged = open_table(uri, version="v1")
+    assert tagged.read_blobs("b", range(4)) == first
+    assert tagged.verify(deep=True)["problems"] == []
