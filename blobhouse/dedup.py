@@ -17,10 +17,8 @@ file being written.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, NamedTuple
 
 import blake3
@@ -30,6 +28,7 @@ import pyarrow.compute as pc
 
 from blobhouse.columns import check_blob_column
 from blobhouse.errors import InvalidInputError, RefIdConflictError
+from blobhouse.kept_threads import KeptThreads
 
 DedupMode = Literal["content", "ref_id", "global", "off"]
 DEDUP_MODES: tuple[str, ...] = ("content", "ref_id", "global", "off")
@@ -90,7 +89,7 @@ def content_hashes(
         return [blake3.blake3(p).digest() for p in payloads[part]]
 
     # the calling thread hashes a slice too: it would only wait, and a hand-off costs a wake-up
-    futures = [_hash_pool().submit(hash_slice, part) for part in rest]
+    futures = [_HASH_THREADS.pool().submit(hash_slice, part) for part in rest]
     digests = hash_slice(first)
     for future in futures:
         digests += future.result()
@@ -206,25 +205,7 @@ def _byte_balanced(sizes: list[int], total: int, parts: int) -> list[slice]:
     return slices
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _hash_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(CORES, thread_name_prefix="blobhouse-hash")
-        return _pool
-
-
-def _forget_pool() -> None:
-    # a forked child (a Spark Python worker) inherits the pool but not its threads
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool)
+_HASH_THREADS = KeptThreads(CORES, "blobhouse-hash")
 
 
 def dedup_modes(dedup: str | Mapping[str, str], columns: list[str]) -> dict[str, DedupMode]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from blobhouse.errors import BlobReadError, CorruptBlobError, StoreError, StoreReadError
+from blobhouse.kept_threads import KeptThreads
 from blobhouse.placement import MiB
 from blobhouse.storage import MISSING_BUCKET, RangeSource, object_store
 
@@ -325,34 +325,14 @@ def _run_reads(
         for group in groups:
             run(group)
     elif capped:  # a few groups on the kept threads, one on the caller's
-        _run_beside(run, groups, _local_pool())
+        _run_beside(run, groups, _LOCAL_READ_THREADS.pool())
     else:  # each request waits on the network: a thread per group, however many callers
         with ThreadPoolExecutor(len(groups)) as pool:
             list(pool.map(run, groups))
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _local_pool() -> ThreadPoolExecutor:
-    """Threads kept for reads of local files, as many as the cores (their ``max_read_threads``):
-    one started per call cost 50-100 us, as long as reading 64 payloads of 35 KB."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="blobhouse-read")
-        return _pool
-
-
-def _forget_pool() -> None:
-    # a forked child (a DataLoader worker) inherits the pool but not its threads
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
+#: threads kept for reads of local files, as many as the cores (their ``max_read_threads``)
+_LOCAL_READ_THREADS = KeptThreads(os.cpu_count() or 1, "blobhouse-read")
 
 
 def _run_beside(

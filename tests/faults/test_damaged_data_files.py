@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from blobhouse import BlobhouseError, DataFileError, blob_array, open_table, write_table
+from blobhouse import DataFileError, blob_array, open_table, write_table
 from blobhouse.checksums import CHECKSUMS_KEY
 from blobhouse.data_file_footer import _FOOTER, DataFileFooter
 from tests.helpers import tree
@@ -388,25 +388,36 @@ def test_a_garbled_blob_descriptor_is_named_before_anything_is_read(tmp_path, fi
     table.snapshot.resolve_rows(("b",), descriptors, addresses)  # the real ones resolve
 
 
+_PAYLOADS = [bytes([i]) * (1000 + 7 * i) for i in range(12)]
+
+
+def _garbled_descriptor_table(uri: str, then: pa.Table | None = None) -> tuple[str, bytes]:
+    """A table of 12 rows (``then`` appended after) whose first data file has one byte
+    flipped so that a blob descriptor decodes but cannot be true: the bytes below the file's
+    metadata are flipped, last first, until verify names a descriptor. The file, and its
+    bytes before."""
+    write_table(pa.table({"id": range(12), "b": blob_array(_PAYLOADS)}), uri, dedup="off")
+    (path,) = glob.glob(f"{uri}/data/*.lance")
+    if then is not None:
+        write_table(then, uri, mode="append", dedup="off")
+    pristine = Path(path).read_bytes()
+    for at in reversed(range(_FOOTER.unpack(pristine[-_FOOTER.size :])[0])):
+        Path(path).write_bytes(pristine[:at] + bytes([pristine[at] ^ 0xFF]) + pristine[at + 1 :])
+        problems = open_table(uri).verify()["problems"]
+        if problems and "blob descriptor" in problems[0]["reason"]:
+            return path, pristine
+    pytest.fail("no flipped byte garbled a blob descriptor")
+
+
 def test_a_blob_descriptor_garbled_on_disk_is_named_by_reads_and_verify(tmp_path):
     """Damage on disk that leaves a descriptor decodable but untrue (found by flipping the
     bytes below the file's metadata, last first, until a read names a descriptor): reads and
     ``verify`` name the file and row; verify used to stop on it."""
     uri = str(tmp_path / "t")
-    payloads = [bytes([i]) * (1000 + 7 * i) for i in range(12)]
-    write_table(pa.table({"id": range(12), "b": blob_array(payloads)}), uri, dedup="off")
-    (path,) = glob.glob(f"{uri}/data/*.lance")
-    pristine = Path(path).read_bytes()
-    named = None
-    for at in reversed(range(_FOOTER.unpack(pristine[-_FOOTER.size :])[0])):
-        Path(path).write_bytes(pristine[:at] + bytes([pristine[at] ^ 0xFF]) + pristine[at + 1 :])
-        try:
-            open_table(uri).to_arrow(blobs="bytes")
-        except BlobhouseError as exc:
-            if "blob descriptor" in str(exc):
-                named = exc
-                break
-    assert isinstance(named, DataFileError), "no flipped byte garbled a blob descriptor"
+    path, pristine = _garbled_descriptor_table(uri)
+    with pytest.raises(DataFileError, match="blob descriptor") as raised:
+        open_table(uri).to_arrow(blobs="bytes")
+    named = raised.value
     assert f"data file {Path(path).as_uri()} is damaged" in str(named)
     (problem,) = open_table(uri).verify()["problems"]
     assert "blob descriptor" in problem["reason"] and problem["uri"] == named.uri
@@ -419,19 +430,8 @@ def test_gc_with_retention_stops_on_a_garbled_descriptor_before_removing_a_versi
     ones: a blob descriptor the mark cannot read stops the run with every version (the way
     back to the rows) still there. It used to remove the old versions first."""
     uri = str(tmp_path / "t")
-    payloads = [bytes([i]) * (1000 + 7 * i) for i in range(12)]
-    write_table(pa.table({"id": range(12), "b": blob_array(payloads)}), uri, dedup="off")
-    (path,) = glob.glob(f"{uri}/data/*.lance")
     more = pa.table({"id": [12], "b": blob_array([b"later" * 300])})
-    write_table(more, uri, mode="append", dedup="off")
-    pristine = Path(path).read_bytes()
-    for at in reversed(range(_FOOTER.unpack(pristine[-_FOOTER.size :])[0])):
-        Path(path).write_bytes(pristine[:at] + bytes([pristine[at] ^ 0xFF]) + pristine[at + 1 :])
-        problems = open_table(uri).verify()["problems"]
-        if problems and "blob descriptor" in problems[0]["reason"]:
-            break
-    else:
-        pytest.fail("no flipped byte garbled a blob descriptor")
+    path, pristine = _garbled_descriptor_table(uri, then=more)
     before = tree(uri)
     with pytest.raises(DataFileError, match="blob descriptor"):
         open_table(uri).gc(retain_versions=1, grace=timedelta(0))
@@ -439,4 +439,4 @@ def test_gc_with_retention_stops_on_a_garbled_descriptor_before_removing_a_versi
     Path(path).write_bytes(pristine)
     report = open_table(uri).gc(retain_versions=1, grace=timedelta(0))
     assert report["removed_versions"] == [1] and report["retained_versions"] == [2]
-    assert open_table(uri).read_blobs("b", range(13)) == [*payloads, b"later" * 300]
+    assert open_table(uri).read_blobs("b", range(13)) == [*_PAYLOADS, b"later" * 300]
