@@ -38,6 +38,7 @@ from typing import Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from blobhouse.errors import InvalidInputError, StoreError, cleanup_after
+from blobhouse.page_cache import is_cached
 from blobhouse.storage_options import check_option_names
 
 StorageOptions = dict[str, str]
@@ -441,7 +442,7 @@ def uri_to_path(uri: str) -> str:
     return uri
 
 
-_PREFETCH = hasattr(os, "posix_fadvise") and hasattr(os, "RWF_NOWAIT")  # Linux
+_PREFETCH = hasattr(os, "posix_fadvise")  # Linux
 
 
 class LocalStore:
@@ -518,20 +519,11 @@ class _LocalFile:
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
         # one thread's reads otherwise reach the disk one at a time: hinted, they are all
         # queued at once (cold 100 KB reads ran 1.5x faster). A hint costs 2-10 us even when
-        # the pages are cached, so the first range is probed first: cached, none is hinted
-        if not _PREFETCH or not ranges or self._cached(ranges[0][0]):
+        # the pages are cached, so the first range is looked up first: cached, none is hinted
+        if not _PREFETCH or not ranges or is_cached(self._fd, *ranges[0]):
             return
         for position, size in ranges:
             os.posix_fadvise(self._fd, position, size, os.POSIX_FADV_WILLNEED)
-
-    def _cached(self, position: int) -> bool:
-        """Whether the byte at ``position`` is in the page cache (reading it would not wait)."""
-        try:
-            return os.preadv(self._fd, [bytearray(1)], position, os.RWF_NOWAIT) == 1
-        except BlockingIOError:
-            return False
-        except OSError:  # a file system that cannot tell: hint, as for a cold file
-            return False
 
     def close(self) -> None:
         os.close(self._fd)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from blobhouse import BlobRef, CorruptBlobError, read_ranges
+from blobhouse.page_cache import is_cached
 from blobhouse.rangeio import MAX_READ_BYTES, open_ref, plan_reads, read_ranges_arrow
 
 
@@ -148,6 +149,34 @@ def test_reads_of_a_cold_file_are_prefetched_and_of_a_cached_one_not(tmp_path, m
     hinted.clear()
     assert read_ranges_arrow(refs).to_pylist() == [data[r.position : r.end] for r in refs]
     assert hinted == []  # read just now: cached
+
+
+def _read_from_storage() -> int:
+    """Bytes this process made the kernel read from storage (``/proc/self/io``)."""
+    lines = Path("/proc/self/io").read_text().splitlines()
+    return int(next(line for line in lines if line.startswith("read_bytes")).split()[1])
+
+
+def test_asking_whether_a_cold_range_is_cached_reads_nothing(tmp_path):
+    """The look-up before prefetching reads nothing: a probe that read (``preadv`` with
+    ``RWF_NOWAIT``) started a read of each page it asked about, and on a fast disk answered
+    "cached" for the read it had started itself, so a cold batch went unhinted."""
+    path = tmp_path / "cold.bin"
+    path.write_bytes(os.urandom(16 << 20))
+    ranges = [(i * 250_000, 100_000) for i in range(64)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache
+        before = _read_from_storage()
+        assert [is_cached(fd, *r) for r in ranges] == [False] * len(ranges)
+        assert _read_from_storage() == before  # asking read nothing
+        for position, size in ranges:
+            os.pread(fd, size, position)
+        assert [is_cached(fd, *r) for r in ranges] == [True] * len(ranges)
+        assert is_cached(fd, 0, 0) is None  # an empty range has no pages to ask about
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.parametrize("read", [read_ranges, read_ranges_arrow])
