@@ -151,6 +151,36 @@ def test_reads_of_a_cold_file_are_prefetched_and_of_a_cached_one_not(tmp_path, m
     assert hinted == []  # read just now: cached
 
 
+def test_an_empty_payload_in_a_cold_group_hints_no_more_than_the_reads(tmp_path, monkeypatch):
+    """A hint of length 0 means "to the end of the file": an empty payload among a group's
+    reads must not ask the kernel to read the rest of a (maybe many-GB) file."""
+    path = tmp_path / "cold.bin"
+    data = os.urandom(8 << 20)
+    path.write_bytes(data)
+    hinted: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+
+    def recording(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            hinted.append((offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        real(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    refs = [BlobRef(f"file://{path}", p, s) for p, s in ((0, 0), (1 << 20, 1000), (5 << 20, 10))]
+    assert read_ranges(refs) == [
+        b"",
+        data[1 << 20 : (1 << 20) + 1000],
+        data[5 << 20 : (5 << 20) + 10],
+    ]
+    assert sorted(hinted) == [(1 << 20, 1000), (5 << 20, 10)]
+
+
 def _read_from_storage() -> int:
     """Bytes this process made the kernel read from storage (``/proc/self/io``)."""
     lines = Path("/proc/self/io").read_text().splitlines()
