@@ -121,29 +121,41 @@ def test_large_reads_are_checked_in_the_threads_that_read_them(tmp_path, read):
     assert len(threads) == min(os.cpu_count() or 1, 3)
 
 
-def test_reads_of_a_cold_file_are_prefetched_and_of_a_cached_one_not(tmp_path, monkeypatch):
-    """Ranges one thread reads one by one are hinted to the kernel first when the file is not
-    in the page cache (they reach the disk at once, not one at a time), and not hinted when it
-    is (a hint costs more there than it saves). The bytes are the same either way."""
-    path = tmp_path / "cold.bin"
-    data = os.urandom(4 << 20)
+def _cold_file(path: Path, size: int) -> bytes:
+    """Write ``size`` random bytes to ``path`` and take them out of the page cache."""
+    data = os.urandom(size)
     path.write_bytes(data)
-    hinted: list[tuple[int, int]] = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return data
+
+
+@pytest.fixture
+def hinted(monkeypatch) -> list[tuple[int, int]]:
+    """The ``(offset, length)`` of every prefetch hint (``POSIX_FADV_WILLNEED``) given."""
+    hints: list[tuple[int, int]] = []
     real = os.posix_fadvise
 
     def recording(fd: int, offset: int, length: int, advice: int) -> None:
         if advice == os.POSIX_FADV_WILLNEED:
-            hinted.append((offset, length))
+            hints.append((offset, length))
         real(fd, offset, length, advice)
 
     monkeypatch.setattr(os, "posix_fadvise", recording)
+    return hints
+
+
+def test_reads_of_a_cold_file_are_prefetched_and_of_a_cached_one_not(tmp_path, hinted):
+    """Ranges one thread reads one by one are hinted to the kernel first when the file is not
+    in the page cache (they reach the disk at once, not one at a time), and not hinted when it
+    is (a hint costs more there than it saves). The bytes are the same either way."""
+    path = tmp_path / "cold.bin"
+    data = _cold_file(path, 4 << 20)
     refs = [BlobRef(f"file://{path}", position, 100_000) for position in (3 << 20, 0, 1 << 20)]
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        real(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache
-    finally:
-        os.close(fd)
     assert read_ranges(refs) == [data[r.position : r.position + r.size] for r in refs]
     assert sorted(hinted) == [(0, 100_000), (1 << 20, 100_000), (3 << 20, 100_000)]
     hinted.clear()
@@ -151,33 +163,13 @@ def test_reads_of_a_cold_file_are_prefetched_and_of_a_cached_one_not(tmp_path, m
     assert hinted == []  # read just now: cached
 
 
-def test_an_empty_payload_in_a_cold_group_hints_no_more_than_the_reads(tmp_path, monkeypatch):
+def test_an_empty_payload_in_a_cold_group_hints_no_more_than_the_reads(tmp_path, hinted):
     """A hint of length 0 means "to the end of the file": an empty payload among a group's
     reads must not ask the kernel to read the rest of a (maybe many-GB) file."""
     path = tmp_path / "cold.bin"
-    data = os.urandom(8 << 20)
-    path.write_bytes(data)
-    hinted: list[tuple[int, int]] = []
-    real = os.posix_fadvise
-
-    def recording(fd: int, offset: int, length: int, advice: int) -> None:
-        if advice == os.POSIX_FADV_WILLNEED:
-            hinted.append((offset, length))
-        real(fd, offset, length, advice)
-
-    monkeypatch.setattr(os, "posix_fadvise", recording)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        real(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    data = _cold_file(path, 8 << 20)
     refs = [BlobRef(f"file://{path}", p, s) for p, s in ((0, 0), (1 << 20, 1000), (5 << 20, 10))]
-    assert read_ranges(refs) == [
-        b"",
-        data[1 << 20 : (1 << 20) + 1000],
-        data[5 << 20 : (5 << 20) + 10],
-    ]
+    assert read_ranges(refs) == [b"", *(data[r.position : r.end] for r in refs[1:])]
     assert sorted(hinted) == [(1 << 20, 1000), (5 << 20, 10)]
 
 
@@ -192,12 +184,10 @@ def test_asking_whether_a_cold_range_is_cached_reads_nothing(tmp_path):
     ``RWF_NOWAIT``) started a read of each page it asked about, and on a fast disk answered
     "cached" for the read it had started itself, so a cold batch went unhinted."""
     path = tmp_path / "cold.bin"
-    path.write_bytes(os.urandom(16 << 20))
+    _cold_file(path, 16 << 20)
     ranges = [(i * 250_000, 100_000) for i in range(64)]
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache
         before = _read_from_storage()
         assert [is_cached(fd, *r) for r in ranges] == [False] * len(ranges)
         assert _read_from_storage() == before  # asking read nothing
