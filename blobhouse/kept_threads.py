@@ -21,7 +21,8 @@ class KeptThreads:
     def __init__(self, threads: int, name: str) -> None:
         self._threads, self._name = threads, name
         self._forget()
-        os.register_at_fork(after_in_child=self._forget)
+        if hasattr(os, "register_at_fork"):  # not on Windows, which never forks
+            os.register_at_fork(after_in_child=self._forget)
 
     def pool(self) -> ThreadPoolExecutor:
         with self._lock:
