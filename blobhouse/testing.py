@@ -318,13 +318,8 @@ class LocalSparkCluster:
     def _wait_for_workers(self) -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self._ui}/json/", timeout=2) as r:
-                    state = json.load(r)
-                if state.get("aliveworkers", 0) >= self.workers:
-                    return
-            except OSError:
-                pass
+            if (_alive_workers(f"http://127.0.0.1:{self._ui}/json/") or 0) >= self.workers:
+                return
             if any(p.poll() is not None for p in self._processes):
                 break
             time.sleep(0.5)
@@ -345,6 +340,16 @@ class LocalSparkCluster:
         self._processes = []
         if exc and exc[0] is None:
             shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def _alive_workers(url: str) -> int | None:
+    """The alive workers a standalone master's status page at ``url`` counts; None while it
+    does not answer, or answers with no JSON yet (a starting master's page can be empty)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(json.load(response).get("aliveworkers", 0))
+    except (OSError, ValueError):
+        return None
 
 
 def _serve(

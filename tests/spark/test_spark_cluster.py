@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from blobhouse import open_table
-from blobhouse.testing import LocalSparkCluster
+from blobhouse.testing import LocalSparkCluster, _alive_workers
 from tests.helpers import stock_read
 
 SERVICES = """
@@ -124,3 +126,27 @@ def test_main_job_and_services_on_a_standalone_cluster(tmp_path: Path):
     assert open_table(str(table)).count_rows() == 45
     rows = open_table(str(table)).to_arrow(columns=["row"])["row"].to_pylist()
     assert all(r % 2 == 0 for r in rows) and len(stock_read(str(table), "video")) == 45
+
+
+def test_a_master_whose_status_page_answers_empty_is_still_starting():
+    """A starting master's web UI can answer with an empty page: waiting goes on (it once
+    failed the cluster's start with a JSONDecodeError)."""
+    pages = iter([b"", b"{not json", b'{"aliveworkers": 2}'])
+
+    class Status(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = next(pages)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Status) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/json/"
+        assert [_alive_workers(url) for _ in range(3)] == [None, None, 2]
+        server.shutdown()
+    assert _alive_workers(url) is None  # nothing listens any more
