@@ -164,6 +164,9 @@ class StoreWriter:
         # per column: small payloads claimed, and how many of them turned out shared
         self._small_probe: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
         self._small_claimed: dict[bytes, str] = {}  # claimed by this task, not met again yet
+        # digest -> the reference its rows store, once decided: the same for every later row
+        # (a column of small payloads repeats a few of them over millions of rows)
+        self._references: dict[bytes, PreparedBlob] = {}
         self._reported = 0
 
     def place_many(
@@ -183,8 +186,12 @@ class StoreWriter:
         if self.claims is not None and len(unknown) < len(digests):
             seen: set[bytes] = set()
             repeated = {d for d in digests if d in seen or seen.add(d)}
+        references, claimed = self._references, self._small_claimed
         return [
-            self._place(p, d, column, d in repeated) for p, d in zip(payloads, digests, strict=True)
+            references[d]
+            if d in references and d not in claimed
+            else self._place(p, d, column, d in repeated)
+            for p, d in zip(payloads, digests, strict=True)
         ]
 
     def _checked(
@@ -225,7 +232,8 @@ class StoreWriter:
                 stored = self.borrowed[digest]
             else:  # not in the index, or in a pack gc is reclaiming: store anew
                 stored = self._written[digest] = self.packs.write(payload, digest)
-        return stored.prepared(self.base_id)
+        reference = self._references[digest] = stored.prepared(self.base_id)
+        return reference
 
     def _claimed_elsewhere(
         self, payload: bytes | memoryview, digest: bytes, column: str, repeated: bool

@@ -575,7 +575,7 @@ class _ColumnPlacer:
         """Hash the payloads of ``rows`` (``run`` bytes) and decide every row of ``decided`` up
         to ``until`` (``first_row``: the batch's first row in the write, for errors)."""
         column, values = decided.column, decided.values
-        payloads = [column.payload(r) for r in rows]
+        payloads = column.payloads(rows)
         queued = self.sidecar_bytes
         samples = column.samples(rows, COMPARED_BYTES)
         hashed = hasher.hashes(payloads, samples, self._hash_threads(run))
@@ -584,7 +584,7 @@ class _ColumnPlacer:
         fresh_rows: list[int] = []
         fresh_digests: list[bytes] = []
         if self.plan.dedup == "global":
-            placed = self._place_in_store(column, rows, hashed)
+            placed = self._place_in_store(rows, payloads, hashed)
         elif self.plan.dedup in ("content", "off"):
             small, big = _split(column.sizes(rows) <= self._inline_limit, rows, hashed)
             placed = self._store_new(column, *big)
@@ -651,7 +651,7 @@ class _ColumnPlacer:
                     firsts.setdefault(digest, row)
             self.index.add(firsts)
             new = {row: digest for digest, row in firsts.items()}
-        values = self._store_many([column.payload(row) for row in new], list(new.values()))
+        values = self._store_many(column.payloads(list(new)), list(new.values()))
         if self.plan.dedup == "content":
             self.stored.update(zip(new.values(), values, strict=True))
         return dict(zip(new, values, strict=True))
@@ -665,17 +665,16 @@ class _ColumnPlacer:
         return None
 
     def _place_in_store(
-        self, column: LogicalColumn, rows: list[int], digests: list[bytes]
+        self, rows: list[int], payloads: list[memoryview], digests: list[bytes]
     ) -> dict[int, PreparedBlob]:
-        """Row -> store reference of every non-empty payload of ``rows`` (``dedup="global"``;
-        ``digests``: their blake3): the store's index is asked once for all of them."""
-        pairs = zip(rows, digests, strict=True)
-        kept = [(row, digest) for row, digest in pairs if len(column.payload(row))]
-        placed = self.store.place_many(
-            [column.payload(row) for row, _ in kept], [digest for _, digest in kept], self.name
-        )
-        self._record_store(placed, [digest for _, digest in kept])
-        return {row: value for (row, _), value in zip(kept, placed, strict=True)}
+        """Row -> store reference of every non-empty one of ``payloads`` (of ``rows``, whose
+        blake3 are ``digests``; ``dedup="global"``): the store's index is asked once for all."""
+        if not all(payloads):  # empty payloads are decided row by row (an empty value)
+            kept = [i for i, payload in enumerate(payloads) if payload]
+            rows, payloads, digests = ([seq[i] for i in kept] for seq in (rows, payloads, digests))
+        placed = self.store.place_many(payloads, digests, self.name)
+        self._record_store(placed, digests)
+        return dict(zip(rows, placed, strict=True))
 
     def _record_store(self, values: list[PreparedBlob], digests: list[bytes]) -> None:
         """Record in the data file the blake3 of the value its rows referencing each store
