@@ -17,13 +17,22 @@ from blobhouse.testing import LocalSparkCluster, _alive_workers
 from tests.helpers import stock_read
 
 SERVICES = """
-import json, os, sys
+import contextlib, io, json, os, sys
 from datetime import timedelta
 import blobhouse.spark as bs
 from blobhouse import open_table
+from blobhouse.cli import main as blobhouse
 
-spark = bs.local_session(sys.argv[1], conf={"spark.driver.host": "127.0.0.1",
-                                            "spark.executor.memory": "512m"})
+# the main job as a user starts it (`blobhouse demo --master spark://...`), in this process: the
+# services below run in the Spark application it started (one start of the executors)
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    code = blobhouse(["demo", "--json", "--master", sys.argv[1], "--conf",
+                      "spark.driver.host=127.0.0.1", "--conf", "spark.executor.memory=512m",
+                      "--rows", "90", "--out", "rel/episodes"])
+demo = json.loads(out.getvalue())
+assert code == 0, code
+spark = bs.local_session(sys.argv[1])
+assert spark.sparkContext.master == sys.argv[1]
 bs.register(spark)
 table = "rel/episodes"  # relative: resolved on the driver, never on an executor
 frames = spark.read.format("blobhouse").load(table)  # pinned to the version it found
@@ -58,6 +67,7 @@ compacted = bs.compact(spark, table)
 verified = bs.verify(spark, table, deep=True)
 collected = bs.gc(spark, table, retain_versions=1, grace=timedelta(0))
 print(json.dumps({
+    "demo": [demo["rows"], demo["verified_blobs"], demo["mismatches"]],
     "rows": rows,
     "first_frames": len(videos),
     "video_bytes": sum(len(r.video) for r in videos),
@@ -82,20 +92,6 @@ print(json.dumps({
 
 def test_main_job_and_services_on_a_standalone_cluster(tmp_path: Path):
     with LocalSparkCluster(workers=2) as cluster:
-        demo = subprocess.run(
-            [
-                *(sys.executable, "-m", "blobhouse.cli", "demo", "--json"),
-                *("--master", cluster.master, "--conf", "spark.driver.host=127.0.0.1"),
-                *("--conf", "spark.executor.memory=512m", "--rows", "90", "--out", "rel/episodes"),
-            ],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert demo.returncode == 0, demo.stderr[-3000:]
-        report = json.loads(demo.stdout)
-        assert (report["rows"], report["verified_blobs"], report["mismatches"]) == (90, 270, 0)
         services = subprocess.run(
             [sys.executable, "-c", SERVICES, cluster.master],
             cwd=tmp_path,
@@ -107,6 +103,7 @@ def test_main_job_and_services_on_a_standalone_cluster(tmp_path: Path):
         assert not list(cluster.work_dir.rglob("episodes"))  # nothing landed in an executor's dir
     assert not cluster.work_dir.exists()  # a cluster that stopped cleanly leaves nothing behind
     done = json.loads(services.stdout.strip().splitlines()[-1])
+    assert done["demo"] == [90, 270, 0]  # rows, blobs read back and checked, mismatches
     assert (done["rows"], done["first_frames"]) == (90, 3)
     assert done["clips"] == 3 * 40_000 * len(b"clip-0")  # three distinct clips, once each
     assert done["previews"] == [repr(b"q4")]  # the merge updated row 4
