@@ -523,7 +523,10 @@ class TableReader:
 def _integers(values: Sequence[int] | np.ndarray, what: str) -> list[int]:
     """``values`` as Python ints; TypeError naming the first that is not an integer (a float,
     a string or a bool would read some other row: ``int(1.5)`` is row 1)."""
-    if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype.kind in "iu":
+    if getattr(values, "ndim", 1) != 1:  # a numpy array or a tensor of another shape
+        shape = tuple(getattr(values, "shape", ()))
+        raise TypeError(f"{what} must be one-dimensional, got an array of shape {shape}")
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
         return values.tolist()
     # the common call: plain ints (type, not isinstance: a bool is an int and would read row 1)
     if type(values) is list and all(type(v) is int for v in values):
@@ -544,7 +547,7 @@ def _integers(values: Sequence[int] | np.ndarray, what: str) -> list[int]:
 def _row_ids(row_ids: Sequence[int] | np.ndarray) -> np.ndarray:
     """Row ids (from :meth:`Table.row_ids`) as uint64, checked: integers, none negative (numpy
     would wrap -1 to the largest id)."""
-    if isinstance(row_ids, np.ndarray) and row_ids.dtype == np.uint64:
+    if isinstance(row_ids, np.ndarray) and row_ids.dtype == np.uint64 and row_ids.ndim == 1:
         return row_ids  # what row_ids() returns: nothing to check
     ids = _integers(row_ids, "row ids")
     bad = [i for i in ids if not 0 <= i < 1 << 64]

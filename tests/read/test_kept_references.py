@@ -339,7 +339,22 @@ def test_row_dicts_are_the_same_kept_or_taken(fragments_table, monkeypatch, colu
         ("take", ["0"], TypeError, r"row indices must be integers, got '0'"),
         ("read_blobs", [0.0], TypeError, r"row indices must be integers, got 0.0"),
         ("take", 3, TypeError, r"row indices must be a sequence of integers, got 3"),
-        ("take", np.array([[1, 2]]), TypeError, r"row indices must be integers, got array"),
+        (
+            "take",
+            np.array([[1, 2]]),
+            TypeError,
+            r"row indices must be one-dimensional, got.*\(1, 2\)",
+        ),
+        # a uint64 array is what row_ids() returns: a reshaped one is still not rows
+        (
+            "take_rows",
+            np.array([[1, 2]], np.uint64),
+            TypeError,
+            r"row ids must be one-dim.*\(1, 2\)",
+        ),
+        ("take_row_dicts", np.zeros((2, 1), np.uint64), TypeError, r"row ids must be one-dim"),
+        ("take_rows", np.array([[1, 2]]), TypeError, r"row ids must be one-dimensional"),
+        ("read_blobs", np.array(3), TypeError, r"row indices must be one-dimensional, got.*\(\)"),
         ("take_rows", "12", TypeError, r"row ids must be a sequence of integers, got '12'"),
         ("take", [-1], IndexError, r"row indices \[-1\] out of range"),
         ("take", [1 << 64], IndexError, r"out of range"),
