@@ -126,12 +126,13 @@ class Checker:
         self.unreadable: set[str] = set()
         self.footers: dict[str, str | None] = {}  # data file -> why its footer is damaged
 
-    def data_file_problem(self, uri: str) -> str | None:
-        """Why Lance cannot read data file ``uri`` (missing, or its footer damaged), or None."""
+    def data_file_problem(self, uri: str, recorded_size: int | None = None) -> str | None:
+        """Why Lance cannot read data file ``uri`` (missing, not the ``recorded_size`` its
+        manifest records, or its footer damaged), or None."""
         if self.range_problem(uri, 0, 0):
             return _MISSING_DATA_FILE
         if uri not in self.footers:
-            why = data_file_problem(uri, self.storage_options, size=self.sizes[uri])
+            why = data_file_problem(uri, self.storage_options, recorded_size, size=self.sizes[uri])
             self.footers[uri] = None if why is None else f"{_DAMAGED_DATA_FILE}: {why}"
         return self.footers[uri]
 
@@ -169,8 +170,10 @@ def verify_state(
     """Check every reference of one fragment state; ``table`` is opened at ``state.version``."""
     checker = checker or Checker(table)
     report = StateReport()
-    for uri in state.data_files:  # gone or damaged: no row of the fragment can be read
-        problem = checker.data_file_problem(uri)
+    # a data file gone or damaged: no row of the fragment can be read
+    sizes = state.data_file_sizes or (None,) * len(state.data_files)
+    for uri, size in zip(state.data_files, sizes, strict=True):
+        problem = checker.data_file_problem(uri, size)
         if problem:
             reason = f"{problem}: every row of fragment {state.fragment_id} is unreadable"
             report.problems.append(("", 0, uri, None, None, reason))

@@ -112,13 +112,15 @@ class FragmentState:
     versions hold most states, so a long history of appends opens one; ``appearances`` are
     ``(version, first_row)`` for every version holding it (on any branch), ``first_row`` being
     the position of the fragment's first live row among that version's rows. ``data_files``
-    are the URIs of its data files.
+    are the URIs of its data files, ``data_file_sizes`` their sizes as the manifest records
+    them (None where it records none).
     """
 
     fragment_id: int
     ref: VersionRef
     appearances: Appearances
     data_files: tuple[str, ...]
+    data_file_sizes: tuple[int | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -234,8 +236,8 @@ def fragment_states(
                 _record(found, next(fragments), refs[i + k], last.version)
         i += len(appended) + 1
     return [
-        FragmentState(fid, ref, Appearances(tuple(map(tuple, runs))), files)
-        for fid, ref, runs, files in found.values()
+        FragmentState(fid, ref, Appearances(tuple(map(tuple, runs))), files, sizes)
+        for fid, ref, runs, files, sizes in found.values()
     ]
 
 
@@ -249,6 +251,7 @@ class _Fragment:
     data_files: tuple[str, ...]
     first_row: int
     written: tuple
+    data_file_sizes: tuple[int | None, ...]
 
 
 @dataclass(frozen=True)
@@ -278,7 +281,8 @@ class _Manifest:
                 names,
             )
             written = _written(metadata) if deletion is None else None
-            fragments.append(_Fragment(key, metadata.id, files, first_row, written))
+            sizes = tuple(f.file_size_bytes or None for f in metadata.files)
+            fragments.append(_Fragment(key, metadata.id, files, first_row, written, sizes))
             first_row += metadata.num_rows
         return cls(names, tuple(fragments))
 
@@ -331,7 +335,10 @@ def _appended(dataset: lance.LanceDataset, version: int) -> list[tuple] | None:
 
 def _record(found: dict[tuple, list], fragment: _Fragment, ref: VersionRef, last: int) -> None:
     """``fragment`` is in ``ref``'s version and every version of its branch up to ``last``."""
-    entry = found.setdefault(fragment.key, [fragment.fragment_id, ref, [], fragment.data_files])
+    entry = found.setdefault(
+        fragment.key,
+        [fragment.fragment_id, ref, [], fragment.data_files, fragment.data_file_sizes],
+    )
     entry[1] = VersionRef(ref.branch, last)
     runs = entry[2]
     run = runs[-1] if runs else None

@@ -96,6 +96,20 @@ def test_verify_lists_a_damaged_data_file_and_checks_the_rest(tmp_path, deep):
     assert report["references"] == 200 and report["hashed"] == (200 if deep else 0)
 
 
+def test_verify_says_how_much_of_a_truncated_data_file_is_left(tmp_path):
+    """As reads do: the size found and the size the manifest records, not only that the end
+    is not a footer."""
+    uri = str(tmp_path / "t")
+    second = _two_fragment_table(uri)
+    size = Path(second).stat().st_size
+    _truncate(second)
+    (problem,) = open_table(uri).verify()["problems"]
+    assert problem["uri"].endswith(Path(second).name)
+    assert problem["reason"].startswith(
+        f"damaged data file: it is {size // 2:,} bytes, its manifest records {size:,}"
+    )
+
+
 def test_gc_refuses_a_table_with_a_damaged_data_file_and_removes_nothing(tmp_path):
     uri = str(tmp_path / "t")
     second = _two_fragment_table(uri)
