@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from blobhouse.errors import BlobReadError, StoreError
 from blobhouse.storage import RangeSource, object_store
 
+MISSING = "it is missing"  # what data_file_problem says of a data file that is not there
 _FOOTER = struct.Struct("<QQQIIHH4s")
 _MAGIC = b"LANC"
 _LAST_MINOR = 3  # Lance file format 2.0 to 2.3
@@ -286,7 +287,7 @@ def data_file_problem(
     """
     size = object_store(uri, storage_options).size(uri) if size is None else size
     if size is None:
-        return "it is missing"
+        return MISSING
     if recorded_size and size != recorded_size:
         return f"it is {size:,} bytes, its manifest records {recorded_size:,}"
     try:

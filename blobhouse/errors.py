@@ -144,6 +144,20 @@ def is_damaged_file_error(exc: BaseException) -> bool:
     return panicked or _DAMAGED_FILE.search(str(exc)) is not None
 
 
+# Lance's (and its object stores') words for a file that is not there
+_NOT_FOUND = re.compile(r"\bnot found\b|NoSuchKey|BlobNotFound|No such file", re.IGNORECASE)
+
+
+def is_not_found_error(exc: BaseException) -> bool:
+    """Whether ``exc`` may be Lance's error about a file that is not there (a data file, an
+    index, a manifest: the caller finds which).
+
+    >>> is_not_found_error(OSError("Not found: t/data/x.lance, local.rs:273:40"))
+    True
+    """
+    return _NOT_FOUND.search(str(exc)) is not None
+
+
 class StaleWriteError(BlobhouseError):
     """A write outlived what table maintenance keeps for it: gc removed the version it started
     from, or swept files it staged (the write ran longer than gc's grace period). Nothing was

@@ -38,7 +38,7 @@ from lance.fragment import DataFile
 from blobhouse.checksums import RecordedHashes
 from blobhouse.columns import check_blob_column
 from blobhouse.console import version_spans
-from blobhouse.data_file_footer import data_file_problem
+from blobhouse.data_file_footer import MISSING, data_file_problem
 from blobhouse.errors import (
     BlobhouseError,
     DataFileError,
@@ -52,6 +52,7 @@ from blobhouse.errors import (
     VersionRemovedError,
     as_store_error,
     is_damaged_file_error,
+    is_not_found_error,
     lance_io,
     lance_message,
 )
@@ -526,9 +527,17 @@ def damage_named(
     try:
         yield
     except BaseException as exc:  # Lance's panics are BaseExceptions
-        if damaged is None or not is_damaged_file_error(exc):
+        if damaged is None:
             raise
-        raise damaged_file_error(uri, doing, damaged, exc) from exc
+        if is_damaged_file_error(exc):
+            raise damaged_file_error(uri, doing, damaged, exc) from exc
+        if is_not_found_error(exc):  # a data file, or another of Lance's files (an index)?
+            found = None
+            with contextlib.suppress(Exception):
+                found = damaged()
+            if found:
+                raise damaged_file_error(uri, doing, found, exc) from exc
+        raise
 
 
 def damaged_file_error(
@@ -557,9 +566,10 @@ def damaged_file_error(
         )
     first, why = next(iter(damaged.items()))
     more = f" (and {len(damaged) - 1} more data files)" if len(damaged) > 1 else ""
+    state = "is missing" if why == MISSING else f"is damaged: {why}"
     return DataFileError(
-        f"cannot {doing} {uri}: data file {first} is damaged: {why}{more}; its rows cannot be "
-        "read (restore the file, or read a version written before it)",
+        f"cannot {doing} {uri}: data file {first} {state}{more}; its rows cannot be read "
+        "(restore the file, or read a version written before it)",
         first,
     )
 

@@ -64,8 +64,17 @@ READS = {
 }
 
 
-@pytest.mark.parametrize("damage", [_truncate, _zero_footer], ids=["truncated", "footer"])
-def test_every_read_of_a_damaged_data_file_names_it(tmp_path, damage):
+def _remove(path: str) -> None:
+    Path(path).unlink()
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [(_truncate, "is damaged: it "), (_zero_footer, "is damaged: it "), (_remove, "is missing;")],
+    ids=["truncated", "footer", "missing"],
+)
+def test_every_read_of_a_damaged_data_file_names_it(tmp_path, damage, said):
+    """A missing data file too: Lance's raw "Not found" named no column and no way back."""
     uri = str(tmp_path / "t")
     second = _two_fragment_table(uri)
     damage(second)
@@ -75,7 +84,7 @@ def test_every_read_of_a_damaged_data_file_names_it(tmp_path, damage):
             read(table)
         error = raised.value
         assert error.uri.endswith(Path(second).name), name
-        assert "is damaged: it " in str(error) and "row ids" not in str(error), name
+        assert said in str(error) and "row ids" not in str(error), name
         assert pickle.loads(pickle.dumps(error)).uri == error.uri  # crosses to Spark's driver
     # the version written before the file reads, through blobhouse, every row
     first = open_table(uri, version=1).to_arrow(blobs="bytes")
