@@ -283,7 +283,7 @@ class TableReader:
         try:
             return self.snapshot.rows_by_id(path, ids)
         except DeletedRowsError as exc:
-            raise _not_rows_here(self.snapshot, exc.ids, "deleted rows") from None
+            raise _not_rows_here(self.snapshot, exc.ids, _absent(self.snapshot)) from None
         except (IndexError, OSError) as exc:
             if isinstance(exc, OSError) and not _bad_ids(exc):
                 raise  # a missing, unreadable or damaged data file
@@ -325,7 +325,7 @@ class TableReader:
                 raise  # a missing, unreadable or damaged data file
             raise _not_rows_here(self.snapshot, ids, exc) from None
         except DeletedRowsError as exc:
-            raise _not_rows_here(self.snapshot, exc.ids, "deleted rows") from None
+            raise _not_rows_here(self.snapshot, exc.ids, _absent(self.snapshot)) from None
 
     def _row_dicts(
         self, batch: pa.RecordBatch, targets: list[BlobTarget], check_hashes: bool
@@ -583,6 +583,15 @@ def _not_rows_here(snapshot: TableSnapshot, ids: list[int], why: Exception | str
         f"row ids {ids[:5]}{' ...' if len(ids) > 5 else ''} are not all rows of version "
         f"{snapshot.version} of this table (take ids from row_ids()): {detail}"
     )
+
+
+def _absent(snapshot: TableSnapshot) -> str:
+    """Why ids a take by id did not find are not rows: an address names a deleted row (one
+    past a fragment's end is caught before, :func:`_outside`); a stable id may also never have
+    been given out."""
+    if snapshot.dataset.has_stable_row_ids:
+        return "no row of this version has them (deleted rows, or ids never given out)"
+    return "deleted rows"
 
 
 def _outside(snapshot: TableSnapshot, ids: list[int]) -> dict[int, str]:

@@ -300,6 +300,20 @@ def test_ids_that_are_not_rows_are_refused_kept_or_taken(fragments_table, keep_a
             open_table(fragments_table).take_rows(bad, ["b"])  # refs: Lance's take
 
 
+def test_stable_ids_that_are_no_rows_are_not_called_deleted(tmp_path):
+    """With stable row ids an id is no address: one that no row of the version has may be a
+    deleted row's or one never given out; the error says so, not only "deleted rows"."""
+    uri = str(tmp_path / "t")
+    lance.write_dataset(pa.table({"id": [1, 2, 3]}), uri, enable_stable_row_ids=True)
+    lance.dataset(uri).delete("id = 2")
+    table = open_table(uri)
+    assert table.row_ids().tolist() == [0, 2]
+    for asked in ([1], [10**6], [0, 99]):
+        with pytest.raises(IndexError, match=r"no row of this version has them \(deleted rows"):
+            table.take_rows(asked)
+    assert table.take_rows([2]).column("id").to_pylist() == [3]
+
+
 @pytest.mark.parametrize("columns", [["b"], ["id", "meta.img", "b"], ["meta", "b"]])
 def test_row_dicts_are_the_same_kept_or_taken(fragments_table, monkeypatch, columns):
     """take_row_dicts (what BatchLoader.row_batches reads), kept or taken: the same rows, and
