@@ -317,6 +317,10 @@ def _epochs(case: Case, workload: Workload, formats: Formats, size: Size, limit)
     """Every contender at every worker count, ``size.runs`` cold epochs each, alternating."""
     combos = [(c, w) for c in CONTENDERS for w in size.loader_workers]
     seconds: dict[tuple[str, int], list[float]] = {combo: [] for combo in combos}
+    # the first batch waits for the DataLoader to start its worker processes: the rate after
+    # it is what the reads themselves reach
+    firsts: dict[tuple[str, int], list[float]] = {combo: [] for combo in combos}
+    after_first: dict[tuple[str, int], list[float]] = {combo: [] for combo in combos}
     disk_read: dict[tuple[str, int], list[int]] = {combo: [] for combo in combos}
     logical = workload.logical_bytes
     for run in range(size.runs):
@@ -327,8 +331,11 @@ def _epochs(case: Case, workload: Workload, formats: Formats, size: Size, limit)
             evict(*formats.of(contender))
             before = _disk_sectors_read()
             started = time.perf_counter()
-            samples, nbytes = _drain(data_loader)
-            seconds[contender, workers].append(time.perf_counter() - started)
+            samples, nbytes, first_s, first_bytes = _drain(data_loader)
+            took = time.perf_counter() - started
+            seconds[contender, workers].append(took)
+            firsts[contender, workers].append(first_s)
+            after_first[contender, workers].append((nbytes - first_bytes) / (took - first_s))
             disk_read[contender, workers].append((_disk_sectors_read() - before) * 512)
             if (samples, nbytes) != (workload.rows, logical):
                 raise AssertionError(
@@ -351,15 +358,24 @@ def _epochs(case: Case, workload: Workload, formats: Formats, size: Size, limit)
             on_disk_mb=round(on_disk[contender] / 1e6, 1),
             vs_best_other=round(min(others) / median, 3) if contender == "blobhouse" else "-",
             vs_limit="-" if limit is None else round(logical / median / 1e6 / limit, 3),
+            first_batch_s=round(statistics.median(firsts[contender, workers]), 3),
+            after_first_batch_vs_limit="-"
+            if limit is None
+            else round(statistics.median(after_first[contender, workers]) / 1e6 / limit, 3),
         )
 
 
-def _drain(data_loader) -> tuple[int, int]:
+def _drain(data_loader) -> tuple[int, int, float, int]:
+    """Rows and bytes ``data_loader`` delivered, the seconds to its first batch and that
+    batch's bytes."""
     samples = nbytes = 0
+    started, first_s, first_bytes = time.perf_counter(), 0.0, 0
     for batch in data_loader:
         samples += len(batch)
         nbytes += int(batch.sum())
-    return samples, nbytes
+        if not first_s:
+            first_s, first_bytes = time.perf_counter() - started, nbytes
+    return samples, nbytes, first_s, first_bytes
 
 
 def _limit(case: Case, workload: Workload, formats: Formats, runs: int) -> float:

@@ -131,6 +131,8 @@ def test_quick_benchmark_run(tmp_path):
             assert r["on_disk_mb"] > 20 * unique_mb
     images = [r for r in epochs if r["workload"].startswith("images")]
     assert all(r["vs_limit"] > 0 for r in images if r["contender"] == "blobhouse")
+    # the first batch (the DataLoader starting its workers) and the rate after it
+    assert all(r["first_batch_s"] > 0 and r["after_first_batch_vs_limit"] > 0 for r in images)
     firsts = [r for r in loader if r["workload"].startswith("first batch")]
     assert [r["contender"] for r in firsts] == ["blobhouse BatchLoader", "blobhouse DataLoader"]
     started = {r["contender"]: r["seconds"] for r in results["startup"]["rows"]}
