@@ -149,13 +149,16 @@ _NOT_FOUND = re.compile(r"\bnot found\b|NoSuchKey|BlobNotFound|No such file", re
 
 
 def is_not_found_error(exc: BaseException) -> bool:
-    """Whether ``exc`` may be Lance's error about a file that is not there (a data file, an
-    index, a manifest: the caller finds which).
+    """Whether ``exc`` may be Lance's error about a Lance file that is not there (a data
+    file, say: the caller finds which); not one about a column or a key that is not.
 
     >>> is_not_found_error(OSError("Not found: t/data/x.lance, local.rs:273:40"))
     True
+    >>> is_not_found_error(ValueError("Column id not found in the schema"))
+    False
     """
-    return _NOT_FOUND.search(str(exc)) is not None
+    message = str(exc)
+    return ".lance" in message and _NOT_FOUND.search(message) is not None
 
 
 class StaleWriteError(BlobhouseError):

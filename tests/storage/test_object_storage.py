@@ -22,6 +22,7 @@ from blobhouse import (
     Blob,
     BlobRef,
     BlobSession,
+    DataFileError,
     ExternalBlobError,
     InvalidInputError,
     RefIdConflictError,
@@ -131,6 +132,25 @@ def test_a_missing_bucket_is_named_and_not_masked_by_cleanup(s3):
     missing = BlobRef("s3://no-such-bucket/x", 0, 10)
     with pytest.raises(BlobReadError, match=r"missing object s3://no-such-bucket/x \(.*Bucket"):
         read_ranges([missing], storage_options=s3.options)
+
+
+def test_a_missing_data_file_is_named_on_every_store(bucket):
+    """As on a local disk: a read of a table whose data file is gone names the file, not
+    Lance's raw "Not found" (`test_every_read_of_a_damaged_data_file_names_it`)."""
+    uri = f"{bucket.uri}/t"
+    for start in (0, 100):
+        rows = range(start, start + 100)
+        data = pa.table({"id": list(rows), "b": blob_array([b"x%d" % i * 50 for i in rows])})
+        mode = "append" if start else "create"
+        write_table(data, uri, mode=mode, storage_options=bucket.options)
+    second = open_table(uri, storage_options=bucket.options).snapshot.dataset.get_fragments()[1]
+    gone = f"{uri}/data/{second.metadata.files[0].path}"
+    object_store(gone, bucket.options).delete(gone)
+    table = open_table(uri, storage_options=bucket.options)
+    for read in (table.to_arrow, lambda: table.take([150], blobs="bytes"), table.stats):
+        with pytest.raises(DataFileError, match=r"data file .* is missing; its rows cannot be"):
+            read()
+    assert table.take([50], blobs="bytes")["b"].to_pylist() == [b"x50" * 50]  # the rest reads
 
 
 @pytest.mark.parametrize("where", ["s3", "azure"])
