@@ -171,8 +171,7 @@ def verify_state(
     checker = checker or Checker(table)
     report = StateReport()
     # a data file gone or damaged: no row of the fragment can be read
-    sizes = state.data_file_sizes or (None,) * len(state.data_files)
-    for uri, size in zip(state.data_files, sizes, strict=True):
+    for uri, size in zip(state.data_files, state.data_file_sizes, strict=True):
         problem = checker.data_file_problem(uri, size)
         if problem:
             reason = f"{problem}: every row of fragment {state.fragment_id} is unreadable"

@@ -120,7 +120,7 @@ class FragmentState:
     ref: VersionRef
     appearances: Appearances
     data_files: tuple[str, ...]
-    data_file_sizes: tuple[int | None, ...] = ()
+    data_file_sizes: tuple[int | None, ...]
 
 
 @dataclass(frozen=True)
