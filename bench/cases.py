@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from bench.harness import Case, Scratch, disk_bytes, fresh, medians, settled
 from bench.loader_case import loader, parquet_take
+from bench.robot_case import robot_video
 from blobhouse import Blob, blob_array, open_table, read_ranges, write_table
 from blobhouse.dedup import content_hashes
 from blobhouse.demo import BLOB_COLUMNS, EpisodeData
@@ -72,6 +73,11 @@ class Size:
     loader_clip_bytes: tuple[int, int]  # their smallest and largest size
     loader_workers: tuple[int, ...]  # DataLoader worker counts
     startup_rows: int  # rows of the table whose first batch is timed
+    robot_episodes: int  # episodes of the robot_video case's LeRobot dataset ...
+    robot_frames: int  # ... frames per episode ...
+    robot_image: tuple[int, int]  # ... camera image height and width ...
+    robot_cameras: int  # ... and cameras
+    robot_batches: int  # batches of 64 rows each reader reads per order and round
 
 
 QUICK = Size(
@@ -98,6 +104,11 @@ QUICK = Size(
     (64 * KB, 256 * KB),
     (0, 2),
     20_000,
+    2,
+    90,
+    (48, 64),
+    1,
+    2,
 )
 FULL = Size(
     "full",
@@ -123,6 +134,11 @@ FULL = Size(
     (1 * MB, 4 * MB),
     (0, 2, 4),
     1_000_000,
+    20,
+    300,
+    (240, 320),
+    2,
+    16,
 )
 
 
@@ -1782,4 +1798,5 @@ CASES = {
     "loader": loader,
     "checked_loader": checked_loader,
     "startup": startup,
+    "robot_video": robot_video,
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -63,6 +64,13 @@ TARGETS = (
     "plain large_binary column (in the process that wrote the tables) | {small_blobs} |\n"
     "| CLI: --help and an argument error < 0.3 s; a command on a small table <= import lance "
     "+ 0.3 s | {cli_startup} |\n"
+    "| robot video (a LeRobot dataset, 2 cameras of AV1): table bytes on disk <= 1.05 x the "
+    "dataset's | {robot_bytes} |\n"
+    "| robot video, batches of 64 from chunk windows: frames/s >= 3 x LeRobot's LeRobotDataset "
+    "(0, 2, 4 workers) | {robot_windows} |\n"
+    "| robot video, fully random batches of 64: frames/s >= 1.0 x LeRobot's (0, 2, 4 workers) "
+    "| {robot_random} |\n"
+    "| robot video: decoded frames equal to LeRobot's, pixel for pixel | {robot_equal} |\n"
     "{growth}"
 )
 # the heading bench/findings.md opens with, as a link inside BENCHMARKS.md
@@ -122,11 +130,16 @@ def write_report(results: Path, target: Path) -> None:
 
 
 def _table(rows: list[dict]) -> list[str]:
+    """The rows as tables: one per run of rows with the same fields (a case may record
+    several kinds of rows)."""
     if not rows:
         return ["(no rows)"]
-    keys = list(rows[0])
-    out = ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
-    out += ["| " + " | ".join(_cell(r.get(k)) for k in keys) + " |" for r in rows]
+    out: list[str] = []
+    for keys, run in itertools.groupby(rows, key=lambda r: tuple(r)):
+        if out:
+            out.append("")
+        out += ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
+        out += ["| " + " | ".join(_cell(r[k]) for k in keys) + " |" for r in run]
     return out
 
 
@@ -289,7 +302,35 @@ def _verdicts(data: dict) -> dict[str, str]:
             lambda v: v >= 1.0,
         ),
         "small_blobs": _small_blobs(rows("small_blobs")),
+        "robot_bytes": _range(
+            [r["table_vs_dataset"] for r in rows("robot_video", metric="bytes")],
+            "x the dataset",
+            lambda v: v <= 1.05,
+        ),
+        "robot_windows": _range(
+            [
+                r["vs_lerobot"]
+                for r in rows("robot_video", order="chunk_windows")
+                if "vs_lerobot" in r
+            ],
+            "x LeRobot",
+            lambda v: v >= 3.0,
+        ),
+        "robot_random": _range(
+            [r["vs_lerobot"] for r in rows("robot_video", order="random") if "vs_lerobot" in r],
+            "x LeRobot",
+            lambda v: v >= 1.0,
+        ),
+        "robot_equal": _robot_equal(rows("robot_video", metric="frames_equal_to_lerobot")),
     }
+
+
+def _robot_equal(rows: list[dict]) -> str:
+    if not rows:
+        return "-"
+    r = rows[0]
+    met = r["equal"] == r["compared"]
+    return f"{r['equal']} of {r['compared']} frames equal ({'met' if met else 'missed'})"
 
 
 def _small_blobs(rows: list[dict]) -> str:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         ExternalBlobError,
         ForkedAfterLanceWarning,
         InvalidInputError,
+        LeRobotDatasetError,
         ManagedObjectOwnedError,
         ManagedObjectRaceError,
         MovedTableWarning,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         UnknownOptionError,
         VersionNotFoundError,
         VersionRemovedError,
+        VideoFrameError,
     )
     from blobhouse.options import CommitOptions, CompactionTargets, WriteOptions
     from blobhouse.placement import Kind, Placement
@@ -70,6 +72,7 @@ __all__ = [
     "ForkedAfterLanceWarning",
     "InvalidInputError",
     "Kind",
+    "LeRobotDatasetError",
     "ManagedObjectOwnedError",
     "ManagedObjectRaceError",
     "MovedTableWarning",
@@ -94,6 +97,7 @@ __all__ = [
     "UnknownOptionError",
     "VersionNotFoundError",
     "VersionRemovedError",
+    "VideoFrameError",
     "WriteOptions",
     "WrittenFile",
     "blob_array",
@@ -136,6 +140,8 @@ _WHERE = {
     "PropertyConflictError": "blobhouse.errors",
     "REF_TYPE": "blobhouse.rangeio",
     "RefIdConflictError": "blobhouse.errors",
+    "LeRobotDatasetError": "blobhouse.errors",
+    "VideoFrameError": "blobhouse.errors",
     "SchemaError": "blobhouse.errors",
     "StaleWriteError": "blobhouse.errors",
     "StoreIndexError": "blobhouse.errors",

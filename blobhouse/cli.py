@@ -334,6 +334,29 @@ def _ingest_command(command: _Command, parents: _Parents) -> None:
     )
 
 
+def _ingest_lerobot_command(command: _Command, parents: _Parents) -> None:
+    """``blobhouse ingest-lerobot``."""
+    ingest = command(
+        "ingest-lerobot",
+        "import a LeRobot dataset (meta/, data/, videos/) into a table",
+        "Import a LeRobot v3 dataset folder into one table: a row per frame with its state, "
+        "action, timestamps and task, and per camera a blob column referencing the camera's "
+        "video file (each file stored once) plus <camera>_timestamp, the frame's time in it. "
+        "Dots in feature names become underscores. The dataset is checked before anything is "
+        "written; a failed import leaves the table as it was (docs/robot-learning.md).",
+        parents.common,
+    )
+    ingest.add_argument("dataset", help="the LeRobot dataset's folder (holding meta/info.json)")
+    ingest.add_argument("table", help="the table to create (a path or a URI)")
+    ingest.add_argument(
+        "--mode",
+        choices=["create", "append", "overwrite"],
+        default="create",
+        help="create the table (the default; refused if it exists), append to it, or "
+        "overwrite its rows with a new version",
+    )
+
+
 def _stats_command(command: _Command, parents: _Parents) -> None:
     """``blobhouse stats``."""
     command(
@@ -520,6 +543,7 @@ def _properties_command(command: _Command, parents: _Parents) -> None:
 _COMMAND_PARSERS = (
     _demo_command,
     _ingest_command,
+    _ingest_lerobot_command,
     _stats_command,
     _verify_command,
     _compact_command,
@@ -821,6 +845,36 @@ def _ingest(args: argparse.Namespace, run: Run) -> int:
     return 0
 
 
+def _ingest_lerobot(args: argparse.Namespace, run: Run) -> int:
+    from blobhouse.lerobot import ingest_lerobot
+
+    options = _storage_options(args)
+    run.doing = f"importing {args.dataset}"
+    run.will_write(args.table, options)
+    done = ingest_lerobot(
+        args.dataset, args.table, mode=args.mode, storage_options=options, progress=run.progress
+    )
+    _close(run)
+    report = {
+        "table": args.table,
+        "version": done.table.version,
+        "frames": done.frames,
+        "episodes": done.episodes,
+        "cameras": list(done.cameras),
+        "video_files": done.video_files,
+        "video_bytes": done.video_bytes,
+    }
+    if args.json:
+        _print_json(report)
+        return 0
+    print(
+        f"{args.table}: version {done.table.version}, {done.frames} frames of "
+        f"{done.episodes} episodes, {done.video_files} video files ({mb(done.video_bytes)}) "
+        f"for cameras {', '.join(done.cameras) or '(none)'}"
+    )
+    return 0
+
+
 def _stats(args: argparse.Namespace, run: Run) -> int:
     run.doing = f"reading the statistics of {args.table}"
     report = _open(args).stats()
@@ -1047,6 +1101,7 @@ def _properties(args: argparse.Namespace, run: Run) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace, Run], int]] = {
     "demo": _demo,
     "ingest": _ingest,
+    "ingest-lerobot": _ingest_lerobot,
     "stats": _stats,
     "verify": _verify,
     "gc": _gc,

@@ -90,6 +90,15 @@ class CorruptBlobError(BlobhouseError):
     """Stored bytes that no longer match the blake3 recorded when they were written."""
 
 
+class VideoFrameError(BlobhouseError, ValueError):
+    """A video chunk that cannot be decoded, or that has no frame at a row's timestamp."""
+
+
+class LeRobotDatasetError(InvalidInputError):
+    """A LeRobot dataset folder that is not what its layout says: the message names the file
+    and the field."""
+
+
 class BlobReadError(BlobhouseError, OSError):
     """A stored payload could not be read: its object is missing or shorter than its
     reference says. ``uri`` is the object."""

@@ -3,8 +3,10 @@
 ``pip install blobhouse`` is the Python library (tables, dedup, object stores, the table
 services); ``pip install "blobhouse[spark]"`` adds pyspark for :mod:`blobhouse.spark`,
 ``blobhouse ingest`` and ``blobhouse demo``; ``pip install "blobhouse[torch]"`` adds torch for
-:mod:`blobhouse.torch`. :func:`require_spark` and :func:`require_torch` turn a missing (or too
-old) package into a :class:`~blobhouse.errors.MissingExtraError` that says so in one line.
+:mod:`blobhouse.torch`; ``pip install "blobhouse[video]"`` adds PyAV for decoded video frames
+(:mod:`blobhouse.video`). :func:`require_spark`, :func:`require_torch` and :func:`require_av`
+turn a missing (or too old) package into a :class:`~blobhouse.errors.MissingExtraError` that
+says so in one line.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from blobhouse.errors import MissingExtraError
 
 SPARK_EXTRA = 'pip install "blobhouse[spark]"'
 TORCH_EXTRA = 'pip install "blobhouse[torch]"'
+VIDEO_EXTRA = 'pip install "blobhouse[video]"'
 # the Python data source API blobhouse.spark is built on, with filter pushdown: Spark 4.1
 SPARK_MIN_VERSION = (4, 1)
 
@@ -43,6 +46,17 @@ def require_torch(what: str = "blobhouse.torch") -> None:
     except ImportError as error:
         raise MissingExtraError(
             f"{what} needs torch, which is not installed: {TORCH_EXTRA}"
+        ) from error
+
+
+def require_av(what: str = "decoded video frames") -> None:
+    """Returns if PyAV is installed; otherwise raises :class:`MissingExtraError` naming the
+    extra that installs it."""
+    try:
+        import av  # noqa: F401
+    except ImportError as error:
+        raise MissingExtraError(
+            f"{what} need PyAV, which is not installed: {VIDEO_EXTRA}"
         ) from error
 
 

@@ -21,10 +21,10 @@ import threading
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, BinaryIO, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -33,11 +33,13 @@ from blobhouse.errors import ForkedAfterLanceWarning, InvalidInputError, TableNo
 from blobhouse.forks import FreshProcess, forked_after_lance, in_fresh_process, lance_is_running
 from blobhouse.layout import TableLocation
 from blobhouse.options import check_flag, keywords_checked
-from blobhouse.storage import check_answers, checked_options
+from blobhouse.rangeio import BlobRef, open_ref
+from blobhouse.storage import check_answers, checked_options, is_local
 
 # at import, not at the first open: a DataLoader's workers (forked, or from a forkserver that
 # preloads this module) then find it imported instead of each paying 0.07-0.2 s for it
 from blobhouse.table import Table, open_at
+from blobhouse.video import FrameLayout, VideoFrames
 
 LoaderBlobs = Literal["bytes", "refs"]
 _Batch = TypeVar("_Batch")  # what a loader yields per batch: a RecordBatch or a list of rows
@@ -75,10 +77,17 @@ class EpochPlan:
     """The rows of one rank in one epoch, as positions into the selected rows, cut into
     batches of ``batch_size``.
 
+    ``window``: shuffle windows of ``window`` consecutive rows, then the rows inside each,
+    instead of every row (each rank takes a contiguous share, so windows stay whole).
+
     >>> plan = EpochPlan.of(10, batch_size=4, seed=0, epoch=0, shuffle=False,
     ...                     world_size=2, rank=1, drop_last=False)
     >>> [plan.batch(i).tolist() for i in range(len(plan))]
     [[1, 3, 5, 7], [9]]
+    >>> plan = EpochPlan.of(8, batch_size=4, seed=0, epoch=0, shuffle=True,
+    ...                     world_size=1, rank=0, drop_last=False, window=4)
+    >>> [sorted(plan.batch(i).tolist()) for i in range(len(plan))]
+    [[0, 1, 2, 3], [4, 5, 6, 7]]
     """
 
     rows: np.ndarray
@@ -96,8 +105,10 @@ class EpochPlan:
         world_size: int,
         rank: int,
         drop_last: bool,
+        window: int | None = None,
     ) -> EpochPlan:
-        order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+        order = _shuffled(n, np.random.default_rng([seed, epoch]), window) if shuffle else None
+        order = np.arange(n) if order is None else order
         if drop_last:
             per_rank = n // world_size
             per_rank -= per_rank % batch_size
@@ -106,6 +117,8 @@ class EpochPlan:
             per_rank = math.ceil(n / world_size)
             missing = per_rank * world_size - n  # padded from the start of the order
             order = np.concatenate([order, np.resize(order, missing)])
+        if window is not None and len(order):
+            return cls(order.reshape(world_size, -1)[rank], batch_size)
         return cls(order[rank::world_size], batch_size)
 
     def __len__(self) -> int:
@@ -113,6 +126,15 @@ class EpochPlan:
 
     def batch(self, index: int) -> np.ndarray:
         return self.rows[index * self.batch_size : (index + 1) * self.batch_size]
+
+
+def _shuffled(n: int, rng: np.random.Generator, window: int | None) -> np.ndarray:
+    """A random order of ``n`` rows: of every row, or of windows of ``window`` consecutive
+    rows with the rows inside each window shuffled too."""
+    if window is None:
+        return rng.permutation(n)
+    starts = rng.permutation(np.arange(0, n, window))
+    return np.concatenate([s + rng.permutation(min(window, n - s)) for s in starts] or [starts])
 
 
 class BatchLoader:
@@ -127,6 +149,15 @@ class BatchLoader:
     same number of batches. ``version`` (a number or a tag) pins what is read; by default the
     latest version when the loader is made, so every worker reads the same rows. Inside a
     torch DataLoader worker, ``worker_id`` and ``num_workers`` default to torch's.
+
+    ``frames`` names video columns to decode (:class:`~blobhouse.video.VideoFrames`: each row's
+    chunk becomes the ``uint8`` frame at its ``<column>_timestamp``, laid out as
+    ``frame_layout``, ``"hwc"`` or ``"chw"``); each distinct chunk of a batch is read and decoded
+    once, on the loader's reading threads. Frames come with :meth:`row_batches`.
+    ``shuffle_window`` shuffles windows of that many consecutive rows (and the rows inside
+    each) instead of single rows: a batch then holds neighbouring frames, which share video
+    chunks, so far fewer chunks are decoded per batch, at the cost of batches whose rows are
+    correlated (every row is still read once per epoch, in an order that changes each epoch).
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -158,16 +189,23 @@ class BatchLoader:
         version: int | str | None = None,
         branch: str | None = None,
         check_hashes: bool = True,
+        frames: Sequence[str] | Mapping[str, str] | None = None,
+        frame_layout: FrameLayout = "hwc",
+        shuffle_window: int | None = None,
     ) -> None:
         _check_int("batch_size", batch_size, 1)
         _check_int("seed", seed, 0)
         check_blobs(blobs)
         check_hashes = check_flag("check_hashes", check_hashes)
+        if shuffle_window is not None:
+            _check_int("shuffle_window", shuffle_window, 1)
         Shard(rank, world_size, worker_id or 0, num_workers or 1)  # checked now
+        self.frames = checked_frames(frames, frame_layout, blobs)
         self.rows = PinnedRows(
             uri, filter=filter, storage_options=storage_options, version=version, branch=branch
         )
         self.columns = checked_columns(columns)
+        self.shuffle_window = shuffle_window
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.drop_last, self.blobs, self.check_hashes = drop_last, blobs, check_hashes
         self._given = (rank, world_size, worker_id, num_workers)
@@ -200,6 +238,11 @@ class BatchLoader:
         return len(self._batches(self._plan(self.rows.ids(keep_lance_out=True)), 0))
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        if self.frames is not None:
+            raise InvalidInputError(
+                "decoded frames come as rows: iterate loader.row_batches() (or use "
+                "blobhouse.torch's datasets)"
+            )
         return self._iterate(self._read)
 
     def row_batches(self) -> Iterator[list[dict[str, Any]]]:
@@ -254,10 +297,11 @@ class BatchLoader:
         missing = {"epoch", "position", *self._identity()} - set(state)
         if missing:
             raise InvalidInputError(f"state is missing {sorted(missing)}")
+        identity = {"shuffle_window": None, **self._identity()}  # a state may name a window
         differ = [
-            f"{k} {state[k]!r} (this loader: {v!r})"
-            for k, v in self._identity().items()
-            if state[k] != v
+            f"{k} {state.get(k)!r} (this loader: {v!r})"
+            for k, v in identity.items()
+            if state.get(k) != v
         ]
         if differ:
             raise InvalidInputError(f"state is of a different loader: {', '.join(differ)}")
@@ -274,11 +318,13 @@ class BatchLoader:
 
     def _identity(self) -> dict[str, Any]:
         """What a state's position means only for: the rows, their order and the batches."""
+        window = {} if self.shuffle_window is None else {"shuffle_window": self.shuffle_window}
         return {
             "seed": self.seed,
             "version": self.rows.version,
             "filter": self.rows.filter,
             "batch_size": self.batch_size,
+            **window,
         }
 
     def _plan(self, ids: np.ndarray) -> EpochPlan:
@@ -292,6 +338,7 @@ class BatchLoader:
             world_size=shard.world_size,
             rank=shard.rank,
             drop_last=self.drop_last,
+            window=self.shuffle_window,
         )
 
     def _read(self, table: Table, rows: np.ndarray) -> pa.RecordBatch:
@@ -299,7 +346,15 @@ class BatchLoader:
         return taken.combine_chunks().to_batches()[0]
 
     def _read_rows(self, table: Table, rows: np.ndarray) -> list[dict[str, Any]]:
-        return table.take_row_dicts(rows, self.columns, self.blobs, check_hashes=self.check_hashes)
+        return read_row_dicts(
+            table,
+            rows,
+            self.columns,
+            self.blobs,
+            self.check_hashes,
+            self.frames,
+            self.rows.storage_options,
+        )
 
 
 class _ThreadTables:
@@ -455,6 +510,9 @@ class TableInFreshProcess:
     def row_ids(self, *args: Any, **kwargs: Any) -> np.ndarray:
         return self._helper.call(_on_pinned, "row_ids", *args, **kwargs)
 
+    def column_names(self) -> list[str]:
+        return self._helper.call(_pinned_column_names)
+
 
 _HELPER_LOCK = threading.Lock()
 _warned_in: int | None = None  # the process that warned of reading through a fresh process
@@ -474,6 +532,11 @@ def _on_pinned(method: str, *args: Any, **kwargs: Any) -> Any:
     return getattr(_pinned, method)(*args, **kwargs)
 
 
+def _pinned_column_names() -> list[str]:
+    assert _pinned is not None
+    return _pinned.schema.names
+
+
 def _row_ids(
     location: TableLocation,
     version: int | str,
@@ -483,6 +546,70 @@ def _row_ids(
     from blobhouse.table import open_at
 
     return open_at(location, version, storage_options).row_ids(filter)
+
+
+def read_row_dicts(
+    table: Table | TableInFreshProcess,
+    rows: np.ndarray,
+    columns: list[str] | None,
+    blobs: LoaderBlobs,
+    check_hashes: bool,
+    frames: VideoFrames | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Rows by id as dicts; with ``frames``, its video columns decoded into frames: those
+    columns are taken as references, and each distinct chunk opened once, as a ranged file
+    (with ``check_hashes``, a chunk this process has not met yet is read whole and checked
+    against its recorded hash first, once per process)."""
+    if frames is None:
+        return table.take_row_dicts(rows, columns, blobs, check_hashes=check_hashes)
+    names = _column_names(table)
+    frames.check(names)
+    video = list(frames.columns)
+    wanted = [c for c in (names if columns is None else columns) if c not in video]
+    taken = table.take_row_dicts(rows, wanted, blobs, check_hashes=check_hashes)
+    refs = table.take_row_dicts(rows, video + frames.timestamp_columns(), "refs")
+    for row, ref in zip(taken, refs, strict=True):
+        row.update(ref)
+
+    def open_chunk(column: str, ref: dict[str, Any], position: int) -> bytes | BinaryIO:
+        key = (ref["uri"], ref["position"], ref["size"])
+        if (check_hashes and key not in _CHECKED_CHUNKS) or not is_local(key[0]):
+            # read whole: to check it, or from an object store, where a GET per demuxer
+            # seek would cost more than the chunk
+            whole = table.take_row_dicts(
+                rows[position : position + 1], [column], "bytes", check_hashes=check_hashes
+            )
+            _CHECKED_CHUNKS.add(key)
+            return whole[0][column]
+        return open_ref(BlobRef(*key), storage_options=storage_options, buffer_size=VIDEO_READ)
+
+    return frames.decode(taken, open_chunk)
+
+
+#: video chunks this process read whole and checked (uri, position, size): a stored range
+#: never changes, so later batches read only the parts their frames need
+_CHECKED_CHUNKS: set[tuple[str, int, int]] = set()
+#: bytes read ahead per read of a local video chunk: the demuxer seeks between the index and
+#: the frames' packets, and each seek drops the buffer (one frame of a 1 MB chunk read 2 MB
+#: with the 1 MiB default buffer, 133 KB with this one)
+VIDEO_READ = 64 << 10
+
+
+def _column_names(table: Table | TableInFreshProcess) -> list[str]:
+    if isinstance(table, TableInFreshProcess):
+        return table.column_names()
+    return table.schema.names
+
+
+def checked_frames(frames: object, layout: object, blobs: object) -> VideoFrames | None:
+    """The ``frames`` option, checked; frames are decoded from bytes, not references."""
+    checked = VideoFrames.of(frames, layout)  # type: ignore[arg-type]
+    if checked is not None and blobs != "bytes":
+        raise InvalidInputError(
+            f"frames decode the chunks' bytes: blobs must be 'bytes', not {blobs!r}"
+        )
+    return checked
 
 
 def checked_columns(columns: object) -> list[str] | None:

@@ -374,10 +374,13 @@ def open_ref(
     digest: bytes | None = None,
     name: str = "",
     storage_options: Mapping[str, str] | None = None,
+    buffer_size: int | None = None,
 ) -> io.BufferedReader:
     """A seekable, read-only file object over one reference's bytes. With ``digest`` (its
     blake3), reading the whole payload front to back checks it: the read that reaches the end
     raises :class:`~blobhouse.errors.CorruptBlobError` (naming ``name``) on a mismatch.
+    ``buffer_size``: bytes read ahead per read (default: the store's read size); a reader
+    that seeks often (a video demuxer) wants a small one, each seek drops the buffer.
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
@@ -387,7 +390,7 @@ def open_ref(
     2
     b'rld'
     """
-    buffer = object_store(ref.uri, storage_options).read_buffer_bytes
+    buffer = buffer_size or object_store(ref.uri, storage_options).read_buffer_bytes
     return io.BufferedReader(_RangeFile(ref, digest, name, storage_options), buffer_size=buffer)
 
 

@@ -20,7 +20,7 @@ through a fresh process, slower, and warns naming the way to full speed
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,8 +41,11 @@ from blobhouse.loader import (  # noqa: E402
     PinnedRows,
     check_blobs,
     checked_columns,
+    checked_frames,
+    read_row_dicts,
 )
 from blobhouse.options import check_flag, keywords_checked  # noqa: E402
+from blobhouse.video import FrameLayout  # noqa: E402
 
 Row = dict[str, Any]
 
@@ -57,7 +60,9 @@ class TableBatchDataset(IterableDataset):
     ``torch.distributed``'s when a process group is initialized; the worker is torch's. Call
     :meth:`set_epoch` before each epoch: the epoch (and a resumed start) reaches the workers
     also when they persist between epochs (``persistent_workers=True``). The other arguments
-    are :class:`BatchLoader`'s.
+    are :class:`BatchLoader`'s: ``frames`` decodes video columns into ``uint8`` frames (stacked
+    into one tensor per column without a ``collate``), ``shuffle_window`` shuffles windows of
+    consecutive rows so batches share video chunks.
 
     >>> import tempfile, pyarrow as pa
     >>> from torch.utils.data import DataLoader
@@ -90,6 +95,9 @@ class TableBatchDataset(IterableDataset):
         version: int | str | None = None,
         branch: str | None = None,
         check_hashes: bool = True,
+        frames: Sequence[str] | Mapping[str, str] | None = None,
+        frame_layout: FrameLayout = "hwc",
+        shuffle_window: int | None = None,
     ) -> None:
         rank, world_size = _distributed(rank, world_size)
         _check_callable("transform", transform, optional=True)
@@ -109,6 +117,9 @@ class TableBatchDataset(IterableDataset):
             version=version,
             branch=branch,
             check_hashes=check_hashes,
+            frames=frames,
+            frame_layout=frame_layout,
+            shuffle_window=shuffle_window,
         )
         self.transform, self.collate = transform, collate
         # (epoch, the rank's batch the pass starts at), in shared memory: persistent workers
@@ -132,7 +143,10 @@ class TableBatchDataset(IterableDataset):
         epoch, start = self._pass.tolist()
         self.loader.load_state_dict({**self.loader.state_dict(), "epoch": epoch, "position": start})
         if self.transform is None and self.collate is None:
-            yield from (_as_tensors(batch) for batch in self.loader)
+            if self.loader.frames is not None:
+                yield from (collate_rows(rows) for rows in self.loader.row_batches())
+            else:
+                yield from (_as_tensors(batch) for batch in self.loader)
             return
         collate = self.collate or default_collate
         for rows in self.loader.row_batches():
@@ -162,7 +176,9 @@ class TableRowDataset(Dataset):
     """The rows of a table (those matching ``filter``, at ``version``) by position, for a
     DataLoader with torch's samplers: ``dataset[i]`` is ``transform(row)`` (the row as a dict
     when there is no ``transform``), and a DataLoader's batch of indices is one take, each
-    distinct payload read once and checked against its recorded hash.
+    distinct payload read once and checked against its recorded hash. ``frames`` (and
+    ``frame_layout``) decode video columns into frames, each distinct chunk of a DataLoader's
+    batch once (:class:`~blobhouse.loader.BatchLoader`).
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -186,10 +202,13 @@ class TableRowDataset(Dataset):
         version: int | str | None = None,
         branch: str | None = None,
         check_hashes: bool = True,
+        frames: Sequence[str] | Mapping[str, str] | None = None,
+        frame_layout: FrameLayout = "hwc",
     ) -> None:
         check_blobs(blobs)
         check_hashes = check_flag("check_hashes", check_hashes)
         _check_callable("transform", transform, optional=True)
+        self.frames = checked_frames(frames, frame_layout, blobs)
         self.rows = PinnedRows(
             uri, filter=filter, storage_options=storage_options, version=version, branch=branch
         )
@@ -214,8 +233,14 @@ class TableRowDataset(Dataset):
         if len(outside):
             raise IndexError(f"index {outside[0]} is outside the {len(ids)} rows of the dataset")
         table = self.rows.table()
-        rows = table.take_row_dicts(
-            ids[positions], self.columns, self.blobs, check_hashes=self.check_hashes
+        rows = read_row_dicts(
+            table,
+            ids[positions],
+            self.columns,
+            self.blobs,
+            self.check_hashes,
+            self.frames,
+            self.rows.storage_options,
         )
         return rows if self.transform is None else [self.transform(row) for row in rows]
 
@@ -239,6 +264,36 @@ def _as_tensors(batch: pa.RecordBatch) -> dict[str, Any]:
             columns[name] = torch.from_numpy(np.array(column))  # a writable copy
         else:
             columns[name] = column.to_pylist()
+    return columns
+
+
+def collate_rows(rows: list[Row]) -> dict[str, Any]:
+    """A batch of rows as columns: frames (arrays) stacked into one tensor, numbers and
+    equal-length number lists as tensors, the rest (bytes, strings, nulls) as lists. The
+    ``collate_fn`` for a DataLoader over :class:`TableRowDataset` with ``frames``.
+
+    >>> import numpy as np
+    >>> batch = collate_rows([{"i": 1, "s": [0.5, 1.0], "f": np.zeros((2, 2), np.uint8)},
+    ...                       {"i": 2, "s": [1.5, 2.0], "f": np.ones((2, 2), np.uint8)}])
+    >>> batch["i"].tolist(), batch["s"].shape, batch["f"].shape
+    ([1, 2], torch.Size([2, 2]), torch.Size([2, 2, 2]))
+    """
+    columns: dict[str, Any] = {}
+    for name in rows[0] if rows else ():
+        values = [row[name] for row in rows]
+        if all(isinstance(v, np.ndarray) for v in values):
+            # default_collate stacks straight into shared memory in a DataLoader worker (one
+            # copy less than stacking here and handing the batch over)
+            columns[name] = default_collate([torch.from_numpy(v) for v in values])
+            continue
+        try:
+            array = np.asarray(values)
+        except ValueError:  # ragged lists
+            array = None
+        if array is not None and array.dtype.kind in "biuf":
+            columns[name] = torch.from_numpy(array)
+        else:
+            columns[name] = values
     return columns
 
 

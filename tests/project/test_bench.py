@@ -33,7 +33,15 @@ def test_quick_benchmark_run(tmp_path):
         "startup",
         "small_blobs",
         "checked_loader",
+        "robot_video",
     }
+    robot = results["robot_video"]["rows"]
+    stored = next(r for r in robot if r["metric"] == "bytes")
+    assert stored["video_bytes"] < stored["table_bytes"] and stored["frames"] == 180
+    assert next(r for r in robot if r["metric"] == "frames_equal_to_source")["equal"] is True
+    rates = {(r["order"], r["workers"]): r["blobhouse"] for r in robot if "order" in r}
+    assert set(rates) == {(o, w) for o in ("chunk_windows", "random") for w in (0, 2)}
+    assert all(rate > 0 for rate in rates.values())
     storage = results["storage"]["rows"]
     seed = {r["contender"]: r for r in storage if r["workload"].startswith("seed")}
     assert seed["blobhouse ref_id"]["ratio_to_unique"] <= 1.05

@@ -24,7 +24,13 @@ SERVICES = (
     "blobhouse.maintenance",
     "blobhouse.reads",
 )
-ABOVE_SERVICES = ("blobhouse.table", "blobhouse.spark", "blobhouse.cli", "blobhouse.demo")
+ABOVE_SERVICES = (
+    "blobhouse.table",
+    "blobhouse.lerobot",
+    "blobhouse.spark",
+    "blobhouse.cli",
+    "blobhouse.demo",
+)
 
 
 def module_names() -> dict[str, Path]:

@@ -1,0 +1,152 @@
+"""The LeRobot side of the ``robot_video`` case, run with the Python of ``.venv-lerobot``
+(``bench/lerobot_env/install.sh``): it imports nothing of blobhouse.
+
+``make ROOT --episodes E --frames F --height H --width W --cameras C``: a dataset made with
+LeRobot's own recorder API (``LeRobotDataset.create``, ``add_frame``, ``save_episode``,
+``finalize``), its default codec (AV1, libsvtav1) and file sizes.
+
+``read ROOT PLAN OUT``: reads the batches ``PLAN`` (JSON: orders of batches of row indices,
+worker counts, rounds, rows to check) with ``LeRobotDataset`` through a DataLoader, as a
+LeRobot training script does, and writes frames/s per order and worker count to ``OUT`` (JSON)
+and the checked rows' frames (``uint8``, recovered from LeRobot's float32 / 255) beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the dataset is local: never the network
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+REPO_ID = "bench/robot"
+
+
+def scene(height: int, width: int, episode: int, frame: int, camera: int) -> np.ndarray:
+    """A smooth scene with a moving block (as blobhouse.lerobot.sample draws it)."""
+    y, x = np.mgrid[0:height, 0:width]
+    image = np.empty((height, width, 3), np.uint8)
+    image[..., 0] = (x * 255 // max(width - 1, 1) + 37 * episode) % 256
+    image[..., 1] = (y * 255 // max(height - 1, 1) + 11 * camera) % 256
+    image[..., 2] = (x + y + 3 * frame) % 256
+    top, left = (frame * 2) % max(height - 8, 1), (frame * 3 + episode * 5) % max(width - 8, 1)
+    image[top : top + 8, left : left + 8] = (255, 255 - 20 * camera, 0)
+    return image
+
+
+def make(args: argparse.Namespace) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    cameras = [f"observation.images.cam{c}" for c in range(args.cameras)]
+    features = {
+        **{
+            key: {"dtype": "video", "shape": (args.height, args.width, 3),
+                  "names": ["height", "width", "channels"]}
+            for key in cameras
+        },
+        "observation.state": {"dtype": "float32", "shape": (6,), "names": None},
+        "action": {"dtype": "float32", "shape": (6,), "names": None},
+    }  # fmt: skip
+    started = time.perf_counter()
+    dataset = LeRobotDataset.create(
+        repo_id=REPO_ID, fps=30, root=args.root, features=features, use_videos=True
+    )
+    rng = np.random.default_rng(0)
+    for episode in range(args.episodes):
+        for frame in range(args.frames):
+            dataset.add_frame(
+                {
+                    **{
+                        key: scene(args.height, args.width, episode, frame, c)
+                        for c, key in enumerate(cameras)
+                    },
+                    "observation.state": rng.standard_normal(6).astype(np.float32),
+                    "action": rng.standard_normal(6).astype(np.float32),
+                    "task": "pick up the cube" if episode % 2 else "push the block",
+                }
+            )
+        dataset.save_episode()
+    dataset.finalize()
+    print(json.dumps({"seconds": time.perf_counter() - started, "vcodec": dataset.vcodec}))
+
+
+def read(args: argparse.Namespace) -> None:
+    import lerobot
+    import torchcodec
+    from lerobot.datasets import video_utils
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    plan = json.loads(Path(args.plan).read_text())
+    dataset = LeRobotDataset(repo_id=REPO_ID, root=args.root)
+    cameras = dataset.meta.video_keys
+    results = []
+    for order, batches in plan["orders"].items():
+        for workers in plan["workers"]:
+            # lerobot keeps open decoders in a module-level cache that forked workers must not
+            # inherit (huggingface/lerobot#2488): cleared before each DataLoader starts them
+            video_utils._default_decoder_cache.clear()
+            loader = DataLoader(
+                dataset,
+                batch_sampler=batches,
+                num_workers=workers,
+                persistent_workers=workers > 0,
+            )
+            seconds = []
+            for round_ in range(plan["rounds"] + 1):  # the first round warms up
+                started = time.perf_counter()
+                rows = sum(len(batch["index"]) for batch in loader)
+                if round_:
+                    seconds.append(time.perf_counter() - started)
+            del loader
+            results.append(
+                {"order": order, "workers": workers, "rows": rows,
+                 "seconds": statistics.median(seconds)}
+            )  # fmt: skip
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    checked = {}
+    for key in cameras:
+        frames = [dataset[int(i)][key] for i in plan["check"]]
+        checked[key] = (torch.stack(frames) * 255).round().to(torch.uint8).numpy()
+    np.savez(Path(args.out).with_suffix(".npz"), **checked)
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "results": results,
+                "cameras": list(cameras),
+                "backend": dataset.video_backend,
+                "versions": {
+                    "lerobot": lerobot.__version__,
+                    "torch": torch.__version__,
+                    "torchcodec": torchcodec.__version__,
+                },
+            }
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    commands = parser.add_subparsers(dest="command", required=True)
+    maker = commands.add_parser("make")
+    maker.add_argument("root")
+    for name, default in (("episodes", 4), ("frames", 60), ("height", 96), ("width", 128),
+                          ("cameras", 1)):  # fmt: skip
+        maker.add_argument(f"--{name}", type=int, default=default)
+    reader = commands.add_parser("read")
+    reader.add_argument("root")
+    reader.add_argument("plan")
+    reader.add_argument("out")
+    args = parser.parse_args()
+    make(args) if args.command == "make" else read(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,418 @@
+"""A LeRobot dataset on disk (its v3.0 layout), read and checked before anything is written.
+
+LeRobot (Hugging Face's robot-learning library) keeps a dataset as:
+
+- ``meta/info.json``: ``codebase_version`` ("v3.0"), ``fps``, ``features`` (name -> ``dtype``,
+  ``shape``; cameras have ``dtype`` "video"), and the path templates ``data_path`` and
+  ``video_path``;
+- ``meta/tasks.parquet``: the task strings (the index) and their ``task_index``;
+- ``meta/episodes/chunk-XXX/file-XXX.parquet``: one row per episode: ``episode_index``,
+  ``length``, where its frames are (``data/chunk_index``, ``data/file_index``) and, per camera
+  ``K``, which video file holds it (``videos/K/chunk_index``, ``videos/K/file_index``) and where
+  its segment starts in it (``videos/K/from_timestamp``, seconds);
+- ``data/chunk-XXX/file-XXX.parquet``: one row per frame: ``index``, ``episode_index``,
+  ``frame_index``, ``timestamp`` (seconds from the episode's start), ``task_index`` and the
+  state, action and other features;
+- ``videos/K/chunk-XXX/file-XXX.mp4``: the camera's frames, several episodes back to back.
+
+A frame of camera ``K`` is at ``from_timestamp + timestamp`` in its video file: what
+:class:`LeRobotSource` gives each row (the column ``<K>_timestamp``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from blobhouse.errors import LeRobotDatasetError
+from blobhouse.video import TIMESTAMP_SUFFIX
+
+INFO = "meta/info.json"
+TASKS = "meta/tasks.parquet"
+EPISODES_DIR = "meta/episodes"
+#: the columns every frame row has (LeRobot's DEFAULT_FEATURES)
+FRAME_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
+EPISODE_COLUMNS = ("episode_index", "length", "data/chunk_index", "data/file_index")
+VIDEO_FIELDS = ("chunk_index", "file_index", "from_timestamp")
+#: frame rows handed to the writer at once
+BATCH_ROWS = 8192
+
+
+def column_name(key: str) -> str:
+    """The table column of LeRobot feature ``key``: dots become underscores (a dot in a
+    column name addresses a field inside a struct).
+
+    >>> column_name("observation.images.top")
+    'observation_images_top'
+    """
+    return key.replace(".", "_")
+
+
+@dataclass(frozen=True)
+class VideoFile:
+    """One MP4 of a camera: ``videos/<key>/chunk-<chunk>/file-<file>.mp4``."""
+
+    key: str
+    chunk: int
+    file: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class LeRobotSource:
+    """A checked LeRobot v3 dataset: :meth:`read` checks it, :meth:`frame_batches` yields its
+    frame rows with each camera's video file and timestamp in it.
+
+    >>> import tempfile
+    >>> from blobhouse.lerobot.sample import write_sample_dataset
+    >>> root = write_sample_dataset(tempfile.mkdtemp(), episodes=2, frames=4, size=(16, 16))
+    >>> source = LeRobotSource.read(root)
+    >>> source.fps, source.video_keys, source.frames
+    (30.0, ('observation.images.cam',), 8)
+    """
+
+    root: Path
+    info: Mapping[str, Any]
+    fps: float
+    video_keys: tuple[str, ...]
+    image_keys: tuple[str, ...]
+    episodes: pa.Table  # sorted by episode_index
+    tasks: Mapping[int, str]
+    data_files: tuple[Path, ...]
+    videos: tuple[VideoFile, ...]
+
+    @classmethod
+    def read(cls, root: str | os.PathLike) -> LeRobotSource:
+        """Check the dataset at ``root``: every file and field the import needs, naming the
+        file and field of the first problem (:class:`~blobhouse.errors.LeRobotDatasetError`)."""
+        root = Path(root)
+        if not root.is_dir():
+            raise LeRobotDatasetError(
+                f"{root} is not a folder: a LeRobot dataset is a folder with meta/, data/ "
+                "and videos/"
+            )
+        info = _info(root)
+        features = info["features"]
+        video_keys = tuple(k for k, f in features.items() if f["dtype"] == "video")
+        image_keys = tuple(k for k, f in features.items() if f["dtype"] == "image")
+        _check_names(root, features)
+        episodes = _episodes(root, video_keys)
+        data_files = tuple(
+            _template_path(root, info, "data_path", chunk_index=c, file_index=f)
+            for c, f in _pairs(episodes, "data")
+        )
+        videos = tuple(
+            VideoFile(
+                k,
+                c,
+                f,
+                _template_path(root, info, "video_path", video_key=k, chunk_index=c, file_index=f),
+            )
+            for k in video_keys
+            for c, f in _pairs(episodes, f"videos/{k}")
+        )
+        for path in (*data_files, *(v.path for v in videos)):
+            if not path.is_file():
+                raise LeRobotDatasetError(
+                    f"{path} is missing: {root / EPISODES_DIR} names it for an episode"
+                )
+        _check_frame_count(root, data_files, episodes)
+        return cls(
+            root,
+            info,
+            float(info["fps"]),
+            video_keys,
+            image_keys,
+            episodes,
+            _tasks(root),
+            data_files,
+            videos,
+        )
+
+    @property
+    def frames(self) -> int:
+        """Frame rows in all (the sum of the episodes' lengths)."""
+        return int(pc.sum(self.episodes["length"]).as_py() or 0)
+
+    def video_bytes(self) -> int:
+        return sum(v.path.stat().st_size for v in self.videos)
+
+    def data_schema(self) -> pa.Schema:
+        """The frame rows' columns as the data files have them (the first one's)."""
+        return _parquet(self.data_files[0]).schema_arrow
+
+    def frame_batches(
+        self, chunks: Mapping[tuple[str, int, int], ChunkRef]
+    ) -> Iterator[pa.RecordBatch]:
+        """Each data file's frame rows, renamed (:func:`column_name`), with ``task`` (the
+        task's text) and per camera a reference to its video file (``chunks``, keyed by
+        camera, chunk and file) and ``<camera>_timestamp``, the frame's time in that file."""
+        expected = self.data_schema()
+        for path in self.data_files:
+            parquet = _parquet(path)
+            if not parquet.schema_arrow.equals(expected):
+                raise LeRobotDatasetError(
+                    f"{path}: its columns {parquet.schema_arrow.names} differ from those of "
+                    f"{self.data_files[0]} ({expected.names})"
+                )
+            for batch in parquet.iter_batches(BATCH_ROWS):
+                yield self._frame_rows(batch, path, chunks)
+
+    def _frame_rows(
+        self, batch: pa.RecordBatch, path: Path, chunks: Mapping[tuple[str, int, int], ChunkRef]
+    ) -> pa.RecordBatch:
+        rows = _episode_rows(self.episodes, batch, path)
+        columns: dict[str, pa.Array] = {}
+        for name, column in zip(batch.schema.names, batch.columns, strict=True):
+            if name in self.image_keys:  # LeRobot's image feature: struct<bytes, path>
+                column = column.field("bytes")
+            columns[column_name(name)] = column.cast(_plain_lists(column.type))
+        columns["task"] = _task_texts(self.tasks, batch.column("task_index"), path)
+        seconds = batch.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
+        for key in self.video_keys:
+            chunk = _ints(self.episodes, f"videos/{key}/chunk_index")[rows]
+            file = _ints(self.episodes, f"videos/{key}/file_index")[rows]
+            pairs, which = np.unique(np.stack([chunk, file], 1), axis=0, return_inverse=True)
+            refs = [chunks[(key, int(c), int(f))] for c, f in pairs]
+            columns[column_name(key)] = chunk_references(refs).take(which.reshape(-1))
+            start = self.episodes[f"videos/{key}/from_timestamp"].to_numpy()[rows]
+            columns[column_name(key) + TIMESTAMP_SUFFIX] = pa.array(
+                start.astype(np.float64) + seconds
+            )
+        return pa.record_batch(columns)
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """Where a video file's bytes are: ``size`` bytes at ``position`` of ``uri``."""
+
+    uri: str
+    position: int
+    size: int
+
+
+#: a blob column given as references (``data, uri, position, size``): rows of the table's own
+#: store, which the write keeps as references without reading them
+REFERENCE_TYPE = pa.struct(
+    [
+        pa.field("data", pa.large_binary()),
+        pa.field("uri", pa.string()),
+        pa.field("position", pa.uint64()),
+        pa.field("size", pa.uint64()),
+    ]
+)
+
+
+def chunk_references(refs: list[ChunkRef]) -> pa.StructArray:
+    """Blob values referencing ``refs``, one row each.
+
+    >>> chunk_references([ChunkRef("file:///t/_blobs/packs/a.pack", 0, 9)])[0]["size"]
+    <pyarrow.UInt64Scalar: 9>
+    """
+    return pa.StructArray.from_arrays(
+        [
+            pa.nulls(len(refs), pa.large_binary()),
+            pa.array([r.uri for r in refs], pa.string()),
+            pa.array([r.position for r in refs], pa.uint64()),
+            pa.array([r.size for r in refs], pa.uint64()),
+        ],
+        fields=list(REFERENCE_TYPE),
+    )
+
+
+def _plain_lists(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with every list's item field named ``item`` (Parquet names it ``element``;
+    Lance and a table written before name it ``item``, and a write compares the names).
+
+    >>> _plain_lists(pa.list_(pa.field("element", pa.float32()), 6))
+    FixedSizeListType(fixed_size_list<item: float>[6])
+    """
+    if pa.types.is_fixed_size_list(kind):
+        return pa.list_(_plain_lists(kind.value_type), kind.list_size)
+    if pa.types.is_list(kind):
+        return pa.list_(_plain_lists(kind.value_type))
+    if pa.types.is_large_list(kind):
+        return pa.large_list(_plain_lists(kind.value_type))
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_plain_lists(f.type)) for f in kind])
+    return kind
+
+
+def _parquet(path: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as error:
+        raise LeRobotDatasetError(f"{path} is not a readable Parquet file: {error}") from None
+
+
+def _info(root: Path) -> dict[str, Any]:
+    path = root / INFO
+    if not path.is_file():
+        raise LeRobotDatasetError(f"{path} is missing: {root} is not a LeRobot dataset")
+    try:
+        info = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise LeRobotDatasetError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(info, dict):
+        raise LeRobotDatasetError(f"{path} must hold a JSON object, got {type(info).__name__}")
+    version = info.get("codebase_version")
+    if not isinstance(version, str) or not version.startswith("v3"):
+        raise LeRobotDatasetError(
+            f"{path}: codebase_version is {version!r}; blobhouse imports LeRobot's v3 layout "
+            "(convert older datasets with LeRobot's convert_dataset_v21_to_v30)"
+        )
+    fps = info.get("fps")
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps <= 0:
+        raise LeRobotDatasetError(f"{path}: fps must be a positive number, got {fps!r}")
+    features = info.get("features")
+    if not isinstance(features, dict) or not features:
+        raise LeRobotDatasetError(
+            f"{path}: features must be an object of features, got {features!r}"
+        )
+    for key, feature in features.items():
+        if not isinstance(feature, dict) or not isinstance(feature.get("dtype"), str):
+            raise LeRobotDatasetError(f"{path}: features.{key} has no dtype")
+    for template in ("data_path",) + (("video_path",) if _has_videos(features) else ()):
+        if not isinstance(info.get(template), str):
+            raise LeRobotDatasetError(
+                f"{path}: {template} must be a path template, got {info.get(template)!r}"
+            )
+    return info
+
+
+def _has_videos(features: Mapping[str, Any]) -> bool:
+    return any(f["dtype"] == "video" for f in features.values())
+
+
+def _check_names(root: Path, features: Mapping[str, Any]) -> None:
+    """Refuse features whose column names would collide (``a.b`` and ``a_b``)."""
+    seen: dict[str, str] = {}
+    names = [*features, "task"] + [
+        f"{k}{TIMESTAMP_SUFFIX}" for k, f in features.items() if f["dtype"] == "video"
+    ]
+    for key in names:
+        name = column_name(key)
+        if name in seen:
+            raise LeRobotDatasetError(
+                f"{root / INFO}: features {seen[name]!r} and {key!r} would both be column "
+                f"{name!r} of the table"
+            )
+        seen[name] = key
+
+
+def _template_path(root: Path, info: Mapping[str, Any], template: str, **fields: Any) -> Path:
+    try:
+        relative = info[template].format(**fields)
+    except (KeyError, IndexError, ValueError) as error:
+        raise LeRobotDatasetError(
+            f"{root / INFO}: {template} {info[template]!r} cannot be filled in: {error}"
+        ) from None
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise LeRobotDatasetError(f"{root / INFO}: {template} leads outside the dataset ({path})")
+    return path
+
+
+def _episodes(root: Path, video_keys: tuple[str, ...]) -> pa.Table:
+    folder = root / EPISODES_DIR
+    files = sorted(folder.glob("chunk-*/file-*.parquet"))
+    if not files:
+        raise LeRobotDatasetError(f"{folder} holds no chunk-XXX/file-XXX.parquet episode files")
+    needed = [*EPISODE_COLUMNS] + [f"videos/{k}/{f}" for k in video_keys for f in VIDEO_FIELDS]
+    tables = []
+    for path in files:
+        try:
+            names = pq.read_schema(path).names
+        except (OSError, pa.ArrowException) as error:
+            raise LeRobotDatasetError(f"{path} is not a readable Parquet file: {error}") from None
+        missing = [c for c in needed if c not in names]
+        if missing:
+            raise LeRobotDatasetError(f"{path} lacks the episode fields {missing}")
+        table = pq.read_table(path, columns=needed)
+        for column in needed:
+            if table[column].null_count:
+                raise LeRobotDatasetError(f"{path}: field {column!r} is null for an episode")
+        tables.append(table)
+    episodes = pa.concat_tables(tables).sort_by("episode_index")
+    indices = episodes["episode_index"].to_numpy()
+    if len(np.unique(indices)) != len(indices):
+        raise LeRobotDatasetError(f"{folder}: an episode_index appears twice")
+    return episodes
+
+
+def _check_frame_count(root: Path, data_files: tuple[Path, ...], episodes: pa.Table) -> None:
+    """The data files hold as many frames as the episodes' lengths add up to (from the
+    files' footers: nothing is read)."""
+    held = sum(_parquet(path).metadata.num_rows for path in data_files)
+    listed = int(pc.sum(episodes["length"]).as_py() or 0)
+    if not listed:
+        raise LeRobotDatasetError(f"{root / EPISODES_DIR}: its episodes hold no frames")
+    if held != listed:
+        raise LeRobotDatasetError(
+            f"{root / 'data'}: its files hold {held} frames, but the lengths in "
+            f"{root / EPISODES_DIR} add up to {listed}"
+        )
+
+
+def _pairs(episodes: pa.Table, prefix: str) -> list[tuple[int, int]]:
+    """The distinct (chunk, file) pairs the episodes name under ``prefix``, in order."""
+    pairs = zip(
+        _ints(episodes, f"{prefix}/chunk_index"),
+        _ints(episodes, f"{prefix}/file_index"),
+        strict=True,
+    )
+    return sorted({(int(c), int(f)) for c, f in pairs})
+
+
+def _ints(episodes: pa.Table, column: str) -> np.ndarray:
+    return episodes[column].to_numpy()
+
+
+def _tasks(root: Path) -> dict[int, str]:
+    path = root / TASKS
+    if not path.is_file():
+        raise LeRobotDatasetError(f"{path} is missing: it names the tasks of the frames")
+    try:
+        frame = pd.read_parquet(path)
+    except (OSError, ValueError, pa.ArrowException) as error:
+        raise LeRobotDatasetError(f"{path} is not a readable Parquet file: {error}") from None
+    if "task_index" not in frame.columns:
+        raise LeRobotDatasetError(f"{path} lacks the field 'task_index'")
+    texts = frame["task"] if "task" in frame.columns else frame.index
+    return {int(i): str(t) for i, t in zip(frame["task_index"], texts, strict=True)}
+
+
+def _episode_rows(episodes: pa.Table, batch: pa.RecordBatch, path: Path) -> np.ndarray:
+    """Each frame's row in ``episodes``; a frame of an unknown episode is named."""
+    for column in FRAME_COLUMNS:
+        if column not in batch.schema.names:
+            raise LeRobotDatasetError(f"{path} lacks the frame field {column!r}")
+        if batch.column(column).null_count:
+            raise LeRobotDatasetError(f"{path}: field {column!r} is null for a frame")
+    known = episodes["episode_index"].to_numpy()
+    wanted = batch.column("episode_index").to_numpy()
+    rows = np.searchsorted(known, wanted).clip(0, len(known) - 1)
+    unknown = known[rows] != wanted
+    if unknown.any():
+        raise LeRobotDatasetError(
+            f"{path}: frame index {batch.column('index')[int(np.argmax(unknown))]} has "
+            f"episode_index {wanted[unknown][0]}, which meta/episodes does not list"
+        )
+    return rows
+
+
+def _task_texts(tasks: Mapping[int, str], task_index: pa.Array, path: Path) -> pa.Array:
+    try:
+        return pa.array([tasks[i] for i in task_index.to_pylist()], pa.string())
+    except KeyError as error:
+        raise LeRobotDatasetError(f"{path}: task_index {error.args[0]} is not in {TASKS}") from None
