@@ -286,15 +286,24 @@ def collate_rows(rows: list[Row]) -> dict[str, Any]:
             # copy less than stacking here and handing the batch over)
             columns[name] = default_collate([torch.from_numpy(v) for v in values])
             continue
-        try:
-            array = np.asarray(values)
-        except ValueError:  # ragged lists
-            array = None
-        if array is not None and array.dtype.kind in "biuf":
-            columns[name] = torch.from_numpy(array)
-        else:
-            columns[name] = values
+        tensor = _numbers_as_tensor(values)
+        columns[name] = values if tensor is None else tensor
     return columns
+
+
+def _numbers_as_tensor(values: list[Any]) -> torch.Tensor | None:
+    """``values`` as a tensor when they are numbers or equal-length lists of numbers (floats
+    as float32, torch's default), else None: bytes and strings are never copied into an array
+    (a batch's video chunks would be, 64 times over)."""
+    probe = values[0]
+    if isinstance(probe, (list, tuple)) and probe:
+        probe = probe[0]
+    if not isinstance(probe, (bool, int, float, np.number)):
+        return None
+    try:
+        return torch.tensor(values)
+    except (TypeError, ValueError, RuntimeError):  # nulls, ragged lists
+        return None
 
 
 def _check_callable(name: str, value: object, *, optional: bool) -> None:

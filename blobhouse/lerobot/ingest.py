@@ -6,38 +6,43 @@ content-addressed store first (hashed as it is read; one already in the store is
 not stored again), then writes the frame rows with each camera column a reference into the
 store (``data, uri, position, size``), which the write keeps as a reference. Both happen under
 one transaction: a failed or interrupted import removes the packs it wrote and commits nothing.
+
+:func:`ingest_lerobot` does both steps in this process; ``blobhouse.spark.ingest_lerobot`` runs
+the same :class:`ImportPlan` in Spark tasks (video files, then data files, spread over them).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import pyarrow as pa
 
+from blobhouse.commit import leases
 from blobhouse.commit.transaction import Transaction, record_stored
 from blobhouse.dedup import content_hash
 from blobhouse.errors import InvalidInputError, TableExistsError, cleanup_after
 from blobhouse.layout import TableLocation
-from blobhouse.lerobot.layout import ChunkRef, LeRobotSource, column_name
+from blobhouse.lerobot.layout import ChunkRef, LeRobotSource, VideoFile, column_name
 from blobhouse.options import WriteOptions
 from blobhouse.placement import Placement
-from blobhouse.snapshot import open_dataset
-from blobhouse.storage import checked_options
-from blobhouse.store.packs import store_uri_prefix
+from blobhouse.snapshot import TableSnapshot, open_dataset
+from blobhouse.storage import StorageOptions, checked_options
+from blobhouse.store.packs import StoredPayload, store_uri_prefix
 from blobhouse.store.writer import StoreWriter
 from blobhouse.table import Table
 from blobhouse.write.table_write import begin_write
 
 ImportMode = Literal["create", "append", "overwrite"]
 Progress = Callable[[str, int, int], None]
+ChunkKey = tuple[str, int, int]  # camera, chunk, file
 
 
 @dataclass(frozen=True)
 class LeRobotImport:
-    """What :func:`ingest_lerobot` did: the table (at its new version) and what went in."""
+    """What an import did: the table (at its new version) and what went in."""
 
     table: Table
     frames: int
@@ -45,6 +50,116 @@ class LeRobotImport:
     cameras: tuple[str, ...]  # the table's video columns
     video_files: int
     video_bytes: int  # of the distinct video files read
+
+
+@dataclass(frozen=True)
+class StoredVideos:
+    """Video files in the store: where each is (``chunks``), and the payloads written anew
+    (``stored``, for the store's index once the rows commit)."""
+
+    chunks: dict[ChunkKey, ChunkRef]
+    stored: tuple[StoredPayload, ...]
+
+    @classmethod
+    def merged(cls, parts: Iterable[StoredVideos]) -> StoredVideos:
+        chunks: dict[ChunkKey, ChunkRef] = {}
+        stored: list[StoredPayload] = []
+        for part in parts:
+            chunks.update(part.chunks)
+            stored += part.stored
+        return cls(chunks, tuple(stored))
+
+
+@dataclass(frozen=True)
+class ImportPlan:
+    """One import, checked and planned where it starts: the dataset, the table and the
+    transaction's name prefix (the packs and data files it stages). It pickles, so Spark
+    tasks run :meth:`store` and :meth:`frame_batches` on parts of it."""
+
+    source: LeRobotSource
+    location: TableLocation
+    storage_options: StorageOptions | None
+    name_prefix: str
+    table_exists: bool
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        return tuple(column_name(k) for k in self.source.video_keys)
+
+    def write_options(self) -> WriteOptions:
+        images = tuple(column_name(k) for k in self.source.image_keys)
+        return WriteOptions(
+            blob_columns=self.cameras + images,
+            dedup=dict.fromkeys(self.cameras, "global") or None,
+        )
+
+    def store(self, videos: Sequence[VideoFile], progress: Progress | None = None) -> StoredVideos:
+        """Each of ``videos`` in the store, once (one the store holds already is referenced),
+        under the transaction's lease; on failure what it wrote is removed."""
+        root = self.location.root
+        prefix = store_uri_prefix(root)
+        with leases.held(root, self.name_prefix, self.storage_options):
+            store = StoreWriter(
+                root,
+                0,
+                self.name_prefix,
+                Placement().pack_file_size_threshold,
+                self.storage_options,
+                load_index=self.table_exists,
+            )
+            try:
+                chunks = {}
+                for done, video in enumerate(videos):
+                    if progress is not None:
+                        progress("video files", done, len(videos))
+                    data = video.path.read_bytes()
+                    reference = store.place(data, content_hash(data))
+                    del data
+                    chunks[(video.key, video.chunk, video.file)] = ChunkRef(
+                        prefix + str(reference.uri), reference.position, reference.size
+                    )
+                store.finish()
+            except BaseException as exc:
+                cleanup_after(exc, store.abort)
+                raise
+        if progress is not None:
+            progress("video files", len(videos), len(videos))
+        return StoredVideos(chunks, tuple(store.packs.stored))
+
+    def schema(self, chunks: dict[ChunkKey, ChunkRef]) -> pa.Schema:
+        """The rows' schema: the first batch's (every data file has the same columns)."""
+        return next(self.source.frame_batches(chunks)).schema  # read() found frames
+
+    def finished(self, snapshot: TableSnapshot, stored: StoredVideos) -> LeRobotImport:
+        """After the commit: the stored payloads go to the store's index."""
+        record_stored(self.location.root, stored.stored, self.storage_options)
+        return LeRobotImport(
+            Table(snapshot),
+            self.source.frames,
+            len(self.source.episodes),
+            self.cameras,
+            len(self.source.videos),
+            self.source.video_bytes(),
+        )
+
+
+def plan_import(
+    dataset: str | os.PathLike,
+    table: str,
+    mode: str,
+    storage_options: dict[str, str] | None,
+) -> tuple[ImportPlan, Transaction]:
+    """Check the dataset and the target, and start the import's transaction."""
+    if mode not in ("create", "append", "overwrite"):
+        raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
+    source = LeRobotSource.read(dataset)
+    storage_options = checked_options(storage_options)
+    location = TableLocation.of(table, None, storage_options)
+    exists = open_dataset(location, None, storage_options, doing="import into") is not None
+    if exists and mode == "create":  # before any video file is stored
+        raise TableExistsError(f"table {table} already exists (use mode='append' or 'overwrite')")
+    txn = Transaction.start(location, None, storage_options, kind="write")
+    return ImportPlan(source, location, storage_options, txn.name_prefix, exists), txn
 
 
 def ingest_lerobot(
@@ -69,76 +184,27 @@ def ingest_lerobot(
     >>> done.frames, done.cameras, done.table.count_rows()
     (8, ('observation_images_cam',), 8)
     """
-    if mode not in ("create", "append", "overwrite"):
-        raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
-    source = LeRobotSource.read(dataset)
-    storage_options = checked_options(storage_options)
-    location = TableLocation.of(table, None, storage_options)
-    exists = open_dataset(location, None, storage_options, doing="import into") is not None
-    if exists and mode == "create":  # before any video file is stored
-        raise TableExistsError(f"table {table} already exists (use mode='append' or 'overwrite')")
-    cameras = tuple(column_name(k) for k in source.video_keys)
-    txn = Transaction.start(location, None, storage_options, kind="write")
+    plan, txn = plan_import(dataset, table, mode, storage_options)
     with txn.lease():
-        store = StoreWriter(
-            location.root,
-            0,
-            txn.name_prefix,
-            Placement().pack_file_size_threshold,
-            storage_options,
-            load_index=exists,
-        )
         try:
-            chunks = _store_videos(source, store, store_uri_prefix(location.root), progress)
-            store.finish()
+            stored = plan.store(plan.source.videos, progress)
             write = begin_write(
                 table,
-                _schema(source, chunks),
-                WriteOptions(
-                    blob_columns=cameras + tuple(column_name(k) for k in source.image_keys),
-                    dedup=dict.fromkeys(cameras, "global") or None,
-                ),
+                plan.schema(stored.chunks),
+                plan.write_options(),
                 mode=mode,
-                storage_options=storage_options,
-                batches=_counted(source.frame_batches(chunks), source.frames, progress),
+                storage_options=plan.storage_options,
+                batches=_counted(
+                    plan.source.frame_batches(stored.chunks), plan.source.frames, progress
+                ),
                 load_store_index=False,
                 write_id=txn.id,
             )
             snapshot = write.run().snapshot
         except BaseException as exc:
-            cleanup_after(exc, store.abort, txn.abort)
+            cleanup_after(exc, txn.abort)
             raise
-    record_stored(location.root, store.packs.stored, storage_options)
-    return LeRobotImport(
-        Table(snapshot),
-        source.frames,
-        len(source.episodes),
-        cameras,
-        len(source.videos),
-        source.video_bytes(),
-    )
-
-
-def _store_videos(
-    source: LeRobotSource,
-    store: StoreWriter,
-    prefix: str,
-    progress: Progress | None,
-) -> dict[tuple[str, int, int], ChunkRef]:
-    """Each video file in the store (once; one the store holds already is referenced)."""
-    chunks = {}
-    for done, video in enumerate(source.videos):
-        if progress is not None:
-            progress("video files", done, len(source.videos))
-        data = video.path.read_bytes()
-        reference = store.place(data, content_hash(data))
-        chunks[(video.key, video.chunk, video.file)] = ChunkRef(
-            prefix + str(reference.uri), reference.position, reference.size
-        )
-        del data
-    if progress is not None:
-        progress("video files", len(source.videos), len(source.videos))
-    return chunks
+    return plan.finished(snapshot, stored)
 
 
 def _counted(
@@ -152,8 +218,3 @@ def _counted(
         yield batch
     if progress is not None:
         progress("frames", done, total)
-
-
-def _schema(source: LeRobotSource, chunks: dict[tuple[str, int, int], ChunkRef]) -> pa.Schema:
-    """The rows' schema: the first batch's (every data file has the same columns)."""
-    return next(source.frame_batches(chunks)).schema  # LeRobotSource.read found frames

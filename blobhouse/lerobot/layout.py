@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,13 +152,16 @@ class LeRobotSource:
         return _parquet(self.data_files[0]).schema_arrow
 
     def frame_batches(
-        self, chunks: Mapping[tuple[str, int, int], ChunkRef]
+        self,
+        chunks: Mapping[tuple[str, int, int], ChunkRef],
+        files: Sequence[Path] | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Each data file's frame rows, renamed (:func:`column_name`), with ``task`` (the
-        task's text) and per camera a reference to its video file (``chunks``, keyed by
-        camera, chunk and file) and ``<camera>_timestamp``, the frame's time in that file."""
+        """Each data file's frame rows (of ``files``, by default all), renamed
+        (:func:`column_name`), with ``task`` (the task's text) and per camera a reference to
+        its video file (``chunks``, keyed by camera, chunk and file) and
+        ``<camera>_timestamp``, the frame's time in that file."""
         expected = self.data_schema()
-        for path in self.data_files:
+        for path in self.data_files if files is None else files:
             parquet = _parquet(path)
             if not parquet.schema_arrow.equals(expected):
                 raise LeRobotDatasetError(

@@ -61,6 +61,7 @@ from blobhouse.spark.datasource import (
 from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.functions import blob_size, materialize, read_blob, read_blob_function
 from blobhouse.spark.jobs import compact, gc, run_tasks, verify
+from blobhouse.spark.lerobot import ingest_lerobot
 from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.spark.mutations import merge_insert, update
 from blobhouse.storage import checked_options
@@ -70,6 +71,7 @@ __all__ = [
     "blob_size",
     "compact",
     "gc",
+    "ingest_lerobot",
     "local_session",
     "materialize",
     "merge_insert",

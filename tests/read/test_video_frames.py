@@ -22,7 +22,7 @@ from blobhouse.errors import CorruptBlobError, InvalidInputError, MissingExtraEr
 from blobhouse.lerobot import ingest_lerobot
 from blobhouse.lerobot.sample import write_sample_dataset
 from blobhouse.loader import BatchLoader
-from blobhouse.torch import TableBatchDataset, TableRowDataset
+from blobhouse.torch import TableBatchDataset, TableRowDataset, collate_rows
 from blobhouse.video import decode_frames, encode_test_video
 
 CAMERAS = ("observation.images.top", "observation.images.wrist")
@@ -265,3 +265,17 @@ def test_frames_survive_compaction_by_blobhouse_and_by_lance(robot, reference, t
     assert len(rows) == 3 * EPISODES * FRAMES
     _same(rows.__getitems__([0, 79, 200, 479]), reference)  # each copy repeats "index"
     assert open_table(uri).verify(deep=True)["problems"] == []
+
+
+def test_collate_rows_stacks_frames_and_numbers_and_leaves_bytes_alone():
+    frames = [np.full((2, 3, 3), i, np.uint8) for i in range(2)]
+    batch = collate_rows(
+        [
+            {"f": frames[0], "i": 1, "s": [0.5, 1.0], "chunk": b"x" * 1000, "n": None},
+            {"f": frames[1], "i": 2, "s": [1.5, 2.0], "chunk": b"y", "n": 3},
+        ]
+    )
+    assert batch["f"].shape == (2, 2, 3, 3) and batch["f"].dtype == torch.uint8
+    assert batch["i"].tolist() == [1, 2] and batch["s"].dtype == torch.float32
+    assert batch["chunk"] == [b"x" * 1000, b"y"]  # bytes stay bytes (never copied per row)
+    assert batch["n"] == [None, 3]

@@ -1,0 +1,83 @@
+"""``blobhouse.spark.ingest_lerobot``: the LeRobot import (:mod:`blobhouse.lerobot.ingest`) with
+Spark tasks: one job stores the video files (a task per file, up to a few per core), one writes
+the frame rows (a task per data file), and the driver commits once. The dataset's folder must
+be readable at the same path by every executor (a shared file system, or a local path on one
+machine), as for ``blobhouse ingest``'s files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from blobhouse.errors import cleanup_after
+from blobhouse.lerobot.ingest import (
+    ImportMode,
+    ImportPlan,
+    LeRobotImport,
+    StoredVideos,
+    plan_import,
+)
+from blobhouse.session import WrittenFile
+from blobhouse.spark.errors import spark_entry_point
+from blobhouse.spark.jobs import run_tasks
+from blobhouse.write.table_write import TableWrite, begin_write
+
+
+@spark_entry_point
+def ingest_lerobot(
+    spark: SparkSession,
+    dataset: str | os.PathLike,
+    table: str,
+    *,
+    mode: ImportMode = "create",
+    storage_options: dict[str, str] | None = None,
+) -> LeRobotImport:
+    """:func:`blobhouse.lerobot.ingest_lerobot` on Spark: the same table, each video file
+    stored once (by whichever task stores it), the frame rows written by a task per data
+    file, one commit; a failed task or commit leaves the table as it was and removes what the
+    tasks wrote."""
+    plan, txn = plan_import(dataset, table, mode, storage_options)
+    with txn.lease():
+        try:
+            stored = StoredVideos.merged(
+                run_tasks(spark, [[v] for v in plan.source.videos], plan.store)
+            )
+            write = begin_write(
+                table,
+                plan.schema(stored.chunks),
+                plan.write_options(),
+                mode=mode,
+                storage_options=plan.storage_options,
+                in_tasks=True,
+                load_store_index=False,
+                write_id=txn.id,
+            )
+            try:
+                written = run_tasks(
+                    spark,
+                    [[path] for path in plan.source.data_files],
+                    _frames_writer(plan, write.plan, stored),
+                )
+            except BaseException as exc:
+                cleanup_after(exc, lambda: write.ending(lambda: write.abort(tasks_may_run=True)))
+                raise
+            committed = write.ending(lambda: write.commit([f for fs in written for f in fs]))
+        except BaseException as exc:
+            cleanup_after(exc, lambda: txn.abort(tasks_may_run=True))
+            raise
+    return plan.finished(committed.snapshot, stored)
+
+
+def _frames_writer(
+    plan: ImportPlan, write: TableWrite, stored: StoredVideos
+) -> Callable[[list[Path]], list[WrittenFile]]:
+    """What a task runs: the frame rows of its data files, written as data files."""
+
+    def run(files: list[Path]) -> list[WrittenFile]:
+        return write.write(plan.source.frame_batches(stored.chunks, files))
+
+    return run

@@ -1,0 +1,70 @@
+"""``blobhouse.spark.ingest_lerobot``: the LeRobot import with Spark tasks makes the table the
+Python import makes, each video file stored once, and a failed task leaves nothing."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import blobhouse.spark as bs
+from blobhouse.errors import LeRobotDatasetError
+from blobhouse.lerobot import ingest_lerobot
+from blobhouse.lerobot.sample import write_sample_dataset
+
+pytestmark = pytest.mark.usefixtures("spark")
+CAMERAS = ("observation.images.top", "observation.images.wrist")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("lerobot") / "pick_place"
+    return write_sample_dataset(
+        root, episodes=5, frames=20, cameras=CAMERAS, size=(24, 32), episodes_per_file=2
+    )
+
+
+def _packs(table: Path) -> int:
+    return sum(p.stat().st_size for p in (table / "_blobs" / "packs").iterdir())
+
+
+def test_the_spark_import_makes_the_python_import_s_table(spark, dataset, tmp_path):
+    done = bs.ingest_lerobot(spark, dataset, str(tmp_path / "spark"))
+    python = ingest_lerobot(dataset, str(tmp_path / "python")).table
+    assert done.frames == 100 and done.video_files == 6
+    assert done.table.schema == python.schema
+    columns = [c for c in python.schema.names if c not in done.cameras]
+    spark_rows = done.table.to_arrow(columns=columns).sort_by("index")
+    assert spark_rows.equals(python.to_arrow(columns=columns).sort_by("index"))
+    for camera in done.cameras:
+        ids = done.table.row_ids()
+        by_index = dict(
+            zip(done.table.to_arrow(columns=["index"])["index"].to_pylist(), ids, strict=True)
+        )
+        ours = done.table.take_row_dicts([by_index[i] for i in (0, 45, 99)], [camera])
+        theirs = python.take_row_dicts(python.row_ids()[[0, 45, 99]], [camera])
+        assert [r[camera] for r in ours] == [r[camera] for r in theirs]
+    video_bytes = sum(p.stat().st_size for p in dataset.glob("videos/*/*/*.mp4"))
+    assert _packs(tmp_path / "spark") == video_bytes  # each file once, whichever task stored it
+    # the same types: the Python import appends to the table Spark made
+    again = ingest_lerobot(dataset, str(tmp_path / "spark"), mode="append")
+    assert again.table.count_rows() == 200 and _packs(tmp_path / "spark") == video_bytes
+
+
+def test_a_failed_task_leaves_nothing(spark, dataset, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(dataset, root)
+    last = sorted(root.glob("data/*/*.parquet"))[-1]
+    frames = pq.read_table(last)
+    column = frames.schema.get_field_index("task_index")
+    pq.write_table(frames.set_column(column, "task_index", pa.array([9] * frames.num_rows)), last)
+    with pytest.raises(LeRobotDatasetError, match=r"file-002\.parquet: task_index 9 is not in"):
+        bs.ingest_lerobot(spark, root, str(tmp_path / "robot"))
+    # the abort marker stays for tasks that might still finish (gc removes it later)
+    left = [p for p in (tmp_path / "robot").rglob("*") if p.is_file()]
+    assert [p.name.startswith("aborted-") for p in left] == [True] * len(left) and len(left) <= 1
+    with pytest.raises(TypeError, match="did you mean 'mode'"):
+        bs.ingest_lerobot(spark, root, str(tmp_path / "robot"), mdoe="append")
