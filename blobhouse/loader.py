@@ -107,8 +107,8 @@ class EpochPlan:
         drop_last: bool,
         window: int | None = None,
     ) -> EpochPlan:
-        order = _shuffled(n, np.random.default_rng([seed, epoch]), window) if shuffle else None
-        order = np.arange(n) if order is None else order
+        rng = np.random.default_rng([seed, epoch])
+        order = _shuffled(n, rng, window) if shuffle else np.arange(n)
         if drop_last:
             per_rank = n // world_size
             per_rank -= per_rank % batch_size

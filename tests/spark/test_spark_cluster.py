@@ -62,6 +62,9 @@ chunks = spark.createDataFrame([(i, b"chunk-%d" % (i % 4) * 50_000) for i in ran
                                "id long, chunk binary").repartition(4)
 chunks.write.format("blobhouse").mode("append").option("blob_columns", "chunk").save("rel/shared")
 chunks.write.format("blobhouse").mode("append").save("rel/shared")  # again: nothing new
+from blobhouse.lerobot.sample import write_sample_dataset
+write_sample_dataset("robot_ds", episodes=3, frames=20, size=(24, 32), episodes_per_file=2)
+robot = bs.ingest_lerobot(spark, "robot_ds", "rel/robot")  # video files, then frames, in tasks
 open_table(table).delete("frame % 2 = 1")
 compacted = bs.compact(spark, table)
 verified = bs.verify(spark, table, deep=True)
@@ -80,6 +83,10 @@ print(json.dumps({
     "previews": open_table("rel/clips").to_arrow(["preview"], filter="id = 4", blobs="bytes")[
         "preview"].to_pylist(),
     "ingested": open_table("rel/ingested").stats()["columns"]["file"]["physical_bytes"],
+    "robot": [robot.frames, robot.video_files, open_table("rel/robot").count_rows(),
+              open_table("rel/robot").stats()["physical_bytes"],
+              sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk("robot_ds/videos")
+                  for f in fs)],
     "shared": [open_table("rel/shared").count_rows(),
                open_table("rel/shared").stats()["physical_bytes"]],
     "compacted": compacted["fragments_removed"],
@@ -117,6 +124,8 @@ def test_main_job_and_services_on_a_standalone_cluster(tmp_path: Path):
     }
     assert done["ingested"] == 3 * len(b"media-0") * 1000  # three files, each stored once
     assert done["shared"] == [96, 4 * len(b"chunk-0") * 50_000]  # tasks claimed the chunks
+    frames, files, rows, stored, video_bytes = done["robot"]
+    assert (frames, files, rows) == (60, 2, 60) and stored == video_bytes  # each file once
     assert done["compacted"] >= 1 and done["problems"] == [] and done["hashed"] > 0
     assert len(done["gc_versions"]) == 1
     table = tmp_path / "rel" / "episodes"
