@@ -11,6 +11,8 @@ says so in one line.
 
 from __future__ import annotations
 
+import importlib
+
 from blobhouse.errors import MissingExtraError
 
 SPARK_EXTRA = 'pip install "blobhouse[spark]"'
@@ -41,23 +43,20 @@ def require_spark(what: str = "blobhouse.spark") -> None:
 def require_torch(what: str = "blobhouse.torch") -> None:
     """Returns if torch is installed; otherwise raises :class:`MissingExtraError` naming the
     extra that installs it."""
-    try:
-        import torch  # noqa: F401
-    except ImportError as error:
-        raise MissingExtraError(
-            f"{what} needs torch, which is not installed: {TORCH_EXTRA}"
-        ) from error
+    _require("torch", f"{what} needs torch", TORCH_EXTRA)
 
 
 def require_av(what: str = "decoded video frames") -> None:
     """Returns if PyAV is installed; otherwise raises :class:`MissingExtraError` naming the
     extra that installs it."""
+    _require("av", f"{what} need PyAV", VIDEO_EXTRA)
+
+
+def _require(module: str, needs: str, extra: str) -> None:
     try:
-        import av  # noqa: F401
+        importlib.import_module(module)
     except ImportError as error:
-        raise MissingExtraError(
-            f"{what} need PyAV, which is not installed: {VIDEO_EXTRA}"
-        ) from error
+        raise MissingExtraError(f"{needs}, which is not installed: {extra}") from error
 
 
 def _release(version: str) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 
@@ -33,7 +33,7 @@ from blobhouse.storage import StorageOptions, checked_options
 from blobhouse.store.packs import StoredPayload, store_uri_prefix
 from blobhouse.store.writer import StoreWriter
 from blobhouse.table import Table
-from blobhouse.write.table_write import begin_write
+from blobhouse.write.table_write import WriteAttempt, begin_write
 
 ImportMode = Literal["create", "append", "overwrite"]
 Progress = Callable[[str, int, int], None]
@@ -126,7 +126,21 @@ class ImportPlan:
             progress("video files", len(videos), len(videos))
         return StoredVideos(chunks, tuple(store.packs.stored))
 
-    def schema(self, chunks: dict[ChunkKey, ChunkRef]) -> pa.Schema:
+    def begin_write(self, stored: StoredVideos, mode: str, **how: Any) -> WriteAttempt:
+        """The write of the frame rows (``how``: its batches here, or ``in_tasks``): under the
+        import's transaction, its camera columns references into the store already."""
+        return begin_write(
+            self.location.root,
+            self._schema(stored.chunks),
+            self.write_options(),
+            mode=mode,  # type: ignore[arg-type]
+            storage_options=self.storage_options,
+            load_store_index=False,
+            write_id=self.name_prefix.removesuffix("-"),
+            **how,
+        )
+
+    def _schema(self, chunks: dict[ChunkKey, ChunkRef]) -> pa.Schema:
         """The rows' schema: the first batch's (every data file has the same columns)."""
         return next(self.source.frame_batches(chunks)).schema  # read() found frames
 
@@ -188,17 +202,9 @@ def ingest_lerobot(
     with txn.lease():
         try:
             stored = plan.store(plan.source.videos, progress)
-            write = begin_write(
-                table,
-                plan.schema(stored.chunks),
-                plan.write_options(),
-                mode=mode,
-                storage_options=plan.storage_options,
-                batches=_counted(
-                    plan.source.frame_batches(stored.chunks), plan.source.frames, progress
-                ),
-                load_store_index=False,
-                write_id=txn.id,
+            frames = plan.source.frame_batches(stored.chunks)
+            write = plan.begin_write(
+                stored, mode, batches=_counted(frames, plan.source.frames, progress)
             )
             snapshot = write.run().snapshot
         except BaseException as exc:

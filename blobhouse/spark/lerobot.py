@@ -24,7 +24,7 @@ from blobhouse.lerobot.ingest import (
 from blobhouse.session import WrittenFile
 from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.jobs import run_tasks
-from blobhouse.write.table_write import TableWrite, begin_write
+from blobhouse.write.table_write import TableWrite
 
 
 @spark_entry_point
@@ -46,16 +46,7 @@ def ingest_lerobot(
             stored = StoredVideos.merged(
                 run_tasks(spark, [[v] for v in plan.source.videos], plan.store)
             )
-            write = begin_write(
-                table,
-                plan.schema(stored.chunks),
-                plan.write_options(),
-                mode=mode,
-                storage_options=plan.storage_options,
-                in_tasks=True,
-                load_store_index=False,
-                write_id=txn.id,
-            )
+            write = plan.begin_write(stored, mode, in_tasks=True)
             try:
                 written = run_tasks(
                     spark,

@@ -4,6 +4,7 @@ of a batch decoded once, chunk-window shuffling, DataLoader workers, and clear e
 from __future__ import annotations
 
 import io
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -188,18 +189,11 @@ def test_decoding_matches_a_full_walk_for_any_set_of_timestamps():
 
 
 def test_frames_without_pyav_name_the_extra(monkeypatch):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_av(name, *args, **kwargs):
-        if name == "av":
-            raise ImportError("No module named 'av'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_av)
+    monkeypatch.setitem(sys.modules, "av", None)  # as if PyAV were not installed
     with pytest.raises(MissingExtraError, match=r'pip install "blobhouse\[video\]"'):
         decode_frames(b"", [0.0])
+    with pytest.raises(MissingExtraError, match="frames need PyAV"):
+        BatchLoader("unused", batch_size=4, frames=["cam"])
 
 
 def _bytes_read() -> int:
