@@ -185,6 +185,8 @@ class VideoFrames:
         if isinstance(frames, Mapping):
             columns = dict(frames)
         elif isinstance(frames, Sequence):
+            if not all(isinstance(c, str) for c in frames):
+                raise InvalidInputError(f"frames must be a list of column names, got {frames!r}")
             columns = {c: f"{c}{TIMESTAMP_SUFFIX}" for c in frames}
         else:
             raise InvalidInputError(
@@ -193,7 +195,9 @@ class VideoFrames:
             )
         for name, timestamp in columns.items():
             if not isinstance(name, str) or not isinstance(timestamp, str):
-                raise InvalidInputError(f"frames names columns by string, got {name!r}")
+                raise InvalidInputError(
+                    f"frames names columns by string, got {name!r}: {timestamp!r}"
+                )
         if not columns:
             raise InvalidInputError("frames names no column")
         if layout not in FRAME_LAYOUTS:

@@ -153,6 +153,10 @@ def test_bad_frame_options_are_named(robot, tmp_path):
         BatchLoader(uri, batch_size=4, frames=COLUMNS, blobs="refs")
     with pytest.raises(InvalidInputError, match="frames must be a list of column names"):
         TableRowDataset(uri, frames="observation_images_top")
+    with pytest.raises(InvalidInputError, match=r"list of column names, got \['cam', 3\]"):
+        BatchLoader(uri, batch_size=4, frames=["cam", 3])
+    with pytest.raises(InvalidInputError, match="by string, got 'cam': 3"):
+        BatchLoader(uri, batch_size=4, frames={"cam": 3})
     with pytest.raises(InvalidInputError, match="shuffle_window must be >= 1"):
         BatchLoader(uri, batch_size=4, shuffle_window=0)
     missing = TableRowDataset(uri, frames={"observation_images_top": "when"})
