@@ -338,7 +338,7 @@ def _ingest_lerobot_command(command: _Command, parents: _Parents) -> None:
     """``blobhouse ingest-lerobot``."""
     ingest = command(
         "ingest-lerobot",
-        "import a LeRobot dataset (meta/, data/, videos/) into a table",
+        "load a LeRobot dataset (meta/, data/, videos/) into a table, each video once",
         "Import a LeRobot v3 dataset folder into one table: a row per frame with its state, "
         "action, timestamps and task, and per camera a blob column referencing the camera's "
         "video file (each file stored once) plus <camera>_timestamp, the frame's time in it. "

@@ -157,6 +157,7 @@ def test_every_option_and_argument_has_help_and_help_is_plain_text(capsys):
     assert set(commands) == {
         "demo",
         "ingest",
+        "ingest-lerobot",
         "stats",
         "verify",
         "gc",
