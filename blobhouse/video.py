@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Literal
 
@@ -283,23 +283,39 @@ class VideoFrames:
 ChunkOpener = Callable[[str, Mapping[str, Any], int], "bytes | BinaryIO"]
 
 
-def encode_test_video(
-    frames: int, fps: int, size: tuple[int, int], *, codec: str = "libsvtav1", gop: int = 2
-) -> bytes:
-    """An MP4 of ``frames`` random-noise frames (height, width = ``size``): for examples and
-    tests. ``libsvtav1`` with a keyframe every 2 frames is what LeRobot writes by default."""
+def encode_video(
+    target: str | BinaryIO,
+    images: Iterable[np.ndarray],
+    *,
+    fps: int,
+    size: tuple[int, int],
+    codec: str = "libsvtav1",
+    gop: int = 2,
+) -> None:
+    """Write ``images`` (RGB ``uint8``, height x width = ``size``) as an MP4 to ``target`` (a
+    path or a file): ``libsvtav1`` (AV1) with a keyframe every 2 frames, in ``yuv420p``, is
+    what LeRobot writes by default."""
     require_av()
     import av
 
-    out = io.BytesIO()
-    rng = np.random.default_rng(0)
-    with av.open(out, mode="w", format="mp4") as container:
+    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its settings otherwise
+    with av.open(target, mode="w", format="mp4") as container:
         stream = container.add_stream(codec, rate=fps)
         stream.height, stream.width = size
         stream.pix_fmt = "yuv420p"
         stream.codec_context.gop_size = gop
-        for _ in range(frames):
-            image = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+        for image in images:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
         container.mux(stream.encode(None))
+
+
+def encode_test_video(
+    frames: int, fps: int, size: tuple[int, int], *, codec: str = "libsvtav1", gop: int = 2
+) -> bytes:
+    """An MP4 of ``frames`` random-noise frames (height, width = ``size``): for examples and
+    tests."""
+    rng = np.random.default_rng(0)
+    noise = (rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(frames))
+    out = io.BytesIO()
+    encode_video(out, noise, fps=fps, size=size, codec=codec, gop=gop)
     return out.getvalue()

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from blobhouse.extras import require_av
+from blobhouse.video import encode_video
 
 CAMERA = "observation.images.cam"
 STATE_DIM = 6
@@ -98,27 +99,19 @@ def _write_videos(
     camera_number: int,
 ) -> list[float]:
     """One MP4 per group of episodes, back to back; each episode's start in its file."""
-    import av
-
-    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its settings otherwise
     starts: list[float] = []
     for file_index, group in enumerate(groups):
         path = (
             root / "videos" / camera / f"{_PATH.format(chunk_index=0, file_index=file_index)}.mp4"
         )
         path.parent.mkdir(parents=True, exist_ok=True)
-        with av.open(str(path), mode="w") as container:
-            stream = container.add_stream(codec, rate=fps)
-            stream.height, stream.width = size
-            stream.pix_fmt = "yuv420p"
-            stream.codec_context.gop_size = gop
-            for position, episode in enumerate(group):
-                starts.append(position * frames / fps)
-                for frame in range(frames):
-                    image = _image(size, episode, frame, camera_number)
-                    packets = stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24"))
-                    container.mux(packets)
-            container.mux(stream.encode(None))
+        starts += [position * frames / fps for position in range(len(group))]
+        images = (
+            _image(size, episode, frame, camera_number)
+            for episode in group
+            for frame in range(frames)
+        )
+        encode_video(str(path), images, fps=fps, size=size, codec=codec, gop=gop)
     return starts
 
 
