@@ -9,33 +9,49 @@ expected failures, 1 for anything unexpected; ``--debug`` adds the traceback) an
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
-try:  # a Ctrl-C while the command loads its modules: one line, exit 130, no traceback
-    import argparse
-    import atexit
-    import contextlib
-    import difflib
-    import json
-    import logging
-    import math
-    import os
-    import re
-    import socket
-    import tempfile
-    import threading
-    import time
-    import traceback
-    import warnings
-    from collections.abc import Callable, Iterator, Mapping
-    from dataclasses import dataclass, field
-    from datetime import timedelta
 
-    from blobhouse.console import ProgressBars, format_value, mb, print_report, when_interrupted
-    from blobhouse.errors import BlobhouseError, InvalidInputError, MissingExtraError
-except KeyboardInterrupt:
-    print("interrupted while starting; nothing was changed", file=sys.stderr, flush=True)
-    raise SystemExit(130) from None
+def _interrupted_while_starting(signum, frame) -> None:
+    os.write(2, b"interrupted while starting; nothing was changed\n")
+    os._exit(130)
+
+
+# A Ctrl-C before main() runs (Python loading this module: its imports, then its classes and
+# functions) is one line and exit 130, never a traceback through a half-defined module. Only
+# when this module is the process's command; main() restores Python's own handler.
+_STARTING_AS_COMMAND = __name__ == "__main__" or os.path.basename(sys.argv[0]) == "blobhouse"
+if _STARTING_AS_COMMAND and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+import argparse  # noqa: E402
+import atexit  # noqa: E402
+import contextlib  # noqa: E402
+import difflib  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
+import re  # noqa: E402
+import socket  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+import warnings  # noqa: E402
+from collections.abc import Callable, Iterator, Mapping  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+from blobhouse.console import (  # noqa: E402
+    ProgressBars,
+    format_value,
+    mb,
+    print_report,
+    when_interrupted,
+)
+from blobhouse.errors import BlobhouseError, InvalidInputError, MissingExtraError  # noqa: E402
 
 # the storage layer, Lance, pyarrow and Spark are imported where a command runs (loading them
 # takes most of a second): --help and an argument error answer without them
@@ -135,6 +151,8 @@ logger.netty.level = off
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``blobhouse`` command."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _main(argv)
     except KeyboardInterrupt:  # before a command began (parsing, Spark's start is inside)

@@ -278,6 +278,27 @@ def test_ctrl_c_while_starting_exits_130_without_a_traceback(table_uri, delay):
     assert all(line.startswith(("mark: ", "interrupted")) for line in lines), err
 
 
+# a Ctrl-C while Python defines the module's classes, after its imports (a timed signal hit
+# it once): signalled here at the last moment before main() runs, as the console script
+# (``blobhouse``) and as ``python -m blobhouse.cli``
+_SIGINT_BEFORE_MAIN = {
+    "console_script": "sys.argv = ['blobhouse', 'stats']\nimport blobhouse.cli\n"
+    "os.kill(os.getpid(), signal.SIGINT)\nsignal.pause()",
+    "module": "sys.argv = ['cli.py', 'stats']\n"
+    "sys.setprofile(lambda frame, event, _: event == 'call' and frame.f_code.co_name == 'main' "
+    "and frame.f_globals['__name__'] == '__main__' and os.kill(os.getpid(), signal.SIGINT))\n"
+    "runpy.run_module('blobhouse.cli', run_name='__main__')",
+}
+
+
+@pytest.mark.parametrize("start", sorted(_SIGINT_BEFORE_MAIN))
+def test_ctrl_c_after_the_cli_module_loaded_but_before_main_is_one_line(start):
+    code = "import os, runpy, signal, sys\n" + _SIGINT_BEFORE_MAIN[start]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "interrupted while starting; nothing was changed\n"
+
+
 def test_an_unreachable_spark_master_is_one_line_at_once(tmp_path, capsys):
     import socket
 
