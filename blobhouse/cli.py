@@ -43,6 +43,7 @@ import warnings  # noqa: E402
 from collections.abc import Callable, Iterator, Mapping  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from datetime import timedelta  # noqa: E402
+from typing import Any  # noqa: E402
 
 from blobhouse.console import (  # noqa: E402
     ProgressBars,
@@ -334,6 +335,7 @@ def _ingest_command(command: _Command, parents: _Parents) -> None:
     ingest.add_argument(
         "--allowed-bases",
         metavar="DIRS",
+        type=_setting("allowed_bases"),
         default=None,
         help="comma-separated folders or URI prefixes the table may reference files under "
         "(set when the ingest creates or overwrites the table; --managed needs them)",
@@ -345,7 +347,7 @@ def _ingest_command(command: _Command, parents: _Parents) -> None:
     )
     ingest.add_argument(
         "--tasks",
-        type=int,
+        type=_setting("partitions"),
         default=None,
         metavar="N",
         help="Spark tasks, each a consecutive range of rows (default: one per ~1 GiB of files)",
@@ -413,7 +415,7 @@ def _compact_command(command: _Command, parents: _Parents) -> None:
     )
     compact.add_argument(
         "--target-rows",
-        type=_at_least_one,
+        type=_setting("target_rows"),
         default=None,
         help="rows per new data file (default 1M)",
     )
@@ -422,13 +424,13 @@ def _compact_command(command: _Command, parents: _Parents) -> None:
     )
     compact.add_argument(
         "--deleted-fraction",
-        type=_deleted_fraction,
+        type=_setting("deleted_fraction"),
         default=None,
         help="rewrite fragments with at least this fraction of rows deleted (default 0.1)",
     )
     compact.add_argument(
         "--repack-threshold",
-        type=_threshold,
+        type=_setting("repack_threshold"),
         default=None,
         help="repack store packs of which less than this fraction is referenced (default 0.5)",
     )
@@ -446,22 +448,22 @@ def _gc_command(command: _Command, parents: _Parents) -> None:
     )
     collect.add_argument(
         "--retain-versions",
-        type=_at_least_one,
+        type=_setting("retain_versions"),
         default=None,
         metavar="N",
         help="keep the newest N versions, remove older ones (tagged versions are always kept)",
     )
     collect.add_argument(
         "--older-than-hours",
-        type=_hours,
+        type=_setting("older_than"),
         default=None,
         metavar="H",
         help="remove versions older than H hours (with --retain-versions: both must hold)",
     )
     collect.add_argument(
         "--grace-hours",
-        type=_hours,
-        default=24.0,
+        type=_setting("grace"),
+        default=timedelta(hours=24),
         metavar="H",
         help="keep unreferenced files younger than H hours: they may belong to a write in "
         "progress (default 24)",
@@ -469,59 +471,32 @@ def _gc_command(command: _Command, parents: _Parents) -> None:
     collect.add_argument("--dry-run", action="store_true", help="report, delete nothing")
 
 
-# argparse types of the numeric options: a bad value is a bad command line (exit 2) naming
-# its option, before anything runs
+# argparse types of the options that set a setting: its text parsed by the setting's schema
+# (blobhouse.settings), so a bad value is a bad command line (exit 2) naming its option, what
+# it takes and the value, before anything runs
 
 
-def _finite(text: str, what: str = "a number") -> float:
+def _setting(name: str) -> Callable[[str], Any]:
+    """The argparse type of an option that sets setting ``name``."""
+
+    def parse(text: str) -> Any:
+        from blobhouse.settings import SETTINGS
+
+        try:
+            return SETTINGS[name].parse(text)
+        except InvalidInputError as exc:  # "must be ..., got ...": argparse names the option
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{name} ")) from None
+
+    return parse
+
+
+def _megabytes(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text} is not {what}")
-    return value
-
-
-def _hours(text: str) -> float:
-    hours = _finite(text, "a number of hours")
-    if hours < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    try:
-        timedelta(hours=hours)
-    except OverflowError:
-        raise argparse.ArgumentTypeError(f"{text} hours is too long") from None
-    return hours
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text}")
-    return value
-
-
-def _megabytes(text: str) -> float:
-    value = _finite(text)
-    if round(value * 1e6) < 1:  # less than a byte
+    if not math.isfinite(value) or round(value * 1e6) < 1:  # less than a byte
         raise argparse.ArgumentTypeError(f"must be at least 0.000001 (a byte), got {text}")
-    return value
-
-
-def _deleted_fraction(text: str) -> float:
-    value = _finite(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
-
-
-def _threshold(text: str) -> float:
-    value = _finite(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
     return value
 
 
@@ -824,8 +799,6 @@ def _ingest(args: argparse.Namespace, run: Run) -> int:
 
     columns = _list(args.blob_columns)
     options = _storage_options(args)
-    if args.tasks is not None and args.tasks < 1:
-        raise InvalidInputError("--tasks must be at least 1")
     run.doing = f"checking {args.manifest}"
     plan = plan_ingest(
         args.manifest,
@@ -837,7 +810,7 @@ def _ingest(args: argparse.Namespace, run: Run) -> int:
         drop_path_columns=args.drop_path_columns,
         storage_options=options,
         managed=args.managed,
-        allowed_bases=None if args.allowed_bases is None else _list(args.allowed_bases),
+        allowed_bases=args.allowed_bases,
     )
     _check_master(args.master)
     run.will_write(args.table, options)
@@ -966,7 +939,6 @@ def _verify(args: argparse.Namespace, run: Run) -> int:
 def _gc(args: argparse.Namespace, run: Run) -> int:
     from blobhouse.maintenance.garbage_collection import gc_at
 
-    hours = args.older_than_hours
     run.doing = f"collecting garbage in {args.table}"
     # a folder without a table but with a failed create's leftovers is cleaned too
     report = gc_at(
@@ -974,8 +946,8 @@ def _gc(args: argparse.Namespace, run: Run) -> int:
         branch=args.branch,
         storage_options=_storage_options(args),
         retain_versions=args.retain_versions,
-        older_than=None if hours is None else timedelta(hours=hours),
-        grace=timedelta(hours=args.grace_hours),
+        older_than=args.older_than_hours,
+        grace=args.grace_hours,
         dry_run=args.dry_run,
         progress=run.progress,
     )
@@ -1107,7 +1079,13 @@ def _properties(args: argparse.Namespace, run: Run) -> int:
     if args.json:
         _print_json(report)
     else:
-        print_report(report, skip=["recorded"])
+        print_report(report, skip=["recorded", "damaged"])
+        for problem in dict.fromkeys(report["damaged"].values()):
+            print(f"damaged: {problem}")
+        if report["damaged"]:
+            from blobhouse.settings import repair_command
+
+            print(f"set them anew: {repair_command(report['damaged'], args.table)}")
         if not table.properties.recorded:
             print(
                 "(recorded by no blobhouse version that keeps properties: writers use their own "

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 
 from blobhouse.errors import InvalidInputError
-from blobhouse.options import closest
+from blobhouse.settings import closest
 from blobhouse.values import ColumnPath, is_lance_blob_field, is_logical_blob_type, path_name
 
 

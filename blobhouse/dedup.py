@@ -27,12 +27,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from blobhouse.columns import check_blob_column
-from blobhouse.errors import InvalidInputError, RefIdConflictError
+from blobhouse.errors import RefIdConflictError
 from blobhouse.kept_threads import KeptThreads
+from blobhouse.settings import DEDUP_MODE
 
 DedupMode = Literal["content", "ref_id", "global", "off"]
-DEDUP_MODES: tuple[str, ...] = ("content", "ref_id", "global", "off")
-
 
 DIGEST_BYTES = 32  # blake3-256
 
@@ -222,10 +221,7 @@ def dedup_modes(dedup: str | Mapping[str, str], columns: list[str]) -> dict[str,
             check_blob_column(name, list(columns), "dedup")  # raises, naming the closest
         modes = {c: dedup.get(c, dedup.get("*", "content")) for c in columns}
     for column, mode in modes.items():
-        if mode not in DEDUP_MODES:
-            raise InvalidInputError(
-                f"dedup mode {mode!r} for column {column!r}; choose one of {DEDUP_MODES}"
-            )
+        DEDUP_MODE.check(mode, f"dedup of column {column!r}")
     return modes  # type: ignore[return-value]
 
 

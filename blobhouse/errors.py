@@ -26,6 +26,20 @@ class UnknownOptionError(InvalidInputError, TypeError):
     message names the closest valid one."""
 
 
+class InvalidSettingError(InvalidInputError):
+    """A setting (a keyword, an option object's field, a CLI flag, a Spark option or table
+    property, a property read back from a table) of the wrong type, range or shape: the
+    message names the setting, the value and what is expected (:mod:`blobhouse.settings`).
+    ``setting`` is its name."""
+
+    def __init__(self, message: str, setting: str = "") -> None:
+        super().__init__(message)
+        self.setting = setting
+
+    def __reduce__(self):  # keep the setting's name across processes (Spark tasks)
+        return type(self), (str(self), self.setting)
+
+
 class SchemaError(InvalidInputError):
     """A schema that cannot hold blob columns as asked (unknown column, blob in a list...)."""
 

@@ -24,8 +24,8 @@ from urllib.parse import quote, unquote
 from lance import LanceDataset
 
 from blobhouse.errors import InvalidInputError
-from blobhouse.placement import as_uri, child_of, local_uri, normalize_uri
 from blobhouse.storage import StorageOptions, is_local, object_store, read_object, uri_to_path
+from blobhouse.uris import as_uri, child_of, local_uri, normalize_uri
 
 TREE_DIR = "tree"
 VERSIONS_DIR = "_versions"  # Lance's manifests, one per version

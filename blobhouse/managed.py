@@ -33,7 +33,7 @@ import pyarrow as pa
 from blobhouse.errors import ManagedObjectRaceError
 from blobhouse.layout import TableLocation, same_location, store_dir
 from blobhouse.ownership import Owner, read_owner, read_owners, release, take
-from blobhouse.placement import AllowedBases, as_uri
+from blobhouse.placement import AllowedBases
 from blobhouse.storage import (
     STAT_THREADS,
     StorageOptions,
@@ -42,6 +42,7 @@ from blobhouse.storage import (
     object_store,
     read_object,
 )
+from blobhouse.uris import as_uri
 
 MANAGED_DIR = "managed"
 REGISTRY_DIR = "registry"

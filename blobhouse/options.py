@@ -1,29 +1,28 @@
-"""Option names are checked everywhere: a misspelled option is an error that names it and the
-closest valid one, never a setting silently ignored.
+"""Typed options: small frozen objects checked once, each field by its setting's schema
+(:mod:`blobhouse.settings`): :class:`WriteOptions`, :class:`CompactionTargets`,
+:class:`CommitOptions`. Keyword names are checked too (:func:`keywords_checked`): a misspelled
+option is an error naming the closest valid one, never a setting silently ignored.
 
->>> try:
-...     check_names(["dedupe"], ["dedup", "blob_columns"], "write option")
-... except UnknownOptionError as error:
-...     print(error)
-unknown write option 'dedupe' (did you mean 'dedup'?); valid: blob_columns, dedup
+>>> WriteOptions(managed_bases="/data/media")  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+blobhouse.errors.InvalidSettingError: managed_bases must be a list of absolute directories ...
 """
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-import numpy as np
-
-from blobhouse.errors import InvalidInputError, UnknownOptionError
+from blobhouse.errors import InvalidInputError
+from blobhouse.settings import SETTINGS, Flag, check_names, unknown_option
 
 F = TypeVar("F", bound=Callable)
-DEFAULT_MAX_ROWS_PER_FILE = 1024 * 1024
-DEFAULT_MAX_BYTES_PER_FILE = 90 * 1024**3  # Lance's default
+DEFAULT_MAX_ROWS_PER_FILE: int = SETTINGS["max_rows_per_file"].default
+DEFAULT_MAX_BYTES_PER_FILE: int = SETTINGS["max_bytes_per_file"].default  # Lance's default
 
 
 @dataclass(frozen=True)
@@ -57,28 +56,7 @@ placement, ref_id_columns
     max_bytes_per_file: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.blob_columns, str):
-            raise InvalidInputError(
-                f"blob_columns must be a list of column names, got the string "
-                f"{self.blob_columns!r} (write [{self.blob_columns!r}])"
-            )
-        object.__setattr__(self, "blob_columns", tuple(self.blob_columns))
-        dedup = self.dedup
-        if dedup is not None and not isinstance(dedup, str | Mapping):
-            raise InvalidInputError(
-                f"dedup must be a mode ('global', 'content', 'ref_id', 'off') or a mapping "
-                f"{{column: mode}}, got {dedup!r}"
-            )
-        for name in ("max_rows_per_file", "max_bytes_per_file"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1
-            ):
-                raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("ref_id_columns", "placement"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, Mapping):
-                raise InvalidInputError(f"{name} must be a mapping by column, got {value!r}")
+        _checked_fields(self, unset=None)  # None: the table's (or the default)
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> WriteOptions:
@@ -108,29 +86,16 @@ class CompactionTargets:
     >>> CompactionTargets(deleted_fraction=2)
     Traceback (most recent call last):
     ...
-    blobhouse.errors.InvalidInputError: deleted_fraction must be in (0, 1], got 2
+    blobhouse.errors.InvalidSettingError: deleted_fraction must be a number in (0, 1], got 2
     """
 
-    target_rows: int = 1024 * 1024
-    target_bytes: int = 2 * 1024**3
-    deleted_fraction: float = 0.1
-    repack_threshold: float = 0.5
+    target_rows: int = SETTINGS["target_rows"].default
+    target_bytes: int = SETTINGS["target_bytes"].default
+    deleted_fraction: float = SETTINGS["deleted_fraction"].default
+    repack_threshold: float = SETTINGS["repack_threshold"].default
 
     def __post_init__(self) -> None:
-        for name in ("target_rows", "target_bytes"):
-            _check_number(name, getattr(self, name), int)
-        for name in ("deleted_fraction", "repack_threshold"):
-            _check_number(name, getattr(self, name), int | float)
-        if self.target_rows < 1 or self.target_bytes < 1:
-            raise InvalidInputError("target_rows and target_bytes must be positive")
-        if not 0 < self.deleted_fraction <= 1:
-            raise InvalidInputError(
-                f"deleted_fraction must be in (0, 1], got {self.deleted_fraction}"
-            )
-        if not 0 <= self.repack_threshold <= 1:  # nan too
-            raise InvalidInputError(
-                f"repack_threshold must be in [0, 1], got {self.repack_threshold}"
-            )
+        _checked_fields(self)
 
 
 @dataclass(frozen=True)
@@ -142,12 +107,22 @@ class CommitOptions:
     3
     """
 
-    retries: int = 3
+    retries: int = SETTINGS["retries"].default
 
     def __post_init__(self) -> None:
-        _check_number("retries", self.retries, int)
-        if self.retries < 0:
-            raise InvalidInputError(f"retries must be a whole number >= 0, got {self.retries!r}")
+        _checked_fields(self)
+
+
+_CHECK_ALL = object()
+
+
+def _checked_fields(options: Any, unset: object = _CHECK_ALL) -> None:
+    """Every field of the frozen ``options`` checked (and kept canonical) by its setting's
+    schema, but those left at ``unset``."""
+    for f in fields(options):
+        value = getattr(options, f.name)
+        if value is not unset:
+            object.__setattr__(options, f.name, SETTINGS[f.name].check(value))
 
 
 Opts = TypeVar("Opts", CompactionTargets, CommitOptions)
@@ -176,54 +151,22 @@ def as_options(cls: type[Opts], value: Opts | Mapping[str, Any] | None, what: st
     )
 
 
-def _check_number(name: str, value: object, kind: type | Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise InvalidInputError(f"{name} must be a number, got {value!r}")
-
-
-def closest(name: str, valid: Iterable[str]) -> str | None:
-    """The valid name ``name`` most likely misspells, if any is close."""
-    found = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
-    return found[0] if found else None
-
-
-def unknown_option(name: str, valid: Collection[str], what: str) -> UnknownOptionError:
-    """The error for option ``name``, which is none of ``valid``."""
-    near = closest(name, valid)
-    hint = f" (did you mean {near!r}?)" if near else ""
-    return UnknownOptionError(f"unknown {what} {name!r}{hint}; valid: {', '.join(sorted(valid))}")
-
-
-def check_names(
-    given: Iterable[str],
-    valid: Collection[str],
-    what: str,
-    internal: Collection[str] = (),
-) -> None:
-    """Raise :class:`UnknownOptionError` for the first name of ``given`` that is neither in
-    ``valid`` nor ``internal`` (accepted, never suggested)."""
-    for name in given:
-        if name not in valid and name not in internal:
-            raise unknown_option(name, valid, what)
-
-
 def check_flag(name: str, value: object) -> bool:
     """``value`` as a bool if it is True or False (numpy's too), else an error naming ``name``
     (not merely truthy: a misspelled string is).
 
     >>> check_flag("check_hashes", "no")
     Traceback (most recent call last):
-    blobhouse.errors.InvalidInputError: check_hashes must be True or False, got 'no'
+    blobhouse.errors.InvalidSettingError: check_hashes must be True or False, got 'no'
     """
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidInputError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
+    return Flag(name, "").check(value)
 
 
 def keywords_checked(fn: F) -> F:
     """``fn`` refusing unknown keyword arguments with the closest valid name (Python's own
     TypeError names the argument but not what was meant).
 
+    >>> from blobhouse.errors import UnknownOptionError
     >>> @keywords_checked
     ... def write(data, *, dedup="content"): return dedup
     >>> try:

@@ -8,20 +8,17 @@ are kept with the table and honoured by stock Lance writers too.
 from __future__ import annotations
 
 import enum
-import json
-import os
-import posixpath
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
-from urllib.parse import quote, unquote, urlsplit
 
 import pyarrow as pa
 
-from blobhouse.errors import ExternalBlobError, InvalidInputError, TableMetadataError
-from blobhouse.storage import object_store
+from blobhouse.errors import ExternalBlobError, InvalidInputError, InvalidSettingError
+from blobhouse.settings import SETTINGS, THRESHOLDS, check_names, damage_error, recorded_settings
+from blobhouse.storage import object_store, uri_to_path
+from blobhouse.uris import is_under, normalize_uri
 
-SETTINGS_KEY = b"blobhouse"
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -55,17 +52,13 @@ class Placement:
     ('INLINE', 'PACKED')
     """
 
-    inline_size_threshold: int = 64 * KiB
-    dedicated_size_threshold: int = 4 * MiB
-    pack_file_size_threshold: int = 1 * GiB
+    inline_size_threshold: int = SETTINGS["inline_size_threshold"].default
+    dedicated_size_threshold: int = SETTINGS["dedicated_size_threshold"].default
+    pack_file_size_threshold: int = SETTINGS["pack_file_size_threshold"].default
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidInputError(f"{f.name} must be a non-negative int, got {value!r}")
-        if self.dedicated_size_threshold <= 0 or self.pack_file_size_threshold <= 0:
-            raise InvalidInputError("dedicated and pack file thresholds must be positive")
+        for f in fields(self):  # in the range Lance accepts for its field metadata keys
+            SETTINGS[f.name].check(getattr(self, f.name))
 
     def kind_for(self, size: int, *, shared: bool) -> Kind:
         """Where a payload of ``size`` bytes goes."""
@@ -75,29 +68,41 @@ class Placement:
             return Kind.INLINE
         return Kind.PACKED
 
-    def updated(self, overrides: Mapping[bytes, bytes] | Mapping[str, int] | None) -> Placement:
-        """This placement with the thresholds in ``overrides`` (field metadata or kwargs)."""
+    def updated(
+        self,
+        overrides: Mapping[bytes, bytes] | Mapping[str, int] | None,
+        column: str | None = None,
+    ) -> Placement:
+        """This placement with the thresholds in ``overrides``: field metadata (Lance's keys,
+        text) or ``{threshold: bytes}``; each checked by its setting (``column``: whose, for the
+        message).
+
+        >>> Placement().updated({b"lance-encoding:blob-inline-size-threshold": b"+10"})
+        ... # doctest: +ELLIPSIS
+        Placement(inline_size_threshold=10, ...)
+        """
         if not overrides:
             return self
+        check_names((k for k in overrides if isinstance(k, str)), THRESHOLDS, "placement threshold")
         changes: dict[str, int] = {}
         for name, key in _META_KEYS.items():
+            whose = f"{name} of column {column!r}" if column else name
             if name in overrides:
-                changes[name] = overrides[name]  # type: ignore[index]
+                changes[name] = SETTINGS[name].check(overrides[name], whose)  # type: ignore[index]
             elif key in overrides:
-                changes[name] = int(overrides[key])  # type: ignore[index]
-        unknown = {k for k in overrides if isinstance(k, str)} - set(_META_KEYS)
-        if unknown:
-            raise InvalidInputError(
-                f"unknown placement option(s) {sorted(unknown)}; known: {sorted(_META_KEYS)}"
-            )
+                text = overrides[key].decode(errors="replace")  # type: ignore[index, union-attr]
+                changes[name] = SETTINGS[name].parse(text, whose)
         return replace(self, **changes)
 
     @staticmethod
     def overrides(**thresholds: int | None) -> dict[bytes, bytes]:
         """Field metadata that records the given thresholds (None = not overridden)."""
-        given = {k: v for k, v in thresholds.items() if v is not None}
-        Placement().updated(given)  # validates names and values
-        return {_META_KEYS[k]: str(v).encode() for k, v in given.items()}
+        given = Placement().updated({k: v for k, v in thresholds.items() if v is not None})
+        return {
+            _META_KEYS[k]: str(getattr(given, k)).encode()
+            for k in thresholds
+            if thresholds[k] is not None
+        }
 
 
 def placement_metadata(metadata: Mapping[bytes, bytes] | None) -> dict[bytes, bytes]:
@@ -127,15 +132,22 @@ class AllowedBases:
         table_root: str | None = None,
         managed: Iterable[str] = (),
     ) -> None:
-        self.managed = sorted({_checked_base(b, "managed base") for b in managed})
-        self.bases = sorted({_checked_base(b) for b in bases} | set(self.managed))
+        # each checked by its setting: a string is not a list, a managed base is no root
+        checked = {
+            "allowed_bases": (bases, SETTINGS["allowed_bases"].check(bases)),
+            "managed_bases": (managed, SETTINGS["managed_bases"].check(managed)),
+        }
+        self.managed = list(checked["managed_bases"][1])
+        self.bases = sorted({*checked["allowed_bases"][1], *self.managed})
         self.table_root = normalize_uri(table_root).rstrip("/") if table_root else None
-        for base in self.bases:
-            if self.table_root and _is_under(base, self.table_root):
-                raise InvalidInputError(
-                    f"allowed base {base!r} lies inside the table ({self.table_root}); the "
-                    "table's own files cannot be external blobs (gc and compaction own them)"
-                )
+        for name, (given, normalized) in checked.items():
+            for base in normalized if self.table_root else ():
+                if is_under(base, self.table_root):
+                    raise SETTINGS[name].error(
+                        given,
+                        detail=f"{base} lies inside the table ({self.table_root}); the table's "
+                        "own files cannot be external blobs (gc and compaction own them)",
+                    )
 
     def __bool__(self) -> bool:
         return bool(self.bases)
@@ -144,20 +156,23 @@ class AllowedBases:
     def of_table(
         cls, schema: pa.Schema | None, table_root: str | None = None, *, reading: bool = False
     ) -> AllowedBases:
-        """The bases a table schema records (none if it records nothing). Damaged metadata
-        raises :class:`TableMetadataError`, unless ``reading``: then a warning, and no base
-        (the table's own payloads still read; external ones are refused)."""
-        try:
-            settings = table_settings(schema)
-            return cls(
-                settings.get("allowed_bases", []), table_root, settings.get("managed_bases", [])
-            )
-        except (TableMetadataError, InvalidInputError, TypeError) as exc:
-            problem = exc if isinstance(exc, TableMetadataError) else _damaged(repr(exc))
-            if not reading:
-                raise problem from None
-            warnings.warn(f"{problem}; reading without its external bases", stacklevel=3)
-            return cls((), table_root)
+        """The bases a table schema records (none if it records nothing). Damaged ones raise
+        :class:`~blobhouse.errors.TableMetadataError` naming them and the command that sets
+        them anew, unless ``reading``: then a warning, and no base (the table's own payloads
+        still read; external ones are refused)."""
+        recorded, damaged = recorded_settings(schema)
+        bad = {k: v for k, v in damaged.items() if k in ("allowed_bases", "managed_bases")}
+        if not bad:
+            try:
+                allowed, managed = (recorded.get(k, ()) for k in ("allowed_bases", "managed_bases"))
+                return cls(allowed, table_root, managed)
+            except InvalidSettingError as exc:  # a base inside the table
+                bad = {exc.setting: str(exc)}
+        problem = damage_error(bad, uri_to_path(table_root or ""))
+        if not reading:
+            raise problem
+        warnings.warn(f"{problem}; reading without its external bases", stacklevel=3)
+        return cls((), table_root)
 
     def is_managed(self, normalized: str) -> bool:
         """Whether a normalized uri lies under a managed base."""
@@ -178,7 +193,7 @@ class AllowedBases:
             normalized = normalize_uri(uri)
         except InvalidInputError as exc:
             return "", str(exc)
-        if self.table_root and _is_under(normalized, self.table_root):
+        if self.table_root and is_under(normalized, self.table_root):
             return "", (
                 f"external uri {uri!r} lies inside the table; its own files cannot be "
                 "external blobs (gc and compaction own them)"
@@ -187,128 +202,6 @@ class AllowedBases:
             return normalized, ""
         allowed = self.bases or "none (pass allowed_bases=[...] when creating the table)"
         return "", f"external uri {uri!r} is outside the table's allowed bases; allowed: {allowed}"
-
-
-def table_settings(schema: pa.Schema | None) -> dict:
-    """The table's own metadata (schema metadata key ``blobhouse``, JSON) as a dict; empty if
-    there is none; :class:`TableMetadataError` if it is not a JSON object.
-
-    >>> try:
-    ...     table_settings(pa.schema([]).with_metadata({b"blobhouse": b"[1]"}))
-    ... except TableMetadataError as error:
-    ...     print(str(error).split(";")[0])
-    the table's metadata key 'blobhouse' is damaged (not a JSON object: [1])
-    """
-    raw = (schema.metadata or {}).get(SETTINGS_KEY) if schema is not None else None
-    if not raw:
-        return {}
-    try:
-        settings = json.loads(raw)
-    except ValueError:
-        raise _damaged(f"not JSON: {raw[:60]!r}") from None
-    if not isinstance(settings, dict):
-        raise _damaged(f"not a JSON object: {raw[:60].decode(errors='replace')}")
-    return settings
-
-
-def _damaged(detail: str) -> TableMetadataError:
-    return TableMetadataError(
-        f"the table's metadata key 'blobhouse' is damaged ({detail}); another tool changed it. "
-        "Reading an earlier version works (open_table(uri, version=...)); writes and "
-        "set_properties refuse this one"
-    )
-
-
-# the stores Lance and blobhouse both reach (Lance 14 has no hdfs:// and no http(s):// store)
-SCHEMES = ("file", "s3", "gs", "az", "abfs", "abfss")
-# RFC 3986 characters kept as they are in a path; everything else is percent-encoded
-PATH_SAFE = "/:@!$&'()*+,;=-._~"
-
-
-def local_uri(path: str) -> str:
-    """The ``file://`` URI of a local path: absolute, special characters percent-encoded (so
-    a literal ``%`` or space in a name survives the round trip through URI parsers).
-
-    >>> local_uri("/data/my clips/50%.mp4")
-    'file:///data/my%20clips/50%25.mp4'
-    """
-    return "file://" + quote(os.path.abspath(path), safe=PATH_SAFE)
-
-
-def child_of(root: str, name: str) -> str:
-    """The location of the object ``name`` (any characters but ``/``) under ``root``: the name
-    percent-encoded in a URI, as it is under a local path.
-
-    >>> child_of("s3://bucket/t", "50%.json"), child_of("/data/t", "50%.json")
-    ('s3://bucket/t/50%25.json', '/data/t/50%.json')
-    """
-    return f"{root}/{quote(name, safe=PATH_SAFE) if '://' in root else name}"
-
-
-def as_uri(location: str) -> str:
-    """``location`` as a URI: URIs unchanged, local paths through :func:`local_uri`."""
-    return location if "://" in location else local_uri(location)
-
-
-def normalize_uri(uri: str) -> str:
-    """An absolute URI in one canonical form, or :class:`InvalidInputError`: percent-encoding
-    decoded, then ``.`` and ``..`` resolved (so an encoded ``%2e%2e`` cannot escape a prefix
-    check), local symlinks resolved, the path re-encoded. Local paths become ``file://`` URIs.
-    Refused: control characters, unsupported schemes, credentials, queries and fragments, and
-    ``file://`` URIs naming a host.
-
-    >>> normalize_uri("/a/b/../c")
-    'file:///a/c'
-    >>> normalize_uri("s3://bucket/media/%2e%2e/x.bin")
-    's3://bucket/x.bin'
-    """
-    if not isinstance(uri, str) or not uri:
-        raise InvalidInputError(f"empty or non-string uri {uri!r}")
-    if _has_control(uri):
-        raise InvalidInputError(f"uri {uri!r} contains control characters")
-    parts = urlsplit(uri)
-    if not parts.scheme:
-        return local_uri(os.path.realpath(uri))
-    if parts.scheme not in SCHEMES:
-        raise InvalidInputError(
-            f"uri {uri!r}: scheme {parts.scheme!r} is not supported (supported: {SCHEMES})"
-        )
-    if parts.query or parts.fragment or uri.endswith(("?", "#")):
-        raise InvalidInputError(f"uri {uri!r} has a query or fragment")
-    if "@" in parts.netloc:
-        raise InvalidInputError(f"uri {uri!r} carries credentials; use storage_options")
-    path = unquote(parts.path)
-    if _has_control(path):
-        raise InvalidInputError(f"uri {uri!r} encodes control characters")
-    if parts.scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise InvalidInputError(
-                f"file uri {uri!r} names a host ({parts.netloc!r}); use file:///absolute/path"
-            )
-        if not path:
-            raise InvalidInputError(f"empty path in uri {uri!r}")
-        return local_uri(os.path.realpath(path))
-    if not parts.netloc:
-        raise InvalidInputError(f"uri {uri!r} has no bucket or host")
-    path = posixpath.normpath("/" + path.lstrip("/")) if path else ""
-    path = "" if path == "/" else quote(path, safe=PATH_SAFE)
-    return f"{parts.scheme}://{parts.netloc}{path}"
-
-
-def _has_control(text: str) -> bool:
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
-
-
-def _checked_base(base: str, what: str = "allowed base") -> str:
-    try:
-        return normalize_uri(base).rstrip("/")
-    except InvalidInputError as exc:
-        raise InvalidInputError(f"{what} {base!r}: {exc}") from None
-
-
-def _is_under(uri: str, prefix: str) -> bool:
-    """Whether normalized ``uri`` is ``prefix`` or lies below it."""
-    return uri == prefix or uri.startswith(prefix + "/")
 
 
 def external_range(

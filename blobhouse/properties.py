@@ -37,21 +37,31 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from blobhouse.columns import check_blob_column
-from blobhouse.dedup import DEDUP_MODES
-from blobhouse.errors import InvalidInputError, PropertyConflictError, TableMetadataError
-from blobhouse.options import (
-    DEFAULT_MAX_BYTES_PER_FILE,
-    DEFAULT_MAX_ROWS_PER_FILE,
-    WriteOptions,
-    check_names,
+from blobhouse.errors import (
+    InvalidInputError,
+    InvalidSettingError,
+    PropertyConflictError,
+    TableMetadataError,
 )
-from blobhouse.placement import SETTINGS_KEY, AllowedBases, Placement, table_settings
+from blobhouse.options import DEFAULT_MAX_BYTES_PER_FILE, DEFAULT_MAX_ROWS_PER_FILE, WriteOptions
+from blobhouse.placement import AllowedBases, Placement, placement_metadata
+from blobhouse.settings import (
+    DEDUP_MODE,
+    SETTINGS,
+    SETTINGS_KEY,
+    THRESHOLDS,
+    Count,
+    check_names,
+    damage_error,
+    recorded_settings,
+)
+from blobhouse.storage import uri_to_path
 from blobhouse.values import get_field, path_name, replace_field, stored_blob_columns
 
 if TYPE_CHECKING:
@@ -65,7 +75,9 @@ DEFAULT_DEDUP = "global"
 LEGACY_DEDUP = "content"
 DEDUP_KEY = b"blobhouse:dedup"
 REF_ID_FIELD_KEY = b"blobhouse:ref-id-field"
-PLACEMENT_NAMES = tuple(f.name for f in fields(Placement))
+PLACEMENT_NAMES = THRESHOLDS
+#: how a blob column's ref_id column is recorded: its Lance field id (an i32 in Lance)
+_FIELD_ID = Count("ref_id_column", "the Lance field id of the ref_id column", low=0, high=2**31 - 1)
 #: what ``set_properties`` and ``blobhouse properties --set`` change
 SETTABLE = (
     "dedup",
@@ -114,16 +126,18 @@ class TableProperties:
     max_bytes_per_file: int = DEFAULT_MAX_BYTES_PER_FILE
     recorded: bool = True
     format: int = FORMAT  # what wrote them: a newer blobhouse may mean more than this knows
+    #: the stored settings that are damaged (by name, ``dedup.<column>`` for a column's own:
+    #: what is wrong); each holds its narrowest value here (no base, the default)
+    damaged: Mapping[str, str] = field(default_factory=dict)
+    where: str = field(default="", compare=False, repr=False)  # the table, for messages
 
     def __post_init__(self) -> None:
-        _check_mode(self.dedup, "the table")
+        DEDUP_MODE.check(self.dedup, "dedup of the table")
         for name, column in self.columns.items():
             if column.dedup is not None:
-                _check_mode(column.dedup, f"column {name!r}")
-        for name in ("max_rows_per_file", "max_bytes_per_file"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
+                DEDUP_MODE.check(column.dedup, f"dedup of column {name!r}")
+        for name in ("allowed_bases", "managed_bases", "max_rows_per_file", "max_bytes_per_file"):
+            object.__setattr__(self, name, SETTINGS[name].check(getattr(self, name)))
 
     @property
     def blob_columns(self) -> tuple[str, ...]:
@@ -136,7 +150,13 @@ class TableProperties:
 
     def check_writable(self) -> None:
         """Refuse to write by these properties when a newer blobhouse recorded them (they may
-        say more than this version knows)."""
+        say more than this version knows), or when some are damaged (naming them and the one
+        command that sets them anew)."""
+        self._check_known()
+        if self.damaged:
+            raise damage_error(self.damaged, self.where)
+
+    def _check_known(self) -> None:
         if self.format > FORMAT:
             raise TableMetadataError(
                 f"this table's properties were written by a newer blobhouse (format "
@@ -154,7 +174,7 @@ class TableProperties:
         """
         self.check_writable()
         if given is not None:
-            _check_mode(given, f"column {column!r}")
+            DEDUP_MODE.check(given, f"dedup of column {column!r}")
         if not self.recorded:
             return given or LEGACY_DEDUP
         if column in self.columns:
@@ -167,50 +187,41 @@ class TableProperties:
     @classmethod
     def of(cls, dataset: LanceDataset) -> TableProperties:
         """The properties ``dataset``'s manifest records."""
-        return cls.of_schema(dataset.schema, _names_by_id(dataset.lance_schema.fields()))
+        names = _names_by_id(dataset.lance_schema.fields())
+        return cls.of_schema(dataset.schema, names, uri_to_path(dataset.uri))
 
     @classmethod
-    def of_schema(cls, schema: pa.Schema, names: Mapping[int, str]) -> TableProperties:
-        """The properties of a table schema (``names``: field id -> column name, which
-        resolves a ref_id column recorded by field id)."""
-        settings = table_settings(schema)
-        try:
-            return cls._of_settings(schema, names, settings)
-        except (InvalidInputError, TypeError, ValueError, AttributeError) as exc:
-            raise TableMetadataError(
-                f"the table's properties are damaged ({exc}); another tool changed them. "
-                "Reading an earlier version works (open_table(uri, version=...)); writes and "
-                "set_properties refuse this one (an overwrite replaces them)"
-            ) from None
-
-    @classmethod
-    def _of_settings(
-        cls, schema: pa.Schema, names: Mapping[int, str], settings: dict
+    def of_schema(
+        cls, schema: pa.Schema, names: Mapping[int, str], where: str = ""
     ) -> TableProperties:
-        version = settings.get("format", 1)
-        if not isinstance(version, int):
-            raise ValueError(f"format {version!r}")
-        recorded = version >= FORMAT
+        """The properties of a table schema (``names``: field id -> column name, which
+        resolves a ref_id column recorded by field id; ``where``: the table, for messages).
+        Each stored setting is checked by its schema; a damaged one is named in
+        :attr:`damaged` and holds its narrowest value (no base, the default), never a wider
+        reading of what is there.
+
+        >>> import pyarrow as pa
+        >>> schema = pa.schema([]).with_metadata({b"blobhouse": b'{"format": 2, "dedup": 3}'})
+        >>> TableProperties.of_schema(schema, {}).damaged
+        {'dedup': "dedup must be one of 'content', 'ref_id', 'global', 'off', or a mapping \
+{column: mode}, got 3"}
+        """
+        recorded, damaged = recorded_settings(schema)
+        version = recorded.get("format", FORMAT if damaged else 1)
         columns = {}
         for path in stored_blob_columns(schema):
+            column = path_name(path)
             metadata = get_field(schema, path).metadata or {}
-            ref_field = metadata.get(REF_ID_FIELD_KEY)
-            ref = names.get(int(ref_field)) if ref_field else None
-            columns[path_name(path)] = ColumnProperties(
-                dedup=metadata[DEDUP_KEY].decode() if DEDUP_KEY in metadata else None,
-                ref_id_column=ref,
-                placement=Placement().updated(metadata),
-                ref_id_dropped=bool(ref_field) and ref is None,
-            )
+            columns[column] = _stored_column(column, metadata, names, damaged)
+        legacy = {} if version >= FORMAT else {"dedup": LEGACY_DEDUP}
+        kept = {k: v for k, v in recorded.items() if k != "format"}
         return cls(
-            dedup=settings.get("dedup", DEFAULT_DEDUP if recorded else LEGACY_DEDUP),
+            **{**legacy, **kept},
             columns=columns,
-            allowed_bases=tuple(settings.get("allowed_bases", ())),
-            managed_bases=tuple(settings.get("managed_bases", ())),
-            max_rows_per_file=settings.get("max_rows_per_file", DEFAULT_MAX_ROWS_PER_FILE),
-            max_bytes_per_file=settings.get("max_bytes_per_file", DEFAULT_MAX_BYTES_PER_FILE),
-            recorded=recorded,
+            recorded=version >= FORMAT,
             format=version,
+            damaged=damaged,
+            where=where,
         )
 
     def resolve(self, options: WriteOptions, columns: Iterable[str] = ()) -> WriteOptions:
@@ -302,21 +313,21 @@ valid: allowed_bases, dedup, managed_bases, max_bytes_per_file, max_rows_per_fil
 ref_id_columns
         """
         check_names(changes, SETTABLE, "property")
-        self.check_writable()
+        self._check_known()
+        left = _left_damaged(self.damaged, changes)
+        if left:  # each damaged one must be set anew: it would be written back as its default
+            raise damage_error(left, self.where)
         columns = dict(self.columns)
-        updated = replace(self, recorded=True)
+        updated = replace(self, recorded=True, damaged={})
         if "dedup" in changes:
             updated, columns = _with_dedup(updated, columns, changes["dedup"])
         if "ref_id_columns" in changes:
             columns = _with_ref_ids(columns, changes["ref_id_columns"])
         if "placement" in changes:
             columns = _with_placement(columns, changes["placement"])
-        for name in ("allowed_bases", "managed_bases"):
+        for name in ("allowed_bases", "managed_bases", "max_rows_per_file", "max_bytes_per_file"):
             if name in changes:
-                updated = replace(updated, **{name: _bases(name, changes[name])})
-        for name in ("max_rows_per_file", "max_bytes_per_file"):
-            if name in changes:
-                updated = replace(updated, **{name: changes[name]})
+                updated = replace(updated, **{name: SETTINGS[name].check(changes[name])})
         return replace(updated, columns=columns)
 
     def schema_metadata(self) -> dict[bytes, bytes]:
@@ -385,6 +396,7 @@ ref_id_columns
             "max_rows_per_file": self.max_rows_per_file,
             "max_bytes_per_file": self.max_bytes_per_file,
             "recorded": self.recorded,
+            "damaged": dict(self.damaged),
         }
 
     def _check_dedup(self, given: str | Mapping[str, str] | None, columns: Sequence[str]) -> None:
@@ -397,7 +409,7 @@ ref_id_columns
                 check_blob_column(name, list(columns), "dedup")  # raises, naming the closest
             asked = {c: given.get(c, given.get("*")) for c in columns if c in given or "*" in given}
         for column, mode in asked.items():
-            _check_mode(mode, f"column {column!r}")
+            DEDUP_MODE.check(mode, f"dedup of column {column!r}")
             if column in columns and mode != self.dedup_of(column):
                 raise _conflict(f"dedup of column {column!r}", self.dedup_of(column), mode)
 
@@ -478,19 +490,18 @@ def parse_settings(pairs: Mapping[str, str]) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     for name, value in pairs.items():
         key, _, column = name.partition(".")
+        default = value.strip().lower() == "default"
         if key == "dedup":
-            mode = None if column and value.lower() == "default" else value
+            mode = None if column and default else DEDUP_MODE.parse(value, name)
             changes.setdefault("dedup", {})[column or "*"] = mode
         elif key == "ref_id_column" and column:
-            ref = None if value.lower() in ("", "none") else value
+            ref = None if value.strip().lower() in ("", "none") else value.strip()
             changes.setdefault("ref_id_columns", {})[column] = ref
         elif key in PLACEMENT_NAMES:
             target = changes.setdefault("placement", {}).setdefault(column or "*", {})
-            target[key] = None if value.lower() == "default" else _integer(name, value)
-        elif key in ("allowed_bases", "managed_bases") and not column:
-            changes[key] = [v.strip() for v in value.split(",") if v.strip()]
-        elif key in ("max_rows_per_file", "max_bytes_per_file") and not column:
-            changes[key] = _integer(name, value)
+            target[key] = None if default else SETTINGS[key].parse(value, name)
+        elif key in _TABLE_WIDE_PARSED and not column:
+            changes[key] = SETTINGS[key].parse(value)
         else:
             valid = [
                 "dedup",
@@ -498,20 +509,13 @@ def parse_settings(pairs: Mapping[str, str]) -> dict[str, Any]:
                 "ref_id_column.<column>",
                 *PLACEMENT_NAMES,
                 *(f"{n}.<column>" for n in PLACEMENT_NAMES),
-                "allowed_bases",
-                "managed_bases",
-                "max_rows_per_file",
-                "max_bytes_per_file",
+                *_TABLE_WIDE_PARSED,
             ]
             check_names([name], valid, "property")
     return changes
 
 
-def _integer(name: str, value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidInputError(f"property {name} must be an integer, got {value!r}") from None
+_TABLE_WIDE_PARSED = ("allowed_bases", "managed_bases", "max_rows_per_file", "max_bytes_per_file")
 
 
 def field_ids(lance_fields, prefix: str = "") -> dict[str, int]:
@@ -538,38 +542,88 @@ def _conflict(setting: str, table: object, given: object) -> PropertyConflictErr
     )
 
 
-def _check_mode(mode: object, whose: str) -> None:
-    if mode not in DEDUP_MODES:
-        raise InvalidInputError(
-            f"dedup mode {mode!r} for {whose}; choose one of {', '.join(DEDUP_MODES)}"
-        )
+def _stored_column(
+    column: str, metadata: Mapping[bytes, bytes], names: Mapping[int, str], damaged: dict
+) -> ColumnProperties:
+    """Blob column ``column``'s own settings as its field ``metadata`` records them, each
+    checked by its setting; what is damaged is added to ``damaged`` (``<setting>.<column>``)
+    and left at its default."""
+
+    def stored(key: bytes, spec: Any, setting: str) -> Any:
+        try:
+            return spec.parse(metadata[key].decode(errors="replace"), f"{setting} of {column!r}")
+        except InvalidSettingError as exc:
+            damaged[f"{setting}.{column}"] = str(exc)
+            return None
+
+    dedup = stored(DEDUP_KEY, DEDUP_MODE, "dedup") if DEDUP_KEY in metadata else None
+    field_id = (
+        stored(REF_ID_FIELD_KEY, _FIELD_ID, "ref_id_column")
+        if metadata.get(REF_ID_FIELD_KEY)
+        else None
+    )
+    placement = Placement()
+    for key, value in placement_metadata(metadata).items():
+        try:
+            placement = placement.updated({key: value}, column)
+        except InvalidSettingError as exc:
+            damaged[f"{exc.setting}.{column}"] = str(exc)
+    ref = names.get(field_id) if field_id is not None else None
+    return ColumnProperties(
+        dedup=dedup,
+        ref_id_column=ref,
+        placement=placement,
+        ref_id_dropped=field_id is not None and ref is None,
+    )
+
+
+def _left_damaged(damaged: Mapping[str, str], changes: Mapping[str, Any]) -> dict[str, str]:
+    """The damaged settings (of :attr:`TableProperties.damaged`) that ``changes`` (of
+    :meth:`TableProperties.changed`) do not set anew; the format is written anew by any."""
+    dedup = changes.get("dedup")
+    columns_dedup = dedup if isinstance(dedup, Mapping) else {}
+    refs = changes.get("ref_id_columns")
+    placement = changes.get("placement")
+    placement = placement if isinstance(placement, Mapping) else {}
+
+    def set_anew(key: str) -> bool:
+        name, _, column = key.partition(".")
+        if name == "format":
+            return True
+        if name == "dedup":
+            return (
+                column in columns_dedup
+                if column
+                else isinstance(dedup, str) or "*" in columns_dedup
+            )
+        if name == "ref_id_column":
+            return isinstance(refs, Mapping) and column in refs
+        if name in PLACEMENT_NAMES:
+            targets = (placement.get(t) for t in (column, "*"))
+            return any(isinstance(t, Mapping) and name in t for t in targets)
+        return name in changes
+
+    return {key: problem for key, problem in damaged.items() if not set_anew(key)}
 
 
 def _with_dedup(
     properties: TableProperties, columns: dict[str, ColumnProperties], dedup: Any
 ) -> tuple[TableProperties, dict[str, ColumnProperties]]:
+    dedup = SETTINGS["dedup"].check(dedup)
     if isinstance(dedup, str):  # the table's mode, for every column without one of its own
         return replace(properties, dedup=dedup), columns
-    if not isinstance(dedup, Mapping):
-        raise InvalidInputError(f"dedup must be a mode or {{column: mode}}, got {dedup!r}")
-    dedup = dict(dedup)
     if "*" in dedup:  # the table's mode, then the columns' own
         properties, columns = _with_dedup(properties, columns, dedup.pop("*"))
     for column, mode in dedup.items():
         own = _column(columns, column, "dedup")
-        if mode is not None:
-            _check_mode(mode, f"column {column!r}")
         columns[column] = replace(own, dedup=None if mode == properties.dedup else mode)
     return properties, columns
 
 
 def _with_ref_ids(columns: dict[str, ColumnProperties], given: Any) -> dict[str, ColumnProperties]:
-    if not isinstance(given, Mapping):
-        raise InvalidInputError(f"ref_id_columns must be {{column: ref column}}, got {given!r}")
+    given = SETTINGS["ref_id_columns"].check(given)  # None: ref_ids from the values again
     for column, ref in given.items():
         own = _column(columns, column, "ref_id_columns")
-        if ref is not None and not isinstance(ref, str):
-            raise InvalidInputError(f"ref_id column of {column!r} must be a name, got {ref!r}")
         columns[column] = replace(own, ref_id_column=ref, ref_id_dropped=False)
     return columns
 
@@ -577,15 +631,8 @@ def _with_ref_ids(columns: dict[str, ColumnProperties], given: Any) -> dict[str,
 def _with_placement(
     columns: dict[str, ColumnProperties], given: Any
 ) -> dict[str, ColumnProperties]:
-    if not isinstance(given, Mapping):
-        raise InvalidInputError(
-            f"placement must be {{column: {{threshold: bytes}}}}, got {given!r}"
-        )
-    for target, thresholds in given.items():
-        if not isinstance(thresholds, Mapping):
-            raise InvalidInputError(f"placement of {target!r} must be a mapping of thresholds")
-        check_names(thresholds, PLACEMENT_NAMES, "placement threshold")
-        default = Placement()
+    default = Placement()
+    for target, thresholds in SETTINGS["placement"].check(given).items():
         wanted = {n: getattr(default, n) if v is None else v for n, v in thresholds.items()}
         for column in list(columns) if target == "*" else [target]:
             own = _column(columns, column, "placement")
@@ -595,12 +642,6 @@ def _with_placement(
 
 def _column(columns: Mapping[str, ColumnProperties], name: str, what: str) -> ColumnProperties:
     return columns[check_blob_column(name, list(columns), what)]
-
-
-def _bases(name: str, given: Any) -> tuple[str, ...]:
-    if isinstance(given, str) or not isinstance(given, Iterable):
-        raise InvalidInputError(f"{name} must be a list of URIs, got {given!r}")
-    return tuple(given)
 
 
 def _thresholds(placement: Placement) -> dict[str, int]:

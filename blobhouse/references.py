@@ -20,9 +20,10 @@ from lance import LanceDataset
 
 from blobhouse.errors import BlobhouseError, DataFileError, ExternalBlobError, InvalidInputError
 from blobhouse.layout import BasePaths, TableLocation
-from blobhouse.placement import AllowedBases, Kind, normalize_uri
+from blobhouse.placement import AllowedBases, Kind
 from blobhouse.rangeio import RefColumns
 from blobhouse.session import DATA_FILE_NAME, sidecar_name
+from blobhouse.uris import normalize_uri
 from blobhouse.values import ColumnPath, numbers, path_name, validity
 
 # numpy compares an array with a plain int ~8x faster than with an IntEnum member

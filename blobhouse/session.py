@@ -32,7 +32,7 @@ from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobhouseError, InvalidInputError, SchemaError
 from blobhouse.layout import TableLocation
 from blobhouse.managed import ManagedPolicy
-from blobhouse.placement import AllowedBases, Kind, as_uri, external_range
+from blobhouse.placement import AllowedBases, Kind, external_range
 from blobhouse.storage import (
     LANCE_IO_ERRORS,
     NewObject,
@@ -40,6 +40,7 @@ from blobhouse.storage import (
     checked_options,
     object_store,
 )
+from blobhouse.uris import as_uri
 
 # the names of files blobhouse and Lance write: nothing that could lead outside a directory
 DATA_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\.lance")

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from blobhouse.errors import UnknownOptionError
-from blobhouse.options import closest
+from blobhouse.settings import closest
 
 # every store's HTTP client; also with a store's prefix (aws_timeout, azure_timeout, ...)
 CLIENT = (

@@ -39,6 +39,7 @@ from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
 from blobhouse.references import leaf_field_ids
 from blobhouse.session import WrittenFile
+from blobhouse.settings import DEDUP_MODE
 from blobhouse.store.packs import store_base_id
 from blobhouse.values import (
     ROW_ADDRESS,
@@ -100,6 +101,8 @@ def blob_modes(
     """The dedup mode each blob column among ``columns`` is written with: the table's
     property (``given``, if any, must be the same; see
     :meth:`~blobhouse.properties.TableProperties.change_mode`)."""
+    if given is not None:
+        DEDUP_MODE.check(given)
     properties = TableProperties.of(table.dataset)
     blobs = [c for c in columns if c in set(table.blob_columns)]
     if given is not None and not blobs:

@@ -44,9 +44,10 @@ from blobhouse.commit.transaction import (
     stage_deletion,
 )
 from blobhouse.errors import InvalidInputError, SchemaError
-from blobhouse.options import WriteOptions, closest
+from blobhouse.options import WriteOptions
 from blobhouse.properties import TableProperties
 from blobhouse.session import WrittenFile
+from blobhouse.settings import SETTINGS, closest
 from blobhouse.values import (
     ROW_ADDRESS,
     is_lance_blob_field,
@@ -155,7 +156,7 @@ class MergeInsert:
 
     def conflict_retries(self, retries: int) -> MergeInsert:
         """How often to plan again after a concurrent commit preempted this one (3)."""
-        self._retries = retries
+        self._retries = SETTINGS["retries"].check(retries)
         return self
 
     def execute(self, data: Any) -> MergeReport:

@@ -42,10 +42,10 @@ from blobhouse.errors import (
     lance_message,
 )
 from blobhouse.layout import TableLocation
-from blobhouse.options import check_names
 from blobhouse.placement import AllowedBases, placement_metadata
 from blobhouse.properties import TableProperties, field_ids
 from blobhouse.references import field_id
+from blobhouse.settings import check_names
 from blobhouse.snapshot import TableSnapshot
 from blobhouse.storage import StorageOptions
 from blobhouse.values import (

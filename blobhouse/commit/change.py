@@ -55,6 +55,7 @@ from blobhouse.errors import (
     lance_io,
 )
 from blobhouse.session import WrittenFile
+from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import TableSnapshot, damage_named, damaged_file_error
 
 P = TypeVar("P")
@@ -264,6 +265,8 @@ def run_change(
     """Run ``change`` on ``snapshot``: plan, stage under the lease, commit or abort, again on the
     latest version after a preemption (up to ``retries`` times; then, or on a conflict no
     new plan can resolve, :class:`~blobhouse.errors.ConcurrentCommitError`)."""
+
+    retries = SETTINGS["retries"].check(retries)
 
     def attempt(n: int) -> Committed[R]:
         return Attempt.begin(change, snapshot if n == 1 else snapshot.latest(), n).run()

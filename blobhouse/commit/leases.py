@@ -23,8 +23,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from blobhouse.placement import as_uri
 from blobhouse.storage import ObjectStore, StorageOptions, object_store, read_object
+from blobhouse.uris import as_uri
 
 LEASES_DIR = "_leases"
 REFRESH_SECONDS = 2.0

@@ -32,8 +32,8 @@ import uuid
 from collections.abc import Iterator
 
 from blobhouse.commit.leases import LEASES_DIR, TIMEOUT_SECONDS, touching
-from blobhouse.placement import as_uri
 from blobhouse.storage import ObjectInfo, ObjectStore, StorageOptions, object_store, put_new
+from blobhouse.uris import as_uri
 
 LOCKS_DIR = f"{LEASES_DIR}/locks"
 #: a lock untouched for this long belongs to a holder that died: waiters break it (a holder

@@ -72,7 +72,6 @@ from blobhouse.layout import STORE_DIR, TableLocation, branch_data_dir
 from blobhouse.managed import Registry, check_usable, register
 from blobhouse.options import CommitOptions
 from blobhouse.ownership import claim, release
-from blobhouse.placement import as_uri
 from blobhouse.references import file_path
 from blobhouse.session import BlobSession, WrittenFile
 from blobhouse.storage import LANCE_IO_ERRORS, StorageOptions, object_store
@@ -85,6 +84,7 @@ from blobhouse.store.packs import (
     remove_packs,
     remove_staged_packs,
 )
+from blobhouse.uris import as_uri
 
 T = TypeVar("T")
 DEFAULT_RETRIES = CommitOptions.retries

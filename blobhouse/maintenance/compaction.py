@@ -133,6 +133,7 @@ def plan_compaction(
     targets = targets or CompactionTargets()
     target_rows, target_bytes = targets.target_rows, targets.target_bytes
     properties = TableProperties.of(table.dataset)
+    properties.check_writable()  # it rewrites rows by them: never by damaged ones
     if properties.recorded:  # no new data file beyond the table's own limits
         target_rows = min(target_rows, properties.max_rows_per_file)
         target_bytes = min(target_bytes, properties.max_bytes_per_file)

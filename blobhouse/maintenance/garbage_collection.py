@@ -30,7 +30,6 @@ from blobhouse.commit import leases
 from blobhouse.commit.transaction import NAME_PREFIX_PATTERN
 from blobhouse.errors import (
     BlobhouseError,
-    InvalidInputError,
     StoreIndexError,
     TableNotFoundError,
 )
@@ -60,7 +59,9 @@ from blobhouse.maintenance.versions import (
     opened_states,
 )
 from blobhouse.managed import Reclaim, Registry
-from blobhouse.placement import AllowedBases, as_uri
+from blobhouse.placement import AllowedBases
+from blobhouse.properties import TableProperties
+from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import damaged_file_error, open_snapshot, snapshot_of, table_io
 from blobhouse.storage import (
     ObjectInfo,
@@ -79,6 +80,7 @@ from blobhouse.store.packs import (
     retire_packs,
     retired_packs,
 )
+from blobhouse.uris import as_uri
 
 if TYPE_CHECKING:
     from blobhouse.snapshot import TableSnapshot
@@ -326,7 +328,9 @@ def gc(
     0
     """
     table = snapshot_of(table)
-    _check_retention(retain_versions, older_than, grace)
+    _check_retention(retain_versions, older_than, grace, dry_run)
+    # a damaged stored setting (a managed base read as '/', say) never decides what is deleted
+    TableProperties.of(table.dataset).check_writable()
     planned = _planned_cleanup(table, retain_versions, older_than, dry_run)
     # files staged after this instant may belong to a write that commits after the mark
     mark_started = object_store(table.uri, table.storage_options).now(table.uri)
@@ -755,7 +759,7 @@ def gc_at(
     except TableNotFoundError:
         if branch is not None:
             raise
-        _check_retention(retain_versions, older_than, grace)
+        _check_retention(retain_versions, older_than, grace, dry_run)
         return clean_failed_create(
             uri, grace=grace, dry_run=dry_run, storage_options=storage_options
         )
@@ -819,7 +823,7 @@ def clean_failed_create(
     >>> report["kept_young_files"], report["removed_files"], report["foreign_files"]
     (2, 0, [])
     """
-    _check_retention(None, None, grace)
+    _check_retention(None, None, grace, dry_run)
     location = TableLocation.of(uri, None, storage_options)
     root = location.root_uri
     store = object_store(root, storage_options)
@@ -894,24 +898,13 @@ def _remove_create_dirs(root: str) -> None:
 
 
 def _check_retention(
-    retain_versions: int | None, older_than: timedelta | None, grace: timedelta
+    retain_versions: int | None, older_than: timedelta | None, grace: timedelta, dry_run: bool
 ) -> None:
-    if retain_versions is not None and (
-        isinstance(retain_versions, bool)
-        or not isinstance(retain_versions, int)
-        or not 1 <= retain_versions < 2**63
-    ):
-        raise InvalidInputError(
-            f"retain_versions must be a whole number of versions, 1 or more, got "
-            f"{retain_versions!r}"
-        )
-    for name, value in (("older_than", older_than), ("grace", grace)):
-        if value is None and name == "older_than":
-            continue
-        if not isinstance(value, timedelta) or value < timedelta(0):
-            raise InvalidInputError(
-                f"{name} must be a datetime.timedelta of 0 or more, got {value!r}"
-            )
+    """gc's options, each by its setting (None: not given)."""
+    given = {"retain_versions": retain_versions, "older_than": older_than}
+    for name, value in {**given, "grace": grace, "dry_run": dry_run}.items():
+        if value is not None or name not in given:
+            SETTINGS[name].check(value)
 
 
 def _kept_for_tags(

@@ -37,6 +37,7 @@ from blobhouse.managed import Registry
 from blobhouse.placement import MiB
 from blobhouse.rangeio import BlobRef, RefColumns, read_ranges, refs_from_arrow
 from blobhouse.references import ResolvedRows
+from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import snapshot_of, table_io
 from blobhouse.storage import StorageOptions, object_store
 from blobhouse.store.checks import damaged_entries
@@ -355,6 +356,7 @@ def verify(
     >>> report["problems"], report["hashed"]
     ([], 1)
     """
+    deep = SETTINGS["deep"].check(deep)
     table = snapshot_of(table)
     graph = graph or VersionGraph.of(table)
     states = fragment_states(table, list(graph.versions))

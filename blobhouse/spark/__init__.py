@@ -48,9 +48,9 @@ from blobhouse.commit.transaction import Transaction, record_stored
 from blobhouse.dedup import mode_of
 from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after
 from blobhouse.layout import TableLocation
-from blobhouse.options import WriteOptions, closest
-from blobhouse.placement import Placement
+from blobhouse.options import WriteOptions
 from blobhouse.properties import TableProperties
+from blobhouse.settings import SETTINGS, closest
 from blobhouse.snapshot import open_dataset, open_snapshot
 from blobhouse.spark.datasource import (
     WRITE_OPTIONS,
@@ -65,6 +65,7 @@ from blobhouse.spark.lerobot import ingest_lerobot
 from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.spark.mutations import merge_insert, update
 from blobhouse.storage import checked_options
+from blobhouse.write.prepare import kept_properties
 
 __all__ = [
     "backfill_blob_column",
@@ -195,6 +196,8 @@ def write_table(
         **dict(options or {}),
         **storage_prefixed(storage_options),
     }
+    if partitions is not None:
+        SETTINGS["partitions"].check(partitions)
     count = max(1, partitions or df.rdd.getNumPartitions())  # an empty DataFrame has none
     ensure_registered(df.sparkSession)
 
@@ -264,7 +267,7 @@ def _resolved(
     dataset = open_dataset(location, None, dict(storage_options or {}) or None, "write to")
     if dataset is None:  # no table yet: the write creates it
         return TableProperties().for_new_table(given)
-    properties = TableProperties.of(dataset)
+    properties = kept_properties(dataset, appending=mode == "append")
     if mode == "append":
         return properties.resolve(given, properties.blob_columns)
     return properties.for_new_table(given, properties.blob_columns)
@@ -277,7 +280,8 @@ def _dedup_option(dedup: str | Mapping[str, str]) -> str:
 def _pack_limit(writer_options: Mapping[str, str]) -> int:
     """The store's pack size: the write's ``pack_file_size_threshold``, else the default."""
     given = writer_options.get("pack_file_size_threshold")
-    return int(given) if given is not None else Placement().pack_file_size_threshold
+    setting = SETTINGS["pack_file_size_threshold"]
+    return setting.default if given is None else setting.parse(given)
 
 
 def _global_columns(

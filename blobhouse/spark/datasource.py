@@ -16,7 +16,6 @@ table, or of a new one with ``columns``; :mod:`blobhouse.spark.catalog` and docs
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -47,8 +46,9 @@ from pyspark.sql.types import StructType
 
 from blobhouse.errors import InvalidInputError, SchemaError, TableNotFoundError
 from blobhouse.layout import TableLocation
-from blobhouse.options import WriteOptions, check_names
+from blobhouse.options import WriteOptions
 from blobhouse.rangeio import REF_TYPE
+from blobhouse.settings import SETTINGS, THRESHOLDS, check_names
 from blobhouse.spark.catalog import parse_columns, table_options, with_table_options
 from blobhouse.storage import checked_options
 from blobhouse.storage_options import is_secret
@@ -58,8 +58,6 @@ from blobhouse.write import WriteAttempt, begin_write
 from blobhouse.write.pipeline import WrittenFile
 
 STORAGE_PREFIX = "storage."
-DEFAULT_ROWS_PER_PARTITION = 1_000_000
-DEFAULT_MAX_BATCH_BYTES = 1 << 30
 _STALE_PUSHDOWN_VERSIONS = ("4.1.", "4.2.", "4.3.")
 
 # CREATE TABLE ... USING blobhouse (docs/spark-sql.md). Spark shows the data source its table
@@ -245,7 +243,7 @@ class ReadSpec:
     filter: str | None
     rows_per_partition: int
     pushdown: str
-    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    max_batch_bytes: int = SETTINGS["max_batch_bytes"].default
     storage_options: dict[str, str] | None = field(
         default=None, repr=False
     )  # credentials: never printed
@@ -265,9 +263,9 @@ class ReadSpec:
             version=version,
             blobs=blobs,
             filter=options.get("filter"),
-            rows_per_partition=int(options.get("rows_per_partition", DEFAULT_ROWS_PER_PARTITION)),
+            rows_per_partition=_count(options, "rows_per_partition"),
             pushdown=pushdown,
-            max_batch_bytes=int(options.get("max_batch_bytes", DEFAULT_MAX_BATCH_BYTES)),
+            max_batch_bytes=_count(options, "max_batch_bytes"),
             storage_options=storage_options,
         )
 
@@ -433,23 +431,14 @@ class _SparkWriteOptions:
         self.path = _path(options)
 
     def write_options(self) -> WriteOptions:
-        """How the write stores blob columns."""
-        get = self.options.get
-        given: dict = {
-            "blob_columns": _names(get("blob_columns")),
-            "ref_id_columns": _mapping(get("ref_id_columns")) or None,
-            "dedup": _mapping(get("dedup"))
-            if (get("dedup") or "").startswith("{")
-            else (get("dedup") or None),
-            "placement": self._placement(),
+        """How the write stores blob columns: each option's text parsed by its setting's
+        schema (a wrong one names the option, the value and what it takes)."""
+        given = {
+            name: SETTINGS[name].parse(self.options[name])
+            for name in _WRITE_SETTINGS
+            if self.options.get(name) is not None
         }
-        for name in ("allowed_bases", "managed_bases"):
-            if get(name) is not None:
-                given[name] = _names(get(name))
-        for name in ("max_rows_per_file", "max_bytes_per_file"):
-            if get(name) is not None:
-                given[name] = int(get(name))
-        return WriteOptions(**given)
+        return WriteOptions(**given, placement=self._placement())
 
     def table_write_kwargs(self) -> dict:
         """The other :func:`~blobhouse.write.begin_write` keywords the options set."""
@@ -458,26 +447,32 @@ class _SparkWriteOptions:
         if get("store_index") == "joined":
             kwargs["load_store_index"] = False
         if get("allow_nonempty_folder") is not None:
-            kwargs["allow_nonempty_folder"] = _flag(get("allow_nonempty_folder"))
+            flag = SETTINGS["allow_nonempty_folder"]
+            kwargs["allow_nonempty_folder"] = flag.parse(get("allow_nonempty_folder"))
         if get("write_id"):
             kwargs["write_id"] = get("write_id")
         return kwargs
 
     def _placement(self) -> dict | None:
+        """``placement`` (JSON per column) under the thresholds given for every blob column."""
         get = self.options.get
-        per_column = json.loads(get("placement")) if get("placement") else {}
-        shared = {
-            name: int(get(name))
-            for name in (
-                "inline_size_threshold",
-                "dedicated_size_threshold",
-                "pack_file_size_threshold",
-            )
-            if get(name) is not None
-        }
+        per_column = SETTINGS["placement"].parse(get("placement")) if get("placement") else {}
+        shared = {name: SETTINGS[name].parse(get(name)) for name in THRESHOLDS if get(name)}
         if shared:
             per_column["*"] = {**shared, **per_column.get("*", {})}
         return per_column or None
+
+
+#: the write options that are settings of the same name (``placement``: :meth:`_placement`)
+_WRITE_SETTINGS = (
+    "blob_columns",
+    "ref_id_columns",
+    "dedup",
+    "allowed_bases",
+    "managed_bases",
+    "max_rows_per_file",
+    "max_bytes_per_file",
+)
 
 
 def storage_options_of(options) -> dict[str, str] | None:
@@ -560,7 +555,9 @@ def _create_if_missing(read: ReadSpec, options: dict[str, str]) -> None:
             "out to use the table's own)"
         )
     stored = {path_name(p) for p in stored_blob_columns(table.dataset.schema)}
-    missing = [c for c in _names(options.get("blob_columns")) if c not in stored]
+    given = options.get("blob_columns")
+    named = SETTINGS["blob_columns"].parse(given) if given else ()
+    missing = [c for c in named if c not in stored]
     if missing:
         raise InvalidInputError(
             f"blob_columns {missing} are not blob columns of the table at {table.location.root}"
@@ -624,25 +621,10 @@ def _path(options) -> str:
     return path  # Spark's qualified local paths (file:/data/t) resolve like any file URI
 
 
-def _flag(value: str) -> bool:
-    if value.strip().lower() not in ("true", "false"):
-        raise InvalidInputError(f"allow_nonempty_folder must be true or false, got {value!r}")
-    return value.strip().lower() == "true"
-
-
-def _names(value: str | None) -> list[str]:
-    return [v.strip() for v in (value or "").split(",") if v.strip()]
-
-
-def _mapping(value: str | None) -> dict[str, str]:
-    if not value:
-        return {}
-    if value.lstrip().startswith("{"):
-        return json.loads(value)
-    pairs = [item.split(":", 1) for item in _names(value)]
-    if any(len(p) != 2 for p in pairs):
-        raise InvalidInputError(f"expected 'column:value,...' or JSON, got {value!r}")
-    return {k.strip(): v.strip() for k, v in pairs}
+def _count(options, name: str) -> int:
+    """Read option ``name`` by its setting (its default when not given)."""
+    given = options.get(name)
+    return SETTINGS[name].default if given is None else SETTINGS[name].parse(given)
 
 
 def _files(messages: Sequence[WrittenFiles | None]) -> list[WrittenFile]:

@@ -29,7 +29,8 @@ import pyarrow as pa
 from blobhouse.errors import InvalidInputError, TableNotFoundError
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance.reports import IngestReport
-from blobhouse.placement import AllowedBases, normalize_uri
+from blobhouse.placement import AllowedBases
+from blobhouse.settings import SETTINGS
 from blobhouse.storage import (
     StorageOptions,
     checked_options,
@@ -38,6 +39,7 @@ from blobhouse.storage import (
     read_object,
     uri_to_path,
 )
+from blobhouse.uris import normalize_uri
 from blobhouse.write import check_target
 
 FORMATS = ("jsonl", "csv", "parquet")
@@ -98,8 +100,7 @@ class IngestPlan:
         if count == 0:
             return []
         if partitions is not None:
-            if partitions < 1:
-                raise InvalidInputError(f"partitions must be at least 1, got {partitions}")
+            partitions = SETTINGS["partitions"].check(partitions)
             step = -(-count // min(partitions, count))
             return [(start, min(start + step, count)) for start in range(0, count, step)]
         uris = [self.rows.column(name).to_pylist() for name in self.blob_columns]

@@ -46,6 +46,7 @@ from blobhouse.maintenance.verification import (
 )
 from blobhouse.maintenance.versions import FragmentState, VersionGraph, VersionRef, fragment_states
 from blobhouse.options import CommitOptions, CompactionTargets
+from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import TableSnapshot, open_snapshot
 from blobhouse.spark.errors import spark_entry_point
 
@@ -130,6 +131,7 @@ def verify(
 ) -> VerifyReport:
     """:func:`blobhouse.maintenance.verification.verify` with a Spark task per fragment state
     (of every branch)."""
+    deep = SETTINGS["deep"].check(deep)
     table = open_snapshot(uri, None, storage_options)
     graph = VersionGraph.of(table)
     states = fragment_states(table, list(graph.versions))

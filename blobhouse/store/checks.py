@@ -18,11 +18,11 @@ from blobhouse.errors import (
 from blobhouse.layout import (
     store_dir,
 )
-from blobhouse.placement import as_uri
 from blobhouse.rangeio import BlobRef, read_ranges
 from blobhouse.storage import StorageOptions, is_local, object_store
 from blobhouse.store.index import INDEX_SCHEMA, index_rows, open_index, unreadable_index
 from blobhouse.store.packs import StoredPayload, retired_packs
+from blobhouse.uris import as_uri
 
 if TYPE_CHECKING:
     pass

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from blobhouse.dedup import content_hash
 from blobhouse.errors import StaleWriteError
 from blobhouse.layout import store_dir
-from blobhouse.placement import KiB, as_uri
+from blobhouse.placement import KiB
 from blobhouse.storage import (
     StorageOptions,
     is_local,
@@ -51,6 +51,7 @@ from blobhouse.storage import (
     read_object,
     uri_to_path,
 )
+from blobhouse.uris import as_uri
 
 CLAIMS_DIR = "claims"
 CLAIM_FILE = re.compile(r"[^/]+-claims/[^/]+")  # a claim's name in CLAIMS_DIR

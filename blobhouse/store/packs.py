@@ -23,9 +23,10 @@ from blobhouse.layout import (
     is_store_base_name,
     store_dir,
 )
-from blobhouse.placement import Kind, as_uri
+from blobhouse.placement import Kind
 from blobhouse.session import PreparedBlob
 from blobhouse.storage import StorageOptions, object_sizes, object_store, uri_to_path
+from blobhouse.uris import as_uri
 
 if TYPE_CHECKING:
     pass

@@ -18,7 +18,7 @@ from blobhouse.errors import (
 from blobhouse.layout import (
     store_dir,
 )
-from blobhouse.placement import normalize_uri, object_size
+from blobhouse.placement import object_size
 from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue
 from blobhouse.storage import StorageOptions
 from blobhouse.store.checks import checked_entries
@@ -31,6 +31,7 @@ from blobhouse.store.claims import (
 )
 from blobhouse.store.index import StoreIndex
 from blobhouse.store.packs import PACKS_DIR, StoredPayload, remove_packs, retired_packs
+from blobhouse.uris import normalize_uri
 
 if TYPE_CHECKING:
     from blobhouse.values import LogicalColumn

@@ -242,15 +242,12 @@ def remove_empty_local_dirs(*paths: str) -> None:
 
 
 def kept_properties(existing: LanceDataset | None, appending: bool) -> TableProperties:
-    """The properties a write plans by: the table's (an overwrite replaces damaged ones)."""
+    """The properties a write plans by: the table's (an overwrite replaces damaged ones; an
+    append refuses them when it resolves its options)."""
     if existing is None:
         return TableProperties()
-    try:
-        return TableProperties.of(existing)
-    except TableMetadataError:
-        if appending:
-            raise
-        return TableProperties()
+    properties = TableProperties.of(existing)
+    return TableProperties() if properties.damaged and not appending else properties
 
 
 def blob_names(schema: pa.Schema) -> list[str]:

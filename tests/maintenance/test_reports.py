@@ -99,14 +99,14 @@ def test_maintenance_options_are_checked_by_name_and_type(table):
         table.maintenance.compact({"target_row": 5})
     with pytest.raises(InvalidInputError, match="CompactionTargets or a mapping"):
         table.maintenance.compact(5)
-    with pytest.raises(InvalidInputError, match="target_rows must be a number, got '5'"):
+    with pytest.raises(InvalidInputError, match="target_rows must be a whole number of rows"):
         table.maintenance.compact({"target_rows": "5"})
     with pytest.raises(InvalidInputError, match="retries must be a whole number"):
         table.maintenance.compact(commit={"retries": -1})
     for bad in (float("nan"), 2, -0.1):  # nan once planned a compaction
-        with pytest.raises(InvalidInputError, match=r"repack_threshold must be in \[0, 1\]"):
+        with pytest.raises(InvalidInputError, match=r"repack_threshold must be a number in \["):
             table.maintenance.compact({"repack_threshold": bad})
-    with pytest.raises(InvalidInputError, match="target_bytes must be positive"):
+    with pytest.raises(InvalidInputError, match="target_bytes must be a whole number of bytes"):
         table.maintenance.compact({"target_bytes": 0})
     assert table.version == table.refresh().version == version
     assert table.maintenance.compact({"target_rows": 100})["fragments_removed"] == 1

@@ -4,8 +4,11 @@ properties, and errors name the user's input."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 
+import lance
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
@@ -167,3 +170,45 @@ def test_ingest_into_a_file_is_refused_before_spark_runs(spark, tmp_path):
     with pytest.raises(PathIsFileError, match="it is a file"):
         ingest(spark, str(manifest), str(target), ["image"])
     assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs
+
+
+def test_spark_options_and_tblproperties_are_checked_by_the_settings_schema(spark, tmp_path):
+    """Issue 57: every setting by one schema at Spark's doors too (writer options, read options,
+    TBLPROPERTIES, the jobs' keywords), refused before anything is written, naming the option,
+    the value and what it takes; a damaged stored setting refuses Spark's writes the same way."""
+    uri = str(tmp_path / "t")
+    df = episodes(spark, rows=4, partitions=1)
+    for option, value, message in [
+        ("managed_bases", "/", "'/' is the root of a filesystem, bucket or container"),
+        ("max_rows_per_file", "ten", "max_rows_per_file must be a whole number from 1"),
+        ("inline_size_threshold", str(2**64), "from 0 to 2**64 - 1, got '18446744073709551616'"),
+        ("placement", '{"video": 5}', "the thresholds of 'video' are not a mapping"),
+        ("dedup", '{"video": "globl"}', "dedup of column 'video' must be one of"),
+        ("allow_nonempty_folder", "yes", "allow_nonempty_folder must be true or false"),
+    ]:
+        with pytest.raises(Exception, match=re.escape(message)):
+            df.write.format("blobhouse").mode("append").option("blob_columns", BLOB_COLUMNS).option(
+                option, value
+            ).save(uri)
+        assert not os.path.exists(uri)
+    with pytest.raises(InvalidInputError, match=re.escape("partitions must be a whole number")):
+        bs.write_table(df, uri, blob_columns=["video"], partitions="3")
+    with pytest.raises(Exception, match=re.escape("managed_bases must be a list of absolute")):
+        spark.sql(
+            f"CREATE TABLE roots USING blobhouse OPTIONS (path '{uri}', columns 'id BIGINT, img "
+            "BINARY', blob_columns 'img') TBLPROPERTIES (managed_bases 's3://bucket')"
+        )
+    assert not os.path.exists(uri)
+    write_table(pa.table({"id": [1]}), uri)
+    with pytest.raises(Exception, match=re.escape("rows_per_partition must be a whole number")):
+        spark.read.format("blobhouse").option("rows_per_partition", "1e3").load(uri).collect()
+    with pytest.raises(InvalidInputError, match=re.escape("dry_run must be True or False")):
+        bs.gc(spark, uri, dry_run="yes")
+    with pytest.raises(InvalidInputError, match=re.escape("target_rows must be a whole number")):
+        bs.compact(spark, uri, target_rows=0)
+    settings = json.loads(lance.dataset(uri).schema.metadata[b"blobhouse"])
+    damaged = json.dumps({**settings, "max_rows_per_file": "10"})
+    lance.dataset(uri).update_schema_metadata({"blobhouse": damaged})
+    with pytest.raises(Exception, match=re.escape(f"blobhouse properties {uri} --set max_rows")):
+        spark.createDataFrame([(2,)], "id long").write.format("blobhouse").mode("append").save(uri)
+    assert open_table(uri).version == 2  # the hand edit's version: nothing written since

@@ -58,8 +58,8 @@ def test_a_misspelled_spark_read_option_is_refused(spark, table_uri):
 
 def test_a_blobhouse_error_inside_spark_reaches_the_caller_as_itself(spark, table_uri):
     df = spark.createDataFrame([(1, b"x")], "id long, image binary")
-    with pytest.raises(InvalidInputError, match="dedup mode 'nope'") as raised:
+    with pytest.raises(InvalidInputError, match=r"dedup must be one of .*got 'nope'") as raised:
         bs.write_table(df, table_uri, blob_columns=["image"], options={"dedup": "nope"})
-    assert str(raised.value).startswith("dedup mode 'nope'")  # the first line is ours
+    assert str(raised.value).startswith("dedup must be one of")  # the first line is ours
     with pytest.raises(UnknownOptionError, match="did you mean 'deep'"):
         bs.verify(spark, table_uri, dep=True)

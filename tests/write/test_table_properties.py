@@ -24,7 +24,7 @@ from blobhouse import (
 )
 from blobhouse.cli import main
 from blobhouse.errors import InvalidInputError, TableMetadataError, UnknownOptionError
-from blobhouse.placement import SETTINGS_KEY
+from blobhouse.settings import SETTINGS_KEY
 from tests.helpers import disk_bytes, stock_read
 
 CHUNKS = [os.urandom(300_000 + i) for i in range(4)]
@@ -171,11 +171,11 @@ def test_set_properties_refuses_bad_changes_naming_them(table_uri, tmp_path):
     table = write_table(frames(0, 5), table_uri, allowed_bases=[str(tmp_path / "media")])
     version = table.version
     for changes, error, message in [
-        ({"dedup": "globl"}, InvalidInputError, "dedup mode 'globl'"),
+        ({"dedup": "globl"}, InvalidInputError, "dedup must be one of .*got 'globl'"),
         ({"dedup": {"nope": "off"}}, InvalidInputError, "'nope', which is not a blob column"),
         ({"ref_id_columns": {"video": "thumb"}}, InvalidInputError, "must be an integer column"),
         ({"allowed_bases": []}, InvalidInputError, "can be added to, not removed"),
-        ({"max_rows_per_file": 0}, InvalidInputError, "positive integer"),
+        ({"max_rows_per_file": 0}, InvalidInputError, "a whole number from 1"),
     ]:
         with pytest.raises(error, match=message):
             table.set_properties(**changes)
@@ -341,10 +341,10 @@ def test_a_dropped_ref_id_column_is_refused_or_named(table_uri):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"max_rows_per_file": "10"}, "max_rows_per_file must be a positive integer, got '10'"),
-        ({"max_bytes_per_file": 0}, "max_bytes_per_file must be a positive integer, got 0"),
-        ({"dedup": 3}, "dedup must be a mode"),
-        ({"dedup": "globl"}, "dedup mode 'globl'"),
+        ({"max_rows_per_file": "10"}, "max_rows_per_file must be a whole number from 1 to"),
+        ({"max_bytes_per_file": 0}, "max_bytes_per_file must be a whole number of bytes from 1"),
+        ({"dedup": 3}, "dedup must be one of .*, or a mapping {column: mode}, got 3"),
+        ({"dedup": "globl"}, "dedup must be one of .*got 'globl'"),
         ({"placement": "big"}, "placement must be a mapping"),
     ],
 )
@@ -367,7 +367,7 @@ def test_damaged_metadata_still_reads_refuses_writes_and_an_overwrite_repairs_it
         assert any("damaged" in str(w.message) for w in caught)
     for write in (
         lambda: write_table(frames(3, 1), table_uri, mode="append"),
-        lambda: open_table(table_uri).set_properties(dedup="content"),
+        lambda: open_table(table_uri).set_properties(max_rows_per_file=5),  # not the damaged
     ):
         with pytest.raises(TableMetadataError, match="damaged"):
             write()
