@@ -159,9 +159,11 @@ def plan_write(
         in_field = get_field(input_schema, path)
         column_placement = Placement()
         if table_schema is not None:
-            column_placement = column_placement.updated(get_field(table_schema, path).metadata)
+            recorded = get_field(table_schema, path).metadata
+            column_placement = column_placement.updated(recorded, name)
         overrides = {**placement.get("*", {}), **placement.get(name, {})}
-        column_placement = column_placement.updated(in_field.metadata).updated(overrides)
+        column_placement = column_placement.updated(in_field.metadata, name)
+        column_placement = column_placement.updated(overrides, name)
         columns.append(
             BlobColumnPlan(path, column_placement, modes[name], ref_id_columns.get(name))
         )

@@ -119,6 +119,21 @@ def test_blob_columns_given_as_a_string_are_refused_naming_the_list_to_write(tmp
         write_table(frames(), str(tmp_path / "t"), blob_columns="video")
 
 
+def test_a_threshold_in_the_written_schema_is_checked_by_the_same_schema(tmp_path):
+    """A placement key in the data's own field metadata (as Lance's writers take it) is a door
+    too: it raised Python's ValueError before."""
+    data = frames()
+    key = b"lance-encoding:blob-inline-size-threshold"
+    field = data.schema.field("video")
+    data = data.cast(
+        data.schema.set(1, field.with_metadata({**(field.metadata or {}), key: b"4k"}))
+    )
+    uri = str(tmp_path / "t")
+    with pytest.raises(InvalidInputError, match="inline_size_threshold of column 'video' must"):
+        write_table(data, uri)
+    assert not os.path.exists(uri)
+
+
 def test_the_largest_thresholds_lance_accepts_are_accepted(tmp_path):
     most = {"inline_size_threshold": 2**64 - 1, "dedicated_size_threshold": 2**64 - 1}
     table = write_table(frames(), str(tmp_path / "t"), placement={"video": most})
