@@ -31,6 +31,7 @@ from blobhouse import (
 )
 from blobhouse.cli import main
 from blobhouse.errors import TableMetadataError
+from blobhouse.settings import SETTINGS
 from tests.helpers import tree
 
 ROOTS = ["/", "file:///", "s3://bucket", "az://container/", "gs://bucket/"]
@@ -307,3 +308,26 @@ def test_a_threshold_lance_accepts_on_disk_reads_as_lance_reads_it(table_uri):
     properties = open_table(table_uri).properties
     assert properties.damaged == {}
     assert properties.columns["video"].placement.inline_size_threshold == 5
+
+
+def test_the_settings_page_lists_every_setting_as_the_schema_says():
+    """docs/table-properties.md's tables are the schema: name, what it takes, default, meaning."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "table-properties.md").read_text()
+    for spec in SETTINGS.values():
+        row = f"| `{spec.name}` | {spec.expected} | {_default_text(spec)} | {spec.meaning} |"
+        assert row in page, row
+
+
+def _default_text(spec) -> str:
+    value = spec.default
+    if value is None:
+        return "none"
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds() / 3600:g} hours"
+    if isinstance(value, tuple):
+        return "[]"
+    if getattr(spec, "unit", "") == "bytes" and not isinstance(value, bool) and value >= 1024:
+        for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+            if value % size == 0:
+                return f"{value // size} {unit}"
+    return str(value)
