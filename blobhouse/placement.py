@@ -168,7 +168,8 @@ class AllowedBases:
                 return cls(allowed, table_root, managed)
             except InvalidSettingError as exc:  # a base inside the table
                 bad = {exc.setting: str(exc)}
-        problem = damage_error(bad, uri_to_path(table_root or ""))
+        # with the table's other damaged settings: the command it names repairs them all
+        problem = damage_error({**damaged, **bad}, uri_to_path(table_root or ""))
         if not reading:
             raise problem
         warnings.warn(f"{problem}; reading without its external bases", stacklevel=3)

@@ -203,10 +203,18 @@ class TableProperties:
         >>> import pyarrow as pa
         >>> schema = pa.schema([]).with_metadata({b"blobhouse": b'{"format": 2, "dedup": 3}'})
         >>> TableProperties.of_schema(schema, {}).damaged
-        {'dedup': "dedup must be one of 'content', 'ref_id', 'global', 'off', or a mapping \
-{column: mode}, got 3"}
+        {'dedup': "dedup must be one of 'content', 'ref_id', 'global', 'off', got 3"}
         """
         recorded, damaged = recorded_settings(schema)
+        while where:  # a base inside the table is damage too (its files are gc's)
+            allowed, managed = (recorded.get(k, ()) for k in ("allowed_bases", "managed_bases"))
+            try:
+                AllowedBases(allowed, where, managed)
+                break
+            except InvalidSettingError as exc:
+                damaged[exc.setting] = str(exc)
+                if recorded.pop(exc.setting, None) is None:
+                    break
         version = recorded.get("format", FORMAT if damaged else 1)
         columns = {}
         for path in stored_blob_columns(schema):

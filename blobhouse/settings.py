@@ -446,6 +446,10 @@ class Dedup(Setting):
     def expected(self) -> str:
         return f"{DEDUP_MODE.expected}, or a mapping {{column: mode}}"
 
+    def stored(self, value: Any, name: str | None = None) -> str:
+        """The table's own mode (a column's is kept in its field's metadata)."""
+        return DEDUP_MODE.check(value, name or self.name)
+
     def _canonical(self, value: Any) -> str | dict[str, str | None]:
         if isinstance(value, str):
             return DEDUP_MODE.check(value, self.name)

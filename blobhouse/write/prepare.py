@@ -243,10 +243,12 @@ def remove_empty_local_dirs(*paths: str) -> None:
 
 def kept_properties(existing: LanceDataset | None, appending: bool) -> TableProperties:
     """The properties a write plans by: the table's (an overwrite replaces damaged ones; an
-    append refuses them when it resolves its options)."""
+    append refuses them, naming every damaged one before anything else reads them)."""
     if existing is None:
         return TableProperties()
     properties = TableProperties.of(existing)
+    if appending:
+        properties.check_writable()
     return TableProperties() if properties.damaged and not appending else properties
 
 

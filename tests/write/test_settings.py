@@ -158,6 +158,7 @@ def test_the_largest_thresholds_lance_accepts_are_accepted(tmp_path):
         (lambda t: t.update({"id": "id + 1"}, retries=-1), "retries must be a whole number"),
         (lambda t: t.merge_insert("id").conflict_retries("3"), "retries must be a whole"),
         (lambda t: t.update({"id": "id + 1"}, dedup="globl"), "dedup must be one of"),
+        (lambda t: t.backfill_blob_column("new", lambda b: [b"x"], dedup=3), "got 3"),
         (lambda t: CompactionTargets(deleted_fraction=float("nan")), "a number in (0, 1]"),
         (lambda t: CommitOptions(retries=True), "retries must be a whole number"),
     ],
@@ -206,6 +207,10 @@ DAMAGE = [
     ({"max_rows_per_file": "10"}, "max_rows_per_file", lambda folder: "10"),
     ({"max_bytes_per_file": 2**64}, "max_bytes_per_file", lambda folder: "1000000"),
     ({"dedup": ["global"]}, "dedup", lambda folder: "global"),
+    ({"dedup": {"video": "off"}}, "dedup", lambda folder: "global"),  # a column's is elsewhere
+    ({"managed_bases": None}, "managed_bases", lambda folder: folder),
+    ({"max_rows_per_file": None}, "max_rows_per_file", lambda folder: "10"),
+    ({"allowed_bases": ["<table>/data"]}, "allowed_bases", lambda folder: folder),  # gc's files
 ]
 
 
@@ -216,7 +221,7 @@ def test_a_setting_damaged_on_disk_never_widens_and_one_command_repairs_it(
     uri = str(tmp_path / "t")
     folder, mine = media(tmp_path)
     write_table(frames(), uri, allowed_bases=[folder])
-    edit_settings(uri, **edit)
+    edit_settings(uri, **json.loads(json.dumps(edit).replace("<table>", uri)))
     version, files = lance.dataset(uri).version, tree(uri)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # reading without damaged bases warns
@@ -256,6 +261,20 @@ def test_a_setting_damaged_on_disk_never_widens_and_one_command_repairs_it(
     assert open_table(uri).properties.damaged == {}
     write_table(frames(2, uri=mine), uri, mode="append")
     assert open_table(uri).read_blobs("clip", [2])[0] == Path(mine).read_bytes()
+
+
+def test_a_whole_damaged_key_is_named_whole_and_its_one_command_repairs_it(table_uri, capsys):
+    write_table(frames(), table_uri)
+    lance.dataset(table_uri).update_schema_metadata({"blobhouse": "[1, 2]"})
+    with pytest.raises(TableMetadataError) as error:  # the first refusal names every one
+        write_table(frames(2), table_uri, mode="append")
+    names = ["dedup", "allowed_bases", "managed_bases", "max_rows_per_file", "max_bytes_per_file"]
+    assert " ".join(f"--set {n}=" for n in names) in re.sub(r"=\S+", "=", str(error.value))
+    values = ["global", "", "", "1000", "1000000"]
+    argv = [a for n, v in zip(names, values, strict=True) for a in ("--set", f"{n}={v}")]
+    assert main(["properties", table_uri, *argv]) == 0, capsys.readouterr().err
+    write_table(frames(2), table_uri, mode="append")
+    assert open_table(table_uri).properties.max_rows_per_file == 1000
 
 
 def test_a_plain_reference_never_becomes_managed_through_a_damaged_base(tmp_path):
