@@ -75,7 +75,6 @@ DEFAULT_DEDUP = "global"
 LEGACY_DEDUP = "content"
 DEDUP_KEY = b"blobhouse:dedup"
 REF_ID_FIELD_KEY = b"blobhouse:ref-id-field"
-PLACEMENT_NAMES = THRESHOLDS
 #: how a blob column's ref_id column is recorded: its Lance field id (an i32 in Lance)
 _FIELD_ID = Count("ref_id_column", "the Lance field id of the ref_id column", low=0, high=2**31 - 1)
 #: what ``set_properties`` and ``blobhouse properties --set`` change
@@ -105,7 +104,7 @@ class ColumnProperties:
         return {
             "dedup": self.dedup or table_dedup,
             "ref_id_column": "(dropped)" if self.ref_id_dropped else self.ref_id_column,
-            **{name: getattr(self.placement, name) for name in PLACEMENT_NAMES},
+            **{name: getattr(self.placement, name) for name in THRESHOLDS},
         }
 
 
@@ -309,7 +308,9 @@ class TableProperties:
         """These properties with ``changes`` (the names of :data:`SETTABLE`), validated:
         ``dedup`` a mode or ``{column: mode}`` (``None`` for a column: the table's mode
         again), ``ref_id_columns`` ``{column: integer column or None}``, ``placement``
-        ``{column or "*": {threshold: bytes}}``, bases lists of URIs, limits positive ints.
+        ``{column or "*": {threshold: bytes}}``, bases lists of URIs, limits positive ints
+        (each by its setting, :mod:`blobhouse.settings`). Every damaged setting must be among
+        ``changes`` (set anew: the repair), else :class:`TableMetadataError` names them.
 
         >>> TableProperties().changed(dedup="content").dedup
         'content'
@@ -505,7 +506,7 @@ def parse_settings(pairs: Mapping[str, str]) -> dict[str, Any]:
         elif key == "ref_id_column" and column:
             ref = None if value.strip().lower() in ("", "none") else value.strip()
             changes.setdefault("ref_id_columns", {})[column] = ref
-        elif key in PLACEMENT_NAMES:
+        elif key in THRESHOLDS:
             target = changes.setdefault("placement", {}).setdefault(column or "*", {})
             target[key] = None if default else SETTINGS[key].parse(value, name)
         elif key in _TABLE_WIDE_PARSED and not column:
@@ -515,8 +516,8 @@ def parse_settings(pairs: Mapping[str, str]) -> dict[str, Any]:
                 "dedup",
                 "dedup.<column>",
                 "ref_id_column.<column>",
-                *PLACEMENT_NAMES,
-                *(f"{n}.<column>" for n in PLACEMENT_NAMES),
+                *THRESHOLDS,
+                *(f"{n}.<column>" for n in THRESHOLDS),
                 *_TABLE_WIDE_PARSED,
             ]
             check_names([name], valid, "property")
@@ -606,7 +607,7 @@ def _left_damaged(damaged: Mapping[str, str], changes: Mapping[str, Any]) -> dic
             )
         if name == "ref_id_column":
             return isinstance(refs, Mapping) and column in refs
-        if name in PLACEMENT_NAMES:
+        if name in THRESHOLDS:
             targets = (placement.get(t) for t in (column, "*"))
             return any(isinstance(t, Mapping) and name in t for t in targets)
         return name in changes
@@ -653,4 +654,4 @@ def _column(columns: Mapping[str, ColumnProperties], name: str, what: str) -> Co
 
 
 def _thresholds(placement: Placement) -> dict[str, int]:
-    return {name: getattr(placement, name) for name in PLACEMENT_NAMES}
+    return {name: getattr(placement, name) for name in THRESHOLDS}

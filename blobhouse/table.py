@@ -251,7 +251,10 @@ class Table:
         """Change the table's properties in one commit (a new manifest; nothing rewritten) and
         move this table to the new version. Later writes follow them; :meth:`compact` brings
         earlier rows under a new dedup mode. ``dedup`` is the table's mode or
-        ``{column: mode}`` (None: the table's again); bases can be added, not removed.
+        ``{column: mode}`` (None: the table's again); bases can be added, not removed. Each
+        value is checked by its setting (:mod:`blobhouse.settings`). Setting a stored setting
+        another tool damaged anew is its repair (a change must set every damaged one: the
+        error naming them gives the command).
 
         >>> import tempfile, pyarrow as pa
         >>> from blobhouse import blob_array, write_table
