@@ -115,9 +115,10 @@ class LeRobotDatasetError(InvalidInputError):
 
 class BlobReadError(BlobhouseError, OSError):
     """A stored payload could not be read: its object is missing or shorter than its
-    reference says. ``uri`` is the object."""
+    reference says. ``uri`` is the object (empty when re-raised from a DataLoader worker,
+    which keeps only the type and the message: the message names it)."""
 
-    def __init__(self, message: str, uri: str) -> None:
+    def __init__(self, message: str, uri: str = "") -> None:
         super().__init__(message)
         self.uri = uri
 

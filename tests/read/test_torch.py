@@ -10,6 +10,7 @@ import pickle
 import socket
 from collections import Counter
 
+import pyarrow as pa
 import pytest
 import torch
 import torch.multiprocessing
@@ -327,3 +328,63 @@ def test_bad_arguments_are_refused_by_name(clips, kwargs, message):
 def test_a_missing_table_is_named(tmp_path):
     with pytest.raises(TableNotFoundError, match="no table at"):
         TableRowDataset(str(tmp_path / "missing"))
+
+
+def test_every_blobhouse_error_keeps_its_type_through_a_dataloader_worker():
+    """torch re-raises a worker's exception in the main process as ``type(message)``, and as a
+    RuntimeError when that call fails: every error blobhouse raises can be made from one."""
+    import inspect
+
+    from torch._utils import ExceptionWrapper
+
+    import blobhouse.errors as errors
+
+    classes = [
+        getattr(errors, name)
+        for name in [*dir(errors), "ConcurrentCommitError", "KeysInsertedMeanwhile"]
+        if inspect.isclass(getattr(errors, name))
+        and issubclass(getattr(errors, name), errors.BlobhouseError)
+    ]
+    assert len(classes) > 25
+    for cls in classes:
+        try:
+            raise cls("what went wrong")
+        except cls:
+            wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+        with pytest.raises(cls, match="what went wrong") as raised:
+            wrapped.reraise()
+        assert type(raised.value) is cls
+
+
+def _missing_and_damaged(uri: str) -> None:
+    """A table of 8 rows: row 3's payload is missing (its sidecar removed), row 6's damaged."""
+    from blobhouse import blob_array, open_table, write_table
+    from tests.helpers import flip_payload, uri_to_path
+
+    payloads = [os.urandom(200_000) for _ in range(8)]
+    write_table(
+        pa.table({"id": list(range(8)), "clip": blob_array(payloads)}),
+        uri,
+        placement={"clip": {"dedicated_size_threshold": 100_000}},  # a file per payload
+        dedup="content",
+    )
+    refs = open_table(uri).blob_refs("clip", [3]).to_pylist()
+    os.remove(uri_to_path(refs[0]["uri"]))
+    flip_payload(uri, "clip", 6)
+
+
+def test_errors_in_dataloader_workers_keep_their_type(tmp_path):
+    """A missing payload read by a TableBatchDataset's worker, a damaged one by a
+    TableRowDataset's: the main process catches BlobReadError and CorruptBlobError."""
+    from blobhouse.errors import BlobReadError, CorruptBlobError
+
+    uri = str(tmp_path / "t")
+    _missing_and_damaged(uri)
+    batches = TableBatchDataset(uri, batch_size=2, filter="id = 3 or id = 0")
+    with pytest.raises(BlobReadError, match=r"'clip', fragment 0 row 3: missing object"):
+        list(DataLoader(batches, batch_size=None, num_workers=2,
+                        multiprocessing_context="forkserver"))  # fmt: skip
+    rows = TableRowDataset(uri, filter="id = 6 or id = 0")
+    with pytest.raises(CorruptBlobError, match=r"'clip', fragment 0 row 6: the bytes at"):
+        list(DataLoader(rows, batch_size=2, num_workers=2, collate_fn=collate,
+                        multiprocessing_context="forkserver"))  # fmt: skip
