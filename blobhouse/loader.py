@@ -32,14 +32,14 @@ import pyarrow as pa
 from blobhouse.errors import ForkedAfterLanceWarning, InvalidInputError, TableNotFoundError
 from blobhouse.forks import FreshProcess, forked_after_lance, in_fresh_process, lance_is_running
 from blobhouse.layout import TableLocation
-from blobhouse.options import check_flag, keywords_checked
+from blobhouse.options import check_flag, check_int, keywords_checked
 from blobhouse.rangeio import BlobRef, open_ref
 from blobhouse.storage import check_answers, checked_options, is_local
 
 # at import, not at the first open: a DataLoader's workers (forked, or from a forkserver that
 # preloads this module) then find it imported instead of each paying 0.07-0.2 s for it
 from blobhouse.table import Table, open_at
-from blobhouse.video import FrameLayout, VideoFrames
+from blobhouse.video import MAX_FRAME_PIXELS, FrameLayout, VideoFrames
 
 LoaderBlobs = Literal["bytes", "refs"]
 _Batch = TypeVar("_Batch")  # what a loader yields per batch: a RecordBatch or a list of rows
@@ -66,10 +66,10 @@ class Shard:
     num_workers: int = 1
 
     def __post_init__(self) -> None:
-        _check_int("world_size", self.world_size, 1)
-        _check_int("num_workers", self.num_workers, 1)
-        _check_int("rank", self.rank, 0, self.world_size - 1)
-        _check_int("worker_id", self.worker_id, 0, self.num_workers - 1)
+        check_int("world_size", self.world_size, 1)
+        check_int("num_workers", self.num_workers, 1)
+        check_int("rank", self.rank, 0, self.world_size - 1)
+        check_int("worker_id", self.worker_id, 0, self.num_workers - 1)
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,10 @@ class BatchLoader:
     ``frames`` names video columns to decode (:class:`~blobhouse.video.VideoFrames`: each row's
     chunk becomes the ``uint8`` frame at its ``<column>_timestamp``, laid out as
     ``frame_layout``, ``"hwc"`` or ``"chw"``); each distinct chunk of a batch is read and decoded
-    once, on the loader's reading threads. Frames come with :meth:`row_batches`.
+    once, on the loader's reading threads, and checked against its recorded hash the first time
+    this loader meets it (with ``check_hashes``). ``max_frame_pixels`` bounds a decoded
+    frame's size (default a 4K frame's, 3840 x 2160 pixels): a chunk of larger frames is refused
+    from its header, before a batch is decoded. Frames come with :meth:`row_batches`.
     ``shuffle_window`` shuffles windows of that many consecutive rows (and the rows inside
     each) instead of single rows: a batch then holds neighbouring frames, which share video
     chunks, so far fewer chunks are decoded per batch, at the cost of batches whose rows are
@@ -192,20 +195,22 @@ class BatchLoader:
         frames: Sequence[str] | Mapping[str, str] | None = None,
         frame_layout: FrameLayout = "hwc",
         shuffle_window: int | None = None,
+        max_frame_pixels: int = MAX_FRAME_PIXELS,
     ) -> None:
-        _check_int("batch_size", batch_size, 1)
-        _check_int("seed", seed, 0)
+        check_int("batch_size", batch_size, 1)
+        check_int("seed", seed, 0)
         check_blobs(blobs)
         check_hashes = check_flag("check_hashes", check_hashes)
         if shuffle_window is not None:
-            _check_int("shuffle_window", shuffle_window, 1)
+            check_int("shuffle_window", shuffle_window, 1)
         Shard(rank, world_size, worker_id or 0, num_workers or 1)  # checked now
-        self.frames = checked_frames(frames, frame_layout, blobs)
+        self.frames = checked_frames(frames, frame_layout, blobs, max_frame_pixels)
         self.rows = PinnedRows(
             uri, filter=filter, storage_options=storage_options, version=version, branch=branch
         )
         self.columns = checked_columns(columns)
         self.shuffle_window = shuffle_window
+        self.checked_chunks: set[tuple[str, int, int]] = set()  # video chunks this loader checked
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.drop_last, self.blobs, self.check_hashes = drop_last, blobs, check_hashes
         self._given = (rank, world_size, worker_id, num_workers)
@@ -230,7 +235,7 @@ class BatchLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch``'s order next (from its first batch)."""
-        _check_int("epoch", epoch, 0)
+        check_int("epoch", epoch, 0)
         self.epoch, self._resume_at, self._position = epoch, 0, 0
 
     def __len__(self) -> int:
@@ -306,7 +311,7 @@ class BatchLoader:
         if differ:
             raise InvalidInputError(f"state is of a different loader: {', '.join(differ)}")
         self.set_epoch(state["epoch"])
-        _check_int("position", state["position"], 0)
+        check_int("position", state["position"], 0)
         self._resume_at = self._position = state["position"]
 
     def _batches(self, plan: EpochPlan, start: int) -> range:
@@ -354,6 +359,7 @@ class BatchLoader:
             self.check_hashes,
             self.frames,
             self.rows.storage_options,
+            self.checked_chunks,
         )
 
 
@@ -556,11 +562,13 @@ def read_row_dicts(
     check_hashes: bool,
     frames: VideoFrames | None = None,
     storage_options: dict[str, str] | None = None,
+    checked_chunks: set[tuple[str, int, int]] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows by id as dicts; with ``frames``, its video columns decoded into frames: those
-    columns are taken as references, and each distinct chunk opened once, as a ranged file
-    (with ``check_hashes``, a chunk this process has not met yet is read whole and checked
-    against its recorded hash first, once per process)."""
+    columns are taken as references, and each distinct chunk opened once, as a ranged file.
+    With ``check_hashes``, a chunk not in ``checked_chunks`` (the reader's: each loader checks
+    the chunks it meets, however many loaders this process made before) is read whole and
+    checked against its recorded hash first, then added to it."""
     if frames is None:
         return table.take_row_dicts(rows, columns, blobs, check_hashes=check_hashes)
     names = _column_names(table)
@@ -572,24 +580,23 @@ def read_row_dicts(
     for row, ref in zip(taken, refs, strict=True):
         row.update(ref)
 
+    checked = set() if checked_chunks is None else checked_chunks
+
     def open_chunk(column: str, ref: dict[str, Any], position: int) -> bytes | BinaryIO:
         key = (ref["uri"], ref["position"], ref["size"])
-        if (check_hashes and key not in _CHECKED_CHUNKS) or not is_local(key[0]):
+        if (check_hashes and key not in checked) or not is_local(key[0]):
             # read whole: to check it, or from an object store, where a GET per demuxer
             # seek would cost more than the chunk
             whole = table.take_row_dicts(
                 rows[position : position + 1], [column], "bytes", check_hashes=check_hashes
             )
-            _CHECKED_CHUNKS.add(key)
+            checked.add(key)  # a later batch of this reader reads only what its frames need
             return whole[0][column]
         return open_ref(BlobRef(*key), storage_options=storage_options, buffer_size=VIDEO_READ)
 
-    return frames.decode(taken, open_chunk)
+    return frames.decode(taken, open_chunk, lambda position: f"row id {rows[position]}")
 
 
-#: video chunks this process read whole and checked (uri, position, size): a stored range
-#: never changes, so later batches read only the parts their frames need
-_CHECKED_CHUNKS: set[tuple[str, int, int]] = set()
 #: bytes read ahead per read of a local video chunk: the demuxer seeks between the index and
 #: the frames' packets, and each seek drops the buffer (one frame of a 1 MB chunk read 2 MB
 #: with the 1 MiB default buffer, 133 KB with this one)
@@ -602,9 +609,11 @@ def _column_names(table: Table | TableInFreshProcess) -> list[str]:
     return table.schema.names
 
 
-def checked_frames(frames: object, layout: object, blobs: object) -> VideoFrames | None:
-    """The ``frames`` option, checked; frames are decoded from bytes, not references."""
-    checked = VideoFrames.of(frames, layout)  # type: ignore[arg-type]
+def checked_frames(
+    frames: object, layout: object, blobs: object, max_frame_pixels: object = MAX_FRAME_PIXELS
+) -> VideoFrames | None:
+    """The ``frames`` options, checked; frames are decoded from bytes, not references."""
+    checked = VideoFrames.of(frames, layout, max_frame_pixels=max_frame_pixels)  # type: ignore[arg-type]
     if checked is not None and blobs != "bytes":
         raise InvalidInputError(
             f"frames decode the chunks' bytes: blobs must be 'bytes', not {blobs!r}"
@@ -633,11 +642,3 @@ def _torch_worker() -> tuple[int | None, int | None]:
     torch_data = sys.modules.get("torch.utils.data")
     info = torch_data.get_worker_info() if torch_data is not None else None
     return (info.id, info.num_workers) if info is not None else (None, None)
-
-
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidInputError(f"{name} must be an integer, got {value!r}")
-    if value < low or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise InvalidInputError(f"{name} must be {bounds}, got {value}")

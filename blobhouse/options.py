@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -149,6 +150,22 @@ def as_options(cls: type[Opts], value: Opts | Mapping[str, Any] | None, what: st
     raise InvalidInputError(
         f"{what}s are a {cls.__name__} or a mapping of its fields, got {type(value).__name__}"
     )
+
+
+def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    """``value`` as an int if it is an integer (numpy's too, never a bool) in ``[low, high]``,
+    else an error naming ``name``, the value and the range.
+
+    >>> check_int("batch_size", 0, 1)
+    Traceback (most recent call last):
+    blobhouse.errors.InvalidInputError: batch_size must be >= 1, got 0
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy's ints too
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidInputError(f"{name} must be {bounds}, got {value}")
+    return int(value)
 
 
 def check_flag(name: str, value: object) -> bool:

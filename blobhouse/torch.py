@@ -45,7 +45,7 @@ from blobhouse.loader import (  # noqa: E402
     read_row_dicts,
 )
 from blobhouse.options import check_flag, keywords_checked  # noqa: E402
-from blobhouse.video import FrameLayout  # noqa: E402
+from blobhouse.video import MAX_FRAME_PIXELS, FrameLayout  # noqa: E402
 
 Row = dict[str, Any]
 
@@ -61,8 +61,8 @@ class TableBatchDataset(IterableDataset):
     :meth:`set_epoch` before each epoch: the epoch (and a resumed start) reaches the workers
     also when they persist between epochs (``persistent_workers=True``). The other arguments
     are :class:`BatchLoader`'s: ``frames`` decodes video columns into ``uint8`` frames (stacked
-    into one tensor per column without a ``collate``), ``shuffle_window`` shuffles windows of
-    consecutive rows so batches share video chunks.
+    into one tensor per column without a ``collate``), ``max_frame_pixels`` bounds a frame's
+    size, ``shuffle_window`` shuffles windows of consecutive rows so batches share video chunks.
 
     >>> import tempfile, pyarrow as pa
     >>> from torch.utils.data import DataLoader
@@ -98,6 +98,7 @@ class TableBatchDataset(IterableDataset):
         frames: Sequence[str] | Mapping[str, str] | None = None,
         frame_layout: FrameLayout = "hwc",
         shuffle_window: int | None = None,
+        max_frame_pixels: int = MAX_FRAME_PIXELS,
     ) -> None:
         rank, world_size = _distributed(rank, world_size)
         _check_callable("transform", transform, optional=True)
@@ -120,6 +121,7 @@ class TableBatchDataset(IterableDataset):
             frames=frames,
             frame_layout=frame_layout,
             shuffle_window=shuffle_window,
+            max_frame_pixels=max_frame_pixels,
         )
         self.transform, self.collate = transform, collate
         # (epoch, the rank's batch the pass starts at), in shared memory: persistent workers
@@ -177,8 +179,8 @@ class TableRowDataset(Dataset):
     DataLoader with torch's samplers: ``dataset[i]`` is ``transform(row)`` (the row as a dict
     when there is no ``transform``), and a DataLoader's batch of indices is one take, each
     distinct payload read once and checked against its recorded hash. ``frames`` (and
-    ``frame_layout``) decode video columns into frames, each distinct chunk of a DataLoader's
-    batch once (:class:`~blobhouse.loader.BatchLoader`).
+    ``frame_layout``, ``max_frame_pixels``) decode video columns into frames, each distinct
+    chunk of a DataLoader's batch once (:class:`~blobhouse.loader.BatchLoader`).
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -204,11 +206,13 @@ class TableRowDataset(Dataset):
         check_hashes: bool = True,
         frames: Sequence[str] | Mapping[str, str] | None = None,
         frame_layout: FrameLayout = "hwc",
+        max_frame_pixels: int = MAX_FRAME_PIXELS,
     ) -> None:
         check_blobs(blobs)
         check_hashes = check_flag("check_hashes", check_hashes)
         _check_callable("transform", transform, optional=True)
-        self.frames = checked_frames(frames, frame_layout, blobs)
+        self.frames = checked_frames(frames, frame_layout, blobs, max_frame_pixels)
+        self.checked_chunks: set[tuple[str, int, int]] = set()  # video chunks this dataset checked
         self.rows = PinnedRows(
             uri, filter=filter, storage_options=storage_options, version=version, branch=branch
         )
@@ -241,6 +245,7 @@ class TableRowDataset(Dataset):
             self.check_hashes,
             self.frames,
             self.rows.storage_options,
+            self.checked_chunks,
         )
         return rows if self.transform is None else [self.transform(row) for row in rows]
 

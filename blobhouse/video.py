@@ -14,10 +14,15 @@ apart than the chunk's keyframe spacing it seeks instead of decoding what lies b
 A frame is the one whose time (``pts * time_base``) is closest to the row's timestamp and
 within ``tolerance_s`` of it (1e-4 s, LeRobot's default), converted to RGB by FFmpeg
 (``rgb24``): the same pixels LeRobot's PyAV backend returns, as ``uint8``.
+
+Decoding is bounded: a chunk whose frames have more than ``max_frame_pixels`` pixels (by
+default a 4K frame's, 3840 x 2160) is refused from its stream's header, before a frame is
+decoded (a 16 KB MP4 can hold 4096 x 4096 frames: 50 MB each once converted).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,6 +34,7 @@ import numpy as np
 from blobhouse.errors import InvalidInputError, VideoFrameError
 from blobhouse.extras import require_av
 from blobhouse.kept_threads import KeptThreads
+from blobhouse.options import check_int
 
 FrameLayout = Literal["hwc", "chw"]
 FRAME_LAYOUTS = ("hwc", "chw")
@@ -46,6 +52,12 @@ DECODE_THREADS = 1
 _DECODERS = KeptThreads(os.cpu_count() or 1, "blobhouse-video")
 #: before the walk has seen two keyframes, timestamps further apart than this seek
 _FIRST_SEEK_GAP_S = 1.0
+#: the most pixels a decoded frame may have unless a reader's ``max_frame_pixels`` says
+#: otherwise: a 4K frame's (3840 x 2160), above what robot cameras record
+MAX_FRAME_PIXELS = 3840 * 2160
+#: a seek target past this (in the stream's time base) is a seek to the end: FFmpeg takes a
+#: 64-bit timestamp, and a row's timestamp of 3e38 s would not fit
+_LAST_PTS = 2**62
 
 
 def decode_frames(
@@ -53,23 +65,85 @@ def decode_frames(
     timestamps: Sequence[float],
     *,
     tolerance_s: float = TOLERANCE_S,
+    max_frame_pixels: int | None = MAX_FRAME_PIXELS,
+    label: Callable[[int], str] | None = None,
 ) -> list[np.ndarray]:
     """The RGB frames (``uint8``, height x width x 3) of the video ``chunk`` (its bytes, or a
     seekable file over them, of which only what the frames need is read) at ``timestamps``
-    (seconds), in the order asked; the chunk is decoded once, each frame at most once.
+    (seconds), in the order asked; the chunk is decoded once, each frame at most once. Frames
+    of more than ``max_frame_pixels`` pixels (None: any size) are refused before decoding;
+    ``label(i)`` names timestamp ``i`` in errors (a row, say).
 
     >>> from blobhouse.video import encode_test_video
     >>> chunk = encode_test_video(frames=6, fps=30, size=(16, 16))
     >>> [f.shape for f in decode_frames(chunk, [2 / 30, 0.0])]
     [(16, 16, 3), (16, 16, 3)]
+    >>> decode_frames(chunk, [0.0], max_frame_pixels=100)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    blobhouse.errors.VideoFrameError: its frames are 16x16 (... 256 pixels), more than ...
     """
+    converted: dict[int, np.ndarray] = {}  # by pts: a frame asked twice is converted once
+
+    def convert(frame: Any) -> np.ndarray:
+        if frame.pts not in converted:
+            converted[frame.pts] = frame.to_ndarray(format="rgb24")
+        return converted[frame.pts]
+
+    return _frames_at(chunk, timestamps, tolerance_s, max_frame_pixels, label, convert)
+
+
+def check_frames(
+    chunk: str | os.PathLike | BinaryIO,
+    timestamps: Sequence[float],
+    *,
+    tolerance_s: float,
+    label: Callable[[int], str] | None = None,
+) -> None:
+    """Raise :class:`~blobhouse.errors.VideoFrameError` unless the video ``chunk`` (a path,
+    or a seekable file) decodes a frame within ``tolerance_s`` of each of ``timestamps``: the
+    frames are decoded, not converted (what an import checks of a video file). ``label(i)``
+    names timestamp ``i`` in errors.
+
+    >>> import io
+    >>> from blobhouse.video import encode_test_video
+    >>> check_frames(io.BytesIO(encode_test_video(frames=6, fps=30, size=(16, 16))), [0.5],
+    ...              tolerance_s=1e-4)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    blobhouse.errors.VideoFrameError: no frame at 0.500000 s: the nearest is at 0.166667 s, ...
+    """
+    source = os.fspath(chunk) if isinstance(chunk, (str, os.PathLike)) else chunk
+    _frames_at(source, timestamps, tolerance_s, None, label, lambda frame: None)
+
+
+def _frames_at(
+    chunk: bytes | memoryview | str | BinaryIO,
+    timestamps: Sequence[float],
+    tolerance_s: float,
+    max_frame_pixels: int | None,
+    label: Callable[[int], str] | None,
+    keep: Callable[[Any], Any],
+) -> list[Any]:
+    """``keep(frame)`` of the frame at each of ``timestamps``, in the order asked."""
     require_av()
     import av
 
-    wanted = np.asarray(timestamps, dtype=np.float64)
-    frames: list[Any] = [None] * len(wanted)
-    if not len(wanted):
+    given = np.asarray(timestamps)
+    if not len(given):
         return []
+    if given.dtype.kind not in "iuf":  # strings, None, bools: no frame has such a time
+        index = next(i for i, t in enumerate(timestamps) if not _is_seconds(t))
+        raise VideoFrameError(
+            f"{_named(label, index)}timestamps must be numbers of seconds, "
+            f"got {timestamps[index]!r}"
+        )
+    wanted = given.astype(np.float64)
+    frames: list[Any] = [None] * len(wanted)
+    if not np.isfinite(wanted).all():  # NaN or infinite: no frame has such a time
+        index = int(np.argmin(np.isfinite(wanted)))
+        raise VideoFrameError(
+            f"{_named(label, index)}the timestamp is {float(wanted[index])!r}: a frame's time "
+            "must be a finite number of seconds"
+        )
     try:
         source = io.BytesIO(chunk) if isinstance(chunk, (bytes, memoryview)) else chunk
         with av.open(source, mode="r") as container:
@@ -77,24 +151,61 @@ def decode_frames(
                 raise VideoFrameError("the chunk holds no video stream")
             stream = container.streams.video[0]
             stream.thread_count = DECODE_THREADS
-            walk = _Walk(container, stream, tolerance_s)
-            converted: dict[int, np.ndarray] = {}  # by pts: a frame asked twice is converted once
+            context = stream.codec_context
+            check_frame_size(context.width, context.height, max_frame_pixels)
+            walk = _Walk(container, stream, tolerance_s, max_frame_pixels)
             for index in np.argsort(wanted, kind="stable"):
-                frame = walk.frame_at(float(wanted[index]))
-                if frame.pts not in converted:
-                    converted[frame.pts] = frame.to_ndarray(format="rgb24")
-                frames[index] = converted[frame.pts]
+                try:
+                    frame = walk.frame_at(float(wanted[index]))
+                except VideoFrameError as error:
+                    raise VideoFrameError(f"{_named(label, int(index))}{error}") from None
+                frames[index] = keep(frame)
     except av.FFmpegError as error:
         raise VideoFrameError(f"the chunk cannot be decoded: {error}") from None
     return frames
+
+
+def _is_seconds(value: object) -> bool:
+    return not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.number))
+
+
+def _named(label: Callable[[int], str] | None, index: int) -> str:
+    return "" if label is None else f"{label(index)}: "
+
+
+def check_frame_size(width: int, height: int, max_frame_pixels: int | None) -> None:
+    """Refuse frames of ``width`` x ``height`` with more than ``max_frame_pixels`` pixels.
+
+    >>> check_frame_size(4096, 4096, MAX_FRAME_PIXELS)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    blobhouse.errors.VideoFrameError: its frames are 4096x4096 (... max_frame_pixels=8,294,400 ...
+    """
+    if max_frame_pixels is not None and width * height > max_frame_pixels:
+        raise VideoFrameError(
+            f"its frames are {width}x{height} (width x height: {width * height:,} pixels), "
+            f"more than max_frame_pixels={max_frame_pixels:,} (a reader's max_frame_pixels "
+            "option raises the bound)"
+        )
+
+
+def seconds(time: float) -> str:
+    """A time for a message: six decimals, or a power of ten when that would be long.
+
+    >>> seconds(59 / 30), seconds(3e38)
+    ('1.966667', '3e+38')
+    """
+    return f"{time:.6f}" if abs(time) < 1e9 else f"{time:.6g}"
 
 
 class _Walk:
     """One pass through a chunk's frames in time order: it keeps the last two frames decoded
     (the closest one to a timestamp is one of them) and seeks over long gaps."""
 
-    def __init__(self, container: Any, stream: Any, tolerance_s: float) -> None:
+    def __init__(
+        self, container: Any, stream: Any, tolerance_s: float, max_frame_pixels: int | None
+    ) -> None:
         self.container, self.stream, self.tolerance_s = container, stream, tolerance_s
+        self.max_frame_pixels = max_frame_pixels
         self.frames: Any = None  # the decoding iterator since the last seek
         self.previous: Any = None
         self.current: Any = None
@@ -111,12 +222,12 @@ class _Walk:
             self._advance()
         nearest = min(
             (f for f in (self.previous, self.current) if f is not None),
-            key=lambda f: abs(f.time - time),
+            key=lambda f: (abs(f.time - time), -f.time),  # a tie (3e38 s away): the later
         )
         if not abs(nearest.time - time) < self.tolerance_s:
             raise VideoFrameError(
-                f"no frame at {time:.6f} s: the nearest is at {nearest.time:.6f} s, further than "
-                f"the tolerance of {self.tolerance_s} s"
+                f"no frame at {seconds(time)} s: the nearest is at {seconds(nearest.time)} s, "
+                f"further than the tolerance of {self.tolerance_s} s"
             )
         return nearest
 
@@ -126,7 +237,8 @@ class _Walk:
     def _seek(self, time: float) -> None:
         stream = self.stream
         target = int((time - self.tolerance_s) / stream.time_base) if time > 0 else 0
-        self.container.seek(max(target, 0), stream=stream, backward=True, any_frame=False)
+        target = min(max(target, 0), _LAST_PTS)
+        self.container.seek(target, stream=stream, backward=True, any_frame=False)
         self._restart()
         if self.current is not None and self.current.time > time + self.tolerance_s:
             # the container's index put the keyframe after the time: decode from the start
@@ -148,6 +260,8 @@ class _Walk:
         if frame is None:
             self.ended = True
             return
+        # the header's size bounds the first frame; a stream may change size on the way
+        check_frame_size(frame.width, frame.height, self.max_frame_pixels)
         if frame.key_frame:
             if self.last_keyframe is not None and frame.time > self.last_keyframe:
                 self.spacing = max(self.spacing or 0.0, frame.time - self.last_keyframe)
@@ -161,13 +275,14 @@ class VideoFrames:
     frames' layout (``"hwc"``: height x width x channels, ``"chw"``: channels first).
 
     >>> frames = VideoFrames.of(["cam"], "chw")
-    >>> frames.columns, frames.timestamp_columns()
-    ({'cam': 'cam_timestamp'}, ['cam_timestamp'])
+    >>> frames.columns, frames.timestamp_columns(), frames.max_frame_pixels
+    ({'cam': 'cam_timestamp'}, ['cam_timestamp'], 8294400)
     """
 
     columns: Mapping[str, str]  # video column -> its timestamp column
     layout: FrameLayout = "hwc"
     tolerance_s: float = TOLERANCE_S
+    max_frame_pixels: int = MAX_FRAME_PIXELS
 
     @classmethod
     def of(
@@ -175,9 +290,11 @@ class VideoFrames:
         frames: Sequence[str] | Mapping[str, str] | None,
         layout: object = "hwc",
         tolerance_s: object = TOLERANCE_S,
+        max_frame_pixels: object = MAX_FRAME_PIXELS,
     ) -> VideoFrames | None:
-        """The reader option ``frames``: None, video column names (timestamps in
-        ``<column>_timestamp``), or a mapping from video column to timestamp column."""
+        """The reader options ``frames`` (None, video column names, timestamps in
+        ``<column>_timestamp``, or a mapping from video column to timestamp column),
+        ``frame_layout`` and ``max_frame_pixels``, checked."""
         if frames is None:
             return None
         if isinstance(frames, str):
@@ -206,8 +323,9 @@ class VideoFrames:
             raise InvalidInputError(f"tolerance_s must be a number, got {tolerance_s!r}")
         if not tolerance_s > 0:
             raise InvalidInputError(f"tolerance_s must be positive, got {tolerance_s!r}")
+        pixels = check_int("max_frame_pixels", max_frame_pixels, 1)
         require_av()
-        return cls(columns, layout, float(tolerance_s))  # type: ignore[arg-type]
+        return cls(columns, layout, float(tolerance_s), pixels)  # type: ignore[arg-type]
 
     def timestamp_columns(self) -> list[str]:
         return list(self.columns.values())
@@ -229,12 +347,18 @@ class VideoFrames:
                         f"(its columns: {list(names)})"
                     )
 
-    def decode(self, rows: list[dict[str, Any]], open_chunk: ChunkOpener) -> list[dict[str, Any]]:
+    def decode(
+        self,
+        rows: list[dict[str, Any]],
+        open_chunk: ChunkOpener,
+        row_name: Callable[[int], str] = lambda position: f"row {position} of the batch",
+    ) -> list[dict[str, Any]]:
         """``rows`` (video columns as references ``{uri, position, size}``) with each video
         column's reference replaced by the frame at the row's timestamp: each distinct chunk
         is opened once (``open_chunk(column, reference, row)``, on this thread) and decoded
         once for all its rows; distinct chunks are decoded side by side (FFmpeg releases the
-        GIL), on up to one thread per core."""
+        GIL), on up to one thread per core. Errors name the column, the row (``row_name`` of
+        its position in ``rows``) and the chunk."""
         jobs = []
         for column, timestamp in self.columns.items():
             chunks: dict[tuple, list[int]] = {}
@@ -243,34 +367,51 @@ class VideoFrames:
                 if ref is not None:
                     key = (ref["uri"], ref["position"], ref["size"])
                     chunks.setdefault(key, []).append(position)
-            for positions in chunks.values():
+            for key, positions in chunks.items():
                 chunk = open_chunk(column, rows[positions[0]][column], positions[0])
-                jobs.append((column, timestamp, chunk, positions))
+                jobs.append((column, timestamp, key, chunk, positions))
+        decode = functools.partial(self._decode_chunk, rows, row_name)
         if len(jobs) == 1:
-            self._decode_chunk(rows, *jobs[0])
+            decode(*jobs[0])
         elif jobs:
             pool = _DECODERS.pool()
-            for done in [pool.submit(self._decode_chunk, rows, *job) for job in jobs]:
+            for done in [pool.submit(decode, *job) for job in jobs]:
                 done.result()
         return rows
 
     def _decode_chunk(
         self,
         rows: list[dict[str, Any]],
+        row_name: Callable[[int], str],
         column: str,
         timestamp: str,
+        key: tuple[str, int, int],
         chunk: bytes | BinaryIO,
         positions: list[int],
     ) -> None:
         times = [rows[p][timestamp] for p in positions]
-        if any(t is None for t in times):
-            raise VideoFrameError(
-                f"column {timestamp!r} is null in a row whose {column!r} holds a chunk"
-            )
+        where = f"video column {column!r}"
         try:
-            decoded = decode_frames(chunk, times, tolerance_s=self.tolerance_s)
-        except VideoFrameError as error:
-            raise VideoFrameError(f"video column {column!r}: {error}") from None
+            for position, time in zip(positions, times, strict=True):
+                if not _is_seconds(time):
+                    what = "is null" if time is None else f"holds {time!r}, not a number of seconds"
+                    raise VideoFrameError(
+                        f"{where}, {row_name(position)}: its timestamp column {timestamp!r} {what}"
+                    )
+            try:
+                decoded = decode_frames(
+                    chunk,
+                    times,
+                    tolerance_s=self.tolerance_s,
+                    max_frame_pixels=self.max_frame_pixels,
+                    label=lambda i: f"{row_name(positions[i])}, {timestamp} {times[i]!r}",
+                )
+            except VideoFrameError as error:
+                uri, position, size = key
+                raise VideoFrameError(
+                    f"{where} (the chunk at {uri} [{position}, +{size}), first in "
+                    f"{row_name(positions[0])}): {error}"
+                ) from None
         finally:
             if not isinstance(chunk, (bytes, memoryview)):
                 chunk.close()

@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import blobhouse.loader
 import blobhouse.video
 from blobhouse import Blob, blob_array, open_table, write_table
 from blobhouse.errors import CorruptBlobError, InvalidInputError, MissingExtraError, VideoFrameError
@@ -24,7 +23,8 @@ from blobhouse.lerobot import ingest_lerobot
 from blobhouse.lerobot.sample import write_sample_dataset
 from blobhouse.loader import BatchLoader
 from blobhouse.torch import TableBatchDataset, TableRowDataset, collate_rows
-from blobhouse.video import decode_frames, encode_test_video
+from blobhouse.video import decode_frames, encode_test_video, encode_video
+from tests.helpers import flip_payload
 
 CAMERAS = ("observation.images.top", "observation.images.wrist")
 COLUMNS = ["observation_images_top", "observation_images_wrist"]
@@ -229,15 +229,150 @@ def test_a_chunk_is_checked_whole_once_then_read_by_range(tmp_path):
     assert _bytes_read() - started < len(chunk) // 4
     assert frame.shape == (128, 128, 3)
 
-    ref = open_table(uri).take_row_dicts(open_table(uri).row_ids()[:1], ["cam"], "refs")[0]["cam"]
-    with open(ref["uri"].removeprefix("file://"), "r+b") as stored:
-        stored.seek(ref["position"] + ref["size"] // 2)
-        byte = stored.read(1)
-        stored.seek(-1, io.SEEK_CUR)
-        stored.write(bytes([byte[0] ^ 0xFF]))
-    blobhouse.loader._CHECKED_CHUNKS.clear()  # as in a new process
+    flip_payload(uri, "cam", 0)
     with pytest.raises(CorruptBlobError, match="cam"):
         TableRowDataset(uri, ["i"], frames=["cam"])[3]
+
+
+def _one_chunk_table(uri: str, chunk: bytes, times: list[float]) -> None:
+    write_table(
+        pa.table(
+            {
+                "i": list(range(len(times))),
+                "cam": blob_array([Blob(data=chunk, ref_id=1)] * len(times)),
+                "cam_timestamp": times,
+            }
+        ),
+        uri,
+    )
+
+
+def _readers(uri: str, **options):
+    """Every reader that takes frames=, each reading rows 0-3 of ``uri`` (column i, frames of
+    cam) in one batch: what each returns (or raises)."""
+    return {
+        "BatchLoader": lambda: [
+            r for b in BatchLoader(
+                uri, ["i"], batch_size=4, shuffle=False, filter="i < 4", frames=["cam"], **options
+            ).row_batches() for r in b
+        ],
+        "TableBatchDataset": lambda: list(
+            DataLoader(
+                TableBatchDataset(uri, ["i"], batch_size=4, shuffle=False, filter="i < 4",
+                                  frames=["cam"], **options),
+                batch_size=None,
+            )
+        ),
+        "TableRowDataset": lambda: TableRowDataset(uri, ["i"], frames=["cam"], **options)
+        .__getitems__([0, 1, 2, 3]),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("reader", ["BatchLoader", "TableBatchDataset", "TableRowDataset"])
+def test_a_chunk_damaged_after_one_loader_checked_it_is_caught_by_the_next(tmp_path, reader):
+    """Each loader checks the chunks it meets: a new loader in the same process reads the
+    chunk whole again and finds the damage (column, row and file named), though an earlier
+    loader found it whole."""
+    uri = str(tmp_path / "t")
+    _one_chunk_table(uri, encode_test_video(frames=30, fps=30, size=(32, 32), codec="mpeg4"),
+                     [i / 30 for i in range(30)])  # fmt: skip
+    read = _readers(uri)[reader]
+    assert len(read()) in (1, 4)  # checked, and decoded
+    flip_payload(uri, "cam", 0)
+    ref = open_table(uri).blob_refs("cam", [0])[0].as_py()
+    with pytest.raises(
+        CorruptBlobError, match=rf"'cam', fragment 0 row \d: the bytes at {ref['uri']}"
+    ):
+        read()
+
+
+@pytest.fixture(scope="module")
+def huge_frames(tmp_path_factory) -> tuple[str, bytes]:
+    """A table whose chunk is a small MP4 of 4096 x 4096 frames (50 MB each, decoded)."""
+    out = io.BytesIO()
+    flat = (np.full((4096, 4096, 3), 90 * i, np.uint8) for i in range(2))
+    encode_video(out, flat, fps=30, size=(4096, 4096), codec="libx264", gop=2)
+    chunk = out.getvalue()
+    uri = str(tmp_path_factory.mktemp("huge") / "t")
+    _one_chunk_table(uri, chunk, [0.0, 1 / 30, 0.0, 1 / 30])
+    return uri, chunk
+
+
+@pytest.mark.parametrize("reader", ["BatchLoader", "TableBatchDataset", "TableRowDataset"])
+def test_frames_larger_than_the_pixel_limit_are_refused_naming_the_chunk(huge_frames, reader):
+    uri, chunk = huge_frames
+    assert len(chunk) < 100_000
+    ref = open_table(uri).blob_refs("cam", [0])[0].as_py()
+    where = (
+        rf"video column 'cam' \(the chunk at {ref['uri']} \[{ref['position']}, \+{ref['size']}\), "
+        r"first in row id \d+\): its frames are 4096x4096 \(width x height: 16,777,216 pixels\), "
+        r"more than max_frame_pixels=8,294,400"
+    )
+    with pytest.raises(VideoFrameError, match=where):
+        _readers(uri)[reader]()
+    with pytest.raises(VideoFrameError, match="more than max_frame_pixels=1,000"):
+        _readers(uri, max_frame_pixels=1000)[reader]()
+    read = _readers(uri, max_frame_pixels=4096 * 4096)[reader]()  # raised: it decodes
+    frames = [r["cam"] for r in read] if reader != "TableBatchDataset" else read[0]["cam"]
+    assert tuple(frames[0].shape) == (4096, 4096, 3)
+
+
+def test_timestamps_that_are_not_numbers_are_named(tmp_path):
+    uri = str(tmp_path / "t")
+    chunk = encode_test_video(frames=30, fps=30, size=(16, 16), codec="mpeg4")
+    _one_chunk_table(uri, chunk, ["0.0", "0.5", "later", "0.1"])
+    row = open_table(uri).row_ids()[0]
+    for read in _readers(uri).values():
+        with pytest.raises(
+            VideoFrameError,
+            match=rf"video column 'cam', row id {row}: its timestamp column 'cam_timestamp' holds "
+            r"'0\.0', not a number of seconds",
+        ):
+            read()
+    with pytest.raises(
+        VideoFrameError, match=r"timestamps must be numbers of seconds, got 'later'"
+    ):
+        decode_frames(chunk, [0.0, "later"])
+
+
+def test_the_pixel_limit_is_an_option_checked_by_every_reader(robot):
+    _, uri = robot
+    for value, message in (
+        (0, "max_frame_pixels must be >= 1, got 0"),
+        ("4k", "max_frame_pixels must be an integer, got '4k'"),
+        (True, "max_frame_pixels must be an integer, got True"),
+        (1e7, "max_frame_pixels must be an integer, got 10000000.0"),
+    ):
+        for make, options in (
+            (BatchLoader, {"batch_size": 4}),
+            (TableBatchDataset, {"batch_size": 4}),
+            (TableRowDataset, {}),
+        ):
+            with pytest.raises(InvalidInputError, match=message):
+                make(uri, frames=COLUMNS, max_frame_pixels=value, **options)
+    with pytest.raises(VideoFrameError, match=r"its frames are 32x24 .* max_frame_pixels=100 "):
+        decode_frames(open_table(uri).read_blobs(COLUMNS[0], [0])[0], [0.0], max_frame_pixels=100)
+
+
+@pytest.mark.parametrize(
+    ("time", "message"),
+    [
+        (float("inf"), r"the timestamp is inf: a frame's time must be a finite number"),
+        (float("nan"), r"the timestamp is nan: a frame's time must be a finite number"),
+        (3e38, r"cam_timestamp 3e\+38: no frame at 3e\+38 s: the nearest is at 0\.966667 s"),
+        (-1.0, r"cam_timestamp -1\.0: no frame at -1\.000000 s: the nearest is at 0\.000000 s"),
+    ],
+)
+def test_a_timestamp_that_is_no_frame_s_time_is_named_with_its_row(tmp_path, time, message):
+    uri = str(tmp_path / "t")
+    chunk = encode_test_video(frames=30, fps=30, size=(16, 16), codec="mpeg4")
+    _one_chunk_table(uri, chunk, [0.0, 0.5, time, 0.1])
+    row = open_table(uri).row_ids()[2]
+    for read in _readers(uri).values():
+        with pytest.raises(VideoFrameError, match=rf"video column 'cam' .*row id {row}.*{message}"):
+            read()
+    with pytest.raises(VideoFrameError, match=message.split(": ", 1)[-1]):
+        decode_frames(chunk, [0.0, time])
 
 
 def test_frames_of_an_imported_table_on_an_object_store(robot, reference, bucket):
