@@ -362,8 +362,9 @@ def _ingest_lerobot_command(command: _Command, parents: _Parents) -> None:
         "Import a LeRobot v3 dataset folder into one table: a row per frame with its state, "
         "action, timestamps and task, and per camera a blob column referencing the camera's "
         "video file (each file stored once) plus <camera>_timestamp, the frame's time in it. "
-        "Dots in feature names become underscores. The dataset is checked before anything is "
-        "written; a failed import leaves the table as it was (docs/robot-learning.md).",
+        "Dots in feature names become underscores. The dataset (its names, values and video "
+        "files) is checked before anything is written; a failed import leaves the table as it "
+        "was (docs/robot-learning.md).",
         parents.common,
     )
     ingest.add_argument("dataset", help="the LeRobot dataset's folder (holding meta/info.json)")

@@ -130,6 +130,24 @@ def flip(uri: str, position: int) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
+def damage_page(path: Path, column: str) -> None:
+    """Damage the first page header of ``column`` in the Parquet file at ``path``: its
+    footer and other columns stay readable, reading that column fails."""
+    import pyarrow.parquet as pq
+
+    metadata = pq.ParquetFile(path).metadata
+    chunks = metadata.row_group(0)
+    (chunk,) = [
+        chunks.column(i)
+        for i in range(metadata.num_columns)
+        if f"{chunks.column(i).path_in_schema}.".startswith(f"{column}.")
+    ]
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start : start + 16] = bytes(b ^ 0xFF for b in data[start : start + 16])
+    path.write_bytes(bytes(data))
+
+
 def flip_payload(table_uri: str, column: str, row: int, offset: int | None = None) -> None:
     """Damage one byte of the stored payload of ``column`` at ``row`` of the table's latest
     version: the byte at ``offset`` into the payload (default: its middle)."""

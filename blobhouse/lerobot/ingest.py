@@ -188,8 +188,10 @@ def ingest_lerobot(
     row per frame with the frame's columns (dots in names become underscores), ``task`` (the
     task's text), and per camera a blob column referencing its video file (each file stored
     once) plus ``<camera>_timestamp``, the frame's time in that file. The dataset is checked
-    first; nothing is written unless it is whole. ``progress(step, done, total)`` hears of the
-    video files stored and the frames written.
+    first (its names, values and video files: :meth:`LeRobotSource.read`); nothing is written
+    unless it is whole, and nothing of it is lost (two names that would become one column
+    are refused). ``progress(step, done, total)`` hears of the video files stored and the
+    frames written.
 
     >>> import tempfile
     >>> from blobhouse.lerobot.sample import write_sample_dataset

@@ -17,6 +17,10 @@ LeRobot (Hugging Face's robot-learning library) keeps a dataset as:
 
 A frame of camera ``K`` is at ``from_timestamp + timestamp`` in its video file: what
 :class:`LeRobotSource` gives each row (the column ``<K>_timestamp``).
+
+:meth:`LeRobotSource.read` checks all of it before an import writes anything: the layout and
+its fields here, the values (:mod:`blobhouse.lerobot.checks`) and the video files
+(:mod:`blobhouse.lerobot.videos`).
 """
 
 from __future__ import annotations
@@ -35,27 +39,28 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from blobhouse.errors import LeRobotDatasetError
+from blobhouse.lerobot.checks import (
+    FRAME_COLUMNS,
+    FRAME_INTEGERS,
+    FrameScan,
+    check_kinds,
+    check_names,
+    check_range,
+    column_name,
+    episode_rows,
+    positive_number,
+    task_texts,
+)
+from blobhouse.lerobot.videos import Segment, VideoCheck
 from blobhouse.video import TIMESTAMP_SUFFIX
 
 INFO = "meta/info.json"
 TASKS = "meta/tasks.parquet"
 EPISODES_DIR = "meta/episodes"
-#: the columns every frame row has (LeRobot's DEFAULT_FEATURES)
-FRAME_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 EPISODE_COLUMNS = ("episode_index", "length", "data/chunk_index", "data/file_index")
 VIDEO_FIELDS = ("chunk_index", "file_index", "from_timestamp")
 #: frame rows handed to the writer at once
 BATCH_ROWS = 8192
-
-
-def column_name(key: str) -> str:
-    """The table column of LeRobot feature ``key``: dots become underscores (a dot in a
-    column name addresses a field inside a struct).
-
-    >>> column_name("observation.images.top")
-    'observation_images_top'
-    """
-    return key.replace(".", "_")
 
 
 @dataclass(frozen=True)
@@ -93,8 +98,9 @@ class LeRobotSource:
 
     @classmethod
     def read(cls, root: str | os.PathLike) -> LeRobotSource:
-        """Check the dataset at ``root``: every file and field the import needs, naming the
-        file and field of the first problem (:class:`~blobhouse.errors.LeRobotDatasetError`)."""
+        """Check the dataset at ``root``: every file, field and value the import needs, and
+        every video file against the episodes that use it, naming the file and field of the
+        first problem (:class:`~blobhouse.errors.LeRobotDatasetError`)."""
         root = Path(root)
         if not root.is_dir():
             raise LeRobotDatasetError(
@@ -105,7 +111,6 @@ class LeRobotSource:
         features = info["features"]
         video_keys = tuple(k for k, f in features.items() if f["dtype"] == "video")
         image_keys = tuple(k for k, f in features.items() if f["dtype"] == "image")
-        _check_names(root, features)
         episodes = _episodes(root, video_keys)
         data_files = tuple(
             _template_path(root, info, "data_path", chunk_index=c, file_index=f)
@@ -127,7 +132,9 @@ class LeRobotSource:
                     f"{path} is missing: {root / EPISODES_DIR} names it for an episode"
                 )
         _check_frame_count(root, data_files, episodes)
-        return cls(
+        schema = _data_schema(data_files, image_keys)
+        _check_all_names(root, features, video_keys, schema, data_files[0])
+        source = cls(
             root,
             info,
             float(info["fps"]),
@@ -138,6 +145,35 @@ class LeRobotSource:
             data_files,
             videos,
         )
+        source._check_values_and_videos(schema)
+        return source
+
+    def _check_values_and_videos(self, schema: pa.Schema) -> None:
+        """Every frame row's fields, then every video file against the episodes using it."""
+        scan = FrameScan(self.episodes["episode_index"].to_numpy(), self.tasks)
+        for path in self.data_files:
+            scan.scan(path, schema)
+        scan.check_lengths(
+            self.episodes["length"].to_numpy(), self.root / "data", self.root / EPISODES_DIR
+        )
+        for video in self.videos:
+            VideoCheck(video.path, video.key, self.fps, _declared_size(self.info, video.key)).check(
+                self._segments(video, scan)
+            )
+
+    def _segments(self, video: VideoFile, scan: FrameScan) -> list[Segment]:
+        """The frames each episode in ``video`` needs of it."""
+        prefix = f"videos/{video.key}"
+        held = (_ints(self.episodes, f"{prefix}/chunk_index") == video.chunk) & (
+            _ints(self.episodes, f"{prefix}/file_index") == video.file
+        )
+        start = self.episodes[f"{prefix}/from_timestamp"].to_numpy().astype(np.float64)
+        return [
+            Segment(int(e), float(start[i] + scan.first[i]), float(start[i] + scan.last[i]))
+            for i, e in zip(
+                np.flatnonzero(held), self.episodes["episode_index"].to_numpy()[held], strict=True
+            )
+        ]
 
     @property
     def frames(self) -> int:
@@ -147,10 +183,6 @@ class LeRobotSource:
     def video_bytes(self) -> int:
         return sum(v.path.stat().st_size for v in self.videos)
 
-    def data_schema(self) -> pa.Schema:
-        """The frame rows' columns as the data files have them (the first one's)."""
-        return _parquet(self.data_files[0]).schema_arrow
-
     def frame_batches(
         self,
         chunks: Mapping[tuple[str, int, int], ChunkRef],
@@ -159,28 +191,35 @@ class LeRobotSource:
         """Each data file's frame rows (of ``files``, by default all), renamed
         (:func:`column_name`), with ``task`` (the task's text) and per camera a reference to
         its video file (``chunks``, keyed by camera, chunk and file) and
-        ``<camera>_timestamp``, the frame's time in that file."""
-        expected = self.data_schema()
+        ``<camera>_timestamp``, the frame's time in that file. :meth:`read` checked them."""
         for path in self.data_files if files is None else files:
-            parquet = _parquet(path)
-            if not parquet.schema_arrow.equals(expected):
-                raise LeRobotDatasetError(
-                    f"{path}: its columns {parquet.schema_arrow.names} differ from those of "
-                    f"{self.data_files[0]} ({expected.names})"
-                )
-            for batch in parquet.iter_batches(BATCH_ROWS):
+            batches = _parquet(path).iter_batches(BATCH_ROWS)
+            while True:
+                try:
+                    batch = next(batches, None)
+                except (OSError, pa.ArrowException) as error:  # a damaged page
+                    raise LeRobotDatasetError(f"{path} cannot be read: {error}") from None
+                if batch is None:
+                    break
                 yield self._frame_rows(batch, path, chunks)
 
     def _frame_rows(
         self, batch: pa.RecordBatch, path: Path, chunks: Mapping[tuple[str, int, int], ChunkRef]
     ) -> pa.RecordBatch:
-        rows = _episode_rows(self.episodes, batch, path)
+        rows = episode_rows(
+            self.episodes["episode_index"].to_numpy(),
+            batch.column("episode_index").to_numpy(),
+            batch.column("index").to_numpy(),
+            path,
+        )
         columns: dict[str, pa.Array] = {}
         for name, column in zip(batch.schema.names, batch.columns, strict=True):
             if name in self.image_keys:  # LeRobot's image feature: struct<bytes, path>
                 column = column.field("bytes")
             columns[column_name(name)] = column.cast(_plain_lists(column.type))
-        columns["task"] = _task_texts(self.tasks, batch.column("task_index"), path)
+        columns["task"] = pa.array(
+            [self.tasks[i] for i in batch["task_index"].to_pylist()], pa.string()
+        )
         seconds = batch.column("timestamp").to_numpy(zero_copy_only=False).astype(np.float64)
         for key in self.video_keys:
             chunk = _ints(self.episodes, f"videos/{key}/chunk_index")[rows]
@@ -275,8 +314,8 @@ def _info(root: Path) -> dict[str, Any]:
             "(convert older datasets with LeRobot's convert_dataset_v21_to_v30)"
         )
     fps = info.get("fps")
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps <= 0:
-        raise LeRobotDatasetError(f"{path}: fps must be a positive number, got {fps!r}")
+    if positive_number(fps) is None:
+        raise LeRobotDatasetError(f"{path}: fps must be a positive number, got {_shown(fps)}")
     features = info.get("features")
     if not isinstance(features, dict) or not features:
         raise LeRobotDatasetError(
@@ -285,6 +324,8 @@ def _info(root: Path) -> dict[str, Any]:
     for key, feature in features.items():
         if not isinstance(feature, dict) or not isinstance(feature.get("dtype"), str):
             raise LeRobotDatasetError(f"{path}: features.{key} has no dtype")
+        if feature["dtype"] == "video":
+            _video_info(path, key, feature)
     for template in ("data_path",) + (("video_path",) if _has_videos(features) else ()):
         if not isinstance(info.get(template), str):
             raise LeRobotDatasetError(
@@ -293,24 +334,94 @@ def _info(root: Path) -> dict[str, Any]:
     return info
 
 
+def _shown(value: object) -> str:
+    """``value`` for a message, cut short if long."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _has_videos(features: Mapping[str, Any]) -> bool:
     return any(f["dtype"] == "video" for f in features.values())
 
 
-def _check_names(root: Path, features: Mapping[str, Any]) -> None:
-    """Refuse features whose column names would collide (``a.b`` and ``a_b``)."""
-    seen: dict[str, str] = {}
-    names = [*features, "task"] + [
-        f"{k}{TIMESTAMP_SUFFIX}" for k, f in features.items() if f["dtype"] == "video"
-    ]
-    for key in names:
-        name = column_name(key)
-        if name in seen:
+#: where info.json declares a camera's frame size: LeRobot's ``info`` of a video feature
+VIDEO_SIZE = ("video.width", "video.height")
+
+
+def _video_info(path: Path, key: str, feature: Mapping[str, Any]) -> None:
+    """A camera's declared frame size, if declared, is positive integers."""
+    info = feature.get("info")
+    if info is None:
+        return
+    if not isinstance(info, dict):
+        raise LeRobotDatasetError(
+            f"{path}: features.{key}.info must be an object, got {_shown(info)}"
+        )
+    for name in VIDEO_SIZE:
+        value = info.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value <= 0
+        ):
             raise LeRobotDatasetError(
-                f"{root / INFO}: features {seen[name]!r} and {key!r} would both be column "
-                f"{name!r} of the table"
+                f"{path}: features.{key}.info.{name} must be a positive integer, "
+                f"got {_shown(value)}"
             )
-        seen[name] = key
+
+
+def _declared_size(info: Mapping[str, Any], key: str) -> tuple[int, int] | None:
+    """The frame size (width, height) info.json declares for camera ``key``, if it does."""
+    declared = info["features"][key].get("info") or {}
+    width, height = (declared.get(name) for name in VIDEO_SIZE)
+    return None if width is None or height is None else (width, height)
+
+
+def _data_schema(data_files: Sequence[Path], image_keys: Sequence[str]) -> pa.Schema:
+    """The frame rows' columns, the same in every data file (read from their footers), with
+    LeRobot's frame fields of the right types and images as ``struct<bytes, path>``."""
+    first = data_files[0]
+    schema = _parquet(first).schema_arrow
+    for path in data_files[1:]:
+        other = _parquet(path).schema_arrow
+        if not other.equals(schema):
+            raise LeRobotDatasetError(
+                f"{path}: its columns {other.names} differ from those of {first} ({schema.names})"
+            )
+    for column in FRAME_COLUMNS:
+        if column not in schema.names:
+            raise LeRobotDatasetError(f"{first} lacks the frame field {column!r}")
+    check_kinds(schema, first, FRAME_INTEGERS, ["timestamp"])
+    for key in image_keys:
+        kind = schema.field(key).type if key in schema.names else None
+        if kind is None or not pa.types.is_struct(kind) or kind.get_field_index("bytes") < 0:
+            raise LeRobotDatasetError(
+                f"{first}: image feature {key!r} must be a column of struct<bytes, path>, "
+                f"got {kind}"
+            )
+    return schema
+
+
+def _check_all_names(
+    root: Path,
+    features: Mapping[str, Any],
+    video_keys: Sequence[str],
+    schema: pa.Schema,
+    first: Path,
+) -> None:
+    """Every column the import makes, against every other (:func:`check_names`): the
+    features and data columns, then the import's own (``task``, and per camera its video and
+    ``<camera>_timestamp`` columns)."""
+    dataset = [(k, f"feature {k!r} of {root / INFO}") for k in features if k not in video_keys]
+    dataset += [(name, f"data column {name!r} of {first}") for name in schema.names]
+    made = [("task", "each frame's task text")]
+    for key in video_keys:
+        made.append((column_name(key), f"the video of camera {key!r}"))
+        made.append(
+            (
+                column_name(key) + TIMESTAMP_SUFFIX,
+                f"the frame's time in the video file of camera {key!r}",
+            )
+        )
+    check_names(dataset, made)
 
 
 def _template_path(root: Path, info: Mapping[str, Any], template: str, **fields: Any) -> Path:
@@ -345,12 +456,30 @@ def _episodes(root: Path, video_keys: tuple[str, ...]) -> pa.Table:
         for column in needed:
             if table[column].null_count:
                 raise LeRobotDatasetError(f"{path}: field {column!r} is null for an episode")
+        _check_episode_values(table, path)
         tables.append(table)
     episodes = pa.concat_tables(tables).sort_by("episode_index")
     indices = episodes["episode_index"].to_numpy()
     if len(np.unique(indices)) != len(indices):
         raise LeRobotDatasetError(f"{folder}: an episode_index appears twice")
     return episodes
+
+
+def _check_episode_values(table: pa.Table, path: Path) -> None:
+    """Indices and lengths are integers >= 0; where an episode starts in a video file is a
+    finite number of seconds >= 0."""
+    starts = [c for c in table.column_names if c.endswith("/from_timestamp")]
+    integers = [c for c in table.column_names if c not in starts]
+    check_kinds(table.schema, path, integers, starts)
+    names = table["episode_index"].to_numpy()
+    for column in table.column_names:
+        rule = (
+            "an episode's start in its video file must be a finite number of seconds >= 0"
+            if column in starts
+            else "it must be >= 0"
+        )
+        values = table[column].to_numpy()
+        check_range(values, names, path, column, "episode", rule)
 
 
 def _check_frame_count(root: Path, data_files: tuple[Path, ...], episodes: pa.Table) -> None:
@@ -392,30 +521,4 @@ def _tasks(root: Path) -> dict[int, str]:
     if "task_index" not in frame.columns:
         raise LeRobotDatasetError(f"{path} lacks the field 'task_index'")
     texts = frame["task"] if "task" in frame.columns else frame.index
-    return {int(i): str(t) for i, t in zip(frame["task_index"], texts, strict=True)}
-
-
-def _episode_rows(episodes: pa.Table, batch: pa.RecordBatch, path: Path) -> np.ndarray:
-    """Each frame's row in ``episodes``; a frame of an unknown episode is named."""
-    for column in FRAME_COLUMNS:
-        if column not in batch.schema.names:
-            raise LeRobotDatasetError(f"{path} lacks the frame field {column!r}")
-        if batch.column(column).null_count:
-            raise LeRobotDatasetError(f"{path}: field {column!r} is null for a frame")
-    known = episodes["episode_index"].to_numpy()
-    wanted = batch.column("episode_index").to_numpy()
-    rows = np.searchsorted(known, wanted).clip(0, len(known) - 1)
-    unknown = known[rows] != wanted
-    if unknown.any():
-        raise LeRobotDatasetError(
-            f"{path}: frame index {batch.column('index')[int(np.argmax(unknown))]} has "
-            f"episode_index {wanted[unknown][0]}, which meta/episodes does not list"
-        )
-    return rows
-
-
-def _task_texts(tasks: Mapping[int, str], task_index: pa.Array, path: Path) -> pa.Array:
-    try:
-        return pa.array([tasks[i] for i in task_index.to_pylist()], pa.string())
-    except KeyError as error:
-        raise LeRobotDatasetError(f"{path}: task_index {error.args[0]} is not in {TASKS}") from None
+    return task_texts(path, frame["task_index"].tolist(), texts.tolist())

@@ -14,6 +14,7 @@ import blobhouse.spark as bs
 from blobhouse.errors import LeRobotDatasetError
 from blobhouse.lerobot import ingest_lerobot
 from blobhouse.lerobot.sample import write_sample_dataset
+from tests.helpers import damage_page
 
 pytestmark = pytest.mark.usefixtures("spark")
 CAMERAS = ("observation.images.top", "observation.images.wrist")
@@ -55,16 +56,45 @@ def test_the_spark_import_makes_the_python_import_s_table(spark, dataset, tmp_pa
 
 
 def test_a_failed_task_leaves_nothing(spark, dataset, tmp_path):
+    """A data page the checks do not read (the action column's) is damaged: the task writing
+    that data file fails, naming it, and the import removes what the tasks wrote."""
     root = tmp_path / "copy"
     shutil.copytree(dataset, root)
-    last = sorted(root.glob("data/*/*.parquet"))[-1]
-    frames = pq.read_table(last)
-    column = frames.schema.get_field_index("task_index")
-    pq.write_table(frames.set_column(column, "task_index", pa.array([9] * frames.num_rows)), last)
-    with pytest.raises(LeRobotDatasetError, match=r"file-002\.parquet: task_index 9 is not in"):
+    damage_page(sorted(root.glob("data/*/*.parquet"))[-1], "action")
+    with pytest.raises(LeRobotDatasetError, match=r"file-002\.parquet cannot be read: "):
         bs.ingest_lerobot(spark, root, str(tmp_path / "robot"))
     # the abort marker stays for tasks that might still finish (gc removes it later)
     left = [p for p in (tmp_path / "robot").rglob("*") if p.is_file()]
     assert [p.name.startswith("aborted-") for p in left] == [True] * len(left) and len(left) <= 1
     with pytest.raises(TypeError, match="did you mean 'mode'"):
         bs.ingest_lerobot(spark, root, str(tmp_path / "robot"), mdoe="append")
+
+
+@pytest.mark.parametrize("problem", ["truncated video", "colliding column", "timestamp inf"])
+def test_a_hostile_dataset_is_refused_before_any_task_runs(spark, dataset, tmp_path, problem):
+    """The Spark import runs the Python import's checks on the driver before any task: the
+    dataset is refused and nothing at all is written (no abort marker either)."""
+    root = tmp_path / "copy"
+    shutil.copytree(dataset, root)
+    first = sorted(root.glob("data/*/*.parquet"))[0]
+    frames = pq.read_table(first)
+    if problem == "truncated video":
+        video = root / "videos/observation.images.top/chunk-000/file-001.mp4"
+        video.write_bytes(video.read_bytes()[:2000])
+        message = r"file-001\.mp4 \(camera 'observation\.images\.top', episodes 2, 3\)"
+    elif problem == "colliding column":
+        for path in sorted(root.glob("data/*/*.parquet")):
+            table = pq.read_table(path)
+            pq.write_table(table.append_column("task", pa.array(["x"] * table.num_rows)), path)
+        message = r"data column 'task' of .* would be replaced by the import's column 'task'"
+    else:
+        stamps = frames["timestamp"].to_pylist()
+        stamps[5] = float("inf")
+        column = frames.schema.get_field_index("timestamp")
+        pq.write_table(
+            frames.set_column(column, "timestamp", pa.array(stamps, pa.float32())), first
+        )
+        message = r"file-000\.parquet: timestamp of frame index 5 is inf"
+    with pytest.raises(LeRobotDatasetError, match=message):
+        bs.ingest_lerobot(spark, root, str(tmp_path / "robot"))
+    assert not (tmp_path / "robot").exists()
