@@ -66,7 +66,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if run_tmp is None:
         return
     if exitstatus == 0:
-        shutil.rmtree(run_tmp, ignore_errors=True)
+        # multiprocessing removes its own folder (pymp-*) at exit, after this hook: removing
+        # it here made its finalizer print a traceback; the emptied run folder goes next run
+        for name in os.listdir(run_tmp):
+            if not name.startswith("pymp-"):
+                path = os.path.join(run_tmp, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
     else:
         print(f"\nthe failed run's temporary files are in {run_tmp}", file=sys.stderr)
 
