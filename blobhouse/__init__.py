@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from blobhouse.errors import (
         BlobhouseError,
         BlobReadError,
+        ColumnNameError,
         ConcurrentCommitError,
         CorruptBlobError,
         DataFileError,
@@ -63,6 +64,7 @@ __all__ = [
     "BlobRef",
     "BlobSession",
     "BlobhouseError",
+    "ColumnNameError",
     "ColumnProperties",
     "CommitOptions",
     "CompactionTargets",
@@ -120,6 +122,7 @@ _WHERE = {
     "BlobRef": "blobhouse.rangeio",
     "BlobSession": "blobhouse.session",
     "BlobhouseError": "blobhouse.errors",
+    "ColumnNameError": "blobhouse.errors",
     "CommitOptions": "blobhouse.options",
     "CompactionTargets": "blobhouse.options",
     "ConcurrentCommitError": "blobhouse.errors",

@@ -44,6 +44,12 @@ class SchemaError(InvalidInputError):
     """A schema that cannot hold blob columns as asked (unknown column, blob in a list...)."""
 
 
+class ColumnNameError(SchemaError):
+    """A column name Lance cannot address (empty, holding a backtick, a dot at top level, one of
+    its row columns such as ``_rowid``), one blobhouse reserves (``__bh_...``), or a name given
+    to two columns. The message names the column and the rule; nothing was written."""
+
+
 class PropertyConflictError(InvalidInputError):
     """A write asked for a setting other than the one the table keeps (its properties); the
     message names the setting and both values. Change the property first

@@ -99,6 +99,7 @@ class TableReader:
     """
 
     def __init__(self, snapshot: TableSnapshot) -> None:
+        snapshot.check_column_names()  # Lance could not read a column another tool misnamed
         self.snapshot = snapshot
 
     def count_rows(self, filter: str | None = None) -> int:

@@ -14,7 +14,7 @@ import itertools
 import os
 import re
 import threading
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,9 +27,10 @@ from lance.blob import BlobDescriptorArrayBuilder
 from lance.file import LanceFileSession, LanceFileWriter
 from lance.fragment import DataFile, FragmentMetadata
 
-from blobhouse.checksums import ChecksumLog, leaf_names
+from blobhouse.checksums import ChecksumLog
+from blobhouse.columns import check_column_names
 from blobhouse.dedup import content_hash
-from blobhouse.errors import BlobhouseError, InvalidInputError, SchemaError
+from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.layout import TableLocation
 from blobhouse.managed import ManagedPolicy
 from blobhouse.placement import AllowedBases, Kind, external_range
@@ -826,7 +827,7 @@ class BlobSession:
     ) -> LanceFileWriter:
         """Open the Lance 2.2 writer of the data file itself, buffering ``cache_bytes`` of
         column data (:func:`data_cache_bytes`)."""
-        _check_unambiguous(schema)
+        check_column_names(schema, "the data file")  # Lance could not address them
         self._file_schema = schema
         return self.files.open_writer(
             self.data_file_name, schema=schema, version="2.2", data_cache_bytes=cache_bytes
@@ -858,17 +859,6 @@ class BlobSession:
         if "://" not in self.data_dir and os.path.isdir(local_dir):
             with contextlib.suppress(OSError):
                 os.rmdir(local_dir)
-
-
-def _check_unambiguous(schema: pa.Schema) -> None:
-    """Refuse a schema in which two columns have one dotted name (``x["y.z"]`` beside
-    ``x["y"]["z"]``): the hashes recorded for one would be looked up for the other."""
-    twice = sorted(name for name, n in Counter(leaf_names(schema)).items() if n > 1)
-    if twice:
-        raise SchemaError(
-            f"{twice[0]!r} names two columns (a field whose name holds a dot beside a struct "
-            "of that path): rename one of them"
-        )
 
 
 def unsliced_structs_of_structs(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -36,11 +36,12 @@ from lance import LanceDataset
 from lance.fragment import DataFile
 
 from blobhouse.checksums import RecordedHashes
-from blobhouse.columns import check_blob_column
+from blobhouse.columns import check_blob_column, check_column_names
 from blobhouse.console import version_spans
 from blobhouse.data_file_footer import MISSING, data_file_problem
 from blobhouse.errors import (
     BlobhouseError,
+    ColumnNameError,
     DataFileError,
     InvalidInputError,
     MovedTableWarning,
@@ -292,6 +293,34 @@ class TableSnapshot:
                 if problem is not None:
                     problems[uri] = problem
         return problems
+
+    @cached_property
+    def _name_problem(self) -> str | None:
+        try:
+            check_column_names(self.schema, f"table {self.uri}", reserved=False)
+        except ColumnNameError as exc:
+            return str(exc)
+        return None
+
+    def check_column_names(self, *, retained: bool = False) -> None:
+        """Refuse to read a version whose schema another tool gave a column name Lance cannot
+        address (``_rowid``, ``""``, one with a backtick, a name twice): Lance's own reads of
+        it fail (a panic, a missing field). A :class:`~blobhouse.errors.ColumnNameError`
+        names the column, the rule, and the repair: a rename, or for an older version
+        (``retained``: one verify or gc walks) its removal. Checked once per snapshot."""
+        if self._name_problem is None:
+            return
+        if retained:
+            raise ColumnNameError(
+                f"{self._name_problem} (version {self.version}, which the table retains): "
+                "Lance cannot read that version; gc removes it once it is out of the "
+                "retention (`blobhouse gc <table> --retain-versions 1 --older-than-hours 0` "
+                "removes it now)"
+            )
+        raise ColumnNameError(
+            f"{self._name_problem}; rename it first (Table.alter_columns({{'path': ..., "
+            "'name': ...}) reaches it: a new manifest, nothing rewritten), then read again"
+        )
 
     def lance_read(self, doing: str, read: Callable[[], R]) -> R:
         """``read()``, a read of this version by Lance (:func:`lance_read`): a data file
@@ -586,6 +615,7 @@ def table_io(
         @functools.wraps(service)
         def run(table: object, *args: Any, **kwargs: Any) -> R:
             snapshot = snapshot_of(table)
+            snapshot.check_column_names()  # Lance could not read such a table
             call = functools.partial(service, table, *args, **kwargs)
             root, options = snapshot.location.root, snapshot.storage_options
             # a service walks the versions of the branch: a damaged file may be in any

@@ -44,6 +44,11 @@ def tree(path: str) -> set[str]:
     }
 
 
+def sized_tree(root: str) -> dict[str, int]:
+    """Every file under ``root`` with its size: what "the files on disk are the same" means."""
+    return {p: os.path.getsize(os.path.join(root, p)) for p in tree(root)}
+
+
 def media_file(tmp_path: Path, name: str, size: int) -> tuple[str, str]:
     """A file of ``size`` random bytes in a new folder ``tmp_path/media`` (what a table may
     reference as an external object): the folder and the file."""

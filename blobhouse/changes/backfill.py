@@ -21,7 +21,7 @@ from lance.fragment import DataFile
 from lance.schema import LanceSchema
 
 from blobhouse.changes.schema_changes import add_null_blob_column
-from blobhouse.columns import resolve_column
+from blobhouse.columns import check_new_name, resolve_column
 from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
 from blobhouse.commit.transaction import Transaction, record_stored
 from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after
@@ -91,6 +91,7 @@ class BackfillPlan:
                 "dedup='global' backfills a table with a store (prepared_for_write)"
             )
         if column not in schema.names:
+            check_new_name(column, "backfill")
             field_id = _new_field_id(table.dataset, column)
             properties = TableProperties.of(table.dataset)
             own = properties.recorded and dedup != properties.dedup

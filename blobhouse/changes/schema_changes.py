@@ -32,6 +32,7 @@ from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
 from lance.commit import CommitConflictError
 
+from blobhouse.columns import check_column_names, check_new_name, lance_path
 from blobhouse.commit.change import BaseChange, Staged, commit_once, run_change
 from blobhouse.commit.transaction import Transaction
 from blobhouse.errors import (
@@ -127,9 +128,11 @@ def alter_columns(
         raise InvalidInputError("alter_columns needs at least one alteration")
     checked = _check_alterations(dataset.schema, alterations)
     paths = [a["path"] for a in checked]
+    # quoted for Lance's path parser: a name another tool gave a backtick can be renamed
+    quoted = [{**a, "path": lance_path(tuple(a["path"].split(".")))} for a in checked]
     return _run(
         dataset,
-        lambda d: d.alter_columns(*checked),
+        lambda d: d.alter_columns(*quoted),
         f"altering column(s) {paths}",
         location,
         storage_options,
@@ -216,6 +219,7 @@ class _PropertyChange(BaseChange[_PropertyPlan, None]):
     planned again on the latest version when another commit preempts it."""
 
     changes: dict[str, Any]
+    reads_rows = False
 
     def plan(self, snapshot: TableSnapshot) -> _PropertyPlan:
         dataset = snapshot.dataset
@@ -308,7 +312,7 @@ def add_null_blob_column(
     dataset = lance.dataset(
         location.dataset_path, version=read_version, storage_options=storage_options
     )
-    _check_new_name(dataset.schema, column)
+    _check_new_name(dataset.schema, column, "backfill")
     dataset = _run(
         dataset,
         lambda d: d.add_columns(lance_blob_field(column).with_metadata(metadata or None)),
@@ -340,16 +344,9 @@ def _run(
         raise SchemaError(f"{what}: {lance_message(exc)}") from None
 
 
-def _check_name_form(name: object) -> None:
-    if not isinstance(name, str) or not name or "." in name:
-        raise SchemaError(
-            f"new column name {name!r} must be a non-empty string without '.' (blobhouse "
-            "addresses nested columns as parent.child)"
-        )
-
-
-def _check_new_name(schema: pa.Schema, name: object) -> None:
-    _check_name_form(name)
+def _check_new_name(schema: pa.Schema, name: object, what: str = "add_columns") -> None:
+    """A new top-level column's name: one the column-name rule allows, not taken yet."""
+    check_new_name(name, what)
     if name in schema.names:
         raise SchemaError(f"column {name!r} already exists (columns: {schema.names})")
 
@@ -408,6 +405,7 @@ def _new_fields(schema: pa.Schema, columns: pa.Field | pa.Schema | Sequence[pa.F
     out = []
     for field in fields:
         _check_new_name(schema, field.name)
+        check_column_names(pa.schema([field]), "add_columns")  # its struct children too
         if not field.nullable:
             raise SchemaError(
                 f"new column {field.name!r} is added all null, so it must be nullable (make "
@@ -477,7 +475,9 @@ def _check_renames(schema: pa.Schema, alterations: list[dict[str, Any]]) -> None
         if "name" in alteration:
             parent, _, name = alteration["path"].rpartition(".")
             new = alteration["name"]
-            _check_name_form(new)
+            # blobhouse names nested columns parent.child: a rename never puts a dot in a
+            # name, so every new name follows the top-level rule
+            check_new_name(new, f"renaming {alteration['path']!r}")
             renamed.setdefault(parent, {})[name] = new
     for parent, names in renamed.items():
         final = [names.get(n, n) for n in _siblings(schema, parent)]

@@ -81,6 +81,9 @@ class Change(Protocol[P, R]):
     #: its files are staged by Spark tasks: an abort while they stage marks first, so a task
     #: still running removes its own file (see Transaction.abort)
     in_tasks: bool
+    #: it reads the table's rows (every change but a schema or property change): refused on a
+    #: table with a column name Lance cannot address (TableSnapshot.check_column_names)
+    reads_rows: bool
 
     def plan(self, snapshot: TableSnapshot | None) -> P:
         """The change planned on ``snapshot`` (the version read; None: a write that creates
@@ -107,6 +110,7 @@ class BaseChange(Generic[P, R]):
     nothing to release."""
 
     in_tasks = False
+    reads_rows = True
 
     def abort(self, plan: P, staged: Staged, *, tasks_may_run: bool) -> None:
         transaction_of(plan).abort(
@@ -166,6 +170,8 @@ class Attempt(Generic[P, R]):
         """``change`` planned on ``at`` (None: it creates the table)."""
         if at is None:
             return cls(change, at, change.plan(at), number)
+        if change.reads_rows:  # Lance could not read a column another tool misnamed
+            at.check_column_names()
         root = at.location.root
         # a plan reads the table (a compaction's): a damaged data file is named
         with lance_io(root, "change"), damage_named(root, "change", at.damaged_data_files):
@@ -283,6 +289,10 @@ class OneCommit(BaseChange[Transaction, None]):
 
     kind: str
     apply: Callable[[LanceDataset], object]
+
+    @property
+    def reads_rows(self) -> bool:  # type: ignore[override]
+        return self.kind != "schema"  # a rename is what repairs a misnamed column
 
     def plan(self, snapshot: TableSnapshot) -> Transaction:
         return Transaction.start(

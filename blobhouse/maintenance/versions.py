@@ -382,7 +382,10 @@ def open_version(table: TableSnapshot, ref: VersionRef) -> TableSnapshot:
     """``table`` at ``ref`` (itself when it is there already)."""
     if table.branch == ref.branch and table.version == ref.version:
         return table
-    return table.checkout(ref.version, branch=ref.branch or "main")
+    opened = table.checkout(ref.version, branch=ref.branch or "main")
+    # Lance could not read it: say why, and the way out
+    snapshot_of(opened).check_column_names(retained=True)
+    return opened
 
 
 def opened_states(

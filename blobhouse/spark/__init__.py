@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from blobhouse.changes.backfill import (
     BackfillPlan,
@@ -44,6 +45,7 @@ from blobhouse.changes.backfill import (
     pack_limit,
     store_writer_for,
 )
+from blobhouse.columns import check_column_names
 from blobhouse.commit.transaction import Transaction, record_stored
 from blobhouse.dedup import mode_of
 from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after
@@ -83,7 +85,7 @@ __all__ = [
     "write_table",
 ]
 
-_COLOCATE_KEY = "__blobhouse_colocate"
+_COLOCATE_KEY = "__bh_colocate"  # RESERVED_PREFIX: no column of the data has it
 ARROW_RECORDS_PER_BATCH = 256
 
 
@@ -183,6 +185,8 @@ def write_table(
     if mode not in ("append", "overwrite"):
         raise InvalidInputError(f"mode must be 'append' or 'overwrite', got {mode!r}")
     check_options(options or {}, WRITE_OPTIONS, "blobhouse write option")
+    # before any payload is stored (dedup="global" stores them before the rows)
+    check_column_names(to_arrow_schema(df.schema), "the DataFrame")
     _check_columns(df, [*blob_columns, *([colocate_by] if colocate_by else [])])
     options_checked = checked_options(storage_options)
     location = TableLocation.of(uri, storage_options=options_checked)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from blobhouse.columns import check_column_names
 from blobhouse.errors import InvalidInputError, TableNotFoundError
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance.reports import IngestReport
@@ -236,6 +237,7 @@ def plan_ingest(
         raise InvalidInputError(f"blob columns named twice: {blob_columns}")
     fmt = fmt or _format_of(manifest)
     rows = read_manifest(manifest, fmt, options)
+    check_column_names(rows.schema, f"manifest {manifest}")  # its columns become the table's
     missing = [c for c in blob_columns if c not in rows.column_names]
     if missing:
         raise InvalidInputError(

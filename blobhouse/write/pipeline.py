@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 from lance.blob import blob_field as lance_blob_field
 
-from blobhouse.columns import check_blob_column, resolve_column
+from blobhouse.columns import check_blob_column, check_column_names, resolve_column
 from blobhouse.commit import leases
 from blobhouse.commit.transaction import remove_written
 from blobhouse.dedup import (
@@ -138,6 +138,7 @@ def plan_write(
     """
     if max_rows_per_file < 1 or max_bytes_per_file < 1:
         raise InvalidInputError("max_rows_per_file and max_bytes_per_file must be positive")
+    check_column_names(input_schema)
     named = set(blob_columns)
     filled: tuple[str, ...] = ()
     if table_schema is not None:
@@ -201,10 +202,7 @@ def align_to_table(
     >>> aligned.names, filled
     (['id', 'label'], ('label',))
     """
-    names = input_schema.names
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise SchemaError(f"the data has column(s) {twice} more than once")
+    names = input_schema.names  # each once (plan_write checked the names)
     extra = [n for n in names if n not in table_schema.names]
     missing = [f for f in table_schema if f.name not in names]
     required = [f.name for f in missing if not f.nullable]

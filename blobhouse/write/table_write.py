@@ -25,6 +25,7 @@ from lance import LanceDataset, LanceOperation
 from lance.fragment import DataFile, FragmentMetadata
 from lance.schema import LanceSchema
 
+from blobhouse.columns import check_column_names
 from blobhouse.commit import leases
 from blobhouse.commit.change import Attempt, BaseChange, Staged, run_change
 from blobhouse.commit.transaction import TableCreatedMeanwhile, Transaction
@@ -369,6 +370,7 @@ def begin_write(
         raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
     if (batches is None) != in_tasks:
         raise ValueError("a write stages either batches here or files in tasks (in_tasks)")
+    check_column_names(schema)  # before the table is looked at: nothing is written
     storage_options = checked_options(storage_options)
     location = TableLocation.of(uri, branch, storage_options)
     existing = open_dataset(location, None, storage_options, doing="write to")

@@ -25,15 +25,10 @@ from blobhouse import (
     write_table,
 )
 from blobhouse.table import Table
-from tests.helpers import data_files, disk_bytes, stock_read, tree
+from tests.helpers import data_files, disk_bytes, sized_tree, stock_read
 
 SHARED = os.urandom(200_000)  # packed, shared by every row
 ROWS = 6
-
-
-def sized_tree(root: str) -> dict[str, int]:
-    """Every file under ``root`` with its size: what "the files on disk are the same" means."""
-    return {p: os.path.getsize(os.path.join(root, p)) for p in tree(root)}
 
 
 def clips(ids: list[int], mode: str = "content", payload: bytes = SHARED) -> pa.Array:
@@ -174,7 +169,7 @@ def blob_reading_expression(table: Table) -> None:
         (lambda t: t.add_columns({"label": "'a'"}), SchemaError, "column 'label' already exists"),
         (blob_reading_expression, SchemaError, r"'n' reads blob column\(s\) \['clip'\]"),
         (lambda t: t.add_columns({"x": 3}), InvalidInputError, "column 'x': an SQL expression"),
-        (lambda t: t.add_columns({"a.b": "1"}), SchemaError, "'a.b' must be .* without '.'"),
+        (lambda t: t.add_columns({"a.b": "1"}), SchemaError, "'a.b' must be without '.'"),
         (lambda t: t.add_columns({}), InvalidInputError, "at least one column"),
         (
             lambda t: t.add_columns(pa.field("x", pa.int64(), nullable=False)),
@@ -430,7 +425,7 @@ def test_append_errors_name_the_column_never_blob_columns(table, table_uri):
     with pytest.raises(SchemaError, match="id: table has int64, data has string"):
         data = pa.table({"id": pa.array(["6"]), "label": ["x"], "video": clips([6])})
         write_table(data, table_uri, mode="append")
-    with pytest.raises(SchemaError, match=r"\['id'\] more than once"):
+    with pytest.raises(SchemaError, match=r"'id' names two columns"):
         write_table(
             pa.table([pa.array([1]), pa.array([2])], ["id", "id"]), table_uri, mode="append"
         )

@@ -22,6 +22,7 @@ from blobhouse import (
     BlobhouseError,
     BlobReadError,
     BlobSession,
+    ColumnNameError,
     CorruptBlobError,
     ExternalBlobError,
     InvalidInputError,
@@ -607,3 +608,47 @@ def test_gc_never_deletes_outside_the_table_root(tmp_path):
     with pytest.raises(BlobhouseError, match="is a symlink; gc refuses"):
         open_table(uri).gc(grace=timedelta(hours=1))
     assert (moved / "stray.bin").exists()
+
+
+# column names users and other tools type: Lance's separators and quotes, its row columns,
+# blobhouse's working-column prefix, white space, control and non-ASCII characters
+NAME_PARTS = st.sampled_from(
+    ["", ".", "`", "_", "__bh_", "a", "Z9", " ", "\x00", "\t", "é", "图", "*"]
+)
+NAMES = st.one_of(
+    st.lists(NAME_PARTS, max_size=4).map("".join),
+    st.sampled_from(["_rowid", "_rowaddr", "_rowoffset", "_row_created_at_version", "img"]),
+)
+
+
+@fuzz(60)
+@given(top=NAMES, child=NAMES, blob_in_struct=st.booleans())
+@example(top="a.b", child="x", blob_in_struct=False)
+@example(top="s", child="", blob_in_struct=True)
+@example(top="img", child="x", blob_in_struct=False)  # the blob column's name, twice
+def test_fuzz_column_names_either_read_back_everywhere_or_are_refused_cleanly(
+    tmp_path_factory, top, child, blob_in_struct
+):
+    """Whatever the names, a write is refused with a ColumnNameError before anything is
+    written, or every read (blobhouse's, stock pylance's) and verify work on what it wrote."""
+    uri = str(tmp_path_factory.mktemp("names") / "t")
+    payloads = [b"p" * 100, b"q" * 100]
+    inner = pa.StructArray.from_arrays(
+        [blob_array(payloads) if blob_in_struct else pa.array([1, 2])], [child]
+    )
+    data = pa.Table.from_arrays([blob_array(payloads), inner], ["img", top])
+    try:
+        table = write_table(data, uri)
+    except ColumnNameError as refused:
+        event(f"refused: {str(refused).split(': ', 2)[1][:60]}")
+        assert not os.path.exists(uri)
+        return
+    event("written")
+    blobs = table.blob_columns
+    assert blobs == ["img", f"{top}.{child}"] if blob_in_struct else blobs == ["img"]
+    for column in blobs:
+        assert table.read_blobs(column, [0, 1]) == payloads
+    assert table.to_arrow(blobs="bytes").num_rows == 2
+    assert stock_read(uri, "img") == payloads
+    assert lance.dataset(uri).to_table().num_rows == 2
+    assert table.verify(deep=True)["problems"] == []
