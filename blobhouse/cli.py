@@ -978,8 +978,14 @@ def _gc(args: argparse.Namespace, run: Run) -> int:
         print(f"no table at {args.table}: these were the leftovers of a failed create")
     for path in report.get("foreign_files", []):
         print(f"left alone (not blobhouse's): {path}")
+    if report.get("stale_leftovers"):
+        print(
+            f"{verb} {report['stale_leftovers']} stale leftover(s): locks and leases no live "
+            "writer holds (a dead holder's, a directory, a link, an empty or garbage file)"
+        )
     shown = [
         "dry_run",
+        "stale_leftovers",
         "removed_versions",
         "removed_files",
         "reclaimed_bytes",

@@ -257,6 +257,19 @@ class ManagedObjectRaceError(BlobhouseError):
     the write commits; nothing was committed (see docs/managed-objects.md)."""
 
 
+class LeftoverError(BlobhouseError, OSError):
+    """A lock, lease, claim or owner marker left in a shape no live writer leaves (a directory,
+    a symbolic link, an empty or garbage object) that blobhouse cannot clear safely itself:
+    the message names it and the one command that clears it. ``uri`` is the object."""
+
+    def __init__(self, message: str, uri: str = "") -> None:
+        super().__init__(message)
+        self.uri = uri
+
+    def __reduce__(self):  # OSError pickles its args only: keep the uri across processes
+        return type(self), (str(self), self.uri)
+
+
 class StoreIndexError(BlobhouseError):
     """The table's store index cannot be read (its files are damaged): writers store payloads
     anew, verify reports it, gc keeps every pack."""

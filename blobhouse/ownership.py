@@ -26,6 +26,7 @@ from typing import TypeVar
 
 from blobhouse.errors import ExternalBlobError, ManagedObjectOwnedError, cleanup_after
 from blobhouse.layout import TableLocation, same_location
+from blobhouse.leftovers import EMPTY_SECONDS, Found, clear_command, clear_once, found_at
 from blobhouse.storage import (
     STAT_THREADS,
     StorageOptions,
@@ -124,8 +125,17 @@ def take(location: TableLocation, uri: str, storage_options: StorageOptions | No
     """
     marker = owner_marker(uri)
     store = object_store(marker, storage_options)
-    body = {"format": OWNER_FORMAT, "table": location.root_uri, "created": time.time()}
-    return put_new(store, marker, json.dumps(body).encode())
+    body = json.dumps(
+        {"format": OWNER_FORMAT, "table": location.root_uri, "created": time.time()}
+    ).encode()
+    if put_new(store, marker, body):
+        return True
+    # what no table's marker is (a directory, a link, a file its creator died before writing)
+    # is taken over; garbage may be another table's damaged marker: it stays (see explain)
+    found = found_at(store, marker)
+    if found is None or not _stale(store, marker, found):
+        return False
+    return clear_once(store, marker, found) and put_new(store, marker, body)
 
 
 @dataclass(frozen=True)
@@ -216,13 +226,38 @@ def _attempt(call: Callable[[], T]) -> T | Exception:
 def _refusal(location: TableLocation, refused: dict[str, Owner]) -> str:
     shown = sorted(refused)[:3]
     more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
-    named = "; ".join(f"{u} is owned by {refused[u].describe()}" for u in shown)
+    named = "; ".join(explain(u, refused[u]) for u in shown)
     return (
         f"managed object(s) this write hands to table {location.root_uri} belong to another "
         f"table: {named}{more} (markers in {OWNER_DIR}/ next to the objects). A managed object "
         "has one owning table: reference it unmanaged (outside this table's managed bases, "
         "without managed=True), or give this table a managed folder of its own; nothing was "
         "committed"
+    )
+
+
+def _stale(store, marker: str, found: Found) -> bool:
+    """Whether ``found`` at an owner ``marker`` names no table for sure: not a file, or a
+    file still empty :data:`~blobhouse.leftovers.EMPTY_SECONDS` after it was made."""
+    if not found.is_object:
+        return True
+    return not found.body and found.age(store, marker) >= EMPTY_SECONDS
+
+
+def explain(uri: str, owner: Owner) -> str:
+    """Who owns the managed object at ``uri``, as a refusal or gc's report names it; for an
+    unreadable marker, the command that clears it.
+
+    >>> explain("/m/a.mp4", Owner(None, readable=False))  # doctest: +ELLIPSIS
+    '/m/a.mp4 is owned by an unreadable owner marker (/m/.blobhouse-owner/a.mp4.json: ...'
+    """
+    if owner.readable:
+        return f"{uri} is owned by {owner.describe()}"
+    marker = owner_marker(uri)
+    return (
+        f"{uri} is owned by an unreadable owner marker ({marker}: not what blobhouse writes; "
+        f"if no other table manages the object, clear it with `{clear_command(marker)}` "
+        "and run again)"
     )
 
 

@@ -30,6 +30,7 @@ import re
 import stat
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -472,10 +473,21 @@ class LocalStore:
         return _LocalNewFile(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
 
     def put(self, uri: str, data: bytes) -> None:
+        # written beside, then renamed over: a reader never sees it half written (a lock's
+        # token, a lease), and a symbolic link left at the path is replaced, never written
+        # through to wherever it points
         path = uri_to_path(uri)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as file:
-            file.write(data)
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        staged = os.path.join(folder, f".{uuid.uuid4().hex[:16]}.put")  # short: any name fits
+        try:
+            with open(staged, "xb") as file:
+                file.write(data)
+            os.replace(staged, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(staged)
+            raise
 
     def delete(self, uri: str) -> None:
         with contextlib.suppress(FileNotFoundError):

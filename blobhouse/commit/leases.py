@@ -23,10 +23,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from blobhouse.storage import ObjectStore, StorageOptions, object_store, read_object
+from blobhouse.leftovers import Found, found_at, listed, make_way
+from blobhouse.storage import ObjectStore, StorageOptions, is_local, object_store, read_object
 from blobhouse.uris import as_uri
 
 LEASES_DIR = "_leases"
+LOCKS = "locks"  # the folder of the table's locks (blobhouse.commit.locks), inside LEASES_DIR
 REFRESH_SECONDS = 2.0
 TIMEOUT_SECONDS = 30.0
 
@@ -47,6 +49,7 @@ def held(
         yield
         return
     store, uri = _lease(table_path, prefix, storage_options)
+    make_way(store, uri)  # a directory or a link left at its name is never a lease
     # the write's start: a write of many processes (Spark tasks) keeps its first one's
     started = _started(uri, storage_options) or time.time()
     body = json.dumps({"started": started}).encode()
@@ -155,6 +158,23 @@ def remove_expired(
         with contextlib.suppress(OSError):
             store.delete(uri)
     return len(expired_leases)
+
+
+def leftover_leases(
+    table_path: str, storage_options: StorageOptions | None = None
+) -> list[tuple[str, Found]]:
+    """What stands in ``_leases/`` that neither a lease nor the locks' folder is: a directory,
+    a special file (what gc removes; a link is listed as a lease, and expires as one)."""
+    root = as_uri(f"{table_path}/{LEASES_DIR}")
+    if not is_local(root):
+        return []  # an object store holds objects only: leases, which expire
+    store = object_store(root, storage_options)
+    stale = []
+    for name in listed(store, root):
+        found = found_at(store, f"{root}/{name}")
+        if found is not None and found.kind in ("directory", "special") and name != LOCKS:
+            stale.append((f"{root}/{name}", found))
+    return stale
 
 
 def _leases(table_path: str, storage_options: StorageOptions | None) -> dict[str, float]:

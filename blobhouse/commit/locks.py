@@ -10,32 +10,37 @@ PUT on S3: :meth:`~blobhouse.storage.ObjectStore.create`), holding a random toke
 - a waiter retries the create with backoff (jittered, up to :data:`MAX_DELAY_SECONDS` apart);
 - the holder touches the lock every :data:`~blobhouse.commit.leases.REFRESH_SECONDS`; a lock nobody
   touched for :data:`EXPIRY_SECONDS` (its holder was killed) is broken by a waiter, so a dead
-  holder blocks the others for that long at most. Breaking is itself exclusive (a marker
-  named after the lock's token, created exclusively) and deletes the lock only if its token
-  and modification time are still those found stale: two waiters never break a live holder's
-  lock;
+  holder blocks the others for that long at most. What no live holder leaves at the lock's
+  path -- a directory, a symbolic link, garbage instead of a token, a file still empty
+  :data:`~blobhouse.leftovers.EMPTY_SECONDS` after its create -- is broken at once
+  (:mod:`blobhouse.leftovers`), or named with the command that clears it when it cannot be
+  removed. Breaking is itself exclusive (a marker named after what was found, created
+  exclusively) and deletes the lock only if it is still what was found stale: two waiters
+  never break a live holder's lock;
 - a holder removes its lock when the step ends (only its own: it checks the token).
 
 A holder stalled for longer than the expiry (a frozen VM) may find its lock broken; the step it
 guards is short (a check and a commit), so this is the accepted limit. On the stores pyarrow
 reaches (``gs://``, ``az://``) creating an object is not atomic: there the lock is best effort.
-Locks live under ``_leases/`` with a ``/`` in their name: leases ignore them, and gc does not
-sweep them.
+Locks live under ``_leases/`` with a ``/`` in their name: leases ignore them; gc removes the
+stale ones (:func:`stale_locks`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
+import re
 import time
 import uuid
 from collections.abc import Iterator
 
-from blobhouse.commit.leases import LEASES_DIR, TIMEOUT_SECONDS, touching
-from blobhouse.storage import ObjectInfo, ObjectStore, StorageOptions, object_store, put_new
+from blobhouse.commit.leases import LEASES_DIR, LOCKS, TIMEOUT_SECONDS, touching
+from blobhouse.leftovers import BREAK, EMPTY_SECONDS, Found, clear_once, found_at, listed
+from blobhouse.storage import ObjectStore, StorageOptions, object_store, put_new
 from blobhouse.uris import as_uri
 
-LOCKS_DIR = f"{LEASES_DIR}/locks"
+LOCKS_DIR = f"{LEASES_DIR}/{LOCKS}"
 #: a lock untouched for this long belongs to a holder that died: waiters break it (a holder
 #: touches it every :data:`~blobhouse.commit.leases.REFRESH_SECONDS`, as a write its lease)
 EXPIRY_SECONDS = TIMEOUT_SECONDS
@@ -43,7 +48,7 @@ EXPIRY_SECONDS = TIMEOUT_SECONDS
 MAX_DELAY_SECONDS = 0.2
 #: how long a waiter waits before it gives up (:class:`LockTimeoutError`)
 WAIT_SECONDS = 4 * EXPIRY_SECONDS
-_BREAK = ".break-"
+_TOKEN = re.compile(rb"[0-9a-f]{32}")  # what a holder writes in its lock (uuid4().hex)
 
 
 class LockTimeoutError(TimeoutError):
@@ -80,7 +85,7 @@ def held(
     deadline = time.monotonic() + wait
     delay = 0.002
     while not put_new(store, uri, token.encode()):
-        _break_if_expired(store, uri)
+        _break_if_stale(store, uri)
         if time.monotonic() > deadline:
             raise LockTimeoutError(f"the lock {uri} stayed held for {wait:.0f} s")
         # jittered: waiters that met at the lock do not retry in lockstep
@@ -105,35 +110,44 @@ def holder(uri: str, storage_options: StorageOptions | None = None) -> str | Non
     return _read_token(object_store(uri, storage_options), uri)
 
 
-def _info(store: ObjectStore, uri: str) -> ObjectInfo | None:
-    """The listing entry of the object at ``uri`` (its modification time by the store's
-    clock); listing its folder works on every store."""
-    folder, name = uri.rsplit("/", 1)
-    return next((i for i in store.list(folder) if i.name == name), None)
+def _break_if_stale(store: ObjectStore, uri: str) -> None:
+    """Delete what stands at the lock's ``uri`` if no live holder's lock is there (see
+    :func:`is_stale`)."""
+    found = found_at(store, uri)
+    if found is not None and is_stale(store, uri, found):
+        clear_once(store, uri, found)
 
 
-def _break_if_expired(store: ObjectStore, uri: str) -> None:
-    """Delete the lock at ``uri`` if nobody touched it for :data:`EXPIRY_SECONDS`."""
-    found = _info(store, uri)
-    if found is None or store.now(uri) - found.mtime < EXPIRY_SECONDS:
-        return
-    token = _read_token(store, uri)
-    if token is None:
-        return
-    # the marker names the stale lock (its token, or its time if it is empty): only one
-    # waiter breaks it, and a later lock is a different one
-    marker = f"{uri}{_BREAK}{token or int(found.mtime * 1e6)}"
-    if not put_new(store, marker, b""):
-        stale = _info(store, marker)
-        if stale is not None and store.now(uri) - stale.mtime >= EXPIRY_SECONDS:
-            store.delete(marker)  # its breaker died while breaking
-        return
-    try:
-        again = _info(store, uri)
-        if again is not None and again.mtime == found.mtime and _read_token(store, uri) == token:
-            store.delete(uri)
-    finally:
-        store.delete(marker)
+def is_stale(store: ObjectStore, uri: str, found: Found) -> bool:
+    """Whether ``found`` at a lock's ``uri`` is no live holder's: not a file (a directory, a
+    link), a file still empty :data:`EMPTY_SECONDS` after it was made, one holding no token,
+    or a token nobody touched for :data:`EXPIRY_SECONDS`."""
+    if not found.is_object:
+        return True
+    if not found.body:
+        return found.age(store, uri) >= EMPTY_SECONDS
+    return _TOKEN.fullmatch(found.body) is None or found.age(store, uri) >= EXPIRY_SECONDS
+
+
+def stale_locks(
+    table_path: str, storage_options: StorageOptions | None = None
+) -> list[tuple[str, Found]]:
+    """The table's locks no live holder holds (what gc removes), and markers of breakers that
+    died; each with what stands there."""
+    folder = as_uri(f"{table_path.rstrip('/')}/{LOCKS_DIR}")
+    store = object_store(folder, storage_options)
+    stale = []
+    for name in listed(store, folder):
+        uri = f"{folder}/{name}"
+        found = found_at(store, uri)
+        if found is None:
+            continue
+        if BREAK in name:  # a breaker's marker: its breaker died if it is this old
+            if found.age(store, uri) >= EXPIRY_SECONDS:
+                stale.append((uri, found))
+        elif is_stale(store, uri, found):
+            stale.append((uri, found))
+    return stale
 
 
 def _read_token(store: ObjectStore, uri: str) -> str | None:

@@ -17,6 +17,7 @@ import contextlib
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -26,10 +27,11 @@ from urllib.parse import unquote, urlsplit
 import lance
 import pyarrow as pa
 
-from blobhouse.commit import leases
+from blobhouse.commit import leases, locks
 from blobhouse.commit.transaction import NAME_PREFIX_PATTERN
 from blobhouse.errors import (
     BlobhouseError,
+    LeftoverError,
     StoreIndexError,
     TableNotFoundError,
 )
@@ -42,6 +44,7 @@ from blobhouse.layout import (
     branch_data_dir,
     manifest_version,
 )
+from blobhouse.leftovers import BREAK, Found, clear_once
 from blobhouse.maintenance.reports import (
     FailedCreateReport,
     GcReport,
@@ -367,10 +370,13 @@ def gc(
     sweep = _Sweep.plan(table, owned, packs, marked, mark_started, cutoff)
     # index versions a writer may be reading stay, whatever the grace
     index_keep = max(grace, timedelta(hours=1))
+    stale = _stale_leftovers(table)
     if dry_run:
         done = _SweepDone(_IndexCleanup.explained(table, index_keep), sweep.expired_leases())
+        cleared = len(stale)
     else:
         done = sweep.apply(managed, index_keep, progress)
+        cleared = _clear_leftovers(stale, table.storage_options)
     # from the graph, not Lance's versions() before the cleanup: that reads every manifest
     retained = [ref.version for ref in graph.versions if ref.branch == table.branch]
     removed = {**cleanup.files, **sweep.swept_sizes, **done.index.removed}
@@ -399,6 +405,7 @@ def gc(
         "unresolved_references": marked.unresolved,
         **sweep.packs_report(),
         "expired_leases": done.expired_leases,
+        "stale_leftovers": cleared,
         "paths": [sweep.owned.location(p) for p in sorted(removed)],
         "foreign_files": [owned.location(p) for p in owned.foreign],
         "managed": managed.report(),
@@ -456,6 +463,30 @@ def _marked_after_cleanup(
     found = found | marks(VersionGraph(extra))
     versions = sorted({*graph.versions, *extra}, key=VersionRef.sort_key)
     return VersionGraph(tuple(versions), graph.unreadable), found
+
+
+def _stale_leftovers(table: TableSnapshot) -> list[tuple[str, Found]]:
+    """Locks no live holder holds, and what stands in ``_leases/`` that no lease is (a
+    directory, a special file): what no writer will ever clear (docs/table-services.md)."""
+    root, options = table.location.root, table.storage_options
+    return [*locks.stale_locks(root, options), *leases.leftover_leases(root, options)]
+
+
+def _clear_leftovers(stale: list[tuple[str, Found]], options: StorageOptions | None) -> int:
+    """Remove ``stale`` (each only if still what was found: a waiter may have taken it over);
+    how many were removed."""
+    cleared = 0
+    for uri, found in stale:
+        store = object_store(uri, options)
+        if BREAK in uri.rsplit("/", 1)[-1]:  # a breaker's marker, its breaker dead
+            store.delete(uri)
+            cleared += 1
+        else:
+            try:
+                cleared += clear_once(store, uri, found)
+            except LeftoverError as exc:  # the rest of gc's work stands: say what is left
+                warnings.warn(str(exc), stacklevel=3)
+    return cleared
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ class GcReport(TypedDict):
     resurrected_packs: int
     kept_retired_packs: int
     expired_leases: int
+    stale_leftovers: int
     paths: list[str]
     foreign_files: list[str]
     managed: ManagedReport

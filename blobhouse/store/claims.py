@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from blobhouse.dedup import content_hash
 from blobhouse.errors import StaleWriteError
 from blobhouse.layout import store_dir
+from blobhouse.leftovers import make_way
 from blobhouse.placement import KiB
 from blobhouse.storage import (
     StorageOptions,
@@ -158,6 +159,9 @@ class Claims:
         payload there, else the claim another task of the write made first (reference its
         place). A claim of an earlier attempt of this task is taken over."""
         uri = self._uri(claim.digest)
+        if put_new(self.store, uri, claim.encode()):
+            return None
+        make_way(self.store, uri)  # a directory or a link there is never a task's claim
         if put_new(self.store, uri, claim.encode()):
             return None
         found = self._read(uri, claim.digest)
