@@ -21,7 +21,7 @@ from blobhouse.layout import (
 from blobhouse.rangeio import BlobRef, read_ranges
 from blobhouse.storage import StorageOptions, is_local, object_store
 from blobhouse.store.index import INDEX_SCHEMA, index_rows, open_index, unreadable_index
-from blobhouse.store.packs import StoredPayload, retired_packs
+from blobhouse.store.packs import StoredPayload, inside_the_store, retired_packs
 from blobhouse.uris import as_uri
 
 if TYPE_CHECKING:
@@ -41,7 +41,8 @@ _CHECK_BUFFER = 16 << 20  # the buffer a local check reads through (bigger paylo
 class CheckedEntries:
     """Index entries a writer is about to reference, checked against the bytes they name:
     ``usable`` (digest -> the first copy whose bytes hash to its key) and ``damaged`` (entries
-    whose size or bytes differ from what their key says: a damaged index or pack). Entries
+    whose size or bytes differ from what their key says, or whose pack path leaves the store:
+    a damaged index or pack). Entries
     whose pack cannot be read (gc took it, most likely) are neither: not used, not reported."""
 
     usable: dict[bytes, StoredPayload]
@@ -83,7 +84,7 @@ def checked_entries(
         for digest, verdict in _hash_entries(table_path, tried, storage_options).items():
             if verdict is None:
                 usable[digest] = tried[digest]
-            elif verdict == "damaged":
+            elif verdict in ("damaged", "outside"):
                 damaged.append(tried[digest])
         pending = {d: c for d, c in pending.items() if d not in usable and c}
     return CheckedEntries(usable, damaged)
@@ -102,11 +103,18 @@ def entry_verdicts(
     table_path: str, entries: Sequence[StoredPayload], storage_options: StorageOptions | None
 ) -> list[tuple[str, str] | None]:
     """For each index entry: None when the bytes it names hash to its key, else ``("damaged",
-    the blake3 read)`` or ``("unreadable", why)``. Reads of up to :data:`_CHECK_BYTES` at once,
+    the blake3 read)``, ``("outside", its pack path)`` (a path that leaves the store: never
+    read) or ``("unreadable", why)``. Reads of up to :data:`_CHECK_BYTES` at once,
     coalesced and in parallel, each payload hashed on the thread that read it."""
     verdicts: list[tuple[str, str] | None] = [None] * len(entries)
     prefix = as_uri(store_dir(table_path))
-    order = sorted(range(len(entries)), key=lambda i: (entries[i].pack, entries[i].position))
+    for i, entry in enumerate(entries):  # never read: a path out of the store is damage
+        if not inside_the_store(entry.pack):
+            verdicts[i] = ("outside", entry.pack)
+    order = sorted(
+        (i for i in range(len(entries)) if verdicts[i] is None),
+        key=lambda i: (entries[i].pack, entries[i].position),
+    )
     start = 0
     while start < len(order):
         end, total = start, 0
@@ -199,6 +207,8 @@ class DamagedEntry:
         kind, detail = self.verdict
         if kind == "damaged":
             return f"store index entry {key}: the bytes it names hash to {detail}"
+        if kind == "outside":
+            return f"store index entry {key}: its pack path {detail!r} leaves the store"
         return f"store index entry {key}: its bytes cannot be read ({detail})"
 
 

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 PACKS_DIR = "packs"
 PACK_FILE = re.compile(r"[^/]+\.pack")  # a pack's name in PACKS_DIR (anything else: a user's)
+# a pack's path as the index records it: the names blobhouse gives packs (a write's prefix and
+# a uuid), so nothing that could climb out of the store (``..``, an encoded ``%2e%2e`` or
+# ``%2f``, an absolute path, another bucket's URI)
+_PACK_PATH = re.compile(r"packs/[A-Za-z0-9_-][A-Za-z0-9._-]*\.pack")
 
 
 TOMBSTONES_DIR = "tombstones"
@@ -54,6 +58,16 @@ class StoredPayload:
         return PreparedBlob(
             Kind.EXTERNAL, size=self.size, position=self.position, uri=self.pack, blob_id=base_id
         )
+
+
+def inside_the_store(pack: object) -> bool:
+    """Whether ``pack`` (an index entry's) is the path of a pack inside the store, as
+    blobhouse names them; an entry naming anything else is damaged, never read.
+
+    >>> inside_the_store("packs/write-0a1b-5f.pack"), inside_the_store("packs/../../x.pack")
+    (True, False)
+    """
+    return isinstance(pack, str) and _PACK_PATH.fullmatch(pack) is not None
 
 
 def store_base_id(dataset: LanceDataset) -> int | None:

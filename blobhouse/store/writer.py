@@ -265,9 +265,10 @@ class StoreWriter:
             warnings.warn(
                 StoreIndexWarning(
                     f"the store index of {self.packs.table_path} names bytes that differ from "
-                    f"its entries (e.g. {new[0].digest.hex()[:16]} at {new[0].pack} "
-                    f"[{new[0].position}, +{new[0].size})): this write stored those payloads "
-                    "anew; `blobhouse verify --deep` lists every damaged entry and its rows"
+                    f"its entries, or places outside the store (e.g. {new[0].digest.hex()[:16]} "
+                    f"at {new[0].pack!r} [{new[0].position}, +{new[0].size})): this write "
+                    "stored those payloads anew; `blobhouse verify --deep` lists every damaged "
+                    "entry and its rows"
                 ),
                 stacklevel=4,
             )

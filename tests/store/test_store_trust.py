@@ -4,6 +4,7 @@ turns into a reference to another payload's bytes, and verify(deep=True) names i
 from __future__ import annotations
 
 import os
+import re
 import warnings
 
 import lance
@@ -257,3 +258,60 @@ def test_a_big_payload_is_checked_in_parts(tmp_path):
     with pytest.warns(StoreIndexWarning):
         table = write_table(pa.table({"id": [1], "img": blob_array([big])}), uri, mode="append")
     assert table.read_blobs("img", [1]) == [big]
+
+
+def _outside_entry(tmp_path, pack: str):
+    """A global table holding payload a, whose index entry is rewritten to name ``pack``: a
+    path that leaves the store, where a copy of a's pack stands (reading it would match)."""
+    a = os.urandom(SIZE)
+    uri = str(tmp_path / "t")
+    write_table(pa.table({"id": [0], "img": blob_array([a])}), uri)
+    real = _entries(uri)[content_hash(a)]["pack"]
+    for outside in (tmp_path / "outside.pack", tmp_path / "t" / "outside.pack"):
+        outside.write_bytes((tmp_path / "t" / "_blobs" / real).read_bytes())
+    _set_entry(uri, content_hash(a), pack=pack)
+    return uri, a
+
+
+OUTSIDE = [
+    "../../outside.pack",
+    "packs/../../outside.pack",
+    "%2e%2e/%2e%2e/outside.pack",
+    "packs/%2e%2e%2f%2e%2e%2foutside.pack",
+    "/etc/outside.pack",
+    "s3://another-bucket/packs/x.pack",
+    "packs/sub/../../../outside.pack",
+]
+
+
+@pytest.mark.parametrize("pack", OUTSIDE)
+def test_an_entry_whose_pack_leaves_the_store_is_damaged(tmp_path, pack):
+    """The write stores the payload anew in the store, with a warning naming the entry; it is
+    never read there, never referenced; deep verify names it."""
+    uri, a = _outside_entry(tmp_path, pack)
+    with pytest.warns(StoreIndexWarning, match=r"outside the store.*" + re.escape(repr(pack))):
+        table = write_table(pa.table({"id": [1], "img": blob_array([a])}), uri, mode="append")
+    assert table.read_blobs("img", [0, 1]) == [a, a]
+    assert stock_read(uri, "img") == [a, a]
+    packs = {e["pack"] for e in lance.dataset(index_uri(uri)).to_table().to_pylist()}
+    assert pack in packs and any(p.startswith("packs/") and ".." not in p for p in packs)
+    refs = table.blob_refs("img", [1]).field("uri").to_pylist()
+    assert refs[0].startswith(f"file://{uri}/_blobs/packs/") and "%2e" not in refs[0].lower()
+    again = write_table(pa.table({"id": [2], "img": blob_array([a])}), uri, mode="append")
+    assert again.read_blobs("img", [2]) == [a]  # later writes of the payload go through too
+    reasons = [p["reason"] for p in again.verify(deep=True)["problems"]]
+    assert len(reasons) == 1 and "leaves the store" in reasons[0], reasons
+    assert content_hash(a).hex() in reasons[0]
+
+
+def test_spark_writes_do_not_follow_an_entry_out_of_the_store(spark, tmp_path):
+    import blobhouse.spark as bs
+
+    uri, a = _outside_entry(tmp_path, "../../outside.pack")
+    df = spark.createDataFrame([(1, a), (2, a)], "id long, img binary").repartition(2)
+    bs.write_table(df, uri, blob_columns=["img"], mode="append", dedup="global")
+    df.write.format("blobhouse").option("blob_columns", "img").mode("append").save(uri)
+    table = open_table(uri)
+    assert table.read_blobs("img", list(range(5))) == [a] * 5
+    uris = table.blob_refs("img", list(range(5))).field("uri").to_pylist()
+    assert all(u.startswith(f"file://{uri}/_blobs/packs/") for u in uris), uris
