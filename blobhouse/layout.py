@@ -24,7 +24,14 @@ from urllib.parse import quote, unquote
 from lance import LanceDataset
 
 from blobhouse.errors import InvalidInputError
-from blobhouse.storage import StorageOptions, is_local, object_store, read_object, uri_to_path
+from blobhouse.storage import (
+    StorageOptions,
+    is_local,
+    long_name,
+    object_store,
+    read_object,
+    uri_to_path,
+)
 from blobhouse.uris import as_uri, child_of, local_uri, normalize_uri
 
 TREE_DIR = "tree"
@@ -103,7 +110,11 @@ class TableLocation:
                     f"branch {branch!r}"
                 )
             branch = named
-        return cls(root, branch)
+        location = cls(root, branch)
+        problem = long_name(location.dataset_path)
+        if problem is not None:  # the OS would refuse it raw (errno 36) at the first write
+            raise InvalidInputError(f"table path {location.dataset_path}: {problem}")
+        return location
 
     def on(self, branch: str | None) -> TableLocation:
         """The same table, on ``branch`` (None: main)."""

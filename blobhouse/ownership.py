@@ -18,6 +18,7 @@ root, so the original's markers are not its own.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,9 +29,11 @@ from blobhouse.errors import ExternalBlobError, ManagedObjectOwnedError, cleanup
 from blobhouse.layout import TableLocation, same_location
 from blobhouse.leftovers import EMPTY_SECONDS, Found, clear_command, clear_once, found_at
 from blobhouse.storage import (
+    NAME_MAX,
     STAT_THREADS,
     StorageOptions,
     is_local,
+    long_name,
     object_store,
     put_new,
     read_object,
@@ -40,6 +43,23 @@ OWNER_DIR = ".blobhouse-owner"
 OWNER_FORMAT = 1
 _READ_ATTEMPTS = 12  # a marker read empty (being written) is read again for up to ~0.5 s
 T = TypeVar("T")
+
+
+def marker_problem(uri: str) -> str | None:
+    """Why the managed object at ``uri`` can have no owner marker (its name plus ``.json`` is
+    too long a local file name), or None.
+
+    >>> marker_problem("/media/" + "b" * 252)  # doctest: +ELLIPSIS
+    'its owner marker would be named bbbb...b.json, 257 bytes long; ... reference it unmanaged'
+    """
+    if long_name(owner_marker(uri)) is None:
+        return None
+    name = owner_marker(uri).rsplit("/", 1)[1]
+    return (
+        f"its owner marker would be named {name[:4]}...{name[-6:]}, {len(os.fsencode(name))} "
+        f"bytes long; a local file name holds at most {NAME_MAX} bytes: rename the object "
+        f"({NAME_MAX - len('.json')} bytes at most) or reference it unmanaged"
+    )
 
 
 def owner_marker(uri: str) -> str:

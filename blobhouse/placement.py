@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from blobhouse.errors import ExternalBlobError, InvalidInputError, InvalidSettingError
 from blobhouse.settings import SETTINGS, THRESHOLDS, check_names, damage_error, recorded_settings
-from blobhouse.storage import object_store, uri_to_path
+from blobhouse.storage import long_name, object_store, uri_to_path
 from blobhouse.uris import is_under, normalize_uri
 
 KiB = 1024
@@ -228,6 +228,11 @@ def external_range(
     (0, 10)
     """
     normalized = bases.check(uri, column=column, row=row, managed=managed)
+    problem = long_name(normalized)  # the OS would refuse it raw (errno 36)
+    if problem is not None:
+        raise ExternalBlobError(
+            f"blob column {column!r}, row {row}: external uri {uri!r}: {problem}"
+        )
     sizes = {} if sizes is None else sizes
     if normalized not in sizes:
         sizes[normalized] = object_size(

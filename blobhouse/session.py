@@ -33,6 +33,7 @@ from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.layout import TableLocation
 from blobhouse.managed import ManagedPolicy
+from blobhouse.ownership import marker_problem
 from blobhouse.placement import AllowedBases, Kind, external_range
 from blobhouse.storage import (
     LANCE_IO_ERRORS,
@@ -713,6 +714,9 @@ class BlobSession:
             if checked[0] != uri:
                 return f"external uri {uri!r} is not normalized"
             if self.managed_policy().managed(uri, uri in self.flagged):
+                problem = marker_problem(uri)
+                if problem is not None:
+                    return f"managed object {uri}: {problem}"
                 self.managed.add(uri)
             return None
         if kind not in (Kind.PACKED, Kind.DEDICATED):

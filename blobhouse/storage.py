@@ -424,6 +424,32 @@ def while_answering(
     return value  # type: ignore[return-value]
 
 
+#: the longest name of a file or folder on local file systems (NAME_MAX: Linux, macOS), in bytes
+NAME_MAX = 255
+
+
+def long_name(uri: str) -> str | None:
+    """Why the local ``uri`` cannot name a file or folder: a component longer than
+    :data:`NAME_MAX` bytes (UTF-8 bytes, not characters); None when every one fits, and on an
+    object store, whose keys are not local names (an S3 key holds 1,024 bytes).
+
+    >>> long_name("/data/" + "é" * 200)  # doctest: +ELLIPSIS
+    "its component 'éééééééééééééééééééééééé...' is 400 bytes long; a local file or ... 255 bytes"
+    >>> long_name("/data/t"), long_name("s3://bucket/" + "a" * 300)
+    (None, None)
+    """
+    if not is_local(uri):
+        return None
+    for part in uri_to_path(uri).split("/"):
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            return (
+                f"its component {part[:24] + '...'!r} is {size} bytes long; a local file or "
+                f"folder name holds at most {NAME_MAX} bytes"
+            )
+    return None
+
+
 def is_local(uri: str) -> bool:
     """Whether ``uri`` is a local path or a ``file://`` URI."""
     return "://" not in uri or uri.startswith("file://")

@@ -36,6 +36,7 @@ from blobhouse.storage import (
     StorageOptions,
     checked_options,
     is_local,
+    long_name,
     object_store,
     read_object,
     uri_to_path,
@@ -525,6 +526,9 @@ def _check_files(
 
 
 def _local_size(uri: str) -> int | str:
+    problem = long_name(uri)
+    if problem is not None:
+        return problem
     path = uri_to_path(uri)
     try:
         info = os.stat(path)

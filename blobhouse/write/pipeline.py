@@ -38,6 +38,7 @@ from blobhouse.errors import ExternalBlobError, InvalidInputError, SchemaError, 
 from blobhouse.layout import TableLocation
 from blobhouse.managed import ManagedPolicy
 from blobhouse.options import DEFAULT_MAX_BYTES_PER_FILE, DEFAULT_MAX_ROWS_PER_FILE
+from blobhouse.ownership import marker_problem
 from blobhouse.placement import (
     AllowedBases,
     Kind,
@@ -869,6 +870,11 @@ class _ColumnPlacer:
             managed=flagged,
         )
         if self.managed is not None and self.managed.managed(uri, flagged):
+            problem = marker_problem(uri)  # checked now: the marker is made at the commit
+            if problem is not None:
+                raise ExternalBlobError(
+                    f"blob column {name!r}, row {global_row}: managed object {uri}: {problem}"
+                )
             self.handed.add(uri)
         if self.plan.dedup == "ref_id" and ref_id:
             key = self.index.key("ref_id", name, ref_id=ref_id, digest=None)

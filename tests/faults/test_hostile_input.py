@@ -652,3 +652,81 @@ def test_fuzz_column_names_either_read_back_everywhere_or_are_refused_cleanly(
     assert stock_read(uri, "img") == payloads
     assert lance.dataset(uri).to_table().num_rows == 2
     assert table.verify(deep=True)["problems"] == []
+
+
+# a path component longer than a local file system takes (NAME_MAX: 255 bytes)
+LONG = "a" * 256
+LONG_UTF8 = "é" * 128  # 128 characters, 256 bytes
+
+
+@pytest.mark.parametrize("where", ["leaf", "parent", "utf8"])
+def test_a_table_path_with_a_too_long_component_is_refused_naming_it(tmp_path, where):
+    name = {"leaf": LONG, "parent": f"{LONG}/t", "utf8": LONG_UTF8}[where]
+    uri = str(tmp_path / name)
+    for door in (
+        lambda: write_table(pa.table({"img": blob_array([b"x"])}), uri),
+        lambda: open_table(uri),
+    ):
+        with pytest.raises(InvalidInputError, match=r"is 256 bytes long; .* at most 255 bytes"):
+            door()
+    assert os.listdir(tmp_path) == []  # nothing written
+
+
+def test_a_component_of_255_bytes_is_a_table_like_any(tmp_path):
+    uri = str(tmp_path / ("b" * 255))
+    table = write_table(pa.table({"img": blob_array([b"x" * 100_000, b"y"])}), uri)
+    assert table.read_blobs("img", [0, 1]) == [b"x" * 100_000, b"y"]
+    assert stock_read(uri, "img") == [b"x" * 100_000, b"y"]
+
+
+def test_the_command_line_names_a_too_long_component(tmp_path, capsys):
+    from blobhouse.cli import main
+
+    assert main(["verify", str(tmp_path / LONG)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and "at most 255 bytes" in error and "\n" not in error
+
+
+def test_an_external_uri_with_a_too_long_name_is_refused_naming_its_row(world):
+    before, version = world.files(), open_table(world.table).version
+    rows = pa.table({"id": [1, 2], "b": blob_array([b"ok", Blob(uri=f"{world.media}/{LONG}")])})
+    with pytest.raises(ExternalBlobError, match=r"column 'b', row 1: external uri .*255 bytes"):
+        write_table(rows, world.table, mode="append")
+    assert_unchanged(world, before, version)
+
+
+def test_a_managed_object_whose_owner_marker_cannot_be_named_is_refused(tmp_path):
+    """Its own name fits (252 bytes), but not its owner marker's (``<name>.json``): refused
+    when the row is read, before anything is written; referenced unmanaged, it is fine."""
+    media = tmp_path / "media"
+    media.mkdir()
+    clip = media / ("c" * 252)
+    clip.write_bytes(b"clip" * 1000)
+    uri = str(tmp_path / "t")
+    table = write_table(pa.table({"img": blob_array([b"x"])}), uri, allowed_bases=[str(media)])
+    before = tree(uri)
+    managed = pa.table({"img": blob_array([Blob(uri=str(clip), managed=True)])})
+    with pytest.raises(ExternalBlobError, match=r"row 0: managed object .*257 bytes long.*250"):
+        write_table(managed, uri, mode="append")
+    assert open_table(uri).version == table.version and tree(uri) == before
+    plain = pa.table({"img": blob_array([Blob(uri=str(clip))])})
+    assert write_table(plain, uri, mode="append").read_blobs("img", [1]) == [b"clip" * 1000]
+
+
+def test_ingest_names_a_manifest_row_whose_path_is_too_long(tmp_path):
+    from blobhouse.spark.ingest import plan_ingest
+
+    manifest = tmp_path / "rows.jsonl"
+    manifest.write_text('{"id": 1, "image": "' + LONG + '.jpg"}\n')
+    with pytest.raises(InvalidInputError, match=r"row 1, column 'image': .*at most 255 bytes"):
+        plan_ingest(str(manifest), str(tmp_path / "t"), ["image"])
+    assert not (tmp_path / "t").exists()
+
+
+def test_an_object_store_key_is_not_held_to_local_names(s3):
+    """An S3 key may be 1,024 bytes: a table under a 300-byte segment is written and read."""
+    uri = f"{s3.uri}/{'k' * 300}/t"
+    table = write_table(
+        pa.table({"img": blob_array([b"z" * 100_000])}), uri, storage_options=s3.options
+    )
+    assert table.read_blobs("img", [0]) == [b"z" * 100_000]
