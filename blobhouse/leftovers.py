@@ -138,16 +138,26 @@ def _found_locally(path: str) -> Found | None:
         return None
     identity = f"{info.st_ino}-{info.st_mtime_ns}"
     if stat.S_ISLNK(info.st_mode):
-        return Found("symlink", info.st_mtime, identity=f"l{identity}", target=os.readlink(path))
+        with contextlib.suppress(OSError):  # gone meanwhile: its target is not what matters
+            return Found(
+                "symlink", info.st_mtime, identity=f"l{identity}", target=os.readlink(path)
+            )
+        return None
     if stat.S_ISDIR(info.st_mode):
         return Found("directory", info.st_mtime, identity=f"d{identity}")
     if not stat.S_ISREG(info.st_mode):
         return Found("special", info.st_mtime, identity=f"s{identity}")
-    try:
-        with open(path, "rb") as file:
-            body = file.read(MAX_BODY)
+    try:  # replaced meanwhile by a link or a FIFO: neither followed nor waited on
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
+    except OSError as exc:  # such a swap, or a file this process may not read: not an object
+        body = f"(cannot be read: {exc.strerror})".encode()  # blobhouse wrote: garbage
+        return Found("file", info.st_mtime, body, f"f{identity}-{_digest(body)}")
+    try:
+        body = os.read(fd, MAX_BODY)
+    finally:
+        os.close(fd)
     return Found("file", info.st_mtime, body, f"f{identity}-{_digest(body)}")
 
 
