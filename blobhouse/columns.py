@@ -19,7 +19,7 @@ two columns.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -115,8 +115,7 @@ def check_column_names(schema: pa.Schema, what: str = "the data", *, reserved: b
     blobhouse.errors.ColumnNameError: the data: 'id' names two columns; each column needs a name ...
     """
     seen: set[str] = set()
-
-    def walk(field: pa.Field, path: ColumnPath) -> None:
+    for field, path in _columns(schema):
         problem = name_problem(field.name, top_level=len(path) == 1, reserved=reserved)
         shown = path_name(path)
         if problem is not None:
@@ -127,17 +126,6 @@ def check_column_names(schema: pa.Schema, what: str = "the data", *, reserved: b
                 f"{what}: {shown!r} names two columns; each column needs a name of its own"
             )
         seen.add(shown)
-        dtype = field.type
-        if is_lance_blob_field(field) or is_logical_blob_type(dtype):
-            return  # a blob column is one value: its descriptor's fields are fixed
-        if isinstance(dtype, pa.ExtensionType):
-            dtype = dtype.storage_type
-        if pa.types.is_struct(dtype):
-            for child in dtype:
-                walk(child, (*path, child.name))
-
-    for field in schema:
-        walk(field, (field.name,))
 
 
 def column_paths(schema: pa.Schema) -> dict[str, ColumnPath]:
@@ -149,21 +137,28 @@ def column_paths(schema: pa.Schema) -> dict[str, ColumnPath]:
     ['id', 'meta', 'meta.image', 'meta.label']
     """
     paths: dict[str, ColumnPath] = {}
-
-    def walk(field: pa.Field, path: ColumnPath) -> None:
+    for _, path in _columns(schema):
         paths.setdefault(path_name(path), path)
+    return paths
+
+
+def _columns(schema: pa.Schema) -> Iterator[tuple[pa.Field, ColumnPath]]:
+    """Every column of ``schema`` (field and path), a struct before its children; a blob
+    column is one value: its descriptor's fields are not columns."""
+
+    def walk(field: pa.Field, path: ColumnPath) -> Iterator[tuple[pa.Field, ColumnPath]]:
+        yield field, path
         dtype = field.type
         if is_lance_blob_field(field) or is_logical_blob_type(dtype):
-            return  # a blob column is one value: its descriptor's fields are not columns
+            return
         if isinstance(dtype, pa.ExtensionType):
             dtype = dtype.storage_type
         if pa.types.is_struct(dtype):
             for child in dtype:
-                walk(child, (*path, child.name))
+                yield from walk(child, (*path, child.name))
 
     for field in schema:
-        walk(field, (field.name,))
-    return paths
+        yield from walk(field, (field.name,))
 
 
 def resolve_column(
