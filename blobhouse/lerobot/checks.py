@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from blobhouse.columns import name_problem
 from blobhouse.errors import LeRobotDatasetError
 
 #: the fields every frame row has (LeRobot's DEFAULT_FEATURES): integers, and the timestamp
@@ -65,6 +66,7 @@ def check_names(dataset: Sequence[tuple[str, str]], made: Sequence[tuple[str, st
     seen: dict[str, tuple[str | None, str]] = {}  # column -> (dataset key or None, source)
     for key, source in dataset:
         column = column_name(key)
+        _check_column_name(column, source)
         if column in seen and seen[column][0] != key:
             raise LeRobotDatasetError(
                 f"{seen[column][1]} and {source} would both be column {column!r} of the table: "
@@ -72,6 +74,7 @@ def check_names(dataset: Sequence[tuple[str, str]], made: Sequence[tuple[str, st
             )
         seen.setdefault(column, (key, source))
     for column, what in made:
+        _check_column_name(column, f"the import's column {column!r} ({what})")
         if column in seen:
             key, source = seen[column]
             if key is None:
@@ -85,6 +88,17 @@ def check_names(dataset: Sequence[tuple[str, str]], made: Sequence[tuple[str, st
                 "column and '<camera>_timestamp')"
             )
         seen[column] = (None, f"column {column!r} ({what})")
+
+
+def _check_column_name(column: str, source: str) -> None:
+    """Refuse a column name Lance cannot address or blobhouse keeps (:func:`name_problem`)
+    before anything is stored, naming where it comes from."""
+    problem = name_problem(column)
+    if problem is not None:
+        raise LeRobotDatasetError(
+            f"{source} cannot be a column of the table: its name {problem}; rename it in the "
+            "dataset"
+        )
 
 
 def check_kinds(

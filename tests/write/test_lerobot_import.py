@@ -408,6 +408,17 @@ HOSTILE = {
         r"data column 'x\.y' of .*file-000\.parquet and data column 'x_y' of "
         r".*file-000\.parquet would both be column 'x_y'",
     ),
+    # and against the rule of column names (Lance's row columns, backticks, ...)
+    "data column named like Lance's row id": (
+        lambda r: _each_data_file(r, _with_column("_rowid", lambda t: pa.array([1] * t.num_rows))),
+        r"data column '_rowid' of .*file-000\.parquet cannot be a column of the table: its "
+        r"name is one of Lance's row columns",
+    ),
+    "data column with a backtick": (
+        lambda r: _each_data_file(r, _with_column("a`b", lambda t: pa.array([1] * t.num_rows))),
+        r"data column 'a`b' of .*file-000\.parquet cannot be a column of the table: its name "
+        r"must be without '`'",
+    ),
     "data column named task": (
         lambda r: _each_data_file(r, _with_column("task", lambda t: pa.array(["x"] * t.num_rows))),
         r"data column 'task' of .*file-000\.parquet would be replaced by the import's column "
