@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 from lance.file import LanceFileWriter
 
 from blobhouse.cache import WeightedLRU
-from blobhouse.data_file_footer import DataFileFooter
+from blobhouse.data_file_footer import DataFileFooter, foreign_file_error
 from blobhouse.dedup import DIGEST_BYTES, content_hash, digest_matrix
 from blobhouse.errors import BlobhouseError, BlobReadError, CorruptBlobError
 from blobhouse.placement import Kind
@@ -355,7 +355,9 @@ def load_checksums(
     data_file_uri: str, storage_options: dict[str, str] | None = None
 ) -> FileChecksums | None:
     """The checksums recorded in a data file, or None when it has none (a file written by stock
-    Lance or by Lance's compaction).
+    Lance or by Lance's compaction). A file that records another name than its own is another
+    file in its place: :class:`~blobhouse.errors.DataFileError` naming it (its hashes agree
+    with its bytes, not with the rows the manifest expects there).
 
     >>> import tempfile, pyarrow as pa
     >>> from lance.file import LanceFileWriter
@@ -371,6 +373,8 @@ def load_checksums(
     True
     """
     footer = DataFileFooter.read(data_file_uri, storage_options)
+    if (foreign := foreign_file_error(footer)) is not None:
+        raise foreign
     index = _checksums_index(footer)
     if index is None:
         return None

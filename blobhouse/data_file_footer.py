@@ -12,6 +12,11 @@ and column counts as u32; the version as two u16; ``LANC``). The global buffer o
 holds a ``(position, size)`` u64 pair per buffer; buffer 0 is a protobuf ``FileDescriptor``
 whose ``Schema`` carries the fields and the schema metadata. Every offset is checked against
 the file's size before it sizes a read: a damaged file is named, never read past its end.
+
+A data file blobhouse writes records the name it was written under (:data:`DATA_FILE_KEY`):
+Lance's manifest records only a file's name and size, so another file of the same size put in
+its place (another table's, or one of this table's copied over it), whose recorded hashes agree
+with its own bytes, is told apart by that name (:meth:`DataFileFooter.foreign`).
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from blobhouse.errors import BlobReadError, StoreError
+from blobhouse.errors import BlobReadError, DataFileError, StoreError
 from blobhouse.storage import RangeSource, object_store
 
 MISSING = "it is missing"  # what data_file_problem says of a data file that is not there
+DATA_FILE_KEY = "blobhouse:data-file"  # schema metadata: the name the file was written under
 _FOOTER = struct.Struct("<QQQIIHH4s")
 _MAGIC = b"LANC"
 _LAST_MINOR = 3  # Lance file format 2.0 to 2.3
@@ -118,10 +124,17 @@ class DataFileFooter:
         if count == 0 or buffers_at + 16 * count > end:
             raise _not_lance(uri, "its global buffer table points past its end")
         entries = _span(uri, source, tail, tail_at, columns_at, 16 * columns)
-        for i in range(columns):  # each column's metadata lies between the two offsets
+        # Lance writes the columns' metadata one after another from the region's start to its
+        # table: a damaged offset (the region's, or a column's) breaks that tiling, even where
+        # it still lies inside the file
+        expected = metadata_at
+        for i in range(columns):
             at, length = struct.unpack_from("<QQ", entries, 16 * i)
-            if at < metadata_at or at + length > columns_at:
+            if at != expected or at + length > columns_at:
                 raise _not_lance(uri, f"the metadata of its column {i} lies outside their region")
+            expected = at + length
+        if columns and expected != columns_at:
+            raise _not_lance(uri, "its column metadata does not end where its table starts")
         table = _span(uri, source, tail, tail_at, buffers_at, 16 * count)
         buffers = [struct.unpack_from("<QQ", table, 16 * i) for i in range(count)]
         past = [i for i, (at, length) in enumerate(buffers) if at + length > size]
@@ -143,6 +156,19 @@ class DataFileFooter:
                 elif key == _FIELDS:
                     fields.append(_field(_message(value)))
         return cls(uri, metadata, fields, buffers, options)
+
+    def foreign(self) -> str | None:
+        """Why this file is not the data file its place names -- it records another name
+        (:data:`DATA_FILE_KEY`) -- or None (also for files that record none: Lance's own, and
+        blobhouse's before it recorded names)."""
+        written = self.metadata.get(DATA_FILE_KEY.encode())
+        name = self.uri.rsplit("/", 1)[-1]
+        if written is None or written == name.encode():
+            return None
+        return (
+            f"it is another data file, written as {written.decode(errors='replace')!r} "
+            "(another table's, or one of this table's copied over it)"
+        )
 
     def read_buffer(self, index: int) -> bytes:
         """The bytes of global buffer ``index``."""
@@ -272,9 +298,10 @@ def data_file_problem(
     recorded_size: int | None = None,
     size: int | None = None,
 ) -> str | None:
-    """Why Lance cannot read the data file at ``uri`` (of ``size`` bytes, looked up when not
-    given) -- missing, not the ``recorded_size`` its manifest records (when it records one),
-    or its footer damaged -- or None. A store that fails the check raises its
+    """Why the data file at ``uri`` (of ``size`` bytes, looked up when not given) cannot be
+    read as the table's -- missing, not the ``recorded_size`` its manifest records (when it
+    records one), its footer damaged, or another data file in its place
+    (:meth:`DataFileFooter.foreign`) -- or None. A store that fails the check raises its
     :class:`~blobhouse.errors.StoreError`.
 
     >>> import tempfile
@@ -291,12 +318,25 @@ def data_file_problem(
     if recorded_size and size != recorded_size:
         return f"it is {size:,} bytes, its manifest records {recorded_size:,}"
     try:
-        DataFileFooter.read(uri, storage_options, size)
+        footer = DataFileFooter.read(uri, storage_options, size)
     except BlobReadError as exc:
         if isinstance(exc, StoreError):
             raise
         return str(exc).removeprefix(_not_lance(uri, "").args[0])
-    return None
+    return footer.foreign()
+
+
+def foreign_file_error(footer: DataFileFooter) -> DataFileError | None:
+    """The :class:`~blobhouse.errors.DataFileError` of a data file that is another file in
+    its place (:meth:`DataFileFooter.foreign`), or None."""
+    why = footer.foreign()
+    if why is None:
+        return None
+    return DataFileError(
+        f"data file {footer.uri} is damaged: {why}; its rows cannot be read (restore the file, "
+        "or read a version written before it)",
+        footer.uri,
+    )
 
 
 def _not_lance(uri: str, why: str) -> BlobReadError:

@@ -158,6 +158,7 @@ _DAMAGED_FILE = re.compile(
     # a column's page metadata or the file's schema decoded but not consistent
     r"|Column \d+ page \d+|is missing its|buffer has \d+ bytes, expected|mini-?block"
     r"|Packed struct|references parent id|columns of differing lengths|CMO table needs"
+    r"|buffer offsets but \d+ buffer sizes"
 )
 
 

@@ -29,6 +29,7 @@ from lance.fragment import DataFile, FragmentMetadata
 
 from blobhouse.checksums import ChecksumLog
 from blobhouse.columns import check_column_names
+from blobhouse.data_file_footer import DATA_FILE_KEY
 from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.layout import TableLocation
@@ -847,6 +848,8 @@ class BlobSession:
         wrote in it first (see :mod:`blobhouse.checksums`)."""
         self._data_writes.close()
         self.checksums.attach(writer, self._file_schema)
+        # the name it is written under: another file put in its place is told apart on read
+        writer.add_schema_metadata(DATA_FILE_KEY, self.data_file_name)
         writer.close()
 
     def abort(self) -> None:

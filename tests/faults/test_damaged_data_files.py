@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import pickle
+import struct
 import subprocess
 import sys
 import textwrap
@@ -192,9 +193,24 @@ def _flip_footer_byte(from_end: int):
     return damage
 
 
+def _move_footer_offset(from_end: int, by: int):
+    """Damage that moves the u64 offset ``from_end`` bytes before a data file's end by ``by``
+    bytes: the column metadata offset up into the first column's metadata, the table's down
+    into the last one's (moved the other way, Lance reads the file right: only verify names
+    it, and a flipped byte moves it either way, as the file's layout falls)."""
+
+    def damage(path: str) -> None:
+        data = bytearray(Path(path).read_bytes())
+        (offset,) = struct.unpack_from("<Q", data, len(data) - from_end)
+        struct.pack_into("<Q", data, len(data) - from_end, offset + by)
+        Path(path).write_bytes(bytes(data))
+
+    return damage
+
+
 FOOTER_FIELDS = {  # the 40-byte footer: three u64 offsets, two u32 counts, two u16 versions
-    "column metadata offset": _flip_footer_byte(40),
-    "column metadata table offset": _flip_footer_byte(32),
+    "column metadata offset": _move_footer_offset(40, 64),
+    "column metadata table offset": _move_footer_offset(32, -64),
     "global buffer table offset": _flip_footer_byte(24),
     "version": _flip_footer_byte(8),
 }
