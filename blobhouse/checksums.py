@@ -53,8 +53,6 @@ CHECKSUMS_KEY = "blobhouse:checksums"
 SIDECAR_ROW, STORE_ROW = -1, -2  # the ``row`` of sidecar and store entries
 FILE_COLUMNS_KEY = b"file_columns"  # {recorded column name: its column in the data file}
 _NO_PACK = 0xFFFFFFFF  # the code of a store pack a file records nothing of
-# a payload's place: a sidecar's blob id (or a store pack's code), position and size
-_PLACE_KEY = np.dtype([("object", np.uint32), ("position", np.uint64), ("size", np.uint64)])
 # files' checksums kept loaded for lookups, by their estimated memory: measured ~18 KB a file
 # (2,000 files of 4 entries) and ~180 bytes an entry (one file of 400,000)
 _CACHED_CHECKSUM_BYTES = 64 << 20
@@ -252,21 +250,18 @@ class FileChecksums:
         rows = table.column("row").to_numpy()
         positions, sizes = table.column("position").to_numpy(), table.column("size").to_numpy()
         self._digests = digest_matrix(table.column("blake3"))
-        # sidecar and inline entries sorted by their key (a lookup is one binary search), store
-        # entries in a dict by place: never a tuple per entry (10,000 of them set off a full
-        # garbage collection, ~0.1 s in a process that imported torch)
+        # entries sorted by their key (a lookup is one vectorized binary search): never a
+        # Python object per entry (10,000 tuples set off a full garbage collection, ~0.1 s in
+        # a process that imported torch)
         sidecar = np.flatnonzero(rows == SIDECAR_ROW)
-        self._sidecar_entries, *keys = _sorted(
-            sidecar, table.column("blob_id").to_numpy()[sidecar], positions[sidecar], sizes[sidecar]
-        )
-        self._sidecar_keys = _place_keys(*keys)
+        blob_ids = table.column("blob_id").to_numpy()[sidecar]
+        self._sidecars = _Places(sidecar, blob_ids, positions[sidecar], sizes[sidecar])
         # one per store payload the file's rows reference
         stored = np.flatnonzero(rows == STORE_ROW)
         packs = pc.dictionary_encode(table.column("column").combine_chunks().take(stored))
         self._packs = {name: code for code, name in enumerate(packs.dictionary.to_pylist())}
         codes = packs.indices.to_numpy(zero_copy_only=False).astype(np.uint32)
-        places = _place_bytes(codes, positions[stored], sizes[stored])
-        self._stored = dict(zip(places, stored.tolist(), strict=True))
+        self._stored = _Places(stored, codes, positions[stored], sizes[stored])
         # compared in Arrow: a numpy view of the names would be a Python str per entry
         columns = table.column("column")
         self._inline: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -284,10 +279,14 @@ class FileChecksums:
     ) -> list[bytes | None]:
         """The digests rows of this file were written with for the store payloads at
         ``[positions[i], +sizes[i])`` of pack ``packs[codes[i]]`` (relative to the store)."""
-        ours = np.array([self._packs.get(pack, _NO_PACK) for pack in packs], np.uint32)[codes]
-        entries, digests = self._stored, self._digests
-        found = [entries.get(place) for place in _place_bytes(ours, positions, sizes)]
-        return [None if entry is None else digests[entry].tobytes() for entry in found]
+        return self.digests_of(self.stored_entries(packs, codes, positions, sizes))
+
+    def stored_entries(
+        self, packs: Sequence[str], codes: np.ndarray, positions: np.ndarray, sizes: np.ndarray
+    ) -> np.ndarray:
+        """:meth:`stored_many`'s entries (rows of :attr:`digests`), -1 where none is."""
+        ours = np.array([self._packs.get(pack, _NO_PACK) for pack in packs], np.uint32)
+        return self._stored.find(ours[codes], positions, sizes)
 
     def sidecar(self, blob_id: int, position: int, size: int) -> bytes | None:
         """The digest of the payload at ``[position, +size)`` of sidecar ``blob_id``."""
@@ -303,33 +302,48 @@ class FileChecksums:
         self, blob_ids: np.ndarray, positions: np.ndarray, sizes: np.ndarray
     ) -> list[bytes | None]:
         """:meth:`sidecar` for many payloads at once (one vectorized search)."""
-        return self._lookup(
-            self._sidecar_entries, self._sidecar_keys, _place_keys(blob_ids, positions, sizes)
-        )
+        return self.digests_of(self.sidecar_entries(blob_ids, positions, sizes))
+
+    def sidecar_entries(
+        self, blob_ids: np.ndarray, positions: np.ndarray, sizes: np.ndarray
+    ) -> np.ndarray:
+        """The entries (rows of :attr:`digests`) of sidecar payloads, -1 where none is."""
+        return self._sidecars.find(blob_ids, positions, sizes)
 
     def inline_many(self, column: int, rows: np.ndarray) -> list[bytes | None]:
         """:meth:`inline` for many rows at once (one vectorized search)."""
+        return self.digests_of(self.inline_entries(column, rows))
+
+    def inline_entries(self, column: int, rows: np.ndarray) -> np.ndarray:
+        """The entries (rows of :attr:`digests`) of ``rows`` of the data file's ``column``,
+        -1 where none is."""
         name = self._names.get(column)
         if name not in self._inline:
-            return [None] * len(rows)
+            return np.full(len(rows), -1, np.int64)
         return self._lookup(*self._inline[name], rows)
+
+    @property
+    def digests(self) -> np.ndarray:
+        """Every entry's blake3, one row of 32 bytes each."""
+        return self._digests
+
+    def digests_of(self, entries: np.ndarray) -> list[bytes | None]:
+        """The digests of ``entries`` (None for -1)."""
+        digests = self._digests
+        return [digests[e].tobytes() if e >= 0 else None for e in entries.tolist()]
 
     def inline(self, column: int, row: int) -> bytes | None:
         """The digest of the inline payload at ``row`` of the data file's ``column``."""
         return self.inline_many(column, np.array([row], np.int64))[0]
 
-    def _lookup(
-        self, entries: np.ndarray, recorded: np.ndarray, wanted: np.ndarray
-    ) -> list[bytes | None]:
-        """The digests of the ``wanted`` keys in ``recorded`` (sorted keys of ``entries``)."""
+    @staticmethod
+    def _lookup(entries: np.ndarray, recorded: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+        """The entries of the ``wanted`` keys in ``recorded`` (sorted keys of ``entries``),
+        -1 where a key is not there."""
         if not len(recorded) or not len(wanted):
-            return [None] * len(wanted)
+            return np.full(len(wanted), -1, np.int64)
         at = np.minimum(np.searchsorted(recorded, wanted), len(recorded) - 1)
-        found = recorded[at] == wanted
-        digests = self._digests
-        return [
-            digests[entries[a]].tobytes() if f else None for a, f in zip(at, found, strict=True)
-        ]
+        return np.where(recorded[at] == wanted, entries[at], -1)
 
 
 def _sorted(entries: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -338,17 +352,59 @@ def _sorted(entries: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, ...]:
     return (entries[order], *(key[order] for key in keys))
 
 
-def _place_bytes(objects: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> list[bytes]:
-    """Places as one ``bytes`` each (no tuple per place: the garbage collector tracks those)."""
-    # numpy drops a fixed-size string's trailing zero bytes: still one value per place
-    return _place_keys(objects, positions, sizes).view(f"S{_PLACE_KEY.itemsize}").tolist()
+class _Places:
+    """Entries by payload place (an object -- a sidecar's blob id, a store pack's code --, a
+    position and a size), found with one vectorized binary search over a 64-bit mix of the
+    three, each hit then compared field by field (numpy searches a structured array of the
+    three ~50x slower: 250 ms for 8,000 places among 200,000).
+
+    >>> places = _Places(np.array([7, 8]), np.array([1, 1]), np.array([0, 10]), np.array([10, 5]))
+    >>> places.find(np.array([1, 1, 2]), np.array([10, 0, 0]), np.array([5, 10, 10])).tolist()
+    [8, 7, -1]
+    """
+
+    def __init__(
+        self, entries: np.ndarray, objects: np.ndarray, positions: np.ndarray, sizes: np.ndarray
+    ) -> None:
+        fields = _place_fields(objects, positions, sizes)
+        mixed = _mixed(*fields)
+        order = np.argsort(mixed, kind="stable")
+        self.mixed, self.entries = mixed[order], np.asarray(entries, np.int64)[order]
+        self.fields = tuple(field[order] for field in fields)
+
+    def find(self, objects: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """The entry of each place, -1 where none is."""
+        if not len(self.mixed) or not len(objects):
+            return np.full(len(objects), -1, np.int64)
+        wanted = _place_fields(objects, positions, sizes)
+        mixed = _mixed(*wanted)
+        at = np.minimum(np.searchsorted(self.mixed, mixed), len(self.mixed) - 1)
+        same = np.logical_and.reduce(
+            [ours[at] == it for ours, it in zip(self.fields, wanted, strict=True)]
+        )
+        found = np.where(same, self.entries[at], -1)
+        # two places of one mix (about one in 2^64): the wanted one may follow the first
+        for i in np.flatnonzero(~same & (self.mixed[at] == mixed)).tolist():
+            j = int(at[i])
+            while j < len(self.mixed) and self.mixed[j] == mixed[i]:
+                if all(ours[j] == it[i] for ours, it in zip(self.fields, wanted, strict=True)):
+                    found[i] = self.entries[j]
+                    break
+                j += 1
+        return found
 
 
-def _place_keys(objects: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Places as one structured array: numpy orders and searches it field by field."""
-    keys = np.empty(len(objects), _PLACE_KEY)
-    keys["object"], keys["position"], keys["size"] = objects, positions, sizes
-    return keys
+def _place_fields(*fields: np.ndarray) -> tuple[np.ndarray, ...]:
+    return tuple(np.asarray(field).astype(np.uint64) for field in fields)
+
+
+def _mixed(objects: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """A 64-bit mix of each place's three numbers (splitmix64's multipliers; wrapping)."""
+    mixed = objects * np.uint64(0x9E3779B97F4A7C15)
+    for value in (positions, sizes):
+        mixed = (mixed ^ value) * np.uint64(0xBF58476D1CE4E5B9)
+        mixed ^= mixed >> np.uint64(31)
+    return mixed
 
 
 def load_checksums(
@@ -518,8 +574,8 @@ class RecordedHashes:
         its column in that fragment's data file, ``data_file(fragment id)`` that file (where
         store references' digests are). Rows without a recorded hash (user-owned external
         blobs, files other writers made) pass as they are; None when no row has one."""
-        expected = self.expected_many(file_column, rows, data_file)
-        if not any(expected):
+        expected = self.expected(file_column, rows, data_file)
+        if not expected.found.any():
             return None
         # rows sharing a payload share its range, read once: hash it once
         passed: set[tuple[int, int, int, bytes]] = set()
@@ -558,8 +614,17 @@ class RecordedHashes:
     ) -> list[bytes | None]:
         """The recorded digest of every reference (None: none recorded, or a null row), looked
         up for each data file's rows at once."""
+        return self.expected(file_column, rows, data_file).to_list()
+
+    def expected(
+        self,
+        file_column: Callable[[int], int],
+        rows: ResolvedRows,
+        data_file: Callable[[int], str] | None = None,
+    ) -> Digests:
+        """:meth:`expected_many` as :class:`Digests` (no Python object per row)."""
         refs, kinds, blob_ids, addresses = rows.refs, rows.kinds, rows.blob_ids, rows.addresses
-        expected: list[bytes | None] = [None] * len(refs)
+        expected = Digests.none(len(refs))
         if not refs.uris:
             return expected
         codes, valid = refs.codes, refs.valid
@@ -575,7 +640,7 @@ class RecordedHashes:
             if recorded is not None:
                 at = file_column(int(fragments[rows[0]]))
                 rows_in_file = (addresses[rows] & 0xFFFFFFFF).astype(np.int64)
-                _put(expected, rows, recorded.inline_many(at, rows_in_file))
+                expected.put(rows, recorded, recorded.inline_entries(at, rows_in_file))
         sidecar = valid & ~inline & (kinds != Kind.EXTERNAL)
         for code in np.unique(codes[sidecar]).tolist():
             rows = np.flatnonzero(sidecar & (codes == code))
@@ -583,28 +648,36 @@ class RecordedHashes:
             if recorded is not None:  # a dedicated payload's entry has position 0
                 positions = refs.positions[rows].astype(np.uint64)  # 0 for dedicated already
                 sizes = refs.sizes[rows].astype(np.uint64)
-                _put(expected, rows, recorded.sidecar_many(blob_ids[rows], positions, sizes))
+                entries = recorded.sidecar_entries(blob_ids[rows], positions, sizes)
+                expected.put(rows, recorded, entries)
         stored = external & in_store
         for fragment in np.unique(fragments[stored]).tolist():
             rows = np.flatnonzero(stored & (fragments == fragment))
             file = data_file(fragment) if data_file is not None else None
-            _put(expected, rows, self._store_digests(file, refs, rows))
+            self._put_stored(expected, file, refs, rows)
         return expected
 
-    def _store_digests(
-        self, data_file: str | None, refs: RefColumns, rows: np.ndarray
-    ) -> list[bytes | None]:
-        """The digests of the store payloads of ``rows`` of one data file: what the file
-        recorded for them (the value its rows were written with), else the store's index."""
+    def _put_stored(
+        self, expected: Digests, data_file: str | None, refs: RefColumns, rows: np.ndarray
+    ) -> None:
+        """The digests of the store payloads of ``rows`` of one data file into ``expected``:
+        what the file recorded for them (the value its rows were written with), else the
+        store's index."""
         recorded = self._file(data_file) if data_file is not None else None
-        codes, positions, sizes = refs.codes[rows], refs.positions[rows], refs.sizes[rows]
-        found: list[bytes | None] = [None] * len(rows)
         if recorded is not None:
             packs = [uri.removeprefix(self.store[0]) for uri in refs.uris]
-            found = recorded.stored_many(packs, codes, positions, sizes)
-        for i in [i for i, digest in enumerate(found) if digest is None]:
-            found[i] = self._indexed(refs.uris[codes[i]], int(positions[i]), int(sizes[i]))
-        return found
+            entries = recorded.stored_entries(
+                packs, refs.codes[rows], refs.positions[rows], refs.sizes[rows]
+            )
+            expected.put(rows, recorded, entries)
+        unknown = rows[~expected.found[rows]]
+        expected.put_each(
+            unknown,
+            [
+                self._indexed(refs.uris[refs.codes[r]], int(refs.positions[r]), int(refs.sizes[r]))
+                for r in unknown.tolist()
+            ],
+        )
 
     def _in_store(self, uri: str) -> bool:
         return bool(self.store) and uri.startswith(self.store[0])
@@ -624,10 +697,60 @@ def _checksums_bytes(checksums: FileChecksums | None) -> int:
     return _FILE_BYTES + _ENTRY_BYTES * (len(checksums) if checksums is not None else 0)
 
 
-def _put(values: list, rows: np.ndarray, found: Sequence) -> None:
-    """``values[row] = found[i]`` for the i-th of ``rows``."""
-    for row, value in zip(rows.tolist(), found, strict=True):
-        values[row] = value
+class Digests:
+    """The recorded blake3 of each of n references: a row of 32 bytes each, and whether one
+    was recorded (no Python object per reference: a scan of a million small rows gives each
+    reference its hash).
+
+    >>> d = Digests.none(3)
+    >>> d.put_each(np.array([1]), [b"x" * 32])
+    >>> d.to_list()[0], d.to_list()[1] == b"x" * 32, d.to_arrow().null_count
+    (None, True, 2)
+    """
+
+    def __init__(self, matrix: np.ndarray, found: np.ndarray) -> None:
+        self.matrix, self.found = matrix, found
+
+    @classmethod
+    def none(cls, count: int) -> Digests:
+        return cls(np.zeros((count, DIGEST_BYTES), np.uint8), np.zeros(count, bool))
+
+    def put(self, rows: np.ndarray, recorded: FileChecksums, entries: np.ndarray) -> None:
+        """Row ``rows[i]`` gets ``recorded``'s entry ``entries[i]`` (none for -1)."""
+        hit = entries >= 0
+        self.matrix[rows[hit]] = recorded.digests[entries[hit]]
+        self.found[rows[hit]] = True
+
+    def put_each(self, rows: np.ndarray, digests: Sequence[bytes | None]) -> None:
+        """Row ``rows[i]`` gets ``digests[i]`` (none for None)."""
+        for row, digest in zip(rows.tolist(), digests, strict=True):
+            if digest is not None:
+                self.matrix[row] = np.frombuffer(digest, np.uint8)
+                self.found[row] = True
+
+    def __len__(self) -> int:
+        return len(self.found)
+
+    def __getitem__(self, row: int) -> bytes | None:
+        return self.matrix[row].tobytes() if self.found[row] else None
+
+    def to_list(self) -> list[bytes | None]:
+        matrix = self.matrix
+        return [matrix[r].tobytes() if f else None for r, f in enumerate(self.found.tolist())]
+
+    def to_arrow(self) -> pa.BinaryArray:
+        """As ``binary`` values (null where none was recorded), with no copy per value."""
+        offsets = np.zeros(len(self) + 1, np.int32)
+        np.cumsum(self.found * DIGEST_BYTES, out=offsets[1:])
+        values = np.ascontiguousarray(self.matrix[self.found])
+        nulls = len(self) - int(self.found.sum())
+        validity = pa.array(self.found).buffers()[1] if nulls else None
+        return pa.Array.from_buffers(
+            pa.binary(),
+            len(self),
+            [validity, pa.py_buffer(offsets), pa.py_buffer(values)],
+            null_count=nulls,
+        )
 
 
 def _sidecar_data_file(uri: str) -> str:
