@@ -485,6 +485,11 @@ def _spark_bytes(rows: list[dict]) -> str:
             text = f"{name} {mb_s:.0f} MB/s ({'met' if mb_s >= 1500 else 'missed'}"
             if floor is not None:
                 text += f"; Spark's floor {floor:.0f} MB/s, {row[f'{name}_vs_floor']}x it"
+            if f"{name}_checked_vs_unchecked" in row:  # the hash check's cost
+                text += (
+                    f"; unchecked {row[f'{name}_unchecked_mb_s']:.0f} MB/s, checked "
+                    f"{row[f'{name}_checked_vs_unchecked']}x it"
+                )
             verdicts.append(text + ")")
     return ", ".join(verdicts) or "-"
 

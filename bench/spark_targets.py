@@ -8,7 +8,9 @@
 2. ``read_blob`` and ``materialize`` MB/s over every blob (warm page cache), against Spark's
    own floor for each: an Arrow UDF (for ``read_blob``) and a ``mapInArrow`` (for
    ``materialize``) that return a preallocated binary column of the same sizes, no I/O; what is
-   left is Spark moving the bytes from the Python worker into rows.
+   left is Spark moving the bytes from the Python worker into rows. Each also without its hash
+   check (``check_hashes=False``), in the same rounds: what the check costs; and the scan of
+   references without the recorded hashes they carry (``option("check_hashes", "false")``).
 3. Writing with dedup off vs ``df.write.parquet`` of the same data.
 4. The natural ``df.write`` of robot frames whose video chunks repeat across partitions (each
    chunk shared by 30 consecutive frames, rows dealt round-robin to the tasks, a thumbnail per
@@ -61,11 +63,13 @@ class _FloorReader(DataSourceReader):
 
     def read(self, partition):
         ids = np.arange(partition.value, self.rows, _PARTITIONS, dtype=np.int64)
+        one = np.zeros(len(ids), dtype=np.int64)
         refs = pa.StructArray.from_arrays(
             [
-                pa.array([self.uri], pa.utf8()).take(np.zeros(len(ids), dtype=np.int64)),
+                pa.array([self.uri], pa.utf8()).take(one),
                 pa.array(ids * self.blob),
                 pa.array(np.full(len(ids), self.blob, dtype=np.int64)),
+                pa.array([bytes(32)], pa.binary()).take(one),  # a blake3 per reference
             ],
             fields=list(REF_TYPE),
         )
@@ -81,7 +85,10 @@ class _FloorSource(DataSource):
         return "bh_floor"
 
     def schema(self):
-        return "id long, group long, payload struct<uri string, position long, size long>"
+        return (
+            "id long, group long, payload struct<uri string, position long, size long, "
+            "blake3 binary>"
+        )
 
     def reader(self, schema):
         options = self.options
@@ -242,6 +249,9 @@ def run(rows: int, blob_kb: int, runs: int) -> dict:
     results.update(_shared_chunks(spark, root, rows, runs))
 
     refs = spark.read.format("blobhouse").load(f"{root}/bh")
+    unchecked_refs = (
+        spark.read.format("blobhouse").option("check_hashes", "false").load(f"{root}/bh")
+    )
     parquet = spark.read.parquet(f"{root}/pq").select("id", "group")
     spark.dataSource.register(_FloorSource)
     floor = (
@@ -253,6 +263,9 @@ def run(rows: int, blob_kb: int, runs: int) -> dict:
         {
             "parquet": lambda: parquet.agg(F.sum("id")).collect(),
             "refs": lambda: refs.agg(F.sum("id"), F.sum(F.col("payload.size"))).collect(),
+            "refs unchecked": lambda: unchecked_refs.agg(
+                F.sum("id"), F.sum(F.col("payload.size"))
+            ).collect(),
             "floor": lambda: floor.agg(F.sum("id"), F.sum(F.col("payload.size"))).collect(),
         },
         runs,
@@ -263,15 +276,23 @@ def run(rows: int, blob_kb: int, runs: int) -> dict:
     results["scan_python_source_floor_s"] = scans["floor"]
     results["floor_ratio"] = scans["parquet"] / scans["floor"]
     results["scan_vs_floor"] = scans["floor"] / scans["refs"]
+    # what looking up the recorded hash each reference carries costs the scan
+    results["scan_refs_unchecked_s"] = scans["refs unchecked"]
+    results["scan_checked_vs_unchecked"] = scans["refs unchecked"] / scans["refs"]
 
     def total_length(df, column) -> None:
         df.select(F.sum(F.length(column))).collect()
 
+    unchecked_read_blob = bs.read_blob_function(check_hashes=False)
     reads = medians(
         {
             "read_blob": lambda: total_length(refs, bs.read_blob("payload")),
+            "read_blob_unchecked": lambda: total_length(refs, unchecked_read_blob("payload")),
             "read_blob_floor": lambda: total_length(refs, _floor_udf("payload")),
             "materialize": lambda: total_length(bs.materialize(refs, ["payload"]), "payload"),
+            "materialize_unchecked": lambda: total_length(
+                bs.materialize(refs, ["payload"], check_hashes=False), "payload"
+            ),
             "materialize_floor": lambda: total_length(
                 refs.mapInArrow(_floor_map, "id long, group long, payload binary"), "payload"
             ),
@@ -280,8 +301,11 @@ def run(rows: int, blob_kb: int, runs: int) -> dict:
     )
     for name in ("read_blob", "materialize"):
         results[f"{name}_mb_s"] = total_mb / reads[name]
+        results[f"{name}_unchecked_mb_s"] = total_mb / reads[f"{name}_unchecked"]
         results[f"{name}_floor_mb_s"] = total_mb / reads[f"{name}_floor"]
         results[f"{name}_vs_floor"] = reads[f"{name}_floor"] / reads[name]
+        # the hash check's cost: the checked read's speed as a fraction of the unchecked one's
+        results[f"{name}_checked_vs_unchecked"] = reads[f"{name}_unchecked"] / reads[name]
     shutil.rmtree(root, ignore_errors=True)
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in results.items()}
 

@@ -338,10 +338,13 @@ class FileChecksums:
 
     @staticmethod
     def _lookup(entries: np.ndarray, recorded: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-        """The entries of the ``wanted`` keys in ``recorded`` (sorted keys of ``entries``),
-        -1 where a key is not there."""
+        """The entries of the ``wanted`` keys in ``recorded`` (sorted distinct keys of
+        ``entries``: rows of a data file), -1 where a key is not there."""
         if not len(recorded) or not len(wanted):
             return np.full(len(wanted), -1, np.int64)
+        if recorded[0] == 0 and recorded[-1] == len(recorded) - 1:  # keys 0..n-1: no search
+            inside = (wanted >= 0) & (wanted < len(recorded))
+            return np.where(inside, entries[np.where(inside, wanted, 0)], -1)
         at = np.minimum(np.searchsorted(recorded, wanted), len(recorded) - 1)
         return np.where(recorded[at] == wanted, entries[at], -1)
 
@@ -378,7 +381,10 @@ class _Places:
             return np.full(len(objects), -1, np.int64)
         wanted = _place_fields(objects, positions, sizes)
         mixed = _mixed(*wanted)
-        at = np.minimum(np.searchsorted(self.mixed, mixed), len(self.mixed) - 1)
+        # searched in order: each search starts near the last one (half the time, measured)
+        order = np.argsort(mixed)
+        at = np.empty(len(mixed), np.int64)
+        at[order] = np.minimum(np.searchsorted(self.mixed, mixed[order]), len(self.mixed) - 1)
         same = np.logical_and.reduce(
             [ours[at] == it for ours, it in zip(self.fields, wanted, strict=True)]
         )
@@ -395,7 +401,7 @@ class _Places:
 
 
 def _place_fields(*fields: np.ndarray) -> tuple[np.ndarray, ...]:
-    return tuple(np.asarray(field).astype(np.uint64) for field in fields)
+    return tuple(np.asarray(field).astype(np.uint64, copy=False) for field in fields)
 
 
 def _mixed(objects: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -574,9 +580,10 @@ class RecordedHashes:
         its column in that fragment's data file, ``data_file(fragment id)`` that file (where
         store references' digests are). Rows without a recorded hash (user-owned external
         blobs, files other writers made) pass as they are; None when no row has one."""
-        expected = self.expected(file_column, rows, data_file)
-        if not expected.found.any():
+        recorded = self.expected(file_column, rows, data_file)
+        if not recorded.found.any():
             return None
+        expected = recorded.to_list()  # looked up once a row: the check runs per payload
         # rows sharing a payload share its range, read once: hash it once
         passed: set[tuple[int, int, int, bytes]] = set()
         refs, addresses = rows.refs, rows.addresses
@@ -742,8 +749,8 @@ class Digests:
         """As ``binary`` values (null where none was recorded), with no copy per value."""
         offsets = np.zeros(len(self) + 1, np.int32)
         np.cumsum(self.found * DIGEST_BYTES, out=offsets[1:])
-        values = np.ascontiguousarray(self.matrix[self.found])
         nulls = len(self) - int(self.found.sum())
+        values = self.matrix if not nulls else np.ascontiguousarray(self.matrix[self.found])
         validity = pa.array(self.found).buffers()[1] if nulls else None
         return pa.Array.from_buffers(
             pa.binary(),

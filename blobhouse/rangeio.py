@@ -1,8 +1,12 @@
 """Ranged I/O: read resolved blob references with as few, as large, and as parallel reads as
 possible.
 
-A resolved reference is ``struct<uri: string, position: int64, size: int64>`` with an absolute
-URI; it is self-contained, so any process can read it without opening the table.
+A resolved reference is ``struct<uri: string, position: int64, size: int64, blake3: binary>``
+with an absolute URI and the blake3-256 recorded for its payload when it was written (null when
+none was: external blobs the user owns, files other writers made); it is self-contained, so
+any process can read and check it without opening the table. A reference built by hand may
+leave ``blake3`` out (:func:`is_reference`): its bytes are read unchecked. :func:`read_ranges`
+checks each :class:`BlobRef` that carries one unless told ``check_hashes=False``.
 """
 
 from __future__ import annotations
@@ -11,28 +15,43 @@ import io
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import blake3
 import numpy as np
 import pyarrow as pa
 
-from blobhouse.errors import BlobReadError, CorruptBlobError, StoreError, StoreReadError
+from blobhouse.errors import (
+    BlobReadError,
+    CorruptBlobError,
+    InvalidInputError,
+    StoreError,
+    StoreReadError,
+)
 from blobhouse.kept_threads import KeptThreads
+from blobhouse.options import check_flag
 from blobhouse.placement import MiB
 from blobhouse.storage import MISSING_BUCKET, RangeSource, object_store
 
+REF_FIELDS = ("uri", "position", "size")  # where the bytes are
 REF_TYPE = pa.struct(
-    [pa.field("uri", pa.utf8()), pa.field("position", pa.int64()), pa.field("size", pa.int64())]
+    [
+        pa.field("uri", pa.utf8()),
+        pa.field("position", pa.int64()),
+        pa.field("size", pa.int64()),
+        pa.field("blake3", pa.binary()),  # what they hash to, recorded when they were written
+    ]
 )
 MAX_READ_BYTES = 64 * MiB
 READ_THREADS = 16
+DIGEST_BYTES = 32  # a blake3-256
 
 
 @dataclass(frozen=True)
 class BlobRef:
-    """Where one blob's bytes are: ``size`` bytes at ``position`` of the object at ``uri``.
+    """Where one blob's bytes are: ``size`` bytes at ``position`` of the object at ``uri``,
+    and the ``blake3`` they hash to, recorded when they were written (None: unchecked).
 
     >>> BlobRef("file:///tmp/x.bin", 10, 5).end
     15
@@ -41,6 +60,7 @@ class BlobRef:
     uri: str
     position: int
     size: int
+    blake3: bytes | None = field(default=None, repr=False)
 
     @property
     def end(self) -> int:
@@ -109,15 +129,22 @@ class RefColumns:
             np.concatenate([p.valid for p in parts]),
         )
 
-    def to_arrow(self) -> pa.StructArray:
-        """These references as ``struct<uri, position, size>`` (:data:`REF_TYPE`)."""
+    def to_arrow(self, digests: pa.Array | None = None) -> pa.StructArray:
+        """These references as :data:`REF_TYPE`, with the recorded blake3 of each payload
+        (``digests``, ``binary``; None: none recorded).
+
+        >>> RefColumns.of([BlobRef("a", 0, 5)]).to_arrow().to_pylist()
+        [{'uri': 'a', 'position': 0, 'size': 5, 'blake3': None}]
+        """
         uris = (
             pa.array(self.uris, pa.utf8()).take(pa.array(self.codes))
             if self.uris
             else pa.nulls(len(self), pa.utf8())
         )
+        if digests is None:
+            digests = pa.nulls(len(self), pa.binary())
         return pa.StructArray.from_arrays(
-            [uris, pa.array(self.positions), pa.array(self.sizes)],
+            [uris, pa.array(self.positions), pa.array(self.sizes), digests],
             fields=list(REF_TYPE),
             mask=None if self.valid.all() else pa.array(~self.valid),
         )
@@ -136,6 +163,16 @@ class RefColumns:
         return int(rows[0]) if len(rows) else None
 
 
+def is_reference(names: Sequence[str]) -> bool:
+    """Whether a struct with fields ``names`` is a blob reference: :data:`REF_TYPE`'s, or
+    one built without the recorded hash (by hand, or by blobhouse before it carried one).
+
+    >>> is_reference(["uri", "position", "size"]), is_reference(["uri", "size"])
+    (True, False)
+    """
+    return tuple(names) in (REF_FIELDS, tuple(REF_TYPE.names))
+
+
 def refs_from_arrow(array: pa.Array) -> list[BlobRef | None]:
     """Python references from a ``struct<uri, position, size>`` array (null rows stay None)."""
     if isinstance(array, pa.ChunkedArray):
@@ -144,9 +181,12 @@ def refs_from_arrow(array: pa.Array) -> list[BlobRef | None]:
     positions = array.field("position").to_pylist()
     sizes = array.field("size").to_pylist()
     valid = array.is_valid().to_pylist()
+    digests = (
+        array.field("blake3").to_pylist() if "blake3" in array.type.names else [None] * len(array)
+    )
     return [
-        BlobRef(u, p, s) if ok and u is not None else None
-        for ok, u, p, s in zip(valid, uris, positions, sizes, strict=True)
+        BlobRef(u, p, s, d) if ok and u is not None else None
+        for ok, u, p, s, d in zip(valid, uris, positions, sizes, digests, strict=True)
     ]
 
 
@@ -207,10 +247,12 @@ def read_ranges(
     threads: int = READ_THREADS,
     storage_options: Mapping[str, str] | None = None,
     verify: Verify | None = None,
+    check_hashes: bool = True,
 ) -> list:
     """The bytes of every reference, in order (None for None). ``storage_options`` configure
     access to object stores (see :func:`blobhouse.storage.checked_options`); ``verify`` checks
-    each payload as it arrives (see :data:`Verify`).
+    each payload as it arrives (see :data:`Verify`), and so does the blake3 a
+    :class:`BlobRef` carries, unless ``check_hashes`` is False (:func:`carried_hashes`).
 
     Each payload is read straight into its own ``bytes`` object (one copy, no buffer in
     between); references to the same range share one object.
@@ -221,6 +263,7 @@ def read_ranges(
     >>> read_ranges([BlobRef("file://" + path, 6, 5), BlobRef("file://" + path, 0, 5), None])
     [b'world', b'hello', None]
     """
+    verify = carried_hashes(refs, verify, check_hashes)
     refs = RefColumns.of(refs)
     out: list = [None] * len(refs)
     positions, sizes = refs.positions.tolist(), refs.sizes.tolist()
@@ -255,15 +298,18 @@ def read_ranges_arrow(
     threads: int = READ_THREADS,
     storage_options: Mapping[str, str] | None = None,
     verify: Verify | None = None,
+    check_hashes: bool = True,
 ) -> pa.LargeBinaryArray:
     """The bytes of every reference as one ``large_binary`` array (null for None); ``verify``
-    checks each payload as it arrives (see :data:`Verify`).
+    checks each payload as it arrives (see :data:`Verify`), and so does the blake3 a
+    :class:`BlobRef` carries, unless ``check_hashes`` is False (:func:`carried_hashes`).
 
     Reads go straight into the array's buffer, as :func:`plan_reads` plans them: each distinct
     range once, nearby ranges of one object merged (on object stores, ranges up to
     ``coalesce_gap`` apart: one GET), objects and ranges in parallel (on object stores, up to
     ``threads`` requests in flight).
     """
+    verify = carried_hashes(refs, verify, check_hashes)
     refs = RefColumns.of(refs)
     sizes = np.where(refs.valid, refs.sizes, 0)
     offsets = np.zeros(len(refs) + 1, dtype=np.int64)
@@ -296,6 +342,61 @@ def read_ranges_arrow(
         len(refs),
         [pa.array(refs.valid).buffers()[1] if nulls else None, pa.py_buffer(offsets), data],
         null_count=nulls,
+    )
+
+
+def carried_hashes(
+    refs: Sequence[BlobRef | None] | RefColumns, verify: Verify | None, check_hashes: bool = True
+) -> Verify | None:
+    """``verify``, and (unless ``check_hashes`` is False) a check of each of ``refs`` that
+    carries its blake3: bytes that hash to anything else raise
+    :class:`~blobhouse.errors.CorruptBlobError` naming the object and range (a range many
+    references share is hashed once). A digest that is not 32 bytes is refused before any read.
+
+    >>> import tempfile, os, blake3
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
+    >>> _ = open(path, "wb").write(b"hello world")
+    >>> ref = BlobRef("file://" + path, 0, 5, blake3.blake3(b"hellO").digest())
+    >>> try:
+    ...     read_ranges([ref])
+    ... except CorruptBlobError as error:
+    ...     print(str(error).split(": ", 1)[1][:52])
+    the stored copy is damaged or another file is in its
+    >>> read_ranges([ref], check_hashes=False)
+    [b'hello']
+    """
+    if not check_flag("check_hashes", check_hashes) or isinstance(refs, RefColumns):
+        return verify
+    carried = [None if ref is None else ref.blake3 for ref in refs]
+    wrong = [i for i, d in enumerate(carried) if d is not None and len(d) != DIGEST_BYTES]
+    if wrong:
+        raise InvalidInputError(
+            f"reference {wrong[0]} carries a blake3 of {len(carried[wrong[0]])} bytes, not "
+            f"{DIGEST_BYTES} (None reads it unchecked)"
+        )
+    if not any(carried):
+        return verify
+    passed: set[BlobRef] = set()
+
+    def check(index: int, payload: memoryview) -> None:
+        ref = refs[index]
+        if ref.blake3 is not None and ref not in passed:
+            if blake3.blake3(payload).digest() != ref.blake3:
+                raise payload_mismatch("", ref.uri, ref.position, ref.size)
+            passed.add(ref)
+        if verify is not None:
+            verify(index, payload)
+
+    return check
+
+
+def payload_mismatch(where: str, uri: str, position: int, size: int) -> CorruptBlobError:
+    """The error of bytes at ``uri`` ``[position, +size)`` (``where``: the reader and row, or
+    empty) that differ from the blake3 their reference carries."""
+    return CorruptBlobError(
+        f"{where}the bytes at {uri} [{position}, +{size}) do not match the blake3 their "
+        "reference carries, recorded when they were written: the stored copy is damaged or "
+        "another file is in its place (check_hashes=False reads them unchecked)"
     )
 
 
@@ -377,7 +478,8 @@ def open_ref(
     buffer_size: int | None = None,
 ) -> io.BufferedReader:
     """A seekable, read-only file object over one reference's bytes. With ``digest`` (its
-    blake3), reading the whole payload front to back checks it: the read that reaches the end
+    blake3; by default the one the reference carries), reading the whole payload front to back
+    checks it: the read that reaches the end
     raises :class:`~blobhouse.errors.CorruptBlobError` (naming ``name``) on a mismatch.
     ``buffer_size``: bytes read ahead per read (default: the store's read size); a reader
     that seeks often (a video demuxer) wants a small one, each seek drops the buffer.
@@ -390,6 +492,7 @@ def open_ref(
     2
     b'rld'
     """
+    digest = ref.blake3 if digest is None else digest  # what the reference carries, if any
     buffer = buffer_size or object_store(ref.uri, storage_options).read_buffer_bytes
     return io.BufferedReader(_RangeFile(ref, digest, name, storage_options), buffer_size=buffer)
 

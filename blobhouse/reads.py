@@ -5,7 +5,8 @@ blob columns returned as references or as checked bytes.
 :class:`~blobhouse.snapshot.TableSnapshot`. Blob columns of fragments read often come from
 their kept references (:mod:`blobhouse.kept_references`) instead of Lance's take; bytes are
 read with coalesced ranged reads (:mod:`blobhouse.rangeio`), checked against the blake3
-recorded when they were written (:mod:`blobhouse.checksums`).
+recorded when they were written (:mod:`blobhouse.checksums`). References carry that blake3
+(``REF_TYPE``'s ``blake3``), so whoever reads them later checks the bytes without the table.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, BinaryIO, Literal, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from blobhouse.checksums import Digests
 from blobhouse.columns import lance_name, resolve_columns
 from blobhouse.errors import (
     BlobReadError,
@@ -116,8 +118,10 @@ class TableReader:
         fragment_ids: Sequence[int] | None = None,
         offset: int | None = None,
         limit: int | None = None,
+        check_hashes: bool = True,
     ) -> Iterator[pa.RecordBatch]:
         """See :meth:`blobhouse.Table.scan`."""
+        check_hashes = check_flag("check_hashes", check_hashes)
         selection = self._selection(columns, blobs)
         fragments = None
         if fragment_ids is not None:
@@ -134,16 +138,17 @@ class TableReader:
         batches = scanner.to_batches()
         while (batch := self._lance_read("read", lambda: next(batches, None))) is not None:
             named = selection.named(batch)
-            yield self._convert(named, selection.blobs, blobs, check_hashes=True)
+            yield self._convert(named, selection.blobs, blobs, check_hashes)
 
     def to_arrow(
         self,
         columns: Sequence[str] | None = None,
         filter: str | None = None,
         blobs: BlobsMode = "refs",
+        check_hashes: bool = True,
     ) -> pa.Table:
         """See :meth:`blobhouse.Table.to_arrow`."""
-        batches = list(self.scan(columns, filter, blobs))
+        batches = list(self.scan(columns, filter, blobs, check_hashes=check_hashes))
         if batches:
             return pa.Table.from_batches(batches)
         return self._empty(columns, blobs)
@@ -153,8 +158,10 @@ class TableReader:
         indices: Sequence[int],
         columns: Sequence[str] | None = None,
         blobs: BlobsMode = "refs",
+        check_hashes: bool = True,
     ) -> pa.Table:
         """See :meth:`blobhouse.Table.take`."""
+        check_hashes = check_flag("check_hashes", check_hashes)
         indices = self._check_indices(indices)
         selection = self._taken_columns(columns, blobs)
 
@@ -163,8 +170,8 @@ class TableReader:
 
         if indices and self._kept_serves(selection, blobs, by_id=False):
             kept = functools.partial(self.snapshot.rows_at, positions=indices)
-            return self._kept_table(take, kept, selection, blobs, check_hashes=True)
-        return self._taken(take, columns, blobs)
+            return self._kept_table(take, kept, selection, blobs, check_hashes)
+        return self._taken(take, columns, blobs, check_hashes)
 
     def row_ids(self, filter: str | None = None) -> np.ndarray:
         """See :meth:`blobhouse.Table.row_ids`."""
@@ -230,7 +237,7 @@ class TableReader:
                 if blobs == "bytes":
                     arrays.append(self._checked_bytes(path, rows, read_ranges_arrow, check_hashes))
                 else:
-                    arrays.append(rows.refs.to_arrow())
+                    arrays.append(self._refs(path, rows, check_hashes))
                 fields.append(pa.field(name, arrays[-1].type))
             else:  # the take holds the other columns in selection order
                 arrays.append(plain.column(at))
@@ -386,7 +393,7 @@ class TableReader:
         indices = self._check_indices(indices)
         if not indices:
             return pa.array([], type=REF_TYPE)
-        return self.snapshot.rows_at(path, indices).refs.to_arrow()
+        return self._refs(path, self.snapshot.rows_at(path, indices))
 
     def read_blobs(self, column: str, indices: Sequence[int]) -> list[bytes | None]:
         """See :meth:`blobhouse.Table.read_blobs`."""
@@ -406,12 +413,7 @@ class TableReader:
         ref = rows.refs.ref(0)
         if ref is None:
             return None
-        (digest,) = self._lance_read(
-            "read blobs of",
-            lambda: self.snapshot.recorded_hashes().expected_many(
-                self.snapshot.file_column(path), rows, self.snapshot.data_file_of(path)
-            ),
-        )
+        digest = self._recorded(path, rows, "read blobs of")[0]
         row = int(rows.addresses[0])
         name = f"blob column {column!r}, fragment {row >> 32} row {row & 0xFFFFFFFF}"
         return open_ref(ref, digest, name, self.snapshot.storage_options)
@@ -464,14 +466,34 @@ class TableReader:
         addresses = batch.column(ROW_ADDRESS)
         for out, path in targets:
             descriptors = get_column(batch, out)
+            rows = self.snapshot.resolve_rows(path, descriptors, addresses)
             if blobs == "bytes":
-                rows = self.snapshot.resolve_rows(path, descriptors, addresses)
                 values = self._checked_bytes(path, rows, read_ranges_arrow, check_hashes)
                 batch = replace_column(batch, out, values, pa.field(out[-1], pa.large_binary()))
             else:
-                refs = self.snapshot.resolve_refs(path, descriptors, addresses)
+                refs = self._refs(path, rows, check_hashes)
                 batch = replace_column(batch, out, refs, pa.field(out[-1], REF_TYPE))
         return batch.drop_columns([ROW_ADDRESS])
+
+    def _recorded(self, path: ColumnPath, rows: ResolvedRows, doing: str) -> Digests:
+        """The blake3 recorded for each of ``rows`` of blob column ``path``, read from their
+        data files (``doing`` names the read in a store's errors)."""
+        return self._lance_read(
+            doing,
+            lambda: self.snapshot.recorded_hashes().expected(
+                self.snapshot.file_column(path), rows, self.snapshot.data_file_of(path)
+            ),
+        )
+
+    def _refs(
+        self, path: ColumnPath, rows: ResolvedRows, check_hashes: bool = True
+    ) -> pa.StructArray:
+        """``rows`` of blob column ``path`` as references (``REF_TYPE``), each carrying the
+        blake3 recorded for its payload unless ``check_hashes`` is False (then none: whoever
+        reads them reads unchecked, and no data file is opened here)."""
+        if not check_hashes:
+            return rows.refs.to_arrow()
+        return rows.refs.to_arrow(self._recorded(path, rows, "read").to_arrow())
 
     def _checked_bytes(
         self,

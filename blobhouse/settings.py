@@ -671,6 +671,12 @@ _SPECS: tuple[Setting, ...] = (
     Flag("dry_run", "gc reports what it would remove and removes nothing", False),
     # verify
     Flag("deep", "verify also re-hashes every payload against its recorded hash", False),
+    # reads
+    Flag(
+        "check_hashes",
+        "reads check each payload's bytes against the blake3 recorded when it was written",
+        True,
+    ),
     # Spark reads and tasks
     Count(
         "rows_per_partition",

@@ -177,11 +177,13 @@ class Table:
     Changes by others become visible with :meth:`refresh`; :meth:`checkout` gives another
     version as a new object.
 
-    ``blobs`` selects how blob columns come back: ``"refs"`` (``struct<uri, position, size>``,
-    absolute and self-contained), ``"bytes"`` (``large_binary``), or ``"descriptors"`` (Lance's
-    stored descriptors). Bytes read as ``"bytes"`` or by :meth:`read_blobs` are checked
-    against the blake3 recorded when they were written: damaged bytes raise
-    :class:`~blobhouse.errors.CorruptBlobError` naming the column, fragment, row and file.
+    ``blobs`` selects how blob columns come back: ``"refs"`` (``struct<uri, position, size,
+    blake3>``, absolute and self-contained, with the blake3 recorded for the payload), ``"bytes"``
+    (``large_binary``), or ``"descriptors"`` (Lance's stored descriptors). Bytes read as
+    ``"bytes"`` or by :meth:`read_blobs` are checked against the blake3 recorded when they were
+    written: damaged bytes raise :class:`~blobhouse.errors.CorruptBlobError` naming the column,
+    fragment, row and file; a data file that is another file in its place (of another table, or
+    another of this table's) raises :class:`~blobhouse.errors.DataFileError` naming it.
     """
 
     def __init__(self, snapshot: TableSnapshot) -> None:
@@ -469,11 +471,13 @@ class Table:
         fragment_ids: Sequence[int] | None = None,
         offset: int | None = None,
         limit: int | None = None,
+        check_hashes: bool = True,
     ) -> Iterator[pa.RecordBatch]:
         """Stream the table as record batches (memory stays bounded by the batch size).
 
         ``fragment_ids``, ``offset`` and ``limit`` restrict the scan to some fragments and a
-        range of their rows (how Spark splits a read).
+        range of their rows (how Spark splits a read). ``check_hashes=False``: bytes are not
+        checked against their recorded blake3, and references carry none.
         """
         return self._reader.scan(
             columns,
@@ -483,6 +487,7 @@ class Table:
             fragment_ids=fragment_ids,
             offset=offset,
             limit=limit,
+            check_hashes=check_hashes,
         )
 
     @keywords_checked
@@ -491,8 +496,11 @@ class Table:
         columns: Sequence[str] | None = None,
         filter: str | None = None,
         blobs: BlobsMode = "refs",
+        *,
+        check_hashes: bool = True,
     ) -> pa.Table:
-        """The table (or the selected columns / rows) as a pyarrow Table.
+        """The table (or the selected columns / rows) as a pyarrow Table (``check_hashes``:
+        as :meth:`scan`).
 
         >>> import tempfile, pyarrow as pa
         >>> from blobhouse import blob_array, write_table
@@ -501,7 +509,7 @@ class Table:
         >>> t.to_arrow(filter="id = 2", blobs="bytes").to_pylist()
         [{'id': 2, 'img': b'b'}]
         """
-        return self._reader.to_arrow(columns, filter, blobs)
+        return self._reader.to_arrow(columns, filter, blobs, check_hashes)
 
     @keywords_checked
     def take(
@@ -509,11 +517,13 @@ class Table:
         indices: Sequence[int],
         columns: Sequence[str] | None = None,
         blobs: BlobsMode = "refs",
+        *,
+        check_hashes: bool = True,
     ) -> pa.Table:
-        """Rows at ``indices`` (positions among the live rows), in the order asked. Blob
-        columns of fragments read often come from their kept references
-        (:mod:`blobhouse.kept_references`), without Lance's take."""
-        return self._reader.take(indices, columns, blobs)
+        """Rows at ``indices`` (positions among the live rows), in the order asked
+        (``check_hashes``: as :meth:`scan`). Blob columns of fragments read often come from
+        their kept references (:mod:`blobhouse.kept_references`), without Lance's take."""
+        return self._reader.take(indices, columns, blobs, check_hashes)
 
     def row_ids(self, filter: str | None = None) -> np.ndarray:
         """The ids of the live rows (those matching ``filter``), in table order, for
@@ -569,7 +579,8 @@ class Table:
         return self._reader.take_row_dicts(row_ids, columns, blobs, check_hashes=check_hashes)
 
     def blob_refs(self, column: str, indices: Sequence[int]) -> pa.StructArray:
-        """Resolved references ``struct<uri, position, size>`` of ``column`` at ``indices``."""
+        """Resolved references ``struct<uri, position, size, blake3>`` of ``column`` at
+        ``indices`` (``blake3``: recorded for the payload when it was written, or null)."""
         return self._reader.blob_refs(column, indices)
 
     def read_blobs(self, column: str, indices: Sequence[int]) -> list[bytes | None]:

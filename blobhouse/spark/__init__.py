@@ -144,14 +144,20 @@ def _is_terminal(stream: object) -> bool:
 
 
 @spark_entry_point
-def register(spark: SparkSession, storage_options: Mapping[str, str] | None = None) -> None:
+def register(
+    spark: SparkSession,
+    storage_options: Mapping[str, str] | None = None,
+    check_hashes: bool = True,
+) -> None:
     """Register the ``blobhouse`` data source and the SQL functions ``read_blob``/``blob_size``.
-    ``read_blob`` reads object stores with ``storage_options`` (an S3 endpoint, credentials).
-    Spark finds the data source through the calling thread's active session: a thread of your
-    own that uses ``format("blobhouse")`` calls this first (it is cheap, and idempotent).
+    ``read_blob`` reads object stores with ``storage_options`` (an S3 endpoint, credentials)
+    and checks each payload against the blake3 its reference carries unless ``check_hashes``
+    is False. Spark finds the data source through the calling thread's active session: a
+    thread of your own that uses ``format("blobhouse")`` calls this first (it is cheap, and
+    idempotent).
     """
     ensure_registered(spark)
-    spark.udf.register("read_blob", read_blob_function(storage_options))
+    spark.udf.register("read_blob", read_blob_function(storage_options, check_hashes))
     spark.udf.register("blob_size", blob_size)
 
 

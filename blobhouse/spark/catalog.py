@@ -94,8 +94,8 @@ def with_table_options(
         metadata = {**(f.metadata or {}), TABLE_KEY: marker}
         if f.name in blob_columns and "comment" not in metadata:
             metadata["comment"] = (
-                f"blobhouse blob column: a reference (uri, position, size); read_blob({f.name}) "
-                "reads its bytes"
+                f"blobhouse blob column: a reference (uri, position, size, blake3); "
+                f"read_blob({f.name}) reads its bytes, checked"
                 if blobs == "refs"
                 else "blobhouse blob column: its bytes (read with blobs=bytes)"
             )

@@ -6,8 +6,9 @@ complete data files and sidecars with the core write pipeline and returns them, 
 commits all of them in one Lance transaction; ``abort`` removes what the tasks wrote.
 
 Read: one input partition per fragment (split by row range when big), Arrow batches, blob
-columns as resolved references ``struct<uri, position, size>`` (bytes only with
-``option("blobs", "bytes")``).
+columns as resolved references ``struct<uri, position, size, blake3>`` carrying the blake3
+recorded for each payload (bytes only with ``option("blobs", "bytes")``, checked against it;
+``option("check_hashes", "false")`` reads bytes unchecked and references without it).
 
 SQL: ``CREATE TABLE t USING blobhouse OPTIONS (path '<uri>')`` makes a catalog table of an existing
 table, or of a new one with ``columns``; :mod:`blobhouse.spark.catalog` and docs/spark-sql.md.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyspark
@@ -41,13 +43,13 @@ from pyspark.sql.datasource import (
     StringStartsWith,
     WriterCommitMessage,
 )
-from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type, to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from blobhouse.errors import InvalidInputError, SchemaError, TableNotFoundError
 from blobhouse.layout import TableLocation
 from blobhouse.options import WriteOptions
-from blobhouse.rangeio import REF_TYPE
+from blobhouse.rangeio import REF_FIELDS, is_reference
 from blobhouse.settings import SETTINGS, THRESHOLDS, check_names
 from blobhouse.spark.catalog import parse_columns, table_options, with_table_options
 from blobhouse.storage import checked_options
@@ -103,7 +105,16 @@ WRITE_OPTIONS = frozenset(
 # set by blobhouse.spark.write_table for a write whose payloads are stored first
 INTERNAL_OPTIONS = frozenset(("store_index", "write_id"))
 READ_OPTIONS = frozenset(
-    (*_BOTH, "version", "blobs", "filter", "rows_per_partition", "max_batch_bytes", "pushdown")
+    (
+        *_BOTH,
+        "version",
+        "blobs",
+        "filter",
+        "rows_per_partition",
+        "max_batch_bytes",
+        "pushdown",
+        "check_hashes",
+    )
 )
 
 
@@ -154,7 +165,9 @@ class BlobhouseDataSource(DataSource):
     ``filter`` (a Lance SQL filter applied in the scan), ``rows_per_partition``,
     ``max_batch_bytes`` (Arrow batch size cap, default 1 GiB), ``pushdown`` (``"off"``, or
     ``"on"``:
-    see :class:`PushdownReader`).
+    see :class:`PushdownReader`), ``check_hashes`` (``"true"``, the default: bytes are checked
+    against the blake3 recorded when they were written, and references carry it for
+    ``read_blob`` / ``materialize`` to check; ``"false"``: neither).
 
     ``CREATE TABLE`` only: ``columns`` (Spark DDL, ``"id BIGINT, img BINARY"``) creates the table
     at ``path`` when it does not exist (:data:`CREATE_TABLE_OPTIONS`).
@@ -244,6 +257,7 @@ class ReadSpec:
     rows_per_partition: int
     pushdown: str
     max_batch_bytes: int = SETTINGS["max_batch_bytes"].default
+    check_hashes: bool = SETTINGS["check_hashes"].default
     storage_options: dict[str, str] | None = field(
         default=None, repr=False
     )  # credentials: never printed
@@ -263,9 +277,10 @@ class ReadSpec:
             version=version,
             blobs=blobs,
             filter=options.get("filter"),
-            rows_per_partition=_count(options, "rows_per_partition"),
+            rows_per_partition=_setting(options, "rows_per_partition"),
             pushdown=pushdown,
-            max_batch_bytes=_count(options, "max_batch_bytes"),
+            max_batch_bytes=_setting(options, "max_batch_bytes"),
+            check_hashes=_setting(options, "check_hashes"),
             storage_options=storage_options,
         )
 
@@ -322,10 +337,11 @@ class BlobhouseReader(DataSourceReader):
             fragment_ids=[partition.fragment_id],
             offset=partition.offset,
             limit=partition.limit,
+            check_hashes=self.spec.check_hashes,
         )
         for batch in batches:
             for piece in _fit(batch, self.spec.max_batch_bytes):
-                yield piece.cast(self.arrow_schema)
+                yield _as_requested(piece, self.arrow_schema)
 
 
 class PushdownReader(BlobhouseReader):
@@ -410,6 +426,27 @@ def _literal(value: object) -> str | None:
     if isinstance(value, str) and "'" not in value:
         return f"'{value}'"
     return None
+
+
+def _as_requested(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` in the ``schema`` Spark asked for: a reference column it declares without
+    ``blake3`` (a catalog table made before references carried it, a schema given by hand)
+    gets the other fields, read unchecked by ``read_blob``."""
+    columns = list(batch.columns)
+    for i, wanted in enumerate(schema):
+        given = columns[i].type
+        if (
+            pa.types.is_struct(wanted.type)
+            and pa.types.is_struct(given)
+            and tuple(wanted.type.names) == REF_FIELDS
+            and is_reference(given.names)
+        ):
+            columns[i] = pa.StructArray.from_arrays(
+                [columns[i].field(name) for name in REF_FIELDS],
+                fields=list(wanted.type),
+                mask=columns[i].is_null() if columns[i].null_count else None,
+            )
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names).cast(schema)
 
 
 def _fit(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:
@@ -607,7 +644,7 @@ def _same_table(one: Mapping[str, str], other: Mapping[str, str]) -> bool:
 
 
 def _is_reference(data_type) -> bool:
-    return data_type.simpleString() == from_arrow_type(REF_TYPE).simpleString()
+    return isinstance(data_type, StructType) and is_reference(data_type.fieldNames())
 
 
 def _path(options) -> str:
@@ -621,7 +658,7 @@ def _path(options) -> str:
     return path  # Spark's qualified local paths (file:/data/t) resolve like any file URI
 
 
-def _count(options, name: str) -> int:
+def _setting(options, name: str) -> Any:
     """Read option ``name`` by its setting (its default when not given)."""
     given = options.get(name)
     return SETTINGS[name].default if given is None else SETTINGS[name].parse(given)

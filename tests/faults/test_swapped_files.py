@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.errors import BlobhouseError, CorruptBlobError, DataFileError
 from blobhouse.loader import BatchLoader
+from blobhouse.rangeio import BlobRef, open_ref, read_ranges
 from blobhouse.torch import TableBatchDataset, TableRowDataset
 from tests.helpers import tree
 
@@ -80,7 +81,13 @@ def _torch_rows(uri: str) -> list:
     return list(DataLoader(TableRowDataset(uri), batch_size=2))
 
 
-# every read that returns bytes
+def _ranged(t) -> list:
+    """References read by hand: ``BlobRef(**ref)`` keeps the hash a reference carries."""
+    refs = [BlobRef(**r) for r in t.blob_refs("img", [0, 1]).to_pylist()]
+    return [*read_ranges(refs), open_ref(refs[0]).read()]
+
+
+# every read that returns bytes, and the references that carry the recorded hashes
 DOORS = {
     "read_blobs": lambda t: t.read_blobs("img", [0]),
     "to_arrow bytes": lambda t: t.to_arrow(blobs="bytes"),
@@ -89,6 +96,10 @@ DOORS = {
     "take_rows bytes": lambda t: t.take_rows(t.row_ids()[:1], blobs="bytes"),
     "take_row_dicts": lambda t: t.take_row_dicts(t.row_ids()[:1]),
     "open_blob": lambda t: t.open_blob("img", 0).read(),
+    "blob_refs": lambda t: t.blob_refs("img", [0]),
+    "to_arrow refs": lambda t: t.to_arrow(),
+    "take_rows refs": lambda t: t.take_rows(t.row_ids()[:1]),
+    "refs + read_ranges": _ranged,
     "BatchLoader": lambda t: _loader(t.location.root),
     "TableBatchDataset": lambda t: _torch_batches(t.location.root),
     "TableRowDataset": lambda t: _torch_rows(t.location.root),
@@ -144,7 +155,9 @@ def test_a_pack_swapped_for_another_of_the_same_size_is_caught(tmp_path):
     first, second = sorted(glob.glob(f"{uri}/_blobs/packs/*.pack"), key=os.path.getmtime)
     _swap(second, first)
     table = open_table(uri)
-    for read in DOORS.values():
+    for name, read in DOORS.items():
+        if name.endswith(" refs") or name == "blob_refs":
+            continue  # references carry the recorded hash: reading them is the check
         with pytest.raises(CorruptBlobError, match="do not match the blake3"):
             read(table)
     problems = table.verify(deep=True)["problems"]
@@ -178,4 +191,33 @@ def test_unchecked_reads_of_a_table_lance_compacted_still_read(tmp_path):
     lance.dataset(uri).optimize.compact_files()
     table = open_table(uri)
     assert table.read_blobs("img", list(range(2 * ROWS))) == ours + more
+    refs = table.blob_refs("img", [0, 1])
+    assert refs.field("blake3").null_count == 2  # nothing recorded: the references say so
     assert open_table(uri).verify(deep=True)["problems"] == []
+
+
+def test_references_carry_the_recorded_hash_unless_told_not_to(tmp_path):
+    """Every read of references gives each the blake3 recorded for its payload (what Spark's
+    read_blob and materialize check against); check_hashes=False gives none and opens no
+    data file (a swapped one is then not seen)."""
+    from blobhouse.dedup import content_hash
+
+    for layout, (dedup, size) in LAYOUTS.items():
+        uri = str(tmp_path / layout)
+        payloads, _ = _append(uri, dedup, size, "create")
+        table = open_table(uri)
+        digests = [content_hash(p) for p in payloads]
+        reads = {
+            "blob_refs": table.blob_refs("img", list(range(ROWS))),
+            "to_arrow": table.to_arrow().column("img").combine_chunks(),
+            "take": table.take(list(range(ROWS))).column("img").combine_chunks(),
+            "take_rows": table.take_rows(table.row_ids()).column("img").combine_chunks(),
+        }
+        for name, refs in reads.items():
+            assert refs.field("blake3").to_pylist() == digests, (layout, name)
+        unchecked = table.to_arrow(check_hashes=False).column("img").combine_chunks()
+        assert unchecked.field("blake3").null_count == ROWS
+        taken = table.take([0], check_hashes=False).column("img")
+        assert taken.combine_chunks().field("blake3").null_count == 1
+        refs = [BlobRef(**r) for r in reads["blob_refs"].to_pylist()]
+        assert read_ranges(refs) == payloads and open_ref(refs[1]).read() == payloads[1]

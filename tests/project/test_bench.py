@@ -87,6 +87,8 @@ def test_quick_benchmark_run(tmp_path):
     spark = results["spark"]["rows"][0]
     assert spark["read_blob_mb_s"] > 0 and spark["write_ratio"] > 0
     assert spark["scan_vs_floor"] > 0 and spark["read_blob_vs_floor"] > 0  # the targets' floors
+    for name in ("read_blob", "materialize", "scan"):  # the hash check, with and without
+        assert spark[f"{name}_checked_vs_unchecked"] > 0
     # where a write's time goes: the rows reach Python, then blake3; and the workers' memory
     assert (
         spark["write_shared_python_floor_s"] > 0 and spark["write_shared_python_floor_hash_s"] > 0

@@ -108,7 +108,7 @@ def test_bytes_are_each_rows_own_and_a_filter_picks_rows_first(videos):
             seen.append(row["id"])
     assert sorted(seen) == [i for i in range(ROWS) if i % 4]
     refs = next(iter(BatchLoader(uri, ["clip"], batch_size=4, blobs="refs")))
-    assert refs.schema.field("clip").type.names == ["uri", "position", "size"]
+    assert refs.schema.field("clip").type.names == ["uri", "position", "size", "blake3"]
 
 
 def test_row_batches_are_the_batches_as_rows_sharing_each_payload(videos):
@@ -124,7 +124,7 @@ def test_row_batches_are_the_batches_as_rows_sharing_each_payload(videos):
             assert row["clip"] is first  # one object per payload in a batch, never a copy
         assert len({id(r["clip"]) for r in rows}) == len(by_video)
     refs = next(BatchLoader(uri, ["clip"], batch_size=4, blobs="refs").row_batches())
-    assert set(refs[0]["clip"]) == {"uri", "position", "size"}
+    assert set(refs[0]["clip"]) == {"uri", "position", "size", "blake3"}
 
 
 def test_resuming_from_a_state_continues_the_epoch(videos):

@@ -74,7 +74,7 @@ def test_round_trip_every_kind(spark, table_uri, tmp_path):
 
     read = spark.read.format("blobhouse").load(table_uri)
     assert read.schema["media"].dataType.simpleString() == (
-        "struct<uri:string,position:bigint,size:bigint>"
+        "struct<uri:string,position:bigint,size:bigint,blake3:binary>"
     )
     got = {r.id: r.media for r in bs.materialize(read, ["media"]).collect()}
     assert [got[i] for i in range(5)] == payloads
@@ -330,7 +330,7 @@ def test_threads_write_and_read_through_the_data_source(spark, tmp_path):
 def _read_plan(refs: pa.Array, limit: int = 64 << 20) -> list:
     valid = refs.is_valid().to_numpy(zero_copy_only=False)
     sizes = [s if ok else 0 for s, ok in zip(refs.field("size").to_pylist(), valid, strict=True)]
-    return _runs(refs, valid, np.concatenate([[0], np.cumsum(sizes)]), limit)
+    return _runs(refs, valid, np.concatenate([[0], np.cumsum(sizes)]), limit)[0]
 
 
 def test_read_bytes_reads_each_file_in_one_range_and_keeps_every_row(table_uri):

@@ -16,7 +16,7 @@ from blobhouse.spark.catalog import parse_columns
 from blobhouse.values import stored_blob_columns
 
 pytestmark = pytest.mark.usefixtures("spark")
-REF = "struct<uri:string,position:bigint,size:bigint>"
+REF = "struct<uri:string,position:bigint,size:bigint,blake3:binary>"
 
 
 @pytest.fixture

@@ -95,7 +95,7 @@ def test_columns_select_like_lance_scan(table):
         {"id": 4, "meta.image": IMAGES[3]},
     ]
     refs = table.to_arrow(columns=["meta.image"]).column("meta.image")
-    assert refs.type.names == ["uri", "position", "size"]
+    assert refs.type.names == ["uri", "position", "size", "blake3"]
     empty = table.take_rows([], columns=["meta.image"], blobs="bytes")
     assert empty.schema.names == ["meta.image"]
 
