@@ -310,7 +310,7 @@ class Reclaim:
                     plan.resurrect.append(uri)
             elif not complete:
                 plan.undecided += 1
-            elif bases.resolve(uri) != (uri, ""):
+            elif bases.resolve(uri) != (uri, "") or not bases.may_own(uri):
                 plan.outside.append(uri)  # the table's bases changed: never deleted
             elif name in doomed:
                 (due if doomed[name] < cutoff else waiting).append(uri)

@@ -17,7 +17,7 @@ import pyarrow as pa
 from blobhouse.errors import ExternalBlobError, InvalidInputError, InvalidSettingError
 from blobhouse.settings import SETTINGS, THRESHOLDS, check_names, damage_error, recorded_settings
 from blobhouse.storage import long_name, object_store, uri_to_path
-from blobhouse.uris import is_under, normalize_uri
+from blobhouse.uris import is_root, is_under, normalize_uri
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -177,12 +177,27 @@ class AllowedBases:
 
     def is_managed(self, normalized: str) -> bool:
         """Whether a normalized uri lies under a managed base."""
-        return any(normalized.startswith(base + "/") for base in self.managed)
+        return any(_below(normalized, base) for base in self.managed)
+
+    def may_own(self, normalized: str) -> bool:
+        """Whether the table may own (and gc one day delete) the object at normalized ``uri``:
+        it lies under a managed base, or under an allowed base that is a directory. Never one
+        only a filesystem, bucket or container root covers, where gc would delete anywhere."""
+        return self.is_managed(normalized) or any(
+            _below(normalized, base) and not is_root(base) for base in self.bases
+        )
 
     def check(self, uri: str, *, column: str, row: int, managed: bool = False) -> str:
         """The normalized form of ``uri``, or :class:`ExternalBlobError` if not allowed
-        (``managed``: the row hands the object to the table, which the message says)."""
+        (``managed``: the row hands the object to the table, which the message says, and
+        which only a directory base allows: :meth:`may_own`)."""
         normalized, problem = self.resolve(uri)
+        if not problem and managed and not self.may_own(normalized):
+            problem = (
+                f"external uri {uri!r} lies under no directory the table may own objects in: "
+                "the base covering it is the root of a filesystem, bucket or container, where "
+                "gc would delete; add the directory that holds it as an allowed or managed base"
+            )
         if problem:
             what = "managed " if managed else ""
             raise ExternalBlobError(f"blob column {column!r}, row {row}: {what}{problem}")
@@ -199,7 +214,7 @@ class AllowedBases:
                 f"external uri {uri!r} lies inside the table; its own files cannot be "
                 "external blobs (gc and compaction own them)"
             )
-        if any(normalized.startswith(base + "/") for base in self.bases):
+        if any(_below(normalized, base) for base in self.bases):
             return normalized, ""
         allowed = self.bases or "none (pass allowed_bases=[...] when creating the table)"
         return "", f"external uri {uri!r} is outside the table's allowed bases; allowed: {allowed}"
@@ -264,3 +279,8 @@ def object_size(
             "or is not a file"
         )
     return size
+
+
+def _below(uri: str, base: str) -> bool:
+    """Whether normalized ``uri`` lies below ``base`` (not the base itself: a folder)."""
+    return uri != base and is_under(uri, base)

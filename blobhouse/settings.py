@@ -42,7 +42,7 @@ from blobhouse.errors import (
     TableMetadataError,
     UnknownOptionError,
 )
-from blobhouse.uris import is_root, normalize_uri
+from blobhouse.uris import base_uri, is_root, normalize_uri
 
 #: the largest count or size blobhouse keeps (Arrow's and numpy's int64; Lance's u64 holds it)
 MAX_INT64 = 2**63 - 1
@@ -377,7 +377,7 @@ class Bases(Setting):
                 f"{item!r} is the root of a filesystem, bucket or container: gc would delete "
                 "the table's objects anywhere in it; name the directory that holds them"
             )
-        return _Base(normalized.rstrip("/"), self.managed)
+        return _Base(base_uri(normalized), self.managed)
 
     def _from_text(self, text: str) -> Any:
         return _comma_list(text)

@@ -97,12 +97,26 @@ def has_control(text: str) -> bool:
 
 
 def is_under(uri: str, prefix: str) -> bool:
-    """Whether normalized ``uri`` is ``prefix`` or lies below it.
+    """Whether normalized ``uri`` is ``prefix`` or lies below it (``prefix`` may end in ``/``:
+    the local root, ``file:///``).
 
     >>> is_under("s3://b/media/a.mp4", "s3://b/media"), is_under("s3://b/mediax", "s3://b/media")
     (True, False)
+    >>> is_under("file:///data/a.mp4", "file:///")
+    True
     """
-    return uri == prefix or uri.startswith(prefix + "/")
+    return uri == prefix or uri.startswith(prefix.rstrip("/") + "/")
+
+
+def base_uri(normalized: str) -> str:
+    """A base's one form: a normalized URI without a trailing ``/``, but for the local root,
+    which is ``file:///`` (``file:`` would be a relative path).
+
+    >>> base_uri("s3://bucket/media/"), base_uri("file:///")
+    ('s3://bucket/media', 'file:///')
+    """
+    trimmed = normalized.rstrip("/")
+    return normalized if trimmed.endswith(":") else trimmed
 
 
 def is_root(normalized: str) -> bool:

@@ -310,6 +310,35 @@ def test_bad_managed_input_names_column_and_row(table_uri, media, tmp_path):
     assert open_table(table_uri).count_rows() == 1 and registered(table_uri) == set()
 
 
+def test_a_row_cannot_hand_the_table_an_object_under_a_root_base(table_uri, media):
+    # an allowed base may be a root (reads of any file); a root is never where gc deletes
+    path = f"{media['shared']}/0.bin"
+    write_table(pa.table({"v": blob_array([b"first"])}), table_uri, allowed_bases=["/"])
+    values = pa.table({"v": blob_array([Blob(uri=path, managed=True)])})
+    with pytest.raises(ExternalBlobError, match=r"'v', row 0: managed external uri .* root"):
+        write_table(values, table_uri, mode="append")
+    assert open_table(table_uri).version == 1 and registered(table_uri) == set()
+    write_table(pa.table({"v": blob_array([Blob(uri=path)])}), table_uri, mode="append")
+    assert open_table(table_uri).read_blobs("v", [1]) == [content(path)]
+
+
+def test_gc_keeps_a_registered_object_whose_only_base_became_a_root(table_uri, media):
+    owned = f"{media['owned']}/0.bin"
+    make_table(table_uri, media, [Blob(uri=owned)])
+    assert registered(table_uri) == {file_uri(owned)}
+    # another tool leaves the root as the table's only base (bases are only added to here)
+    dataset = lance.dataset(table_uri)
+    metadata = {k.decode(): v.decode() for k, v in dataset.schema.metadata.items()}
+    settings = {**json.loads(metadata["blobhouse"]), "allowed_bases": ["file:///"]}
+    settings["managed_bases"] = []
+    dataset.update_schema_metadata({"blobhouse": json.dumps(settings)})
+    assert open_table(table_uri).properties.allowed_bases == ("file:///",)
+    open_table(table_uri).delete("id >= 0")
+    reports = gc_runs(table_uri, runs=4)
+    assert reports[-1]["kept_outside_bases"] == 1 and reports[-1]["removed"] == 0
+    assert os.path.exists(owned)
+
+
 def test_managed_wins_once_registered(table_uri, media):
     """One row hands the object over, another references it plainly: it stays while any row
     references it, and goes once none does."""
