@@ -174,7 +174,8 @@ def is_reference(names: Sequence[str]) -> bool:
 
 
 def refs_from_arrow(array: pa.Array) -> list[BlobRef | None]:
-    """Python references from a ``struct<uri, position, size>`` array (null rows stay None)."""
+    """Python references from a ``struct<uri, position, size[, blake3]>`` array (null rows stay
+    None)."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     uris = array.field("uri").to_pylist()

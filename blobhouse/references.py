@@ -1,4 +1,4 @@
-"""Resolved references: Lance blob descriptors turned into ``struct<uri, position, size>``.
+"""Resolved references: Lance blob descriptors turned into ``struct<uri, position, size, blake3>``.
 
 A persisted descriptor (``kind, position, size, blob_id, blob_uri``) only makes sense next to the
 data file that holds it: inline bytes sit at ``position`` of that file, packed and dedicated bytes

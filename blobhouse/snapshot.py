@@ -206,10 +206,10 @@ class TableSnapshot:
         row_addresses: pa.Array,
         unresolved: list[Unresolved] | None = None,
     ) -> pa.StructArray:
-        """Resolved references ``struct<uri, position, size>`` of blob column ``path``, from its
-        stored descriptors and the row addresses (``_rowaddr``) they were read at (with an
-        ``unresolved`` list: external references that cannot be resolved go there, as nulls;
-        see :meth:`ReferenceResolver.resolve`)."""
+        """Resolved references ``struct<uri, position, size, blake3>`` of blob column
+        ``path``, from its stored descriptors and the row addresses (``_rowaddr``) they were
+        read at (with an ``unresolved`` list: external references that cannot be resolved go
+        there, as nulls; see :meth:`ReferenceResolver.resolve`)."""
         return self.resolver.resolve(
             descriptors, row_addresses, self.field_id(path), path_name(path), unresolved
         )

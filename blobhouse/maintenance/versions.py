@@ -129,8 +129,8 @@ class ReferenceBatch:
 
     ``rows`` are positions among the fragment's live rows, ``offsets`` physical row offsets in
     the fragment (the row inside its data file), ``file_column`` the column's position in the
-    fragment's data file ``data_file``; ``refs`` are resolved ``struct<uri, position, size>``
-    values; null values are left out.
+    fragment's data file ``data_file``; ``refs`` are resolved
+    ``struct<uri, position, size, blake3>`` values; null values are left out.
     """
 
     column: str

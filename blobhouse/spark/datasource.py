@@ -213,7 +213,7 @@ class BlobhouseDataSource(DataSource):
             if not refs:
                 raise
             raise SchemaError(
-                f"{error}. {refs} hold blob references (struct<uri, position, size>, what "
+                f"{error}. {refs} hold blob references (struct<uri, position, size, blake3>, what "
                 "blobhouse reads with blobs='refs'), not bytes: write read_blob(column) or "
                 "blobhouse.spark.materialize(df, columns); in SQL, INSERT into a catalog table "
                 "made with OPTIONS (blobs 'bytes') (docs/spark-sql.md)"

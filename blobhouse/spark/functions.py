@@ -99,14 +99,14 @@ def check_references(array: pa.Array, function: str) -> None:
     Traceback (most recent call last):
     ...
     blobhouse.errors.InvalidInputError: read_blob takes a blob reference \
-struct<uri, position, size> (a blob column as the blobhouse data source reads it), got a \
+struct<uri, position, size[, blake3]> (a blob column as the blobhouse data source reads it), got a \
 column of string
     """
     fields = [f.name for f in array.type] if pa.types.is_struct(array.type) else None
     if fields is None or not is_reference(fields):
         raise InvalidInputError(
-            f"{function} takes a blob reference struct<uri, position, size> (a blob column as "
-            f"the blobhouse data source reads it), got a column of {array.type}"
+            f"{function} takes a blob reference struct<uri, position, size[, blake3]> (a blob "
+            f"column as the blobhouse data source reads it), got a column of {array.type}"
         )
 
 
