@@ -576,7 +576,9 @@ def read_row_dicts(
     video = list(frames.columns)
     wanted = [c for c in (names if columns is None else columns) if c not in video]
     taken = table.take_row_dicts(rows, wanted, blobs, check_hashes=check_hashes)
-    refs = table.take_row_dicts(rows, video + frames.timestamp_columns(), "refs")
+    refs = table.take_row_dicts(
+        rows, video + frames.timestamp_columns(), "refs", check_hashes=check_hashes
+    )
     for row, ref in zip(taken, refs, strict=True):
         row.update(ref)
 
