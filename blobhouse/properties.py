@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from blobhouse.columns import check_blob_column
+from blobhouse.columns import check_blob_column, column_paths
 from blobhouse.errors import (
     InvalidInputError,
     InvalidSettingError,
@@ -216,10 +216,11 @@ class TableProperties:
                     break
         version = recorded.get("format", FORMAT if damaged else 1)
         columns = {}
+        integers = _integer_columns(schema)
         for path in stored_blob_columns(schema):
             column = path_name(path)
             metadata = get_field(schema, path).metadata or {}
-            columns[column] = _stored_column(column, metadata, names, damaged)
+            columns[column] = _stored_column(column, metadata, names, integers, damaged)
         legacy = {} if version >= FORMAT else {"dedup": LEGACY_DEDUP}
         kept = {k: v for k, v in recorded.items() if k != "format"}
         return cls(
@@ -551,12 +552,25 @@ def _conflict(setting: str, table: object, given: object) -> PropertyConflictErr
     )
 
 
+def _integer_columns(schema: pa.Schema) -> frozenset[str]:
+    """The columns of ``schema`` that may hold ref_ids: those of an integer type."""
+    return frozenset(
+        name
+        for name, path in column_paths(schema).items()
+        if pa.types.is_integer(get_field(schema, path).type)
+    )
+
+
 def _stored_column(
-    column: str, metadata: Mapping[bytes, bytes], names: Mapping[int, str], damaged: dict
+    column: str,
+    metadata: Mapping[bytes, bytes],
+    names: Mapping[int, str],
+    integers: frozenset[str],
+    damaged: dict,
 ) -> ColumnProperties:
     """Blob column ``column``'s own settings as its field ``metadata`` records them, each
-    checked by its setting; what is damaged is added to ``damaged`` (``<setting>.<column>``)
-    and left at its default."""
+    checked by its setting (its ref_id column one of ``integers``); what is damaged is added
+    to ``damaged`` (``<setting>.<column>``) and left at its default."""
 
     def stored(key: bytes, spec: Any, setting: str) -> Any:
         try:
@@ -578,6 +592,12 @@ def _stored_column(
         except InvalidSettingError as exc:
             damaged[f"{exc.setting}.{column}"] = str(exc)
     ref = names.get(field_id) if field_id is not None else None
+    if ref is not None and ref not in integers:  # another tool pointed it at another column
+        damaged[f"ref_id_column.{column}"] = (
+            f"ref_id_column of {column!r} must be an integer column, got column {ref!r} (field "
+            f"id {field_id})"
+        )
+        field_id = ref = None
     return ColumnProperties(
         dedup=dedup,
         ref_id_column=ref,

@@ -28,6 +28,7 @@ import difflib
 import json
 import math
 import numbers
+import os
 import re
 import shlex
 import sys
@@ -105,7 +106,8 @@ class _Wrong(Exception):
 @dataclass(frozen=True)
 class Setting:
     """One setting: ``name``, ``meaning``, ``default`` (None: none, or the table's) and
-    ``metavar`` (how its value is written on the command line). Subclasses say what values
+    ``metavar`` (what stands for its value in a command blobhouse shows: a word with no
+    character a shell would act on, which as a value is refused). Subclasses say what values
     it takes (:attr:`expected`) and how a value becomes its canonical form."""
 
     name: str
@@ -245,7 +247,7 @@ class Flag(Setting):
     """True or False (numpy's too); ``true`` or ``false`` as text. Not merely truthy: a
     misspelled string is an error."""
 
-    metavar: str = "true|false"
+    metavar: str = "TRUE_OR_FALSE"
 
     @property
     def expected(self) -> str:
@@ -317,7 +319,7 @@ class ColumnName(Setting):
 class ColumnNames(Setting):
     """A list of column names; as text, comma separated."""
 
-    metavar: str = "COLUMN[,COLUMN...]"
+    metavar: str = "COLUMNS"
 
     @property
     def expected(self) -> str:
@@ -338,12 +340,13 @@ class ColumnNames(Setting):
 class Bases(Setting):
     """URI prefixes of external blobs: a list of URIs or paths (as text, comma separated),
     kept normalized (:func:`~blobhouse.uris.normalize_uri`), each once, sorted. A relative path
-    given is resolved against the working directory where it is given; one read back from a
-    table must be absolute (it would mean another place in every process). ``managed``: gc
-    deletes what the table owns under them, so none may be a filesystem or bucket root."""
+    given is resolved against the working directory where it is given, and must name a folder
+    there; one read back from a table must be absolute (it would mean another place in every
+    process). ``managed``: gc deletes what the table owns under them, so none may be a
+    filesystem or bucket root."""
 
     managed: bool = False
-    metavar: str = "URI[,URI...]"
+    metavar: str = "URIS"
 
     @property
     def expected(self) -> str:
@@ -368,6 +371,13 @@ class Bases(Setting):
             return item  # checked by this schema already (normalizing costs system calls)
         if not isinstance(item, str) or not item:
             raise _Wrong(f"{item!r} is not a URI")
+        if "://" not in item and not item.startswith("/") and not os.path.isdir(item):
+            # a relative path is taken where it is given: one naming nothing there is more
+            # likely a placeholder (DIRS) or a typo than a folder still to be made
+            raise _Wrong(
+                f"{item!r} is a relative path to no directory here ({os.path.abspath(item)}); "
+                "give an absolute path or a URI"
+            )
         try:
             normalized = normalize_uri(item)
         except InvalidInputError as exc:
@@ -405,7 +415,7 @@ class PerColumn(Setting):
 
     value: Setting = ColumnName("value", "")
     nullable: bool = False
-    metavar: str = "COLUMN:VALUE[,...]"
+    metavar: str = "COLUMN:VALUE"
 
     @property
     def expected(self) -> str:
@@ -440,7 +450,7 @@ class Dedup(Setting):
     """A dedup mode for every blob column, or ``{column (or "*": the others): mode}`` (None:
     the table's mode again); as text, the mode or a JSON object."""
 
-    metavar: str = "|".join(DEDUP_MODES)
+    metavar: str = "MODE"
 
     @property
     def expected(self) -> str:
@@ -541,7 +551,7 @@ DEDUP_MODE = Choice(
     "how blob payloads are stored once: global (once for the whole table), content (once "
     "per data file), ref_id (rows with the same ref_id share one payload), off",
     "global",
-    "|".join(DEDUP_MODES),
+    "MODE",
     choices=DEDUP_MODES,
 )
 #: Lance's placement thresholds (field metadata keys Lance's own writers honour too), in the
@@ -565,7 +575,7 @@ _SPECS: tuple[Setting, ...] = (
         "allowed bases whose objects the table takes ownership of once referenced: gc deletes "
         "them once no retained version references them (docs/managed-objects.md)",
         (),
-        "DIR[,DIR...]",
+        "DIRS",
         managed=True,
     ),
     Count("max_rows_per_file", "rows per data file a write starts a new one at", MiB, low=1),
@@ -772,7 +782,7 @@ def repair_command(damaged: Iterable[str], where: str) -> str:
     """The one command that sets the ``damaged`` settings of the table at ``where`` anew.
 
     >>> repair_command(["managed_bases", "max_rows_per_file"], "/data/t")
-    'blobhouse properties /data/t --set managed_bases=DIR[,DIR...] --set max_rows_per_file=N'
+    'blobhouse properties /data/t --set managed_bases=DIRS --set max_rows_per_file=N'
     """
     names = [name for name in damaged if name != "format"] or ["dedup"]
     sets = " ".join(f"--set {name}={setting(name).metavar}" for name in names)

@@ -151,6 +151,7 @@ class StatsReport(TypedDict):
     managed_bytes: int
     external_references: ExternalReferences
     deleted_rows_bytes: int
+    unresolved_references: int
     old_versions_files: int
     old_versions_bytes: int
     on_disk_bytes: int

@@ -62,6 +62,9 @@ def blob_stats(table: TableSnapshot) -> StatsReport:
     referenced outside it (``physical_bytes = table_owned_bytes + external_bytes``), of which
     ``managed_bytes`` managed. ``external_references`` splits the references outside the table
     into ``managed`` and ``unmanaged``: references (rows), distinct objects, bytes.
+    ``unresolved_references`` counts the live rows whose external reference lies outside the
+    bases the table reads with (another tool damaged them: :mod:`blobhouse.properties`); they
+    are in no kind.
 
     Bytes on disk no current row needs: ``deleted_rows_bytes`` (stored ranges that only rows
     deleted in this version reference; compaction drops them), ``old_versions_bytes`` (files
@@ -122,6 +125,7 @@ def blob_stats(table: TableSnapshot) -> StatsReport:
             "unmanaged": outside[_EXTERNAL].summary(),
         },
         "deleted_rows_bytes": totals["deleted_rows_bytes"],
+        "unresolved_references": sum(c["unresolved_references"] for c in columns.values()),
         "old_versions_files": files["old_versions_files"],
         "old_versions_bytes": files["old_versions_bytes"],
         "on_disk_bytes": disk_usage(table),
@@ -162,7 +166,9 @@ def _column_stats(
     kinds: dict[str, dict] = {}
     distinct: dict[str, set] = {}
     deleted: set[tuple[str, int, int]] = set()  # stored ranges deleted rows reference
-    for refs, codes, live in _references(table, path, fragments, store_prefix, registered):
+    unresolved = 0
+    for refs, codes, live, lost in _references(table, path, fragments, store_prefix, registered):
+        unresolved += lost
         for code in np.unique(codes[live]):
             rows = refs.filter(pa.array(live & (codes == code)))
             name = _NAMES[int(code)]
@@ -183,6 +189,7 @@ def _column_stats(
     live_stored = set().union(*(distinct.get(k, set()) for k in _STORED_KINDS))
     summary = _column_summary(kinds)
     summary["deleted_rows_bytes"] = sum(size for _, _, size in deleted - live_stored)
+    summary["unresolved_references"] = unresolved
     return summary
 
 
@@ -225,13 +232,16 @@ def _references(
                 computed = pa.array((np.uint64(fragment_id) << np.uint64(32)) | rows)
                 addresses = pc.if_else(addresses.is_valid(), addresses, computed)
             offset += batch.num_rows
-            refs = table.resolve_refs(path, descriptors, addresses)
+            unresolved: list = []  # external references outside the bases read with
+            refs = table.resolve_refs(path, descriptors, addresses, unresolved)
             valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
+            valid[[u.row for u in unresolved]] = False
             keep = pa.array(valid)
             yield (
                 refs.filter(keep),
                 _kind_codes(descriptors.filter(keep), refs.filter(keep), store_prefix, registered),
                 live[valid],
+                int(live[[u.row for u in unresolved]].sum()),
             )
 
 
