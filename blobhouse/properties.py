@@ -184,10 +184,12 @@ class TableProperties:
         return given or self.dedup
 
     @classmethod
-    def of(cls, dataset: LanceDataset) -> TableProperties:
-        """The properties ``dataset``'s manifest records."""
+    def of(cls, dataset: LanceDataset, schema: pa.Schema | None = None) -> TableProperties:
+        """The properties ``dataset``'s manifest records (``schema``: its schema, if read
+        already)."""
         names = _names_by_id(dataset.lance_schema.fields())
-        return cls.of_schema(dataset.schema, names, uri_to_path(dataset.uri))
+        schema = dataset.schema if schema is None else schema
+        return cls.of_schema(schema, names, uri_to_path(dataset.uri))
 
     @classmethod
     def of_schema(

@@ -36,7 +36,7 @@ from lance import LanceDataset
 from lance.fragment import DataFile
 
 from blobhouse.checksums import RecordedHashes
-from blobhouse.columns import check_blob_column, check_column_names
+from blobhouse.columns import check_blob_column, check_column_names, name_problem
 from blobhouse.console import version_spans
 from blobhouse.data_file_footer import MISSING, data_file_problem
 from blobhouse.errors import (
@@ -101,7 +101,19 @@ class TableSnapshot:
     @cached_property
     def schema(self) -> pa.Schema:
         """The table's Lance schema (blob columns as Lance blob fields)."""
-        return self.dataset.schema  # rebuilt by Lance on every access
+        try:
+            return self.dataset.schema  # rebuilt by Lance on every access
+        except BaseException as exc:  # pyo3's PanicException is no Exception
+            if type(exc).__name__ != "PanicException":
+                raise
+            # a name holding NUL (another tool's rename) cannot be exported to Arrow
+            names = [n for n in _lance_names(self.dataset.lance_schema.fields()) if "\0" in n]
+            if not names:
+                raise
+            problem = name_problem(names[0])
+            raise ColumnNameError(
+                f"table {self.uri}: column name {names[0]!r} {problem}; {self._restore_hint()}"
+            ) from None
 
     @property
     def version(self) -> int:
@@ -135,7 +147,7 @@ class TableSnapshot:
     @property
     def properties(self) -> TableProperties:
         """The table's write settings as this version's manifest records them."""
-        return TableProperties.of(self.dataset)
+        return TableProperties.of(self.dataset, self.schema)
 
     def count_rows(self, filter: str | None = None) -> int:
         return self.dataset.count_rows(filter)
@@ -302,6 +314,25 @@ class TableSnapshot:
             return str(exc)
         return None
 
+    def _restore_hint(self) -> str:
+        """The repair of a version with a column Lance can neither read, rename nor drop (an
+        empty name, one holding NUL): the newest version before it, made the latest again."""
+        for version in sorted((v["version"] for v in self.dataset.versions()), reverse=True):
+            if version >= self.version:
+                continue
+            fields = self.dataset.checkout_version(version).lance_schema.fields()
+            if all(n and "\0" not in n for n in _lance_names(fields)):
+                return (
+                    "Lance can neither rename nor drop such a column: make the newest version "
+                    f"without it the latest again, lance.dataset({self.uri!r}, "
+                    f"version={version}).restore() (version {version}, the newest without it; "
+                    "a new version, nothing rewritten)"
+                )
+        return (
+            "Lance can neither rename nor drop such a column, and no earlier version is "
+            "without it: copy the other columns into a new table"
+        )
+
     def check_column_names(self, *, retained: bool = False) -> None:
         """Refuse to read a version whose schema another tool gave a column name Lance cannot
         address (``_rowid``, ``""``, one with a backtick, a name twice): Lance's own reads of
@@ -317,6 +348,8 @@ class TableSnapshot:
                 "retention (`blobhouse gc <table> --retain-versions 1 --older-than-hours 0` "
                 "removes it now)"
             )
+        if any(not n for n in _lance_names(self.dataset.lance_schema.fields())):
+            raise ColumnNameError(f"{self._name_problem}; {self._restore_hint()}")
         raise ColumnNameError(
             f"{self._name_problem}; rename it first (Table.alter_columns({{'path': ..., "
             "'name': ...}) reaches it: a new manifest, nothing rewritten), then read again"
@@ -634,3 +667,11 @@ def snapshot_of(table: object) -> TableSnapshot:
     """The snapshot a public service works on, given one or a :class:`~blobhouse.Table` (which
     holds one): services never use the facade."""
     return getattr(table, "snapshot", table)  # type: ignore[return-value]
+
+
+def _lance_names(lance_fields: Any) -> Iterator[str]:
+    """The name of every field of a Lance schema, children included (Lance's own view: it
+    holds names Arrow cannot)."""
+    for lance_field in lance_fields:
+        yield lance_field.name()
+        yield from _lance_names(lance_field.children())

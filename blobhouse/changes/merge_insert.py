@@ -30,6 +30,7 @@ from blobhouse.changes.column_rewrite import (
     rewrite_fragment,
     store_mode,
 )
+from blobhouse.columns import check_column_names
 from blobhouse.commit.change import (
     BaseChange,
     Staged,
@@ -197,6 +198,7 @@ class MergeInsert:
     def check_source(self, table: TableSnapshot, source: pa.Table) -> pa.Table:
         """The source with the table's column order and types; refuses missing keys,
         unknown columns and duplicate keys, naming them."""
+        check_column_names(source.schema, "merge_insert's source")  # a name twice, say
         schema = table.schema
         missing_keys = [k for k in self.on if k not in source.schema.names]
         if missing_keys:

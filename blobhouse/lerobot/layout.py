@@ -410,6 +410,11 @@ def _check_all_names(
     """Every column the import makes, against every other (:func:`check_names`): the
     features and data columns, then the import's own (``task``, and per camera its video and
     ``<camera>_timestamp`` columns)."""
+    twice = sorted({name for name in schema.names if schema.names.count(name) > 1})
+    if twice:  # Arrow keeps both, a table only one: the other's values would be lost
+        raise LeRobotDatasetError(
+            f"data column {twice[0]!r} of {first} is there twice: rename one of them"
+        )
     dataset = [(k, f"feature {k!r} of {root / INFO}") for k in features if k not in video_keys]
     dataset += [(name, f"data column {name!r} of {first}") for name in schema.names]
     made = [("task", "each frame's task text")]

@@ -192,7 +192,7 @@ def plan_compaction(
 def _columns_by_mode(table: TableSnapshot) -> tuple[set[str], set[str]]:
     """The blob columns whose property stores them in the table's store, and those stored per
     data file (a table without recorded properties: neither, its rows stay as they are)."""
-    properties = TableProperties.of(table.dataset)
+    properties = table.properties
     if not properties.recorded:
         return set(), set()
     modes = {c: properties.dedup_of(c) for c in properties.blob_columns}

@@ -554,14 +554,14 @@ def _catalog_table_schema(options) -> StructType:
             "columns 'id BIGINT, img BINARY', blob_columns 'img')"
         ) from error
     # the write settings its INSERTs will carry: refused now if they are not the table's own
-    stored = sorted(path_name(p) for p in stored_blob_columns(table.dataset.schema))
+    stored = sorted(path_name(p) for p in stored_blob_columns(table.schema))
     table.properties.resolve(_SparkWriteOptions(own).write_options(), stored)
     carried = {k: v for k, v in own.items() if k not in CREATE_TABLE_OPTIONS}
     # resolved here, on the driver: a relative path means the driver's working directory
     carried["path"] = table.location.root
     if table.location.branch is not None:
         carried["branch"] = table.location.branch
-    blob_columns = {path_name(p) for p in stored_blob_columns(table.dataset.schema)}
+    blob_columns = {path_name(p) for p in stored_blob_columns(table.schema)}
     schema = from_arrow_schema(table.output_schema(blobs=read.blobs))
     return with_table_options(schema, carried, blob_columns, read.blobs)
 
@@ -591,7 +591,7 @@ def _create_if_missing(read: ReadSpec, options: dict[str, str]) -> None:
             f"{table.location.root}: {', '.join(f'{n} {t}' for n, t in shape)} (leave columns "
             "out to use the table's own)"
         )
-    stored = {path_name(p) for p in stored_blob_columns(table.dataset.schema)}
+    stored = {path_name(p) for p in stored_blob_columns(table.schema)}
     given = options.get("blob_columns")
     named = SETTINGS["blob_columns"].parse(given) if given else ()
     missing = [c for c in named if c not in stored]

@@ -408,6 +408,12 @@ HOSTILE = {
         r"data column 'x\.y' of .*file-000\.parquet and data column 'x_y' of "
         r".*file-000\.parquet would both be column 'x_y'",
     ),
+    "data column given twice": (
+        lambda r: _each_data_file(
+            r, lambda t: t.append_column("action", pa.array([[9.0] * 6] * t.num_rows))
+        ),
+        r"data column 'action' of .*file-000\.parquet is there twice",
+    ),
     # and against the rule of column names (Lance's row columns, backticks, ...)
     "data column named like Lance's row id": (
         lambda r: _each_data_file(r, _with_column("_rowid", lambda t: pa.array([1] * t.num_rows))),
