@@ -34,6 +34,7 @@ import os
 import shlex
 import shutil
 import stat
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -129,6 +130,45 @@ def make_way(store: ObjectStore, uri: str) -> None:
     found = _found_locally(uri_to_path(uri))
     if found is not None and not found.is_object:
         clear_once(store, uri, found)
+
+
+def folder_leftovers(store: ObjectStore, root: str, relative: str) -> list[tuple[str, Found]]:
+    """What stands, on a local disk, at the first part of the table's own folder ``relative``
+    (``_leases/locks``) under table ``root`` that is no folder: a link (to a user's folder,
+    say), a file, a special file. Nothing blobhouse creates, lists or removes there may go
+    through it (an object store has no such thing).
+
+    >>> import tempfile, os
+    >>> from blobhouse.storage import LOCAL
+    >>> root = tempfile.mkdtemp(); os.symlink(tempfile.mkdtemp(), f"{root}/_leases")
+    >>> [found.kind for _, found in folder_leftovers(LOCAL, root, "_leases/locks")]
+    ['symlink']
+    """
+    if not is_local(root):
+        return []
+    uri = root.rstrip("/")
+    for part in relative.split("/"):
+        uri = f"{uri}/{part}"
+        found = found_at(store, uri)
+        if found is None:
+            return []
+        if found.kind != "directory":
+            return [(uri, found)]
+    return []
+
+
+def own_folder(store: ObjectStore, root: str, relative: str) -> None:
+    """Clear what stands where the table's own folder ``relative`` belongs under ``root``
+    (:func:`folder_leftovers`: a link is removed itself, never what it leads to; a file is
+    removed), so that what a writer creates there stays in the table. Two processes meeting
+    it clear it once; one that cannot be cleared is named (:class:`LeftoverError`)."""
+    deadline = time.monotonic() + MARKER_SECONDS
+    while stale := folder_leftovers(store, root, relative):
+        uri, found = stale[0]
+        if not clear_once(store, uri, found):
+            if time.monotonic() > deadline:
+                raise leftover_error(uri, found, "it stayed while another process cleared it")
+            time.sleep(0.01)  # another process is clearing it
 
 
 def _found_locally(path: str) -> Found | None:

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from blobhouse.errors import ManagedObjectRaceError
 from blobhouse.layout import TableLocation, same_location, store_dir
+from blobhouse.leftovers import folder_leftovers, own_folder
 from blobhouse.ownership import Owner, read_owner, read_owners, release, take
 from blobhouse.placement import AllowedBases
 from blobhouse.storage import (
@@ -59,6 +60,22 @@ def managed_dir(table_path: str) -> str:
     '/data/t/_blobs/managed'
     """
     return f"{store_dir(table_path)}/{MANAGED_DIR}"
+
+
+def managed_folder(
+    table_path: str, sub: str, storage_options: StorageOptions | None = None, *, writing: bool
+) -> str | None:
+    """The uri of the table's managed folder ``sub`` (:data:`REGISTRY_DIR`, ...). A link or a
+    file standing where it belongs (another tool's; on a local disk) is cleared when
+    ``writing`` (never what a link leads to); when reading, the folder is then empty (None):
+    nothing is read, or removed, through it."""
+    root = as_uri(table_path.rstrip("/"))
+    folder = as_uri(f"{managed_dir(table_path)}/{sub}")
+    store, relative = object_store(folder, storage_options), folder.removeprefix(root + "/")
+    if writing:
+        own_folder(store, root, relative)
+        return folder
+    return None if folder_leftovers(store, root, relative) else folder
 
 
 def marker_name(uri: str) -> str:
@@ -103,7 +120,9 @@ class Registry:
         >>> Registry.load(TableLocation(tempfile.mkdtemp())).entries
         {}
         """
-        folder = as_uri(f"{managed_dir(location.root)}/{REGISTRY_DIR}")
+        folder = managed_folder(location.root, REGISTRY_DIR, storage_options, writing=False)
+        if folder is None:
+            return cls({}, (), 0, {})
         listed = [i for i in object_store(folder, storage_options).list(folder) if _is_file(i.name)]
         bodies = _read_all([f"{folder}/{i.name}" for i in listed], storage_options)
         entries: dict[str, float] = {}
@@ -134,7 +153,7 @@ class Registry:
         the load are left alone."""
         dropped = set(dropped)
         kept = {u: at for u, at in self.entries.items() if u not in dropped}
-        folder = as_uri(f"{managed_dir(location.root)}/{REGISTRY_DIR}")
+        folder = managed_folder(location.root, REGISTRY_DIR, storage_options, writing=True)
         if kept:
             objects = [{"uri": u, "registered": at} for u, at in sorted(kept.items())]
             _put_registry_file(
@@ -171,8 +190,8 @@ def register(
     allowed = [u for u in dict.fromkeys(uris) if bases.resolve(u) == (u, "")]
     if not allowed:
         return
-    folder = f"{managed_dir(location.root)}/{REGISTRY_DIR}"
-    uri = as_uri(f"{folder}/{name_prefix}{uuid.uuid4().hex}.json")
+    folder = managed_folder(location.root, REGISTRY_DIR, storage_options, writing=True)
+    uri = f"{folder}/{name_prefix}{uuid.uuid4().hex}.json"
     _put_registry_file(uri, location, [{"uri": u} for u in allowed], storage_options)
 
 
@@ -244,7 +263,9 @@ def markers(
 ) -> dict[str, float]:
     """gc's markers in ``folder`` (:data:`UNREFERENCED_DIR` or :data:`DOOMED_DIR`): marker
     name -> when it was written (store clock)."""
-    root = as_uri(f"{managed_dir(table_path)}/{folder}")
+    root = managed_folder(table_path, folder, storage_options, writing=False)
+    if root is None:
+        return {}
     return {i.name: i.mtime for i in object_store(root, storage_options).list(root)}
 
 
@@ -427,7 +448,8 @@ class Reclaim:
         return True
 
     def _mark(self, folder: str, uri: str) -> None:
-        path = as_uri(f"{managed_dir(self.location.root)}/{folder}/{marker_name(uri)}")
+        own = managed_folder(self.location.root, folder, self.storage_options, writing=True)
+        path = f"{own}/{marker_name(uri)}"
         object_store(path, self.storage_options).put(path, uri.encode())
 
     def _unmark(self, uri: str) -> None:

@@ -3,6 +3,7 @@ local S3-compatible server and Azure emulator object-storage tests run against."
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -211,3 +212,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         for marker in sorted(_markers(item)):
             item.add_marker(getattr(pytest.mark, marker))
+
+
+@pytest.fixture
+def immutable():
+    """Makes a path immutable (``chattr +i``: not even root may rename or remove it) for the
+    test, and mutable again after."""
+    made: list[str] = []
+
+    def make_immutable(path: str) -> None:
+        subprocess.run(["chattr", "+i", path], check=True)
+        made.append(path)
+
+    yield make_immutable
+    for path in made:
+        subprocess.run(["chattr", "-i", path], check=True)

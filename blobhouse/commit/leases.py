@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from blobhouse.leftovers import Found, found_at, listed, make_way
+from blobhouse.leftovers import Found, found_at, listed, make_way, own_folder
 from blobhouse.storage import ObjectStore, StorageOptions, is_local, object_store, read_object
 from blobhouse.uris import as_uri
 
@@ -49,6 +49,7 @@ def held(
         yield
         return
     store, uri = _lease(table_path, prefix, storage_options)
+    own_folder(store, as_uri(table_path.rstrip("/")), LEASES_DIR)  # never a link's target
     make_way(store, uri)  # a directory or a link left at its name is never a lease
     # the write's start: a write of many processes (Spark tasks) keeps its first one's
     started = _started(uri, storage_options) or time.time()

@@ -36,7 +36,15 @@ import uuid
 from collections.abc import Iterator
 
 from blobhouse.commit.leases import LEASES_DIR, LOCKS, TIMEOUT_SECONDS, touching
-from blobhouse.leftovers import BREAK, EMPTY_SECONDS, Found, clear_once, found_at, listed
+from blobhouse.leftovers import (
+    BREAK,
+    EMPTY_SECONDS,
+    Found,
+    clear_once,
+    found_at,
+    listed,
+    own_folder,
+)
 from blobhouse.storage import ObjectStore, StorageOptions, object_store, put_new
 from blobhouse.uris import as_uri
 
@@ -81,6 +89,9 @@ def held(
     True
     """
     store = object_store(uri, storage_options)
+    folder = uri.rsplit("/", 1)[0]
+    if folder.endswith(f"/{LOCKS_DIR}"):  # a table's lock: its folder never a link's target
+        own_folder(store, folder.removesuffix(f"/{LOCKS_DIR}"), LOCKS_DIR)
     token = uuid.uuid4().hex
     deadline = time.monotonic() + wait
     delay = 0.002

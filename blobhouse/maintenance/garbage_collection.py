@@ -44,7 +44,7 @@ from blobhouse.layout import (
     branch_data_dir,
     manifest_version,
 )
-from blobhouse.leftovers import BREAK, Found, clear_once
+from blobhouse.leftovers import BREAK, Found, clear_once, folder_leftovers
 from blobhouse.maintenance.reports import (
     FailedCreateReport,
     GcReport,
@@ -61,7 +61,14 @@ from blobhouse.maintenance.versions import (
     fragment_states,
     opened_states,
 )
-from blobhouse.managed import Reclaim, Registry
+from blobhouse.managed import (
+    DOOMED_DIR,
+    MANAGED_DIR,
+    REGISTRY_DIR,
+    UNREFERENCED_DIR,
+    Reclaim,
+    Registry,
+)
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
 from blobhouse.settings import SETTINGS
@@ -334,6 +341,11 @@ def gc(
     _check_retention(retain_versions, older_than, grace, dry_run)
     # a damaged stored setting (a managed base read as '/', say) never decides what is deleted
     TableProperties.of(table.dataset).check_writable()
+    # a link or file where the table's own folders belong is cleared before anything lists
+    # them (what a link leads to is a user's: never listed, never removed)
+    folders = own_folder_leftovers(table)
+    if not dry_run:
+        _clear_leftovers(folders, table.storage_options)
     planned = _planned_cleanup(table, retain_versions, older_than, dry_run)
     # files staged after this instant may belong to a write that commits after the mark
     mark_started = object_store(table.uri, table.storage_options).now(table.uri)
@@ -370,13 +382,15 @@ def gc(
     sweep = _Sweep.plan(table, owned, packs, marked, mark_started, cutoff)
     # index versions a writer may be reading stay, whatever the grace
     index_keep = max(grace, timedelta(hours=1))
-    stale = _stale_leftovers(table)
+    blocked = {uri for uri, _ in folders}  # a dry run lists nothing through them
+    stale = _stale_leftovers(table, blocked)
     if dry_run:
-        done = _SweepDone(_IndexCleanup.explained(table, index_keep), sweep.expired_leases())
-        cleared = len(stale)
+        expired = 0 if _in_blocked(table, leases.LEASES_DIR, blocked) else sweep.expired_leases()
+        done = _SweepDone(_IndexCleanup.explained(table, index_keep), expired)
+        cleared = len(stale) + len(folders)
     else:
         done = sweep.apply(managed, index_keep, progress)
-        cleared = _clear_leftovers(stale, table.storage_options)
+        cleared = _clear_leftovers(stale, table.storage_options) + len(folders)
     # from the graph, not Lance's versions() before the cleanup: that reads every manifest
     retained = [ref.version for ref in graph.versions if ref.branch == table.branch]
     removed = {**cleanup.files, **sweep.swept_sizes, **done.index.removed}
@@ -465,11 +479,41 @@ def _marked_after_cleanup(
     return VersionGraph(tuple(versions), graph.unreadable), found
 
 
-def _stale_leftovers(table: TableSnapshot) -> list[tuple[str, Found]]:
+#: the table's own folders, which blobhouse creates small objects in, lists and clears
+OWN_FOLDERS = (
+    locks.LOCKS_DIR,  # in leases.LEASES_DIR
+    _CLAIMS,
+    *(f"{STORE_DIR}/{MANAGED_DIR}/{sub}" for sub in (REGISTRY_DIR, UNREFERENCED_DIR, DOOMED_DIR)),
+)
+
+
+def own_folder_leftovers(table: TableSnapshot) -> list[tuple[str, Found]]:
+    """What stands where one of the table's own folders (:data:`OWN_FOLDERS`) or a folder
+    above it belongs and is no folder: a link (to a user's folder, say), a file."""
+    root = table.location.root_uri
+    store = object_store(root, table.storage_options)
+    found = {uri: what for rel in OWN_FOLDERS for uri, what in folder_leftovers(store, root, rel)}
+    return sorted(found.items())
+
+
+def _in_blocked(table: TableSnapshot, relative: str, blocked: set[str]) -> bool:
+    """Whether the table's folder ``relative`` lies at or below a link or file of
+    ``blocked``."""
+    uri = f"{table.location.root_uri}/{relative}"
+    return any(uri == b or uri.startswith(b + "/") for b in blocked)
+
+
+def _stale_leftovers(table: TableSnapshot, blocked: set[str]) -> list[tuple[str, Found]]:
     """Locks no live holder holds, and what stands in ``_leases/`` that no lease is (a
-    directory, a special file): what no writer will ever clear (docs/table-services.md)."""
+    directory, a special file): what no writer will ever clear (docs/table-services.md).
+    Nothing is listed in a folder at or below one of ``blocked``."""
     root, options = table.location.root, table.storage_options
-    return [*locks.stale_locks(root, options), *leases.leftover_leases(root, options)]
+    stale = []
+    if not _in_blocked(table, locks.LOCKS_DIR, blocked):
+        stale += locks.stale_locks(root, options)
+    if not _in_blocked(table, leases.LEASES_DIR, blocked):
+        stale += leases.leftover_leases(root, options)
+    return stale
 
 
 def _clear_leftovers(stale: list[tuple[str, Found]], options: StorageOptions | None) -> int:
@@ -989,6 +1033,8 @@ class _TableFiles:
         self.foreign: list[str] = []
         gone = set(without)  # removed already (a dry run: what Lance's cleanup would remove)
         for owned in self.dirs:
+            if owned == _CLAIMS and folder_leftovers(self.store, self.root, owned):
+                continue  # a link or file where the claims belong: gc clears it, never lists it
             if self.local:
                 _refuse_symlinked(uri_to_path(self.root), owned)
             for info in self.store.walk(f"{self.root}/{owned}"):

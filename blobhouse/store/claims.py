@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from blobhouse.dedup import content_hash
 from blobhouse.errors import StaleWriteError
 from blobhouse.layout import store_dir
-from blobhouse.leftovers import make_way
+from blobhouse.leftovers import make_way, own_folder
 from blobhouse.placement import KiB
 from blobhouse.storage import (
     StorageOptions,
@@ -153,12 +153,17 @@ class Claims:
         self.storage_options = storage_options
         self.claimant = claimant or Claimant.here()
         self.store = object_store(self.folder, storage_options)
+        self._root = as_uri(table_path.rstrip("/"))
+        self._owned = False  # whether the claims' folder was found a folder (own_folder)
 
     def claim(self, claim: Claim) -> Claim | None:
         """Claim ``claim.digest`` for ``claim``'s place: None if this task now stores the
         payload there, else the claim another task of the write made first (reference its
         place). A claim of an earlier attempt of this task is taken over."""
         uri = self._uri(claim.digest)
+        if not self._owned:  # a link there would put claims in (and gc sweep) a user's folder
+            own_folder(self.store, self._root, self.folder.removeprefix(self._root + "/"))
+            self._owned = True
         if put_new(self.store, uri, claim.encode()):
             return None
         make_way(self.store, uri)  # a directory or a link there is never a task's claim

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -100,21 +101,6 @@ def test_a_lock_held_by_a_live_holder_is_never_taken(tmp_path):
         with pytest.raises(locks.LockTimeoutError), locks.held(uri, wait=3):
             pass
         assert locks.holder(uri) == token
-
-
-@pytest.fixture
-def immutable():
-    """Makes a path immutable (``chattr +i``: not even root may rename or remove it) for the
-    test, and mutable again after."""
-    made: list[str] = []
-
-    def make_immutable(path: str) -> None:
-        subprocess.run(["chattr", "+i", path], check=True)
-        made.append(path)
-
-    yield make_immutable
-    for path in made:
-        subprocess.run(["chattr", "-i", path], check=True)
 
 
 def test_a_leftover_that_cannot_be_removed_is_named_at_once(table_uri, tmp_path, immutable):
@@ -271,3 +257,94 @@ def test_merges_racing_past_one_leftover_lock_stay_exclusive(table_uri, tmp_path
     assert sorted(r[0].num_inserted_rows for r in results) == [1, 1, 1, 1]
     ids = open_table(table_uri).to_arrow(columns=["id"]).column("id").to_pylist()
     assert sorted(ids) == [0, 1, 2, 3, 100, 101, 102, 103]
+
+
+# the table's own folders themselves: a link (to a user's folder), a file where a folder belongs
+FOLDER_SHAPES = ("symlink-to-user-folder", "file")
+
+
+def leave_folder(path: str, shape: str, user: Path) -> None:
+    """Put ``shape`` where the table's own folder ``path`` belongs (``user``: a folder of the
+    user's, with their files, which nothing may touch)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        import shutil
+
+        shutil.rmtree(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if shape == "file":
+        Path(path).write_bytes(b"x")
+    else:
+        os.symlink(user, path)
+
+
+@pytest.fixture
+def user_folder(tmp_path) -> Path:
+    """A user's folder outside the table, holding names blobhouse uses in its own folders."""
+    folder = tmp_path / "user"
+    (folder / "photos").mkdir(parents=True)
+    (folder / "photos" / "cat.jpg").write_bytes(b"cat")
+    (folder / "locks").mkdir()
+    (folder / "locks" / "todo.txt").write_bytes(b"todo")
+    (folder / "upsert").write_bytes(b"mine")
+    return folder
+
+
+def _user_files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("shape", FOLDER_SHAPES)
+@pytest.mark.parametrize("folder", ["_leases", "_leases/locks"])
+def test_a_link_or_file_at_the_leases_folder_is_never_followed(
+    table_uri, user_folder, folder, shape
+):
+    make(table_uri)
+    before = _user_files(user_folder)
+    leave_folder(f"{table_uri}/{folder}", shape, user_folder)
+    dry = open_table(table_uri).gc(grace=timedelta(0), dry_run=True)
+    assert dry["stale_leftovers"] == 1 and dry["expired_leases"] == 0
+    report, took = insert(table_uri, [10])  # a lease and the upsert lock: taken over
+    assert report.num_inserted_rows == 1 and took < SECONDS
+    write_table(pa.table({"id": [20], "img": blob_array([b"w"])}), table_uri, mode="append")
+    open_table(table_uri).gc(grace=timedelta(0))
+    assert _user_files(user_folder) == before  # nothing of the user's read, written, removed
+    assert os.path.isdir(f"{table_uri}/_leases") and not os.path.islink(f"{table_uri}/_leases")
+
+
+@pytest.mark.parametrize("shape", FOLDER_SHAPES)
+def test_gc_clears_a_link_or_file_at_the_leases_folder_and_says_so(table_uri, user_folder, shape):
+    make(table_uri)
+    before = _user_files(user_folder)
+    leave_folder(f"{table_uri}/_leases", shape, user_folder)
+    report = open_table(table_uri).gc(grace=timedelta(0))
+    assert report["stale_leftovers"] == 1 and report["expired_leases"] == 0
+    assert not os.path.islink(f"{table_uri}/_leases") and not os.path.isfile(f"{table_uri}/_leases")
+    assert _user_files(user_folder) == before
+
+
+@pytest.mark.parametrize("shape", FOLDER_SHAPES)
+def test_a_link_or_file_at_the_claims_folder_is_never_followed(tmp_path, user_folder, shape):
+    root = str(tmp_path / "t")
+    before = _user_files(user_folder)
+    leave_folder(f"{root}/_blobs/claims", shape, user_folder)
+    claims = Claims(root, "write-1", claimant=Claimant(0, 0, "a"))
+    digest = content_hash(b"clip")
+    assert claims.claim(Claim(digest, "packs/write-1-a.pack", 0, 4, claims.claimant)) is None
+    assert os.path.isdir(f"{root}/_blobs/claims") and not os.path.islink(f"{root}/_blobs/claims")
+    assert _user_files(user_folder) == before
+
+
+@pytest.mark.parametrize("shape", FOLDER_SHAPES)
+def test_a_link_or_file_at_the_managed_folders_is_never_followed(tmp_path, user_folder, shape):
+    _, uri, clip = _managed_world(tmp_path)
+    (user_folder / "doomed").mkdir()
+    (user_folder / "doomed" / ("0" * 64)).write_bytes(b"not a marker")
+    before = _user_files(user_folder)
+    leave_folder(f"{uri}/_blobs/managed", shape, user_folder)
+    _hand_over(uri, clip)
+    assert os.path.isdir(f"{uri}/_blobs/managed/registry")
+    open_table(uri).delete("id >= 0")
+    for _ in range(3):
+        open_table(uri).gc(grace=timedelta(0), retain_versions=1)
+    assert _user_files(user_folder) == before
+    assert not os.path.exists(clip)  # the table's own managed object: reclaimed as ever

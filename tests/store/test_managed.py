@@ -231,11 +231,11 @@ def test_a_failed_or_aborted_write_hands_nothing_over(table_uri, media):
     assert os.path.exists(owned) and os.path.exists(flagged)
 
 
-def test_a_registry_that_cannot_be_written_leaves_the_object_unmanaged(table_uri, media):
+def test_a_registry_that_cannot_be_written_leaves_the_object_unmanaged(table_uri, media, immutable):
     make_table(table_uri, media, [b"first"])
-    # a file where the registry folder goes: the commit stands, the registration fails
-    os.makedirs(managed_dir(table_uri))
-    open(f"{managed_dir(table_uri)}/registry", "w").close()
+    # a registry folder nothing can be written in: the commit stands, the registration fails
+    os.makedirs(f"{managed_dir(table_uri)}/registry")
+    immutable(f"{managed_dir(table_uri)}/registry")
     owned = f"{media['owned']}/1.bin"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
