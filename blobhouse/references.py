@@ -23,6 +23,7 @@ from blobhouse.layout import BasePaths, TableLocation
 from blobhouse.placement import AllowedBases, Kind
 from blobhouse.rangeio import RefColumns
 from blobhouse.session import DATA_FILE_NAME, sidecar_name
+from blobhouse.storage import StorageOptions, object_store
 from blobhouse.uris import normalize_uri
 from blobhouse.values import ColumnPath, numbers, path_name, validity
 
@@ -69,8 +70,15 @@ class ReferenceResolver:
     moved or copied table reads its own files, never those at its old place.
     """
 
-    def __init__(self, dataset: LanceDataset, location: TableLocation) -> None:
+    def __init__(
+        self,
+        dataset: LanceDataset,
+        location: TableLocation,
+        storage_options: StorageOptions | None = None,
+    ) -> None:
         self.location = location
+        self.storage_options = storage_options
+        self._whole_sizes: dict[str, int | None] = {}  # external objects a row takes whole
         self.root_uri = location.root_uri
         self.base_paths = BasePaths(dataset, location)
         # external blobs whose blob_id names a base path live under it (the table's store)
@@ -225,6 +233,9 @@ class ReferenceResolver:
             numbers(descriptors.field("position")),
             numbers(descriptors.field("size")),
         )
+        whole = valid & external & (positions == 0) & (sizes == 0)
+        if whole.any():  # Lance's writers record a whole external object as (0, 0)
+            sizes, valid = self._whole_objects(uris, row_codes, whole, sizes, valid, unresolved)
         self._check_places(uris, row_codes, kinds, positions, sizes, valid, where, field_id)
         return RefColumns(
             uris,
@@ -275,6 +286,34 @@ class ReferenceResolver:
             f"data file {uri or '(unknown)'} is damaged: {reason}",
             uri,
         )
+
+    def _whole_objects(
+        self,
+        uris: list[str],
+        row_codes: np.ndarray,
+        whole: np.ndarray,
+        sizes: np.ndarray,
+        valid: np.ndarray,
+        unresolved: list[Unresolved] | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``sizes`` with each ``whole`` row's the size of its object, as stock Lance reads
+        it (a missing object: :class:`~blobhouse.errors.ExternalBlobError`, or with an
+        ``unresolved`` list, the rows reported and left null)."""
+        sizes, valid = sizes.astype(np.int64), valid.copy()
+        for code in np.unique(row_codes[whole]).tolist():
+            uri = uris[code]
+            if uri not in self._whole_sizes:
+                self._whole_sizes[uri] = object_store(uri, self.storage_options).size(uri)
+            rows = whole & (row_codes == code)
+            if self._whole_sizes[uri] is not None:
+                sizes[rows] = self._whole_sizes[uri]
+                continue
+            reason = f"external object {uri} does not exist (the row references it whole)"
+            if unresolved is None:
+                raise ExternalBlobError(reason)
+            unresolved.extend(Unresolved(row, uri, reason) for row in np.flatnonzero(rows))
+            valid[rows] = False
+        return sizes, valid
 
     def _uri_of_key(
         self, key: int, field_id: int, stored_uris: list[str], where: _RowNames, row: int

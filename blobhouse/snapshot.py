@@ -199,7 +199,7 @@ class TableSnapshot:
     @cached_property
     def resolver(self) -> ReferenceResolver:
         """Resolves this version's stored descriptors into references."""
-        return ReferenceResolver(self.dataset, self.location)
+        return ReferenceResolver(self.dataset, self.location, self.storage_options)
 
     def recorded_hashes(self) -> RecordedHashes:
         """The blake3 recorded for this table's stored payloads (loaded as they are needed)."""

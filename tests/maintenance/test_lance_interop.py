@@ -11,7 +11,7 @@ import lance
 import pyarrow as pa
 import pytest
 
-from blobhouse import Blob, blob_array, open_table, write_table
+from blobhouse import Blob, ExternalBlobError, blob_array, open_table, write_table
 from tests.helpers import stock_read
 
 PLACEMENT = {"b": {"dedicated_size_threshold": 1_000_000}}  # 1.5 MB payloads are dedicated
@@ -179,3 +179,35 @@ def test_blobhouse_compact_then_lance_cleanup_loses_nothing(built):
     assert lance_compact_one.fragments_removed == 1
     lance_cleanup(built.uri)
     assert_intact(built)
+
+
+def test_an_external_blob_stock_lance_wrote_whole_reads_as_stock_lance_reads_it(tmp_path):
+    """Lance records a whole external object as position 0, size 0 and reads it whole: so do
+    blobhouse's reads, stats and verify (they read it as empty, without an error)."""
+    import lance.blob as lance_blob
+
+    media = tmp_path / "media"
+    media.mkdir()
+    clip = media / "clip.bin"
+    clip.write_bytes(os.urandom(7000))
+    uri = str(tmp_path / "t")
+    write_table(pa.table({"id": [0], "v": blob_array([b"x"])}), uri, allowed_bases=[str(media)])
+    rows = pa.table(
+        {
+            "id": pa.array([1, 2], pa.int64()),
+            "v": lance_blob.blob_array(
+                [lance_blob.Blob(uri=f"file://{clip}"), lance_blob.Blob(uri=f"file://{clip}")]
+            ),
+        }
+    )
+    lance.write_dataset(rows, uri, mode="append", allow_external_blob_outside_bases=True)
+    assert stock_read(uri, "v")[1:] == [clip.read_bytes()] * 2
+    table = open_table(uri)
+    assert table.read_blobs("v", [1, 2]) == [clip.read_bytes()] * 2
+    assert table.to_arrow(["v"], blobs="bytes").column("v").to_pylist()[2] == clip.read_bytes()
+    assert [r["size"] for r in table.blob_refs("v", [1, 2]).to_pylist()] == [7000, 7000]
+    assert table.stats()["external_bytes"] == 7000
+    assert table.verify(deep=True)["problems"] == []
+    clip.unlink()
+    with pytest.raises(ExternalBlobError, match="does not exist"):
+        open_table(uri).read_blobs("v", [1])
