@@ -12,6 +12,7 @@ checks each :class:`BlobRef` that carries one unless told ``check_hashes=False``
 from __future__ import annotations
 
 import io
+import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -67,6 +68,65 @@ class BlobRef:
         return self.position + self.size
 
 
+MAX_END = 2**63 - 1  # where a range may end at the latest: an int64, as Arrow and Lance hold it
+
+
+def check_ref(ref: BlobRef, at: int = 0) -> None:
+    """Refuse a reference no object can answer (``at``: its place in a list, for the message),
+    before anything is read or allocated.
+
+    >>> check_ref(BlobRef("file:///x.bin", -1, 5))
+    Traceback (most recent call last):
+    ...
+    blobhouse.errors.InvalidInputError: reference 0 (BlobRef(uri='file:///x.bin', position=-1, \
+size=5)): position must be a whole number from 0 to 2**63 - 1, got -1
+    """
+    problem = ""
+    if not isinstance(ref.uri, str) or not ref.uri:
+        problem = f"uri must be a URI, got {ref.uri!r}"
+    for name in ("position", "size"):
+        value = getattr(ref, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            problem = problem or f"{name} must be a whole number, got {value!r}"
+        elif not 0 <= value <= MAX_END:
+            problem = problem or f"{name} must be a whole number from 0 to 2**63 - 1, got {value}"
+    if not problem and ref.position + ref.size > MAX_END:
+        problem = f"it ends past 2**63 - 1 ({ref.position} + {ref.size})"
+    digest = ref.blake3
+    wrong = not isinstance(digest, bytes | bytearray) or len(digest) != DIGEST_BYTES
+    if not problem and digest is not None and wrong:
+        shown = f"{len(digest)} bytes" if isinstance(digest, bytes | bytearray) else "no bytes"
+        problem = f"it carries a blake3 of {shown}, not {DIGEST_BYTES} (None reads it unchecked)"
+    if problem:
+        raise InvalidInputError(f"reference {at} ({ref!r}): {problem}")
+
+
+def check_ends(refs: RefColumns, storage_options: Mapping[str, str] | None = None) -> None:
+    """Refuse, before its bytes are allocated, a reference larger than one read
+    (:data:`MAX_READ_BYTES`) that runs past the end of its object: a hand-built reference
+    claiming a terabyte of a small file would otherwise be allocated whole first. One size
+    request per object holding such a reference."""
+    big = refs.valid & (refs.sizes > MAX_READ_BYTES)
+    if not big.any():
+        return
+    ends: dict[str, int] = {}
+    for row in np.flatnonzero(big).tolist():
+        uri = refs.uris[refs.codes[row]]
+        ends[uri] = max(ends.get(uri, 0), int(refs.positions[row] + refs.sizes[row]))
+    for uri, end in ends.items():
+        try:
+            size = object_store(uri, storage_options).size(uri)
+        except OSError as exc:
+            raise _read_error(uri, exc) from None
+        if size is None:
+            raise BlobReadError(f"missing object {uri}", uri)
+        if end > size:
+            raise BlobReadError(
+                f"a reference runs past the end of {uri}: to byte {end}, the object has {size}",
+                uri,
+            )
+
+
 @dataclass(frozen=True)
 class RefColumns:
     """Resolved references as columns, what reads are planned from: the distinct ``uris`` and
@@ -86,9 +146,13 @@ class RefColumns:
 
     @classmethod
     def of(cls, refs: Sequence[BlobRef | None]) -> RefColumns:
-        """Columns of a list of references (None: no reference)."""
+        """Columns of a list of references (None: no reference), each checked
+        (:func:`check_ref`: a caller may have built them by hand)."""
         if isinstance(refs, RefColumns):
             return refs
+        for at, ref in enumerate(refs):
+            if ref is not None:
+                check_ref(ref, at)
         codes_of: dict[str, int] = {}
         codes = [codes_of.setdefault(r.uri, len(codes_of)) if r else 0 for r in refs]
         return cls(
@@ -264,8 +328,10 @@ def read_ranges(
     >>> read_ranges([BlobRef("file://" + path, 6, 5), BlobRef("file://" + path, 0, 5), None])
     [b'world', b'hello', None]
     """
+    columns = RefColumns.of(refs)  # hand-built references checked first
     verify = carried_hashes(refs, verify, check_hashes)
-    refs = RefColumns.of(refs)
+    refs = columns
+    check_ends(refs, storage_options)
     out: list = [None] * len(refs)
     positions, sizes = refs.positions.tolist(), refs.sizes.tolist()
 
@@ -310,8 +376,10 @@ def read_ranges_arrow(
     ``coalesce_gap`` apart: one GET), objects and ranges in parallel (on object stores, up to
     ``threads`` requests in flight).
     """
+    columns = RefColumns.of(refs)  # hand-built references checked first
     verify = carried_hashes(refs, verify, check_hashes)
-    refs = RefColumns.of(refs)
+    refs = columns
+    check_ends(refs, storage_options)
     sizes = np.where(refs.valid, refs.sizes, 0)
     offsets = np.zeros(len(refs) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
@@ -368,13 +436,7 @@ def carried_hashes(
     """
     if not check_flag("check_hashes", check_hashes) or isinstance(refs, RefColumns):
         return verify
-    carried = [None if ref is None else ref.blake3 for ref in refs]
-    wrong = [i for i, d in enumerate(carried) if d is not None and len(d) != DIGEST_BYTES]
-    if wrong:
-        raise InvalidInputError(
-            f"reference {wrong[0]} carries a blake3 of {len(carried[wrong[0]])} bytes, not "
-            f"{DIGEST_BYTES} (None reads it unchecked)"
-        )
+    carried = [None if ref is None else ref.blake3 for ref in refs]  # checked: check_ref
     if not any(carried):
         return verify
     passed: set[BlobRef] = set()
@@ -493,6 +555,8 @@ def open_ref(
     2
     b'rld'
     """
+    check_ref(ref)
+    check_ends(RefColumns.of([ref]), storage_options)
     digest = ref.blake3 if digest is None else digest  # what the reference carries, if any
     buffer = buffer_size or object_store(ref.uri, storage_options).read_buffer_bytes
     return io.BufferedReader(_RangeFile(ref, digest, name, storage_options), buffer_size=buffer)

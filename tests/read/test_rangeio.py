@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from blobhouse import BlobRef, CorruptBlobError, page_cache, read_ranges
+from blobhouse import (
+    BlobReadError,
+    BlobRef,
+    CorruptBlobError,
+    InvalidInputError,
+    page_cache,
+    read_ranges,
+)
 from blobhouse.page_cache import is_cached
 from blobhouse.rangeio import MAX_READ_BYTES, open_ref, plan_reads, read_ranges_arrow
 
@@ -258,3 +265,36 @@ def test_reads_of_local_files_run_on_kept_threads_also_after_a_fork(tmp_path):
     finally:
         child.join(timeout=60)
     assert child.exitcode == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"position": 2**63}, r"position must be a whole number from 0 to 2\*\*63 - 1"),
+        ({"position": -1}, "position must be a whole number from 0"),
+        ({"size": -1}, "size must be a whole number from 0"),
+        ({"size": 1.5}, "size must be a whole number"),
+        ({"uri": None}, "uri must be a URI"),
+        ({"uri": ""}, "uri must be a URI"),
+        ({"blake3": b"short"}, "carries a blake3 of 5 bytes, not 32"),
+        ({"position": 2**62, "size": 2**62}, "ends past 2\\*\\*63 - 1"),
+    ],
+)
+@pytest.mark.parametrize("read", ["read_ranges", "read_ranges_arrow", "open_ref"])
+def test_a_hand_built_reference_is_checked_before_anything_is_read(objects, read, change, message):
+    ref = BlobRef(**{"uri": objects[0], "position": 0, "size": 4, **change})
+    with pytest.raises(InvalidInputError, match=message):
+        if read == "open_ref":
+            open_ref(ref).read()
+        else:
+            {"read_ranges": read_ranges, "read_ranges_arrow": read_ranges_arrow}[read]([ref])
+
+
+@pytest.mark.parametrize("read", ["read_ranges", "read_ranges_arrow", "open_ref"])
+def test_a_reference_past_its_object_is_refused_before_its_bytes_are_allocated(objects, read):
+    ref = BlobRef(objects[0], 0, 10**12)  # 1 TB of a small file: never allocated
+    with pytest.raises(BlobReadError, match=r"short read|past the end"):
+        if read == "open_ref":
+            open_ref(ref).read()
+        else:
+            {"read_ranges": read_ranges, "read_ranges_arrow": read_ranges_arrow}[read]([ref])
