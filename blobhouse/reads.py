@@ -32,6 +32,7 @@ from blobhouse.kept_references import DeletedRowsError, take_rows_by_id
 from blobhouse.options import check_flag
 from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, read_ranges_arrow
 from blobhouse.references import ResolvedRows
+from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import TableSnapshot
 from blobhouse.values import (
     ROW_ADDRESS,
@@ -122,6 +123,9 @@ class TableReader:
     ) -> Iterator[pa.RecordBatch]:
         """See :meth:`blobhouse.Table.scan`."""
         check_hashes = check_flag("check_hashes", check_hashes)
+        for name, value in (("batch_size", batch_size), ("offset", offset), ("limit", limit)):
+            if value is not None:
+                SETTINGS[name].check(value)  # Lance's own refusals name its source lines
         selection = self._selection(columns, blobs)
         fragments = None
         if fragment_ids is not None:

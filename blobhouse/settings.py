@@ -45,6 +45,8 @@ from blobhouse.errors import (
 )
 from blobhouse.uris import base_uri, is_root, normalize_uri
 
+#: the longest duration a setting takes (a century: retention and grace periods)
+MAX_DAYS = 36_500
 #: the largest count or size blobhouse keeps (Arrow's and numpy's int64; Lance's u64 holds it)
 MAX_INT64 = 2**63 - 1
 #: Lance reads its placement thresholds as Rust ``usize`` (64-bit here): the largest it accepts
@@ -272,20 +274,21 @@ class Flag(Setting):
 
 @dataclass(frozen=True)
 class Duration(Setting):
-    """A ``datetime.timedelta`` of 0 or more; as text, a number of hours."""
+    """A ``datetime.timedelta`` from 0 to :data:`MAX_DAYS` days (Lance counts time in int64
+    microseconds); as text, a number of hours."""
 
     metavar: str = "HOURS"
 
     @property
     def expected(self) -> str:
-        return "a datetime.timedelta of 0 or more"
+        return f"a datetime.timedelta from 0 to {MAX_DAYS:,} days"
 
     @property
     def expected_text(self) -> str:
-        return "a number of hours, 0 or more"
+        return f"a number of hours from 0 to {MAX_DAYS * 24:,}"
 
     def _canonical(self, value: Any) -> timedelta:
-        if not isinstance(value, timedelta) or value < timedelta(0):
+        if not isinstance(value, timedelta) or not timedelta(0) <= value <= timedelta(MAX_DAYS):
             raise _Wrong()
         return value
 
@@ -686,6 +689,24 @@ _SPECS: tuple[Setting, ...] = (
         "check_hashes",
         "reads check each payload's bytes against the blake3 recorded when it was written",
         True,
+    ),
+    Count(
+        "batch_size",
+        "rows per batch a scan yields (None: Lance's choice)",
+        None,
+        low=1,
+        high=2**32 - 1,
+        unit="rows",
+    ),
+    Count("offset", "rows a scan skips first", None, unit="rows"),
+    Count("limit", "rows a scan yields at most", None, unit="rows"),
+    Count(
+        "max_frame_pixels",
+        "a video chunk whose frames have more pixels is refused before a batch decodes (a 4K "
+        "frame's: 3840 x 2160)",
+        3840 * 2160,
+        low=1,
+        unit="pixels",
     ),
     # Spark reads and tasks
     Count(

@@ -34,7 +34,7 @@ import numpy as np
 from blobhouse.errors import InvalidInputError, VideoFrameError
 from blobhouse.extras import require_av
 from blobhouse.kept_threads import KeptThreads
-from blobhouse.options import check_int
+from blobhouse.settings import SETTINGS
 
 FrameLayout = Literal["hwc", "chw"]
 FRAME_LAYOUTS = ("hwc", "chw")
@@ -54,7 +54,7 @@ _DECODERS = KeptThreads(os.cpu_count() or 1, "blobhouse-video")
 _FIRST_SEEK_GAP_S = 1.0
 #: the most pixels a decoded frame may have unless a reader's ``max_frame_pixels`` says
 #: otherwise: a 4K frame's (3840 x 2160), above what robot cameras record
-MAX_FRAME_PIXELS = 3840 * 2160
+MAX_FRAME_PIXELS: int = SETTINGS["max_frame_pixels"].default
 #: a seek target past this (in the stream's time base) is a seek to the end: FFmpeg takes a
 #: 64-bit timestamp, and a row's timestamp of 3e38 s would not fit
 _LAST_PTS = 2**62
@@ -295,6 +295,7 @@ class VideoFrames:
         """The reader options ``frames`` (None, video column names, timestamps in
         ``<column>_timestamp``, or a mapping from video column to timestamp column),
         ``frame_layout`` and ``max_frame_pixels``, checked."""
+        pixels = SETTINGS["max_frame_pixels"].check(max_frame_pixels)  # frames or not
         if frames is None:
             return None
         if isinstance(frames, str):
@@ -323,7 +324,6 @@ class VideoFrames:
             raise InvalidInputError(f"tolerance_s must be a number, got {tolerance_s!r}")
         if not tolerance_s > 0:
             raise InvalidInputError(f"tolerance_s must be positive, got {tolerance_s!r}")
-        pixels = check_int("max_frame_pixels", max_frame_pixels, 1)
         require_av()
         return cls(columns, layout, float(tolerance_s), pixels)  # type: ignore[arg-type]
 

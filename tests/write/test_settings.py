@@ -31,6 +31,7 @@ from blobhouse import (
 )
 from blobhouse.cli import main
 from blobhouse.errors import TableMetadataError
+from blobhouse.loader import BatchLoader
 from blobhouse.settings import SETTINGS, TABLE_WIDE
 from tests.helpers import tree
 
@@ -150,7 +151,20 @@ def test_the_largest_thresholds_lance_accepts_are_accepted(tmp_path):
         (lambda t: t.compact(retries="3"), "retries must be a whole number from 0 to 1000"),
         (lambda t: t.maintenance.compact({"target_bytes": 0}), "target_bytes must be a whole"),
         (lambda t: t.maintenance.compact(commit={"retries": -1}), "got -1"),
-        (lambda t: t.gc(grace=-1), "grace must be a datetime.timedelta of 0 or more, got -1"),
+        (lambda t: t.gc(grace=-1), "grace must be a datetime.timedelta from 0 to 36,500 days"),
+        (lambda t: t.gc(grace=timedelta.max, dry_run=True), "grace must be a datetime.timedelta"),
+        (lambda t: list(t.scan(batch_size=0)), "batch_size must be a whole number of rows from 1"),
+        (lambda t: list(t.scan(batch_size=-1)), "batch_size must be a whole number of rows"),
+        (lambda t: list(t.scan(limit=-1)), "limit must be a whole number of rows from 0"),
+        (lambda t: list(t.scan(offset="2")), "offset must be a whole number of rows"),
+        (
+            lambda t: BatchLoader(t, ["id"], batch_size=2, max_frame_pixels=-1),
+            "max_frame_pixels must be a whole number of pixels from 1",
+        ),
+        (
+            lambda t: BatchLoader(t, ["id"], batch_size=2, max_frame_pixels=2**64),
+            "max_frame_pixels must be a whole number of pixels from 1 to 2**63 - 1",
+        ),
         (lambda t: t.gc(older_than=timedelta(hours=-1)), "older_than must be a datetime"),
         (lambda t: t.gc(retain_versions="3"), "retain_versions must be a whole number"),
         (lambda t: t.gc(dry_run="yes"), "dry_run must be True or False, got 'yes'"),
@@ -179,7 +193,7 @@ def test_options_of_changes_and_services_are_refused_the_same_way(table_uri, cal
         (["properties", "T", "--set", f"inline_size_threshold={2**64}"], "from 0 to 2**64 - 1"),
         (["properties", "T", "--set", "dedup=globl"], "dedup must be one of 'content'"),
         (["gc", "T", "--retain-versions", "3.5"], "--retain-versions: must be a whole number"),
-        (["gc", "T", "--grace-hours", "-1"], "--grace-hours: must be a number of hours, 0 or"),
+        (["gc", "T", "--grace-hours", "-1"], "--grace-hours: must be a number of hours from 0 to"),
         (["compact", "T", "--target-rows", str(2**70)], "from 1 to 2**63 - 1, got '1180591"),
         (["compact", "T", "--deleted-fraction", "nan"], "must be a number in (0, 1], got 'nan'"),
     ],
