@@ -155,10 +155,22 @@ def main(argv: list[str] | None = None) -> int:
     if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        return _main(argv)
+        code = _main(argv)
     except KeyboardInterrupt:  # before a command began (parsing, Spark's start is inside)
         print("interrupted while starting; nothing was changed", file=sys.stderr, flush=True)
-        return INTERRUPTED
+        code = INTERRUPTED
+    if _STARTING_AS_COMMAND:
+        _exit_at_ctrl_c(code)
+    return code
+
+
+def _exit_at_ctrl_c(code: int) -> None:
+    """Once the command has said how it ended, a Ctrl-C while Python shuts down (threads
+    joined, files closed) ends the process with that same code: Python's own handler would
+    end it by the signal, as if the command had been stopped."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(code))
 
 
 def _main(argv: list[str] | None) -> int:

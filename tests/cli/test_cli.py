@@ -312,6 +312,23 @@ def test_ctrl_c_after_the_cli_module_loaded_but_before_main_is_one_line(start):
     assert done.stderr == "interrupted while starting; nothing was changed\n"
 
 
+def test_ctrl_c_after_the_command_ended_keeps_its_exit_code(table_uri):
+    # the command has printed its report; the signal comes while Python shuts down
+    write_table(pa.table({"id": [1]}), table_uri)
+    code = (
+        "import os, signal, sys, time\n"
+        f"sys.argv = ['blobhouse', 'stats', {table_uri!r}]\n"
+        "from blobhouse.cli import main\n"
+        "code = main()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(1)\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "rows" in done.stdout and "Traceback" not in done.stderr
+
+
 def test_an_unreachable_spark_master_is_one_line_at_once(tmp_path, capsys):
     import socket
 
