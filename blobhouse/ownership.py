@@ -27,10 +27,18 @@ from typing import TypeVar
 
 from blobhouse.errors import ExternalBlobError, ManagedObjectOwnedError, cleanup_after
 from blobhouse.layout import TableLocation, same_location
-from blobhouse.leftovers import EMPTY_SECONDS, Found, clear_command, clear_once, found_at
+from blobhouse.leftovers import (
+    EMPTY_SECONDS,
+    Found,
+    clear_command,
+    clear_once,
+    found_at,
+    own_folder,
+)
 from blobhouse.storage import (
     NAME_MAX,
     STAT_THREADS,
+    ObjectStore,
     StorageOptions,
     is_local,
     long_name,
@@ -148,14 +156,32 @@ def take(location: TableLocation, uri: str, storage_options: StorageOptions | No
     body = json.dumps(
         {"format": OWNER_FORMAT, "table": location.root_uri, "created": time.time()}
     ).encode()
+    markers = marker.rsplit("/", 1)[0]
+    # a link or a file where the markers' folder belongs: never written through (a link to a
+    # user's folder would get the marker), cleared (the link itself) and the folder made
+    own_folder(store, markers.rsplit("/", 1)[0], OWNER_DIR)
     if put_new(store, marker, body):
         return True
     # what no table's marker is (a directory, a link, a file its creator died before writing)
     # is taken over; garbage may be another table's damaged marker: it stays (see explain)
-    found = found_at(store, marker)
+    found = _judged(store, marker)
     if found is None or not _stale(store, marker, found):
         return False
     return clear_once(store, marker, found) and put_new(store, marker, body)
+
+
+def _judged(store: ObjectStore, marker: str) -> Found | None:
+    """What stands at ``marker``, once it can be judged: an empty file is given the time its
+    creator (another table's write, between its create and its write) needs to fill it."""
+    deadline = time.monotonic() + EMPTY_SECONDS + 0.5
+    while True:
+        found = found_at(store, marker)
+        fresh = found is not None and found.is_object and not found.body
+        if not fresh or found.age(store, marker) >= EMPTY_SECONDS:
+            return found
+        if time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,40 @@ def leave(path: str, shape: str, nowhere: Path) -> None:
         Path(path).write_bytes(b"\x00{garbage, not what blobhouse writes")
 
 
+# the table's own folders themselves: a link (to a user's folder), a file where a folder belongs
+FOLDER_SHAPES = ("symlink-to-user-folder", "file")
+
+
+def leave_folder(path: str, shape: str, user: Path) -> None:
+    """Put ``shape`` where the table's own folder ``path`` belongs (``user``: a folder of the
+    user's, with their files, which nothing may touch)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        import shutil
+
+        shutil.rmtree(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if shape == "file":
+        Path(path).write_bytes(b"x")
+    else:
+        os.symlink(user, path)
+
+
+@pytest.fixture
+def user_folder(tmp_path) -> Path:
+    """A user's folder outside the table, holding names blobhouse uses in its own folders."""
+    folder = tmp_path / "user"
+    (folder / "photos").mkdir(parents=True)
+    (folder / "photos" / "cat.jpg").write_bytes(b"cat")
+    (folder / "locks").mkdir()
+    (folder / "locks" / "todo.txt").write_bytes(b"todo")
+    (folder / "upsert").write_bytes(b"mine")
+    return folder
+
+
+def _user_files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
 def make(uri: str, storage_options: dict | None = None):
     ids = list(range(4))
     data = pa.table({"id": ids, "img": blob_array([b"v%d" % i * 30_000 for i in ids])})
@@ -174,6 +208,36 @@ def test_a_leftover_owner_marker_that_names_no_table_is_taken_over(tmp_path, sha
     assert not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.parametrize("written_by_then", [True, False])
+def test_a_fresh_empty_owner_marker_is_judged_once_its_creator_had_time(tmp_path, written_by_then):
+    """An empty marker may be another table's, between its create and its write: judged once
+    it is written (another table's: refused, naming that table) or empty for 2 s (taken)."""
+    table, uri, clip = _managed_world(tmp_path)
+    marker = uri_to_path(owner_marker(clip))
+    os.makedirs(os.path.dirname(marker))
+    Path(marker).write_bytes(b"")
+    other = '{"format": 1, "table": "file:///elsewhere/other", "created": 0}'
+    if written_by_then:
+        threading.Timer(0.5, lambda: Path(marker).write_text(other)).start()
+        with pytest.raises(ManagedObjectOwnedError, match="table file:///elsewhere/other"):
+            _hand_over(uri, clip)
+        assert open_table(uri).version == table.version
+    else:
+        assert _hand_over(uri, clip).version == table.version + 1
+        assert read_owner(clip).is_table(open_table(uri).location)
+
+
+@pytest.mark.parametrize("shape", FOLDER_SHAPES)
+def test_a_link_or_file_at_the_owner_markers_folder_is_never_followed(tmp_path, user_folder, shape):
+    table, uri, clip = _managed_world(tmp_path)
+    before = _user_files(user_folder)
+    leave_folder(os.path.dirname(uri_to_path(owner_marker(clip))), shape, user_folder)
+    assert _hand_over(uri, clip).version == table.version + 1
+    assert read_owner(clip).is_table(open_table(uri).location)
+    assert os.path.isdir(os.path.dirname(uri_to_path(owner_marker(clip))))
+    assert _user_files(user_folder) == before
+
+
 def test_a_garbage_owner_marker_is_named_with_the_command_that_clears_it(tmp_path):
     """Garbage may be another table's damaged marker: never taken over, but named, with the
     command, and nothing is committed; once cleared, the same write goes through."""
@@ -257,40 +321,6 @@ def test_merges_racing_past_one_leftover_lock_stay_exclusive(table_uri, tmp_path
     assert sorted(r[0].num_inserted_rows for r in results) == [1, 1, 1, 1]
     ids = open_table(table_uri).to_arrow(columns=["id"]).column("id").to_pylist()
     assert sorted(ids) == [0, 1, 2, 3, 100, 101, 102, 103]
-
-
-# the table's own folders themselves: a link (to a user's folder), a file where a folder belongs
-FOLDER_SHAPES = ("symlink-to-user-folder", "file")
-
-
-def leave_folder(path: str, shape: str, user: Path) -> None:
-    """Put ``shape`` where the table's own folder ``path`` belongs (``user``: a folder of the
-    user's, with their files, which nothing may touch)."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        import shutil
-
-        shutil.rmtree(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if shape == "file":
-        Path(path).write_bytes(b"x")
-    else:
-        os.symlink(user, path)
-
-
-@pytest.fixture
-def user_folder(tmp_path) -> Path:
-    """A user's folder outside the table, holding names blobhouse uses in its own folders."""
-    folder = tmp_path / "user"
-    (folder / "photos").mkdir(parents=True)
-    (folder / "photos" / "cat.jpg").write_bytes(b"cat")
-    (folder / "locks").mkdir()
-    (folder / "locks" / "todo.txt").write_bytes(b"todo")
-    (folder / "upsert").write_bytes(b"mine")
-    return folder
-
-
-def _user_files(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
 @pytest.mark.parametrize("shape", FOLDER_SHAPES)
