@@ -139,6 +139,7 @@ class AllowedBases:
         }
         self.managed = list(checked["managed_bases"][1])
         self.bases = sorted({*checked["allowed_bases"][1], *self.managed})
+        self.damage = ""  # why the table's stored bases are not all read (of_table, reading)
         self.table_root = normalize_uri(table_root).rstrip("/") if table_root else None
         for name, (given, normalized) in checked.items():
             for base in normalized if self.table_root else ():
@@ -158,8 +159,9 @@ class AllowedBases:
     ) -> AllowedBases:
         """The bases a table schema records (none if it records nothing). Damaged ones raise
         :class:`~blobhouse.errors.TableMetadataError` naming them and the command that sets
-        them anew, unless ``reading``: then a warning, and no base (the table's own payloads
-        still read; external ones are refused)."""
+        them anew, unless ``reading``: then a warning, and only the intact allowed bases, none
+        managed (the table's own payloads still read; external ones elsewhere are refused,
+        naming the damage)."""
         recorded, damaged = recorded_settings(schema)
         bad = {k: v for k, v in damaged.items() if k in ("allowed_bases", "managed_bases")}
         if not bad:
@@ -172,8 +174,14 @@ class AllowedBases:
         problem = damage_error({**damaged, **bad}, uri_to_path(table_root or ""))
         if not reading:
             raise problem
-        warnings.warn(f"{problem}; reading without its external bases", stacklevel=3)
-        return cls((), table_root)
+        warnings.warn(f"{problem}; reading without its damaged bases", stacklevel=3)
+        intact = () if "allowed_bases" in bad else recorded.get("allowed_bases", ())
+        try:
+            kept = cls(intact, table_root)
+        except InvalidSettingError:  # an allowed base inside the table: none is read
+            kept = cls((), table_root)
+        kept.damage = str(problem).split(" (or Table.set_properties)")[0]
+        return kept
 
     def is_managed(self, normalized: str) -> bool:
         """Whether a normalized uri lies under a managed base."""
@@ -216,6 +224,8 @@ class AllowedBases:
             )
         if any(_below(normalized, base) for base in self.bases):
             return normalized, ""
+        if self.damage:  # the bases that would allow it may be the damaged ones
+            return "", f"external uri {uri!r} cannot be read: {self.damage}"
         allowed = self.bases or "none (pass allowed_bases=[...] when creating the table)"
         return "", f"external uri {uri!r} is outside the table's allowed bases; allowed: {allowed}"
 

@@ -300,7 +300,7 @@ def test_a_plain_reference_never_becomes_managed_through_a_damaged_base(tmp_path
     edit_settings(uri, allowed_bases="/", managed_bases="/")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with pytest.raises(ExternalBlobError, match="outside the table's allowed bases"):
+        with pytest.raises(ExternalBlobError, match="cannot be read: the table's stored prop"):
             open_table(uri).read_blobs("clip", [0])  # no base: external reads refused
     assert any("managed_bases must be" in str(w.message) for w in caught)
     with pytest.raises(TableMetadataError, match="managed_bases"):
@@ -371,6 +371,8 @@ def test_stats_of_a_table_whose_bases_are_damaged_names_its_unresolved_reference
     edit_settings(uri, managed_bases="/")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # reading without damaged bases warns
+        assert open_table(uri).stats()["unresolved_references"] == 0  # allowed ones intact
+        edit_settings(uri, allowed_bases="/")
         stats = open_table(uri).stats()
     assert "managed_bases" in stats["properties"]["damaged"]
     assert stats["unresolved_references"] == 2 == stats["columns"]["clip"]["unresolved_references"]
