@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -23,12 +23,17 @@ import pyarrow as pa
 from blobhouse.commit import leases
 from blobhouse.commit.transaction import Transaction, record_stored
 from blobhouse.dedup import content_hash
-from blobhouse.errors import InvalidInputError, TableExistsError, cleanup_after
+from blobhouse.errors import (
+    InvalidInputError,
+    LeRobotDatasetError,
+    TableExistsError,
+    cleanup_after,
+)
 from blobhouse.layout import TableLocation
 from blobhouse.lerobot.layout import ChunkRef, LeRobotSource, VideoFile, column_name
 from blobhouse.options import WriteOptions
 from blobhouse.placement import Placement
-from blobhouse.snapshot import TableSnapshot, open_dataset
+from blobhouse.snapshot import TableSnapshot, open_dataset, open_snapshot
 from blobhouse.storage import StorageOptions, checked_options
 from blobhouse.store.packs import StoredPayload, store_uri_prefix
 from blobhouse.store.writer import StoreWriter
@@ -172,8 +177,26 @@ def plan_import(
     exists = open_dataset(location, None, storage_options, doing="import into") is not None
     if exists and mode == "create":  # before any video file is stored
         raise TableExistsError(f"table {table} already exists (use mode='append' or 'overwrite')")
+    plan = ImportPlan(source, location, storage_options, "", exists)
+    if exists and mode == "append":
+        _check_blob_columns(plan, open_snapshot(location, None, storage_options), table)
     txn = Transaction.start(location, None, storage_options, kind="write")
-    return ImportPlan(source, location, storage_options, txn.name_prefix, exists), txn
+    return replace(plan, name_prefix=txn.name_prefix), txn
+
+
+def _check_blob_columns(plan: ImportPlan, table: TableSnapshot, where: str) -> None:
+    """Refuse, before a video file is stored, an append whose cameras or image features the
+    table has no blob column for (another dataset's cameras)."""
+    keys = [*plan.source.video_keys, *plan.source.image_keys]
+    for key, column in zip(keys, plan.write_options().blob_columns, strict=True):
+        if column not in table.blob_columns:
+            what = "camera" if key in plan.source.video_keys else "image feature"
+            raise LeRobotDatasetError(
+                f"the dataset's {what} {key!r} (column {column!r}) is not a blob column of the "
+                f"table {where} (its blob columns: {', '.join(table.blob_columns) or 'none'}): "
+                "append datasets with the same cameras, or import this one into a table of its "
+                "own"
+            )
 
 
 def ingest_lerobot(

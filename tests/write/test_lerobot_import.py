@@ -85,6 +85,20 @@ def test_an_import_has_a_row_per_frame_and_stores_each_video_file_once(dataset, 
     assert read == [wrist[0].read_bytes()] * 3 + [wrist[2].read_bytes()]
 
 
+def test_appending_a_dataset_with_other_cameras_is_refused_naming_them(dataset, tmp_path):
+    uri = str(tmp_path / "robot")
+    ingest_lerobot(dataset, uri)
+    before = _tree(Path(uri))
+    other = write_sample_dataset(
+        tmp_path / "other", episodes=1, frames=8, cameras=[CAMERAS[0], "observation.images.side"],
+        size=(24, 32),
+    )  # fmt: skip
+    with pytest.raises(LeRobotDatasetError, match=r"camera 'observation\.images\.side'.*"
+                       r"not a blob column of the table"):  # fmt: skip
+        ingest_lerobot(other, uri, mode="append")
+    assert open_table(uri).version == 1 and _tree(Path(uri)) == before
+
+
 def test_appending_the_same_dataset_stores_no_video_again(dataset, tmp_path):
     uri = str(tmp_path / "robot")
     ingest_lerobot(dataset, uri)
