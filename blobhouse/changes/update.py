@@ -149,6 +149,7 @@ def plan_update(
     kind: str = "update",
 ) -> ColumnRewrite:
     """Check ``updates`` and ``where`` against the table and plan the rewrite."""
+    table.properties.check_writable()  # it writes data files: never by damaged settings
     if not isinstance(updates, Mapping) or not updates:
         raise InvalidInputError(
             "updates must be a non-empty mapping of column -> SQL expression, e.g. "

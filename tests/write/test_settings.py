@@ -252,6 +252,7 @@ def test_a_setting_damaged_on_disk_never_widens_and_one_command_repairs_it(
             .execute(frames(5, uri=mine))
         ),
         lambda: open_table(uri).update({"video": b"new"}),
+        lambda: open_table(uri).update({"id": "id + 10"}),  # a plain column's too
         lambda: open_table(uri).compact(),
         lambda: open_table(uri).gc(retain_versions=1, grace=timedelta(0)),
         lambda: open_table(uri).set_properties(**other),  # another setting than the damaged
