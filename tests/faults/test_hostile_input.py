@@ -713,7 +713,7 @@ def test_a_managed_object_whose_owner_marker_cannot_be_named_is_refused(tmp_path
     assert write_table(plain, uri, mode="append").read_blobs("img", [1]) == [b"clip" * 1000]
 
 
-@pytest.mark.spark  # blobhouse.spark.ingest needs pyspark installed, though planning starts no Spark
+@pytest.mark.spark  # blobhouse.spark.ingest needs pyspark, though planning starts no Spark
 def test_ingest_names_a_manifest_row_whose_path_is_too_long(tmp_path):
     from blobhouse.spark.ingest import plan_ingest
 
