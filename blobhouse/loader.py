@@ -53,6 +53,11 @@ _Batch = TypeVar("_Batch")  # what a loader yields per batch: a RecordBatch or a
 READ_AHEAD = min(4, max(2, os.cpu_count() or 1))
 
 
+#: the most ranks (and workers per rank) a loader splits an epoch into: a rank past the rows
+#: reads padding, and padding for more would take more memory than any job has processes
+MAX_SHARDS = 2**20
+
+
 @dataclass(frozen=True)
 class Shard:
     """Which share of an epoch's batches one loader reads: ``rank`` of ``world_size`` (each
@@ -66,8 +71,8 @@ class Shard:
     num_workers: int = 1
 
     def __post_init__(self) -> None:
-        check_int("world_size", self.world_size, 1)
-        check_int("num_workers", self.num_workers, 1)
+        check_int("world_size", self.world_size, 1, MAX_SHARDS)
+        check_int("num_workers", self.num_workers, 1, MAX_SHARDS)
         check_int("rank", self.rank, 0, self.world_size - 1)
         check_int("worker_id", self.worker_id, 0, self.num_workers - 1)
 
@@ -133,6 +138,7 @@ def _shuffled(n: int, rng: np.random.Generator, window: int | None) -> np.ndarra
     rows with the rows inside each window shuffled too."""
     if window is None:
         return rng.permutation(n)
+    window = min(window, max(n, 1))  # a window past the table is the whole table
     starts = rng.permutation(np.arange(0, n, window))
     return np.concatenate([s + rng.permutation(min(window, n - s)) for s in starts] or [starts])
 

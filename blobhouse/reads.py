@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Literal, TypeVar
 
@@ -29,7 +29,7 @@ from blobhouse.errors import (
     lance_message,
 )
 from blobhouse.kept_references import DeletedRowsError, take_rows_by_id
-from blobhouse.options import check_flag
+from blobhouse.options import check_flag, check_int
 from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, read_ranges_arrow
 from blobhouse.references import ResolvedRows
 from blobhouse.settings import SETTINGS
@@ -109,6 +109,23 @@ class TableReader:
         """See :meth:`blobhouse.Table.count_rows`."""
         return self._lance_read("read", lambda: self.snapshot.count_rows(filter))
 
+    def _fragments(self, fragment_ids: object) -> list:
+        """The snapshot's fragments of ``fragment_ids``, or an error naming the id it lacks."""
+        if isinstance(fragment_ids, (str, bytes)) or not isinstance(fragment_ids, Iterable):
+            raise InvalidInputError(
+                f"fragment_ids must be a list of integers, got {fragment_ids!r}"
+            )
+        fragments = []
+        for given in fragment_ids:
+            fragment_id = check_int("fragment_ids", given, 0, 2**64 - 1)  # Lance's u64
+            fragment = self.snapshot.dataset.get_fragment(fragment_id)
+            if fragment is None:
+                raise InvalidInputError(
+                    f"fragment_ids: version {self.snapshot.version} has no fragment {fragment_id}"
+                )
+            fragments.append(fragment)
+        return fragments
+
     def scan(
         self,
         columns: Sequence[str] | None = None,
@@ -127,9 +144,7 @@ class TableReader:
             if value is not None:
                 SETTINGS[name].check(value)  # Lance's own refusals name its source lines
         selection = self._selection(columns, blobs)
-        fragments = None
-        if fragment_ids is not None:
-            fragments = [self.snapshot.dataset.get_fragment(i) for i in fragment_ids]
+        fragments = None if fragment_ids is None else self._fragments(fragment_ids)
         scanner = self.snapshot.dataset.scanner(
             columns=selection.lance,
             filter=filter,

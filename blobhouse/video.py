@@ -296,6 +296,8 @@ class VideoFrames:
         ``<column>_timestamp``, or a mapping from video column to timestamp column),
         ``frame_layout`` and ``max_frame_pixels``, checked."""
         pixels = SETTINGS["max_frame_pixels"].check(max_frame_pixels)  # frames or not
+        if layout not in FRAME_LAYOUTS:
+            raise InvalidInputError(f"frame_layout must be one of {FRAME_LAYOUTS}, got {layout!r}")
         if frames is None:
             return None
         if isinstance(frames, str):
@@ -318,8 +320,6 @@ class VideoFrames:
                 )
         if not columns:
             raise InvalidInputError("frames names no column")
-        if layout not in FRAME_LAYOUTS:
-            raise InvalidInputError(f"frame_layout must be one of {FRAME_LAYOUTS}, got {layout!r}")
         if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, (int, float)):
             raise InvalidInputError(f"tolerance_s must be a number, got {tolerance_s!r}")
         if not tolerance_s > 0:

@@ -114,6 +114,15 @@ def test_chunk_windows_keep_batches_inside_few_chunks_and_read_every_row(robot):
         BatchLoader(uri, batch_size=16, seed=5).load_state_dict({**state, "position": 1})
 
 
+def test_a_window_past_the_table_shuffles_the_whole_table(robot):
+    _, uri = robot
+    rows = list(range(EPISODES * FRAMES))
+    for window in (EPISODES * FRAMES, 2**63):  # numpy's arange once failed on the huge one
+        loader = BatchLoader(uri, ["index"], batch_size=16, shuffle_window=window, seed=5)
+        order = [r["index"] for b in loader.row_batches() for r in b]
+        assert sorted(order) == rows and order != rows
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_dataloader_stacks_frames_decoded_in_its_workers(robot, reference, workers):
     _, uri = robot

@@ -157,6 +157,12 @@ def test_the_largest_thresholds_lance_accepts_are_accepted(tmp_path):
         (lambda t: list(t.scan(batch_size=-1)), "batch_size must be a whole number of rows"),
         (lambda t: list(t.scan(limit=-1)), "limit must be a whole number of rows from 0"),
         (lambda t: list(t.scan(offset="2")), "offset must be a whole number of rows"),
+        (lambda t: list(t.scan(fragment_ids=[-1])), "fragment_ids must be in [0, 1844"),
+        (lambda t: list(t.scan(fragment_ids=[2**40])), "version 1 has no fragment 1099511627776"),
+        (lambda t: list(t.scan(fragment_ids="0")), "a list of integers, got '0'"),
+        (lambda t: list(t.scan(fragment_ids=[0.0])), "fragment_ids must be an integer, got 0.0"),
+        (lambda t: BatchLoader(t, ["id"], batch_size=2, world_size=2**63), "in [1, 1048576]"),
+        (lambda t: BatchLoader(t, ["id"], batch_size=2, frame_layout="xyz"), "got 'xyz'"),
         (
             lambda t: BatchLoader(t, ["id"], batch_size=2, max_frame_pixels=-1),
             "max_frame_pixels must be a whole number of pixels from 1",
