@@ -84,6 +84,8 @@ size=5)): position must be a whole number from 0 to 2**63 - 1, got -1
     problem = ""
     if not isinstance(ref.uri, str) or not ref.uri:
         problem = f"uri must be a URI, got {ref.uri!r}"
+    elif "\x00" in ref.uri:
+        problem = "its uri holds a NUL character"
     for name in ("position", "size"):
         value = getattr(ref, name)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -93,20 +95,22 @@ size=5)): position must be a whole number from 0 to 2**63 - 1, got -1
     if not problem and ref.position + ref.size > MAX_END:
         problem = f"it ends past 2**63 - 1 ({ref.position} + {ref.size})"
     digest = ref.blake3
-    wrong = not isinstance(digest, bytes | bytearray) or len(digest) != DIGEST_BYTES
+    wrong = not isinstance(digest, bytes) or len(digest) != DIGEST_BYTES
     if not problem and digest is not None and wrong:
-        shown = f"{len(digest)} bytes" if isinstance(digest, bytes | bytearray) else "no bytes"
-        problem = f"it carries a blake3 of {shown}, not {DIGEST_BYTES} (None reads it unchecked)"
+        shown = f"{len(digest)} bytes" if isinstance(digest, bytes) else type(digest).__name__
+        problem = f"it carries a blake3 of {shown}, not {DIGEST_BYTES} bytes (None: unchecked)"
     if problem:
         raise InvalidInputError(f"reference {at} ({ref!r}): {problem}")
 
 
-def check_ends(refs: RefColumns, storage_options: Mapping[str, str] | None = None) -> None:
+def check_ends(
+    refs: RefColumns, storage_options: Mapping[str, str] | None = None, every: bool = False
+) -> None:
     """Refuse, before its bytes are allocated, a reference larger than one read
-    (:data:`MAX_READ_BYTES`) that runs past the end of its object: a hand-built reference
-    claiming a terabyte of a small file would otherwise be allocated whole first. One size
-    request per object holding such a reference."""
-    big = refs.valid & (refs.sizes > MAX_READ_BYTES)
+    (:data:`MAX_READ_BYTES`) that runs past the end of its object (``every``: any reference
+    that does): a hand-built reference claiming a terabyte of a small file would otherwise be
+    allocated whole first. One size request per object holding such a reference."""
+    big = refs.valid & (refs.sizes > (0 if every else MAX_READ_BYTES))
     if not big.any():
         return
     ends: dict[str, int] = {}
@@ -383,7 +387,7 @@ def read_ranges_arrow(
     sizes = np.where(refs.valid, refs.sizes, 0)
     offsets = np.zeros(len(refs) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
-    data = pa.allocate_buffer(int(offsets[-1]))
+    data = _allocate(refs, int(offsets[-1]), storage_options)
     out = memoryview(data).cast("B") if data.size else memoryview(bytearray())
     slots, positions, sizes = offsets.tolist(), refs.positions.tolist(), sizes.tolist()
 
@@ -412,6 +416,21 @@ def read_ranges_arrow(
         [pa.array(refs.valid).buffers()[1] if nulls else None, pa.py_buffer(offsets), data],
         null_count=nulls,
     )
+
+
+def _allocate(refs: RefColumns, size: int, storage_options: Mapping[str, str] | None) -> pa.Buffer:
+    """A buffer of ``size`` bytes for ``refs``' payloads; when memory cannot hold it, the
+    reference that runs past its object is named (many hand-built ones can claim terabytes
+    together), else how much was asked for."""
+    try:
+        return pa.allocate_buffer(size)
+    except (MemoryError, pa.ArrowMemoryError):
+        check_ends(refs, storage_options, every=True)
+        raise BlobReadError(
+            f"{int(refs.valid.sum())} references ask for {size:,} bytes together, more than "
+            "this process can allocate: read them in smaller groups",
+            refs.uris[0] if refs.uris else "",
+        ) from None
 
 
 def carried_hashes(
@@ -687,6 +706,7 @@ class _RangeFile(io.RawIOBase):
         # the default reads 8 KiB at a time: on an object store, a request each
         size = max(0, self.ref.size - self._pos)
         if size == 0:
+            self._check(b"")  # an empty payload is read whole by any read
             return b""
         data = self._reader.read(self.ref.uri, self.ref.position + self._pos, size)
         self._check(data)
@@ -696,6 +716,7 @@ class _RangeFile(io.RawIOBase):
     def readinto(self, buffer) -> int:
         size = max(0, min(len(buffer), self.ref.size - self._pos))
         if size == 0:
+            self._check(b"")
             return 0
         data = self._reader.read(self.ref.uri, self.ref.position + self._pos, size)
         self._check(data)

@@ -23,6 +23,7 @@ entry points. :func:`object_store` picks the backend of a URI:
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import queue
@@ -491,7 +492,12 @@ class LocalStore:
         return info.st_size if stat.S_ISREG(info.st_mode) else None
 
     def open(self, uri: str) -> RangeSource:
-        return _LocalFile(os.open(uri_to_path(uri), os.O_RDONLY))
+        # non-blocking, so a FIFO put where an object belongs is refused, not waited on
+        fd = os.open(uri_to_path(uri), os.O_RDONLY | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file")
+        return _LocalFile(fd)
 
     def create(self, uri: str) -> NewObject:
         path = uri_to_path(uri)

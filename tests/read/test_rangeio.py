@@ -9,6 +9,7 @@ import re
 import threading
 from pathlib import Path
 
+import blake3
 import pytest
 
 from blobhouse import (
@@ -277,6 +278,8 @@ def test_reads_of_local_files_run_on_kept_threads_also_after_a_fork(tmp_path):
         ({"uri": None}, "uri must be a URI"),
         ({"uri": ""}, "uri must be a URI"),
         ({"blake3": b"short"}, "carries a blake3 of 5 bytes, not 32"),
+        ({"blake3": bytearray(32)}, "carries a blake3 of bytearray, not 32 bytes"),
+        ({"uri": "file:///x\x00y"}, "its uri holds a NUL character"),
         ({"position": 2**62, "size": 2**62}, "ends past 2\\*\\*63 - 1"),
     ],
 )
@@ -288,6 +291,35 @@ def test_a_hand_built_reference_is_checked_before_anything_is_read(objects, read
             open_ref(ref).read()
         else:
             {"read_ranges": read_ranges, "read_ranges_arrow": read_ranges_arrow}[read]([ref])
+
+
+@pytest.mark.parametrize("read", ["read_ranges", "read_ranges_arrow", "open_ref"])
+def test_a_fifo_where_an_object_belongs_is_refused_not_waited_on(tmp_path, read):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    ref = BlobRef(f"file://{fifo}", 0, 10)
+    with pytest.raises(BlobReadError, match="not a regular file"):
+        if read == "open_ref":
+            open_ref(ref).read()
+        else:
+            {"read_ranges": read_ranges, "read_ranges_arrow": read_ranges_arrow}[read]([ref])
+
+
+def test_an_empty_reference_carrying_another_payloads_hash_is_refused(objects):
+    empty = BlobRef(objects[0], 0, 0, blake3.blake3(b"not empty").digest())
+    with pytest.raises(CorruptBlobError):
+        open_ref(empty).read()
+    with pytest.raises(CorruptBlobError):
+        read_ranges([empty])
+    assert open_ref(BlobRef(objects[0], 0, 0, blake3.blake3(b"").digest())).read() == b""
+
+
+def test_references_claiming_more_than_memory_together_are_named_not_allocated(objects):
+    """Each within one read's size, so none is checked against its object up front (where
+    the kernel grants any allocation, vm.overcommit_memory=1, the first read is short)."""
+    refs = [BlobRef(objects[0], 0, MAX_READ_BYTES)] * 2**15  # 2 TiB together
+    with pytest.raises(BlobReadError, match=r"runs past the end of|short read"):
+        read_ranges_arrow(refs)
 
 
 @pytest.mark.parametrize("read", ["read_ranges", "read_ranges_arrow", "open_ref"])
