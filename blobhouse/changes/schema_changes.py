@@ -72,7 +72,10 @@ def latest(location: TableLocation, storage_options: StorageOptions | None = Non
     """The latest version of the table's branch, as a dataset object of its own (Lance moves
     the object it changes to the new version: a caller's dataset is never touched)."""
     with lance_io(location.root, "change the schema of"):
-        return lance.dataset(location.dataset_path, storage_options=storage_options)
+        dataset = lance.dataset(location.dataset_path, storage_options=storage_options)
+    # a name holding NUL (another tool's rename): Lance cannot export the schema, say so
+    TableSnapshot(dataset, location, storage_options).schema  # noqa: B018
+    return dataset
 
 
 def add_columns(

@@ -172,6 +172,8 @@ class Attempt(Generic[P, R]):
             return cls(change, at, change.plan(at), number)
         if change.reads_rows:  # Lance could not read a column another tool misnamed
             at.check_column_names()
+        else:  # a name holding NUL: Lance cannot even export the schema a change rewrites
+            at.schema  # noqa: B018
         root = at.location.root
         # a plan reads the table (a compaction's): a damaged data file is named
         with lance_io(root, "change"), damage_named(root, "change", at.damaged_data_files):

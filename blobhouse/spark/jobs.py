@@ -133,6 +133,7 @@ def verify(
     (of every branch)."""
     deep = SETTINGS["deep"].check(deep)
     table = open_snapshot(uri, None, storage_options)
+    table.check_column_names()  # as Table.verify: the one repair, before any task
     graph = VersionGraph.of(table)
     states = fragment_states(table, list(graph.versions))
     at = _Opener.of(table)
@@ -199,4 +200,9 @@ class _Opener:
         return self.open_ref(VersionRef(self.location.branch, version))
 
     def open_ref(self, ref: VersionRef) -> TableSnapshot:
-        return open_snapshot(self.location.on(ref.branch), ref.version, self.storage_options)
+        """The table at ``ref``, refused as :func:`~blobhouse.maintenance.versions.open_version`
+        refuses it when Lance cannot read a column's name (the current version's is checked
+        on the driver)."""
+        opened = open_snapshot(self.location.on(ref.branch), ref.version, self.storage_options)
+        opened.check_column_names(retained=True)
+        return opened
