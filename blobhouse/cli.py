@@ -152,25 +152,83 @@ logger.netty.level = off
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``blobhouse`` command."""
-    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+    if _STARTING_AS_COMMAND:
+        _CTRL_C.install()
+    elif signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = _main(argv)
-    except KeyboardInterrupt:  # before a command began (parsing, Spark's start is inside)
-        print("interrupted while starting; nothing was changed", file=sys.stderr, flush=True)
-        code = INTERRUPTED
+    except KeyboardInterrupt:
+        run = _CTRL_C.run
+        if run is None:  # before a command began (parsing, Spark's start is inside)
+            print("interrupted while starting; nothing was changed", file=sys.stderr, flush=True)
+            code = INTERRUPTED
+        else:  # as the command ended: what is true is checked as for any Ctrl-C
+            code = run.interrupted()
     if _STARTING_AS_COMMAND:
-        _exit_at_ctrl_c(code)
+        _CTRL_C.settle(code)
     return code
 
 
-def _exit_at_ctrl_c(code: int) -> None:
-    """Once the command has said how it ended, a Ctrl-C while Python shuts down (threads
-    joined, files closed) ends the process with that same code: Python's own handler would
-    end it by the signal, as if the command had been stopped."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(code))
+class _CtrlC:
+    """SIGINT in the ``blobhouse`` process. The first Ctrl-C raises ``KeyboardInterrupt`` (after
+    Spark's own handler, once Spark put one in front: it cancels the jobs); while the command
+    says what is true, more are absorbed (a held key repeats, and a second exception would cut
+    that line), and one :data:`FORCE_AFTER` seconds later ends the process at once; once the
+    command has its exit code, Ctrl-C ends the process with that code."""
+
+    FORCE_AFTER = 2.0
+
+    def __init__(self) -> None:
+        self.first: float | None = None  # when the first Ctrl-C came
+        self.code: int | None = None  # the command's exit code, once it has one
+        self.spark: Callable | None = None  # Spark's handler, which it installs as it starts
+        self.run: Run | None = None  # the command's run, once it began
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.code is not None:
+            os._exit(self.code)
+        if self.first is None:
+            self.first = time.monotonic()
+            if self.spark is not None:  # cancels Spark's jobs, raises KeyboardInterrupt
+                with contextlib.suppress(Exception):  # (Spark stopped already, say)
+                    self.spark(signum, frame)
+            raise KeyboardInterrupt
+        if time.monotonic() - self.first >= self.FORCE_AFTER:
+            os.write(2, b"interrupted again: stopped at once\n")
+            os._exit(INTERRUPTED)
+
+    def install(self) -> None:
+        """Put this handler in front, after Spark's if Spark put its own there since."""
+        current = signal.getsignal(signal.SIGINT)
+        if current is self:
+            return
+        if callable(current) and current not in (
+            signal.default_int_handler,
+            _interrupted_while_starting,
+        ):
+            self.spark = current
+        signal.signal(signal.SIGINT, self)
+
+    def absorb(self) -> None:
+        """A Ctrl-C is being answered (it may have come through Spark's handler): the next
+        ones are absorbed."""
+        self.install()
+        if self.first is None:
+            self.first = time.monotonic()
+
+    def settle(self, code: int) -> None:
+        """The command ended with ``code``: a Ctrl-C from now on ends the process with it,
+        and one while Python finalizes (which puts back the default handler: the process
+        would die of the signal) is ignored."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.code = code
+        self.install()
+        atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+
+
+_CTRL_C = _CtrlC()
 
 
 def _main(argv: list[str] | None) -> int:
@@ -181,15 +239,20 @@ def _main(argv: list[str] | None) -> int:
     run = Run(args)
     with _logging(args.debug), ProgressBars() as bars:
         run.bars = bars
+        if _STARTING_AS_COMMAND:
+            _CTRL_C.run = run
         try:
-            return COMMANDS[args.command](args, run)
+            code = COMMANDS[args.command](args, run)
         except KeyboardInterrupt:
-            return run.interrupted()
+            code = run.interrupted()
         except BrokenPipeError:  # `blobhouse stats T | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
-            return 0
+            code = 0
         except Exception as exc:
-            return run.failed(exc)
+            code = run.failed(exc)
+        if _STARTING_AS_COMMAND:
+            _CTRL_C.settle(code)  # closing the bars and logging below ends with it too
+        return code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -634,6 +697,8 @@ class Run:
 
     def status(self, message: str) -> None:
         """A line on stderr; also what an interrupt reports as happening."""
+        if _STARTING_AS_COMMAND:  # Spark, once started, put its own handler in front
+            _CTRL_C.install()
         self.doing = message.removesuffix(" ...").removesuffix("...")
         if self.bars is not None:
             self.bars.message(message)
@@ -654,6 +719,8 @@ class Run:
 
     def interrupted(self) -> int:
         """After Ctrl-C: stop Spark quietly, then one line saying what was true."""
+        if _STARTING_AS_COMMAND:  # Spark's handler would raise again: more are absorbed
+            _CTRL_C.absorb()
         if self.bars is not None:
             self.bars.close()
         _silence_python_logging()
@@ -683,7 +750,8 @@ class Run:
             return f"could not check {self.writes} afterwards"
         if after == self.version_before:
             if after is None:
-                if spark_stopped and self._local_master():
+                # Spark stopped on this machine, or none ran: no task still writes there
+                if _spark_context() is None and (self._local_master() or not spark_stopped):
                     _tidy_failed_create(self.writes, self.started, self.existed_before)
                 return "nothing was committed (no table was created)"
             return f"nothing was committed ({self.writes} stays at version {after})"

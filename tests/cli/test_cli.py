@@ -329,6 +329,54 @@ def test_ctrl_c_after_the_command_ended_keeps_its_exit_code(table_uri):
     assert "rows" in done.stdout and "Traceback" not in done.stderr
 
 
+def test_ctrl_c_while_python_finalizes_keeps_the_exit_code(table_uri):
+    """Python puts back the default handler before it tears its modules down: a Ctrl-C there
+    once ended the process by the signal (exit -2), after the report was printed."""
+    write_table(pa.table({"id": [1]}), table_uri)
+    code = (
+        "import os, signal, sys\n"
+        f"sys.argv = ['blobhouse', 'stats', {table_uri!r}]\n"
+        "from blobhouse.cli import main\n"
+        "class AtTeardown:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "kept = AtTeardown()  # collected as __main__ goes, after the handlers are reset\n"
+        "sys.exit(main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "rows" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_held_down_during_a_command_is_one_line_saying_what_is_true(table_uri):
+    """A held key repeats: the second Ctrl-C once came while the first was answered, and the
+    command ended saying it was interrupted while starting."""
+    write_table(pa.table({"id": [1]}), table_uri)
+    code = (
+        "import os, signal, sys, threading, time\n"
+        f"sys.argv = ['blobhouse', 'stats', {table_uri!r}]\n"
+        "import blobhouse.cli as cli\n"
+        "def held():\n"
+        "    for _ in range(300):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        time.sleep(0.001)\n"
+        "stats = cli.COMMANDS['stats']\n"
+        "def command(args, run):\n"
+        "    run.status('reading the statistics ...')\n"
+        "    threading.Thread(target=held).start()\n"
+        "    time.sleep(5)  # the command at work\n"
+        "    return stats(args, run)\n"
+        "cli.COMMANDS['stats'] = command\n"
+        "cli._stop_spark = lambda: time.sleep(0.2)  # as long as Spark takes to stop\n"
+        "sys.exit(cli.main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[-1] == "interrupted: reading the statistics; nothing was changed", done.stderr
+    assert "Traceback" not in done.stderr and "starting" not in done.stderr
+
+
 def test_an_unreachable_spark_master_is_one_line_at_once(tmp_path, capsys):
     import socket
 
