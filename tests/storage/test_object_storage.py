@@ -392,8 +392,9 @@ def test_a_failed_write_aborts_its_open_upload_rather_than_completing_it(s3, ded
             storage_options=s3.options,
         )
     sent = s3.server.requests(f"/{s3.name}/t/{folder}")
-    assert sent.get("POST") == 1 and sent.get("PUT", 0) >= 2, sent
-    assert s3.uploads() == []
+    # how many parts went out before the failure depends on timing (one on a loaded machine)
+    assert sent.get("POST") == 1 and sent.get("PUT", 0) >= 1, sent
+    assert s3.uploads() == []  # aborted, not left open
     assert open_table(uri, storage_options=s3.options).count_rows() == 1
 
 
