@@ -245,6 +245,50 @@ def test_ctrl_c_while_spark_starts_for_an_ingest_keeps_the_table(tmp_path):
     assert sorted(os.listdir(os.path.join(table, "data"))) == before
 
 
+# where the LeRobot import (run in the command's process) waits for the Ctrl-C: storing its
+# videos, or writing its rows
+_IMPORT_PHASES = {
+    "videos": (
+        "import time, blobhouse.lerobot.ingest as ingest\n"
+        "place = ingest.StoreWriter.place\n"
+        "def slow_place(self, *args):\n"
+        "    placed = place(self, *args)\n"
+        "    print('stored a video', file=sys.stderr, flush=True)\n"
+        "    time.sleep(300)\n"
+        "    return placed\n"
+        "ingest.StoreWriter.place = slow_place"
+    ),
+    "rows": (
+        "import time, blobhouse.lerobot.ingest as ingest\n"
+        "counted = ingest._counted\n"
+        "def _counted(batches, total, progress):\n"
+        "    for batch in counted(batches, total, progress):\n"
+        "        yield batch\n"
+        "        print('writing rows', file=sys.stderr, flush=True)\n"
+        "        time.sleep(300)\n"
+        "ingest._counted = _counted"
+    ),
+}
+
+
+@pytest.mark.parametrize("phase", sorted(_IMPORT_PHASES))
+def test_ctrl_c_in_a_create_without_spark_leaves_no_folder(tmp_path, phase):
+    """Interrupted, the import's create leaves no folder behind (storing videos, it once left
+    the store's and the leases' folders)."""
+    from blobhouse.lerobot.sample import write_sample_dataset
+
+    dataset, table = tmp_path / "dataset", str(tmp_path / "table")
+    write_sample_dataset(dataset, episodes=2, frames=20)
+    code, err = interrupt(
+        ["ingest-lerobot", str(dataset), table],
+        lambda text, pid: ("stored a video" in text) or ("writing rows" in text),
+        setup=_IMPORT_PHASES[phase],
+    )
+    assert code == 130, err
+    assert err.splitlines()[-1].endswith("nothing was committed (no table was created)"), err
+    assert not os.path.exists(table), os.listdir(table)
+
+
 def test_ctrl_c_in_a_python_only_command(table_uri):
     write_table(rows(range(4)), table_uri)
     slow = (
