@@ -312,36 +312,27 @@ def test_ctrl_c_after_the_cli_module_loaded_but_before_main_is_one_line(start):
     assert done.stderr == "interrupted while starting; nothing was changed\n"
 
 
-def test_ctrl_c_after_the_command_ended_keeps_its_exit_code(table_uri):
-    # the command has printed its report; the signal comes while Python shuts down
+# a Ctrl-C once the command printed its report: as Python shuts down, and as it finalizes
+# (it puts back the default handler before it tears its modules down: the process once died
+# by the signal, exit -2)
+_AFTER_THE_REPORT = {
+    "shutdown": "code = main()\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(1)\n"
+    "sys.exit(code)\n",
+    "finalization": "class AtTeardown:\n"
+    "    def __del__(self):\n"
+    "        os.kill(os.getpid(), signal.SIGINT)\n"
+    "kept = AtTeardown()  # collected as __main__ goes, after the handlers are reset\n"
+    "sys.exit(main())\n",
+}
+
+
+@pytest.mark.parametrize("when", sorted(_AFTER_THE_REPORT))
+def test_ctrl_c_after_the_command_ended_keeps_its_exit_code(table_uri, when):
     write_table(pa.table({"id": [1]}), table_uri)
     code = (
         "import os, signal, sys, time\n"
         f"sys.argv = ['blobhouse', 'stats', {table_uri!r}]\n"
-        "from blobhouse.cli import main\n"
-        "code = main()\n"
-        "os.kill(os.getpid(), signal.SIGINT)\n"
-        "time.sleep(1)\n"
-        "sys.exit(code)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert "rows" in done.stdout and "Traceback" not in done.stderr
-
-
-def test_ctrl_c_while_python_finalizes_keeps_the_exit_code(table_uri):
-    """Python puts back the default handler before it tears its modules down: a Ctrl-C there
-    once ended the process by the signal (exit -2), after the report was printed."""
-    write_table(pa.table({"id": [1]}), table_uri)
-    code = (
-        "import os, signal, sys\n"
-        f"sys.argv = ['blobhouse', 'stats', {table_uri!r}]\n"
-        "from blobhouse.cli import main\n"
-        "class AtTeardown:\n"
-        "    def __del__(self):\n"
-        "        os.kill(os.getpid(), signal.SIGINT)\n"
-        "kept = AtTeardown()  # collected as __main__ goes, after the handlers are reset\n"
-        "sys.exit(main())\n"
+        "from blobhouse.cli import main\n" + _AFTER_THE_REPORT[when]
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
