@@ -1330,8 +1330,7 @@ class _SparkOutput:
             gateway = original(conf, {**(popen_kwargs or {}), "stderr": write})
         except BaseException:
             for process in started:
-                with contextlib.suppress(OSError):
-                    process.kill()
+                _kill_tree(process.pid)
             os.close(write)
             ended.wait(timeout=5)  # the JVM exited: its last lines are in
             with self.lock:
@@ -1407,6 +1406,33 @@ def _start_spark(args: argparse.Namespace, run: Run):
     spark = bs.local_session(args.master, conf=_spark_conf(args))
     bs.register(spark, storage_options=_storage_options(args))
     return spark
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill process ``pid`` and every process below it: spark-submit's shell runs a launcher
+    JVM before Spark's, and killing the shell alone leaves that one running."""
+    below, frontier = set(), {pid}
+    parents = _parents()
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - below
+        below |= frontier
+    for each in (pid, *below):
+        with contextlib.suppress(OSError):
+            os.kill(each, signal.SIGKILL)
+
+
+def _parents() -> dict[int, int]:
+    """Every process's parent, from /proc (empty where there is none: the shell alone goes)."""
+    parents = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with (
+                    contextlib.suppress(OSError, IndexError, ValueError),
+                    open(f"/proc/{entry}/stat") as stat,
+                ):
+                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+    return parents
 
 
 def _spark_context():
