@@ -200,6 +200,8 @@ class _CtrlC:
 
     def install(self) -> None:
         """Put this handler in front, after Spark's if Spark put its own there since."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # (a status from another thread) Python handles signals in the main one
         current = signal.getsignal(signal.SIGINT)
         if current is self:
             return
