@@ -45,6 +45,7 @@ from dataclasses import dataclass, field  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from typing import Any  # noqa: E402
 
+from blobhouse.commit.interrupts import HeldInterrupts  # noqa: E402
 from blobhouse.console import (  # noqa: E402
     ProgressBars,
     format_value,
@@ -203,8 +204,8 @@ class _CtrlC:
         if threading.current_thread() is not threading.main_thread():
             return  # (a status from another thread) Python handles signals in the main one
         current = signal.getsignal(signal.SIGINT)
-        if current is self:
-            return
+        if current is self or isinstance(getattr(current, "__self__", None), HeldInterrupts):
+            return  # (a commit holds Ctrl-C until its records are written: it puts ours back)
         if callable(current) and current not in (
             signal.default_int_handler,
             _interrupted_while_starting,
