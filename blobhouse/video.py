@@ -22,10 +22,11 @@ decoded (a 16 KB MP4 can hold 4096 x 4096 frames: 50 MB each once converted).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Literal
 
@@ -440,7 +441,7 @@ def encode_video(
     import av
 
     os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its settings otherwise
-    with av.open(target, mode="w", format="mp4") as container:
+    with _scheduling_kept(), av.open(target, mode="w", format="mp4") as container:
         stream = container.add_stream(codec, rate=fps)
         stream.height, stream.width = size
         stream.pix_fmt = "yuv420p"
@@ -448,6 +449,23 @@ def encode_video(
         for image in images:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
         container.mux(stream.encode(None))
+
+
+@contextlib.contextmanager
+def _scheduling_kept() -> Iterator[None]:
+    """SVT-AV1's encoder, run as root, makes the calling thread real-time (SCHED_FIFO 99):
+    every process it starts afterwards (Spark's JVM) inherits that, and one spinning starves
+    the machine. The thread's scheduling is put back as it was."""
+    if not hasattr(os, "sched_getscheduler"):
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        yield
+    finally:
+        if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, param):
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(0, policy, param)
 
 
 def encode_test_video(

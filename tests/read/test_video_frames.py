@@ -4,6 +4,8 @@ of a batch decoded once, chunk-window shuffling, DataLoader workers, and clear e
 from __future__ import annotations
 
 import io
+import os
+import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -112,6 +114,16 @@ def test_chunk_windows_keep_batches_inside_few_chunks_and_read_every_row(robot):
     assert state["shuffle_window"] == 16
     with pytest.raises(InvalidInputError, match="shuffle_window 16"):
         BatchLoader(uri, batch_size=16, seed=5).load_state_dict({**state, "position": 1})
+
+
+def test_an_av1_encode_leaves_the_process_scheduled_as_it_was():
+    """SVT-AV1, run as root, made the encoding thread real-time (SCHED_FIFO 99): a Spark JVM
+    started after it inherited that, spun, and starved the suite's 2-core machine."""
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    encode_test_video(4, 30, (16, 16))
+    assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before
+    started = subprocess.run(["chrt", "-p", str(os.getpid())], capture_output=True, text=True)
+    assert "SCHED_FIFO" not in started.stdout  # what a child would inherit
 
 
 def test_a_window_past_the_table_shuffles_the_whole_table(robot):
