@@ -31,11 +31,11 @@ from bench.harness import Case, Scratch, disk_bytes, fresh, medians, settled
 from bench.loader_case import loader, parquet_take
 from bench.robot_case import robot_video
 from blobhouse import Blob, blob_array, open_table, read_ranges, write_table
+from blobhouse.cli.demo import BLOB_COLUMNS, EpisodeData
 from blobhouse.dedup import content_hashes
-from blobhouse.demo import BLOB_COLUMNS, EpisodeData
+from blobhouse.files.ranges import plan_reads, refs_from_arrow
+from blobhouse.io.objects import checked_options, object_store
 from blobhouse.options import DEFAULT_MAX_ROWS_PER_FILE
-from blobhouse.rangeio import plan_reads, refs_from_arrow
-from blobhouse.storage import checked_options, object_store
 from blobhouse.store.index import INDEX_SCHEMA, maintain_index
 from blobhouse.store.packs import index_uri
 from blobhouse.testing import LocalS3Server

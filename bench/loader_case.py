@@ -7,7 +7,7 @@ Every epoch starts with the contender's files out of the page cache (``posix_fad
 DONTNEED), so their bytes come from the disk, as they do for a training set larger than
 memory, while the programs' own code stays cached as it does in training. Workers start from a
 forkserver that has imported the readers but not started Lance (a fork of a process that used
-Lance crashes at random: :mod:`blobhouse.forks`), the same for every contender.
+Lance crashes at random: :mod:`blobhouse.io.forks`), the same for every contender.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ LEROBOT_PYTHON = ROOT / ".venv-lerobot" / "bin" / "python"
 LEROBOT_READY = ROOT / ".venv-lerobot" / ".ready"  # install.sh finished
 LEROBOT_SIDE = ROOT / "bench" / "lerobot_env" / "lerobot_side.py"
 BATCH = 64
-PRELOAD = ["torch", "av", "blobhouse.torch", "blobhouse.video"]
+PRELOAD = ["torch", "av", "blobhouse.torch", "blobhouse.read.video"]
 
 
 def robot_video(size: Size) -> Case:
@@ -203,7 +203,7 @@ def _reference(dataset: Path, cameras: list[str], rows: np.ndarray) -> dict[str,
 
 def _files(source: LeRobotSource):
     """Each video file "referenced" by its own path, to find a row's file and time."""
-    from blobhouse.lerobot.layout import ChunkRef
+    from blobhouse.lerobot.source import ChunkRef
 
     return {(v.key, v.chunk, v.file): ChunkRef(str(v.path), 0, 1) for v in source.videos}
 

@@ -45,7 +45,7 @@ from pyspark.sql.types import BinaryType
 import blobhouse.spark as bs
 from bench.harness import medians
 from blobhouse.dedup import content_hashes
-from blobhouse.rangeio import REF_TYPE
+from blobhouse.files.ranges import REF_TYPE
 from blobhouse.spark.datasource import BlobhouseDataSource, BlobhouseWriter, WrittenFiles
 
 _PARTITIONS = 4

@@ -47,11 +47,11 @@ if TYPE_CHECKING:
         VersionRemovedError,
         VideoFrameError,
     )
+    from blobhouse.files.ranges import REF_TYPE, BlobRef, open_ref, read_ranges
+    from blobhouse.files.session import BlobColumnWriter, BlobSession, PreparedBlob, WrittenFile
     from blobhouse.options import CommitOptions, CompactionTargets, WriteOptions
     from blobhouse.placement import Kind, Placement
     from blobhouse.properties import ColumnProperties, TableProperties
-    from blobhouse.rangeio import REF_TYPE, BlobRef, open_ref, read_ranges
-    from blobhouse.session import BlobColumnWriter, BlobSession, PreparedBlob, WrittenFile
     from blobhouse.snapshot import TableSnapshot
     from blobhouse.table import Table, open_table, write_table
     from blobhouse.values import Blob, blob_array, blob_field
@@ -117,10 +117,10 @@ __all__ = [
 # command line's --help, or a Ctrl-C while it starts) does not wait for Lance and pyarrow
 _WHERE = {
     "Blob": "blobhouse.values",
-    "BlobColumnWriter": "blobhouse.session",
+    "BlobColumnWriter": "blobhouse.files.session",
     "BlobReadError": "blobhouse.errors",
-    "BlobRef": "blobhouse.rangeio",
-    "BlobSession": "blobhouse.session",
+    "BlobRef": "blobhouse.files.ranges",
+    "BlobSession": "blobhouse.files.session",
     "BlobhouseError": "blobhouse.errors",
     "ColumnNameError": "blobhouse.errors",
     "CommitOptions": "blobhouse.options",
@@ -142,9 +142,9 @@ _WHERE = {
     "PathIsFileError": "blobhouse.errors",
     "PathNotFoundError": "blobhouse.errors",
     "Placement": "blobhouse.placement",
-    "PreparedBlob": "blobhouse.session",
+    "PreparedBlob": "blobhouse.files.session",
     "PropertyConflictError": "blobhouse.errors",
-    "REF_TYPE": "blobhouse.rangeio",
+    "REF_TYPE": "blobhouse.files.ranges",
     "RefIdConflictError": "blobhouse.errors",
     "LeRobotDatasetError": "blobhouse.errors",
     "VideoFrameError": "blobhouse.errors",
@@ -162,12 +162,12 @@ _WHERE = {
     "VersionNotFoundError": "blobhouse.errors",
     "VersionRemovedError": "blobhouse.errors",
     "WriteOptions": "blobhouse.options",
-    "WrittenFile": "blobhouse.session",
+    "WrittenFile": "blobhouse.files.session",
     "blob_array": "blobhouse.values",
     "blob_field": "blobhouse.values",
-    "open_ref": "blobhouse.rangeio",
+    "open_ref": "blobhouse.files.ranges",
     "open_table": "blobhouse.table",
-    "read_ranges": "blobhouse.rangeio",
+    "read_ranges": "blobhouse.files.ranges",
     "write_table": "blobhouse.table",
 }
 

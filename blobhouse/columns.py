@@ -23,8 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
-from blobhouse.errors import ColumnNameError, InvalidInputError
-from blobhouse.settings import closest
+from blobhouse.errors import ColumnNameError, InvalidInputError, closest
 from blobhouse.values import ColumnPath, is_lance_blob_field, is_logical_blob_type, path_name
 
 #: Lance's row columns: a scan adds them when asked (``with_row_id``, ...), so a top-level column

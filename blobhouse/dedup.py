@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from blobhouse.columns import check_blob_column
 from blobhouse.errors import RefIdConflictError
-from blobhouse.kept_threads import KeptThreads
+from blobhouse.io.kept_threads import KeptThreads
 from blobhouse.settings import DEDUP_MODE
 
 DedupMode = Literal["content", "ref_id", "global", "off"]

@@ -7,10 +7,11 @@ and is raised before anything is committed, so the table stays at its previous v
 from __future__ import annotations
 
 import contextlib
+import difflib
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 
 class BlobhouseError(Exception):
@@ -450,3 +451,14 @@ def lance_io(uri: str, doing: str) -> Iterator[None]:
         if error is exc:
             raise
         raise error from exc
+
+
+def closest(name: str, valid: Iterable[str]) -> str | None:
+    """The valid name ``name`` most likely misspells, if any is close (what an error about an
+    unknown name suggests).
+
+    >>> closest("dedupe", ["dedup", "placement"])
+    'dedup'
+    """
+    found = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
+    return found[0] if found else None

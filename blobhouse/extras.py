@@ -4,7 +4,7 @@
 services); ``pip install "blobhouse[spark]"`` adds pyspark for :mod:`blobhouse.spark`,
 ``blobhouse ingest`` and ``blobhouse demo``; ``pip install "blobhouse[torch]"`` adds torch for
 :mod:`blobhouse.torch`; ``pip install "blobhouse[video]"`` adds PyAV for decoded video frames
-(:mod:`blobhouse.video`). :func:`require_spark`, :func:`require_torch` and :func:`require_av`
+(:mod:`blobhouse.read.video`). :func:`require_spark`, :func:`require_torch` and :func:`require_av`
 turn a missing (or too old) package into a :class:`~blobhouse.errors.MissingExtraError` that
 says so in one line.
 """

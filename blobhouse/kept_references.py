@@ -26,8 +26,8 @@ from lance.fragment import LanceFragment
 from blobhouse.cache import WeightedLRU
 from blobhouse.columns import lance_name
 from blobhouse.errors import BlobhouseError
+from blobhouse.files.references import ResolvedRows
 from blobhouse.placement import MiB
-from blobhouse.references import ResolvedRows
 from blobhouse.values import ROW_ADDRESS, ColumnPath, get_column
 
 #: resolved rows kept per blob column of a table version (~40 bytes a row: 1.6 M rows)

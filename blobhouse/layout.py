@@ -1,9 +1,15 @@
-"""Where a table lives: its root, its branches, and the base paths its manifests record.
+"""Where a table lives (its root, its branches, the base paths its manifests record) and the
+name of every file blobhouse writes or recognizes in it.
 
 A table is a tree of Lance datasets: main at the root, each branch at ``<root>/tree/<name>``
 (Lance's layout), tags and branch records under ``<root>/_refs``. Everything blobhouse owns
 besides data files is shared by the whole tree and lives at the root: the store (``_blobs``),
 write leases (``_leases``).
+
+Every name is decided here, once, for the writers that make the files, gc that removes them and
+verify that checks them (PyIceberg's ``LocationProvider``): data files and their sidecars, store
+packs and tombstones, claims, leases, locks, owner markers, the managed-object registry, what a
+write stages before it commits and so what a failed create leaves.
 
 Lance records base paths (the store, and a branch's parent datasets) as absolute URIs in each
 manifest, so a table copied or moved elsewhere still names its old place. :class:`BasePaths`
@@ -18,13 +24,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import uuid
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 from lance import LanceDataset
 
 from blobhouse.errors import InvalidInputError
-from blobhouse.storage import (
+from blobhouse.io.objects import (
     StorageOptions,
     is_local,
     long_name,
@@ -32,17 +39,55 @@ from blobhouse.storage import (
     read_object,
     uri_to_path,
 )
-from blobhouse.uris import as_uri, child_of, local_uri, normalize_uri
+from blobhouse.io.uris import as_uri, child_of, local_uri, normalize_uri
 
 TREE_DIR = "tree"
 VERSIONS_DIR = "_versions"  # Lance's manifests, one per version
 REFS_DIR = "_refs"
+DATA_DIR = "data"  # a dataset's data files (main's at the root, a branch's in tree/<name>)
+TRANSACTIONS_DIR = "_transactions"  # Lance's transaction files, one per commit
+# the directories of a dataset (main's root, or a branch's tree/<name>) Lance's cleanup lists
+LANCE_DIRS = (VERSIONS_DIR, TRANSACTIONS_DIR, DATA_DIR, "_indices", "_deletions")
 STORE_DIR = "_blobs"
 STORE_BASE_NAME = "blobhouse-store"  # a relocated store's base is named "<this>@<n>"
 TAGS_DIR = f"{REFS_DIR}/tags"  # Lance's tag records, one JSON file per tag
 # what Lance accepts as a branch name, and as a tag name
 BRANCH_NAME = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 TAG_NAME = re.compile(r"[\w-][\w.-]*")  # letters and digits of any script, as Lance's
+
+# -- the names blobhouse gives files --------------------------------------------------------------
+# Everything blobhouse owns besides data files lives at the root, shared by the whole tree.
+LEASES_DIR = "_leases"  # a running write's lease, one per write (blobhouse.commit.leases)
+LOCKS_DIR = f"{LEASES_DIR}/locks"  # short exclusive locks (blobhouse.commit.locks)
+PACKS_DIR = "packs"  # in STORE_DIR: payloads back to back, written once (blobhouse.store)
+TOMBSTONES_DIR = "tombstones"  # in STORE_DIR: retired packs, kept through gc's grace
+CLAIMS_DIR = "claims"  # in STORE_DIR: a Spark write's claims on new payloads (store.claims)
+# in the store index's folder, the filters of its data files (blobhouse.store.digest_filter): Lance
+# leaves folders of its own names alone
+INDEX_FILTERS_DIR = "_filters"
+MANAGED_DIR = "managed"  # in STORE_DIR: the managed-object registry (blobhouse.managed) ...
+REGISTRY_DIR = "registry"  # ... its records,
+UNREFERENCED_DIR = "unreferenced"  # ... objects no version references any more,
+DOOMED_DIR = "doomed"  # ... and those gc deletes at its next run
+OWNER_DIR = ".blobhouse-owner"  # next to managed objects: one owner marker per object
+PACKS = f"{STORE_DIR}/{PACKS_DIR}"  # (relative to the root)
+CLAIMS = f"{STORE_DIR}/{CLAIMS_DIR}"
+
+# the prefix of a transaction's files, "<kind>-<12 hex>-" (older blobhouse named them without the
+# kind): its write id, which names its lease too
+NAME_PREFIX_PATTERN = r"(?:[a-z]+-)?[0-9a-f]{12}-"
+WRITE_PREFIX = re.compile(NAME_PREFIX_PATTERN)
+# a data file's name in its data folder, and a pack's path in the store, as a write records them
+DATA_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\.lance")
+PACK_NAME = re.compile(r"packs/[A-Za-z0-9_-]+\.pack")
+# a pack's path as the index records it: the names blobhouse gives packs (a write's prefix and a
+# uuid), so nothing that could climb out of the store (``..``, an encoded ``%2e%2e`` or ``%2f``,
+# an absolute path, another bucket's URI)
+INDEX_PACK_PATH = re.compile(r"packs/[A-Za-z0-9_-][A-Za-z0-9._-]*\.pack")
+PACK_FILE = re.compile(r"[^/]+\.pack")  # a pack's name in PACKS_DIR (anything else: a user's)
+CLAIM_FILE = re.compile(r"[^/]+-claims/[^/]+")  # a claim's name in CLAIMS_DIR
+# the names blobhouse gives the files of the folders it owns (data folders: DATA_FOLDER_FILE)
+OWNED_FILE_NAMES = {PACKS: PACK_FILE, CLAIMS: CLAIM_FILE}
 # The names Lance and blobhouse give the files of a data folder (``data/``, a branch's
 # ``tree/<name>/data/``): data files, the blob sidecars in a folder named after one, an aborted
 # Spark write's marker, and the temporary files Lance's writers rename into those (``.tmp*``,
@@ -51,6 +96,160 @@ TAG_NAME = re.compile(r"[\w-][\w.-]*")  # letters and digits of any script, as L
 DATA_FOLDER_FILE = re.compile(
     r"(?:[^/]+\.lance|[^/]+/[^/]+\.blob)(?:#\d+)?|(?:[^/]+/)?\.tmp[^/]*|aborted-[^/]+"
 )
+
+
+def data_file_name(name_prefix: str) -> str:
+    """A new data file's name in its data folder: the write's prefix, then a random part.
+
+    >>> data_file_name("write-0123456789ab-").startswith("write-0123456789ab-")
+    True
+    """
+    return f"{name_prefix}{uuid.uuid4().hex}.lance"
+
+
+def sidecar_name(blob_id: int) -> str:
+    """Lance's sidecar file name: blob_id as 32 binary digits, least-significant bit first.
+
+    >>> sidecar_name(1)
+    '10000000000000000000000000000000.blob'
+    """
+    return format(blob_id, "032b")[::-1] + ".blob"
+
+
+def sidecar_path(data_file: str, blob_id: int) -> str:
+    """A sidecar's path next to ``data_file`` (a name or a path): in a folder named after it.
+
+    >>> sidecar_path("data/f.lance", 2)
+    'data/f/01000000000000000000000000000000.blob'
+    """
+    return f"{data_file.removesuffix('.lance')}/{sidecar_name(blob_id)}"
+
+
+def sidecar_folder(data_file: str) -> str:
+    """The folder of ``data_file``'s sidecars (a name, path or URI alike).
+
+    >>> sidecar_folder("data/f.lance")
+    'data/f'
+    """
+    return data_file.removesuffix(".lance")
+
+
+def data_file_of(sidecar: str) -> str:
+    """The data file a sidecar belongs to (:func:`sidecar_path` read back).
+
+    >>> data_file_of("data/f/01000000000000000000000000000000.blob")
+    'data/f.lance'
+    """
+    return sidecar.rsplit("/", 1)[0] + ".lance"
+
+
+_SIDECAR = re.compile(r"[01]{32}\.blob")
+
+
+def is_sidecar(path: str) -> bool:
+    """Whether ``path``'s last part is a sidecar's name (:func:`sidecar_name`)."""
+    return _SIDECAR.fullmatch(path.rsplit("/", 1)[-1]) is not None
+
+
+def is_sidecar_of(key: str, path: str) -> bool:
+    """Whether ``path`` is a sidecar name in the folder ``key`` (:func:`sidecar_folder`).
+
+    >>> is_sidecar_of("data/f", "data/f/" + sidecar_name(5)), is_sidecar_of("data/f", "data/f/x")
+    (True, False)
+    """
+    folder, _, name = path.rpartition("/")
+    return folder == key and _SIDECAR.fullmatch(name) is not None
+
+
+def blob_id_of(sidecar: str) -> int:
+    """The blob_id a sidecar's name says (:func:`sidecar_name` read back).
+
+    >>> blob_id_of("data/f/01000000000000000000000000000000.blob")
+    2
+    """
+    return int(sidecar.rsplit("/", 1)[-1].removesuffix(".blob")[::-1], 2)
+
+
+def pack_name(name_prefix: str) -> str:
+    """A new pack's path in the store, named after the write that stores it.
+
+    >>> pack_name("write-0123456789ab-").startswith("packs/write-0123456789ab-")
+    True
+    """
+    return f"{PACKS_DIR}/{name_prefix}{uuid.uuid4().hex}.pack"
+
+
+def claims_folder_name(write_id: str) -> str:
+    """The folder (in CLAIMS_DIR) of one Spark write's claims.
+
+    >>> claims_folder_name("write-0123456789ab")
+    'write-0123456789ab-claims'
+    """
+    return f"{write_id}-claims"
+
+
+def aborted_marker(name_prefix: str) -> str:
+    """The marker an aborted Spark write leaves in its data folder: its tasks still running see it
+    and remove their own files."""
+    return f"aborted-{name_prefix}"
+
+
+def owner_marker(uri: str) -> str:
+    """The owner marker of the managed object at ``uri``: in a folder next to it.
+
+    >>> owner_marker("s3://bucket/media/clip.mp4")
+    's3://bucket/media/.blobhouse-owner/clip.mp4.json'
+    """
+    folder, name = uri.rsplit("/", 1)
+    return f"{folder}/{OWNER_DIR}/{name}.json"
+
+
+# -- what a failed create leaves -------------------------------------------------------------------
+# One description for the write that checks where it creates a table (a failed create's leftovers
+# may stand there: prepare.check_target) and for gc, which removes them (clean_failed_create).
+WRITE_ID = rf"(?P<write>{NAME_PREFIX_PATTERN})"
+# what a write stages before its first commit, named after its write id (its lease's name): gc
+# removes these once that lease is gone
+STAGED_BY_A_WRITE = tuple(
+    re.compile(pattern)
+    for pattern in (
+        rf"{DATA_DIR}/{WRITE_ID}[0-9a-f]{{32}}\.lance",  # a data file
+        rf"{DATA_DIR}/{WRITE_ID}[0-9a-f]{{32}}/[01]{{32}}\.blob",  # its sidecars
+        rf"{DATA_DIR}/aborted-{WRITE_ID}",  # an aborted Spark write's marker
+        rf"{PACKS}/{WRITE_ID}[0-9a-f]{{32}}\.pack",  # store packs (dedup="global")
+        rf"{TRANSACTIONS_DIR}/0-[0-9a-f-]{{36}}\.txn",  # Lance's commit of the create, interrupted
+    )
+)
+LEASE_FILE = re.compile(rf"{LEASES_DIR}/{WRITE_ID}")
+# Lance's temporary files in a data folder (``.tmp*``; object_store's ``<data file>#<n>``): they
+# carry no write id, so gc cannot tell a live writer's from a dead one's and leaves them (Lance's
+# cleanup removes them); a create tolerates them
+LANCE_TEMPORARY = re.compile(
+    rf"(?:[^/]+/)?\.tmp[^/]*|{NAME_PREFIX_PATTERN}[0-9a-f]{{32}}\.lance#\d+"
+)
+# folders with Lance's and blobhouse's names, which no user's folder has by accident: a new table
+# may be made where they stand (data/ is not among them: a project's data/ is its own)
+FAILED_CREATE_DIRS = frozenset(
+    (VERSIONS_DIR, TRANSACTIONS_DIR, "_deletions", "_indices", REFS_DIR, STORE_DIR, LEASES_DIR)
+)
+# the directories a create makes, deepest first (gc removes them when empty)
+CREATE_DIRS = (DATA_DIR, PACKS, STORE_DIR, LEASES_DIR, TRANSACTIONS_DIR)
+
+
+def left_by_a_failed_create(path: str) -> bool:
+    """Whether ``path`` (relative to the root) is what a failed create may leave: in one of its
+    folders, or in data/ a file a write staged or Lance's temporary file.
+
+    >>> left_by_a_failed_create("data/write-0123456789ab-" + "0" * 32 + ".lance")
+    True
+    >>> left_by_a_failed_create("data/train.lance")
+    False
+    """
+    top, _, rest = path.partition("/")
+    if top in FAILED_CREATE_DIRS:
+        return True
+    staged = any(pattern.fullmatch(path) for pattern in STAGED_BY_A_WRITE)
+    return top == DATA_DIR and (staged or LANCE_TEMPORARY.fullmatch(rest) is not None)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ against its recorded hash; a few batches are read at once, each on a thread of i
 Nothing Lance owns crosses a fork or a pickle: the table is opened in the process that
 iterates, at the version pinned when the loader was made; a process forked after Lance had
 started reads through a fresh interpreter instead of calling Lance, whose reads crash at
-random there (:mod:`blobhouse.forks`).
+random there (:mod:`blobhouse.io.forks`).
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ import numpy as np
 import pyarrow as pa
 
 from blobhouse.errors import ForkedAfterLanceWarning, InvalidInputError, TableNotFoundError
-from blobhouse.forks import FreshProcess, forked_after_lance, in_fresh_process, lance_is_running
+from blobhouse.files.ranges import BlobRef, open_ref
+from blobhouse.io.forks import FreshProcess, forked_after_lance, in_fresh_process, lance_is_running
+from blobhouse.io.objects import check_answers, checked_options, is_local
 from blobhouse.layout import TableLocation
 from blobhouse.options import check_flag, check_int, keywords_checked
-from blobhouse.rangeio import BlobRef, open_ref
-from blobhouse.storage import check_answers, checked_options, is_local
+from blobhouse.read.video import MAX_FRAME_PIXELS, FrameLayout, VideoFrames
 
 # at import, not at the first open: a DataLoader's workers (forked, or from a forkserver that
 # preloads this module) then find it imported instead of each paying 0.07-0.2 s for it
 from blobhouse.table import Table, open_at
-from blobhouse.video import MAX_FRAME_PIXELS, FrameLayout, VideoFrames
 
 LoaderBlobs = Literal["bytes", "refs"]
 _Batch = TypeVar("_Batch")  # what a loader yields per batch: a RecordBatch or a list of rows
@@ -156,7 +156,7 @@ class BatchLoader:
     latest version when the loader is made, so every worker reads the same rows. Inside a
     torch DataLoader worker, ``worker_id`` and ``num_workers`` default to torch's.
 
-    ``frames`` names video columns to decode (:class:`~blobhouse.video.VideoFrames`: each row's
+    ``frames`` names video columns to decode (:class:`~blobhouse.read.video.VideoFrames`: each row's
     chunk becomes the ``uint8`` frame at its ``<column>_timestamp``, laid out as
     ``frame_layout``, ``"hwc"`` or ``"chw"``); each distinct chunk of a batch is read and decoded
     once, on the loader's reading threads, and checked against its recorded hash the first time
@@ -391,7 +391,7 @@ class PinnedRows:
 
     The ids a parent process needs before its workers start (``len()``) are computed in a
     fresh Python process while this one has not started Lance, so workers forked from it can
-    read (:mod:`blobhouse.forks`).
+    read (:mod:`blobhouse.io.forks`).
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import write_table
@@ -486,7 +486,7 @@ class PinnedRows:
 
 class TableInFreshProcess:
     """The pinned table of a process forked after Lance had started, read through a fresh
-    Python interpreter (:class:`~blobhouse.forks.FreshProcess`): what :class:`BatchLoader`
+    Python interpreter (:class:`~blobhouse.io.forks.FreshProcess`): what :class:`BatchLoader`
     and the torch datasets call, each call's result copied through a pipe."""
 
     def __init__(self, rows: PinnedRows) -> None:

@@ -10,9 +10,9 @@ Layout under the table root (one registry for the whole table, every branch incl
 
 A write decides which of its external URIs are managed (:class:`ManagedPolicy`: the row's
 ``managed`` flag, a managed base, or an object the table manages already) and carries them in
-its :class:`~blobhouse.session.WrittenFile` s to the commit. Right before the Lance commit they
-are checked (:func:`check_usable`), right after it recorded (:func:`register`): a write that
-never commits hands nothing over, and a crash between commit and record leaves the object
+its :class:`~blobhouse.files.session.WrittenFile` s to the commit. Right before the Lance
+commit they are checked (:func:`check_usable`), right after it recorded (:func:`register`): a
+write that never commits hands nothing over, and a crash between commit and record leaves the object
 unmanaged (a leak, never a wrong delete). Each managed object has one owning table, named by
 an owner marker next to it (:mod:`blobhouse.ownership`), made right before the commit too.
 gc's rules are :class:`Reclaim`; the argument is in docs/managed-objects.md.
@@ -31,11 +31,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from blobhouse.errors import ManagedObjectRaceError
-from blobhouse.layout import TableLocation, same_location, store_dir
-from blobhouse.leftovers import folder_leftovers, own_folder
-from blobhouse.ownership import Owner, read_owner, read_owners, release, take
-from blobhouse.placement import AllowedBases
-from blobhouse.storage import (
+from blobhouse.io.leftovers import folder_leftovers, own_folder
+from blobhouse.io.objects import (
     STAT_THREADS,
     StorageOptions,
     is_local,
@@ -43,12 +40,19 @@ from blobhouse.storage import (
     object_store,
     read_object,
 )
-from blobhouse.uris import as_uri
+from blobhouse.io.uris import as_uri
+from blobhouse.layout import (
+    DOOMED_DIR,
+    MANAGED_DIR,
+    REGISTRY_DIR,
+    UNREFERENCED_DIR,
+    TableLocation,
+    same_location,
+    store_dir,
+)
+from blobhouse.ownership import Owner, read_owner, read_owners, release, take
+from blobhouse.placement import AllowedBases
 
-MANAGED_DIR = "managed"
-REGISTRY_DIR = "registry"
-UNREFERENCED_DIR = "unreferenced"
-DOOMED_DIR = "doomed"
 FORMAT = 1
 COMPACT_FILES = 8  # more registry files than this and gc merges them into one
 
@@ -174,7 +178,7 @@ def register(
 ) -> None:
     """Record that a committed write (``name_prefix``) handed ``uris`` to the table whose
     committed schema is ``schema``. Only URIs under the bases that schema allows are recorded
-    (a hand-made :class:`~blobhouse.session.WrittenFile` cannot give gc anything else).
+    (a hand-made :class:`~blobhouse.files.session.WrittenFile` cannot give gc anything else).
 
     >>> import tempfile, os
     >>> from blobhouse.properties import TableProperties

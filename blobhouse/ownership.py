@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from blobhouse.errors import ExternalBlobError, ManagedObjectOwnedError, cleanup_after
-from blobhouse.layout import TableLocation, same_location
-from blobhouse.leftovers import (
+from blobhouse.io.leftovers import (
     EMPTY_SECONDS,
     Found,
     clear_command,
@@ -35,7 +34,7 @@ from blobhouse.leftovers import (
     found_at,
     own_folder,
 )
-from blobhouse.storage import (
+from blobhouse.io.objects import (
     NAME_MAX,
     STAT_THREADS,
     ObjectStore,
@@ -46,8 +45,8 @@ from blobhouse.storage import (
     put_new,
     read_object,
 )
+from blobhouse.layout import OWNER_DIR, TableLocation, owner_marker, same_location
 
-OWNER_DIR = ".blobhouse-owner"
 OWNER_FORMAT = 1
 _READ_ATTEMPTS = 12  # a marker read empty (being written) is read again for up to ~0.5 s
 T = TypeVar("T")
@@ -68,16 +67,6 @@ def marker_problem(uri: str) -> str | None:
         f"bytes long; a local file name holds at most {NAME_MAX} bytes: rename the object "
         f"({NAME_MAX - len('.json')} bytes at most) or reference it unmanaged"
     )
-
-
-def owner_marker(uri: str) -> str:
-    """Where the owner marker of the managed object at ``uri`` lives.
-
-    >>> owner_marker("s3://bucket/media/clip.mp4")
-    's3://bucket/media/.blobhouse-owner/clip.mp4.json'
-    """
-    folder, name = uri.rsplit("/", 1)
-    return f"{folder}/{OWNER_DIR}/{name}.json"
 
 
 @dataclass(frozen=True)
@@ -284,7 +273,7 @@ def _refusal(location: TableLocation, refused: dict[str, Owner]) -> str:
 
 def _stale(store, marker: str, found: Found) -> bool:
     """Whether ``found`` at an owner ``marker`` names no table for sure: not a file, or a
-    file still empty :data:`~blobhouse.leftovers.EMPTY_SECONDS` after it was made."""
+    file still empty :data:`~blobhouse.io.leftovers.EMPTY_SECONDS` after it was made."""
     if not found.is_object:
         return True
     return not found.body and found.age(store, marker) >= EMPTY_SECONDS

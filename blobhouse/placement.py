@@ -15,9 +15,9 @@ from dataclasses import dataclass, fields, replace
 import pyarrow as pa
 
 from blobhouse.errors import ExternalBlobError, InvalidInputError, InvalidSettingError
+from blobhouse.io.objects import long_name, object_store, uri_to_path
+from blobhouse.io.uris import is_root, is_under, normalize_uri
 from blobhouse.settings import SETTINGS, THRESHOLDS, check_names, damage_error, recorded_settings
-from blobhouse.storage import long_name, object_store, uri_to_path
-from blobhouse.uris import is_root, is_under, normalize_uri
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -49,6 +49,7 @@ from blobhouse.errors import (
     PropertyConflictError,
     TableMetadataError,
 )
+from blobhouse.io.objects import uri_to_path
 from blobhouse.options import DEFAULT_MAX_BYTES_PER_FILE, DEFAULT_MAX_ROWS_PER_FILE, WriteOptions
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
 from blobhouse.settings import (
@@ -61,7 +62,6 @@ from blobhouse.settings import (
     damage_error,
     recorded_settings,
 )
-from blobhouse.storage import uri_to_path
 from blobhouse.values import get_field, path_name, replace_field, stored_blob_columns
 
 if TYPE_CHECKING:

@@ -24,7 +24,6 @@ blobhouse.errors.InvalidSettingError: managed_bases must be a list of absolute d
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import numbers
@@ -42,8 +41,9 @@ from blobhouse.errors import (
     InvalidSettingError,
     TableMetadataError,
     UnknownOptionError,
+    closest,
 )
-from blobhouse.uris import base_uri, is_root, normalize_uri
+from blobhouse.io.uris import base_uri, is_root, normalize_uri
 
 #: the longest duration a setting takes (a century: retention and grace periods)
 MAX_DAYS = 36_500
@@ -58,12 +58,6 @@ _WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
 
 
 # -- names ---------------------------------------------------------------------------------
-
-
-def closest(name: str, valid: Iterable[str]) -> str | None:
-    """The valid name ``name`` most likely misspells, if any is close."""
-    found = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
-    return found[0] if found else None
 
 
 def unknown_option(name: str, valid: Collection[str], what: str) -> UnknownOptionError:
@@ -342,7 +336,7 @@ class ColumnNames(Setting):
 @dataclass(frozen=True)
 class Bases(Setting):
     """URI prefixes of external blobs: a list of URIs or paths (as text, comma separated),
-    kept normalized (:func:`~blobhouse.uris.normalize_uri`), each once, sorted. A relative path
+    kept normalized (:func:`~blobhouse.io.uris.normalize_uri`), each once, sorted. A relative path
     given is resolved against the working directory where it is given, and must name a folder
     there; one read back from a table must be absolute (it would mean another place in every
     process). ``managed``: gc deletes what the table owns under them, so none may be a

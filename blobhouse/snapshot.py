@@ -23,7 +23,7 @@ import contextlib
 import functools
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any, TypeVar
@@ -35,10 +35,7 @@ import pyarrow as pa
 from lance import LanceDataset
 from lance.fragment import DataFile
 
-from blobhouse.checksums import RecordedHashes
 from blobhouse.columns import check_blob_column, check_column_names, name_problem
-from blobhouse.console import version_spans
-from blobhouse.data_file_footer import MISSING, data_file_problem
 from blobhouse.errors import (
     BlobhouseError,
     ColumnNameError,
@@ -57,12 +54,10 @@ from blobhouse.errors import (
     lance_io,
     lance_message,
 )
-from blobhouse.kept_references import KeptReferences
-from blobhouse.layout import BasePaths, TableLocation
-from blobhouse.placement import AllowedBases
-from blobhouse.properties import TableProperties
-from blobhouse.references import ReferenceResolver, ResolvedRows, Unresolved, field_id
-from blobhouse.storage import (
+from blobhouse.files.checksums import RecordedHashes
+from blobhouse.files.footer import MISSING, data_file_problem
+from blobhouse.files.references import ReferenceResolver, ResolvedRows, Unresolved, field_id
+from blobhouse.io.objects import (
     MISSING_BUCKET,
     check_answers,
     checked_options,
@@ -70,6 +65,10 @@ from blobhouse.storage import (
     object_store,
     while_answering,
 )
+from blobhouse.kept_references import KeptReferences
+from blobhouse.layout import VERSIONS_DIR, BasePaths, TableLocation
+from blobhouse.placement import AllowedBases
+from blobhouse.properties import TableProperties
 from blobhouse.store.index import StoreIndex
 from blobhouse.store.packs import store_uri_prefix
 from blobhouse.values import ColumnPath, path_name, stored_blob_columns
@@ -238,7 +237,7 @@ class TableSnapshot:
         self, path: ColumnPath, descriptors: pa.Array, row_addresses: pa.Array
     ) -> ResolvedRows:
         """:meth:`resolve_refs` as the columns reads are planned from, with what finds each
-        row's recorded hash (:class:`~blobhouse.references.ResolvedRows`)."""
+        row's recorded hash (:class:`~blobhouse.files.references.ResolvedRows`)."""
         return self.resolver.resolve_rows(
             descriptors, row_addresses, self.field_id(path), path_name(path)
         )
@@ -277,7 +276,7 @@ class TableSnapshot:
     def damaged_data_files(self, every_version: bool = False) -> dict[str, str]:
         """This version's data files (with ``every_version``, those of every version of its
         branch: what stats and gc walk) that Lance cannot read -> why: missing, not the size
-        the manifest records, or a damaged footer (:func:`~blobhouse.data_file_footer.
+        the manifest records, or a damaged footer (:func:`~blobhouse.files.footer.
         data_file_problem`). Every file is checked, on a few threads: what a read that met
         damaged bytes runs to name the file."""
         files: dict[str, int | None] = {}
@@ -480,7 +479,7 @@ def path_problem(path: str) -> TableNotFoundError | None:
         return PathIsFileError(f"{path} is not a table: {in_the_way}; a table is a folder")
     if not os.path.exists(path):
         return PathNotFoundError(f"no table at {path}: no such file or folder")
-    if not os.path.isdir(os.path.join(path, "_versions")):
+    if not os.path.isdir(os.path.join(path, VERSIONS_DIR)):
         entries = sorted(os.listdir(path))
         what = "an empty folder" if not entries else f"a folder of {listing(entries)}"
         return NotATableError(f"{path} is not a table: it is {what} (no _versions/)")
@@ -542,7 +541,7 @@ def open_dataset(
     """The dataset at ``location`` (None: there is none); a store that does not answer, or
     fails, raises :class:`~blobhouse.errors.StoreError` saying what was being ``doing``."""
     path = location.dataset_path
-    if "://" not in path and not os.path.isdir(os.path.join(path, "_versions")):
+    if "://" not in path and not os.path.isdir(os.path.join(path, VERSIONS_DIR)):
         return None
     check_answers(path, storage_options, doing)
     try:
@@ -569,7 +568,7 @@ def lance_read(
     damaged: Callable[[], dict[str, str]] | None = None,
 ) -> R:
     """``read()``, a read by Lance of the table at ``uri``: its store's errors, and its silence
-    (:func:`~blobhouse.storage.while_answering`), raised as a StoreError naming the table;
+    (:func:`~blobhouse.io.objects.while_answering`), raised as a StoreError naming the table;
     damaged bytes in a file as a :class:`~blobhouse.errors.DataFileError` naming the data
     files ``damaged()`` finds."""
     with lance_io(uri, doing), damage_named(uri, doing, damaged):
@@ -638,7 +637,7 @@ def table_io(
     """A service of a table (its first argument: a snapshot or a Table) whose Lance I/O errors
     are raised as :class:`~blobhouse.errors.StoreError` naming the table and ``doing``; one
     that ``reads_only`` also fails once its store stops answering
-    (:func:`~blobhouse.storage.while_answering`: never a service that changes the table)."""
+    (:func:`~blobhouse.io.objects.while_answering`: never a service that changes the table)."""
 
     def decorate(service: Callable[..., R]) -> Callable[..., R]:
         @functools.wraps(service)
@@ -671,3 +670,18 @@ def _lance_names(lance_fields: Any) -> Iterator[str]:
     for lance_field in lance_fields:
         yield lance_field.name()
         yield from _lance_names(lance_field.children())
+
+
+def version_spans(versions: Iterable[int]) -> list[str]:
+    """Version numbers as runs of consecutive ones (a table may retain thousands).
+
+    >>> version_spans([7, 1, 2, 3, 9])
+    ['1-3', '7', '9']
+    """
+    spans: list[list[int]] = []
+    for v in sorted(versions):
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return [str(a) if a == b else f"{a}-{b}" for a, b in spans]

@@ -6,7 +6,6 @@ table's settings (the allowed external bases); stock Lance readers ignore it.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
@@ -29,7 +28,8 @@ from blobhouse.commit.transaction import (
 from blobhouse.errors import (
     BlobhouseError,
 )
-from blobhouse.layout import TableLocation
+from blobhouse.files.session import WrittenFile
+from blobhouse.layout import TableLocation, data_file_name
 from blobhouse.maintenance import compaction
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.table_maintenance import TableMaintenance
@@ -41,8 +41,7 @@ from blobhouse.options import (
     keywords_checked,
 )
 from blobhouse.properties import TableProperties
-from blobhouse.reads import BlobsMode, TableReader
-from blobhouse.session import WrittenFile
+from blobhouse.read.table_reader import BlobsMode, TableReader
 from blobhouse.snapshot import TableSnapshot, open_snapshot
 from blobhouse.write import WriteMode, add_data_file, begin_write, input_stream
 from blobhouse.write.prepare import relocate_store
@@ -603,7 +602,7 @@ class Table:
         return self._reader.open_blob(column, index)
 
     def add_data_file(self, written: WrittenFile) -> Table:
-        """Append a data file written by a :class:`~blobhouse.session.BlobSession` as a new
+        """Append a data file written by a :class:`~blobhouse.files.session.BlobSession` as a new
         fragment, in one transaction. The file must hold every column of the table.
 
         >>> import tempfile, pyarrow as pa
@@ -630,7 +629,7 @@ class Table:
 
     def data_file_path(self) -> str:
         """A fresh path for a data file of this table (for a :class:`BlobSession`)."""
-        return f"{self.location.data_dir}/{uuid.uuid4().hex}.lance"
+        return f"{self.location.data_dir}/{data_file_name('')}"
 
     @keywords_checked
     def backfill_blob_column(

@@ -14,7 +14,7 @@ the process that reads it, a DataLoader worker when there are workers. Neither s
 the process that makes the DataLoader (what it needs there is computed in a fresh process), so
 workers may fork; a worker forked after something else in the parent had used Lance reads
 through a fresh process, slower, and warns naming the way to full speed
-(``multiprocessing_context="forkserver"``, see :mod:`blobhouse.forks`).
+(``multiprocessing_context="forkserver"``, see :mod:`blobhouse.io.forks`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from blobhouse.loader import (  # noqa: E402
     read_row_dicts,
 )
 from blobhouse.options import check_flag, keywords_checked  # noqa: E402
-from blobhouse.video import MAX_FRAME_PIXELS, FrameLayout  # noqa: E402
+from blobhouse.read.video import MAX_FRAME_PIXELS, FrameLayout  # noqa: E402
 
 Row = dict[str, Any]
 

@@ -17,8 +17,9 @@ import numpy as np
 import pyarrow as pa
 
 from blobhouse import blob_array, open_table, write_table
-from blobhouse.session import BlobSession, sidecar_name
-from blobhouse.storage import uri_to_path
+from blobhouse.files.session import BlobSession
+from blobhouse.io.objects import uri_to_path
+from blobhouse.layout import sidecar_name
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent  # the repository

@@ -25,9 +25,9 @@ from blobhouse.columns import check_new_name, resolve_column
 from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
 from blobhouse.commit.transaction import Transaction, record_stored
 from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after
+from blobhouse.files.session import WrittenFile
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
 from blobhouse.properties import DEDUP_KEY, TableProperties
-from blobhouse.session import WrittenFile
 from blobhouse.store.packs import store_base_id
 from blobhouse.store.writer import StoreWriter
 from blobhouse.values import blob_array, get_field, is_lance_blob_field, stored_blob_columns

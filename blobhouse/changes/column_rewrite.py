@@ -34,11 +34,11 @@ from blobhouse.commit.transaction import (
     Transaction,
 )
 from blobhouse.errors import InvalidInputError, cleanup_after, is_lance_io_error, lance_message
+from blobhouse.files.references import leaf_field_ids
+from blobhouse.files.session import WrittenFile
 from blobhouse.options import WriteOptions
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
-from blobhouse.references import leaf_field_ids
-from blobhouse.session import WrittenFile
 from blobhouse.settings import DEDUP_MODE
 from blobhouse.store.packs import store_base_id
 from blobhouse.values import (

@@ -44,11 +44,11 @@ from blobhouse.commit.transaction import (
     Transaction,
     stage_deletion,
 )
-from blobhouse.errors import InvalidInputError, SchemaError
+from blobhouse.errors import InvalidInputError, SchemaError, closest
+from blobhouse.files.session import WrittenFile
 from blobhouse.options import WriteOptions
 from blobhouse.properties import TableProperties
-from blobhouse.session import WrittenFile
-from blobhouse.settings import SETTINGS, closest
+from blobhouse.settings import SETTINGS
 from blobhouse.values import (
     ROW_ADDRESS,
     is_lance_blob_field,

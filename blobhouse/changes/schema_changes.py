@@ -4,7 +4,7 @@ Each change is checked against the latest version of the table's branch before L
 so bad input (an unknown column, an expression that does not parse, a cast of a blob column)
 raises a :class:`~blobhouse.errors.SchemaError` naming the column and leaves the table as it
 was: no version, no file. Columns are identified by Lance field id, so a renamed blob column
-keeps its recorded hashes, placement settings and sharing (see :mod:`blobhouse.checksums`).
+keeps its recorded hashes, placement settings and sharing (see :mod:`blobhouse.files.checksums`).
 
 What each change costs (pylance 14.0.2, measured):
 
@@ -42,13 +42,13 @@ from blobhouse.errors import (
     lance_io,
     lance_message,
 )
+from blobhouse.files.references import field_id
+from blobhouse.io.objects import StorageOptions
 from blobhouse.layout import TableLocation
 from blobhouse.placement import AllowedBases, placement_metadata
 from blobhouse.properties import TableProperties, field_ids
-from blobhouse.references import field_id
 from blobhouse.settings import check_names
 from blobhouse.snapshot import TableSnapshot
-from blobhouse.storage import StorageOptions
 from blobhouse.values import (
     ColumnPath,
     find_blob_columns,

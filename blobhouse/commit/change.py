@@ -13,7 +13,7 @@ committed snapshot, so the caller moves to it without opening the table again.
 >>> import tempfile, pyarrow as pa
 >>> from lance import LanceOperation
 >>> from blobhouse import write_table
->>> from blobhouse.session import BlobSession
+>>> from blobhouse.files.session import BlobSession
 >>> table = write_table(pa.table({"id": [1]}), tempfile.mkdtemp() + "/t")
 >>> class AppendOne(BaseChange):
 ...     def plan(self, snapshot):
@@ -54,7 +54,7 @@ from blobhouse.errors import (
     is_damaged_file_error,
     lance_io,
 )
-from blobhouse.session import WrittenFile
+from blobhouse.files.session import WrittenFile
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import TableSnapshot, damage_named, damaged_file_error
 

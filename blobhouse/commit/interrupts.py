@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -65,3 +66,13 @@ class HeldInterrupts:
         interrupt = KeyboardInterrupt()
         interrupt.add_note(self._note)
         raise interrupt
+
+
+_INTERRUPT_HOOKS: list[Callable[[], None]] = []
+
+
+def when_interrupted(hook: Callable[[], None]) -> Callable[[], None]:
+    """Call ``hook`` as soon as Ctrl-C stops a Spark job, before the jobs are cancelled (the
+    command line mutes Spark's output there); returns a function that unregisters it."""
+    _INTERRUPT_HOOKS.append(hook)
+    return lambda: _INTERRUPT_HOOKS.remove(hook) if hook in _INTERRUPT_HOOKS else None

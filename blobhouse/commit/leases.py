@@ -23,12 +23,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from blobhouse.leftovers import Found, found_at, listed, make_way, own_folder
-from blobhouse.storage import ObjectStore, StorageOptions, is_local, object_store, read_object
-from blobhouse.uris import as_uri
+from blobhouse.io.leftovers import Found, found_at, listed, make_way, own_folder
+from blobhouse.io.objects import ObjectStore, StorageOptions, is_local, object_store, read_object
+from blobhouse.io.uris import as_uri
+from blobhouse.layout import LEASES_DIR, LOCKS_DIR
 
-LEASES_DIR = "_leases"
-LOCKS = "locks"  # the folder of the table's locks (blobhouse.commit.locks), inside LEASES_DIR
 REFRESH_SECONDS = 2.0
 TIMEOUT_SECONDS = 30.0
 
@@ -173,7 +172,8 @@ def leftover_leases(
     stale = []
     for name in listed(store, root):
         found = found_at(store, f"{root}/{name}")
-        if found is not None and found.kind in ("directory", "special") and name != LOCKS:
+        locks = name == LOCKS_DIR.removeprefix(f"{LEASES_DIR}/")  # (the locks' own folder)
+        if found is not None and found.kind in ("directory", "special") and not locks:
             stale.append((f"{root}/{name}", found))
     return stale
 

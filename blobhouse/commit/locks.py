@@ -5,15 +5,15 @@ Lance's optimistic commits cannot serialize every step blobhouse needs: a merge 
 keys must check that no concurrent merge inserted the same keys *and* commit, with nobody
 committing in between, and Lance rebases one append over another silently. So such a step runs
 under a lock: ``_leases/locks/<name>``, created exclusively (``O_EXCL`` locally, a conditional
-PUT on S3: :meth:`~blobhouse.storage.ObjectStore.create`), holding a random token.
+PUT on S3: :meth:`~blobhouse.io.objects.ObjectStore.create`), holding a random token.
 
 - a waiter retries the create with backoff (jittered, up to :data:`MAX_DELAY_SECONDS` apart);
 - the holder touches the lock every :data:`~blobhouse.commit.leases.REFRESH_SECONDS`; a lock nobody
   touched for :data:`EXPIRY_SECONDS` (its holder was killed) is broken by a waiter, so a dead
   holder blocks the others for that long at most. What no live holder leaves at the lock's
   path -- a directory, a symbolic link, garbage instead of a token, a file still empty
-  :data:`~blobhouse.leftovers.EMPTY_SECONDS` after its create -- is broken at once
-  (:mod:`blobhouse.leftovers`), or named with the command that clears it when it cannot be
+  :data:`~blobhouse.io.leftovers.EMPTY_SECONDS` after its create -- is broken at once
+  (:mod:`blobhouse.io.leftovers`), or named with the command that clears it when it cannot be
   removed. Breaking is itself exclusive (a marker named after what was found, created
   exclusively) and deletes the lock only if it is still what was found stale: two waiters
   never break a live holder's lock;
@@ -35,8 +35,8 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from blobhouse.commit.leases import LEASES_DIR, LOCKS, TIMEOUT_SECONDS, touching
-from blobhouse.leftovers import (
+from blobhouse.commit.leases import TIMEOUT_SECONDS, touching
+from blobhouse.io.leftovers import (
     BREAK,
     EMPTY_SECONDS,
     Found,
@@ -45,10 +45,10 @@ from blobhouse.leftovers import (
     listed,
     own_folder,
 )
-from blobhouse.storage import ObjectStore, StorageOptions, object_store, put_new
-from blobhouse.uris import as_uri
+from blobhouse.io.objects import ObjectStore, StorageOptions, object_store, put_new
+from blobhouse.io.uris import as_uri
+from blobhouse.layout import LOCKS_DIR
 
-LOCKS_DIR = f"{LEASES_DIR}/{LOCKS}"
 #: a lock untouched for this long belongs to a holder that died: waiters break it (a holder
 #: touches it every :data:`~blobhouse.commit.leases.REFRESH_SECONDS`, as a write its lease)
 EXPIRY_SECONDS = TIMEOUT_SECONDS

@@ -29,7 +29,7 @@ and hands them to :meth:`Transaction.abort`, which removes exactly those files.
 >>> import tempfile, pyarrow as pa, lance
 >>> from lance import LanceOperation
 >>> from blobhouse import open_table, write_table
->>> from blobhouse.session import BlobSession
+>>> from blobhouse.files.session import BlobSession
 >>> table = write_table(pa.table({"id": [1]}), tempfile.mkdtemp() + "/t")
 >>> txn = Transaction.start(table.location, table.version, kind="example")
 >>> session = BlobSession(f"{table.location.data_dir}/{txn.name_prefix}0.lance")
@@ -68,13 +68,20 @@ from blobhouse.errors import (
     cleanup_after,
     lance_message,
 )
-from blobhouse.layout import STORE_DIR, TableLocation, branch_data_dir
+from blobhouse.files.references import file_path
+from blobhouse.files.session import BlobSession, WrittenFile
+from blobhouse.io.objects import LANCE_IO_ERRORS, StorageOptions, object_store
+from blobhouse.io.uris import as_uri
+from blobhouse.layout import (
+    STORE_DIR,
+    TableLocation,
+    aborted_marker,
+    branch_data_dir,
+    sidecar_folder,
+)
 from blobhouse.managed import Registry, check_usable, register
 from blobhouse.options import CommitOptions
 from blobhouse.ownership import claim, release
-from blobhouse.references import file_path
-from blobhouse.session import BlobSession, WrittenFile
-from blobhouse.storage import LANCE_IO_ERRORS, StorageOptions, object_store
 from blobhouse.store.claims import adopt, remove_claims
 from blobhouse.store.index import append_to_index
 from blobhouse.store.packs import (
@@ -84,12 +91,9 @@ from blobhouse.store.packs import (
     remove_packs,
     remove_staged_packs,
 )
-from blobhouse.uris import as_uri
 
 T = TypeVar("T")
 DEFAULT_RETRIES = CommitOptions.retries
-# the prefix of a transaction's files (older blobhouse named them without the kind)
-NAME_PREFIX_PATTERN = r"(?:[a-z]+-)?[0-9a-f]{12}-"
 Operation = Callable[[], LanceOperation.BaseOperation]
 #: how many of the keys that two merges inserted an error names
 SHOWN_KEYS = 3
@@ -374,7 +378,7 @@ class Transaction:
 
     def _marker_uri(self) -> str:
         # outside the prefix: sweeps of the prefix keep it; gc removes it with the leftovers
-        return as_uri(f"{self.location.data_dir}/aborted-{self.name_prefix}")
+        return as_uri(f"{self.location.data_dir}/{aborted_marker(self.name_prefix)}")
 
 
 def _adopted(written: Sequence[WrittenFile]) -> list[StoredPayload]:
@@ -654,7 +658,7 @@ def remove_staged(
         with contextlib.suppress(*LANCE_IO_ERRORS):
             files.delete_file(path)
     if "://" not in data_dir:
-        for key in {p.split("/", 1)[0].removesuffix(".lance") for p in staged}:
+        for key in {sidecar_folder(p.split("/", 1)[0]) for p in staged}:
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.join(data_dir, key))
 

@@ -29,12 +29,12 @@ from blobhouse.errors import (
     TableExistsError,
     cleanup_after,
 )
+from blobhouse.io.objects import StorageOptions, checked_options
 from blobhouse.layout import TableLocation
-from blobhouse.lerobot.layout import ChunkRef, LeRobotSource, VideoFile, column_name
+from blobhouse.lerobot.source import ChunkRef, LeRobotSource, VideoFile, column_name
 from blobhouse.options import WriteOptions
 from blobhouse.placement import Placement
 from blobhouse.snapshot import TableSnapshot, open_dataset, open_snapshot
-from blobhouse.storage import StorageOptions, checked_options
 from blobhouse.store.packs import StoredPayload, store_uri_prefix
 from blobhouse.store.writer import StoreWriter
 from blobhouse.table import Table

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from blobhouse.extras import require_av
-from blobhouse.video import encode_video
+from blobhouse.read.video import encode_video
 
 CAMERA = "observation.images.cam"
 STATE_DIM = 6

@@ -20,7 +20,7 @@ import numpy as np
 
 from blobhouse.errors import LeRobotDatasetError, VideoFrameError
 from blobhouse.extras import require_av
-from blobhouse.video import TOLERANCE_S, check_frames, seconds
+from blobhouse.read.video import TOLERANCE_S, check_frames, seconds
 
 #: how much longer than one frame (1 / fps) a step between two frames of the file may be
 #: before the frames between are missing: half a frame, far above a container's rounding
@@ -56,7 +56,7 @@ class VideoCheck:
 
         >>> import tempfile
         >>> from pathlib import Path
-        >>> from blobhouse.video import encode_test_video
+        >>> from blobhouse.read.video import encode_test_video
         >>> path = Path(tempfile.mkdtemp()) / "cam.mp4"
         >>> _ = path.write_bytes(encode_test_video(frames=10, fps=30, size=(16, 16)))
         >>> VideoCheck(path, "cam", 30.0, (16, 16)).check([Segment(0, 0.0, 9 / 30)])

@@ -25,7 +25,6 @@ from lance import LanceDataset, LanceOperation
 from lance.optimize import Compaction, RewriteResult
 from pyroaring import BitMap64
 
-from blobhouse.checksums import written_by_blobhouse
 from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
 from blobhouse.commit.transaction import (
     DEFAULT_RETRIES,
@@ -34,15 +33,17 @@ from blobhouse.commit.transaction import (
     lance_commit,
 )
 from blobhouse.errors import InvalidInputError
+from blobhouse.files.checksums import written_by_blobhouse
+from blobhouse.files.references import leaf_field_ids
+from blobhouse.files.session import WrittenFile
+from blobhouse.io.objects import object_store
+from blobhouse.layout import sidecar_folder
 from blobhouse.maintenance.reports import CompactionReport
 from blobhouse.maintenance.versions import Progress, fragment_references
 from blobhouse.options import CommitOptions, CompactionTargets
 from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.properties import TableProperties
-from blobhouse.references import leaf_field_ids
-from blobhouse.session import WrittenFile
 from blobhouse.snapshot import snapshot_of
-from blobhouse.storage import object_store
 from blobhouse.store.packs import retire_packs, store_base_id, store_uri_prefix
 from blobhouse.values import (
     ROW_ADDRESS,
@@ -614,5 +615,5 @@ def _fragment_bytes(table: TableSnapshot, metadata) -> int:
     for data_file in metadata.files:
         uri = table.data_file_uri(data_file)
         total += store.size(uri) or 0
-        total += sum(info.size for info in store.list(uri.removesuffix(".lance")))
+        total += sum(info.size for info in store.list(sidecar_folder(uri)))
     return total

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 import warnings
 from collections.abc import Callable, Container, Iterable, Iterator
@@ -28,23 +27,41 @@ import lance
 import pyarrow as pa
 
 from blobhouse.commit import leases, locks
-from blobhouse.commit.transaction import NAME_PREFIX_PATTERN
 from blobhouse.errors import (
     BlobhouseError,
     LeftoverError,
     StoreIndexError,
     TableNotFoundError,
 )
+from blobhouse.io.leftovers import BREAK, Found, clear_once, folder_leftovers
+from blobhouse.io.objects import (
+    ObjectInfo,
+    StorageOptions,
+    is_local,
+    object_store,
+    uri_to_path,
+)
+from blobhouse.io.uris import as_uri
 from blobhouse.layout import (
+    CLAIMS,
+    CREATE_DIRS,
     DATA_FOLDER_FILE,
+    LANCE_DIRS,
+    LEASE_FILE,
+    LEASES_DIR,
+    LOCKS_DIR,
+    OWNED_FILE_NAMES,
+    PACKS,
+    STAGED_BY_A_WRITE,
     STORE_DIR,
     TREE_DIR,
     VERSIONS_DIR,
+    WRITE_PREFIX,
     TableLocation,
     branch_data_dir,
     manifest_version,
+    sidecar_folder,
 )
-from blobhouse.leftovers import BREAK, Found, clear_once, folder_leftovers
 from blobhouse.maintenance.reports import (
     FailedCreateReport,
     GcReport,
@@ -73,31 +90,18 @@ from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import damaged_file_error, open_snapshot, snapshot_of, table_io
-from blobhouse.storage import (
-    ObjectInfo,
-    StorageOptions,
-    is_local,
-    object_store,
-    uri_to_path,
-)
-from blobhouse.store.claims import CLAIM_FILE, CLAIMS_DIR
 from blobhouse.store.index import indexed_packs, maintain_index
 from blobhouse.store.packs import (
-    PACK_FILE,
-    PACKS_DIR,
     forget_tombstone,
     index_uri,
     retire_packs,
     retired_packs,
 )
-from blobhouse.uris import as_uri
 
 if TYPE_CHECKING:
     from blobhouse.snapshot import TableSnapshot
 
 DEFAULT_GRACE = timedelta(hours=24)
-_PACKS = f"{STORE_DIR}/{PACKS_DIR}"
-_CLAIMS = f"{STORE_DIR}/{CLAIMS_DIR}"
 
 
 def referenced_paths(
@@ -125,8 +129,8 @@ def referenced_paths(
         missing = [uri for uri in state.data_files if store.size(uri) is None]
         if not missing:
             raise
-        referenced |= {f"{uri.removeprefix(prefix).removesuffix('.lance')}/" for uri in missing} | {
-            f"{_PACKS}/"
+        referenced |= {f"{sidecar_folder(uri.removeprefix(prefix))}/" for uri in missing} | {
+            f"{PACKS}/"
         }
     return referenced
 
@@ -144,7 +148,7 @@ def _unjudged(unresolved: Iterable[tuple[int, str, str]], prefix: str) -> set[st
     for _, uri, _ in unresolved:
         kept.add(f"{UNRESOLVED}{uri}")
         if "://" not in uri and not uri.startswith("/"):
-            kept.add(f"{_PACKS}/")
+            kept.add(f"{PACKS}/")
             continue
         absolute = as_uri(uri)
         kept |= {uri, absolute}
@@ -191,7 +195,7 @@ def unreadable_marks(graph: VersionGraph) -> set[str]:
     """What branches that cannot be read keep: their directory and the whole store."""
     if not graph.unreadable:
         return set()
-    return {f"{TREE_DIR}/{name}/" for name, _ in graph.unreadable} | {f"{_PACKS}/"}
+    return {f"{TREE_DIR}/{name}/" for name, _ in graph.unreadable} | {f"{PACKS}/"}
 
 
 class Marked:
@@ -385,7 +389,7 @@ def gc(
     blocked = {uri for uri, _ in folders}  # a dry run lists nothing through them
     stale = _stale_leftovers(table, blocked)
     if dry_run:
-        expired = 0 if _in_blocked(table, leases.LEASES_DIR, blocked) else sweep.expired_leases()
+        expired = 0 if _in_blocked(table, LEASES_DIR, blocked) else sweep.expired_leases()
         done = _SweepDone(_IndexCleanup.explained(table, index_keep), expired)
         cleared = len(stale) + len(folders)
     else:
@@ -481,8 +485,8 @@ def _marked_after_cleanup(
 
 #: the table's own folders, which blobhouse creates small objects in, lists and clears
 OWN_FOLDERS = (
-    locks.LOCKS_DIR,  # in leases.LEASES_DIR
-    _CLAIMS,
+    LOCKS_DIR,  # in LEASES_DIR
+    CLAIMS,
     *(f"{STORE_DIR}/{MANAGED_DIR}/{sub}" for sub in (REGISTRY_DIR, UNREFERENCED_DIR, DOOMED_DIR)),
 )
 
@@ -511,7 +515,7 @@ def _stale_leftovers(table: TableSnapshot, blocked: set[str]) -> list[tuple[str,
     stale = []
     if not _in_blocked(table, locks.LOCKS_DIR, blocked):
         stale += locks.stale_locks(root, options)
-    if not _in_blocked(table, leases.LEASES_DIR, blocked):
+    if not _in_blocked(table, LEASES_DIR, blocked):
         stale += leases.leftover_leases(root, options)
     return stale
 
@@ -644,10 +648,6 @@ class _Sweep:
         }
 
 
-# the directories of a dataset (main's root, or a branch's tree/<name>) Lance's cleanup lists
-_LANCE_DIRS = (VERSIONS_DIR, "_transactions", "data", "_indices", "_deletions")
-
-
 @dataclass(frozen=True)
 class VersionCleanup:
     """What Lance's cleanup of one branch's old versions removes (or would remove): the
@@ -716,7 +716,7 @@ def lance_files(table: TableSnapshot) -> dict[str, int]:
     store = object_store(table.uri, table.storage_options)
     within = _dataset_prefix(table)
     found = {}
-    for directory in _LANCE_DIRS:
+    for directory in LANCE_DIRS:
         for info in store.list(f"{table.uri}/{within}{directory}"):
             found[f"{within}{directory}/{info.name}"] = info.size
     return found
@@ -745,7 +745,7 @@ def _relative_to_root(path: str, root: str, within: str) -> str:
         return path[len(key) + 1 :]
     # spelled another way (a bucket in front, a symlink resolved): from the last of the
     # dataset's own directories on
-    starts = [path.rfind(f"/{within}{d}/") for d in _LANCE_DIRS]
+    starts = [path.rfind(f"/{within}{d}/") for d in LANCE_DIRS]
     start = max(starts)
     if start < 0:
         raise BlobhouseError(f"Lance named a file outside the table {root}: {path}")
@@ -848,21 +848,7 @@ def gc_at(
     )
 
 
-# what a write stages before its first commit, named after its write id (its lease's name)
-_WRITE_ID = rf"(?P<write>{NAME_PREFIX_PATTERN})"
-_STAGED = tuple(
-    re.compile(pattern)
-    for pattern in (
-        rf"data/{_WRITE_ID}[0-9a-f]{{32}}\.lance",  # a data file
-        rf"data/{_WRITE_ID}[0-9a-f]{{32}}/[01]{{32}}\.blob",  # its sidecars
-        rf"data/aborted-{_WRITE_ID}",  # an aborted Spark write's marker
-        rf"{_PACKS}/{_WRITE_ID}[0-9a-f]{{32}}\.pack",  # store packs (dedup="global")
-        r"_transactions/0-[0-9a-f-]{36}\.txn",  # Lance's commit of the create, interrupted
-    )
-)
-_LEASE = re.compile(rf"{leases.LEASES_DIR}/{_WRITE_ID}")
-# the directories a create makes, deepest first (removed when empty)
-_CREATE_DIRS = ("data", _PACKS, STORE_DIR, leases.LEASES_DIR, "_transactions")
+# what a failed create leaves: layout.STAGED_BY_A_WRITE, LEASE_FILE, CREATE_DIRS
 
 
 def clean_failed_create(
@@ -903,7 +889,7 @@ def clean_failed_create(
     root = location.root_uri
     store = object_store(root, storage_options)
     listed = {info.name: info for info in store.list(root)}
-    if any(name.startswith("_versions/") for name in listed):
+    if any(name.startswith(f"{VERSIONS_DIR}/") for name in listed):
         raise BlobhouseError(
             f"{location.root} holds a Lance dataset (_versions/), not only the leftovers of a "
             "failed create: open it as a table (blobhouse gc runs on tables); nothing removed"
@@ -912,8 +898,8 @@ def clean_failed_create(
     held: dict[str, str] = {}  # lease -> its write
     foreign = []
     for name in sorted(listed):
-        lease = _LEASE.fullmatch(name)
-        found = lease or next((m for p in _STAGED if (m := p.fullmatch(name))), None)
+        lease = LEASE_FILE.fullmatch(name)
+        found = lease or next((m for p in STAGED_BY_A_WRITE if (m := p.fullmatch(name))), None)
         if lease:
             held[name] = lease["write"]
         elif found:
@@ -962,7 +948,7 @@ def clean_failed_create(
 def _remove_create_dirs(root: str) -> None:
     """Remove the directories a create made once they are empty, and then the folder itself
     if nothing is left in it (as the create's own cleanup does)."""
-    for directory in _CREATE_DIRS:
+    for directory in CREATE_DIRS:
         path = os.path.join(root, *directory.split("/"))
         if os.path.isdir(path) and not os.path.islink(path):
             _remove_empty_dirs(path)
@@ -1006,17 +992,13 @@ def owned_dirs(table: TableSnapshot) -> list[str]:
     branch's ``data/``, the store's packs, and the claims of Spark writes (blobhouse.store.claims:
     named with their write's prefix, kept while it runs, swept once it died)."""
     branches = [branch_data_dir(b) for b in sorted(table.branches())]
-    return ["data", *branches, _PACKS, _CLAIMS]
-
-
-# the names Lance and blobhouse give the files of each owned directory (data folders: the rest)
-_TABLE_FILE_NAMES = {_PACKS: PACK_FILE, _CLAIMS: CLAIM_FILE}
+    return ["data", *branches, PACKS, CLAIMS]
 
 
 def _made_by_the_table(owned: str, name: str) -> bool:
     """Whether ``name``, a file in the owned directory ``owned``, has a name Lance or blobhouse
     gives (the rest are a user's: never swept)."""
-    return _TABLE_FILE_NAMES.get(owned, DATA_FOLDER_FILE).fullmatch(name) is not None
+    return OWNED_FILE_NAMES.get(owned, DATA_FOLDER_FILE).fullmatch(name) is not None
 
 
 class _TableFiles:
@@ -1033,7 +1015,7 @@ class _TableFiles:
         self.foreign: list[str] = []
         gone = set(without)  # removed already (a dry run: what Lance's cleanup would remove)
         for owned in self.dirs:
-            if owned == _CLAIMS and folder_leftovers(self.store, self.root, owned):
+            if owned == CLAIMS and folder_leftovers(self.store, self.root, owned):
                 continue  # a link or file where the claims belong: gc clears it, never lists it
             if self.local:
                 _refuse_symlinked(uri_to_path(self.root), owned)
@@ -1082,11 +1064,11 @@ class _StorePacks:
             packs = indexed_packs(self.table_path, self.options)
         except StoreIndexError as exc:  # which packs writers may take cannot be told: keep all
             self.unreadable_index = str(exc)
-            packs = {p.removeprefix(f"{STORE_DIR}/") for p in owned.objects if p.startswith(_PACKS)}
+            packs = {p.removeprefix(f"{STORE_DIR}/") for p in owned.objects if p.startswith(PACKS)}
         tombstones = retired_packs(self.table_path, self.options)
         # retired packs: only the rules below ever delete them
         self.tombstoned = {f"{STORE_DIR}/{p}" for p in tombstones}
-        if marked.keeps_whole(f"{_PACKS}/") or self.unreadable_index:  # retire, reap nothing
+        if marked.keeps_whole(f"{PACKS}/") or self.unreadable_index:  # retire, reap nothing
             self.indexed = {f"{STORE_DIR}/{p}" for p in packs}
             self.unreferenced_indexed, self.retire, self.resurrect, self.reap = [], [], [], []
             self.waiting = sorted(p for p in tombstones if f"{STORE_DIR}/{p}" in owned.objects)
@@ -1129,12 +1111,9 @@ class _StorePacks:
         return info.mtime if info is not None else float("inf")
 
 
-_WRITE_PREFIX = re.compile(NAME_PREFIX_PATTERN)
-
-
 def _prefixed(path: str) -> bool:
     """Whether ``path`` (relative to its owned directory) is named after a blobhouse write."""
-    return _WRITE_PREFIX.match(path.split("/", 1)[0]) is not None
+    return WRITE_PREFIX.match(path.split("/", 1)[0]) is not None
 
 
 def _staged_by(path: str, prefixes: set[str]) -> bool:

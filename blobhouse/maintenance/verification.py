@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from blobhouse.data_file_footer import data_file_problem
 from blobhouse.dedup import content_hash
 from blobhouse.errors import (
     BlobReadError,
@@ -23,6 +22,10 @@ from blobhouse.errors import (
     is_damaged_file_error,
     lance_message,
 )
+from blobhouse.files.footer import data_file_problem
+from blobhouse.files.ranges import BlobRef, RefColumns, read_ranges, refs_from_arrow
+from blobhouse.files.references import ResolvedRows
+from blobhouse.io.objects import StorageOptions, object_store
 from blobhouse.maintenance.reports import VerifyReport
 from blobhouse.maintenance.versions import (
     FragmentState,
@@ -35,11 +38,8 @@ from blobhouse.maintenance.versions import (
 )
 from blobhouse.managed import Registry
 from blobhouse.placement import MiB
-from blobhouse.rangeio import BlobRef, RefColumns, read_ranges, refs_from_arrow
-from blobhouse.references import ResolvedRows
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import snapshot_of, table_io
-from blobhouse.storage import StorageOptions, object_store
 from blobhouse.store.checks import damaged_entries
 from blobhouse.store.packs import index_uri, store_uri_prefix
 

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from blobhouse.errors import BlobhouseError
-from blobhouse.references import Unresolved, file_path
+from blobhouse.files.references import Unresolved, file_path
 from blobhouse.snapshot import snapshot_of
 from blobhouse.values import ROW_ADDRESS, get_column, path_name, stored_blob_columns
 

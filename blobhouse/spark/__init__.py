@@ -48,11 +48,12 @@ from blobhouse.changes.backfill import (
 from blobhouse.columns import check_column_names
 from blobhouse.commit.transaction import Transaction, record_stored
 from blobhouse.dedup import mode_of
-from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after
+from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after, closest
+from blobhouse.io.objects import checked_options
 from blobhouse.layout import TableLocation
 from blobhouse.options import WriteOptions
 from blobhouse.properties import TableProperties
-from blobhouse.settings import SETTINGS, closest
+from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import open_dataset, open_snapshot
 from blobhouse.spark.datasource import (
     WRITE_OPTIONS,
@@ -66,7 +67,6 @@ from blobhouse.spark.jobs import compact, gc, run_tasks, verify
 from blobhouse.spark.lerobot import ingest_lerobot
 from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.spark.mutations import merge_insert, update
-from blobhouse.storage import checked_options
 from blobhouse.write.prepare import kept_properties
 
 __all__ = [

@@ -47,13 +47,13 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from blobhouse.errors import InvalidInputError, SchemaError, TableNotFoundError
+from blobhouse.files.ranges import REF_FIELDS, is_reference
+from blobhouse.io.objects import checked_options
+from blobhouse.io.storage_options import is_secret
 from blobhouse.layout import TableLocation
 from blobhouse.options import WriteOptions
-from blobhouse.rangeio import REF_FIELDS, is_reference
 from blobhouse.settings import SETTINGS, THRESHOLDS, check_names
 from blobhouse.spark.catalog import parse_columns, table_options, with_table_options
-from blobhouse.storage import checked_options
-from blobhouse.storage_options import is_secret
 from blobhouse.table import open_at, write_table
 from blobhouse.values import path_name, stored_blob_columns
 from blobhouse.write import WriteAttempt, begin_write
@@ -157,7 +157,7 @@ class BlobhouseDataSource(DataSource):
     ``max_bytes_per_file``, ``allowed_bases`` and ``managed_bases`` (comma separated).
 
     Both: ``storage.<name>``, the storage options of the table's store (``storage.aws_endpoint``,
-    ``storage.aws_region``, ...; see :func:`blobhouse.storage.checked_options`).
+    ``storage.aws_region``, ...; see :func:`blobhouse.io.objects.checked_options`).
 
     Both: ``branch``, a branch of the table (made with Lance's ``create_branch``).
 

@@ -23,8 +23,7 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 from blobhouse.columns import resolve_column
 from blobhouse.dedup import DIGEST_BYTES, content_hash
 from blobhouse.errors import InvalidInputError
-from blobhouse.options import check_flag
-from blobhouse.rangeio import (
+from blobhouse.files.ranges import (
     MAX_READ_BYTES,
     BlobRef,
     Verify,
@@ -32,7 +31,8 @@ from blobhouse.rangeio import (
     payload_mismatch,
     read_ranges_arrow,
 )
-from blobhouse.storage import checked_options
+from blobhouse.io.objects import checked_options
+from blobhouse.options import check_flag
 from blobhouse.values import ColumnPath, get_column, numbers, replace_column
 
 MATERIALIZE_BATCH_BYTES = 64 << 20
@@ -54,7 +54,7 @@ def read_bytes(
     bytes are hashed in the reading thread as its range arrives.
 
     >>> import os, tempfile
-    >>> from blobhouse.rangeio import REF_TYPE
+    >>> from blobhouse.files.ranges import REF_TYPE
     >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
     >>> _ = open(path, "wb").write(b"hello world")
     >>> refs = [("file://" + path, 0, 6), None, ("file://" + path, 6, 5), ("file://" + path, 0, 5)]
@@ -122,7 +122,7 @@ def _runs(
     """One reference per run of rows whose bytes follow one another in one object, in row
     order (null rows hold no bytes, so a run continues past them), and the rows of each run;
     a run ends before its bytes would cross a ``limit`` boundary of the output, so reads stay
-    bounded and can run in parallel (as :func:`~blobhouse.rangeio.plan_reads` bounds them)."""
+    bounded and can run in parallel (as :func:`~blobhouse.files.ranges.plan_reads` bounds them)."""
     rows = np.flatnonzero(valid)
     if not len(rows):
         return [], []
@@ -154,7 +154,7 @@ def _verifier(
     members: list[np.ndarray],
     function: str,
 ) -> Verify | None:
-    """A :data:`~blobhouse.rangeio.Verify` of the runs :func:`_runs` planned: each row of a
+    """A :data:`~blobhouse.files.ranges.Verify` of the runs :func:`_runs` planned: each row of a
     run whose reference carries a blake3 is hashed from the run's bytes and compared (a
     payload many rows share, once). None when no reference carries one."""
     if "blake3" not in refs.type.names:

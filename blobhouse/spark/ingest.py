@@ -28,11 +28,7 @@ import pyarrow as pa
 
 from blobhouse.columns import check_column_names
 from blobhouse.errors import InvalidInputError, TableNotFoundError
-from blobhouse.layout import TableLocation
-from blobhouse.maintenance.reports import IngestReport
-from blobhouse.placement import AllowedBases
-from blobhouse.settings import SETTINGS
-from blobhouse.storage import (
+from blobhouse.io.objects import (
     StorageOptions,
     checked_options,
     is_local,
@@ -41,7 +37,11 @@ from blobhouse.storage import (
     read_object,
     uri_to_path,
 )
-from blobhouse.uris import normalize_uri
+from blobhouse.io.uris import normalize_uri
+from blobhouse.layout import TableLocation
+from blobhouse.maintenance.reports import IngestReport
+from blobhouse.placement import AllowedBases
+from blobhouse.settings import SETTINGS
 from blobhouse.write import check_target
 
 FORMATS = ("jsonl", "csv", "parquet")
@@ -128,12 +128,12 @@ class IngestPlan:
         progress: Callable[[str, int, int], None] | None = None,
     ) -> IngestReport:
         """Load the files on the executors and write the rows in one commit (Ctrl-C cancels
-        the write and removes what its tasks staged: :func:`blobhouse.console.run_spark_job`).
+        the write and removes what its tasks staged: :func:`blobhouse.spark.jobs.run_spark_job`).
         Returns a report: the table's version, rows and bytes, what this ingest added."""
         from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-        from blobhouse.console import run_spark_job
         from blobhouse.spark.datasource import ensure_registered, storage_prefixed
+        from blobhouse.spark.jobs import run_spark_job
         from blobhouse.table import open_table
 
         ranges = self.ranges(partitions)

@@ -14,6 +14,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from blobhouse.errors import cleanup_after
+from blobhouse.files.session import WrittenFile
 from blobhouse.lerobot.ingest import (
     ImportMode,
     ImportPlan,
@@ -21,7 +22,6 @@ from blobhouse.lerobot.ingest import (
     StoredVideos,
     plan_import,
 )
-from blobhouse.session import WrittenFile
 from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.jobs import run_tasks
 from blobhouse.write.table_write import TableWrite

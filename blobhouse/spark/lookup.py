@@ -23,9 +23,9 @@ from pyspark.sql.types import BinaryType, BooleanType
 
 from blobhouse.commit import leases
 from blobhouse.errors import cleanup_after
+from blobhouse.io.objects import StorageOptions
 from blobhouse.layout import TableLocation
 from blobhouse.spark.datasource import ensure_registered, storage_prefixed
-from blobhouse.storage import StorageOptions
 from blobhouse.store.checks import entry_verdicts
 from blobhouse.store.index import INDEX_SCHEMA, has_index
 from blobhouse.store.packs import StoredPayload, index_uri, retired_packs, store_uri_prefix

@@ -63,13 +63,13 @@ from blobhouse.commit.transaction import (
 )
 from blobhouse.dedup import mode_of
 from blobhouse.errors import BlobhouseError, InvalidInputError, cleanup_after
+from blobhouse.files.session import WrittenFile
+from blobhouse.io.objects import checked_options
 from blobhouse.options import WriteOptions
-from blobhouse.session import WrittenFile
 from blobhouse.snapshot import TableSnapshot, open_snapshot
 from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.jobs import run_tasks
 from blobhouse.spark.lookup import store_payloads_first
-from blobhouse.storage import checked_options
 from blobhouse.values import ROW_ADDRESS
 from blobhouse.write import TableWrite, prepared_for_write
 

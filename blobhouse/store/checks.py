@@ -15,14 +15,14 @@ from blobhouse.dedup import content_hash
 from blobhouse.errors import (
     BlobhouseError,
 )
+from blobhouse.files.ranges import BlobRef, read_ranges
+from blobhouse.io.objects import StorageOptions, is_local, object_store
+from blobhouse.io.uris import as_uri
 from blobhouse.layout import (
     store_dir,
 )
-from blobhouse.rangeio import BlobRef, read_ranges
-from blobhouse.storage import StorageOptions, is_local, object_store
 from blobhouse.store.index import INDEX_SCHEMA, index_rows, open_index, unreadable_index
 from blobhouse.store.packs import StoredPayload, inside_the_store, retired_packs
-from blobhouse.uris import as_uri
 
 if TYPE_CHECKING:
     pass
@@ -63,7 +63,8 @@ def checked_entries(
     >>> import tempfile
     >>> from blobhouse.dedup import content_hash
     >>> from blobhouse.layout import store_dir
-    >>> from blobhouse.store.packs import PACKS_DIR, StoredPayload
+    >>> from blobhouse.layout import PACKS_DIR
+    >>> from blobhouse.store.packs import StoredPayload
     >>> root = tempfile.mkdtemp()
     >>> uri = f"{store_dir(root)}/{PACKS_DIR}/a.pack"
     >>> object_store(as_uri(uri)).put(as_uri(uri), b"helloworld")

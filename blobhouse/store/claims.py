@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 import uuid
@@ -41,10 +40,8 @@ from dataclasses import dataclass
 
 from blobhouse.dedup import content_hash
 from blobhouse.errors import StaleWriteError
-from blobhouse.layout import store_dir
-from blobhouse.leftovers import make_way, own_folder
-from blobhouse.placement import KiB
-from blobhouse.storage import (
+from blobhouse.io.leftovers import make_way, own_folder
+from blobhouse.io.objects import (
     StorageOptions,
     is_local,
     object_store,
@@ -52,10 +49,10 @@ from blobhouse.storage import (
     read_object,
     uri_to_path,
 )
-from blobhouse.uris import as_uri
+from blobhouse.io.uris import as_uri
+from blobhouse.layout import CLAIMS_DIR, claims_folder_name, store_dir
+from blobhouse.placement import KiB
 
-CLAIMS_DIR = "claims"
-CLAIM_FILE = re.compile(r"[^/]+-claims/[^/]+")  # a claim's name in CLAIMS_DIR
 #: payloads above this size are always claimed; smaller ones while their column's are shared
 CLAIM_MIN_BYTES = 64 * KiB
 #: a task claims the first this many small payloads of a column ...
@@ -196,7 +193,7 @@ class Claims:
 def claims_folder(table_path: str, write_id: str) -> str:
     """Where the claims of write ``write_id`` live: named with the write's prefix, so that gc
     keeps them while the write's lease lives and sweeps those of a write that died."""
-    return as_uri(f"{store_dir(table_path)}/{CLAIMS_DIR}/{write_id}-claims")
+    return as_uri(f"{store_dir(table_path)}/{CLAIMS_DIR}/{claims_folder_name(write_id)}")
 
 
 def remove_claims(

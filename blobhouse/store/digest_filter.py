@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from blobhouse.rangeio import BlobRef, read_ranges
-from blobhouse.storage import StorageOptions, object_store
+from blobhouse.files.ranges import BlobRef, read_ranges
+from blobhouse.io.objects import StorageOptions, object_store
 
 BLOCK_BYTES = 64
 # 1 M random digests against a filter of 1 M: 20 bits an entry and 10 probes let 2.0e-4 pass,

@@ -24,7 +24,8 @@ from blobhouse.errors import (
     StoreIndexWarning,
     lance_message,
 )
-from blobhouse.storage import StorageOptions, object_store
+from blobhouse.io.objects import StorageOptions, object_store
+from blobhouse.layout import INDEX_FILTERS_DIR
 from blobhouse.store.digest_filter import (
     DigestFilter,
     FilterFile,
@@ -56,11 +57,6 @@ _CACHED_PACK_ENTRIES = 500_000  # entries of recently read packs kept for digest
 # 256 rows per page instead of 4,096: a lookup reads one page per hash (random hashes touch
 # every page), measured 6x faster cold and half the memory at 10 M entries
 _LOOKUPS = {"blake3": IndexConfig("btree", {"zone_size": 256}), "pack": "BTREE"}
-
-
-# filters of the index's data files (blobhouse.store.digest_filter), inside the index's folder:
-# Lance leaves folders of its own names alone
-FILTERS_DIR = "_filters"
 
 
 INDEX_SCHEMA = pa.schema(
@@ -317,7 +313,7 @@ def maintain_index(
 
 
 def filters_uri(table_path: str) -> str:
-    return f"{index_uri(table_path)}/{FILTERS_DIR}"
+    return f"{index_uri(table_path)}/{INDEX_FILTERS_DIR}"
 
 
 def _data_files(dataset: LanceDataset) -> dict[str, lance.LanceFragment]:

@@ -4,7 +4,6 @@ manifest, and packs retired (tombstoned) and removed."""
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -16,31 +15,23 @@ from lance import DatasetBasePath, LanceDataset
 from blobhouse.errors import (
     StoreRaceError,
 )
+from blobhouse.files.session import PreparedBlob
+from blobhouse.io.objects import StorageOptions, object_sizes, object_store, uri_to_path
+from blobhouse.io.uris import as_uri
 from blobhouse.layout import (
+    INDEX_PACK_PATH,
+    PACKS_DIR,
     STORE_BASE_NAME,
     STORE_DIR,
+    TOMBSTONES_DIR,
     TableLocation,
     is_store_base_name,
     store_dir,
 )
 from blobhouse.placement import Kind
-from blobhouse.session import PreparedBlob
-from blobhouse.storage import StorageOptions, object_sizes, object_store, uri_to_path
-from blobhouse.uris import as_uri
 
 if TYPE_CHECKING:
     pass
-
-
-PACKS_DIR = "packs"
-PACK_FILE = re.compile(r"[^/]+\.pack")  # a pack's name in PACKS_DIR (anything else: a user's)
-# a pack's path as the index records it: the names blobhouse gives packs (a write's prefix and
-# a uuid), so nothing that could climb out of the store (``..``, an encoded ``%2e%2e`` or
-# ``%2f``, an absolute path, another bucket's URI)
-_PACK_PATH = re.compile(r"packs/[A-Za-z0-9_-][A-Za-z0-9._-]*\.pack")
-
-
-TOMBSTONES_DIR = "tombstones"
 
 
 @dataclass(frozen=True)
@@ -67,7 +58,7 @@ def inside_the_store(pack: object) -> bool:
     >>> inside_the_store("packs/write-0a1b-5f.pack"), inside_the_store("packs/../../x.pack")
     (True, False)
     """
-    return isinstance(pack, str) and _PACK_PATH.fullmatch(pack) is not None
+    return isinstance(pack, str) and INDEX_PACK_PATH.fullmatch(pack) is not None
 
 
 def store_base_id(dataset: LanceDataset) -> int | None:

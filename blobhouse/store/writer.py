@@ -4,7 +4,6 @@ distinct payload once, looked up and checked first), and store references."""
 from __future__ import annotations
 
 import contextlib
-import uuid
 import warnings
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -15,12 +14,16 @@ from blobhouse.errors import (
     InvalidInputError,
     StoreIndexWarning,
 )
+from blobhouse.files.session import PreparedBlob, SidecarFile, WriteQueue
+from blobhouse.io.objects import StorageOptions
+from blobhouse.io.uris import normalize_uri
 from blobhouse.layout import (
+    PACK_NAME,
+    PACKS_DIR,
+    pack_name,
     store_dir,
 )
 from blobhouse.placement import object_size
-from blobhouse.session import PACK_NAME, PreparedBlob, SidecarFile, WriteQueue
-from blobhouse.storage import StorageOptions
 from blobhouse.store.checks import checked_entries
 from blobhouse.store.claims import (
     CLAIM_MIN_BYTES,
@@ -30,8 +33,7 @@ from blobhouse.store.claims import (
     Claims,
 )
 from blobhouse.store.index import StoreIndex
-from blobhouse.store.packs import PACKS_DIR, StoredPayload, remove_packs, retired_packs
-from blobhouse.uris import normalize_uri
+from blobhouse.store.packs import StoredPayload, remove_packs, retired_packs
 
 if TYPE_CHECKING:
     from blobhouse.values import LogicalColumn
@@ -80,7 +82,7 @@ class PackWriter:
         if self._file is not None:
             return self.packs[-1], self._size
         if self._next is None:
-            self._next = f"{PACKS_DIR}/{self.name_prefix}{uuid.uuid4().hex}.pack"
+            self._next = pack_name(self.name_prefix)
         return self._next, 0
 
     def write(self, payload: bytes | memoryview, digest: bytes) -> StoredPayload:

@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from blobhouse.checksums import RecordedHashes
+from blobhouse.files.checksums import RecordedHashes
+from blobhouse.files.ranges import read_ranges_arrow
 from blobhouse.placement import Kind
-from blobhouse.rangeio import read_ranges_arrow
 from blobhouse.store.packs import store_uri_prefix
 from blobhouse.values import (
     ROW_ADDRESS,
@@ -34,7 +34,7 @@ from blobhouse.values import (
 )
 
 if TYPE_CHECKING:
-    from blobhouse.references import ResolvedRows
+    from blobhouse.files.references import ResolvedRows
     from blobhouse.snapshot import TableSnapshot
 
 #: how a stored blob value travels back into the write pipeline: its bytes, or where it is

@@ -13,7 +13,6 @@ than once in the window is packed once and shared instead of being inlined.
 from __future__ import annotations
 
 import functools
-import uuid
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -35,7 +34,17 @@ from blobhouse.dedup import (
     dedup_modes,
 )
 from blobhouse.errors import ExternalBlobError, InvalidInputError, SchemaError, cleanup_after
-from blobhouse.layout import TableLocation
+from blobhouse.files.session import (
+    BlobSession,
+    PackedSidecar,
+    PreparedBlob,
+    WrittenFile,
+    data_cache_bytes,
+    prepared_array,
+    prepared_field,
+)
+from blobhouse.io.objects import StorageOptions
+from blobhouse.layout import TableLocation, data_file_name
 from blobhouse.managed import ManagedPolicy
 from blobhouse.options import DEFAULT_MAX_BYTES_PER_FILE, DEFAULT_MAX_ROWS_PER_FILE
 from blobhouse.ownership import marker_problem
@@ -47,16 +56,6 @@ from blobhouse.placement import (
     external_range,
     placement_metadata,
 )
-from blobhouse.session import (
-    BlobSession,
-    PackedSidecar,
-    PreparedBlob,
-    WrittenFile,
-    data_cache_bytes,
-    prepared_array,
-    prepared_field,
-)
-from blobhouse.storage import StorageOptions
 from blobhouse.store.claims import Claims
 from blobhouse.store.writer import StoreReference, StoreWriter
 from blobhouse.values import (
@@ -73,7 +72,7 @@ from blobhouse.values import (
     stored_blob_columns,
 )
 
-# while a window is placed, the one before it is written (blobhouse.session.DATA_WRITE_BYTES):
+# while a window is placed, the one before it is written (blobhouse.files.session.DATA_WRITE_BYTES):
 # two windows at most are in memory
 WINDOW_BYTES = 32 * MiB
 WINDOW_ROWS = 64 * 1024  # small rows cost more in bookkeeping than in bytes
@@ -267,7 +266,7 @@ class DataFileWriter:
         managed: ManagedPolicy | None = None,
     ) -> None:
         self.plan = plan
-        name = f"{name_prefix}{uuid.uuid4().hex}.lance"
+        name = data_file_name(name_prefix)
         self.session = BlobSession(f"{location.data_dir}/{name}", storage_options)
         if plan.uses_store and store is None:
             raise InvalidInputError(

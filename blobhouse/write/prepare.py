@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -18,9 +17,7 @@ import lance
 import pyarrow as pa
 from lance import DatasetBasePath, LanceDataset
 
-from blobhouse.commit import leases
 from blobhouse.commit.change import commit_once
-from blobhouse.commit.transaction import NAME_PREFIX_PATTERN
 from blobhouse.errors import (
     BlobhouseError,
     ConcurrentCommitError,
@@ -29,17 +26,17 @@ from blobhouse.errors import (
     PropertyConflictError,
     TableMetadataError,
 )
+from blobhouse.io.objects import StorageOptions, is_local, object_store, uri_to_path
 from blobhouse.layout import (
     STORE_BASE_NAME,
-    STORE_DIR,
     BasePaths,
     TableLocation,
+    left_by_a_failed_create,
 )
 from blobhouse.options import WriteOptions
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties, new_table_properties
 from blobhouse.snapshot import TableSnapshot, file_in_the_way, open_dataset
-from blobhouse.storage import StorageOptions, is_local, object_store, uri_to_path
 from blobhouse.store.packs import store_base, store_base_id
 from blobhouse.values import path_name, stored_blob_columns
 from blobhouse.write.pipeline import WritePlan
@@ -139,18 +136,8 @@ def _commit_bases(
     commit_once(snapshot, "store", lambda own: own.add_bases(bases))
 
 
-# What a new table's folder may hold already: the leftovers of a failed create. Their folders
-# have Lance's and blobhouse's names, which no user's folder has by accident, but data/: a
-# project's data/ is its own, so only the files a failed create stages count there.
-_LEFTOVER_DIRS = frozenset(
-    ("_versions", "_transactions", "_deletions", "_indices", "_refs", STORE_DIR, leases.LEASES_DIR)
-)
-# in data/, only what a blobhouse write stages before it commits (named after the write) and
-# Lance's temporary files: a user's data/x.lance is not a failed create's
-_LEFTOVER_DATA = re.compile(
-    rf"{NAME_PREFIX_PATTERN}[0-9a-f]{{32}}(?:\.lance(?:#\d+)?|/[^/]+\.blob)"
-    rf"|(?:[^/]+/)?\.tmp[^/]*|aborted-{NAME_PREFIX_PATTERN}"
-)
+# What a new table's folder may hold already: the leftovers of a failed create
+# (layout.left_by_a_failed_create).
 _SHOWN = 3  # foreign entries named in the error (a listing stops at the next one)
 
 
@@ -204,8 +191,7 @@ def _foreign_entries(root: str, storage_options: StorageOptions | None) -> list[
         # a symlinked entry would lead the table's files, and gc, out of the folder
         found = sorted(e.name for e in os.scandir(uri_to_path(root)) if e.is_symlink())
     for info in object_store(root, storage_options).walk(root):
-        top, _, rest = info.name.partition("/")
-        if top in _LEFTOVER_DIRS or (top == "data" and _LEFTOVER_DATA.fullmatch(rest)):
+        if left_by_a_failed_create(info.name):
             continue
         if info.name in found:  # a symlinked file, named already
             continue

@@ -26,7 +26,6 @@ from lance.fragment import DataFile, FragmentMetadata
 from lance.schema import LanceSchema
 
 from blobhouse.columns import check_column_names
-from blobhouse.commit import leases
 from blobhouse.commit.change import Attempt, BaseChange, Staged, run_change
 from blobhouse.commit.transaction import TableCreatedMeanwhile, Transaction
 from blobhouse.errors import (
@@ -38,15 +37,15 @@ from blobhouse.errors import (
     TableNotFoundError,
     cleanup_after,
 )
-from blobhouse.layout import STORE_DIR, TableLocation
+from blobhouse.files.references import leaf_field_ids
+from blobhouse.files.session import WrittenFile
+from blobhouse.io.objects import checked_options
+from blobhouse.layout import LEASES_DIR, PACKS_DIR, STORE_DIR, TableLocation, sidecar_folder
 from blobhouse.options import WriteOptions
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties, field_ids
-from blobhouse.references import leaf_field_ids
-from blobhouse.session import WrittenFile
 from blobhouse.snapshot import TableSnapshot, open_dataset
-from blobhouse.storage import checked_options
-from blobhouse.store.packs import PACKS_DIR, store_base
+from blobhouse.store.packs import store_base
 from blobhouse.values import find_blob_columns, path_name
 from blobhouse.write.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
 from blobhouse.write.prepare import (
@@ -194,7 +193,7 @@ class TableWrite:
         store = f"{root}/{STORE_DIR}"
         remove_empty_local_dirs(
             self.location.data_dir,
-            f"{root}/{leases.LEASES_DIR}",
+            f"{root}/{LEASES_DIR}",
             f"{store}/{PACKS_DIR}",
             store,
             root,
@@ -259,7 +258,7 @@ class TableWrite:
 
 @dataclass(frozen=True)
 class _AddFile(BaseChange[Transaction, None]):
-    """A data file written by a session (:class:`~blobhouse.session.BlobSession`), appended as
+    """A data file written by a session (:class:`~blobhouse.files.session.BlobSession`), appended as
     one new fragment; its transaction is named by the file, so its lease covers the file and
     its sidecar directory."""
 
@@ -276,7 +275,7 @@ class _AddFile(BaseChange[Transaction, None]):
                 f"data file {self.written.name} lacks column(s) {missing} of the table; a new "
                 "fragment holds every column"
             )
-        prefix = self.written.name.removesuffix(".lance")
+        prefix = sidecar_folder(self.written.name)
         return Transaction(snapshot.location, snapshot.version, snapshot.storage_options, prefix)
 
     def stage(self, txn: Transaction, staged: Staged) -> None:

@@ -15,8 +15,8 @@ import pytest
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.cli import build_parser, main
-from blobhouse.console import ProgressBars, print_report
-from blobhouse.demo import FPS, EpisodeData
+from blobhouse.cli.console import ProgressBars, print_report
+from blobhouse.cli.demo import FPS, EpisodeData
 from tests.helpers import stock_read
 
 pytestmark = pytest.mark.usefixtures("spark")
@@ -358,7 +358,7 @@ def test_ctrl_c_held_down_during_a_command_is_one_line_saying_what_is_true(table
         "    time.sleep(5)  # the command at work\n"
         "    return stats(args, run)\n"
         "cli.COMMANDS['stats'] = command\n"
-        "cli._stop_spark = lambda: time.sleep(0.2)  # as long as Spark takes to stop\n"
+        "cli.run._stop_spark = lambda: time.sleep(0.2)  # as long as Spark takes to stop\n"
         "sys.exit(cli.main())\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -13,7 +13,7 @@ from blobhouse import write_table
 from blobhouse.commit.change import BaseChange, Staged, run_change
 from blobhouse.commit.transaction import Transaction
 from blobhouse.errors import ConcurrentCommitError, MovedTableWarning
-from blobhouse.session import BlobSession
+from blobhouse.files.session import BlobSession
 
 
 class AppendRows(BaseChange):

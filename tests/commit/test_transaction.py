@@ -14,7 +14,7 @@ import pytest
 from lance import LanceOperation
 
 from blobhouse import open_table, write_table
-from blobhouse.commit.leases import LEASES_DIR, REFRESH_SECONDS, live_prefixes
+from blobhouse.commit.leases import REFRESH_SECONDS, live_prefixes
 from blobhouse.commit.transaction import (
     Transaction,
     committed_deletions,
@@ -23,7 +23,8 @@ from blobhouse.commit.transaction import (
     stage_deletion,
 )
 from blobhouse.errors import ConcurrentCommitError
-from blobhouse.session import BlobSession, WrittenFile
+from blobhouse.files.session import BlobSession, WrittenFile
+from blobhouse.layout import LEASES_DIR
 from tests.helpers import tree
 
 

@@ -17,7 +17,7 @@ import lance
 import pyarrow as pa
 
 from blobhouse import blob_array, open_table, write_table
-from blobhouse.commit.leases import LEASES_DIR
+from blobhouse.layout import LEASES_DIR
 from tests.helpers import aged, worker_script
 from tests.workers.crash_worker import payload
 

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pytest
 
 from blobhouse import DataFileError, blob_array, open_table, write_table
-from blobhouse.checksums import CHECKSUMS_KEY
-from blobhouse.data_file_footer import _FOOTER, DataFileFooter
+from blobhouse.files.checksums import CHECKSUMS_KEY
+from blobhouse.files.footer import _FOOTER, DataFileFooter
 from tests.helpers import tree
 
 

@@ -33,12 +33,12 @@ from blobhouse import (
     open_table,
     write_table,
 )
+from blobhouse.files.ranges import _balanced_groups, plan_reads, refs_from_arrow
+from blobhouse.files.session import prepared_array, prepared_field
+from blobhouse.io.objects import uri_to_path
+from blobhouse.io.uris import normalize_uri
 from blobhouse.placement import AllowedBases, MiB
-from blobhouse.rangeio import _balanced_groups, plan_reads, refs_from_arrow
-from blobhouse.session import prepared_array, prepared_field
-from blobhouse.storage import uri_to_path
 from blobhouse.store.packs import store_base_id
-from blobhouse.uris import normalize_uri
 from tests.helpers import aged, flip, flip_payload, stock_read, tree
 
 SCALE = int(os.environ.get("BLOBHOUSE_FUZZ_SCALE", "1"))

@@ -22,8 +22,9 @@ from blobhouse.commit import leases, locks
 from blobhouse.commit.transaction import upsert_lock
 from blobhouse.dedup import content_hash
 from blobhouse.errors import LeftoverError, ManagedObjectOwnedError
+from blobhouse.io.objects import uri_to_path
+from blobhouse.layout import LEASES_DIR
 from blobhouse.ownership import owner_marker, read_owner
-from blobhouse.storage import uri_to_path
 from blobhouse.store.claims import Claim, Claimant, Claims
 from tests.helpers import ROOT
 
@@ -157,7 +158,7 @@ def test_a_leftover_that_cannot_be_removed_is_named_at_once(table_uri, tmp_path,
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_leftover_at_a_lease_is_replaced_never_written_through(tmp_path, shape):
     root = str(tmp_path / "t")
-    lease = os.path.join(root, leases.LEASES_DIR, "write-0123456789ab-")
+    lease = os.path.join(root, LEASES_DIR, "write-0123456789ab-")
     leave(lease, shape, tmp_path / "nowhere")
     with leases.held(root, "write-0123456789ab-"):
         assert leases.live_prefixes(root, since=time.time() - 5) == {"write-0123456789ab-"}
@@ -263,7 +264,7 @@ def test_gc_reports_and_clears_stale_locks_and_leases(table_uri, tmp_path, dry_r
     old = time.time() - locks.EXPIRY_SECONDS - 5
     os.utime(expired, (old, old))
     live = locks.lock_uri(table_uri, "upsert.live")
-    lease_dir = os.path.join(table_uri, leases.LEASES_DIR, "write-0123456789ab-")
+    lease_dir = os.path.join(table_uri, LEASES_DIR, "write-0123456789ab-")
     os.makedirs(os.path.join(lease_dir, "inside"))
     with locks.held(live):
         report = table.gc(dry_run=dry_run)

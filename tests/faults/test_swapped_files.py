@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.errors import BlobhouseError, CorruptBlobError, DataFileError
+from blobhouse.files.ranges import BlobRef, open_ref, read_ranges
 from blobhouse.loader import BatchLoader
-from blobhouse.rangeio import BlobRef, open_ref, read_ranges
 from blobhouse.torch import TableBatchDataset, TableRowDataset
 from tests.helpers import tree
 

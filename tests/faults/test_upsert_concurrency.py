@@ -128,7 +128,7 @@ def test_two_merges_on_object_storage_insert_each_key_once(s3):
 
 
 def test_two_merges_on_azure_insert_each_key_once(azure):
-    from blobhouse.storage import object_store
+    from blobhouse.io.objects import object_store
 
     uri = f"{azure.uri}/t"
     make(uri, azure.options)

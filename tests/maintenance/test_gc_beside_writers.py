@@ -14,6 +14,7 @@ import pyarrow as pa
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.commit import leases
 from blobhouse.errors import ConcurrentCommitError, StaleWriteError, StoreRaceError
+from blobhouse.layout import LEASES_DIR
 from blobhouse.maintenance.garbage_collection import gc, mark
 from blobhouse.maintenance.versions import VersionGraph
 
@@ -27,7 +28,7 @@ def _table(uri: str, rows: int = 20):
 
 def _age_leases(uri: str) -> None:
     """Let the leases of the writes so far expire (as 30 s without a touch would)."""
-    folder = os.path.join(uri, leases.LEASES_DIR)
+    folder = os.path.join(uri, LEASES_DIR)
     for name in os.listdir(folder):
         os.utime(os.path.join(folder, name), (1, 1))
 

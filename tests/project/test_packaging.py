@@ -146,7 +146,7 @@ def test_core_works_without_pyspark_and_spark_names_its_extra():
         for name in core:  # the CLI, the demo's generator, blobhouse.testing included
             __import__(name)
         assert not [m for m in sys.modules if m.split(".")[0] == "pyspark"]
-        assert "blobhouse.cli" in core and "blobhouse.demo" in core
+        assert "blobhouse.cli" in core and "blobhouse.cli.demo" in core
 
         try:
             import blobhouse.spark

@@ -1,4 +1,4 @@
-"""Data file footers read with blobhouse's own ranged reads (blobhouse.data_file_footer): the
+"""Data file footers read with blobhouse's own ranged reads (blobhouse.files.footer): the
 same schema metadata and global buffers pylance's file reader gives, column names that agree
 with what the writer recorded, clear errors for damaged files, and no hang beside pylance scans
 in other threads (pylance's file reader holds the GIL while it waits on Lance's runtime)."""
@@ -19,8 +19,8 @@ import pytest
 from lance.file import LanceFileReader
 
 from blobhouse import BlobReadError, DataFileError, blob_array, open_table, write_table
-from blobhouse.checksums import CHECKSUMS_KEY, FILE_COLUMNS_KEY, load_checksums
-from blobhouse.data_file_footer import DataFileFooter
+from blobhouse.files.checksums import CHECKSUMS_KEY, FILE_COLUMNS_KEY, load_checksums
+from blobhouse.files.footer import DataFileFooter
 
 FOOTER = "<QQQIIHH4s"  # a Lance 2.x file's last 40 bytes
 
@@ -180,7 +180,7 @@ FLIP_SCRIPT = textwrap.dedent(
     import sys
     from pathlib import Path
     from blobhouse import open_table
-    from blobhouse.checksums import load_checksums
+    from blobhouse.files.checksums import load_checksums
     from blobhouse.errors import BlobReadError
 
     table_uri, path, position, size = sys.argv[1], Path(sys.argv[2]), *map(int, sys.argv[3:])

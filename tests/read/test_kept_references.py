@@ -22,9 +22,9 @@ from blobhouse import (
     write_table,
 )
 from blobhouse import kept_references as kept_module
+from blobhouse.files.session import BlobSession, prepared_array, prepared_field
 from blobhouse.kept_references import KeptReferences
 from blobhouse.placement import Kind
-from blobhouse.session import BlobSession, prepared_array, prepared_field
 from tests.helpers import flip_payload, stock_read
 
 # inline, packed and dedicated sizes, a repeat of an earlier payload, and nulls

@@ -187,7 +187,7 @@ def test_a_fresh_process_imports_blobhouse_from_where_its_parent_did(tmp_path):
     shutil.copytree(Path(blobhouse.__file__).parent, vendored / "blobhouse")
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]); import blobhouse; "
-        "from blobhouse.forks import in_fresh_process; "
+        "from blobhouse.io.forks import in_fresh_process; "
         "print(in_fresh_process(eval, '__import__(\"blobhouse\").__file__') == blobhouse.__file__)"
     )
     done = subprocess.run(
@@ -200,7 +200,7 @@ def test_a_fresh_process_imports_blobhouse_from_where_its_parent_did(tmp_path):
 
 
 def test_a_reader_in_a_fresh_process_names_how_it_failed(tmp_path):
-    from blobhouse.forks import FreshProcess
+    from blobhouse.io.forks import FreshProcess
 
     with FreshProcess() as helper:
         with pytest.raises(ZeroDivisionError):
@@ -252,7 +252,7 @@ def test_a_tag_is_resolved_without_starting_lance(tmp_path):
     lance.dataset(uri).tags.create("gold", 1)
     script = (
         "import sys; from blobhouse.loader import BatchLoader; "
-        "from blobhouse.forks import lance_is_running; "
+        "from blobhouse.io.forks import lance_is_running; "
         "loader = BatchLoader(sys.argv[1], batch_size=1, version='gold'); "
         "print(loader.version, lance_is_running())"
     )

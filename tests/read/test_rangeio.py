@@ -17,11 +17,11 @@ from blobhouse import (
     BlobRef,
     CorruptBlobError,
     InvalidInputError,
-    page_cache,
     read_ranges,
 )
-from blobhouse.page_cache import is_cached
-from blobhouse.rangeio import MAX_READ_BYTES, open_ref, plan_reads, read_ranges_arrow
+from blobhouse.files.ranges import MAX_READ_BYTES, open_ref, plan_reads, read_ranges_arrow
+from blobhouse.io import page_cache
+from blobhouse.io.page_cache import is_cached
 
 
 @pytest.fixture

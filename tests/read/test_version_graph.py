@@ -264,8 +264,8 @@ def test_walking_a_long_history_of_appends_does_not_resolve_every_version(table_
     stats read what each version appended from its transaction, place data files and open
     fragment states once, not once per version (that was quadratic: 1,000 appends took ~20 s to
     verify), and keep the versions a fragment is in as runs, not an entry per version."""
+    from blobhouse.files.references import ReferenceResolver
     from blobhouse.maintenance.versions import VersionGraph, fragment_states
-    from blobhouse.references import ReferenceResolver
     from blobhouse.snapshot import TableSnapshot
 
     built = []

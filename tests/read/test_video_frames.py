@@ -18,14 +18,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import blobhouse.video
+import blobhouse.read.video
 from blobhouse import Blob, blob_array, open_table, write_table
 from blobhouse.errors import CorruptBlobError, InvalidInputError, MissingExtraError, VideoFrameError
 from blobhouse.lerobot import ingest_lerobot
 from blobhouse.lerobot.sample import write_sample_dataset
 from blobhouse.loader import BatchLoader
+from blobhouse.read.video import decode_frames, encode_test_video, encode_video
 from blobhouse.torch import TableBatchDataset, TableRowDataset, collate_rows
-from blobhouse.video import decode_frames, encode_test_video, encode_video
 from tests.helpers import flip_payload
 
 CAMERAS = ("observation.images.top", "observation.images.wrist")
@@ -81,13 +81,13 @@ def test_the_loader_hands_each_row_its_exact_frame(robot, reference):
 def test_each_distinct_chunk_of_a_batch_is_decoded_once(robot, monkeypatch):
     _, uri = robot
     calls: list[int] = []
-    real = blobhouse.video.decode_frames
+    real = blobhouse.read.video.decode_frames
 
     def counted(chunk, timestamps, **kwargs):
         calls.append(len(timestamps))
         return real(chunk, timestamps, **kwargs)
 
-    monkeypatch.setattr(blobhouse.video, "decode_frames", counted)
+    monkeypatch.setattr(blobhouse.read.video, "decode_frames", counted)
     loader = BatchLoader(uri, ["index"], batch_size=64, frames=COLUMNS[:1], shuffle=False)
     batches = list(loader.row_batches())
     # video files hold 80 frames: rows 0-63 lie in file 0 (one decode of 64 frames), rows

@@ -18,7 +18,7 @@ from pyspark.sql.utils import AnalysisException
 import blobhouse.spark as bs
 from blobhouse import open_table, write_table
 from blobhouse.errors import InvalidInputError
-from blobhouse.rangeio import REF_TYPE
+from blobhouse.files.ranges import REF_TYPE
 from blobhouse.spark.functions import _runs, read_bytes
 from tests.helpers import disk_bytes, stock_read, tree, wait_for_idle_tasks
 

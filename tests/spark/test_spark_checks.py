@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 import blobhouse.spark as bs
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.errors import InvalidInputError
-from blobhouse.rangeio import REF_TYPE
+from blobhouse.files.ranges import REF_TYPE
 from blobhouse.spark.functions import read_blob_function, read_bytes
 
 ROWS, SIZE = 4, 200_000

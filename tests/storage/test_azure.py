@@ -13,7 +13,7 @@ import pytest
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.errors import UnknownOptionError
-from blobhouse.storage import object_store, put_new
+from blobhouse.io.objects import object_store, put_new
 
 KIB = 1024
 
@@ -137,7 +137,7 @@ def test_spark_writes_reads_and_maintains_a_table_on_azure(spark, azure):
 
 
 def test_an_http_azure_endpoint_turns_on_allow_http_as_on_s3(azure):
-    from blobhouse.storage import checked_options
+    from blobhouse.io.objects import checked_options
 
     options = {k: v for k, v in azure.options.items() if k != "allow_http"}
     assert checked_options(options)["allow_http"] == "true"

@@ -18,8 +18,8 @@ import pytest
 
 from blobhouse import blob_array, errors, open_table, write_table
 from blobhouse.errors import InvalidInputError, StoreError
+from blobhouse.io.objects import REQUEST_BUDGET, checked_options, obstore_settings
 from blobhouse.loader import BatchLoader
-from blobhouse.storage import REQUEST_BUDGET, checked_options, obstore_settings
 
 pytestmark = pytest.mark.object_store
 
@@ -231,7 +231,7 @@ def test_reads_of_an_open_table_whose_store_goes_silent_fail_within_the_answer_b
     once the store has not answered a listing for the answer bound, with the default request
     budget (Lance waited out a 60 s request four times: reads took 240-330 s; an open inside
     the minute a store's answer is kept, 125 s)."""
-    from blobhouse import storage
+    from blobhouse.io import objects as storage
 
     monkeypatch.setattr(storage, "ANSWER_SECONDS", 2.0)
     proxy = StallingProxy(s3.options["aws_endpoint"])

@@ -36,9 +36,8 @@ from blobhouse import (
 from blobhouse.commit import leases
 from blobhouse.dedup import content_hash, digest_matrix
 from blobhouse.errors import BlobReadError, StoreError
-from blobhouse.loader import BatchLoader
-from blobhouse.rangeio import READ_THREADS, _balanced_groups, plan_reads
-from blobhouse.storage import (
+from blobhouse.files.ranges import READ_THREADS, _balanced_groups, plan_reads
+from blobhouse.io.objects import (
     REQUEST_BUDGET,
     SINGLE_PUT_BYTES,
     RemoteStore,
@@ -47,6 +46,7 @@ from blobhouse.storage import (
     put_new,
     read_object,
 )
+from blobhouse.loader import BatchLoader
 from blobhouse.store.digest_filter import may_contain, read_filters
 from blobhouse.store.index import filters_uri
 from blobhouse.table import Table

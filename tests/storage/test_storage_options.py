@@ -12,8 +12,8 @@ import pytest
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.cli import main
 from blobhouse.errors import UnknownOptionError
-from blobhouse.storage import checked_options
-from blobhouse.storage_options import check_option_names
+from blobhouse.io.objects import checked_options
+from blobhouse.io.storage_options import check_option_names
 
 TYPO = {"aws_endpiont": "http://127.0.0.1:9"}
 
@@ -116,7 +116,7 @@ def test_the_cli_refuses_a_misspelled_option_in_one_line(tmp_path, capsys):
 
 def test_a_store_neither_lance_nor_blobhouse_reaches_is_refused_by_name(tmp_path):
     from blobhouse.errors import InvalidInputError
-    from blobhouse.storage import object_store
+    from blobhouse.io.objects import object_store
 
     with pytest.raises(InvalidInputError, match=r"hdfs:// is no store blobhouse reaches"):
         object_store("hdfs://namenode:8020/t").size("hdfs://namenode:8020/t/x")

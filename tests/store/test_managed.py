@@ -26,9 +26,9 @@ from blobhouse import (
     write_table,
 )
 from blobhouse.cli import main
-from blobhouse.managed import DOOMED_DIR, Registry, managed_dir
+from blobhouse.layout import DOOMED_DIR, OWNER_DIR
+from blobhouse.managed import Registry, managed_dir
 from blobhouse.options import WriteOptions
-from blobhouse.ownership import OWNER_DIR
 from blobhouse.write import begin_write
 from tests.helpers import aged, tree
 

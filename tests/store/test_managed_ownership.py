@@ -24,9 +24,9 @@ from blobhouse import (
     open_table,
     write_table,
 )
-from blobhouse.layout import TableLocation
+from blobhouse.layout import OWNER_DIR, TableLocation, owner_marker
 from blobhouse.managed import Registry
-from blobhouse.ownership import OWNER_DIR, claim, owner_marker, read_owner, release
+from blobhouse.ownership import claim, read_owner, release
 from blobhouse.write import begin_write
 
 NOW = timedelta(0)

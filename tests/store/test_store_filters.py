@@ -16,7 +16,7 @@ import pytest
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.dedup import content_hash, digest_matrix
-from blobhouse.rangeio import BlobRef
+from blobhouse.files.ranges import BlobRef
 from blobhouse.store.digest_filter import (
     DigestFilter,
     _read_each,

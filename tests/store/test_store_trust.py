@@ -14,7 +14,7 @@ import pytest
 from blobhouse import Blob, blob_array, open_table, write_table
 from blobhouse.dedup import content_hash
 from blobhouse.errors import CorruptBlobError, StoreIndexWarning
-from blobhouse.storage import uri_to_path
+from blobhouse.io.objects import uri_to_path
 from blobhouse.store.packs import index_uri
 from tests.helpers import stock_read
 

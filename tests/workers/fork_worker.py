@@ -39,7 +39,7 @@ def read_watched(loader, queue) -> None:
     import hashlib
     import warnings
 
-    from blobhouse.forks import lance_is_running
+    from blobhouse.io.forks import lance_is_running
 
     try:
         with warnings.catch_warnings(record=True) as caught:

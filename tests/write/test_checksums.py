@@ -14,12 +14,13 @@ import pytest
 from lance.file import LanceFileReader
 
 import blobhouse
-import blobhouse.checksums
 import blobhouse.dedup
-import blobhouse.session
+import blobhouse.files.checksums
+import blobhouse.files.session
 import blobhouse.write.pipeline
 from blobhouse import Blob, BlobSession, Kind, blob_array, blob_field, write_table
-from blobhouse.checksums import (
+from blobhouse.dedup import content_hash, content_hashes
+from blobhouse.files.checksums import (
     CHECKSUM_SCHEMA,
     CHECKSUMS_KEY,
     ChecksumLog,
@@ -27,7 +28,6 @@ from blobhouse.checksums import (
     load_checksums,
     written_by_blobhouse,
 )
-from blobhouse.dedup import content_hash, content_hashes
 from tests.helpers import ROW_ADDRESS, flip, placed_sidecar, stock_read
 
 PLACEMENT = {"dedicated_size_threshold": 200_000}
@@ -205,8 +205,8 @@ def test_each_payload_is_hashed_once(table_uri, media, monkeypatch):
 
     hasher = counted("hasher", blake3.blake3)
     hasher.AUTO = blake3.blake3.AUTO
-    monkeypatch.setattr(blobhouse.session, "blake3", types.SimpleNamespace(blake3=hasher))
-    monkeypatch.setattr(blobhouse.session, "content_hash", counted("session", content_hash))
+    monkeypatch.setattr(blobhouse.files.session, "blake3", types.SimpleNamespace(blake3=hasher))
+    monkeypatch.setattr(blobhouse.files.session, "content_hash", counted("session", content_hash))
     monkeypatch.setattr(
         blobhouse.dedup,
         "content_hashes",
@@ -385,7 +385,8 @@ def test_a_walk_over_many_data_files_keeps_a_bounded_set_of_checksums(table_uri,
     # one budget per two files: a read of every file's rows, twice, loads each file's
     # checksums again once evicted, checks every row, and never holds more than two files
     monkeypatch.setattr(
-        "blobhouse.checksums._CACHED_CHECKSUM_BYTES", 2 * blobhouse.checksums._FILE_BYTES + 4096
+        "blobhouse.files.checksums._CACHED_CHECKSUM_BYTES",
+        2 * blobhouse.files.checksums._FILE_BYTES + 4096,
     )
     payloads = [os.urandom(2_000 + n) for n in range(6)]
     for n, payload in enumerate(payloads):  # one data file per append, inline and packed rows
@@ -397,13 +398,13 @@ def test_a_walk_over_many_data_files_keeps_a_bounded_set_of_checksums(table_uri,
         )
     hashes = table.recorded_hashes()
     loaded = Counter()
-    real_load = blobhouse.checksums.load_checksums
+    real_load = blobhouse.files.checksums.load_checksums
 
     def counting_load(uri, options=None):
         loaded[uri] += 1
         return real_load(uri, options)
 
-    monkeypatch.setattr("blobhouse.checksums.load_checksums", counting_load)
+    monkeypatch.setattr("blobhouse.files.checksums.load_checksums", counting_load)
     for _ in range(2):
         for row in range(12):
             expected = payloads[row // 2] if row % 2 == 0 else MEDIUM + bytes([row // 2])

@@ -15,7 +15,7 @@ import pytest
 
 from blobhouse import BlobhouseError, StaleWriteError, blob_array, open_table, write_table
 from blobhouse.dedup import content_hash
-from blobhouse.storage import uri_to_path
+from blobhouse.io.objects import uri_to_path
 from blobhouse.store.claims import Claim, Claimant, Claims, claims_folder
 from blobhouse.table import Table
 from blobhouse.write import WriteAttempt, begin_write

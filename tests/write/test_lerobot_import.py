@@ -397,7 +397,7 @@ def _faststart(path: Path) -> None:
 
 
 def _encode(path: Path, frames: int, fps: int, size: tuple[int, int]) -> None:
-    from blobhouse.video import encode_video
+    from blobhouse.read.video import encode_video
 
     rng = np.random.default_rng(1)
     images = (rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(frames))

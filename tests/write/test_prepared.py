@@ -22,7 +22,7 @@ from blobhouse import (
     write_table,
 )
 from blobhouse.errors import BlobhouseError, ExternalBlobError
-from blobhouse.session import MAX_U64, PREPARED_TYPE
+from blobhouse.files.session import MAX_U64, PREPARED_TYPE
 from blobhouse.values import is_lance_blob_field
 from tests.helpers import placed_sidecar, stock_read, tree, wait_for_idle_tasks
 

@@ -12,7 +12,8 @@ import pytest
 
 from blobhouse import write_table
 from blobhouse.errors import BlobhouseError
-from blobhouse.session import SIDECAR_RUN_BYTES, BlobSession, WriteQueue, sidecar_name
+from blobhouse.files.session import SIDECAR_RUN_BYTES, BlobSession, WriteQueue
+from blobhouse.layout import sidecar_name
 from tests.helpers import stock_read
 
 

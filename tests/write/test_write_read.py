@@ -24,7 +24,7 @@ from blobhouse import (
     write_table,
 )
 from blobhouse.dedup import BatchHasher
-from blobhouse.rangeio import REF_TYPE
+from blobhouse.files.ranges import REF_TYPE
 from tests.helpers import media_file, stock_descriptors, stock_read
 
 PLACEMENT = {"dedicated_size_threshold": 200_000}

@@ -1,7 +1,7 @@
 """A Lance data file's schema metadata and global buffers, read with blobhouse's own ranged reads.
 
 Each blobhouse data file keeps its payload checksums in a Lance *global buffer* named by the
-file's schema metadata (:mod:`blobhouse.checksums`). pylance's ``LanceFileReader`` can read
+file's schema metadata (:mod:`blobhouse.files.checksums`). pylance's ``LanceFileReader`` can read
 both, but it blocks on Lance's runtime while holding the GIL: a thread doing so beside threads
 running pylance scans was seen to hang them all. Reading the few bytes here needs no runtime.
 
@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from blobhouse.errors import BlobReadError, DataFileError, StoreError
-from blobhouse.storage import RangeSource, object_store
+from blobhouse.io.objects import RangeSource, object_store
 
 MISSING = "it is missing"  # what data_file_problem says of a data file that is not there
 DATA_FILE_KEY = "blobhouse:data-file"  # schema metadata: the name the file was written under

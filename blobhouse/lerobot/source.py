@@ -52,7 +52,7 @@ from blobhouse.lerobot.checks import (
     task_texts,
 )
 from blobhouse.lerobot.videos import Segment, VideoCheck
-from blobhouse.video import TIMESTAMP_SUFFIX
+from blobhouse.read.video import TIMESTAMP_SUFFIX
 
 INFO = "meta/info.json"
 TASKS = "meta/tasks.parquet"

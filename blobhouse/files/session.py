@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import re
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -27,27 +26,34 @@ from lance.blob import BlobDescriptorArrayBuilder
 from lance.file import LanceFileSession, LanceFileWriter
 from lance.fragment import DataFile, FragmentMetadata
 
-from blobhouse.checksums import ChecksumLog
 from blobhouse.columns import check_column_names
-from blobhouse.data_file_footer import DATA_FILE_KEY
 from blobhouse.dedup import content_hash
 from blobhouse.errors import BlobhouseError, InvalidInputError
-from blobhouse.layout import TableLocation
-from blobhouse.managed import ManagedPolicy
-from blobhouse.ownership import marker_problem
-from blobhouse.placement import AllowedBases, Kind, external_range
-from blobhouse.storage import (
+from blobhouse.files.checksums import ChecksumLog
+from blobhouse.files.footer import DATA_FILE_KEY
+from blobhouse.io.objects import (
     LANCE_IO_ERRORS,
     NewObject,
     StorageOptions,
     checked_options,
     object_store,
 )
-from blobhouse.uris import as_uri
+from blobhouse.io.uris import as_uri
+from blobhouse.layout import (
+    DATA_FILE_NAME,
+    PACK_NAME,
+    TableLocation,
+    blob_id_of,
+    is_sidecar,
+    is_sidecar_of,
+    sidecar_folder,
+    sidecar_name,
+)
+from blobhouse.managed import ManagedPolicy
+from blobhouse.ownership import marker_problem
+from blobhouse.placement import AllowedBases, Kind, external_range
 
 # the names of files blobhouse and Lance write: nothing that could lead outside a directory
-DATA_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\.lance")
-PACK_NAME = re.compile(r"packs/[A-Za-z0-9_-]+\.pack")
 MAX_BLOB_ID = 2**32 - 1
 MAX_U64 = 2**64 - 1
 _PREPARED_FIELD = BlobDescriptorArrayBuilder("blob").field
@@ -144,15 +150,6 @@ def _file_field(field: pa.Field) -> pa.Field:
     return field
 
 
-def sidecar_name(blob_id: int) -> str:
-    """Lance's sidecar file name: blob_id as 32 binary digits, least-significant bit first.
-
-    >>> sidecar_name(1)
-    '10000000000000000000000000000000.blob'
-    """
-    return format(blob_id, "032b")[::-1] + ".blob"
-
-
 @dataclass(frozen=True)
 class WrittenFile:
     """A complete data file (and its sidecars), ready to be committed as a fragment."""
@@ -181,11 +178,9 @@ class WrittenFile:
     def __post_init__(self) -> None:
         # these names are joined to the table's directories, committed and, on abort,
         # deleted: each must stay where it belongs
-        key = self.name.removesuffix(".lance")
+        key = sidecar_folder(self.name)
         names = [(self.name, DATA_FILE_NAME.fullmatch(self.name))]
-        names += [
-            (s, re.fullmatch(rf"{re.escape(key)}/[01]{{32}}\.blob", s)) for s in self.sidecars
-        ]
+        names += [(s, is_sidecar_of(key, s)) for s in self.sidecars]
         packs = (*self.packs, *self.found_packs, *(b.pack for b in self.borrowed))
         names += [(p, PACK_NAME.fullmatch(p)) for p in packs]
         bad = [name for name, ok in names if not ok]
@@ -319,7 +314,7 @@ class SidecarFile:
     in runs of :data:`SIDECAR_RUN_BYTES` (the views are kept, not copied, until written).
 
     An existing sidecar is never overwritten, even by a writer racing this one: local sidecars
-    are created with ``O_EXCL``, S3 ones with a conditional PUT (:mod:`blobhouse.storage`).
+    are created with ``O_EXCL``, S3 ones with a conditional PUT (:mod:`blobhouse.io.objects`).
     """
 
     def __init__(
@@ -586,7 +581,8 @@ class BlobSession:
 
     def __init__(self, data_file_path: str, storage_options: dict[str, str] | None = None) -> None:
         self.data_dir, self.data_file_name = data_file_path.rstrip("/").rsplit("/", 1)
-        if not self.data_file_name.endswith(".lance") or self.data_file_name == ".lance":
+        key = sidecar_folder(self.data_file_name)
+        if not key or key == self.data_file_name:  # no <name>.lance
             raise BlobhouseError(f"data file path must end in <name>.lance: {data_file_path!r}")
         if (
             not self.data_dir.endswith("/data")
@@ -596,7 +592,7 @@ class BlobSession:
             raise BlobhouseError(
                 f"data file path {data_file_path!r} is not directly in a table's data/ directory"
             )
-        self.key = self.data_file_name.removesuffix(".lance")
+        self.key = sidecar_folder(self.data_file_name)
         self.storage_options = checked_options(storage_options)
         self.files = LanceFileSession(self.data_dir, storage_options=self.storage_options)
         self.sidecars: list[str] = []
@@ -741,7 +737,7 @@ class BlobSession:
 
     @staticmethod
     def _id_of(sidecar: str) -> int:
-        return int(os.path.basename(sidecar).removesuffix(".blob")[::-1], 2)
+        return blob_id_of(sidecar)
 
     def open_writer(self, column: str) -> BlobColumnWriter:
         """A writer for the prepared values of blob ``column`` (every column of the session
@@ -800,7 +796,7 @@ class BlobSession:
     def _taken_ids(self) -> set[int]:
         """blob_ids with a sidecar in the namespace (listed once), plus those loaded since."""
         if self._taken is None:
-            self._taken = {self._id_of(p) for p in self.files.list(self.key) if p.endswith(".blob")}
+            self._taken = {self._id_of(p) for p in self.files.list(self.key) if is_sidecar(p)}
         return self._taken
 
     def new_packed(self) -> PackedSidecar:
@@ -845,7 +841,7 @@ class BlobSession:
 
     def close_data_file(self, writer: LanceFileWriter) -> None:
         """Close the data file's writer, storing the checksums of every payload the session
-        wrote in it first (see :mod:`blobhouse.checksums`)."""
+        wrote in it first (see :mod:`blobhouse.files.checksums`)."""
         self._data_writes.close()
         self.checksums.attach(writer, self._file_schema)
         # the name it is written under: another file put in its place is told apart on read

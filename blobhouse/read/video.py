@@ -34,7 +34,7 @@ import numpy as np
 
 from blobhouse.errors import InvalidInputError, VideoFrameError
 from blobhouse.extras import require_av
-from blobhouse.kept_threads import KeptThreads
+from blobhouse.io.kept_threads import KeptThreads
 from blobhouse.settings import SETTINGS
 
 FrameLayout = Literal["hwc", "chw"]
@@ -75,7 +75,7 @@ def decode_frames(
     of more than ``max_frame_pixels`` pixels (None: any size) are refused before decoding;
     ``label(i)`` names timestamp ``i`` in errors (a row, say).
 
-    >>> from blobhouse.video import encode_test_video
+    >>> from blobhouse.read.video import encode_test_video
     >>> chunk = encode_test_video(frames=6, fps=30, size=(16, 16))
     >>> [f.shape for f in decode_frames(chunk, [2 / 30, 0.0])]
     [(16, 16, 3), (16, 16, 3)]
@@ -106,7 +106,7 @@ def check_frames(
     names timestamp ``i`` in errors.
 
     >>> import io
-    >>> from blobhouse.video import encode_test_video
+    >>> from blobhouse.read.video import encode_test_video
     >>> check_frames(io.BytesIO(encode_test_video(frames=6, fps=30, size=(16, 16))), [0.5],
     ...              tolerance_s=1e-4)  # doctest: +ELLIPSIS
     Traceback (most recent call last):

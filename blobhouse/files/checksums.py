@@ -40,14 +40,15 @@ import pyarrow.compute as pc
 from lance.file import LanceFileWriter
 
 from blobhouse.cache import WeightedLRU
-from blobhouse.data_file_footer import DataFileFooter, foreign_file_error
 from blobhouse.dedup import DIGEST_BYTES, content_hash, digest_matrix
 from blobhouse.errors import BlobhouseError, BlobReadError, CorruptBlobError
+from blobhouse.files.footer import DataFileFooter, foreign_file_error
+from blobhouse.files.ranges import RefColumns, Verify
+from blobhouse.layout import data_file_of
 from blobhouse.placement import Kind
-from blobhouse.rangeio import RefColumns, Verify
 
 if TYPE_CHECKING:
-    from blobhouse.references import ResolvedRows
+    from blobhouse.files.references import ResolvedRows
 
 CHECKSUMS_KEY = "blobhouse:checksums"
 SIDECAR_ROW, STORE_ROW = -1, -2  # the ``row`` of sidecar and store entries
@@ -480,7 +481,7 @@ def _parsed_checksums(buffer: bytes, footer: DataFileFooter) -> FileChecksums:
 def leaf_names(schema: pa.Schema) -> list[str]:
     """Dotted names of the columns a data file stores, in file order: struct children in
     place of their struct, a blob column as one column (what
-    :meth:`~blobhouse.data_file_footer.DataFileFooter.leaf_names` reads back from the file).
+    :meth:`~blobhouse.files.footer.DataFileFooter.leaf_names` reads back from the file).
 
     >>> leaf_names(pa.schema([("id", pa.int64()), ("m", pa.struct([("a", pa.int8())]))]))
     ['id', 'm.a']
@@ -574,7 +575,7 @@ class RecordedHashes:
         rows: ResolvedRows,
         data_file: Callable[[int], str] | None = None,
     ) -> Verify | None:
-        """A :data:`~blobhouse.rangeio.Verify` for reading ``rows.refs``: it raises
+        """A :data:`~blobhouse.files.ranges.Verify` for reading ``rows.refs``: it raises
         :class:`CorruptBlobError` if a payload differs from the blake3 recorded when it was
         written. ``column`` names the blob column in errors; ``file_column(fragment id)`` is
         its column in that fragment's data file, ``data_file(fragment id)`` that file (where
@@ -762,4 +763,4 @@ class Digests:
 
 def _sidecar_data_file(uri: str) -> str:
     """The data file a sidecar (``data/<file>/<blob_id>.blob``) belongs to."""
-    return uri.rsplit("/", 1)[0] + ".lance"
+    return data_file_of(uri)

@@ -18,7 +18,7 @@ it (:func:`leftover_error`). A directory is moved aside before it is removed, an
 removed itself, never what it points to.
 
 >>> import tempfile, os
->>> from blobhouse.storage import LOCAL
+>>> from blobhouse.io.objects import LOCAL
 >>> lock = os.path.join(tempfile.mkdtemp(), "upsert")
 >>> os.symlink("/nonexistent", lock)
 >>> found = found_at(LOCAL, lock)
@@ -39,7 +39,7 @@ import uuid
 from dataclasses import dataclass
 
 from blobhouse.errors import LeftoverError
-from blobhouse.storage import ObjectStore, is_local, put_new, uri_to_path
+from blobhouse.io.objects import ObjectStore, is_local, put_new, uri_to_path
 
 #: an exclusive create writes its content at once: an object empty for longer than this was
 #: left by a process that died in between
@@ -139,7 +139,7 @@ def folder_leftovers(store: ObjectStore, root: str, relative: str) -> list[tuple
     through it (an object store has no such thing).
 
     >>> import tempfile, os
-    >>> from blobhouse.storage import LOCAL
+    >>> from blobhouse.io.objects import LOCAL
     >>> root = tempfile.mkdtemp(); os.symlink(tempfile.mkdtemp(), f"{root}/_leases")
     >>> [found.kind for _, found in folder_leftovers(LOCAL, root, "_leases/locks")]
     ['symlink']

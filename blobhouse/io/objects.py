@@ -40,8 +40,8 @@ from typing import Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from blobhouse.errors import InvalidInputError, StoreError, cleanup_after
-from blobhouse.page_cache import is_cached
-from blobhouse.storage_options import check_option_names
+from blobhouse.io.page_cache import is_cached
+from blobhouse.io.storage_options import check_option_names
 
 StorageOptions = dict[str, str]
 T = TypeVar("T")
@@ -78,7 +78,7 @@ def checked_options(options: Mapping[str, object] | None) -> StorageOptions | No
     become strings (booleans ``"true"``/``"false"``, as Lance requires), an endpoint must name
     its scheme (Lance would panic on ``host:port``), and an ``http://`` endpoint turns on
     ``allow_http``. Keys are Lance's (``aws_endpoint``, ``aws_region``, ...); one Lance does not
-    read is refused, naming the closest (:func:`~blobhouse.storage_options.check_option_names`).
+    read is refused, naming the closest (:func:`~blobhouse.io.storage_options.check_option_names`).
 
     Requests get :data:`REQUEST_BUDGET` where the caller sets none (a number of seconds is
     taken for a ``timeout``); a budget that is not a duration or a count is refused.
@@ -925,7 +925,7 @@ def obstore_settings(
     ...                         "client_max_retries": "1"})
     ({'account_name': 'a'}, {'allow_http': True}, {'max_retries': 1})
     """
-    from blobhouse.storage_options import AZURE, CLIENT, GOOGLE, S3
+    from blobhouse.io.storage_options import AZURE, CLIENT, GOOGLE, S3
 
     azure = {*AZURE, *(f"azure_{n}" for n in AZURE)}
     s3 = {*S3, *(n.removeprefix("aws_") for n in S3)}

@@ -37,7 +37,7 @@ if sys.path and sys.path[0] == "":
     del sys.path[0]
 if sys.argv[1] not in sys.path:
     sys.path.insert(0, sys.argv[1])
-from blobhouse.forks import _serve
+from blobhouse.io.forks import _serve
 _serve()
 """
 _lance_at_fork = False  # whether Lance had started in this process when it last forked

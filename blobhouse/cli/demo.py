@@ -19,7 +19,14 @@ import pyarrow as pa
 
 from blobhouse.dedup import content_hash
 from blobhouse.errors import InvalidInputError
-from blobhouse.storage import StorageOptions, checked_options, is_local, object_store, uri_to_path
+from blobhouse.io.objects import (
+    StorageOptions,
+    checked_options,
+    is_local,
+    object_store,
+    uri_to_path,
+)
+from blobhouse.layout import VERSIONS_DIR
 
 FPS = 30
 FRAMES_PER_EPISODE = 300
@@ -128,7 +135,7 @@ def run_demo(
     earlier ones stay until ``blobhouse gc``); anything else there is refused, never deleted.
     ``out`` may be on an object store that ``storage_options`` reach.
 
-    Ctrl-C cancels the Spark jobs and waits for them (:func:`blobhouse.console.run_spark_job`):
+    Ctrl-C cancels the Spark jobs and waits for them (:func:`blobhouse.spark.jobs.run_spark_job`):
     an interrupted write removes what its tasks staged and commits nothing.
     ``task_progress(step, done, total)`` is told the Spark tasks of each step as they finish."""
     from blobhouse.extras import require_spark
@@ -137,8 +144,8 @@ def run_demo(
     from pyspark.sql import functions as F
 
     import blobhouse.spark as bs
-    from blobhouse.console import run_spark_job
     from blobhouse.spark.datasource import storage_prefixed
+    from blobhouse.spark.jobs import run_spark_job
     from blobhouse.table import open_table
 
     options = checked_options(storage_options)
@@ -221,7 +228,7 @@ def _check_out(uri: str, options: StorageOptions | None) -> None:
         if taken is not None:
             raise InvalidInputError(f"--out {uri}: {taken} is a file; give a directory")
     names = {info.name.split("/", 1)[0] for info in object_store(uri, options).list(uri)}
-    if names and "_versions" not in names:
+    if names and VERSIONS_DIR not in names:
         raise InvalidInputError(
             f"--out {uri} holds other files ({', '.join(sorted(names)[:3])}); the demo writes "
             "its table to a new place or over its own table, never among other files"

@@ -19,12 +19,11 @@ import pyarrow.compute as pc
 from lance import LanceDataset
 
 from blobhouse.errors import BlobhouseError, DataFileError, ExternalBlobError, InvalidInputError
-from blobhouse.layout import BasePaths, TableLocation
+from blobhouse.files.ranges import RefColumns
+from blobhouse.io.objects import StorageOptions, object_store
+from blobhouse.io.uris import normalize_uri
+from blobhouse.layout import DATA_FILE_NAME, BasePaths, TableLocation, sidecar_path
 from blobhouse.placement import AllowedBases, Kind
-from blobhouse.rangeio import RefColumns
-from blobhouse.session import DATA_FILE_NAME, sidecar_name
-from blobhouse.storage import StorageOptions, object_store
-from blobhouse.uris import normalize_uri
 from blobhouse.values import ColumnPath, numbers, path_name, validity
 
 # numpy compares an array with a plain int ~8x faster than with an IntEnum member
@@ -168,7 +167,7 @@ class ReferenceResolver:
     def resolve_rows(
         self, descriptors: pa.Array, row_addresses: pa.Array, field_id: int, column: str = ""
     ) -> ResolvedRows:
-        """:meth:`resolve` as the columns :mod:`blobhouse.rangeio` reads (no Arrow array in
+        """:meth:`resolve` as the columns :mod:`blobhouse.files.ranges` reads (no Arrow array in
         between), with what finds each row's recorded hash."""
         if isinstance(descriptors, pa.ChunkedArray):
             descriptors = descriptors.combine_chunks()
@@ -365,7 +364,7 @@ class ReferenceResolver:
             return self.data_file_uri(fragment_id, field_id)
         if kind in (Kind.PACKED, Kind.DEDICATED):
             data_file = self.data_file_uri(fragment_id, field_id)
-            return f"{data_file.removesuffix('.lance')}/{sidecar_name(blob_id)}"
+            return sidecar_path(data_file, blob_id)
         raise BlobhouseError(
             f"fragment {fragment_id}: cannot resolve a blob descriptor of kind {kind}; "
             "blobhouse resolves inline, packed, dedicated and external blobs"

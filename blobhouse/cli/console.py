@@ -8,16 +8,11 @@ table, lists of records (and mappings of records) in tables of their own.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import sys
 import threading
-import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import IO, Any, TypeVar
-
-T = TypeVar("T")
-ProgressFn = Callable[[str, int, int], None]
+from collections.abc import Iterable, Mapping, Sequence
+from typing import IO, Any
 
 #: list cells show at most this many items, then "... (N more)"
 LIST_ITEMS = 8
@@ -236,26 +231,13 @@ def format_value(key: str, value: Any) -> str:
         if not items:
             return "none"
         if key.endswith("versions") and all(type(v) is int for v in items):
+            from blobhouse.snapshot import version_spans  # (Lance is loaded by then)
+
             items = version_spans(items)
         shown = ", ".join(format_value(key, v) for v in items[:LIST_ITEMS])
         more = len(items) - LIST_ITEMS
         return shown + (f", ... ({more} more)" if more > 0 else "")
     return str(value)
-
-
-def version_spans(versions: Iterable[int]) -> list[str]:
-    """Version numbers as runs of consecutive ones (a table may retain thousands).
-
-    >>> version_spans([7, 1, 2, 3, 9])
-    ['1-3', '7', '9']
-    """
-    spans: list[list[int]] = []
-    for v in sorted(versions):
-        if spans and v == spans[-1][1] + 1:
-            spans[-1][1] = v
-        else:
-            spans.append([v, v])
-    return [str(a) if a == b else f"{a}-{b}" for a, b in spans]
 
 
 def mb(n: float) -> str:
@@ -269,123 +251,3 @@ def _label(key: str) -> str:
 
 def _singular(key: str) -> str:
     return key[:-1] if key.endswith("s") and len(key) > 1 else key
-
-
-_INTERRUPT_HOOKS: list[Callable[[], None]] = []
-
-
-def when_interrupted(hook: Callable[[], None]) -> Callable[[], None]:
-    """Call ``hook`` as soon as Ctrl-C stops a Spark job, before the jobs are cancelled (the
-    command line mutes Spark's output there); returns a function that unregisters it."""
-    _INTERRUPT_HOOKS.append(hook)
-    return lambda: _INTERRUPT_HOOKS.remove(hook) if hook in _INTERRUPT_HOOKS else None
-
-
-def run_spark_job(
-    spark,
-    job: Callable[[], T],
-    *,
-    step: str = "spark",
-    progress: ProgressFn | None = None,
-) -> T:
-    """Run ``job`` (Spark actions) so that Ctrl-C stops it cleanly.
-
-    The actions run in a thread of their own, under a Spark job group; the calling thread
-    waits, reporting the running stages' tasks to ``progress(step, done, total)``. On Ctrl-C
-    (``KeyboardInterrupt`` in the waiting thread) the group's jobs are cancelled and the thread
-    is awaited -- a cancelled write returns only after its ``abort`` removed what the tasks
-    staged -- then ``KeyboardInterrupt`` is raised again. A second Ctrl-C stops the waiting.
-    Called outside the main thread (where no Ctrl-C arrives), ``job`` simply runs.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return job()
-    from pyspark.util import InheritableThread
-
-    context = spark.sparkContext
-    group = f"blobhouse-{uuid.uuid4().hex[:12]}"
-    outcome: dict[str, Any] = {}
-    finished = threading.Event()
-
-    def target() -> None:
-        try:
-            _make_active(spark)
-            context.setJobGroup(group, step, interruptOnCancel=True)
-            outcome["value"] = job()
-        except BaseException as exc:  # handed to the waiting thread
-            outcome["error"] = exc
-        finally:
-            finished.set()
-
-    thread = InheritableThread(target=target, daemon=True)
-    thread.start()
-    watcher = _StageWatcher(context, group, step, progress) if progress else None
-    try:
-        while not finished.wait(0.1):
-            pass
-    except KeyboardInterrupt:
-        for hook in list(_INTERRUPT_HOOKS):
-            with contextlib.suppress(Exception):
-                hook()
-        if watcher:
-            watcher.stop()
-        try:
-            context.cancelJobGroup(group)
-            while not finished.wait(0.1):
-                pass
-        except KeyboardInterrupt:
-            pass  # asked twice: stop waiting for the cleanup
-        raise KeyboardInterrupt from None
-    if watcher:
-        watcher.stop(finished="error" not in outcome)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
-def _make_active(spark) -> None:
-    """Make ``spark`` the JVM's active session in this thread: Spark finds Python data sources
-    (``blobhouse``) through the active session, which a new thread does not have
-    (docs/spark-cluster.md, Threads)."""
-    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
-
-
-class _StageWatcher:
-    """Polls Spark's status tracker for the tasks of a job group (its own thread, so Ctrl-C
-    never lands inside one of its calls to the JVM)."""
-
-    def __init__(self, context, group: str, step: str, progress: ProgressFn) -> None:
-        self.context, self.group, self.step, self.progress = context, group, step, progress
-        self.stopped = threading.Event()
-        self.last: tuple[int, int] | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            tracker = self.context.statusTracker()
-            while not self.stopped.wait(0.5):
-                done = total = 0
-                for job_id in tracker.getJobIdsForGroup(self.group):
-                    job = tracker.getJobInfo(job_id)
-                    for stage_id in job.stageIds if job else ():
-                        stage = tracker.getStageInfo(stage_id)
-                        if stage is not None:
-                            done += stage.numCompletedTasks
-                            total += stage.numTasks
-                if self.stopped.is_set() or not total or (done, total) == self.last:
-                    continue
-                if self.last is None and done:
-                    self.progress(self.step, 0, total)  # logs get a line when a step starts
-                self.last = (done, total)
-                self.progress(self.step, done, total)
-        except Exception:  # progress is a courtesy: a failed poll ends it quietly
-            return
-
-    def stop(self, finished: bool = False) -> None:
-        """Stop polling; ``finished``: the job succeeded, so its bar is shown full."""
-        if self.stopped.is_set():
-            return
-        self.stopped.set()
-        self.thread.join(timeout=2)
-        if finished and self.last is not None and self.last[0] < self.last[1]:
-            self.progress(self.step, self.last[1], self.last[1])

@@ -4,8 +4,8 @@ blob columns returned as references or as checked bytes.
 :class:`TableReader` is the service behind :class:`~blobhouse.Table`'s reads; it takes a
 :class:`~blobhouse.snapshot.TableSnapshot`. Blob columns of fragments read often come from
 their kept references (:mod:`blobhouse.kept_references`) instead of Lance's take; bytes are
-read with coalesced ranged reads (:mod:`blobhouse.rangeio`), checked against the blake3
-recorded when they were written (:mod:`blobhouse.checksums`). References carry that blake3
+read with coalesced ranged reads (:mod:`blobhouse.files.ranges`), checked against the blake3
+recorded when they were written (:mod:`blobhouse.files.checksums`). References carry that blake3
 (``REF_TYPE``'s ``blake3``), so whoever reads them later checks the bytes without the table.
 """
 
@@ -20,7 +20,6 @@ from typing import Any, BinaryIO, Literal, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from blobhouse.checksums import Digests
 from blobhouse.columns import lance_name, resolve_columns
 from blobhouse.errors import (
     BlobReadError,
@@ -28,10 +27,11 @@ from blobhouse.errors import (
     is_damaged_file_error,
     lance_message,
 )
+from blobhouse.files.checksums import Digests
+from blobhouse.files.ranges import REF_TYPE, open_ref, read_ranges, read_ranges_arrow
+from blobhouse.files.references import ResolvedRows
 from blobhouse.kept_references import DeletedRowsError, take_rows_by_id
 from blobhouse.options import check_flag, check_int
-from blobhouse.rangeio import REF_TYPE, open_ref, read_ranges, read_ranges_arrow
-from blobhouse.references import ResolvedRows
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import TableSnapshot
 from blobhouse.values import (

@@ -19,8 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from blobhouse.errors import UnknownOptionError
-from blobhouse.settings import closest
+from blobhouse.errors import UnknownOptionError, closest
 
 # every store's HTTP client; also with a store's prefix (aws_timeout, azure_timeout, ...)
 CLIENT = (

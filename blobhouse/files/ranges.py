@@ -30,10 +30,10 @@ from blobhouse.errors import (
     StoreError,
     StoreReadError,
 )
-from blobhouse.kept_threads import KeptThreads
+from blobhouse.io.kept_threads import KeptThreads
+from blobhouse.io.objects import MISSING_BUCKET, RangeSource, object_store
 from blobhouse.options import check_flag
 from blobhouse.placement import MiB
-from blobhouse.storage import MISSING_BUCKET, RangeSource, object_store
 
 REF_FIELDS = ("uri", "position", "size")  # where the bytes are
 REF_TYPE = pa.struct(
@@ -319,7 +319,7 @@ def read_ranges(
     check_hashes: bool = True,
 ) -> list:
     """The bytes of every reference, in order (None for None). ``storage_options`` configure
-    access to object stores (see :func:`blobhouse.storage.checked_options`); ``verify`` checks
+    access to object stores (see :func:`blobhouse.io.objects.checked_options`); ``verify`` checks
     each payload as it arrives (see :data:`Verify`), and so does the blake3 a
     :class:`BlobRef` carries, unless ``check_hashes`` is False (:func:`carried_hashes`).
 
