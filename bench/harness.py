@@ -14,6 +14,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+@dataclass(frozen=True)
+class Size:
+    """How big each case runs: ``quick`` for CI smoke runs, ``full`` for BENCHMARKS.md."""
+
+    name: str
+    runs: int
+    distinct_rows: int  # the "1000 rows from 50 distinct 1 MB" storage case
+    distinct_payloads: int
+    episodes_rows: int
+    unique_rows: int  # all-unique 1 MB rows
+    write_bytes: int  # logical bytes per write-throughput case
+    access_rows: int  # rows of 1 MB in the random-access table
+    scale_rows: tuple[int, ...]
+    scale_gb: tuple[float, ...]  # unique 1 MB payloads
+    scale_dup_gb: tuple[float, ...]  # logical GB of 1 MB payloads, each in SCALE_DUPLICATES rows
+    scale_versions: tuple[int, ...]  # fragments (and versions) at which maintenance is timed
+    spark_rows: int
+    machine_bytes: int
+    appends: int  # appends of 24 rows piled up before a compaction
+    s3_rows: int  # 1 MB payloads per object-storage workload
+    mutation_rows: int  # rows of the table the mutations case changes
+    one_fragment_rows: int  # rows of its second table, in one fragment (Lance's default size)
+    loader_images: int  # rows of 100 KB images the loader case reads in an epoch
+    loader_clips: int  # distinct clips of the loader case, each in ROWS_PER_CLIP rows
+    loader_clip_bytes: tuple[int, int]  # their smallest and largest size
+    loader_workers: tuple[int, ...]  # DataLoader worker counts
+    startup_rows: int  # rows of the table whose first batch is timed
+    robot_episodes: int  # episodes of the robot_video case's LeRobot dataset ...
+    robot_frames: int  # ... frames per episode ...
+    robot_image: tuple[int, int]  # ... camera image height and width ...
+    robot_cameras: int  # ... and cameras
+    robot_batches: int  # batches of 64 rows each reader reads per order and round
+
+
 @dataclass
 class Case:
     """One benchmark case: named measurements per contender, and the ratios that matter."""

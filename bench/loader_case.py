@@ -24,17 +24,14 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.harness import Case, Scratch, disk_bytes
-
-if TYPE_CHECKING:
-    from bench.cases import Size
+from bench.harness import Case, Scratch, Size, disk_bytes
 
 KB, MB = 1024, 1024 * 1024
 BATCH = 32

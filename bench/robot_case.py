@@ -26,21 +26,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import av
 import numpy as np
 import pyarrow as pa
 from torch.utils.data import DataLoader
 
-from bench.harness import Case, Scratch, disk_bytes
+from bench.harness import Case, Scratch, Size, disk_bytes
 from blobhouse.lerobot import LeRobotSource, column_name, ingest_lerobot
 from blobhouse.lerobot.sample import write_sample_dataset
 from blobhouse.loader import EpochPlan
 from blobhouse.torch import TableRowDataset, collate_rows
-
-if TYPE_CHECKING:
-    from bench.cases import Size
 
 ROOT = Path(__file__).resolve().parent.parent
 LEROBOT_PYTHON = ROOT / ".venv-lerobot" / "bin" / "python"

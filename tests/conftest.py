@@ -140,75 +140,41 @@ class S3Bucket:
 
 
 # Markers (declared in pyproject.toml; tests/README.md has the quick loop). Most come from where
-# a test lives or what it asks for; the sets below name the tests that need one otherwise.
+# a test lives or what it asks for, applied here; a test that needs one otherwise carries it in
+# its own file (``@pytest.mark.slow``, a module's ``pytestmark``).
 
 # Every test of a wing (tests/<wing>/) carries its marker.
 WING_MARKERS = {"faults": "faults"}
-# Tests that start Spark without asking for the ``spark`` fixture: in child processes (a killed
-# job, a standalone cluster, the benchmark's Spark contenders); the docs' Spark pages ask for
-# the fixture themselves (tests/docs/test_docs.py).
-SPARK_MODULES = {"test_spark_crash_safety.py", "test_spark_cluster.py", "test_bench.py"}
-CLUSTER_MODULES = {"test_spark_cluster.py"}  # a standalone master and workers
-# The local S3 server: the fixtures that start it, and tests that start one of their own
-# (the demo's --local-s3, the benchmark's object-storage case, the LocalS3Server doctest).
+# The fixtures that start the local S3 server or Azurite.
 OBJECT_STORE_FIXTURES = {"s3", "s3_server", "azure", "azure_server"}
-OBJECT_STORE_MODULES = {"test_object_storage.py", "test_bench.py"}
-OBJECT_STORE_TESTS = {
-    "tests/cli/test_cli.py::test_demo_on_a_local_s3_server",
-    "blobhouse/testing.py::blobhouse.testing",
-}
-# The longest tests that no other marker keeps out of the quick loop (5 s or more in the quick
-# loop's --durations on the 2-core machine: together 3 of its 5 minutes), and the two longest of
-# the whole suite: the benchmark's smoke run (300 s) and the standalone cluster (190 s).
-SLOW_MODULES = {"test_bench.py", "test_spark_cluster.py"}
-SLOW_TESTS = {
-    "tests/read/test_torch.py::test_resuming_from_the_main_process_count_continues_the_epoch",
-    "tests/read/test_torch.py::test_orders_change_with_the_epoch_and_repeat_with_the_seed",
-    "tests/read/test_torch.py::"
-    "test_forked_workers_of_a_parent_that_used_lance_read_through_a_fresh_process",
-    "tests/read/test_torch.py::test_persistent_workers_read_the_epoch_set_and_a_resumed_start[spawn]",
-    "tests/read/test_torch.py::test_two_ranks_of_two_spawned_workers_read_every_row_once",
-    "tests/read/test_torch.py::test_two_ranks_of_two_forked_workers_read_every_row_once",
-    "tests/read/test_torch.py::test_the_row_dataset_with_a_distributed_sampler_reads_every_row_once",
-    "tests/maintenance/test_table_services_properties.py::test_table_services::runTest",
-    "tests/write/test_streaming.py::test_peak_memory_is_flat_as_a_data_file_of_small_rows_grows",
-    "tests/write/test_streaming.py::test_peak_memory_is_flat_as_the_table_grows",
-    "tests/store/test_global_dedup.py::test_a_writer_and_gc_in_separate_processes_lose_nothing",
-}
+# Doctests that start a server of their own: a doctest cannot carry a marker, so it is named here
+# (the LocalS3Server example of blobhouse/testing.py).
+OBJECT_STORE_DOCTESTS = {"blobhouse/testing.py::blobhouse.testing"}
+# Doctests that need pyspark, by where they live (the docs' Spark pages are marked in
+# tests/docs/test_docs.py).
+SPARK_DOCTESTS = ("blobhouse/spark/", "bench/spark_targets.py")
 
 
 def _markers(item: pytest.Item) -> set[str]:
-    """The markers ``item`` gets from where it lives, what it asks for, and the sets above."""
+    """The markers ``item`` gets from where it lives and what it asks for."""
     fixtures = set(getattr(item, "fixturenames", ()))
-    module = item.path.name
     markers = set()
     parts = item.path.relative_to(item.config.rootpath).parts
     if len(parts) > 2 and parts[0] == "tests" and parts[1] in WING_MARKERS:
         markers.add(WING_MARKERS[parts[1]])
-    if (
-        "spark" in fixtures
-        or module in SPARK_MODULES
-        or item.nodeid.startswith(("blobhouse/spark/", "bench/spark_targets.py"))
-    ):
+    if "spark" in fixtures or item.nodeid.startswith(SPARK_DOCTESTS):
         markers.add("spark")
-    if module in CLUSTER_MODULES:
-        markers.add("cluster")
-    if (
-        fixtures & OBJECT_STORE_FIXTURES
-        or module in OBJECT_STORE_MODULES
-        or item.nodeid in OBJECT_STORE_TESTS
-    ):
+    if fixtures & OBJECT_STORE_FIXTURES or item.nodeid in OBJECT_STORE_DOCTESTS:
         markers.add("object_store")
-    if module in SLOW_MODULES or item.nodeid in SLOW_TESTS:
-        markers.add("slow")
     return markers
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks each test ``spark``, ``cluster``, ``object_store``, ``faults`` and ``slow`` as it
-    needs (tests/README.md): ``pytest -m "not spark"`` runs the Python-only tests (what ``pip
-    install blobhouse`` without the ``spark`` extra supports), and ``-m "not spark and not
-    faults and not object_store and not slow"`` is the quick loop."""
+    """Marks each test ``spark``, ``object_store`` and ``faults`` as its wing and fixtures
+    say; ``cluster``, ``slow`` and the rest are on the tests themselves (tests/README.md).
+    ``pytest -m "not spark"`` runs the Python-only tests (what ``pip install blobhouse``
+    without the ``spark`` extra supports), and ``-m "not spark and not faults and not
+    object_store and not slow"`` is the quick loop."""
     for item in items:
         for marker in sorted(_markers(item)):
             item.add_marker(getattr(pytest.mark, marker))

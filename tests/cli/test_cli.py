@@ -74,6 +74,7 @@ def test_missing_table_is_a_clear_error(tmp_path, capsys):
     assert "no table at" in capsys.readouterr().err
 
 
+@pytest.mark.object_store  # the demo starts a local S3 server of its own
 def test_demo_on_a_local_s3_server(capsys):
     args = ["demo", "--rows", "40", "--local-s3", "--json", "--master", "local[2]"]
     assert main(args) == 0

@@ -1,5 +1,5 @@
 """The documentation runs as written: every Python block of README.md and docs/*.md, every
-relative link, and the README's quick start."""
+relative link, the README's quick start, and its performance figures are the recorded run's."""
 
 from __future__ import annotations
 
@@ -61,6 +61,18 @@ def test_readme_starts_with_the_two_commands():
     assert [line.split("#")[0].strip() for line in quick] == ["bin/blobhouse demo", "bin/test"]
     ci = (ROOT / ".ci" / "run").read_text()
     assert ci.strip().splitlines()[-1] == "bin/test"
+
+
+def test_readme_performance_is_the_recorded_runs():
+    """README's performance headline is what bench/report.py writes from the recorded results
+    (bench/results/*.json, the run BENCHMARKS.md shows), not figures copied by hand:
+    ``bin/bench`` rewrites it with BENCHMARKS.md."""
+    from bench.report import readme_headline, with_headline
+
+    text = README.read_text()
+    assert with_headline(text, readme_headline(ROOT / "bench" / "results")) == text, (
+        "README.md's performance block is not the recorded run's: python -m bench.report"
+    )
 
 
 def slug(heading: str) -> str:

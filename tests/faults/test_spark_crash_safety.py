@@ -20,12 +20,15 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.maintenance.garbage_collection import orphans
 from tests.faults.test_crash_safety import assert_latest_reads_back, assert_only_orphans_left
 from tests.helpers import worker_script
 from tests.workers.crash_worker import payload
+
+pytestmark = pytest.mark.spark  # the jobs start Spark in child processes
 
 KILLS = int(os.environ.get("BLOBHOUSE_SPARK_CRASH_KILLS", "3"))
 SEED = int(os.environ.get("BLOBHOUSE_SPARK_CRASH_SEED", "20261122"))

@@ -302,7 +302,7 @@ class TableServices(RuleBasedStateMachine):
 TableServices.TestCase.settings = settings(
     PROPERTY_SETTINGS, max_examples=25, stateful_step_count=10
 )
-test_table_services = TableServices.TestCase
+test_table_services = pytest.mark.slow(TableServices.TestCase)
 
 
 # --- leftovers and the grace period -------------------------------------------------------

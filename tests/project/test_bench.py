@@ -6,7 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT
+
+# the smoke run (300 s) runs the Spark and object-storage cases in child processes
+pytestmark = [pytest.mark.spark, pytest.mark.object_store, pytest.mark.slow]
 
 
 def test_quick_benchmark_run(tmp_path):

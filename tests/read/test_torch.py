@@ -85,6 +85,7 @@ def check_two_ranks(samples: list, digests: dict, parent: int, rows: list[int]) 
     return seen
 
 
+@pytest.mark.slow
 def test_two_ranks_of_two_spawned_workers_read_every_row_once(clips):
     uri, digests = clips
     ranks = [epoch_of(uri, rank, context="spawn", seed=4) for rank in (0, 1)]
@@ -94,6 +95,7 @@ def test_two_ranks_of_two_spawned_workers_read_every_row_once(clips):
     assert sum(seen.values()) == 46 and list(seen.values()).count(2) == 1  # one padding row
 
 
+@pytest.mark.slow
 def test_two_ranks_of_two_forked_workers_read_every_row_once(clips):
     # the parent of forked workers must not have used Lance: a fresh process, as in training
     uri, digests = clips
@@ -104,6 +106,7 @@ def test_two_ranks_of_two_forked_workers_read_every_row_once(clips):
     assert [i for i, _, _ in run["result"]][: len(forked_spawned)] == forked_spawned
 
 
+@pytest.mark.slow
 def test_forked_workers_of_a_parent_that_used_lance_read_through_a_fresh_process(clips):
     # this pytest process has used Lance: its forked workers must not call Lance themselves
     # (pylance crashes or hangs at random there); they read through a helper process each
@@ -116,6 +119,7 @@ def test_forked_workers_of_a_parent_that_used_lance_read_through_a_fresh_process
     assert [ids(r) for r in ranks] == [ids(r) for r in spawned]  # the same order
 
 
+@pytest.mark.slow
 def test_orders_change_with_the_epoch_and_repeat_with_the_seed(clips):
     uri, _ = clips
     first = ids(epoch_of(uri, 0, seed=8, epoch=0))
@@ -125,6 +129,7 @@ def test_orders_change_with_the_epoch_and_repeat_with_the_seed(clips):
     assert ids(epoch_of(uri, 0, seed=9, epoch=0)) != first
 
 
+@pytest.mark.slow
 def test_resuming_from_the_main_process_count_continues_the_epoch(clips):
     uri, _ = clips
     expected = ids(epoch_of(uri, 1, seed=2, epoch=3))
@@ -167,7 +172,7 @@ def test_resuming_from_the_main_process_count_continues_the_epoch(clips):
     )
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_persistent_workers_read_the_epoch_set_and_a_resumed_start(clips, context):
     uri, digests = clips
     dataset = TableBatchDataset(
@@ -250,6 +255,7 @@ def test_without_a_transform_batches_are_tensors_and_lists(clips):
     assert [hashlib.sha256(b).hexdigest() for b in batch["clip"]] == [digests[i] for i in range(8)]
 
 
+@pytest.mark.slow
 def test_the_row_dataset_with_a_distributed_sampler_reads_every_row_once(clips):
     uri, digests = clips
     dataset = TableRowDataset(uri, ["id", "clip"], transform=decode, filter="split = 'train'")

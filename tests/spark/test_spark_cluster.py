@@ -12,9 +12,14 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
 from blobhouse import open_table
 from blobhouse.testing import LocalSparkCluster, _alive_workers
 from tests.helpers import stock_read
+
+# a standalone master and workers (190 s), the jobs in child processes
+pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.slow]
 
 SERVICES = """
 import contextlib, io, json, os, sys

@@ -54,6 +54,9 @@ from blobhouse.testing import LocalS3Server
 from blobhouse.write import begin_write
 from tests.helpers import worker_script
 
+# every test here runs against the local S3 server (those taking no fixture start their own)
+pytestmark = pytest.mark.object_store
+
 KIB, MIB = 1024, 1024 * 1024
 S3_CRASH_KILLS = int(os.environ.get("BLOBHOUSE_S3_CRASH_KILLS", "3"))
 S3_CRASH_SEED = int(os.environ.get("BLOBHOUSE_S3_CRASH_SEED", "9"))

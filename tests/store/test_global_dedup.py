@@ -317,6 +317,7 @@ def test_a_pack_referenced_after_it_was_retired_is_resurrected_not_deleted(table
     assert open_table(table_uri).verify()["problems"] == []
 
 
+@pytest.mark.slow
 def test_a_writer_and_gc_in_separate_processes_lose_nothing(table_uri):
     """gc retires and reaps store packs (grace 2 s) while another process keeps appending and
     overwriting rows whose payloads it finds in the store's index."""

@@ -8,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test writes gigabytes in a child process
+
 MB = 1 << 20
 
 SCRIPT = textwrap.dedent(
