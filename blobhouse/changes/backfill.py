@@ -9,7 +9,7 @@ writes through the same write pipeline as every other write.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +23,12 @@ from lance.schema import LanceSchema
 from blobhouse.changes.schema_changes import add_null_blob_column
 from blobhouse.columns import check_new_name, resolve_column
 from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
-from blobhouse.commit.transaction import Transaction, record_stored
+from blobhouse.commit.transaction import Transaction
 from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after
 from blobhouse.files.session import WrittenFile
 from blobhouse.placement import AllowedBases, Placement, placement_metadata
 from blobhouse.properties import DEDUP_KEY, TableProperties
-from blobhouse.store.packs import store_base_id
+from blobhouse.store.packs import StoredPayload, store_base_id
 from blobhouse.store.writer import StoreWriter
 from blobhouse.values import blob_array, get_field, is_lance_blob_field, stored_blob_columns
 from blobhouse.write.pipeline import DataFileWriter, plan_write
@@ -210,9 +210,13 @@ def check_fragment_rows(written: WrittenFile, fragment) -> None:
 
 
 def commit_backfill(
-    table: TableSnapshot, plan: BackfillPlan, files: Mapping[int, WrittenFile]
+    table: TableSnapshot,
+    plan: BackfillPlan,
+    files: Mapping[int, WrittenFile],
+    stored: Sequence[StoredPayload] = (),
 ) -> LanceDataset:
-    """Swap the new files in for every fragment in one Lance transaction."""
+    """Swap the new files in for every fragment in one Lance transaction (``stored``: payloads
+    the files' tasks put in the store, recorded by the commit)."""
     dataset = table.dataset
     fragments = dataset.get_fragments()
     unknown = sorted(set(files) - {f.fragment_id for f in fragments})
@@ -258,7 +262,7 @@ def commit_backfill(
                 for f in fragments
             ]
         )
-    return transaction.commit(list(files.values()), lambda: operation)
+    return transaction.commit(list(files.values()), lambda: operation, stored=stored)
 
 
 #: how a backfill writes its files: fragment id -> new file, and the payloads it stored
@@ -318,10 +322,7 @@ class _Backfill(BaseChange):
 
     def commit(self, run: Planned[BackfillPlan], staged: Staged) -> LanceDataset:
         files, stored = staged.detail
-        dataset = commit_backfill(run.table, run.plan, files)
-        if stored:
-            record_stored(run.table.location.root, stored, run.table.storage_options)
-        return dataset
+        return commit_backfill(run.table, run.plan, files, stored)
 
     def report(self, *_: object) -> None:
         return None  # a backfill reports nothing but the version it committed

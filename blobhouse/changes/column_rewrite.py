@@ -40,7 +40,7 @@ from blobhouse.options import WriteOptions
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
 from blobhouse.settings import DEDUP_MODE
-from blobhouse.store.packs import store_base_id
+from blobhouse.store.packs import StoredPayload, store_base_id
 from blobhouse.values import (
     ROW_ADDRESS,
     ColumnPath,
@@ -395,6 +395,7 @@ def commit_rewrite(
     new_files: Sequence[WrittenFile] = (),
     matched: Mapping[int, BitMap] | None = None,
     inserts: Inserts | None = None,
+    stored: Sequence[StoredPayload] = (),
 ) -> LanceDataset:
     """One Lance ``Update`` commit: each fragment of ``files`` reads ``rewrite.columns`` from
     its new file (the old files' copies retired), ``deletions`` (fragment id -> metadata with
@@ -402,7 +403,8 @@ def commit_rewrite(
     fragments. ``matched`` (fragment id -> offsets of the rows that got new values; by default
     the rows ``rewrite.source`` names) lets Lance stamp those rows, and only those, as updated
     in this version on a table with stable row ids (elsewhere Lance has no use for them).
-    ``inserts``: the keys a merge inserts (see :meth:`Transaction.commit`)."""
+    ``inserts``: the keys a merge inserts, ``stored``: payloads stored besides the files' own
+    (see :meth:`Transaction.commit`)."""
     dataset = table.dataset
     deletions = dict(deletions or {})
     removed = sorted(i for i, metadata in deletions.items() if metadata is None)
@@ -433,7 +435,7 @@ def commit_rewrite(
         ),
     )
     return rewrite.transaction.commit(
-        [*files.values(), *new_files], lambda: operation, inserts=inserts
+        [*files.values(), *new_files], lambda: operation, inserts=inserts, stored=stored
     )
 
 

@@ -176,6 +176,7 @@ class Transaction:
         *,
         commit: Callable[[], LanceDataset] | None = None,
         inserts: Inserts | None = None,
+        stored: Sequence[StoredPayload] = (),
     ) -> LanceDataset:
         """Make ``written`` visible with one Lance commit of ``operation()`` on the read
         version (or with ``commit()``, a commit of the caller's own such as Lance's compaction
@@ -184,6 +185,9 @@ class Transaction:
         A merge that inserts keys names them (``inserts``): it commits under the table's upsert
         lock, and only if no commit since its read version holds one of them
         (:meth:`check_inserts`); else :class:`~blobhouse.errors.KeysInsertedMeanwhile`.
+
+        ``stored``: payloads this transaction put in the store besides its files' own (a
+        store-first write's, a backfill's tasks'): recorded with them.
 
         Right before the commit, every staged file must still exist and the store packs the
         files reference must not be retired (gc may have run meanwhile); the lease is held
@@ -215,8 +219,8 @@ class Transaction:
             except BaseException as exc:
                 cleanup_after(exc, lambda: self.abort(written))
                 raise
-            stored = [s for w in written for s in w.stored] + _adopted(written)
-            record_stored(self.location.root, stored, self.storage_options)
+            own = [s for w in written for s in w.stored] + _adopted(written) + list(stored)
+            record_stored(self.location.root, own, self.storage_options)
             self._register_managed(dataset, written, owned_elsewhere)
             if any(w.claimed for w in written):
                 remove_claims(self.location.root, self.id, self.storage_options)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from blobhouse.commit import leases
-from blobhouse.commit.transaction import Transaction, record_stored
+from blobhouse.commit.transaction import Transaction
 from blobhouse.dedup import content_hash
 from blobhouse.errors import (
     InvalidInputError,
@@ -38,7 +38,8 @@ from blobhouse.snapshot import TableSnapshot, open_dataset, open_snapshot
 from blobhouse.store.packs import StoredPayload, store_uri_prefix
 from blobhouse.store.writer import StoreWriter
 from blobhouse.table import Table
-from blobhouse.write.table_write import WriteAttempt, begin_write
+from blobhouse.write.store_first import BeginRows, run_store_first
+from blobhouse.write.table_write import WriteAttempt
 
 ImportMode = Literal["create", "append", "overwrite"]
 Progress = Callable[[str, int, int], None]
@@ -131,17 +132,17 @@ class ImportPlan:
             progress("video files", len(videos), len(videos))
         return StoredVideos(chunks, tuple(store.packs.stored))
 
-    def begin_write(self, stored: StoredVideos, mode: str, **how: Any) -> WriteAttempt:
-        """The write of the frame rows (``how``: its batches here, or ``in_tasks``): under the
-        import's transaction, its camera columns references into the store already."""
-        return begin_write(
-            self.location.root,
+    def begin_write(
+        self, stored: StoredVideos, mode: str, begin: BeginRows, **how: Any
+    ) -> WriteAttempt:
+        """The write of the frame rows (``how``: its batches here, or ``in_tasks``) begun with
+        ``begin`` (:func:`~blobhouse.write.store_first.run_store_first`'s: under the import's
+        transaction), its camera columns references into the store already."""
+        return begin(
             self._schema(stored.chunks),
             self.write_options(),
-            mode=mode,  # type: ignore[arg-type]
-            storage_options=self.storage_options,
+            mode=mode,
             load_store_index=False,
-            write_id=self.name_prefix.removesuffix("-"),
             **how,
         )
 
@@ -149,9 +150,20 @@ class ImportPlan:
         """The rows' schema: the first batch's (every data file has the same columns)."""
         return next(self.source.frame_batches(chunks)).schema  # read() found frames
 
-    def finished(self, snapshot: TableSnapshot, stored: StoredVideos) -> LeRobotImport:
-        """After the commit: the stored payloads go to the store's index."""
-        record_stored(self.location.root, stored.stored, self.storage_options)
+    def store_step(
+        self, store: Callable[[], StoredVideos]
+    ) -> Callable[[], tuple[StoredVideos, tuple[StoredPayload, ...]]]:
+        """``store`` as a store-first write's first step: the videos and what was stored anew
+        (the rows' commit records it in the store's index)."""
+
+        def step() -> tuple[StoredVideos, tuple[StoredPayload, ...]]:
+            stored = store()
+            return stored, stored.stored
+
+        return step
+
+    def finished(self, snapshot: TableSnapshot) -> LeRobotImport:
+        """What the import did, once its rows committed."""
         return LeRobotImport(
             Table(snapshot),
             self.source.frames,
@@ -224,18 +236,14 @@ def ingest_lerobot(
     (8, ('observation_images_cam',), 8)
     """
     plan, txn = plan_import(dataset, table, mode, storage_options)
-    with txn.lease():
-        try:
-            stored = plan.store(plan.source.videos, progress)
-            frames = plan.source.frame_batches(stored.chunks)
-            write = plan.begin_write(
-                stored, mode, batches=_counted(frames, plan.source.frames, progress)
-            )
-            snapshot = write.run().snapshot
-        except BaseException as exc:
-            cleanup_after(exc, txn.abort)
-            raise
-    return plan.finished(snapshot, stored)
+
+    def write_rows(stored: StoredVideos, begin: BeginRows) -> TableSnapshot:
+        frames = _counted(plan.source.frame_batches(stored.chunks), plan.source.frames, progress)
+        return plan.begin_write(stored, mode, begin, batches=frames).run().snapshot
+
+    store = plan.store_step(lambda: plan.store(plan.source.videos, progress))
+    _, snapshot = run_store_first(txn, store, write_rows)
+    return plan.finished(snapshot)
 
 
 def _counted(

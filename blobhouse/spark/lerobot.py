@@ -22,8 +22,10 @@ from blobhouse.lerobot.ingest import (
     StoredVideos,
     plan_import,
 )
+from blobhouse.snapshot import TableSnapshot
 from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.jobs import run_tasks
+from blobhouse.write.store_first import BeginRows, run_store_first
 from blobhouse.write.table_write import TableWrite
 
 
@@ -41,26 +43,25 @@ def ingest_lerobot(
     file, one commit; a failed task or commit leaves the table as it was and removes what the
     tasks wrote."""
     plan, txn = plan_import(dataset, table, mode, storage_options)
-    with txn.lease():
+
+    def store() -> StoredVideos:
+        return StoredVideos.merged(run_tasks(spark, [[v] for v in plan.source.videos], plan.store))
+
+    def write_rows(stored: StoredVideos, begin: BeginRows) -> TableSnapshot:
+        write = plan.begin_write(stored, mode, begin, in_tasks=True)
         try:
-            stored = StoredVideos.merged(
-                run_tasks(spark, [[v] for v in plan.source.videos], plan.store)
+            written = run_tasks(
+                spark,
+                [[path] for path in plan.source.data_files],
+                _frames_writer(plan, write.plan, stored),
             )
-            write = plan.begin_write(stored, mode, in_tasks=True)
-            try:
-                written = run_tasks(
-                    spark,
-                    [[path] for path in plan.source.data_files],
-                    _frames_writer(plan, write.plan, stored),
-                )
-            except BaseException as exc:
-                cleanup_after(exc, lambda: write.ending(lambda: write.abort(tasks_may_run=True)))
-                raise
-            committed = write.ending(lambda: write.commit([f for fs in written for f in fs]))
         except BaseException as exc:
-            cleanup_after(exc, lambda: txn.abort(tasks_may_run=True))
+            cleanup_after(exc, lambda: write.ending(lambda: write.abort(tasks_may_run=True)))
             raise
-    return plan.finished(committed.snapshot, stored)
+        return write.ending(lambda: write.commit([f for fs in written for f in fs])).snapshot
+
+    _, snapshot = run_store_first(txn, plan.store_step(store), write_rows, tasks_may_run=True)
+    return plan.finished(snapshot)
 
 
 def _frames_writer(

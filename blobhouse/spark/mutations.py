@@ -57,7 +57,6 @@ from blobhouse.commit.transaction import (
     Inserts,
     StagedDeletion,
     Transaction,
-    record_stored,
     remove_deletions,
     stage_deletion,
 )
@@ -341,8 +340,8 @@ class _MergeInTasks(BaseChange):
             new_files=written.new_files,
             matched=written.changed,
             inserts=plan.match.inserts(table, rows - matched) if insert else None,
+            stored=written.stored,
         )
-        record_stored(table.location.root, written.stored, table.storage_options)
         return dataset
 
     def report(

@@ -45,7 +45,7 @@ from blobhouse.options import WriteOptions
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties, field_ids
 from blobhouse.snapshot import TableSnapshot, open_dataset
-from blobhouse.store.packs import store_base
+from blobhouse.store.packs import StoredPayload, store_base
 from blobhouse.values import find_blob_columns, path_name
 from blobhouse.write.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
 from blobhouse.write.prepare import (
@@ -152,8 +152,11 @@ class TableWrite:
         txn.end_task(written)
         return written
 
-    def commit(self, written: Sequence[WrittenFile]) -> TableSnapshot:
-        """Make every written file visible in one Lance transaction.
+    def commit(
+        self, written: Sequence[WrittenFile], stored: Sequence[StoredPayload] = ()
+    ) -> TableSnapshot:
+        """Make every written file visible in one Lance transaction (``stored``: payloads the
+        write put in the store before its rows, recorded by the commit).
 
         A write that created the table and lost that race to another creator commits again
         on the table the other one made: as an append (``mode="append"``) or an overwrite,
@@ -164,14 +167,16 @@ class TableWrite:
             dataset = self.transaction.read_dataset()
             return TableSnapshot(dataset, self.location, self.storage_options)
         try:
-            dataset = self.transaction.commit(written, lambda: self._operation(written))
+            dataset = self.transaction.commit(
+                written, lambda: self._operation(written), stored=stored
+            )
         except TableCreatedMeanwhile:
             try:
                 again = self._on_table_made_meanwhile()
             except BaseException as exc:
                 cleanup_after(exc, lambda: self.abort(written))
                 raise
-            return again.commit(written)
+            return again.commit(written, stored)
         except BaseException:
             self._remove_empty_dirs_if_new()
             raise
@@ -313,6 +318,8 @@ class WriteChange(BaseChange[TableWrite, TableSnapshot]):
     load_store_index: bool = True
     write_id: str | None = None
     batches: Iterable[pa.RecordBatch] | None = field(default=None, compare=False)
+    # payloads the write stored before its rows (write.store_first), recorded by its commit
+    stored_first: Sequence[StoredPayload] = field(default=(), compare=False, repr=False)
 
     @property
     def in_tasks(self) -> bool:  # type: ignore[override]
@@ -326,7 +333,7 @@ class WriteChange(BaseChange[TableWrite, TableSnapshot]):
             staged.written.extend(write.write(self.batches))
 
     def commit(self, write: TableWrite, staged: Staged) -> LanceDataset:
-        return write.commit(staged.written).dataset
+        return write.commit(staged.written, self.stored_first).dataset
 
     def report(
         self, write: TableWrite, staged: Staged, committed: TableSnapshot, attempt: int
@@ -337,7 +344,8 @@ class WriteChange(BaseChange[TableWrite, TableSnapshot]):
         write.abort(staged.written, tasks_may_run=tasks_may_run)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "batches": None}  # a stream stays where it was read
+        # a stream stays where it was read; the stored payloads where the commit runs
+        return {**self.__dict__, "batches": None, "stored_first": ()}
 
 
 WriteAttempt = Attempt[TableWrite, TableSnapshot]
@@ -356,6 +364,7 @@ def begin_write(
     load_store_index: bool = True,
     write_id: str | None = None,
     allow_nonempty_folder: bool = False,
+    stored_first: Sequence[StoredPayload] = (),
 ) -> WriteAttempt:
     """Check ``mode`` against the table at ``uri``, and plan the write of data shaped as
     ``schema``: of ``batches`` in this process (:meth:`~blobhouse.commit.change.Attempt.run`),
@@ -364,7 +373,8 @@ def begin_write(
 
     ``load_store_index=False``: the rows were already looked up in the table's store (a
     Spark join), so the writing tasks do not load its index. ``write_id``: the id of a
-    write that already staged files (store packs stored before the rows)."""
+    write that already staged files (store packs stored before the rows: a store-first write,
+    :mod:`blobhouse.write.store_first`, whose ``stored_first`` payloads the commit records)."""
     if mode not in ("create", "append", "overwrite"):
         raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
     if (batches is None) != in_tasks:
@@ -394,5 +404,6 @@ def begin_write(
         load_store_index,
         write_id,
         batches,
+        stored_first,
     )
     return Attempt.begin(request, at)

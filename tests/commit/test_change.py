@@ -192,3 +192,48 @@ def test_every_change_a_user_makes_commits_through_the_template(tmp_path, monkey
     assert len(inside) > before
     assert outside == []
     assert open_table(uri).count_rows() == 6
+
+
+def test_store_first_writes_record_their_payloads_inside_the_commit(tmp_path, monkeypatch):
+    """The LeRobot import stores its video files first, then writes the rows: one transaction,
+    whose commit (inside the template's commit step) records the stored payloads in the store's
+    index under its Ctrl-C guard; nothing appends to the index outside a commit."""
+    from blobhouse.commit import change as template
+    from blobhouse.commit import transaction as transaction_module
+    from blobhouse.lerobot import ingest_lerobot
+    from blobhouse.lerobot.sample import write_sample_dataset
+    from blobhouse.store.index import open_index
+
+    steps: list[int] = []
+    commits: list[int] = []
+    recorded: list[tuple[bool, int]] = []  # (inside a commit step and a transaction's commit, n)
+    attempt_commit, txn_commit = template.Attempt.commit, Transaction.commit
+    append = transaction_module.append_to_index
+
+    def in_step(self, written=()):
+        steps.append(1)
+        try:
+            return attempt_commit(self, written)
+        finally:
+            steps.pop()
+
+    def in_commit(self, *args, **kwargs):
+        commits.append(1)
+        try:
+            return txn_commit(self, *args, **kwargs)
+        finally:
+            commits.pop()
+
+    def appended(table_path, stored, storage_options=None):
+        recorded.append((bool(steps and commits), len(stored)))
+        return append(table_path, stored, storage_options)
+
+    monkeypatch.setattr(template.Attempt, "commit", in_step)
+    monkeypatch.setattr(Transaction, "commit", in_commit)
+    monkeypatch.setattr(transaction_module, "append_to_index", appended)
+    root = write_sample_dataset(str(tmp_path / "robot"), episodes=2, frames=4, size=(16, 16))
+    done = ingest_lerobot(root, str(tmp_path / "t"))
+    videos = done.video_files
+    assert recorded and all(inside for inside, _ in recorded), recorded
+    assert sum(n for _, n in recorded) >= videos  # every stored video file is in the index
+    assert open_index(str(tmp_path / "t"), None).count_rows() >= videos

@@ -1,0 +1,66 @@
+"""Store-first writes: payloads into the table's store first, then the rows that reference
+them, as one change under one transaction.
+
+Some writes must put payloads in the store before their rows exist: the LeRobot import stores
+each video file once, then writes frame rows referencing it. :func:`run_store_first` is that
+envelope, the same for every runner (this process, or Spark tasks for either step): it holds the
+transaction's lease while ``store`` writes packs named with the transaction's prefix, then
+``write_rows`` writes and commits the rows under the same id (:func:`begin_write` with
+``write_id`` and ``stored_first``), whose commit records the stored payloads in the store's
+index inside its Ctrl-C guard, with the files' own (:meth:`Transaction.commit`). Any failure, in
+either step, removes what both staged: nothing becomes visible.
+
+>>> import tempfile, pyarrow as pa
+>>> from blobhouse.commit.transaction import Transaction
+>>> from blobhouse.layout import TableLocation
+>>> txn = Transaction.start(TableLocation.of(tempfile.mkdtemp() + "/t"), None)
+>>> batch = pa.record_batch({"id": [1, 2]})
+>>> def rows(stored, begin):
+...     return begin(batch.schema, batches=[batch]).run()
+>>> stored, done = run_store_first(txn, lambda: ("nothing stored", ()), rows)
+>>> done.snapshot.count_rows()
+2
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
+
+from blobhouse.commit.transaction import Transaction
+from blobhouse.errors import cleanup_after
+from blobhouse.store.packs import StoredPayload
+from blobhouse.write.table_write import begin_write
+
+S = TypeVar("S")
+R = TypeVar("R")
+BeginRows = Callable[..., Any]  # begin_write with the location, write id and stored payloads set
+
+
+def run_store_first(
+    txn: Transaction,
+    store: Callable[[], tuple[S, Sequence[StoredPayload]]],
+    write_rows: Callable[[S, BeginRows], R],
+    *,
+    tasks_may_run: bool = False,
+    storage_options: dict[str, str] | None = None,
+) -> tuple[S, R]:
+    """Run ``store()`` (what it stored: a result and the payloads stored anew) under ``txn``'s
+    lease, then ``write_rows(result, begin)``, which writes and commits the rows with
+    ``begin(schema, ...)`` (:func:`~blobhouse.write.table_write.begin_write` on ``txn``'s table,
+    under its id, recording the stored payloads at its commit). ``tasks_may_run``: Spark tasks
+    of either step may still run when it fails (an abort marks the transaction first)."""
+    begin = partial(
+        begin_write,
+        txn.location.root,
+        storage_options=storage_options if storage_options is not None else txn.storage_options,
+        write_id=txn.id,
+    )
+    with txn.lease():
+        try:
+            result, stored = store()
+            return result, write_rows(result, partial(begin, stored_first=tuple(stored)))
+        except BaseException as exc:
+            cleanup_after(exc, lambda: txn.abort(tasks_may_run=tasks_may_run))
+            raise
