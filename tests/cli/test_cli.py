@@ -298,10 +298,11 @@ def test_ctrl_c_while_starting_exits_130_without_a_traceback(table_uri, delay):
 _SIGINT_BEFORE_MAIN = {
     "console_script": "sys.argv = ['blobhouse', 'stats']\nimport blobhouse.cli\n"
     "os.kill(os.getpid(), signal.SIGINT)\nsignal.pause()",
-    "module": "sys.argv = ['cli.py', 'stats']\n"
+    # what ``python -m`` does: sys.argv[0] is "-m" while the package loads
+    "module": "sys.argv = ['-m', 'stats']\n"
     "sys.setprofile(lambda frame, event, _: event == 'call' and frame.f_code.co_name == 'main' "
-    "and frame.f_globals['__name__'] == '__main__' and os.kill(os.getpid(), signal.SIGINT))\n"
-    "runpy.run_module('blobhouse.cli', run_name='__main__')",
+    "and frame.f_globals['__name__'] == 'blobhouse.cli' and os.kill(os.getpid(), signal.SIGINT))\n"
+    "runpy._run_module_as_main('blobhouse.cli')",
 }
 
 
