@@ -62,6 +62,7 @@ LOCKS_DIR = f"{LEASES_DIR}/locks"  # short exclusive locks (blobhouse.commit.loc
 PACKS_DIR = "packs"  # in STORE_DIR: payloads back to back, written once (blobhouse.store)
 TOMBSTONES_DIR = "tombstones"  # in STORE_DIR: retired packs, kept through gc's grace
 CLAIMS_DIR = "claims"  # in STORE_DIR: a Spark write's claims on new payloads (store.claims)
+STORED_DIR = "stored"  # in STORE_DIR: what a store-first write stored, until its commit (records)
 # in the store index's folder, the filters of its data files (blobhouse.store.digest_filter): Lance
 # leaves folders of its own names alone
 INDEX_FILTERS_DIR = "_filters"
@@ -72,6 +73,7 @@ DOOMED_DIR = "doomed"  # ... and those gc deletes at its next run
 OWNER_DIR = ".blobhouse-owner"  # next to managed objects: one owner marker per object
 PACKS = f"{STORE_DIR}/{PACKS_DIR}"  # (relative to the root)
 CLAIMS = f"{STORE_DIR}/{CLAIMS_DIR}"
+STORED = f"{STORE_DIR}/{STORED_DIR}"
 
 # the prefix of a transaction's files, "<kind>-<12 hex>-" (older blobhouse named them without the
 # kind): its write id, which names its lease too
@@ -86,8 +88,9 @@ PACK_NAME = re.compile(r"packs/[A-Za-z0-9_-]+\.pack")
 INDEX_PACK_PATH = re.compile(r"packs/[A-Za-z0-9_-][A-Za-z0-9._-]*\.pack")
 PACK_FILE = re.compile(r"[^/]+\.pack")  # a pack's name in PACKS_DIR (anything else: a user's)
 CLAIM_FILE = re.compile(r"[^/]+-claims/[^/]+")  # a claim's name in CLAIMS_DIR
+STORED_FILE = re.compile(r"[^/]+-stored/[0-9a-f]{32}\.arrow")  # a record's name in STORED_DIR
 # the names blobhouse gives the files of the folders it owns (data folders: DATA_FOLDER_FILE)
-OWNED_FILE_NAMES = {PACKS: PACK_FILE, CLAIMS: CLAIM_FILE}
+OWNED_FILE_NAMES = {PACKS: PACK_FILE, CLAIMS: CLAIM_FILE, STORED: STORED_FILE}
 # The names Lance and blobhouse give the files of a data folder (``data/``, a branch's
 # ``tree/<name>/data/``): data files, the blob sidecars in a folder named after one, an aborted
 # Spark write's marker, and the temporary files Lance's writers rename into those (``.tmp*``,
@@ -188,6 +191,20 @@ def claims_folder_name(write_id: str) -> str:
     return f"{write_id}-claims"
 
 
+def stored_folder_name(write_id: str) -> str:
+    """The folder (in STORED_DIR) of one store-first write's records of what it stored.
+
+    >>> stored_folder_name("write-0123456789ab")
+    'write-0123456789ab-stored'
+    """
+    return f"{write_id}-stored"
+
+
+def stored_record_name() -> str:
+    """A new record's name in its write's folder (each step that stores writes its own)."""
+    return f"{uuid.uuid4().hex}.arrow"
+
+
 def aborted_marker(name_prefix: str) -> str:
     """The marker an aborted Spark write leaves in its data folder: its tasks still running see it
     and remove their own files."""
@@ -217,6 +234,7 @@ STAGED_BY_A_WRITE = tuple(
         rf"{DATA_DIR}/{WRITE_ID}[0-9a-f]{{32}}/[01]{{32}}\.blob",  # its sidecars
         rf"{DATA_DIR}/aborted-{WRITE_ID}",  # an aborted Spark write's marker
         rf"{PACKS}/{WRITE_ID}[0-9a-f]{{32}}\.pack",  # store packs (dedup="global")
+        rf"{STORED}/{WRITE_ID}stored/[0-9a-f]{{32}}\.arrow",  # what a store-first write stored
         rf"{TRANSACTIONS_DIR}/0-[0-9a-f-]{{36}}\.txn",  # Lance's commit of the create, interrupted
     )
 )
@@ -233,7 +251,7 @@ FAILED_CREATE_DIRS = frozenset(
     (VERSIONS_DIR, TRANSACTIONS_DIR, "_deletions", "_indices", REFS_DIR, STORE_DIR, LEASES_DIR)
 )
 # the directories a create makes, deepest first (gc removes them when empty)
-CREATE_DIRS = (DATA_DIR, PACKS, STORE_DIR, LEASES_DIR, TRANSACTIONS_DIR)
+CREATE_DIRS = (DATA_DIR, PACKS, STORED, STORE_DIR, LEASES_DIR, TRANSACTIONS_DIR)
 
 
 def left_by_a_failed_create(path: str) -> bool:

@@ -91,6 +91,7 @@ from blobhouse.store.packs import (
     remove_packs,
     remove_staged_packs,
 )
+from blobhouse.store.records import remove_records
 
 T = TypeVar("T")
 DEFAULT_RETRIES = CommitOptions.retries
@@ -358,6 +359,7 @@ class Transaction:
         remove_deletions(deletions, self.location, self.storage_options)
         remove_staged(self.location, self.name_prefix, self.storage_options)
         remove_claims(self.location.root, self.id, self.storage_options)
+        remove_records(self.location.root, self.id, self.storage_options)
 
     def end_task(self, written: Sequence[WrittenFile] | None) -> None:
         """End one task's part of this transaction (``written``: its files; None: it failed
@@ -371,6 +373,7 @@ class Transaction:
         remove_written(written or (), self.location, self.storage_options)
         remove_staged(self.location, self.name_prefix, self.storage_options)
         remove_claims(self.location.root, self.id, self.storage_options)
+        remove_records(self.location.root, self.id, self.storage_options)
         leases.release(self.location.root, self.name_prefix, self.storage_options)
         if written is not None:
             raise BlobhouseError(f"write {self.id} was aborted; its files are removed")

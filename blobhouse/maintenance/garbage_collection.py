@@ -54,6 +54,7 @@ from blobhouse.layout import (
     PACKS,
     STAGED_BY_A_WRITE,
     STORE_DIR,
+    STORED,
     TREE_DIR,
     VERSIONS_DIR,
     WRITE_PREFIX,
@@ -989,10 +990,11 @@ def _kept_for_tags(
 
 def owned_dirs(table: TableSnapshot) -> list[str]:
     """The directories (relative to the root) whose files belong to the table: main's and each
-    branch's ``data/``, the store's packs, and the claims of Spark writes (blobhouse.store.claims:
-    named with their write's prefix, kept while it runs, swept once it died)."""
+    branch's ``data/``, the store's packs, the claims of Spark writes (blobhouse.store.claims)
+    and the records of store-first writes (blobhouse.store.records): those two named with their
+    write's prefix, kept while it runs, swept once it died."""
     branches = [branch_data_dir(b) for b in sorted(table.branches())]
-    return ["data", *branches, PACKS, CLAIMS]
+    return ["data", *branches, PACKS, CLAIMS, STORED]
 
 
 def _made_by_the_table(owned: str, name: str) -> bool:

@@ -46,7 +46,7 @@ from blobhouse.changes.backfill import (
     store_writer_for,
 )
 from blobhouse.columns import check_column_names
-from blobhouse.commit.transaction import Transaction, record_stored
+from blobhouse.commit.transaction import Transaction
 from blobhouse.dedup import mode_of
 from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after, closest
 from blobhouse.io.objects import checked_options
@@ -68,6 +68,7 @@ from blobhouse.spark.lerobot import ingest_lerobot
 from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.spark.mutations import merge_insert, update
 from blobhouse.write.prepare import kept_properties
+from blobhouse.write.store_first import run_store_first
 
 __all__ = [
     "backfill_blob_column",
@@ -229,27 +230,23 @@ def write_table(
             location.dataset_path
         )
         return
-    # the store packs and the rows' data files are staged under one transaction's prefix
+    # the store packs and the rows' data files are staged under one transaction's prefix; the
+    # data source's commit (its begin_write gets the write's id) records what was stored
     txn = Transaction.start(location, None, options_checked)
-    with txn.lease():
-        try:
-            df, stored = store_payloads_first(
-                df,
-                location,
-                stored_globally,
-                txn.name_prefix,
-                _pack_limit(writer_options),
-                count,
-                options_checked,
-            )
-            writer_options.update(store_index="joined", write_id=txn.id)
-            colocated(df).write.format("blobhouse").mode(mode).options(**writer_options).save(
-                location.dataset_path
-            )
-        except BaseException as exc:
-            cleanup_after(exc, txn.abort)  # unless the rows committed
-            raise
-    record_stored(location.root, stored, options_checked)
+
+    def store() -> tuple[DataFrame, list]:
+        limit = _pack_limit(writer_options)
+        return store_payloads_first(
+            df, location, stored_globally, txn.name_prefix, limit, count, options_checked
+        )
+
+    def write_rows(joined: DataFrame, _begin: object) -> None:
+        writer_options.update(store_index="joined", write_id=txn.id)
+        colocated(joined).write.format("blobhouse").mode(mode).options(**writer_options).save(
+            location.dataset_path
+        )
+
+    run_store_first(txn, store, write_rows)
 
 
 def _check_columns(df: DataFrame, columns: Sequence[str]) -> None:

@@ -6,9 +6,11 @@ each video file once, then writes frame rows referencing it. :func:`run_store_fi
 envelope, the same for every runner (this process, or Spark tasks for either step): it holds the
 transaction's lease while ``store`` writes packs named with the transaction's prefix, then
 ``write_rows`` writes and commits the rows under the same id (:func:`begin_write` with
-``write_id`` and ``stored_first``), whose commit records the stored payloads in the store's
-index inside its Ctrl-C guard, with the files' own (:meth:`Transaction.commit`). Any failure, in
-either step, removes what both staged: nothing becomes visible.
+``write_id``). What ``store`` stored is recorded next to the store (:mod:`blobhouse.store.records`)
+so that the rows' commit, wherever it runs (the Spark data source commits in a Python worker of
+its own), puts it in the store's index inside its Ctrl-C guard, with the files' own
+(:meth:`Transaction.commit`). Any failure, in either step, removes what both staged: nothing
+becomes visible.
 
 >>> import tempfile, pyarrow as pa
 >>> from blobhouse.commit.transaction import Transaction
@@ -31,6 +33,7 @@ from typing import Any, TypeVar
 from blobhouse.commit.transaction import Transaction
 from blobhouse.errors import cleanup_after
 from blobhouse.store.packs import StoredPayload
+from blobhouse.store.records import write_record
 from blobhouse.write.table_write import begin_write
 
 S = TypeVar("S")
@@ -44,23 +47,21 @@ def run_store_first(
     write_rows: Callable[[S, BeginRows], R],
     *,
     tasks_may_run: bool = False,
-    storage_options: dict[str, str] | None = None,
 ) -> tuple[S, R]:
-    """Run ``store()`` (what it stored: a result and the payloads stored anew) under ``txn``'s
-    lease, then ``write_rows(result, begin)``, which writes and commits the rows with
-    ``begin(schema, ...)`` (:func:`~blobhouse.write.table_write.begin_write` on ``txn``'s table,
-    under its id, recording the stored payloads at its commit). ``tasks_may_run``: Spark tasks
-    of either step may still run when it fails (an abort marks the transaction first)."""
+    """Run ``store()`` (a result and the payloads it stored anew) under ``txn``'s lease,
+    record what it stored, then run ``write_rows(result, begin)``, which writes and commits the
+    rows with ``begin(schema, ...)`` (:func:`~blobhouse.write.table_write.begin_write` on
+    ``txn``'s table, under its id: its commit records the stored payloads). ``tasks_may_run``:
+    Spark tasks of either step may still run when it fails (an abort marks the transaction
+    first)."""
     begin = partial(
-        begin_write,
-        txn.location.root,
-        storage_options=storage_options if storage_options is not None else txn.storage_options,
-        write_id=txn.id,
+        begin_write, txn.location.root, storage_options=txn.storage_options, write_id=txn.id
     )
     with txn.lease():
         try:
             result, stored = store()
-            return result, write_rows(result, partial(begin, stored_first=tuple(stored)))
+            write_record(txn.location.root, txn.id, stored, txn.storage_options)
+            return result, write_rows(result, begin)
         except BaseException as exc:
             cleanup_after(exc, lambda: txn.abort(tasks_may_run=tasks_may_run))
             raise

@@ -46,6 +46,7 @@ from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties, field_ids
 from blobhouse.snapshot import TableSnapshot, open_dataset
 from blobhouse.store.packs import StoredPayload, store_base
+from blobhouse.store.records import read_records, remove_records
 from blobhouse.values import find_blob_columns, path_name
 from blobhouse.write.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
 from blobhouse.write.prepare import (
@@ -73,6 +74,7 @@ class TableWrite:
     appending: bool
     mode: WriteMode = "append"
     properties: TableProperties | None = None  # what a create or an overwrite records
+    store_first: bool = False  # payloads stored before the rows, under the write's id
 
     @classmethod
     def planned(cls, at: TableSnapshot | None, request: WriteChange) -> TableWrite:
@@ -115,7 +117,8 @@ class TableWrite:
             location, read_version, storage_options, id=request.write_id
         )
         recorded = None if appending else properties_of(plan, options)
-        return cls(transaction, plan, appending, request.mode, recorded)
+        store_first = request.write_id is not None
+        return cls(transaction, plan, appending, request.mode, recorded, store_first)
 
     @property
     def location(self) -> TableLocation:
@@ -152,11 +155,9 @@ class TableWrite:
         txn.end_task(written)
         return written
 
-    def commit(
-        self, written: Sequence[WrittenFile], stored: Sequence[StoredPayload] = ()
-    ) -> TableSnapshot:
-        """Make every written file visible in one Lance transaction (``stored``: payloads the
-        write put in the store before its rows, recorded by the commit).
+    def commit(self, written: Sequence[WrittenFile]) -> TableSnapshot:
+        """Make every written file visible in one Lance transaction; a store-first write's
+        commit also records what it stored before its rows (:mod:`blobhouse.store.records`).
 
         A write that created the table and lost that race to another creator commits again
         on the table the other one made: as an append (``mode="append"``) or an overwrite,
@@ -168,19 +169,27 @@ class TableWrite:
             return TableSnapshot(dataset, self.location, self.storage_options)
         try:
             dataset = self.transaction.commit(
-                written, lambda: self._operation(written), stored=stored
+                written, lambda: self._operation(written), stored=self._stored_first()
             )
+            if self.store_first:  # recorded in the index by the commit
+                remove_records(self.location.root, self.transaction.id, self.storage_options)
         except TableCreatedMeanwhile:
             try:
                 again = self._on_table_made_meanwhile()
             except BaseException as exc:
                 cleanup_after(exc, lambda: self.abort(written))
                 raise
-            return again.commit(written, stored)
+            return again.commit(written)
         except BaseException:
             self._remove_empty_dirs_if_new()
             raise
         return TableSnapshot(dataset, self.location, self.storage_options)
+
+    def _stored_first(self) -> list[StoredPayload]:
+        """What a store-first write stored before its rows, as its steps recorded it."""
+        if not self.store_first:
+            return []
+        return read_records(self.location.root, self.transaction.id, self.storage_options)
 
     def abort(self, written: Sequence[WrittenFile], *, tasks_may_run: bool = False) -> None:
         """Remove files this write created; a table that did not exist is left absent
@@ -318,8 +327,6 @@ class WriteChange(BaseChange[TableWrite, TableSnapshot]):
     load_store_index: bool = True
     write_id: str | None = None
     batches: Iterable[pa.RecordBatch] | None = field(default=None, compare=False)
-    # payloads the write stored before its rows (write.store_first), recorded by its commit
-    stored_first: Sequence[StoredPayload] = field(default=(), compare=False, repr=False)
 
     @property
     def in_tasks(self) -> bool:  # type: ignore[override]
@@ -333,7 +340,7 @@ class WriteChange(BaseChange[TableWrite, TableSnapshot]):
             staged.written.extend(write.write(self.batches))
 
     def commit(self, write: TableWrite, staged: Staged) -> LanceDataset:
-        return write.commit(staged.written, self.stored_first).dataset
+        return write.commit(staged.written).dataset
 
     def report(
         self, write: TableWrite, staged: Staged, committed: TableSnapshot, attempt: int
@@ -344,8 +351,7 @@ class WriteChange(BaseChange[TableWrite, TableSnapshot]):
         write.abort(staged.written, tasks_may_run=tasks_may_run)
 
     def __getstate__(self) -> dict:
-        # a stream stays where it was read; the stored payloads where the commit runs
-        return {**self.__dict__, "batches": None, "stored_first": ()}
+        return {**self.__dict__, "batches": None}  # a stream stays where it was read
 
 
 WriteAttempt = Attempt[TableWrite, TableSnapshot]
@@ -364,7 +370,6 @@ def begin_write(
     load_store_index: bool = True,
     write_id: str | None = None,
     allow_nonempty_folder: bool = False,
-    stored_first: Sequence[StoredPayload] = (),
 ) -> WriteAttempt:
     """Check ``mode`` against the table at ``uri``, and plan the write of data shaped as
     ``schema``: of ``batches`` in this process (:meth:`~blobhouse.commit.change.Attempt.run`),
@@ -374,7 +379,7 @@ def begin_write(
     ``load_store_index=False``: the rows were already looked up in the table's store (a
     Spark join), so the writing tasks do not load its index. ``write_id``: the id of a
     write that already staged files (store packs stored before the rows: a store-first write,
-    :mod:`blobhouse.write.store_first`, whose ``stored_first`` payloads the commit records)."""
+    :mod:`blobhouse.write.store_first`, whose records of what it stored the commit reads)."""
     if mode not in ("create", "append", "overwrite"):
         raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
     if (batches is None) != in_tasks:
@@ -404,6 +409,5 @@ def begin_write(
         load_store_index,
         write_id,
         batches,
-        stored_first,
     )
     return Attempt.begin(request, at)

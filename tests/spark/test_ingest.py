@@ -241,7 +241,7 @@ def test_library_ingest_returns_a_report_and_plans_without_spark(spark, tmp_path
 
 
 def test_a_file_gone_after_the_check_fails_the_write_in_one_line(spark, tmp_path, media):
-    from blobhouse.cli import one_line
+    from blobhouse.cli.run import one_line
 
     manifest = write_manifest(tmp_path / "rows.jsonl", [{"image": "media/b.jpg"}])
     table = str(tmp_path / "t")

@@ -1,0 +1,116 @@
+"""What a store-first write stored, recorded next to the store until the write's commit.
+
+A store-first write (:mod:`blobhouse.write.store_first`) puts payloads in the store before its
+rows exist, in one step (this process, or Spark tasks), and commits the rows in another (its own
+process, or the Spark data source's commit in a Python worker of its own). The step writes what
+it stored as a record, an Arrow file in the write's folder ``_blobs/stored/<write id>-stored/``;
+the rows' commit reads the records and puts them in the store's index with its files' own,
+inside its Ctrl-C guard (:meth:`~blobhouse.commit.transaction.Transaction.commit`), then removes
+them. An abort removes them with the rest of the write; gc sweeps those of a write that died.
+
+>>> import tempfile
+>>> from blobhouse.store.packs import StoredPayload
+>>> root = tempfile.mkdtemp()
+>>> write_record(root, "write-0123456789ab", [StoredPayload(b"\\x01" * 32, "packs/p.pack", 0, 5)])
+>>> [s.pack for s in read_records(root, "write-0123456789ab")]
+['packs/p.pack']
+>>> remove_records(root, "write-0123456789ab"); read_records(root, "write-0123456789ab")
+[]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from blobhouse.io.objects import (
+    StorageOptions,
+    is_local,
+    object_store,
+    read_object,
+    uri_to_path,
+)
+from blobhouse.io.uris import as_uri
+from blobhouse.layout import STORED_DIR, store_dir, stored_folder_name, stored_record_name
+from blobhouse.store.packs import StoredPayload
+
+RECORD_SCHEMA = pa.schema(
+    [
+        ("blake3", pa.binary(32)),
+        ("pack", pa.string()),
+        ("position", pa.int64()),
+        ("size", pa.int64()),
+    ]
+)
+
+
+def records_folder(table_path: str, write_id: str) -> str:
+    """Where the records of write ``write_id`` live."""
+    return as_uri(f"{store_dir(table_path)}/{STORED_DIR}/{stored_folder_name(write_id)}")
+
+
+def write_record(
+    table_path: str,
+    write_id: str,
+    stored: Sequence[StoredPayload],
+    storage_options: StorageOptions | None = None,
+) -> None:
+    """Record ``stored`` (what one step of write ``write_id`` put in the store); nothing when
+    it stored nothing."""
+    if not stored:
+        return
+    table = pa.table(
+        {
+            "blake3": pa.array([s.digest for s in stored], pa.binary(32)),
+            "pack": [s.pack for s in stored],
+            "position": pa.array([s.position for s in stored], pa.int64()),
+            "size": pa.array([s.size for s in stored], pa.int64()),
+        },
+        schema=RECORD_SCHEMA,
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, RECORD_SCHEMA) as writer:
+        writer.write_table(table)
+    uri = f"{records_folder(table_path, write_id)}/{stored_record_name()}"
+    object_store(uri, storage_options).put(uri, sink.getvalue().to_pybytes())
+
+
+def read_records(
+    table_path: str, write_id: str, storage_options: StorageOptions | None = None
+) -> list[StoredPayload]:
+    """What write ``write_id`` recorded it stored (none: an empty list)."""
+    folder = records_folder(table_path, write_id)
+    store = object_store(folder, storage_options)
+    try:
+        listed = store.list(folder)
+    except FileNotFoundError:
+        return []
+    found: list[StoredPayload] = []
+    for info in listed:
+        data = read_object(f"{folder}/{info.name}", storage_options)
+        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        found += [
+            StoredPayload(d, p, o, s)
+            for d, p, o, s in zip(
+                *(table.column(n).to_pylist() for n in RECORD_SCHEMA.names), strict=True
+            )
+        ]
+    return found
+
+
+def remove_records(
+    table_path: str, write_id: str, storage_options: StorageOptions | None = None
+) -> None:
+    """Remove the records of a write that committed or aborted (best effort: gc removes what
+    is left)."""
+    folder = records_folder(table_path, write_id)
+    store = object_store(folder, storage_options)
+    try:
+        for info in store.list(folder):
+            store.delete(f"{folder}/{info.name}")
+        if is_local(folder):  # object stores have no folders
+            os.rmdir(uri_to_path(folder))
+    except OSError:
+        return
