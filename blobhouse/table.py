@@ -6,12 +6,12 @@ table's settings (the allowed external bases); stock Lance readers ignore it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, BinaryIO
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-import numpy as np
 import pyarrow as pa
 from lance import LanceDataset
+from lance.fragment import DataFile
 
 from blobhouse.changes import schema_changes
 from blobhouse.changes.backfill import (
@@ -28,6 +28,8 @@ from blobhouse.commit.transaction import (
 from blobhouse.errors import (
     BlobhouseError,
 )
+from blobhouse.files.checksums import RecordedHashes
+from blobhouse.files.references import Unresolved
 from blobhouse.files.session import WrittenFile
 from blobhouse.layout import TableLocation, data_file_name
 from blobhouse.maintenance import compaction
@@ -41,8 +43,9 @@ from blobhouse.options import (
     keywords_checked,
 )
 from blobhouse.properties import TableProperties
-from blobhouse.read.table_reader import BlobsMode, TableReader
+from blobhouse.read.table_reader import TableReader, TableReads
 from blobhouse.snapshot import TableSnapshot, open_snapshot
+from blobhouse.values import ColumnPath
 from blobhouse.write import WriteMode, add_data_file, begin_write, input_stream
 from blobhouse.write.prepare import relocate_store
 
@@ -148,26 +151,7 @@ def open_at(
     return Table(open_snapshot(location, version, storage_options))
 
 
-def _state(name: str, doc: str | None = None) -> property:
-    """A read-only attribute of the table's snapshot, documented as the snapshot documents it."""
-    return property(
-        lambda self: getattr(self._snapshot, name),
-        doc=doc or getattr(TableSnapshot, name).__doc__,
-    )
-
-
-def _state_method(name: str) -> Callable:
-    """A method of the table's snapshot, called on the version the table is at."""
-
-    def method(self: Table, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self._snapshot, name)(*args, **kwargs)
-
-    method.__name__ = method.__qualname__ = name
-    method.__doc__ = getattr(TableSnapshot, name).__doc__
-    return method
-
-
-class Table:
+class Table(TableReads):
     """A blob table at one version. Blob columns read as references unless asked otherwise.
 
     Every change made through a ``Table`` (append through :meth:`add_data_file`, delete,
@@ -192,9 +176,8 @@ class Table:
         branch = f", branch={self.branch!r}" if self.branch else ""
         return f"Table({self.uri!r}{branch}, version={self.version}, rows={self.count_rows()})"
 
-    @property
     def _reader(self) -> TableReader:
-        """The reads of the version this table is at."""
+        """The reader of the version this table is at (one per read call)."""
         return TableReader(self._snapshot)
 
     @property
@@ -204,25 +187,98 @@ class Table:
         return self._snapshot
 
     # the state of the version this table is at: its snapshot's, as the services see it
-    dataset = _state("dataset", "The Lance dataset at this version (stock pylance reads it).")
-    location = _state("location", "Where the table lives (root, branch).")
-    uri = _state("uri", "The table's root as a URI (references into its own files start so).")
-    storage_options = _state("storage_options", "The storage options the table was opened with.")
-    schema = _state("schema")
-    version = _state("version", "The version this table is at.")
-    branch = _state("branch")
-    blob_columns = _state("blob_columns")
-    allowed_bases = _state("allowed_bases")
-    managed_bases = _state("managed_bases")
-    moved_from = _state("moved_from")
-    versions = _state_method("versions")
-    tags = _state_method("tags")
-    branches = _state_method("branches")
-    resolve_refs = _state_method("resolve_refs")
-    file_column = _state_method("file_column")
-    data_file_of = _state_method("data_file_of")
-    data_file_uri = _state_method("data_file_uri")
-    recorded_hashes = _state_method("recorded_hashes")
+    @property
+    def dataset(self) -> LanceDataset:
+        """The Lance dataset at this version (stock pylance reads it)."""
+        return self._snapshot.dataset
+
+    @property
+    def location(self) -> TableLocation:
+        """Where the table lives (root, branch)."""
+        return self._snapshot.location
+
+    @property
+    def uri(self) -> str:
+        """The table's root as a URI (references into its own files start so)."""
+        return self._snapshot.uri
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        """The storage options the table was opened with."""
+        return self._snapshot.storage_options
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table's Lance schema (blob columns as Lance blob fields)."""
+        return self._snapshot.schema
+
+    @property
+    def version(self) -> int:
+        """The version this table is at."""
+        return self._snapshot.version
+
+    @property
+    def branch(self) -> str | None:
+        """The branch this version is on (None: main)."""
+        return self._snapshot.branch
+
+    @property
+    def blob_columns(self) -> list[str]:
+        """Names of the blob columns (``parent.child`` inside structs)."""
+        return self._snapshot.blob_columns
+
+    @property
+    def allowed_bases(self) -> list[str]:
+        """URI prefixes external blobs of this table may live under."""
+        return self._snapshot.allowed_bases
+
+    @property
+    def managed_bases(self) -> list[str]:
+        """The allowed bases whose objects the table takes ownership of once referenced."""
+        return self._snapshot.managed_bases
+
+    @property
+    def moved_from(self) -> str | None:
+        """The root the table's store was copied or moved from, not relocated yet (None: none)."""
+        return self._snapshot.moved_from
+
+    def versions(self) -> list[dict]:
+        """Every version of this branch (``version``, ``timestamp``, ``metadata``)."""
+        return self._snapshot.versions()
+
+    def tags(self) -> dict[str, dict]:
+        """Every tag of the table: name -> ``{"branch", "version"}`` (branch None: main)."""
+        return self._snapshot.tags()
+
+    def branches(self) -> dict[str, dict]:
+        """Every branch of the table: name -> ``{"parent_branch", "parent_version"}``."""
+        return self._snapshot.branches()
+
+    def resolve_refs(
+        self,
+        path: ColumnPath,
+        descriptors: pa.Array,
+        row_addresses: pa.Array,
+        unresolved: list[Unresolved] | None = None,
+    ) -> pa.StructArray:
+        """Resolved references of blob column ``path``: :meth:`TableSnapshot.resolve_refs`."""
+        return self._snapshot.resolve_refs(path, descriptors, row_addresses, unresolved)
+
+    def file_column(self, path: ColumnPath) -> Callable[[int], int]:
+        """For blob column ``path``: fragment id -> its column in that fragment's data file."""
+        return self._snapshot.file_column(path)
+
+    def data_file_of(self, path: ColumnPath) -> Callable[[int], str]:
+        """For blob column ``path``: fragment id -> the data file holding it there."""
+        return self._snapshot.data_file_of(path)
+
+    def data_file_uri(self, data_file: DataFile) -> str:
+        """Where one of this version's data files is (its branch's ``data/`` or a base)."""
+        return self._snapshot.data_file_uri(data_file)
+
+    def recorded_hashes(self) -> RecordedHashes:
+        """The blake3 recorded for this table's stored payloads (loaded as they are needed)."""
+        return self._snapshot.recorded_hashes()
 
     @property
     def properties(self) -> TableProperties:
@@ -298,10 +354,6 @@ class Table:
                 continue  # made before a move: Lance cannot repoint it (verify says so)
             relocate_store(on.dataset, on.location, self.storage_options)
         return self.refresh()
-
-    @keywords_checked
-    def count_rows(self, filter: str | None = None) -> int:
-        return self._reader.count_rows(filter)
 
     def delete(self, filter: str) -> Table:
         """Delete the rows matching the SQL ``filter``, as a new version (this table moves to
@@ -459,148 +511,6 @@ class Table:
             schema_changes.drop_columns(self.location, columns, self.storage_options)
         )
 
-    @keywords_checked
-    def scan(
-        self,
-        columns: Sequence[str] | None = None,
-        filter: str | None = None,
-        blobs: BlobsMode = "refs",
-        batch_size: int | None = None,
-        *,
-        fragment_ids: Sequence[int] | None = None,
-        offset: int | None = None,
-        limit: int | None = None,
-        check_hashes: bool = True,
-    ) -> Iterator[pa.RecordBatch]:
-        """Stream the table as record batches (memory stays bounded by the batch size).
-
-        ``fragment_ids``, ``offset`` and ``limit`` restrict the scan to some fragments and a
-        range of their rows (how Spark splits a read). ``check_hashes=False``: bytes are not
-        checked against their recorded blake3, and references carry none.
-        """
-        return self._reader.scan(
-            columns,
-            filter,
-            blobs,
-            batch_size,
-            fragment_ids=fragment_ids,
-            offset=offset,
-            limit=limit,
-            check_hashes=check_hashes,
-        )
-
-    @keywords_checked
-    def to_arrow(
-        self,
-        columns: Sequence[str] | None = None,
-        filter: str | None = None,
-        blobs: BlobsMode = "refs",
-        *,
-        check_hashes: bool = True,
-    ) -> pa.Table:
-        """The table (or the selected columns / rows) as a pyarrow Table (``check_hashes``:
-        as :meth:`scan`).
-
-        >>> import tempfile, pyarrow as pa
-        >>> from blobhouse import blob_array, write_table
-        >>> t = write_table(pa.table({"id": [1, 2], "img": blob_array([b"a", b"b"])}),
-        ...                 tempfile.mkdtemp() + "/t")
-        >>> t.to_arrow(filter="id = 2", blobs="bytes").to_pylist()
-        [{'id': 2, 'img': b'b'}]
-        """
-        return self._reader.to_arrow(columns, filter, blobs, check_hashes)
-
-    @keywords_checked
-    def take(
-        self,
-        indices: Sequence[int],
-        columns: Sequence[str] | None = None,
-        blobs: BlobsMode = "refs",
-        *,
-        check_hashes: bool = True,
-    ) -> pa.Table:
-        """Rows at ``indices`` (positions among the live rows), in the order asked
-        (``check_hashes``: as :meth:`scan`). Blob columns of fragments read often come from
-        their kept references (:mod:`blobhouse.kept_references`), without Lance's take."""
-        return self._reader.take(indices, columns, blobs, check_hashes)
-
-    def row_ids(self, filter: str | None = None) -> np.ndarray:
-        """The ids of the live rows (those matching ``filter``), in table order, for
-        :meth:`take_rows`: a scan of the filter's columns only, never of blob bytes.
-
-        >>> import tempfile, pyarrow as pa
-        >>> from blobhouse import blob_array, write_table
-        >>> t = write_table(pa.table({"id": [1, 2, 3], "img": blob_array([b"a", b"b", b"c"])}),
-        ...                 tempfile.mkdtemp() + "/t")
-        >>> t.take_rows(t.row_ids("id >= 2"), blobs="bytes").to_pylist()
-        [{'id': 2, 'img': b'b'}, {'id': 3, 'img': b'c'}]
-        """
-        return self._reader.row_ids(filter)
-
-    @keywords_checked
-    def take_rows(
-        self,
-        row_ids: Sequence[int] | np.ndarray,
-        columns: Sequence[str] | None = None,
-        blobs: BlobsMode = "refs",
-        *,
-        check_hashes: bool = True,
-    ) -> pa.Table:
-        """Rows by id (from :meth:`row_ids`), in the order asked: one native take for the
-        rows and their addresses, then each distinct payload read once (``blobs="bytes"``,
-        checked against its recorded hash unless ``check_hashes`` is False). Blob columns
-        of fragments read often come from their kept references
-        (:mod:`blobhouse.kept_references`), without Lance's take."""
-        return self._reader.take_rows(row_ids, columns, blobs, check_hashes=check_hashes)
-
-    @keywords_checked
-    def take_row_dicts(
-        self,
-        row_ids: Sequence[int] | np.ndarray,
-        columns: Sequence[str] | None = None,
-        blobs: BlobsMode = "bytes",
-        *,
-        check_hashes: bool = True,
-    ) -> list[dict[str, Any]]:
-        """Rows by id as dicts, in the order asked, for Python consumers (a DataLoader's
-        ``transform``). With ``blobs="bytes"`` each distinct payload is read once, straight
-        into one ``bytes`` object that every row referencing it shares, and checked against
-        its recorded hash (unless ``check_hashes`` is False): no Arrow buffer in between.
-
-        >>> import tempfile, pyarrow as pa
-        >>> from blobhouse import blob_array, write_table
-        >>> t = write_table(pa.table({"id": [1, 2], "img": blob_array([b"a", b"a"])}),
-        ...                 tempfile.mkdtemp() + "/t")
-        >>> rows = t.take_row_dicts(t.row_ids())
-        >>> rows, rows[0]["img"] is rows[1]["img"]
-        ([{'id': 1, 'img': b'a'}, {'id': 2, 'img': b'a'}], True)
-        """
-        return self._reader.take_row_dicts(row_ids, columns, blobs, check_hashes=check_hashes)
-
-    def blob_refs(self, column: str, indices: Sequence[int]) -> pa.StructArray:
-        """Resolved references ``struct<uri, position, size, blake3>`` of ``column`` at
-        ``indices`` (``blake3``: recorded for the payload when it was written, or null)."""
-        return self._reader.blob_refs(column, indices)
-
-    def read_blobs(self, column: str, indices: Sequence[int]) -> list[bytes | None]:
-        """The bytes of ``column`` at ``indices`` (None for null), with coalesced ranged reads,
-        checked against their recorded hashes."""
-        return self._reader.read_blobs(column, indices)
-
-    def open_blob(self, column: str, index: int) -> BinaryIO | None:
-        """A seekable file object over one blob (None if the value is null). Reading it whole,
-        front to back, checks its recorded hash at the end (ranged reads cannot be checked).
-
-        >>> import tempfile, pyarrow as pa
-        >>> from blobhouse import blob_array, write_table
-        >>> t = write_table(pa.table({"v": blob_array([b"frames" * 20_000])}),
-        ...                 tempfile.mkdtemp() + "/t")
-        >>> with t.open_blob("v", 0) as f:
-        ...     _ = f.seek(6); f.read(6)
-        b'frames'
-        """
-        return self._reader.open_blob(column, index)
-
     def add_data_file(self, written: WrittenFile) -> Table:
         """Append a data file written by a :class:`~blobhouse.files.session.BlobSession` as a new
         fragment, in one transaction. The file must hold every column of the table.
@@ -697,9 +607,3 @@ class Table:
     def stats(self) -> StatsReport:
         """Logical and physical bytes, per column and kind: see :meth:`TableMaintenance.stats`."""
         return self.maintenance.stats()
-
-    def output_schema(
-        self, columns: Sequence[str] | None = None, blobs: BlobsMode = "refs"
-    ) -> pa.Schema:
-        """The schema :meth:`scan` yields for these columns and blob mode."""
-        return self._reader.output_schema(columns, blobs)

@@ -1,7 +1,8 @@
 """Reading the rows of one table version: selections, scans, takes by position and by id,
 blob columns returned as references or as checked bytes.
 
-:class:`TableReader` is the service behind :class:`~blobhouse.Table`'s reads; it takes a
+:class:`TableReads` declares the read methods once; :class:`~blobhouse.Table` has them, and
+:class:`TableReader`, the service that runs them, holds one
 :class:`~blobhouse.snapshot.TableSnapshot`. Blob columns of fragments read often come from
 their kept references (:mod:`blobhouse.kept_references`) instead of Lance's take; bytes are
 read with coalesced ranged reads (:mod:`blobhouse.files.ranges`), checked against the blake3
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Literal, TypeVar
@@ -31,7 +33,7 @@ from blobhouse.files.checksums import Digests
 from blobhouse.files.ranges import REF_TYPE, open_ref, read_ranges, read_ranges_arrow
 from blobhouse.files.references import ResolvedRows
 from blobhouse.kept_references import DeletedRowsError, take_rows_by_id
-from blobhouse.options import check_flag, check_int
+from blobhouse.options import check_flag, check_int, keywords_checked
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import TableSnapshot
 from blobhouse.values import (
@@ -90,8 +92,251 @@ class Selection:
         return batch.rename_columns(self.names + batch.schema.names[len(self.names) :])
 
 
-class TableReader:
-    """The reads of one table version (what :class:`~blobhouse.Table`'s read methods run).
+class TableReads(ABC):
+    """The read methods of a table version, declared once: :class:`TableReader` runs them on
+    the version it holds, :class:`~blobhouse.Table` on the version it is at when one is called
+    (each call reads one version, also when the table moves while a scan runs)."""
+
+    @abstractmethod
+    def _reader(self) -> TableReader:
+        """The reader of the version a read call reads."""
+
+    @keywords_checked
+    def count_rows(self, filter: str | None = None) -> int:
+        """The number of rows (those matching the SQL ``filter``)."""
+        reader = self._reader()
+        return reader._lance_read("read", lambda: reader.snapshot.count_rows(filter))
+
+    @keywords_checked
+    def scan(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        blobs: BlobsMode = "refs",
+        batch_size: int | None = None,
+        *,
+        fragment_ids: Sequence[int] | None = None,
+        offset: int | None = None,
+        limit: int | None = None,
+        check_hashes: bool = True,
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream the table as record batches (memory stays bounded by the batch size).
+
+        ``fragment_ids``, ``offset`` and ``limit`` restrict the scan to some fragments and a
+        range of their rows (how Spark splits a read). ``check_hashes=False``: bytes are not
+        checked against their recorded blake3, and references carry none.
+        """
+        window = {"batch_size": batch_size, "offset": offset, "limit": limit}
+        return self._reader()._batches(columns, filter, blobs, fragment_ids, window, check_hashes)
+
+    @keywords_checked
+    def to_arrow(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        blobs: BlobsMode = "refs",
+        *,
+        check_hashes: bool = True,
+    ) -> pa.Table:
+        """The table (or the selected columns / rows) as a pyarrow Table (``check_hashes``:
+        as :meth:`scan`).
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"id": [1, 2], "img": blob_array([b"a", b"b"])}),
+        ...                 tempfile.mkdtemp() + "/t")
+        >>> t.to_arrow(filter="id = 2", blobs="bytes").to_pylist()
+        [{'id': 2, 'img': b'b'}]
+        """
+        reader = self._reader()
+        batches = list(reader.scan(columns, filter, blobs, check_hashes=check_hashes))
+        if batches:
+            return pa.Table.from_batches(batches)
+        return reader._empty(columns, blobs)
+
+    @keywords_checked
+    def take(
+        self,
+        indices: Sequence[int],
+        columns: Sequence[str] | None = None,
+        blobs: BlobsMode = "refs",
+        *,
+        check_hashes: bool = True,
+    ) -> pa.Table:
+        """Rows at ``indices`` (positions among the live rows), in the order asked
+        (``check_hashes``: as :meth:`scan`). Blob columns of fragments read often come from
+        their kept references (:mod:`blobhouse.kept_references`), without Lance's take."""
+        reader = self._reader()
+        check_hashes = check_flag("check_hashes", check_hashes)
+        indices = reader._check_indices(indices)
+        selection = reader._taken_columns(columns, blobs)
+
+        def take(cols: list[str]) -> pa.Table:
+            return reader.snapshot.dataset.take(indices, columns=cols)
+
+        if indices and reader._kept_serves(selection, blobs, by_id=False):
+            kept = functools.partial(reader.snapshot.rows_at, positions=indices)
+            return reader._kept_table(take, kept, selection, blobs, check_hashes)
+        return reader._taken(take, columns, blobs, check_hashes)
+
+    def row_ids(self, filter: str | None = None) -> np.ndarray:
+        """The ids of the live rows (those matching ``filter``), in table order, for
+        :meth:`take_rows`: a scan of the filter's columns only, never of blob bytes.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"id": [1, 2, 3], "img": blob_array([b"a", b"b", b"c"])}),
+        ...                 tempfile.mkdtemp() + "/t")
+        >>> t.take_rows(t.row_ids("id >= 2"), blobs="bytes").to_pylist()
+        [{'id': 2, 'img': b'b'}, {'id': 3, 'img': b'c'}]
+        """
+        reader = self._reader()
+
+        def scan() -> list[np.ndarray]:
+            scanner = reader.snapshot.dataset.scanner(columns=[], filter=filter, with_row_id=True)
+            return [batch.column(_ROW_ID).to_numpy() for batch in scanner.to_batches()]
+
+        try:  # a damaged file or a failing store is raised naming it, never as the filter's
+            ids = reader._lance_read("read", scan)
+        except (ValueError, pa.ArrowInvalid) as exc:
+            if filter is None:
+                raise
+            raise InvalidInputError(
+                f"filter {filter!r} is not valid SQL for this table: {lance_message(exc)}"
+            ) from None
+        return np.concatenate(ids) if ids else np.zeros(0, np.uint64)
+
+    @keywords_checked
+    def take_rows(
+        self,
+        row_ids: Sequence[int] | np.ndarray,
+        columns: Sequence[str] | None = None,
+        blobs: BlobsMode = "refs",
+        *,
+        check_hashes: bool = True,
+    ) -> pa.Table:
+        """Rows by id (from :meth:`row_ids`), in the order asked: one native take for the
+        rows and their addresses, then each distinct payload read once (``blobs="bytes"``,
+        checked against its recorded hash unless ``check_hashes`` is False). Blob columns
+        of fragments read often come from their kept references
+        (:mod:`blobhouse.kept_references`), without Lance's take."""
+        reader = self._reader()
+        ids = _row_ids(row_ids)
+        check_hashes = check_flag("check_hashes", check_hashes)
+        selection = reader._taken_columns(columns, blobs)
+        take = functools.partial(reader._by_id, ids.tolist())
+        if len(ids) and reader._kept_serves(selection, blobs, by_id=True):
+            kept = functools.partial(reader._kept_by_id, ids=ids)
+            return reader._kept_table(take, kept, selection, blobs, check_hashes)
+        return reader._taken(take, columns, blobs, check_hashes)
+
+    @keywords_checked
+    def take_row_dicts(
+        self,
+        row_ids: Sequence[int] | np.ndarray,
+        columns: Sequence[str] | None = None,
+        blobs: BlobsMode = "bytes",
+        *,
+        check_hashes: bool = True,
+    ) -> list[dict[str, Any]]:
+        """Rows by id as dicts, in the order asked, for Python consumers (a DataLoader's
+        ``transform``). With ``blobs="bytes"`` each distinct payload is read once, straight
+        into one ``bytes`` object that every row referencing it shares, and checked against
+        its recorded hash (unless ``check_hashes`` is False): no Arrow buffer in between.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"id": [1, 2], "img": blob_array([b"a", b"a"])}),
+        ...                 tempfile.mkdtemp() + "/t")
+        >>> rows = t.take_row_dicts(t.row_ids())
+        >>> rows, rows[0]["img"] is rows[1]["img"]
+        ([{'id': 1, 'img': b'a'}, {'id': 2, 'img': b'a'}], True)
+        """
+        reader = self._reader()
+        check_hashes = check_flag("check_hashes", check_hashes)
+        if blobs != "bytes":
+            return reader.take_rows(row_ids, columns, blobs, check_hashes=check_hashes).to_pylist()
+        ids = _row_ids(row_ids)
+        selection = reader._taken_columns(columns, blobs)
+        if len(ids) and reader._kept_serves(selection, blobs, by_id=True):
+            return reader._row_dicts_by_id(ids, selection, check_hashes)
+        ids = ids.tolist()
+        lance_columns = selection.lance
+        wanted = [*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns
+        taken = reader._lance_read("read", lambda: reader._by_id(ids, wanted))
+        batches = [selection.flat(b) for b in taken.to_batches()]
+        return [
+            row
+            for batch in batches
+            for row in reader._row_dicts(batch, selection.blobs, check_hashes)
+        ]
+
+    def blob_refs(self, column: str, indices: Sequence[int]) -> pa.StructArray:
+        """Resolved references ``struct<uri, position, size, blake3>`` of ``column`` at
+        ``indices`` (``blake3``: recorded for the payload when it was written, or null)."""
+        reader = self._reader()
+        path = reader.snapshot.blob_path(column, "blob_refs")
+        indices = reader._check_indices(indices)
+        if not indices:
+            return pa.array([], type=REF_TYPE)
+        return reader._refs(path, reader.snapshot.rows_at(path, indices))
+
+    def read_blobs(self, column: str, indices: Sequence[int]) -> list[bytes | None]:
+        """The bytes of ``column`` at ``indices`` (None for null), with coalesced ranged reads,
+        checked against their recorded hashes."""
+        reader = self._reader()
+        path = reader.snapshot.blob_path(column, "read_blobs")
+        indices = reader._check_indices(indices)
+        if not indices:
+            return []
+        # each payload read into its own bytes
+        rows = reader.snapshot.rows_at(path, indices)
+        return reader._checked_bytes(path, rows, read_ranges, doing="read blobs of")
+
+    def open_blob(self, column: str, index: int) -> BinaryIO | None:
+        """A seekable file object over one blob (None if the value is null). Reading it whole,
+        front to back, checks its recorded hash at the end (ranged reads cannot be checked).
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"v": blob_array([b"frames" * 20_000])}),
+        ...                 tempfile.mkdtemp() + "/t")
+        >>> with t.open_blob("v", 0) as f:
+        ...     _ = f.seek(6); f.read(6)
+        b'frames'
+        """
+        reader = self._reader()
+        path = reader.snapshot.blob_path(column, "open_blob")
+        (index,) = reader._check_indices([index])
+        rows = reader.snapshot.rows_at(path, [index])
+        ref = rows.refs.ref(0)
+        if ref is None:
+            return None
+        digest = reader._recorded(path, rows, "read blobs of")[0]
+        row = int(rows.addresses[0])
+        name = f"blob column {column!r}, fragment {row >> 32} row {row & 0xFFFFFFFF}"
+        return open_ref(ref, digest, name, reader.snapshot.storage_options)
+
+    def output_schema(
+        self, columns: Sequence[str] | None = None, blobs: BlobsMode = "refs"
+    ) -> pa.Schema:
+        """The schema :meth:`scan` yields for these columns and blob mode."""
+        reader = self._reader()
+        selection = reader._selection(columns, blobs)
+        schema = reader.snapshot.dataset.scanner(columns=selection.lance).projected_schema
+        if selection.lance != selection.names:
+            schema = pa.schema(
+                [f.with_name(n) for f, n in zip(schema, selection.names, strict=True)],
+                metadata=schema.metadata,
+            )
+        out_type = pa.large_binary() if blobs == "bytes" else REF_TYPE
+        for out, _ in selection.blobs:
+            schema = replace_field(schema, out, pa.field(out[-1], out_type))
+        return schema
+
+
+class TableReader(TableReads):
+    """The reads (:class:`TableReads`) of the one table version it holds.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -105,9 +350,38 @@ class TableReader:
         snapshot.check_column_names()  # Lance could not read a column another tool misnamed
         self.snapshot = snapshot
 
-    def count_rows(self, filter: str | None = None) -> int:
-        """See :meth:`blobhouse.Table.count_rows`."""
-        return self._lance_read("read", lambda: self.snapshot.count_rows(filter))
+    def _reader(self) -> TableReader:
+        """This reader: it reads the version it holds."""
+        return self
+
+    def _batches(
+        self,
+        columns: Sequence[str] | None,
+        filter: str | None,
+        blobs: BlobsMode,
+        fragment_ids: Sequence[int] | None,
+        window: dict[str, int | None],
+        check_hashes: bool,
+    ) -> Iterator[pa.RecordBatch]:
+        """The batches of :meth:`scan` (``window``: its ``batch_size``, ``offset`` and
+        ``limit``), checked and read as they are asked for."""
+        check_hashes = check_flag("check_hashes", check_hashes)
+        for name, value in window.items():
+            if value is not None:
+                SETTINGS[name].check(value)  # Lance's own refusals name its source lines
+        selection = self._selection(columns, blobs)
+        fragments = None if fragment_ids is None else self._fragments(fragment_ids)
+        scanner = self.snapshot.dataset.scanner(
+            columns=selection.lance,
+            filter=filter,
+            with_row_address=bool(selection.blobs),
+            fragments=fragments,
+            **window,
+        )
+        batches = scanner.to_batches()
+        while (batch := self._lance_read("read", lambda: next(batches, None))) is not None:
+            named = selection.named(batch)
+            yield self._convert(named, selection.blobs, blobs, check_hashes)
 
     def _fragments(self, fragment_ids: object) -> list:
         """The snapshot's fragments of ``fragment_ids``, or an error naming the id it lacks."""
@@ -125,107 +399,6 @@ class TableReader:
                 )
             fragments.append(fragment)
         return fragments
-
-    def scan(
-        self,
-        columns: Sequence[str] | None = None,
-        filter: str | None = None,
-        blobs: BlobsMode = "refs",
-        batch_size: int | None = None,
-        *,
-        fragment_ids: Sequence[int] | None = None,
-        offset: int | None = None,
-        limit: int | None = None,
-        check_hashes: bool = True,
-    ) -> Iterator[pa.RecordBatch]:
-        """See :meth:`blobhouse.Table.scan`."""
-        check_hashes = check_flag("check_hashes", check_hashes)
-        for name, value in (("batch_size", batch_size), ("offset", offset), ("limit", limit)):
-            if value is not None:
-                SETTINGS[name].check(value)  # Lance's own refusals name its source lines
-        selection = self._selection(columns, blobs)
-        fragments = None if fragment_ids is None else self._fragments(fragment_ids)
-        scanner = self.snapshot.dataset.scanner(
-            columns=selection.lance,
-            filter=filter,
-            batch_size=batch_size,
-            with_row_address=bool(selection.blobs),
-            fragments=fragments,
-            offset=offset,
-            limit=limit,
-        )
-        batches = scanner.to_batches()
-        while (batch := self._lance_read("read", lambda: next(batches, None))) is not None:
-            named = selection.named(batch)
-            yield self._convert(named, selection.blobs, blobs, check_hashes)
-
-    def to_arrow(
-        self,
-        columns: Sequence[str] | None = None,
-        filter: str | None = None,
-        blobs: BlobsMode = "refs",
-        check_hashes: bool = True,
-    ) -> pa.Table:
-        """See :meth:`blobhouse.Table.to_arrow`."""
-        batches = list(self.scan(columns, filter, blobs, check_hashes=check_hashes))
-        if batches:
-            return pa.Table.from_batches(batches)
-        return self._empty(columns, blobs)
-
-    def take(
-        self,
-        indices: Sequence[int],
-        columns: Sequence[str] | None = None,
-        blobs: BlobsMode = "refs",
-        check_hashes: bool = True,
-    ) -> pa.Table:
-        """See :meth:`blobhouse.Table.take`."""
-        check_hashes = check_flag("check_hashes", check_hashes)
-        indices = self._check_indices(indices)
-        selection = self._taken_columns(columns, blobs)
-
-        def take(cols: list[str]) -> pa.Table:
-            return self.snapshot.dataset.take(indices, columns=cols)
-
-        if indices and self._kept_serves(selection, blobs, by_id=False):
-            kept = functools.partial(self.snapshot.rows_at, positions=indices)
-            return self._kept_table(take, kept, selection, blobs, check_hashes)
-        return self._taken(take, columns, blobs, check_hashes)
-
-    def row_ids(self, filter: str | None = None) -> np.ndarray:
-        """See :meth:`blobhouse.Table.row_ids`."""
-
-        def scan() -> list[np.ndarray]:
-            scanner = self.snapshot.dataset.scanner(columns=[], filter=filter, with_row_id=True)
-            return [batch.column(_ROW_ID).to_numpy() for batch in scanner.to_batches()]
-
-        try:  # a damaged file or a failing store is raised naming it, never as the filter's
-            ids = self._lance_read("read", scan)
-        except (ValueError, pa.ArrowInvalid) as exc:
-            if filter is None:
-                raise
-            raise InvalidInputError(
-                f"filter {filter!r} is not valid SQL for this table: {lance_message(exc)}"
-            ) from None
-        return np.concatenate(ids) if ids else np.zeros(0, np.uint64)
-
-    def take_rows(
-        self,
-        row_ids: Sequence[int] | np.ndarray,
-        columns: Sequence[str] | None = None,
-        blobs: BlobsMode = "refs",
-        *,
-        check_hashes: bool = True,
-    ) -> pa.Table:
-        """See :meth:`blobhouse.Table.take_rows`."""
-        ids = _row_ids(row_ids)
-        check_hashes = check_flag("check_hashes", check_hashes)
-        selection = self._taken_columns(columns, blobs)
-        take = functools.partial(self._by_id, ids.tolist())
-        if len(ids) and self._kept_serves(selection, blobs, by_id=True):
-            kept = functools.partial(self._kept_by_id, ids=ids)
-            return self._kept_table(take, kept, selection, blobs, check_hashes)
-        return self._taken(take, columns, blobs, check_hashes)
 
     def _kept_serves(self, selection: Selection, blobs: str, by_id: bool) -> bool:
         """Whether a take can read its blob columns from kept references: each blob column
@@ -316,33 +489,6 @@ class TableReader:
                 raise  # a missing, unreadable or damaged data file
             raise _not_rows_here(self.snapshot, ids.tolist(), exc) from None
 
-    def take_row_dicts(
-        self,
-        row_ids: Sequence[int] | np.ndarray,
-        columns: Sequence[str] | None = None,
-        blobs: BlobsMode = "bytes",
-        *,
-        check_hashes: bool = True,
-    ) -> list[dict[str, Any]]:
-        """See :meth:`blobhouse.Table.take_row_dicts`."""
-        check_hashes = check_flag("check_hashes", check_hashes)
-        if blobs != "bytes":
-            return self.take_rows(row_ids, columns, blobs, check_hashes=check_hashes).to_pylist()
-        ids = _row_ids(row_ids)
-        selection = self._taken_columns(columns, blobs)
-        if len(ids) and self._kept_serves(selection, blobs, by_id=True):
-            return self._row_dicts_by_id(ids, selection, check_hashes)
-        ids = ids.tolist()
-        lance_columns = selection.lance
-        wanted = [*lance_columns, ROW_ADDRESS] if selection.blobs else lance_columns
-        taken = self._lance_read("read", lambda: self._by_id(ids, wanted))
-        batches = [selection.flat(b) for b in taken.to_batches()]
-        return [
-            row
-            for batch in batches
-            for row in self._row_dicts(batch, selection.blobs, check_hashes)
-        ]
-
     def _by_id(self, ids: list[int], columns: list[str]) -> pa.Table:
         """One native take of rows by id (pylance's public take is by position)."""
         try:
@@ -405,37 +551,6 @@ class TableReader:
     def _lance_read(self, doing: str, read: Callable[[], T]) -> T:
         """``read()``, a read of this table by Lance (:func:`~blobhouse.snapshot.lance_read`)."""
         return self.snapshot.lance_read(doing, read)
-
-    def blob_refs(self, column: str, indices: Sequence[int]) -> pa.StructArray:
-        """See :meth:`blobhouse.Table.blob_refs`."""
-        path = self.snapshot.blob_path(column, "blob_refs")
-        indices = self._check_indices(indices)
-        if not indices:
-            return pa.array([], type=REF_TYPE)
-        return self._refs(path, self.snapshot.rows_at(path, indices))
-
-    def read_blobs(self, column: str, indices: Sequence[int]) -> list[bytes | None]:
-        """See :meth:`blobhouse.Table.read_blobs`."""
-        path = self.snapshot.blob_path(column, "read_blobs")
-        indices = self._check_indices(indices)
-        if not indices:
-            return []
-        # each payload read into its own bytes
-        rows = self.snapshot.rows_at(path, indices)
-        return self._checked_bytes(path, rows, read_ranges, doing="read blobs of")
-
-    def open_blob(self, column: str, index: int) -> BinaryIO | None:
-        """See :meth:`blobhouse.Table.open_blob`."""
-        path = self.snapshot.blob_path(column, "open_blob")
-        (index,) = self._check_indices([index])
-        rows = self.snapshot.rows_at(path, [index])
-        ref = rows.refs.ref(0)
-        if ref is None:
-            return None
-        digest = self._recorded(path, rows, "read blobs of")[0]
-        row = int(rows.addresses[0])
-        name = f"blob column {column!r}, fragment {row >> 32} row {row & 0xFFFFFFFF}"
-        return open_ref(ref, digest, name, self.snapshot.storage_options)
 
     def _selection(self, columns: Sequence[str] | None, blobs: str) -> Selection:
         if blobs not in ("refs", "bytes", "descriptors"):
@@ -541,22 +656,6 @@ class TableReader:
             return read(rows.refs, storage_options=self.snapshot.storage_options, verify=verify)
         except BlobReadError as exc:
             raise _naming_row(exc, path_name(path), rows) from None
-
-    def output_schema(
-        self, columns: Sequence[str] | None = None, blobs: BlobsMode = "refs"
-    ) -> pa.Schema:
-        """See :meth:`blobhouse.Table.output_schema`."""
-        selection = self._selection(columns, blobs)
-        schema = self.snapshot.dataset.scanner(columns=selection.lance).projected_schema
-        if selection.lance != selection.names:
-            schema = pa.schema(
-                [f.with_name(n) for f, n in zip(schema, selection.names, strict=True)],
-                metadata=schema.metadata,
-            )
-        out_type = pa.large_binary() if blobs == "bytes" else REF_TYPE
-        for out, _ in selection.blobs:
-            schema = replace_field(schema, out, pa.field(out[-1], out_type))
-        return schema
 
     def _empty(self, columns: Sequence[str] | None, blobs: BlobsMode) -> pa.Table:
         return self.output_schema(columns, blobs).empty_table()
