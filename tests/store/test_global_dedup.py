@@ -15,6 +15,7 @@ import pytest
 
 import blobhouse.spark as bs
 from blobhouse import blob_array, open_table, write_table
+from blobhouse.dedup import content_hash
 from blobhouse.errors import StoreRaceError
 from blobhouse.store.index import StoreIndex
 from tests.helpers import aged, disk_bytes, stock_read, tree, worker_script
@@ -464,3 +465,18 @@ def test_gc_keeps_the_store_index_small_and_removes_what_a_killed_append_left(ta
     write_table(rows([99], [PAYLOADS[0]]), table_uri, mode="append", dedup="global")
     assert disk_bytes(str(Path(table_uri, "_blobs", "packs"))) == before  # still deduplicated
     assert open_table(table_uri).verify(deep=True)["problems"] == []
+
+
+def test_a_spark_global_write_records_what_it_stored_through_the_data_sources_commit(
+    spark, table_uri
+):
+    """The payloads are stored before the rows; the data source's commit (a Python worker of
+    its own) records them in the store's index from the write's records, then removes those."""
+    from blobhouse.layout import STORED
+
+    data = [(i, PAYLOADS[i % 3]) for i in range(12)]
+    df = spark.createDataFrame(data, "id long, b binary").repartition(3)
+    bs.write_table(df, table_uri, blob_columns=["b"], dedup="global", partitions=3)
+    found = StoreIndex.open(table_uri).find([content_hash(p) for p in PAYLOADS[:3]])
+    assert len(found) == 3  # every stored payload is in the index
+    assert tree(os.path.join(table_uri, STORED)) == set()  # no record outlives the write
