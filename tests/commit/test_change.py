@@ -119,32 +119,58 @@ def test_preemptions_past_the_retries_fail_with_nothing_committed(table, monkeyp
     assert table.snapshot.latest().version == 1
 
 
-def test_every_change_a_user_makes_commits_through_the_template(tmp_path, monkeypatch):
+class Commits:
+    """Where commits ran: the prefixes of transactions committed inside the template's commit
+    step (``inside``) or outside it (``outside``), and whether a commit step and a
+    transaction's commit are running now (``in_commit``)."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.commits: list[int] = []
+        self.inside: list[str] = []
+        self.outside: list[str] = []
+
+    @property
+    def in_commit(self) -> bool:
+        return bool(self.steps and self.commits)
+
+
+@pytest.fixture
+def tracked(monkeypatch) -> Commits:
+    """Every template commit step and transaction commit of the test, tracked."""
+    from blobhouse.commit import change as template
+
+    seen = Commits()
+    attempt_commit, txn_commit = template.Attempt.commit, Transaction.commit
+
+    def in_step(self, written=()):
+        seen.steps.append(1)
+        try:
+            return attempt_commit(self, written)
+        finally:
+            seen.steps.pop()
+
+    def in_commit(self, *args, **kwargs):
+        (seen.inside if seen.steps else seen.outside).append(self.name_prefix)
+        seen.commits.append(1)
+        try:
+            return txn_commit(self, *args, **kwargs)
+        finally:
+            seen.commits.pop()
+
+    monkeypatch.setattr(template.Attempt, "commit", in_step)
+    monkeypatch.setattr(Transaction, "commit", in_commit)
+    return seen
+
+
+def test_every_change_a_user_makes_commits_through_the_template(tmp_path, tracked):
     """Writes, row changes, schema and property changes, maintenance and the store's own
     commits: each commits inside the template's commit step, none on its own."""
     import shutil
 
     from blobhouse import BlobSession, blob_array, open_table
-    from blobhouse.commit import change as template
 
-    steps: list[int] = []  # open commit steps of the template
-    inside: list[str] = []
-    outside: list[str] = []
-    attempt_commit, txn_commit = template.Attempt.commit, Transaction.commit
-
-    def in_step(self, written=()):
-        steps.append(1)
-        try:
-            return attempt_commit(self, written)
-        finally:
-            steps.pop()
-
-    def counted(self, *args, **kwargs):
-        (inside if steps else outside).append(self.name_prefix)
-        return txn_commit(self, *args, **kwargs)
-
-    monkeypatch.setattr(template.Attempt, "commit", in_step)
-    monkeypatch.setattr(Transaction, "commit", counted)
+    inside, outside = tracked.inside, tracked.outside
     uri = str(tmp_path / "t")
 
     def rows(ids):
@@ -194,42 +220,22 @@ def test_every_change_a_user_makes_commits_through_the_template(tmp_path, monkey
     assert open_table(uri).count_rows() == 6
 
 
-def test_store_first_writes_record_their_payloads_inside_the_commit(tmp_path, monkeypatch):
+def test_store_first_writes_record_their_payloads_inside_the_commit(tmp_path, monkeypatch, tracked):
     """The LeRobot import stores its video files first, then writes the rows: one transaction,
     whose commit (inside the template's commit step) records the stored payloads in the store's
     index under its Ctrl-C guard; nothing appends to the index outside a commit."""
-    from blobhouse.commit import change as template
     from blobhouse.commit import transaction as transaction_module
     from blobhouse.lerobot import ingest_lerobot
     from blobhouse.lerobot.sample import write_sample_dataset
     from blobhouse.store.index import open_index
 
-    steps: list[int] = []
-    commits: list[int] = []
-    recorded: list[tuple[bool, int]] = []  # (inside a commit step and a transaction's commit, n)
-    attempt_commit, txn_commit = template.Attempt.commit, Transaction.commit
+    recorded: list[tuple[bool, int]] = []  # (inside a commit step and its commit, how many)
     append = transaction_module.append_to_index
 
-    def in_step(self, written=()):
-        steps.append(1)
-        try:
-            return attempt_commit(self, written)
-        finally:
-            steps.pop()
-
-    def in_commit(self, *args, **kwargs):
-        commits.append(1)
-        try:
-            return txn_commit(self, *args, **kwargs)
-        finally:
-            commits.pop()
-
     def appended(table_path, stored, storage_options=None):
-        recorded.append((bool(steps and commits), len(stored)))
+        recorded.append((tracked.in_commit, len(stored)))
         return append(table_path, stored, storage_options)
 
-    monkeypatch.setattr(template.Attempt, "commit", in_step)
-    monkeypatch.setattr(Transaction, "commit", in_commit)
     monkeypatch.setattr(transaction_module, "append_to_index", appended)
     root = write_sample_dataset(str(tmp_path / "robot"), episodes=2, frames=4, size=(16, 16))
     done = ingest_lerobot(root, str(tmp_path / "t"))
@@ -237,3 +243,4 @@ def test_store_first_writes_record_their_payloads_inside_the_commit(tmp_path, mo
     assert recorded and all(inside for inside, _ in recorded), recorded
     assert sum(n for _, n in recorded) >= videos  # every stored video file is in the index
     assert open_index(str(tmp_path / "t"), None).count_rows() >= videos
+    assert tracked.outside == []
