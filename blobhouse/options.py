@@ -1,7 +1,9 @@
 """Typed options: small frozen objects checked once, each field by its setting's schema
 (:mod:`blobhouse.settings`): :class:`WriteOptions`, :class:`CompactionTargets`,
 :class:`CommitOptions`. Keyword names are checked too (:func:`keywords_checked`): a misspelled
-option is an error naming the closest valid one, never a setting silently ignored.
+option is an error naming the closest valid one, never a setting silently ignored. A public
+entry taking an options object may take its fields as keywords too (:func:`option_keywords`):
+sugar that builds the object, derived from its fields.
 
 >>> WriteOptions(managed_bases="/data/media")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
@@ -126,7 +128,7 @@ def _checked_fields(options: Any, unset: object = _CHECK_ALL) -> None:
             object.__setattr__(options, f.name, SETTINGS[f.name].check(value))
 
 
-Opts = TypeVar("Opts", CompactionTargets, CommitOptions)
+Opts = TypeVar("Opts")
 
 
 def as_options(cls: type[Opts], value: Opts | Mapping[str, Any] | None, what: str) -> Opts:
@@ -215,3 +217,64 @@ def keywords_checked(fn: F) -> F:
         return fn(*args, **kwargs)
 
     return checked  # type: ignore[return-value]
+
+
+def option_keywords(**objects: type) -> Callable[[F], F]:
+    """``fn`` taking, beside each options parameter named here (``targets=CompactionTargets``),
+    the fields of its class as keywords: sugar that builds the object (a keyword left at None
+    is not given). Giving an object and its keywords at once is refused, naming both. The
+    keywords are read from the dataclass fields, so they never drift from the object, and
+    they show in ``fn``'s signature (keyword-only, default None).
+
+    >>> @option_keywords(commit=CommitOptions)
+    ... def change(table, *, commit=None):
+    ...     return commit
+    >>> change("t", retries=5)
+    CommitOptions(retries=5)
+    >>> change("t", commit=CommitOptions(1), retries=5)
+    Traceback (most recent call last):
+    ...
+    blobhouse.errors.InvalidInputError: change(): give commit (a CommitOptions) or its \
+keywords (retries), not both
+    """
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+        owner = {f.name: name for name, cls in objects.items() for f in fields(cls)}
+        clash = [name for name in owner if name in signature.parameters]
+        if clash:
+            raise TypeError(f"{fn.__qualname__} has parameters named as option fields: {clash}")
+
+        @functools.wraps(fn)
+        def built(*args: Any, **kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name) for name in list(kwargs) if name in owner}
+            if not given:
+                return fn(*args, **kwargs)
+            bound = signature.bind_partial(*args, **kwargs)
+            for name, cls in objects.items():
+                mine = {k: v for k, v in given.items() if owner[k] == name and v is not None}
+                if not mine:
+                    continue
+                if bound.arguments.get(name) is not None:
+                    raise InvalidInputError(
+                        f"{fn.__name__}(): give {name} (a {cls.__name__}) or its keywords "
+                        f"({', '.join(mine)}), not both"
+                    )
+                bound.arguments[name] = cls(**mine)
+            return fn(*bound.args, **bound.kwargs)
+
+        parameters = list(signature.parameters.values())
+        at = next((i for i, p in enumerate(parameters) if p.kind == p.VAR_KEYWORD), len(parameters))
+        sugar = [
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f"{f.type} | None"
+            )
+            for cls in objects.values()
+            for f in fields(cls)
+        ]
+        built.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=parameters[:at] + sugar + parameters[at:]
+        )
+        return built  # type: ignore[return-value]
+
+    return decorate

@@ -22,15 +22,11 @@ from blobhouse.changes.backfill import (
 )
 from blobhouse.changes.merge_insert import MergeInsert
 from blobhouse.changes.update import UpdateReport, delete_rows, update_rows
-from blobhouse.commit.transaction import (
-    DEFAULT_RETRIES,
-)
 from blobhouse.errors import (
     BlobhouseError,
 )
 from blobhouse.files.session import WrittenFile
 from blobhouse.layout import TableLocation, data_file_name
-from blobhouse.maintenance import compaction
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.table_maintenance import TableMaintenance
 from blobhouse.maintenance.versions import Progress
@@ -39,6 +35,7 @@ from blobhouse.options import (
     CompactionTargets,
     WriteOptions,
     keywords_checked,
+    option_keywords,
 )
 from blobhouse.properties import TableProperties
 from blobhouse.read.table_reader import BlobsMode, TableReader
@@ -309,13 +306,14 @@ class Table:
         return self._moved_to(delete_rows(self._snapshot, filter))
 
     @keywords_checked
+    @option_keywords(commit=CommitOptions)
     def update(
         self,
         updates: Mapping[str, str | BlobFunction | None],
         where: str | None = None,
         *,
         dedup: str | None = None,
-        retries: int = DEFAULT_RETRIES,
+        commit: CommitOptions | None = None,
     ) -> UpdateReport:
         """Set columns on the rows matching the SQL ``where`` (every row if None), in one
         commit; this table moves to the new version.
@@ -328,7 +326,8 @@ class Table:
         of other columns are never copied. New blob values go through the write pipeline with
         the column's dedup mode (its property; ``dedup``, if given, must be the same); the
         unchanged rows of a rewritten blob column are copied once per distinct
-        payload (their store references kept, with ``dedup="global"``).
+        payload (their store references kept, with ``dedup="global"``). A commit a concurrent
+        one preempted is run again up to ``commit.retries`` times (or ``retries=``, its sugar).
 
         >>> import tempfile, pyarrow as pa
         >>> from blobhouse import blob_array, write_table
@@ -339,7 +338,7 @@ class Table:
         >>> t.to_arrow(columns=["id", "label"]).to_pylist()
         [{'id': 1, 'label': 'cat'}, {'id': 2, 'label': 'DOG'}]
         """
-        done = update_rows(self._snapshot, updates, where, dedup=dedup, retries=retries)
+        done = update_rows(self._snapshot, updates, where, dedup=dedup, commit=commit)
         self._moved_to(done.snapshot)
         return done.report
 
@@ -678,21 +677,19 @@ class Table:
         return self.maintenance.verify(**options)
 
     @keywords_checked
+    @option_keywords(targets=CompactionTargets, commit=CommitOptions)
     def compact(
         self,
+        targets: CompactionTargets | None = None,
         *,
-        target_rows: int = compaction.DEFAULT_TARGET_ROWS,
-        target_bytes: int = compaction.DEFAULT_TARGET_BYTES,
-        deleted_fraction: float = compaction.DEFAULT_DELETED_FRACTION,
-        repack_threshold: float = compaction.DEFAULT_REPACK_THRESHOLD,
         progress: Progress | None = None,
-        retries: int = DEFAULT_RETRIES,
+        commit: CommitOptions | None = None,
     ) -> CompactionReport:
-        """:meth:`TableMaintenance.compact` with its targets and ``retries`` as keywords:
-        rewrites small fragments and those with many deleted rows, keeping blob sharing, and
-        moves this table to the version it committed."""
-        targets = CompactionTargets(target_rows, target_bytes, deleted_fraction, repack_threshold)
-        return self.maintenance.compact(targets, progress=progress, commit=CommitOptions(retries))
+        """:meth:`TableMaintenance.compact`: rewrites small fragments and those with many
+        deleted rows, keeping blob sharing, and moves this table to the version it committed.
+        The fields of ``targets`` (``target_rows``, ...) and of ``commit`` (``retries``) may
+        be given as keywords instead."""
+        return self.maintenance.compact(targets, progress=progress, commit=commit)
 
     def stats(self) -> StatsReport:
         """Logical and physical bytes, per column and kind: see :meth:`TableMaintenance.stats`."""
