@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
@@ -219,12 +219,13 @@ def keywords_checked(fn: F) -> F:
     return checked  # type: ignore[return-value]
 
 
-def option_keywords(**objects: type) -> Callable[[F], F]:
+def option_keywords(**objects: type | tuple[type, Collection[str]]) -> Callable[[F], F]:
     """``fn`` taking, beside each options parameter named here (``targets=CompactionTargets``),
     the fields of its class as keywords: sugar that builds the object (a keyword left at None
     is not given). Giving an object and its keywords at once is refused, naming both. The
     keywords are read from the dataclass fields, so they never drift from the object, and
-    they show in ``fn``'s signature (keyword-only, default None).
+    they show in ``fn``'s signature (keyword-only, default None). ``(cls, names)``: only
+    those fields are keywords of ``fn``.
 
     >>> @option_keywords(commit=CommitOptions)
     ... def change(table, *, commit=None):
@@ -240,7 +241,17 @@ keywords (retries), not both
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn)
-        owner = {f.name: name for name, cls in objects.items() for f in fields(cls)}
+        classes = {n: o[0] if isinstance(o, tuple) else o for n, o in objects.items()}
+        sugar = [
+            (name, f)
+            for name, o in objects.items()
+            for f in fields(classes[name])
+            if not isinstance(o, tuple) or f.name in o[1]
+        ]
+        owner = {f.name: name for name, f in sugar}
+        called = (
+            fn.__qualname__.removesuffix(".__init__") if fn.__name__ == "__init__" else fn.__name__
+        )
         clash = [name for name in owner if name in signature.parameters]
         if clash:
             raise TypeError(f"{fn.__qualname__} has parameters named as option fields: {clash}")
@@ -251,13 +262,13 @@ keywords (retries), not both
             if not given:
                 return fn(*args, **kwargs)
             bound = signature.bind_partial(*args, **kwargs)
-            for name, cls in objects.items():
+            for name, cls in classes.items():
                 mine = {k: v for k, v in given.items() if owner[k] == name and v is not None}
                 if not mine:
                     continue
                 if bound.arguments.get(name) is not None:
                     raise InvalidInputError(
-                        f"{fn.__name__}(): give {name} (a {cls.__name__}) or its keywords "
+                        f"{called}(): give {name} (a {cls.__name__}) or its keywords "
                         f"({', '.join(mine)}), not both"
                     )
                 bound.arguments[name] = cls(**mine)
@@ -265,15 +276,14 @@ keywords (retries), not both
 
         parameters = list(signature.parameters.values())
         at = next((i for i, p in enumerate(parameters) if p.kind == p.VAR_KEYWORD), len(parameters))
-        sugar = [
+        keywords = [
             inspect.Parameter(
                 f.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f"{f.type} | None"
             )
-            for cls in objects.values()
-            for f in fields(cls)
+            for _, f in sugar
         ]
         built.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=parameters[:at] + sugar + parameters[at:]
+            parameters=parameters[:at] + keywords + parameters[at:]
         )
         return built  # type: ignore[return-value]
 
