@@ -219,6 +219,37 @@ def keywords_checked(fn: F) -> F:
     return checked  # type: ignore[return-value]
 
 
+def field_keywords(cls: type, names: Collection[str]) -> Callable[[F], F]:
+    """``fn(..., **changes)`` showing the fields ``names`` of ``cls`` as its keywords (in its
+    signature, so :func:`keywords_checked` knows them), in place of ``**changes``: for an
+    entry whose keywords are a partial change of those fields rather than an object (one that
+    may say None for a column: :meth:`~blobhouse.Table.set_properties`)."""
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+        parameters = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
+        chosen = [f for f in fields(cls) if f.name in names]
+        fn.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=parameters + _keyword_parameters(chosen)
+        )
+        return fn
+
+    return decorate
+
+
+def _keyword_parameters(chosen: Sequence[Any]) -> list[inspect.Parameter]:
+    """Dataclass fields as keyword-only parameters, each None by default (not given)."""
+    return [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=f.type if str(f.type).endswith("| None") else f"{f.type} | None",
+        )
+        for f in chosen
+    ]
+
+
 def option_keywords(**objects: type | tuple[type, Collection[str]]) -> Callable[[F], F]:
     """``fn`` taking, beside each options parameter named here (``targets=CompactionTargets``),
     the fields of its class as keywords: sugar that builds the object (a keyword left at None
@@ -276,12 +307,7 @@ keywords (retries), not both
 
         parameters = list(signature.parameters.values())
         at = next((i for i, p in enumerate(parameters) if p.kind == p.VAR_KEYWORD), len(parameters))
-        keywords = [
-            inspect.Parameter(
-                f.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f"{f.type} | None"
-            )
-            for _, f in sugar
-        ]
+        keywords = _keyword_parameters([f for _, f in sugar])
         built.__signature__ = signature.replace(  # type: ignore[attr-defined]
             parameters=parameters[:at] + keywords + parameters[at:]
         )

@@ -7,6 +7,7 @@ table's settings (the allowed external bases); stock Lance readers ignore it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import fields
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -22,9 +23,7 @@ from blobhouse.changes.backfill import (
 )
 from blobhouse.changes.merge_insert import MergeInsert
 from blobhouse.changes.update import UpdateReport, delete_rows, update_rows
-from blobhouse.errors import (
-    BlobhouseError,
-)
+from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.files.session import WrittenFile
 from blobhouse.layout import TableLocation, data_file_name
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
@@ -34,6 +33,7 @@ from blobhouse.options import (
     CommitOptions,
     CompactionTargets,
     WriteOptions,
+    field_keywords,
     keywords_checked,
     option_keywords,
 )
@@ -43,21 +43,19 @@ from blobhouse.snapshot import TableSnapshot, open_snapshot
 from blobhouse.write import WriteMode, add_data_file, begin_write, input_stream
 from blobhouse.write.prepare import relocate_store
 
+#: the fields of :class:`WriteOptions` a table records as properties that
+#: :meth:`Table.set_properties` changes (the blob columns are the schema's)
+PROPERTIES = tuple(f.name for f in fields(WriteOptions) if f.name != "blob_columns")
+
 
 @keywords_checked
+@option_keywords(options=WriteOptions)
 def write_table(
     data: Any,
     uri: str,
+    options: WriteOptions | None = None,
     *,
     mode: WriteMode = "create",
-    blob_columns: Sequence[str] = (),
-    ref_id_columns: Mapping[str, str] | None = None,
-    dedup: str | Mapping[str, str] | None = None,
-    placement: Mapping[str, Mapping[str, int]] | None = None,
-    allowed_bases: Sequence[str] | None = None,
-    managed_bases: Sequence[str] | None = None,
-    max_rows_per_file: int | None = None,
-    max_bytes_per_file: int | None = None,
     storage_options: dict[str, str] | None = None,
     branch: str | None = None,
     allow_nonempty_folder: bool = False,
@@ -71,9 +69,10 @@ def write_table(
     this one ran. ``branch`` writes to a branch of the table (made with Lance's
     ``create_branch``). If anything fails, the table stays at its previous version and what
     this call wrote is removed. A new table is not created in a folder that holds other files
-    unless ``allow_nonempty_folder``. The other keywords are :class:`WriteOptions`
-    (``managed_bases``: allowed bases whose objects the table takes ownership of once
-    referenced, docs/managed-objects.md). A new table records them as its properties
+    unless ``allow_nonempty_folder``. ``options`` are :class:`WriteOptions`, or its fields
+    given as keywords (``blob_columns=...``, ``dedup=...``; not both; ``managed_bases``:
+    allowed bases whose objects the table takes ownership of once referenced,
+    docs/managed-objects.md). A new table records them as its properties
     (:attr:`Table.properties`; ``dedup`` defaults to ``"global"``: each distinct payload once
     for the whole table); a write to an existing table uses the table's for the ones it
     leaves out, and refuses others than the table's (:class:`PropertyConflictError`).
@@ -85,21 +84,11 @@ def write_table(
     >>> table.read_blobs("image", [0, 2])
     [b'cat', b'cat']
     """
-    options = WriteOptions(
-        blob_columns=blob_columns,
-        ref_id_columns=ref_id_columns,
-        dedup=dedup,
-        placement=placement,
-        allowed_bases=allowed_bases,
-        managed_bases=managed_bases,
-        max_rows_per_file=max_rows_per_file,
-        max_bytes_per_file=max_bytes_per_file,
-    )
     schema, batches = input_stream(data)
     write = begin_write(
         uri,
         schema,
-        options,
+        options or WriteOptions(),
         mode=mode,
         storage_options=storage_options,
         branch=branch,
@@ -235,24 +224,17 @@ class Table:
         return self._snapshot.properties
 
     @keywords_checked
-    def set_properties(
-        self,
-        *,
-        dedup: str | Mapping[str, str | None] | None = None,
-        ref_id_columns: Mapping[str, str | None] | None = None,
-        placement: Mapping[str, Mapping[str, int]] | None = None,
-        allowed_bases: Sequence[str] | None = None,
-        managed_bases: Sequence[str] | None = None,
-        max_rows_per_file: int | None = None,
-        max_bytes_per_file: int | None = None,
-    ) -> Table:
+    @field_keywords(WriteOptions, PROPERTIES)
+    def set_properties(self, options: WriteOptions | None = None, **changes: Any) -> Table:
         """Change the table's properties in one commit (a new manifest; nothing rewritten) and
         move this table to the new version. Later writes follow them; :meth:`compact` brings
         earlier rows under a new dedup mode. ``dedup`` is the table's mode or
         ``{column: mode}`` (None: the table's again); bases can be added, not removed. Each
         value is checked by its setting (:mod:`blobhouse.settings`). Setting a stored setting
         another tool damaged anew is its repair (a change must set every damaged one: the
-        error naming them gives the command).
+        error naming them gives the command). The changes are the fields of ``options`` (a
+        :class:`WriteOptions`) that are set, or the same fields as keywords (``dedup=...``;
+        not both; as keywords a mode per column may be None: the table's again).
 
         >>> import tempfile, pyarrow as pa
         >>> from blobhouse import blob_array, write_table
@@ -261,18 +243,19 @@ class Table:
         >>> t.set_properties(dedup="global").properties.dedup_of("img")
         'global'
         """
-        given = {
-            "dedup": dedup,
-            "ref_id_columns": ref_id_columns,
-            "placement": placement,
-            "allowed_bases": allowed_bases,
-            "managed_bases": managed_bases,
-            "max_rows_per_file": max_rows_per_file,
-            "max_bytes_per_file": max_bytes_per_file,
-        }
-        changes = {name: value for name, value in given.items() if value is not None}
+        given = {name: value for name, value in changes.items() if value is not None}
+        if options is not None:
+            if given:
+                raise InvalidInputError(
+                    f"set_properties(): give options (a WriteOptions) or its keywords "
+                    f"({', '.join(given)}), not both"
+                )
+            if options.blob_columns:
+                raise InvalidInputError("set_properties cannot change blob_columns")
+            kept = options.keywords()
+            given = {name: kept[name] for name in PROPERTIES if kept[name] is not None}
         return self._moved_to(
-            schema_changes.set_properties(self.location, changes, self.storage_options)
+            schema_changes.set_properties(self.location, given, self.storage_options)
         )
 
     @keywords_checked
