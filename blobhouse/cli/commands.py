@@ -281,7 +281,7 @@ def _compact(args: argparse.Namespace, run: Run) -> int:
     table = _open(args)
     run.will_write(args.table, storage_options(args), args.branch)
     run.doing = f"compacting {args.table}"
-    report = table.maintenance.compact(targets, progress=run.progress)
+    report = table.compact(targets, progress=run.progress)
     _close(run)
     if args.json:
         _print_json(report)
