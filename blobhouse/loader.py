@@ -23,7 +23,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, BinaryIO, Literal, TypeVar
 
 import numpy as np
@@ -34,7 +34,7 @@ from blobhouse.files.ranges import BlobRef, open_ref
 from blobhouse.io.forks import FreshProcess, forked_after_lance, in_fresh_process, lance_is_running
 from blobhouse.io.objects import check_answers, checked_options, is_local
 from blobhouse.layout import TableLocation
-from blobhouse.options import check_flag, check_int, keywords_checked
+from blobhouse.options import check_flag, check_int, keywords_checked, option_keywords
 from blobhouse.read.video import MAX_FRAME_PIXELS, FrameLayout, VideoFrames
 
 # at import, not at the first open: a DataLoader's workers (forked, or from a forkserver that
@@ -143,30 +143,107 @@ def _shuffled(n: int, rng: np.random.Generator, window: int | None) -> np.ndarra
     return np.concatenate([s + rng.permutation(min(window, n - s)) for s in starts] or [starts])
 
 
-class BatchLoader:
-    """Batches of a table's rows for training: shuffled by ``(seed, epoch)``, sharded by rank
-    and worker, ``blobs`` as bytes (checked against their recorded hashes) or references.
+#: the fields of :class:`LoaderOptions` that batch, order and shard an epoch (a map-style
+#: dataset of rows leaves them to torch's DataLoader and samplers)
+BATCHING = (
+    "batch_size",
+    "shuffle",
+    "seed",
+    "drop_last",
+    "shuffle_window",
+    "rank",
+    "world_size",
+    "worker_id",
+    "num_workers",
+)
 
-    ``filter`` (a SQL predicate on the small columns) picks the rows before any blob is read.
-    ``check_hashes=False`` skips the check of each payload against its recorded blake3 (about a
-    sixth of a cold epoch's time on 2 cores; a damaged payload then reaches the caller).
-    ``drop_last`` drops the rows that would make ranks uneven or a batch short; otherwise the
-    last rows are padded with rows from the start of the epoch's order, so every rank has the
-    same number of batches. ``version`` (a number or a tag) pins what is read; by default the
-    latest version when the loader is made, so every worker reads the same rows. Inside a
-    torch DataLoader worker, ``worker_id`` and ``num_workers`` default to torch's.
 
-    ``frames`` names video columns to decode (:class:`~blobhouse.read.video.VideoFrames`: each row's
-    chunk becomes the ``uint8`` frame at its ``<column>_timestamp``, laid out as
-    ``frame_layout``, ``"hwc"`` or ``"chw"``); each distinct chunk of a batch is read and decoded
-    once, on the loader's reading threads, and checked against its recorded hash the first time
-    this loader meets it (with ``check_hashes``). ``max_frame_pixels`` bounds a decoded
-    frame's size (default a 4K frame's, 3840 x 2160 pixels): a chunk of larger frames is refused
-    from its header, before a batch is decoded. Frames come with :meth:`row_batches`.
+@dataclass(frozen=True)
+class LoaderOptions:
+    """What a training read reads and how, checked once: one object for :class:`BatchLoader`
+    and ``blobhouse.torch``'s ``TableBatchDataset`` and ``TableRowDataset`` (each takes it as
+    ``options=``, or its fields as keywords).
+
+    Rows: ``filter`` (a SQL predicate on the small columns) picks the rows before any blob is
+    read. ``version`` (a number or a tag) pins what is read; by default the latest version
+    when the loader is made, so every worker reads the same rows. ``branch`` reads a branch,
+    ``storage_options`` are the object store's.
+
+    Blobs: ``blobs`` as ``"bytes"`` (checked against their recorded hashes) or ``"refs"``.
+    ``check_hashes=False`` skips the check of each payload against its recorded blake3 (about
+    a sixth of a cold epoch's time on 2 cores; a damaged payload then reaches the caller).
+    ``frames`` names video columns to decode (:class:`~blobhouse.read.video.VideoFrames`:
+    each row's chunk becomes the ``uint8`` frame at its ``<column>_timestamp``, laid out as
+    ``frame_layout``, ``"hwc"`` or ``"chw"``); each distinct chunk of a batch is read and
+    decoded once, on the loader's reading threads, and checked against its recorded hash the
+    first time the loader meets it (with ``check_hashes``). ``max_frame_pixels`` bounds a
+    decoded frame's size (default a 4K frame's, 3840 x 2160 pixels): a chunk of larger frames
+    is refused from its header, before a batch is decoded.
+
+    Batches (:data:`BATCHING`; not for a map-style dataset): ``batch_size`` rows each, in an
+    order shuffled by ``(seed, epoch)`` (unless ``shuffle`` is False). ``drop_last`` drops the
+    rows that would make ranks uneven or a batch short; otherwise the last rows are padded with
+    rows from the start of the epoch's order, so every rank has the same number of batches.
     ``shuffle_window`` shuffles windows of that many consecutive rows (and the rows inside
     each) instead of single rows: a batch then holds neighbouring frames, which share video
     chunks, so far fewer chunks are decoded per batch, at the cost of batches whose rows are
     correlated (every row is still read once per epoch, in an order that changes each epoch).
+    ``rank`` of ``world_size`` (default 0 of 1; ``torch.distributed``'s in a
+    ``TableBatchDataset``) and ``worker_id`` of ``num_workers`` (default torch's inside a
+    DataLoader worker) pick this process's share.
+
+    >>> LoaderOptions(batch_size=64, shuffle_window=16).seed
+    0
+    >>> LoaderOptions(batch_size=0)
+    Traceback (most recent call last):
+    blobhouse.errors.InvalidInputError: batch_size must be >= 1, got 0
+    """
+
+    batch_size: int | None = None
+    filter: str | None = None
+    shuffle: bool = True
+    seed: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+    worker_id: int | None = None
+    num_workers: int | None = None
+    drop_last: bool = False
+    blobs: LoaderBlobs = "bytes"
+    storage_options: dict[str, str] | None = None
+    version: int | str | None = None
+    branch: str | None = None
+    check_hashes: bool = True
+    frames: Sequence[str] | Mapping[str, str] | None = None
+    frame_layout: FrameLayout = "hwc"
+    shuffle_window: int | None = None
+    max_frame_pixels: int = MAX_FRAME_PIXELS
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None:
+            check_int("batch_size", self.batch_size, 1)
+        check_int("seed", self.seed, 0)
+        check_blobs(self.blobs)
+        object.__setattr__(self, "check_hashes", check_flag("check_hashes", self.check_hashes))
+        if self.shuffle_window is not None:
+            check_int("shuffle_window", self.shuffle_window, 1)
+        rank, world_size = self.rank or 0, 1 if self.world_size is None else self.world_size
+        Shard(rank, world_size, self.worker_id or 0, self.num_workers or 1)  # checked now
+        checked_frames(self.frames, self.frame_layout, self.blobs, self.max_frame_pixels)
+
+    def refuse(self, names: Sequence[str], reader: str, why: str) -> None:
+        """Raises, naming the first of ``names`` set away from its default: ``reader`` does
+        not take it (``why``)."""
+        for f in fields(self):
+            if f.name in names and getattr(self, f.name) != f.default:
+                raise InvalidInputError(f"{reader} takes no {f.name} ({why})")
+
+
+class BatchLoader:
+    """Batches of a table's rows for training: shuffled by ``(seed, epoch)``, sharded by rank
+    and worker, blobs as bytes (checked against their recorded hashes) or references. What it
+    reads and how is a :class:`LoaderOptions` (``options=``, or its fields as keywords:
+    ``batch_size`` is required). Inside a torch DataLoader worker, ``worker_id`` and
+    ``num_workers`` default to torch's. Decoded ``frames`` come with :meth:`row_batches`.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -179,47 +256,33 @@ class BatchLoader:
     """
 
     @keywords_checked
+    @option_keywords(options=LoaderOptions)
     def __init__(
         self,
         uri: str | os.PathLike,
         columns: Sequence[str] | None = None,
         *,
-        batch_size: int,
-        filter: str | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        worker_id: int | None = None,
-        num_workers: int | None = None,
-        drop_last: bool = False,
-        blobs: LoaderBlobs = "bytes",
-        storage_options: dict[str, str] | None = None,
-        version: int | str | None = None,
-        branch: str | None = None,
-        check_hashes: bool = True,
-        frames: Sequence[str] | Mapping[str, str] | None = None,
-        frame_layout: FrameLayout = "hwc",
-        shuffle_window: int | None = None,
-        max_frame_pixels: int = MAX_FRAME_PIXELS,
+        options: LoaderOptions | None = None,
     ) -> None:
-        check_int("batch_size", batch_size, 1)
-        check_int("seed", seed, 0)
-        check_blobs(blobs)
-        check_hashes = check_flag("check_hashes", check_hashes)
-        if shuffle_window is not None:
-            check_int("shuffle_window", shuffle_window, 1)
-        Shard(rank, world_size, worker_id or 0, num_workers or 1)  # checked now
-        self.frames = checked_frames(frames, frame_layout, blobs, max_frame_pixels)
+        o = options or LoaderOptions()
+        if o.batch_size is None:
+            raise InvalidInputError("batch_size (rows per batch) is required")
+        self.options = o
+        self.frames = checked_frames(o.frames, o.frame_layout, o.blobs, o.max_frame_pixels)
         self.rows = PinnedRows(
-            uri, filter=filter, storage_options=storage_options, version=version, branch=branch
+            uri,
+            filter=o.filter,
+            storage_options=o.storage_options,
+            version=o.version,
+            branch=o.branch,
         )
         self.columns = checked_columns(columns)
-        self.shuffle_window = shuffle_window
+        self.shuffle_window = o.shuffle_window
         self.checked_chunks: set[tuple[str, int, int]] = set()  # video chunks this loader checked
-        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self.drop_last, self.blobs, self.check_hashes = drop_last, blobs, check_hashes
-        self._given = (rank, world_size, worker_id, num_workers)
+        self.batch_size, self.shuffle, self.seed = o.batch_size, o.shuffle, o.seed
+        self.drop_last, self.blobs, self.check_hashes = o.drop_last, o.blobs, o.check_hashes
+        world_size = 1 if o.world_size is None else o.world_size
+        self._given = (o.rank or 0, world_size, o.worker_id, o.num_workers)
         self.epoch = 0
         self._resume_at = 0
         self._position = 0

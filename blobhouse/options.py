@@ -1,7 +1,9 @@
 """Typed options: small frozen objects checked once, each field by its setting's schema
 (:mod:`blobhouse.settings`): :class:`WriteOptions`, :class:`CompactionTargets`,
 :class:`CommitOptions`. Keyword names are checked too (:func:`keywords_checked`): a misspelled
-option is an error naming the closest valid one, never a setting silently ignored.
+option is an error naming the closest valid one, never a setting silently ignored. A public
+entry taking an options object may take its fields as keywords too (:func:`option_keywords`):
+sugar that builds the object, derived from its fields.
 
 >>> WriteOptions(managed_bases="/data/media")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
@@ -14,7 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
@@ -126,7 +128,7 @@ def _checked_fields(options: Any, unset: object = _CHECK_ALL) -> None:
             object.__setattr__(options, f.name, SETTINGS[f.name].check(value))
 
 
-Opts = TypeVar("Opts", CompactionTargets, CommitOptions)
+Opts = TypeVar("Opts")
 
 
 def as_options(cls: type[Opts], value: Opts | Mapping[str, Any] | None, what: str) -> Opts:
@@ -215,3 +217,100 @@ def keywords_checked(fn: F) -> F:
         return fn(*args, **kwargs)
 
     return checked  # type: ignore[return-value]
+
+
+def field_keywords(cls: type, names: Collection[str]) -> Callable[[F], F]:
+    """``fn(..., **changes)`` showing the fields ``names`` of ``cls`` as its keywords (in its
+    signature, so :func:`keywords_checked` knows them), in place of ``**changes``: for an
+    entry whose keywords are a partial change of those fields rather than an object (one that
+    may say None for a column: :meth:`~blobhouse.Table.set_properties`)."""
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+        parameters = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
+        chosen = [f for f in fields(cls) if f.name in names]
+        fn.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=parameters + _keyword_parameters(chosen)
+        )
+        return fn
+
+    return decorate
+
+
+def _keyword_parameters(chosen: Sequence[Any]) -> list[inspect.Parameter]:
+    """Dataclass fields as keyword-only parameters, each None by default (not given)."""
+    return [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=f.type if str(f.type).endswith("| None") else f"{f.type} | None",
+        )
+        for f in chosen
+    ]
+
+
+def option_keywords(**objects: type | tuple[type, Collection[str]]) -> Callable[[F], F]:
+    """``fn`` taking, beside each options parameter named here (``targets=CompactionTargets``),
+    the fields of its class as keywords: sugar that builds the object (a keyword left at None
+    is not given). Giving an object and its keywords at once is refused, naming both. The
+    keywords are read from the dataclass fields, so they never drift from the object, and
+    they show in ``fn``'s signature (keyword-only, default None). ``(cls, names)``: only
+    those fields are keywords of ``fn``.
+
+    >>> @option_keywords(commit=CommitOptions)
+    ... def change(table, *, commit=None):
+    ...     return commit
+    >>> change("t", retries=5)
+    CommitOptions(retries=5)
+    >>> change("t", commit=CommitOptions(1), retries=5)
+    Traceback (most recent call last):
+    ...
+    blobhouse.errors.InvalidInputError: change(): give commit (a CommitOptions) or its \
+keywords (retries), not both
+    """
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+        classes = {n: o[0] if isinstance(o, tuple) else o for n, o in objects.items()}
+        sugar = [
+            (name, f)
+            for name, o in objects.items()
+            for f in fields(classes[name])
+            if not isinstance(o, tuple) or f.name in o[1]
+        ]
+        owner = {f.name: name for name, f in sugar}
+        called = (
+            fn.__qualname__.removesuffix(".__init__") if fn.__name__ == "__init__" else fn.__name__
+        )
+        clash = [name for name in owner if name in signature.parameters]
+        if clash:
+            raise TypeError(f"{fn.__qualname__} has parameters named as option fields: {clash}")
+
+        @functools.wraps(fn)
+        def built(*args: Any, **kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name) for name in list(kwargs) if name in owner}
+            if not given:
+                return fn(*args, **kwargs)
+            bound = signature.bind_partial(*args, **kwargs)
+            for name, cls in classes.items():
+                mine = {k: v for k, v in given.items() if owner[k] == name and v is not None}
+                if not mine:
+                    continue
+                if bound.arguments.get(name) is not None:
+                    raise InvalidInputError(
+                        f"{called}(): give {name} (a {cls.__name__}) or its keywords "
+                        f"({', '.join(mine)}), not both"
+                    )
+                bound.arguments[name] = cls(**mine)
+            return fn(*bound.args, **bound.kwargs)
+
+        parameters = list(signature.parameters.values())
+        at = next((i for i, p in enumerate(parameters) if p.kind == p.VAR_KEYWORD), len(parameters))
+        keywords = _keyword_parameters([f for _, f in sugar])
+        built.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=parameters[:at] + keywords + parameters[at:]
+        )
+        return built  # type: ignore[return-value]
+
+    return decorate

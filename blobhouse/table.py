@@ -7,6 +7,7 @@ table's settings (the allowed external bases); stock Lance readers ignore it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 import pyarrow as pa
@@ -22,17 +23,11 @@ from blobhouse.changes.backfill import (
 )
 from blobhouse.changes.merge_insert import MergeInsert
 from blobhouse.changes.update import UpdateReport, delete_rows, update_rows
-from blobhouse.commit.transaction import (
-    DEFAULT_RETRIES,
-)
-from blobhouse.errors import (
-    BlobhouseError,
-)
+from blobhouse.errors import BlobhouseError, InvalidInputError
 from blobhouse.files.checksums import RecordedHashes
 from blobhouse.files.references import Unresolved
 from blobhouse.files.session import WrittenFile
 from blobhouse.layout import TableLocation, data_file_name
-from blobhouse.maintenance import compaction
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.table_maintenance import TableMaintenance
 from blobhouse.maintenance.versions import Progress
@@ -40,7 +35,9 @@ from blobhouse.options import (
     CommitOptions,
     CompactionTargets,
     WriteOptions,
+    field_keywords,
     keywords_checked,
+    option_keywords,
 )
 from blobhouse.properties import TableProperties
 from blobhouse.read.table_reader import TableReader, TableReads
@@ -49,21 +46,19 @@ from blobhouse.values import ColumnPath
 from blobhouse.write import WriteMode, add_data_file, begin_write, input_stream
 from blobhouse.write.prepare import relocate_store
 
+#: the fields of :class:`WriteOptions` a table records as properties that
+#: :meth:`Table.set_properties` changes (the blob columns are the schema's)
+PROPERTIES = tuple(f.name for f in fields(WriteOptions) if f.name != "blob_columns")
+
 
 @keywords_checked
+@option_keywords(options=WriteOptions)
 def write_table(
     data: Any,
     uri: str,
+    options: WriteOptions | None = None,
     *,
     mode: WriteMode = "create",
-    blob_columns: Sequence[str] = (),
-    ref_id_columns: Mapping[str, str] | None = None,
-    dedup: str | Mapping[str, str] | None = None,
-    placement: Mapping[str, Mapping[str, int]] | None = None,
-    allowed_bases: Sequence[str] | None = None,
-    managed_bases: Sequence[str] | None = None,
-    max_rows_per_file: int | None = None,
-    max_bytes_per_file: int | None = None,
     storage_options: dict[str, str] | None = None,
     branch: str | None = None,
     allow_nonempty_folder: bool = False,
@@ -77,9 +72,10 @@ def write_table(
     this one ran. ``branch`` writes to a branch of the table (made with Lance's
     ``create_branch``). If anything fails, the table stays at its previous version and what
     this call wrote is removed. A new table is not created in a folder that holds other files
-    unless ``allow_nonempty_folder``. The other keywords are :class:`WriteOptions`
-    (``managed_bases``: allowed bases whose objects the table takes ownership of once
-    referenced, docs/managed-objects.md). A new table records them as its properties
+    unless ``allow_nonempty_folder``. ``options`` are :class:`WriteOptions`, or its fields
+    given as keywords (``blob_columns=...``, ``dedup=...``; not both; ``managed_bases``:
+    allowed bases whose objects the table takes ownership of once referenced,
+    docs/managed-objects.md). A new table records them as its properties
     (:attr:`Table.properties`; ``dedup`` defaults to ``"global"``: each distinct payload once
     for the whole table); a write to an existing table uses the table's for the ones it
     leaves out, and refuses others than the table's (:class:`PropertyConflictError`).
@@ -91,21 +87,11 @@ def write_table(
     >>> table.read_blobs("image", [0, 2])
     [b'cat', b'cat']
     """
-    options = WriteOptions(
-        blob_columns=blob_columns,
-        ref_id_columns=ref_id_columns,
-        dedup=dedup,
-        placement=placement,
-        allowed_bases=allowed_bases,
-        managed_bases=managed_bases,
-        max_rows_per_file=max_rows_per_file,
-        max_bytes_per_file=max_bytes_per_file,
-    )
     schema, batches = input_stream(data)
     write = begin_write(
         uri,
         schema,
-        options,
+        options or WriteOptions(),
         mode=mode,
         storage_options=storage_options,
         branch=branch,
@@ -294,24 +280,17 @@ class Table(TableReads):
         return self._snapshot.properties
 
     @keywords_checked
-    def set_properties(
-        self,
-        *,
-        dedup: str | Mapping[str, str | None] | None = None,
-        ref_id_columns: Mapping[str, str | None] | None = None,
-        placement: Mapping[str, Mapping[str, int]] | None = None,
-        allowed_bases: Sequence[str] | None = None,
-        managed_bases: Sequence[str] | None = None,
-        max_rows_per_file: int | None = None,
-        max_bytes_per_file: int | None = None,
-    ) -> Table:
+    @field_keywords(WriteOptions, PROPERTIES)
+    def set_properties(self, options: WriteOptions | None = None, **changes: Any) -> Table:
         """Change the table's properties in one commit (a new manifest; nothing rewritten) and
         move this table to the new version. Later writes follow them; :meth:`compact` brings
         earlier rows under a new dedup mode. ``dedup`` is the table's mode or
         ``{column: mode}`` (None: the table's again); bases can be added, not removed. Each
         value is checked by its setting (:mod:`blobhouse.settings`). Setting a stored setting
         another tool damaged anew is its repair (a change must set every damaged one: the
-        error naming them gives the command).
+        error naming them gives the command). The changes are the fields of ``options`` (a
+        :class:`WriteOptions`) that are set, or the same fields as keywords (``dedup=...``;
+        not both; as keywords a mode per column may be None: the table's again).
 
         >>> import tempfile, pyarrow as pa
         >>> from blobhouse import blob_array, write_table
@@ -320,18 +299,19 @@ class Table(TableReads):
         >>> t.set_properties(dedup="global").properties.dedup_of("img")
         'global'
         """
-        given = {
-            "dedup": dedup,
-            "ref_id_columns": ref_id_columns,
-            "placement": placement,
-            "allowed_bases": allowed_bases,
-            "managed_bases": managed_bases,
-            "max_rows_per_file": max_rows_per_file,
-            "max_bytes_per_file": max_bytes_per_file,
-        }
-        changes = {name: value for name, value in given.items() if value is not None}
+        given = {name: value for name, value in changes.items() if value is not None}
+        if options is not None:
+            if given:
+                raise InvalidInputError(
+                    f"set_properties(): give options (a WriteOptions) or its keywords "
+                    f"({', '.join(given)}), not both"
+                )
+            if options.blob_columns:
+                raise InvalidInputError("set_properties cannot change blob_columns")
+            kept = options.keywords()
+            given = {name: kept[name] for name in PROPERTIES if kept[name] is not None}
         return self._moved_to(
-            schema_changes.set_properties(self.location, changes, self.storage_options)
+            schema_changes.set_properties(self.location, given, self.storage_options)
         )
 
     @keywords_checked
@@ -361,13 +341,14 @@ class Table(TableReads):
         return self._moved_to(delete_rows(self._snapshot, filter))
 
     @keywords_checked
+    @option_keywords(commit=CommitOptions)
     def update(
         self,
         updates: Mapping[str, str | BlobFunction | None],
         where: str | None = None,
         *,
         dedup: str | None = None,
-        retries: int = DEFAULT_RETRIES,
+        commit: CommitOptions | None = None,
     ) -> UpdateReport:
         """Set columns on the rows matching the SQL ``where`` (every row if None), in one
         commit; this table moves to the new version.
@@ -380,7 +361,8 @@ class Table(TableReads):
         of other columns are never copied. New blob values go through the write pipeline with
         the column's dedup mode (its property; ``dedup``, if given, must be the same); the
         unchanged rows of a rewritten blob column are copied once per distinct
-        payload (their store references kept, with ``dedup="global"``).
+        payload (their store references kept, with ``dedup="global"``). A commit a concurrent
+        one preempted is run again up to ``commit.retries`` times (or ``retries=``, its sugar).
 
         >>> import tempfile, pyarrow as pa
         >>> from blobhouse import blob_array, write_table
@@ -391,7 +373,7 @@ class Table(TableReads):
         >>> t.to_arrow(columns=["id", "label"]).to_pylist()
         [{'id': 1, 'label': 'cat'}, {'id': 2, 'label': 'DOG'}]
         """
-        done = update_rows(self._snapshot, updates, where, dedup=dedup, retries=retries)
+        done = update_rows(self._snapshot, updates, where, dedup=dedup, commit=commit)
         self._moved_to(done.snapshot)
         return done.report
 
@@ -588,21 +570,19 @@ class Table(TableReads):
         return self.maintenance.verify(**options)
 
     @keywords_checked
+    @option_keywords(targets=CompactionTargets, commit=CommitOptions)
     def compact(
         self,
+        targets: CompactionTargets | None = None,
         *,
-        target_rows: int = compaction.DEFAULT_TARGET_ROWS,
-        target_bytes: int = compaction.DEFAULT_TARGET_BYTES,
-        deleted_fraction: float = compaction.DEFAULT_DELETED_FRACTION,
-        repack_threshold: float = compaction.DEFAULT_REPACK_THRESHOLD,
         progress: Progress | None = None,
-        retries: int = DEFAULT_RETRIES,
+        commit: CommitOptions | None = None,
     ) -> CompactionReport:
-        """:meth:`TableMaintenance.compact` with its targets and ``retries`` as keywords:
-        rewrites small fragments and those with many deleted rows, keeping blob sharing, and
-        moves this table to the version it committed."""
-        targets = CompactionTargets(target_rows, target_bytes, deleted_fraction, repack_threshold)
-        return self.maintenance.compact(targets, progress=progress, commit=CommitOptions(retries))
+        """:meth:`TableMaintenance.compact`: rewrites small fragments and those with many
+        deleted rows, keeping blob sharing, and moves this table to the version it committed.
+        The fields of ``targets`` (``target_rows``, ...) and of ``commit`` (``retries``) may
+        be given as keywords instead."""
+        return self.maintenance.compact(targets, progress=progress, commit=commit)
 
     def stats(self) -> StatsReport:
         """Logical and physical bytes, per column and kind: see :meth:`TableMaintenance.stats`."""

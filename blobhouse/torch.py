@@ -20,7 +20,8 @@ through a fresh process, slower, and warns naming the way to full speed
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -36,18 +37,22 @@ from torch.utils.data import Dataset, IterableDataset, default_collate  # noqa: 
 
 from blobhouse.errors import InvalidInputError  # noqa: E402
 from blobhouse.loader import (  # noqa: E402
+    BATCHING,
     BatchLoader,
-    LoaderBlobs,
+    LoaderOptions,
     PinnedRows,
-    check_blobs,
     checked_columns,
     checked_frames,
     read_row_dicts,
 )
-from blobhouse.options import check_flag, keywords_checked  # noqa: E402
-from blobhouse.read.video import MAX_FRAME_PIXELS, FrameLayout  # noqa: E402
+from blobhouse.options import keywords_checked, option_keywords  # noqa: E402
 
 Row = dict[str, Any]
+_ALL_FIELDS = [f.name for f in fields(LoaderOptions)]
+#: the :class:`LoaderOptions` keywords of each dataset (the worker is torch's; a map-style
+#: dataset leaves batching to the DataLoader)
+_BATCH_FIELDS = [n for n in _ALL_FIELDS if n not in ("worker_id", "num_workers")]
+_ROW_FIELDS = [n for n in _ALL_FIELDS if n not in BATCHING]
 
 
 class TableBatchDataset(IterableDataset):
@@ -59,10 +64,10 @@ class TableBatchDataset(IterableDataset):
     bytes, strings, references) as lists. ``rank`` and ``world_size`` default to
     ``torch.distributed``'s when a process group is initialized; the worker is torch's. Call
     :meth:`set_epoch` before each epoch: the epoch (and a resumed start) reaches the workers
-    also when they persist between epochs (``persistent_workers=True``). The other arguments
-    are :class:`BatchLoader`'s: ``frames`` decodes video columns into ``uint8`` frames (stacked
-    into one tensor per column without a ``collate``), ``max_frame_pixels`` bounds a frame's
-    size, ``shuffle_window`` shuffles windows of consecutive rows so batches share video chunks.
+    also when they persist between epochs (``persistent_workers=True``). What it reads and how
+    is a :class:`~blobhouse.loader.LoaderOptions` (``options=``, or its fields as keywords;
+    ``batch_size`` is required, ``worker_id`` and ``num_workers`` are torch's); decoded
+    ``frames`` are stacked into one tensor per column without a ``collate``.
 
     >>> import tempfile, pyarrow as pa
     >>> from torch.utils.data import DataLoader
@@ -76,52 +81,23 @@ class TableBatchDataset(IterableDataset):
     """
 
     @keywords_checked
+    @option_keywords(options=(LoaderOptions, _BATCH_FIELDS))
     def __init__(
         self,
         uri: str | os.PathLike,
         columns: Sequence[str] | None = None,
         *,
-        batch_size: int,
+        options: LoaderOptions | None = None,
         transform: Callable[[Row], Any] | None = None,
         collate: Callable[[list[Any]], Any] | None = None,
-        filter: str | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool = False,
-        blobs: LoaderBlobs = "bytes",
-        storage_options: dict[str, str] | None = None,
-        version: int | str | None = None,
-        branch: str | None = None,
-        check_hashes: bool = True,
-        frames: Sequence[str] | Mapping[str, str] | None = None,
-        frame_layout: FrameLayout = "hwc",
-        shuffle_window: int | None = None,
-        max_frame_pixels: int = MAX_FRAME_PIXELS,
     ) -> None:
-        rank, world_size = _distributed(rank, world_size)
+        options = options or LoaderOptions()
+        options.refuse(["worker_id", "num_workers"], "TableBatchDataset", "the worker is torch's")
+        rank, world_size = _distributed(options.rank, options.world_size)
         _check_callable("transform", transform, optional=True)
         _check_callable("collate", collate, optional=True)
         self.loader = BatchLoader(
-            uri,
-            columns,
-            batch_size=batch_size,
-            filter=filter,
-            shuffle=shuffle,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            drop_last=drop_last,
-            blobs=blobs,
-            storage_options=storage_options,
-            version=version,
-            branch=branch,
-            check_hashes=check_hashes,
-            frames=frames,
-            frame_layout=frame_layout,
-            shuffle_window=shuffle_window,
-            max_frame_pixels=max_frame_pixels,
+            uri, columns, options=replace(options, rank=rank, world_size=world_size)
         )
         self.transform, self.collate = transform, collate
         # (epoch, the rank's batch the pass starts at), in shared memory: persistent workers
@@ -178,9 +154,11 @@ class TableRowDataset(Dataset):
     """The rows of a table (those matching ``filter``, at ``version``) by position, for a
     DataLoader with torch's samplers: ``dataset[i]`` is ``transform(row)`` (the row as a dict
     when there is no ``transform``), and a DataLoader's batch of indices is one take, each
-    distinct payload read once and checked against its recorded hash. ``frames`` (and
-    ``frame_layout``, ``max_frame_pixels``) decode video columns into frames, each distinct
-    chunk of a DataLoader's batch once (:class:`~blobhouse.loader.BatchLoader`).
+    distinct payload read once and checked against its recorded hash. What it reads and how
+    is a :class:`~blobhouse.loader.LoaderOptions` (``options=``, or its fields as keywords)
+    but its batching fields (:data:`~blobhouse.loader.BATCHING`: the DataLoader and its
+    sampler batch, order and shard); decoded ``frames`` come each distinct chunk of a
+    DataLoader's batch once.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -192,32 +170,30 @@ class TableRowDataset(Dataset):
     """
 
     @keywords_checked
+    @option_keywords(options=(LoaderOptions, _ROW_FIELDS))
     def __init__(
         self,
         uri: str | os.PathLike,
         columns: Sequence[str] | None = None,
         *,
+        options: LoaderOptions | None = None,
         transform: Callable[[Row], Any] | None = None,
-        filter: str | None = None,
-        blobs: LoaderBlobs = "bytes",
-        storage_options: dict[str, str] | None = None,
-        version: int | str | None = None,
-        branch: str | None = None,
-        check_hashes: bool = True,
-        frames: Sequence[str] | Mapping[str, str] | None = None,
-        frame_layout: FrameLayout = "hwc",
-        max_frame_pixels: int = MAX_FRAME_PIXELS,
     ) -> None:
-        check_blobs(blobs)
-        check_hashes = check_flag("check_hashes", check_hashes)
+        o = options or LoaderOptions()
+        o.refuse(BATCHING, "TableRowDataset", "the DataLoader and its sampler batch the rows")
         _check_callable("transform", transform, optional=True)
-        self.frames = checked_frames(frames, frame_layout, blobs, max_frame_pixels)
+        self.options = o
+        self.frames = checked_frames(o.frames, o.frame_layout, o.blobs, o.max_frame_pixels)
         self.checked_chunks: set[tuple[str, int, int]] = set()  # video chunks this dataset checked
         self.rows = PinnedRows(
-            uri, filter=filter, storage_options=storage_options, version=version, branch=branch
+            uri,
+            filter=o.filter,
+            storage_options=o.storage_options,
+            version=o.version,
+            branch=o.branch,
         )
         self.columns = checked_columns(columns)
-        self.transform, self.blobs, self.check_hashes = transform, blobs, check_hashes
+        self.transform, self.blobs, self.check_hashes = transform, o.blobs, o.check_hashes
 
     def __len__(self) -> int:
         return len(self.rows.ids(keep_lance_out=True))

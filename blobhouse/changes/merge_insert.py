@@ -37,7 +37,6 @@ from blobhouse.commit.change import (
     run_change,
 )
 from blobhouse.commit.transaction import (
-    DEFAULT_RETRIES,
     SHOWN_KEYS,
     Inserts,
     StagedDeletion,
@@ -46,9 +45,8 @@ from blobhouse.commit.transaction import (
 )
 from blobhouse.errors import InvalidInputError, SchemaError, closest
 from blobhouse.files.session import WrittenFile
-from blobhouse.options import WriteOptions
+from blobhouse.options import CommitOptions, WriteOptions
 from blobhouse.properties import TableProperties
-from blobhouse.settings import SETTINGS
 from blobhouse.values import (
     ROW_ADDRESS,
     is_lance_blob_field,
@@ -118,7 +116,7 @@ class MergeInsert:
         self._update_columns: list[str] | None = None
         self._insert = False
         self._delete: str | bool = False
-        self._retries = DEFAULT_RETRIES
+        self._commit = CommitOptions()
         if not self.on:
             raise InvalidInputError("merge_insert needs at least one key column (on=...)")
         for key in self.on:
@@ -155,17 +153,25 @@ class MergeInsert:
         self._delete = expr if expr is not None else True
         return self
 
-    def conflict_retries(self, retries: int) -> MergeInsert:
-        """How often to plan again after a concurrent commit preempted this one (3)."""
-        self._retries = SETTINGS["retries"].check(retries)
+    def commit(self, options: CommitOptions) -> MergeInsert:
+        """How this merge commits (:class:`~blobhouse.options.CommitOptions`: how often it is
+        planned again after a concurrent commit preempted it, 3 by default)."""
+        if not isinstance(options, CommitOptions):
+            raise InvalidInputError(f"commit() takes a CommitOptions, got {options!r}")
+        self._commit = options
         return self
+
+    def conflict_retries(self, retries: int) -> MergeInsert:
+        """Sugar for ``.commit(CommitOptions(retries=retries))``: this is
+        :attr:`CommitOptions.retries <blobhouse.options.CommitOptions.retries>`."""
+        return self.commit(CommitOptions(retries=retries))
 
     def execute(self, data: Any) -> MergeReport:
         """Run the merge in one commit; this table moves to the new version."""
         self.check_actions()
         schema, batches = input_stream(data)
         source = pa.Table.from_batches(list(batches), schema=schema)
-        done = run_change(_Merge(self, source), self.table, retries=self._retries)
+        done = run_change(_Merge(self, source), self.table, retries=self._commit.retries)
         self.table = done.snapshot
         if self._on_commit is not None:
             self._on_commit(self.table)

@@ -45,6 +45,7 @@ from blobhouse.errors import (
 from blobhouse.files.references import field_id
 from blobhouse.io.objects import StorageOptions
 from blobhouse.layout import TableLocation
+from blobhouse.options import CommitOptions
 from blobhouse.placement import AllowedBases, placement_metadata
 from blobhouse.properties import TableProperties, field_ids
 from blobhouse.settings import check_names
@@ -183,11 +184,17 @@ def drop_columns(
     )
 
 
+#: how a property change commits: more retries than :class:`CommitOptions`' 3, because it is
+#: a manifest-only change (cheap to plan again) that is run beside busy writers (the mode
+#: changed while others append), whose every commit preempts it
+PROPERTY_COMMIT = CommitOptions(retries=8)
+
+
 def set_properties(
     location: TableLocation,
     changes: Mapping[str, Any],
     storage_options: StorageOptions | None = None,
-    retries: int = 8,
+    commit: CommitOptions = PROPERTY_COMMIT,
 ) -> LanceDataset:
     """Change the table's properties (:meth:`TableProperties.changed` names them) in one commit
     on the latest version (a new manifest only: nothing is rewritten; later writes follow the
@@ -204,7 +211,7 @@ def set_properties(
         raise InvalidInputError("set_properties needs at least one property to change")
     change = _PropertyChange(dict(changes))
     snapshot = TableSnapshot(latest(location, storage_options), location, storage_options)
-    return run_change(change, snapshot, retries=retries).snapshot.dataset
+    return run_change(change, snapshot, retries=commit.retries).snapshot.dataset
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,8 @@ from blobhouse.commit.change import (
     commit_once,
     run_change,
 )
-from blobhouse.commit.transaction import (
-    DEFAULT_RETRIES,
-)
 from blobhouse.errors import InvalidInputError
+from blobhouse.options import CommitOptions
 from blobhouse.values import (
     path_name,
     stored_blob_columns,
@@ -71,7 +69,7 @@ def update_rows(
     where: str | None = None,
     *,
     dedup: str | None = None,
-    retries: int = DEFAULT_RETRIES,
+    commit: CommitOptions | None = None,
     rewrite: Rewrite | None = None,
 ) -> Committed[UpdateReport]:
     """Set ``updates`` (column -> SQL expression; for a blob column a function of the matching
@@ -79,9 +77,10 @@ def update_rows(
     in one commit: the report and the committed snapshot. See :meth:`blobhouse.Table.update`.
     ``rewrite`` writes the new file of every fragment holding a matching row, with the offsets
     of the rows that changed in each (default: one fragment after another in this process;
-    Spark runs them as tasks)."""
+    Spark runs them as tasks). A preempted commit is run again up to ``commit.retries``
+    times."""
     change = _Update(updates, where, dedup, rewrite or rewrite_here, rewrite is not None)
-    return run_change(change, table, retries=retries)
+    return run_change(change, table, retries=(commit or CommitOptions()).retries)
 
 
 @dataclass(frozen=True)

@@ -269,18 +269,19 @@ def _gc(args: argparse.Namespace, run: Run) -> int:
 
 
 def _compact(args: argparse.Namespace, run: Run) -> int:
-    options = {
+    from blobhouse.options import CompactionTargets
+
+    given = {
         "target_rows": args.target_rows,
         "target_bytes": None if args.target_mb is None else round(args.target_mb * 1e6),
         "deleted_fraction": args.deleted_fraction,
         "repack_threshold": args.repack_threshold,
     }
+    targets = CompactionTargets(**{k: v for k, v in given.items() if v is not None})
     table = _open(args)
     run.will_write(args.table, storage_options(args), args.branch)
     run.doing = f"compacting {args.table}"
-    report = table.compact(
-        progress=run.progress, **{k: v for k, v in options.items() if v is not None}
-    )
+    report = table.compact(targets, progress=run.progress)
     _close(run)
     if args.json:
         _print_json(report)

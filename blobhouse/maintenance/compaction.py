@@ -27,7 +27,6 @@ from pyroaring import BitMap64
 
 from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
 from blobhouse.commit.transaction import (
-    DEFAULT_RETRIES,
     Transaction,
     commit_errors,
     lance_commit,
@@ -40,7 +39,12 @@ from blobhouse.io.objects import object_store
 from blobhouse.layout import sidecar_folder
 from blobhouse.maintenance.reports import CompactionReport
 from blobhouse.maintenance.versions import Progress, fragment_references
-from blobhouse.options import CommitOptions, CompactionTargets
+from blobhouse.options import (
+    CommitOptions,
+    CompactionTargets,
+    keywords_checked,
+    option_keywords,
+)
 from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.properties import TableProperties
 from blobhouse.snapshot import snapshot_of
@@ -59,12 +63,6 @@ from blobhouse.write.prepare import prepared_for_write
 
 if TYPE_CHECKING:
     from blobhouse.snapshot import TableSnapshot
-
-DEFAULT_TARGET_ROWS = CompactionTargets.target_rows
-DEFAULT_TARGET_BYTES = CompactionTargets.target_bytes
-DEFAULT_DELETED_FRACTION = CompactionTargets.deleted_fraction
-DEFAULT_REPACK_THRESHOLD = CompactionTargets.repack_threshold
-# a commit a concurrent delete or write preempted: planned and run again on the new version
 
 READ_BYTES = 64 * MiB  # blob bytes read per batch handed to the pipeline
 
@@ -343,22 +341,22 @@ def _rewrite_result(
     return RewriteResult.from_json(json.dumps(result))
 
 
+@keywords_checked
+@option_keywords(targets=CompactionTargets, commit=CommitOptions)
 def compact(
     table: TableSnapshot,
+    targets: CompactionTargets | None = None,
     *,
-    target_rows: int = DEFAULT_TARGET_ROWS,
-    target_bytes: int = DEFAULT_TARGET_BYTES,
-    deleted_fraction: float = DEFAULT_DELETED_FRACTION,
-    repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
     progress: Progress | None = None,
     rewrite: Callable[[TableSnapshot, CompactionPlan], list[list[WrittenFile]]] | None = None,
-    retries: int = DEFAULT_RETRIES,
+    commit: CommitOptions | None = None,
 ) -> CompactionReport:
-    """Plan, rewrite and commit a compaction; returns what it did. ``rewrite`` writes the new
-    files of every group (default: one group after another in this process; Spark runs them
-    as tasks). If anything fails, every file the compaction wrote is removed. A commit that a
-    concurrent delete or write preempted (Lance's retryable conflict) is planned and run again
-    on the latest version, up to ``retries`` times.
+    """Plan, rewrite and commit a compaction toward ``targets``; returns what it did.
+    ``rewrite`` writes the new files of every group (default: one group after another in this
+    process; Spark runs them as tasks). If anything fails, every file the compaction wrote is
+    removed. A commit that a concurrent delete or write preempted (Lance's retryable conflict)
+    is planned and run again on the latest version, up to ``commit.retries`` times. The fields
+    of ``targets`` and ``commit`` may be given as keywords instead (``target_rows=...``).
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, open_table, write_table
@@ -374,10 +372,10 @@ def compact(
     """
     return run_compaction(
         snapshot_of(table),
-        CompactionTargets(target_rows, target_bytes, deleted_fraction, repack_threshold),
+        targets or CompactionTargets(),
         rewrite or (lambda table, plan: rewrite_here(table, plan, progress)),
         in_tasks=rewrite is not None,
-        commit=CommitOptions(retries),
+        commit=commit,
     ).report
 
 

@@ -25,7 +25,13 @@ from blobhouse.maintenance import compaction, garbage_collection, verification
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.stats import blob_stats
 from blobhouse.maintenance.versions import Progress
-from blobhouse.options import CommitOptions, CompactionTargets, as_options, keywords_checked
+from blobhouse.options import (
+    CommitOptions,
+    CompactionTargets,
+    as_options,
+    keywords_checked,
+    option_keywords,
+)
 from blobhouse.snapshot import TableSnapshot
 
 
@@ -42,6 +48,7 @@ class TableMaintenance:
         self._moved_to = moved_to
 
     @keywords_checked
+    @option_keywords(targets=CompactionTargets, commit=CommitOptions)
     def compact(
         self,
         targets: CompactionTargets | Mapping[str, Any] | None = None,
@@ -53,7 +60,8 @@ class TableMaintenance:
         in one transaction (see :func:`~blobhouse.maintenance.compaction.compact`); a commit a
         concurrent delete or write preempted is run again, up to ``commit.retries`` times.
         Returns what it did, and moves the table to the version it committed. ``targets`` and
-        ``commit`` may also be mappings of their fields."""
+        ``commit`` may also be mappings of their fields, or their fields given as keywords
+        (``target_rows=...``, ``retries=...``; not both)."""
         done = compaction.run_compaction(
             self._current(),
             as_options(CompactionTargets, targets, "compaction target"),

@@ -30,11 +30,6 @@ from blobhouse.commit.interrupts import _INTERRUPT_HOOKS
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance import gc as gc_table
 from blobhouse.maintenance.compaction import (
-    DEFAULT_DELETED_FRACTION,
-    DEFAULT_REPACK_THRESHOLD,
-    DEFAULT_RETRIES,
-    DEFAULT_TARGET_BYTES,
-    DEFAULT_TARGET_ROWS,
     CompactionPlan,
     compact_group,
     run_compaction,
@@ -49,7 +44,7 @@ from blobhouse.maintenance.verification import (
     verify_state,
 )
 from blobhouse.maintenance.versions import FragmentState, VersionGraph, VersionRef, fragment_states
-from blobhouse.options import CommitOptions, CompactionTargets
+from blobhouse.options import CommitOptions, CompactionTargets, option_keywords
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import TableSnapshot, open_snapshot
 from blobhouse.spark.errors import spark_entry_point
@@ -92,21 +87,20 @@ def run_tasks(spark: SparkSession, units: Sequence[Unit], fn: Callable[[Unit], A
 
 
 @spark_entry_point
+@option_keywords(targets=CompactionTargets, commit=CommitOptions)
 def compact(
     spark: SparkSession,
     uri: str,
+    targets: CompactionTargets | None = None,
     *,
-    target_rows: int = DEFAULT_TARGET_ROWS,
-    target_bytes: int = DEFAULT_TARGET_BYTES,
-    deleted_fraction: float = DEFAULT_DELETED_FRACTION,
-    repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
     storage_options: dict[str, str] | None = None,
-    retries: int = DEFAULT_RETRIES,
+    commit: CommitOptions | None = None,
     branch: str | None = None,
 ) -> CompactionReport:
     """:func:`~blobhouse.maintenance.compaction.compact` with a Spark task per group of
     fragments and one commit on the driver; if a task or the commit fails, the new files are
-    removed (a preempted commit is run again, up to ``retries`` times)."""
+    removed (a preempted commit is run again, up to ``commit.retries`` times). The fields of
+    ``targets`` and ``commit`` may be given as keywords instead (``target_rows=...``)."""
 
     def in_tasks(table: TableSnapshot, plan: CompactionPlan) -> list:
         at = _Opener.of(table)
@@ -118,10 +112,10 @@ def compact(
 
     return run_compaction(
         open_snapshot(uri, None, storage_options, branch=branch),
-        CompactionTargets(target_rows, target_bytes, deleted_fraction, repack_threshold),
+        targets or CompactionTargets(),
         in_tasks,
         in_tasks=True,
-        commit=CommitOptions(retries),
+        commit=commit,
     ).report
 
 

@@ -52,7 +52,6 @@ from blobhouse.changes.merge_insert import MergeInsert, MergeReport, deleted_fra
 from blobhouse.changes.update import UpdateReport, update_rows
 from blobhouse.commit.change import BaseChange, Staged, run_change
 from blobhouse.commit.transaction import (
-    DEFAULT_RETRIES,
     SHOWN_KEYS,
     Inserts,
     StagedDeletion,
@@ -64,7 +63,7 @@ from blobhouse.dedup import mode_of
 from blobhouse.errors import BlobhouseError, InvalidInputError, cleanup_after
 from blobhouse.files.session import WrittenFile
 from blobhouse.io.objects import checked_options
-from blobhouse.options import WriteOptions
+from blobhouse.options import CommitOptions, WriteOptions, option_keywords
 from blobhouse.snapshot import TableSnapshot, open_snapshot
 from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.jobs import run_tasks
@@ -76,6 +75,7 @@ _ADDRESS, _SCOPE = "__bh_rowaddr", "__bh_in_scope"
 
 
 @spark_entry_point
+@option_keywords(commit=CommitOptions)
 def update(
     spark: SparkSession,
     uri: str,
@@ -84,10 +84,11 @@ def update(
     *,
     dedup: str | None = None,
     storage_options: Mapping[str, str] | None = None,
-    retries: int = DEFAULT_RETRIES,
+    commit: CommitOptions | None = None,
 ) -> UpdateReport:
     """:meth:`blobhouse.Table.update` with a Spark task per fragment: each task rewrites the
-    changed columns of its fragment if a row matches ``where``; the driver commits once."""
+    changed columns of its fragment if a row matches ``where``; the driver commits once
+    (``commit``, or its field ``retries=`` as a keyword: as :meth:`~blobhouse.Table.update`)."""
     options = checked_options(storage_options)
     table = open_snapshot(uri, None, options)
     return update_rows(
@@ -95,7 +96,7 @@ def update(
         updates,
         where,
         dedup=dedup,
-        retries=retries,
+        commit=commit,
         rewrite=lambda at, plan: _rewrite_in_tasks(spark, at, plan),
     ).report
 
@@ -135,7 +136,8 @@ def merge_insert(
     ref_id_columns: Mapping[str, str] | None = None,
     placement: Mapping[str, Mapping[str, int]] | None = None,
     storage_options: Mapping[str, str] | None = None,
-    conflict_retries: int = DEFAULT_RETRIES,
+    commit: CommitOptions | None = None,
+    conflict_retries: int | None = None,
 ) -> MergeReport:
     """:meth:`blobhouse.Table.merge_insert` for a DataFrame, in one commit: the source rows
     whose key the table has replace those rows (``when_matched_update_all``, the default), or
@@ -151,8 +153,10 @@ def merge_insert(
     rows are read several times, and a source that is not deterministic (``rand()``, files
     changing underneath) would otherwise match one set of rows and write another. A commit
     that a concurrent one preempted is planned again on the latest version, up to
-    ``conflict_retries`` times; a conflict that ends the merge is a
-    :class:`~blobhouse.errors.ConcurrentCommitError`, and nothing of the merge is left.
+    ``commit.retries`` times (``conflict_retries``: sugar for it, this is
+    :attr:`CommitOptions.retries <blobhouse.options.CommitOptions.retries>`); a conflict that
+    ends the merge is a :class:`~blobhouse.errors.ConcurrentCommitError`, and nothing of the
+    merge is left.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import write_table
@@ -165,6 +169,13 @@ def merge_insert(
     """
     if not isinstance(df, DataFrame):
         raise InvalidInputError(f"merge_insert needs a Spark DataFrame as its source, got {df!r}")
+    if conflict_retries is not None:
+        if commit is not None:
+            raise InvalidInputError(
+                "merge_insert(): give commit (a CommitOptions) or conflict_retries, not both"
+            )
+        commit = CommitOptions(retries=conflict_retries)
+    retries = (commit or CommitOptions()).retries
     options = checked_options(storage_options)
     merge = _Merge(
         on=_names(on, "on"),
@@ -183,7 +194,7 @@ def merge_insert(
     merge.check(table, df)  # before any Spark job
     with _evaluated_once(df) as source:
         _check_unique_keys(source, list(merge.on))
-        return run_change(_MergeInTasks(merge, source), table, retries=conflict_retries).report
+        return run_change(_MergeInTasks(merge, source), table, retries=retries).report
 
 
 def _updates_all(update_all: bool | None, columns: Sequence[str] | None) -> bool:
