@@ -16,7 +16,8 @@ from blobhouse.read.table_reader import TableReader, TableReads
 from blobhouse.snapshot import TableSnapshot
 from blobhouse.table import Table
 
-# each public member's signature before the facade was written out (2026-11-29)
+# each public member's signature before the facade was written out (2026-11-29); compact,
+# set_properties and update as they took the option objects (their fields kept as keywords)
 SIGNATURES = {
     "add_columns": "(self, columns: 'schema_changes.NewColumns') -> 'Table'",
     "add_data_file": "(self, written: 'WrittenFile') -> 'Table'",
@@ -27,9 +28,11 @@ SIGNATURES = {
     "blob_refs": "(self, column: 'str', indices: 'Sequence[int]') -> 'pa.StructArray'",
     "checkout": "(self, version: 'int | str | None', *, branch: 'str | None' = None) -> 'Table'",
     "compact": (
-        "(self, *, target_rows: 'int' = 1048576, target_bytes: 'int' = 2147483648, "
-        "deleted_fraction: 'float' = 0.1, repack_threshold: 'float' = 0.5, "
-        "progress: 'Progress | None' = None, retries: 'int' = 3) -> 'CompactionReport'"
+        "(self, targets: 'CompactionTargets | None' = None, *, progress: 'Progress | None' = "
+        "None, commit: 'CommitOptions | None' = None, target_rows: 'int | None' = None, "
+        "target_bytes: 'int | None' = None, deleted_fraction: 'float | None' = None, "
+        "repack_threshold: 'float | None' = None, retries: 'int | None' = None) -> "
+        "'CompactionReport'"
     ),
     "count_rows": "(self, filter: 'str | None' = None) -> 'int'",
     "data_file_path": "(self) -> 'str'",
@@ -57,11 +60,11 @@ SIGNATURES = {
         "limit: 'int | None' = None, check_hashes: 'bool' = True) -> 'Iterator[pa.RecordBatch]'"
     ),
     "set_properties": (
-        "(self, *, dedup: 'str | Mapping[str, str | None] | None' = None, "
-        "ref_id_columns: 'Mapping[str, str | None] | None' = None, placement: 'Mapping[str, "
-        "Mapping[str, int]] | None' = None, allowed_bases: 'Sequence[str] | None' = None, "
-        "managed_bases: 'Sequence[str] | None' = None, max_rows_per_file: 'int | None' = None, "
-        "max_bytes_per_file: 'int | None' = None) -> 'Table'"
+        "(self, options: 'WriteOptions | None' = None, *, ref_id_columns: 'Mapping[str, str] "
+        "| None' = None, dedup: 'str | Mapping[str, str] | None' = None, placement: "
+        "'Mapping[str, Mapping[str, int]] | None' = None, allowed_bases: 'Sequence[str] | "
+        "None' = None, managed_bases: 'Sequence[str] | None' = None, max_rows_per_file: 'int "
+        "| None' = None, max_bytes_per_file: 'int | None' = None) -> 'Table'"
     ),
     "stats": "(self) -> 'StatsReport'",
     "take": (
@@ -81,8 +84,9 @@ SIGNATURES = {
         "blobs: 'BlobsMode' = 'refs', *, check_hashes: 'bool' = True) -> 'pa.Table'"
     ),
     "update": (
-        "(self, updates: 'Mapping[str, str | BlobFunction | None]', where: 'str | None' = None, *, "
-        "dedup: 'str | None' = None, retries: 'int' = 3) -> 'UpdateReport'"
+        "(self, updates: 'Mapping[str, str | BlobFunction | None]', where: 'str | None' = "
+        "None, *, dedup: 'str | None' = None, commit: 'CommitOptions | None' = None, "
+        "retries: 'int | None' = None) -> 'UpdateReport'"
     ),
     "verify": "(self, **options: 'Any') -> 'VerifyReport'",
 }
