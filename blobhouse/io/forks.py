@@ -82,7 +82,7 @@ class FreshProcess:
         # its stderr: a pipe nobody reads could fill; a file is read when it fails
         self._errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
         self._child = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, str(Path(__file__).resolve().parent.parent)],
+            [sys.executable, "-c", _BOOT, str(Path(__file__).resolve().parents[2])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._errors,
