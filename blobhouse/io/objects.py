@@ -323,6 +323,26 @@ def put_new(store: ObjectStore, uri: str, data: bytes) -> bool:
     return True
 
 
+def remove_folder(folder: str, options: Mapping[str, str] | None = None) -> None:
+    """Delete every object directly in ``folder`` and, locally, the folder (best effort: what
+    is left, gc removes).
+
+    >>> import tempfile, os
+    >>> folder = os.path.join(tempfile.mkdtemp(), "claims")
+    >>> os.mkdir(folder); _ = open(os.path.join(folder, "a"), "wb").write(b"x")
+    >>> remove_folder(folder); os.path.exists(folder)
+    False
+    """
+    store = object_store(folder, options)
+    try:
+        for info in store.list(folder):
+            store.delete(f"{folder}/{info.name}")
+        if is_local(folder):  # object stores have no folders
+            os.rmdir(uri_to_path(folder))
+    except OSError:
+        return
+
+
 def read_object(uri: str, options: Mapping[str, str] | None = None) -> bytes:
     """The whole object at ``uri`` (:class:`FileNotFoundError` when there is none).
 

@@ -32,7 +32,6 @@ unique per row stops after the probe. What is not claimed may be stored once per
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import uuid
@@ -43,11 +42,10 @@ from blobhouse.errors import StaleWriteError
 from blobhouse.io.leftovers import make_way, own_folder
 from blobhouse.io.objects import (
     StorageOptions,
-    is_local,
     object_store,
     put_new,
     read_object,
-    uri_to_path,
+    remove_folder,
 )
 from blobhouse.io.uris import as_uri
 from blobhouse.layout import CLAIMS_DIR, claims_folder_name, store_dir
@@ -201,15 +199,7 @@ def remove_claims(
 ) -> None:
     """Remove the claims of a write that committed or aborted (best effort: gc removes what
     is left)."""
-    folder = claims_folder(table_path, write_id)
-    store = object_store(folder, storage_options)
-    try:
-        for info in store.list(folder):
-            store.delete(f"{folder}/{info.name}")
-        if is_local(folder):  # object stores have no folders
-            os.rmdir(uri_to_path(folder))
-    except OSError:
-        return
+    remove_folder(claims_folder(table_path, write_id), storage_options)
 
 
 def adopt(table_path: str, borrowed: list, storage_options: StorageOptions | None = None) -> None:

@@ -20,17 +20,15 @@ them. An abort removes them with the rest of the write; gc sweeps those of a wri
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import pyarrow as pa
 
 from blobhouse.io.objects import (
     StorageOptions,
-    is_local,
     object_store,
     read_object,
-    uri_to_path,
+    remove_folder,
 )
 from blobhouse.io.uris import as_uri
 from blobhouse.layout import STORED_DIR, store_dir, stored_folder_name, stored_record_name
@@ -105,12 +103,4 @@ def remove_records(
 ) -> None:
     """Remove the records of a write that committed or aborted (best effort: gc removes what
     is left)."""
-    folder = records_folder(table_path, write_id)
-    store = object_store(folder, storage_options)
-    try:
-        for info in store.list(folder):
-            store.delete(f"{folder}/{info.name}")
-        if is_local(folder):  # object stores have no folders
-            os.rmdir(uri_to_path(folder))
-    except OSError:
-        return
+    remove_folder(records_folder(table_path, write_id), storage_options)
