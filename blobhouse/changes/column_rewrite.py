@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import reprlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -92,9 +92,6 @@ class ColumnRewrite:
         return self.plan.input_schema.names
 
 
-Rewrite = Callable[["TableSnapshot", "ColumnRewrite"], dict[int, tuple[WrittenFile, BitMap]]]
-
-
 def blob_modes(
     table: TableSnapshot, columns: Iterable[str], given: str | None = None
 ) -> dict[str, str]:
@@ -112,12 +109,14 @@ def blob_modes(
     return {c: properties.change_mode(c, given) for c in blobs}
 
 
-def rewrite_here(
-    table: TableSnapshot, plan: ColumnRewrite
-) -> dict[int, tuple[WrittenFile, BitMap]]:
-    return {
-        i: rewrite_fragment(table, plan, i) for i in touched_fragments(table.dataset, plan.where)
-    }
+def rewrite_if_matched(
+    table: TableSnapshot, plan: ColumnRewrite, fragment_id: int
+) -> tuple[WrittenFile, BitMap] | None:
+    """:func:`rewrite_fragment` of ``fragment_id`` if a live row of it matches the plan's
+    ``where`` (None otherwise): one unit of an update, here or in a Spark task."""
+    if not has_match(table.dataset.get_fragment(fragment_id), plan.where):
+        return None
+    return rewrite_fragment(table, plan, fragment_id)
 
 
 def plan_column_rewrite(
@@ -174,11 +173,6 @@ def check_disjoint(paths: Mapping[str, ColumnPath]) -> None:
                 raise InvalidInputError(
                     f"the update names both {column!r} and its field {other!r}; name one"
                 )
-
-
-def touched_fragments(dataset: LanceDataset, where: str | None) -> list[int]:
-    """The fragments holding at least one live row that matches ``where``."""
-    return [f.fragment_id for f in dataset.get_fragments() if has_match(f, where)]
 
 
 def has_match(fragment, where: str | None) -> bool:

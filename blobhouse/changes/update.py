@@ -17,14 +17,13 @@ from lance import LanceDataset
 from blobhouse.changes.backfill import BlobFunction
 from blobhouse.changes.column_rewrite import (
     ColumnRewrite,
-    Rewrite,
     blob_modes,
     blob_update,
     check_disjoint,
     check_sql,
     commit_rewrite,
     plan_column_rewrite,
-    rewrite_here,
+    rewrite_if_matched,
 )
 from blobhouse.columns import resolve_column
 from blobhouse.commit.change import (
@@ -35,6 +34,7 @@ from blobhouse.commit.change import (
     commit_once,
     run_change,
 )
+from blobhouse.commit.runners import HERE, Runner
 from blobhouse.errors import InvalidInputError
 from blobhouse.options import CommitOptions
 from blobhouse.values import (
@@ -70,16 +70,16 @@ def update_rows(
     *,
     dedup: str | None = None,
     commit: CommitOptions | None = None,
-    rewrite: Rewrite | None = None,
+    runner: Runner = HERE,
 ) -> Committed[UpdateReport]:
     """Set ``updates`` (column -> SQL expression; for a blob column a function of the matching
     rows' plain columns, or None for null) on the rows matching ``where`` (every row if None),
     in one commit: the report and the committed snapshot. See :meth:`blobhouse.Table.update`.
-    ``rewrite`` writes the new file of every fragment holding a matching row, with the offsets
+    ``runner`` writes the new file of every fragment holding a matching row, with the offsets
     of the rows that changed in each (default: one fragment after another in this process;
-    Spark runs them as tasks). A preempted commit is run again up to ``commit.retries``
-    times."""
-    change = _Update(updates, where, dedup, rewrite or rewrite_here, rewrite is not None)
+    Spark runs them as tasks; each unit checks its fragment for a match). A preempted commit
+    is run again up to ``commit.retries`` times."""
+    change = _Update(updates, where, dedup, runner)
     return run_change(change, table, retries=(commit or CommitOptions()).retries)
 
 
@@ -90,8 +90,11 @@ class _Update(BaseChange):
     updates: Mapping[str, str | BlobFunction | None]
     where: str | None
     dedup: str | None
-    rewrite: Rewrite
-    in_tasks: bool
+    runner: Runner
+
+    @property
+    def in_tasks(self) -> bool:  # type: ignore[override]
+        return self.runner.in_tasks
 
     def plan(self, snapshot: TableSnapshot) -> Planned[ColumnRewrite]:
         modes = blob_modes(snapshot, self.updates, self.dedup)
@@ -99,7 +102,12 @@ class _Update(BaseChange):
         return Planned(table, plan_update(table, self.updates, self.where, modes))
 
     def stage(self, plan: Planned[ColumnRewrite], staged: Staged) -> None:
-        done = self.rewrite(plan.table, plan.plan)
+        rewrite = plan.plan
+        ids = [f.fragment_id for f in plan.table.dataset.get_fragments()]
+        results = self.runner.map(
+            plan.table, lambda at, i: rewrite_if_matched(at, rewrite, i), ids, "update"
+        )
+        done = {i: r for i, r in zip(ids, results, strict=True) if r is not None}
         staged.written.extend(written for written, _ in done.values())
         staged.detail = done
 

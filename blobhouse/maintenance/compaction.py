@@ -14,7 +14,7 @@ Lance ``Rewrite``; if anything fails, what was written is removed and the table 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,7 @@ from lance.optimize import Compaction, RewriteResult
 from pyroaring import BitMap64
 
 from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
+from blobhouse.commit.runners import Here, Runner
 from blobhouse.commit.transaction import (
     Transaction,
     commit_errors,
@@ -348,15 +349,16 @@ def compact(
     targets: CompactionTargets | None = None,
     *,
     progress: Progress | None = None,
-    rewrite: Callable[[TableSnapshot, CompactionPlan], list[list[WrittenFile]]] | None = None,
+    runner: Runner | None = None,
     commit: CommitOptions | None = None,
 ) -> CompactionReport:
     """Plan, rewrite and commit a compaction toward ``targets``; returns what it did.
-    ``rewrite`` writes the new files of every group (default: one group after another in this
-    process; Spark runs them as tasks). If anything fails, every file the compaction wrote is
-    removed. A commit that a concurrent delete or write preempted (Lance's retryable conflict)
-    is planned and run again on the latest version, up to ``commit.retries`` times. The fields
-    of ``targets`` and ``commit`` may be given as keywords instead (``target_rows=...``).
+    ``runner`` writes the new files of every group (default: one group after another in this
+    process, telling ``progress``; Spark runs them as tasks). If anything fails, every file the
+    compaction wrote is removed. A commit that a concurrent delete or write preempted (Lance's
+    retryable conflict) is planned and run again on the latest version, up to
+    ``commit.retries`` times. The fields of ``targets`` and ``commit`` may be given as keywords
+    instead (``target_rows=...``).
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, open_table, write_table
@@ -371,23 +373,18 @@ def compact(
     100000
     """
     return run_compaction(
-        snapshot_of(table),
-        targets or CompactionTargets(),
-        rewrite or (lambda table, plan: rewrite_here(table, plan, progress)),
-        in_tasks=rewrite is not None,
-        commit=commit,
+        snapshot_of(table), targets or CompactionTargets(), runner or Here(progress), commit=commit
     ).report
 
 
 def run_compaction(
     table: TableSnapshot,
     targets: CompactionTargets,
-    rewrite: Callable[[TableSnapshot, CompactionPlan], list[list[WrittenFile]]],
+    runner: Runner,
     *,
-    in_tasks: bool = False,
     commit: CommitOptions | None = None,
 ) -> Committed[CompactionReport]:
-    """:func:`compact` with the group rewrite given: its report and the committed snapshot."""
+    """:func:`compact` run by ``runner``: its report and the committed snapshot."""
     if table.dataset.has_stable_row_ids:
         raise InvalidInputError(
             f"{table.location} uses stable row ids; blobhouse compaction does not carry them "
@@ -395,7 +392,7 @@ def run_compaction(
         )
     table = prepared_for_write(table, "global" if _columns_by_mode(table)[0] else "content")
     retries = (commit or CommitOptions()).retries
-    return run_change(_Compaction(targets, rewrite, in_tasks), table, retries=retries)
+    return run_change(_Compaction(targets, runner), table, retries=retries)
 
 
 @dataclass(frozen=True)
@@ -403,14 +400,24 @@ class _Compaction(BaseChange):
     """A compaction as a :class:`~blobhouse.commit.change.Change`."""
 
     targets: CompactionTargets
-    rewrite: Callable[[TableSnapshot, CompactionPlan], list[list[WrittenFile]]]
-    in_tasks: bool
+    runner: Runner
+
+    @property
+    def in_tasks(self) -> bool:  # type: ignore[override]
+        return self.runner.in_tasks
 
     def plan(self, snapshot: TableSnapshot) -> Planned[CompactionPlan]:
         return Planned(snapshot, plan_compaction(snapshot, self.targets))
 
     def stage(self, run: Planned[CompactionPlan], staged: Staged) -> None:
-        groups = self.rewrite(run.table, run.plan) if run.plan.groups else []
+        plan = run.plan
+        groups = (
+            self.runner.map(
+                run.table, lambda at, g: compact_group(at, plan, g), plan.groups, "compact"
+            )
+            if plan.groups
+            else []
+        )
         staged.written.extend(w for group in groups for w in group)
         staged.detail = groups
 
@@ -423,19 +430,6 @@ class _Compaction(BaseChange):
         self, run: Planned[CompactionPlan], staged: Staged, committed: TableSnapshot, attempt: int
     ) -> CompactionReport:
         return report(committed.version, run.plan, staged.detail) | {"attempts": attempt}
-
-
-def rewrite_here(
-    table: TableSnapshot, plan: CompactionPlan, progress: Progress | None
-) -> list[list[WrittenFile]]:
-    results = []
-    for done, group in enumerate(plan.groups):
-        if progress:
-            progress("compact", done, len(plan.groups))
-        results.append(compact_group(table, plan, group))
-    if progress:
-        progress("compact", len(plan.groups), len(plan.groups))
-    return results
 
 
 def report(version: int, plan: CompactionPlan, written: Sequence[Sequence[WrittenFile]]) -> dict:

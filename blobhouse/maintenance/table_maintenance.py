@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
+from blobhouse.commit.runners import Here
 from blobhouse.maintenance import compaction, garbage_collection, verification
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.stats import blob_stats
@@ -65,7 +66,7 @@ class TableMaintenance:
         done = compaction.run_compaction(
             self._current(),
             as_options(CompactionTargets, targets, "compaction target"),
-            lambda table, plan: compaction.rewrite_here(table, plan, progress),
+            Here(progress),
             commit=as_options(CommitOptions, commit, "commit option"),
         )
         self._moved_to(done.snapshot)

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -30,8 +30,6 @@ from blobhouse.commit.interrupts import _INTERRUPT_HOOKS
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance import gc as gc_table
 from blobhouse.maintenance.compaction import (
-    CompactionPlan,
-    compact_group,
     run_compaction,
 )
 from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, referenced_paths
@@ -102,19 +100,10 @@ def compact(
     removed (a preempted commit is run again, up to ``commit.retries`` times). The fields of
     ``targets`` and ``commit`` may be given as keywords instead (``target_rows=...``)."""
 
-    def in_tasks(table: TableSnapshot, plan: CompactionPlan) -> list:
-        at = _Opener.of(table)
-        return run_tasks(
-            spark,
-            plan.groups,
-            lambda group: compact_group(at.open(plan.read_version), plan, group),
-        )
-
     return run_compaction(
         open_snapshot(uri, None, storage_options, branch=branch),
         targets or CompactionTargets(),
-        in_tasks,
-        in_tasks=True,
+        SparkTasks(spark),
         commit=commit,
     ).report
 
@@ -204,6 +193,25 @@ class _Opener:
         opened = open_snapshot(self.location.on(ref.branch), ref.version, self.storage_options)
         opened.check_column_names(retained=True)
         return opened
+
+
+@dataclass(frozen=True)
+class SparkTasks:
+    """A :class:`~blobhouse.commit.runners.Runner` running each unit as a Spark task, on the
+    table's version opened in the task (:class:`_Opener`)."""
+
+    spark: SparkSession
+    in_tasks: ClassVar[bool] = True
+
+    def map(
+        self,
+        table: TableSnapshot,
+        fn: Callable[[TableSnapshot, Any], T],
+        units: Sequence,
+        step: str,
+    ) -> list[T]:
+        at, version = _Opener.of(table), table.version
+        return run_tasks(self.spark, list(units), lambda unit: fn(at.open(version), unit))
 
 
 ProgressFn = Callable[[str, int, int], None]

@@ -44,7 +44,6 @@ from blobhouse.changes.column_rewrite import (
     ColumnRewrite,
     commit_rewrite,
     empty_rewrite,
-    has_match,
     rewrite_fragment,
     store_mode,
 )
@@ -66,7 +65,7 @@ from blobhouse.io.objects import checked_options
 from blobhouse.options import CommitOptions, WriteOptions, option_keywords
 from blobhouse.snapshot import TableSnapshot, open_snapshot
 from blobhouse.spark.errors import spark_entry_point
-from blobhouse.spark.jobs import run_tasks
+from blobhouse.spark.jobs import SparkTasks
 from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.values import ROW_ADDRESS
 from blobhouse.write import TableWrite, prepared_for_write
@@ -97,29 +96,8 @@ def update(
         where,
         dedup=dedup,
         commit=commit,
-        rewrite=lambda at, plan: _rewrite_in_tasks(spark, at, plan),
+        runner=SparkTasks(spark),
     ).report
-
-
-def _rewrite_in_tasks(spark: SparkSession, table, plan: ColumnRewrite) -> dict:
-    """:func:`~blobhouse.changes.column_rewrite.rewrite_fragment` of every fragment holding a
-    matching row, a Spark task per fragment (each task checks its fragment for a match)."""
-    location, version, options, where = (
-        table.location,
-        table.version,
-        table.storage_options,
-        plan.where,
-    )
-
-    def rewrite(fragment_id: int):
-        at = open_snapshot(location, version, options)
-        if not has_match(at.dataset.get_fragment(fragment_id), where):
-            return None
-        return rewrite_fragment(at, plan, fragment_id)
-
-    ids = [f.fragment_id for f in table.dataset.get_fragments()]
-    results = run_tasks(spark, ids, rewrite)
-    return {i: r for i, r in zip(ids, results, strict=True) if r is not None}
 
 
 @spark_entry_point

@@ -38,7 +38,8 @@ from datetime import timedelta
 import pyarrow as pa
 
 from blobhouse import blob_array, errors, open_table, write_table
-from blobhouse.maintenance.compaction import compact, compact_group
+from blobhouse.maintenance import compaction
+from blobhouse.maintenance.compaction import compact_group
 
 SIZES = (100, 20_000, 120_000)  # inline, packed, dedicated (threshold 100 kB below)
 PLACEMENT = {"b": {"dedicated_size_threshold": 100_000}}
@@ -155,12 +156,13 @@ def compact_once(uri: str) -> tuple[dict | None, dict | None]:
     leave nothing behind: no staged file and no version referencing its files."""
     plans = []
 
-    def rewrite(table, plan):
+    def group(table, plan, unit):
         plans.append(plan)
-        return [compact_group(table, plan, group) for group in plan.groups]
+        return compact_group(table, plan, unit)
 
+    compaction.compact_group = group  # (this process runs nothing else meanwhile)
     try:
-        return compact(open_table(uri), target_rows=64, rewrite=rewrite), None
+        return compaction.compact(open_table(uri), target_rows=64), None
     except Exception as exc:
         error = _error(exc) | {"retryable": _retryable(exc), "clean": True}
         if plans:
@@ -171,6 +173,8 @@ def compact_once(uri: str) -> tuple[dict | None, dict | None]:
                 p.startswith(prefix) for p in used
             )
         return None, error
+    finally:
+        compaction.compact_group = compact_group
 
 
 def maintain(
