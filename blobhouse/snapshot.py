@@ -173,6 +173,16 @@ class TableSnapshot:
             location = TableLocation.of(location.root, branch, self.storage_options)
         return open_snapshot(location, version, self.storage_options)
 
+    def on_version(self, branch: str | None, version: int) -> TableSnapshot:
+        """This table at ``version`` of ``branch`` (None: main): itself when it is there
+        already; a version whose column names Lance cannot read is refused, saying why and the
+        way out (as for every retained version a service reads)."""
+        if (self.branch, self.version) == (branch, version):
+            return self
+        opened = self.checkout(version, branch=branch or "main")
+        opened.check_column_names(retained=True)
+        return opened
+
     def latest(self) -> TableSnapshot:
         """The latest version of this branch (this snapshot if nothing committed since)."""
         latest = open_dataset(self.location, None, self.storage_options)

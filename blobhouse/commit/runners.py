@@ -1,12 +1,12 @@
 """Runners: where a change's units of work run -- one after another in this process, or as
 Spark tasks -- so that a service with a Spark form is written once.
 
-A change that stages files unit by unit (update: a fragment each; compaction: a group of
-fragments each) hands its units and a function doing one unit on a version of the table to
-:meth:`Runner.map`. :data:`HERE` runs them in this process (reporting progress);
-``blobhouse.spark.jobs.SparkTasks`` runs each as a Spark task, on the same version opened in the
-task. What the change does with the results, its commit and its report are the same either way
-(:mod:`blobhouse.commit.change`).
+A service that works unit by unit (update: a fragment each; compaction: a group of fragments
+each; verify and gc's mark: a fragment state of a retained version each) hands its units and a
+function doing one unit on a version of the table to :meth:`Runner.map`. :data:`HERE` runs them
+in this process (reporting progress); ``blobhouse.spark.jobs.SparkTasks`` runs each as a Spark
+task, on the same version opened in the task. What the service does with the results (a
+change's commit and report: :mod:`blobhouse.commit.change`) is the same either way.
 
 >>> import tempfile, pyarrow as pa
 >>> from blobhouse import write_table
@@ -28,26 +28,34 @@ U = TypeVar("U")
 T = TypeVar("T")
 Progress = Callable[[str, int, int], None]
 UnitFn = Callable[["TableSnapshot", Any], T]  # one unit of work on a version of the table
+# the (branch, version) a unit reads, when not the table's own: each is opened once here
+Where = Callable[[Any], tuple[str | None, int]]
 
 
 class Runner(Protocol):
-    """Runs a change's units: ``fn(table, unit)`` for each of ``units``, results in order.
-    ``in_tasks``: elsewhere (Spark tasks, which may still run when the change aborts)."""
+    """Runs a service's units: ``fn(table, unit)`` for each of ``units``, results in their
+    order, ``table`` at the version ``where(unit)`` names (default: its own). ``into``: each
+    result is handed to it as it comes instead (a union, a sum: nothing is kept here; the
+    list returned is empty). ``in_tasks``: elsewhere (Spark tasks, which may still run when a
+    change aborts)."""
 
     in_tasks: ClassVar[bool]
 
     def map(
         self,
         table: TableSnapshot,
-        fn: Callable[[TableSnapshot, Any], T],
+        fn: UnitFn[T],
         units: Sequence,
         step: str,
+        where: Where | None = None,
+        into: Callable[[T], None] | None = None,
     ) -> list[T]: ...
 
 
 @dataclass(frozen=True)
 class Here:
-    """The units one after another in this process, ``progress(step, done, total)`` told."""
+    """The units one after another in this process, ``progress(step, done, total)`` told;
+    units reading other versions go version by version, each version opened once."""
 
     progress: Progress | None = None
     in_tasks: ClassVar[bool] = False
@@ -55,18 +63,34 @@ class Here:
     def map(
         self,
         table: TableSnapshot,
-        fn: Callable[[TableSnapshot, Any], T],
+        fn: UnitFn[T],
         units: Sequence,
         step: str,
+        where: Where | None = None,
+        into: Callable[[T], None] | None = None,
     ) -> list[T]:
-        results = []
-        for done, unit in enumerate(units):
+        order = list(range(len(units)))
+        if where is not None:
+            order.sort(key=lambda i: _sort_key(where(units[i])))
+        results: list[Any] = [None] * len(units)
+        opened = table
+        for done, i in enumerate(order):
             if self.progress:
                 self.progress(step, done, len(units))
-            results.append(fn(table, unit))
+            if where is not None:
+                opened = opened.on_version(*where(units[i]))
+            if into is None:
+                results[i] = fn(opened, units[i])
+            else:
+                into(fn(opened, units[i]))
         if self.progress and units:
             self.progress(step, len(units), len(units))
-        return results
+        return results if into is None else []
+
+
+def _sort_key(where: tuple[str | None, int]) -> tuple[str, int]:
+    branch, version = where
+    return (branch or "", version)
 
 
 HERE = Here()

@@ -27,6 +27,7 @@ import lance
 import pyarrow as pa
 
 from blobhouse.commit import leases, locks
+from blobhouse.commit.runners import Here, Runner
 from blobhouse.errors import (
     BlobhouseError,
     LeftoverError,
@@ -46,16 +47,20 @@ from blobhouse.layout import (
     CLAIMS,
     CREATE_DIRS,
     DATA_FOLDER_FILE,
+    DOOMED_DIR,
     LANCE_DIRS,
     LEASE_FILE,
     LEASES_DIR,
     LOCKS_DIR,
+    MANAGED_DIR,
     OWNED_FILE_NAMES,
     PACKS,
+    REGISTRY_DIR,
     STAGED_BY_A_WRITE,
     STORE_DIR,
     STORED,
     TREE_DIR,
+    UNREFERENCED_DIR,
     VERSIONS_DIR,
     WRITE_PREFIX,
     TableLocation,
@@ -78,15 +83,9 @@ from blobhouse.maintenance.versions import (
     fragment_references,
     fragment_states,
     opened_states,
+    version_of,
 )
-from blobhouse.managed import (
-    DOOMED_DIR,
-    MANAGED_DIR,
-    REGISTRY_DIR,
-    UNREFERENCED_DIR,
-    Reclaim,
-    Registry,
-)
+from blobhouse.managed import Reclaim, Registry
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
 from blobhouse.settings import SETTINGS
@@ -163,15 +162,23 @@ def mark(
     graph: VersionGraph | None = None,
     progress: Progress | None = None,
     registered: Container[str] = frozenset(),
+    runner: Runner | None = None,
 ) -> set[str]:
     """Every path (relative to the table root) that a retained version of any branch (of
     ``graph``) references, and every ``registered`` managed object's URI; a branch that cannot
     be read where the table is now keeps its directory and the whole store (entries ending in
-    ``/``)."""
+    ``/``). ``runner`` reads the fragment states (default: here, telling ``progress``)."""
+    table = snapshot_of(table)
     graph = graph or VersionGraph.of(table)
     referenced = unreadable_marks(graph)
-    for _, paths in state_marks(table, graph, progress, registered):
-        referenced |= paths
+    states = fragment_states(table, list(graph.versions))
+
+    def paths(at: TableSnapshot, state: FragmentState) -> set[str]:
+        return referenced_paths(at, state, registered)
+
+    (runner or Here(progress)).map(
+        table, paths, states, "mark", where=version_of, into=referenced.update
+    )
     return referenced
 
 
@@ -305,7 +312,7 @@ def gc(
     grace: timedelta = DEFAULT_GRACE,
     dry_run: bool = False,
     progress: Progress | None = None,
-    referenced: Callable[[TableSnapshot, list[VersionRef], frozenset[str]], set[str]] | None = None,
+    runner: Runner | None = None,
 ) -> GcReport:
     """Remove old versions, then every file the table owns (under ``data/`` and
     ``_blobs/packs/``) that no retained version references and that is older than ``grace``
@@ -324,8 +331,8 @@ def gc(
     :class:`blobhouse.managed.Reclaim`). ``dry_run`` deletes nothing and reports what the same
     call would remove: the versions and files Lance's cleanup would remove (as Lance explains
     it), the files the sweep would take once those versions are gone, and the managed objects.
-    ``referenced(table, versions, registered)`` replaces the mark of the versions that can be
-    read (Spark runs it in parallel).
+    ``runner`` marks the fragment states of the versions that can be read (default: one after
+    another in this process; Spark runs them as tasks).
     Ages are measured by this machine's clock against the store's modification times (on an
     object store, keep the clocks in step: docs/object-storage.md, Limits).
 
@@ -359,9 +366,7 @@ def gc(
     registry = Registry.load(table.location, table.storage_options)
 
     def marks(graph: VersionGraph) -> set[str]:
-        if referenced is not None:  # Spark marks what can be read; the rest is kept whole here
-            return referenced(table, list(graph.versions), registry.uris) | unreadable_marks(graph)
-        return mark(table, graph, progress, registry.uris)
+        return mark(table, graph, progress, registry.uris, runner)
 
     # marked before Lance's cleanup removes a version: a data file the mark cannot read (a
     # garbled blob descriptor) stops the run while the versions before it are still there

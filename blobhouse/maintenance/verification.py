@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from blobhouse.commit.runners import Here, Runner
 from blobhouse.dedup import content_hash
 from blobhouse.errors import (
     BlobReadError,
@@ -34,7 +35,7 @@ from blobhouse.maintenance.versions import (
     VersionGraph,
     fragment_references,
     fragment_states,
-    opened_states,
+    version_of,
 )
 from blobhouse.managed import Registry
 from blobhouse.placement import MiB
@@ -335,6 +336,7 @@ def verify(
     *,
     deep: bool = False,
     progress: Progress | None = None,
+    runner: Runner | None = None,
 ) -> VerifyReport:
     """Check that every blob reference of every retained version of every branch (or of the
     versions of ``graph``) resolves to an existing object with its range inside it; ``deep`` also
@@ -359,17 +361,22 @@ def verify(
     deep = SETTINGS["deep"].check(deep)
     table = snapshot_of(table)
     graph = graph or VersionGraph.of(table)
-    states = fragment_states(table, list(graph.versions))
+    states = sorted(fragment_states(table, list(graph.versions)), key=_in_version_order)
     damaged = damaged_store_entries(table) if deep else {}
-    checker = Checker(table, damaged)
-    reports = []
-    for done, (at, state) in enumerate(opened_states(table, states)):
-        if progress:
-            progress("verify", done, len(states))
-        reports.append((state, verify_state(at, state, deep=deep, checker=checker)))
-    if progress:
-        progress("verify", len(states), len(states))
-    return summarize(table, graph, reports, deep=deep, damaged=damaged)
+    checkers: list[Checker] = []  # one per process: sizes and verdicts remembered across states
+
+    def verified(at: TableSnapshot, state: FragmentState) -> StateReport:
+        if not checkers:
+            checkers.append(Checker(at, damaged))
+        return verify_state(at, state, deep=deep, checker=checkers[0])
+
+    runner = runner or Here(progress)
+    reports = runner.map(table, verified, states, "verify", where=version_of)
+    return summarize(table, graph, zip(states, reports, strict=True), deep=deep, damaged=damaged)
+
+
+def _in_version_order(state: FragmentState) -> tuple[tuple[str, int], int]:
+    return (state.ref.sort_key(), state.fragment_id)
 
 
 def damaged_store_entries(table: TableSnapshot) -> dict[tuple[str, int, int], str]:

@@ -380,12 +380,12 @@ class _DataFilePlaces:
 
 def open_version(table: TableSnapshot, ref: VersionRef) -> TableSnapshot:
     """``table`` at ``ref`` (itself when it is there already)."""
-    if table.branch == ref.branch and table.version == ref.version:
-        return table
-    opened = table.checkout(ref.version, branch=ref.branch or "main")
-    # Lance could not read it: say why, and the way out
-    snapshot_of(opened).check_column_names(retained=True)
-    return opened
+    return snapshot_of(table).on_version(ref.branch, ref.version)
+
+
+def version_of(state: FragmentState) -> tuple[str | None, int]:
+    """The (branch, version) a fragment state is read at (a runner's ``where``)."""
+    return (state.ref.branch, state.ref.version)
 
 
 def opened_states(

@@ -27,21 +27,16 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from blobhouse.commit.interrupts import _INTERRUPT_HOOKS
+from blobhouse.commit.runners import UnitFn, Where
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance import gc as gc_table
 from blobhouse.maintenance.compaction import (
     run_compaction,
 )
-from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE, referenced_paths
+from blobhouse.maintenance.garbage_collection import DEFAULT_GRACE
 from blobhouse.maintenance.reports import CompactionReport, GcReport, VerifyReport
-from blobhouse.maintenance.verification import (
-    Checker,
-    StateReport,
-    damaged_store_entries,
-    summarize,
-    verify_state,
-)
-from blobhouse.maintenance.versions import FragmentState, VersionGraph, VersionRef, fragment_states
+from blobhouse.maintenance.verification import verify as verify_table
+from blobhouse.maintenance.versions import VersionRef
 from blobhouse.options import CommitOptions, CompactionTargets, option_keywords
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import TableSnapshot, open_snapshot
@@ -121,17 +116,7 @@ def verify(
     deep = SETTINGS["deep"].check(deep)
     table = open_snapshot(uri, None, storage_options)
     table.check_column_names()  # as Table.verify: the one repair, before any task
-    graph = VersionGraph.of(table)
-    states = fragment_states(table, list(graph.versions))
-    at = _Opener.of(table)
-    damaged = damaged_store_entries(table) if deep else {}
-
-    def verified(state: FragmentState) -> StateReport:
-        opened = at.open_ref(state.ref)
-        return verify_state(opened, state, deep=deep, checker=Checker(opened, damaged))
-
-    reports = run_tasks(spark, states, verified)
-    return summarize(table, graph, zip(states, reports, strict=True), deep=deep, damaged=damaged)
+    return verify_table(table, deep=deep, runner=SparkTasks(spark))
 
 
 @spark_entry_point
@@ -149,24 +134,13 @@ def gc(
     """:func:`~blobhouse.maintenance.garbage_collection.gc` with the mark phase (which files
     retained versions of every branch reference) in a Spark task per fragment state; versions
     and the sweep run on the driver."""
-
-    def mark(
-        table: TableSnapshot, versions: list[VersionRef], registered: frozenset[str]
-    ) -> set[str]:
-        states = fragment_states(table, versions)
-        at = _Opener.of(table)
-        found = run_tasks(
-            spark, states, lambda s: referenced_paths(at.open_ref(s.ref), s, registered)
-        )
-        return set().union(*found)
-
     return gc_table(
         open_snapshot(uri, None, storage_options, branch=branch),
         retain_versions=retain_versions,
         older_than=older_than,
         grace=grace,
         dry_run=dry_run,
-        referenced=mark,
+        runner=SparkTasks(spark),
     )
 
 
@@ -206,12 +180,23 @@ class SparkTasks:
     def map(
         self,
         table: TableSnapshot,
-        fn: Callable[[TableSnapshot, Any], T],
+        fn: UnitFn[T],
         units: Sequence,
         step: str,
+        where: Where | None = None,
+        into: Callable[[T], None] | None = None,
     ) -> list[T]:
-        at, version = _Opener.of(table), table.version
-        return run_tasks(self.spark, list(units), lambda unit: fn(at.open(version), unit))
+        at, own = _Opener.of(table), (table.branch, table.version)
+
+        def run(unit: Any) -> T:
+            return fn(at.open_ref(VersionRef(*(where(unit) if where else own))), unit)
+
+        results = run_tasks(self.spark, list(units), run)
+        if into is None:
+            return results
+        for result in results:
+            into(result)
+        return []
 
 
 ProgressFn = Callable[[str, int, int], None]

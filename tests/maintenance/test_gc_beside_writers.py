@@ -13,10 +13,10 @@ import pyarrow as pa
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.commit import leases
+from blobhouse.commit.runners import Here
 from blobhouse.errors import ConcurrentCommitError, StaleWriteError, StoreRaceError
 from blobhouse.layout import LEASES_DIR
-from blobhouse.maintenance.garbage_collection import gc, mark
-from blobhouse.maintenance.versions import VersionGraph
+from blobhouse.maintenance.garbage_collection import gc
 
 NO_GRACE = timedelta(0)
 
@@ -113,19 +113,20 @@ def test_gc_with_no_grace_beside_appends_updates_and_compactions(table_uri):
 def test_a_version_tagged_while_gc_marks_keeps_its_files(tmp_path):
     """gc marks the versions Lance's cleanup is to leave, then runs the cleanup. A version
     tagged in between is kept by Lance: gc marks it too, so its files are not swept and the
-    tag reads every row. (The mark's callback, Spark's hook, tags the version mid-run.)"""
+    tag reads every row. (The mark's runner, Spark's door, tags the version mid-run.)"""
     uri = str(tmp_path / "t")
     first = [b"first-%d" % i * 3000 for i in range(4)]
     write_table(pa.table({"id": range(4), "b": blob_array(first)}), uri)
     write_table(pa.table({"id": [9], "b": blob_array([b"second" * 3000])}), uri, mode="overwrite")
 
-    def tag_then_mark(table, versions, registered):
-        if "v1" not in lance.dataset(uri).tags.list():
-            lance.dataset(uri).tags.create("v1", 1)
-        return mark(table, VersionGraph(tuple(versions)), None, registered)
+    class TagThenMark(Here):
+        def map(self, *args, **kwargs):
+            if "v1" not in lance.dataset(uri).tags.list():
+                lance.dataset(uri).tags.create("v1", 1)
+            return super().map(*args, **kwargs)
 
     report = gc(
-        open_table(uri).snapshot, retain_versions=1, grace=timedelta(0), referenced=tag_then_mark
+        open_table(uri).snapshot, retain_versions=1, grace=timedelta(0), runner=TagThenMark()
     )
     assert report["removed_versions"] == [] and report["retained_versions"] == [1, 2]
     tagged = open_table(uri, version="v1")
