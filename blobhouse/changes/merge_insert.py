@@ -33,6 +33,7 @@ from blobhouse.changes.column_rewrite import (
 from blobhouse.columns import check_column_names
 from blobhouse.commit.change import (
     BaseChange,
+    Change,
     Staged,
     run_change,
 )
@@ -84,9 +85,63 @@ class MergeReport:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class MergeClauses:
+    """What a merge does, declared once whatever runs it (:class:`MergeInsert` fills it through
+    its ``when_*`` methods; the local merge and the Spark one read it): matched rows get every
+    source column (``update_all``) or only ``update_columns``; source rows with no match are
+    inserted (``insert``); table rows the source lacks are deleted (``delete``: True, or a SQL
+    condition they must match too).
+
+    >>> MergeClauses(insert=True).writes_rows, MergeClauses(update_columns=("a",)).updates
+    (True, True)
+    >>> MergeClauses().check()  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    blobhouse.errors.InvalidInputError: merge_insert does nothing: ...
+    """
+
+    update_all: bool = False
+    update_columns: tuple[str, ...] | None = None
+    insert: bool = False
+    delete: bool | str = False
+
+    @property
+    def updates(self) -> bool:
+        """Whether matched rows get (some of) the source's values."""
+        return self.update_all or bool(self.update_columns)
+
+    @property
+    def writes_rows(self) -> bool:
+        """Whether the merge writes source rows as new rows (updated whole, or inserted)."""
+        return self.update_all or self.insert
+
+    def check(self) -> None:
+        """Refuse clauses that do nothing."""
+        if not (self.updates or self.insert or self.delete):
+            raise InvalidInputError(
+                "merge_insert does nothing: call when_matched_update_all(), "
+                "when_matched_update(...), when_not_matched_insert_all() or "
+                "when_not_matched_by_source_delete() before execute()"
+            )
+
+    def check_columns(self, schema: pa.Schema, on: Sequence[str]) -> None:
+        """Refuse update columns ``schema`` lacks (naming the closest), keys, or none."""
+        if self.update_columns is None:
+            return
+        for column in self.update_columns:
+            check_column(column, schema)
+            if column in on:
+                raise InvalidInputError(f"{column!r} is a key column; it cannot be updated")
+        if not self.update_columns:
+            raise InvalidInputError("when_matched_update needs at least one column")
+
+
 class MergeInsert:
     """An upsert builder shaped like Lance's: say what happens to matched rows, to source rows
-    with no match and to table rows the source lacks, then :meth:`execute` once.
+    with no match and to table rows the source lacks (its :class:`MergeClauses`), then
+    :meth:`execute` once. The same builder runs on Spark: ``blobhouse.spark.merge_insert(df,
+    builder)``.
 
     >>> import tempfile, pyarrow as pa
     >>> from blobhouse import blob_array, write_table
@@ -112,10 +167,7 @@ class MergeInsert:
         self._on_commit = on_commit  # the Table that built it moves to the committed version
         self.on = [on] if isinstance(on, str) else list(on)
         self.options = options
-        self._update_all = False
-        self._update_columns: list[str] | None = None
-        self._insert = False
-        self._delete: str | bool = False
+        self.clauses = MergeClauses()
         self._commit = CommitOptions()
         if not self.on:
             raise InvalidInputError("merge_insert needs at least one key column (on=...)")
@@ -126,31 +178,27 @@ class MergeInsert:
 
     def when_matched_update_all(self) -> MergeInsert:
         """A table row whose key the source has gets all of the source row's values."""
-        self._update_all, self._update_columns = True, None
+        self.clauses = replace(self.clauses, update_all=True, update_columns=None)
         return self
 
     def when_matched_update(self, columns: Sequence[str]) -> MergeInsert:
         """A table row whose key the source has gets the source's values of ``columns`` only
         (the other columns, their blobs included, are not rewritten)."""
         columns = [columns] if isinstance(columns, str) else list(columns)
-        for column in columns:
-            check_column(column, self.table.schema)
-            if column in self.on:
-                raise InvalidInputError(f"{column!r} is a key column; it cannot be updated")
-        if not columns:
-            raise InvalidInputError("when_matched_update needs at least one column")
-        self._update_all, self._update_columns = False, columns
+        clauses = replace(self.clauses, update_all=False, update_columns=tuple(columns))
+        clauses.check_columns(self.table.schema, self.on)
+        self.clauses = clauses
         return self
 
     def when_not_matched_insert_all(self) -> MergeInsert:
         """A source row whose key the table lacks is inserted."""
-        self._insert = True
+        self.clauses = replace(self.clauses, insert=True)
         return self
 
     def when_not_matched_by_source_delete(self, expr: str | None = None) -> MergeInsert:
         """A table row whose key the source lacks (and that matches ``expr``, if given) is
         deleted."""
-        self._delete = expr if expr is not None else True
+        self.clauses = replace(self.clauses, delete=expr if expr is not None else True)
         return self
 
     def commit(self, options: CommitOptions) -> MergeInsert:
@@ -171,11 +219,25 @@ class MergeInsert:
         self.check_actions()
         schema, batches = input_stream(data)
         source = pa.Table.from_batches(list(batches), schema=schema)
-        done = run_change(_Merge(self, source), self.table, retries=self._commit.retries)
+        return self.run(_Merge(self, source))
+
+    def run(self, change: Change[Any, MergeReport]) -> MergeReport:
+        """Run ``change`` (this merge, as a runner stages it: here, or in Spark tasks) on this
+        builder's table with its commit options; the builder, and the table that built it,
+        move to the version committed."""
+        done = run_change(change, self.table, retries=self._commit.retries)
         self.table = done.snapshot
         if self._on_commit is not None:
             self._on_commit(self.table)
         return done.report
+
+    def on_version(self, table: TableSnapshot) -> MergeInsert:
+        """This merge (keys, clauses, write and commit options) on ``table``, another version
+        of its table, checked again against that version's schema."""
+        merge = MergeInsert(table, self.on, self.options)
+        self.clauses.check_columns(table.schema, merge.on)
+        merge.clauses, merge._commit = self.clauses, self._commit
+        return merge
 
     def resolved(self, table: TableSnapshot) -> WriteOptions:
         """This merge's options against ``table``'s properties: each one it leaves out is the
@@ -194,12 +256,7 @@ class MergeInsert:
         ...
         blobhouse.errors.InvalidInputError: merge_insert does nothing: ...
         """
-        if not (self._update_all or self._update_columns or self._insert or self._delete):
-            raise InvalidInputError(
-                "merge_insert does nothing: call when_matched_update_all(), "
-                "when_matched_update(...), when_not_matched_insert_all() or "
-                "when_not_matched_by_source_delete() before execute()"
-            )
+        self.clauses.check()
 
     def check_source(self, table: TableSnapshot, source: pa.Table) -> pa.Table:
         """The source with the table's column order and types; refuses missing keys,
@@ -219,8 +276,8 @@ class MergeInsert:
                 f"the source has column(s) {unknown} the table lacks{near}; table columns: "
                 f"{schema.names}"
             )
-        needed = set(self.on) | set(self._update_columns or ())
-        if self._update_all or self._insert:
+        needed = set(self.on) | set(self.clauses.update_columns or ())
+        if self.clauses.writes_rows:
             needed |= set(schema.names)
         absent = [n for n in schema.names if n in needed and n not in source.schema.names]
         not_nullable = [n for n in absent if not schema.field(n).nullable]
@@ -271,7 +328,7 @@ class MergeInsert:
         """The rewrite of ``when_matched_update(columns)``'s columns on ``txn``, without the
         source's values yet (``source``: fragment id -> the matched rows' offsets and values,
         which :func:`rewrite_fragment` writes). Spark fills it one fragment per task."""
-        columns = tuple(self._update_columns or ())
+        columns = tuple(self.clauses.update_columns or ())
         blobs = {p[0] for p in stored_blob_columns(table.schema)}
         modes = self.resolved(table).dedup
         rewrite = plan_column_rewrite(
@@ -318,12 +375,13 @@ class _Merge(BaseChange):
         merge = self.merge
         table = prepared_for_write(snapshot, store_mode(merge.resolved(snapshot)))
         source = merge.check_source(table, self.source)
-        matches = _match(table.dataset, source, merge.on, merge._delete)
+        clauses = merge.clauses
+        matches = _match(table.dataset, source, merge.on, clauses.delete)
         txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
         matched_source = matches.source_rows()
-        written_rows: list[int] = matched_source.tolist() if merge._update_all else []
+        written_rows: list[int] = matched_source.tolist() if clauses.update_all else []
         inserted_keys = None
-        if merge._insert:
+        if clauses.insert:
             unmatched = np.setdiff1d(np.arange(source.num_rows), matched_source)
             written_rows.extend(unmatched.tolist())
             inserted_keys = source.select(merge.on).take(pa.array(unmatched, pa.int64()))
@@ -336,12 +394,13 @@ class _Merge(BaseChange):
         staged.written.extend(new_files)
         files: dict[int, WrittenFile] = {}
         rewrite = None
-        if merge._update_columns:
+        if merge.clauses.update_columns:
             rewrite = merge._column_rewrite(table, plan.source, plan.matches, txn)
             for fragment_id in rewrite.source:
                 files[fragment_id], _ = rewrite_fragment(table, rewrite, fragment_id)
                 staged.written.append(files[fragment_id])
-        _delete(table.dataset, plan.matches, merge._update_all, merge._delete, staged.deletions)
+        clauses = merge.clauses
+        _delete(table.dataset, plan.matches, clauses.update_all, clauses.delete, staged.deletions)
         staged.detail = (new_files, files, rewrite or empty_rewrite(table, txn))
 
     def commit(self, plan: _MergePlan, staged: Staged) -> LanceDataset:
@@ -359,13 +418,13 @@ class _Merge(BaseChange):
     def report(
         self, plan: _MergePlan, staged: Staged, committed: TableSnapshot, attempt: int
     ) -> MergeReport:
-        merge, matched = self.merge, len(plan.matches.source_rows())
+        clauses, matched = self.merge.clauses, len(plan.matches.source_rows())
         return MergeReport(
             read_version=plan.table.version,
             version=committed.version,
-            num_inserted_rows=len(plan.written_rows) - (matched if merge._update_all else 0),
-            num_updated_rows=matched if (merge._update_all or merge._update_columns) else 0,
-            num_deleted_rows=plan.matches.deleted_by_source() if merge._delete else 0,
+            num_inserted_rows=len(plan.written_rows) - (matched if clauses.update_all else 0),
+            num_updated_rows=matched if clauses.updates else 0,
+            num_deleted_rows=plan.matches.deleted_by_source() if clauses.delete else 0,
             bytes_written=sum(w.bytes_written for w in staged.written),
             attempts=attempt,
         )

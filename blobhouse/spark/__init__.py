@@ -23,7 +23,6 @@ except ImportError:  # a one-line MissingExtraError naming `pip install "blobhou
     require_spark()
     raise
 
-import json
 import os
 import pickle
 import sys
@@ -51,7 +50,7 @@ from blobhouse.dedup import mode_of
 from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after, closest
 from blobhouse.io.objects import checked_options
 from blobhouse.layout import TableLocation
-from blobhouse.options import WriteOptions
+from blobhouse.options import WriteOptions, as_options, option_keywords
 from blobhouse.properties import TableProperties
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import open_dataset, open_snapshot
@@ -59,6 +58,8 @@ from blobhouse.spark.datasource import (
     WRITE_OPTIONS,
     check_options,
     ensure_registered,
+    parsed_write_options,
+    spark_writer_options,
     storage_prefixed,
 )
 from blobhouse.spark.errors import spark_entry_point
@@ -163,14 +164,13 @@ def register(
 
 
 @spark_entry_point
+@option_keywords(write_options=(WriteOptions, ("blob_columns", "ref_id_columns", "dedup")))
 def write_table(
     df: DataFrame,
     uri: str,
     *,
     mode: str = "append",
-    blob_columns: Sequence[str] = (),
-    ref_id_columns: Mapping[str, str] | None = None,
-    dedup: str | Mapping[str, str] | None = None,
+    write_options: WriteOptions | None = None,
     colocate_by: str | None = None,
     partitions: int | None = None,
     options: Mapping[str, str] | None = None,
@@ -186,24 +186,32 @@ def write_table(
     rows that share payloads already sit in the same partition, or when duplicates are rare.
     Columns written with ``dedup="global"`` (a new table's default) are stored first, each
     distinct payload once, and the rows then carry references (:mod:`blobhouse.spark.lookup`):
-    they need no colocation. Options left out are the table's properties.
-    ``storage_options`` reach the table's object store (as ``storage.<name>`` writer options).
+    they need no colocation.
+
+    ``write_options`` is a :class:`~blobhouse.options.WriteOptions` (as delta-rs's
+    ``write_deltalake(..., writer_properties=)``): every field reaches the data source as its
+    writer option; ``blob_columns=``, ``ref_id_columns=`` and ``dedup=`` are its keywords, sugar
+    building it (not both). ``options`` are Spark writer options (text), as ``df.write
+    .option(...)`` takes them; one naming a field the object sets too wins, as before. Options
+    left out are the table's properties. ``storage_options`` reach the table's object store
+    (as ``storage.<name>`` writer options).
     """
     if mode not in ("append", "overwrite"):
         raise InvalidInputError(f"mode must be 'append' or 'overwrite', got {mode!r}")
     check_options(options or {}, WRITE_OPTIONS, "blobhouse write option")
+    given = as_options(WriteOptions, write_options, "write option")
+    blob_columns = given.blob_columns
     # before any payload is stored (dedup="global" stores them before the rows)
     check_column_names(to_arrow_schema(df.schema), "the DataFrame")
     _check_columns(df, [*blob_columns, *([colocate_by] if colocate_by else [])])
     options_checked = checked_options(storage_options)
     location = TableLocation.of(uri, storage_options=options_checked)
-    resolved = _resolved(location, options_checked, mode, dedup, ref_id_columns)
+    resolved = _resolved(location, options_checked, mode, given)
     ref_id_columns = dict(resolved.ref_id_columns or {})
     key_column = colocate_by or _default_colocation(df, blob_columns, resolved.dedup)
     writer_options = {
-        "blob_columns": ",".join(blob_columns),
-        **({"ref_id_columns": json.dumps(dict(ref_id_columns))} if ref_id_columns else {}),
-        **({"dedup": _dedup_option(dedup)} if dedup is not None else {}),
+        "blob_columns": "",
+        **spark_writer_options(given),
         **dict(options or {}),
         **storage_prefixed(storage_options),
     }
@@ -235,7 +243,7 @@ def write_table(
     txn = Transaction.start(location, None, options_checked)
 
     def store() -> tuple[DataFrame, list]:
-        limit = _pack_limit(writer_options)
+        limit = _pack_limit(writer_options, stored_globally)
         return store_payloads_first(
             df, location, stored_globally, txn.name_prefix, limit, count, options_checked
         )
@@ -265,12 +273,11 @@ def _resolved(
     location: TableLocation,
     storage_options: Mapping[str, str] | None,
     mode: str,
-    dedup: str | Mapping[str, str] | None,
-    ref_id_columns: Mapping[str, str] | None,
+    given: WriteOptions,
 ) -> WriteOptions:
-    """The dedup modes and ref_id columns a write uses: the table's properties, checked
-    against what the call gives (a conflict is refused before Spark runs anything)."""
-    given = WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns)
+    """The options a write uses (its dedup modes and ref_id columns, say): the table's
+    properties, checked against what the call gives (a conflict is refused before Spark runs
+    anything)."""
     dataset = open_dataset(location, None, dict(storage_options or {}) or None, "write to")
     if dataset is None:  # no table yet: the write creates it
         return TableProperties().for_new_table(given)
@@ -280,15 +287,16 @@ def _resolved(
     return properties.for_new_table(given, properties.blob_columns)
 
 
-def _dedup_option(dedup: str | Mapping[str, str]) -> str:
-    return json.dumps(dict(dedup)) if isinstance(dedup, Mapping) else dedup
-
-
-def _pack_limit(writer_options: Mapping[str, str]) -> int:
-    """The store's pack size: the write's ``pack_file_size_threshold``, else the default."""
-    given = writer_options.get("pack_file_size_threshold")
-    setting = SETTINGS["pack_file_size_threshold"]
-    return setting.default if given is None else setting.parse(given)
+def _pack_limit(writer_options: Mapping[str, str], columns: Sequence[str]) -> int:
+    """The store's pack size: the smallest ``pack_file_size_threshold`` the write gives
+    ``columns`` (for every blob column, or in ``placement``), else the default."""
+    placement = parsed_write_options(writer_options).placement or {}
+    default = SETTINGS["pack_file_size_threshold"].default
+    sizes = [
+        {**placement.get("*", {}), **placement.get(c, {})}.get("pack_file_size_threshold")
+        for c in columns
+    ]
+    return min((default if size is None else size) for size in sizes) if sizes else default
 
 
 def _global_columns(

@@ -17,6 +17,7 @@ table, or of a new one with ``columns``; :mod:`blobhouse.spark.catalog` and docs
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -470,12 +471,7 @@ class _SparkWriteOptions:
     def write_options(self) -> WriteOptions:
         """How the write stores blob columns: each option's text parsed by its setting's
         schema (a wrong one names the option, the value and what it takes)."""
-        given = {
-            name: SETTINGS[name].parse(self.options[name])
-            for name in _WRITE_SETTINGS
-            if self.options.get(name) is not None
-        }
-        return WriteOptions(**given, placement=self._placement())
+        return parsed_write_options(self.options)
 
     def table_write_kwargs(self) -> dict:
         """The other :func:`~blobhouse.write.begin_write` keywords the options set."""
@@ -490,17 +486,8 @@ class _SparkWriteOptions:
             kwargs["write_id"] = get("write_id")
         return kwargs
 
-    def _placement(self) -> dict | None:
-        """``placement`` (JSON per column) under the thresholds given for every blob column."""
-        get = self.options.get
-        per_column = SETTINGS["placement"].parse(get("placement")) if get("placement") else {}
-        shared = {name: SETTINGS[name].parse(get(name)) for name in THRESHOLDS if get(name)}
-        if shared:
-            per_column["*"] = {**shared, **per_column.get("*", {})}
-        return per_column or None
 
-
-#: the write options that are settings of the same name (``placement``: :meth:`_placement`)
+#: the write options that are settings of the same name (``placement``: :func:`_placement`)
 _WRITE_SETTINGS = (
     "blob_columns",
     "ref_id_columns",
@@ -510,6 +497,61 @@ _WRITE_SETTINGS = (
     "max_rows_per_file",
     "max_bytes_per_file",
 )
+
+
+def spark_writer_options(options: WriteOptions) -> dict[str, str]:
+    """``options`` as the data source's writer options (text), the ones
+    :meth:`_SparkWriteOptions.write_options` parses back into the same object: every field
+    set, none left out (lists comma separated, mappings as JSON; a field at its default is
+    not given, so the table's property applies).
+
+    >>> spark_writer_options(WriteOptions(blob_columns=["img"], dedup={"img": "ref_id"},
+    ...                             max_rows_per_file=10))
+    {'blob_columns': 'img', 'dedup': '{"img": "ref_id"}', 'max_rows_per_file': '10'}
+    """
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if value is None or (f.name in ("blob_columns", "placement") and not value):
+            continue
+        if f.name not in (*_WRITE_SETTINGS, "placement"):  # a new field must be spelled here
+            raise AssertionError(f"WriteOptions.{f.name} has no writer option")
+        if isinstance(value, Mapping):
+            out[f.name] = json.dumps(
+                {k: dict(v) if isinstance(v, Mapping) else v for k, v in value.items()}
+            )
+        elif isinstance(value, (list, tuple)):
+            names = [str(item) for item in value]
+            if any("," in name for name in names):
+                raise InvalidInputError(
+                    f"{f.name} {names} holds a comma, which a Spark writer option cannot carry"
+                )
+            out[f.name] = ",".join(names)
+        else:
+            out[f.name] = str(value)
+    return out
+
+
+def parsed_write_options(options: Mapping[str, str]) -> WriteOptions:
+    """Writer options (text) as the :class:`~blobhouse.options.WriteOptions` the data source
+    writes with, each parsed by its setting's schema: the inverse of
+    :func:`spark_writer_options`."""
+    given = {
+        name: SETTINGS[name].parse(options[name])
+        for name in _WRITE_SETTINGS
+        if options.get(name) is not None
+    }
+    return WriteOptions(**given, placement=_placement(options))
+
+
+def _placement(options: Mapping[str, str]) -> dict | None:
+    """``placement`` (JSON per column) under the thresholds given for every blob column."""
+    get = options.get
+    per_column = SETTINGS["placement"].parse(get("placement")) if get("placement") else {}
+    shared = {name: SETTINGS[name].parse(get(name)) for name in THRESHOLDS if get(name)}
+    if shared:
+        per_column["*"] = {**shared, **per_column.get("*", {})}
+    return per_column or None
 
 
 def storage_options_of(options) -> dict[str, str] | None:

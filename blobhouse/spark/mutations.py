@@ -47,9 +47,14 @@ from blobhouse.changes.column_rewrite import (
     rewrite_fragment,
     store_mode,
 )
-from blobhouse.changes.merge_insert import MergeInsert, MergeReport, deleted_fragments
+from blobhouse.changes.merge_insert import (
+    MergeClauses,
+    MergeInsert,
+    MergeReport,
+    deleted_fragments,
+)
 from blobhouse.changes.update import UpdateReport, update_rows
-from blobhouse.commit.change import BaseChange, Staged, run_change
+from blobhouse.commit.change import BaseChange, Staged
 from blobhouse.commit.transaction import (
     SHOWN_KEYS,
     Inserts,
@@ -100,16 +105,31 @@ def update(
     ).report
 
 
+_FLAGS = (
+    "on",
+    "when_matched_update_all",
+    "when_matched_update",
+    "when_not_matched_insert_all",
+    "when_not_matched_by_source_delete",
+    "dedup",
+    "ref_id_columns",
+    "placement",
+    "storage_options",
+    "commit",
+    "conflict_retries",
+)
+
+
 @spark_entry_point
 def merge_insert(
     df: DataFrame,
-    uri: str,
+    uri: str | MergeInsert,
     *,
-    on: str | Sequence[str],
+    on: str | Sequence[str] | None = None,
     when_matched_update_all: bool | None = None,
     when_matched_update: Sequence[str] | None = None,
-    when_not_matched_insert_all: bool = True,
-    when_not_matched_by_source_delete: bool | str = False,
+    when_not_matched_insert_all: bool | None = None,
+    when_not_matched_by_source_delete: bool | str | None = None,
     dedup: str | Mapping[str, str] | None = None,
     ref_id_columns: Mapping[str, str] | None = None,
     placement: Mapping[str, Mapping[str, int]] | None = None,
@@ -117,12 +137,17 @@ def merge_insert(
     commit: CommitOptions | None = None,
     conflict_retries: int | None = None,
 ) -> MergeReport:
-    """:meth:`blobhouse.Table.merge_insert` for a DataFrame, in one commit: the source rows
-    whose key the table has replace those rows (``when_matched_update_all``, the default), or
-    give them only the ``when_matched_update`` columns (a column rewrite: the other columns,
-    their blobs included, are not written again); the others are inserted
-    (``when_not_matched_insert_all``), and table rows whose key the source lacks are deleted
-    when ``when_not_matched_by_source_delete`` is True or a SQL condition they match.
+    """:meth:`blobhouse.Table.merge_insert` for a DataFrame, in one commit, run by Spark tasks:
+    ``uri`` is a builder (``open_table(uri).merge_insert("id").when_matched_update(["label"])
+    ...``), whose table, key, clauses, write options and commit options the merge runs (the
+    builder and the table that built it move to the version committed, as ``execute`` does);
+    or the table's URI with the keywords, sugar that builds the same builder (giving a builder
+    and keywords is refused, naming both). The keywords: the source rows whose key the table
+    has replace those rows (``when_matched_update_all``, the default), or give them only the
+    ``when_matched_update`` columns (a column rewrite: the other columns, their blobs included,
+    are not written again); the others are inserted (``when_not_matched_insert_all``, True by
+    default), and table rows whose key the source lacks are deleted when
+    ``when_not_matched_by_source_delete`` is True or a SQL condition they match.
 
     New rows go through the write pipeline with the table's properties (``dedup`` and the
     other options, if given, must be the same; ``"global"``: payloads the table stores
@@ -134,45 +159,96 @@ def merge_insert(
     ``commit.retries`` times (``conflict_retries``: sugar for it, this is
     :attr:`CommitOptions.retries <blobhouse.options.CommitOptions.retries>`); a conflict that
     ends the merge is a :class:`~blobhouse.errors.ConcurrentCommitError`, and nothing of the
-    merge is left.
+    merge is left. Every check of the builder's (no clause, an unknown column, a key
+    updated, the source's columns) happens before any Spark job.
 
     >>> import tempfile, pyarrow as pa
-    >>> from blobhouse import write_table
+    >>> from blobhouse import open_table, write_table
     >>> uri = tempfile.mkdtemp() + "/t"
     >>> _ = write_table(pa.table({"id": [1, 2], "label": ["a", "b"]}), uri)
     >>> df = spark.createDataFrame([(2, "B"), (3, "c")], "id long, label string")
     >>> report = merge_insert(df, uri, on="id", when_matched_update=["label"])
     >>> report.num_updated_rows, report.num_inserted_rows
     (1, 1)
+    >>> builder = open_table(uri).merge_insert("id").when_matched_update(["label"])
+    >>> merge_insert(df, builder).num_updated_rows
+    2
     """
     if not isinstance(df, DataFrame):
         raise InvalidInputError(f"merge_insert needs a Spark DataFrame as its source, got {df!r}")
+    arguments = locals()
+    given = {name: arguments[name] for name in _FLAGS if arguments[name] is not None}
+    if isinstance(uri, MergeInsert):
+        if given:
+            raise InvalidInputError(
+                f"merge_insert(): give a MergeInsert builder or the table's uri with its "
+                f"keywords ({', '.join(given)}), not both: the builder holds them"
+            )
+        builder = uri
+    else:
+        builder = _builder(uri, **given)
+    builder.check_actions()
+    merge = _Merge(builder)
+    table = merge.prepared(builder.table)
+    merge.check(table, df)  # before any Spark job
+    with _evaluated_once(df) as source:
+        _check_unique_keys(source, list(merge.on))
+        return builder.run(_MergeInTasks(merge, source))
+
+
+def _builder(
+    uri: str,
+    *,
+    on: str | Sequence[str] | None = None,
+    when_matched_update_all: bool | None = None,
+    when_matched_update: Sequence[str] | None = None,
+    when_not_matched_insert_all: bool | None = None,
+    when_not_matched_by_source_delete: bool | str | None = None,
+    dedup: str | Mapping[str, str] | None = None,
+    ref_id_columns: Mapping[str, str] | None = None,
+    placement: Mapping[str, Mapping[str, int]] | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    commit: CommitOptions | None = None,
+    conflict_retries: int | None = None,
+) -> MergeInsert:
+    """The builder the keywords of :func:`merge_insert` spell, on the table's latest version
+    (matched rows updated whole and new ones inserted unless told otherwise)."""
+    if not isinstance(uri, str):
+        raise InvalidInputError(
+            f"merge_insert takes a table's uri or a MergeInsert builder, got {uri!r}"
+        )
+    if on is None:
+        raise TypeError(  # as when on= was a required keyword
+            "merge_insert() missing 1 required keyword-only argument: 'on' (or give a "
+            "MergeInsert builder in place of the uri)"
+        )
     if conflict_retries is not None:
         if commit is not None:
             raise InvalidInputError(
                 "merge_insert(): give commit (a CommitOptions) or conflict_retries, not both"
             )
         commit = CommitOptions(retries=conflict_retries)
-    retries = (commit or CommitOptions()).retries
-    options = checked_options(storage_options)
-    merge = _Merge(
-        on=_names(on, "on"),
-        update_all=_updates_all(when_matched_update_all, when_matched_update),
-        update_columns=(
-            None
-            if when_matched_update is None
-            else _names(when_matched_update, "when_matched_update")
-        ),
-        insert=when_not_matched_insert_all,
-        delete=when_not_matched_by_source_delete,
-        options=WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns, placement=placement),
-        storage_options=options,
+    keys = _names(on, "on")
+    update_all = _updates_all(when_matched_update_all, when_matched_update)
+    columns = (
+        None if when_matched_update is None else _names(when_matched_update, "when_matched_update")
     )
-    table = merge.prepared(open_snapshot(uri, None, options))
-    merge.check(table, df)  # before any Spark job
-    with _evaluated_once(df) as source:
-        _check_unique_keys(source, list(merge.on))
-        return run_change(_MergeInTasks(merge, source), table, retries=retries).report
+    options = WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns, placement=placement)
+    table = open_snapshot(uri, None, checked_options(storage_options))
+    builder = MergeInsert(table, list(keys), options).commit(commit or CommitOptions())
+    if update_all:
+        builder.when_matched_update_all()
+    if columns is not None:
+        builder.when_matched_update(list(columns))
+    if when_not_matched_insert_all is None or when_not_matched_insert_all:
+        builder.when_not_matched_insert_all()
+    if when_not_matched_by_source_delete:
+        builder.when_not_matched_by_source_delete(
+            when_not_matched_by_source_delete
+            if isinstance(when_not_matched_by_source_delete, str)
+            else None
+        )
+    return builder
 
 
 def _updates_all(update_all: bool | None, columns: Sequence[str] | None) -> bool:
@@ -198,41 +274,29 @@ def _names(columns: str | Sequence[str], option: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class _Merge:
-    """What a Spark merge was asked to do: the same for each attempt."""
+    """What a Spark merge was asked to do, read from its builder: the same for each attempt."""
 
-    on: tuple[str, ...]
-    update_all: bool
-    update_columns: tuple[str, ...] | None
-    insert: bool
-    delete: bool | str
-    options: WriteOptions
-    storage_options: Mapping[str, str] | None
+    builder: MergeInsert  # the one given: its keys, clauses and write options
+
+    @property
+    def on(self) -> list[str]:
+        return self.builder.on
+
+    @property
+    def clauses(self) -> MergeClauses:
+        return self.builder.clauses
 
     def prepared(self, table: TableSnapshot) -> TableSnapshot:
         """``table`` ready for this merge's dedup mode (its store registered, say)."""
-        resolved = MergeInsert(table, list(self.on), self.options).resolved(table)
+        resolved = self.builder.resolved(table)
         return prepared_for_write(table, store_mode(resolved))
 
-    def builder(self, table: TableSnapshot) -> MergeInsert:
-        """The Python merge's builder on ``table``: its checks of keys and columns."""
-        merge = MergeInsert(table, list(self.on), self.options)
-        if self.update_all:
-            merge.when_matched_update_all()
-        if self.update_columns is not None:
-            merge.when_matched_update(list(self.update_columns))
-        if self.insert:
-            merge.when_not_matched_insert_all()
-        if self.delete:
-            merge.when_not_matched_by_source_delete(
-                self.delete if isinstance(self.delete, str) else None
-            )
-        merge.check_actions()
-        return merge
-
     def check(self, table: TableSnapshot, df: DataFrame) -> MergeInsert:
-        """The builder, with the source's shape checked like the Python merge's (keys, unknown
-        columns), without reading data."""
-        merge = self.builder(table)
+        """The builder on ``table`` (the version an attempt read: its keys and update columns
+        checked again), with the source's shape checked like the Python merge's (keys,
+        unknown columns), without reading data."""
+        merge = self.builder.on_version(table)
+        merge.check_actions()
         merge.check_source(table, to_arrow_schema(df.schema).empty_table())
         return merge
 
@@ -297,7 +361,7 @@ class _MergeInTasks(BaseChange):
             txn = Transaction.start(
                 table.location, table.version, table.storage_options, kind="merge"
             )
-            rewrite = builder.column_rewrite(table, txn) if merge.update_columns else None
+            rewrite = builder.column_rewrite(table, txn) if merge.clauses.update_columns else None
         except BaseException as exc:
             cleanup_after(exc, match.release)
             raise
@@ -320,7 +384,7 @@ class _MergeInTasks(BaseChange):
 
     def commit(self, plan: _MergePlan, staged: Staged) -> LanceDataset:
         written, _, matched, rows = staged.detail
-        table, insert = plan.table, self.merge.insert
+        table, insert = plan.table, self.merge.clauses.insert
         dataset = commit_rewrite(
             table,
             plan.rewrite or empty_rewrite(table, plan.transaction),
@@ -341,8 +405,8 @@ class _MergeInTasks(BaseChange):
         return MergeReport(
             read_version=plan.table.version,
             version=committed.version,
-            num_inserted_rows=(rows - matched) if merge.insert else 0,
-            num_updated_rows=matched if (merge.update_all or merge.update_columns) else 0,
+            num_inserted_rows=(rows - matched) if merge.clauses.insert else 0,
+            num_updated_rows=matched if merge.clauses.updates else 0,
             num_deleted_rows=deleted,
             bytes_written=sum(w.bytes_written for w in staged.written),
             attempts=attempt,
@@ -367,10 +431,10 @@ class _Match:
     @classmethod
     def of(cls, source: DataFrame, table: TableSnapshot, merge: _Merge) -> _Match:
         keys = list(merge.on)
-        targets = _target_keys(source.sparkSession, table, source, keys, merge.delete)
+        targets = _target_keys(source.sparkSession, table, source, keys, merge.clauses.delete)
         joined = source.join(targets, keys, "left")
         keyed = joined.select(*keys, _ADDRESS)
-        if merge.insert:
+        if merge.clauses.insert:
             # the check before the commit reads the inserted keys again, under the upsert lock:
             # cached (keys only) by counts(), it does not read the table's keys a second time.
             # In as many tasks as the larger side has partitions: AQE does not coalesce a
@@ -434,8 +498,8 @@ def _write(
 ) -> int:
     """The merge's files, written by tasks into ``staged`` as each job returns: new rows,
     rewritten columns, deletion files. Returns how many rows the source's lack deletes."""
-    if merge.update_all or merge.insert:
-        new_rows = match.rows_to_write(merge.update_all, merge.insert)
+    if merge.clauses.update_all or merge.clauses.insert:
+        new_rows = match.rows_to_write(merge.clauses.update_all, merge.clauses.insert)
         _write_new_rows(new_rows, builder, table, txn, staged)
     if rewrite is not None:
         for fragment_id, (written, changed) in _rewrite_matched(
@@ -443,8 +507,8 @@ def _write(
         ).items():
             staged.rewritten[fragment_id] = written
             staged.changed[fragment_id] = changed
-    doomed = match.matched().select(_ADDRESS) if merge.update_all else None
-    by_source = match.by_source() if merge.delete else None
+    doomed = match.matched().select(_ADDRESS) if merge.clauses.update_all else None
+    by_source = match.by_source() if merge.clauses.delete else None
     if by_source is not None:
         doomed = by_source if doomed is None else doomed.unionByName(by_source)
     if doomed is not None:
