@@ -91,7 +91,7 @@ from blobhouse.store.packs import (
     remove_packs,
     remove_staged_packs,
 )
-from blobhouse.store.records import remove_records
+from blobhouse.store.records import read_records, remove_records
 
 T = TypeVar("T")
 DEFAULT_RETRIES = CommitOptions.retries
@@ -178,6 +178,7 @@ class Transaction:
         commit: Callable[[], LanceDataset] | None = None,
         inserts: Inserts | None = None,
         stored: Sequence[StoredPayload] = (),
+        store_first: bool = False,
     ) -> LanceDataset:
         """Make ``written`` visible with one Lance commit of ``operation()`` on the read
         version (or with ``commit()``, a commit of the caller's own such as Lance's compaction
@@ -188,7 +189,8 @@ class Transaction:
         (:meth:`check_inserts`); else :class:`~blobhouse.errors.KeysInsertedMeanwhile`.
 
         ``stored``: payloads this transaction put in the store besides its files' own (a
-        store-first write's, a backfill's tasks'): recorded with them.
+        backfill's or a merge's tasks'): recorded with them; ``store_first``: so are those its
+        store-first steps recorded (:mod:`blobhouse.store.records`), whose records then go.
 
         Right before the commit, every staged file must still exist and the store packs the
         files reference must not be retired (gc may have run meanwhile); the lease is held
@@ -221,7 +223,11 @@ class Transaction:
                 cleanup_after(exc, lambda: self.abort(written))
                 raise
             own = [s for w in written for s in w.stored] + _adopted(written) + list(stored)
-            record_stored(self.location.root, own, self.storage_options)
+            root, options = self.location.root, self.storage_options
+            first = _records_of(root, self.id, options) if store_first else []
+            record_stored(root, own + first, options)
+            if store_first:
+                remove_records(root, self.id, options)
             self._register_managed(dataset, written, owned_elsewhere)
             if any(w.claimed for w in written):
                 remove_claims(self.location.root, self.id, self.storage_options)
@@ -399,6 +405,18 @@ def _adopted(written: Sequence[WrittenFile]) -> list[StoredPayload]:
 
 def _managed(written: Sequence[WrittenFile]) -> list[str]:
     return sorted({u for w in written for u in w.managed})
+
+
+def _records_of(
+    table_path: str, write_id: str, storage_options: StorageOptions | None
+) -> list[StoredPayload]:
+    """What a store-first write recorded it stored; a failure to read them is a warning (the
+    commit stands: an index that lags only lowers dedup)."""
+    try:
+        return read_records(table_path, write_id, storage_options)
+    except Exception as exc:
+        warnings.warn(f"the store index of {table_path} was not updated: {exc}", stacklevel=3)
+        return []
 
 
 def record_stored(

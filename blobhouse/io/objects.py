@@ -339,7 +339,7 @@ def remove_folder(folder: str, options: Mapping[str, str] | None = None) -> None
             store.delete(f"{folder}/{info.name}")
         if is_local(folder):  # object stores have no folders
             os.rmdir(uri_to_path(folder))
-    except OSError:
+    except (OSError, StoreError):  # best effort: gc removes what is left
         return
 
 

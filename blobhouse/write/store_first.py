@@ -38,7 +38,7 @@ from blobhouse.write.table_write import begin_write
 
 S = TypeVar("S")
 R = TypeVar("R")
-BeginRows = Callable[..., Any]  # begin_write with the location, write id and stored payloads set
+BeginRows = Callable[..., Any]  # begin_write with the table (and branch) and the write id set
 
 
 def run_store_first(
@@ -54,8 +54,13 @@ def run_store_first(
     ``txn``'s table, under its id: its commit records the stored payloads). ``tasks_may_run``:
     Spark tasks of either step may still run when it fails (an abort marks the transaction
     first)."""
+    location = txn.location
     begin = partial(
-        begin_write, txn.location.root, storage_options=txn.storage_options, write_id=txn.id
+        begin_write,
+        location.root,
+        storage_options=txn.storage_options,
+        branch=location.branch,
+        write_id=txn.id,
     )
     with txn.lease():
         try:

@@ -45,8 +45,7 @@ from blobhouse.options import WriteOptions
 from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties, field_ids
 from blobhouse.snapshot import TableSnapshot, open_dataset
-from blobhouse.store.packs import StoredPayload, store_base
-from blobhouse.store.records import read_records, remove_records
+from blobhouse.store.packs import store_base
 from blobhouse.values import find_blob_columns, path_name
 from blobhouse.write.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
 from blobhouse.write.prepare import (
@@ -169,10 +168,8 @@ class TableWrite:
             return TableSnapshot(dataset, self.location, self.storage_options)
         try:
             dataset = self.transaction.commit(
-                written, lambda: self._operation(written), stored=self._stored_first()
+                written, lambda: self._operation(written), store_first=self.store_first
             )
-            if self.store_first:  # recorded in the index by the commit
-                remove_records(self.location.root, self.transaction.id, self.storage_options)
         except TableCreatedMeanwhile:
             try:
                 again = self._on_table_made_meanwhile()
@@ -184,12 +181,6 @@ class TableWrite:
             self._remove_empty_dirs_if_new()
             raise
         return TableSnapshot(dataset, self.location, self.storage_options)
-
-    def _stored_first(self) -> list[StoredPayload]:
-        """What a store-first write stored before its rows, as its steps recorded it."""
-        if not self.store_first:
-            return []
-        return read_records(self.location.root, self.transaction.id, self.storage_options)
 
     def abort(self, written: Sequence[WrittenFile], *, tasks_may_run: bool = False) -> None:
         """Remove files this write created; a table that did not exist is left absent

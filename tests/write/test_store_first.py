@@ -86,3 +86,25 @@ def test_gc_sweeps_the_records_of_a_write_that_died_and_keeps_a_live_ones(tmp_pa
         open_table(uri).gc(grace=timedelta(0))
         assert read_records(uri, dead.id) == []
         assert read_records(uri, live.id) == stored
+
+
+def test_a_damaged_record_leaves_the_commit_standing_with_a_warning(tmp_path):
+    """The rows committed: a record that cannot be read costs dedup (the index lags), never the
+    commit, and the records still go."""
+    from blobhouse.store.records import records_folder
+
+    uri = str(tmp_path / "t")
+    txn = Transaction.start(TableLocation.of(uri), None, kind="write")
+    batch = pa.record_batch({"id": pa.array([1], pa.int64())})
+
+    def rows(_result, begin):
+        folder = uri_to_path(records_folder(uri, txn.id))
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "0" * 32 + ".arrow"), "wb") as damaged:
+            damaged.write(b"not an arrow file")
+        return begin(batch.schema, batches=[batch]).run().snapshot
+
+    with pytest.warns(UserWarning, match="store index .* was not updated"):
+        _, snapshot = run_store_first(txn, lambda: (None, ()), rows)
+    assert snapshot.count_rows() == 1
+    assert records(uri) == []
