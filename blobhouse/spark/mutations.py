@@ -29,6 +29,7 @@ import itertools
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -186,7 +187,7 @@ def merge_insert(
             )
         builder = uri
     else:
-        builder = _builder(uri, **given)
+        builder = _builder(uri, given)
     builder.check_actions()
     merge = _Merge(builder)
     table = merge.prepared(builder.table)
@@ -196,23 +197,18 @@ def merge_insert(
         return builder.run(_MergeInTasks(merge, source))
 
 
-def _builder(
-    uri: str,
-    *,
-    on: str | Sequence[str] | None = None,
-    when_matched_update_all: bool | None = None,
-    when_matched_update: Sequence[str] | None = None,
-    when_not_matched_insert_all: bool | None = None,
-    when_not_matched_by_source_delete: bool | str | None = None,
-    dedup: str | Mapping[str, str] | None = None,
-    ref_id_columns: Mapping[str, str] | None = None,
-    placement: Mapping[str, Mapping[str, int]] | None = None,
-    storage_options: Mapping[str, str] | None = None,
-    commit: CommitOptions | None = None,
-    conflict_retries: int | None = None,
-) -> MergeInsert:
+def _builder(uri: str, given: Mapping[str, Any]) -> MergeInsert:
     """The builder the keywords of :func:`merge_insert` spell, on the table's latest version
-    (matched rows updated whole and new ones inserted unless told otherwise)."""
+    (matched rows updated whole and new ones inserted unless told otherwise); ``given``: the
+    keywords given (:data:`_FLAGS`)."""
+    on, commit, conflict_retries = (
+        given.get("on"),
+        given.get("commit"),
+        given.get("conflict_retries"),
+    )
+    when_matched_update = given.get("when_matched_update")
+    when_not_matched_insert_all = given.get("when_not_matched_insert_all")
+    delete = given.get("when_not_matched_by_source_delete")
     if not isinstance(uri, str):
         raise InvalidInputError(
             f"merge_insert takes a table's uri or a MergeInsert builder, got {uri!r}"
@@ -229,12 +225,14 @@ def _builder(
             )
         commit = CommitOptions(retries=conflict_retries)
     keys = _names(on, "on")
-    update_all = _updates_all(when_matched_update_all, when_matched_update)
+    update_all = _updates_all(given.get("when_matched_update_all"), when_matched_update)
     columns = (
         None if when_matched_update is None else _names(when_matched_update, "when_matched_update")
     )
-    options = WriteOptions(dedup=dedup, ref_id_columns=ref_id_columns, placement=placement)
-    table = open_snapshot(uri, None, checked_options(storage_options))
+    options = WriteOptions(
+        **{k: given[k] for k in ("dedup", "ref_id_columns", "placement") if k in given}
+    )
+    table = open_snapshot(uri, None, checked_options(given.get("storage_options")))
     builder = MergeInsert(table, list(keys), options).commit(commit or CommitOptions())
     if update_all:
         builder.when_matched_update_all()
@@ -242,12 +240,8 @@ def _builder(
         builder.when_matched_update(list(columns))
     if when_not_matched_insert_all is None or when_not_matched_insert_all:
         builder.when_not_matched_insert_all()
-    if when_not_matched_by_source_delete:
-        builder.when_not_matched_by_source_delete(
-            when_not_matched_by_source_delete
-            if isinstance(when_not_matched_by_source_delete, str)
-            else None
-        )
+    if delete:
+        builder.when_not_matched_by_source_delete(delete if isinstance(delete, str) else None)
     return builder
 
 
