@@ -18,7 +18,6 @@ from blobhouse.changes import schema_changes
 from blobhouse.changes.backfill import (
     BlobFunction,
     backfill,
-    backfill_here,
     replace_files,
 )
 from blobhouse.changes.merge_insert import MergeInsert
@@ -551,7 +550,7 @@ class Table(TableReads):
             self.update({column: fn}, dedup=dedup)
             return self
         mode = self.properties.change_mode(column, dedup)
-        done = backfill(self._snapshot, column, mode, backfill_here(fn))
+        done = backfill(self._snapshot, column, mode, fn)
         return self._moved_to(done.snapshot)
 
     @property

@@ -2,14 +2,17 @@
 the files in with one transaction (Lance ``Merge`` for a new column, ``DataReplacement`` for an
 existing one: the geneva-style backfill of seed 001).
 
-The per-fragment step (:func:`backfill_fragment`) runs anywhere -- in this process for
-``Table.backfill_blob_column``, in Spark tasks for ``blobhouse.spark.backfill_blob_column`` -- and
-writes through the same write pipeline as every other write.
+The per-fragment step (:func:`backfill_fragment`) is a unit of a
+:class:`~blobhouse.commit.runners.Runner` -- in this process for ``Table.backfill_blob_column``,
+Spark tasks for ``blobhouse.spark.backfill_blob_column`` -- and writes through the same write
+pipeline as every other write. With ``dedup="global"`` each fragment's store writer claims the
+new payloads it stores, so that a payload several fragments compute is stored once
+(:mod:`blobhouse.store.claims`, as an update's fragments do).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -23,15 +26,15 @@ from lance.schema import LanceSchema
 from blobhouse.changes.schema_changes import add_null_blob_column
 from blobhouse.columns import check_new_name, resolve_column
 from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
+from blobhouse.commit.runners import HERE, Runner
 from blobhouse.commit.transaction import Transaction
 from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after
 from blobhouse.files.session import WrittenFile
-from blobhouse.placement import AllowedBases, Placement, placement_metadata
+from blobhouse.placement import AllowedBases, placement_metadata
 from blobhouse.properties import DEDUP_KEY, TableProperties
-from blobhouse.store.packs import StoredPayload, store_base_id
-from blobhouse.store.writer import StoreWriter
+from blobhouse.store.packs import store_base_id
 from blobhouse.values import blob_array, get_field, is_lance_blob_field, stored_blob_columns
-from blobhouse.write.pipeline import DataFileWriter, plan_write
+from blobhouse.write.pipeline import DataFileWriter, plan_write, store_writer_for_plan
 from blobhouse.write.prepare import prepared_for_write
 
 if TYPE_CHECKING:
@@ -133,22 +136,18 @@ class BackfillPlan:
 
 
 def backfill_fragment(
-    table: TableSnapshot,
-    fragment_id: int,
-    fn: BlobFunction,
-    plan: BackfillPlan,
-    store: StoreWriter | None = None,
+    table: TableSnapshot, fragment_id: int, fn: BlobFunction, plan: BackfillPlan
 ) -> WrittenFile:
-    """Compute ``plan.column`` for every physical row of one fragment and write its new file.
+    """Compute ``plan.column`` for every physical row of one fragment and write its new file:
+    one unit of a backfill, here or in a Spark task.
 
     ``fn`` gets Arrow batches of the fragment's live rows (the table's non-blob columns) and
     returns one blob value per row (bytes, URI, :class:`Blob`, None, or an Arrow array of them).
-    Deleted rows get null. With ``dedup="global"``, ``store`` is the store writer shared by
-    the fragments this process backfills (one of its own when not given).
+    Deleted rows get null.
     """
     try:
         with plan.transaction.lease():
-            written = _backfill_fragment(table, fragment_id, fn, plan, store)
+            written = _backfill_fragment(table, fragment_id, fn, plan)
     except BaseException as exc:
         cleanup_after(exc, lambda: plan.transaction.end_task(None))
         raise
@@ -158,42 +157,34 @@ def backfill_fragment(
 
 
 def _backfill_fragment(
-    table: TableSnapshot,
-    fragment_id: int,
-    fn: BlobFunction,
-    plan: BackfillPlan,
-    store: StoreWriter | None,
+    table: TableSnapshot, fragment_id: int, fn: BlobFunction, plan: BackfillPlan
 ) -> WrittenFile:
     read = set(plan.input_columns) | (set(plan.file_columns) - {plan.column})
     batches = _fragment_batches(table, fragment_id, plan, read)
     fragment = table.dataset.get_fragment(fragment_id)
     writer: DataFileWriter | None = None
-    own_store = store is None
-    store = store_writer_for(table, plan) if own_store else store
+    store = None
     rows = 0
     try:
         for batch in batches:
             out = _file_batch(batch, fn, plan, rows)
-            if writer is None:
-                writer = DataFileWriter(
-                    _write_plan(out.schema, plan),
-                    table.location,
-                    table.storage_options,
-                    plan.name_prefix,
-                    store,
-                )
+            if writer is None:  # the file's schema is the function's first values'
+                write = _write_plan(out.schema, plan)
+                where, options = table.location, table.storage_options
+                store = store_writer_for_plan(write, where, options, plan.name_prefix)
+                writer = DataFileWriter(write, where, options, plan.name_prefix, store)
             writer.write(out, first_row=rows)
             rows += batch.num_rows
         if writer is None:
             raise InvalidInputError(f"fragment {fragment_id} has no rows to backfill")
         written = writer.finish()
-        if store is not None and own_store:
-            store.finish()
+        if store is not None:
+            store.finish()  # its packs complete (an object store's uploads too)
     except BaseException as exc:
         cleanup_after(
             exc,
             *([writer.abort] if writer is not None else []),
-            *([store.abort] if store is not None and own_store else []),
+            *([store.abort] if store is not None else []),
         )
         raise
     check_fragment_rows(written, fragment)
@@ -210,13 +201,9 @@ def check_fragment_rows(written: WrittenFile, fragment) -> None:
 
 
 def commit_backfill(
-    table: TableSnapshot,
-    plan: BackfillPlan,
-    files: Mapping[int, WrittenFile],
-    stored: Sequence[StoredPayload] = (),
+    table: TableSnapshot, plan: BackfillPlan, files: Mapping[int, WrittenFile]
 ) -> LanceDataset:
-    """Swap the new files in for every fragment in one Lance transaction (``stored``: payloads
-    the files' tasks put in the store, recorded by the commit)."""
+    """Swap the new files in for every fragment in one Lance transaction."""
     dataset = table.dataset
     fragments = dataset.get_fragments()
     unknown = sorted(set(files) - {f.fragment_id for f in fragments})
@@ -262,44 +249,18 @@ def commit_backfill(
                 for f in fragments
             ]
         )
-    return transaction.commit(list(files.values()), lambda: operation, stored=stored)
-
-
-#: how a backfill writes its files: fragment id -> new file, and the payloads it stored
-#: beyond those the files list (Spark's global backfill stores payloads first)
-StageFiles = Callable[["TableSnapshot", BackfillPlan], tuple[dict[int, WrittenFile], list]]
+    return transaction.commit(list(files.values()), lambda: operation)
 
 
 def backfill(
-    table: TableSnapshot, column: str, dedup: str, stage: StageFiles, *, in_tasks: bool = False
+    table: TableSnapshot, column: str, dedup: str, fn: BlobFunction, *, runner: Runner = HERE
 ) -> Committed[None]:
-    """Backfill ``column`` (written with ``dedup``, see
-    :meth:`~blobhouse.properties.TableProperties.change_mode`) in one commit, its files
-    written by ``stage`` (:func:`backfill_here`, or Spark tasks); the committed snapshot. A
-    conflicting commit meanwhile fails it (:class:`~blobhouse.errors.ConcurrentCommitError`),
-    leaving the table as it was."""
-    return run_change(_Backfill(column, dedup, stage, in_tasks), table, retries=0)
-
-
-def backfill_here(fn: BlobFunction) -> StageFiles:
-    """A backfill's files written in this process, one fragment after another, every payload
-    stored once (one store writer for the whole backfill)."""
-
-    def stage(table: TableSnapshot, plan: BackfillPlan) -> tuple[dict[int, WrittenFile], list]:
-        store = store_writer_for(table, plan)
-        try:
-            files = {
-                f.fragment_id: backfill_fragment(table, f.fragment_id, fn, plan, store)
-                for f in table.dataset.get_fragments()
-            }
-            if store is not None:
-                store.finish()
-        except BaseException as exc:
-            cleanup_after(exc, *([store.abort] if store is not None else []))
-            raise
-        return files, []
-
-    return stage
+    """Backfill ``column`` with ``fn``'s values (written with ``dedup``, see
+    :meth:`~blobhouse.properties.TableProperties.change_mode`) in one commit, each fragment's
+    file written by ``runner`` (default: one after another in this process; Spark runs them as
+    tasks); the committed snapshot. A conflicting commit meanwhile fails it
+    (:class:`~blobhouse.errors.ConcurrentCommitError`), leaving the table as it was."""
+    return run_change(_Backfill(column, dedup, fn, runner), table, retries=0)
 
 
 @dataclass(frozen=True)
@@ -308,21 +269,28 @@ class _Backfill(BaseChange):
 
     column: str
     dedup: str
-    stage_files: StageFiles
-    in_tasks: bool
+    fn: BlobFunction
+    runner: Runner
+
+    @property
+    def in_tasks(self) -> bool:  # type: ignore[override]
+        return self.runner.in_tasks
 
     def plan(self, snapshot: TableSnapshot) -> Planned[BackfillPlan]:
         table = prepared_for_write(snapshot, self.dedup)
         return Planned(table, BackfillPlan.create(table, self.column, self.dedup))
 
     def stage(self, run: Planned[BackfillPlan], staged: Staged) -> None:
-        files, stored = self.stage_files(run.table, run.plan)
-        staged.written.extend(files.values())
-        staged.detail = (files, stored)
+        fn, plan = self.fn, run.plan  # what a Spark task gets: not the change and its runner
+        ids = [f.fragment_id for f in run.table.dataset.get_fragments()]
+        written = self.runner.map(
+            run.table, lambda at, i: backfill_fragment(at, i, fn, plan), ids, "backfill"
+        )
+        staged.written.extend(written)
+        staged.detail = dict(zip(ids, written, strict=True))
 
     def commit(self, run: Planned[BackfillPlan], staged: Staged) -> LanceDataset:
-        files, stored = staged.detail
-        return commit_backfill(run.table, run.plan, files, stored)
+        return commit_backfill(run.table, run.plan, staged.detail)
 
     def report(self, *_: object) -> None:
         return None  # a backfill reports nothing but the version it committed
@@ -363,38 +331,6 @@ class _ReplaceFiles(BaseChange):
 
     def report(self, *_: object) -> None:
         return None
-
-
-def store_writer_for(
-    table: TableSnapshot, plan: BackfillPlan, load_index: bool = True
-) -> StoreWriter | None:
-    """The store writer a backfill with ``dedup="global"`` writes through (None otherwise);
-    ``load_index=False`` when the values are already references into the store."""
-    if plan.store_base_id is None:
-        return None
-    return StoreWriter(
-        table.location.root,
-        plan.store_base_id,
-        plan.name_prefix,
-        pack_limit(plan),
-        table.storage_options,
-        load_index,
-    )
-
-
-def pack_limit(plan: BackfillPlan) -> int:
-    """The size of the store packs a backfill writes."""
-    return Placement().updated(plan.placement).pack_file_size_threshold
-
-
-def live_values(
-    table: TableSnapshot, fragment_id: int, fn: BlobFunction, plan: BackfillPlan
-) -> Iterator[pa.Array]:
-    """``fn``'s values for the live rows of one fragment, one logical blob array per batch, in
-    row order (what :func:`backfill_fragment` writes; Spark's global backfill stores them
-    first and writes references after)."""
-    for batch in _fragment_batches(table, fragment_id, plan, columns=plan.input_columns):
-        yield _live_values(batch, fn, plan, 0)[0]
 
 
 def _fragment_batches(
@@ -455,7 +391,11 @@ def _write_plan(schema: pa.Schema, plan: BackfillPlan):
         max_rows_per_file=2**62,
         max_bytes_per_file=2**62,
     )
-    return replace(write, store_base_id=plan.store_base_id)
+    # a fragment's store writer claims its new payloads: another fragment's (in this process
+    # or a Spark task) borrows them rather than storing them again
+    return replace(
+        write, store_base_id=plan.store_base_id, claim_payloads=plan.store_base_id is not None
+    )
 
 
 def _new_field_id(dataset: LanceDataset, column: str) -> int | None:

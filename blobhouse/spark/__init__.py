@@ -24,30 +24,19 @@ except ImportError:  # a one-line MissingExtraError naming `pip install "blobhou
     raise
 
 import os
-import pickle
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from blobhouse.changes.backfill import (
-    BackfillPlan,
-    BlobFunction,
-    backfill,
-    backfill_fragment,
-    live_values,
-    pack_limit,
-    store_writer_for,
-)
+from blobhouse.changes.backfill import BlobFunction, backfill
 from blobhouse.columns import check_column_names
 from blobhouse.commit.transaction import Transaction
 from blobhouse.dedup import mode_of
-from blobhouse.errors import InvalidInputError, SchemaError, cleanup_after, closest
+from blobhouse.errors import InvalidInputError, SchemaError, closest
 from blobhouse.io.objects import checked_options
 from blobhouse.layout import TableLocation
 from blobhouse.options import WriteOptions, as_options, option_keywords
@@ -64,7 +53,7 @@ from blobhouse.spark.datasource import (
 )
 from blobhouse.spark.errors import spark_entry_point
 from blobhouse.spark.functions import blob_size, materialize, read_blob, read_blob_function
-from blobhouse.spark.jobs import compact, gc, run_tasks, verify
+from blobhouse.spark.jobs import SparkTasks, compact, gc, verify
 from blobhouse.spark.lerobot import ingest_lerobot
 from blobhouse.spark.lookup import store_payloads_first
 from blobhouse.spark.mutations import merge_insert, update
@@ -371,148 +360,4 @@ def backfill_blob_column(
         update(spark, table_uri, {column: fn}, dedup=dedup, storage_options=options)
         return
     dedup = opened.properties.change_mode(column, dedup)  # the column's own, else the table's
-
-    def in_tasks(table, plan: BackfillPlan) -> tuple[dict, list]:
-        # resolved here: an executor's working directory is not the driver's
-        location, version = table.location, table.version
-        fragment_ids = [f.fragment_id for f in table.dataset.get_fragments()]
-        if dedup == "global":
-            written, stored = _backfill_globally(spark, table, plan, fn, fragment_ids)
-        else:
-            written, stored = (
-                run_tasks(
-                    spark,
-                    fragment_ids,
-                    lambda i: backfill_fragment(
-                        open_snapshot(location, version, options), i, fn, plan
-                    ),
-                ),
-                [],
-            )
-        return dict(zip(fragment_ids, written, strict=True)), stored
-
-    backfill(opened, column, dedup, in_tasks, in_tasks=True)
-
-
-_FRAGMENT, _ORDER, _VALUE = "__bh_fragment", "__bh_order", "value"
-_VALUES_SCHEMA = (
-    f"{_FRAGMENT} long, {_ORDER} long, "
-    f"{_VALUE} struct<data binary, uri string, position long, size long, managed boolean>"
-)
-
-
-def _backfill_globally(
-    spark: SparkSession, table, plan: BackfillPlan, fn: BlobFunction, fragment_ids: list[int]
-) -> tuple[list, list]:
-    """A ``dedup="global"`` backfill on Spark, payloads first: ``fn`` runs once per fragment
-    (its values kept on the executors' disks), each distinct payload is stored once, then every
-    fragment's file is written with references into the store."""
-    from pyspark import StorageLevel
-
-    location, version, options = table.location, table.version, table.storage_options
-
-    def values(batches):
-        for batch in batches:
-            for fragment in batch[_FRAGMENT].to_pylist():
-                opened = open_snapshot(location, version, options)
-                # a marker row: a fragment without live rows still gets its file
-                yield _values_batch(fragment, -1, pa.nulls(1, _LOGICAL))
-                order = 0
-                for array in live_values(opened, fragment, fn, plan):
-                    yield _values_batch(fragment, order, array)
-                    order += len(array)
-
-    count = len(fragment_ids) or 1
-    ids = spark.createDataFrame([(i,) for i in fragment_ids], f"{_FRAGMENT} long")
-    computed = ids.repartition(count).mapInArrow(values, _VALUES_SCHEMA)
-    computed = computed.persist(StorageLevel.DISK_ONLY)
-    try:
-        referenced, stored = store_payloads_first(
-            computed, location, [_VALUE], plan.name_prefix, pack_limit(plan), count, options
-        )
-        write = _fragment_writer(location, version, options, plan)
-        rows = (
-            referenced.repartition(count, _FRAGMENT)
-            .sortWithinPartitions(_FRAGMENT, _ORDER)
-            .mapInArrow(write, "fragment long, result binary")
-            .collect()
-        )
-    finally:
-        computed.unpersist()
-    by_fragment = {r["fragment"]: pickle.loads(r["result"]) for r in rows}
-    return [by_fragment[i] for i in fragment_ids], stored
-
-
-_LOGICAL = pa.struct(
-    [
-        ("data", pa.binary()),
-        ("uri", pa.string()),
-        ("position", pa.int64()),
-        ("size", pa.int64()),
-        ("managed", pa.bool_()),
-    ]
-)
-
-
-def _values_batch(fragment: int, first: int, array: pa.Array) -> pa.RecordBatch:
-    if isinstance(array.type, pa.StructType) and array.type != _LOGICAL:
-        names = {f.name for f in array.type}
-        array = pa.StructArray.from_arrays(
-            [
-                array.field(f.name).cast(f.type)
-                if f.name in names
-                else pa.nulls(len(array), f.type)
-                for f in _LOGICAL
-            ],
-            fields=list(_LOGICAL),
-            mask=array.is_null(),
-        )
-    n = len(array)
-    return pa.record_batch(
-        {
-            _FRAGMENT: pa.array([fragment] * n, pa.int64()),
-            _ORDER: pa.array(range(first, first + n), pa.int64()),
-            _VALUE: array,
-        }
-    )
-
-
-def _fragment_writer(location, version, options, plan: BackfillPlan):
-    """The task that writes each fragment's file from its values (references into the
-    store, or values the store does not hold: nulls, empty payloads, external URIs)."""
-
-    def write(batches):
-        table = open_snapshot(location, version, options)
-        store = store_writer_for(table, plan, load_index=False)
-        pending: dict[int, list[pa.Array]] = {}
-        for batch in batches:
-            for fragment in pc.unique(batch[_FRAGMENT]).to_pylist():
-                rows = batch.filter(pc.equal(batch[_FRAGMENT], fragment))
-                live = rows.filter(pc.greater_equal(rows[_ORDER], 0))
-                pending.setdefault(fragment, []).append(live[_VALUE])
-        try:
-            for fragment, arrays in pending.items():
-                queue = pa.concat_arrays(arrays) if arrays else pa.array([], _LOGICAL)
-                written = backfill_fragment(table, fragment, _replay(queue), plan, store)
-                yield pa.record_batch(
-                    {"fragment": [fragment], "result": [pickle.dumps(written)]},
-                )
-            store.finish()
-        except BaseException as exc:
-            cleanup_after(exc, store.abort)
-            raise
-
-    return write
-
-
-def _replay(values: pa.Array) -> BlobFunction:
-    """A backfill function that hands out precomputed values in order."""
-    offset = 0
-
-    def next_values(inputs: pa.RecordBatch) -> pa.Array:
-        nonlocal offset
-        out = values.slice(offset, inputs.num_rows)
-        offset += inputs.num_rows
-        return out
-
-    return next_values
+    backfill(opened, column, dedup, fn, runner=SparkTasks(spark))
