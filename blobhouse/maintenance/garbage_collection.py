@@ -17,7 +17,7 @@ import contextlib
 import os
 import sys
 import warnings
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -92,7 +92,7 @@ from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import damaged_file_error, open_snapshot, snapshot_of, table_io
 from blobhouse.store.index import indexed_packs, maintain_index
 from blobhouse.store.packs import (
-    forget_tombstone,
+    forget_tombstones,
     index_uri,
     retire_packs,
     retired_packs,
@@ -102,6 +102,8 @@ if TYPE_CHECKING:
     from blobhouse.snapshot import TableSnapshot
 
 DEFAULT_GRACE = timedelta(hours=24)
+#: objects one sweep request removes (S3's bulk delete takes 1,000; Azure's 256 a batch)
+SWEEP_BATCH = 1000
 
 
 def referenced_paths(
@@ -623,10 +625,7 @@ class _Sweep:
         """Remove the files, retire and reap packs, reclaim managed objects, clean the store
         index and expired leases, then empty directories."""
         table, owned = self.table, self.owned
-        for done, path in enumerate(self.old):
-            if progress and done % 100 == 0:
-                progress("sweep", done, len(self.old))
-            owned.delete(path)
+        owned.delete(self.old, progress)
         index_before = _IndexCleanup.listed(table)  # retiring packs adds to the index too
         self.packs.apply()
         managed.apply()
@@ -926,8 +925,7 @@ def clean_failed_create(
     lease_cutoff = min(cutoff, now - leases.TIMEOUT_SECONDS)
     expired = [p for p in held if listed[p].mtime < lease_cutoff]
     if not dry_run:
-        for path in old + expired:
-            store.delete(f"{root}/{path}")
+        store.delete_many([f"{root}/{path}" for path in old + expired])
         if is_local(root):
             _remove_create_dirs(uri_to_path(root))
 
@@ -1041,8 +1039,16 @@ class _TableFiles:
             return os.path.join(uri_to_path(self.root), *path.split("/"))
         return f"{self.root}/{path}"
 
-    def delete(self, path: str) -> None:
-        self.store.delete(f"{self.root}/{path}")
+    def delete(self, paths: Sequence[str], progress: Progress | None = None) -> None:
+        """Remove ``paths`` a bulk request at a time (on S3, 1,000 objects a request),
+        telling ``progress``."""
+        for first in range(0, len(paths), SWEEP_BATCH):
+            if progress:
+                progress("sweep", first, len(paths))
+            batch = paths[first : first + SWEEP_BATCH]
+            self.store.delete_many([f"{self.root}/{path}" for path in batch])
+        if progress and paths:
+            progress("sweep", len(paths), len(paths))
 
     def remove_empty_dirs(self) -> None:
         if self.local:  # object stores have no directories
@@ -1103,11 +1109,9 @@ class _StorePacks:
 
     def apply(self) -> None:
         retire_packs(self.table_path, self.retire, self.options)
-        for pack in self.resurrect:
-            forget_tombstone(self.table_path, pack, self.options)
-        for pack in self.reap:
-            self.owned.delete(f"{STORE_DIR}/{pack}")
-            forget_tombstone(self.table_path, pack, self.options)
+        forget_tombstones(self.table_path, self.resurrect, self.options)
+        self.owned.delete([f"{STORE_DIR}/{pack}" for pack in self.reap])
+        forget_tombstones(self.table_path, self.reap, self.options)
 
     def size(self, pack: str) -> int:
         info = self.owned.objects.get(f"{STORE_DIR}/{pack}")

@@ -12,9 +12,7 @@ from typing import TYPE_CHECKING
 import lance
 from lance import DatasetBasePath, LanceDataset
 
-from blobhouse.errors import (
-    StoreRaceError,
-)
+from blobhouse.errors import StoreError, StoreRaceError
 from blobhouse.files.session import PreparedBlob
 from blobhouse.io.objects import StorageOptions, object_sizes, object_store, uri_to_path
 from blobhouse.io.uris import as_uri
@@ -85,11 +83,12 @@ def store_uri_prefix(table_uri: str) -> str:
 def remove_packs(
     table_path: str, packs: Iterable[str], storage_options: StorageOptions | None = None
 ) -> None:
-    """Delete store packs (relative to the store directory) that nothing committed uses."""
-    for pack in packs:
-        uri = as_uri(f"{store_dir(table_path)}/{pack}")
-        with contextlib.suppress(OSError):
-            object_store(uri, storage_options).delete(uri)
+    """Delete store packs (relative to the store directory) that nothing committed uses (best
+    effort: gc removes what is left)."""
+    uris = [as_uri(f"{store_dir(table_path)}/{pack}") for pack in packs]
+    if uris:
+        with contextlib.suppress(OSError, StoreError):
+            object_store(uris[0], storage_options).delete_many(uris)
 
 
 def remove_staged_packs(
@@ -102,10 +101,9 @@ def remove_staged_packs(
         listed = store.list(root)
     except OSError:  # cleanup is best effort: gc removes what is left, the cause is raised
         return
-    for info in listed:
-        if info.name.startswith(name_prefix):
-            with contextlib.suppress(OSError):
-                store.delete(f"{root}/{info.name}")
+    staged = [f"{root}/{info.name}" for info in listed if info.name.startswith(name_prefix)]
+    with contextlib.suppress(OSError, StoreError):
+        store.delete_many(staged)
 
 
 def retired_packs(
@@ -141,13 +139,15 @@ def retire_packs(
             time.sleep(0.05 * (attempt + 1))
 
 
-def forget_tombstone(
-    table_path: str, pack: str, storage_options: StorageOptions | None = None
+def forget_tombstones(
+    table_path: str, packs: Iterable[str], storage_options: StorageOptions | None = None
 ) -> None:
-    """Take a pack back from retirement (a retained version references it after all)."""
-    uri = _tombstone_uri(table_path, pack)
-    with contextlib.suppress(OSError):
-        object_store(uri, storage_options).delete(uri)
+    """Take packs back from retirement (a retained version references them after all), or
+    forget the tombstones of packs gc deleted."""
+    uris = [_tombstone_uri(table_path, pack) for pack in packs]
+    if uris:
+        with contextlib.suppress(OSError, StoreError):
+            object_store(uris[0], storage_options).delete_many(uris)
 
 
 def _tombstone_uri(table_path: str, pack: str) -> str:
