@@ -82,7 +82,8 @@ class CompactionTargets:
     """What a compaction rewrites, one object for ``Table.maintenance.compact``, Spark and the
     CLI: fragments below ``target_rows`` rows and ``target_bytes`` bytes are merged toward them;
     a fragment with more than ``deleted_fraction`` of its rows deleted is rewritten; a store
-    pack of which less than ``repack_threshold`` of the bytes is still referenced is repacked.
+    store's packs with the most unreferenced bytes are repacked until those left are at most
+    ``max_unused`` of the bytes still referenced (a table-wide budget, as restic's prune).
 
     >>> CompactionTargets(target_rows=1000).deleted_fraction
     0.1
@@ -95,7 +96,7 @@ class CompactionTargets:
     target_rows: int = SETTINGS["target_rows"].default
     target_bytes: int = SETTINGS["target_bytes"].default
     deleted_fraction: float = SETTINGS["deleted_fraction"].default
-    repack_threshold: float = SETTINGS["repack_threshold"].default
+    max_unused: float = SETTINGS["max_unused"].default
 
     def __post_init__(self) -> None:
         _checked_fields(self)

@@ -60,10 +60,19 @@ _WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
 # -- names ---------------------------------------------------------------------------------
 
 
+#: options that were replaced: what a user of the old name is told
+RETIRED = {
+    "repack_threshold": "max_unused, a table-wide budget of unreferenced store bytes "
+    "(docs/global-dedup.md)",
+}
+
+
 def unknown_option(name: str, valid: Collection[str], what: str) -> UnknownOptionError:
     """The error for option ``name``, which is none of ``valid``."""
     near = closest(name, valid)
     hint = f" (did you mean {near!r}?)" if near else ""
+    if name in RETIRED and RETIRED[name].split(",")[0] in valid:
+        hint = f" (replaced by {RETIRED[name]})"
     return UnknownOptionError(f"unknown {what} {name!r}{hint}; valid: {', '.join(sorted(valid))}")
 
 
@@ -650,9 +659,10 @@ _SPECS: tuple[Setting, ...] = (
         low_open=True,
     ),
     Fraction(
-        "repack_threshold",
-        "compaction repacks a store pack of which less than this fraction is referenced",
-        0.5,
+        "max_unused",
+        "compaction repacks the store's packs with the most unreferenced bytes until those "
+        "left are at most this fraction of its referenced bytes",
+        0.05,
     ),
     # commits (CommitOptions)
     Count(

@@ -275,7 +275,7 @@ def _compact(args: argparse.Namespace, run: Run) -> int:
         "target_rows": args.target_rows,
         "target_bytes": None if args.target_mb is None else round(args.target_mb * 1e6),
         "deleted_fraction": args.deleted_fraction,
-        "repack_threshold": args.repack_threshold,
+        "max_unused": args.max_unused,
     }
     targets = CompactionTargets(**{k: v for k, v in given.items() if v is not None})
     table = _open(args)

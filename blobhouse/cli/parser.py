@@ -340,10 +340,11 @@ def _compact_command(command: _Command, parents: _Parents) -> None:
         help="rewrite fragments with at least this fraction of rows deleted (default 0.1)",
     )
     compact.add_argument(
-        "--repack-threshold",
-        type=_setting("repack_threshold"),
+        "--max-unused",
+        type=_setting("max_unused"),
         default=None,
-        help="repack store packs of which less than this fraction is referenced (default 0.5)",
+        help="repack store packs, the most unreferenced first, until the unreferenced bytes "
+        "are at most this fraction of the referenced (default 0.05)",
     )
 
 
@@ -488,7 +489,15 @@ def unknown_options(tokens: list[str]) -> str:
     options = [t for t in tokens if t.startswith("-")]
     others = [t for t in tokens if not t.startswith("-")]
     if options:
-        return f"unknown option{'s' if len(options) > 1 else ''} {' '.join(options)}"
+        from blobhouse.settings import RETIRED
+
+        said = f"unknown option{'s' if len(options) > 1 else ''} {' '.join(options)}"
+        for option in options:  # an option that was replaced: say by what
+            name = option.split("=")[0].lstrip("-").replace("-", "_")
+            if name in RETIRED:
+                new = RETIRED[name].split(",")[0]
+                said += f" (replaced by --{new.replace('_', '-')})"
+        return said
     return f"unexpected argument{'s' if len(others) > 1 else ''} {' '.join(others)}"
 
 

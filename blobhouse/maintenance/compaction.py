@@ -87,7 +87,8 @@ class CompactionPlan:
     groups: tuple[CompactionGroup, ...]
     target_rows: int
     target_bytes: int
-    repack: tuple[str, ...] = ()  # store packs mostly dead: their live payloads move out
+    repack: tuple[str, ...] = ()  # store packs with the most dead: their live payloads move out
+    unused_bytes: int = 0  # unreferenced bytes of the packs the compacted version references
     global_columns: tuple[str, ...] = ()  # columns written into the table's store
     leave_store: tuple[str, ...] = ()  # columns whose mode is per file: out of the store
 
@@ -109,10 +110,11 @@ def plan_compaction(
 ) -> CompactionPlan:
     """Group the fragments worth rewriting toward ``targets``.
 
-    A store pack (``dedup="global"``) of which the current version references less than
-    ``repack_threshold`` of the bytes is repacked: every fragment referencing it is rewritten,
-    its live payloads go to new packs, and it is retired (gc deletes it once no retained version
-    references it).
+    Store packs (``dedup="global"``) are repacked, the most unreferenced first, until the bytes
+    of the packs the current version references that no row references are at most
+    ``max_unused`` of the referenced (:meth:`StoreUsage.to_repack`): every fragment referencing
+    a repacked pack is rewritten, its live payloads go to new packs, and it is retired (gc
+    deletes it once no retained version references it).
 
     The targets never exceed the table's ``max_rows_per_file`` and ``max_bytes_per_file``
     properties. A fragment is a candidate when it is small (fewer than ``target_rows`` rows and
@@ -139,7 +141,7 @@ def plan_compaction(
         target_bytes = min(target_bytes, properties.max_bytes_per_file)
     global_columns, per_file_columns = _columns_by_mode(table)
     usage = StoreUsage.of(table, scan=bool(global_columns))
-    repack = usage.sparse(targets.repack_threshold)
+    repack, unused = usage.to_repack(targets.max_unused)
     # rows of a column whose mode changed move: into the store (global now), or out of it
     forced = (
         usage.fragments_using(repack)
@@ -182,6 +184,7 @@ def plan_compaction(
         ),
         groups=tuple(groups),
         repack=tuple(sorted(repack)),
+        unused_bytes=unused,
         global_columns=tuple(sorted((usage.columns - per_file_columns) | global_columns)),
         leave_store=tuple(sorted(per_file_columns)),
         target_rows=target_rows,
@@ -446,6 +449,7 @@ def report(version: int, plan: CompactionPlan, written: Sequence[Sequence[Writte
         "bytes_after": sum(w.size_bytes + w.sidecar_bytes for w in files),
         "repacked_packs": len(plan.repack),
         "new_store_bytes": sum(s.size for w in files for s in w.stored),
+        "unused_store_bytes": plan.unused_bytes,
     }
 
 
@@ -571,14 +575,28 @@ class StoreUsage:
             usage.pack_sizes[pack] = store.size(f"{prefix}{pack}") or 0
         return usage
 
-    def sparse(self, threshold: float) -> set[str]:
-        """Packs of which less than ``threshold`` of the bytes are referenced."""
-        return {
-            pack
-            for pack, ranges in self.ranges.items()
-            if self.pack_sizes[pack]
-            and sum(s for _, s in ranges) < threshold * self.pack_sizes[pack]
-        }
+    def to_repack(self, max_unused: float) -> tuple[set[str], int]:
+        """The packs to repack so that the unreferenced bytes of the packs the current version
+        references are at most ``max_unused`` of the referenced ones, the most unreferenced
+        first (each byte rewritten buys back the most), and the unreferenced bytes left.
+
+        >>> usage = StoreUsage(ranges={"a": {(0, 10)}, "b": {(0, 90)}})
+        >>> usage.pack_sizes = {"a": 100, "b": 100}
+        >>> usage.to_repack(0.1)  # 100 referenced, 100 not: a (90 dead) leaves b's 10
+        ({'a'}, 10)
+        >>> sorted(usage.to_repack(0.05)[0])  # 10 is more than 5% of 100
+        ['a', 'b']
+        """
+        live = {pack: sum(size for _, size in ranges) for pack, ranges in self.ranges.items()}
+        dead = {pack: max(self.pack_sizes[pack] - live[pack], 0) for pack in live}
+        unused, budget = sum(dead.values()), max_unused * sum(live.values())
+        chosen: set[str] = set()
+        for pack in sorted(dead, key=lambda p: (-dead[p] / max(self.pack_sizes[p], 1), p)):
+            if unused <= budget or not dead[pack]:
+                break
+            chosen.add(pack)
+            unused -= dead[pack]
+        return chosen, unused
 
     def fragments_using(self, packs: set[str]) -> set[int]:
         return set().union(*(self.fragments[p] for p in packs))

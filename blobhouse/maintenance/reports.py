@@ -95,6 +95,7 @@ class CompactionReport(TypedDict):
     bytes_after: int
     repacked_packs: int
     new_store_bytes: int
+    unused_store_bytes: int
     attempts: int
 
 

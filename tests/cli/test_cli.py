@@ -206,6 +206,10 @@ def test_a_bad_command_line_is_one_line_and_no_option_is_taken_by_prefix(table_u
             "--retain-versions?)",
         ),
         (["gc", table_uri, "--grace", "1"], "unknown option --grace (did you mean --grace-hours?)"),
+        (
+            ["compact", table_uri, "--repack-threshold", "0.5"],  # an option that was replaced
+            "unknown option --repack-threshold (replaced by --max-unused)",
+        ),
         (["stats"], "the following arguments are required: table"),
         (["gc", table_uri, "--retain-versions", "x"], "versions from 1 to 2**63 - 1, got 'x'"),
         (["stats", table_uri, "extra"], "unexpected argument extra"),
@@ -241,11 +245,8 @@ def test_a_bad_command_line_is_one_line_and_no_option_is_taken_by_prefix(table_u
         (["compact", "--target-mb", "0"], "--target-mb: must be at least 0.000001 (a byte)"),
         (["compact", "--target-mb", "1e-9"], "--target-mb: must be at least 0.000001 (a byte)"),
         (["compact", "--target-mb", "nan"], "--target-mb: must be at least 0.000001 (a byte)"),
-        (
-            ["compact", "--repack-threshold", "nan"],
-            "--repack-threshold: must be a number in [0, 1]",
-        ),
-        (["compact", "--repack-threshold", "2"], "must be a number in [0, 1], got '2'"),
+        (["compact", "--max-unused", "nan"], "--max-unused: must be a number in [0, 1]"),
+        (["compact", "--max-unused", "2"], "must be a number in [0, 1], got '2'"),
         (["compact", "--deleted-fraction", "0"], "must be a number in (0, 1], got '0'"),
     ],
 )

@@ -104,8 +104,13 @@ def test_maintenance_options_are_checked_by_name_and_type(table):
     with pytest.raises(InvalidInputError, match="retries must be a whole number"):
         table.maintenance.compact(commit={"retries": -1})
     for bad in (float("nan"), 2, -0.1):  # nan once planned a compaction
-        with pytest.raises(InvalidInputError, match=r"repack_threshold must be a number in \["):
-            table.maintenance.compact({"repack_threshold": bad})
+        with pytest.raises(InvalidInputError, match=r"max_unused must be a number in \["):
+            table.maintenance.compact({"max_unused": bad})
+    # the per-pack threshold it replaced is named, through every door that takes options
+    with pytest.raises(UnknownOptionError, match=r"'repack_threshold' \(replaced by max_unused"):
+        table.maintenance.compact({"repack_threshold": 0.5})
+    with pytest.raises(UnknownOptionError, match=r"'repack_threshold' \(replaced by max_unused"):
+        table.compact(repack_threshold=0.5)
     with pytest.raises(InvalidInputError, match="target_bytes must be a whole number of bytes"):
         table.maintenance.compact({"target_bytes": 0})
     assert table.version == table.refresh().version == version

@@ -31,7 +31,7 @@ SIGNATURES = {
         "(self, targets: 'CompactionTargets | None' = None, *, progress: 'Progress | None' = "
         "None, commit: 'CommitOptions | None' = None, target_rows: 'int | None' = None, "
         "target_bytes: 'int | None' = None, deleted_fraction: 'float | None' = None, "
-        "repack_threshold: 'float | None' = None, retries: 'int | None' = None) -> "
+        "max_unused: 'float | None' = None, retries: 'int | None' = None) -> "
         "'CompactionReport'"
     ),
     "count_rows": "(self, filter: 'str | None' = None) -> 'int'",

@@ -6,6 +6,7 @@ mostly dead packs."""
 from __future__ import annotations
 
 import os
+import random
 from datetime import timedelta
 from pathlib import Path
 
@@ -480,3 +481,53 @@ def test_a_spark_global_write_records_what_it_stored_through_the_data_sources_co
     found = StoreIndex.open(table_uri).find([content_hash(p) for p in PAYLOADS[:3]])
     assert len(found) == 3  # every stored payload is in the index
     assert tree(os.path.join(table_uri, STORED)) == set()  # no record outlives the write
+
+
+def test_deletes_then_compaction_and_gc_give_the_space_back(table_uri):
+    """Every other row deleted leaves each pack half live: a per-pack threshold of one half
+    kept 2.0x the live bytes forever; a table-wide budget (max_unused, 5% by default) repacks
+    until at most 5% of the store is unreferenced, rewriting only what it must."""
+    from datetime import timedelta
+
+    size, n = 100_000, 240
+    data = [random.Random(i).randbytes(size) for i in range(n)]
+    table = write_table(
+        rows(list(range(n)), data),
+        table_uri,
+        placement={"b": {"pack_file_size_threshold": 4_000_000}},
+    )
+    packs = len(list(Path(table_uri, "_blobs", "packs").iterdir()))
+    assert packs >= 5
+    table = table.delete("id % 50 = 1")  # 2%: within the budget, nothing moves
+    report = table.compact()
+    assert report["repacked_packs"] == 0 and report["new_store_bytes"] == 0
+    assert report["unused_store_bytes"] == 5 * size
+    table = open_table(table_uri).delete("id % 2 = 1")  # now every pack is exactly half dead
+    report = open_table(table_uri).compact()
+    live = size * (n // 2)
+    assert report["repacked_packs"] == packs
+    assert report["new_store_bytes"] == live  # each live byte rewritten once, no more
+    assert report["unused_store_bytes"] <= 0.05 * live
+    open_table(table_uri).gc(grace=timedelta(0), retain_versions=1)
+    assert packs_bytes(table_uri) <= 1.05 * live
+    got = open_table(table_uri).to_arrow(blobs="bytes").to_pylist()
+    assert [(r["id"], r["b"]) for r in got] == [(i, data[i]) for i in range(0, n, 2)]
+    assert open_table(table_uri).verify(deep=True)["problems"] == []
+
+
+def test_the_budget_repacks_the_deadest_packs_first(table_uri):
+    size = 100_000
+    first = [random.Random(i).randbytes(size) for i in range(40)]
+    second = [random.Random(100 + i).randbytes(size) for i in range(40)]
+    write_table(rows(list(range(40)), first), table_uri)
+    write_table(rows(list(range(100, 140)), second), table_uri, mode="append")
+    # the first pack 3/4 dead, the second 1/10: repacking the first is enough
+    open_table(table_uri).delete("id < 30 OR id IN (100, 101, 102, 103)")
+    report = open_table(table_uri).compact(max_unused=0.1)
+    assert report["repacked_packs"] == 1 and report["new_store_bytes"] == 10 * size
+    assert report["unused_store_bytes"] == 4 * size
+    report = open_table(table_uri).compact(max_unused=0.0)  # nothing unreferenced may stay
+    assert report["repacked_packs"] == 1 and report["new_store_bytes"] == 36 * size
+    assert report["unused_store_bytes"] == 0
+    got = open_table(table_uri).read_blobs("b", range(46))
+    assert got == first[30:] + second[4:]
