@@ -948,6 +948,80 @@ def global_dedup(size: Size) -> Case:
     return case
 
 
+#: how the space-back case deletes rows (a SQL filter on ``id``), by name
+DELETIONS = {
+    "every other row": "id % 2 = 1",
+    "first half": "id < {half}",
+    "2% spread": "id % 50 = 1",
+    "15% spread": "id % 7 = 1",
+}
+
+
+def space_back(size: Size) -> Case:
+    """Deletes, then compaction and gc with nothing retained: the store's bytes against the
+    unique live bytes, and what compaction rewrote to get there (its write amplification),
+    against pylance's delete, ``compact_files`` and ``cleanup_old_versions``."""
+    case = Case(
+        "space_back",
+        "Bytes left after deletes, compaction and cleanup against the unique live bytes; bytes "
+        "compaction rewrote against the live bytes; median seconds of compaction",
+    )
+    rows = 10 * size.unique_rows  # 200 MB in the full run
+    payloads = [random.Random(i).randbytes(100 * KB) for i in range(rows)]
+    data = pa.table({"id": pa.array(range(rows), pa.int64()), "b": blob_array(payloads)})
+    with Scratch() as root:
+        for pattern, where in DELETIONS.items():
+            where = where.format(half=rows // 2)
+            live = rows - lance.write_dataset(
+                pa.table({"id": pa.array(range(rows))}), fresh(root / "ids")
+            ).count_rows(where)
+            live_bytes = live * 100 * KB
+            for contender in ("blobhouse", "pylance"):
+                uri = fresh(root / contender)
+                if contender == "blobhouse":
+                    write_table(data, uri, placement={"b": {"pack_file_size_threshold": 16 * MB}})
+                    open_table(uri).delete(where)
+                    started = time.perf_counter()
+                    report = open_table(uri).compact()
+                    seconds = time.perf_counter() - started
+                    open_table(uri).gc(grace=timedelta(0), retain_versions=1)
+                    rewritten = report["new_store_bytes"]
+                else:
+                    dataset = lance.write_dataset(
+                        lance_table(payloads).append_column("id", data.column("id")),
+                        uri,
+                        data_storage_version="2.2",
+                    )
+                    dataset.delete(where)
+                    started = time.perf_counter()
+                    dataset.optimize.compact_files()
+                    seconds = time.perf_counter() - started
+                    lance.dataset(str(uri)).cleanup_old_versions(
+                        older_than=timedelta(0), delete_unverified=True
+                    )
+                    rewritten = None
+                on_disk = disk_bytes(uri)
+                case.add(
+                    deletion=pattern,
+                    contender=contender,
+                    live_rows=live,
+                    seconds=round(seconds, 4),
+                    bytes_after=on_disk,
+                    ratio_to_live=round(on_disk / live_bytes, 3),
+                    rewritten_to_live=None
+                    if rewritten is None
+                    else round(rewritten / live_bytes, 3),
+                )
+    case.notes.append(
+        f"{rows} rows of unique 100 KB payloads in 16 MB store packs (blobhouse's default "
+        "table: dedup global); pylance: the same payloads as a blob v2 column. Deleted rows as "
+        "named, then compact, then gc / cleanup_old_versions keeping only the latest version. "
+        "blobhouse repacks the deadest packs until at most max_unused (5%) of the referenced "
+        "bytes are dead: small spread deletes are left until they add up"
+    )
+    return case
+
+
 STORE_APPEND_SCRIPT = textwrap.dedent(
     """
     import json, sys, time
@@ -1759,6 +1833,7 @@ CASES = {
     "spark": spark,
     "maintenance": maintenance,
     "global_dedup": global_dedup,
+    "space_back": space_back,
     "store_scale": store_scale,
     "object_storage": object_storage,
     "mutations": mutations,

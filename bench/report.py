@@ -31,6 +31,8 @@ TARGETS = (
     "| peak RSS flat (within 1.5x) from 1 GB to 8 GB written | {rss} |\n"
     "| after compaction, physical bytes <= 1.05 x unique live bytes | {compaction} |\n"
     '| dedup="global": bytes on disk <= 1.05 x unique across appends | {global_dedup} |\n'
+    "| after deletes, compact + gc (latest version kept): bytes on disk <= 1.05 x unique live "
+    "| {space_back} |\n"
     '| dedup="global": append of 1,000 payloads to a 10 M-payload store <= 2 x to an empty '
     "store, writer peak RSS < 1 GB | {store_scale} |\n"
     "| S3: one GET per coalesced range (requests the server logged) | {s3_requests} |\n"
@@ -274,6 +276,7 @@ def _verdicts(data: dict) -> dict[str, str]:
     global_dedup = [
         r["ratio_to_unique"] for r in rows("global_dedup", contender="blobhouse global")
     ]
+    space_back = [r["ratio_to_live"] for r in rows("space_back", contender="blobhouse")]
     ranged_s3 = rows("object_storage", contender="blobhouse refs + ranged reads, s3")
     s3_requests = [r["requests"].get("GET", 0) / r["coalesced_reads"] for r in ranged_s3]
     s3_access = [r["vs_pylance_same_store"] for r in ranged_s3]
@@ -325,6 +328,7 @@ def _verdicts(data: dict) -> dict[str, str]:
         "access_parquet": _range(access_parquet, "x parquet", lambda v: v >= 10),
         "compaction": _range(compaction, "x unique", lambda v: v <= 1.05),
         "global_dedup": _range(global_dedup, "x unique", lambda v: v <= 1.05),
+        "space_back": _range(space_back, "x unique live", lambda v: v <= 1.05),
         "s3_requests": _range(s3_requests, "GETs per coalesced range", lambda v: v == 1),
         "s3_access": _range(s3_access, "x pylance", lambda v: v >= 1.0),
         "azure_requests": _range(azure_requests, "GETs per coalesced range", lambda v: v == 1),

@@ -32,7 +32,7 @@ from blobhouse.commit.transaction import (
     commit_errors,
     lance_commit,
 )
-from blobhouse.errors import InvalidInputError
+from blobhouse.errors import InvalidInputError, StoreIndexError
 from blobhouse.files.checksums import written_by_blobhouse
 from blobhouse.files.references import leaf_field_ids
 from blobhouse.files.session import WrittenFile
@@ -49,6 +49,7 @@ from blobhouse.options import (
 from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.properties import TableProperties
 from blobhouse.snapshot import snapshot_of
+from blobhouse.store.index import indexed_packs
 from blobhouse.store.packs import retire_packs, store_base_id, store_uri_prefix
 from blobhouse.values import (
     ROW_ADDRESS,
@@ -89,6 +90,7 @@ class CompactionPlan:
     target_bytes: int
     repack: tuple[str, ...] = ()  # store packs with the most dead: their live payloads move out
     unused_bytes: int = 0  # unreferenced bytes of the packs the compacted version references
+    dead: tuple[str, ...] = ()  # packs the index names that no row of the version read does
     global_columns: tuple[str, ...] = ()  # columns written into the table's store
     leave_store: tuple[str, ...] = ()  # columns whose mode is per file: out of the store
 
@@ -142,6 +144,7 @@ def plan_compaction(
     global_columns, per_file_columns = _columns_by_mode(table)
     usage = StoreUsage.of(table, scan=bool(global_columns))
     repack, unused = usage.to_repack(targets.max_unused)
+    dead = _dead_packs(table, usage) if store_base_id(table.dataset) is not None else ()
     # rows of a column whose mode changed move: into the store (global now), or out of it
     forced = (
         usage.fragments_using(repack)
@@ -185,6 +188,7 @@ def plan_compaction(
         groups=tuple(groups),
         repack=tuple(sorted(repack)),
         unused_bytes=unused,
+        dead=dead,
         global_columns=tuple(sorted((usage.columns - per_file_columns) | global_columns)),
         leave_store=tuple(sorted(per_file_columns)),
         target_rows=target_rows,
@@ -305,10 +309,25 @@ def commit_compaction(
             return lance_commit(location, lambda: rewrite, plan.read_version, options)
 
     committed = plan.transaction.commit([w for files in written for w in files], commit=commit)
-    # nothing current references the repacked packs now: writers stop finding them, and gc
-    # deletes them once no retained version does
-    retire_packs(location.root, plan.repack, options)
+    retire_dead(table, plan, plan.repack)
     return committed
+
+
+def retire_dead(table: TableSnapshot, plan: CompactionPlan, repacked: Sequence[str] = ()) -> None:
+    """Retire the packs no current row references (repacked ones, and those deletes left
+    dead): writers stop finding them, and gc deletes them once no retained version does --
+    in its next run past the grace, not a run later (docs/global-dedup.md)."""
+    retire_packs(table.location.root, [*repacked, *plan.dead], table.storage_options)
+
+
+def _dead_packs(table: TableSnapshot, usage: StoreUsage) -> tuple[str, ...]:
+    """The packs the store's index names that the version read references nowhere (an
+    unreadable index: none, gc decides)."""
+    try:
+        indexed = indexed_packs(table.location.root, table.storage_options)
+    except StoreIndexError:
+        return ()
+    return tuple(sorted(indexed - set(usage.ranges)))
 
 
 def _rewrite_result(
@@ -425,7 +444,8 @@ class _Compaction(BaseChange):
         staged.detail = groups
 
     def commit(self, run: Planned[CompactionPlan], staged: Staged) -> LanceDataset:
-        if not run.plan.groups:
+        if not run.plan.groups:  # nothing to rewrite; what deletes left dead is retired
+            retire_dead(run.table, run.plan)
             return run.table.dataset
         return commit_compaction(run.table, run.plan, staged.detail)
 
@@ -450,6 +470,7 @@ def report(version: int, plan: CompactionPlan, written: Sequence[Sequence[Writte
         "repacked_packs": len(plan.repack),
         "new_store_bytes": sum(s.size for w in files for s in w.stored),
         "unused_store_bytes": plan.unused_bytes,
+        "retired_packs": len(plan.repack) + len(plan.dead),
     }
 
 

@@ -32,6 +32,7 @@ def test_quick_benchmark_run(tmp_path):
         "spark",
         "maintenance",
         "global_dedup",
+        "space_back",
         "object_storage",
         "mutations",
         "loader",
@@ -78,6 +79,14 @@ def test_quick_benchmark_run(tmp_path):
         r["contender"]: r for r in results["maintenance"]["rows"] if r["operation"] == "compact"
     }
     assert compacted["blobhouse compact"]["ratio_to_unique"] <= 1.05
+    space = {(r["deletion"], r["contender"]): r for r in results["space_back"]["rows"]}
+    # every pattern of deletes gives the space back within the budget, each live byte
+    # rewritten at most once, a spread 2% left alone
+    assert all(r["ratio_to_live"] <= 1.05 for (_, c), r in space.items() if c == "blobhouse")
+    assert all(
+        0 <= r["rewritten_to_live"] <= 1.0 for (_, c), r in space.items() if c == "blobhouse"
+    )
+    assert space[("2% spread", "blobhouse")]["rewritten_to_live"] == 0
     assert compacted["pylance compact_files"]["ratio_to_unique"] > 1.5  # a copy per row
     stored = {r["contender"]: r for r in results["global_dedup"]["rows"]}
     assert stored["blobhouse global"]["ratio_to_unique"] <= 1.05

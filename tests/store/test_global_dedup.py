@@ -515,6 +515,31 @@ def test_deletes_then_compaction_and_gc_give_the_space_back(table_uri):
     assert open_table(table_uri).verify(deep=True)["problems"] == []
 
 
+def test_packs_deletes_left_wholly_dead_are_retired_by_compaction_and_reaped_by_one_gc(
+    table_uri,
+):
+    """Whole packs dead after deletes need no repack: compaction retires them (as gc's first
+    run did), so the gc after it reaps them, not a second one; a version still reading one
+    keeps it."""
+    from datetime import timedelta
+
+    size, n = 100_000, 120
+    data = [random.Random(i).randbytes(size) for i in range(n)]
+    placement = {"b": {"pack_file_size_threshold": 2_000_000}}
+    write_table(rows(list(range(n)), data), table_uri, placement=placement)
+    packs = set(Path(table_uri, "_blobs", "packs").iterdir())
+    open_table(table_uri).delete(f"id < {n // 2}")
+    report = open_table(table_uri).compact()
+    assert report["retired_packs"] >= 2 and report["new_store_bytes"] <= 20 * size
+    assert packs <= set(Path(table_uri, "_blobs", "packs").iterdir())  # old versions read them
+    assert open_table(table_uri, 1).read_blobs("b", [0]) == [data[0]]
+    gc = open_table(table_uri).gc(grace=timedelta(0), retain_versions=1)
+    assert gc["reaped_packs"] >= report["retired_packs"]
+    assert packs_bytes(table_uri) <= 1.05 * size * (n // 2)
+    assert open_table(table_uri).read_blobs("b", range(n // 2)) == data[n // 2 :]
+    assert stock_read(table_uri, "b") == data[n // 2 :]
+
+
 def test_the_budget_repacks_the_deadest_packs_first(table_uri):
     size = 100_000
     first = [random.Random(i).randbytes(size) for i in range(40)]
