@@ -27,6 +27,7 @@ from blobhouse.files.footer import data_file_problem
 from blobhouse.files.ranges import BlobRef, RefColumns, read_ranges, refs_from_arrow
 from blobhouse.files.references import ResolvedRows
 from blobhouse.io.objects import StorageOptions, object_store
+from blobhouse.layout import OWNER_DIR
 from blobhouse.maintenance.reports import VerifyReport
 from blobhouse.maintenance.versions import (
     FragmentState,
@@ -38,6 +39,7 @@ from blobhouse.maintenance.versions import (
     version_of,
 )
 from blobhouse.managed import Registry
+from blobhouse.ownership import read_owners
 from blobhouse.placement import MiB
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import snapshot_of, table_io
@@ -440,6 +442,7 @@ def summarize(
         if problem.reason == _MISSING or problem.reason.startswith(_MISSING_DATA_FILE):
             missing[problem.owner].add(problem.uri)
     problems.extend(_placement_problems(table, graph))
+    problems.extend(_ownership_problems(table, objects, latest, owner))
     problems.extend(
         Problem(branch, 0, "", 0, "", f"branch not verified: {reason}")
         for branch, reason in graph.unreadable
@@ -479,20 +482,66 @@ def _owners(table: TableSnapshot) -> Callable[[str], str]:
 
 
 def _placement_problems(table: TableSnapshot, graph: VersionGraph) -> list[Problem]:
-    """Branches whose latest manifest names the store at the table's old place (the table
-    was copied or moved)."""
+    """Versions whose manifest names the store at another table's place: the table was copied
+    or moved, and stock Lance readers of that version read the other table's store (Lance
+    keeps each version's base paths: relocating fixes the latest version only)."""
     problems = []
-    for branch in dict.fromkeys(ref.branch for ref in graph.versions):
-        latest = table.checkout(None, branch=branch or "main")
-        moved = latest.moved_from
-        if moved is not None:
+    latest = {ref.branch: ref.version for ref in graph.versions}  # versions come in order
+    for ref in graph.versions:
+        at = table.on_version(ref.branch, ref.version)
+        moved = at.moved_from
+        if moved is None:
+            continue
+        if ref.version == latest[ref.branch]:
             reason = (
                 f"the table was copied or moved from {moved}; blobhouse reads its own files, "
                 "but stock Lance readers follow the store path in the manifest until "
                 f"`blobhouse relocate {table.location.root}` (or any blobhouse write) points "
                 "it here"
             )
-            problems.append(Problem(branch, latest.version, "", 0, moved, reason))
+        else:
+            reason = (
+                f"version {ref.version} names the store at {moved} (the table was copied or "
+                "moved since): blobhouse reads it here, stock Lance readers of this version "
+                "read that table's store, and fail once it is gone (a manifest keeps its base "
+                "paths: relocate fixes the latest version); drop the version when no longer "
+                "needed (gc retain_versions / older_than)"
+            )
+        problems.append(Problem(ref.branch, ref.version, "", 0, moved, reason))
+    return problems
+
+
+def _ownership_problems(
+    table: TableSnapshot, objects: Iterable[str], version: int, owner_of: Callable[[str], str]
+) -> list[Problem]:
+    """External objects this table references whose owner marker names another table (the
+    table was copied from it, say): that table's gc deletes them once it no longer references
+    them. One listing per folder of external objects finds the markers there."""
+    own = f"{table.uri}/"
+    by_folder: dict[str, list[str]] = {}
+    for uri in objects:
+        if not uri.startswith(own) and "/" in uri:
+            by_folder.setdefault(uri.rsplit("/", 1)[0], []).append(uri)
+    marked = []
+    for folder, uris in sorted(by_folder.items()):
+        markers = f"{folder}/{OWNER_DIR}"
+        try:
+            names = {
+                info.name for info in object_store(markers, table.storage_options).walk(markers)
+            }
+        except (OSError, StoreError):  # no folder to list: no marker
+            continue
+        marked += [u for u in sorted(uris) if f"{u.rsplit('/', 1)[1]}.json" in names]
+    problems = []
+    for uri, owner in read_owners(marked, table.storage_options).items():
+        if owner.table is None or owner.is_table(table.location):
+            continue
+        reason = (
+            f"an external object this table references is owned by {owner.describe()}, whose "
+            "gc deletes it once that table no longer references it (this table was copied "
+            "from it?); keep that table's reference, or write the object anew here"
+        )
+        problems.append(Problem(None, version, "", 0, uri, reason, owner=owner_of(uri)))
     return problems
 
 

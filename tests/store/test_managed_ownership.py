@@ -279,3 +279,22 @@ def test_a_spark_write_of_another_tables_object_is_refused(spark, tmp_path, medi
         frame.write.format("blobhouse").mode("append").save(evals)
     assert open_table(evals).count_rows() == 1 and registered(evals) == set()
     assert owner(clip) == file_uri(train)
+
+
+def test_a_copys_verify_names_the_objects_another_table_owns(tmp_path, media):
+    """The original's gc deletes its objects once it no longer references them, whatever a copy
+    still reads: the copy's verify names each as a problem (it said nothing before)."""
+    original, copy = str(tmp_path / "original"), str(tmp_path / "copy")
+    owned = f"{media}/0.bin"
+    managed_table(original, media, [Blob(uri=owned), b"x"])
+    assert open_table(original).verify()["problems"] == []  # its own: no dependency
+    shutil.copytree(original, copy)
+    problems = [p for p in open_table(copy).verify()["problems"] if "owned by" in p["reason"]]
+    assert [p["uri"] for p in problems] == [file_uri(owned)]
+    assert f"owned by table {file_uri(original)}" in problems[0]["reason"]
+    # the danger it names: the original lets go of the object, and its gc deletes it
+    open_table(original).delete("id = 0")
+    gc_runs(original)
+    assert not os.path.exists(owned)
+    missing = open_table(copy).verify()["missing_objects"]
+    assert sum(missing.values()) == 1
