@@ -482,32 +482,37 @@ def _owners(table: TableSnapshot) -> Callable[[str], str]:
 
 
 def _placement_problems(table: TableSnapshot, graph: VersionGraph) -> list[Problem]:
-    """Versions whose manifest names the store at another table's place: the table was copied
-    or moved, and stock Lance readers of that version read the other table's store (Lance
-    keeps each version's base paths: relocating fixes the latest version only)."""
+    """Where a branch's manifests name the store at another table's place: the table was copied
+    or moved, and stock Lance readers of those versions read the other table's store. The
+    latest version tells whether to relocate; the oldest retained one whether older versions
+    still name the old place (Lance keeps each version's base paths: relocating fixes the
+    versions from then on). Two manifests a branch: reading every version's would make verify
+    quadratic in a history of appends."""
     problems = []
-    latest = {ref.branch: ref.version for ref in graph.versions}  # versions come in order
-    for ref in graph.versions:
-        at = table.on_version(ref.branch, ref.version)
-        moved = at.moved_from
-        if moved is None:
-            continue
-        if ref.version == latest[ref.branch]:
+    by_branch: dict[str | None, list[int]] = {}
+    for ref in graph.versions:  # in order
+        by_branch.setdefault(ref.branch, []).append(ref.version)
+    for branch, versions in by_branch.items():
+        latest = table.on_version(branch, versions[-1]).moved_from
+        if latest is not None:
             reason = (
-                f"the table was copied or moved from {moved}; blobhouse reads its own files, "
+                f"the table was copied or moved from {latest}; blobhouse reads its own files, "
                 "but stock Lance readers follow the store path in the manifest until "
                 f"`blobhouse relocate {table.location.root}` (or any blobhouse write) points "
                 "it here"
             )
-        else:
+            problems.append(Problem(branch, versions[-1], "", 0, latest, reason))
+        oldest = table.on_version(branch, versions[0]).moved_from if len(versions) > 1 else None
+        if oldest is not None:
             reason = (
-                f"version {ref.version} names the store at {moved} (the table was copied or "
-                "moved since): blobhouse reads it here, stock Lance readers of this version "
-                "read that table's store, and fail once it is gone (a manifest keeps its base "
-                "paths: relocate fixes the latest version); drop the version when no longer "
-                "needed (gc retain_versions / older_than)"
+                f"version {versions[0]} and the versions after it up to a relocation name the "
+                f"store at {oldest} (the table was copied or moved since): blobhouse reads them "
+                "here, stock Lance readers of those versions read that table's store and fail "
+                "once it is gone (a manifest keeps its base paths: relocating fixes the "
+                "versions from then on); drop them when no longer needed (gc retain_versions "
+                "/ older_than)"
             )
-        problems.append(Problem(ref.branch, ref.version, "", 0, moved, reason))
+            problems.append(Problem(branch, versions[0], "", 0, oldest, reason))
     return problems
 
 
