@@ -42,6 +42,7 @@ from blobhouse.errors import StaleWriteError
 from blobhouse.io.leftovers import make_way, own_folder
 from blobhouse.io.objects import (
     StorageOptions,
+    is_local,
     object_store,
     put_new,
     read_object,
@@ -161,9 +162,12 @@ class Claims:
             self._owned = True
         if put_new(self.store, uri, claim.encode()):
             return None
-        make_way(self.store, uri)  # a directory or a link there is never a task's claim
-        if put_new(self.store, uri, claim.encode()):
-            return None
+        # locally, a directory or a link there is never a task's claim: cleared, then tried
+        # again (an object store has neither: a refused PUT is another task's claim)
+        if is_local(uri):
+            make_way(self.store, uri)
+            if put_new(self.store, uri, claim.encode()):
+                return None
         found = self._read(uri, claim.digest)
         if found is None or self.claimant.succeeds(found.claimant):
             # the claimant died while writing its claim, or before storing the payload:

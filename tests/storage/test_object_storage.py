@@ -1169,3 +1169,23 @@ def test_a_sweep_of_many_objects_is_a_few_requests_on_s3(s3):
     assert s3.objects("t/") == {}
     # two listing pages and two bulk deletes, where one DELETE a key made 1,001 requests
     assert sent.get("DELETE", 0) == 0 and sent["POST"] == 2 and sent["GET"] <= 3, sent
+
+
+def test_a_claim_another_task_made_first_costs_one_refused_put_and_its_read_on_s3(s3):
+    """A task meeting a payload another task of the write claimed: its conditional PUT is
+    refused and the claim is read (it once sent the refused PUT twice)."""
+    from blobhouse.store.claims import Claim, Claimant, Claims
+
+    uri = f"{s3.uri}/t"
+    digest = content_hash(b"x" * 100)
+    first = Claims(uri, "write-0123456789ab", s3.options, Claimant(0, 0, "a"))
+    second = Claims(uri, "write-0123456789ab", s3.options, Claimant(1, 0, "b"))
+    assert first.claim(Claim(digest, "packs/a.pack", 0, 100, first.claimant)) is None
+    prefix = f"/{s3.name}/t/_blobs/claims/"
+    before = s3.server.requests(prefix)
+    assert second.claim(Claim(digest, "packs/b.pack", 0, 100, second.claimant)).pack == (
+        "packs/a.pack"
+    )
+    after = s3.server.requests(prefix)
+    sent = {m: after.get(m, 0) - before.get(m, 0) for m in after}
+    assert sent.get("PUT", 0) == 1 and sent.get("GET", 0) == 1, sent
