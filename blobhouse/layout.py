@@ -88,8 +88,7 @@ PACK_NAME = re.compile(r"packs/[A-Za-z0-9_-]+\.pack")
 INDEX_PACK_PATH = re.compile(r"packs/[A-Za-z0-9_-][A-Za-z0-9._-]*\.pack")
 PACK_FILE = re.compile(r"[^/]+\.pack")  # a pack's name in PACKS_DIR (anything else: a user's)
 CLAIM_FILE = re.compile(r"[^/]+-claims/[^/]+")  # a claim's name in CLAIMS_DIR
-STORED_RECORD = re.compile(r"[0-9a-f]{32}\.arrow")  # a record's name in its write's folder
-STORED_FILE = re.compile(rf"[^/]+-stored/{STORED_RECORD.pattern}")  # ... and in STORED_DIR
+STORED_FILE = re.compile(r"[^/]+-stored/[0-9a-f]{32}\.arrow")  # a record's name in STORED_DIR
 # the names blobhouse gives the files of the folders it owns (data folders: DATA_FOLDER_FILE)
 OWNED_FILE_NAMES = {PACKS: PACK_FILE, CLAIMS: CLAIM_FILE, STORED: STORED_FILE}
 # The names Lance and blobhouse give the files of a data folder (``data/``, a branch's

@@ -53,7 +53,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import lance
-import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.commit import CommitConflictError
 from lance.file import LanceFileSession
@@ -92,7 +91,7 @@ from blobhouse.store.packs import (
     remove_packs,
     remove_staged_packs,
 )
-from blobhouse.store.records import read_records, record_batches, remove_records
+from blobhouse.store.records import read_records, remove_records
 
 T = TypeVar("T")
 DEFAULT_RETRIES = CommitOptions.retries
@@ -226,12 +225,8 @@ class Transaction:
             own = [s for w in written for s in w.stored] + _adopted(written) + list(stored)
             root, options = self.location.root, self.storage_options
             first = _records_of(root, self.id, options) if store_first else []
-            # a task's payloads come as its record, read as the index takes them: the
-            # records of tasks that failed (their files are not here) are never read
-            records = [w.record for w in written if w.record is not None]
-            batches = record_batches(root, self.id, records, options)
-            record_stored(root, own + first, options, batches)
-            if store_first or records:
+            record_stored(root, own + first, options)
+            if store_first:
                 remove_records(root, self.id, options)
             self._register_managed(dataset, written, owned_elsewhere)
             if any(w.claimed for w in written):
@@ -425,16 +420,12 @@ def _records_of(
 
 
 def record_stored(
-    table_path: str,
-    stored: Sequence[StoredPayload],
-    storage_options: StorageOptions | None,
-    batches: Iterable[pa.RecordBatch] = (),
+    table_path: str, stored: Sequence[StoredPayload], storage_options: StorageOptions | None
 ) -> None:
-    """Record payloads a committed change added to the store in its index (``batches``: more
-    of them, as records hold them). The commit stands whatever happens here: an index that
-    lags only lowers dedup, so a failure is a warning."""
+    """Record payloads a committed change added to the store in its index. The commit stands
+    whatever happens here: an index that lags only lowers dedup, so a failure is a warning."""
     try:
-        append_to_index(table_path, stored, storage_options, batches)
+        append_to_index(table_path, stored, storage_options)
     except Exception as exc:
         warnings.warn(f"the store index of {table_path} was not updated: {exc}", stacklevel=3)
 

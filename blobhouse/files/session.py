@@ -42,7 +42,6 @@ from blobhouse.io.uris import as_uri
 from blobhouse.layout import (
     DATA_FILE_NAME,
     PACK_NAME,
-    STORED_RECORD,
     TableLocation,
     blob_id_of,
     is_sidecar,
@@ -162,10 +161,6 @@ class WrittenFile:
     sidecar_bytes: int
     packs: tuple[str, ...] = ()  # store packs (dedup="global") holding payloads added for it
     stored: tuple = ()  # those payloads (store.StoredPayload), for the store's index
-    # or, written by a task, its record next to the store (store.records: a task's message to
-    # the driver stays small however many payloads it stored) and their bytes
-    record: str | None = None
-    recorded_bytes: int = 0
     found_packs: tuple[str, ...] = ()  # store packs it references that the index named
     # payloads it references that another task of the write claimed and stored (store.
     # StoredPayload; blobhouse.store.claims): the commit checks that a succeeding task stored them
@@ -178,12 +173,7 @@ class WrittenFile:
     @property
     def bytes_written(self) -> int:
         """What writing it wrote: the data file, its sidecars and the store payloads it added."""
-        return self.size_bytes + self.sidecar_bytes + self.stored_bytes
-
-    @property
-    def stored_bytes(self) -> int:
-        """The bytes of the store payloads it added."""
-        return sum(p.size for p in self.stored) + self.recorded_bytes
+        return self.size_bytes + self.sidecar_bytes + sum(p.size for p in self.stored)
 
     def __post_init__(self) -> None:
         # these names are joined to the table's directories, committed and, on abort,
@@ -193,8 +183,6 @@ class WrittenFile:
         names += [(s, is_sidecar_of(key, s)) for s in self.sidecars]
         packs = (*self.packs, *self.found_packs, *(b.pack for b in self.borrowed))
         names += [(p, PACK_NAME.fullmatch(p)) for p in packs]
-        if self.record is not None:
-            names.append((self.record, STORED_RECORD.fullmatch(self.record)))
         bad = [name for name, ok in names if not ok]
         if bad:
             raise InvalidInputError(

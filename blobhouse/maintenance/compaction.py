@@ -468,7 +468,7 @@ def report(version: int, plan: CompactionPlan, written: Sequence[Sequence[Writte
         "bytes_before": sum(g.bytes for g in plan.groups),
         "bytes_after": sum(w.size_bytes + w.sidecar_bytes for w in files),
         "repacked_packs": len(plan.repack),
-        "new_store_bytes": sum(w.stored_bytes for w in files),
+        "new_store_bytes": sum(s.size for w in files for s in w.stored),
         "unused_store_bytes": plan.unused_bytes,
         "retired_packs": len(plan.repack) + len(plan.dead),
     }

@@ -3,11 +3,10 @@ scalar indices and digest filters, appended after each commit, maintained by gc.
 
 from __future__ import annotations
 
-import itertools
 import uuid
 import warnings
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence, Set
+from collections.abc import Iterable, Sequence, Set
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -225,30 +224,26 @@ def has_index(table_path: str, storage_options: StorageOptions | None = None) ->
 
 
 def append_to_index(
-    table_path: str,
-    stored: Sequence[StoredPayload],
-    storage_options: StorageOptions | None = None,
-    batches: Iterable[pa.RecordBatch] = (),
+    table_path: str, stored: list[StoredPayload], storage_options: StorageOptions | None = None
 ) -> None:
-    """Record payloads a committed write stored (concurrent appends are Lance appends):
-    ``stored``, then ``batches`` of index rows, streamed (the write's records)."""
-    rows = _index_rows(stored, batches)
-    first = next(rows, None)
-    if first is None:
+    """Record payloads a committed write stored (concurrent appends are Lance appends)."""
+    if not stored:
         return
+    rows = pa.table(
+        {
+            "blake3": [s.digest for s in stored],
+            "pack": [s.pack for s in stored],
+            "position": [s.position for s in stored],
+            "size": [s.size for s in stored],
+        },
+        schema=INDEX_SCHEMA,
+    )
     uri = index_uri(table_path)
-    dataset = None
-    if open_index(table_path, storage_options) is None:
-        try:
-            dataset = lance.write_dataset(
-                pa.Table.from_batches([first]), uri, mode="create", storage_options=storage_options
-            )
-            first = next(rows, None)  # the rest is appended
-        except (ValueError, OSError):
-            pass  # a concurrent writer created it: append, Lance merges appends
-    if first is not None:
-        reader = pa.RecordBatchReader.from_batches(INDEX_SCHEMA, itertools.chain([first], rows))
-        dataset = lance.write_dataset(reader, uri, mode="append", storage_options=storage_options)
+    try:
+        dataset = lance.write_dataset(rows, uri, mode="create", storage_options=storage_options)
+    except (ValueError, OSError):
+        # it exists (maybe a concurrent writer just created it): append, Lance merges appends
+        dataset = lance.write_dataset(rows, uri, mode="append", storage_options=storage_options)
     # its filter lets the next writer skip the lookup of hashes none of the index holds (gc
     # covers big fragments); a big write indexes what it added (lookups scan what the scalar
     # indices do not cover), small ones leave that to gc
@@ -257,28 +252,6 @@ def append_to_index(
     except (BlobhouseError, ValueError, OSError) as exc:
         warnings.warn(f"the store index of {table_path} got no filter: {exc}", stacklevel=2)
     index_lookups(table_path, storage_options)
-
-
-def _index_rows(
-    stored: Sequence[StoredPayload], batches: Iterable[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    """Non-empty batches of index rows: ``stored``'s, then each of ``batches`` as the index
-    types it."""
-    if stored:
-        yield pa.record_batch(
-            [
-                pa.array([s.digest for s in stored], pa.binary()),
-                pa.array([s.pack for s in stored], pa.utf8()),
-                pa.array([s.position for s in stored], pa.int64()),
-                pa.array([s.size for s in stored], pa.int64()),
-            ],
-            schema=INDEX_SCHEMA,
-        )
-    for batch in batches:
-        if batch.num_rows:
-            yield pa.record_batch(
-                [batch.column(f.name).cast(f.type) for f in INDEX_SCHEMA], schema=INDEX_SCHEMA
-            )
 
 
 def index_lookups(

@@ -20,7 +20,7 @@ them. An abort removes them with the rest of the write; gc sweeps those of a wri
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pyarrow as pa
 
@@ -54,11 +54,11 @@ def write_record(
     write_id: str,
     stored: Sequence[StoredPayload],
     storage_options: StorageOptions | None = None,
-) -> str | None:
-    """Record ``stored`` (what one step of write ``write_id`` put in the store); the record's
-    name in the write's folder (None: it stored nothing, nothing is written)."""
+) -> None:
+    """Record ``stored`` (what one step of write ``write_id`` put in the store); nothing when
+    it stored nothing."""
     if not stored:
-        return None
+        return
     table = pa.table(
         {
             "blake3": pa.array([s.digest for s in stored], pa.binary(32)),
@@ -71,24 +71,8 @@ def write_record(
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, RECORD_SCHEMA) as writer:
         writer.write_table(table)
-    name = stored_record_name()
-    uri = f"{records_folder(table_path, write_id)}/{name}"
+    uri = f"{records_folder(table_path, write_id)}/{stored_record_name()}"
     object_store(uri, storage_options).put(uri, sink.getvalue().to_pybytes())
-    return name
-
-
-def record_batches(
-    table_path: str,
-    write_id: str,
-    names: Sequence[str],
-    storage_options: StorageOptions | None = None,
-) -> Iterator[pa.RecordBatch]:
-    """The records ``names`` of write ``write_id``, one at a time (a write's files may name
-    millions of payloads: none is held longer than its record is read)."""
-    folder = records_folder(table_path, write_id)
-    for name in names:
-        data = read_object(f"{folder}/{name}", storage_options)
-        yield from pa.ipc.open_file(pa.py_buffer(data)).read_all().to_batches()
 
 
 def read_records(

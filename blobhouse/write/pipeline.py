@@ -57,7 +57,6 @@ from blobhouse.placement import (
     placement_metadata,
 )
 from blobhouse.store.claims import Claims
-from blobhouse.store.records import write_record
 from blobhouse.store.writer import StoreReference, StoreWriter
 from blobhouse.values import (
     LOGICAL_BLOB_TYPE,
@@ -275,11 +274,6 @@ class DataFileWriter:
                 "which shares one store writer between its data files"
             )
         self.store = store
-        self.location, self.storage_options, self.name_prefix = (
-            location,
-            storage_options,
-            name_prefix,
-        )
         self.own_store = store_reference(plan, location, storage_options)
         policy = managed or ManagedPolicy(plan.allowed_bases, location, storage_options)
         self.placers = [
@@ -315,11 +309,6 @@ class DataFileWriter:
             placer.close()
         self.session.writes.close()
         packs, stored = self.store.take_new() if self.store is not None else ((), ())
-        record, recorded_bytes = None, 0
-        if stored and self.plan.claim_payloads:  # a task's (or a unit's): recorded by the table
-            write_id = self.name_prefix.removesuffix("-")
-            record = write_record(self.location.root, write_id, stored, self.storage_options)
-            stored, recorded_bytes = (), sum(s.size for s in stored)
         writer = self._data_file()
         self.session.close_data_file(writer)
         return WrittenFile(
@@ -330,8 +319,6 @@ class DataFileWriter:
             sidecar_bytes=sum(p.sidecar_bytes for p in self.placers),
             packs=packs,
             stored=stored,
-            record=record,
-            recorded_bytes=recorded_bytes,
             found_packs=tuple(sorted(self._found_packs())),
             borrowed=tuple(self.store.borrowed.values()) if self.store is not None else (),
             claimed=self.store is not None and self.store.claims is not None,

@@ -232,10 +232,9 @@ def test_store_first_writes_record_their_payloads_inside_the_commit(tmp_path, mo
     recorded: list[tuple[bool, int]] = []  # (inside a commit step and its commit, how many)
     append = transaction_module.append_to_index
 
-    def appended(table_path, stored, storage_options=None, batches=()):
-        batches = list(batches)  # records of tasks' files, streamed
-        recorded.append((tracked.in_commit, len(stored) + sum(b.num_rows for b in batches)))
-        return append(table_path, stored, storage_options, batches)
+    def appended(table_path, stored, storage_options=None):
+        recorded.append((tracked.in_commit, len(stored)))
+        return append(table_path, stored, storage_options)
 
     monkeypatch.setattr(transaction_module, "append_to_index", appended)
     root = write_sample_dataset(str(tmp_path / "robot"), episodes=2, frames=4, size=(16, 16))

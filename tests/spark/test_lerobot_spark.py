@@ -65,7 +65,9 @@ def test_a_failed_task_leaves_nothing(spark, dataset, tmp_path):
         bs.ingest_lerobot(spark, root, str(tmp_path / "robot"))
     # the abort marker stays for tasks that might still finish (gc removes it later)
     left = [p for p in (tmp_path / "robot").rglob("*") if p.is_file()]
-    assert [p.name.startswith("aborted-") for p in left] == [True] * len(left) and len(left) <= 1
+    assert [p.name.startswith("aborted-") for p in left] == [True] * len(left) and len(left) <= 1, (
+        left
+    )
     with pytest.raises(TypeError, match="did you mean 'mode'"):
         bs.ingest_lerobot(spark, root, str(tmp_path / "robot"), mdoe="append")
 

@@ -108,34 +108,3 @@ def test_a_damaged_record_leaves_the_commit_standing_with_a_warning(tmp_path):
         _, snapshot = run_store_first(txn, lambda: (None, ()), rows)
     assert snapshot.count_rows() == 1
     assert records(uri) == []
-
-
-def test_tasks_record_what_they_stored_and_the_commit_indexes_only_its_files(tmp_path):
-    """A Spark write's tasks (or a change's units) hand the driver a record's name, not a
-    list of every payload they stored (~190 bytes each: 19 GB of driver memory per 100 M new
-    payloads); the commit streams the records of its files into the index. A task that failed
-    (its files are not committed) left a record too: it is never indexed."""
-    from blobhouse import blob_array, write_table
-    from blobhouse.write import begin_write
-
-    uri = str(tmp_path / "t")
-    write_table(pa.table({"id": pa.array([0], pa.int64()), "b": blob_array([b"seed"])}), uri)
-
-    def task(first: int) -> pa.Table:
-        payloads = [os.urandom(70_000) for _ in range(5)]
-        return pa.table(
-            {"id": pa.array(range(first, first + 5), pa.int64()), "b": blob_array(payloads)}
-        )
-
-    before = open_index(uri, None).count_rows() if open_index(uri, None) else 0
-    write = begin_write(uri, task(0).schema, mode="append", in_tasks=True)
-    done = [f for n in (1, 2) for f in write.plan.write(task(10 * n).to_batches())]
-    failed = write.plan.write(task(100).to_batches())  # its task failed: never committed
-    assert all(f.stored == () and f.record and f.recorded_bytes == 5 * 70_000 for f in done)
-    assert len(read_records(uri, write.transaction.id)) == 15  # all three tasks recorded
-    write.commit(done)
-    assert open_index(uri, None).count_rows() - before == 10  # the committed files' alone
-    assert read_records(uri, write.transaction.id) == []  # removed with the commit
-    assert failed[0].record is not None
-    table = open_table(uri)
-    assert table.count_rows() == 11 and table.verify(deep=True)["problems"] == []
