@@ -81,7 +81,7 @@ placement, ref_id_columns
 class CompactionTargets:
     """What a compaction rewrites, one object for ``Table.maintenance.compact``, Spark and the
     CLI: fragments below ``target_rows`` rows and ``target_bytes`` bytes are merged toward them;
-    a fragment with more than ``deleted_fraction`` of its rows deleted is rewritten; a store
+    a fragment with more than ``deleted_fraction`` of its rows deleted is rewritten; the
     store's packs with the most unreferenced bytes are repacked until those left are at most
     ``max_unused`` of the bytes still referenced (a table-wide budget, as restic's prune).
 

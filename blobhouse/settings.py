@@ -60,10 +60,12 @@ _WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
 # -- names ---------------------------------------------------------------------------------
 
 
-#: options that were replaced: what a user of the old name is told
+#: options that were replaced: the old name -> the new one, and what it is
 RETIRED = {
-    "repack_threshold": "max_unused, a table-wide budget of unreferenced store bytes "
-    "(docs/global-dedup.md)",
+    "repack_threshold": (
+        "max_unused",
+        "a table-wide budget of unreferenced store bytes (docs/global-dedup.md)",
+    ),
 }
 
 
@@ -71,8 +73,8 @@ def unknown_option(name: str, valid: Collection[str], what: str) -> UnknownOptio
     """The error for option ``name``, which is none of ``valid``."""
     near = closest(name, valid)
     hint = f" (did you mean {near!r}?)" if near else ""
-    if name in RETIRED and RETIRED[name].split(",")[0] in valid:
-        hint = f" (replaced by {RETIRED[name]})"
+    if name in RETIRED and RETIRED[name][0] in valid:
+        hint = " (replaced by {}, {})".format(*RETIRED[name])
     return UnknownOptionError(f"unknown {what} {name!r}{hint}; valid: {', '.join(sorted(valid))}")
 
 

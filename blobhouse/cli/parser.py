@@ -495,8 +495,7 @@ def unknown_options(tokens: list[str]) -> str:
         for option in options:  # an option that was replaced: say by what
             name = option.split("=")[0].lstrip("-").replace("-", "_")
             if name in RETIRED:
-                new = RETIRED[name].split(",")[0]
-                said += f" (replaced by --{new.replace('_', '-')})"
+                said += f" (replaced by --{RETIRED[name][0].replace('_', '-')})"
         return said
     return f"unexpected argument{'s' if len(others) > 1 else ''} {' '.join(others)}"
 

@@ -32,7 +32,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -339,7 +339,7 @@ def remove_folder(folder: str, options: Mapping[str, str] | None = None) -> None
     """
     store = object_store(folder, options)
     try:
-        for page in _pages(store.walk(folder)):
+        for page in in_pages(store.walk(folder)):
             store.delete_many([f"{folder}/{info.name}" for info in page])
         if is_local(folder):  # object stores have no folders
             os.rmdir(uri_to_path(folder))
@@ -347,10 +347,14 @@ def remove_folder(folder: str, options: Mapping[str, str] | None = None) -> None
         return
 
 
-def _pages(infos: Iterator[ObjectInfo], size: int = 1000) -> Iterator[list[ObjectInfo]]:
-    """``infos`` a page at a time: what one bulk delete takes, never a whole listing."""
-    page: list[ObjectInfo] = []
-    for info in infos:
+def in_pages(items: Iterable[T], size: int = 1000) -> Iterator[list[T]]:
+    """``items`` a page at a time: what one bulk delete takes, never a whole listing.
+
+    >>> list(in_pages(range(5), 2))
+    [[0, 1], [2, 3], [4]]
+    """
+    page: list[T] = []
+    for info in items:
         page.append(info)
         if len(page) == size:
             yield page

@@ -38,6 +38,7 @@ from blobhouse.io.leftovers import BREAK, Found, clear_once, folder_leftovers
 from blobhouse.io.objects import (
     ObjectInfo,
     StorageOptions,
+    in_pages,
     is_local,
     object_store,
     uri_to_path,
@@ -1042,11 +1043,12 @@ class _TableFiles:
     def delete(self, paths: Sequence[str], progress: Progress | None = None) -> None:
         """Remove ``paths`` a bulk request at a time (on S3, 1,000 objects a request),
         telling ``progress``."""
-        for first in range(0, len(paths), SWEEP_BATCH):
+        done = 0
+        for batch in in_pages(paths, SWEEP_BATCH):
             if progress:
-                progress("sweep", first, len(paths))
-            batch = paths[first : first + SWEEP_BATCH]
+                progress("sweep", done, len(paths))
             self.store.delete_many([f"{self.root}/{path}" for path in batch])
+            done += len(batch)
         if progress and paths:
             progress("sweep", len(paths), len(paths))
 
