@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import json
 import os
 import random
 import shutil
@@ -75,6 +76,8 @@ QUICK = Size(
     (48, 64),
     1,
     2,
+    (8, 256 * KB),
+    ((2, 4), (2,)),
 )
 FULL = Size(
     "full",
@@ -105,6 +108,8 @@ FULL = Size(
     (240, 320),
     2,
     16,
+    (24, 512 * KB),
+    ((2, 4, 8), (2, 4, 8)),
 )
 
 
@@ -1022,13 +1027,158 @@ def space_back(size: Size) -> Case:
     return case
 
 
+CONCURRENT_WRITER_SCRIPT = textwrap.dedent(
+    """
+    import json, os, random, sys, time
+    import pyarrow as pa
+    uri, go, worker, count, size, contender = sys.argv[1:7]
+    options = json.loads(sys.argv[7]) or None
+    worker, count, size = int(worker), int(count), int(size)
+    payloads = [random.Random(i).randbytes(size) for i in range(count)]
+    ids = pa.array([1000 * (worker + 1) + i for i in range(count)], pa.int64())
+    if contender == "blobhouse":
+        from blobhouse import blob_array, write_table
+        data = pa.table({"id": ids, "b": blob_array(payloads)})
+        write = lambda: write_table(data, uri, mode="append", storage_options=options)
+    else:
+        import lance
+        from blobhouse.io.objects import checked_options
+        blob = pa.field("b", pa.large_binary(), metadata={"lance-encoding:blob": "true"})
+        data = pa.table({"id": ids, "b": pa.array(payloads, pa.large_binary())},
+                        schema=pa.schema([pa.field("id", pa.int64()), blob]))
+        write = lambda: lance.write_dataset(data, uri, mode="append", data_storage_version="2.2",
+                                            storage_options=checked_options(options))
+    while not os.path.exists(go):
+        time.sleep(0.002)
+    started = time.perf_counter()
+    write()
+    print(json.dumps({"seconds": time.perf_counter() - started}))
+    """
+)
+
+
+def concurrent_writers(size: Size) -> Case:
+    """Several processes append the same new payloads at one moment: the bytes the table holds
+    against the unique bytes right after the writes, and after compaction and gc (which merge
+    what the race stored twice), on a local path, the S3 server and Azurite; pylance appends
+    the same payloads the same way."""
+    case = Case(
+        "concurrent_writers",
+        "N processes appending the same new payloads at once: table bytes against the unique "
+        "payload bytes after the writes, and after compaction + gc; seconds of the slowest "
+        "writer and of the compaction (one round each)",
+    )
+    count, payload_size = size.concurrent_payloads
+    unique = count * payload_size
+    with (
+        Scratch() as root,
+        LocalS3Server(log=root / "s3.log") as server,
+        _azurite(root, case) as azure,
+    ):
+        stores = {"local": _Store(str(root), None, None)}
+        stores["s3"] = _Store(f"s3://{server.bucket('bench')}", server.options, server)
+        if azure is not None:
+            stores["azure"] = _Store(azure.uri, azure.options, azure)
+        for store_name, store in stores.items():
+            for writers in size.concurrent_writers[store_name != "local"]:
+                for contender in ("blobhouse", "pylance"):
+                    uri = f"{store.root}/{contender}-{writers}-{uuid.uuid4().hex[:8]}"
+                    row = _concurrent_run(root, store, uri, contender, writers, count, payload_size)
+                    case.add(
+                        store=store_name,
+                        writers=writers,
+                        contender=contender,
+                        write_seconds=row["write_seconds"],
+                        ratio_after_writes=round(row["after_writes"] / unique, 3),
+                        ratio_after_compaction=None
+                        if row["after_compaction"] is None
+                        else round(row["after_compaction"] / unique, 3),
+                        compaction_seconds=row["compaction_seconds"],
+                    )
+    case.notes.append(
+        f"{count} payloads of {payload_size // KB} KB, the same in every writer, each writer "
+        "a fresh Python process started before a shared start signal (rows of ids of its "
+        "own), appending to a table that holds one row; bytes are every object of the table "
+        "(data files, store, index). blobhouse: its default table (dedup global); each "
+        "write stores what the index lacked when it looked, so writers that overlap each "
+        "store a copy, and the later index append records it; compact() merges the copies "
+        "(rows repointed to one, nothing rewritten), gc(grace=0, retain_versions=1) reaps "
+        "them. pylance: a blob v2 column, compact_files and cleanup_old_versions "
+        "(older_than=0): it stores a copy per row by design"
+    )
+    return case
+
+
+def _concurrent_run(
+    root: Path, store: _Store, uri: str, contender: str, writers: int, count: int, size: int
+) -> dict:
+    """One round: a table of one row, ``writers`` processes appending at once, then the
+    compaction and cleanup of the contender; the table's bytes after each."""
+    options = checked_options(store.options) if store.options else None
+    first = pa.table({"id": pa.array([0], pa.int64()), "b": blob_array([b"first"])})
+    if contender == "blobhouse":
+        write_table(first, uri, storage_options=options)
+    else:
+        lance.write_dataset(
+            lance_table([b"first"]).append_column("id", first.column("id")),
+            uri,
+            data_storage_version="2.2",
+            storage_options=options,
+        )
+    go = root / f"go-{uuid.uuid4().hex}"
+    args = [uri, str(go), "", str(count), str(size), contender, json.dumps(store.options)]
+    processes = []
+    for worker in range(writers):
+        args[2] = str(worker)
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", CONCURRENT_WRITER_SCRIPT, *args],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    time.sleep(2.0 + 0.5 * writers)  # every process has imported its library and waits
+    go.touch()
+    seconds = []
+    for process in processes:
+        out, _ = process.communicate(timeout=1800)
+        if process.returncode:
+            raise RuntimeError(f"a concurrent {contender} writer failed ({process.returncode})")
+        seconds.append(_last_json(out)["seconds"])
+    after_writes = _table_bytes(uri, options)
+    started = time.perf_counter()
+    if contender == "blobhouse":
+        open_table(uri, storage_options=options).compact()
+        compaction = time.perf_counter() - started
+        time.sleep(1.1)  # object stores' clocks are whole seconds: retired packs must be older
+        open_table(uri, storage_options=options).gc(grace=timedelta(0), retain_versions=1)
+    else:
+        lance.dataset(uri, storage_options=options).optimize.compact_files()
+        compaction = time.perf_counter() - started
+        lance.dataset(uri, storage_options=options).cleanup_old_versions(
+            older_than=timedelta(0), delete_unverified=True
+        )
+    return {
+        "write_seconds": round(max(seconds), 3),
+        "after_writes": after_writes,
+        "after_compaction": _table_bytes(uri, options),
+        "compaction_seconds": round(compaction, 3),
+    }
+
+
+def _table_bytes(uri: str, options: dict[str, str] | None) -> int:
+    """Every object's bytes under the table's folder."""
+    store = object_store(uri, options)
+    return sum(info.size for info in store.list(uri))
+
+
 STORE_APPEND_SCRIPT = textwrap.dedent(
     """
     import json, sys, time
     import numpy as np, pyarrow as pa
     from blobhouse import write_table
     uri, count, size, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)  # the store's own payloads: STORE_FOUND_SEED
     table = pa.table({"b": pa.array([rng.bytes(size) for _ in range(count)], pa.large_binary())})
     started = time.perf_counter()
     write_table(table, uri, mode="append", blob_columns=["b"], dedup="global")
@@ -1045,15 +1195,17 @@ STORE_PAYLOADS = {
 }
 STORE_APPEND = (1000, 10 * KB)  # payloads per timed append, and their size
 STORE_ENTRY = 16  # bytes each synthetic store entry takes in its pack
+STORE_FOUND_SEED = 1_000_000  # the seed of the STORE_APPEND payloads every store holds
 
 
 def store_scale(size: Size) -> Case:
-    """Appending 1,000 new payloads with ``dedup="global"`` as the table's store grows: seconds
-    and peak RSS of the writing process (fresh, so nothing is cached but the page cache)."""
+    """Appending 1,000 payloads with ``dedup="global"`` as the table's store grows, new ones
+    and ones the store holds (every one looked up, checked and referenced): seconds and peak
+    RSS of the writing process (fresh, so nothing is cached but the page cache)."""
     case = Case(
         "store_scale",
-        "dedup=global appends of 1,000 new 10 KB payloads to a store of N payloads, each in a "
-        "fresh process: median seconds and peak RSS",
+        "dedup=global appends of 1,000 10 KB payloads to a store of N payloads, new ones and "
+        "ones the store holds, each in a fresh process: median seconds and peak RSS",
     )
     count, payload = STORE_APPEND
     with Scratch() as root:
@@ -1062,51 +1214,55 @@ def store_scale(size: Size) -> Case:
             started = time.perf_counter()
             tables[n] = _store_with(root / f"store-{n}", n)
             built[n] = time.perf_counter() - started
-        samples: dict[int, list[dict]] = {n: [] for n in tables}
+        kinds = {"store": lambda run: run, "store found": lambda run: STORE_FOUND_SEED}
+        samples = {(kind, n): [] for kind in kinds for n in tables}
         for run in range(size.runs):  # the store sizes alternate inside each round
-            for n, uri in tables.items():
+            for (kind, n), results in samples.items():
+                seed = kinds[kind](run)
+                args = [tables[n], str(count), str(payload), str(seed)]
                 out = subprocess.run(
-                    [
-                        sys.executable,
-                        "-c",
-                        STORE_APPEND_SCRIPT,
-                        uri,
-                        str(count),
-                        str(payload),
-                        str(run),
-                    ],
+                    [sys.executable, "-c", STORE_APPEND_SCRIPT, *args],
                     check=True,
                     capture_output=True,
                     text=True,
                 )
-                samples[n].append(_last_json(out.stdout))
-        empty = statistics.median(s["seconds"] for s in samples[min(samples)])
-        for n, results in samples.items():
-            seconds = statistics.median(r["seconds"] for r in results)
-            case.add(
-                mode="store",
-                store_payloads=n,
-                seconds=round(seconds, 3),
-                vs_empty_store=round(seconds / empty, 2),
-                peak_rss_mb=round(max(r["peak_rss_mb"] for r in results), 1),
-                store_built_s=round(built[n], 1),
-            )
-    rows = case.rows
+                results.append(_last_json(out.stdout))
+        for kind in kinds:
+            empty = statistics.median(s["seconds"] for s in samples[(kind, min(tables))])
+            for n in tables:
+                results = samples[(kind, n)]
+                seconds = statistics.median(r["seconds"] for r in results)
+                case.add(
+                    mode=kind,
+                    store_payloads=n,
+                    seconds=round(seconds, 3),
+                    vs_empty_store=round(seconds / empty, 2),
+                    peak_rss_mb=round(max(r["peak_rss_mb"] for r in results), 1),
+                    store_built_s=round(built[n], 1),
+                )
+    for kind, what in (("store", "new payloads"), ("store found", "payloads the store holds")):
+        rows = [r for r in case.rows if r["mode"] == kind]
+        case.notes.append(
+            f"mode {kind!r}: every timed append adds {count} {what} of {payload // KB} KB "
+            f"({size.runs} appends per store, sizes alternating); seconds per append from "
+            f"{rows[0]['store_payloads']:,} to {rows[-1]['store_payloads']:,} payloads: "
+            + ", ".join(str(r["seconds"]) for r in rows)
+            + "; peak RSS MB: "
+            + ", ".join(str(r["peak_rss_mb"]) for r in rows)
+        )
     case.notes.append(
-        f"each store: N index entries written directly (random digests into one sparse pack), "
-        f"then gc's index maintenance; every timed append adds {count} new payloads of "
-        f"{payload // KB} KB ({size.runs} appends per store, sizes alternating); seconds per "
-        f"append from {rows[0]['store_payloads']:,} to {rows[-1]['store_payloads']:,} payloads: "
-        + ", ".join(str(r["seconds"]) for r in rows)
-        + "; peak RSS MB: "
-        + ", ".join(str(r["peak_rss_mb"]) for r in rows)
+        f"each store: first {count} real payloads of {payload // KB} KB (the ones mode 'store "
+        "found' appends again: each is looked up in the index, its bytes read and hashed, and "
+        "referenced), then N index entries written directly (random digests into one sparse "
+        "pack), then gc's index maintenance"
     )
     return case
 
 
 def _store_with(uri: Path, payloads: int) -> str:
-    """A table whose store holds ``payloads`` distinct payloads (entries of STORE_ENTRY bytes
-    in one sparse pack; their digests are random: no write will find them)."""
+    """A table whose store holds the STORE_APPEND payloads of STORE_FOUND_SEED, and
+    ``payloads`` more (entries of STORE_ENTRY bytes in one sparse pack; their digests are
+    random: no write will find them)."""
     fresh(uri)
     # an empty payload registers the store and stores nothing
     write_table(
@@ -1115,6 +1271,10 @@ def _store_with(uri: Path, payloads: int) -> str:
         blob_columns=["b"],
         dedup="global",
     )
+    count, size = STORE_APPEND
+    rng = np.random.default_rng(STORE_FOUND_SEED)  # as STORE_APPEND_SCRIPT makes them
+    found = pa.table({"b": pa.array([rng.bytes(size) for _ in range(count)], pa.large_binary())})
+    write_table(found, str(uri), mode="append", blob_columns=["b"], dedup="global")
     if not payloads:
         return str(uri)
     pack = f"packs/bench-{uuid.uuid4().hex}.pack"
@@ -1138,7 +1298,7 @@ def _store_with(uri: Path, payloads: int) -> str:
             )
 
     reader = pa.RecordBatchReader.from_batches(INDEX_SCHEMA, entries())
-    lance.write_dataset(reader, index_uri(str(uri)))
+    lance.write_dataset(reader, index_uri(str(uri)), mode="append")
     maintain_index(str(uri), timedelta(hours=1))
     return str(uri)
 
@@ -1834,6 +1994,7 @@ CASES = {
     "maintenance": maintenance,
     "global_dedup": global_dedup,
     "space_back": space_back,
+    "concurrent_writers": concurrent_writers,
     "store_scale": store_scale,
     "object_storage": object_storage,
     "mutations": mutations,

@@ -46,6 +46,8 @@ class Size:
     robot_image: tuple[int, int]  # ... camera image height and width ...
     robot_cameras: int  # ... and cameras
     robot_batches: int  # batches of 64 rows each reader reads per order and round
+    concurrent_payloads: tuple[int, int]  # payloads each concurrent writer appends, and size
+    concurrent_writers: tuple[tuple[int, ...], tuple[int, ...]]  # writers: local, object stores
 
 
 @dataclass

@@ -33,8 +33,11 @@ TARGETS = (
     '| dedup="global": bytes on disk <= 1.05 x unique across appends | {global_dedup} |\n'
     "| after deletes, compact + gc (latest version kept): bytes on disk <= 1.05 x unique live "
     "| {space_back} |\n"
-    '| dedup="global": append of 1,000 payloads to a 10 M-payload store <= 2 x to an empty '
-    "store, writer peak RSS < 1 GB | {store_scale} |\n"
+    "| 2, 4 and 8 processes appending the same new payloads at once (local, S3, Azurite): "
+    "compact + gc <= 1.05 x unique | {concurrent_writers} |\n"
+    '| dedup="global": append of 1,000 new payloads, and of 1,000 the store holds (each looked '
+    "up and checked), to a 10 M-payload store <= 1.5 x to an empty store, writer peak RSS < "
+    "1 GB | {store_scale} |\n"
     "| S3: one GET per coalesced range (requests the server logged) | {s3_requests} |\n"
     "| S3: reads by reference >= 1.0 x pylance read_blobs on the same store | {s3_access} |\n"
     "| Azure (Azurite): one GET per coalesced range | {azure_requests} |\n"
@@ -277,6 +280,9 @@ def _verdicts(data: dict) -> dict[str, str]:
         r["ratio_to_unique"] for r in rows("global_dedup", contender="blobhouse global")
     ]
     space_back = [r["ratio_to_live"] for r in rows("space_back", contender="blobhouse")]
+    concurrent = [
+        r["ratio_after_compaction"] for r in rows("concurrent_writers", contender="blobhouse")
+    ]
     ranged_s3 = rows("object_storage", contender="blobhouse refs + ranged reads, s3")
     s3_requests = [r["requests"].get("GET", 0) / r["coalesced_reads"] for r in ranged_s3]
     s3_access = [r["vs_pylance_same_store"] for r in ranged_s3]
@@ -301,7 +307,9 @@ def _verdicts(data: dict) -> dict[str, str]:
         for r in rows("mutations", contender="blobhouse", dedup="global")
         if r["operation"].startswith("upsert")
     ]
-    store_scale = _store_scale(rows("store_scale", mode="store"))
+    store_scale = _store_scale(
+        rows("store_scale", mode="store"), rows("store_scale", mode="store found")
+    )
     spark = rows("spark")
     loader = rows("loader", contender="blobhouse")
     gb = rows("scale", mode="gb")
@@ -329,6 +337,7 @@ def _verdicts(data: dict) -> dict[str, str]:
         "compaction": _range(compaction, "x unique", lambda v: v <= 1.05),
         "global_dedup": _range(global_dedup, "x unique", lambda v: v <= 1.05),
         "space_back": _range(space_back, "x unique live", lambda v: v <= 1.05),
+        "concurrent_writers": _range(concurrent, "x unique", lambda v: v <= 1.05),
         "s3_requests": _range(s3_requests, "GETs per coalesced range", lambda v: v == 1),
         "s3_access": _range(s3_access, "x pylance", lambda v: v >= 1.0),
         "azure_requests": _range(azure_requests, "GETs per coalesced range", lambda v: v == 1),
@@ -468,17 +477,22 @@ def _cli_startup(rows: list[dict]) -> str:
     return f"{shown}; over import lance: {over} ({'met' if met else 'missed'})"
 
 
-def _store_scale(rows: list[dict]) -> str:
-    """The append to the biggest store against the empty one, and the writer's peak RSS."""
-    if not rows:
+def _store_scale(new: list[dict], found: list[dict]) -> str:
+    """The appends to the biggest store against the empty one, and the writers' peak RSS."""
+    if not new:
         return "-"
-    big = max(rows, key=lambda r: r["store_payloads"])
-    met = big["store_payloads"] >= 10_000_000 and big["vs_empty_store"] <= 2
-    met = met and big["peak_rss_mb"] < 1024
-    return (
-        f"{big['vs_empty_store']}x at {big['store_payloads']:,} payloads, peak RSS "
-        f"{big['peak_rss_mb']} MB ({'met' if met else 'missed'})"
-    )
+    parts, met = [], True
+    for rows, what in ((new, "new"), (found, "found")):
+        if not rows:
+            continue
+        big = max(rows, key=lambda r: r["store_payloads"])
+        met = met and big["store_payloads"] >= 10_000_000 and big["vs_empty_store"] <= 1.5
+        met = met and big["peak_rss_mb"] < 1024
+        parts.append(
+            f"{what} {big['vs_empty_store']}x at {big['store_payloads']:,} payloads, peak RSS "
+            f"{big['peak_rss_mb']} MB"
+        )
+    return f"{'; '.join(parts)} ({'met' if met else 'missed'})"
 
 
 def growth_curves(data: dict) -> dict[tuple[str, str], list[dict]]:
@@ -491,7 +505,7 @@ def growth_curves(data: dict) -> dict[tuple[str, str], list[dict]]:
         if row.get("contender", "blobhouse") == "blobhouse":
             key = (row["mode"], row.get("operation", "write"))
             curves.setdefault(key, []).append(row)
-    store = data.get("store_scale", {}).get("rows", [])
+    store = [r for r in data.get("store_scale", {}).get("rows", []) if r["mode"] == "store"]
     if store:
         curves[("store", "append")] = [
             {

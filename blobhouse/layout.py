@@ -66,6 +66,8 @@ STORED_DIR = "stored"  # in STORE_DIR: what a store-first write stored, until it
 # in the store index's folder, the filters of its data files (blobhouse.store.digest_filter): Lance
 # leaves folders of its own names alone
 INDEX_FILTERS_DIR = "_filters"
+# ... and the digests racing writers stored twice, for compaction to merge (store.duplicates)
+INDEX_DUPLICATES_DIR = "_duplicates"
 MANAGED_DIR = "managed"  # in STORE_DIR: the managed-object registry (blobhouse.managed) ...
 REGISTRY_DIR = "registry"  # ... its records,
 UNREFERENCED_DIR = "unreferenced"  # ... objects no version references any more,

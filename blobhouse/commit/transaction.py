@@ -83,6 +83,7 @@ from blobhouse.managed import Registry, check_usable, register
 from blobhouse.options import CommitOptions
 from blobhouse.ownership import claim, release
 from blobhouse.store.claims import adopt, remove_claims
+from blobhouse.store.duplicates import find_duplicates, record_duplicates
 from blobhouse.store.index import append_to_index
 from blobhouse.store.packs import (
     StoredPayload,
@@ -179,6 +180,7 @@ class Transaction:
         inserts: Inserts | None = None,
         stored: Sequence[StoredPayload] = (),
         store_first: bool = False,
+        superseded: frozenset[str] = frozenset(),
     ) -> LanceDataset:
         """Make ``written`` visible with one Lance commit of ``operation()`` on the read
         version (or with ``commit()``, a commit of the caller's own such as Lance's compaction
@@ -191,6 +193,8 @@ class Transaction:
         ``stored``: payloads this transaction put in the store besides its files' own (a
         backfill's or a merge's tasks'): recorded with them; ``store_first``: so are those its
         store-first steps recorded (:mod:`blobhouse.store.records`), whose records then go.
+        ``superseded``: store packs this change moves payloads out of (a compaction's
+        repacked ones): the copies it makes of theirs are not duplicates.
 
         Right before the commit, every staged file must still exist and the store packs the
         files reference must not be retired (gc may have run meanwhile); the lease is held
@@ -225,7 +229,7 @@ class Transaction:
             own = [s for w in written for s in w.stored] + _adopted(written) + list(stored)
             root, options = self.location.root, self.storage_options
             first = _records_of(root, self.id, options) if store_first else []
-            record_stored(root, own + first, options)
+            record_stored(root, own + first, options, superseded)
             if store_first:
                 remove_records(root, self.id, options)
             self._register_managed(dataset, written, owned_elsewhere)
@@ -420,14 +424,29 @@ def _records_of(
 
 
 def record_stored(
-    table_path: str, stored: Sequence[StoredPayload], storage_options: StorageOptions | None
+    table_path: str,
+    stored: Sequence[StoredPayload],
+    storage_options: StorageOptions | None,
+    superseded: frozenset[str] = frozenset(),
 ) -> None:
-    """Record payloads a committed change added to the store in its index. The commit stands
-    whatever happens here: an index that lags only lowers dedup, so a failure is a warning."""
+    """Record payloads a committed change added to the store in its index, and those a
+    concurrent writer stored too (:mod:`blobhouse.store.duplicates`: compaction merges them).
+    The commit stands whatever happens here: an index that lags only lowers dedup, so a failure
+    is a warning."""
     try:
-        append_to_index(table_path, stored, storage_options)
+        index = append_to_index(table_path, stored, storage_options)
     except Exception as exc:
         warnings.warn(f"the store index of {table_path} was not updated: {exc}", stacklevel=3)
+        return
+    try:
+        twice = find_duplicates(table_path, index, stored, storage_options, superseded)
+        record_duplicates(table_path, twice, storage_options)
+    except Exception as exc:  # a lost record leaves a race's copy in place, nothing else
+        warnings.warn(
+            f"payloads of {table_path} that another write stored too were not recorded for "
+            f"compaction to merge: {exc}",
+            stacklevel=3,
+        )
 
 
 def retrying(attempt: Callable[[int], T], retries: int = DEFAULT_RETRIES) -> T:

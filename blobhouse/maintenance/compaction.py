@@ -14,7 +14,7 @@ Lance ``Rewrite``; if anything fails, what was written is removed and the table 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,7 @@ from blobhouse.options import (
 from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.properties import TableProperties
 from blobhouse.snapshot import snapshot_of
+from blobhouse.store.duplicates import Duplicates, referenced_duplicates, settle_duplicates
 from blobhouse.store.index import indexed_packs
 from blobhouse.store.packs import retire_packs, store_base_id, store_uri_prefix
 from blobhouse.values import (
@@ -90,7 +91,15 @@ class CompactionPlan:
     target_bytes: int
     repack: tuple[str, ...] = ()  # store packs with the most dead: their live payloads move out
     unused_bytes: int = 0  # unreferenced bytes of the packs the compacted version references
+    # payloads racing writers stored twice (store.duplicates): the bytes of the copies that do
+    # not stay, the records read, and the digests that keep copies after this compaction
+    duplicate_bytes: int = 0
+    duplicate_records: tuple[str, ...] = ()
+    unsettled_duplicates: tuple[bytes, ...] = ()
     dead: tuple[str, ...] = ()  # packs the index names that no row of the version read does
+    # whether it retires what it repacks: not when the table has branches (another line may
+    # still read a pack this one no longer does; gc, which marks every line, retires it)
+    retires: bool = True
     global_columns: tuple[str, ...] = ()  # columns written into the table's store
     leave_store: tuple[str, ...] = ()  # columns whose mode is per file: out of the store
 
@@ -116,7 +125,9 @@ def plan_compaction(
     of the packs the current version references that no row references are at most
     ``max_unused`` of the referenced (:meth:`StoreUsage.to_repack`): every fragment referencing
     a repacked pack is rewritten, its live payloads go to new packs, and it is retired (gc
-    deletes it once no retained version references it).
+    deletes it once no retained version references it). A payload that racing writers stored
+    twice counts as unused in every pack but one (:mod:`blobhouse.store.duplicates`): a
+    repacked pack's rows then reference the copy that stays.
 
     The targets never exceed the table's ``max_rows_per_file`` and ``max_bytes_per_file``
     properties. A fragment is a candidate when it is small (fewer than ``target_rows`` rows and
@@ -143,8 +154,11 @@ def plan_compaction(
         target_bytes = min(target_bytes, properties.max_bytes_per_file)
     global_columns, per_file_columns = _columns_by_mode(table)
     usage = StoreUsage.of(table, scan=bool(global_columns))
-    repack, unused = usage.to_repack(targets.max_unused)
-    dead = _dead_packs(table, usage) if store_base_id(table.dataset) is not None else ()
+    has_store = store_base_id(table.dataset) is not None
+    duplicates = _duplicates(table, usage) if has_store else Duplicates()
+    repack, unused = usage.to_repack(targets.max_unused, duplicates.redundant_bytes)
+    retires = has_store and not table.branches()
+    dead = _dead_packs(table, usage) if retires else ()
     # rows of a column whose mode changed move: into the store (global now), or out of it
     forced = (
         usage.fragments_using(repack)
@@ -188,7 +202,11 @@ def plan_compaction(
         groups=tuple(groups),
         repack=tuple(sorted(repack)),
         unused_bytes=unused,
+        duplicate_bytes=sum(duplicates.redundant_bytes.values()),
+        duplicate_records=duplicates.records,
+        unsettled_duplicates=tuple(duplicates.unsettled(repack)),
         dead=dead,
+        retires=retires,
         global_columns=tuple(sorted((usage.columns - per_file_columns) | global_columns)),
         leave_store=tuple(sorted(per_file_columns)),
         target_rows=target_rows,
@@ -206,6 +224,17 @@ def _columns_by_mode(table: TableSnapshot) -> tuple[set[str], set[str]]:
     return {c for c, m in modes.items() if m == "global"}, {
         c for c, m in modes.items() if m != "global"
     }
+
+
+def _duplicates(table: TableSnapshot, usage: StoreUsage) -> Duplicates:
+    """The recorded duplicates the version references more than once (none if the index
+    cannot be read: they wait for a compaction that can)."""
+    try:
+        return referenced_duplicates(
+            table.location.root, usage.ranges, usage.pack_sizes, table.storage_options
+        )
+    except (ValueError, OSError, StoreIndexError):
+        return Duplicates()
 
 
 def _index_coverage(table: TableSnapshot) -> dict[int, frozenset[str]]:
@@ -308,16 +337,26 @@ def commit_compaction(
             rewrite = LanceOperation.Rewrite(groups, [])
             return lance_commit(location, lambda: rewrite, plan.read_version, options)
 
-    committed = plan.transaction.commit([w for files in written for w in files], commit=commit)
+    committed = plan.transaction.commit(
+        [w for files in written for w in files],
+        commit=commit,
+        superseded=frozenset(plan.repack),
+    )
     retire_dead(table, plan, plan.repack)
     return committed
 
 
 def retire_dead(table: TableSnapshot, plan: CompactionPlan, repacked: Sequence[str] = ()) -> None:
     """Retire the packs no current row references (repacked ones, and those deletes left
-    dead): writers stop finding them, and gc deletes them once no retained version does --
-    in its next run past the grace, not a run later (docs/global-dedup.md)."""
-    retire_packs(table.location.root, [*repacked, *plan.dead], table.storage_options)
+    dead) unless the table has branches: writers stop finding them, and gc deletes them once
+    no retained version does -- in its next run past the grace, not a run later
+    (docs/global-dedup.md). On main, the records of duplicates are replaced by one of those
+    it leaves stored twice."""
+    root, options = table.location.root, table.storage_options
+    if plan.retires:
+        retire_packs(root, [*repacked, *plan.dead], options)
+    if table.location.branch is None:  # a branch's rows say nothing of main's copies
+        settle_duplicates(root, plan.duplicate_records, plan.unsettled_duplicates, options)
 
 
 def _dead_packs(table: TableSnapshot, usage: StoreUsage) -> tuple[str, ...]:
@@ -470,7 +509,8 @@ def report(version: int, plan: CompactionPlan, written: Sequence[Sequence[Writte
         "repacked_packs": len(plan.repack),
         "new_store_bytes": sum(s.size for w in files for s in w.stored),
         "unused_store_bytes": plan.unused_bytes,
-        "retired_packs": len(plan.repack) + len(plan.dead),
+        "duplicate_store_bytes": plan.duplicate_bytes,
+        "retired_packs": (len(plan.repack) if plan.retires else 0) + len(plan.dead),
     }
 
 
@@ -596,10 +636,14 @@ class StoreUsage:
             usage.pack_sizes[pack] = store.size(f"{prefix}{pack}") or 0
         return usage
 
-    def to_repack(self, max_unused: float) -> tuple[set[str], int]:
+    def to_repack(
+        self, max_unused: float, redundant: Mapping[str, int] | None = None
+    ) -> tuple[set[str], int]:
         """The packs to repack so that the unreferenced bytes of the packs the current version
         references are at most ``max_unused`` of the referenced ones, the most unreferenced
         first (each byte rewritten buys back the most), and the unreferenced bytes left.
+        ``redundant``: by pack, referenced bytes that are copies of payloads another pack
+        holds too (they count as unreferenced: the rows can reference the other copy).
 
         >>> usage = StoreUsage(ranges={"a": {(0, 10)}, "b": {(0, 90)}})
         >>> usage.pack_sizes = {"a": 100, "b": 100}
@@ -607,10 +651,19 @@ class StoreUsage:
         ({'a'}, 10)
         >>> sorted(usage.to_repack(0.05)[0])  # 10 is more than 5% of 100
         ['a', 'b']
+        >>> twice = StoreUsage(ranges={"a": {(0, 90)}, "b": {(0, 90)}})  # the same 90 bytes
+        >>> twice.pack_sizes = {"a": 100, "b": 100}
+        >>> twice.to_repack(0.2, {"b": 90})  # b's copies count as unused: b goes, a's 10 stay
+        ({'b'}, 10)
         """
+        redundant = redundant or {}
         live = {pack: sum(size for _, size in ranges) for pack, ranges in self.ranges.items()}
-        dead = {pack: max(self.pack_sizes[pack] - live[pack], 0) for pack in live}
-        unused, budget = sum(dead.values()), max_unused * sum(live.values())
+        dead = {
+            pack: max(self.pack_sizes[pack] - live[pack], 0) + redundant.get(pack, 0)
+            for pack in live
+        }
+        unique = sum(live.values()) - sum(redundant.values())
+        unused, budget = sum(dead.values()), max_unused * unique
         chosen: set[str] = set()
         for pack in sorted(dead, key=lambda p: (-dead[p] / max(self.pack_sizes[p], 1), p)):
             if unused <= budget or not dead[pack]:

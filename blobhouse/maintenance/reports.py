@@ -96,6 +96,7 @@ class CompactionReport(TypedDict):
     repacked_packs: int
     new_store_bytes: int
     unused_store_bytes: int
+    duplicate_store_bytes: int
     retired_packs: int
     attempts: int
 

@@ -45,7 +45,7 @@ _INDEX_FRAGMENTS = 8  # more than this many and gc compacts the index
 _INDEX_FILTERS = 8  # more filters than this cover it and gc merges them into one
 
 
-_LOOKUP_WINDOW = 4096  # hashes per scalar-index query
+LOOKUP_WINDOW = 4096  # hashes per scalar-index query
 
 
 _UNINDEXED_ROWS = 100_000  # more index rows outside its scalar indices and a writer adds them
@@ -85,7 +85,7 @@ class StoreIndex:
     >>> import tempfile
     >>> from blobhouse.dedup import content_hash
     >>> root, digest = tempfile.mkdtemp(), content_hash(b"hello")
-    >>> append_to_index(root, [StoredPayload(digest, "packs/a.pack", 0, 5)])
+    >>> _ = append_to_index(root, [StoredPayload(digest, "packs/a.pack", 0, 5)])
     >>> index = StoreIndex.open(root)
     >>> index.find([digest, content_hash(b"other")])[digest].pack
     'packs/a.pack'
@@ -136,8 +136,8 @@ class StoreIndex:
         if self._dataset is None or not digests:
             return found
         digests = self._maybe_held(digests)
-        for start in range(0, len(digests), _LOOKUP_WINDOW):
-            window = pa.array(digests[start : start + _LOOKUP_WINDOW], pa.binary())
+        for start in range(0, len(digests), LOOKUP_WINDOW):
+            window = pa.array(digests[start : start + LOOKUP_WINDOW], pa.binary())
             rows = self._query(pc.field("blake3").isin(window))
             for digest, pack, position, size in index_rows(rows, INDEX_SCHEMA.names):
                 if pack not in avoid:
@@ -149,7 +149,7 @@ class StoreIndex:
         them while a data file has no filter yet, or when a filter cannot be read)."""
         try:
             if self._filters is None:
-                self._filters = _covering_filters(
+                self._filters = covering_filters(
                     self.table_path, self._dataset, self.storage_options
                 )
             if not self._filters:
@@ -225,10 +225,11 @@ def has_index(table_path: str, storage_options: StorageOptions | None = None) ->
 
 def append_to_index(
     table_path: str, stored: list[StoredPayload], storage_options: StorageOptions | None = None
-) -> None:
-    """Record payloads a committed write stored (concurrent appends are Lance appends)."""
+) -> LanceDataset | None:
+    """Record payloads a committed write stored (concurrent appends are Lance appends); the
+    index's version this append made."""
     if not stored:
-        return
+        return None
     rows = pa.table(
         {
             "blake3": [s.digest for s in stored],
@@ -252,6 +253,7 @@ def append_to_index(
     except (BlobhouseError, ValueError, OSError) as exc:
         warnings.warn(f"the store index of {table_path} got no filter: {exc}", stacklevel=2)
     index_lookups(table_path, storage_options)
+    return dataset
 
 
 def index_lookups(
@@ -316,7 +318,7 @@ def filters_uri(table_path: str) -> str:
     return f"{index_uri(table_path)}/{INDEX_FILTERS_DIR}"
 
 
-def _data_files(dataset: LanceDataset) -> dict[str, lance.LanceFragment]:
+def data_files(dataset: LanceDataset) -> dict[str, lance.LanceFragment]:
     """The index's data files (one per fragment) and their fragments."""
     return {
         str(data_file.path): fragment
@@ -325,16 +327,17 @@ def _data_files(dataset: LanceDataset) -> dict[str, lance.LanceFragment]:
     }
 
 
-def _covering_filters(
+def covering_filters(
     table_path: str,
     dataset: LanceDataset,
     storage_options: StorageOptions | None,
     filters: list[FilterFile] | None = None,
+    files: Set[str] | None = None,
 ) -> list[FilterFile]:
-    """Of ``filters`` (default: the index's), those that together cover every data file of
-    ``dataset`` (none if one is not covered yet: a lookup must then ask the scalar index for
-    every hash)."""
-    files = set(_data_files(dataset))
+    """Of ``filters`` (default: the index's), those that together cover ``files`` (default:
+    every data file of ``dataset``); none if one is not covered yet (a lookup must then ask the
+    scalar index for every hash)."""
+    files = set(data_files(dataset)) if files is None else set(files)
     if filters is None:
         filters = read_filters(filters_uri(table_path), storage_options)
     chosen: list[FilterFile] = []
@@ -360,7 +363,7 @@ def write_filters(
     if filters is None:
         filters = read_filters(filters_uri(table_path), storage_options)
     covered = set().union(*(f.covered for f in filters))
-    missing = {name: f for name, f in _data_files(dataset).items() if name not in covered}
+    missing = {name: f for name, f in data_files(dataset).items() if name not in covered}
     rows = sum(f.physical_rows for f in missing.values())
     if not missing or (max_rows is not None and rows > max_rows):
         return frozenset()
@@ -387,7 +390,7 @@ def _tidy_filters(
     store = object_store(folder, storage_options)
     listed = store.list(folder)  # before the new filter is written: it is never removed below
     filters = read_filters(folder, storage_options)
-    whole = len(_covering_filters(table_path, dataset, storage_options, filters)) > _INDEX_FILTERS
+    whole = len(covering_filters(table_path, dataset, storage_options, filters)) > _INDEX_FILTERS
     fresh = write_filters(table_path, dataset, storage_options, filters=[] if whole else filters)
     on_disk = {i.name for i in store.list(f"{index_uri(table_path)}/data")}
     by_uri = {f.uri: f for f in filters}

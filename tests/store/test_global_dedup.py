@@ -581,3 +581,23 @@ def test_updates_then_compaction_and_gc_give_the_space_back(table_uri):
         random.Random(1000 + i).randbytes(size) if i % 2 == 0 else data[i] for i in range(n)
     ]
     assert stock_read(table_uri, "b") == expected
+
+
+def test_a_compaction_retires_no_pack_another_branch_reads(table_uri):
+    """Deletes on main then compaction repack main's packs; a branch made before still reads
+    them: they are not retired (gc, which marks every branch, decides), so the branch's own
+    compaction and writes go on."""
+    size, n = 100_000, 40
+    data = [random.Random(i).randbytes(size) for i in range(n)]
+    write_table(rows(list(range(n)), data), table_uri)
+    lance.dataset(table_uri).create_branch("exp", open_table(table_uri).version)
+    open_table(table_uri).delete("id % 2 = 1")
+    report = open_table(table_uri).compact()
+    assert report["repacked_packs"] >= 1 and report["retired_packs"] == 0
+    write_table(rows([100], [data[0]]), table_uri, mode="append", branch="exp")
+    open_table(table_uri, branch="exp").delete("id < 10")
+    open_table(table_uri, branch="exp").compact()
+    open_table(table_uri).gc(grace=timedelta(0), retain_versions=1)
+    assert open_table(table_uri, branch="exp").read_blobs("b", range(31)) == data[10:] + data[:1]
+    assert open_table(table_uri).read_blobs("b", range(20)) == data[::2]
+    assert open_table(table_uri).verify(deep=True)["problems"] == []

@@ -1,0 +1,221 @@
+"""Duplicates: payloads that racing writers both stored, found when the later one records its
+payloads in the index, merged by compaction.
+
+Claims are per write, so two writes (processes, Spark applications) that look the same new
+payload up before either commits each store a copy. Lance commits the two index appends one
+after the other, and the later append's version holds both copies: right after appending, a
+writer asks every *other* data file of the index for the hashes it added (the filters first,
+then the scalar index for the few they may hold) and records those found there in a file of
+``_blobs/index/_duplicates/``. Compaction reads the records, counts every copy the current
+version references but one as unused bytes of its pack, and so repacks the packs that hold
+many: their rows are rewritten to reference the copy that stays (the repack's store writer
+finds it in the index), and the pack is retired like any other (docs/global-dedup.md).
+
+A record is a hint, never trusted: compaction looks each digest up again, and a lost record only
+leaves a duplicate in place (lower dedup, never a wrong reference).
+
+>>> import tempfile
+>>> from blobhouse.dedup import content_hash
+>>> from blobhouse.store.index import append_to_index
+>>> root, digest = tempfile.mkdtemp(), content_hash(b"clip")
+>>> first = [StoredPayload(digest, "packs/a.pack", 0, 4)]
+>>> second = [StoredPayload(digest, "packs/b.pack", 0, 4)]  # another writer's copy
+>>> find_duplicates(root, append_to_index(root, first), first)
+[]
+>>> find_duplicates(root, append_to_index(root, second), second) == [digest]
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from lance import LanceDataset
+
+from blobhouse.dedup import digest_matrix
+from blobhouse.errors import StoreError
+from blobhouse.io.objects import StorageOptions, object_store, read_object
+from blobhouse.layout import INDEX_DUPLICATES_DIR
+from blobhouse.store.digest_filter import may_contain
+from blobhouse.store.index import (
+    INDEX_SCHEMA,
+    LOOKUP_WINDOW,
+    StoreIndex,
+    covering_filters,
+    data_files,
+    index_rows,
+)
+from blobhouse.store.packs import StoredPayload, index_uri, retired_packs
+
+DIGEST_BYTES = 32
+RECORD_SUFFIX = ".digests"
+
+
+def duplicates_uri(table_path: str) -> str:
+    return f"{index_uri(table_path)}/{INDEX_DUPLICATES_DIR}"
+
+
+def find_duplicates(
+    table_path: str,
+    index: LanceDataset | None,
+    added: Sequence[StoredPayload],
+    storage_options: StorageOptions | None = None,
+    superseded: Set[str] = frozenset(),
+) -> list[bytes]:
+    """The digests of ``added`` (just appended to the index, whose version after the append is
+    ``index``) that another data file of the index holds at another place, in a pack other
+    than ``superseded`` (those the writer moved payloads out of): copies a concurrent writer
+    stored. One filter block per digest, and a scalar-index query for the few that a filter
+    may hold (all of them when a data file has no filter yet)."""
+    if index is None or not added:
+        return []
+    ours = _appended_files(index)
+    others = set(data_files(index)) - ours
+    if not others:
+        return []
+    digests = sorted({s.digest for s in added})
+    filters = covering_filters(table_path, index, storage_options, files=others)
+    if filters:
+        maybe = may_contain(filters, digest_matrix(digests), storage_options).tolist()
+        digests = [d for d, held in zip(digests, maybe, strict=True) if held]
+    places = {(s.digest, s.pack, s.position, s.size) for s in added}
+    found: set[bytes] = set()
+    for start in range(0, len(digests), LOOKUP_WINDOW):
+        window = pa.array(digests[start : start + LOOKUP_WINDOW], pa.binary())
+        rows = index.to_table(filter=pc.field("blake3").isin(window))
+        found.update(
+            row[0]
+            for row in index_rows(rows, INDEX_SCHEMA.names)
+            if tuple(row) not in places and row[1] not in superseded
+        )
+    return sorted(found)
+
+
+def _appended_files(index: LanceDataset) -> set[str]:
+    """The data files the commit that made ``index``'s version added."""
+    if index.version <= 1:
+        return set(data_files(index))
+    before = index.checkout_version(index.version - 1)
+    return set(data_files(index)) - set(data_files(before))
+
+
+def record_duplicates(
+    table_path: str, digests: Iterable[bytes], storage_options: StorageOptions | None = None
+) -> None:
+    """Record ``digests`` as stored more than once, for compaction to merge."""
+    body = b"".join(sorted(set(digests)))
+    if body:
+        uri = f"{duplicates_uri(table_path)}/{uuid.uuid4().hex}{RECORD_SUFFIX}"
+        object_store(uri, storage_options).put(uri, body)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The duplicate records found, and the digests they name."""
+
+    files: tuple[str, ...] = ()
+    digests: frozenset[bytes] = frozenset()
+
+
+def recorded_duplicates(table_path: str, storage_options: StorageOptions | None = None) -> Recorded:
+    """Every record of duplicates (one that cannot be read, or is not whole, is left out: it
+    is a hint)."""
+    folder = duplicates_uri(table_path)
+    store = object_store(folder, storage_options)
+    try:
+        listed = [f"{folder}/{i.name}" for i in store.list(folder)]
+    except OSError:
+        return Recorded()
+    files, digests = [], set()
+    for uri in listed:
+        if not uri.endswith(RECORD_SUFFIX):
+            continue
+        with contextlib.suppress(OSError):
+            body = read_object(uri, storage_options)
+            if len(body) % DIGEST_BYTES == 0:
+                files.append(uri)
+                digests.update(
+                    body[i : i + DIGEST_BYTES] for i in range(0, len(body), DIGEST_BYTES)
+                )
+    return Recorded(tuple(files), frozenset(digests))
+
+
+@dataclass(frozen=True)
+class Duplicates:
+    """Payloads the current version references in more than one place of the store, as a
+    compaction plans them: per digest its copies, the one that stays first (in the pack with
+    the fewest unreferenced bytes: the least likely to be repacked)."""
+
+    records: tuple[str, ...] = ()
+    copies: Mapping[bytes, tuple[StoredPayload, ...]] = field(default_factory=dict)
+
+    @property
+    def redundant_bytes(self) -> dict[str, int]:
+        """By pack, the bytes of the copies that do not stay.
+
+        >>> a, b = (StoredPayload(b"d", f"packs/{p}.pack", 0, 5) for p in "ab")
+        >>> Duplicates(copies={b"d": (a, b)}).redundant_bytes
+        {'packs/b.pack': 5}
+        """
+        by_pack: dict[str, int] = {}
+        for copies in self.copies.values():
+            for copy in copies[1:]:
+                by_pack[copy.pack] = by_pack.get(copy.pack, 0) + copy.size
+        return by_pack
+
+    def unsettled(self, repacked: Set[str]) -> list[bytes]:
+        """The digests that keep more than one referenced copy once ``repacked`` are gone."""
+        return sorted(
+            digest
+            for digest, copies in self.copies.items()
+            if sum(c.pack not in repacked for c in copies) > 1
+        )
+
+
+def referenced_duplicates(
+    table_path: str,
+    referenced: Mapping[str, Set[tuple[int, int]]],
+    pack_sizes: Mapping[str, int],
+    storage_options: StorageOptions | None = None,
+) -> Duplicates:
+    """The recorded duplicates that a version still references more than one copy of, given
+    the ``(position, size)`` ranges it references in each pack and the packs' sizes. Copies in
+    retired packs do not count (they go with their pack)."""
+    recorded = recorded_duplicates(table_path, storage_options)
+    if not recorded.digests:
+        return Duplicates(recorded.files)
+    index = StoreIndex.open(table_path, storage_options)
+    retired = set(retired_packs(table_path, storage_options))
+    live = {p: sum(size for _, size in ranges) for p, ranges in referenced.items()}
+
+    def unreferenced(pack: str) -> float:
+        return 1 - live[pack] / max(pack_sizes.get(pack, 0), live[pack], 1)
+
+    copies: dict[bytes, tuple[StoredPayload, ...]] = {}
+    found = index.find_copies(sorted(recorded.digests), avoid=retired)
+    for digest, all_copies in found.items():
+        places = {
+            c for c in all_copies if (c.position, c.size) in referenced.get(c.pack, frozenset())
+        }
+        if len(places) > 1:
+            copies[digest] = tuple(sorted(places, key=lambda c: (unreferenced(c.pack), c.pack)))
+    return Duplicates(recorded.files, copies)
+
+
+def settle_duplicates(
+    table_path: str,
+    records: Sequence[str],
+    unsettled: Sequence[bytes],
+    storage_options: StorageOptions | None = None,
+) -> None:
+    """After a compaction's commit: one record of the digests still stored more than once
+    replaces the ``records`` it read (writers may have added others meanwhile: kept)."""
+    with contextlib.suppress(OSError, StoreError):
+        record_duplicates(table_path, unsettled, storage_options)
+        if records:
+            object_store(records[0], storage_options).delete_many(list(records))
