@@ -90,7 +90,9 @@ def local_session(
 ) -> SparkSession:
     """A Spark session for blobhouse: embedded (``local[*]``, the default) or connected to a
     cluster's ``master`` (``spark://host:7077``, ``yarn``, ``k8s://...``), with workers on this
-    Python unless ``spark.pyspark.python`` says otherwise.
+    Python (or on ``$PYSPARK_PYTHON`` when set), unless ``spark.pyspark.python`` in ``conf``
+    names another (it is put in ``$PYSPARK_PYTHON``: a session built from Python reads only
+    that).
 
     An embedded session binds to loopback. On a cluster, executors connect back to the driver:
     Spark picks this machine's address, or set ``spark.driver.host`` (and
@@ -103,7 +105,13 @@ def local_session(
     # Spark starts its JVM and Python workers by fork+exec; lance warns on every fork although
     # nothing of lance runs in those children before exec
     warnings.filterwarnings("ignore", message="lance is not fork-safe", category=UserWarning)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # a session built from Python starts its workers with $PYSPARK_PYTHON and ignores
+    # spark.pyspark.python (only spark-submit reads it): the setting goes to the environment
+    python = (conf or {}).get("spark.pyspark.python")
+    if python:
+        os.environ["PYSPARK_PYTHON"] = python
+    else:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -396,3 +398,30 @@ def test_the_console_progress_bar_is_off_when_stderr_is_not_a_terminal(spark):
     # standard error is captured, and the bar's redraws would fill it
     shown = spark.sparkContext.getConf().get("spark.ui.showConsoleProgress", "true")
     assert shown == ("true" if sys.stderr.isatty() else "false")
+
+
+def test_local_session_starts_workers_on_the_python_its_conf_names(tmp_path):
+    """pyspark reads only $PYSPARK_PYTHON for a session built from Python: local_session puts
+    spark.pyspark.python there (a cluster whose nodes keep Python elsewhere names it so)."""
+    python = tmp_path / "python-for-workers"
+    python.symlink_to(sys.executable)
+    script = textwrap.dedent(
+        """
+        import sys
+        import blobhouse.spark as bs
+        spark = bs.local_session("local[1]", conf={"spark.pyspark.python": sys.argv[1]})
+        used = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable)
+        print(used.collect()[0])
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(python)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == str(python)
