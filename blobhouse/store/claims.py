@@ -26,7 +26,8 @@ store twice, so a task claims small payloads of a column only while they turn ou
 first :data:`SMALL_PROBE` of them, then as long as at least 1 in :data:`SMALL_SHARED_RATIO`
 was met again (by the task, or claimed first by another), and always one that repeats within
 the batch that meets it. A column of calibration files keeps claiming; one of thumbnails
-unique per row stops after the probe. What is not claimed may be stored once per task.
+unique per row stops after the probe. What is not claimed may be stored once per task: the
+write's index append records such copies, and compaction merges them (store.duplicates).
 """
 
 from __future__ import annotations

@@ -71,27 +71,31 @@ def find_duplicates(
     ``index``) that another data file of the index holds at another place, in a pack other
     than ``superseded`` (those the writer moved payloads out of): copies a concurrent writer
     stored. One filter block per digest, and a scalar-index query for the few that a filter
-    may hold (all of them when a data file has no filter yet)."""
+    may hold (all of them when a data file has no filter yet). Also those ``added`` holds at
+    two places: the tasks of one write that each stored a payload they did not claim
+    (:mod:`blobhouse.store.claims`)."""
+    places: dict[bytes, set[tuple[str, int, int]]] = {}
+    for s in added:
+        places.setdefault(s.digest, set()).add((s.pack, s.position, s.size))
+    found = {digest for digest, at in places.items() if len(at) > 1}
     if index is None or not added:
-        return []
+        return sorted(found)
     ours = _appended_files(index)
     others = set(data_files(index)) - ours
     if not others:
-        return []
+        return sorted(found)
     digests = sorted({s.digest for s in added})
     filters = covering_filters(table_path, index, storage_options, files=others)
     if filters:
         maybe = may_contain(filters, digest_matrix(digests), storage_options).tolist()
         digests = [d for d, held in zip(digests, maybe, strict=True) if held]
-    places = {(s.digest, s.pack, s.position, s.size) for s in added}
-    found: set[bytes] = set()
     for start in range(0, len(digests), LOOKUP_WINDOW):
         window = pa.array(digests[start : start + LOOKUP_WINDOW], pa.binary())
         rows = index.to_table(filter=pc.field("blake3").isin(window))
         found.update(
-            row[0]
-            for row in index_rows(rows, INDEX_SCHEMA.names)
-            if tuple(row) not in places and row[1] not in superseded
+            digest
+            for digest, pack, position, size in index_rows(rows, INDEX_SCHEMA.names)
+            if (pack, position, size) not in places[digest] and pack not in superseded
         )
     return sorted(found)
 

@@ -248,3 +248,30 @@ def test_a_record_that_cannot_be_written_warns_and_the_write_stands(table_uri):
     }
     assert open_table(table_uri).compact()["duplicate_store_bytes"] == 0  # nothing recorded
     assert open_table(table_uri).verify(deep=True)["problems"] == []
+
+
+def test_what_the_tasks_of_one_write_stored_each_is_recorded_and_merged(table_uri):
+    """Small payloads are claimed only while they turn out shared: after SMALL_PROBE unique
+    thumbnails, a small payload every task meets is stored once per task. The write's own
+    index append records it, and a compaction merges the copies."""
+    from blobhouse.store.claims import SMALL_PROBE
+
+    late = os.urandom(3_000)
+
+    def task(n: int) -> list[pa.RecordBatch]:
+        unique = [b"%d-%d" % (n, i) * 400 for i in range(SMALL_PROBE + 50)]
+        ids = [100_000 * (n + 1) + i for i in range(len(unique) + 1)]
+        return rows(ids, [*unique, late]).to_batches(max_chunksize=1)
+
+    write_table(rows([0], [FIRST]), table_uri)
+    attempt = begin_write(table_uri, rows([0], [FIRST]).schema, mode="append", in_tasks=True)
+    written = [f for n in range(3) for f in attempt.plan.write(task(n))]
+    attempt.commit(written)
+    assert recorded_duplicates(table_uri).digests == {content_hash(late)}
+    report = open_table(table_uri).compact(max_unused=0.0)
+    assert report["duplicate_store_bytes"] == 2 * len(late)
+    open_table(table_uri).gc(grace=timedelta(0), retain_versions=1)
+    stats = open_table(table_uri).stats()["columns"]["b"]
+    assert stats["physical_bytes"] == stats["logical_bytes"] - 2 * len(late)
+    got = table_rows(table_uri)
+    assert [got[100_000 * (n + 1) + SMALL_PROBE + 50] for n in range(3)] == [late] * 3
