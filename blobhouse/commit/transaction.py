@@ -43,6 +43,7 @@ and hands them to :meth:`Transaction.abort`, which removes exactly those files.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import time
@@ -84,7 +85,7 @@ from blobhouse.options import CommitOptions
 from blobhouse.ownership import claim, release
 from blobhouse.store.claims import adopt, remove_claims
 from blobhouse.store.duplicates import find_duplicates, record_duplicates
-from blobhouse.store.index import append_to_index
+from blobhouse.store.index import EntryBatches, append_to_index, entry_batches
 from blobhouse.store.packs import (
     StoredPayload,
     check_packs_usable,
@@ -92,7 +93,7 @@ from blobhouse.store.packs import (
     remove_packs,
     remove_staged_packs,
 )
-from blobhouse.store.records import read_records, remove_records
+from blobhouse.store.records import record_batches, remove_records
 
 T = TypeVar("T")
 DEFAULT_RETRIES = CommitOptions.retries
@@ -228,8 +229,7 @@ class Transaction:
                 raise
             own = [s for w in written for s in w.stored] + _adopted(written) + list(stored)
             root, options = self.location.root, self.storage_options
-            first = _records_of(root, self.id, options) if store_first else []
-            record_stored(root, own + first, options, superseded)
+            record_stored(root, self._stored_entries(own, store_first), options, superseded)
             if store_first:
                 remove_records(root, self.id, options)
             self._register_managed(dataset, written, owned_elsewhere)
@@ -237,6 +237,15 @@ class Transaction:
                 remove_claims(self.location.root, self.id, self.storage_options)
             interrupts.landed(f"the {self.kind} committed first: version {dataset.version}")
             return dataset
+
+    def _stored_entries(self, own: list[StoredPayload], recorded: bool) -> EntryBatches:
+        """The store entries this transaction added: ``own``, and (``recorded``) those its
+        steps or tasks recorded (:mod:`blobhouse.store.records`), streamed a record at a time."""
+        mine = entry_batches(own)
+        if not recorded:
+            return mine
+        root, options = self.location.root, self.storage_options
+        return lambda: itertools.chain(mine(), record_batches(root, self.id, options))
 
     def _with_unique_keys(
         self, commit: Callable[[], LanceDataset], inserts: Inserts
@@ -411,21 +420,9 @@ def _managed(written: Sequence[WrittenFile]) -> list[str]:
     return sorted({u for w in written for u in w.managed})
 
 
-def _records_of(
-    table_path: str, write_id: str, storage_options: StorageOptions | None
-) -> list[StoredPayload]:
-    """What a store-first write recorded it stored; a failure to read them is a warning (the
-    commit stands: an index that lags only lowers dedup)."""
-    try:
-        return read_records(table_path, write_id, storage_options)
-    except Exception as exc:
-        warnings.warn(f"the store index of {table_path} was not updated: {exc}", stacklevel=3)
-        return []
-
-
 def record_stored(
     table_path: str,
-    stored: Sequence[StoredPayload],
+    stored: Sequence[StoredPayload] | EntryBatches,
     storage_options: StorageOptions | None,
     superseded: frozenset[str] = frozenset(),
 ) -> None:

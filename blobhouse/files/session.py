@@ -161,6 +161,8 @@ class WrittenFile:
     sidecar_bytes: int
     packs: tuple[str, ...] = ()  # store packs (dedup="global") holding payloads added for it
     stored: tuple = ()  # those payloads (store.StoredPayload), for the store's index
+    # the bytes of those payloads a Spark task recorded instead (store.records), not listed
+    recorded_bytes: int = 0
     found_packs: tuple[str, ...] = ()  # store packs it references that the index named
     # payloads it references that another task of the write claimed and stored (store.
     # StoredPayload; blobhouse.store.claims): the commit checks that a succeeding task stored them
@@ -173,7 +175,8 @@ class WrittenFile:
     @property
     def bytes_written(self) -> int:
         """What writing it wrote: the data file, its sidecars and the store payloads it added."""
-        return self.size_bytes + self.sidecar_bytes + sum(p.size for p in self.stored)
+        stored = sum(p.size for p in self.stored) + self.recorded_bytes
+        return self.size_bytes + self.sidecar_bytes + stored
 
     def __post_init__(self) -> None:
         # these names are joined to the table's directories, committed and, on abort,

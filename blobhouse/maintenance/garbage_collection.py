@@ -634,7 +634,11 @@ class _Sweep:
         expired = leases.remove_expired(
             table.location.root, self.lease_cutoff, table.storage_options
         )
-        owned.remove_empty_dirs()
+        # a running write makes a data file's sidecar folder before its first sidecar: that
+        # empty folder is its own (a tryout's writer lost it: FileNotFoundError)
+        owned.remove_empty_dirs(
+            lambda path, mtime: mtime >= self.cutoff or _staged_by(path, self.running)
+        )
         return _SweepDone(index, expired)
 
     def packs_report(self) -> dict[str, Any]:
@@ -1052,10 +1056,12 @@ class _TableFiles:
         if progress and paths:
             progress("sweep", len(paths), len(paths))
 
-    def remove_empty_dirs(self) -> None:
+    def remove_empty_dirs(self, spared: Callable[[str, float], bool]) -> None:
+        """Remove the empty folders of the owned directories but those ``spared(path relative
+        to its owned directory, mtime)`` keeps."""
         if self.local:  # object stores have no directories
             for owned in self.dirs:
-                _remove_empty_dirs(os.path.join(uri_to_path(self.root), *owned.split("/")))
+                _remove_empty_dirs(os.path.join(uri_to_path(self.root), *owned.split("/")), spared)
 
 
 class _StorePacks:
@@ -1149,8 +1155,13 @@ def _refuse_symlinked(root_dir: str, owned: str) -> None:
             )
 
 
-def _remove_empty_dirs(root: str) -> None:
+def _remove_empty_dirs(root: str, spared: Callable[[str, float], bool] | None = None) -> None:
+    """Remove the empty folders below ``root``, but those ``spared(path relative to root,
+    mtime)`` keeps."""
     for folder, dirs, files in os.walk(root, topdown=False):
         if folder != root and not dirs and not files:
             with contextlib.suppress(OSError):
-                os.rmdir(folder)
+                if spared is None or not spared(
+                    os.path.relpath(folder, root), os.stat(folder).st_mtime
+                ):
+                    os.rmdir(folder)

@@ -29,25 +29,30 @@ True
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 import uuid
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from lance import LanceDataset
 
 from blobhouse.dedup import digest_matrix
 from blobhouse.errors import StoreError
-from blobhouse.io.objects import StorageOptions, object_store, read_object
+from blobhouse.io.objects import StorageOptions, is_local, object_store, read_object, uri_to_path
 from blobhouse.layout import INDEX_DUPLICATES_DIR
 from blobhouse.store.digest_filter import may_contain
 from blobhouse.store.index import (
     INDEX_SCHEMA,
     LOOKUP_WINDOW,
+    EntryBatches,
     StoreIndex,
     covering_filters,
     data_files,
+    entry_batches,
     index_rows,
 )
 from blobhouse.store.packs import StoredPayload, index_uri, retired_packs
@@ -63,7 +68,7 @@ def duplicates_uri(table_path: str) -> str:
 def find_duplicates(
     table_path: str,
     index: LanceDataset | None,
-    added: Sequence[StoredPayload],
+    added: Sequence[StoredPayload] | EntryBatches,
     storage_options: StorageOptions | None = None,
     superseded: Set[str] = frozenset(),
 ) -> list[bytes]:
@@ -73,31 +78,66 @@ def find_duplicates(
     stored. One filter block per digest, and a scalar-index query for the few that a filter
     may hold (all of them when a data file has no filter yet). Also those ``added`` holds at
     two places: the tasks of one write that each stored a payload they did not claim
-    (:mod:`blobhouse.store.claims`)."""
-    places: dict[bytes, set[tuple[str, int, int]]] = {}
-    for s in added:
-        places.setdefault(s.digest, set()).add((s.pack, s.position, s.size))
-    found = {digest for digest, at in places.items() if len(at) > 1}
-    if index is None or not added:
+    (:mod:`blobhouse.store.claims`). ``added`` is read a window at a time (it may be a Spark
+    write's records, millions of entries), twice."""
+    entries = entry_batches(added)
+    found = _stored_twice(entries)
+    if index is None:
         return sorted(found)
     ours = _appended_files(index)
     others = set(data_files(index)) - ours
     if not others:
         return sorted(found)
-    digests = sorted({s.digest for s in added})
     filters = covering_filters(table_path, index, storage_options, files=others)
-    if filters:
-        maybe = may_contain(filters, digest_matrix(digests), storage_options).tolist()
-        digests = [d for d, held in zip(digests, maybe, strict=True) if held]
-    for start in range(0, len(digests), LOOKUP_WINDOW):
-        window = pa.array(digests[start : start + LOOKUP_WINDOW], pa.binary())
-        rows = index.to_table(filter=pc.field("blake3").isin(window))
+    for window in _windows(entries()):
+        places: dict[bytes, set[tuple[str, int, int]]] = {}
+        for digest, pack, position, size in index_rows(window, INDEX_SCHEMA.names):
+            places.setdefault(digest, set()).add((pack, position, size))
+        digests = sorted(places)
+        if filters:
+            maybe = may_contain(filters, digest_matrix(digests), storage_options).tolist()
+            digests = [d for d, held in zip(digests, maybe, strict=True) if held]
+        if not digests:
+            continue
+        rows = index.to_table(filter=pc.field("blake3").isin(pa.array(digests, pa.binary())))
         found.update(
             digest
             for digest, pack, position, size in index_rows(rows, INDEX_SCHEMA.names)
             if (pack, position, size) not in places[digest] and pack not in superseded
         )
     return sorted(found)
+
+
+def _windows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` cut into windows of at most :data:`LOOKUP_WINDOW` entries."""
+    for batch in batches:
+        for start in range(0, batch.num_rows, LOOKUP_WINDOW):
+            yield batch.slice(start, LOOKUP_WINDOW)
+
+
+def _stored_twice(entries: EntryBatches) -> set[bytes]:
+    """The digests ``entries`` hold at more than one place. Memory: 8 bytes an entry (the
+    digests' first bytes), then the entries of the few prefixes that repeat."""
+    prefixes = [
+        digest_matrix(batch.column(0))[:, :8].copy().view("<u8").ravel()
+        for batch in entries()
+        if batch.num_rows
+    ]
+    if not prefixes:
+        return set()
+    values, counts = np.unique(np.concatenate(prefixes), return_counts=True)
+    repeated = values[counts > 1]
+    if not len(repeated):
+        return set()
+    places: dict[bytes, set[tuple[str, int, int]]] = {}
+    for batch in entries():
+        if not batch.num_rows:
+            continue
+        keys = digest_matrix(batch.column(0))[:, :8].copy().view("<u8").ravel()
+        picked = batch.filter(pa.array(np.isin(keys, repeated)))
+        for digest, pack, position, size in index_rows(picked, INDEX_SCHEMA.names):
+            places.setdefault(digest, set()).add((pack, position, size))
+    return {digest for digest, at in places.items() if len(at) > 1}
 
 
 def _appended_files(index: LanceDataset) -> set[str]:
@@ -137,7 +177,7 @@ def recorded_duplicates(table_path: str, storage_options: StorageOptions | None 
         return Recorded()
     files, digests = [], set()
     for uri in listed:
-        if not uri.endswith(RECORD_SUFFIX):
+        if not uri.endswith(RECORD_SUFFIX) or not _plain_file(uri):
             continue
         with contextlib.suppress(OSError):
             body = read_object(uri, storage_options)
@@ -147,6 +187,17 @@ def recorded_duplicates(table_path: str, storage_options: StorageOptions | None 
                     body[i : i + DIGEST_BYTES] for i in range(0, len(body), DIGEST_BYTES)
                 )
     return Recorded(tuple(files), frozenset(digests))
+
+
+def _plain_file(uri: str) -> bool:
+    """Whether ``uri`` is an object, or locally a regular file: never a link (a record is read
+    inside the table only), a folder or a pipe."""
+    if not is_local(uri):
+        return True
+    try:
+        return stat.S_ISREG(os.lstat(uri_to_path(uri)).st_mode)
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,11 @@ scalar indices and digest filters, appended after each commit, maintained by gc.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 import warnings
 from collections import defaultdict
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -223,14 +224,21 @@ def has_index(table_path: str, storage_options: StorageOptions | None = None) ->
     return True
 
 
-def append_to_index(
-    table_path: str, stored: list[StoredPayload], storage_options: StorageOptions | None = None
-) -> LanceDataset | None:
-    """Record payloads a committed write stored (concurrent appends are Lance appends); the
-    index's version this append made."""
-    if not stored:
-        return None
-    rows = pa.table(
+#: the entries a committed change added to the store, readable again: batches of INDEX_SCHEMA
+EntryBatches = Callable[[], Iterable[pa.RecordBatch]]
+
+
+def entry_batches(stored: Sequence[StoredPayload] | EntryBatches) -> EntryBatches:
+    """``stored`` as :data:`EntryBatches` (a function giving them already is returned as is).
+
+    >>> from blobhouse.dedup import content_hash
+    >>> entries = entry_batches([StoredPayload(content_hash(b"x"), "packs/a.pack", 0, 1)])
+    >>> [b.num_rows for b in entries()], [b.num_rows for b in entries()]
+    ([1], [1])
+    """
+    if callable(stored):
+        return stored
+    table = pa.table(
         {
             "blake3": [s.digest for s in stored],
             "pack": [s.pack for s in stored],
@@ -239,12 +247,36 @@ def append_to_index(
         },
         schema=INDEX_SCHEMA,
     )
+    return table.to_batches
+
+
+def append_to_index(
+    table_path: str,
+    stored: Sequence[StoredPayload] | EntryBatches,
+    storage_options: StorageOptions | None = None,
+) -> LanceDataset | None:
+    """Record payloads a committed write stored (concurrent appends are Lance appends),
+    streamed from ``stored`` when it is a function giving batches (a Spark write's records:
+    the driver never holds them all); the index's version this append made, None when there
+    was nothing to add."""
+    entries = entry_batches(stored)
+    if not any(batch.num_rows for batch in entries()):
+        return None
+
+    def rows() -> pa.RecordBatchReader:
+        batches = (b for b in entries() if b.num_rows)
+        return pa.RecordBatchReader.from_batches(INDEX_SCHEMA, batches)
+
     uri = index_uri(table_path)
-    try:
-        dataset = lance.write_dataset(rows, uri, mode="create", storage_options=storage_options)
-    except (ValueError, OSError):
-        # it exists (maybe a concurrent writer just created it): append, Lance merges appends
-        dataset = lance.write_dataset(rows, uri, mode="append", storage_options=storage_options)
+    dataset = None
+    if open_index(table_path, storage_options) is None:
+        # a concurrent writer may create it first: then append, Lance merges appends
+        with contextlib.suppress(ValueError, OSError):
+            dataset = lance.write_dataset(
+                rows(), uri, mode="create", storage_options=storage_options
+            )
+    if dataset is None:
+        dataset = lance.write_dataset(rows(), uri, mode="append", storage_options=storage_options)
     # its filter lets the next writer skip the lookup of hashes none of the index holds (gc
     # covers big fragments); a big write indexes what it added (lookups scan what the scalar
     # indices do not cover), small ones leave that to gc

@@ -20,7 +20,7 @@ them. An abort removes them with the rest of the write; gc sweeps those of a wri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
@@ -32,6 +32,7 @@ from blobhouse.io.objects import (
 )
 from blobhouse.io.uris import as_uri
 from blobhouse.layout import STORED_DIR, store_dir, stored_folder_name, stored_record_name
+from blobhouse.store.index import INDEX_SCHEMA
 from blobhouse.store.packs import StoredPayload
 
 RECORD_SCHEMA = pa.schema(
@@ -79,23 +80,32 @@ def read_records(
     table_path: str, write_id: str, storage_options: StorageOptions | None = None
 ) -> list[StoredPayload]:
     """What write ``write_id`` recorded it stored (none: an empty list)."""
+    found: list[StoredPayload] = []
+    for batch in record_batches(table_path, write_id, storage_options):
+        columns = (batch.column(n).to_pylist() for n in RECORD_SCHEMA.names)
+        found += [StoredPayload(*entry) for entry in zip(*columns, strict=True)]
+    return found
+
+
+def record_batches(
+    table_path: str, write_id: str, storage_options: StorageOptions | None = None
+) -> Iterator[pa.RecordBatch]:
+    """What write ``write_id`` recorded it stored, as batches of the store index's schema,
+    one record at a time in memory (a write's tasks may have stored many millions)."""
     folder = records_folder(table_path, write_id)
     store = object_store(folder, storage_options)
     try:
         listed = store.list(folder)
     except FileNotFoundError:
-        return []
-    found: list[StoredPayload] = []
+        return
     for info in listed:
         data = read_object(f"{folder}/{info.name}", storage_options)
-        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-        found += [
-            StoredPayload(d, p, o, s)
-            for d, p, o, s in zip(
-                *(table.column(n).to_pylist() for n in RECORD_SCHEMA.names), strict=True
+        reader = pa.ipc.open_file(pa.py_buffer(data))
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            yield pa.record_batch(
+                [batch.column(0).cast(pa.binary()), *batch.columns[1:]], schema=INDEX_SCHEMA
             )
-        ]
-    return found
 
 
 def remove_records(

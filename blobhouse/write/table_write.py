@@ -46,6 +46,7 @@ from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties, field_ids
 from blobhouse.snapshot import TableSnapshot, open_dataset
 from blobhouse.store.packs import store_base
+from blobhouse.store.records import write_record
 from blobhouse.values import find_blob_columns, path_name
 from blobhouse.write.pipeline import WritePlan, check_same_schema, plan_write, write_data_files
 from blobhouse.write.prepare import (
@@ -150,7 +151,10 @@ class TableWrite:
             if self.read_version is None:
                 self._remove_empty_dirs()
             raise
+        if self.plan.claim_payloads:  # a Spark task: its payloads' entries skip the driver
+            written = _recorded(written, txn, options)
         # a Spark task can finish after the job was aborted and swept: it cleans up itself
+        # (its record too)
         txn.end_task(written)
         return written
 
@@ -168,7 +172,9 @@ class TableWrite:
             return TableSnapshot(dataset, self.location, self.storage_options)
         try:
             dataset = self.transaction.commit(
-                written, lambda: self._operation(written), store_first=self.store_first
+                written,
+                lambda: self._operation(written),
+                store_first=self.store_first or self.plan.claim_payloads,
             )
         except TableCreatedMeanwhile:
             try:
@@ -259,6 +265,19 @@ class TableWrite:
         return LanceOperation.Overwrite(
             schema, [w.fragment(ids) for w in written], initial_bases=bases
         )
+
+
+def _recorded(
+    written: list[WrittenFile], txn: Transaction, storage_options: dict[str, str] | None
+) -> list[WrittenFile]:
+    """``written`` with the store payloads they added moved to a record of the write
+    (:mod:`blobhouse.store.records`): the commit streams them into the store's index, so the
+    driver's memory does not grow with a write's new payloads."""
+    stored = [s for w in written for s in w.stored]
+    if not stored:
+        return written
+    write_record(txn.location.root, txn.id, stored, storage_options)
+    return [replace(w, stored=(), recorded_bytes=sum(s.size for s in w.stored)) for w in written]
 
 
 @dataclass(frozen=True)

@@ -376,3 +376,21 @@ def test_cleaning_a_failed_create_refuses_a_table(table_uri):
     with pytest.raises(BlobhouseError, match="_versions"):
         clean_failed_create(table_uri, grace=timedelta(0))
     assert open_table(table_uri).count_rows() == 1
+
+
+def test_gc_keeps_the_empty_sidecar_folder_of_a_running_write(table_uri):
+    """A write makes a data file's sidecar folder, then its first sidecar: gc between the two
+    removed the empty folder, and the write failed (FileNotFoundError in a concurrency test).
+    A folder of a running write, or younger than the grace, stays; a stale one goes."""
+    from blobhouse.commit import leases
+
+    write_table(pa.table({"id": [1]}), table_uri)
+    folders = {
+        name: os.path.join(table_uri, "data", f"write-{name * 12}-{name * 32}") for name in "abc"
+    }
+    with leases.held(table_uri, "write-aaaaaaaaaaaa-"):  # a: its write runs
+        for folder in folders.values():
+            os.makedirs(folder)
+        set_age([folders["a"], folders["b"]], 2)  # b: older than the grace, no write
+        open_table(table_uri).gc(grace=timedelta(hours=1))  # c: younger than the grace
+        assert [os.path.isdir(f) for f in folders.values()] == [True, False, True]

@@ -138,6 +138,15 @@ def test_a_record_is_a_hint_a_wrong_or_stale_one_changes_nothing(table_uri):
         f.write(content_hash(data[0]) + content_hash(b"never stored"))
     with open(os.path.join(folder, "cut.digests"), "wb") as f:
         f.write(b"x" * 33)  # not whole digests: left out
+    outside = os.path.join(os.path.dirname(table_uri), "outside.digests")
+    with open(outside, "wb") as f:  # whole digests, but outside the table
+        f.write(content_hash(data[1]) * 4)
+    os.symlink(outside, os.path.join(folder, "link.digests"))
+    os.mkfifo(os.path.join(folder, "pipe.digests"))  # read, it would never end
+    assert recorded_duplicates(table_uri).digests == {
+        content_hash(data[0]),
+        content_hash(b"never stored"),
+    }
     report = open_table(table_uri).compact()
     assert report["duplicate_store_bytes"] == 0 and report["repacked_packs"] == 0
     assert recorded_duplicates(table_uri).digests == frozenset()

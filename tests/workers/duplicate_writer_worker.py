@@ -16,14 +16,19 @@ import pyarrow as pa
 
 from blobhouse import blob_array, write_table
 
-uri, start, worker = sys.argv[1], sys.argv[2], int(sys.argv[3])
-shared = [random.Random(7 * 1000 + i).randbytes(200_000) for i in range(12)]
-data = pa.table(
-    {
-        "id": pa.array([100 * (worker + 1) + i for i in range(12)], pa.int64()),
-        "b": blob_array(shared),
-    }
-)
-while not os.path.exists(start):
-    time.sleep(0.005)
-write_table(data, uri, mode="append")
+
+def main(uri: str, start: str, worker: int) -> None:
+    shared = [random.Random(7 * 1000 + i).randbytes(200_000) for i in range(12)]
+    data = pa.table(
+        {
+            "id": pa.array([100 * (worker + 1) + i for i in range(12)], pa.int64()),
+            "b": blob_array(shared),
+        }
+    )
+    while not os.path.exists(start):
+        time.sleep(0.005)
+    write_table(data, uri, mode="append")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
