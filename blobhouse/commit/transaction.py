@@ -180,7 +180,7 @@ class Transaction:
         commit: Callable[[], LanceDataset] | None = None,
         inserts: Inserts | None = None,
         stored: Sequence[StoredPayload] = (),
-        store_first: bool = False,
+        recorded: bool = False,
         superseded: frozenset[str] = frozenset(),
     ) -> LanceDataset:
         """Make ``written`` visible with one Lance commit of ``operation()`` on the read
@@ -192,8 +192,9 @@ class Transaction:
         (:meth:`check_inserts`); else :class:`~blobhouse.errors.KeysInsertedMeanwhile`.
 
         ``stored``: payloads this transaction put in the store besides its files' own (a
-        backfill's or a merge's tasks'): recorded with them; ``store_first``: so are those its
-        store-first steps recorded (:mod:`blobhouse.store.records`), whose records then go.
+        backfill's or a merge's tasks'): recorded with them; ``recorded``: so are those its
+        store-first steps or Spark tasks recorded (:mod:`blobhouse.store.records`), streamed
+        into the index, whose records then go.
         ``superseded``: store packs this change moves payloads out of (a compaction's
         repacked ones): the copies it makes of theirs are not duplicates.
 
@@ -229,8 +230,8 @@ class Transaction:
                 raise
             own = [s for w in written for s in w.stored] + _adopted(written) + list(stored)
             root, options = self.location.root, self.storage_options
-            record_stored(root, self._stored_entries(own, store_first), options, superseded)
-            if store_first:
+            record_stored(root, self._stored_entries(own, recorded), options, superseded)
+            if recorded:
                 remove_records(root, self.id, options)
             self._register_managed(dataset, written, owned_elsewhere)
             if any(w.claimed for w in written):

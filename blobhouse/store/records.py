@@ -1,12 +1,14 @@
-"""What a store-first write stored, recorded next to the store until the write's commit.
+"""What a write's steps or tasks stored, recorded next to the store until the write's commit.
 
 A store-first write (:mod:`blobhouse.write.store_first`) puts payloads in the store before its
 rows exist, in one step (this process, or Spark tasks), and commits the rows in another (its own
-process, or the Spark data source's commit in a Python worker of its own). The step writes what
-it stored as a record, an Arrow file in the write's folder ``_blobs/stored/<write id>-stored/``;
-the rows' commit reads the records and puts them in the store's index with its files' own,
-inside its Ctrl-C guard (:meth:`~blobhouse.commit.transaction.Transaction.commit`), then removes
-them. An abort removes them with the rest of the write; gc sweeps those of a write that died.
+process, or the Spark data source's commit in a Python worker of its own); the tasks of a Spark
+write record what they stored instead of sending it to the driver. Each writes what it stored
+as a record, an Arrow file in the write's folder ``_blobs/stored/<write id>-stored/``; the
+commit streams the records into the store's index with its files' own, inside its Ctrl-C
+guard (:meth:`~blobhouse.commit.transaction.Transaction.commit`), then removes them. An abort
+removes them with the rest of the write (a task that ends after it, its own); gc sweeps those
+of a write that died.
 
 >>> import tempfile
 >>> from blobhouse.store.packs import StoredPayload

@@ -174,7 +174,7 @@ class TableWrite:
             dataset = self.transaction.commit(
                 written,
                 lambda: self._operation(written),
-                store_first=self.store_first or self.plan.claim_payloads,
+                recorded=self.store_first or self.plan.claim_payloads,
             )
         except TableCreatedMeanwhile:
             try:
