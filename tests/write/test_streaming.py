@@ -83,12 +83,15 @@ def run(uri: str, amount: int, script: str = SCRIPT) -> dict:
 
 
 def test_peak_memory_is_flat_as_the_table_grows(tmp_path):
-    small = run(str(tmp_path / "small"), 64)
-    # the lower of two runs: one run's peak now and then jumps by 20-30 MB (the allocator's
-    # arenas, the kernel's writeback), the same before and after a change; memory that grows
-    # with the data raises both
+    # the lowest of three runs: one run's peak now and then jumps by 20-30 MB (the allocator's
+    # arenas, the kernel's writeback), the same before and after a change, and a fresh-clone
+    # CI run once saw two such runs in a row (+65 MB; 5-27 MB in every run here, old code and
+    # new); memory that grows with the data raises every run
+    small = min(
+        (run(str(tmp_path / f"small{i}"), 64) for i in range(2)), key=lambda r: r["peak_kb"]
+    )
     large = min(
-        (run(str(tmp_path / f"large{i}"), 640) for i in range(2)), key=lambda r: r["peak_kb"]
+        (run(str(tmp_path / f"large{i}"), 640) for i in range(3)), key=lambda r: r["peak_kb"]
     )
     assert large["rows"] == 10 * small["rows"]
     growth_mb = (large["peak_kb"] - small["peak_kb"]) / 1024
