@@ -44,7 +44,7 @@ from blobhouse.dedup import digest_matrix
 from blobhouse.errors import StoreError
 from blobhouse.io.objects import StorageOptions, is_local, object_store, read_object, uri_to_path
 from blobhouse.layout import INDEX_DUPLICATES_DIR
-from blobhouse.store.digest_filter import may_contain
+from blobhouse.store.digest_filter import FilterFile, may_contain
 from blobhouse.store.index import (
     INDEX_SCHEMA,
     LOOKUP_WINDOW,
@@ -81,31 +81,43 @@ def find_duplicates(
     (:mod:`blobhouse.store.claims`). ``added`` is read a window at a time (it may be a Spark
     write's records, millions of entries), twice."""
     entries = entry_batches(added)
-    found = _stored_twice(entries)
-    if index is None:
-        return sorted(found)
-    ours = _appended_files(index)
-    others = set(data_files(index)) - ours
-    if not others:
-        return sorted(found)
-    filters = covering_filters(table_path, index, storage_options, files=others)
+    others: set[str] = set()
+    if index is not None:
+        others = set(data_files(index)) - _appended_files(index)
+    filters = covering_filters(table_path, index, storage_options, files=others) if others else []
+    found: set[bytes] = set()
+    prefixes: list[np.ndarray] = []  # of every entry, for those stored twice by this write
     for window in _windows(entries()):
-        places: dict[bytes, set[tuple[str, int, int]]] = {}
-        for digest, pack, position, size in index_rows(window, INDEX_SCHEMA.names):
-            places.setdefault(digest, set()).add((pack, position, size))
-        digests = sorted(places)
-        if filters:
-            maybe = may_contain(filters, digest_matrix(digests), storage_options).tolist()
-            digests = [d for d, held in zip(digests, maybe, strict=True) if held]
-        if not digests:
-            continue
-        rows = index.to_table(filter=pc.field("blake3").isin(pa.array(digests, pa.binary())))
-        found.update(
-            digest
-            for digest, pack, position, size in index_rows(rows, INDEX_SCHEMA.names)
-            if (pack, position, size) not in places[digest] and pack not in superseded
-        )
-    return sorted(found)
+        prefixes.append(_prefixes(window))
+        if others:
+            found |= _held_elsewhere(index, window, filters, storage_options, superseded)
+    return sorted(found | _stored_twice(entries, prefixes))
+
+
+def _held_elsewhere(
+    index: LanceDataset,
+    window: pa.RecordBatch,
+    filters: Sequence[FilterFile],
+    storage_options: StorageOptions | None,
+    superseded: Set[str],
+) -> set[bytes]:
+    """The digests of ``window`` the index holds at another place, in a pack other than
+    ``superseded``: filters first (when they cover the other data files), then one query."""
+    places: dict[bytes, set[tuple[str, int, int]]] = {}
+    for digest, pack, position, size in index_rows(window, INDEX_SCHEMA.names):
+        places.setdefault(digest, set()).add((pack, position, size))
+    digests = sorted(places)
+    if filters:
+        maybe = may_contain(filters, digest_matrix(digests), storage_options).tolist()
+        digests = [d for d, held in zip(digests, maybe, strict=True) if held]
+    if not digests:
+        return set()
+    rows = index.to_table(filter=pc.field("blake3").isin(pa.array(digests, pa.binary())))
+    return {
+        digest
+        for digest, pack, position, size in index_rows(rows, INDEX_SCHEMA.names)
+        if (pack, position, size) not in places[digest] and pack not in superseded
+    }
 
 
 def _windows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -115,14 +127,14 @@ def _windows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             yield batch.slice(start, LOOKUP_WINDOW)
 
 
-def _stored_twice(entries: EntryBatches) -> set[bytes]:
-    """The digests ``entries`` hold at more than one place. Memory: 8 bytes an entry (the
-    digests' first bytes), then the entries of the few prefixes that repeat."""
-    prefixes = [
-        digest_matrix(batch.column(0))[:, :8].copy().view("<u8").ravel()
-        for batch in entries()
-        if batch.num_rows
-    ]
+def _prefixes(batch: pa.RecordBatch) -> np.ndarray:
+    """The first 8 bytes of each digest of ``batch``, as integers."""
+    return digest_matrix(batch.column(0))[:, :8].copy().view("<u8").ravel()
+
+
+def _stored_twice(entries: EntryBatches, prefixes: list[np.ndarray]) -> set[bytes]:
+    """The digests ``entries`` hold at more than one place, given the :func:`_prefixes` of
+    all of them (8 bytes an entry): ``entries`` is read again only when a prefix repeats."""
     if not prefixes:
         return set()
     values, counts = np.unique(np.concatenate(prefixes), return_counts=True)
@@ -133,8 +145,7 @@ def _stored_twice(entries: EntryBatches) -> set[bytes]:
     for batch in entries():
         if not batch.num_rows:
             continue
-        keys = digest_matrix(batch.column(0))[:, :8].copy().view("<u8").ravel()
-        picked = batch.filter(pa.array(np.isin(keys, repeated)))
+        picked = batch.filter(pa.array(np.isin(_prefixes(batch), repeated)))
         for digest, pack, position, size in index_rows(picked, INDEX_SCHEMA.names):
             places.setdefault(digest, set()).add((pack, position, size))
     return {digest for digest, at in places.items() if len(at) > 1}
