@@ -265,11 +265,22 @@ def left_by_a_failed_create(path: str) -> bool:
     >>> left_by_a_failed_create("data/train.lance")
     False
     """
-    top, _, rest = path.partition("/")
+    top = path.partition("/")[0]
     if top in FAILED_CREATE_DIRS:
         return True
     staged = any(pattern.fullmatch(path) for pattern in STAGED_BY_A_WRITE)
-    return top == DATA_DIR and (staged or LANCE_TEMPORARY.fullmatch(rest) is not None)
+    return top == DATA_DIR and (staged or is_lance_temporary(path))
+
+
+def is_lance_temporary(path: str) -> bool:
+    """Whether ``path`` (relative to the root) is a temporary file Lance's writers make in
+    data/ and rename when done: what a writer killed mid-file leaves.
+
+    >>> is_lance_temporary("data/.tmpXxDGQ1"), is_lance_temporary("data/mine.tmp")
+    (True, False)
+    """
+    top, _, rest = path.partition("/")
+    return top == DATA_DIR and LANCE_TEMPORARY.fullmatch(rest) is not None
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ from blobhouse.layout import (
     WRITE_PREFIX,
     TableLocation,
     branch_data_dir,
+    is_lance_temporary,
     manifest_version,
     sidecar_folder,
 )
@@ -875,9 +876,11 @@ def clean_failed_create(
     ``data/<write id>-<uuid>.lance`` and their sidecars ``data/<write id>-<uuid>/*.blob``,
     abort markers ``data/aborted-<write id>-``, store packs
     ``_blobs/packs/<write id>-<uuid>.pack``, leases ``_leases/<write id>-``, and the
-    transaction file of the create's Lance commit (``_transactions/0-<uuid>.txn``). As gc
-    does, it keeps files younger than ``grace`` and files of a write whose lease is live (a
-    create still running), and removes expired leases. Every other file is foreign: left
+    transaction file of the create's Lance commit (``_transactions/0-<uuid>.txn``), and the
+    temporary files Lance's writers leave in ``data/`` when killed mid-file (``.tmp*``; a
+    cancelled Spark task). As gc does, it keeps files younger than ``grace``, files of a write
+    whose lease is live (a create still running) and temporary files younger than the oldest
+    running write, and removes expired leases. Every other file is foreign: left
     alone and listed (``foreign_files``). A folder with a Lance dataset (``_versions/``) is
     refused: that is gc's. Emptied directories go, and the folder itself if nothing is left
     in it. The report has gc's keys (no versions) and ``failed_create: True``.
@@ -904,7 +907,7 @@ def clean_failed_create(
             f"{location.root} holds a Lance dataset (_versions/), not only the leftovers of a "
             "failed create: open it as a table (blobhouse gc runs on tables); nothing removed"
         )
-    staged: dict[str, str | None] = {}  # path -> the write that staged it
+    staged: dict[str, str | None] = {}  # path -> the write that staged it (None: unknown)
     held: dict[str, str] = {}  # lease -> its write
     foreign = []
     for name in sorted(listed):
@@ -914,6 +917,8 @@ def clean_failed_create(
             held[name] = lease["write"]
         elif found:
             staged[name] = found.groupdict().get("write")
+        elif is_lance_temporary(name):
+            staged[name] = None  # a task killed mid-file (a cancelled Spark task) left it
         else:
             foreign.append(name)
     if not staged and not held:
@@ -923,9 +928,19 @@ def clean_failed_create(
         )
     now = store.now(root)
     cutoff = now - grace.total_seconds()
-    running = leases.live_prefixes(location.root, now - leases.TIMEOUT_SECONDS, storage_options)
+    alive_since = now - leases.TIMEOUT_SECONDS
+    running = leases.live_prefixes(location.root, alive_since, storage_options)
+    # Lance's temporary files name no write: as gc's sweep does, those younger than the
+    # oldest running write may be its own
+    oldest = leases.oldest_start(location.root, alive_since, storage_options)
+    in_flight = cutoff if oldest is None else min(cutoff, oldest)
     young = [p for p in staged if listed[p].mtime >= cutoff]
-    leased = [p for p in staged if listed[p].mtime < cutoff and staged[p] in running]
+    leased = [
+        p
+        for p in staged
+        if listed[p].mtime < cutoff
+        and (staged[p] in running or (staged[p] is None and listed[p].mtime >= in_flight))
+    ]
     old = sorted(set(staged) - set(young) - set(leased))
     lease_cutoff = min(cutoff, now - leases.TIMEOUT_SECONDS)
     expired = [p for p in held if listed[p].mtime < lease_cutoff]

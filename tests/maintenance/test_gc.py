@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import lance
@@ -369,6 +370,27 @@ def test_cleaning_a_failed_create_leaves_foreign_files_and_names_them(table_uri)
     with pytest.raises(TableNotFoundError, match="1 files there are not blobhouse's"):
         gc_at(table_uri)
     assert tree(table_uri) == {"_blobs/packs/x.pack"}
+
+
+def test_cleaning_a_failed_create_removes_lances_temporary_files_once_no_write_runs(table_uri):
+    """A Spark task cancelled mid-file leaves Lance's temporary file (``data/.tmp*``, no
+    write id): kept while a write that started before it runs, removed after, not foreign."""
+    data = pa.table({"b": blob_array([os.urandom(200_000)])})
+    write_data_files(
+        data.to_batches(), plan_write(data.schema), TableLocation(table_uri), None, "0123456789ab-"
+    )
+    temporary = os.path.join(table_uri, "data", ".tmpXxDGQ1")
+    with open(temporary, "wb") as f:
+        f.write(b"half a data file")
+    time.sleep(0.01)
+    report = clean_failed_create(table_uri, grace=timedelta(0))  # its write may still run
+    assert (report["removed_files"], report["kept_leased_files"]) == (0, 3)
+    assert report["foreign_files"] == [] and os.path.exists(temporary)
+    aged(table_uri, hours=2, folders=False)  # and now it has ended (its lease expired)
+    report = clean_failed_create(table_uri, grace=timedelta(hours=1))
+    assert (report["removed_files"], report["kept_leased_files"]) == (3, 0)
+    assert os.path.join(table_uri, "data", ".tmpXxDGQ1") in report["paths"]
+    assert not os.path.exists(table_uri)
 
 
 def test_cleaning_a_failed_create_refuses_a_table(table_uri):
