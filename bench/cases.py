@@ -1330,6 +1330,7 @@ def object_storage(size: Size) -> Case:
         if azure is not None:
             stores["azure"] = _Store(azure.uri, azure.options, azure)
         _object_store_reads(case, root, stores, workloads["1 MB payloads (packed)"], size)
+        _spark_write_requests(case, server, bucket, 4 * size.s3_rows)
     case.notes.append(
         "moto is a Python server on the same 2 cores: absolute S3 numbers are the server's "
         "speed, not a real store's; the request counts and the ratios between contenders on the "
@@ -1380,6 +1381,107 @@ def _object_store_writes(
             requests=requests[contender],
             vs_pylance_same_store=round(times[f"pylance, {store}"] / seconds, 3),
         )
+
+
+_SPARK_TASKS = 4
+_FRAMES_PER_CHUNK = 30
+
+
+def _spark_write_requests(case: Case, server, bucket: str, rows: int) -> None:
+    """The natural ``df.write`` of ``rows`` rows of 1 MB payloads to the S3 server, in
+    :data:`_SPARK_TASKS` tasks: the requests it sends, against Arrow's Parquet writer writing
+    the same rows to the same server, one file per task (the fewest requests a writer of the
+    same files could send: Spark's own Parquet writer needs Hadoop's S3 connector, not
+    installed here, and its committer sends more). Unique payloads, and frames whose 1 MB
+    video chunk is shared by 30 frames dealt round-robin to the tasks."""
+    import pyarrow.fs as pafs
+
+    import blobhouse.spark as bs
+    from blobhouse.spark.datasource import storage_prefixed
+
+    spark = bs.local_session("local[2]", shuffle_partitions=_SPARK_TASKS)
+    bs.register(spark)
+    options = server.options
+    s3 = pafs.S3FileSystem(
+        access_key=options["aws_access_key_id"],
+        secret_key=options["aws_secret_access_key"],
+        endpoint_override=options["aws_endpoint"],
+        scheme="http",
+        region=options["aws_region"],
+    )
+    bucket_name = bucket.removeprefix("s3://")
+
+    def payload_rows(shared: bool):
+        def make(batches):
+            for batch in batches:
+                ids = batch.column("id").to_numpy()
+                keys = ids // _FRAMES_PER_CHUNK if shared else ids
+                payloads = [np.random.default_rng(int(k)).bytes(MB) for k in keys]
+                yield pa.record_batch({"id": ids, "payload": pa.array(payloads, pa.binary())})
+
+        frames = spark.range(rows, numPartitions=_SPARK_TASKS)
+        if shared:
+            frames = frames.repartition(_SPARK_TASKS)  # round-robin: a chunk in every task
+        return frames.mapInArrow(make, "id long, payload binary")
+
+    for workload, shared in (("unique 1 MB payloads", False), ("1 MB chunks, 30 frames", True)):
+        df = payload_rows(shared)
+        name = f"bh-write-{uuid.uuid4().hex}"
+
+        def blobhouse_write(df=df, name=name):
+            df.write.format("blobhouse").mode("append").option("blob_columns", "payload").options(
+                **storage_prefixed(options)
+            ).save(f"{bucket}/{name}")
+
+        prefix = f"{bucket_name}/pq-{uuid.uuid4().hex}"
+
+        def write_part(batches, prefix=prefix):
+            part = pa.Table.from_batches(list(batches))
+            if part.num_rows:
+                pq.write_table(part, f"{prefix}/{uuid.uuid4().hex}.parquet", filesystem=s3)
+            yield pa.record_batch({"n": pa.array([part.num_rows], pa.int64())})
+
+        started = time.perf_counter()
+        sent = _requests_of(server, blobhouse_write)
+        seconds = time.perf_counter() - started
+        uploads = server.requests(f"/{bucket_name}/{name}/_blobs/packs/")
+        payload_uploads = uploads.get("PUT", 0) + uploads.get("POST", 0)
+        started = time.perf_counter()
+        parquet = _requests_of(server, lambda df=df: df.mapInArrow(write_part, "n long").collect())
+        parquet_seconds = time.perf_counter() - started
+        packs = f"{bucket}/{name}/_blobs/packs"
+        stored = sum(o.size for o in object_store(packs, options).walk(packs))
+        unique = (-(-rows // _FRAMES_PER_CHUNK) if shared else rows) * MB
+        total, parquet_total = sum(sent.values()), sum(parquet.values())
+        case.add(
+            operation="df.write",
+            workload=f"{workload} x {rows}, {_SPARK_TASKS} tasks",
+            contender="blobhouse df.write, s3",
+            seconds=round(seconds, 3),
+            requests=sent,
+            requests_per_row=round(total / rows, 4),
+            payload_uploads=payload_uploads,
+            requests_besides_payload_uploads=total - payload_uploads,
+            vs_parquet=round((total - payload_uploads) / parquet_total, 2),
+            stored_vs_unique=round(stored / unique, 3),
+        )
+        case.add(
+            operation="df.write",
+            workload=f"{workload} x {rows}, {_SPARK_TASKS} tasks",
+            contender="Arrow's Parquet writer, a file per task, s3",
+            seconds=round(parquet_seconds, 3),
+            requests=parquet,
+            requests_per_row=round(parquet_total / rows, 4),
+        )
+    case.notes.append(
+        "df.write rows: the natural df.write of a blobhouse table to the S3 server against Arrow's "
+        "Parquet writer writing the same rows there, a file per Spark task (Spark's own Parquet "
+        "writer needs Hadoop's S3 connector, not installed here; its committer sends more "
+        "requests than Arrow's writer). payload_uploads: the multipart requests of the store's "
+        "packs (the payloads' own bytes, 8 MiB parts); vs_parquet: the other requests over "
+        "Parquet's. Claims: the probe (8 per task and column), then a sample by hash (a 1 MB "
+        "payload with odds 1 in 32) unless the column turns out shared"
+    )
 
 
 @dataclass(frozen=True)

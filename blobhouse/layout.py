@@ -28,6 +28,7 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
+import blake3
 from lance import LanceDataset
 
 from blobhouse.errors import InvalidInputError
@@ -200,6 +201,22 @@ def stored_folder_name(write_id: str) -> str:
     'write-0123456789ab-stored'
     """
     return f"{write_id}-stored"
+
+
+def claim_name(digest: bytes) -> str:
+    """A claim's name in its write's claims folder: the payload's blake3, in hex."""
+    return digest.hex()
+
+
+def shared_column_name(column: str) -> str:
+    """The name, in a write's claims folder, of the mark its tasks leave once they find that
+    blob ``column``'s payloads are shared between them (a column name may hold any character:
+    its blake3 names it).
+
+    >>> shared_column_name("video")[:15]
+    'shared-4d4d9ab8'
+    """
+    return f"shared-{blake3.blake3(column.encode()).hexdigest()[:32]}"
 
 
 def stored_record_name() -> str:

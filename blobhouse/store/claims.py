@@ -21,17 +21,26 @@ Why nothing is lost when a task fails (docs/table-properties.md has the whole ar
 - claims are named per write: another write never sees them; they are removed when the write
   commits or aborts, and gc removes those of writes that died.
 
-A payload up to :data:`CLAIM_MIN_BYTES` costs about as much to claim (one small object) as to
-store twice, so a task claims small payloads of a column only while they turn out shared: its
-first :data:`SMALL_PROBE` of them, then as long as at least 1 in :data:`SMALL_SHARED_RATIO`
-was met again (by the task, or claimed first by another), and always one that repeats within
-the batch that meets it. A column of calibration files keeps claiming; one of thumbnails
-unique per row stops after the probe. What is not claimed may be stored once per task: the
-write's index append records such copies, and compaction merges them (store.duplicates).
+A claim is one request (a conditional PUT on an object store), so claiming every payload would
+cost a request per row where Parquet's writer makes a few per file. A task claims a column's
+payloads while they turn out shared (:class:`SharingOdds`): its first :data:`PROBE` of them,
+then as long as at least 1 in :data:`SHARED_RATIO` of its recent claims was met again (by the
+task, or claimed first by another); always one that repeats within the batch that meets it.
+Otherwise it claims only a sample of them chosen by hash, so that every task samples the same
+payloads and notices when they are shared: a payload of ``size`` bytes with odds ``size /``
+:data:`SAMPLE_BYTES` (every payload of that size or more), about one claim per 32 MiB it
+stores. A task ahead of the others would not notice (it claims first, and sees nothing
+shared): a task that finds a column shared leaves a mark in the write's claims folder
+(:meth:`Claims.mark_shared`), and every task looks for it once per :data:`MARK_CHECK_BYTES` of
+the column's payloads and then claims all of them. A column of video chunks or calibration
+files keeps claiming; one of images unique per row claims about one in 330 of its 100 KB
+payloads. What is not claimed may be stored once per task: the write's index append records
+such copies, and compaction merges them (store.duplicates).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -39,7 +48,7 @@ import uuid
 from dataclasses import dataclass
 
 from blobhouse.dedup import content_hash
-from blobhouse.errors import StaleWriteError
+from blobhouse.errors import StaleWriteError, StoreError
 from blobhouse.io.leftovers import make_way, own_folder
 from blobhouse.io.objects import (
     StorageOptions,
@@ -50,15 +59,27 @@ from blobhouse.io.objects import (
     remove_folder,
 )
 from blobhouse.io.uris import as_uri
-from blobhouse.layout import CLAIMS_DIR, claims_folder_name, store_dir
-from blobhouse.placement import KiB
+from blobhouse.layout import (
+    CLAIMS_DIR,
+    claim_name,
+    claims_folder_name,
+    shared_column_name,
+    store_dir,
+)
+from blobhouse.placement import MiB
 
-#: payloads above this size are always claimed; smaller ones while their column's are shared
-CLAIM_MIN_BYTES = 64 * KiB
-#: a task claims the first this many small payloads of a column ...
-SMALL_PROBE = 256
-#: ... and later ones while at least 1 in this many of them turned out shared
-SMALL_SHARED_RATIO = 20
+#: a task claims the first this many payloads of a column ...
+PROBE = 8
+#: ... and later ones while at least 1 in this many of its recent claims turned out shared
+SHARED_RATIO = 20
+#: how many recent claims count (older ones weigh less and less)
+RECENT_CLAIMS = 256
+#: otherwise a payload of ``size`` bytes is claimed with odds ``size / SAMPLE_BYTES``: about one
+#: claim per 32 MiB a task stores (a quarter of its upload parts, io.objects.UPLOAD_PART_BYTES)
+SAMPLE_BYTES = 32 * MiB
+#: a task that samples a column looks for the mark of its being shared once per this many bytes
+#: (one request, as often as a sampled claim)
+MARK_CHECK_BYTES = SAMPLE_BYTES
 _READ_ATTEMPTS = 40  # a claim read empty (being written) is read again for up to ~2 s
 
 
@@ -125,6 +146,64 @@ class Claim:
         )
 
 
+@dataclass
+class SharingOdds:
+    """How often the payloads one task claimed of one column turned out shared, recent claims
+    weighing most; whether the next one is worth a claim.
+
+    >>> odds = SharingOdds()
+    >>> [odds.worth(bytes(32), 100_000) for _ in range(PROBE)] == [True] * PROBE  # the probe
+    True
+    >>> for _ in range(PROBE):
+    ...     odds.claimed()  # none met again: unique images
+    >>> odds.worth(b"\\xff" * 32, 100_000), odds.worth(bytes(32), 100_000)  # sampled by hash
+    (False, True)
+    >>> odds.shared(); odds.worth(b"\\xff" * 32, 100_000)  # one in 8 shared: claim them all
+    True
+    """
+
+    made: int = 0  # claims made
+    recent: float = 0.0  # claims made, each older one weighing less (RECENT_CLAIMS)
+    recent_shared: float = 0.0  # of those, the ones that turned out shared
+    marked: bool = False  # a task of the write found the column shared (Claims.mark_shared)
+    unchecked: int = 0  # payload bytes met since the mark was last looked for
+
+    def worth(self, digest: bytes, size: int) -> bool:
+        """Whether a payload of ``size`` bytes whose blake3 is ``digest`` is worth a claim."""
+        return self.made < PROBE or self.marked or self.sharing or self.sampled(digest, size)
+
+    @staticmethod
+    def sampled(digest: bytes, size: int) -> bool:
+        """Whether the sample every task claims holds the payload of ``size`` bytes whose
+        blake3 is ``digest`` (odds ``size / SAMPLE_BYTES``)."""
+        return int.from_bytes(digest[:8], "big") < (size << 64) // SAMPLE_BYTES
+
+    @property
+    def sharing(self) -> bool:
+        """Whether at least 1 in SHARED_RATIO of the recent claims turned out shared."""
+        return self.recent_shared * SHARED_RATIO >= self.recent
+
+    def check_due(self, size: int) -> bool:
+        """Whether to look for the mark now, a payload of ``size`` bytes later."""
+        self.unchecked += size
+        if self.unchecked < MARK_CHECK_BYTES:
+            return False
+        self.unchecked = 0
+        return True
+
+    def claimed(self) -> None:
+        """A claim was made."""
+        keep = 1 - 1 / RECENT_CLAIMS
+        self.made += 1
+        self.recent = self.recent * keep + 1
+        self.recent_shared *= keep
+
+    def shared(self) -> None:
+        """A claimed payload turned out shared: another task claimed it first, or this one
+        met it again."""
+        self.recent_shared += 1
+
+
 class Claims:
     """The claims of one write, as one task makes and reads them.
 
@@ -178,6 +257,22 @@ class Claims:
             return None
         return found
 
+    def mark_shared(self, column: str) -> None:
+        """Leave the mark that ``column``'s payloads are shared between the write's tasks
+        (best effort: a task that cannot leave it claims on itself)."""
+        with contextlib.suppress(OSError, StoreError):
+            put_new(self.store, self._mark_uri(column), b"")
+
+    def shared(self, column: str) -> bool:
+        """Whether a task of the write left the mark that ``column``'s payloads are shared."""
+        try:
+            return self.store.size(self._mark_uri(column)) is not None
+        except (OSError, StoreError):
+            return False
+
+    def _mark_uri(self, column: str) -> str:
+        return f"{self.folder}/{shared_column_name(column)}"
+
     def _read(self, uri: str, digest: bytes) -> Claim | None:
         """The claim at ``uri``; None if it stays unreadable (its writer died writing it)."""
         delay = 0.001
@@ -190,7 +285,7 @@ class Claims:
         return None
 
     def _uri(self, digest: bytes) -> str:
-        return f"{self.folder}/{digest.hex()}"
+        return f"{self.folder}/{claim_name(digest)}"
 
 
 def claims_folder(table_path: str, write_id: str) -> str:

@@ -101,7 +101,7 @@ def record_batches(
     except FileNotFoundError:
         return
     for info in listed:
-        data = read_object(f"{folder}/{info.name}", storage_options)
+        data = read_object(f"{folder}/{info.name}", storage_options, size=info.size)
         reader = pa.ipc.open_file(pa.py_buffer(data))
         for i in range(reader.num_record_batches):
             batch = reader.get_batch(i)

@@ -26,11 +26,9 @@ from blobhouse.layout import (
 from blobhouse.placement import object_size
 from blobhouse.store.checks import checked_entries
 from blobhouse.store.claims import (
-    CLAIM_MIN_BYTES,
-    SMALL_PROBE,
-    SMALL_SHARED_RATIO,
     Claim,
     Claims,
+    SharingOdds,
 )
 from blobhouse.store.index import StoreIndex
 from blobhouse.store.packs import StoredPayload, remove_packs, retired_packs
@@ -199,9 +197,9 @@ class StoreWriter:
         # payloads another task of the write claimed and stores (checked at the commit)
         self.borrowed: dict[bytes, StoredPayload] = {}
         self.claimed = False  # it claimed payloads: its packs are kept if its task fails
-        # per column: small payloads claimed, and how many of them turned out shared
-        self._small_probe: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
-        self._small_claimed: dict[bytes, str] = {}  # claimed by this task, not met again yet
+        # per column: how often its claims turned out shared (claims.SharingOdds)
+        self._odds: defaultdict[str, SharingOdds] = defaultdict(SharingOdds)
+        self._unmet: dict[bytes, str] = {}  # claimed by this task, not met again yet
         # digest -> the reference its rows store, once decided: the same for every later row
         # (a column of small payloads repeats a few of them over millions of rows)
         self._references: dict[bytes, PreparedBlob] = {}
@@ -230,7 +228,7 @@ class StoreWriter:
         if self.claims is not None and len(unknown) < len(digests):
             seen: set[bytes] = set()
             repeated = {d for d in digests if d in seen or seen.add(d)}
-        references, claimed = self._references, self._small_claimed
+        references, claimed = self._references, self._unmet
         return [
             references[d]
             if d in references and d not in claimed
@@ -285,8 +283,8 @@ class StoreWriter:
         self, payload: bytes | memoryview, digest: bytes, column: str = "", repeated: bool = False
     ) -> PreparedBlob:
         stored = self._written.get(digest) or self.borrowed.get(digest)
-        if stored is not None and digest in self._small_claimed:  # met again: shared
-            self._small_probe[self._small_claimed.pop(digest)][1] += 1
+        if stored is not None and digest in self._unmet:  # met again: shared
+            self._odds[self._unmet.pop(digest)].shared()
         if stored is None:
             stored = self._found.get(digest)
             if stored is not None:
@@ -303,31 +301,26 @@ class StoreWriter:
     ) -> bool:
         """Whether another task of the write claimed ``digest`` first (then it is borrowed);
         else this one claims it, if worth it, and stores it (blobhouse.store.claims)."""
-        small = len(payload) <= CLAIM_MIN_BYTES
-        if self.claims is None or (small and not repeated and not self._small_worth(column)):
+        claims, odds, size = self.claims, self._odds[column], len(payload)
+        if claims is None:
             return False
-        pack, position = self.packs.next_place(len(payload))
-        mine = Claim(digest, pack, position, len(payload), self.claims.claimant)
-        theirs = self.claims.claim(mine)
-        if small:
-            self._small_probe[column][0] += 1
-            if theirs is None:
-                self._small_claimed[digest] = column
-            else:  # another task met it: shared
-                self._small_probe[column][1] += 1
+        if not (repeated or odds.worth(digest, size)):
+            if not (odds.check_due(size) and claims.shared(column)):
+                return False
+            odds.marked = True  # another task found the column shared: claim every payload
+        pack, position = self.packs.next_place(size)
+        theirs = claims.claim(Claim(digest, pack, position, size, claims.claimant))
+        odds.claimed()
         if theirs is None:
+            self._unmet[digest] = column
             self.claimed = True
             return False
+        odds.shared()  # another task met it first
+        if odds.sharing and not odds.marked:  # tasks ahead of this one claim them too
+            claims.mark_shared(column)
+            odds.marked = True
         self.borrowed[digest] = StoredPayload(digest, theirs.pack, theirs.position, theirs.size)
         return True
-
-    def _small_worth(self, column: str) -> bool:
-        """Whether claiming ``column``'s small payloads pays: its first
-        :data:`~blobhouse.store.claims.SMALL_PROBE` are claimed, later ones while at least 1 in
-        :data:`~blobhouse.store.claims.SMALL_SHARED_RATIO` turned out shared (a column of thumbnails
-        unique per row stops claiming; one of calibration files keeps on)."""
-        claimed, shared = self._small_probe[column]
-        return claimed < SMALL_PROBE or shared * SMALL_SHARED_RATIO >= claimed
 
     def take_new(self) -> tuple[tuple[str, ...], tuple[StoredPayload, ...]]:
         """Packs and payloads stored since the last call, once their bytes are written."""

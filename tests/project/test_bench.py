@@ -108,6 +108,12 @@ def test_quick_benchmark_run(tmp_path):
     assert ranged["bytes_read"] == rows_read * 1024 * 1024  # only the rows' bytes
     writes = [r for r in results["object_storage"]["rows"] if r["operation"] == "write"]
     assert all(r["requests"].get("PUT", 0) > 0 for r in writes if r["contender"].endswith("s3"))
+    # the natural df.write: each payload once, its requests against Arrow's Parquet writer's
+    spark_writes = [r for r in results["object_storage"]["rows"] if r["operation"] == "df.write"]
+    ours = [r for r in spark_writes if r["contender"].startswith("blobhouse")]
+    assert len(ours) == 2 and all(r["stored_vs_unique"] <= 1.05 for r in ours)
+    assert all(0 < r["payload_uploads"] < sum(r["requests"].values()) for r in ours)
+    assert all(r["vs_parquet"] > 0 for r in ours) and len(spark_writes) == 4
     spark = results["spark"]["rows"][0]
     assert spark["read_blob_mb_s"] > 0 and spark["write_ratio"] > 0
     assert spark["scan_vs_floor"] > 0 and spark["read_blob_vs_floor"] > 0  # the targets' floors

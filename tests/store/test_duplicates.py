@@ -260,15 +260,16 @@ def test_a_record_that_cannot_be_written_warns_and_the_write_stands(table_uri):
 
 
 def test_what_the_tasks_of_one_write_stored_each_is_recorded_and_merged(table_uri):
-    """Small payloads are claimed only while they turn out shared: after SMALL_PROBE unique
-    thumbnails, a small payload every task meets is stored once per task. The write's own
+    """Payloads are claimed only while they turn out shared: after PROBE unique thumbnails,
+    a small payload every task meets once (and no task's sample holds) is stored once per
+    task. The write's own
     index append records it, and a compaction merges the copies."""
-    from blobhouse.store.claims import SMALL_PROBE
+    from blobhouse.store.claims import PROBE
 
     late = os.urandom(3_000)
 
     def task(n: int) -> list[pa.RecordBatch]:
-        unique = [b"%d-%d" % (n, i) * 400 for i in range(SMALL_PROBE + 50)]
+        unique = [b"%d-%d" % (n, i) * 400 for i in range(PROBE + 50)]
         ids = [100_000 * (n + 1) + i for i in range(len(unique) + 1)]
         return rows(ids, [*unique, late]).to_batches(max_chunksize=1)
 
@@ -283,4 +284,4 @@ def test_what_the_tasks_of_one_write_stored_each_is_recorded_and_merged(table_ur
     stats = open_table(table_uri).stats()["columns"]["b"]
     assert stats["physical_bytes"] == stats["logical_bytes"] - 2 * len(late)
     got = table_rows(table_uri)
-    assert [got[100_000 * (n + 1) + SMALL_PROBE + 50] for n in range(3)] == [late] * 3
+    assert [got[100_000 * (n + 1) + PROBE + 50] for n in range(3)] == [late] * 3

@@ -211,11 +211,11 @@ def test_a_value_several_fragments_get_is_stored_once_by_update_and_compaction(t
 def test_small_payloads_are_claimed_while_their_column_shares_them(table_uri):
     """A small calibration file met once in each batch of every task is stored once (each
     batch alone would not show it repeats); thumbnails unique per row stop being claimed once
-    the first SMALL_PROBE of them turned out unique."""
-    from blobhouse.store.claims import SMALL_PROBE
+    the first PROBE of them turned out unique (but for the few their hash samples)."""
+    from blobhouse.store.claims import PROBE
 
     calibration = [os.urandom(3_000), os.urandom(3_100)]
-    unique = SMALL_PROBE + 100
+    unique = PROBE + 100
 
     def task(n: int):
         for i in range(unique):  # one row per batch: every batch is placed alone
@@ -231,11 +231,102 @@ def test_small_payloads_are_claimed_while_their_column_shares_them(table_uri):
     write = begin(table_uri, pa.Table.from_batches([next(task(9))]))
     written = [write.plan.write(task(n)) for n in range(3)]
     claims = claim_files(table_uri)
-    assert len([c for c in claims]) <= 2 + 3 * SMALL_PROBE  # thumbnails stopped claiming
+    assert len(claims) <= 2 + 3 * (PROBE + 3)  # thumbnails stopped claiming
     table = Table(write.commit([f for files in written for f in files]).snapshot)
     stats = table.stats()["columns"]
     assert stats["calib"]["physical_bytes"] == sum(map(len, calibration))  # once, not per task
     assert stats["thumb"]["physical_bytes"] == stats["thumb"]["logical_bytes"]
+
+
+def _payloads(count: int, size: int, seed: int, sampled: bool | None = None) -> list[bytes]:
+    """``count`` distinct payloads of ``size`` bytes; ``sampled``: only those a task's sample
+    holds (True) or only others (False), whatever their odds."""
+    from blobhouse.store.claims import SharingOdds
+
+    found, n = [], 0
+    while len(found) < count:
+        payload = (b"%d-%d-" % (seed, n)).ljust(size, b".")
+        n += 1
+        if sampled is None or SharingOdds.sampled(content_hash(payload), size) == sampled:
+            found.append(payload)
+    return found
+
+
+def _one_per_batch(first_id: int, payloads: list[bytes]):
+    for i, payload in enumerate(payloads):
+        yield pa.record_batch(
+            {"id": pa.array([first_id + i], pa.int64()), "clip": blob_array([payload])}
+        )
+
+
+def test_unique_payloads_cost_the_probe_and_a_sample_of_claims(table_uri):
+    """A column of payloads unique per row (images) is claimed for its first PROBE payloads
+    per task, then only for those its hash-chosen sample holds: a claim is a request."""
+    from blobhouse.store.claims import PROBE
+
+    tasks = [_payloads(150, 100_000, seed=t) for t in range(3)]
+    write_table(pa.table({"id": [0], "clip": blob_array([b"first" * 20_000])}), table_uri)
+    write = begin(table_uri, pa.table({"id": [0], "clip": blob_array([b"x"])}))
+    made: list[str] = []
+    written = []
+    for n, payloads in enumerate(tasks):
+        before = set(claim_files(table_uri))
+        written += write.plan.write(_one_per_batch(1000 * (n + 1), payloads))
+        made += sorted(set(claim_files(table_uri)) - before)
+    from blobhouse.store.claims import SharingOdds
+
+    in_sample = sum(SharingOdds.sampled(content_hash(p), len(p)) for t in tasks for p in t[PROBE:])
+    assert len(made) == 3 * PROBE + in_sample < 40  # of 450 payloads
+    table = Table(write.commit(written).snapshot)
+    assert table.stats()["physical_bytes"] == 100_000 * 451
+    assert claim_files(table_uri) == []
+
+
+def test_a_task_ahead_of_the_others_claims_once_they_find_the_column_shared(table_uri, monkeypatch):
+    """Task A meets 60 payloads first, past its probe (unique images before them): it claims
+    only the one its sample holds. Task B meets them next and finds that claim: it marks the
+    column shared for the write, and A, looking for the mark as it goes on, claims the rest
+    and borrows B's copies. Without the mark A would store all 60 again."""
+    from blobhouse.store import claims
+
+    monkeypatch.setattr(claims, "MARK_CHECK_BYTES", 400_000)  # looked for every 4 payloads
+    images = _payloads(claims.PROBE, 100_000, seed=7, sampled=False)
+    shared = _payloads(60, 100_000, seed=8, sampled=False)
+    shared[3] = _payloads(1, 100_000, seed=9, sampled=True)[0]  # the one A's sample holds
+    write_table(pa.table({"id": [0], "clip": blob_array([b"first" * 20_000])}), table_uri)
+    write = begin(table_uri, pa.table({"id": [0], "clip": blob_array([b"x"])}))
+    halfway, b_done = threading.Event(), threading.Event()
+    written: dict[str, list] = {}
+
+    def task_a():
+        def batches():
+            for i, batch in enumerate(_one_per_batch(1000, [*images, *shared])):
+                if i == len(images) + 10:
+                    halfway.set()
+                    b_done.wait(60)
+                yield batch
+
+        written["a"] = write.plan.write(batches())
+
+    thread = threading.Thread(target=task_a)
+    thread.start()
+    assert halfway.wait(60)
+    written["b"] = write.plan.write(_one_per_batch(2000, shared))
+    assert any("shared-" in c for c in claim_files(table_uri))  # B left the mark
+    b_done.set()
+    thread.join(60)
+    table = Table(write.commit([*written["a"], *written["b"]]).snapshot)
+    stored = table.stats()["physical_bytes"] - 100_000 * (1 + len(images))
+    # B stored the 9 A met unclaimed before it paused (3 of them before the claim B found, in
+    # its probe); A stored at most 4 more before it saw the mark, then borrowed the rest
+    assert stored <= 100_000 * (60 + 10 + 4), stored
+    assert sorted(stock_read(table_uri, "clip")) == sorted(
+        [b"first" * 20_000, *images, *shared, *shared]
+    )
+    table.compact(max_unused=0.0)
+    open_table(table_uri).gc(grace=timedelta(0), retain_versions=1)
+    after = open_table(table_uri).stats()
+    assert after["physical_bytes"] == 100_000 * (1 + len(images) + 60)  # the copies merged
 
 
 def test_tasks_ending_after_their_write_was_aborted_leave_no_claim_or_pack(table_uri):
