@@ -1383,7 +1383,7 @@ def _object_store_writes(
         )
 
 
-_SPARK_TASKS = 4
+_SPARK_TASKS = 4  # the partitions of the df.write rows (the bench session's local[2] runs them)
 _FRAMES_PER_CHUNK = 30
 
 
@@ -1396,11 +1396,10 @@ def _spark_write_requests(case: Case, server, bucket: str, rows: int) -> None:
     video chunk is shared by 30 frames dealt round-robin to the tasks."""
     import pyarrow.fs as pafs
 
-    import blobhouse.spark as bs
+    from bench.spark_targets import bench_session
     from blobhouse.spark.datasource import storage_prefixed
 
-    spark = bs.local_session("local[2]", shuffle_partitions=_SPARK_TASKS)
-    bs.register(spark)
+    spark = bench_session()
     options = server.options
     s3 = pafs.S3FileSystem(
         access_key=options["aws_access_key_id"],

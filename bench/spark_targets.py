@@ -199,12 +199,19 @@ def main() -> None:
     print(json.dumps(run(args.rows, args.blob_kb, args.runs), indent=2))
 
 
-def run(rows: int, blob_kb: int, runs: int) -> dict:
-    """Measure every Spark target once; returns seconds, ratios and MB/s."""
+def bench_session():
+    """The bench's Spark session (every case that runs Spark shares it: a session made first
+    with less memory would be the one the later cases get)."""
     # Spark's Parquet writer holds row groups of 1-3 MB binaries on the heap: it needs more
     # than the default 4g for the shared-chunks rows (blobhouse writes them with 2g)
     spark = bs.local_session("local[2]", shuffle_partitions=_PARTITIONS, driver_memory="8g")
     bs.register(spark)
+    return spark
+
+
+def run(rows: int, blob_kb: int, runs: int) -> dict:
+    """Measure every Spark target once; returns seconds, ratios and MB/s."""
+    spark = bench_session()
     root = tempfile.mkdtemp(prefix="bh-bench-")
     blob = blob_kb * 1024
 
