@@ -1394,83 +1394,42 @@ def _spark_write_requests(case: Case, server, bucket: str, rows: int) -> None:
     same files could send: Spark's own Parquet writer needs Hadoop's S3 connector, not
     installed here, and its committer sends more). Unique payloads, and frames whose 1 MB
     video chunk is shared by 30 frames dealt round-robin to the tasks."""
-    import pyarrow.fs as pafs
-
     from bench.spark_targets import bench_session
-    from blobhouse.spark.datasource import storage_prefixed
 
     spark = bench_session()
-    options = server.options
-    s3 = pafs.S3FileSystem(
-        access_key=options["aws_access_key_id"],
-        secret_key=options["aws_secret_access_key"],
-        endpoint_override=options["aws_endpoint"],
-        scheme="http",
-        region=options["aws_region"],
-    )
-    bucket_name = bucket.removeprefix("s3://")
-
-    def payload_rows(shared: bool):
-        def make(batches):
-            for batch in batches:
-                ids = batch.column("id").to_numpy()
-                keys = ids // _FRAMES_PER_CHUNK if shared else ids
-                payloads = [np.random.default_rng(int(k)).bytes(MB) for k in keys]
-                yield pa.record_batch({"id": ids, "payload": pa.array(payloads, pa.binary())})
-
-        frames = spark.range(rows, numPartitions=_SPARK_TASKS)
-        if shared:
-            frames = frames.repartition(_SPARK_TASKS)  # round-robin: a chunk in every task
-        return frames.mapInArrow(make, "id long, payload binary")
-
     for workload, shared in (("unique 1 MB payloads", False), ("1 MB chunks, 30 frames", True)):
-        df = payload_rows(shared)
+        df = _payload_frames(spark, rows, shared)
         name = f"bh-write-{uuid.uuid4().hex}"
-
-        def blobhouse_write(df=df, name=name):
-            df.write.format("blobhouse").mode("append").option("blob_columns", "payload").options(
-                **storage_prefixed(options)
-            ).save(f"{bucket}/{name}")
-
-        prefix = f"{bucket_name}/pq-{uuid.uuid4().hex}"
-
-        def write_part(batches, prefix=prefix):
-            part = pa.Table.from_batches(list(batches))
-            if part.num_rows:
-                pq.write_table(part, f"{prefix}/{uuid.uuid4().hex}.parquet", filesystem=s3)
-            yield pa.record_batch({"n": pa.array([part.num_rows], pa.int64())})
-
-        started = time.perf_counter()
-        sent = _requests_of(server, blobhouse_write)
-        seconds = time.perf_counter() - started
-        uploads = server.requests(f"/{bucket_name}/{name}/_blobs/packs/")
+        ours, seconds = _timed_requests(
+            server, lambda df=df, n=name: _blobhouse_write(df, bucket, n, server.options)
+        )
+        uploads = server.requests(f"/{bucket.removeprefix('s3://')}/{name}/_blobs/packs/")
         payload_uploads = uploads.get("PUT", 0) + uploads.get("POST", 0)
-        started = time.perf_counter()
-        parquet = _requests_of(server, lambda df=df: df.mapInArrow(write_part, "n long").collect())
-        parquet_seconds = time.perf_counter() - started
+        parquet, parquet_seconds = _timed_requests(
+            server, lambda df=df: _arrow_parquet_write(df, bucket, server.options)
+        )
         packs = f"{bucket}/{name}/_blobs/packs"
-        stored = sum(o.size for o in object_store(packs, options).walk(packs))
+        stored = sum(o.size for o in object_store(packs, server.options).walk(packs))
         unique = (-(-rows // _FRAMES_PER_CHUNK) if shared else rows) * MB
-        total, parquet_total = sum(sent.values()), sum(parquet.values())
+        mine, theirs = sum(ours.values()), sum(parquet.values())
+        row = {"operation": "df.write", "workload": f"{workload} x {rows}, {_SPARK_TASKS} tasks"}
         case.add(
-            operation="df.write",
-            workload=f"{workload} x {rows}, {_SPARK_TASKS} tasks",
+            **row,
             contender="blobhouse df.write, s3",
             seconds=round(seconds, 3),
-            requests=sent,
-            requests_per_row=round(total / rows, 4),
+            requests=ours,
+            requests_per_row=round(mine / rows, 4),
             payload_uploads=payload_uploads,
-            requests_besides_payload_uploads=total - payload_uploads,
-            vs_parquet=round((total - payload_uploads) / parquet_total, 2),
+            requests_besides_payload_uploads=mine - payload_uploads,
+            vs_parquet=round((mine - payload_uploads) / theirs, 2),
             stored_vs_unique=round(stored / unique, 3),
         )
         case.add(
-            operation="df.write",
-            workload=f"{workload} x {rows}, {_SPARK_TASKS} tasks",
+            **row,
             contender="Arrow's Parquet writer, a file per task, s3",
             seconds=round(parquet_seconds, 3),
             requests=parquet,
-            requests_per_row=round(parquet_total / rows, 4),
+            requests_per_row=round(theirs / rows, 4),
         )
     case.notes.append(
         "df.write rows: the natural df.write of a blobhouse table to the S3 server against Arrow's "
@@ -1481,6 +1440,62 @@ def _spark_write_requests(case: Case, server, bucket: str, rows: int) -> None:
         "Parquet's. Claims: the probe (8 per task and column), then a sample by hash (a 1 MB "
         "payload with odds 1 in 32) unless the column turns out shared"
     )
+
+
+def _payload_frames(spark, rows: int, shared: bool):
+    """A DataFrame of ``rows`` rows (``id``, a 1 MB ``payload``) in :data:`_SPARK_TASKS`
+    partitions: unique payloads, or ``shared`` chunks of :data:`_FRAMES_PER_CHUNK` frames each,
+    the frames dealt round-robin so that every task meets every chunk."""
+
+    def make(batches):
+        for batch in batches:
+            ids = batch.column("id").to_numpy()
+            keys = ids // _FRAMES_PER_CHUNK if shared else ids
+            payloads = [np.random.default_rng(int(k)).bytes(MB) for k in keys]
+            yield pa.record_batch({"id": ids, "payload": pa.array(payloads, pa.binary())})
+
+    frames = spark.range(rows, numPartitions=_SPARK_TASKS)
+    if shared:
+        frames = frames.repartition(_SPARK_TASKS)  # round-robin
+    return frames.mapInArrow(make, "id long, payload binary")
+
+
+def _blobhouse_write(df, bucket: str, name: str, options: dict[str, str]) -> None:
+    """The natural ``df.write`` of ``df`` to a new blobhouse table ``name`` in ``bucket``."""
+    from blobhouse.spark.datasource import storage_prefixed
+
+    df.write.format("blobhouse").mode("append").option("blob_columns", "payload").options(
+        **storage_prefixed(options)
+    ).save(f"{bucket}/{name}")
+
+
+def _arrow_parquet_write(df, bucket: str, options: dict[str, str]) -> None:
+    """``df``'s rows written to ``bucket`` by Arrow's Parquet writer, one file per task."""
+    import pyarrow.fs as pafs
+
+    s3 = pafs.S3FileSystem(
+        access_key=options["aws_access_key_id"],
+        secret_key=options["aws_secret_access_key"],
+        endpoint_override=options["aws_endpoint"],
+        scheme="http",
+        region=options["aws_region"],
+    )
+    prefix = f"{bucket.removeprefix('s3://')}/pq-{uuid.uuid4().hex}"
+
+    def write_part(batches):
+        part = pa.Table.from_batches(list(batches))
+        if part.num_rows:
+            pq.write_table(part, f"{prefix}/{uuid.uuid4().hex}.parquet", filesystem=s3)
+        yield pa.record_batch({"n": pa.array([part.num_rows], pa.int64())})
+
+    df.mapInArrow(write_part, "n long").collect()
+
+
+def _timed_requests(server, fn: Callable[[], object]) -> tuple[dict[str, int], float]:
+    """What one call of ``fn`` sent to ``server`` (:func:`_requests_of`), and its seconds."""
+    started = time.perf_counter()
+    sent = _requests_of(server, fn)
+    return sent, time.perf_counter() - started
 
 
 @dataclass(frozen=True)
