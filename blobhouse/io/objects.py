@@ -367,7 +367,8 @@ def read_object(
     uri: str, options: Mapping[str, str] | None = None, size: int | None = None
 ) -> bytes:
     """The whole object at ``uri`` (:class:`FileNotFoundError` when there is none); ``size``:
-    its size as a listing gave it, which saves a request on an object store.
+    its size as a listing gave it, or more than it can hold (what there is is read), which
+    saves a request on an object store.
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")

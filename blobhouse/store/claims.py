@@ -81,6 +81,7 @@ SAMPLE_BYTES = 32 * MiB
 #: (one request, as often as a sampled claim)
 MARK_CHECK_BYTES = SAMPLE_BYTES
 _READ_ATTEMPTS = 40  # a claim read empty (being written) is read again for up to ~2 s
+_CLAIM_READ_BYTES = 64 * 1024  # more than any claim holds: read with one GET, no HEAD first
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,8 @@ class Claims:
         delay = 0.001
         for _ in range(_READ_ATTEMPTS):
             try:
-                return Claim.decode(digest, read_object(uri, self.storage_options))
+                raw = read_object(uri, self.storage_options, size=_CLAIM_READ_BYTES)
+                return Claim.decode(digest, raw)
             except (ValueError, KeyError, FileNotFoundError):  # created, not written yet
                 time.sleep(delay)
                 delay = min(delay * 2, 0.1)

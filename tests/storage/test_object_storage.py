@@ -1187,5 +1187,10 @@ def test_a_claim_another_task_made_first_costs_one_refused_put_and_its_read_on_s
         "packs/a.pack"
     )
     after = s3.server.requests(prefix)
-    sent = {m: after.get(m, 0) - before.get(m, 0) for m in after}
-    assert sent.get("PUT", 0) == 1 and sent.get("GET", 0) == 1, sent
+    sent = {m: n - before.get(m, 0) for m, n in after.items() if n - before.get(m, 0)}
+    assert sent == {"PUT": 1, "GET": 1}, sent  # the read asks for no size first (a HEAD)
+    # the mark that a column is shared: one conditional PUT to leave, one HEAD to look for
+    assert not first.shared("clip")
+    second.mark_shared("clip")
+    second.mark_shared("clip")  # another task left it first: refused, no error
+    assert first.shared("clip") and not first.shared("thumb")
