@@ -878,12 +878,13 @@ def clean_failed_create(
     ``_blobs/packs/<write id>-<uuid>.pack``, leases ``_leases/<write id>-``, and the
     transaction file of the create's Lance commit (``_transactions/0-<uuid>.txn``), and the
     temporary files Lance's writers leave in ``data/`` when killed mid-file (``.tmp*``; a
-    cancelled Spark task). As gc does, it keeps files younger than ``grace``, files of a write
-    whose lease is live (a create still running) and temporary files younger than the oldest
-    running write, and removes expired leases. Every other file is foreign: left
-    alone and listed (``foreign_files``). A folder with a Lance dataset (``_versions/``) is
-    refused: that is gc's. Emptied directories go, and the folder itself if nothing is left
-    in it. The report has gc's keys (no versions) and ``failed_create: True``.
+    cancelled Spark task) beside any of those. As gc does, it keeps files younger than
+    ``grace``, files of a write whose lease is live (a create still running) and temporary
+    files younger than the oldest running write, and removes expired leases. Every other
+    file is foreign: left alone and listed (``foreign_files``). A folder with a Lance
+    dataset (``_versions/``) is refused: that is gc's. Emptied directories go, and the folder
+    itself if nothing is left in it. The report has gc's keys (no versions) and
+    ``failed_create: True``.
 
     >>> import tempfile
     >>> from blobhouse.layout import TableLocation
@@ -909,7 +910,7 @@ def clean_failed_create(
         )
     staged: dict[str, str | None] = {}  # path -> the write that staged it (None: unknown)
     held: dict[str, str] = {}  # lease -> its write
-    foreign = []
+    foreign, temporary = [], []
     for name in sorted(listed):
         lease = LEASE_FILE.fullmatch(name)
         found = lease or next((m for p in STAGED_BY_A_WRITE if (m := p.fullmatch(name))), None)
@@ -918,9 +919,15 @@ def clean_failed_create(
         elif found:
             staged[name] = found.groupdict().get("write")
         elif is_lance_temporary(name):
-            staged[name] = None  # a task killed mid-file (a cancelled Spark task) left it
+            temporary.append(name)
         else:
             foreign.append(name)
+    # Lance's temporary files (a task killed mid-file, a cancelled Spark task) name no write:
+    # a failed create's only beside what a write staged, else a project's data/ folder's own
+    if staged or held:
+        staged.update(dict.fromkeys(temporary))
+    else:
+        foreign = sorted(foreign + temporary)
     if not staged and not held:
         alone = f"; {len(foreign)} files there are not blobhouse's: left alone" if foreign else ""
         raise TableNotFoundError(

@@ -391,6 +391,14 @@ def test_cleaning_a_failed_create_removes_lances_temporary_files_once_no_write_r
     assert (report["removed_files"], report["kept_leased_files"]) == (3, 0)
     assert os.path.join(table_uri, "data", ".tmpXxDGQ1") in report["paths"]
     assert not os.path.exists(table_uri)
+    # alone, such a name in a project's data/ folder is the project's own: never removed
+    os.makedirs(os.path.join(table_uri, "data"))
+    with open(temporary, "wb") as f:
+        f.write(b"a user's file")
+    aged(table_uri, hours=2, folders=False)
+    with pytest.raises(TableNotFoundError, match="1 files there are not blobhouse's"):
+        clean_failed_create(table_uri, grace=timedelta(hours=1))
+    assert os.path.exists(temporary)
 
 
 def test_cleaning_a_failed_create_refuses_a_table(table_uri):
