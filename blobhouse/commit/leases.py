@@ -30,6 +30,7 @@ from blobhouse.layout import LEASES_DIR, LOCKS_DIR
 
 REFRESH_SECONDS = 2.0
 TIMEOUT_SECONDS = 30.0
+_LEASE_READ_BYTES = 4096  # more than a lease holds
 
 
 @contextlib.contextmanager
@@ -136,7 +137,8 @@ def _started(
     """The start a lease records (``missing`` if it has none: gone, or written by an older
     blobhouse, or being written)."""
     try:
-        return float(json.loads(read_object(uri, storage_options))["started"])
+        raw = read_object(uri, storage_options, size=_LEASE_READ_BYTES)  # one GET, no HEAD
+        return float(json.loads(raw)["started"])
     except (OSError, ValueError, KeyError, TypeError):
         return missing
 

@@ -93,7 +93,7 @@ from blobhouse.store.packs import (
     remove_packs,
     remove_staged_packs,
 )
-from blobhouse.store.records import record_batches, remove_records
+from blobhouse.store.records import recorded_entries, remove_records
 
 T = TypeVar("T")
 DEFAULT_RETRIES = CommitOptions.retries
@@ -245,8 +245,8 @@ class Transaction:
         mine = entry_batches(own)
         if not recorded:
             return mine
-        root, options = self.location.root, self.storage_options
-        return lambda: itertools.chain(mine(), record_batches(root, self.id, options))
+        records = recorded_entries(self.location.root, self.id, self.storage_options)
+        return lambda: itertools.chain(mine(), records())
 
     def _with_unique_keys(
         self, commit: Callable[[], LanceDataset], inserts: Inserts

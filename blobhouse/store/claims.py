@@ -67,6 +67,7 @@ from blobhouse.layout import (
     store_dir,
 )
 from blobhouse.placement import MiB
+from blobhouse.store.write_memory import WriteMemory, write_memory
 
 #: a task claims the first this many payloads of a column ...
 PROBE = 8
@@ -225,11 +226,14 @@ class Claims:
         write_id: str,
         storage_options: StorageOptions | None = None,
         claimant: Claimant | None = None,
+        memory: WriteMemory | None = None,
     ) -> None:
         self.folder = claims_folder(table_path, write_id)
         self.storage_options = storage_options
         self.claimant = claimant or Claimant.here()
         self.store = object_store(self.folder, storage_options)
+        # what earlier tasks of the write in this process claimed or read (Spark reuses workers)
+        self.memory = memory or write_memory(self.folder)
         self._root = as_uri(table_path.rstrip("/"))
         self._owned = False  # whether the claims' folder was found a folder (own_folder)
 
@@ -237,17 +241,25 @@ class Claims:
         """Claim ``claim.digest`` for ``claim``'s place: None if this task now stores the
         payload there, else the claim another task of the write made first (reference its
         place). A claim of an earlier attempt of this task is taken over."""
+        # another task of this process claimed or read it: the claim stands (unless this
+        # task is a later attempt of its claimant's, which takes it over below)
+        known = self.memory.claim_of(claim.digest)
+        mine = known is not None and known.claimant == self.claimant
+        if known is not None and not mine and not self.claimant.succeeds(known.claimant):
+            return known
         uri = self._uri(claim.digest)
         if not self._owned:  # a link there would put claims in (and gc sweep) a user's folder
             own_folder(self.store, self._root, self.folder.removeprefix(self._root + "/"))
             self._owned = True
         if put_new(self.store, uri, claim.encode()):
+            self.memory.remember(claim)
             return None
         # locally, a directory or a link there is never a task's claim: cleared, then tried
         # again (an object store has neither: a refused PUT is another task's claim)
         if is_local(uri):
             make_way(self.store, uri)
             if put_new(self.store, uri, claim.encode()):
+                self.memory.remember(claim)
                 return None
         found = self._read(uri, claim.digest)
         if found is None or self.claimant.succeeds(found.claimant):
@@ -255,21 +267,28 @@ class Claims:
             # nobody could borrow an unreadable claim; a predecessor's borrowers are checked
             # at the commit
             self.store.put(uri, claim.encode())
-            return None
+            found = None
+        self.memory.remember(found or claim)
         return found
 
     def mark_shared(self, column: str) -> None:
         """Leave the mark that ``column``'s payloads are shared between the write's tasks
         (best effort: a task that cannot leave it claims on itself)."""
+        self.memory.marked.add(column)
         with contextlib.suppress(OSError, StoreError):
             put_new(self.store, self._mark_uri(column), b"")
 
     def shared(self, column: str) -> bool:
         """Whether a task of the write left the mark that ``column``'s payloads are shared."""
+        if column in self.memory.marked:
+            return True
         try:
-            return self.store.size(self._mark_uri(column)) is not None
+            marked = self.store.size(self._mark_uri(column)) is not None
         except (OSError, StoreError):
             return False
+        if marked:
+            self.memory.marked.add(column)
+        return marked
 
     def _mark_uri(self, column: str) -> str:
         return f"{self.folder}/{shared_column_name(column)}"

@@ -4,6 +4,8 @@ scalar indices and digest filters, appended after each commit, maintained by gc.
 from __future__ import annotations
 
 import contextlib
+import copy
+import itertools
 import uuid
 import warnings
 from collections import defaultdict
@@ -111,11 +113,6 @@ class StoreIndex:
     def open(cls, table_path: str, storage_options: StorageOptions | None = None) -> StoreIndex:
         """The index as it is now (an empty one when nothing was stored yet)."""
         return cls(table_path, open_index(table_path, storage_options), storage_options)
-
-    @classmethod
-    def empty(cls, table_path: str) -> StoreIndex:
-        """An index that finds nothing (rows already looked up, e.g. by a Spark join)."""
-        return cls(table_path, None)
 
     def __len__(self) -> int:
         return 0 if self._dataset is None else self._dataset.count_rows()
@@ -260,31 +257,49 @@ def append_to_index(
     the driver never holds them all); the index's version this append made, None when there
     was nothing to add."""
     entries = entry_batches(stored)
-    if not any(batch.num_rows for batch in entries()):
+    first_pass = (b for b in entries() if b.num_rows)
+    first = next(first_pass, None)
+    if first is None:
         return None
 
     def rows() -> pa.RecordBatchReader:
+        """The entries: the first read goes on from the batch that showed there are some."""
+        nonlocal first_pass
         batches = (b for b in entries() if b.num_rows)
+        if first_pass is not None:
+            batches, first_pass = itertools.chain([first], first_pass), None
         return pa.RecordBatchReader.from_batches(INDEX_SCHEMA, batches)
 
     uri = index_uri(table_path)
-    dataset = None
-    if open_index(table_path, storage_options) is None:
-        # a concurrent writer may create it first: then append, Lance merges appends
+    dataset = open_index(table_path, storage_options)
+    if dataset is None:
+        # a concurrent writer may create it first: then append, Lance merges appends (never an
+        # append to a missing dataset: Lance makes it an overwrite, which can win over a create)
         with contextlib.suppress(ValueError, OSError):
             dataset = lance.write_dataset(
                 rows(), uri, mode="create", storage_options=storage_options
             )
-    if dataset is None:
-        dataset = lance.write_dataset(rows(), uri, mode="append", storage_options=storage_options)
+            return _indexed(table_path, dataset, storage_options)
+    # on the version just opened (no second listing of its versions; a commit meanwhile is
+    # merged by Lance's conflict resolution)
+    target = uri if dataset is None else dataset
+    dataset = lance.write_dataset(rows(), target, mode="append", storage_options=storage_options)
+    return _indexed(table_path, dataset, storage_options)
+
+
+def _indexed(
+    table_path: str, dataset: LanceDataset, storage_options: StorageOptions | None
+) -> LanceDataset:
+    """``dataset``, the index's version an append made, with its filter and lookups."""
     # its filter lets the next writer skip the lookup of hashes none of the index holds (gc
     # covers big fragments); a big write indexes what it added (lookups scan what the scalar
     # indices do not cover), small ones leave that to gc
     try:
         write_filters(table_path, dataset, storage_options, max_rows=_UNINDEXED_ROWS)
     except (BlobhouseError, ValueError, OSError) as exc:
-        warnings.warn(f"the store index of {table_path} got no filter: {exc}", stacklevel=2)
-    index_lookups(table_path, storage_options)
+        warnings.warn(f"the store index of {table_path} got no filter: {exc}", stacklevel=3)
+    # a copy: creating a scalar index moves the dataset it is called on to the version made
+    index_lookups(table_path, storage_options, dataset=copy.copy(dataset))
     return dataset
 
 
@@ -292,6 +307,7 @@ def index_lookups(
     table_path: str,
     storage_options: StorageOptions | None = None,
     merge: bool = False,
+    dataset: LanceDataset | None = None,
 ) -> None:
     """Create the index's scalar indices (``blake3`` for writers' lookups, ``pack`` for
     :meth:`StoreIndex.digest_at` and gc's deletes) if missing, and extend them by a delta over
@@ -299,8 +315,9 @@ def index_lookups(
     a few small fragments in no time). Lance's scalar indices cover only the fragments they
     were built on: every lookup scans what they miss. ``merge``, or too many deltas: merge
     them into one (Lance compacts together only fragments that one delta covers). The index is
-    a cache: a failure here is a warning (e.g. a concurrent commit on the index won)."""
-    dataset = open_index(table_path, storage_options)
+    a cache: a failure here is a warning (e.g. a concurrent commit on the index won).
+    ``dataset``: the index as the caller has it open already."""
+    dataset = dataset or open_index(table_path, storage_options)
     if dataset is None:
         return
     try:

@@ -22,7 +22,7 @@ of a write that died.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -83,31 +83,39 @@ def read_records(
 ) -> list[StoredPayload]:
     """What write ``write_id`` recorded it stored (none: an empty list)."""
     found: list[StoredPayload] = []
-    for batch in record_batches(table_path, write_id, storage_options):
+    for batch in recorded_entries(table_path, write_id, storage_options)():
         columns = (batch.column(n).to_pylist() for n in RECORD_SCHEMA.names)
         found += [StoredPayload(*entry) for entry in zip(*columns, strict=True)]
     return found
 
 
-def record_batches(
+def recorded_entries(
     table_path: str, write_id: str, storage_options: StorageOptions | None = None
-) -> Iterator[pa.RecordBatch]:
-    """What write ``write_id`` recorded it stored, as batches of the store index's schema,
-    one record at a time in memory (a write's tasks may have stored many millions)."""
+) -> Callable[[], Iterator[pa.RecordBatch]]:
+    """What write ``write_id`` recorded it stored, as a function giving batches of the store
+    index's schema each time it is called, one record at a time in memory (a write's tasks may
+    have stored many millions). The records are listed once, at the first call (a commit
+    reads them when every task that records has ended)."""
     folder = records_folder(table_path, write_id)
-    store = object_store(folder, storage_options)
-    try:
-        listed = store.list(folder)
-    except FileNotFoundError:
-        return
-    for info in listed:
-        data = read_object(f"{folder}/{info.name}", storage_options, size=info.size)
-        reader = pa.ipc.open_file(pa.py_buffer(data))
-        for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
-            yield pa.record_batch(
-                [batch.column(0).cast(pa.binary()), *batch.columns[1:]], schema=INDEX_SCHEMA
-            )
+    listing: list[tuple[str, int]] | None = None
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        nonlocal listing
+        if listing is None:
+            try:
+                listed = object_store(folder, storage_options).list(folder)
+                listing = [(f"{folder}/{info.name}", info.size) for info in listed]
+            except FileNotFoundError:
+                listing = []
+        for uri, size in listing:
+            reader = pa.ipc.open_file(pa.py_buffer(read_object(uri, storage_options, size=size)))
+            for i in range(reader.num_record_batches):
+                batch = reader.get_batch(i)
+                yield pa.record_batch(
+                    [batch.column(0).cast(pa.binary()), *batch.columns[1:]], schema=INDEX_SCHEMA
+                )
+
+    return batches
 
 
 def remove_records(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from blobhouse.errors import (
@@ -30,10 +30,12 @@ from blobhouse.store.claims import (
     Claims,
     SharingOdds,
 )
-from blobhouse.store.index import StoreIndex
+from blobhouse.store.index import StoreIndex, open_index
 from blobhouse.store.packs import StoredPayload, remove_packs, retired_packs
 
 if TYPE_CHECKING:
+    from lance import LanceDataset
+
     from blobhouse.values import LogicalColumn
 
 
@@ -178,15 +180,17 @@ class StoreWriter:
         self.base_id = base_id
         # the tasks of a Spark write claim new payloads, so that only one of them stores each
         self.claims = claims
+
         # a Spark write that joined its rows with the index already turned what it found into
         # references (see blobhouse.spark.write_table): no task needs the index
-        self.index = (
-            StoreIndex.open(table_path, storage_options)
-            if load_index
-            else StoreIndex.empty(table_path)
-        )
-        # packs never to reference
-        self.retired = frozenset(retired_packs(table_path, storage_options)) | avoid
+        def store_state() -> tuple[LanceDataset | None, frozenset[str]]:
+            index = open_index(table_path, storage_options) if load_index else None
+            return index, frozenset(retired_packs(table_path, storage_options))
+
+        memory = claims.memory if claims is not None else None
+        index, retired = memory.store_state(store_state) if memory else store_state()
+        self.index = StoreIndex(table_path, index, storage_options)
+        self.retired = retired | avoid  # packs never to reference
         self.found_packs: set[str] = set()  # packs found in the index: checked before commit
         self.damaged: set[StoredPayload] = set()  # index entries whose bytes differ from their key
         self.queue = WriteQueue()
@@ -198,7 +202,7 @@ class StoreWriter:
         self.borrowed: dict[bytes, StoredPayload] = {}
         self.claimed = False  # it claimed payloads: its packs are kept if its task fails
         # per column: how often its claims turned out shared (claims.SharingOdds)
-        self._odds: defaultdict[str, SharingOdds] = defaultdict(SharingOdds)
+        self._odds: dict[str, SharingOdds] = {}
         self._unmet: dict[bytes, str] = {}  # claimed by this task, not met again yet
         # digest -> the reference its rows store, once decided: the same for every later row
         # (a column of small payloads repeats a few of them over millions of rows)
@@ -284,7 +288,7 @@ class StoreWriter:
     ) -> PreparedBlob:
         stored = self._written.get(digest) or self.borrowed.get(digest)
         if stored is not None and digest in self._unmet:  # met again: shared
-            self._odds[self._unmet.pop(digest)].shared()
+            self._column_odds(self._unmet.pop(digest)).shared()
         if stored is None:
             stored = self._found.get(digest)
             if stored is not None:
@@ -301,9 +305,12 @@ class StoreWriter:
     ) -> bool:
         """Whether another task of the write claimed ``digest`` first (then it is borrowed);
         else this one claims it, if worth it, and stores it (blobhouse.store.claims)."""
-        claims, odds, size = self.claims, self._odds[column], len(payload)
+        claims, size = self.claims, len(payload)
         if claims is None:
             return False
+        odds = self._column_odds(column)
+        if column in claims.memory.marked:  # an earlier task of this process saw the mark
+            odds.marked = True
         if not (repeated or odds.worth(digest, size)):
             if not (odds.check_due(size) and claims.shared(column)):
                 return False
@@ -322,6 +329,16 @@ class StoreWriter:
         self.borrowed[digest] = StoredPayload(digest, theirs.pack, theirs.position, theirs.size)
         return True
 
+    def _column_odds(self, column: str) -> SharingOdds:
+        """The odds of ``column``: at first those the last task of this process ended with
+        (claims.WriteMemory): a worker that learned a column unique, or shared, knows it
+        at its next task's first payload, and makes no probe again."""
+        odds = self._odds.get(column)
+        if odds is None:
+            learned = self.claims.memory.odds.get(column) if self.claims else None
+            odds = self._odds[column] = replace(learned) if learned else SharingOdds()
+        return odds
+
     def take_new(self) -> tuple[tuple[str, ...], tuple[StoredPayload, ...]]:
         """Packs and payloads stored since the last call, once their bytes are written."""
         self.packs.flush()
@@ -334,6 +351,8 @@ class StoreWriter:
         """Close the open pack and wait for every byte."""
         self.packs.finish()
         self.queue.close()
+        if self.claims is not None:  # what the process's next task of the write starts from
+            self.claims.memory.odds.update({c: replace(o) for c, o in self._odds.items()})
 
     def abort(self) -> None:
         """Remove every pack this writer created (its write will not commit); a task that

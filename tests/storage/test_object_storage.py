@@ -1171,24 +1171,75 @@ def test_a_sweep_of_many_objects_is_a_few_requests_on_s3(s3):
     assert sent.get("DELETE", 0) == 0 and sent["POST"] == 2 and sent["GET"] <= 3, sent
 
 
+def test_the_tasks_of_a_write_in_one_worker_read_the_store_once_on_s3(s3):
+    """Spark runs task after task of a write in one Python worker: the first task opens the
+    store index and lists the retired packs, the later ones reuse what it read (they used to
+    send both requests each); the commit lists the tasks' records once and opens the index
+    once to append (it listed its versions twice, the records four times)."""
+    uri = f"{s3.uri}/t"
+    data = pa.table({"id": [0], "clip": blob_array([os.urandom(100_000)])})
+    write_table(data, uri, storage_options=s3.options)  # the store has an index
+    write = begin_write(uri, data.schema, mode="append", storage_options=s3.options, in_tasks=True)
+    listings = {
+        what: f"/{s3.name}?list-type=2&prefix=t/_blobs/{what}/"
+        for what in ("index/_versions", "tombstones")
+    }
+
+    def listed() -> dict[str, int]:
+        return {what: s3.server.requests(p).get("GET", 0) for what, p in listings.items()}
+
+    before, written = listed(), []
+    for task in range(3):
+        clips = [os.urandom(100_000 + task) for _ in range(4)]
+        rows = pa.table({"id": range(4), "clip": blob_array(clips)})
+        written += write.plan.write(rows.to_batches())
+    after_tasks = listed()
+    assert {w: after_tasks[w] - before[w] for w in listings} == {
+        "index/_versions": 1,
+        "tombstones": 1,
+    }
+    records = f"/{s3.name}?list-type=2&prefix=t/_blobs/stored/"
+    records_before = s3.server.requests(records).get("GET", 0)
+    table = Table(write.commit(written).snapshot)
+    assert s3.server.requests(records).get("GET", 0) - records_before == 2  # read, removed
+    assert listed()["index/_versions"] - after_tasks["index/_versions"] <= 2  # open, append
+    assert table.count_rows() == 13 and table.verify(deep=True)["problems"] == []
+    assert table.stats()["physical_bytes"] == 100_000 + 4 * (300_003)
+
+
 def test_a_claim_another_task_made_first_costs_one_refused_put_and_its_read_on_s3(s3):
     """A task meeting a payload another task of the write claimed: its conditional PUT is
-    refused and the claim is read (it once sent the refused PUT twice)."""
+    refused and the claim is read (it once sent the refused PUT twice); a later task in the
+    same process (Spark reuses its workers) knows the claim already and sends nothing."""
     from blobhouse.store.claims import Claim, Claimant, Claims
+    from blobhouse.store.write_memory import WriteMemory
 
     uri = f"{s3.uri}/t"
     digest = content_hash(b"x" * 100)
-    first = Claims(uri, "write-0123456789ab", s3.options, Claimant(0, 0, "a"))
-    second = Claims(uri, "write-0123456789ab", s3.options, Claimant(1, 0, "b"))
+    write = "write-0123456789ab"
+    first = Claims(uri, write, s3.options, Claimant(0, 0, "a"), memory=WriteMemory())
+    second = Claims(uri, write, s3.options, Claimant(1, 0, "b"), memory=WriteMemory())
     assert first.claim(Claim(digest, "packs/a.pack", 0, 100, first.claimant)) is None
     prefix = f"/{s3.name}/t/_blobs/claims/"
-    before = s3.server.requests(prefix)
-    assert second.claim(Claim(digest, "packs/b.pack", 0, 100, second.claimant)).pack == (
-        "packs/a.pack"
+
+    def sent_by(call):
+        before = s3.server.requests(prefix)
+        result = call()
+        after = s3.server.requests(prefix)
+        return result, {m: n - before.get(m, 0) for m, n in after.items() if n - before.get(m, 0)}
+
+    theirs, sent = sent_by(
+        lambda: second.claim(Claim(digest, "packs/b.pack", 0, 100, second.claimant))
     )
-    after = s3.server.requests(prefix)
-    sent = {m: n - before.get(m, 0) for m, n in after.items() if n - before.get(m, 0)}
+    assert theirs.pack == "packs/a.pack"
     assert sent == {"PUT": 1, "GET": 1}, sent  # the read asks for no size first (a HEAD)
+    later = Claims(uri, write, s3.options, Claimant(2, 0, "c"), memory=second.memory)
+    theirs, sent = sent_by(lambda: later.claim(Claim(digest, "packs/c.pack", 0, 100, None)))
+    assert theirs.pack == "packs/a.pack" and sent == {}
+    retry = Claims(uri, write, s3.options, Claimant(0, 1, "a2"), memory=second.memory)
+    mine = Claim(digest, "packs/a2.pack", 0, 100, retry.claimant)
+    assert retry.claim(mine) is None  # a later attempt of the claimant takes its claim over
+    assert later.claim(Claim(digest, "packs/c.pack", 0, 100, None)).pack == "packs/a2.pack"
     # the mark that a column is shared: one conditional PUT to leave, one HEAD to look for
     assert not first.shared("clip")
     second.mark_shared("clip")

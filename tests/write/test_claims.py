@@ -259,10 +259,14 @@ def _one_per_batch(first_id: int, payloads: list[bytes]):
         )
 
 
-def test_unique_payloads_cost_the_probe_and_a_sample_of_claims(table_uri):
+@pytest.mark.parametrize("worker", ["new per task", "reused"])
+def test_unique_payloads_cost_the_probe_and_a_sample_of_claims(table_uri, monkeypatch, worker):
     """A column of payloads unique per row (images) is claimed for its first PROBE payloads
-    per task, then only for those its hash-chosen sample holds: a claim is a request."""
-    from blobhouse.store.claims import PROBE
+    per task, then only for those its hash-chosen sample holds: a claim is a request. A task
+    in a worker that ran a task of the write before (Spark reuses its Python workers) starts
+    from what that one learned: no probe."""
+    from blobhouse.store import write_memory
+    from blobhouse.store.claims import PROBE, SharingOdds
 
     tasks = [_payloads(150, 100_000, seed=t) for t in range(3)]
     write_table(pa.table({"id": [0], "clip": blob_array([b"first" * 20_000])}), table_uri)
@@ -270,13 +274,15 @@ def test_unique_payloads_cost_the_probe_and_a_sample_of_claims(table_uri):
     made: list[str] = []
     written = []
     for n, payloads in enumerate(tasks):
+        if worker == "new per task":  # what a process of its own knows: nothing
+            monkeypatch.setattr(write_memory, "_MEMORIES", type(write_memory._MEMORIES)())
         before = set(claim_files(table_uri))
         written += write.plan.write(_one_per_batch(1000 * (n + 1), payloads))
         made += sorted(set(claim_files(table_uri)) - before)
-    from blobhouse.store.claims import SharingOdds
-
-    in_sample = sum(SharingOdds.sampled(content_hash(p), len(p)) for t in tasks for p in t[PROBE:])
-    assert len(made) == 3 * PROBE + in_sample < 40  # of 450 payloads
+    probed = tasks if worker == "new per task" else tasks[:1]
+    unprobed = [p for t in probed for p in t[PROBE:]] + [p for t in tasks[len(probed) :] for p in t]
+    in_sample = sum(SharingOdds.sampled(content_hash(p), len(p)) for p in unprobed)
+    assert len(made) == len(probed) * PROBE + in_sample < 40  # of 450 payloads
     table = Table(write.commit(written).snapshot)
     assert table.stats()["physical_bytes"] == 100_000 * 451
     assert claim_files(table_uri) == []
