@@ -321,11 +321,16 @@ class SidecarFile:
     """
 
     def __init__(
-        self, uri: str, queue: WriteQueue, storage_options: StorageOptions | None = None
+        self,
+        uri: str,
+        queue: WriteQueue,
+        storage_options: StorageOptions | None = None,
+        fresh: bool = False,
     ) -> None:
         self.uri = uri
         self._queue = queue
-        self._object: NewObject | None = object_store(uri, storage_options).create(uri)
+        # fresh: named with a random 128-bit id (a pack): not asked for before its upload
+        self._object: NewObject | None = object_store(uri, storage_options).create(uri, fresh)
         self._run: list[memoryview] = []
         self._run_bytes = 0
 

@@ -252,8 +252,9 @@ class ObjectStore(Protocol):
     def open(self, uri: str) -> RangeSource:
         """The object, for ranged reads; :class:`FileNotFoundError` if it is missing."""
 
-    def create(self, uri: str) -> NewObject:
-        """A new object; :class:`FileExistsError` if one exists at ``uri``."""
+    def create(self, uri: str, fresh: bool = False) -> NewObject:
+        """A new object; :class:`FileExistsError` if one exists at ``uri`` (``fresh``: its name
+        holds a random 128-bit id, a pack's, so a big one is not asked for first)."""
 
     def put(self, uri: str, data: bytes) -> None:
         """Write the whole object, replacing any (its modification time becomes now)."""
@@ -543,7 +544,7 @@ class LocalStore:
             raise OSError(errno.EINVAL, "not a regular file")
         return _LocalFile(fd)
 
-    def create(self, uri: str) -> NewObject:
+    def create(self, uri: str, fresh: bool = False) -> NewObject:
         path = uri_to_path(uri)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return _LocalNewFile(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
@@ -695,9 +696,9 @@ class RemoteStore:
         store, path = self._at(uri)
         return _RemoteObject(store, path, uri)
 
-    def create(self, uri: str) -> NewObject:
+    def create(self, uri: str, fresh: bool = False) -> NewObject:
         store, path = self._at(uri)
-        return _RemoteNewObject(store, path, uri)
+        return _RemoteNewObject(store, path, uri, fresh)
 
     def put(self, uri: str, data: bytes) -> None:
         import obstore
@@ -799,14 +800,16 @@ class _RemoteObject:
 class _RemoteNewObject:
     """A new object, invisible until :meth:`close`. Up to :data:`SINGLE_PUT_BYTES` it is held
     in memory and written with one conditional PUT: of racing creators the store lets exactly
-    one win (claims, locks and markers are such objects). A bigger one -- a sidecar or a pack,
-    named with a random 128-bit id no other writer picks -- is refused if its name is taken
-    when it grows past that size, then streamed as a multipart upload (:class:`_Upload`:
-    memory stays bounded) that completes at :meth:`close` (object_store cannot make a
-    multipart upload conditional)."""
+    one win (claims, locks and markers are such objects). A bigger one -- a sidecar, in the
+    folder of a data file named with a random 128-bit id, or a pack -- is refused if its name
+    is taken when it grows past that size (a sidecar's number may be one a caller chose; a
+    ``fresh`` name, a pack's own random id, is not asked for), then streamed as a multipart
+    upload (:class:`_Upload`: memory stays bounded) that completes at :meth:`close`
+    (object_store cannot make a multipart upload conditional)."""
 
-    def __init__(self, store, path: str, uri: str) -> None:
+    def __init__(self, store, path: str, uri: str, fresh: bool = False) -> None:
         self._store, self._path, self._uri = store, path, uri
+        self._fresh = fresh
         self._buffer = bytearray()
         self._upload: _Upload | None = None
 
@@ -822,9 +825,10 @@ class _RemoteNewObject:
         import obstore
 
         try:
-            with _obstore_errors("create", self._uri):
-                obstore.head(self._store, self._path)
-            raise FileExistsError(f"{self._uri} already exists")
+            if not self._fresh:
+                with _obstore_errors("create", self._uri):
+                    obstore.head(self._store, self._path)
+                raise FileExistsError(f"{self._uri} already exists")
         except FileNotFoundError:
             pass
         self._upload = _Upload(self._store, self._path, self._uri)

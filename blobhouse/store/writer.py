@@ -89,7 +89,8 @@ class PackWriter:
         """Append ``payload`` to the current pack (a new one past the size limit)."""
         pack, _ = self.next_place(len(payload))
         if self._file is None:
-            self._file = SidecarFile(f"{self.root}/{pack}", self.queue, self.storage_options)
+            uri = f"{self.root}/{pack}"
+            self._file = SidecarFile(uri, self.queue, self.storage_options, fresh=True)
             self._files.append(self._file)
             self.packs.append(pack)
             self._next, self._size = None, 0

@@ -1171,6 +1171,27 @@ def test_a_sweep_of_many_objects_is_a_few_requests_on_s3(s3):
     assert sent.get("DELETE", 0) == 0 and sent["POST"] == 2 and sent["GET"] <= 3, sent
 
 
+def test_a_pack_goes_up_without_a_head_first_and_a_sidecar_never_overwrites_on_s3(s3):
+    """A pack is named with a random 128-bit id: its multipart upload starts without asking
+    whether the name is taken (a request per pack); a sidecar, whose number a caller of the
+    preparation API may choose, is still refused when one exists."""
+    uri = f"{s3.uri}/t"
+    big = os.urandom(9 * MIB)  # past one PUT: a multipart upload
+    data = pa.table({"id": [0, 1], "clip": blob_array([big, big[::-1]])})
+    packs = f"/{s3.name}/t/_blobs/packs/"
+    write_table(data, uri, storage_options=s3.options)
+    # one HEAD a pack: the commit's check that gc did not take it while the write ran
+    assert s3.server.requests(packs).get("HEAD", 0) == len(s3.objects("t/_blobs/packs/")) == 1
+    assert open_table(uri, storage_options=s3.options).read_blobs("clip", [1]) == [big[::-1]]
+    sidecar = f"{uri}/data/x/00000000000000000000000000000001.blob"
+    s3.put("t/data/x/00000000000000000000000000000001.blob", b"kept")
+    new = object_store(sidecar, s3.options).create(sidecar)
+    with pytest.raises(FileExistsError, match="already exists"):
+        new.write(big)
+    new.abort()
+    assert s3.get("t/data/x/00000000000000000000000000000001.blob") == b"kept"
+
+
 def test_the_tasks_of_a_write_in_one_worker_read_the_store_once_on_s3(s3):
     """Spark runs task after task of a write in one Python worker: the first task opens the
     store index and lists the retired packs, the later ones reuse what it read (they used to
