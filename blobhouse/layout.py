@@ -74,6 +74,7 @@ REGISTRY_DIR = "registry"  # ... its records,
 UNREFERENCED_DIR = "unreferenced"  # ... objects no version references any more,
 DOOMED_DIR = "doomed"  # ... and those gc deletes at its next run
 OWNER_DIR = ".blobhouse-owner"  # next to managed objects: one owner marker per object
+BORROWED_DIR = "borrowed"  # in OWNER_DIR: what copies of the owner borrowed (a folder each)
 PACKS = f"{STORE_DIR}/{PACKS_DIR}"  # (relative to the root)
 CLAIMS = f"{STORE_DIR}/{CLAIMS_DIR}"
 STORED = f"{STORE_DIR}/{STORED_DIR}"
@@ -238,6 +239,31 @@ def owner_marker(uri: str) -> str:
     """
     folder, name = uri.rsplit("/", 1)
     return f"{folder}/{OWNER_DIR}/{name}.json"
+
+
+def borrower_marker(uri: str, borrower_root: str) -> str:
+    """The marker that the table whose root is ``borrower_root`` (a copy of the object's
+    owner) borrowed the managed object at ``uri``: the owner's gc keeps the object while the
+    borrower exists. A folder per borrower (32 hex digits of its root's blake3), and the
+    object's own name: as long as its owner marker's.
+
+    >>> borrower_marker("s3://bucket/media/clip.mp4", "s3://bucket/copy")[:60]
+    's3://bucket/media/.blobhouse-owner/borrowed/de604304416c4513'
+    >>> borrower_marker("s3://bucket/media/clip.mp4", "s3://bucket/copy").endswith("/clip.mp4.json")
+    True
+    """
+    folder, name = uri.rsplit("/", 1)
+    return f"{borrowed_dir(folder)}/{borrower_id(borrower_root)}/{name}.json"
+
+
+def borrowed_dir(folder: str) -> str:
+    """Where the borrower markers of the managed objects in ``folder`` are."""
+    return f"{folder}/{OWNER_DIR}/{BORROWED_DIR}"
+
+
+def borrower_id(root_uri: str) -> str:
+    """A table's folder among the borrower markers: 32 hex digits of its root's blake3."""
+    return blake3.blake3(normalize_uri(root_uri).encode()).hexdigest()[:32]
 
 
 # -- what a failed create leaves -------------------------------------------------------------------

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from blobhouse.errors import ManagedObjectRaceError
+from blobhouse.borrowing import borrow, borrowers, exists, give_back
+from blobhouse.errors import ManagedObjectRaceError, StoreError
 from blobhouse.io.leftovers import folder_leftovers, own_folder
 from blobhouse.io.objects import (
     STAT_THREADS,
@@ -110,6 +111,12 @@ class Registry:
     @property
     def uris(self) -> frozenset[str]:
         return frozenset(self.entries)
+
+    @property
+    def carried(self) -> frozenset[str]:
+        """The objects whose entries another table's registry files hold (a copy's, from its
+        original: see :mod:`blobhouse.borrowing`)."""
+        return frozenset(self.foreign_owners)
 
     @classmethod
     def load(
@@ -273,6 +280,21 @@ def markers(
     return {i.name: i.mtime for i in object_store(root, storage_options).list(root)}
 
 
+def borrow_carried(location: TableLocation, storage_options: StorageOptions | None = None) -> int:
+    """Borrow the managed objects the table's registry carries from another table's (a copy
+    carries its original's) whose owner marker names another table: that table's gc then
+    keeps them while this one exists (:mod:`blobhouse.borrowing`). How many."""
+    carried = sorted(Registry.load(location, storage_options).foreign_owners)
+    owners = read_owners(carried, storage_options)
+    others = [
+        uri
+        for uri, owner in owners.items()
+        if owner.table is not None and not owner.is_table(location)
+    ]
+    borrow(location, others, storage_options)
+    return len(others)
+
+
 @dataclass
 class Reclaim:
     """What one gc run does with the table's managed objects.
@@ -306,6 +328,9 @@ class Reclaim:
     unclaimed: set[str] = field(default_factory=set)  # to reap, no owner marker: claimed first
     owned: set[str] = field(default_factory=set)  # to reap (or gone), marker names this table
     elsewhere: dict[str, Owner] = field(default_factory=dict)  # kept: another owner (or none)
+    borrowed: dict[str, list[str]] = field(default_factory=dict)  # kept: copies borrowed them
+    give_back: list[str] = field(default_factory=list)  # borrowed from another table, unused
+    given_back: int = 0
 
     @classmethod
     def plan(
@@ -347,6 +372,9 @@ class Reclaim:
         plan.waiting = len(waiting)
         plan.reap = dict(zip(due, object_sizes(due, storage_options), strict=True))
         plan._judge_owners()
+        plan._keep_borrowed()
+        if complete:  # a copy's: what it borrowed from its original and references no more
+            plan.give_back = sorted(u for u in registry.foreign_owners if u not in referenced)
         names = {marker_name(u) for u in registry.entries}
         plan.stale = [
             (folder, name)
@@ -372,6 +400,21 @@ class Reclaim:
                 self.elsewhere[uri] = owner
                 del self.reap[uri]
 
+    def _keep_borrowed(self) -> None:
+        """Keep the objects to reap that a copy of this table borrowed while the copy exists
+        (:mod:`blobhouse.borrowing`); the markers of copies that are gone are removed."""
+        due = [u for u in self.reap if self.reap[u] is not None and u in self.owned]
+        for uri, markers in borrowers(due, self.storage_options).items():
+            opts = self.storage_options
+            alive = [root for root in set(markers.values()) if not root or exists(root, opts)]
+            if alive:
+                self.borrowed[uri] = sorted(alive)
+                del self.reap[uri]
+            gone = [m for m, root in markers.items() if root not in alive]
+            if gone:
+                with contextlib.suppress(OSError):
+                    object_store(gone[0], self.storage_options).delete_many(gone)
+
     def apply(self) -> None:
         """Do what :meth:`plan` decided: markers first, then deletes, then the registry."""
         for uri in self.retire:
@@ -389,6 +432,8 @@ class Reclaim:
             self._unmark(uri)
         for folder, name in self.stale:
             self._remove(f"{folder}/{name}")
+        with contextlib.suppress(OSError, StoreError):  # kept till the next run otherwise
+            self.given_back = give_back(self.location, self.give_back, self.storage_options)
 
     def report(self) -> dict:
         """Counts and bytes of what the run did (or, in a dry run, would do)."""
@@ -409,7 +454,13 @@ class Reclaim:
             "foreign_entries": self.registry.foreign,
             "kept_owned_elsewhere": sum(1 for o in self.elsewhere.values() if o.readable),
             "kept_unknown_owner": sum(1 for o in self.elsewhere.values() if not o.readable),
-            "kept": [f"{u}: owned by {o.describe()}" for u, o in sorted(self.elsewhere.items())],
+            "kept_borrowed": len(self.borrowed),
+            "kept": [f"{u}: owned by {o.describe()}" for u, o in sorted(self.elsewhere.items())]
+            + [
+                f"{u}: borrowed by {', '.join(r or 'an unreadable marker' for r in roots)}"
+                for u, roots in sorted(self.borrowed.items())
+            ],
+            "given_back": self.given_back,
             "failed": [f"{uri}: {why}" for uri, why in sorted(self.failed.items())],
             "paths": sorted(removed),
         }

@@ -127,7 +127,7 @@ def read_owners(
     uris: Sequence[str], storage_options: StorageOptions | None = None
 ) -> dict[str, Owner]:
     """The owner of each object of ``uris`` (in parallel on object stores)."""
-    owners = _each(uris, lambda u: read_owner(u, storage_options))
+    owners = each_uri(uris, lambda u: read_owner(u, storage_options))
     return dict(zip(uris, owners, strict=True))
 
 
@@ -210,7 +210,7 @@ def claim(
     """
     if not uris:
         return Claimed([], {})
-    created = _each(uris, lambda u: _attempt(lambda: take(location, u, storage_options)))
+    created = each_uri(uris, lambda u: _attempt(lambda: take(location, u, storage_options)))
     mine = [u for u, new in zip(uris, created, strict=True) if new is True]
     failed = [(u, e) for u, e in zip(uris, created, strict=True) if isinstance(e, Exception)]
     if failed:
@@ -246,7 +246,7 @@ def release(uris: Sequence[str], storage_options: StorageOptions | None = None) 
         except OSError:
             return
 
-    _each(uris, remove)
+    each_uri(uris, remove)
 
 
 def _attempt(call: Callable[[], T]) -> T | Exception:
@@ -306,7 +306,7 @@ def _parsed(body: bytes) -> str | None:
     return table if isinstance(table, str) and table else None
 
 
-def _each(uris: Sequence[str], call: Callable[[str], T]) -> list[T]:
+def each_uri(uris: Sequence[str], call: Callable[[str], T]) -> list[T]:
     """``call`` on each uri, in order; on an object store the requests run in parallel."""
     if all(is_local(u) for u in uris):  # a system call each: threads would cost more
         return [call(u) for u in uris]

@@ -30,6 +30,7 @@ from blobhouse.layout import TableLocation, data_file_name
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.table_maintenance import TableMaintenance
 from blobhouse.maintenance.versions import Progress
+from blobhouse.managed import borrow_carried
 from blobhouse.options import (
     CommitOptions,
     CompactionTargets,
@@ -323,7 +324,10 @@ class Table(TableReads):
         """Point the store base of main and of every branch at the table's own store, one
         commit each where needed, after the table was copied or moved (stock Lance readers
         follow the store path a manifest records; blobhouse reads the table's own store either
-        way, and its writes relocate first). Moves this table to its new version."""
+        way, and its writes relocate first), and borrow the managed objects its original owns
+        (the original's gc keeps them while this table exists: docs/managed-objects.md).
+        Moves this table to its new version."""
+        borrow_carried(self.location, self.storage_options)
         for branch in [None, *self.branches()]:
             try:
                 on = self.checkout(None, branch=branch or "main")

@@ -370,7 +370,8 @@ def gc(
     registry = Registry.load(table.location, table.storage_options)
 
     def marks(graph: VersionGraph) -> set[str]:
-        return mark(table, graph, progress, registry.uris, runner)
+        # and those a copy carries from its original: given back once no longer referenced
+        return mark(table, graph, progress, registry.uris | registry.carried, runner)
 
     # marked before Lance's cleanup removes a version: a data file the mark cannot read (a
     # garbled blob descriptor) stops the run while the versions before it are still there
@@ -426,7 +427,7 @@ def gc(
             "removed_bytes": sum(done.index.removed.values()),
             "added_bytes": done.index.added_bytes,
         },
-        "kept_referenced_files": len(marked.paths - registry.uris),
+        "kept_referenced_files": len(marked.paths - registry.uris - registry.carried),
         "kept_unreadable": marked.kept_whole,
         # references no object could be judged for (escaping their base or the allowed
         # bases): what they may name is kept, and no managed object is reclaimed this run

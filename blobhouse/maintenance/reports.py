@@ -45,7 +45,9 @@ class ManagedReport(TypedDict):
     foreign_entries: int
     kept_owned_elsewhere: int
     kept_unknown_owner: int
+    kept_borrowed: int
     kept: list[str]
+    given_back: int
     failed: list[str]
     paths: list[str]
 

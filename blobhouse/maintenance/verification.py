@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from blobhouse.borrowing import borrowed_by
 from blobhouse.commit.runners import Here, Runner
 from blobhouse.dedup import content_hash
 from blobhouse.errors import (
@@ -538,14 +539,27 @@ def _ownership_problems(
             continue
         marked += [u for u in sorted(uris) if f"{u.rsplit('/', 1)[1]}.json" in names]
     problems = []
-    for uri, owner in read_owners(marked, table.storage_options).items():
-        if owner.table is None or owner.is_table(table.location):
-            continue
-        reason = (
-            f"an external object this table references is owned by {owner.describe()}, whose "
-            "gc deletes it once that table no longer references it (this table was copied "
-            "from it?); keep that table's reference, or write the object anew here"
-        )
+    owners = {
+        uri: owner
+        for uri, owner in read_owners(marked, table.storage_options).items()
+        if owner.table is not None and not owner.is_table(table.location)
+    }
+    borrowed = borrowed_by(table.location, owners, table.storage_options)
+    for uri, owner in owners.items():
+        if uri in borrowed:
+            reason = (
+                f"an external object this table references is owned by {owner.describe()}; "
+                "this table borrowed it (relocate), so that table's gc keeps it while this "
+                "table exists, but this table depends on it: write the object anew here for "
+                "this table to stand alone"
+            )
+        else:
+            reason = (
+                f"an external object this table references is owned by {owner.describe()}, "
+                "whose gc deletes it once that table no longer references it (this table was "
+                "copied from it?): run `blobhouse relocate` on this table to borrow it (that "
+                "table's gc then keeps it), or write the object anew here"
+            )
         problems.append(Problem(None, version, "", 0, uri, reason, owner=owner_of(uri)))
     return problems
 

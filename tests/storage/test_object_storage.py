@@ -456,6 +456,34 @@ def test_managed_objects_on_every_store_are_deleted_only_once_unreferenced(bucke
     assert again.verify()["problems"] == []
 
 
+def test_a_synced_copy_borrows_its_originals_managed_objects_on_every_store(bucket):
+    """A copy made by a bucket sync and relocated borrows the managed objects its original
+    owns: the original's gc keeps them while the copy exists, and reaps them once the copy's
+    gc gave them back (docs/managed-objects.md)."""
+    owned = f"{bucket.uri}/owned"
+    bucket.put("owned/0.bin", payload(3, 50 * KIB))
+    uri, copy = f"{bucket.uri}/t", f"{bucket.uri}/copy"
+    data = pa.table({"id": [0, 1], "clip": blob_array([Blob(uri=f"{owned}/0.bin"), b"x"])})
+    write_table(data, uri, managed_bases=[owned], storage_options=bucket.options)
+    for key in bucket.objects("t/"):  # what a bucket sync does: every object, another key
+        bucket.put(f"copy/{key.removeprefix('t/')}", bucket.get(key))
+    open_table(copy, storage_options=bucket.options).relocate()
+    open_table(uri, storage_options=bucket.options).delete("id = 0")
+
+    def gc(table: str) -> dict:
+        time.sleep(1.1)  # the stores' times are whole seconds
+        opened = open_table(table, storage_options=bucket.options)
+        return opened.gc(retain_versions=1, grace=timedelta(0))["managed"]
+
+    reports = [gc(uri) for _ in range(3)]  # retire, doom, and keep: borrowed
+    assert reports[-1]["kept_borrowed"] == 1 and "owned/0.bin" in bucket.objects("owned/")
+    again = open_table(copy, storage_options=bucket.options)
+    assert again.read_blobs("clip", [0]) == [payload(3, 50 * KIB)]
+    again.delete("id = 0")
+    assert gc(copy)["given_back"] == 1
+    assert gc(uri)["removed"] == 1 and "owned/0.bin" not in bucket.objects("owned/")
+
+
 def test_schema_changes_on_every_store(bucket):
     uri = f"{bucket.uri}/t"
     data = pa.table({"id": list(range(4)), "label": list("abcd"), "media": rows(4)["media"]})

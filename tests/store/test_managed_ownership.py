@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 from datetime import timedelta
+from pathlib import Path
 
 import lance
 import pyarrow as pa
@@ -298,3 +299,44 @@ def test_a_copys_verify_names_the_objects_another_table_owns(tmp_path, media):
     assert not os.path.exists(owned)
     missing = open_table(copy).verify()["missing_objects"]
     assert sum(missing.values()) == 1
+
+
+def test_a_relocated_copy_borrows_its_originals_objects_and_the_originals_gc_keeps_them(
+    tmp_path, media
+):
+    """The rule for a copy's managed objects: ``relocate`` makes the copy a borrower of each
+    object its original owns; the original's gc keeps a borrowed object while the copy exists
+    (it deleted it before), the copy's gc gives it back once the copy no longer references it,
+    and a copy that is gone borrows nothing."""
+    original, copy = str(tmp_path / "original"), str(tmp_path / "copy")
+    kept, other = f"{media}/0.bin", f"{media}/1.bin"
+    managed_table(original, media, [Blob(uri=kept), Blob(uri=other), b"x"])
+    shutil.copytree(original, copy)
+    before = open_table(copy).verify()["problems"]
+    assert all(
+        "run `blobhouse relocate`" in p["reason"] for p in before if "owned by" in p["reason"]
+    )
+    open_table(copy).relocate()
+    problems = [p for p in open_table(copy).verify()["problems"] if "owned by" in p["reason"]]
+    assert sorted(p["uri"] for p in problems) == [file_uri(kept), file_uri(other)]
+    assert all("this table borrowed it" in p["reason"] for p in problems)  # still a dependency
+
+    open_table(original).delete("id >= 0")  # the original lets go of both
+    reports = gc_runs(original, runs=4)
+    assert reports[-1]["kept_borrowed"] == 2 and reports[-1]["removed"] == 0
+    assert any(f"borrowed by {file_uri(copy)}" in k for k in reports[-1]["kept"])
+    assert open_table(copy).read_blobs("v", [0, 1]) == [content(kept), content(other)]
+
+    # the copy lets go of one: its gc gives it back, and the original's next gc reaps it
+    open_table(copy).delete("id = 1")
+    assert gc_runs(copy, runs=1)[0]["given_back"] == 1
+    report = gc_runs(original, runs=1)[0]
+    assert report["removed"] == 1 and report["kept_borrowed"] == 1
+    assert not os.path.exists(other) and os.path.exists(kept)
+
+    # the copy is gone: its marker is stale, removed, and the object reaped
+    shutil.rmtree(copy)
+    report = gc_runs(original, runs=1)[0]
+    assert report["removed"] == 1 and report["kept_borrowed"] == 0
+    assert not os.path.exists(kept)
+    assert list(Path(media, OWNER_DIR, "borrowed").rglob("*.json")) == []
