@@ -1057,6 +1057,30 @@ CONCURRENT_WRITER_SCRIPT = textwrap.dedent(
 )
 
 
+SPARK_APPLICATION_WRITER_SCRIPT = textwrap.dedent(
+    """
+    import json, os, random, sys, time
+    import blobhouse.spark as bs
+    master, uri, go, ready, worker, count, size = sys.argv[1:8]
+    worker, count, size = int(worker), int(count), int(size)
+    # one core each: the two applications run side by side on the cluster's two workers
+    conf = {"spark.driver.host": "127.0.0.1", "spark.executor.memory": "512m",
+            "spark.cores.max": "1"}
+    spark = bs.local_session(master, app_name=f"writer-{worker}", conf=conf)
+    bs.register(spark)
+    rows = [(1000 * (worker + 1) + i, random.Random(i).randbytes(size)) for i in range(count)]
+    frame = spark.createDataFrame(rows, "id long, b binary").repartition(2)
+    frame.count()  # the executor is up
+    open(ready, "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    started = time.perf_counter()
+    frame.write.format("blobhouse").mode("append").save(uri)
+    print(json.dumps({"seconds": time.perf_counter() - started}))
+    """
+)
+
+
 def concurrent_writers(size: Size) -> Case:
     """Several processes append the same new payloads at one moment: the bytes the table holds
     against the unique bytes right after the writes, and after compaction and gc (which merge
@@ -1095,6 +1119,23 @@ def concurrent_writers(size: Size) -> Case:
                         else round(row["after_compaction"] / unique, 3),
                         compaction_seconds=row["compaction_seconds"],
                     )
+        if size.name == "full":  # a standalone cluster: too slow for the quick run
+            row = _spark_applications_run(root, count, payload_size)
+            case.add(
+                store="local, a standalone Spark cluster",
+                writers=2,
+                contender="blobhouse",
+                door="df.write in 2 Spark applications",
+                write_seconds=row["write_seconds"],
+                ratio_after_writes=round(row["after_writes"] / unique, 3),
+                ratio_after_compaction=round(row["after_compaction"] / unique, 3),
+                compaction_seconds=row["compaction_seconds"],
+            )
+    case.notes.append(
+        "the Spark row: two Spark applications (spark.cores.max=1 each) on a standalone "
+        "cluster of two 1-core workers on 127.0.0.1, each a natural df.write of the same "
+        "payloads in 2 partitions, released together once both executors are up"
+    )
     case.notes.append(
         f"{count} payloads of {payload_size // KB} KB, the same in every writer, each writer "
         "a fresh Python process started before a shared start signal (rows of ids of its "
@@ -1162,6 +1203,50 @@ def _concurrent_run(
         "write_seconds": round(max(seconds), 3),
         "after_writes": after_writes,
         "after_compaction": _table_bytes(uri, options),
+        "compaction_seconds": round(compaction, 3),
+    }
+
+
+def _spark_applications_run(root: Path, count: int, size: int) -> dict:
+    """Two Spark applications on a standalone cluster appending the same new payloads at
+    once (:data:`SPARK_APPLICATION_WRITER_SCRIPT`) to a table of one row, then its compaction
+    and gc; the table's bytes after each."""
+    from blobhouse.testing import LocalSparkCluster
+
+    uri = str(root / f"spark-applications-{uuid.uuid4().hex[:8]}")
+    write_table(pa.table({"id": pa.array([0], pa.int64()), "b": blob_array([b"first"])}), uri)
+    go, ready = root / f"go-{uuid.uuid4().hex}", [root / f"ready-{uuid.uuid4().hex}" for _ in "ab"]
+    with LocalSparkCluster(workers=2) as cluster:
+        script = [sys.executable, "-c", SPARK_APPLICATION_WRITER_SCRIPT, cluster.master, uri]
+        processes = [
+            subprocess.Popen(
+                [*script, str(go), str(ready[n]), str(n), str(count), str(size)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for n in range(2)
+        ]
+        deadline = time.monotonic() + 600
+        while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+            if any(p.poll() is not None for p in processes):
+                break  # one failed: reported below
+            time.sleep(0.05)
+        go.touch()
+        seconds = []
+        for process in processes:
+            out, _ = process.communicate(timeout=1800)
+            if process.returncode:
+                raise RuntimeError(f"a Spark application writer failed ({process.returncode})")
+            seconds.append(_last_json(out)["seconds"])
+    after_writes = _table_bytes(uri, None)
+    started = time.perf_counter()
+    open_table(uri).compact()
+    compaction = time.perf_counter() - started
+    open_table(uri).gc(grace=timedelta(0), retain_versions=1)
+    return {
+        "write_seconds": round(max(seconds), 3),
+        "after_writes": after_writes,
+        "after_compaction": _table_bytes(uri, None),
         "compaction_seconds": round(compaction, 3),
     }
 

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from blobhouse.errors import StoreError
 from blobhouse.io.objects import StorageOptions, object_store, read_object
 from blobhouse.layout import (
+    VERSIONS_DIR,
     TableLocation,
     borrowed_dir,
     borrower_id,
@@ -89,7 +90,7 @@ def borrowers(
 def exists(root: str, storage_options: StorageOptions | None = None) -> bool:
     """Whether a table stands at ``root`` (its versions' folder lists something); True when the
     store cannot answer (gc keeps what it cannot judge)."""
-    folder = f"{root.rstrip('/')}/_versions"
+    folder = f"{root.rstrip('/')}/{VERSIONS_DIR}"
     try:
         return next(iter(object_store(folder, storage_options).walk(folder)), None) is not None
     except FileNotFoundError:

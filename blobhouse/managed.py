@@ -330,6 +330,7 @@ class Reclaim:
     elsewhere: dict[str, Owner] = field(default_factory=dict)  # kept: another owner (or none)
     borrowed: dict[str, list[str]] = field(default_factory=dict)  # kept: copies borrowed them
     give_back: list[str] = field(default_factory=list)  # borrowed from another table, unused
+    gone_borrowers: list[str] = field(default_factory=list)  # markers of copies that are gone
     given_back: int = 0
 
     @classmethod
@@ -402,18 +403,16 @@ class Reclaim:
 
     def _keep_borrowed(self) -> None:
         """Keep the objects to reap that a copy of this table borrowed while the copy exists
-        (:mod:`blobhouse.borrowing`); the markers of copies that are gone are removed."""
+        (:mod:`blobhouse.borrowing`; a marker that cannot be read keeps it too); the markers
+        of copies that are gone are removed when the plan is applied."""
         due = [u for u in self.reap if self.reap[u] is not None and u in self.owned]
-        for uri, markers in borrowers(due, self.storage_options).items():
-            opts = self.storage_options
+        opts = self.storage_options
+        for uri, markers in borrowers(due, opts).items():
             alive = [root for root in set(markers.values()) if not root or exists(root, opts)]
             if alive:
                 self.borrowed[uri] = sorted(alive)
                 del self.reap[uri]
-            gone = [m for m, root in markers.items() if root not in alive]
-            if gone:
-                with contextlib.suppress(OSError):
-                    object_store(gone[0], self.storage_options).delete_many(gone)
+            self.gone_borrowers += [m for m, root in markers.items() if root not in alive]
 
     def apply(self) -> None:
         """Do what :meth:`plan` decided: markers first, then deletes, then the registry."""
@@ -432,8 +431,11 @@ class Reclaim:
             self._unmark(uri)
         for folder, name in self.stale:
             self._remove(f"{folder}/{name}")
-        with contextlib.suppress(OSError, StoreError):  # kept till the next run otherwise
+        with contextlib.suppress(OSError, StoreError):  # tried again by the next run
             self.given_back = give_back(self.location, self.give_back, self.storage_options)
+            if self.gone_borrowers:
+                store = object_store(self.gone_borrowers[0], self.storage_options)
+                store.delete_many(self.gone_borrowers)
 
     def report(self) -> dict:
         """Counts and bytes of what the run did (or, in a dry run, would do)."""

@@ -327,7 +327,6 @@ class Table(TableReads):
         way, and its writes relocate first), and borrow the managed objects its original owns
         (the original's gc keeps them while this table exists: docs/managed-objects.md).
         Moves this table to its new version."""
-        borrow_carried(self.location, self.storage_options)
         for branch in [None, *self.branches()]:
             try:
                 on = self.checkout(None, branch=branch or "main")
@@ -336,6 +335,13 @@ class Table(TableReads):
                     raise
                 continue  # made before a move: Lance cannot repoint it (verify says so)
             relocate_store(on.dataset, on.location, self.storage_options)
+        try:
+            borrow_carried(self.location, self.storage_options)
+        except OSError as exc:
+            raise BlobhouseError(
+                f"{self.uri} was relocated, but borrowing the managed objects its original "
+                f"owns failed ({exc}): run relocate again, or its original's gc may delete them"
+            ) from exc
         return self.refresh()
 
     def delete(self, filter: str) -> Table:

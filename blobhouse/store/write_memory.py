@@ -35,10 +35,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from blobhouse.store.claims import Claim, SharingOdds
+from typing import Any
 
 #: claims kept per write (about 200 bytes each: 20 MB at most)
 KEPT_CLAIMS = 100_000
@@ -54,19 +51,21 @@ class WriteMemory:
     marked shared, the odds of sharing the last one ended with, the store index they opened and
     the packs gc retired."""
 
-    claims: OrderedDict[bytes, Claim] = field(default_factory=OrderedDict)
+    # digest -> its Claim, and column -> SharingOdds (blobhouse.store.claims, which uses this
+    # module: typed loosely here, never a circle)
+    claims: OrderedDict[bytes, Any] = field(default_factory=OrderedDict)
     marked: set[str] = field(default_factory=set)
-    odds: dict[str, SharingOdds] = field(default_factory=dict)  # as the last task ended
+    odds: dict[str, Any] = field(default_factory=dict)  # as the last task ended
     index: Any = None  # the LanceDataset of the index (None: nothing stored yet)
     retired: frozenset[str] | None = None
     read_at: float = 0.0  # when the index and the retired packs were read (time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def claim_of(self, digest: bytes) -> Claim | None:
+    def claim_of(self, digest: bytes) -> Any:
         """The claim of ``digest`` a task of this process made or read, if kept."""
         return self.claims.get(digest)
 
-    def remember(self, claim: Claim) -> None:
+    def remember(self, claim: Any) -> None:
         """Keep ``claim`` (made or read) for the later tasks of this process."""
         with self.lock:
             self.claims[claim.digest] = claim

@@ -42,7 +42,10 @@ LAYERS = (
             "blobhouse.properties",
         ),
     ),
-    ("where files live", ("blobhouse.layout", "blobhouse.ownership", "blobhouse.managed")),
+    (
+        "where files live",
+        ("blobhouse.layout", "blobhouse.ownership", "blobhouse.borrowing", "blobhouse.managed"),
+    ),
     ("the file format", ("blobhouse.files",)),
     ("the store", ("blobhouse.store", "blobhouse.kept_references")),
     ("a table's state", ("blobhouse.snapshot",)),

@@ -334,8 +334,10 @@ def test_a_relocated_copy_borrows_its_originals_objects_and_the_originals_gc_kee
     assert report["removed"] == 1 and report["kept_borrowed"] == 1
     assert not os.path.exists(other) and os.path.exists(kept)
 
-    # the copy is gone: its marker is stale, removed, and the object reaped
+    # the copy is gone: its marker is stale, removed (not by a dry run), and the object reaped
     shutil.rmtree(copy)
+    dry = open_table(original).gc(grace=NOW, retain_versions=1, dry_run=True)["managed"]
+    assert dry["removed"] == 1 and len(list(Path(media, OWNER_DIR).rglob("borrowed/*/*"))) == 1
     report = gc_runs(original, runs=1)[0]
     assert report["removed"] == 1 and report["kept_borrowed"] == 0
     assert not os.path.exists(kept)
