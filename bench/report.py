@@ -33,8 +33,9 @@ TARGETS = (
     '| dedup="global": bytes on disk <= 1.05 x unique across appends | {global_dedup} |\n'
     "| after deletes, compact + gc (latest version kept): bytes on disk <= 1.05 x unique live "
     "| {space_back} |\n"
-    "| 2, 4 and 8 processes appending the same new payloads at once (local, S3, Azurite): "
-    "compact + gc <= 1.05 x unique | {concurrent_writers} |\n"
+    "| 2, 4 and 8 processes appending the same new payloads at once (local, S3, Azurite), and "
+    "2 Spark applications on a standalone cluster: compact + gc <= 1.05 x unique | "
+    "{concurrent_writers} |\n"
     '| dedup="global": append of 1,000 new payloads, and of 1,000 the store holds (each looked '
     "up and checked), to a 10 M-payload store <= 1.5 x to an empty store, writer peak RSS < "
     "1 GB | {store_scale} |\n"
