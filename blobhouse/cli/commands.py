@@ -310,8 +310,10 @@ def _compact(args: argparse.Namespace, run: Run) -> int:
 
 
 def _relocate(args: argparse.Namespace, run: Run) -> int:
+    from blobhouse.borrowing import borrowed_by
     from blobhouse.errors import MovedTableWarning
     from blobhouse.maintenance.versions import VersionGraph
+    from blobhouse.managed import Registry
 
     with warnings.catch_warnings():  # what the command is about: no warning to relocate
         warnings.simplefilter("ignore", MovedTableWarning)
@@ -321,12 +323,14 @@ def _relocate(args: argparse.Namespace, run: Run) -> int:
     graph = VersionGraph.of(table)
     latest = [table.checkout(None, branch=b or "main") for b in {r.branch for r in graph.versions}]
     moved = {t.branch: t.moved_from for t in latest if t.moved_from is not None}
-    if moved:
-        table.relocate()
+    table.relocate()  # in place already, it still borrows what its original owns
+    carried = Registry.load(table.location, table.storage_options).carried
+    borrowed = borrowed_by(table.location, carried, table.storage_options)
     report = {
         "table": args.table,
         "relocated": {branch or "main": old for branch, old in moved.items()},
         "unreadable": {branch: reason for branch, reason in graph.unreadable},
+        "borrowed": len(borrowed),
     }
     if args.json:
         _print_json(report)
@@ -337,6 +341,11 @@ def _relocate(args: argparse.Namespace, run: Run) -> int:
             print(f"{args.table}: branch {branch} cannot be relocated: {reason}")
         if not moved and not graph.unreadable:
             print(f"{args.table}: already in place, nothing to relocate")
+        if borrowed:
+            print(
+                f"{args.table}: borrows {len(borrowed)} managed object(s) another table owns "
+                "(that table's gc keeps them while this one exists)"
+            )
     return 1 if graph.unreadable else 0
 
 

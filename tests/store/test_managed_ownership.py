@@ -25,6 +25,7 @@ from blobhouse import (
     open_table,
     write_table,
 )
+from blobhouse.cli import main as blobhouse_cli
 from blobhouse.layout import OWNER_DIR, TableLocation, owner_marker
 from blobhouse.managed import Registry
 from blobhouse.ownership import claim, read_owner, release
@@ -302,7 +303,7 @@ def test_a_copys_verify_names_the_objects_another_table_owns(tmp_path, media):
 
 
 def test_a_relocated_copy_borrows_its_originals_objects_and_the_originals_gc_keeps_them(
-    tmp_path, media
+    tmp_path, media, capsys
 ):
     """The rule for a copy's managed objects: ``relocate`` makes the copy a borrower of each
     object its original owns; the original's gc keeps a borrowed object while the copy exists
@@ -316,7 +317,8 @@ def test_a_relocated_copy_borrows_its_originals_objects_and_the_originals_gc_kee
     assert all(
         "run `blobhouse relocate`" in p["reason"] for p in before if "owned by" in p["reason"]
     )
-    open_table(copy).relocate()
+    assert blobhouse_cli(["relocate", copy, "--json"]) == 0  # the command borrows them
+    assert json.loads(capsys.readouterr().out)["borrowed"] == 2
     problems = [p for p in open_table(copy).verify()["problems"] if "owned by" in p["reason"]]
     assert sorted(p["uri"] for p in problems) == [file_uri(kept), file_uri(other)]
     assert all("this table borrowed it" in p["reason"] for p in problems)  # still a dependency
