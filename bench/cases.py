@@ -1180,20 +1180,12 @@ def _concurrent_run(
         )
     time.sleep(2.0 + 0.5 * writers)  # every process has imported its library and waits
     go.touch()
-    seconds = []
-    for process in processes:
-        out, _ = process.communicate(timeout=1800)
-        if process.returncode:
-            raise RuntimeError(f"a concurrent {contender} writer failed ({process.returncode})")
-        seconds.append(_last_json(out)["seconds"])
+    seconds = _writer_seconds(processes, f"concurrent {contender}")
     after_writes = _table_bytes(uri, options)
-    started = time.perf_counter()
     if contender == "blobhouse":
-        open_table(uri, storage_options=options).compact()
-        compaction = time.perf_counter() - started
-        time.sleep(1.1)  # object stores' clocks are whole seconds: retired packs must be older
-        open_table(uri, storage_options=options).gc(grace=timedelta(0), retain_versions=1)
+        compaction = _compact_and_gc(uri, options)
     else:
+        started = time.perf_counter()
         lance.dataset(uri, storage_options=options).optimize.compact_files()
         compaction = time.perf_counter() - started
         lance.dataset(uri, storage_options=options).cleanup_old_versions(
@@ -1232,23 +1224,37 @@ def _spark_applications_run(root: Path, count: int, size: int) -> dict:
                 break  # one failed: reported below
             time.sleep(0.05)
         go.touch()
-        seconds = []
-        for process in processes:
-            out, _ = process.communicate(timeout=1800)
-            if process.returncode:
-                raise RuntimeError(f"a Spark application writer failed ({process.returncode})")
-            seconds.append(_last_json(out)["seconds"])
+        seconds = _writer_seconds(processes, "Spark application")
     after_writes = _table_bytes(uri, None)
-    started = time.perf_counter()
-    open_table(uri).compact()
-    compaction = time.perf_counter() - started
-    open_table(uri).gc(grace=timedelta(0), retain_versions=1)
+    compaction = _compact_and_gc(uri, None)
     return {
         "write_seconds": round(max(seconds), 3),
         "after_writes": after_writes,
         "after_compaction": _table_bytes(uri, None),
         "compaction_seconds": round(compaction, 3),
     }
+
+
+def _writer_seconds(processes: list[subprocess.Popen], what: str) -> list[float]:
+    """The seconds each writer process printed last, once every one ended."""
+    seconds = []
+    for process in processes:
+        out, _ = process.communicate(timeout=1800)
+        if process.returncode:
+            raise RuntimeError(f"a {what} writer failed ({process.returncode})")
+        seconds.append(_last_json(out)["seconds"])
+    return seconds
+
+
+def _compact_and_gc(uri: str, options: dict[str, str] | None) -> float:
+    """``compact()`` then ``gc`` with no grace, the latest version kept: the compaction's
+    seconds."""
+    started = time.perf_counter()
+    open_table(uri, storage_options=options).compact()
+    compaction = time.perf_counter() - started
+    time.sleep(1.1)  # object stores' clocks are whole seconds: retired packs must be older
+    open_table(uri, storage_options=options).gc(grace=timedelta(0), retain_versions=1)
+    return compaction
 
 
 def _table_bytes(uri: str, options: dict[str, str] | None) -> int:
