@@ -375,7 +375,7 @@ class Reclaim:
         plan._judge_owners()
         plan._keep_borrowed()
         if complete:  # a copy's: what it borrowed from its original and references no more
-            plan.give_back = sorted(u for u in registry.foreign_owners if u not in referenced)
+            plan.give_back = sorted(u for u in registry.carried if u not in referenced)
         names = {marker_name(u) for u in registry.entries}
         plan.stale = [
             (folder, name)

@@ -279,6 +279,7 @@ def append_to_index(
             dataset = lance.write_dataset(
                 rows(), uri, mode="create", storage_options=storage_options
             )
+        if dataset is not None:
             return _indexed(table_path, dataset, storage_options)
     # on the version just opened (no second listing of its versions; a commit meanwhile is
     # merged by Lance's conflict resolution)

@@ -60,6 +60,20 @@ def test_a_big_write_indexes_what_it_added(table_uri, monkeypatch):
     assert (stats["num_unindexed_rows"], stats["num_indices"]) == (0, 2)  # a delta
 
 
+def test_an_append_returns_its_own_version_of_the_index_though_lookups_were_built_after(
+    tmp_path,
+):
+    """The commit asks the index's other data files for the hashes an append added (the
+    duplicates a concurrent writer stored): it needs the append's version, not the one the
+    lookups' creation made after it (it once got that one, and took every file for another's)."""
+    root = str(tmp_path)
+    first = append_to_index(root, [entry(1)])  # creates the index, then its two lookups
+    assert first.version == 1 and len(lance.dataset(index_uri(root)).describe_indices()) == 2
+    second = append_to_index(root, [entry(2)])  # appends to the version it opened: one listing
+    assert second.version == lance.dataset(index_uri(root)).version == 4  # no lookup to add
+    assert len(StoreIndex.open(root).find([entry(1).digest, entry(2).digest])) == 2
+
+
 def test_a_lookup_prefers_a_copy_in_a_pack_gc_is_not_reclaiming(tmp_path):
     root = str(tmp_path)
     doubled = StoredPayload(entry(1).digest, "packs/b.pack", 0, 10)
