@@ -284,7 +284,7 @@ def borrow_carried(location: TableLocation, storage_options: StorageOptions | No
     """Borrow the managed objects the table's registry carries from another table's (a copy
     carries its original's) whose owner marker names another table: that table's gc then
     keeps them while this one exists (:mod:`blobhouse.borrowing`). How many."""
-    carried = sorted(Registry.load(location, storage_options).foreign_owners)
+    carried = sorted(Registry.load(location, storage_options).carried)
     owners = read_owners(carried, storage_options)
     others = [
         uri

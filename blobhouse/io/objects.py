@@ -824,13 +824,14 @@ class _RemoteNewObject:
     def _start_upload(self) -> None:
         import obstore
 
-        try:
-            if not self._fresh:
+        if not self._fresh:  # a pack's random name is never taken: not asked for
+            try:
                 with _obstore_errors("create", self._uri):
                     obstore.head(self._store, self._path)
+            except FileNotFoundError:
+                pass
+            else:
                 raise FileExistsError(f"{self._uri} already exists")
-        except FileNotFoundError:
-            pass
         self._upload = _Upload(self._store, self._path, self._uri)
         self._upload.write(self._buffer)
         self._buffer = bytearray()
