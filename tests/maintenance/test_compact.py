@@ -16,7 +16,7 @@ from blobhouse import Blob, CompactionTargets, blob_array, open_table, write_tab
 from blobhouse.cli import main
 from blobhouse.errors import CorruptBlobError
 from blobhouse.maintenance.compaction import plan_compaction
-from tests.helpers import stock_read, tree
+from tests.helpers import flip, stock_read, tree
 
 SHARED = os.urandom(300_000)
 
@@ -173,10 +173,7 @@ def test_fragments_lance_rewrote_are_taken_over_once(table_uri):
 def test_compaction_refuses_to_copy_damaged_bytes(appended, table_uri):
     refs = appended.to_arrow(blobs="refs").column("b").to_pylist()
     damaged = refs[1]  # a unique 200 kB payload in a pack sidecar
-    path = damaged["uri"].removeprefix("file://")
-    with open(path, "r+b") as f:
-        f.seek(damaged["position"] + 7)
-        f.write(b"\x00" if f.read(1) != b"\x00" else b"\x01")
+    flip(damaged["uri"], damaged["position"] + 7)
     files = tree(table_uri)
     with pytest.raises(CorruptBlobError, match=r"do not match the blake3 recorded") as error:
         appended.compact()

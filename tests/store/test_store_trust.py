@@ -16,7 +16,7 @@ from blobhouse.dedup import content_hash
 from blobhouse.errors import CorruptBlobError, StoreIndexWarning
 from blobhouse.io.objects import uri_to_path
 from blobhouse.store.packs import index_uri
-from tests.helpers import stock_read
+from tests.helpers import flip, stock_read
 
 SIZE = 50_000
 
@@ -252,9 +252,7 @@ def test_a_big_payload_is_checked_in_parts(tmp_path):
     uri = str(tmp_path / "t")
     table = write_table(pa.table({"id": [0], "img": blob_array([big])}), uri)
     ref = table.blob_refs("img", [0])[0].as_py()
-    with open(uri_to_path(ref["uri"]), "r+b") as pack:
-        pack.seek(ref["position"] + (18 << 20))
-        pack.write(b"\x00" if pack.read(1) != b"\x00" else b"\x01")
+    flip(ref["uri"], ref["position"] + (18 << 20))
     with pytest.warns(StoreIndexWarning):
         table = write_table(pa.table({"id": [1], "img": blob_array([big])}), uri, mode="append")
     assert table.read_blobs("img", [1]) == [big]

@@ -20,7 +20,7 @@ from blobhouse.store.claims import Claim, Claimant, Claims, claims_folder
 from blobhouse.store.index import StoreIndex
 from blobhouse.table import Table
 from blobhouse.write import WriteAttempt, begin_write
-from tests.helpers import stock_read, tree
+from tests.helpers import flip, stock_read, tree
 
 CLIPS = [os.urandom(200_000 + i) for i in range(6)]
 SMALL = os.urandom(2_000)  # repeats inside each task's batches: claimed too
@@ -133,9 +133,7 @@ def test_borrowed_bytes_that_are_not_there_fail_the_commit_and_leave_nothing(tab
     if damage == "missing":
         os.remove(pack)
     else:
-        with open(pack, "r+b") as f:
-            f.seek(10)
-            f.write(b"\x00\xff")
+        flip(pack, 10)
     with pytest.raises(StaleWriteError, match="failed after claiming a payload"):
         write.commit(survivor)
     assert open_table(table_uri).version == version
