@@ -1031,8 +1031,8 @@ CONCURRENT_WRITER_SCRIPT = textwrap.dedent(
     """
     import json, os, random, sys, time
     import pyarrow as pa
-    uri, go, worker, count, size, contender = sys.argv[1:7]
-    options = json.loads(sys.argv[7]) or None
+    uri, go, ready, worker, count, size, contender = sys.argv[1:8]
+    options = json.loads(sys.argv[8]) or None
     worker, count, size = int(worker), int(count), int(size)
     payloads = [random.Random(i).randbytes(size) for i in range(count)]
     ids = pa.array([1000 * (worker + 1) + i for i in range(count)], pa.int64())
@@ -1048,6 +1048,7 @@ CONCURRENT_WRITER_SCRIPT = textwrap.dedent(
                         schema=pa.schema([pa.field("id", pa.int64()), blob]))
         write = lambda: lance.write_dataset(data, uri, mode="append", data_storage_version="2.2",
                                             storage_options=checked_options(options))
+    open(ready, "w").close()
     while not os.path.exists(go):
         time.sleep(0.002)
     started = time.perf_counter()
@@ -1138,14 +1139,14 @@ def concurrent_writers(size: Size) -> Case:
     )
     case.notes.append(
         f"{count} payloads of {payload_size // KB} KB, the same in every writer, each writer "
-        "a fresh Python process started before a shared start signal (rows of ids of its "
-        "own), appending to a table that holds one row; bytes are every object of the table "
-        "(data files, store, index). blobhouse: its default table (dedup global); each "
-        "write stores what the index lacked when it looked, so writers that overlap each "
-        "store a copy, and the later index append records it; compact() merges the copies "
-        "(rows repointed to one, nothing rewritten), gc(grace=0, retain_versions=1) reaps "
-        "them. pylance: a blob v2 column, compact_files and cleanup_old_versions "
-        "(older_than=0): it stores a copy per row by design"
+        "a fresh Python process, released by a shared start signal once all are ready (rows "
+        "of ids of its own), appending to a table that holds one row; bytes are every object "
+        "of the table (data files, store, index). blobhouse: its default table (dedup "
+        "global); each write stores what the index lacked when it looked, so writers that "
+        "overlap each store a copy, and the later index append records it; compact() merges "
+        "the copies (rows repointed to one, nothing rewritten), gc(grace=0, "
+        "retain_versions=1) reaps them. pylance: a blob v2 column, compact_files and "
+        "cleanup_old_versions (older_than=0): it stores a copy per row by design"
     )
     return case
 
@@ -1166,20 +1167,14 @@ def _concurrent_run(
             data_storage_version="2.2",
             storage_options=options,
         )
-    go = root / f"go-{uuid.uuid4().hex}"
-    args = [uri, str(go), "", str(count), str(size), contender, json.dumps(store.options)]
-    processes = []
-    for worker in range(writers):
-        args[2] = str(worker)
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-c", CONCURRENT_WRITER_SCRIPT, *args],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-        )
-    time.sleep(2.0 + 0.5 * writers)  # every process has imported its library and waits
-    go.touch()
+    go, ready = _signals(root, writers)
+    script = [sys.executable, "-c", CONCURRENT_WRITER_SCRIPT, uri, str(go)]
+    tail = [str(count), str(size), contender, json.dumps(store.options)]
+    processes = [
+        subprocess.Popen([*script, str(ready[n]), str(n), *tail], stdout=subprocess.PIPE, text=True)
+        for n in range(writers)
+    ]
+    _release(processes, ready, go)
     seconds = _writer_seconds(processes, f"concurrent {contender}")
     after_writes = _table_bytes(uri, options)
     if contender == "blobhouse":
@@ -1207,7 +1202,7 @@ def _spark_applications_run(root: Path, count: int, size: int) -> dict:
 
     uri = str(root / f"spark-applications-{uuid.uuid4().hex[:8]}")
     write_table(pa.table({"id": pa.array([0], pa.int64()), "b": blob_array([b"first"])}), uri)
-    go, ready = root / f"go-{uuid.uuid4().hex}", [root / f"ready-{uuid.uuid4().hex}" for _ in "ab"]
+    go, ready = _signals(root, 2)
     with LocalSparkCluster(workers=2) as cluster:
         script = [sys.executable, "-c", SPARK_APPLICATION_WRITER_SCRIPT, cluster.master, uri]
         processes = [
@@ -1218,12 +1213,7 @@ def _spark_applications_run(root: Path, count: int, size: int) -> dict:
             )
             for n in range(2)
         ]
-        deadline = time.monotonic() + 600
-        while not all(r.exists() for r in ready) and time.monotonic() < deadline:
-            if any(p.poll() is not None for p in processes):
-                break  # one failed: reported below
-            time.sleep(0.05)
-        go.touch()
+        _release(processes, ready, go)
         seconds = _writer_seconds(processes, "Spark application")
     after_writes = _table_bytes(uri, None)
     compaction = _compact_and_gc(uri, None)
@@ -1233,6 +1223,24 @@ def _spark_applications_run(root: Path, count: int, size: int) -> dict:
         "after_compaction": _table_bytes(uri, None),
         "compaction_seconds": round(compaction, 3),
     }
+
+
+def _signals(root: Path, writers: int) -> tuple[Path, list[Path]]:
+    """The start signal shared by ``writers`` processes, and the file each makes once ready."""
+    return root / f"go-{uuid.uuid4().hex}", [
+        root / f"ready-{uuid.uuid4().hex}" for _ in range(writers)
+    ]
+
+
+def _release(processes: list[subprocess.Popen], ready: list[Path], go: Path) -> None:
+    """Give the start signal once every writer is ready (or one has ended: a failure, which
+    :func:`_writer_seconds` reports)."""
+    deadline = time.monotonic() + 600
+    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+        if any(p.poll() is not None for p in processes):
+            break
+        time.sleep(0.01)
+    go.touch()
 
 
 def _writer_seconds(processes: list[subprocess.Popen], what: str) -> list[float]:
@@ -1345,7 +1353,8 @@ def store_scale(size: Size) -> Case:
         f"each store: first {count} real payloads of {payload // KB} KB (the ones mode 'store "
         "found' appends again: each is looked up in the index, its bytes read and hashed, and "
         "referenced), then N index entries written directly (random digests into one sparse "
-        "pack), then gc's index maintenance"
+        "pack), then gc's index maintenance (which builds a sorted run of "
+        "an index of 100,000 entries or more)"
     )
     return case
 

@@ -69,6 +69,8 @@ STORED_DIR = "stored"  # in STORE_DIR: what a store-first write stored, until it
 INDEX_FILTERS_DIR = "_filters"
 # ... and the digests racing writers stored twice, for compaction to merge (store.duplicates)
 INDEX_DUPLICATES_DIR = "_duplicates"
+# ... and its sorted runs, one small read a found hash (blobhouse.store.sorted_run)
+INDEX_RUNS_DIR = "_runs"
 MANAGED_DIR = "managed"  # in STORE_DIR: the managed-object registry (blobhouse.managed) ...
 REGISTRY_DIR = "registry"  # ... its records,
 UNREFERENCED_DIR = "unreferenced"  # ... objects no version references any more,

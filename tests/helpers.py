@@ -20,6 +20,8 @@ from blobhouse import blob_array, open_table, write_table
 from blobhouse.files.session import BlobSession
 from blobhouse.io.objects import uri_to_path
 from blobhouse.layout import sidecar_name
+from blobhouse.store.index import INDEX_SCHEMA
+from blobhouse.store.packs import index_uri
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent  # the repository
@@ -234,3 +236,20 @@ def clips_table(
     )
     write_table(data, uri, max_rows_per_file=rows_per_file)
     return {i: hashlib.sha256(payloads[i // share]).hexdigest() for i in ids}
+
+
+def synthetic_entries(
+    root: str, count: int, seed: int = 5, storage_options: dict | None = None
+) -> None:
+    """Append ``count`` entries of random digests to the store index of ``root`` (a sparse
+    pack no write will find: their digests are random)."""
+    rng = np.random.default_rng(seed)
+    digests = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(32), count, [None, pa.py_buffer(rng.bytes(32 * count))]
+    ).cast(pa.binary())
+    positions = np.arange(count, dtype=np.int64) * 10
+    entries = pa.table(
+        [digests, pa.array(["packs/synthetic.pack"] * count), positions, np.full(count, 10)],
+        schema=INDEX_SCHEMA,
+    )
+    lance.write_dataset(entries, index_uri(root), mode="append", storage_options=storage_options)

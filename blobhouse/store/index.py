@@ -11,7 +11,6 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence, Set
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import lance
 import pyarrow as pa
@@ -28,7 +27,7 @@ from blobhouse.errors import (
     lance_message,
 )
 from blobhouse.io.objects import StorageOptions, object_store
-from blobhouse.layout import INDEX_FILTERS_DIR
+from blobhouse.layout import INDEX_FILTERS_DIR, INDEX_RUNS_DIR
 from blobhouse.store.digest_filter import (
     DigestFilter,
     FilterFile,
@@ -37,10 +36,7 @@ from blobhouse.store.digest_filter import (
     write_filter,
 )
 from blobhouse.store.packs import StoredPayload, index_uri
-
-if TYPE_CHECKING:
-    pass
-
+from blobhouse.store.sorted_run import SortedRun, fragment_signatures, read_runs, write_run
 
 _INDEX_FRAGMENTS = 8  # more than this many and gc compacts the index
 
@@ -52,6 +48,9 @@ LOOKUP_WINDOW = 4096  # hashes per scalar-index query
 
 
 _UNINDEXED_ROWS = 100_000  # more index rows outside its scalar indices and a writer adds them
+
+
+_RUN_ENTRIES = 100_000  # a smaller index answers found hashes from Lance's BTREE as fast
 
 
 _CACHED_PACK_ENTRIES = 500_000  # entries of recently read packs kept for digest_at
@@ -108,6 +107,8 @@ class StoreIndex:
         # a read or verify that walks every pack keeps only the latest ones (memory stays flat)
         self._packs: WeightedLRU[str, _PackEntries] = WeightedLRU(_CACHED_PACK_ENTRIES, len)
         self._filters: list[FilterFile] | None = None  # read at the first lookup
+        # gc's sorted run and the fragments it misses, () for none: read at the first lookup
+        self._run: tuple[SortedRun, list[lance.LanceFragment]] | tuple[()] | None = None
 
     @classmethod
     def open(cls, table_path: str, storage_options: StorageOptions | None = None) -> StoreIndex:
@@ -129,18 +130,56 @@ class StoreIndex:
         self, digests: Sequence[bytes], avoid: Set[str] = frozenset()
     ) -> dict[bytes, list[StoredPayload]]:
         """Every indexed copy of each of ``digests`` (concurrent writers may both have stored
-        a payload), in packs other than ``avoid``."""
+        a payload), in packs other than ``avoid``: from gc's sorted run of the index where it
+        covers the index, and through the scalar indices in what it does not."""
         found: defaultdict[bytes, list[StoredPayload]] = defaultdict(list)
         if self._dataset is None or not digests:
             return found
-        digests = self._maybe_held(digests)
-        for start in range(0, len(digests), LOOKUP_WINDOW):
-            window = pa.array(digests[start : start + LOOKUP_WINDOW], pa.binary())
-            rows = self._query(pc.field("blake3").isin(window))
-            for digest, pack, position, size in index_rows(rows, INDEX_SCHEMA.names):
-                if pack not in avoid:
-                    found[digest].append(StoredPayload(digest, pack, position, size))
-        return found
+        held = self._maybe_held(digests)  # new payloads stop here: no filter holds them
+        rest = self._from_run(held, found) if held else []
+        if rest is None or rest:
+            for start in range(0, len(held), LOOKUP_WINDOW):
+                window = pa.array(held[start : start + LOOKUP_WINDOW], pa.binary())
+                self._add(found, self._query(pc.field("blake3").isin(window), rest))
+        return {
+            digest: kept
+            for digest, copies in found.items()
+            if (kept := [c for c in dict.fromkeys(copies) if c.pack not in avoid])
+        }
+
+    def _from_run(
+        self, digests: Sequence[bytes], found: defaultdict[bytes, list[StoredPayload]]
+    ) -> list[lance.LanceFragment] | None:
+        """Add what gc's sorted run finds of ``digests`` to ``found``; the fragments the run
+        does not cover (None: there is no usable run, ask the scalar indices everywhere)."""
+        try:
+            if self._run is None:
+                self._run = _usable_run(self.table_path, self._dataset, self.storage_options)
+            if not self._run:
+                return None
+            run, rest = self._run
+            _, addresses = run.candidates(digest_matrix(digests))
+            if addresses:
+                rows = self._dataset._take_rows(
+                    addresses, columns=INDEX_SCHEMA.names, ignore_deletions=True
+                )
+                wanted = set(digests)  # a prefix is not a digest: the whole one decides
+                self._add(found, rows, lambda digest: digest in wanted)
+            return rest
+        except (BlobhouseError, OSError, ValueError):  # e.g. gc replaced the run meanwhile
+            self._run = ()
+            found.clear()
+            return None
+
+    @staticmethod
+    def _add(
+        found: defaultdict[bytes, list[StoredPayload]],
+        rows: pa.Table,
+        keep: Callable[[bytes], bool] = lambda _: True,
+    ) -> None:
+        for digest, pack, position, size in index_rows(rows, INDEX_SCHEMA.names):
+            if keep(digest):
+                found[digest].append(StoredPayload(digest, pack, position, size))
 
     def _maybe_held(self, digests: Sequence[bytes]) -> Sequence[bytes]:
         """Those of ``digests`` the index may hold: the ones no filter rules out (all of
@@ -173,18 +212,21 @@ class StoreIndex:
                 entries.setdefault((position, size), digest)
         return entries
 
-    def _query(self, condition: pc.Expression) -> pa.Table:
+    def _query(
+        self, condition: pc.Expression, fragments: list[lance.LanceFragment] | None = None
+    ) -> pa.Table:
+        """The index rows that meet ``condition``, in ``fragments`` (default: all)."""
         try:
-            return self._dataset.to_table(filter=condition)
+            return _scan(self._dataset, condition, fragments)
         except (ValueError, OSError):
             # a long write outlived its version of the index (gc removed it after a compaction):
             # the current version has every entry that one had, minus retired packs
             self._dataset = open_index(self.table_path, self.storage_options)
-            self._filters = None  # the new version's data files may have others
+            self._filters, self._run = None, None  # the new version's data files may differ
             if self._dataset is None:
                 return INDEX_SCHEMA.empty_table()
         try:
-            return self._dataset.to_table(filter=condition)
+            return _scan(self._dataset, condition)
         except (ValueError, OSError):
             pass
         try:  # its scalar index may be what is damaged: scan its data instead
@@ -199,6 +241,34 @@ class StoreIndex:
                 stacklevel=4,
             )
             return INDEX_SCHEMA.empty_table()
+
+
+def _scan(
+    dataset: LanceDataset,
+    condition: pc.Expression,
+    fragments: list[lance.LanceFragment] | None = None,
+) -> pa.Table:
+    if fragments is None:
+        return dataset.to_table(filter=condition)
+    return dataset.scanner(filter=condition, fragments=fragments).to_table()
+
+
+def _files_of(fragments: Iterable[lance.LanceFragment]) -> set[str]:
+    return {str(f.path) for fragment in fragments for f in fragment.data_files()}
+
+
+def _usable_run(
+    table_path: str, dataset: LanceDataset, storage_options: StorageOptions | None
+) -> tuple[SortedRun, list[lance.LanceFragment]] | tuple[()]:
+    """The widest sorted run gc built that is still true of ``dataset``, and the fragments it
+    does not cover; ``()`` when there is none."""
+    signatures = fragment_signatures(dataset)
+    runs = [r for r in read_runs(runs_uri(table_path), storage_options) if r.usable_on(signatures)]
+    if not runs:
+        return ()
+    run = max(runs, key=lambda r: len(r.covered))
+    rest = [f for f in dataset.get_fragments() if not _files_of([f]) <= run.covered.keys()]
+    return run, rest
 
 
 def index_rows(table: pa.Table, names: Sequence[str]) -> Iterable[tuple]:
@@ -359,6 +429,7 @@ def maintain_index(
             dataset.optimize.compact_files()
         dataset.cleanup_old_versions(older_than=keep)
         _tidy_filters(table_path, keep, storage_options)
+        _tidy_runs(table_path, keep, storage_options)
     # e.g. a concurrent index delete won the commit, or a filter vanished while gc read it
     except (BlobhouseError, ValueError, OSError) as exc:
         warnings.warn(f"the store index of {table_path} was not maintained: {exc}", stacklevel=2)
@@ -366,6 +437,10 @@ def maintain_index(
 
 def filters_uri(table_path: str) -> str:
     return f"{index_uri(table_path)}/{INDEX_FILTERS_DIR}"
+
+
+def runs_uri(table_path: str) -> str:
+    return f"{index_uri(table_path)}/{INDEX_RUNS_DIR}"
 
 
 def data_files(dataset: LanceDataset) -> dict[str, lance.LanceFragment]:
@@ -452,6 +527,45 @@ def _tidy_filters(
         # newly covered (a file a writer just covered is on disk, in no version gc saw: kept)
         if info.mtime < before if bloom is None else (bloom.covered & on_disk) <= fresh:
             store.delete(uri)
+
+
+def _tidy_runs(
+    table_path: str, keep: timedelta, storage_options: StorageOptions | None = None
+) -> None:
+    """Build a sorted run of the whole index once what the widest usable run misses
+    outgrows :func:`_run_due` (never for a small index: Lance's BTREE answers it as fast),
+    then remove the runs no longer usable, and files older than ``keep`` that are not whole
+    runs (a gc died writing one). A lookup that loses its run meanwhile asks the scalar
+    indices instead."""
+    dataset = open_index(table_path, storage_options)  # after the compaction and cleanup
+    if dataset is None:
+        return
+    folder = runs_uri(table_path)
+    store = object_store(folder, storage_options)
+    listed = store.list(folder)  # before the new run is written: it is never removed below
+    usable = _usable_run(table_path, dataset, storage_options)
+    kept = usable[0].uri if usable else None
+    total = dataset.count_rows()
+    if _run_due(total, usable[0].entries if usable else 0):
+        kept = write_run(folder, dataset, storage_options)
+    runs = {r.uri for r in read_runs(folder, storage_options)}
+    before = store.now(folder) - keep.total_seconds()
+    for info in listed:
+        uri = f"{folder}/{info.name}"
+        if uri != kept and (uri in runs or info.mtime < before):
+            store.delete(uri)
+
+
+def _run_due(total: int, covered: int) -> bool:
+    """Whether gc builds a new run of an index of ``total`` entries, ``covered`` of them
+    in a usable run: once the rest is more than a 16th of the index (each entry is written
+    into a run ~16 times over the index's growth, whatever its size) and than what a
+    writer's lookup scans outside the scalar indices.
+
+    >>> _run_due(50_000, 0), _run_due(200_000, 0), _run_due(10**7, 10**7 - 500_000)
+    (False, True, False)
+    """
+    return total >= _RUN_ENTRIES and total - covered > max(_UNINDEXED_ROWS, total // 16)
 
 
 def unreadable_index(table_path: str, cause: BaseException) -> StoreIndexError:

@@ -49,11 +49,12 @@ from blobhouse.io.objects import (
 )
 from blobhouse.loader import BatchLoader
 from blobhouse.store.digest_filter import may_contain, read_filters
-from blobhouse.store.index import filters_uri
+from blobhouse.store.index import _RUN_ENTRIES, StoreIndex, filters_uri, maintain_index, runs_uri
+from blobhouse.store.sorted_run import read_runs
 from blobhouse.table import Table
 from blobhouse.testing import LocalS3Server
 from blobhouse.write import begin_write
-from tests.helpers import worker_script
+from tests.helpers import synthetic_entries, worker_script
 
 # every test here runs against the local S3 server (those taking no fixture start their own)
 pytestmark = pytest.mark.object_store
@@ -727,6 +728,29 @@ def test_compaction_verify_and_global_dedup_on_every_store(bucket, monkeypatch):
     gc = compacted.gc(retain_versions=1, grace=timedelta(0))
     assert gc["removed_versions"]
     assert open_table(uri, storage_options=bucket.options).read_blobs("media", range(6)) == before
+
+
+def test_a_big_store_index_answers_found_hashes_from_its_sorted_run_on_every_store(bucket):
+    """gc's maintenance builds a sorted run of a big index on the store itself, and a
+    writer finds stored payloads through it (ranged reads of the run, then the rows)."""
+    uri = f"{bucket.uri}/t"
+    payloads = [payload(i, 30 * KIB) for i in range(5)]
+    data = pa.table({"id": range(5), "b": blob_array(payloads)})
+    write_table(data, uri, storage_options=bucket.options)
+    synthetic_entries(uri, _RUN_ENTRIES, storage_options=bucket.options)
+    maintain_index(uri, timedelta(hours=1), bucket.options)
+    (run,) = read_runs(runs_uri(uri), bucket.options)
+    assert run.entries == _RUN_ENTRIES + 5
+    index = StoreIndex.open(uri, bucket.options)
+    assert set(index.find([content_hash(p) for p in payloads])) == {
+        content_hash(p) for p in payloads
+    }
+    assert index._run  # answered by the run
+    packs = bucket.objects("t/_blobs/packs/")
+    again = pa.table({"id": [10, 11], "b": blob_array(payloads[:2])})
+    table = write_table(again, uri, mode="append", storage_options=bucket.options)
+    assert bucket.objects("t/_blobs/packs/") == packs  # nothing stored anew
+    assert table.read_blobs("b", [5, 6]) == payloads[:2]
 
 
 def test_backfill_on_every_store(bucket):
