@@ -166,7 +166,9 @@ class StoreIndex:
                 wanted = set(digests)  # a prefix is not a digest: the whole one decides
                 self._add(found, rows, lambda digest: digest in wanted)
             return rest
-        except (BlobhouseError, OSError, ValueError):  # e.g. gc replaced the run meanwhile
+        # e.g. gc replaced the run meanwhile; TypeError: a pylance whose unstable _take_rows
+        # takes other arguments (the scalar indices answer all the same)
+        except (BlobhouseError, OSError, ValueError, TypeError):
             self._run = ()
             found.clear()
             return None

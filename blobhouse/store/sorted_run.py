@@ -175,8 +175,6 @@ def write_run(
                     _directory_of(sorted_part, part, bits, written).tofile(slots)
                     written += len(sorted_part)
                 np.array([written], "<u8").tofile(slots)  # the end of the last bucket
-            if written != entries:  # a write appended to the dataset object meanwhile
-                raise ValueError(f"the index changed while its run was built: {uri}")
             with open(directory, "rb") as slots:
                 while block := slots.read(1 << 20):
                     new.write(block)
@@ -189,8 +187,10 @@ def write_run(
 
 def _split(dataset: LanceDataset, scratch: Path) -> Path:
     """Every entry's prefix and row address, appended to one file per first byte."""
+    # one fragment at a time: Lance reads several ahead by default (measured at 10 M entries:
+    # +380 MB of peak memory, +150 MB with one, whatever the index's size)
     for batch in dataset.to_batches(
-        columns=["blake3"], with_row_address=True, batch_size=_SCAN_BATCH
+        columns=["blake3"], with_row_address=True, batch_size=_SCAN_BATCH, fragment_readahead=1
     ):
         records = np.empty(batch.num_rows, ENTRY)
         records["prefix"] = _prefixes(digest_matrix(batch.column("blake3")))

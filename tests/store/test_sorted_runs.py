@@ -5,6 +5,7 @@ write reference bytes other than its own."""
 from __future__ import annotations
 
 import os
+import shutil
 from datetime import timedelta
 from pathlib import Path
 
@@ -78,6 +79,8 @@ def test_gc_builds_a_run_of_a_big_index_and_writers_find_through_it(tmp_path):
     big_store(root, payloads)
     (run,) = read_runs(runs_uri(root))
     assert run.entries == SYNTHETIC + 30
+    maintain_index(root, timedelta(0))  # Lance's cleanup leaves the run alone, and it stands
+    assert read_runs(runs_uri(root)) == [run]
     index = StoreIndex.open(root)
     digests = [content_hash(p) for p in payloads]
     found = index.find([*digests, content_hash(b"absent")])
@@ -106,6 +109,19 @@ def test_a_run_is_not_used_once_the_index_changed_under_it_and_gc_replaces_it(tm
     (new,) = read_runs(runs_uri(root))
     assert new.uri != old.uri and new.entries == SYNTHETIC + 4 - 10
     assert StoreIndex.open(root).find([content_hash(payloads[0])])
+
+
+def test_a_copy_of_the_table_finds_through_the_run_with_the_original_gone(tmp_path):
+    root, copy = str(tmp_path / "t"), str(tmp_path / "copy")
+    payloads = [os.urandom(20_000) for _ in range(3)]
+    big_store(root, payloads)
+    shutil.copytree(root, copy)
+    shutil.rmtree(root)
+    index = StoreIndex.open(copy)
+    assert set(index.find([content_hash(p) for p in payloads])) == {
+        content_hash(p) for p in payloads
+    }
+    assert index._run  # its files and row addresses are the copy's own
 
 
 def test_a_write_beside_a_run_finds_what_later_writes_stored(tmp_path):
