@@ -1304,7 +1304,8 @@ def store_scale(size: Size) -> Case:
     case = Case(
         "store_scale",
         "dedup=global appends of 1,000 10 KB payloads to a store of N payloads, new ones and "
-        "ones the store holds, each in a fresh process: median seconds and peak RSS",
+        "ones the store holds, each in a fresh process (and through blobhouse.spark.write_table "
+        "in the bench's Spark session): median seconds and peak RSS",
     )
     count, payload = STORE_APPEND
     with Scratch() as root:
@@ -1326,7 +1327,8 @@ def store_scale(size: Size) -> Case:
                     text=True,
                 )
                 results.append(_last_json(out.stdout))
-        for kind in kinds:
+        samples.update(_spark_store_samples(tables, size.runs, root / "spark-warm-up"))
+        for kind in (*kinds, *SPARK_STORE_KINDS):
             empty = statistics.median(s["seconds"] for s in samples[(kind, min(tables))])
             for n in tables:
                 results = samples[(kind, n)]
@@ -1336,18 +1338,20 @@ def store_scale(size: Size) -> Case:
                     store_payloads=n,
                     seconds=round(seconds, 3),
                     vs_empty_store=round(seconds / empty, 2),
-                    peak_rss_mb=round(max(r["peak_rss_mb"] for r in results), 1),
+                    peak_rss_mb=_peak(results),
                     store_built_s=round(built[n], 1),
                 )
-    for kind, what in (("store", "new payloads"), ("store found", "payloads the store holds")):
+    python = {"store": "new payloads", "store found": "payloads the store holds"}
+    for kind, what in (python | SPARK_STORE_KINDS).items():
         rows = [r for r in case.rows if r["mode"] == kind]
+        door = " through blobhouse.spark.write_table" if kind in SPARK_STORE_KINDS else ""
         case.notes.append(
-            f"mode {kind!r}: every timed append adds {count} {what} of {payload // KB} KB "
+            f"mode {kind!r}: every timed append adds {count} {what} of {payload // KB} KB{door} "
             f"({size.runs} appends per store, sizes alternating); seconds per append from "
             f"{rows[0]['store_payloads']:,} to {rows[-1]['store_payloads']:,} payloads: "
             + ", ".join(str(r["seconds"]) for r in rows)
-            + "; peak RSS MB: "
-            + ", ".join(str(r["peak_rss_mb"]) for r in rows)
+            + ("" if rows[0]["peak_rss_mb"] is None else "; peak RSS MB: ")
+            + ", ".join(str(r["peak_rss_mb"]) for r in rows if r["peak_rss_mb"] is not None)
         )
     case.notes.append(
         f"each store: first {count} real payloads of {payload // KB} KB (the ones mode 'store "
@@ -1357,6 +1361,44 @@ def store_scale(size: Size) -> Case:
         "an index of 100,000 entries or more)"
     )
     return case
+
+
+def _peak(results: list[dict]) -> float | None:
+    peaks = [r["peak_rss_mb"] for r in results if r["peak_rss_mb"] is not None]
+    return round(max(peaks), 1) if peaks else None
+
+
+#: the Spark modes of store_scale: what each appends (bs.write_table, in the bench's session)
+SPARK_STORE_KINDS = {"spark": "new payloads", "spark found": "payloads the store holds"}
+
+
+def _spark_store_samples(
+    tables: dict[int, str], runs: int, warm_up: Path
+) -> dict[tuple[str, int], list]:
+    """Seconds of ``bs.write_table`` appending STORE_APPEND payloads, new ones and the ones
+    every store holds, to each of ``tables`` (sizes alternating in each round), after one
+    untimed write to ``warm_up`` (a session's first job pays for its start); peak RSS is the
+    driver's, not measured: ``None``."""
+    import blobhouse.spark as bs
+    from bench.spark_targets import bench_session
+
+    spark = bench_session()
+
+    def append(uri: str, seed: int) -> float:
+        count, size = STORE_APPEND
+        rng = np.random.default_rng(seed)
+        df = spark.createDataFrame(pa.table({"b": [rng.bytes(size) for _ in range(count)]}))
+        started = time.perf_counter()
+        bs.write_table(df, uri, mode="append", blob_columns=["b"], dedup="global")
+        return time.perf_counter() - started
+
+    append(str(warm_up), 0)
+    samples: dict[tuple[str, int], list] = {(k, n): [] for k in SPARK_STORE_KINDS for n in tables}
+    for run in range(runs):
+        for (kind, n), results in samples.items():
+            seed = STORE_FOUND_SEED if kind == "spark found" else 2 * STORE_FOUND_SEED + run
+            results.append({"seconds": append(tables[n], seed), "peak_rss_mb": None})
+    return samples
 
 
 def _store_with(uri: Path, payloads: int) -> str:

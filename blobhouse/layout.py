@@ -227,6 +227,16 @@ def stored_record_name() -> str:
     return f"{uuid.uuid4().hex}.arrow"
 
 
+def index_filter_name() -> str:
+    """A new filter's name in the store index's INDEX_FILTERS_DIR (store.digest_filter)."""
+    return f"{uuid.uuid4().hex}.bloom"
+
+
+def sorted_run_name() -> str:
+    """A new sorted run's name in the store index's INDEX_RUNS_DIR (store.sorted_run)."""
+    return f"{uuid.uuid4().hex}.run"
+
+
 def aborted_marker(name_prefix: str) -> str:
     """The marker an aborted Spark write leaves in its data folder: its tasks still running see it
     and remove their own files."""

@@ -1,13 +1,14 @@
 """``dedup="global"`` on Spark: payloads first, rows after.
 
 :func:`store_payloads_first` hashes every payload of the global columns on the executors, keeps
-one row per distinct payload the store's index lacks (the index is read by the ``blobhouse``
-data source, so it never has to fit in one process), and stores those in tasks partitioned by
-hash: each distinct payload of every column is written once, whichever task its rows are in.
-Then every row is joined with the index and the new entries and becomes a reference into the
-store, ``struct<data: null, uri, position, size, managed>``: the writing tasks store no bytes of
-these columns. Packs gc retired are left out of the join. The input is computed twice (once for
-the payloads, once for the rows).
+one row per distinct payload the store's index lacks (each task asks the index for its hashes,
+as a writer does: filters, the sorted run, the scalar indices; never a scan of the whole
+index), and stores those in tasks partitioned by hash: each distinct payload of every column is
+written once, whichever task its rows are in. Then every row becomes a reference into the
+store, ``struct<data: null, uri, position, size, managed>``: found in the index by its task (the
+entry's bytes checked first), or among the entries this write just stored (a join with them);
+the writing tasks store no bytes of these columns. Packs gc retired are left out. The input
+is computed twice (once for the payloads, once for the rows).
 """
 
 from __future__ import annotations
@@ -19,19 +20,18 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.functions import arrow_udf
-from pyspark.sql.types import BinaryType, BooleanType
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from blobhouse.commit import leases
 from blobhouse.errors import cleanup_after
 from blobhouse.io.objects import StorageOptions
 from blobhouse.layout import TableLocation
-from blobhouse.spark.datasource import ensure_registered, storage_prefixed
 from blobhouse.store.checks import entry_verdicts
-from blobhouse.store.index import INDEX_SCHEMA, has_index
-from blobhouse.store.packs import StoredPayload, index_uri, retired_packs, store_uri_prefix
+from blobhouse.store.index import INDEX_SCHEMA, StoreIndex, has_index
+from blobhouse.store.packs import StoredPayload, retired_packs, store_uri_prefix
 from blobhouse.store.writer import StoreWriter
 
-_DIGEST, _PACK, _POSITION, _SIZE = "__bh_digest", "__bh_pack", "__bh_position", "__bh_size"
+_DIGEST, _PACK = "__bh_digest", "__bh_pack"
 _FRESH = "__bh_fresh"  # an entry this write stored: its bytes were just hashed
 
 
@@ -56,7 +56,6 @@ def store_payloads_first(
     ``name_prefix``, the write's), and return ``df`` with every such payload a reference into
     the store, plus what was stored (for the index, once the rows commit)."""
     spark = df.sparkSession
-    index = _index(spark, location.root, storage_options)
     payloads = None
     for column in columns:
         data = _payload(df, column)
@@ -65,8 +64,9 @@ def store_payloads_first(
         )
         payloads = one if payloads is None else payloads.unionByName(one)
     missing = payloads.dropDuplicates([_DIGEST])
-    if index is not None:
-        missing = missing.join(index.select(F.col("blake3").alias(_DIGEST)), _DIGEST, "left_anti")
+    if has_index(location.root, storage_options):
+        lacking = _not_in_store(location.root, storage_options)
+        missing = missing.mapInArrow(lacking, missing.schema)
     store = _store_task(location.root, name_prefix, pack_limit, storage_options)
     stored = missing.repartition(partitions, _DIGEST).mapInArrow(store, _ENTRIES_SCHEMA).toArrow()
     entries = [
@@ -119,6 +119,31 @@ def _store_task(
     return store
 
 
+def _not_in_store(root: str, storage_options: StorageOptions | None):
+    """The task that keeps the rows of one partition of distinct payloads whose hash the
+    store's index lacks (or holds only in retired packs)."""
+    retired = frozenset(retired_packs(root, storage_options))
+
+    def lacking(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        index = StoreIndex.open(root, storage_options)
+        for batch in batches:
+            digests = batch.column(_DIGEST).to_pylist()
+            found = index.find(digests, avoid=retired)
+            yield batch.filter(pa.array([d not in found for d in digests], pa.bool_()))
+
+    return lacking
+
+
+_ENTRY_ARROW = pa.struct([("pack", pa.string()), ("position", pa.int64()), ("size", pa.int64())])
+_ENTRY = StructType(
+    [
+        StructField("pack", StringType()),
+        StructField("position", LongType()),
+        StructField("size", LongType()),
+    ]
+)
+
+
 def look_up_in_store(
     spark: SparkSession,
     df: DataFrame,
@@ -130,86 +155,73 @@ def look_up_in_store(
     """``df`` with every payload of ``columns`` that the table's store holds (or
     ``new_entries`` lists: payloads stored by this write) replaced by a reference into it (the
     columns become logical blob structs)."""
-    index = _index(spark, location.root, storage_options)
-    if index is not None:
-        index = index.withColumn(_FRESH, F.lit(False))
-    if new_entries is not None:
-        # a concurrent writer may have indexed the same payload since: one row per hash
-        new_entries = new_entries.withColumn(_FRESH, F.lit(True))
-        both = new_entries if index is None else new_entries.unionByName(index)
-        index = both.dropDuplicates(["blake3"])
-    if index is None:
+    found = _found_in_store(location.root, storage_options)
+    if found is None and new_entries is None:
         return df
+    fresh = None
+    if new_entries is not None:
+        # one row per hash: a payload two tasks stored (never, partitioned by hash) stays one
+        fresh = new_entries.dropDuplicates(["blake3"]).select(
+            F.col("blake3").alias(_DIGEST),
+            F.struct(F.col("pack"), F.col("position"), F.col("size")).alias(_FRESH),
+        )
     prefix = store_uri_prefix(location.root_uri)
-    usable = _usable_entry(location.root, storage_options)
     for column in columns:
         data = F.col(f"{column}.data") if _is_struct(df, column) else F.col(column)
-        found = index.select(
-            F.col("blake3").alias(_DIGEST),
-            F.col("pack").alias(_PACK),
-            F.col("position").alias(_POSITION),
-            F.col("size").alias(_SIZE),
-            F.col(_FRESH),
-        )
-        joined = df.withColumn(_DIGEST, _blake3(data)).join(found, on=_DIGEST, how="left")
+        hashed = df.withColumn(_DIGEST, _blake3(data))
         # an entry from the index is referenced only once its bytes are checked (a damaged
         # index must not hand rows another payload's bytes): otherwise the row keeps its bytes
         # and its task stores them anew
-        checked = F.when(
-            F.col(_PACK).isNotNull()
-            & (
-                F.col(_FRESH) | usable(F.col(_DIGEST), F.col(_PACK), F.col(_POSITION), F.col(_SIZE))
-            ),
-            F.col(_PACK),
-        )
-        joined = joined.withColumn(_PACK, checked)
+        entry = found(F.col(_DIGEST)) if found is not None else F.lit(None).cast(_ENTRY)
+        if fresh is not None:
+            hashed = hashed.join(fresh, on=_DIGEST, how="left")
+            entry = F.coalesce(entry, F.col(_FRESH))
+        hashed = hashed.withColumn(_PACK, entry)
         reference = F.struct(
             F.lit(None).cast("binary").alias("data"),
-            F.concat(F.lit(prefix), F.col(_PACK)).alias("uri"),
-            F.col(_POSITION).alias("position"),
-            F.col(_SIZE).alias("size"),
+            F.concat(F.lit(prefix), F.col(_PACK).getField("pack")).alias("uri"),
+            F.col(_PACK).getField("position").alias("position"),
+            F.col(_PACK).getField("size").alias("size"),
             F.lit(None).cast("boolean").alias("managed"),
         )
-        df = joined.withColumn(
+        df = hashed.withColumn(
             column, F.when(F.col(_PACK).isNotNull(), reference).otherwise(_as_logical(df, column))
-        ).drop(_DIGEST, _PACK, _POSITION, _SIZE, _FRESH)
+        ).drop(_DIGEST, _PACK, _FRESH)
     return df
 
 
-def _usable_entry(root: str, storage_options: StorageOptions | None):
-    """A Spark function (digest, pack, position, size) -> whether that index entry's bytes
-    hash to its digest; each distinct entry is read once per Python worker."""
-    verdicts: dict[StoredPayload, bool] = {}
+def _found_in_store(root: str, storage_options: StorageOptions | None):
+    """A Spark function digest -> ``struct<pack, position, size>`` of the store's copy of the
+    payload, its bytes checked (null: not in the index, only in retired packs, or damaged);
+    each task opens the index once and reads each entry it found once. None when nothing
+    was stored yet."""
+    if not has_index(root, storage_options):
+        return None
+    retired = frozenset(retired_packs(root, storage_options))
+    state: dict[str, object] = {}
 
-    @arrow_udf(BooleanType())
-    def usable(
-        digests: pa.Array, packs: pa.Array, positions: pa.Array, sizes: pa.Array
-    ) -> pa.Array:
-        rows = zip(*(a.to_pylist() for a in (digests, packs, positions, sizes)), strict=True)
-        entries = [StoredPayload(*row) if row[1] is not None else None for row in rows]
-        unknown = list({e for e in entries if e is not None and e not in verdicts})
+    @arrow_udf(_ENTRY)
+    def found(digests: pa.Array) -> pa.Array:
+        index = state.get("index") or state.setdefault(
+            "index", StoreIndex.open(root, storage_options)
+        )
+        verdicts: dict[StoredPayload, bool] = state.setdefault("verdicts", {})
+        wanted = [d for d in set(digests.to_pylist()) if d is not None]
+        entries = index.find(wanted, avoid=retired)
+        unknown = [e for e in set(entries.values()) if e not in verdicts]
         for entry, verdict in zip(
             unknown, entry_verdicts(root, unknown, storage_options), strict=True
         ):
             verdicts[entry] = verdict is None
-        return pa.array([None if e is None else verdicts[e] for e in entries], pa.bool_())
+        places = [
+            {"pack": e.pack, "position": e.position, "size": e.size}
+            if (e := entries.get(d)) is not None and verdicts[e]
+            else None
+            for d in digests.to_pylist()
+        ]
+        return pa.array(places, _ENTRY_ARROW)
 
-    return usable
-
-
-def _index(
-    spark: SparkSession, table_path: str, storage_options: StorageOptions | None
-) -> DataFrame | None:
-    if not has_index(table_path, storage_options):
-        return None  # nothing stored yet: nothing to find
-    ensure_registered(spark)
-    reader = spark.read.format("blobhouse").options(**storage_prefixed(storage_options))
-    index = reader.load(index_uri(table_path))
-    retired = sorted(retired_packs(table_path, storage_options))
-    if retired:
-        index = index.filter(~F.col("pack").isin(retired))
-    # concurrent writers may both have stored a payload: one row per hash keeps rows unique
-    return index.dropDuplicates(["blake3"])
+    return found
 
 
 def _is_struct(df: DataFrame, column: str) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-import uuid
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence, Set
@@ -27,7 +26,7 @@ from blobhouse.errors import (
     lance_message,
 )
 from blobhouse.io.objects import StorageOptions, object_store
-from blobhouse.layout import INDEX_FILTERS_DIR, INDEX_RUNS_DIR
+from blobhouse.layout import INDEX_FILTERS_DIR, INDEX_RUNS_DIR, index_filter_name
 from blobhouse.store.digest_filter import (
     DigestFilter,
     FilterFile,
@@ -498,7 +497,7 @@ def write_filters(
     for fragment in missing.values():
         for batch in fragment.to_batches(columns=["blake3"]):
             bloom.add(digest_matrix(batch.column(0)))
-    uri = f"{filters_uri(table_path)}/{uuid.uuid4().hex}.bloom"
+    uri = f"{filters_uri(table_path)}/{index_filter_name()}"
     write_filter(uri, sorted(missing), bloom, storage_options)
     return frozenset(missing)
 

@@ -31,7 +31,6 @@ import json
 import math
 import struct
 import tempfile
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from lance import LanceDataset, LanceFragment
 from blobhouse.dedup import digest_matrix
 from blobhouse.files.ranges import BlobRef, read_ranges
 from blobhouse.io.objects import StorageOptions, is_local, object_store, uri_to_path
+from blobhouse.layout import sorted_run_name
 
 BUCKET_ENTRIES = 32  # on average: a bucket is ~512 bytes, one small read
 ENTRY = np.dtype([("prefix", "<u8"), ("address", "<u8")])
@@ -160,7 +160,7 @@ def write_run(
     covered = fragment_signatures(dataset)
     entries = dataset.count_rows()
     bits = bucket_bits(entries)
-    uri = f"{folder}/{uuid.uuid4().hex}.run"
+    uri = f"{folder}/{sorted_run_name()}"
     new = object_store(uri, storage_options).create(uri)
     try:
         with tempfile.TemporaryDirectory(prefix="blobhouse-run-") as scratch:

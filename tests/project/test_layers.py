@@ -181,8 +181,8 @@ def test_services_never_import_the_facade_spark_or_the_cli():
 
 # what a file name blobhouse writes or recognizes looks like, in a string of the code
 FILE_NAME_PART = re.compile(
-    r"\.(?:lance|blob|pack|txn)(?:$|[/#])"
-    r"|(?:^|/)(?:_leases|_blobs|_versions|_transactions|_refs|_filters|tombstones|claims|packs"
+    r"\.(?:lance|blob|pack|txn|bloom|run)(?:$|[/#])"
+    r"|(?:^|/)(?:_leases|_blobs|_versions|_transactions|_refs|_filters|_runs|tombstones|claims|packs"
     r"|\.blobhouse-owner)(?:/|$)"
     r"|/(?:managed|registry|unreferenced|doomed)(?:/|$)|^(?:managed|registry|unreferenced|doomed)/"
     r"|-claims|^aborted-"

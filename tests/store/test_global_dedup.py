@@ -380,7 +380,7 @@ def test_a_table_created_again_at_the_same_path_starts_with_an_empty_store(table
     assert packs_bytes(table_uri) == len(PAYLOADS[0])
 
 
-def test_spark_looks_payloads_up_in_the_store_with_a_join(spark, table_uri):
+def test_spark_looks_payloads_up_in_the_store_in_its_tasks(spark, table_uri):
     from blobhouse.layout import TableLocation
     from blobhouse.spark.lookup import look_up_in_store
 

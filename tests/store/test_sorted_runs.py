@@ -152,3 +152,34 @@ def test_a_damaged_run_lowers_dedup_and_never_names_other_bytes(tmp_path):
     assert table.read_blobs("b", list(range(30, 60))) == payloads
     problems = open_table(root).verify(deep=True)["problems"]
     assert [p for p in problems if p["column"] == "b"] == []  # (the synthetic pack is absent)
+
+
+def test_spark_writes_ask_a_big_index_for_their_hashes_and_pass_over_retired_packs(spark, tmp_path):
+    """``bs.write_table`` asks the index for the write's hashes in its tasks (the sorted run
+    answers what it covers; bench case store_scale times it against the index's size); a
+    copy in a pack gc retired is not referenced."""
+    import blobhouse.spark as bs
+    from blobhouse.io.objects import object_store
+    from blobhouse.store.packs import _tombstone_uri
+
+    root = str(tmp_path / "t")
+    payloads = [os.urandom(20_000) for _ in range(3)]
+    big_store(root, payloads[:2])
+    later = pa.table({"id": [2], "b": blob_array(payloads[2:])})  # a pack of its own
+    write_table(later, root, mode="append")
+    retired = StoreIndex.open(root).find([content_hash(payloads[2])])[content_hash(payloads[2])]
+    tombstone = _tombstone_uri(root, retired.pack)
+    object_store(tombstone).put(tombstone, b"")  # retired, its index entry not yet dropped
+    packs = {p.name: p.stat().st_size for p in Path(root, "_blobs", "packs").iterdir()}
+    new = os.urandom(20_000)
+    rows = [(100 + i, [payloads[0], payloads[1], payloads[2], new][i % 4]) for i in range(8)]
+    df = spark.createDataFrame(rows, "id long, b binary").repartition(3)
+    bs.write_table(df, root, mode="append", blob_columns=["b"], dedup="global")
+    after = {p.name: p.stat().st_size for p in Path(root, "_blobs", "packs").iterdir()}
+    added = sum(size for name, size in after.items() if name not in packs)
+    assert added == len(new) + len(payloads[2])  # found ones referenced; each stored once
+    table = open_table(root)
+    got = {r["id"]: r["b"] for r in table.to_arrow(blobs="bytes").to_pylist() if r["id"] >= 100}
+    assert got == dict(rows)
+    refs = table.to_arrow(blobs="refs").to_pylist()
+    assert all(retired.pack not in r["b"]["uri"] for r in refs if r["id"] >= 100)
