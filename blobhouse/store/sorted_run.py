@@ -76,11 +76,8 @@ class SortedRun:
     covered: dict[str, str]  # data file -> signature (see :func:`fragment_signatures`)
     entries: int
     bits: int
+    _entries_start: int  # where the entries begin: after the header and what it covers
     storage_options: StorageOptions | None = None
-
-    @property
-    def _entries_start(self) -> int:
-        return HEADER.size + len(_covered_json(self.covered))
 
     @property
     def _directory_start(self) -> int:
@@ -115,12 +112,13 @@ class SortedRun:
             mapped = np.memmap(uri_to_path(self.uri), np.uint8, "r")
             directory = mapped[self._directory_start :].view("<u8")
             entries = mapped[self._entries_start : self._directory_start].view(ENTRY)
-            starts, ends = directory[buckets].astype(np.int64), directory[buckets + 1]
-            counts = ends.astype(np.int64) - starts
+            starts, ends = self._checked(directory[buckets], directory[buckets + 1])
+            counts = ends - starts
             first = np.repeat(starts - np.cumsum(counts) + counts, counts)
             return entries[first + np.arange(counts.sum())]
         slots = [BlobRef(self.uri, self._directory_start + 8 * b, 16) for b in buckets.tolist()]
-        bounds = np.frombuffer(b"".join(self._read(slots)), "<u8").reshape(-1, 2).tolist()
+        bounds = np.frombuffer(b"".join(self._read(slots)), "<u8").reshape(-1, 2)
+        bounds = np.stack(self._checked(bounds[:, 0], bounds[:, 1]), axis=1).tolist()
         size = ENTRY.itemsize
         ranges = [
             BlobRef(self.uri, self._entries_start + size * lo, size * (hi - lo))
@@ -128,6 +126,14 @@ class SortedRun:
             if hi > lo
         ]
         return np.frombuffer(b"".join(self._read(ranges)), ENTRY)
+
+    def _checked(self, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Directory slots as bucket bounds; ValueError if a damaged one leaves the run (a
+        bucket ending before it starts, or past the last entry)."""
+        starts, ends = starts.astype(np.uint64), ends.astype(np.uint64)
+        if (ends < starts).any() or (ends > np.uint64(self.entries)).any():
+            raise ValueError(f"the sorted run {self.uri} is damaged")
+        return starts.astype(np.int64), ends.astype(np.int64)
 
     def _read(self, refs: list[BlobRef]) -> list[bytes]:
         return read_ranges(refs, storage_options=self.storage_options) if refs else []
@@ -264,4 +270,4 @@ def read_run(
     if size != whole:
         return None  # still being written, or cut short
     covered = json.loads(head[HEADER.size : HEADER.size + names])
-    return SortedRun(uri, covered, entries, bits, storage_options)
+    return SortedRun(uri, covered, entries, bits, HEADER.size + names, storage_options)

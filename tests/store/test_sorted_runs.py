@@ -142,6 +142,9 @@ def test_a_damaged_run_lowers_dedup_and_never_names_other_bytes(tmp_path):
     start = run._entries_start
     for i in range(0, run.entries * 16, 997):  # prefixes and row addresses alike
         flip(run.uri, start + i)
+    directory = run._directory_start
+    for i in range(0, ((1 << run.bits) + 1) * 8, 61):  # bucket bounds too
+        flip(run.uri, directory + i)
     index = StoreIndex.open(root)
     digests = [content_hash(p) for p in payloads]
     for digest, stored in index.find(digests).items():
