@@ -535,9 +535,9 @@ def _tidy_runs(
 ) -> None:
     """Build a sorted run of the whole index once what the widest usable run misses
     outgrows :func:`_run_due` (never for a small index: Lance's BTREE answers it as fast),
-    then remove the runs no longer usable, and files older than ``keep`` that are not whole
-    runs (a gc died writing one). A lookup that loses its run meanwhile asks the scalar
-    indices instead."""
+    then remove every other whole run (the kept one answers), and files older than ``keep``
+    that are not whole runs (a gc died writing one). A lookup that loses its run meanwhile
+    asks the scalar indices instead."""
     dataset = open_index(table_path, storage_options)  # after the compaction and cleanup
     if dataset is None:
         return
@@ -559,8 +559,8 @@ def _tidy_runs(
 
 def _run_due(total: int, covered: int) -> bool:
     """Whether gc builds a new run of an index of ``total`` entries, ``covered`` of them
-    in a usable run: once the rest is more than a 16th of the index (each entry is written
-    into a run ~16 times over the index's growth, whatever its size) and than what a
+    in a usable run: once the rest is more than a 16th of the index (as the index grows,
+    each entry is written into runs ~17 times, whatever its size) and than what a
     writer's lookup scans outside the scalar indices.
 
     >>> _run_due(50_000, 0), _run_due(200_000, 0), _run_due(10**7, 10**7 - 500_000)
