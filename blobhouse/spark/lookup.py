@@ -26,7 +26,7 @@ from blobhouse.commit import leases
 from blobhouse.errors import cleanup_after
 from blobhouse.io.objects import StorageOptions
 from blobhouse.layout import TableLocation
-from blobhouse.store.checks import entry_verdicts
+from blobhouse.store.checks import checked_entries
 from blobhouse.store.index import INDEX_SCHEMA, StoreIndex, has_index
 from blobhouse.store.packs import StoredPayload, retired_packs, store_uri_prefix
 from blobhouse.store.writer import StoreWriter
@@ -192,9 +192,10 @@ def look_up_in_store(
 
 def _found_in_store(root: str, storage_options: StorageOptions | None):
     """A Spark function digest -> ``struct<pack, position, size>`` of the store's copy of the
-    payload, its bytes checked (null: not in the index, only in retired packs, or damaged);
-    each task opens the index once and reads each entry it found once. None when nothing
-    was stored yet."""
+    payload, its bytes checked (:func:`~blobhouse.store.checks.checked_entries`: a damaged copy
+    is passed over for the next; null: not in the index, only in retired packs, or damaged);
+    each task opens the index once and asks it once per hash. None when nothing was stored
+    yet."""
     if not has_index(root, storage_options):
         return None
     retired = frozenset(retired_packs(root, storage_options))
@@ -205,19 +206,18 @@ def _found_in_store(root: str, storage_options: StorageOptions | None):
         index = state.get("index") or state.setdefault(
             "index", StoreIndex.open(root, storage_options)
         )
-        verdicts: dict[StoredPayload, bool] = state.setdefault("verdicts", {})
-        wanted = [d for d in set(digests.to_pylist()) if d is not None]
-        entries = index.find(wanted, avoid=retired)
-        unknown = [e for e in set(entries.values()) if e not in verdicts]
-        for entry, verdict in zip(
-            unknown, entry_verdicts(root, unknown, storage_options), strict=True
-        ):
-            verdicts[entry] = verdict is None
+        usable: dict[bytes, StoredPayload | None] = state.setdefault("usable", {})
+        asked = digests.to_pylist()
+        wanted = list({d for d in asked if d is not None and d not in usable})
+        checked = checked_entries(
+            root, index.find_copies(wanted, avoid=retired), storage_options=storage_options
+        ).usable
+        usable.update({d: checked.get(d) for d in wanted})
         places = [
             {"pack": e.pack, "position": e.position, "size": e.size}
-            if (e := entries.get(d)) is not None and verdicts[e]
+            if d is not None and (e := usable[d]) is not None
             else None
-            for d in digests.to_pylist()
+            for d in asked
         ]
         return pa.array(places, _ENTRY_ARROW)
 

@@ -153,7 +153,8 @@ class StoreIndex:
         does not cover (None: there is no usable run, ask the scalar indices everywhere)."""
         try:
             if self._run is None:
-                self._run = _usable_run(self.table_path, self._dataset, self.storage_options)
+                runs = read_runs(runs_uri(self.table_path), self.storage_options)
+                self._run = _usable_run(runs, self._dataset)
             if not self._run:
                 return None
             run, rest = self._run
@@ -259,16 +260,17 @@ def _files_of(fragments: Iterable[lance.LanceFragment]) -> set[str]:
 
 
 def _usable_run(
-    table_path: str, dataset: LanceDataset, storage_options: StorageOptions | None
+    runs: Iterable[SortedRun], dataset: LanceDataset
 ) -> tuple[SortedRun, list[lance.LanceFragment]] | tuple[()]:
-    """The widest sorted run gc built that is still true of ``dataset``, and the fragments it
-    does not cover; ``()`` when there is none."""
-    signatures = fragment_signatures(dataset)
-    runs = [r for r in read_runs(runs_uri(table_path), storage_options) if r.usable_on(signatures)]
-    if not runs:
+    """The widest of ``runs`` that is still true of ``dataset``, and the fragments it does
+    not cover; ``()`` when there is none."""
+    fragments = dataset.get_fragments()
+    signatures = fragment_signatures(fragments)
+    usable = [r for r in runs if r.usable_on(signatures)]
+    if not usable:
         return ()
-    run = max(runs, key=lambda r: len(r.covered))
-    rest = [f for f in dataset.get_fragments() if not _files_of([f]) <= run.covered.keys()]
+    run = max(usable, key=lambda r: len(r.covered))
+    rest = [f for f in fragments if not _files_of([f]) <= run.covered.keys()]
     return run, rest
 
 
@@ -544,16 +546,16 @@ def _tidy_runs(
     folder = runs_uri(table_path)
     store = object_store(folder, storage_options)
     listed = store.list(folder)  # before the new run is written: it is never removed below
-    usable = _usable_run(table_path, dataset, storage_options)
+    runs = read_runs(folder, storage_options)
+    usable = _usable_run(runs, dataset)
     kept = usable[0].uri if usable else None
-    total = dataset.count_rows()
-    if _run_due(total, usable[0].entries if usable else 0):
+    if _run_due(dataset.count_rows(), usable[0].entries if usable else 0):
         kept = write_run(folder, dataset, storage_options)
-    runs = {r.uri for r in read_runs(folder, storage_options)}
+    whole = {r.uri for r in runs}
     before = store.now(folder) - keep.total_seconds()
     for info in listed:
         uri = f"{folder}/{info.name}"
-        if uri != kept and (uri in runs or info.mtime < before):
+        if uri != kept and (uri in whole or info.mtime < before):
             store.delete(uri)
 
 

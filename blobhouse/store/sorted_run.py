@@ -31,6 +31,7 @@ import json
 import math
 import struct
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,12 +53,12 @@ _SCAN_BATCH = 65_536
 _HEAD_BYTES = 1 << 16  # what is read of a run first: its header and most covered lists
 
 
-def fragment_signatures(dataset: LanceDataset) -> dict[str, str]:
-    """Each data file of ``dataset`` with its fragment and deletion file: a run built on the
-    file is usable while this stays the same."""
+def fragment_signatures(fragments: Iterable[LanceFragment]) -> dict[str, str]:
+    """Each data file of ``fragments`` (of the store index) with its fragment and deletion
+    file: a run built on the file is usable while this stays the same."""
     return {
         str(data_file.path): _signature(fragment)
-        for fragment in dataset.get_fragments()
+        for fragment in fragments
         for data_file in fragment.data_files()
     }
 
@@ -163,7 +164,7 @@ def write_run(
     """Write a run of every entry of ``dataset`` (the store index) into ``folder``; its URI.
     Memory stays flat: the entries are split by their first byte into local temporary files
     in one scan, then each part is sorted and written in turn."""
-    covered = fragment_signatures(dataset)
+    covered = fragment_signatures(dataset.get_fragments())
     entries = dataset.count_rows()
     bits = bucket_bits(entries)
     uri = f"{folder}/{sorted_run_name()}"
