@@ -1581,10 +1581,10 @@ def _spark_write_requests(case: Case, server, bucket: str, rows: int) -> None:
         "writer needs Hadoop's S3 connector, not installed here; its committer sends more "
         "requests than Arrow's writer). payload_uploads: the multipart requests of the store's "
         "packs (the payloads' own bytes, 8 MiB parts); vs_parquet: the other requests over "
-        "Parquet's. Claims: the probe (8 per worker process and column: its later tasks of the "
-        "write start from what it learned), then a sample by hash (a 1 MB payload with odds 1 "
-        "in 32) unless the column turns out shared; a shared chunk costs a claim, and the read "
-        "of the claim it lost, per worker process"
+        "Parquet's. Claims go a batch at a time in the write's claim log (one conditional PUT "
+        "per batch that claims; a worker reads each entry of another task once): a task's first "
+        "batch (the probe), then a sample by hash (a 1 MB payload with odds 1 in 32) unless the "
+        "column turns out shared, when every batch claims"
     )
     if note not in case.notes:  # measured at two sizes
         case.notes.append(note)

@@ -207,8 +207,18 @@ def stored_folder_name(write_id: str) -> str:
 
 
 def claim_name(digest: bytes) -> str:
-    """A claim's name in its write's claims folder: the payload's blake3, in hex."""
+    """The name, in a write's claims folder, of a claim made on its own (once the write's
+    claim log is full): the payload's blake3, in hex."""
     return digest.hex()
+
+
+def claim_log_entry_name(at: int) -> str:
+    """The name of entry ``at`` of a write's claim log, in its claims folder (store.claims).
+
+    >>> claim_log_entry_name(12)
+    'log-000000000012'
+    """
+    return f"log-{at:012d}"
 
 
 def shared_column_name(column: str) -> str:

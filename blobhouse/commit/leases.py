@@ -28,7 +28,8 @@ from blobhouse.io.objects import ObjectStore, StorageOptions, is_local, object_s
 from blobhouse.io.uris import as_uri
 from blobhouse.layout import LEASES_DIR, LOCKS_DIR
 
-REFRESH_SECONDS = 2.0
+#: a store request per process of a write this often: 6 touches within TIMEOUT_SECONDS
+REFRESH_SECONDS = 5.0
 TIMEOUT_SECONDS = 30.0
 _LEASE_READ_BYTES = 4096  # more than a lease holds
 
@@ -66,7 +67,7 @@ TOUCH_JOIN_SECONDS = 1.0  # how long a failure waits for a touch in flight
 def touching(touch: Callable[[], None], name: str) -> Iterator[None]:
     """Call ``touch`` every :data:`REFRESH_SECONDS` on a thread of its own while the block
     runs (what keeps a lease or a lock alive); a touch that fails is retried at the next
-    (those who judge it allow :data:`TIMEOUT_SECONDS`, 15 touches)."""
+    (those who judge it allow :data:`TIMEOUT_SECONDS`, 6 touches)."""
     stop = threading.Event()
 
     def refresh() -> None:

@@ -45,6 +45,7 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from blobhouse.dedup import content_hash
@@ -61,6 +62,7 @@ from blobhouse.io.objects import (
 from blobhouse.io.uris import as_uri
 from blobhouse.layout import (
     CLAIMS_DIR,
+    claim_log_entry_name,
     claim_name,
     claims_folder_name,
     shared_column_name,
@@ -81,8 +83,13 @@ SAMPLE_BYTES = 32 * MiB
 #: a task that samples a column looks for the mark of its being shared once per this many bytes
 #: (one request, as often as a sampled claim)
 MARK_CHECK_BYTES = SAMPLE_BYTES
-_READ_ATTEMPTS = 40  # a claim read empty (being written) is read again for up to ~2 s
-_CLAIM_READ_BYTES = 64 * 1024  # more than any claim holds: read with one GET, no HEAD first
+#: claims in one log entry at most (~100 bytes each): a batch with more claims in rounds
+ENTRY_CLAIMS = 4096
+#: entries in a write's claim log at most: every worker reads every entry of the others, so
+#: a big write's later claims are objects of their own (a request each, no reads)
+LOG_ENTRIES = 128
+_READ_ATTEMPTS = 40  # an entry read empty (being written) is read again for up to ~2 s
+_ENTRY_READ_BYTES = 1 << 20  # more than any entry holds: read with one GET, no HEAD first
 
 
 @dataclass(frozen=True)
@@ -124,29 +131,6 @@ class Claim:
     size: int
     claimant: Claimant
 
-    def encode(self) -> bytes:
-        c = self.claimant
-        return json.dumps(
-            {
-                "pack": self.pack,
-                "position": self.position,
-                "size": self.size,
-                "task": [c.partition, c.attempt, c.id],
-            }
-        ).encode()
-
-    @classmethod
-    def decode(cls, digest: bytes, raw: bytes) -> Claim:
-        record = json.loads(raw)
-        partition, attempt, claimant_id = record["task"]
-        return cls(
-            digest,
-            record["pack"],
-            int(record["position"]),
-            int(record["size"]),
-            Claimant(int(partition), int(attempt), str(claimant_id)),
-        )
-
 
 @dataclass
 class SharingOdds:
@@ -185,6 +169,12 @@ class SharingOdds:
         """Whether at least 1 in SHARED_RATIO of the recent claims turned out shared."""
         return self.recent_shared * SHARED_RATIO >= self.recent
 
+    def mark(self) -> bool:
+        """A task of the write found the column shared (:meth:`Claims.mark_shared`): every
+        payload is worth a claim from now on. True."""
+        self.marked = True
+        return True
+
     def check_due(self, size: int) -> bool:
         """Whether to look for the mark now, a payload of ``size`` bytes later."""
         self.unchecked += size
@@ -207,7 +197,16 @@ class SharingOdds:
 
 
 class Claims:
-    """The claims of one write, as one task makes and reads them.
+    """The claims of one write, as one task makes and reads them: the write's claim log.
+
+    The log is a sequence of entries ``log-<n>`` in the write's claims folder, each created
+    exclusively (``O_EXCL`` locally, a conditional PUT on an object store) by the task whose
+    claims it holds. A task writes entry ``n`` only after it read every entry before it, and
+    leaves out of it what they claimed: so a payload is claimed by exactly one entry, the first
+    to name it (but for a later attempt of the same task taking its predecessor's claims over,
+    :meth:`Claimant.succeeds`). A refused entry is read, and the task tries the next slot with
+    what is left. One entry carries a whole batch's claims: a request per batch, not per
+    payload, and a worker reads each entry of another once (:mod:`~blobhouse.store.write_memory`).
 
     >>> import tempfile
     >>> root = tempfile.mkdtemp()
@@ -241,35 +240,164 @@ class Claims:
         """Claim ``claim.digest`` for ``claim``'s place: None if this task now stores the
         payload there, else the claim another task of the write made first (reference its
         place). A claim of an earlier attempt of this task is taken over."""
-        # another task of this process claimed or read it: the claim stands (unless this
-        # task is a later attempt of its claimant's, which takes it over below)
-        known = self.memory.claim_of(claim.digest)
-        mine = known is not None and known.claimant == self.claimant
-        if known is not None and not mine and not self.claimant.succeeds(known.claimant):
-            return known
-        uri = self._uri(claim.digest)
+        theirs = self.claim_many(
+            [(claim.digest, claim.size)], lambda _: [(claim.pack, claim.position)]
+        )
+        return theirs.get(claim.digest)
+
+    def claim_many(
+        self,
+        wanted: Sequence[tuple[bytes, int]],
+        places: Callable[[list[tuple[bytes, int]]], list[tuple[str, int]]],
+    ) -> dict[bytes, Claim]:
+        """Claim each ``(digest, size)`` of ``wanted`` in one log entry (a task stores at most
+        :data:`ENTRY_CLAIMS` payloads per call): the claims another task of the write made
+        first, by digest; this task stores the rest, in order, at the places ``places`` gives
+        them (called again with what is left whenever an entry of another task took some)."""
+        if len(wanted) > ENTRY_CLAIMS:
+            raise ValueError(f"at most {ENTRY_CLAIMS} claims per entry, not {len(wanted)}")
         if not self._owned:  # a link there would put claims in (and gc sweep) a user's folder
             own_folder(self.store, self._root, self.folder.removeprefix(self._root + "/"))
             self._owned = True
-        if put_new(self.store, uri, claim.encode()):
+        theirs: dict[bytes, Claim] = {}
+        pending = list(wanted)
+        with self.memory.log_lock:
+            while True:
+                pending = [(d, size) for d, size in pending if not self._taken(d, theirs)]
+                if not pending:
+                    return theirs
+                if not self.batched:  # the log is full: one object per claim
+                    self._claim_each(pending, places, theirs)
+                    return theirs
+                mine = [
+                    Claim(digest, pack, position, size, self.claimant)
+                    for (digest, size), (pack, position) in zip(
+                        pending, places(pending), strict=True
+                    )
+                ]
+                if self._append(self.memory.log_next, encode_entry(mine)):
+                    self.memory.log_next += 1
+                    for claim in mine:
+                        self.memory.remember(claim)
+                    return theirs
+                self._apply(self._read_entry(self.memory.log_next))
+                self.memory.log_next += 1
+
+    @property
+    def batched(self) -> bool:
+        """Whether claims still go in the log (a batch's in one request): until it holds
+        :data:`LOG_ENTRIES` entries, and so each worker reads at most that many."""
+        return self.memory.log_next < LOG_ENTRIES
+
+    def _claim_each(
+        self,
+        pending: list[tuple[bytes, int]],
+        places: Callable[[list[tuple[bytes, int]]], list[tuple[str, int]]],
+        theirs: dict[bytes, Claim],
+    ) -> None:
+        """Claim each of ``pending`` with an object of its own, named by its hash (once the
+        log is full: whoever claims so has read every entry of it, and no entry comes after).
+        The places of those this task wins are consecutive, as ``places`` gives them."""
+        won: list[tuple[bytes, int]] = []
+        rest, planned = pending, places(pending)
+        while rest:
+            (digest, size), (pack, position) = rest[0], planned[0]
+            found = self._claim_object(Claim(digest, pack, position, size, self.claimant))
+            if found is None:
+                won.append(rest[0])
+                rest, planned = rest[1:], planned[1:]
+                continue
+            theirs[digest] = found
+            rest = rest[1:]
+            planned = places(won + rest)[len(won) :]  # the next ones move up
+
+    def _claim_object(self, claim: Claim) -> Claim | None:
+        """Claim ``claim.digest`` with an object of its own: None if this task stores the
+        payload, else the claim another task made first."""
+        uri, entry = self._claim_uri(claim.digest), encode_entry([claim])
+        if self._append_at(uri, entry):
             self.memory.remember(claim)
             return None
-        # locally, a directory or a link there is never a task's claim: cleared, then tried
-        # again (an object store has neither: a refused PUT is another task's claim)
-        if is_local(uri):
-            make_way(self.store, uri)
-            if put_new(self.store, uri, claim.encode()):
-                self.memory.remember(claim)
-                return None
-        found = self._read(uri, claim.digest)
-        if found is None or self.claimant.succeeds(found.claimant):
+        found = self._read_at(uri)
+        if not found or self.claimant.succeeds(found[0].claimant):
             # the claimant died while writing its claim, or before storing the payload:
             # nobody could borrow an unreadable claim; a predecessor's borrowers are checked
             # at the commit
-            self.store.put(uri, claim.encode())
-            found = None
-        self.memory.remember(found or claim)
-        return found
+            self.store.put(uri, entry)
+            self.memory.remember(claim)
+            return None
+        self.memory.remember(found[0])
+        return found[0]
+
+    def known(self, digest: bytes) -> Claim | None:
+        """The claim another task made of ``digest`` that this process knows already (one of
+        its tasks made it, or it read it): no request. An earlier attempt's is taken over."""
+        known = self.memory.claim_of(digest)
+        if known is None or known.claimant == self.claimant:
+            return None
+        if self.claimant.succeeds(known.claimant):
+            return None
+        return known
+
+    def _taken(self, digest: bytes, theirs: dict[bytes, Claim]) -> bool:
+        """Whether another task claimed ``digest`` (kept in ``theirs``), as :meth:`known`."""
+        known = self.known(digest)
+        if known is not None:
+            theirs[digest] = known
+        return known is not None
+
+    def _append(self, at: int, entry: bytes) -> bool:
+        """Create entry ``at`` holding ``entry``; False if it exists (another task's)."""
+        return self._append_at(self._entry_uri(at), entry)
+
+    def _append_at(self, uri: str, entry: bytes) -> bool:
+        """Create the object at ``uri`` holding ``entry``; False if it exists."""
+        if put_new(self.store, uri, entry):
+            return True
+        # locally, a directory or a link there is never a task's entry: cleared, then tried
+        # again (an object store has neither: a refused PUT is another task's entry)
+        if is_local(uri):
+            make_way(self.store, uri)
+            return put_new(self.store, uri, entry)
+        return False
+
+    def _apply(self, entry: list[Claim]) -> None:
+        """Keep the claims of another task's ``entry``: the first claim of a payload stands,
+        but for a later attempt of its claimant's task, which takes it over."""
+        for claim in entry:
+            known = self.memory.claim_of(claim.digest)
+            if known is None or claim.claimant.succeeds(known.claimant):
+                self.memory.remember(claim)
+
+    def _read_entry(self, at: int) -> list[Claim]:
+        """The claims of entry ``at``; none if it stays unreadable (its writer died writing
+        it, and so stores nothing it named: whatever it claimed is claimed again)."""
+        return self._read_at(self._entry_uri(at))
+
+    def _read_at(self, uri: str) -> list[Claim]:
+        """The claims of the entry or claim object at ``uri`` (none: unreadable)."""
+        delay = 0.001
+        for _ in range(_READ_ATTEMPTS):
+            try:
+                return decode_entry(read_object(uri, self.storage_options, size=_ENTRY_READ_BYTES))
+            except (ValueError, FileNotFoundError):  # being written
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        return []
+
+    def claimed(self, digest: bytes) -> Claim | None:
+        """The claim of ``digest`` that stands in the log now, read from its start (what a
+        task that has read nothing would find)."""
+        found, at = None, 0
+        while self.store.size(self._entry_uri(at)) is not None:
+            for claim in self._read_entry(at):
+                if claim.digest == digest and (
+                    found is None or claim.claimant.succeeds(found.claimant)
+                ):
+                    found = claim
+            at += 1
+        own = self._read_at(self._claim_uri(digest)) if at >= LOG_ENTRIES else []
+        return own[0] if own else found
 
     def mark_shared(self, column: str) -> None:
         """Leave the mark that ``column``'s payloads are shared between the write's tasks
@@ -293,20 +421,54 @@ class Claims:
     def _mark_uri(self, column: str) -> str:
         return f"{self.folder}/{shared_column_name(column)}"
 
-    def _read(self, uri: str, digest: bytes) -> Claim | None:
-        """The claim at ``uri``; None if it stays unreadable (its writer died writing it)."""
-        delay = 0.001
-        for _ in range(_READ_ATTEMPTS):
-            try:
-                raw = read_object(uri, self.storage_options, size=_CLAIM_READ_BYTES)
-                return Claim.decode(digest, raw)
-            except (ValueError, KeyError, FileNotFoundError):  # created, not written yet
-                time.sleep(delay)
-                delay = min(delay * 2, 0.1)
-        return None
+    def _entry_uri(self, at: int) -> str:
+        return f"{self.folder}/{claim_log_entry_name(at)}"
 
-    def _uri(self, digest: bytes) -> str:
+    def _claim_uri(self, digest: bytes) -> str:
         return f"{self.folder}/{claim_name(digest)}"
+
+
+def encode_entry(claims: Sequence[Claim]) -> bytes:
+    """One task's log entry holding ``claims`` (all of the same claimant), as JSON: the packs
+    named once, each claim as ``[digest hex, pack number, position, size]``.
+
+    >>> claimant = Claimant(2, 0, "t")
+    >>> entry = encode_entry([Claim(bytes(32), "packs/p.pack", 7, 3, claimant)])
+    >>> decode_entry(entry) == [Claim(bytes(32), "packs/p.pack", 7, 3, claimant)]
+    True
+    """
+    c = claims[0].claimant
+    packs = list(dict.fromkeys(claim.pack for claim in claims))
+    number = {pack: n for n, pack in enumerate(packs)}
+    return json.dumps(
+        {
+            "task": [c.partition, c.attempt, c.id],
+            "pack_names": packs,
+            "claimed": [[x.digest.hex(), number[x.pack], x.position, x.size] for x in claims],
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def decode_entry(raw: bytes) -> list[Claim]:
+    """The claims of a log entry (:func:`encode_entry`); ValueError when it is not one (being
+    written, or damaged).
+
+    >>> decode_entry(b'{"task": [1, 0, "t"], "pack_names": [], "claimed": [["00", 3, 0, 1]]}')
+    Traceback (most recent call last):
+    ValueError: not a claim log entry: list index out of range
+    """
+    try:
+        record = json.loads(raw)
+        partition, attempt, claimant_id = record["task"]
+        claimant = Claimant(int(partition), int(attempt), str(claimant_id))
+        packs = record["pack_names"]
+        return [
+            Claim(bytes.fromhex(digest), str(packs[pack]), int(position), int(size), claimant)
+            for digest, pack, position, size in record["claimed"]
+        ]
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as exc:
+        raise ValueError(f"not a claim log entry: {exc}") from None
 
 
 def claims_folder(table_path: str, write_id: str) -> str:

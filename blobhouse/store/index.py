@@ -384,7 +384,9 @@ def index_lookups(
     dataset: LanceDataset | None = None,
 ) -> None:
     """Create the index's scalar indices (``blake3`` for writers' lookups, ``pack`` for
-    :meth:`StoreIndex.digest_at` and gc's deletes) if missing, and extend them by a delta over
+    :meth:`StoreIndex.digest_at` and gc's deletes) if missing once the index holds more than
+    :data:`_UNINDEXED_ROWS` entries (until then a lookup scans them in no time, and each
+    scalar index would cost a write a dozen store requests), and extend them by a delta over
     the fragments added since once those hold many rows (writers and gc alike: a lookup scans
     a few small fragments in no time). Lance's scalar indices cover only the fragments they
     were built on: every lookup scans what they miss. ``merge``, or too many deltas: merge
@@ -396,8 +398,9 @@ def index_lookups(
         return
     try:
         present = {d.field_names[0]: d.name for d in dataset.describe_indices()}
+        small = dataset.count_rows() <= _UNINDEXED_ROWS
         for column, config in _LOOKUPS.items():
-            if column not in present:
+            if column not in present and not small:
                 dataset.create_scalar_index(column, config, name=f"{column}_idx", replace=False)
         for name in present.values():
             stats = dataset.stats.index_stats(name)

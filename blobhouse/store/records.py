@@ -37,6 +37,9 @@ from blobhouse.layout import STORED_DIR, store_dir, stored_folder_name, stored_r
 from blobhouse.store.index import INDEX_SCHEMA
 from blobhouse.store.packs import StoredPayload
 
+#: records of one write up to this size in all are read once per commit, kept in memory
+KEPT_RECORD_BYTES = 16 << 20
+
 RECORD_SCHEMA = pa.schema(
     [
         ("blake3", pa.binary(32)),
@@ -95,9 +98,12 @@ def recorded_entries(
     """What write ``write_id`` recorded it stored, as a function giving batches of the store
     index's schema each time it is called, one record at a time in memory (a write's tasks may
     have stored many millions). The records are listed once, at the first call (a commit
-    reads them when every task that records has ended)."""
+    reads them when every task that records has ended), and read once when they hold at most
+    :data:`KEPT_RECORD_BYTES` in all (a commit reads them twice: into the index, then for the
+    payloads a concurrent write stored too), else once per call."""
     folder = records_folder(table_path, write_id)
     listing: list[tuple[str, int]] | None = None
+    kept: dict[str, bytes] = {}
 
     def batches() -> Iterator[pa.RecordBatch]:
         nonlocal listing
@@ -107,8 +113,12 @@ def recorded_entries(
                 listing = [(f"{folder}/{info.name}", info.size) for info in listed]
             except FileNotFoundError:
                 listing = []
+        keep = sum(size for _, size in listing) <= KEPT_RECORD_BYTES
         for uri, size in listing:
-            reader = pa.ipc.open_file(pa.py_buffer(read_object(uri, storage_options, size=size)))
+            raw = kept.get(uri) or read_object(uri, storage_options, size=size)
+            if keep:
+                kept[uri] = raw
+            reader = pa.ipc.open_file(pa.py_buffer(raw))
             for i in range(reader.num_record_batches):
                 batch = reader.get_batch(i)
                 yield pa.record_batch(

@@ -7,7 +7,9 @@ Everything kept is what a request would answer again, or an older answer that a 
 earlier would have used anyway:
 
 - a claim never changes once made, but for a later attempt of the same task taking it over
-  (:meth:`blobhouse.store.claims.Claimant.succeeds`): such a claim is asked again;
+  (:meth:`blobhouse.store.claims.Claimant.succeeds`): such a claim is asked again; the claim
+  log's entries never change either, so each is read once per process (the next one to read
+  is kept);
 - a column marked shared stays marked for the write;
 - how often a column's claims turned out shared (:class:`~blobhouse.store.claims.SharingOdds`)
   is what a task learned of the write's payloads: the next task of the process starts from
@@ -59,7 +61,9 @@ class WriteMemory:
     index: Any = None  # the LanceDataset of the index (None: nothing stored yet)
     retired: frozenset[str] | None = None
     read_at: float = 0.0  # when the index and the retired packs were read (time.monotonic)
+    log_next: int = 0  # the claim log's first entry no task of this process wrote or read
     lock: threading.Lock = field(default_factory=threading.Lock)
+    log_lock: threading.Lock = field(default_factory=threading.Lock)  # held to use the log
 
     def claim_of(self, digest: bytes) -> Any:
         """The claim of ``digest`` a task of this process made or read, if kept."""

@@ -25,11 +25,7 @@ from blobhouse.layout import (
 )
 from blobhouse.placement import object_size
 from blobhouse.store.checks import checked_entries
-from blobhouse.store.claims import (
-    Claim,
-    Claims,
-    SharingOdds,
-)
+from blobhouse.store.claims import ENTRY_CLAIMS, PROBE, Claim, Claims, SharingOdds
 from blobhouse.store.index import StoreIndex, open_index
 from blobhouse.store.packs import StoredPayload, remove_packs, retired_packs
 
@@ -70,30 +66,51 @@ class PackWriter:
         self.stored: list[StoredPayload] = []
         self._file: SidecarFile | None = None
         self._files: list[SidecarFile] = []
-        self._next: str | None = None  # the name the next pack gets
+        self._upcoming: list[str] = []  # the names the next new packs get, in order
         self._size = 0
 
-    def next_place(self, size: int) -> tuple[str, int]:
-        """The pack and position the next payload of ``size`` bytes goes to (a new pack past
-        the size limit), so that it can be claimed before it is written (nothing is created
-        until it is)."""
-        if self._file is not None and self._size and self._size + size > self.limit:
-            self._close()
-        if self._file is not None:
-            return self.packs[-1], self._size
-        if self._next is None:
-            self._next = pack_name(self.name_prefix)
-        return self._next, 0
+    def places(self, sizes: Sequence[int]) -> list[tuple[str, int]]:
+        """The pack and position each of the next payloads of ``sizes`` bytes goes to, written
+        in this order (a new pack past the size limit), so that they can be claimed before they
+        are written (nothing is created until it is).
+
+        >>> import tempfile
+        >>> packs = PackWriter(tempfile.mkdtemp(), "w1-", WriteQueue(), limit=8)
+        >>> planned = packs.places([5, 3, 4])
+        >>> [position for _, position in planned], len({pack for pack, _ in planned})
+        ([0, 5, 0], 2)
+        >>> stored = packs.write_many([b"abcde", b"fgh", b"ijkl"], [b"1", b"2", b"3"])
+        >>> [(s.pack, s.position) for s in stored] == planned
+        True
+        """
+        out: list[tuple[str, int]] = []
+        pack = self.packs[-1] if self._file is not None else None
+        size, opened = self._size, 0
+        for payload in sizes:
+            if pack is not None and size and size + payload > self.limit:
+                pack = None
+            if pack is None:
+                if opened == len(self._upcoming):
+                    self._upcoming.append(pack_name(self.name_prefix))
+                pack, size = self._upcoming[opened], 0
+                opened += 1
+            out.append((pack, size))
+            size += payload
+        return out
 
     def write(self, payload: bytes | memoryview, digest: bytes) -> StoredPayload:
         """Append ``payload`` to the current pack (a new one past the size limit)."""
-        pack, _ = self.next_place(len(payload))
+        if self._file is not None and self._size and self._size + len(payload) > self.limit:
+            self._close()
         if self._file is None:
+            if not self._upcoming:
+                self._upcoming.append(pack_name(self.name_prefix))
+            pack = self._upcoming.pop(0)
             uri = f"{self.root}/{pack}"
             self._file = SidecarFile(uri, self.queue, self.storage_options, fresh=True)
             self._files.append(self._file)
             self.packs.append(pack)
-            self._next, self._size = None, 0
+            self._size = 0
         stored = StoredPayload(digest, self.packs[-1], self._size, len(payload))
         self._file.write(payload)
         self._size += len(payload)
@@ -217,29 +234,127 @@ class StoreWriter:
         column: str = "",
     ) -> list[PreparedBlob]:
         """The references of ``payloads`` (whose blake3 are ``digests``; of blob ``column``) in
-        the store, writing only those the store lacks; the index is asked once for all."""
+        the store, writing only those the store lacks; the index is asked once for all, and
+        the write's claim log once for those worth a claim (blobhouse.store.claims)."""
         written, found, borrowed = self._written, self._found, self.borrowed
         unknown = [
             d
             for d in dict.fromkeys(digests)
             if d not in written and d not in found and d not in borrowed
         ]
-        if unknown:
-            sizes = {d: len(p) for p, d in zip(payloads, digests, strict=True)}
-            self._found.update(self._checked(self.index.find_copies(unknown, self.retired), sizes))
-            if self.claims is None:  # no other task to ask: the store lacks them, write them
-                self._write_new(payloads, digests, [d for d in unknown if d not in self._found])
-        repeated = set()
+        repeated: set[bytes] = set()
         if self.claims is not None and len(unknown) < len(digests):
             seen: set[bytes] = set()
             repeated = {d for d in digests if d in seen or seen.add(d)}
-        references, claimed = self._references, self._unmet
-        return [
-            references[d]
-            if d in references and d not in claimed
-            else self._place(p, d, column, d in repeated)
+        won: list[bytes] = []
+        if unknown:
+            sizes = {d: len(p) for p, d in zip(payloads, digests, strict=True)}
+            self._found.update(self._checked(self.index.find_copies(unknown, self.retired), sizes))
+            new = [d for d in unknown if d not in self._found]
+            if self.claims is None:  # no other task to ask: the store lacks them, write them
+                self._write_new(payloads, digests, new)
+            elif new:
+                won = self._claim_new(payloads, digests, new, column, repeated)
+        references, unmet = self._references, self._unmet
+        placed = [
+            references[d] if d in references and d not in unmet else self._place(p, d)
             for p, d in zip(payloads, digests, strict=True)
         ]
+        odds = self._column_odds(column) if won else None
+        for digest in won:  # met again in this batch: shared; else maybe in a later one
+            if digest in repeated:
+                odds.shared()
+            else:
+                self._unmet[digest] = column
+        return placed
+
+    def _claim_new(
+        self,
+        payloads: Sequence[bytes | memoryview],
+        digests: Sequence[bytes],
+        new: list[bytes],
+        column: str,
+        repeated: set[bytes],
+    ) -> list[bytes]:
+        """Claim those of ``new`` (digests the store lacks, in the order first met) worth a
+        claim in the write's log, store the ones this task won (in the places claimed), borrow
+        the others'; the digests won. Those not worth a claim are left for :meth:`_place`."""
+        first: dict[bytes, bytes | memoryview] = {}
+        for payload, digest in zip(payloads, digests, strict=True):
+            first.setdefault(digest, payload)
+        odds = self._column_odds(column)
+        if column in self.claims.memory.marked:  # an earlier task of this process saw the mark
+            odds.marked = True
+        left = self._borrow_known(new, odds, column)
+        # while claims go in the log, a batch's cost one request whatever their number: the
+        # probe is the task's whole first batch
+        probing = self.claims.batched and odds.made < PROBE
+        won: list[bytes] = []
+        while left:  # a second round once the first showed the column shared
+            wanted, skipped = self._worth_claiming(left, first, odds, repeated, probing, column)
+            if not wanted:
+                break
+            theirs = self.claims.claim_many(
+                wanted, lambda w: self.packs.places([size for _, size in w])
+            )
+            for digest, claim in theirs.items():
+                odds.shared()  # another task met it first
+                self._borrow(digest, claim)
+            mine = [d for d, _ in wanted if d not in theirs]
+            for stored in self.packs.write_many([first[d] for d in mine], mine):
+                self._written[stored.digest] = stored
+            won += mine
+            self.claimed = self.claimed or bool(mine)
+            if theirs:
+                self._mark_if_shared(odds, column)
+            left = skipped if (theirs and odds.sharing) or len(wanted) == ENTRY_CLAIMS else []
+        return won
+
+    def _borrow_known(self, new: list[bytes], odds: SharingOdds, column: str) -> list[bytes]:
+        """Borrow those of ``new`` that a claim this process knows of names (no request); the
+        others."""
+        left = []
+        for digest in new:
+            claim = self.claims.known(digest)
+            if claim is None:
+                left.append(digest)
+            else:
+                odds.shared()
+                self._borrow(digest, claim)
+        if len(left) < len(new):
+            self._mark_if_shared(odds, column)
+        return left
+
+    def _worth_claiming(
+        self,
+        left: list[bytes],
+        first: Mapping[bytes, bytes | memoryview],
+        odds: SharingOdds,
+        repeated: set[bytes],
+        probing: bool,
+        column: str,
+    ) -> tuple[list[tuple[bytes, int]], list[bytes]]:
+        """Of ``left``, the (digest, size) worth a claim now (at most an entry's), and the
+        others (claims.SharingOdds; ``probing``: all of them)."""
+        wanted: list[tuple[bytes, int]] = []
+        skipped: list[bytes] = []
+        for digest in left:
+            size = len(first[digest])
+            if len(wanted) < ENTRY_CLAIMS and (
+                probing
+                or digest in repeated
+                or odds.worth(digest, size)
+                or (odds.check_due(size) and self.claims.shared(column) and odds.mark())
+            ):
+                wanted.append((digest, size))
+                odds.claimed()
+            else:
+                skipped.append(digest)
+        return wanted, skipped
+
+    def _borrow(self, digest: bytes, claim: Claim) -> None:
+        """Reference the place another task of the write claimed for ``digest``."""
+        self.borrowed[digest] = StoredPayload(digest, claim.pack, claim.position, claim.size)
 
     def _write_new(
         self,
@@ -284,9 +399,14 @@ class StoreWriter:
         """The reference of ``payload`` in the store, writing it only if the store lacks it."""
         return self.place_many([payload], [digest])[0]
 
-    def _place(
-        self, payload: bytes | memoryview, digest: bytes, column: str = "", repeated: bool = False
-    ) -> PreparedBlob:
+    def _mark_if_shared(self, odds: SharingOdds, column: str) -> None:
+        """Leave the mark that ``column`` is shared once its odds say so: tasks ahead of this
+        one, which saw nothing shared, claim its payloads too (store.claims)."""
+        if odds.sharing and not odds.marked:
+            self.claims.mark_shared(column)
+            odds.marked = True
+
+    def _place(self, payload: bytes | memoryview, digest: bytes) -> PreparedBlob:
         stored = self._written.get(digest) or self.borrowed.get(digest)
         if stored is not None and digest in self._unmet:  # met again: shared
             self._column_odds(self._unmet.pop(digest)).shared()
@@ -294,41 +414,10 @@ class StoreWriter:
             stored = self._found.get(digest)
             if stored is not None:
                 self.found_packs.add(stored.pack)
-            elif self._claimed_elsewhere(payload, digest, column, repeated):
-                stored = self.borrowed[digest]
-            else:  # not in the index, or in a pack gc is reclaiming: store anew
+            else:  # not in the index (nor claimed), or in a pack gc is reclaiming: store anew
                 stored = self._written[digest] = self.packs.write(payload, digest)
         reference = self._references[digest] = stored.prepared(self.base_id)
         return reference
-
-    def _claimed_elsewhere(
-        self, payload: bytes | memoryview, digest: bytes, column: str, repeated: bool
-    ) -> bool:
-        """Whether another task of the write claimed ``digest`` first (then it is borrowed);
-        else this one claims it, if worth it, and stores it (blobhouse.store.claims)."""
-        claims, size = self.claims, len(payload)
-        if claims is None:
-            return False
-        odds = self._column_odds(column)
-        if column in claims.memory.marked:  # an earlier task of this process saw the mark
-            odds.marked = True
-        if not (repeated or odds.worth(digest, size)):
-            if not (odds.check_due(size) and claims.shared(column)):
-                return False
-            odds.marked = True  # another task found the column shared: claim every payload
-        pack, position = self.packs.next_place(size)
-        theirs = claims.claim(Claim(digest, pack, position, size, claims.claimant))
-        odds.claimed()
-        if theirs is None:
-            self._unmet[digest] = column
-            self.claimed = True
-            return False
-        odds.shared()  # another task met it first
-        if odds.sharing and not odds.marked:  # tasks ahead of this one claim them too
-            claims.mark_shared(column)
-            odds.marked = True
-        self.borrowed[digest] = StoredPayload(digest, theirs.pack, theirs.position, theirs.size)
-        return True
 
     def _column_odds(self, column: str) -> SharingOdds:
         """The odds of ``column``: at first those the last task of this process ended with

@@ -14,7 +14,8 @@ import pytest
 from lance import LanceOperation
 
 from blobhouse import open_table, write_table
-from blobhouse.commit.leases import REFRESH_SECONDS, live_prefixes
+from blobhouse.commit import leases
+from blobhouse.commit.leases import live_prefixes
 from blobhouse.commit.transaction import (
     Transaction,
     committed_deletions,
@@ -73,7 +74,8 @@ def test_abort_removes_exactly_what_was_staged_under_its_prefix(table):
     assert ids(table.uri) == [1, 2, 3]
 
 
-def test_the_lease_is_held_from_staging_through_the_commit_and_not_after(table):
+def test_the_lease_is_held_from_staging_through_the_commit_and_not_after(table, monkeypatch):
+    monkeypatch.setattr(leases, "REFRESH_SECONDS", 1.0)  # a touch a second: a short wait below
     root = table.location.root
     txn = Transaction.start(table.location, table.version, kind="write")
     assert txn.name_prefix not in live_prefixes(root, since=0)
@@ -91,7 +93,7 @@ def test_the_lease_is_held_from_staging_through_the_commit_and_not_after(table):
     assert during == [True]  # held, and just touched, while Lance commits
     lease = os.path.join(root, LEASES_DIR, txn.name_prefix)
     touched = os.stat(lease).st_mtime
-    time.sleep(REFRESH_SECONDS * 1.5)
+    time.sleep(leases.REFRESH_SECONDS * 1.5)
     assert os.stat(lease).st_mtime == touched  # nobody touches it any more: it expires
     assert ids(table.uri) == [1, 2, 3, 4]
 

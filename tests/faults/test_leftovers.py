@@ -171,7 +171,7 @@ def test_a_leftover_claim_is_taken_over_within_seconds(tmp_path, shape):
     root = str(tmp_path / "t")
     claims = Claims(root, "write-1", claimant=Claimant(0, 0, "a"))
     digest = content_hash(b"clip")
-    leave(uri_to_path(claims._uri(digest)), shape, tmp_path / "nowhere")
+    leave(uri_to_path(claims._entry_uri(0)), shape, tmp_path / "nowhere")
     started = time.monotonic()
     mine = Claim(digest, "packs/write-1-a.pack", 0, 4, claims.claimant)
     assert claims.claim(mine) is None  # this task stores the payload

@@ -1280,6 +1280,20 @@ def test_the_tasks_of_a_write_in_one_worker_read_the_store_once_on_s3(s3):
     assert table.stats()["physical_bytes"] == 100_000 + 4 * (300_003)
 
 
+def _claims_requests(s3):
+    """A function: what ``call()`` returned, and the requests it sent to the claims of the
+    table ``t`` on ``s3``, by method."""
+    prefix = f"/{s3.name}/t/_blobs/claims/"
+
+    def sent_by(call):
+        before = s3.server.requests(prefix)
+        result = call()
+        after = s3.server.requests(prefix)
+        return result, {m: n - before.get(m, 0) for m, n in after.items() if n - before.get(m, 0)}
+
+    return sent_by
+
+
 def test_a_claim_another_task_made_first_costs_one_refused_put_and_its_read_on_s3(s3):
     """A task meeting a payload another task of the write claimed: its conditional PUT is
     refused and the claim is read (it once sent the refused PUT twice); a later task in the
@@ -1293,13 +1307,7 @@ def test_a_claim_another_task_made_first_costs_one_refused_put_and_its_read_on_s
     first = Claims(uri, write, s3.options, Claimant(0, 0, "a"), memory=WriteMemory())
     second = Claims(uri, write, s3.options, Claimant(1, 0, "b"), memory=WriteMemory())
     assert first.claim(Claim(digest, "packs/a.pack", 0, 100, first.claimant)) is None
-    prefix = f"/{s3.name}/t/_blobs/claims/"
-
-    def sent_by(call):
-        before = s3.server.requests(prefix)
-        result = call()
-        after = s3.server.requests(prefix)
-        return result, {m: n - before.get(m, 0) for m, n in after.items() if n - before.get(m, 0)}
+    sent_by = _claims_requests(s3)
 
     theirs, sent = sent_by(
         lambda: second.claim(Claim(digest, "packs/b.pack", 0, 100, second.claimant))
@@ -1318,3 +1326,33 @@ def test_a_claim_another_task_made_first_costs_one_refused_put_and_its_read_on_s
     second.mark_shared("clip")
     second.mark_shared("clip")  # another task left it first: refused, no error
     assert first.shared("clip") and not first.shared("thumb")
+
+
+def test_a_batch_of_claims_is_one_request_on_s3(s3):
+    """A task claims a whole batch in one entry of the write's claim log: 200 payloads, one
+    conditional PUT. Another task wanting 100 of them and 50 others: its PUT is refused, it
+    reads the entry and borrows the 100, and claims the 50 in the next entry."""
+    from blobhouse.store.claims import Claimant, Claims
+    from blobhouse.store.write_memory import WriteMemory
+
+    uri = f"{s3.uri}/t"
+    write = "write-0123456789ab"
+    digests = [content_hash(b"%d" % n) for n in range(250)]
+    first = Claims(uri, write, s3.options, Claimant(0, 0, "a"), memory=WriteMemory())
+    second = Claims(uri, write, s3.options, Claimant(1, 0, "b"), memory=WriteMemory())
+    sent_by = _claims_requests(s3)
+
+    def places(pack):
+        return lambda wanted: [(pack, 10 * i) for i in range(len(wanted))]
+
+    theirs, sent = sent_by(lambda: first.claim_many([(d, 10) for d in digests[:200]], places("a")))
+    assert theirs == {} and sent == {"PUT": 1}
+    wanted = [(d, 10) for d in digests[100:]]
+    theirs, sent = sent_by(lambda: second.claim_many(wanted, places("b")))
+    assert sent == {"PUT": 2, "GET": 1}, sent  # refused, read, the next entry
+    assert set(theirs) == set(digests[100:200])
+    assert {(c.pack, c.position) for c in theirs.values()} == {
+        ("a", 10 * i) for i in range(100, 200)
+    }
+    assert second.claimed(digests[220]).pack == "b"
+    assert second.claimed(digests[150]).pack == "a"

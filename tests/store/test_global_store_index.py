@@ -35,10 +35,14 @@ def entry(n: int, pack: str = "packs/a.pack") -> StoredPayload:
     return StoredPayload(content_hash(b"%d" % n), pack, 10 * n, 10)
 
 
-def test_writers_find_payloads_through_scalar_indices_that_gc_keeps_current(table_uri):
-    for _ in range(12):  # one index fragment per write, outside the scalar indices
+def test_writers_find_payloads_through_scalar_indices_that_gc_keeps_current(table_uri, monkeypatch):
+    monkeypatch.setattr("blobhouse.store.index._UNINDEXED_ROWS", 5)
+    for _ in range(5):  # few entries: scanned, no scalar index yet
         write_table(rows([os.urandom(1000)]), table_uri, mode="append", dedup="global")
-    assert lookups(table_uri)["blake3"]["num_unindexed_rows"] == 11
+    assert lookups(table_uri) == {}
+    for _ in range(6):  # the 6th creates them; one index fragment per write after that
+        write_table(rows([os.urandom(1000)]), table_uri, mode="append", dedup="global")
+    assert lookups(table_uri)["blake3"]["num_unindexed_rows"] == 5
     open_table(table_uri).gc(grace=timedelta(hours=1))
     index = lance.dataset(index_uri(table_uri))
     assert len(index.get_fragments()) == 1
@@ -54,6 +58,13 @@ def test_a_big_write_indexes_what_it_added(table_uri, monkeypatch):
     monkeypatch.setattr("blobhouse.store.index._UNINDEXED_ROWS", 5)
     write_table(rows([os.urandom(100)]), table_uri, dedup="global")
     write_table(rows([os.urandom(100) for _ in range(3)]), table_uri, mode="append", dedup="global")
+    assert lookups(table_uri) == {}  # few entries: scanned, no lookups yet
+    write_table(rows([os.urandom(100) for _ in range(2)]), table_uri, mode="append", dedup="global")
+    assert {c: s["num_unindexed_rows"] for c, s in lookups(table_uri).items()} == {
+        "blake3": 0,
+        "pack": 0,
+    }  # past 5 entries: created over all of them
+    write_table(rows([os.urandom(100) for _ in range(3)]), table_uri, mode="append", dedup="global")
     assert lookups(table_uri)["blake3"]["num_unindexed_rows"] == 3  # few: left to the scan
     write_table(rows([os.urandom(100) for _ in range(4)]), table_uri, mode="append", dedup="global")
     stats = lookups(table_uri)["blake3"]
@@ -61,13 +72,14 @@ def test_a_big_write_indexes_what_it_added(table_uri, monkeypatch):
 
 
 def test_an_append_returns_its_own_version_of_the_index_though_lookups_were_built_after(
-    tmp_path,
+    tmp_path, monkeypatch
 ):
     """The commit asks the index's other data files for the hashes an append added (the
     duplicates a concurrent writer stored): it needs the append's version, not the one the
     lookups' creation made after it (it once got that one, and took every file for another's)."""
+    monkeypatch.setattr("blobhouse.store.index._UNINDEXED_ROWS", 1)  # lookups past 1 entry
     root = str(tmp_path)
-    first = append_to_index(root, [entry(1)])  # creates the index, then its two lookups
+    first = append_to_index(root, [entry(1), entry(3)])  # creates the index, then its lookups
     assert first.version == 1 and len(lance.dataset(index_uri(root)).describe_indices()) == 2
     second = append_to_index(root, [entry(2)])  # appends to the version it opened: one listing
     assert second.version == lance.dataset(index_uri(root)).version == 4  # no lookup to add

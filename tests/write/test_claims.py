@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from datetime import timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from blobhouse import BlobhouseError, StaleWriteError, blob_array, open_table, write_table
 from blobhouse.dedup import content_hash
 from blobhouse.io.objects import uri_to_path
-from blobhouse.store.claims import Claim, Claimant, Claims, claims_folder
+from blobhouse.store.claims import Claim, Claimant, Claims, claims_folder, decode_entry
 from blobhouse.store.index import StoreIndex
 from blobhouse.table import Table
 from blobhouse.write import WriteAttempt, begin_write
@@ -51,6 +52,18 @@ def unique(*tables: pa.Table) -> int:
 
 def claim_files(uri: str) -> list[str]:
     return [p for p in tree(uri) if p.startswith("_blobs/claims/")]
+
+
+def logged_claims(uri: str) -> list[str]:
+    """Every claim the claim logs of ``uri``'s writes hold (entry, digest), and each mark."""
+    made = []
+    for path in claim_files(uri):
+        if os.path.basename(path).startswith("log-"):
+            with open(os.path.join(uri_to_path(uri), path), "rb") as f:
+                made += [f"{path}:{c.digest.hex()}" for c in decode_entry(f.read())]
+        else:
+            made.append(path)
+    return made
 
 
 def test_tasks_of_one_write_store_each_new_payload_once(table_uri):
@@ -152,22 +165,24 @@ def test_a_retry_of_a_task_takes_its_predecessors_claims_over(table_uri, monkeyp
     monkeypatch.setattr(Claimant, "here", classmethod(lambda cls: Claimant(3, 1, "retry")))
     written = write.plan.write(rows(100, [0, 1]).to_batches())
     assert not [b for f in written for b in f.borrowed]  # stored it itself
-    claim = dead._read(dead._uri(content_hash(CLIPS[0])), content_hash(CLIPS[0]))
+    claim = dead.claimed(content_hash(CLIPS[0]))
     assert claim.claimant.id == "retry" and claim.pack in {p for f in written for p in f.packs}
     table = Table(write.commit(written).snapshot)
     assert table.read_blobs("clip", [1, 2]) == [CLIPS[0], CLIPS[1]]
 
 
-def test_a_claim_its_writer_never_finished_is_taken_over(table_uri, monkeypatch):
+def test_a_log_entry_its_writer_never_finished_is_passed_over(table_uri, monkeypatch):
     write_table(rows(0, [5]), table_uri)
     write = begin(table_uri, rows(0, [0]))
     folder = uri_to_path(claims_folder(table_uri, write.transaction.id))
     os.makedirs(folder)
-    open(os.path.join(folder, content_hash(CLIPS[0]).hex()), "wb").close()  # died writing it
+    open(os.path.join(folder, "log-000000000000"), "wb").close()  # its task died writing it
     monkeypatch.setattr("blobhouse.store.claims._READ_ATTEMPTS", 3)
     written = write.plan.write(rows(100, [0]).to_batches())
-    with open(os.path.join(folder, content_hash(CLIPS[0]).hex()), "rb") as f:
-        assert b'"pack"' in f.read()  # the claim names this task's copy now
+    claims = Claims(table_uri, write.transaction.id, claimant=Claimant(9, 0, "reader"))
+    claim = claims.claimed(content_hash(CLIPS[0]))  # in the next entry: this task's copy
+    assert claim.pack in {p for f in written for p in f.packs}
+    assert os.path.exists(os.path.join(folder, "log-000000000001"))
     table = Table(write.commit(written).snapshot)
     assert table.read_blobs("clip", [1]) == [CLIPS[0]]
 
@@ -228,7 +243,7 @@ def test_small_payloads_are_claimed_while_their_column_shares_them(table_uri):
     write_table(next(task(9)), table_uri)
     write = begin(table_uri, pa.Table.from_batches([next(task(9))]))
     written = [write.plan.write(task(n)) for n in range(3)]
-    claims = claim_files(table_uri)
+    claims = logged_claims(table_uri)
     assert len(claims) <= 2 + 3 * (PROBE + 3)  # thumbnails stopped claiming
     table = Table(write.commit([f for files in written for f in files]).snapshot)
     stats = table.stats()["columns"]
@@ -274,9 +289,9 @@ def test_unique_payloads_cost_the_probe_and_a_sample_of_claims(table_uri, monkey
     for n, payloads in enumerate(tasks):
         if worker == "new per task":  # what a process of its own knows: nothing
             monkeypatch.setattr(write_memory, "_MEMORIES", type(write_memory._MEMORIES)())
-        before = set(claim_files(table_uri))
+        before = set(logged_claims(table_uri))
         written += write.plan.write(_one_per_batch(1000 * (n + 1), payloads))
-        made += sorted(set(claim_files(table_uri)) - before)
+        made += sorted(set(logged_claims(table_uri)) - before)
     probed = tasks if worker == "new per task" else tasks[:1]
     unprobed = [p for t in probed for p in t[PROBE:]] + [p for t in tasks[len(probed) :] for p in t]
     in_sample = sum(SharingOdds.sampled(content_hash(p), len(p)) for p in unprobed)
@@ -377,3 +392,99 @@ def test_the_tasks_record_their_new_payloads_and_the_commit_streams_them_to_the_
         **{0: CLIPS[0]},
         **{100 * t + i: CLIPS[c] for t in range(3) for i, c in enumerate([1, 2, 3 + t])},
     }
+
+
+@pytest.mark.parametrize("log_entries", [128, 3])
+def test_racing_tasks_claim_each_payload_exactly_once_through_the_log(
+    tmp_path, monkeypatch, log_entries
+):
+    """Eight tasks claim overlapping batches at the same moment, each through a process memory
+    of its own: every payload ends up claimed by exactly one task, and every other task that
+    wanted it was handed that task's claim (the place its rows reference). Also once the log
+    is full and claims are objects of their own (3 entries: most claims here)."""
+    import random
+
+    from blobhouse.store import claims as claims_module
+    from blobhouse.store.write_memory import WriteMemory
+
+    monkeypatch.setattr(claims_module, "LOG_ENTRIES", log_entries)
+
+    digests = [content_hash(b"%d" % n) for n in range(300)]
+    rng = random.Random(5)
+    batches = [[rng.sample(digests, 60) for _ in range(4)] for _ in range(8)]
+    won: dict[int, list[Claim]] = {}
+    handed: dict[int, dict[bytes, Claim]] = {}
+    start = threading.Barrier(8)
+
+    def task(n: int) -> None:
+        claims = Claims(
+            str(tmp_path), "write-1", claimant=Claimant(n, 0, f"t{n}"), memory=WriteMemory()
+        )
+        won[n], handed[n] = [], {}
+        start.wait()
+        for batch in batches[n]:
+            wanted = [
+                (d, 10) for d in batch if d not in handed[n] and d not in {c.digest for c in won[n]}
+            ]
+            places = lambda w, n=n: [(f"packs/t{n}.pack", 10 * i) for i in range(len(w))]  # noqa: E731
+            theirs = claims.claim_many(wanted, places)
+            handed[n].update(theirs)
+            mine = [d for d, _ in wanted if d not in theirs]
+            won[n] += [
+                Claim(d, f"packs/t{n}.pack", 10 * i, 10, claims.claimant)
+                for i, d in enumerate(mine)
+            ]
+
+    threads = [threading.Thread(target=task, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    owners: dict[bytes, int] = {}
+    for n, claims in won.items():
+        for claim in claims:
+            assert claim.digest not in owners, "claimed twice"
+            owners[claim.digest] = n
+    wanted_by_any = {d for b in batches for batch in b for d in batch}
+    assert set(owners) == wanted_by_any
+    reader = Claims(str(tmp_path), "write-1", claimant=Claimant(99, 0, "reader"))
+    for n, theirs in handed.items():
+        for digest, claim in theirs.items():
+            assert owners[digest] != n and claim.claimant.partition == owners[digest]
+    some = next(iter(owners))
+    assert reader.claimed(some).claimant.partition == owners[some]  # what the log says
+    folder = Path(uri_to_path(claims_folder(str(tmp_path), "write-1")))
+    made = os.listdir(folder)
+    entries = [name for name in made if name.startswith("log-")]
+    if log_entries == 128:
+        assert len(made) == len(entries) <= 8 * 4  # an entry per batch at most
+    else:  # three entries, then an object per claim
+        in_log = sum(len(decode_entry((folder / e).read_bytes())) for e in entries)
+        assert len(entries) == 3 and len(made) - 3 == len(owners) - in_log
+
+
+@pytest.mark.parametrize("worker", ["new per task", "reused"])
+def test_the_first_task_to_meet_payloads_claims_its_whole_first_batch(
+    table_uri, monkeypatch, worker
+):
+    """A task's first batch is its probe while claims go in the log (one request whatever
+    their number): a task that met 20 new payloads first, in one batch, claimed them all, so
+    a task meeting them next borrows every one, in a worker of its own (it reads the leader's
+    entry) or in the leader's (it knows the claims). With a probe of 8 payloads, the leader
+    stored 12 unclaimed and the follower stored them again."""
+    from blobhouse.store import write_memory
+    from blobhouse.store.claims import PROBE, SharingOdds
+
+    clips = _payloads(20, 100_000, seed=11, sampled=False)  # none in the hash's sample
+    assert len(clips) > PROBE
+    write_table(pa.table({"id": [0], "clip": blob_array([b"first" * 20_000])}), table_uri)
+    write = begin(table_uri, pa.table({"id": [0], "clip": blob_array([b"x"])}))
+    batch = pa.table({"id": pa.array(range(20), pa.int64()), "clip": blob_array(clips)})
+    leader = write.plan.write(batch.to_batches())
+    if worker == "new per task":  # what a process of its own knows: nothing
+        monkeypatch.setattr(write_memory, "_MEMORIES", type(write_memory._MEMORIES)())
+    follower = write.plan.write(batch.to_batches()[::-1])
+    assert sum(len(f.borrowed) for f in follower) == 20
+    assert not any(SharingOdds.sampled(content_hash(c), len(c)) for c in clips)
+    table = Table(write.commit([*leader, *follower]).snapshot)
+    assert table.stats()["physical_bytes"] == 100_000 * 21
