@@ -2,12 +2,16 @@
 
 The data source API gives a Spark write no shuffle: every task writes the rows it was handed,
 and tasks that meet the same new payload (a video chunk whose frames landed in several
-partitions) would each store it in the table's store. Instead, before a task stores a payload
-the store's index lacks, it claims the payload's hash for its write: it creates
-``_blobs/claims/<write id>-claims/<blake3 hex>`` exclusively (``O_EXCL`` locally, a conditional PUT
-on an object store), holding where it is about to store the payload (pack, position, size).
-The task that creates the claim stores the bytes; every other task of the write that meets the
-payload references that place instead (it *borrows* it), without writing anything.
+partitions) would each store it in the table's store. Instead, before a task stores payloads
+the store's index lacks, it claims their hashes for its write, a batch at a time: it creates
+the next entry ``log-<n>`` of the write's claim log (``_blobs/claims/<write id>-claims/``)
+exclusively (``O_EXCL`` locally, a conditional PUT on an object store), holding where it is
+about to store each payload (pack, position, size), after reading every entry before it and
+leaving out what they claimed (:class:`Claims`). The task whose entry names a payload first
+stores the bytes; every other task of the write that meets the payload references that place
+instead (it *borrows* it), without writing anything. The log holds :data:`LOG_ENTRIES` entries
+at most (every worker reads every entry); later claims are objects of their own, named by the
+payload's hash.
 
 Why nothing is lost when a task fails (docs/table-properties.md has the whole argument):
 
@@ -17,25 +21,26 @@ Why nothing is lost when a task fails (docs/table-properties.md has the whole ar
   every borrowed range of such a pack against its hash before it commits. A range that is
   missing or wrong fails the commit (nothing is visible; the write can be run again);
 - a retry of a failed task (same partition, a later attempt) takes its predecessor's claims
-  over: it stores those payloads itself and points the claims at its own copy;
+  over: it stores those payloads itself and claims them again (its claim overrides);
 - claims are named per write: another write never sees them; they are removed when the write
   commits or aborts, and gc removes those of writes that died.
 
-A claim is one request (a conditional PUT on an object store), so claiming every payload would
-cost a request per row where Parquet's writer makes a few per file. A task claims a column's
-payloads while they turn out shared (:class:`SharingOdds`): its first :data:`PROBE` of them,
-then as long as at least 1 in :data:`SHARED_RATIO` of its recent claims was met again (by the
-task, or claimed first by another); always one that repeats within the batch that meets it.
-Otherwise it claims only a sample of them chosen by hash, so that every task samples the same
-payloads and notices when they are shared: a payload of ``size`` bytes with odds ``size /``
-:data:`SAMPLE_BYTES` (every payload of that size or more), about one claim per 32 MiB it
-stores. A task ahead of the others would not notice (it claims first, and sees nothing
-shared): a task that finds a column shared leaves a mark in the write's claims folder
-(:meth:`Claims.mark_shared`), and every task looks for it once per :data:`MARK_CHECK_BYTES` of
-the column's payloads and then claims all of them. A column of video chunks or calibration
-files keeps claiming; one of images unique per row claims about one in 330 of its 100 KB
-payloads. What is not claimed may be stored once per task: the write's index append records
-such copies, and compaction merges them (store.duplicates).
+An entry is one request whatever it holds, but every worker reads each entry of the others,
+and a claim once the log is full is a request of its own. So a task claims a column's payloads
+while they turn out shared (:class:`SharingOdds`): its whole first batch (the probe; its first
+:data:`PROBE` payloads once the log is full), then as long as at least 1 in
+:data:`SHARED_RATIO` of its recent claims was met again (by the task, or claimed first by
+another); always one that repeats within the batch that meets it. Otherwise it claims only a
+sample of them chosen by hash, so that every task samples the same payloads and notices when
+they are shared: a payload of ``size`` bytes with odds ``size /`` :data:`SAMPLE_BYTES` (every
+payload of that size or more), about one claim per 32 MiB it stores. A task ahead of the
+others would not notice (it claims first, and sees nothing shared): a task that finds a column
+shared leaves a mark in the write's claims folder (:meth:`Claims.mark_shared`), and every task
+looks for it once per :data:`MARK_CHECK_BYTES` of the column's payloads and then claims all of
+them. A column of video chunks or calibration files keeps claiming; one of images unique per
+row claims about one in 330 of its 100 KB payloads. What is not claimed may be stored once per
+task: the write's index append records such copies, and compaction merges them
+(store.duplicates).
 """
 
 from __future__ import annotations
@@ -71,7 +76,8 @@ from blobhouse.layout import (
 from blobhouse.placement import MiB
 from blobhouse.store.write_memory import WriteMemory, write_memory
 
-#: a task claims the first this many payloads of a column ...
+#: a task claims the first this many payloads of a column (its whole first batch while the
+#: claim log is open: one request whatever it holds) ...
 PROBE = 8
 #: ... and later ones while at least 1 in this many of its recent claims turned out shared
 SHARED_RATIO = 20
