@@ -71,6 +71,12 @@ def run(uri: str, amount: int, script: str = SCRIPT) -> dict:
     # code); with two arenas it is the same every run (12-19 MB in 5), and memory that grows
     # with the data still shows
     env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
+    # the gigabytes earlier tests left in the page cache unwritten: past the kernel's
+    # background limit every write is throttled, the writer's queue fills to its bound (64 MiB,
+    # WriteQueue) and the run's peak with it, so a long run measured the backlog and a short
+    # one escaped it (fresh-clone CI runs: +49 to +66 MB at 10x, in 4 of 6 runs; here, with 2
+    # GB left dirty before each run, the large run's peak rose 294 -> 312 -> 323 MB)
+    os.sync()
     out = subprocess.run(
         [sys.executable, "-c", script, uri, str(amount)],
         env=env,
