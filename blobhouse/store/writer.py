@@ -284,7 +284,7 @@ class StoreWriter:
             first.setdefault(digest, payload)
         odds = self._column_odds(column)
         if column in self.claims.memory.marked:  # an earlier task of this process saw the mark
-            odds.marked = True
+            odds.mark()
         left = self._borrow_known(new, odds, column)
         # while claims go in the log, a batch's cost one request whatever their number: the
         # probe is the task's whole first batch
@@ -404,7 +404,7 @@ class StoreWriter:
         one, which saw nothing shared, claim its payloads too (store.claims)."""
         if odds.sharing and not odds.marked:
             self.claims.mark_shared(column)
-            odds.marked = True
+            odds.mark()
 
     def _place(self, payload: bytes | memoryview, digest: bytes) -> PreparedBlob:
         stored = self._written.get(digest) or self.borrowed.get(digest)
