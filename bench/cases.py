@@ -37,7 +37,8 @@ from blobhouse.dedup import content_hashes
 from blobhouse.files.ranges import plan_reads, refs_from_arrow
 from blobhouse.io.objects import checked_options, object_store
 from blobhouse.options import DEFAULT_MAX_ROWS_PER_FILE
-from blobhouse.store.index import INDEX_SCHEMA, maintain_index
+from blobhouse.store.index_maintenance import maintain_index
+from blobhouse.store.index_part import INDEX_SCHEMA, maintain_part
 from blobhouse.store.packs import index_uri
 from blobhouse.testing import LocalS3Server
 from blobhouse.values import LogicalColumn
@@ -1368,6 +1369,130 @@ def _peak(results: list[dict]) -> float | None:
     return round(max(peaks), 1) if peaks else None
 
 
+INDEX_STEP_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from datetime import timedelta
+    import numpy as np
+    from blobhouse.store import index, index_maintenance as upkeep, index_part
+    root, step, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    keep = timedelta(hours=1)
+    started = time.perf_counter()
+    if step == "move":
+        upkeep.move_to_shards(root, threshold=0)
+    elif step == "maintain":
+        upkeep.maintain_index(root, keep)
+    elif step == "unit":  # one shard's maintenance as a gc task does it, and its filter
+        uri = root + "/_blobs/index"
+        index_part.maintain_part(uri, keep, filtered=False)
+        upkeep._write_shard_filter(root, 0, upkeep._hashes(index_part.open_part(uri, None)), None)
+    else:  # a lookup of 1,000 hashes: the first the store holds, or new ones
+        rng = np.random.default_rng(seed)
+        raw = rng.bytes(32 * 1000) if step == "found" else os.urandom(32 * 1000)
+        found = index.StoreIndex.open(root).find([raw[i : i + 32] for i in range(0, 32000, 32)])
+        assert len(found) == (1000 if step == "found" else 0), len(found)
+    seconds = time.perf_counter() - started
+    status = open("/proc/self/status").read()  # VmHWM: see SCALE_SCRIPT
+    peak_kb = int(status.split("VmHWM:")[1].split()[0])
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_kb / 1024}))
+    """
+)
+# entries of the index moved into level 1, and of one shard as a store of 10^9 payloads has it
+INDEX_SHARD_ENTRIES = {"quick": (50_000,), "full": (2_000_000, 20_000_000)}
+SHARD_UNIT_ENTRIES = {"quick": 50_000, "full": 4_000_000}
+INDEX_SEED = 11
+
+
+def index_shards(size: Size) -> Case:
+    """The index's level 1 at scale (docs/global-dedup.md, Toward 10^9 payloads): moving
+    level 0 into 256 shards, maintaining every shard, one shard's maintenance at the size a
+    store of 10^9 payloads gives it, and lookups of 1,000 hashes before and after the move,
+    each in a fresh process: seconds and peak RSS."""
+    case = Case(
+        "index_shards",
+        "the store index's level 1: gc moving N level-0 entries into 256 shards, maintaining "
+        "them, one shard's maintenance at ~10^9 / 256 entries, and lookups of 1,000 hashes "
+        "(held, new) on level 0 alone and on the shards, each in a fresh process: median "
+        "seconds and peak RSS",
+    )
+    with Scratch() as root:
+        for n in INDEX_SHARD_ENTRIES[size.name]:
+            uri = root / f"index-{n}"
+            _synthetic_index(uri, n, f"{uri}/_blobs/index", maintained=True)
+            for level in ("level 0", "level 1"):
+                if level == "level 1":
+                    for step in ("move", "maintain"):
+                        result = _index_step(uri, step)
+                        case.add(step=step, entries=n, **result)
+                for step in ("found", "new"):
+                    runs = [_index_step(uri, step) for _ in range(size.runs)]
+                    case.add(
+                        step=f"lookup {step} ({level})",
+                        entries=n,
+                        seconds=round(statistics.median(r["seconds"] for r in runs), 3),
+                        peak_rss_mb=_peak(runs),
+                    )
+            shutil.rmtree(uri)
+        unit = SHARD_UNIT_ENTRIES[size.name]
+        uri = root / "shard"
+        _synthetic_index(uri, unit, f"{uri}/_blobs/index", maintained=False)
+        result = _index_step(uri, "unit")
+        case.add(step="one shard's maintenance", entries=unit, **result)
+        shutil.rmtree(uri)
+    unit_row = case.rows[-1]
+    case.notes.append(
+        f"one shard's maintenance (compaction, BTREE, sorted run, filter) at {unit:,} entries "
+        f"took {unit_row['seconds']} s and {unit_row['peak_rss_mb']} MB, most of it Lance's "
+        "BTREE build (~440 bytes an entry at once): at 10^9 entries gc runs 256 such units, "
+        "each a task of its own under blobhouse.spark.gc; no process holds more than one shard"
+    )
+    case.notes.append(
+        "move: level 0 read once, split by shard into local scratch files, one Lance append "
+        "and one filter per shard; lookups: level 0's filters and run, then each hash's "
+        "shard's filters (one listing for all shards), a shard opened only for the hashes its "
+        "filters may hold (held ones: most of the 256 shards for 1,000 hashes)"
+    )
+    return case
+
+
+def _random_entries(count: int, pack: str, seed: int) -> Iterator[pa.RecordBatch]:
+    """``count`` index entries of random digests (of ``seed``), back to back in ``pack``
+    (STORE_ENTRY bytes each), a million a batch."""
+    rng = np.random.default_rng(seed)
+    chunk = 1_000_000
+    for start in range(0, count, chunk):
+        n = min(chunk, count - start)
+        digests = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(32), n, [None, pa.py_buffer(rng.bytes(32 * n))]
+        ).cast(pa.binary())
+        positions = np.arange(start, start + n, dtype=np.int64) * STORE_ENTRY
+        yield pa.record_batch(
+            [digests, pa.array([pack] * n), positions, np.full(n, STORE_ENTRY)],
+            schema=INDEX_SCHEMA,
+        )
+
+
+def _synthetic_index(uri: Path, entries: int, index: str, maintained: bool) -> None:
+    """An index part of ``entries`` random digests at ``index`` (seeded by INDEX_SEED), in
+    one sparse pack of the table at ``uri``, ``maintained`` as gc leaves level 0."""
+    fresh(uri)
+    batches = _random_entries(entries, "packs/bench.pack", INDEX_SEED)
+    lance.write_dataset(pa.RecordBatchReader.from_batches(INDEX_SCHEMA, batches), index)
+    if maintained:
+        maintain_part(index, timedelta(hours=1))
+
+
+def _index_step(uri: Path, step: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", INDEX_STEP_SCRIPT, str(uri), step, str(INDEX_SEED)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result = _last_json(out.stdout)
+    return {"seconds": round(result["seconds"], 3), "peak_rss_mb": round(result["peak_rss_mb"], 1)}
+
+
 #: the Spark modes of store_scale: what each appends (bs.write_table, in the bench's session)
 SPARK_STORE_KINDS = {"spark": "new payloads", "spark found": "payloads the store holds"}
 
@@ -1424,22 +1549,8 @@ def _store_with(uri: Path, payloads: int) -> str:
     packs.mkdir(parents=True, exist_ok=True)
     with open(uri / "_blobs" / pack, "wb") as f:
         f.truncate(payloads * STORE_ENTRY)
-    rng = np.random.default_rng(11)
-    chunk = 1_000_000
-
-    def entries() -> Iterator[pa.RecordBatch]:
-        for start in range(0, payloads, chunk):
-            n = min(chunk, payloads - start)
-            digests = pa.FixedSizeBinaryArray.from_buffers(
-                pa.binary(32), n, [None, pa.py_buffer(rng.bytes(32 * n))]
-            ).cast(pa.binary())
-            positions = np.arange(start, start + n, dtype=np.int64) * STORE_ENTRY
-            yield pa.record_batch(
-                [digests, pa.array([pack] * n), positions, np.full(n, STORE_ENTRY)],
-                schema=INDEX_SCHEMA,
-            )
-
-    reader = pa.RecordBatchReader.from_batches(INDEX_SCHEMA, entries())
+    entries = _random_entries(payloads, pack, 11)
+    reader = pa.RecordBatchReader.from_batches(INDEX_SCHEMA, entries)
     lance.write_dataset(reader, index_uri(str(uri)), mode="append")
     maintain_index(str(uri), timedelta(hours=1))
     return str(uri)
@@ -2260,6 +2371,7 @@ CASES = {
     "space_back": space_back,
     "concurrent_writers": concurrent_writers,
     "store_scale": store_scale,
+    "index_shards": index_shards,
     "object_storage": object_storage,
     "mutations": mutations,
     "loader": loader,

@@ -64,6 +64,9 @@ PACKS_DIR = "packs"  # in STORE_DIR: payloads back to back, written once (blobho
 TOMBSTONES_DIR = "tombstones"  # in STORE_DIR: retired packs, kept through gc's grace
 CLAIMS_DIR = "claims"  # in STORE_DIR: a Spark write's claims on new payloads (store.claims)
 STORED_DIR = "stored"  # in STORE_DIR: what a store-first write stored, until its commit (records)
+INDEX_DIR = "index"  # in STORE_DIR: the store index's level 0, a Lance dataset (store.index)
+# in STORE_DIR: the index's level 1 once it is big, a Lance dataset per hash prefix (store.index)
+INDEX_SHARDS_DIR = "index-shards"
 # in the store index's folder, the filters of its data files (blobhouse.store.digest_filter): Lance
 # leaves folders of its own names alone
 INDEX_FILTERS_DIR = "_filters"
@@ -240,6 +243,21 @@ def stored_record_name() -> str:
 def index_filter_name() -> str:
     """A new filter's name in the store index's INDEX_FILTERS_DIR (store.digest_filter)."""
     return f"{uuid.uuid4().hex}.bloom"
+
+
+def index_shard_name(shard: int) -> str:
+    """The folder of the index shard holding the hashes whose first byte is ``shard``.
+
+    >>> index_shard_name(10)
+    '0a'
+    """
+    return f"{shard:02x}"
+
+
+def shard_filter_name(shard: int) -> str:
+    """A new filter's name among the index shards' filters (INDEX_SHARDS_DIR/INDEX_FILTERS_DIR):
+    the shard's name first, so a lookup reads only the filters of the shards it asks."""
+    return f"{index_shard_name(shard)}-{uuid.uuid4().hex}.bloom"
 
 
 def sorted_run_name() -> str:

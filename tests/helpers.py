@@ -20,7 +20,7 @@ from blobhouse import blob_array, open_table, write_table
 from blobhouse.files.session import BlobSession
 from blobhouse.io.objects import uri_to_path
 from blobhouse.layout import sidecar_name
-from blobhouse.store.index import INDEX_SCHEMA
+from blobhouse.store.index_part import INDEX_SCHEMA
 from blobhouse.store.packs import index_uri
 
 TESTS = Path(__file__).resolve().parent

@@ -94,3 +94,37 @@ def _sort_key(where: tuple[str | None, int]) -> tuple[str, int]:
 
 
 HERE = Here()
+
+
+def parts_on(
+    runner: Runner | None, table: TableSnapshot
+) -> Callable[[Callable[[str], T], Sequence[str]], list[T]] | None:
+    """Units that need no version of the table (the store index's parts, by URI) run by
+    ``runner``, results in their order; None for no runner (the caller's default: here).
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import write_table
+    >>> table = write_table(pa.table({"id": [1]}), tempfile.mkdtemp() + "/t").snapshot
+    >>> parts_on(HERE, table)(str.upper, ["a", "b"])
+    ['A', 'B']
+    """
+    return None if runner is None else _PartsOn(runner, table)
+
+
+@dataclass(frozen=True)
+class _PartsOn:
+    runner: Runner
+    table: TableSnapshot
+
+    def __call__(self, fn: Callable[[str], T], parts: Sequence[str]) -> list[T]:
+        return self.runner.map(self.table, _Part(fn), list(parts), "store index")
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One part as a unit (it pickles: a Spark task runs it)."""
+
+    fn: Callable[[str], Any]
+
+    def __call__(self, _table: TableSnapshot, part: str) -> Any:
+        return self.fn(part)

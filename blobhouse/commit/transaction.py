@@ -85,7 +85,8 @@ from blobhouse.options import CommitOptions
 from blobhouse.ownership import claim, release
 from blobhouse.store.claims import adopt, remove_claims
 from blobhouse.store.duplicates import find_duplicates, record_duplicates
-from blobhouse.store.index import EntryBatches, append_to_index, entry_batches
+from blobhouse.store.index import append_to_index
+from blobhouse.store.index_part import EntryBatches, entry_batches
 from blobhouse.store.packs import (
     StoredPayload,
     check_packs_usable,

@@ -26,7 +26,7 @@ from lance.optimize import Compaction, RewriteResult
 from pyroaring import BitMap64
 
 from blobhouse.commit.change import BaseChange, Committed, Planned, Staged, run_change
-from blobhouse.commit.runners import Here, Runner
+from blobhouse.commit.runners import Here, Runner, parts_on
 from blobhouse.commit.transaction import (
     Transaction,
     commit_errors,
@@ -50,8 +50,8 @@ from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.properties import TableProperties
 from blobhouse.snapshot import snapshot_of
 from blobhouse.store.duplicates import Duplicates, referenced_duplicates, settle_duplicates
-from blobhouse.store.index import indexed_packs
-from blobhouse.store.packs import retire_packs, store_base_id, store_uri_prefix
+from blobhouse.store.index import indexed_packs, retire_packs
+from blobhouse.store.packs import store_base_id, store_uri_prefix
 from blobhouse.values import (
     ROW_ADDRESS,
     ColumnPath,
@@ -117,9 +117,12 @@ class CompactionPlan:
 
 
 def plan_compaction(
-    table: TableSnapshot, targets: CompactionTargets | None = None
+    table: TableSnapshot,
+    targets: CompactionTargets | None = None,
+    runner: Runner | None = None,
 ) -> CompactionPlan:
-    """Group the fragments worth rewriting toward ``targets``.
+    """Group the fragments worth rewriting toward ``targets`` (``runner``: where the store
+    index's parts are scanned for the packs no row references; default here).
 
     Store packs (``dedup="global"``) are repacked, the most unreferenced first, until the bytes
     of the packs the current version references that no row references are at most
@@ -158,7 +161,7 @@ def plan_compaction(
     duplicates = _duplicates(table, usage) if has_store else Duplicates()
     repack, unused = usage.to_repack(targets.max_unused, duplicates.redundant_bytes)
     retires = has_store and not table.branches()
-    dead = _dead_packs(table, usage) if retires else ()
+    dead = _dead_packs(table, usage, runner) if retires else ()
     # rows of a column whose mode changed move: into the store (global now), or out of it
     forced = (
         usage.fragments_using(repack)
@@ -359,11 +362,12 @@ def retire_dead(table: TableSnapshot, plan: CompactionPlan, repacked: Sequence[s
         settle_duplicates(root, plan.duplicate_records, plan.unsettled_duplicates, options)
 
 
-def _dead_packs(table: TableSnapshot, usage: StoreUsage) -> tuple[str, ...]:
+def _dead_packs(table: TableSnapshot, usage: StoreUsage, runner: Runner | None) -> tuple[str, ...]:
     """The packs the store's index names that the version read references nowhere (an
-    unreadable index: none, gc decides)."""
+    unreadable index: none, gc decides); each part of the index a unit of ``runner``."""
     try:
-        indexed = indexed_packs(table.location.root, table.storage_options)
+        each_part = parts_on(runner, table)
+        indexed = indexed_packs(table.location.root, table.storage_options, each_part)
     except StoreIndexError:
         return ()
     return tuple(sorted(indexed - set(usage.ranges)))
@@ -468,7 +472,7 @@ class _Compaction(BaseChange):
         return self.runner.in_tasks
 
     def plan(self, snapshot: TableSnapshot) -> Planned[CompactionPlan]:
-        return Planned(snapshot, plan_compaction(snapshot, self.targets))
+        return Planned(snapshot, plan_compaction(snapshot, self.targets, self.runner))
 
     def stage(self, run: Planned[CompactionPlan], staged: Staged) -> None:
         plan = run.plan

@@ -23,11 +23,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-import lance
 import pyarrow as pa
 
 from blobhouse.commit import leases, locks
-from blobhouse.commit.runners import Here, Runner
+from blobhouse.commit.runners import Here, Runner, parts_on
 from blobhouse.errors import (
     BlobhouseError,
     LeftoverError,
@@ -49,6 +48,8 @@ from blobhouse.layout import (
     CREATE_DIRS,
     DATA_FOLDER_FILE,
     DOOMED_DIR,
+    INDEX_DIR,
+    INDEX_SHARDS_DIR,
     LANCE_DIRS,
     LEASE_FILE,
     LEASES_DIR,
@@ -92,13 +93,9 @@ from blobhouse.placement import AllowedBases
 from blobhouse.properties import TableProperties
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import damaged_file_error, open_snapshot, snapshot_of, table_io
-from blobhouse.store.index import indexed_packs, maintain_index
-from blobhouse.store.packs import (
-    forget_tombstones,
-    index_uri,
-    retire_packs,
-    retired_packs,
-)
+from blobhouse.store.index import indexed_packs, open_parts, retire_packs
+from blobhouse.store.index_maintenance import maintain_index
+from blobhouse.store.packs import forget_tombstones, retired_packs
 
 if TYPE_CHECKING:
     from blobhouse.snapshot import TableSnapshot
@@ -384,7 +381,7 @@ def gc(
     removed_versions = list(cleanup.versions)
     marked = Marked(found)
     owned = _TableFiles(table, without=cleanup.files)
-    packs = _StorePacks(table, marked, owned, cutoff)
+    packs = _StorePacks(table, marked, owned, cutoff, runner)
     managed = Reclaim.plan(
         table.location,
         AllowedBases.of_table(table.schema, table.uri),
@@ -404,7 +401,7 @@ def gc(
         done = _SweepDone(_IndexCleanup.explained(table, index_keep), expired)
         cleared = len(stale) + len(folders)
     else:
-        done = sweep.apply(managed, index_keep, progress)
+        done = sweep.apply(managed, index_keep, progress, runner)
         cleared = _clear_leftovers(stale, table.storage_options) + len(folders)
     # from the graph, not Lance's versions() before the cleanup: that reads every manifest
     retained = [ref.version for ref in graph.versions if ref.branch == table.branch]
@@ -426,6 +423,7 @@ def gc(
             "removed_files": len(done.index.removed),
             "removed_bytes": sum(done.index.removed.values()),
             "added_bytes": done.index.added_bytes,
+            "moved_entries": done.index.moved_entries,
         },
         "kept_referenced_files": len(marked.paths - registry.uris - registry.carried),
         "kept_unreadable": marked.kept_whole,
@@ -624,15 +622,21 @@ class _Sweep:
         location = self.table.location
         return len(leases.expired(location.root, self.lease_cutoff, self.table.storage_options))
 
-    def apply(self, managed: Reclaim, index_keep: timedelta, progress: Progress | None):
+    def apply(
+        self,
+        managed: Reclaim,
+        index_keep: timedelta,
+        progress: Progress | None,
+        runner: Runner | None = None,
+    ):
         """Remove the files, retire and reap packs, reclaim managed objects, clean the store
-        index and expired leases, then empty directories."""
+        index (its parts through ``runner``) and expired leases, then empty directories."""
         table, owned = self.table, self.owned
         owned.delete(self.old, progress)
         index_before = _IndexCleanup.listed(table)  # retiring packs adds to the index too
         self.packs.apply()
         managed.apply()
-        index = _IndexCleanup.run(table, index_keep, index_before)
+        index = _IndexCleanup.run(table, index_keep, index_before, runner)
         expired = leases.remove_expired(
             table.location.root, self.lease_cutoff, table.storage_options
         )
@@ -778,46 +782,58 @@ def _manifest_version(path: str, within: str) -> int | None:
 @dataclass(frozen=True)
 class _IndexCleanup:
     """What maintaining the store's index removed (or would remove): path relative to the
-    table root -> size, and the bytes its compaction wrote."""
+    table root -> size, the bytes its compaction and move wrote, and the entries it moved
+    from level 0 into the shards."""
 
     removed: dict[str, int] = field(default_factory=dict)
     added_bytes: int = 0
+    moved_entries: int = 0
 
     @classmethod
-    def run(cls, table: TableSnapshot, keep: timedelta, before: dict[str, int]) -> _IndexCleanup:
-        """Maintain the index; what changed since it held ``before`` (:meth:`listed`)."""
-        maintain_index(table.location.root, keep, table.storage_options)
+    def run(
+        cls,
+        table: TableSnapshot,
+        keep: timedelta,
+        before: dict[str, int],
+        runner: Runner | None = None,
+    ) -> _IndexCleanup:
+        """Maintain the index, each part a unit of ``runner`` (default: here, one after
+        another); what changed since it held ``before`` (:meth:`listed`)."""
+        root, options = table.location.root, table.storage_options
+        moved = maintain_index(root, keep, options, parts_on(runner, table))
         after = cls.listed(table)
         return cls(
             {p: before[p] for p in sorted(before.keys() - after.keys())},
             sum(after[p] for p in after.keys() - before.keys()),
+            moved,
         )
 
     @classmethod
     def explained(cls, table: TableSnapshot, keep: timedelta) -> _IndexCleanup:
-        """What the index's cleanup would remove now (a compaction it may need first is not
-        foreseen: it rewrites a few small files)."""
+        """What the index's cleanup would remove now, in every part (a compaction or a move
+        into the shards it may need first is not foreseen: they rewrite what they remove)."""
         root, options = table.location.root, table.storage_options
+        removed: dict[str, int] = {}
         try:
-            index = lance.dataset(index_uri(root), storage_options=options)
-            explained = index.explain_cleanup_old_versions(
-                older_than=keep, include_files=True, max_files=sys.maxsize
-            )
-        except (ValueError, OSError):
-            return cls()  # no store, or nothing stored yet
-        within = f"{STORE_DIR}/index/"
-        return cls(
-            {
-                within + _relative_to_root(c.path, index_uri(root), ""): c.size_bytes
-                for c in explained.candidate_files
-            }
-        )
+            for uri, part in open_parts(root, options):
+                explained = part.explain_cleanup_old_versions(
+                    older_than=keep, include_files=True, max_files=sys.maxsize
+                )
+                within = uri.removeprefix(root.rstrip("/") + "/")  # both built from root
+                for c in explained.candidate_files:
+                    removed[f"{within}/{_relative_to_root(c.path, uri, '')}"] = c.size_bytes
+        except (StoreIndexError, ValueError, OSError):
+            pass  # no store, nothing stored yet, or a part gc's run would warn about
+        return cls(removed)
 
     @staticmethod
     def listed(table: TableSnapshot) -> dict[str, int]:
         store = object_store(table.uri, table.storage_options)
-        index = f"{table.uri}/{STORE_DIR}/index"
-        return {f"{STORE_DIR}/index/{i.name}": i.size for i in store.list(index)}
+        listed: dict[str, int] = {}
+        for folder in (INDEX_DIR, INDEX_SHARDS_DIR):
+            within = f"{STORE_DIR}/{folder}"
+            listed |= {f"{within}/{i.name}": i.size for i in store.list(f"{table.uri}/{within}")}
+        return listed
 
 
 def gc_at(
@@ -1099,13 +1115,18 @@ class _StorePacks:
     """
 
     def __init__(
-        self, table: TableSnapshot, marked: Marked, owned: _TableFiles, cutoff: float
+        self,
+        table: TableSnapshot,
+        marked: Marked,
+        owned: _TableFiles,
+        cutoff: float,
+        runner: Runner | None = None,
     ) -> None:
         self.table_path, self.options = table.location.root, table.storage_options
         self.owned = owned
         self.unreadable_index: str | None = None
-        try:
-            packs = indexed_packs(self.table_path, self.options)
+        try:  # each part of the index a unit of the runner: a Spark task each
+            packs = indexed_packs(self.table_path, self.options, parts_on(runner, table))
         except StoreIndexError as exc:  # which packs writers may take cannot be told: keep all
             self.unreadable_index = str(exc)
             packs = {p.removeprefix(f"{STORE_DIR}/") for p in owned.objects if p.startswith(PACKS)}

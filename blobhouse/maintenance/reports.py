@@ -26,6 +26,7 @@ class StoreIndexCleanup(TypedDict):
     removed_files: int
     removed_bytes: int
     added_bytes: int
+    moved_entries: int  # from level 0 into the shards (a dry run does not foresee a move)
 
 
 class ManagedReport(TypedDict):

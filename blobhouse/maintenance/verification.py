@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from blobhouse.borrowing import borrowed_by
-from blobhouse.commit.runners import Here, Runner
+from blobhouse.commit.runners import Here, Runner, parts_on
 from blobhouse.dedup import content_hash
 from blobhouse.errors import (
     BlobReadError,
     DataFileError,
     StoreError,
-    StoreIndexError,
     is_damaged_file_error,
     lance_message,
 )
@@ -365,7 +364,7 @@ def verify(
     table = snapshot_of(table)
     graph = graph or VersionGraph.of(table)
     states = sorted(fragment_states(table, list(graph.versions)), key=_in_version_order)
-    damaged = damaged_store_entries(table) if deep else {}
+    damaged = damaged_store_entries(table, runner) if deep else {}
     checkers: list[Checker] = []  # one per process: sizes and verdicts remembered across states
 
     def verified(at: TableSnapshot, state: FragmentState) -> StateReport:
@@ -382,16 +381,18 @@ def _in_version_order(state: FragmentState) -> tuple[tuple[str, int], int]:
     return (state.ref.sort_key(), state.fragment_id)
 
 
-def damaged_store_entries(table: TableSnapshot) -> dict[tuple[str, int, int], str]:
+def damaged_store_entries(
+    table: TableSnapshot, runner: Runner | None = None
+) -> dict[tuple[str, int, int], str]:
     """The store index entries whose bytes are not what their key says, by the range they
-    name (pack uri, position, size) -> the reason (what ``verify(deep=True)`` reports)."""
+    name (pack uri, position, size) -> the reason (what ``verify(deep=True)`` reports), each
+    part of the index a unit of ``runner``; a part that cannot be read, as one problem."""
     prefix = store_uri_prefix(table.uri)
-    damaged: dict[tuple[str, int, int], str] = {}
-    try:
-        for d in damaged_entries(table.location.root, table.storage_options):
-            damaged[(f"{prefix}{d.entry.pack}", d.entry.position, d.entry.size)] = d.reason
-    except StoreIndexError as exc:  # reported with what was checked; the walk goes on
-        damaged[(index_uri(table.uri), 0, 0)] = str(exc)
+    root, options = table.location.root, table.storage_options
+    found, unreadable = damaged_entries(root, options, parts_on(runner, table))
+    damaged = {(f"{prefix}{d.entry.pack}", d.entry.position, d.entry.size): d.reason for d in found}
+    if unreadable:  # reported with what was checked; the walk goes on
+        damaged[(index_uri(table.uri), 0, 0)] = unreadable[0]
     return damaged
 
 

@@ -27,7 +27,8 @@ from blobhouse.errors import cleanup_after
 from blobhouse.io.objects import StorageOptions
 from blobhouse.layout import TableLocation
 from blobhouse.store.checks import checked_entries
-from blobhouse.store.index import INDEX_SCHEMA, StoreIndex, has_index
+from blobhouse.store.index import StoreIndex, has_index
+from blobhouse.store.index_part import INDEX_SCHEMA
 from blobhouse.store.packs import StoredPayload, retired_packs, store_uri_prefix
 from blobhouse.store.writer import StoreWriter
 

@@ -14,6 +14,7 @@ from lance import LanceDataset
 from blobhouse.dedup import content_hash
 from blobhouse.errors import (
     BlobhouseError,
+    StoreIndexError,
 )
 from blobhouse.files.ranges import BlobRef, read_ranges
 from blobhouse.io.objects import StorageOptions, is_local, object_store
@@ -21,7 +22,8 @@ from blobhouse.io.uris import as_uri
 from blobhouse.layout import (
     store_dir,
 )
-from blobhouse.store.index import INDEX_SCHEMA, index_rows, open_index, unreadable_index
+from blobhouse.store.index import EachPart, index_parts, runner_for
+from blobhouse.store.index_part import INDEX_SCHEMA, index_rows, open_part, unreadable_index
 from blobhouse.store.packs import StoredPayload, inside_the_store, retired_packs
 
 if TYPE_CHECKING:
@@ -214,20 +216,42 @@ class DamagedEntry:
 
 
 def damaged_entries(
-    table_path: str, storage_options: StorageOptions | None = None
-) -> Iterable[DamagedEntry]:
-    """Every index entry whose bytes do not hash to its key, the index streamed a batch at
-    a time (an index of millions of entries never sits in memory); entries of retired packs
-    are left out (gc is reclaiming them; writers no longer take them). An index whose files
-    cannot be read raises :class:`StoreIndexError` (after the damage found before it)."""
-    dataset = open_index(table_path, storage_options)
-    if dataset is None:
-        return
-    retired = set(retired_packs(table_path, storage_options))
+    table_path: str,
+    storage_options: StorageOptions | None = None,
+    each_part: EachPart = None,
+) -> tuple[list[DamagedEntry], list[str]]:
+    """Every index entry whose bytes do not hash to its key, and why each part that could
+    not be read could not: each part of the index a unit of ``each_part`` (default: here, one
+    after another; a Spark task each under ``blobhouse.spark.verify``), streamed a batch at a
+    time (an index of millions of entries never sits in memory). Entries of retired packs are
+    left out (gc is reclaiming them; writers no longer take them)."""
     try:
-        yield from _damaged_in(table_path, dataset, retired, storage_options)
-    except (ValueError, OSError) as exc:
-        raise unreadable_index(table_path, exc) from None
+        uris = index_parts(table_path, storage_options)
+    except StoreIndexError as exc:
+        return [], [str(exc)]
+    retired = frozenset(retired_packs(table_path, storage_options))
+    found = runner_for(each_part, uris)(_DamagedIn(table_path, retired, storage_options), uris)
+    damaged = [d for part in found if not isinstance(part, str) for d in part]
+    return damaged, [part for part in found if isinstance(part, str)]
+
+
+class _DamagedIn:
+    """The damaged entries of one part, as a unit a Spark task runs (it pickles); the
+    message of the error that stopped it, rather than the error (which would fail the job)."""
+
+    def __init__(
+        self, table_path: str, retired: frozenset[str], storage_options: StorageOptions | None
+    ) -> None:
+        self.table_path, self.retired, self.storage_options = table_path, retired, storage_options
+
+    def __call__(self, uri: str) -> list[DamagedEntry] | str:
+        try:
+            dataset = open_part(uri, self.storage_options)
+            if dataset is None:
+                return str(StoreIndexError(f"the store index part {uri} cannot be read"))
+            return list(_damaged_in(self.table_path, dataset, self.retired, self.storage_options))
+        except (ValueError, OSError) as exc:
+            return str(unreadable_index(uri, exc))
 
 
 def _damaged_in(

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from blobhouse.files.ranges import BlobRef, read_ranges
-from blobhouse.io.objects import StorageOptions, object_store
+from blobhouse.io.objects import ObjectInfo, StorageOptions, object_store
 
 BLOCK_BYTES = 64
 # 1 M random digests against a filter of 1 M: 20 bits an entry and 10 probes let 2.0e-4 pass,
@@ -138,10 +138,14 @@ def write_filter(
     new.close()
 
 
-def read_filters(folder: str, storage_options: StorageOptions | None = None) -> list[FilterFile]:
+def read_filters(
+    folder: str,
+    storage_options: StorageOptions | None = None,
+    listed: Sequence[ObjectInfo] | None = None,
+) -> list[FilterFile]:
     """The whole filter files under ``folder`` (those being written, cut short, of another
     version, or removed while read are left out): one read of each, two for a big one with
-    many covered names.
+    many covered names. ``listed``: those of the folder's files to read (default: all).
 
     >>> import tempfile
     >>> folder = tempfile.mkdtemp()
@@ -149,17 +153,18 @@ def read_filters(folder: str, storage_options: StorageOptions | None = None) -> 
     >>> [sorted(f.covered) for f in read_filters(folder)]
     [['x.lance']]
     """
-    store = object_store(folder, storage_options)
-    listed = {f"{folder}/{i.name}": i.size for i in store.list(folder) if i.size >= HEADER.size}
+    if listed is None:
+        listed = object_store(folder, storage_options).list(folder)
+    sizes = {f"{folder}/{i.name}": i.size for i in listed if i.size >= HEADER.size}
     firsts = [
-        BlobRef(u, 0, s if s <= _WHOLE_BYTES else min(s, _HEAD_BYTES)) for u, s in listed.items()
+        BlobRef(u, 0, s if s <= _WHOLE_BYTES else min(s, _HEAD_BYTES)) for u, s in sizes.items()
     ]
     heads = _read_each(firsts, storage_options)
     longer = {u: _names_end(h) for u, h in heads.items() if _names_end(h) > len(h)}
     if longer:
-        refs = [BlobRef(u, 0, min(end, listed[u])) for u, end in longer.items()]
+        refs = [BlobRef(u, 0, min(end, sizes[u])) for u, end in longer.items()]
         heads.update(_read_each(refs, storage_options))
-    return [f for u, head in heads.items() if (f := _parsed(u, head, listed[u])) is not None]
+    return [f for u, head in heads.items() if (f := _parsed(u, head, sizes[u])) is not None]
 
 
 def _read_each(refs: list[BlobRef], storage_options: StorageOptions | None) -> dict[str, bytes]:

@@ -41,15 +41,15 @@ import pyarrow.compute as pc
 from lance import LanceDataset
 
 from blobhouse.dedup import digest_matrix
-from blobhouse.errors import StoreError
+from blobhouse.errors import StoreError, StoreIndexError
 from blobhouse.io.objects import StorageOptions, is_local, object_store, read_object, uri_to_path
 from blobhouse.layout import INDEX_DUPLICATES_DIR
 from blobhouse.store.digest_filter import FilterFile, may_contain
-from blobhouse.store.index import (
+from blobhouse.store.index import StoreIndex, shards_of
+from blobhouse.store.index_part import (
     INDEX_SCHEMA,
     LOOKUP_WINDOW,
     EntryBatches,
-    StoreIndex,
     covering_filters,
     data_files,
     entry_batches,
@@ -87,11 +87,40 @@ def find_duplicates(
     filters = covering_filters(table_path, index, storage_options, files=others) if others else []
     found: set[bytes] = set()
     prefixes: list[np.ndarray] = []  # of every entry, for those stored twice by this write
+    level1 = StoreIndex(table_path, index, storage_options) if _sharded(index) else None
     for window in _windows(entries()):
         prefixes.append(_prefixes(window))
         if others:
             found |= _held_elsewhere(index, window, filters, storage_options, superseded)
+        if level1 is not None:
+            found |= _held_in_shards(level1, window, superseded)
     return sorted(found | _stored_twice(entries, prefixes))
+
+
+def _sharded(index: LanceDataset | None) -> bool:
+    try:
+        return shards_of(index) > 0
+    except StoreIndexError:
+        return False  # a hint: a level 1 this version cannot read finds nothing
+
+
+def _held_in_shards(level1: StoreIndex, window: pa.RecordBatch, superseded: Set[str]) -> set[bytes]:
+    """The digests of ``window`` the index's shards hold at another place, in a pack other
+    than ``superseded``: a copy gc moved out of level 0 before this write's append."""
+    places = _places(window)
+    return {
+        digest
+        for digest, copies in level1.shard_copies(sorted(places), superseded).items()
+        if any((c.pack, c.position, c.size) not in places[digest] for c in copies)
+    }
+
+
+def _places(window: pa.RecordBatch) -> dict[bytes, set[tuple[str, int, int]]]:
+    """Each digest of ``window`` and the places it names."""
+    places: dict[bytes, set[tuple[str, int, int]]] = {}
+    for digest, pack, position, size in index_rows(window, INDEX_SCHEMA.names):
+        places.setdefault(digest, set()).add((pack, position, size))
+    return places
 
 
 def _held_elsewhere(
@@ -103,9 +132,7 @@ def _held_elsewhere(
 ) -> set[bytes]:
     """The digests of ``window`` the index holds at another place, in a pack other than
     ``superseded``: filters first (when they cover the other data files), then one query."""
-    places: dict[bytes, set[tuple[str, int, int]]] = {}
-    for digest, pack, position, size in index_rows(window, INDEX_SCHEMA.names):
-        places.setdefault(digest, set()).add((pack, position, size))
+    places = _places(window)
     digests = sorted(places)
     if filters:
         maybe = may_contain(filters, digest_matrix(digests), storage_options).tolist()

@@ -1,96 +1,133 @@
-"""The store's index: a Lance dataset of blake3 -> (pack, position, size), looked up through
-scalar indices and digest filters, appended after each commit, maintained by gc."""
+"""The store's index: where the store holds each payload (blake3 -> pack, position, size), in
+two levels made of parts (:mod:`blobhouse.store.index_part`: a Lance dataset each, with its
+filters, sorted run and scalar indices, maintained on its own).
+
+- **Level 0**, ``_blobs/index``: every write appends the entries it added after its commit.
+- **Level 1**, once level 0 is big (:mod:`blobhouse.store.index_maintenance`): 256 shards
+  ``_blobs/index-shards/<xx>``, each the hashes whose last byte is ``xx`` (the last: filters
+  and sorted runs place a hash by its first bytes), and their filters, all in one folder
+  ``_blobs/index-shards/_filters/<xx>-<uuid>.bloom``. gc moves level 0's entries into them and
+  maintains each shard as a unit of its runner (a Spark task under ``blobhouse.spark.gc``): no
+  process ever holds or rewrites the whole index, whatever its size. Level 0's config records
+  that level 1 exists.
+
+A lookup asks level 0, then, for each hash, its shard's filters (one listing for all of
+level 1, one block per hash), and opens a shard only for the hashes they may hold. An entry
+being moved is in both levels for a moment (found twice, at the same place: one copy), never in
+neither: a shard takes it, and its filter covers it, before level 0 lets it go, and a reader
+opens level 0 before any shard.
+
+>>> import tempfile
+>>> from blobhouse.dedup import content_hash
+>>> root, digest = tempfile.mkdtemp(), content_hash(b"hello")
+>>> _ = append_to_index(root, [StoredPayload(digest, "packs/a.pack", 0, 5)])
+>>> index = StoreIndex.open(root)
+>>> index.find([digest, content_hash(b"other")])[digest].pack
+'packs/a.pack'
+>>> from blobhouse.store.index_maintenance import move_to_shards
+>>> move_to_shards(root, threshold=0)
+1
+>>> StoreIndex.open(root).digest_at("packs/a.pack", 0, 5) == digest
+True
+"""
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import itertools
+import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence, Set
-from datetime import timedelta
+from typing import Any, TypeVar
 
 import lance
-import pyarrow as pa
-import pyarrow.compute as pc
 from lance import LanceDataset
-from lance.indices import IndexConfig
 
 from blobhouse.cache import WeightedLRU
 from blobhouse.dedup import digest_matrix
-from blobhouse.errors import (
-    BlobhouseError,
-    StoreIndexError,
-    StoreIndexWarning,
-    lance_message,
-)
-from blobhouse.io.objects import StorageOptions, object_store
-from blobhouse.layout import INDEX_FILTERS_DIR, INDEX_RUNS_DIR, index_filter_name
+from blobhouse.errors import BlobhouseError, StoreIndexError
+from blobhouse.io.kept_threads import KeptThreads
+from blobhouse.io.objects import ObjectInfo, StorageOptions, object_store
+from blobhouse.layout import index_shard_name
 from blobhouse.store.digest_filter import (
-    DigestFilter,
     FilterFile,
     may_contain,
     read_filters,
-    write_filter,
 )
-from blobhouse.store.packs import StoredPayload, index_uri
-from blobhouse.store.sorted_run import SortedRun, fragment_signatures, read_runs, write_run
+from blobhouse.store.index_part import (
+    EntryBatches,
+    IndexPart,
+    PackEntries,
+    append_to_part,
+    open_part,
+    packs_of,
+)
+from blobhouse.store.packs import (
+    StoredPayload,
+    index_shard_filters_uri,
+    index_shard_uri,
+    index_uri,
+    tombstone_packs,
+)
 
-_INDEX_FRAGMENTS = 8  # more than this many and gc compacts the index
+T = TypeVar("T")
 
-
-_INDEX_FILTERS = 8  # more filters than this cover it and gc merges them into one
-
-
-LOOKUP_WINDOW = 4096  # hashes per scalar-index query
-
-
-_UNINDEXED_ROWS = 100_000  # more index rows outside its scalar indices and a writer adds them
-
-
-_RUN_ENTRIES = 100_000  # a smaller index answers found hashes from Lance's BTREE as fast
+LEVEL_ONE = "blobhouse.index.shards"  # in level 0's config: how many shards level 1 has
 
 
 _CACHED_PACK_ENTRIES = 500_000  # entries of recently read packs kept for digest_at
 
 
-# 256 rows per page instead of 4,096: a lookup reads one page per hash (random hashes touch
-# every page), measured 6x faster cold and half the memory at 10 M entries
-_LOOKUPS = {"blake3": IndexConfig("btree", {"zone_size": 256}), "pack": "BTREE"}
+_PARTS_AT_ONCE = KeptThreads(8, "blobhouse-index-parts")  # shards asked or deleted from at once
 
 
-INDEX_SCHEMA = pa.schema(
-    [
-        # plain binary and signed integers: Spark reads the index for its lookup join
-        pa.field("blake3", pa.binary(), nullable=False),
-        pa.field("pack", pa.utf8(), nullable=False),
-        pa.field("position", pa.int64(), nullable=False),
-        pa.field("size", pa.int64(), nullable=False),
-    ]
-)
+def shards_of(dataset: LanceDataset | None) -> int:
+    """How many shards level 1 has, by level 0's ``dataset`` (0: none yet): a power of two
+    up to 256, the first bits of a hash's last byte naming its shard. Any other count is
+    refused: a newer layout whose entries this version could not find."""
+    value = None if dataset is None else dataset.config().get(LEVEL_ONE)
+    if value is None:
+        return 0
+    if value not in _KNOWN_COUNTS:
+        raise StoreIndexError(
+            f"the store index {dataset.uri} has {value!r} shards, which this blobhouse cannot "
+            "read: upgrade blobhouse"
+        )
+    return int(value)
 
 
-_PackEntries = dict[tuple[int, int], bytes]  # (position, size) -> blake3 of one pack
+_KNOWN_COUNTS = {str(1 << bits) for bits in range(9)}
+
+
+def by_shard(digests: Sequence[bytes], shards: int) -> dict[int, list[bytes]]:
+    """``digests`` grouped by the one of ``shards`` that holds each.
+
+    >>> grouped = by_shard([b"\\x81" * 32, b"\\x00" * 32, b"\\xff" * 32], 2)
+    >>> {shard: len(digests) for shard, digests in grouped.items()}
+    {1: 2, 0: 1}
+    """
+    shift = shard_shift(shards)
+    grouped: defaultdict[int, list[bytes]] = defaultdict(list)
+    for digest in digests:
+        grouped[digest[-1] >> shift].append(digest)
+    return dict(grouped)
+
+
+def shard_shift(shards: int) -> int:
+    """How far a hash's last byte is shifted right to name its shard, of ``shards``."""
+    return 8 - (shards.bit_length() - 1)
 
 
 class StoreIndex:
-    """The store's index as one process reads it (the version current when opened): the
-    payloads of the hashes at hand, found through a Lance scalar index on ``blake3``, and the
-    hash of a payload at a place of a pack, one pack's entries at a time (through the scalar
-    index on ``pack``). Nothing loads the whole index: a lookup first asks the filters of the
-    index's data files (:mod:`blobhouse.store.digest_filter`, one block read per hash), then reads
-    the index pages of the hashes they may hold, and the fragments the scalar indices do not
-    cover yet (see :func:`index_lookups`).
+    """The store's index as one process reads it: level 0 as it was when opened, each shard
+    as it is when first asked. What it says is not checked here (see
+    :func:`blobhouse.store.checks.checked_entries`).
 
     >>> import tempfile
     >>> from blobhouse.dedup import content_hash
-    >>> root, digest = tempfile.mkdtemp(), content_hash(b"hello")
-    >>> _ = append_to_index(root, [StoredPayload(digest, "packs/a.pack", 0, 5)])
+    >>> root, digest = tempfile.mkdtemp(), content_hash(b"x")
+    >>> _ = append_to_index(root, [StoredPayload(digest, "packs/a.pack", 0, 1)])
     >>> index = StoreIndex.open(root)
-    >>> index.find([digest, content_hash(b"other")])[digest].pack
-    'packs/a.pack'
-    >>> index.digest_at("packs/a.pack", 0, 5) == digest, index.digest_at("packs/a.pack", 5, 1)
+    >>> index.digest_at("packs/a.pack", 0, 1) == digest, index.digest_at("packs/a.pack", 1, 1)
     (True, None)
     """
 
@@ -102,12 +139,11 @@ class StoreIndex:
     ) -> None:
         self.table_path = table_path
         self.storage_options = storage_options
-        self._dataset = dataset
+        self._level0 = IndexPart(index_uri(table_path), dataset, storage_options)
+        self._shards: dict[int, IndexPart] = {}
+        self._filters: ShardFilters | None = None  # listed at the first lookup in level 1
         # a read or verify that walks every pack keeps only the latest ones (memory stays flat)
-        self._packs: WeightedLRU[str, _PackEntries] = WeightedLRU(_CACHED_PACK_ENTRIES, len)
-        self._filters: list[FilterFile] | None = None  # read at the first lookup
-        # gc's sorted run and the fragments it misses, () for none: read at the first lookup
-        self._run: tuple[SortedRun, list[lance.LanceFragment]] | tuple[()] | None = None
+        self._packs: WeightedLRU[str, PackEntries] = WeightedLRU(_CACHED_PACK_ENTRIES, len)
 
     @classmethod
     def open(cls, table_path: str, storage_options: StorageOptions | None = None) -> StoreIndex:
@@ -115,209 +151,127 @@ class StoreIndex:
         return cls(table_path, open_index(table_path, storage_options), storage_options)
 
     def __len__(self) -> int:
-        return 0 if self._dataset is None else self._dataset.count_rows()
+        """How many entries the index holds (an entry being moved into the shards counts
+        twice)."""
+        parts = [self._level0, *(self._shard(s) for s in range(self._sharded()))]
+        return sum(p.dataset.count_rows() for p in parts if p.dataset is not None)
 
     def find(
         self, digests: Sequence[bytes], avoid: Set[str] = frozenset()
     ) -> dict[bytes, StoredPayload]:
-        """The stored payloads among ``digests``, found in packs other than ``avoid``: one
-        scalar-index query per window of hashes. What the index says is not checked here (see
-        :func:`checked_entries`)."""
+        """The stored payloads among ``digests``, found in packs other than ``avoid``."""
         return {d: copies[0] for d, copies in self.find_copies(digests, avoid).items()}
 
     def find_copies(
         self, digests: Sequence[bytes], avoid: Set[str] = frozenset()
     ) -> dict[bytes, list[StoredPayload]]:
         """Every indexed copy of each of ``digests`` (concurrent writers may both have stored
-        a payload), in packs other than ``avoid``: from gc's sorted run of the index where it
-        covers the index, and through the scalar indices in what it does not."""
-        found: defaultdict[bytes, list[StoredPayload]] = defaultdict(list)
-        if self._dataset is None or not digests:
+        a payload), in packs other than ``avoid``: level 0's, then the shards'."""
+        found = self._level0.find_copies(digests, avoid)
+        for digest, copies in self.shard_copies(digests, avoid).items():
+            found[digest] = list(dict.fromkeys([*found.get(digest, []), *copies]))
+        return found
+
+    def shard_copies(
+        self, digests: Sequence[bytes], avoid: Set[str] = frozenset()
+    ) -> dict[bytes, list[StoredPayload]]:
+        """The copies level 1 holds of ``digests`` (none before it exists)."""
+        found: dict[bytes, list[StoredPayload]] = {}
+        shards = self._sharded()
+        if not digests or not shards:
             return found
-        held = self._maybe_held(digests)  # new payloads stop here: no filter holds them
-        rest = self._from_run(held, found) if held else []
-        if rest is None or rest:
-            for start in range(0, len(held), LOOKUP_WINDOW):
-                window = pa.array(held[start : start + LOOKUP_WINDOW], pa.binary())
-                self._add(found, self._query(pc.field("blake3").isin(window), rest))
-        return {
-            digest: kept
-            for digest, copies in found.items()
-            if (kept := [c for c in dict.fromkeys(copies) if c.pack not in avoid])
-        }
+        if self._filters is None:
+            self._filters = ShardFilters.list(self.table_path, self.storage_options)
+        asked = [
+            (shard, held)
+            for shard, wanted in by_shard(digests, shards).items()
+            if (held := self._filters.may_hold(shard, wanted))
+        ]
 
-    def _from_run(
-        self, digests: Sequence[bytes], found: defaultdict[bytes, list[StoredPayload]]
-    ) -> list[lance.LanceFragment] | None:
-        """Add what gc's sorted run finds of ``digests`` to ``found``; the fragments the run
-        does not cover (None: there is no usable run, ask the scalar indices everywhere)."""
-        try:
-            if self._run is None:
-                runs = read_runs(runs_uri(self.table_path), self.storage_options)
-                self._run = _usable_run(runs, self._dataset)
-            if not self._run:
-                return None
-            run, rest = self._run
-            _, addresses = run.candidates(digest_matrix(digests))
-            if addresses:
-                rows = self._dataset._take_rows(
-                    addresses, columns=INDEX_SCHEMA.names, ignore_deletions=True
-                )
-                wanted = set(digests)  # a prefix is not a digest: the whole one decides
-                self._add(found, rows, lambda digest: digest in wanted)
-            return rest
-        # e.g. gc replaced the run meanwhile; TypeError: a pylance whose unstable _take_rows
-        # takes other arguments (the scalar indices answer all the same)
-        except (BlobhouseError, OSError, ValueError, TypeError):
-            self._run = ()
-            found.clear()
-            return None
+        def ask(shard: int, held: list[bytes]) -> dict[bytes, list[StoredPayload]]:
+            return self._shard(shard).find_copies(held, avoid)
 
-    @staticmethod
-    def _add(
-        found: defaultdict[bytes, list[StoredPayload]],
-        rows: pa.Table,
-        keep: Callable[[bytes], bool] = lambda _: True,
-    ) -> None:
-        for digest, pack, position, size in index_rows(rows, INDEX_SCHEMA.names):
-            if keep(digest):
-                found[digest].append(StoredPayload(digest, pack, position, size))
-
-    def _maybe_held(self, digests: Sequence[bytes]) -> Sequence[bytes]:
-        """Those of ``digests`` the index may hold: the ones no filter rules out (all of
-        them while a data file has no filter yet, or when a filter cannot be read)."""
-        try:
-            if self._filters is None:
-                self._filters = covering_filters(
-                    self.table_path, self._dataset, self.storage_options
-                )
-            if not self._filters:
-                return digests
-            maybe = may_contain(self._filters, digest_matrix(digests), self.storage_options)
-        except (BlobhouseError, OSError, ValueError):  # e.g. gc replaced a filter meanwhile
-            self._filters = []
-            return digests
-        return [d for d, held in zip(digests, maybe.tolist(), strict=True) if held]
+        # Lance's scans release the GIL: shards asked at once (a write finding many payloads
+        # asks most shards)
+        for copies in _PARTS_AT_ONCE.pool().map(lambda pair: ask(*pair), asked):
+            found.update(copies)
+        return found
 
     def digest_at(self, pack: str, position: int, size: int) -> bytes | None:
         """The blake3 of the payload at ``[position, +size)`` of ``pack`` (None if unknown)."""
-        return self._pack_entries(pack).get((position, size))
+        return self._packs.get(pack, lambda: self._pack_entries(pack)).get((position, size))
 
-    def _pack_entries(self, pack: str) -> _PackEntries:
-        return self._packs.get(pack, lambda: self._load_pack_entries(pack))
-
-    def _load_pack_entries(self, pack: str) -> _PackEntries:
-        entries: _PackEntries = {}
-        if self._dataset is not None:
-            rows = self._query(pc.field("pack") == pack)
-            for digest, position, size in index_rows(rows, ["blake3", "position", "size"]):
-                entries.setdefault((position, size), digest)
+    def _pack_entries(self, pack: str) -> PackEntries:
+        entries = self._level0.pack_entries(pack)
+        for shard in range(self._sharded()):  # a pack's payloads are spread over every shard
+            for place, digest in self._shard(shard).pack_entries(pack).items():
+                entries.setdefault(place, digest)
         return entries
 
-    def _query(
-        self, condition: pc.Expression, fragments: list[lance.LanceFragment] | None = None
-    ) -> pa.Table:
-        """The index rows that meet ``condition``, in ``fragments`` (default: all)."""
+    def _sharded(self) -> int:
+        """How many shards level 1 has (0: none, or a layout this version cannot read)."""
         try:
-            return _scan(self._dataset, condition, fragments)
-        except (ValueError, OSError):
-            # a long write outlived its version of the index (gc removed it after a compaction):
-            # the current version has every entry that one had, minus retired packs
-            self._dataset = open_index(self.table_path, self.storage_options)
-            self._filters, self._run = None, None  # the new version's data files may differ
-            if self._dataset is None:
-                return INDEX_SCHEMA.empty_table()
+            return shards_of(self._level0.dataset)
+        except StoreIndexError as exc:  # a cache: what it cannot answer is stored anew
+            warnings.warn(str(exc), stacklevel=3)
+            return 0
+
+    def _shard(self, shard: int) -> IndexPart:
+        if shard not in self._shards:
+            uri = index_shard_uri(self.table_path, shard)
+            self._shards[shard] = IndexPart.open(uri, self.storage_options, filtered=False)
+        return self._shards[shard]
+
+
+class ShardFilters:
+    """The filters of level 1's shards, listed once (one request) and read a shard at a time,
+    when a lookup first asks it. A shard's filters cover every entry it took before level 0
+    let go of them; a shard with none (gc lost them) is asked for every hash."""
+
+    def __init__(
+        self, folder: str, listed: Sequence[ObjectInfo], storage_options: StorageOptions | None
+    ) -> None:
+        self.folder, self.storage_options = folder, storage_options
+        self._listed: defaultdict[str, list[ObjectInfo]] = defaultdict(list)
+        for info in listed:
+            self._listed[info.name.split("-", 1)[0]].append(info)
+        self._read: dict[int, list[FilterFile]] = {}
+
+    @classmethod
+    def list(cls, table_path: str, storage_options: StorageOptions | None) -> ShardFilters:
+        folder = index_shard_filters_uri(table_path)
         try:
-            return _scan(self._dataset, condition)
-        except (ValueError, OSError):
-            pass
-        try:  # its scalar index may be what is damaged: scan its data instead
-            return self._dataset.to_table(filter=condition, use_scalar_index=False)
-        except (ValueError, OSError) as exc:
-            # the index is a cache: what it cannot answer is stored anew (lower dedup)
-            warnings.warn(
-                StoreIndexWarning(
-                    f"the store index of {self.table_path} cannot be read ({lance_message(exc)}): "
-                    "payloads are stored anew; `blobhouse verify` names the damage"
-                ),
-                stacklevel=4,
-            )
-            return INDEX_SCHEMA.empty_table()
+            listed = object_store(folder, storage_options).list(folder)
+        except OSError:
+            listed = []  # every shard is asked for every hash
+        return cls(folder, listed, storage_options)
 
-
-def _scan(
-    dataset: LanceDataset,
-    condition: pc.Expression,
-    fragments: list[lance.LanceFragment] | None = None,
-) -> pa.Table:
-    if fragments is None:
-        return dataset.to_table(filter=condition)
-    return dataset.scanner(filter=condition, fragments=fragments).to_table()
-
-
-def _files_of(fragments: Iterable[lance.LanceFragment]) -> set[str]:
-    return {str(f.path) for fragment in fragments for f in fragment.data_files()}
-
-
-def _usable_run(
-    runs: Iterable[SortedRun], dataset: LanceDataset
-) -> tuple[SortedRun, list[lance.LanceFragment]] | tuple[()]:
-    """The widest of ``runs`` that is still true of ``dataset``, and the fragments it does
-    not cover; ``()`` when there is none."""
-    fragments = dataset.get_fragments()
-    signatures = fragment_signatures(fragments)
-    usable = [r for r in runs if r.usable_on(signatures)]
-    if not usable:
-        return ()
-    run = max(usable, key=lambda r: len(r.covered))
-    rest = [f for f in fragments if not _files_of([f]) <= run.covered.keys()]
-    return run, rest
-
-
-def index_rows(table: pa.Table, names: Sequence[str]) -> Iterable[tuple]:
-    return zip(*(table.column(name).to_pylist() for name in names), strict=True)
+    def may_hold(self, shard: int, digests: list[bytes]) -> list[bytes]:
+        """Those of ``digests`` (all of ``shard``'s) that its filters may hold."""
+        try:
+            if shard not in self._read:
+                name = index_shard_name(shard)
+                listed = self._listed.get(name, [])
+                read = read_filters(self.folder, self.storage_options, listed)
+                self._read[shard] = [f for f in read if f.covered == {name}]  # not a swapped one
+            filters = self._read[shard]
+            if not filters:
+                return digests
+            maybe = may_contain(filters, digest_matrix(digests), self.storage_options)
+        except (BlobhouseError, OSError, ValueError):  # e.g. gc merged them meanwhile
+            self._read[shard] = []
+            return digests
+        return [d for d, held in zip(digests, maybe.tolist(), strict=True) if held]
 
 
 def open_index(table_path: str, storage_options: StorageOptions | None) -> LanceDataset | None:
-    try:
-        return lance.dataset(index_uri(table_path), storage_options=storage_options)
-    except (ValueError, OSError):
-        return None  # nothing stored yet
+    """The index's level 0 as it is now (None: nothing stored yet)."""
+    return open_part(index_uri(table_path), storage_options)
 
 
 def has_index(table_path: str, storage_options: StorageOptions | None = None) -> bool:
     """Whether the table's store has an index yet (a write stored payloads in it)."""
-    try:
-        lance.dataset(index_uri(table_path), storage_options=storage_options)
-    except (ValueError, OSError):
-        return False
-    return True
-
-
-#: the entries a committed change added to the store, readable again: batches of INDEX_SCHEMA
-EntryBatches = Callable[[], Iterable[pa.RecordBatch]]
-
-
-def entry_batches(stored: Sequence[StoredPayload] | EntryBatches) -> EntryBatches:
-    """``stored`` as :data:`EntryBatches` (a function giving them already is returned as is).
-
-    >>> from blobhouse.dedup import content_hash
-    >>> entries = entry_batches([StoredPayload(content_hash(b"x"), "packs/a.pack", 0, 1)])
-    >>> [b.num_rows for b in entries()], [b.num_rows for b in entries()]
-    ([1], [1])
-    """
-    if callable(stored):
-        return stored
-    table = pa.table(
-        {
-            "blake3": [s.digest for s in stored],
-            "pack": [s.pack for s in stored],
-            "position": [s.position for s in stored],
-            "size": [s.size for s in stored],
-        },
-        schema=INDEX_SCHEMA,
-    )
-    return table.to_batches
+    return open_index(table_path, storage_options) is not None
 
 
 def append_to_index(
@@ -325,271 +279,105 @@ def append_to_index(
     stored: Sequence[StoredPayload] | EntryBatches,
     storage_options: StorageOptions | None = None,
 ) -> LanceDataset | None:
-    """Record payloads a committed write stored (concurrent appends are Lance appends),
-    streamed from ``stored`` when it is a function giving batches (a Spark write's records:
-    the driver never holds them all); the index's version this append made, None when there
-    was nothing to add."""
-    entries = entry_batches(stored)
-    first_pass = (b for b in entries() if b.num_rows)
-    first = next(first_pass, None)
-    if first is None:
-        return None
-
-    def rows() -> pa.RecordBatchReader:
-        """The entries: the first read goes on from the batch that showed there are some."""
-        nonlocal first_pass
-        batches = (b for b in entries() if b.num_rows)
-        if first_pass is not None:
-            batches, first_pass = itertools.chain([first], first_pass), None
-        return pa.RecordBatchReader.from_batches(INDEX_SCHEMA, batches)
-
-    uri = index_uri(table_path)
-    dataset = open_index(table_path, storage_options)
-    if dataset is None:
-        # a concurrent writer may create it first: then append, Lance merges appends (never an
-        # append to a missing dataset: Lance makes it an overwrite, which can win over a create)
-        with contextlib.suppress(ValueError, OSError):
-            dataset = lance.write_dataset(
-                rows(), uri, mode="create", storage_options=storage_options
-            )
-        if dataset is not None:
-            return _indexed(table_path, dataset, storage_options)
-    # on the version just opened (no second listing of its versions; a commit meanwhile is
-    # merged by Lance's conflict resolution)
-    target = uri if dataset is None else dataset
-    dataset = lance.write_dataset(rows(), target, mode="append", storage_options=storage_options)
-    return _indexed(table_path, dataset, storage_options)
+    """Record payloads a committed write stored, in level 0 (:func:`append_to_part`); the
+    version of level 0 this append made, None when there was nothing to add."""
+    return append_to_part(index_uri(table_path), stored, storage_options)
 
 
-def _indexed(
-    table_path: str, dataset: LanceDataset, storage_options: StorageOptions | None
-) -> LanceDataset:
-    """``dataset``, the index's version an append made, with its filter and lookups."""
-    # its filter lets the next writer skip the lookup of hashes none of the index holds (gc
-    # covers big fragments); a big write indexes what it added (lookups scan what the scalar
-    # indices do not cover), small ones leave that to gc
-    try:
-        write_filters(table_path, dataset, storage_options, max_rows=_UNINDEXED_ROWS)
-    except (BlobhouseError, ValueError, OSError) as exc:
-        warnings.warn(f"the store index of {table_path} got no filter: {exc}", stacklevel=3)
-    # a copy: creating a scalar index moves the dataset it is called on to the version made
-    index_lookups(table_path, storage_options, dataset=copy.copy(dataset))
-    return dataset
+def index_parts(table_path: str, storage_options: StorageOptions | None = None) -> list[str]:
+    """The URIs of the index's parts: level 0, and every shard once level 1 exists (none:
+    nothing stored yet); :class:`StoreIndexError` when level 0 cannot be told."""
+    level0 = open_index(table_path, storage_options)
+    if level0 is None:
+        return []
+    shards = shards_of(level0)
+    return [index_uri(table_path), *(index_shard_uri(table_path, s) for s in range(shards))]
 
 
-def index_lookups(
+def open_parts(
+    table_path: str, storage_options: StorageOptions | None = None
+) -> list[tuple[str, LanceDataset]]:
+    """Each part of the index and its current version; :class:`StoreIndexError` when one
+    that exists cannot be opened (every shard exists once level 1 does)."""
+    opened = []
+    for uri in index_parts(table_path, storage_options):
+        dataset = open_part(uri, storage_options)
+        if dataset is None:
+            raise StoreIndexError(f"the store index part {uri} cannot be read")
+        opened.append((uri, dataset))
+    return opened
+
+
+#: runs ``fn`` on each of ``uris``, results in their order (gc's runner: Spark tasks under
+#: ``blobhouse.spark.gc``)
+EachPart = Callable[[Callable[[str], Any], Sequence[str]], list] | None
+
+
+def one_by_one(fn: Callable[[str], T], uris: Sequence[str]) -> list[T]:
+    """The default :data:`EachPart`: in this process, one part after another."""
+    return [fn(uri) for uri in uris]
+
+
+def runner_for(each_part: EachPart, uris: Sequence[str]) -> Callable:
+    """``each_part`` for the shards; level 0 alone runs here (a Spark job of one small task
+    would cost more than the work)."""
+    return each_part if each_part is not None and len(uris) > 1 else one_by_one
+
+
+def indexed_packs(
     table_path: str,
     storage_options: StorageOptions | None = None,
-    merge: bool = False,
-    dataset: LanceDataset | None = None,
+    each_part: EachPart = None,
+) -> set[str]:
+    """Every pack the index names (gc keeps them), each part scanned as a unit of
+    ``each_part`` (default: here, one after another; a Spark task each under
+    ``blobhouse.spark.gc``), streamed; :class:`StoreIndexError` when a part cannot be read
+    (gc then keeps every pack)."""
+    uris = index_parts(table_path, storage_options)
+    found = runner_for(each_part, uris)(_PacksOf(storage_options), uris)
+    unreadable = [error for error in found if isinstance(error, str)]
+    if unreadable:
+        raise StoreIndexError(unreadable[0])
+    return set().union(*found)
+
+
+class _PacksOf:
+    """The packs one part names, as a unit a Spark task runs: its error's message rather
+    than the error, which would fail the whole job instead of telling gc to keep every pack."""
+
+    def __init__(self, storage_options: StorageOptions | None) -> None:
+        self.storage_options = storage_options
+
+    def __call__(self, uri: str) -> set[str] | str:
+        try:
+            return packs_of(uri, self.storage_options)
+        except StoreIndexError as exc:
+            return str(exc)
+
+
+def retire_packs(
+    table_path: str, packs: Iterable[str], storage_options: StorageOptions | None = None
 ) -> None:
-    """Create the index's scalar indices (``blake3`` for writers' lookups, ``pack`` for
-    :meth:`StoreIndex.digest_at` and gc's deletes) if missing once the index holds more than
-    :data:`_UNINDEXED_ROWS` entries (until then a lookup scans them in no time, and each
-    scalar index would cost a write a dozen store requests), and extend them by a delta over
-    the fragments added since once those hold many rows (writers and gc alike: a lookup scans
-    a few small fragments in no time). Lance's scalar indices cover only the fragments they
-    were built on: every lookup scans what they miss. ``merge``, or too many deltas: merge
-    them into one (Lance compacts together only fragments that one delta covers). The index is
-    a cache: a failure here is a warning (e.g. a concurrent commit on the index won).
-    ``dataset``: the index as the caller has it open already."""
-    dataset = dataset or open_index(table_path, storage_options)
-    if dataset is None:
+    """Tombstone ``packs`` (:func:`~blobhouse.store.packs.tombstone_packs`) and drop their
+    entries from every part of the index: from now on writers store those payloads anew."""
+    packs = sorted(packs)
+    if not packs:
         return
+    tombstone_packs(table_path, packs, storage_options)
+    quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in packs)
     try:
-        present = {d.field_names[0]: d.name for d in dataset.describe_indices()}
-        small = dataset.count_rows() <= _UNINDEXED_ROWS
-        for column, config in _LOOKUPS.items():
-            if column not in present and not small:
-                dataset.create_scalar_index(column, config, name=f"{column}_idx", replace=False)
-        for name in present.values():
-            stats = dataset.stats.index_stats(name)
-            deltas, behind = stats["num_indices"], stats["num_unindexed_rows"]
-            if (merge or deltas > _INDEX_FRAGMENTS) and (deltas > 1 or behind):
-                dataset.optimize.optimize_indices(index_names=[name], num_indices_to_merge=deltas)
-            elif behind > _UNINDEXED_ROWS:
-                dataset.optimize.optimize_indices(index_names=[name], num_indices_to_merge=0)
-    except (ValueError, OSError) as exc:
-        warnings.warn(
-            f"the lookups of the store index of {table_path} were not updated: {exc}",
-            stacklevel=2,
-        )
+        parts = index_parts(table_path, storage_options)
+    except StoreIndexError:
+        return  # the tombstones keep writers away; gc keeps every pack while it cannot read
 
+    def drop(uri: str) -> None:
+        for attempt in range(5):
+            try:
+                lance.dataset(uri, storage_options=storage_options).delete(f"pack IN ({quoted})")
+                return
+            except (ValueError, OSError):
+                # a writer appended meanwhile; the tombstones already keep writers away, and
+                # gc only deletes a pack once the index no longer names it
+                time.sleep(0.05 * (attempt + 1))
 
-def maintain_index(
-    table_path: str, keep: timedelta, storage_options: StorageOptions | None = None
-) -> None:
-    """Compact the index (one small fragment per write adds up), bring its scalar indices up
-    to date (:func:`index_lookups`), remove its versions older than ``keep``, and cover its
-    data files with filters again (:func:`_tidy_filters`). Lance's cleanup also removes files
-    no version names once they are 7 days old: the leftovers of an index append that was
-    killed before it committed. The index is a cache: a failure here is a warning."""
-    dataset = open_index(table_path, storage_options)
-    if dataset is None:
-        return  # no store, or nothing stored yet
-    compact = len(dataset.get_fragments()) > _INDEX_FRAGMENTS
-    index_lookups(table_path, storage_options, merge=compact)
-    try:
-        dataset = lance.dataset(index_uri(table_path), storage_options=storage_options)
-        if compact:  # remaps the scalar indices onto the new fragments
-            dataset.optimize.compact_files()
-        dataset.cleanup_old_versions(older_than=keep)
-        _tidy_filters(table_path, keep, storage_options)
-        _tidy_runs(table_path, keep, storage_options)
-    # e.g. a concurrent index delete won the commit, or a filter vanished while gc read it
-    except (BlobhouseError, ValueError, OSError) as exc:
-        warnings.warn(f"the store index of {table_path} was not maintained: {exc}", stacklevel=2)
-
-
-def filters_uri(table_path: str) -> str:
-    return f"{index_uri(table_path)}/{INDEX_FILTERS_DIR}"
-
-
-def runs_uri(table_path: str) -> str:
-    return f"{index_uri(table_path)}/{INDEX_RUNS_DIR}"
-
-
-def data_files(dataset: LanceDataset) -> dict[str, lance.LanceFragment]:
-    """The index's data files (one per fragment) and their fragments."""
-    return {
-        str(data_file.path): fragment
-        for fragment in dataset.get_fragments()
-        for data_file in fragment.data_files()
-    }
-
-
-def covering_filters(
-    table_path: str,
-    dataset: LanceDataset,
-    storage_options: StorageOptions | None,
-    filters: list[FilterFile] | None = None,
-    files: Set[str] | None = None,
-) -> list[FilterFile]:
-    """Of ``filters`` (default: the index's), those that together cover ``files`` (default:
-    every data file of ``dataset``); none if one is not covered yet (a lookup must then ask the
-    scalar index for every hash)."""
-    files = set(data_files(dataset)) if files is None else set(files)
-    if filters is None:
-        filters = read_filters(filters_uri(table_path), storage_options)
-    chosen: list[FilterFile] = []
-    covered: set[str] = set()
-    # the widest first, and none whose files others cover: each one asked adds false positives
-    for bloom in sorted(filters, key=lambda f: -len(f.covered & files)):
-        if (bloom.covered & files) - covered:
-            chosen.append(bloom)
-            covered |= bloom.covered
-    return chosen if files <= covered else []
-
-
-def write_filters(
-    table_path: str,
-    dataset: LanceDataset,
-    storage_options: StorageOptions | None = None,
-    max_rows: int | None = None,
-    filters: list[FilterFile] | None = None,
-) -> frozenset[str]:
-    """Cover the data files of ``dataset`` that none of ``filters`` (default: the index's)
-    covers with one new filter, unless they hold more than ``max_rows`` rows (a writer covers
-    its own small fragment; gc what a compaction wrote); the data files it covers."""
-    if filters is None:
-        filters = read_filters(filters_uri(table_path), storage_options)
-    covered = set().union(*(f.covered for f in filters))
-    missing = {name: f for name, f in data_files(dataset).items() if name not in covered}
-    rows = sum(f.physical_rows for f in missing.values())
-    if not missing or (max_rows is not None and rows > max_rows):
-        return frozenset()
-    bloom = DigestFilter.for_entries(rows)
-    for fragment in missing.values():
-        for batch in fragment.to_batches(columns=["blake3"]):
-            bloom.add(digest_matrix(batch.column(0)))
-    uri = f"{filters_uri(table_path)}/{index_filter_name()}"
-    write_filter(uri, sorted(missing), bloom, storage_options)
-    return frozenset(missing)
-
-
-def _tidy_filters(
-    table_path: str, keep: timedelta, storage_options: StorageOptions | None = None
-) -> None:
-    """Cover the index with filters again after gc's maintenance: one new filter for the data
-    files a compaction wrote, or, once more than a few filters cover the index, one for all
-    of it. Then remove the filters whose data files are all gone or covered by the new one,
-    and files older than ``keep`` that are not whole filters (a writer died writing one)."""
-    dataset = open_index(table_path, storage_options)
-    if dataset is None:
-        return
-    folder = filters_uri(table_path)
-    store = object_store(folder, storage_options)
-    listed = store.list(folder)  # before the new filter is written: it is never removed below
-    filters = read_filters(folder, storage_options)
-    whole = len(covering_filters(table_path, dataset, storage_options, filters)) > _INDEX_FILTERS
-    fresh = write_filters(table_path, dataset, storage_options, filters=[] if whole else filters)
-    on_disk = {i.name for i in store.list(f"{index_uri(table_path)}/data")}
-    by_uri = {f.uri: f for f in filters}
-    before = store.now(folder) - keep.total_seconds()
-    for info in listed:
-        uri = f"{folder}/{info.name}"
-        bloom = by_uri.get(uri)
-        # not a whole filter: removed once old; a filter: once its data files are all gone or
-        # newly covered (a file a writer just covered is on disk, in no version gc saw: kept)
-        if info.mtime < before if bloom is None else (bloom.covered & on_disk) <= fresh:
-            store.delete(uri)
-
-
-def _tidy_runs(
-    table_path: str, keep: timedelta, storage_options: StorageOptions | None = None
-) -> None:
-    """Build a sorted run of the whole index once what the widest usable run misses
-    outgrows :func:`_run_due` (never for a small index: Lance's BTREE answers it as fast),
-    then remove every other whole run (the kept one answers), and files older than ``keep``
-    that are not whole runs (a gc died writing one). A lookup that loses its run meanwhile
-    asks the scalar indices instead."""
-    dataset = open_index(table_path, storage_options)  # after the compaction and cleanup
-    if dataset is None:
-        return
-    folder = runs_uri(table_path)
-    store = object_store(folder, storage_options)
-    listed = store.list(folder)  # before the new run is written: it is never removed below
-    runs = read_runs(folder, storage_options)
-    usable = _usable_run(runs, dataset)
-    kept = usable[0].uri if usable else None
-    if _run_due(dataset.count_rows(), usable[0].entries if usable else 0):
-        kept = write_run(folder, dataset, storage_options)
-    whole = {r.uri for r in runs}
-    before = store.now(folder) - keep.total_seconds()
-    for info in listed:
-        uri = f"{folder}/{info.name}"
-        if uri != kept and (uri in whole or info.mtime < before):
-            store.delete(uri)
-
-
-def _run_due(total: int, covered: int) -> bool:
-    """Whether gc builds a new run of an index of ``total`` entries, ``covered`` of them
-    in a usable run: once the rest is more than a 16th of the index (as the index grows,
-    each entry is written into runs ~17 times, whatever its size) and than what a
-    writer's lookup scans outside the scalar indices.
-
-    >>> _run_due(50_000, 0), _run_due(200_000, 0), _run_due(10**7, 10**7 - 500_000)
-    (False, True, False)
-    """
-    return total >= _RUN_ENTRIES and total - covered > max(_UNINDEXED_ROWS, total // 16)
-
-
-def unreadable_index(table_path: str, cause: BaseException) -> StoreIndexError:
-    return StoreIndexError(
-        f"the store index {index_uri(table_path)} cannot be read: {lance_message(cause)}"
-    )
-
-
-def indexed_packs(table_path: str, storage_options: StorageOptions | None = None) -> set[str]:
-    """Every pack the index names (gc keeps them); :class:`StoreIndexError` when the index
-    cannot be read (gc then keeps every pack)."""
-    dataset = open_index(table_path, storage_options)
-    if dataset is None:
-        return set()
-    packs: set[str] = set()
-    try:
-        for batch in dataset.to_batches(columns=["pack"]):  # streamed: the index may be big
-            packs.update(pc.unique(batch.column("pack")).to_pylist())
-    except (ValueError, OSError) as exc:
-        raise unreadable_index(table_path, exc) from None
-    return packs
+    list(_PARTS_AT_ONCE.pool().map(drop, parts))

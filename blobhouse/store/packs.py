@@ -4,12 +4,10 @@ manifest, and packs retired (tombstoned) and removed."""
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import lance
 from lance import DatasetBasePath, LanceDataset
 
 from blobhouse.errors import StoreError, StoreRaceError
@@ -17,12 +15,16 @@ from blobhouse.files.session import PreparedBlob
 from blobhouse.io.objects import StorageOptions, object_sizes, object_store, uri_to_path
 from blobhouse.io.uris import as_uri
 from blobhouse.layout import (
+    INDEX_DIR,
+    INDEX_FILTERS_DIR,
     INDEX_PACK_PATH,
+    INDEX_SHARDS_DIR,
     PACKS_DIR,
     STORE_BASE_NAME,
     STORE_DIR,
     TOMBSTONES_DIR,
     TableLocation,
+    index_shard_name,
     is_store_base_name,
     store_dir,
 )
@@ -115,28 +117,15 @@ def retired_packs(
     return {f"{PACKS_DIR}/{info.name}": info.mtime for info in listed if "/" not in info.name}
 
 
-def retire_packs(
+def tombstone_packs(
     table_path: str, packs: Iterable[str], storage_options: StorageOptions | None = None
 ) -> None:
-    """Tombstone ``packs`` and drop their index entries: from now on writers store those
-    payloads anew, and a writer that found one earlier refuses to commit (see
-    :func:`check_packs_usable`)."""
-    packs = sorted(packs)
-    if not packs:
-        return
+    """Tombstone ``packs``: from now on writers pass over their index entries, and a writer
+    that found one earlier refuses to commit (see :func:`check_packs_usable`). The index drops
+    their entries next (:func:`blobhouse.store.index.retire_packs`)."""
     for pack in packs:
         uri = _tombstone_uri(table_path, pack)
         object_store(uri, storage_options).put(uri, b"")
-    quoted = ", ".join("'" + p.replace("'", "''") + "'" for p in packs)
-    for attempt in range(5):
-        try:
-            index = lance.dataset(index_uri(table_path), storage_options=storage_options)
-            index.delete(f"pack IN ({quoted})")
-            return
-        except (ValueError, OSError):
-            # a writer appended to the index meanwhile; the tombstones already keep writers
-            # away, and gc only deletes a pack once the index no longer names it
-            time.sleep(0.05 * (attempt + 1))
 
 
 def forget_tombstones(
@@ -187,4 +176,15 @@ def check_packs_usable(
 
 
 def index_uri(table_path: str) -> str:
-    return f"{store_dir(table_path)}/index"
+    """The store index's level 0 (:mod:`blobhouse.store.index`)."""
+    return f"{store_dir(table_path)}/{INDEX_DIR}"
+
+
+def index_shard_uri(table_path: str, shard: int) -> str:
+    """The index shard ``shard`` (:mod:`blobhouse.store.index`)."""
+    return f"{store_dir(table_path)}/{INDEX_SHARDS_DIR}/{index_shard_name(shard)}"
+
+
+def index_shard_filters_uri(table_path: str) -> str:
+    """The filters of every index shard, in one folder: one listing finds them all."""
+    return f"{store_dir(table_path)}/{INDEX_SHARDS_DIR}/{INDEX_FILTERS_DIR}"

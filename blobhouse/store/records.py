@@ -34,7 +34,7 @@ from blobhouse.io.objects import (
 )
 from blobhouse.io.uris import as_uri
 from blobhouse.layout import STORED_DIR, store_dir, stored_folder_name, stored_record_name
-from blobhouse.store.index import INDEX_SCHEMA
+from blobhouse.store.index_part import INDEX_SCHEMA
 from blobhouse.store.packs import StoredPayload
 
 #: records of one write up to this size in all are read once per commit, kept in memory

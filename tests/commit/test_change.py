@@ -227,7 +227,8 @@ def test_store_first_writes_record_their_payloads_inside_the_commit(tmp_path, mo
     from blobhouse.commit import transaction as transaction_module
     from blobhouse.lerobot import ingest_lerobot
     from blobhouse.lerobot.sample import write_sample_dataset
-    from blobhouse.store.index import entry_batches, open_index
+    from blobhouse.store.index import open_index
+    from blobhouse.store.index_part import entry_batches
 
     recorded: list[tuple[bool, int]] = []  # (inside a commit step and its commit, how many)
     append = transaction_module.append_to_index

@@ -34,6 +34,7 @@ def test_quick_benchmark_run(tmp_path):
         "global_dedup",
         "space_back",
         "concurrent_writers",
+        "index_shards",
         "object_storage",
         "mutations",
         "loader",
@@ -42,6 +43,8 @@ def test_quick_benchmark_run(tmp_path):
         "checked_loader",
         "robot_video",
     }
+    shards = {r["step"] for r in results["index_shards"]["rows"]}  # the lookups checked theirs
+    assert {"move", "maintain", "lookup found (level 1)", "one shard's maintenance"} <= shards
     robot = results["robot_video"]["rows"]
     stored = next(r for r in robot if r["metric"] == "bytes")
     assert stored["video_bytes"] < stored["table_bytes"] and stored["frames"] == 180

@@ -67,6 +67,11 @@ chunks = spark.createDataFrame([(i, b"chunk-%d" % (i % 4) * 50_000) for i in ran
                                "id long, chunk binary").repartition(4)
 chunks.write.format("blobhouse").mode("append").option("blob_columns", "chunk").save("rel/shared")
 chunks.write.format("blobhouse").mode("append").save("rel/shared")  # again: nothing new
+import blobhouse.store.index_maintenance as upkeep
+upkeep.SHARDS, upkeep.SHARD_AFTER = 4, 0  # level 1 at gc's first run (a small store)
+sharded = bs.gc(spark, "rel/shared", grace=timedelta(hours=1))  # each shard in a task
+chunks.write.format("blobhouse").mode("append").save("rel/shared")  # found in the shards
+shards_verified = bs.verify(spark, "rel/shared", deep=True)
 from blobhouse.lerobot.sample import write_sample_dataset
 write_sample_dataset("robot_ds", episodes=3, frames=20, size=(24, 32), episodes_per_file=2)
 robot = bs.ingest_lerobot(spark, "robot_ds", "rel/robot")  # video files, then frames, in tasks
@@ -94,6 +99,8 @@ print(json.dumps({
                   for f in fs)],
     "shared": [open_table("rel/shared").count_rows(),
                open_table("rel/shared").stats()["physical_bytes"]],
+    "shards": [sharded["store_index_unreadable"], shards_verified["problems"],
+               sorted(os.listdir("rel/shared/_blobs/index-shards"))],
     "compacted": compacted["fragments_removed"],
     "problems": verified["problems"],
     "hashed": verified["hashed"],
@@ -128,7 +135,9 @@ def test_main_job_and_services_on_a_standalone_cluster(tmp_path: Path):
         "99": ["zzzzzz", "q99"],
     }
     assert done["ingested"] == 3 * len(b"media-0") * 1000  # three files, each stored once
-    assert done["shared"] == [96, 4 * len(b"chunk-0") * 50_000]  # tasks claimed the chunks
+    # tasks claimed the chunks; the third write found them in the index's shards
+    assert done["shared"] == [144, 4 * len(b"chunk-0") * 50_000]
+    assert done["shards"] == [None, [], ["00", "01", "02", "03", "_filters"]]
     frames, files, rows, stored, video_bytes = done["robot"]
     assert (frames, files, rows) == (60, 2, 60) and stored == video_bytes  # each file once
     assert done["compacted"] >= 1 and done["problems"] == [] and done["hashed"] > 0

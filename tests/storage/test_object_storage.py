@@ -49,7 +49,10 @@ from blobhouse.io.objects import (
 )
 from blobhouse.loader import BatchLoader
 from blobhouse.store.digest_filter import may_contain, read_filters
-from blobhouse.store.index import _RUN_ENTRIES, StoreIndex, filters_uri, maintain_index, runs_uri
+from blobhouse.store.index import StoreIndex, indexed_packs
+from blobhouse.store.index_maintenance import maintain_index
+from blobhouse.store.index_part import _RUN_ENTRIES, filters_uri, runs_uri
+from blobhouse.store.packs import index_uri, retired_packs
 from blobhouse.store.sorted_run import read_runs
 from blobhouse.table import Table
 from blobhouse.testing import LocalS3Server
@@ -711,7 +714,7 @@ def test_compaction_verify_and_global_dedup_on_every_store(bucket, monkeypatch):
     # read as big filters are: the header first, then the names, then a block per digest
     monkeypatch.setattr("blobhouse.store.digest_filter._WHOLE_BYTES", 0)
     monkeypatch.setattr("blobhouse.store.digest_filter._HEAD_BYTES", 32)
-    filters = read_filters(filters_uri(uri), bucket.options)
+    filters = read_filters(filters_uri(index_uri(uri)), bucket.options)
     assert not any(f.loaded for f in filters)
     assert len(filters) == 3 == len(bucket.objects("t/_blobs/index/_filters/"))
     asked = digest_matrix([content_hash(shared), content_hash(b"never stored")])
@@ -739,18 +742,48 @@ def test_a_big_store_index_answers_found_hashes_from_its_sorted_run_on_every_sto
     write_table(data, uri, storage_options=bucket.options)
     synthetic_entries(uri, _RUN_ENTRIES, storage_options=bucket.options)
     maintain_index(uri, timedelta(hours=1), bucket.options)
-    (run,) = read_runs(runs_uri(uri), bucket.options)
+    (run,) = read_runs(runs_uri(index_uri(uri)), bucket.options)
     assert run.entries == _RUN_ENTRIES + 5
     index = StoreIndex.open(uri, bucket.options)
     assert set(index.find([content_hash(p) for p in payloads])) == {
         content_hash(p) for p in payloads
     }
-    assert index._run  # answered by the run
+    assert index._level0._run  # answered by the run
     packs = bucket.objects("t/_blobs/packs/")
     again = pa.table({"id": [10, 11], "b": blob_array(payloads[:2])})
     table = write_table(again, uri, mode="append", storage_options=bucket.options)
     assert bucket.objects("t/_blobs/packs/") == packs  # nothing stored anew
     assert table.read_blobs("b", [5, 6]) == payloads[:2]
+
+
+def test_the_index_moved_into_shards_finds_and_keeps_payloads_on_every_store(bucket, monkeypatch):
+    """gc moves level 0 into shards on the store itself; a writer finds what was moved
+    through the shards' filters, and gc after deletes reclaims packs the shards named."""
+    monkeypatch.setattr("blobhouse.store.index_maintenance.SHARDS", 2)
+    monkeypatch.setattr("blobhouse.store.index_maintenance.SHARD_AFTER", 0)
+    uri = f"{bucket.uri}/t"
+    payloads = [payload(i, 200 * KIB) for i in range(6)]
+    placement = {"b": {"pack_file_size_threshold": 500 * KIB}}
+    data = pa.table({"id": range(6), "b": blob_array(payloads)})
+    write_table(data, uri, placement=placement, storage_options=bucket.options)
+    open_table(uri, storage_options=bucket.options).gc(grace=timedelta(hours=1))
+    assert bucket.objects("t/_blobs/index-shards/_filters/")  # level 1's filters, on the store
+    assert lance.dataset(index_uri(uri), storage_options=bucket.options).count_rows() == 0
+    packs = bucket.objects("t/_blobs/packs/")
+    again = pa.table({"id": [10, 11], "b": blob_array(payloads[:2])})
+    table = write_table(again, uri, mode="append", storage_options=bucket.options)
+    assert bucket.objects("t/_blobs/packs/") == packs  # found in the shards: nothing anew
+    assert table.read_blobs("b", [6, 7]) == payloads[:2]
+    table.delete("id >= 2")  # the second pack wholly dead: compaction retires it
+    report = open_table(uri, storage_options=bucket.options).compact()
+    assert report["retired_packs"] >= 1
+    retired = set(retired_packs(uri, bucket.options))
+    # and every shard let go of its entries: gc deletes it once the grace allows
+    named = {"packs/" + key.rsplit("/", 1)[-1] for key in packs}
+    assert retired and indexed_packs(uri, bucket.options) == named - retired
+    table = open_table(uri, storage_options=bucket.options)
+    assert table.read_blobs("b", range(table.count_rows())) == payloads[:2]
+    assert stock_blobs(uri, bucket.options, "b") == payloads[:2]
 
 
 def test_backfill_on_every_store(bucket):

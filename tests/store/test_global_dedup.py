@@ -305,7 +305,7 @@ def test_a_write_never_commits_a_reference_to_a_pack_gc_retired(
 
 
 def test_a_pack_referenced_after_it_was_retired_is_resurrected_not_deleted(table_uri):
-    from blobhouse.store.packs import retire_packs
+    from blobhouse.store.index import retire_packs
 
     write_table(rows([0], [PAYLOADS[0]]), table_uri, dedup="global")
     (pack,) = (f"packs/{p.name}" for p in Path(table_uri, "_blobs", "packs").iterdir())

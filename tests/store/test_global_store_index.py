@@ -16,7 +16,8 @@ import pytest
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.dedup import content_hash
 from blobhouse.layout import store_dir
-from blobhouse.store.index import StoreIndex, append_to_index, maintain_index
+from blobhouse.store.index import StoreIndex, append_to_index
+from blobhouse.store.index_maintenance import maintain_index
 from blobhouse.store.packs import StoredPayload, index_uri
 from blobhouse.store.writer import StoreWriter
 
@@ -36,7 +37,7 @@ def entry(n: int, pack: str = "packs/a.pack") -> StoredPayload:
 
 
 def test_writers_find_payloads_through_scalar_indices_that_gc_keeps_current(table_uri, monkeypatch):
-    monkeypatch.setattr("blobhouse.store.index._UNINDEXED_ROWS", 5)
+    monkeypatch.setattr("blobhouse.store.index_part._UNINDEXED_ROWS", 5)
     for _ in range(5):  # few entries: scanned, no scalar index yet
         write_table(rows([os.urandom(1000)]), table_uri, mode="append", dedup="global")
     assert lookups(table_uri) == {}
@@ -55,7 +56,7 @@ def test_writers_find_payloads_through_scalar_indices_that_gc_keeps_current(tabl
 
 
 def test_a_big_write_indexes_what_it_added(table_uri, monkeypatch):
-    monkeypatch.setattr("blobhouse.store.index._UNINDEXED_ROWS", 5)
+    monkeypatch.setattr("blobhouse.store.index_part._UNINDEXED_ROWS", 5)
     write_table(rows([os.urandom(100)]), table_uri, dedup="global")
     write_table(rows([os.urandom(100) for _ in range(3)]), table_uri, mode="append", dedup="global")
     assert lookups(table_uri) == {}  # few entries: scanned, no lookups yet
@@ -77,7 +78,7 @@ def test_an_append_returns_its_own_version_of_the_index_though_lookups_were_buil
     """The commit asks the index's other data files for the hashes an append added (the
     duplicates a concurrent writer stored): it needs the append's version, not the one the
     lookups' creation made after it (it once got that one, and took every file for another's)."""
-    monkeypatch.setattr("blobhouse.store.index._UNINDEXED_ROWS", 1)  # lookups past 1 entry
+    monkeypatch.setattr("blobhouse.store.index_part._UNINDEXED_ROWS", 1)  # lookups past 1 entry
     root = str(tmp_path)
     first = append_to_index(root, [entry(1), entry(3)])  # creates the index, then its lookups
     assert first.version == 1 and len(lance.dataset(index_uri(root)).describe_indices()) == 2

@@ -16,12 +16,9 @@ import pytest
 
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.dedup import content_hash, digest_matrix
-from blobhouse.store.index import (
-    _RUN_ENTRIES,
-    StoreIndex,
-    maintain_index,
-    runs_uri,
-)
+from blobhouse.store.index import StoreIndex
+from blobhouse.store.index_maintenance import maintain_index
+from blobhouse.store.index_part import _RUN_ENTRIES, runs_uri
 from blobhouse.store.packs import index_uri
 from blobhouse.store.sorted_run import read_run, read_runs, write_run
 from tests.helpers import flip, synthetic_entries
@@ -77,14 +74,14 @@ def test_gc_builds_a_run_of_a_big_index_and_writers_find_through_it(tmp_path):
     root = str(tmp_path / "t")
     payloads = [os.urandom(20_000) for _ in range(30)]
     big_store(root, payloads)
-    (run,) = read_runs(runs_uri(root))
+    (run,) = read_runs(runs_uri(index_uri(root)))
     assert run.entries == SYNTHETIC + 30
     maintain_index(root, timedelta(0))  # Lance's cleanup leaves the run alone, and it stands
-    assert read_runs(runs_uri(root)) == [run]
+    assert read_runs(runs_uri(index_uri(root))) == [run]
     index = StoreIndex.open(root)
     digests = [content_hash(p) for p in payloads]
     found = index.find([*digests, content_hash(b"absent")])
-    assert set(found) == set(digests) and index._run  # answered by the run
+    assert set(found) == set(digests) and index._level0._run  # answered by the run
     packs = set(Path(root, "_blobs", "packs").iterdir())
     table = write_table(
         pa.table({"id": [100, 101], "b": blob_array(payloads[:2])}), root, mode="append"
@@ -97,16 +94,16 @@ def test_a_run_is_not_used_once_the_index_changed_under_it_and_gc_replaces_it(tm
     root = str(tmp_path / "t")
     payloads = [os.urandom(20_000) for _ in range(4)]
     big_store(root, payloads)
-    (old,) = read_runs(runs_uri(root))
+    (old,) = read_runs(runs_uri(index_uri(root)))
     # rows deleted from a covered file (what retiring a pack does): the run would name them
     lance.dataset(index_uri(root)).delete("pack = 'packs/synthetic.pack' AND position < 100")
     index = StoreIndex.open(root)
     assert set(index.find([content_hash(p) for p in payloads])) == {
         content_hash(p) for p in payloads
     }
-    assert index._run == ()  # asked the scalar indices instead
+    assert index._level0._run == ()  # asked the scalar indices instead
     maintain_index(root, timedelta(hours=1))
-    (new,) = read_runs(runs_uri(root))
+    (new,) = read_runs(runs_uri(index_uri(root)))
     assert new.uri != old.uri and new.entries == SYNTHETIC + 4 - 10
     assert StoreIndex.open(root).find([content_hash(payloads[0])])
 
@@ -121,7 +118,7 @@ def test_a_copy_of_the_table_finds_through_the_run_with_the_original_gone(tmp_pa
     assert set(index.find([content_hash(p) for p in payloads])) == {
         content_hash(p) for p in payloads
     }
-    assert index._run  # its files and row addresses are the copy's own
+    assert index._level0._run  # its files and row addresses are the copy's own
 
 
 def test_a_write_beside_a_run_finds_what_later_writes_stored(tmp_path):
@@ -131,14 +128,16 @@ def test_a_write_beside_a_run_finds_what_later_writes_stored(tmp_path):
     write_table(pa.table({"id": [1], "b": blob_array([later])}), root, mode="append")
     index = StoreIndex.open(root)
     assert content_hash(later) in index.find([content_hash(later)])
-    assert index._run and index._run[1]  # the run, and the fragment it does not cover
+    assert (
+        index._level0._run and index._level0._run[1]
+    )  # the run, and the fragment it does not cover
 
 
 def test_a_damaged_run_lowers_dedup_and_never_names_other_bytes(tmp_path):
     root = str(tmp_path / "t")
     payloads = [os.urandom(20_000) for _ in range(30)]
     big_store(root, payloads)
-    (run,) = read_runs(runs_uri(root))
+    (run,) = read_runs(runs_uri(index_uri(root)))
     start = run._entries_start
     for i in range(0, run.entries * 16, 997):  # prefixes and row addresses alike
         flip(run.uri, start + i)

@@ -24,7 +24,9 @@ from blobhouse.store.digest_filter import (
     read_filters,
     write_filter,
 )
-from blobhouse.store.index import StoreIndex, filters_uri, maintain_index
+from blobhouse.store.index import StoreIndex
+from blobhouse.store.index_maintenance import maintain_index
+from blobhouse.store.index_part import IndexPart, filters_uri
 from blobhouse.store.packs import index_uri
 
 
@@ -51,13 +53,13 @@ def data_files(root: str) -> set[str]:
 def queries(monkeypatch) -> list[int]:
     """One item per scalar-index query of the store's index."""
     asked: list[int] = []
-    real = StoreIndex._query
+    real = IndexPart._query
 
     def counted(self, *args):
         asked.append(1)
         return real(self, *args)
 
-    monkeypatch.setattr(StoreIndex, "_query", counted)
+    monkeypatch.setattr(IndexPart, "_query", counted)
     return asked
 
 
@@ -99,7 +101,7 @@ def test_a_write_of_new_payloads_skips_the_lookup_and_repeats_are_found(table_ur
         write_table(
             rows([os.urandom(2000) for _ in range(20)]), table_uri, mode="append", dedup="global"
         )
-    assert len(read_filters(filters_uri(table_uri))) == 3  # one per index fragment
+    assert len(read_filters(filters_uri(index_uri(table_uri)))) == 3  # one per index fragment
     stored, asked = stored_bytes(table_uri), len(queries)
     write_table(
         rows([os.urandom(2000) for _ in range(50)]), table_uri, mode="append", dedup="global"
@@ -119,7 +121,7 @@ def test_dedup_holds_when_filters_are_missing_cut_short_or_gone_meanwhile(
     payloads = [os.urandom(3000) for _ in range(8)]
     write_table(rows(payloads[:4]), table_uri, dedup="global")
     write_table(rows(payloads[4:]), table_uri, mode="append", dedup="global")
-    folder = Path(filters_uri(table_uri))
+    folder = Path(filters_uri(index_uri(table_uri)))
     first, second = sorted(folder.iterdir())
     first.unlink()  # its data file is covered by no filter: every hash is looked up
     stored = stored_bytes(table_uri)
@@ -146,14 +148,16 @@ def test_gc_covers_a_compacted_index_with_one_filter_and_removes_the_rest(table_
     payloads = [os.urandom(1500) for _ in range(12)]
     for payload in payloads:  # an index fragment and a filter each
         write_table(rows([payload]), table_uri, mode="append", dedup="global")
-    folder = Path(filters_uri(table_uri))
+    folder = Path(filters_uri(index_uri(table_uri)))
     (folder / "dead-writer.bloom").write_bytes(b"BHBF")  # a writer died writing it
     old = time.time() - 7200
     os.utime(folder / "dead-writer.bloom", (old, old))
     (folder / "writing-now.bloom").write_bytes(b"BHBF")
     open_table(table_uri).gc(grace=timedelta(hours=1))
     (compacted,) = data_files(table_uri)  # 12 fragments were more than gc lets be
-    (covering,) = [f for f in read_filters(filters_uri(table_uri)) if compacted in f.covered]
+    (covering,) = [
+        f for f in read_filters(filters_uri(index_uri(table_uri))) if compacted in f.covered
+    ]
     assert covering.covered == {compacted}
     assert not (folder / "dead-writer.bloom").exists()
     asked = len(queries)
@@ -162,21 +166,21 @@ def test_gc_covers_a_compacted_index_with_one_filter_and_removes_the_rest(table_
     assert StoreIndex.open(table_uri).find([content_hash(b"never stored")]) == {}
     assert len(queries) == asked + 1
     # the old filters stay as long as the old index versions (and their data files) do
-    assert len(read_filters(filters_uri(table_uri))) == 13
+    assert len(read_filters(filters_uri(index_uri(table_uri)))) == 13
     assert (folder / "writing-now.bloom").exists()  # younger than the grace: kept
     maintain_index(table_uri, keep=timedelta(0))
     assert [p.name for p in folder.iterdir()] == [Path(covering.uri).name]
 
 
 def test_many_filters_over_one_index_are_merged_into_one(table_uri, monkeypatch):
-    monkeypatch.setattr("blobhouse.store.index._INDEX_FRAGMENTS", 100)  # no compaction
+    monkeypatch.setattr("blobhouse.store.index_part._INDEX_FRAGMENTS", 100)  # no compaction
     for _ in range(4):
         write_table(rows([os.urandom(800)]), table_uri, mode="append", dedup="global")
     open_table(table_uri).gc(grace=timedelta(hours=1))
-    assert len(read_filters(filters_uri(table_uri))) == 4  # few: left as they are
-    monkeypatch.setattr("blobhouse.store.index._INDEX_FILTERS", 3)
+    assert len(read_filters(filters_uri(index_uri(table_uri)))) == 4  # few: left as they are
+    monkeypatch.setattr("blobhouse.store.index_part._INDEX_FILTERS", 3)
     maintain_index(table_uri, keep=timedelta(hours=1))
-    (merged,) = read_filters(filters_uri(table_uri))
+    (merged,) = read_filters(filters_uri(index_uri(table_uri)))
     assert merged.covered == data_files(table_uri) and len(merged.covered) == 4
 
 
@@ -186,6 +190,10 @@ def test_gc_keeps_the_filter_of_a_data_file_it_did_not_see(table_uri):
     racing = Path(index_uri(table_uri), "data", "racing.lance")
     racing.write_bytes(b"")
     bloom = DigestFilter.for_entries(1)
-    write_filter(f"file://{filters_uri(table_uri)}/racing.bloom", ["racing.lance"], bloom)
+    write_filter(
+        f"file://{filters_uri(index_uri(table_uri))}/racing.bloom", ["racing.lance"], bloom
+    )
     open_table(table_uri).gc(grace=timedelta(hours=1))
-    assert {Path(f.uri).name for f in read_filters(filters_uri(table_uri))} >= {"racing.bloom"}
+    assert {Path(f.uri).name for f in read_filters(filters_uri(index_uri(table_uri)))} >= {
+        "racing.bloom"
+    }

@@ -226,7 +226,7 @@ def test_damaged_index_files_lower_dedup_and_are_reported(tmp_path, monkeypatch,
 
     a = os.urandom(SIZE)
     uri = str(tmp_path / "t")
-    monkeypatch.setattr("blobhouse.store.index._UNINDEXED_ROWS", 0)  # lookups from the start
+    monkeypatch.setattr("blobhouse.store.index_part._UNINDEXED_ROWS", 0)  # lookups from the start
     write_table(pa.table({"id": [0], "img": blob_array([a])}), uri)
     files = glob.glob(f"{index_uri(uri)}/{part}/**/*.lance", recursive=True)
     assert files
