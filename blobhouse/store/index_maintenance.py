@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from lance import LanceDataset
 
 from blobhouse.dedup import digest_matrix
-from blobhouse.errors import BlobhouseError, StoreIndexError
+from blobhouse.errors import BlobhouseError
 from blobhouse.io.objects import StorageOptions, object_store
 from blobhouse.layout import index_shard_name, shard_filter_name
 from blobhouse.store.digest_filter import DigestFilter, read_filters, write_filter
@@ -99,7 +99,7 @@ def maintain_index(
     try:
         moved = move_to_shards(table_path, storage_options)
         parts = index_parts(table_path, storage_options)
-    except (StoreIndexError, ValueError, OSError) as exc:
+    except (BlobhouseError, ValueError, OSError) as exc:  # a cache: gc goes on
         warnings.warn(f"the store index of {table_path} was not maintained: {exc}", stacklevel=2)
         return 0
     runner_for(each_part, parts)(_Maintain(table_path, keep, storage_options), parts)
@@ -193,6 +193,7 @@ def move_to_shards(
     if level0 is None:
         return 0
     moving = level0.config().get(_MOVING)
+    resumed = moving is not None  # a move cut short: some shards may have taken it
     if moving is None:
         if level0.count_rows() <= threshold:
             return 0
@@ -208,7 +209,7 @@ def move_to_shards(
             moved = _split_by_shard(level0, fragments, retired, shards, Path(scratch))
             for shard, count in moved.items():
                 entries = _ShardEntries(Path(scratch) / f"{shard}.arrow")
-                _take(table_path, shard, entries, count, moving, storage_options)
+                _take(table_path, shard, entries, count, moving, resumed, storage_options)
         _create_empty_shards(table_path, shards, storage_options)  # all exist from now on
         if not shards_of(level0):
             level0.update_config({LEVEL_ONE: str(shards)})
@@ -223,12 +224,14 @@ def _take(
     entries: EntryBatches,
     count: int,
     moving: str,
+    resumed: bool,
     storage_options: StorageOptions | None,
 ) -> None:
     """Append a move's ``entries`` (``count`` of them) to ``shard``, unless an earlier try of
-    the same move did (its commit names the move), then cover them with a filter."""
+    the same move did (``resumed``: its commit names the move; a first try reads no commits),
+    then cover them with a filter."""
     uri = index_shard_uri(table_path, shard)
-    if not _took(uri, moving, storage_options):
+    if not (resumed and _took(uri, moving, storage_options)):
         properties = {_MOVED: moving}
         append_to_part(uri, entries, storage_options, filtered=False, properties=properties)
     hashes = (batch.column(0) for batch in entries())
