@@ -1385,7 +1385,8 @@ INDEX_STEP_SCRIPT = textwrap.dedent(
     elif step == "unit":  # one shard's maintenance as a gc task does it, and its filter
         uri = root + "/_blobs/index"
         index_part.maintain_part(uri, keep, filtered=False)
-        upkeep._write_shard_filter(root, 0, upkeep._hashes(index_part.open_part(uri, None)), None)
+        part = index_part.open_part(uri, None)
+        upkeep._write_shard_filter(root, 0, upkeep._hashes(part), part.count_rows(), None)
     else:  # a lookup of 1,000 hashes: the first the store holds, or new ones
         rng = np.random.default_rng(seed)
         raw = rng.bytes(32 * 1000) if step == "found" else os.urandom(32 * 1000)

@@ -147,7 +147,8 @@ def maintain_shard(
             if f"{folder}/{i.name}" not in done and i.mtime < before
         ]
         if len(whole) > _SHARD_FILTERS and (dataset := open_part(uri, storage_options)):
-            _write_shard_filter(table_path, shard, _hashes(dataset), storage_options)
+            count = dataset.count_rows()  # of the version scanned: the filter's size first
+            _write_shard_filter(table_path, shard, _hashes(dataset), count, storage_options)
             removed += sorted(done)
         if removed:
             store.delete_many(removed)
@@ -164,13 +165,12 @@ def _write_shard_filter(
     table_path: str,
     shard: int,
     hashes: Iterable[pa.Array],
+    entries: int,
     storage_options: StorageOptions | None,
-    entries: int | None = None,
 ) -> None:
-    """A filter of ``shard`` over ``hashes`` (``entries`` of them, or counted first)."""
-    hashes = list(hashes) if entries is None else hashes
-    count = sum(len(h) for h in hashes) if entries is None else entries
-    bloom = DigestFilter.for_entries(max(count, 1))
+    """A filter of ``shard`` over ``hashes`` (``entries`` of them), streamed: memory is the
+    filter's, 3.5 bytes an entry."""
+    bloom = DigestFilter.for_entries(max(entries, 1))
     for column in hashes:
         bloom.add(digest_matrix(column))
     uri = f"{index_shard_filters_uri(table_path)}/{shard_filter_name(shard)}"
@@ -210,8 +210,8 @@ def move_to_shards(
             for shard, count in moved.items():
                 entries = _ShardEntries(Path(scratch) / f"{shard}.arrow")
                 _take(table_path, shard, entries, count, moving, resumed, storage_options)
-        _create_empty_shards(table_path, shards, storage_options)  # all exist from now on
-        if not shards_of(level0):
+        if not shards_of(level0):  # the first move: every shard exists from now on
+            _create_empty_shards(table_path, shards, storage_options)
             level0.update_config({LEVEL_ONE: str(shards)})
         _drop_fragments(level0, [f.fragment_id for f in fragments], storage_options)
     lance.dataset(level0.uri, storage_options=storage_options).delete_config_keys([_MOVING])
@@ -235,7 +235,7 @@ def _take(
         properties = {_MOVED: moving}
         append_to_part(uri, entries, storage_options, filtered=False, properties=properties)
     hashes = (batch.column(0) for batch in entries())
-    _write_shard_filter(table_path, shard, hashes, storage_options, count)
+    _write_shard_filter(table_path, shard, hashes, count, storage_options)
 
 
 def _took(uri: str, moving: str, storage_options: StorageOptions | None) -> bool:
@@ -349,7 +349,8 @@ class _ShardEntries:
 def _create_empty_shards(
     table_path: str, shards: int, storage_options: StorageOptions | None
 ) -> None:
-    """Create the shards that took no entry (a missing shard then means a damaged one)."""
+    """Create the shards that took no entry (a missing shard then means a damaged one), each
+    with a filter that holds nothing (a shard without one is asked for every hash)."""
     for shard in range(shards):
         uri = index_shard_uri(table_path, shard)
         if open_part(uri, storage_options) is None:
@@ -360,3 +361,4 @@ def _create_empty_shards(
             except (ValueError, OSError):
                 if open_part(uri, storage_options) is None:  # not a concurrent gc's create
                     raise
+            _write_shard_filter(table_path, shard, [], 0, storage_options)

@@ -266,3 +266,20 @@ def test_spark_gc_maintains_each_shard_in_a_task(spark, tmp_path, monkeypatch):
     assert report["store_index_unreadable"] and report["retired_packs"] == 0
     problems = [str(p) for p in bs.verify(spark, root, deep=True)["problems"]]
     assert any(index_shard_uri(root, 1) in p and "cannot be read" in p for p in problems)
+
+
+def test_a_shard_that_took_nothing_is_not_opened_for_new_hashes(tmp_path, few_shards, monkeypatch):
+    root = str(tmp_path)
+    held = [os.urandom(31) + bytes([i]) for i in range(8)]  # all in shard 0 of 4
+    append_to_index(root, [StoredPayload(d, "packs/a.pack", i, 1) for i, d in enumerate(held)])
+    assert move_to_shards(root, threshold=0) == 8
+    opened, real_open = [], IndexPart.open.__func__
+
+    def counted(cls, uri, *args, **kwargs):
+        opened.append(uri)
+        return real_open(cls, uri, *args, **kwargs)
+
+    monkeypatch.setattr(IndexPart, "open", classmethod(counted))
+    absent = [os.urandom(31) + bytes([64 + i]) for i in range(192)]  # shards 1-3, empty
+    assert StoreIndex.open(root).find(absent) == {} and opened == []
+    assert set(StoreIndex.open(root).find(held)) == set(held)
