@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from bench.dropin_case import lerobot_dropin
 from bench.harness import Case, Scratch, Size, disk_bytes, fresh, medians, settled
 from bench.loader_case import loader, parquet_take
 from bench.robot_case import robot_video
@@ -2379,4 +2380,5 @@ CASES = {
     "checked_loader": checked_loader,
     "startup": startup,
     "robot_video": robot_video,
+    "lerobot_dropin": lerobot_dropin,
 }

@@ -644,7 +644,11 @@ def read_row_dicts(
     frames.check(names)
     video = list(frames.columns)
     wanted = [c for c in (names if columns is None else columns) if c not in video]
-    taken = table.take_row_dicts(rows, wanted, blobs, check_hashes=check_hashes)
+    taken = (
+        table.take_row_dicts(rows, wanted, blobs, check_hashes=check_hashes)
+        if wanted
+        else [{} for _ in rows]  # frames alone
+    )
     refs = table.take_row_dicts(
         rows, video + frames.timestamp_columns(), "refs", check_hashes=check_hashes
     )

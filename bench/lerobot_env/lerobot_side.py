@@ -5,6 +5,13 @@
 LeRobot's own recorder API (``LeRobotDataset.create``, ``add_frame``, ``save_episode``,
 ``finalize``), its default codec (AV1, libsvtav1) and file sizes.
 
+``make ... --lengths 31,120,64 --image``: episodes of those lengths, and an image feature
+(PNG in the Parquet, LeRobot's ``dtype: image``) beside the cameras.
+
+``items ROOT PLAN OUT``: ``LeRobotDataset(..., episodes=, delta_timestamps=)[i]`` for each index
+of ``PLAN`` (JSON: ``indices``, ``episodes``, ``delta_timestamps``), saved with ``torch.save``
+(what ``blobhouse.lerobot.LeRobotDataset`` must equal), with the dataset's ``meta`` fields.
+
 ``read ROOT PLAN OUT``: reads the batches ``PLAN`` (JSON: orders of batches of row indices,
 worker counts, rounds, rows to check) with ``LeRobotDataset`` through a DataLoader, as a
 LeRobot training script does, and writes frames/s per order and worker count to ``OUT`` (JSON)
@@ -55,15 +62,22 @@ def make(args: argparse.Namespace) -> None:
         "observation.state": {"dtype": "float32", "shape": (6,), "names": None},
         "action": {"dtype": "float32", "shape": (6,), "names": None},
     }  # fmt: skip
+    if args.image:
+        features["observation.images.png"] = {
+            "dtype": "image", "shape": (24, 32, 3), "names": ["height", "width", "channels"]
+        }  # fmt: skip
+    lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else None
     started = time.perf_counter()
     dataset = LeRobotDataset.create(
         repo_id=REPO_ID, fps=30, root=args.root, features=features, use_videos=True
     )
     rng = np.random.default_rng(0)
-    for episode in range(args.episodes):
-        for frame in range(args.frames):
+    for episode in range(len(lengths) if lengths else args.episodes):
+        for frame in range(lengths[episode] if lengths else args.frames):
+            png = {"observation.images.png": scene(24, 32, episode, frame, 9)} if args.image else {}
             dataset.add_frame(
                 {
+                    **png,
                     **{
                         key: scene(args.height, args.width, episode, frame, c)
                         for c, key in enumerate(cameras)
@@ -132,6 +146,40 @@ def read(args: argparse.Namespace) -> None:
     )
 
 
+def items(args: argparse.Namespace) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    plan = json.loads(Path(args.plan).read_text())
+    dataset = LeRobotDataset(
+        repo_id=REPO_ID,
+        root=args.root,
+        episodes=plan.get("episodes"),
+        delta_timestamps=plan.get("delta_timestamps"),
+    )
+    meta = dataset.meta
+    torch.save(
+        {
+            "items": [dataset[int(i)] for i in plan["indices"]],
+            "len": len(dataset),
+            "num_episodes": dataset.num_episodes,
+            "meta": {
+                "fps": meta.fps,
+                "features": meta.features,
+                "stats": meta.stats,
+                "camera_keys": meta.camera_keys,
+                "video_keys": meta.video_keys,
+                "total_episodes": meta.total_episodes,
+                "total_frames": meta.total_frames,
+                "robot_type": meta.robot_type,
+                "tasks": meta.tasks.to_dict(),
+                "from_index": list(meta.episodes["dataset_from_index"]),
+                "to_index": list(meta.episodes["dataset_to_index"]),
+            },
+        },
+        args.out,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     commands = parser.add_subparsers(dest="command", required=True)
@@ -140,12 +188,17 @@ def main() -> None:
     for name, default in (("episodes", 4), ("frames", 60), ("height", 96), ("width", 128),
                           ("cameras", 1)):  # fmt: skip
         maker.add_argument(f"--{name}", type=int, default=default)
+    maker.add_argument("--lengths", default="")
+    maker.add_argument("--image", action="store_true")
+    itemizer = commands.add_parser("items")
+    for name in ("root", "plan", "out"):
+        itemizer.add_argument(name)
     reader = commands.add_parser("read")
     reader.add_argument("root")
     reader.add_argument("plan")
     reader.add_argument("out")
     args = parser.parse_args()
-    make(args) if args.command == "make" else read(args)
+    {"make": make, "items": items, "read": read}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -30,13 +30,10 @@ import lance
 import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.blob import blob_field as lance_blob_field
-from lance.commit import CommitConflictError
 
 from blobhouse.columns import check_column_names, check_new_name, lance_path
-from blobhouse.commit.change import BaseChange, Staged, commit_once, run_change
-from blobhouse.commit.transaction import Transaction
+from blobhouse.commit.change import ManifestUpdate, commit_once, run_change
 from blobhouse.errors import (
-    ConcurrentCommitError,
     InvalidInputError,
     SchemaError,
     lance_io,
@@ -209,59 +206,26 @@ def set_properties(
     """
     if not changes:
         raise InvalidInputError("set_properties needs at least one property to change")
-    change = _PropertyChange(dict(changes))
+    change = ManifestUpdate("properties", _PropertyChange(dict(changes)).update)
     snapshot = TableSnapshot(latest(location, storage_options), location, storage_options)
     return run_change(change, snapshot, retries=commit.retries).snapshot.dataset
 
 
 @dataclass(frozen=True)
-class _PropertyPlan:
-    """The manifest update a property change commits on ``table`` (None: nothing changes)."""
-
-    table: TableSnapshot
-    transaction: Transaction
-    operation: LanceOperation.UpdateConfig | None
-
-
-@dataclass(frozen=True)
-class _PropertyChange(BaseChange[_PropertyPlan, None]):
-    """New properties recorded in the manifest (schema and field metadata): no file staged;
-    planned again on the latest version when another commit preempts it."""
+class _PropertyChange:
+    """New properties recorded in the manifest (schema and field metadata), read and checked
+    anew on the version each attempt plans on."""
 
     changes: dict[str, Any]
-    reads_rows = False
 
-    def plan(self, snapshot: TableSnapshot) -> _PropertyPlan:
+    def update(self, snapshot: TableSnapshot) -> LanceOperation.UpdateConfig | None:
         dataset = snapshot.dataset
         before = TableProperties.of(dataset)
         after = before.changed(**self.changes)
-        txn = Transaction.start(
-            snapshot.location, snapshot.version, snapshot.storage_options, kind="properties"
-        )
         if after == before:  # nothing to change: no new version
-            return _PropertyPlan(snapshot, txn, None)
+            return None
         _check_property_change(dataset.schema, before, after, snapshot.location)
-        ids = field_ids(dataset.lance_schema.fields())
-        return _PropertyPlan(snapshot, txn, _update_config(before, after, ids))
-
-    def stage(self, plan: _PropertyPlan, staged: Staged) -> None:
-        return None
-
-    def commit(self, plan: _PropertyPlan, staged: Staged) -> LanceDataset:
-        operation = plan.operation
-        if operation is None:
-            return plan.table.dataset
-        try:
-            return plan.transaction.commit([], lambda: operation)
-        except CommitConflictError as exc:
-            if exc.retryable or isinstance(exc, ConcurrentCommitError):
-                raise
-            # Lance refuses a manifest update beside another outright; planned again on the
-            # latest version (its properties read and checked anew), this one is still valid
-            raise CommitConflictError(str(exc), retryable=True) from exc
-
-    def report(self, *_: object) -> None:
-        return None
+        return _update_config(before, after, field_ids(dataset.lance_schema.fields()))
 
 
 def _update_config(

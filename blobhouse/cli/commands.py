@@ -138,10 +138,14 @@ def _ingest_lerobot(args: argparse.Namespace, run: Run) -> int:
 
 
 def _stats(args: argparse.Namespace, run: Run) -> int:
+    from blobhouse.lerobot.info import dataset_info  # here: --help loads no Lance
+
     run.doing = f"reading the statistics of {args.table}"
-    report = _open(args).stats()
+    table = _open(args)
+    report = table.stats()
+    lerobot = dataset_info(table)
     if args.json:
-        _print_json(report)
+        _print_json(report if lerobot is None else {**report, "lerobot": lerobot.summary()})
         return 0
     shown = [
         "version",
@@ -167,6 +171,8 @@ def _stats(args: argparse.Namespace, run: Run) -> int:
             f"objects, {mb(refs['bytes'])}"
         )
     print_report(report, skip=[*shown, "external_references", "properties"], separate=True)
+    if lerobot is not None:
+        print_report(lerobot.summary(), "LeRobot dataset", separate=True)
     return 0
 
 

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
-from lance import LanceDataset
+from lance import LanceDataset, LanceOperation
 from lance.commit import CommitConflictError
 
 from blobhouse.commit.transaction import (
@@ -49,6 +49,7 @@ from blobhouse.commit.transaction import (
 )
 from blobhouse.errors import (
     BlobhouseError,
+    ConcurrentCommitError,
     as_store_error,
     cleanup_after,
     is_damaged_file_error,
@@ -312,6 +313,50 @@ class OneCommit(BaseChange[Transaction, None]):
             return own
 
         return txn.commit([], commit=commit)
+
+    def report(self, *_: object) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class ManifestPlan:
+    """The manifest update a :class:`ManifestUpdate` commits (None: nothing changes)."""
+
+    table: TableSnapshot
+    transaction: Transaction
+    operation: LanceOperation.UpdateConfig | None
+
+
+@dataclass(frozen=True)
+class ManifestUpdate(BaseChange[ManifestPlan, None]):
+    """A change of the manifest alone (schema, field or config metadata: table properties,
+    an imported dataset's meta): no file staged. ``update`` makes it from the version read,
+    and again from the latest one when another commit preempts it (Lance refuses a manifest
+    update beside another outright, so that conflict is retried too)."""
+
+    kind: str
+    update: Callable[[TableSnapshot], LanceOperation.UpdateConfig | None]
+    reads_rows = False
+
+    def plan(self, snapshot: TableSnapshot) -> ManifestPlan:
+        txn = Transaction.start(
+            snapshot.location, snapshot.version, snapshot.storage_options, kind=self.kind
+        )
+        return ManifestPlan(snapshot, txn, self.update(snapshot))
+
+    def stage(self, plan: ManifestPlan, staged: Staged) -> None:
+        return None
+
+    def commit(self, plan: ManifestPlan, staged: Staged) -> LanceDataset:
+        operation = plan.operation
+        if operation is None:
+            return plan.table.dataset
+        try:
+            return plan.transaction.commit([], lambda: operation)
+        except CommitConflictError as exc:
+            if exc.retryable or isinstance(exc, ConcurrentCommitError):
+                raise
+            raise CommitConflictError(str(exc), retryable=True) from exc
 
     def report(self, *_: object) -> None:
         return None

@@ -31,6 +31,14 @@ from blobhouse.errors import (
 )
 from blobhouse.io.objects import StorageOptions, checked_options
 from blobhouse.layout import TableLocation
+from blobhouse.lerobot.meta import (
+    LeRobotMeta,
+    append_meta,
+    computed_stats,
+    source_meta,
+    table_meta,
+    with_meta,
+)
 from blobhouse.lerobot.source import ChunkRef, LeRobotSource, VideoFile, column_name
 from blobhouse.options import WriteOptions
 from blobhouse.placement import Placement
@@ -87,6 +95,8 @@ class ImportPlan:
     storage_options: StorageOptions | None
     name_prefix: str
     table_exists: bool
+    mode: ImportMode
+    meta: LeRobotMeta  # the dataset's, recorded with the rows (merged with the table's)
 
     @property
     def cameras(self) -> tuple[str, ...]:
@@ -147,8 +157,11 @@ class ImportPlan:
         )
 
     def _schema(self, chunks: dict[ChunkKey, ChunkRef]) -> pa.Schema:
-        """The rows' schema: the first batch's (every data file has the same columns)."""
-        return next(self.source.frame_batches(chunks)).schema  # read() found frames
+        """The rows' schema: the first batch's (every data file has the same columns), with
+        the dataset's meta when the import makes the table (an append records it after)."""
+        schema = next(self.source.frame_batches(chunks)).schema  # read() found frames
+        appending = self.mode == "append" and self.table_exists
+        return schema if appending else with_meta(schema, self.meta)
 
     def store_step(
         self, store: Callable[[], StoredVideos]
@@ -163,7 +176,11 @@ class ImportPlan:
         return step
 
     def finished(self, snapshot: TableSnapshot) -> LeRobotImport:
-        """What the import did, once its rows committed."""
+        """What the import did, once its rows committed (an append's meta recorded then)."""
+        # a table this import made is version 1 and holds the meta already; one another
+        # writer made meanwhile took the rows as an append
+        if self.mode == "append" and (self.table_exists or snapshot.version > 1):
+            snapshot = append_meta(snapshot, self.meta, str(self.location))
         return LeRobotImport(
             Table(snapshot),
             self.source.frames,
@@ -189,9 +206,14 @@ def plan_import(
     exists = open_dataset(location, None, storage_options, doing="import into") is not None
     if exists and mode == "create":  # before any video file is stored
         raise TableExistsError(f"table {table} already exists (use mode='append' or 'overwrite')")
-    plan = ImportPlan(source, location, storage_options, "", exists)
+    meta = source_meta(source.root, source.info, source.tasks, source.frames)
+    meta = replace(meta, stats={**meta.stats, **computed_stats(meta, source.data_files)})
+    plan = ImportPlan(source, location, storage_options, "", exists, mode, meta)
     if exists and mode == "append":
-        _check_blob_columns(plan, open_snapshot(location, None, storage_options), table)
+        snapshot = open_snapshot(location, None, storage_options)
+        _check_blob_columns(plan, snapshot, table)
+        if (kept := table_meta(snapshot.dataset)) is not None:
+            kept.merged(meta, table)  # refused before a video file is stored
     txn = Transaction.start(location, None, storage_options, kind="write")
     return replace(plan, name_prefix=txn.name_prefix), txn
 

@@ -42,6 +42,7 @@ def test_quick_benchmark_run(tmp_path):
         "small_blobs",
         "checked_loader",
         "robot_video",
+        "lerobot_dropin",  # rows only where LeRobot is installed (bench/lerobot_env)
     }
     shards = {r["step"] for r in results["index_shards"]["rows"]}  # the lookups checked theirs
     assert {"move", "maintain", "lookup found (level 1)", "one shard's maintenance"} <= shards

@@ -14,7 +14,7 @@ import pytest
 import blobhouse.spark as bs
 from blobhouse.errors import LeRobotDatasetError
 from blobhouse.layout import is_lance_temporary
-from blobhouse.lerobot import ingest_lerobot
+from blobhouse.lerobot import dataset_info, ingest_lerobot
 from blobhouse.lerobot.sample import write_sample_dataset
 from blobhouse.maintenance.garbage_collection import gc_at
 from tests.helpers import aged, damage_page
@@ -40,6 +40,7 @@ def test_the_spark_import_makes_the_python_import_s_table(spark, dataset, tmp_pa
     python = ingest_lerobot(dataset, str(tmp_path / "python")).table
     assert done.frames == 100 and done.video_files == 6
     assert done.table.schema == python.schema
+    assert dataset_info(done.table).meta == dataset_info(python).meta  # the dataset's meta kept
     columns = [c for c in python.schema.names if c not in done.cameras]
     spark_rows = done.table.to_arrow(columns=columns).sort_by("index")
     assert spark_rows.equals(python.to_arrow(columns=columns).sort_by("index"))
@@ -56,6 +57,7 @@ def test_the_spark_import_makes_the_python_import_s_table(spark, dataset, tmp_pa
     # the same types: the Python import appends to the table Spark made
     again = ingest_lerobot(dataset, str(tmp_path / "spark"), mode="append")
     assert again.table.count_rows() == 200 and _packs(tmp_path / "spark") == video_bytes
+    assert dataset_info(again.table).meta.stats_frames == 200
 
 
 def test_a_failed_task_leaves_nothing(spark, dataset, tmp_path):

@@ -185,6 +185,14 @@ MALFORMED = {
         lambda r: (r / "meta/tasks.parquet").unlink(),
         r"meta/tasks\.parquet is missing",
     ),
+    "stats not JSON": (
+        lambda r: (r / "meta/stats.json").write_text("{not json"),
+        r"meta/stats\.json is not valid JSON",
+    ),
+    "stats not per feature": (
+        lambda r: (r / "meta/stats.json").write_text('{"action": [1, 2]}'),
+        r"meta/stats\.json must map each feature to its stats",
+    ),
     "path template outside": (
         lambda r: _edit_info(
             r, lambda i: i.update(data_path="../../{chunk_index}/{file_index}.parquet")

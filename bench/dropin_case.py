@@ -1,0 +1,126 @@
+"""The ``lerobot_dropin`` case: ``blobhouse.lerobot.LeRobotDataset`` against LeRobot's own
+``LeRobotDataset``, item for item, on a dataset LeRobot's recorder made.
+
+The dataset (``.venv-lerobot``, ``bench/lerobot_env/install.sh``) has episodes of 31 to 120
+frames, two cameras and an image feature. It is imported with ``ingest_lerobot``; then both
+classes give the items of the same indices, with and without ``delta_timestamps`` and for a
+subset of ``episodes``, and every key is compared: the same keys, dtypes and shapes, and equal
+values (frames pixel for pixel); the ``meta`` fields training code reads are compared too.
+Without LeRobot the case only notes that it could not run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.harness import Case, Scratch, Size
+from bench.robot_case import LEROBOT_PYTHON, LEROBOT_READY, LEROBOT_SIDE
+from blobhouse.lerobot import LeRobotDataset, ingest_lerobot
+
+LENGTHS = "31,120,64,45"
+STEP = 1 / 30
+PLANS: dict[str, dict[str, Any]] = {
+    "no deltas": {},
+    "delta_timestamps": {
+        "delta_timestamps": {
+            "observation.images.cam0": [-3 * STEP, -STEP, 0.0],
+            "observation.state": [-STEP, 0.0],
+            "action": [i * STEP for i in range(16)],
+            "observation.images.png": [-STEP, 0.0],
+        }
+    },
+    "episodes 1 and 3, deltas": {
+        "episodes": [1, 3],
+        "delta_timestamps": {"observation.images.cam1": [-STEP, 0.0], "action": [0.0, 1.0]},
+    },
+}
+META = ("fps", "camera_keys", "video_keys", "total_episodes", "total_frames", "robot_type")
+
+
+def lerobot_dropin(size: Size) -> Case:
+    case = Case(
+        "lerobot_dropin",
+        "blobhouse.lerobot.LeRobotDataset against LeRobot's LeRobotDataset on a dataset "
+        "LeRobot's recorder made (episodes of 31-120 frames, two AV1 cameras, an image "
+        "feature): every key of the same items compared, with and without delta_timestamps",
+    )
+    if not LEROBOT_READY.exists():
+        case.notes.append(
+            "LeRobot is not installed here (bench/lerobot_env/install.sh makes .venv-lerobot): "
+            "nothing to compare with (tests/read/test_lerobot_dataset.py checks the items "
+            "against the dataset's own files)"
+        )
+        return case
+    with Scratch() as root:
+        dataset = root / "dataset"
+        subprocess.run(
+            [str(LEROBOT_PYTHON), str(LEROBOT_SIDE), "make", str(dataset), "--cameras=2",
+             "--height=48", "--width=64", f"--lengths={LENGTHS}", "--image"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        table = ingest_lerobot(dataset, str(root / "table")).table.uri
+        rng = np.random.default_rng(0)
+        for name, plan in PLANS.items():
+            ours = LeRobotDataset("bench/robot", root=table, **plan)
+            count = min(len(ours), 16 if size.name == "quick" else 64)
+            indices = sorted(rng.choice(len(ours), count, replace=False).tolist())
+            theirs = _lerobot_items(dataset, root, {**plan, "indices": indices})
+            problems = _differences(ours, indices, theirs)
+            case.add(
+                metric="items_equal_to_lerobot",
+                plan=name,
+                items=len(indices),
+                keys=len(theirs["items"][0]),
+                equal=not problems,
+                differences="; ".join(problems[:5]) or "-",
+            )
+    return case
+
+
+def _lerobot_items(dataset: Path, root: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    plan_path, out = root / "items-plan.json", root / "items.pt"
+    plan_path.write_text(json.dumps(plan))
+    subprocess.run(
+        [str(LEROBOT_PYTHON), str(LEROBOT_SIDE), "items", str(dataset), str(plan_path), str(out)],
+        check=True,
+        capture_output=True,
+    )
+    return torch.load(out, weights_only=False)
+
+
+def _differences(ours: LeRobotDataset, indices: list[int], theirs: dict[str, Any]) -> list[str]:
+    """What differs between our items and meta and LeRobot's, in words (none: equal)."""
+    problems = []
+    if (len(ours), ours.num_episodes) != (theirs["len"], theirs["num_episodes"]):
+        problems.append(f"len/num_episodes {len(ours)}/{ours.num_episodes}")
+    for i, mine, their in zip(indices, ours.__getitems__(indices), theirs["items"], strict=True):
+        if set(mine) != set(their):
+            problems.append(f"item {i}: keys {sorted(set(mine) ^ set(their))}")
+            continue
+        for key, value in their.items():
+            got = mine[key]
+            if isinstance(value, torch.Tensor):
+                if (got.dtype, got.shape) != (value.dtype, value.shape):
+                    problems.append(f"item {i} {key}: {got.dtype} {tuple(got.shape)}")
+                elif not torch.equal(got, value):
+                    problems.append(f"item {i} {key}: values")
+            elif got != value:
+                problems.append(f"item {i} {key}: {got!r} != {value!r}")
+    meta = theirs["meta"]
+    problems += [f"meta.{n}" for n in META if getattr(ours.meta, n) != meta[n]]
+    if list(ours.meta.episodes["dataset_from_index"]) != meta["from_index"]:
+        problems.append("meta.episodes dataset_from_index")
+    if ours.meta.tasks.to_dict() != meta["tasks"]:
+        problems.append("meta.tasks")
+    for key, stats in meta["stats"].items():
+        for name, value in stats.items():
+            got = ours.meta.stats.get(key, {}).get(name)
+            if got is None or np.shape(got) != np.shape(value) or not np.allclose(got, value):
+                problems.append(f"meta.stats {key} {name}")
+    return problems

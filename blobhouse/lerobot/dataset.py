@@ -1,0 +1,439 @@
+"""``LeRobotDataset`` over a blobhouse table: LeRobot's training code, unchanged but for its
+import line, reads a table made by :func:`~blobhouse.lerobot.ingest_lerobot`.
+
+``dataset[i]`` is the dict LeRobot's ``LeRobotDataset[i]`` returns for the same dataset: its
+feature keys (with their dots), ``float32`` tensors for float features and ``int64`` for
+integers (scalars 0-dimensional), camera frames as ``float32`` CHW in [0, 1], ``task`` (the
+text), and with ``delta_timestamps`` each named key stacked at the frames it asks for, with a
+``<key>_is_pad`` mask where they fall outside the frame's episode (clamped to its first or last
+frame, as LeRobot pads). A DataLoader's batch of indices is one read: the rows every item and
+its deltas need in one take, and each distinct video file decoded once, in time order, for all
+the frames the batch needs of it (:mod:`blobhouse.read.video`).
+
+``.meta`` offers what LeRobot's training code reads of ``LeRobotDatasetMetadata`` (``fps``,
+``features``, ``stats``, ``camera_keys``, ``video_keys``, ``episodes``, ``tasks``,
+``total_episodes``, ``total_frames``, ``robot_type``, ...): the meta the import kept with the
+table (:mod:`blobhouse.lerobot.meta`), and the episodes as the rows give them.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from torch.utils.data import Dataset
+
+from blobhouse.errors import InvalidInputError, LeRobotDatasetError
+from blobhouse.io.forks import in_fresh_process, lance_is_running
+from blobhouse.layout import TableLocation
+from blobhouse.lerobot.info import Episodes, dataset_info
+from blobhouse.lerobot.meta import LeRobotMeta
+from blobhouse.loader import PinnedRows, checked_frames, read_row_dicts
+from blobhouse.table import open_at
+
+
+def _load(location: TableLocation, version: int, storage_options: dict[str, str] | None):
+    """What a :class:`LeRobotDataset` needs before it reads rows (run in a fresh process when
+    this one has not started Lance, so DataLoader workers forked from it can read)."""
+    info = dataset_info(open_at(location, version, storage_options))
+    return None if info is None else (info.meta.to_json(), info.episodes)
+
+
+class EpisodeTable:
+    """``LeRobotDatasetMetadata.episodes`` as LeRobot's training code reads it: ``[i]`` is
+    episode ``i``'s row (a dict), ``["dataset_from_index"]`` a field over all episodes."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, key: int | str) -> Any:
+        if isinstance(key, str):
+            if self._rows and key not in self._rows[0]:
+                raise KeyError(key)
+            return [row[key] for row in self._rows]
+        return self._rows[key]
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self._rows[0]) if self._rows else []
+
+    def to_pandas(self) -> pd.DataFrame:
+        return pd.DataFrame(self._rows)
+
+
+class DatasetMetadata:
+    """What LeRobot's ``LeRobotDatasetMetadata`` offers a training script, for a table."""
+
+    def __init__(self, repo_id: str, root: str, meta: LeRobotMeta, episodes: Episodes) -> None:
+        self.repo_id = repo_id
+        self.root = root
+        self._meta = meta
+        self._episodes = episodes
+        self.episodes = EpisodeTable(episodes.rows(meta.video_keys))
+        tasks = sorted(meta.tasks.items())
+        self.tasks = pd.DataFrame(
+            {"task_index": [i for i, _ in tasks]},
+            index=pd.Index([t for _, t in tasks], name="task"),
+        )
+        self.stats = {
+            key: {name: np.asarray(value) for name, value in stats.items()}
+            for key, stats in meta.stats.items()
+        }
+        self.info = {
+            "codebase_version": meta.codebase_version,
+            "robot_type": meta.robot_type,
+            "total_episodes": len(episodes),
+            "total_frames": int(episodes.length.sum()),
+            "total_tasks": len(meta.tasks),
+            "fps": meta.fps,
+            "features": meta.features,
+        }
+
+    @property
+    def fps(self) -> float:
+        return self._meta.fps
+
+    @property
+    def robot_type(self) -> str | None:
+        return self._meta.robot_type
+
+    @property
+    def features(self) -> dict[str, dict]:
+        return self._meta.features
+
+    @property
+    def image_keys(self) -> list[str]:
+        return self._meta.image_keys
+
+    @property
+    def video_keys(self) -> list[str]:
+        return self._meta.video_keys
+
+    @property
+    def camera_keys(self) -> list[str]:
+        return self._meta.camera_keys
+
+    @property
+    def names(self) -> dict[str, Any]:
+        return {key: f.get("names") for key, f in self.features.items()}
+
+    @property
+    def shapes(self) -> dict[str, tuple]:
+        return {key: tuple(f["shape"]) for key, f in self.features.items()}
+
+    @property
+    def total_episodes(self) -> int:
+        return self.info["total_episodes"]
+
+    @property
+    def total_frames(self) -> int:
+        return self.info["total_frames"]
+
+    @property
+    def total_tasks(self) -> int:
+        return self.info["total_tasks"]
+
+    def get_task_index(self, task: str) -> int | None:
+        return self.tasks.loc[task].task_index if task in self.tasks.index else None
+
+    def __repr__(self) -> str:
+        return (
+            f"DatasetMetadata(repo_id={self.repo_id!r}, total_episodes={self.total_episodes}, "
+            f"total_frames={self.total_frames}, features={list(self.features)})"
+        )
+
+
+class LeRobotDataset(Dataset):
+    """LeRobot's ``LeRobotDataset`` over a blobhouse table: ``root`` names the table (a path
+    or an object-store URI; without it ``repo_id`` does). The arguments LeRobot's constructor
+    takes for downloading or recording (``revision``, ``force_cache_sync``,
+    ``download_videos``, ``video_backend``, ``batch_encoding_size``, ...) are accepted and
+    have nothing to do here.
+
+    >>> import tempfile
+    >>> from blobhouse.lerobot import ingest_lerobot
+    >>> from blobhouse.lerobot.sample import write_sample_dataset
+    >>> root = write_sample_dataset(tempfile.mkdtemp(), episodes=2, frames=4, size=(16, 16))
+    >>> table = ingest_lerobot(root, tempfile.mkdtemp() + "/robot").table
+    >>> ds = LeRobotDataset("me/robot", root=table.uri, delta_timestamps={"action": [-1/30, 0]})
+    >>> item = ds[4]  # the first frame of the second episode
+    >>> item["observation.images.cam"].shape, item["action"].shape, item["action_is_pad"].tolist()
+    (torch.Size([3, 16, 16]), torch.Size([2, 6]), [True, False])
+    """
+
+    def __init__(
+        self,
+        repo_id: str,
+        root: str | os.PathLike | None = None,
+        episodes: Sequence[int] | None = None,
+        image_transforms: Callable | None = None,
+        delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        tolerance_s: float = 1e-4,
+        revision: str | None = None,
+        force_cache_sync: bool = False,
+        download_videos: bool = True,
+        video_backend: str | None = None,
+        batch_encoding_size: int = 1,
+        *,
+        storage_options: dict[str, str] | None = None,
+        check_hashes: bool = True,
+        **recording: Any,
+    ) -> None:
+        super().__init__()
+        uri = os.fspath(root) if root is not None else repo_id
+        if not isinstance(uri, str):
+            raise InvalidInputError(f"root must name a table (a path or URI), got {root!r}")
+        self.repo_id, self.root = repo_id, uri
+        self.image_transforms = image_transforms
+        self.tolerance_s = tolerance_s
+        self.check_hashes = check_hashes
+        self._rows = PinnedRows(uri, storage_options=storage_options)
+        args = (self._rows.location, self._rows.version, self._rows.storage_options)
+        loaded = _load(*args) if lance_is_running() else in_fresh_process(_load, *args)
+        if loaded is None:
+            raise LeRobotDatasetError(
+                f"table {uri} holds no LeRobot dataset's metadata: import the dataset with "
+                "blobhouse.lerobot.ingest_lerobot (a table imported before blobhouse kept "
+                "the metadata needs importing again)"
+            )
+        meta, self._episodes = LeRobotMeta.from_json(loaded[0]), loaded[1]
+        self.meta = DatasetMetadata(repo_id, uri, meta, self._episodes)
+        self.episodes = None if episodes is None else list(episodes)
+        self._positions = self._selected(self.episodes)
+        self.delta_indices = None
+        if delta_timestamps is not None:
+            self.delta_indices = _delta_indices(delta_timestamps, meta, tolerance_s)
+        self.delta_timestamps = None if delta_timestamps is None else dict(delta_timestamps)
+        self._columns = meta.columns
+        self._values = [k for k in meta.features if meta.features[k]["dtype"] != "video"]
+        self._checked_chunks: set[tuple[str, int, int]] = set()
+
+    def _selected(self, episodes: list[int] | None) -> np.ndarray:
+        """The table positions of the frames of ``episodes`` (all: every row)."""
+        bounds = self._episodes
+        if episodes is None:
+            return np.arange(int(bounds.stop[-1]) if len(bounds) else 0)
+        wanted = set(episodes)
+        missing = wanted - set(bounds.index.tolist())
+        if missing:
+            raise InvalidInputError(
+                f"episodes {sorted(missing)} are not in table {self.root} (its episodes: "
+                f"{bounds.index.min()} to {bounds.index.max()})"
+            )
+        keep = [i for i, e in enumerate(bounds.index) if int(e) in wanted]
+        return np.concatenate([np.arange(bounds.start[i], bounds.stop[i]) for i in keep])
+
+    @property
+    def fps(self) -> float:
+        return self.meta.fps
+
+    @property
+    def features(self) -> dict[str, dict]:
+        return self.meta.features
+
+    @property
+    def num_frames(self) -> int:
+        return len(self._positions)
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episodes) if self.episodes is not None else self.meta.total_episodes
+
+    def __len__(self) -> int:
+        return self.num_frames
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        return self.__getitems__([idx])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """The items at ``indices``: one read for all of them (a DataLoader calls this with
+        each batch of indices)."""
+        positions = self._positions_of(indices)
+        queries, pads = self._queries(positions)
+        needed = {key: q for key, q in queries.items() if key in self._values}
+        values = self._read_values(
+            np.unique(np.concatenate([positions, *(q.ravel() for q in needed.values())]))
+        )
+        frames = self._read_frames(positions, queries)
+        items = []
+        for n, position in enumerate(positions):
+            item: dict[str, Any] = {key: frames[key][n] for key in self.meta.video_keys}
+            for key in self._values:
+                item[key] = values[key](position)
+            for key, query in queries.items():
+                if key in self._values:
+                    item[key] = torch.stack([values[key](p) for p in query[n]])
+                item[f"{key}_is_pad"] = torch.from_numpy(pads[key][n].copy())
+            if self.image_transforms is not None:
+                for key in self.meta.camera_keys:
+                    item[key] = self.image_transforms(item[key])
+            item["task"] = values["task"](position)
+            items.append(item)
+        return items
+
+    def _positions_of(self, indices: Sequence[int]) -> np.ndarray:
+        wanted = np.asarray(indices)
+        if wanted.ndim != 1 or (len(wanted) and wanted.dtype.kind not in "iu"):
+            raise InvalidInputError(f"indices must be integers, got {indices!r}")
+        outside = wanted[(wanted < -len(self)) | (wanted >= len(self))]
+        if len(outside):
+            raise IndexError(f"index {outside[0]} is outside the {len(self)} frames of the dataset")
+        return self._positions[wanted]
+
+    def _queries(self, positions: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Per key with deltas: the positions each item asks for (items x deltas, clamped to
+        the item's episode) and where they were clamped (LeRobot's ``_get_query_indices``)."""
+        if self.delta_indices is None:
+            return {}, {}
+        which = self._episodes.of_position(positions)
+        first = self._episodes.start[which][:, None]
+        last = self._episodes.stop[which][:, None] - 1
+        queries, pads = {}, {}
+        for key, deltas in self.delta_indices.items():
+            asked = positions[:, None] + np.asarray(deltas)[None, :]
+            queries[key] = np.clip(asked, first, last)
+            pads[key] = (asked < first) | (asked > last)
+        return queries, pads
+
+    def _table(self):
+        return self._rows.table()
+
+    def _read_values(self, positions: np.ndarray) -> dict[str, Callable[[int], Any]]:
+        """The non-video features and ``task`` of the rows at ``positions``: per key, a lookup
+        by position giving LeRobot's tensor (or the text)."""
+        ids = self._rows.ids()[positions]
+        images = [k for k in self._values if self.features[k]["dtype"] == "image"]
+        plain = [k for k in self._values if k not in images]
+        table = self._table().take_rows(ids, [self._columns[k] for k in plain] + ["task"])
+        where = {int(p): n for n, p in enumerate(positions)}
+        values: dict[str, Callable[[int], Any]] = {}
+        for key in plain:
+            tensors = _tensors(table.column(self._columns[key]), self.features[key])
+            values[key] = lambda p, t=tensors: t[where[int(p)]]
+        texts = table.column("task").to_pylist()
+        values["task"] = lambda p: texts[where[int(p)]]
+        if images:
+            rows = read_row_dicts(
+                self._table(),
+                ids,
+                [self._columns[k] for k in images],
+                "bytes",
+                self.check_hashes,
+                storage_options=self._rows.storage_options,
+            )
+            for key in images:
+                decoded = [_image_tensor(row[self._columns[key]]) for row in rows]
+                values[key] = lambda p, d=decoded: d[where[int(p)]]
+        return values
+
+    def _read_frames(
+        self, positions: np.ndarray, queries: dict[str, np.ndarray]
+    ) -> dict[str, list[torch.Tensor]]:
+        """Per camera, each item's frame (or its frames at its deltas, stacked), as LeRobot's
+        ``float32`` CHW in [0, 1]: every frame the batch needs of a camera in one read."""
+        frames: dict[str, list[torch.Tensor]] = {}
+        for key in self.meta.video_keys:
+            asked = queries.get(key, positions[:, None])
+            unique, inverse = np.unique(asked, return_inverse=True)
+            column = self._columns[key]
+            video = checked_frames([column], "chw", "bytes")
+            rows = read_row_dicts(
+                self._table(),
+                self._rows.ids()[unique],
+                [],
+                "bytes",
+                self.check_hashes,
+                video,
+                self._rows.storage_options,
+                self._checked_chunks,
+            )
+            decoded = [torch.from_numpy(np.asarray(row[column])) for row in rows]
+            stacks = inverse.reshape(asked.shape)
+            frames[key] = [
+                torch.stack([decoded[i] for i in stack]).float().div_(255).squeeze(0)
+                for stack in stacks
+            ]
+        return frames
+
+    def __repr__(self) -> str:
+        return (
+            f"LeRobotDataset(repo_id={self.repo_id!r}, table={self.root!r}, "
+            f"episodes={self.num_episodes}, frames={self.num_frames}, "
+            f"features={list(self.features)})"
+        )
+
+
+def _delta_indices(
+    delta_timestamps: Mapping[str, Sequence[float]], meta: LeRobotMeta, tolerance_s: float
+) -> dict[str, list[int]]:
+    """Each key's deltas in frames, checked as LeRobot checks them: every delta a whole
+    number of frames at the dataset's fps (within ``tolerance_s``), every key a feature."""
+    if not isinstance(delta_timestamps, Mapping):
+        raise InvalidInputError(
+            f"delta_timestamps must map feature keys to lists of seconds, got {delta_timestamps!r}"
+        )
+    indices = {}
+    for key, deltas in delta_timestamps.items():
+        if key not in meta.features:
+            raise InvalidInputError(
+                f"delta_timestamps names {key!r}, which is not a feature of the dataset (its "
+                f"features: {', '.join(meta.features)})"
+            )
+        if isinstance(deltas, str | bytes) or not isinstance(deltas, Sequence):
+            raise InvalidInputError(
+                f"delta_timestamps[{key!r}] must be a list of seconds, got {deltas!r}"
+            )
+        frames = []
+        for delta in deltas:
+            if not isinstance(delta, int | float) or not math.isfinite(delta):
+                raise InvalidInputError(
+                    f"delta_timestamps[{key!r}] holds {delta!r}: deltas are seconds"
+                )
+            steps = round(delta * meta.fps)
+            if abs(steps / meta.fps - delta) > tolerance_s:
+                raise InvalidInputError(
+                    f"delta_timestamps[{key!r}] holds {delta!r} s, not a whole number of frames "
+                    f"at {meta.fps:g} fps (within tolerance_s={tolerance_s})"
+                )
+            frames.append(steps)
+        indices[key] = frames
+    return indices
+
+
+def _tensors(column: pa.ChunkedArray, feature: Mapping[str, Any]) -> list[torch.Tensor]:
+    """A column's values as LeRobot's tensors: floats ``float32``, integers ``int64``,
+    booleans ``bool``; a feature of shape ``(1,)`` a 0-dimensional tensor."""
+    column = column.combine_chunks()
+    base = column.type
+    shape: list[int] = []
+    while pa.types.is_fixed_size_list(base) or pa.types.is_list(base):
+        shape.append(base.list_size if pa.types.is_fixed_size_list(base) else -1)
+        column = pc.list_flatten(column)
+        base = column.type
+    values = column.to_numpy(zero_copy_only=False)
+    if pa.types.is_floating(base):
+        values = values.astype(np.float32)
+    elif pa.types.is_integer(base):
+        values = values.astype(np.int64)
+    rows = values.reshape(-1, *[s if s > 0 else -1 for s in shape]) if shape else values
+    return [torch.from_numpy(np.array(row)) for row in rows]
+
+
+def _image_tensor(data: bytes) -> torch.Tensor:
+    """An image feature's bytes (PNG) as LeRobot gives it: ``float32`` CHW in [0, 1]."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        pixels = np.asarray(image.convert("RGB"))
+    return torch.from_numpy(pixels.transpose(2, 0, 1).copy()).float().div_(255)

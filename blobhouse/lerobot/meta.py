@@ -1,0 +1,319 @@
+"""What a LeRobot dataset is besides its rows, kept with the table it was imported into.
+
+LeRobot keeps it in ``meta/``: ``info.json`` (``fps``, ``robot_type``, ``features``: each
+feature's ``dtype``, ``shape`` and ``names``), ``tasks.parquet`` and ``stats.json`` (the
+normalization every policy needs: ``min``, ``max``, ``mean``, ``std`` and ``count`` per
+feature, image features per channel). An import records them as :class:`LeRobotMeta` in the
+table's schema metadata (key :data:`META_KEY`, JSON), so it is versioned with the table: a
+version, tag, branch or copy reads the meta of its own rows. Episodes and frame counts are not
+kept there: :func:`dataset_info` reads them from the rows, so they stay true after deletes and
+updates too.
+
+An import that creates the table records the meta in the commit that creates it. An append
+commits its rows, then the meta merged with the table's (:meth:`LeRobotMeta.merged`: the same
+``fps`` and features, tasks united, stats aggregated as LeRobot's ``aggregate_stats`` does), as
+one more version: if the process dies between the two, the rows are in and the stats lack
+them (:attr:`DatasetInfo.stats_frames` then differs from the frame count).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from lance import LanceDataset, LanceOperation
+
+from blobhouse.commit.change import ManifestUpdate, run_change
+from blobhouse.errors import LeRobotDatasetError, TableMetadataError
+from blobhouse.lerobot.checks import column_name
+from blobhouse.snapshot import TableSnapshot
+
+#: the schema metadata key of the meta
+META_KEY = "blobhouse:lerobot"
+STATS = "meta/stats.json"
+#: LeRobot's dtypes whose values are numbers (stats are computed for them when the dataset
+#: has no ``meta/stats.json``)
+_NUMERIC = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "bool"}
+_CAMERA = {"video", "image"}
+
+Stats = dict[str, dict[str, Any]]  # feature -> stat name -> nested lists of numbers
+
+
+@dataclass(frozen=True)
+class LeRobotMeta:
+    """A LeRobot dataset's metadata as a table keeps it: ``features`` as in its
+    ``meta/info.json`` (keys with their dots), ``tasks`` by ``task_index``, ``stats`` as in its
+    ``meta/stats.json`` (``stats_frames``: the frames they describe).
+
+    >>> meta = LeRobotMeta("v3.0", 30.0, "so100", {"action": {"dtype": "float32", "shape": [2]}})
+    >>> LeRobotMeta.from_json(meta.to_json()) == meta
+    True
+    >>> meta.columns
+    {'action': 'action'}
+    """
+
+    codebase_version: str
+    fps: float
+    robot_type: str | None
+    features: dict[str, dict[str, Any]]
+    tasks: dict[int, str] = field(default_factory=dict)
+    stats: Stats = field(default_factory=dict)
+    stats_frames: int = 0
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """Each feature's column in the table (dots become underscores)."""
+        return {key: column_name(key) for key in self.features}
+
+    @property
+    def video_keys(self) -> list[str]:
+        return [k for k, f in self.features.items() if f["dtype"] == "video"]
+
+    @property
+    def image_keys(self) -> list[str]:
+        return [k for k, f in self.features.items() if f["dtype"] == "image"]
+
+    @property
+    def camera_keys(self) -> list[str]:
+        return [k for k, f in self.features.items() if f["dtype"] in _CAMERA]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": 1,
+                "codebase_version": self.codebase_version,
+                "fps": self.fps,
+                "robot_type": self.robot_type,
+                "features": self.features,
+                "tasks": {str(i): text for i, text in sorted(self.tasks.items())},
+                "stats": self.stats,
+                "stats_frames": self.stats_frames,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> LeRobotMeta:
+        try:
+            raw = json.loads(text)
+            return cls(
+                raw["codebase_version"],
+                raw["fps"],
+                raw["robot_type"],
+                raw["features"],
+                {int(i): t for i, t in raw["tasks"].items()},
+                raw["stats"],
+                int(raw["stats_frames"]),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise TableMetadataError(
+                f"the table's LeRobot metadata ({META_KEY!r} in its schema metadata) cannot be "
+                f"read: {exc!r}"
+            ) from None
+
+    def merged(self, other: LeRobotMeta, where: str) -> LeRobotMeta:
+        """This meta with ``other``'s dataset appended: the same ``fps`` and features
+        (``dtype``, ``shape``, ``names``), tasks united, stats aggregated."""
+        if self.fps != other.fps:
+            raise LeRobotDatasetError(
+                f"the dataset's fps is {other.fps:g}, the table {where}'s {self.fps:g}: append "
+                "datasets recorded at the same rate"
+            )
+        for key in sorted(set(self.features) | set(other.features)):
+            mine, theirs = self.features.get(key), other.features.get(key)
+            if _essentials(mine) != _essentials(theirs):
+                raise LeRobotDatasetError(
+                    f"the dataset's feature {key!r} is {_essentials(theirs)}, the table "
+                    f"{where}'s {_essentials(mine)}: append datasets with the same features"
+                )
+        tasks = dict(self.tasks)
+        for index, text in other.tasks.items():
+            if tasks.setdefault(index, text) != text:
+                raise LeRobotDatasetError(
+                    f"the dataset's task_index {index} is {text!r}, the table {where}'s "
+                    f"{tasks[index]!r}"
+                )
+        return replace(
+            self,
+            tasks=tasks,
+            stats=aggregate_stats([self.stats, other.stats]),
+            stats_frames=self.stats_frames + other.stats_frames,
+        )
+
+
+def _essentials(feature: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if feature is None:
+        return None
+    return {k: feature.get(k) for k in ("dtype", "shape", "names")}
+
+
+def source_meta(root: Path, info: Mapping[str, Any], tasks: Mapping[int, str], frames: int):
+    """The meta of the dataset at ``root`` (``info``: its checked ``meta/info.json``): its
+    ``meta/stats.json`` when it has one, else stats computed from its data files for its
+    numeric features."""
+    stats_path = root / STATS
+    if stats_path.is_file():
+        try:
+            stats = json.loads(stats_path.read_text())
+        except (ValueError, UnicodeDecodeError) as error:
+            raise LeRobotDatasetError(f"{stats_path} is not valid JSON: {error}") from None
+        if not isinstance(stats, dict) or not all(isinstance(s, dict) for s in stats.values()):
+            raise LeRobotDatasetError(
+                f"{stats_path} must map each feature to its stats, got {type(stats).__name__}"
+            )
+    else:
+        stats = {}
+    return LeRobotMeta(
+        info["codebase_version"],
+        info["fps"],  # as LeRobot gives it (an int, mostly)
+        info.get("robot_type"),
+        {key: dict(feature) for key, feature in info["features"].items()},
+        dict(tasks),
+        stats,
+        frames,
+    )
+
+
+def computed_stats(meta: LeRobotMeta, data_files: Sequence[Path]) -> Stats:
+    """LeRobot's stats of the numeric features of ``meta`` that it has none for, from the
+    frame rows of ``data_files`` (read a column at a time)."""
+    stats = {}
+    for key, feature in meta.features.items():
+        if key in meta.stats or feature["dtype"] not in _NUMERIC:
+            continue
+        moments = _Moments()
+        for path in data_files:
+            try:
+                column = pq.read_table(path, columns=[key]).column(0)
+            except (OSError, pa.ArrowException) as error:  # a damaged page
+                raise LeRobotDatasetError(f"{path} cannot be read: {error}") from None
+            moments.add(_matrix(column))
+        if moments.count:
+            stats[key] = moments.stats()
+    return stats
+
+
+def _matrix(column: pa.ChunkedArray) -> np.ndarray:
+    """A column of numbers or fixed-size lists of numbers as rows x dimensions (float64)."""
+    column = column.combine_chunks()
+    if pa.types.is_fixed_size_list(column.type) or pa.types.is_list(column.type):
+        width = len(column[0]) if len(column) else 0
+        values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
+        return values.astype(np.float64).reshape(len(column), width)
+    return column.to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, 1)
+
+
+class _Moments:
+    """count, sum, sum of squares, min and max per dimension, added a block at a time."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum = self.squares = self.min = self.max = None
+
+    def add(self, values: np.ndarray) -> None:
+        if not len(values):
+            return
+        low, high = values.min(axis=0), values.max(axis=0)
+        if self.count == 0:
+            self.sum, self.squares, self.min, self.max = (
+                values.sum(axis=0),
+                (values**2).sum(axis=0),
+                low,
+                high,
+            )
+        else:
+            self.sum = self.sum + values.sum(axis=0)
+            self.squares = self.squares + (values**2).sum(axis=0)
+            self.min, self.max = np.minimum(self.min, low), np.maximum(self.max, high)
+        self.count += len(values)
+
+    def stats(self) -> dict[str, list]:
+        mean = self.sum / self.count
+        std = np.sqrt(np.maximum(self.squares / self.count - mean**2, 0.0))
+        return {
+            "min": self.min.tolist(),
+            "max": self.max.tolist(),
+            "mean": mean.tolist(),
+            "std": std.tolist(),
+            "count": [self.count],
+        }
+
+
+def aggregate_stats(parts: Iterable[Stats]) -> Stats:
+    """The stats of datasets taken together, from each one's (LeRobot's ``aggregate_stats``:
+    counts added, means weighted by count, variances pooled, min of mins, max of maxes; other
+    stats, such as quantiles, weighted by count). A feature some part has no stats for keeps
+    none: stats of part of its frames would misdescribe it.
+
+    >>> a = {"x": {"min": [0.0], "max": [2.0], "mean": [1.0], "std": [1.0], "count": [2]}}
+    >>> b = {"x": {"min": [4.0], "max": [4.0], "mean": [4.0], "std": [0.0], "count": [2]}}
+    >>> aggregate_stats([a, b])["x"]
+    {'min': [0.0], 'max': [4.0], 'mean': [2.5], 'std': [1.6583123951777], 'count': [4]}
+    """
+    parts = [p for p in parts]
+    if len(parts) == 1:
+        return parts[0]
+    merged: Stats = {}
+    for key in set.intersection(*(set(p) for p in parts)) if parts else ():
+        stats = [p[key] for p in parts]
+        counts = np.array([float(np.asarray(s.get("count", [0])).sum()) for s in stats])
+        if counts.sum() <= 0:
+            continue
+        weights = counts / counts.sum()
+        names = [n for n in stats[0] if all(n in s for s in stats)]
+        out: dict[str, Any] = {}
+        means = [np.asarray(s["mean"], np.float64) for s in stats] if "mean" in names else []
+        for name in (n for n in names if n != "count"):
+            values = [np.asarray(s[name], np.float64) for s in stats]
+            if name == "min":
+                out[name] = np.minimum.reduce(values)
+            elif name == "max":
+                out[name] = np.maximum.reduce(values)
+            elif name == "std" and means:
+                mean = sum(w * m for w, m in zip(weights, means, strict=True))
+                variance = sum(
+                    w * (v**2 + (m - mean) ** 2)
+                    for w, v, m in zip(weights, values, means, strict=True)
+                )
+                out[name] = np.sqrt(variance)
+            else:
+                out[name] = sum(w * v for w, v in zip(weights, values, strict=True))
+        out = {name: np.asarray(value).tolist() for name, value in out.items()}
+        out["count"] = [int(counts.sum())]
+        merged[key] = out
+    return merged
+
+
+def table_meta(dataset: LanceDataset) -> LeRobotMeta | None:
+    """The LeRobot meta a version of a table keeps (None: it was not imported from LeRobot,
+    or by a blobhouse before 2026-11-30)."""
+    text = (dataset.schema.metadata or {}).get(META_KEY.encode())
+    return None if text is None else LeRobotMeta.from_json(text)
+
+
+def with_meta(schema: pa.Schema, meta: LeRobotMeta) -> pa.Schema:
+    """``schema`` carrying ``meta`` (what a create records)."""
+    return schema.with_metadata({**(schema.metadata or {}), META_KEY.encode(): meta.to_json()})
+
+
+def append_meta(snapshot: TableSnapshot, meta: LeRobotMeta, where: str) -> TableSnapshot:
+    """Record ``meta`` (an appended dataset's) in the table, merged with the meta of the
+    latest version (again after another commit preempts it); nothing when the table keeps
+    none (its rows were imported by a blobhouse that did not keep it)."""
+
+    def update(latest: TableSnapshot) -> LanceOperation.UpdateConfig | None:
+        mine = table_meta(latest.dataset)
+        if mine is None:  # rows imported before the meta was kept: this one's alone would lie
+            return None
+        merged = mine.merged(meta, where)
+        return LanceOperation.UpdateConfig(
+            schema_metadata_updates=LanceOperation.UpdateMap({META_KEY: merged.to_json()})
+        )
+
+    return run_change(ManifestUpdate("lerobot-meta", update), snapshot).snapshot
