@@ -6,12 +6,17 @@ frames, two cameras and an image feature. It is imported with ``ingest_lerobot``
 classes give the items of the same indices, with and without ``delta_timestamps`` and for a
 subset of ``episodes``, and every key is compared: the same keys, dtypes and shapes, and equal
 values (frames pixel for pixel); the ``meta`` fields training code reads are compared too.
+Then ``bench/lerobot_env/train_dropin.py`` runs LeRobot's own training steps for an ACT
+policy (its policy factory from ``dataset.meta``, normalization from ``meta.stats``, CPU, no
+pretrained weights) twice with the same seed: on the table through blobhouse's classes, and on
+the dataset's folder through LeRobot's; the same items give the same losses, bit for bit.
 Without LeRobot the case only notes that it could not run.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,7 @@ from bench.harness import Case, Scratch, Size
 from bench.robot_case import LEROBOT_PYTHON, LEROBOT_READY, LEROBOT_SIDE
 from blobhouse.lerobot import LeRobotDataset, ingest_lerobot
 
+TRAIN = LEROBOT_SIDE.parent / "train_dropin.py"
 LENGTHS = "31,120,64,45"
 STEP = 1 / 30
 PLANS: dict[str, dict[str, Any]] = {
@@ -80,7 +86,30 @@ def lerobot_dropin(size: Size) -> Case:
                 equal=not problems,
                 differences="; ".join(problems[:5]) or "-",
             )
+        steps = 2 if size.name == "quick" else 5
+        ours_run = _train(table, steps)
+        theirs_run = _train(str(dataset), steps, "--lerobot")
+        case.add(
+            metric="training_losses_equal_to_lerobot",
+            plan="ACT, batches of 8, seed 0",
+            items=steps,
+            equal=ours_run["losses"] == theirs_run["losses"],
+            differences=f"losses {ours_run['losses']} against {theirs_run['losses']}",
+            blobhouse_step_s=round(statistics.median(ours_run["step_seconds"][1:]), 3),
+            lerobot_step_s=round(statistics.median(theirs_run["step_seconds"][1:]), 3),
+        )
     return case
+
+
+def _train(root: str, steps: int, *flags: str) -> dict[str, Any]:
+    """``train_dropin.py`` on ``root``: its losses and step times."""
+    done = subprocess.run(
+        [str(LEROBOT_PYTHON), str(TRAIN), root, f"--steps={steps}", *flags],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _lerobot_items(dataset: Path, root: Path, plan: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds .venv-lerobot: LeRobot 0.4.4 (its dataset code only), for the robot_video benchmark
-# case to measure LeRobotDataset beside blobhouse. Not part of blobhouse's own environment:
+# Builds .venv-lerobot: LeRobot 0.4.4 (its dataset and policy code), for the robot_video and
+# lerobot_dropin benchmark cases to measure and compare LeRobotDataset beside blobhouse, and
+# for train_dropin.py (LeRobot's training steps on a blobhouse table; blobhouse comes from the
+# checkout, its dependencies from the lock). Not part of blobhouse's own environment:
 # lerobot 0.4.4 declares torch<2.11, torchvision<0.26 and torchcodec<0.11 (and wandb, diffusers,
 # opencv, ...), so it is installed without its dependencies on the CPU torch 2.13.0, and only
 # what lerobot.datasets imports is added, pinned in requirements-lock.txt.
@@ -38,8 +40,10 @@ pip=("$venv/bin/pip" --disable-pip-version-check)
 meta="$("$venv/bin/python" -c 'import importlib.util as u; print(u.find_spec("torchvision").submodule_search_locations[0])')/_meta_registrations.py"
 sed -i -E 's/^@torch\.library\.register_fake\(("torchvision::[a-z_]+")\)$/@(torch.library.register_fake(\1) if torchvision.extension._has_ops() else (lambda f: f))/' "$meta"
 grep -q '_has_ops() else (lambda f: f))' "$meta"
-HF_HUB_OFFLINE=1 "$venv/bin/python" -c '
+HF_HUB_OFFLINE=1 PYTHONPATH="$root" "$venv/bin/python" -c '
 from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: F401
+from lerobot.policies.factory import make_policy  # noqa: F401  (train_dropin.py)
+from blobhouse.lerobot import LeRobotDataset as Ours  # noqa: F401
 from lerobot.datasets.video_utils import get_safe_default_codec
 assert get_safe_default_codec() == "torchcodec", get_safe_default_codec()
 print("lerobot ready, decoding with torchcodec")'

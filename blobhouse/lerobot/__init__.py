@@ -9,13 +9,14 @@ does (``from blobhouse.lerobot import LeRobotDataset``: needs torch);
 
 from typing import Any
 
-from blobhouse.lerobot.info import DatasetInfo, dataset_info
+from blobhouse.lerobot.info import DatasetInfo, LeRobotDatasetMetadata, dataset_info
 from blobhouse.lerobot.ingest import LeRobotImport, ingest_lerobot
 from blobhouse.lerobot.source import LeRobotSource, column_name
 
 __all__ = [
     "DatasetInfo",
     "LeRobotDataset",
+    "LeRobotDatasetMetadata",
     "LeRobotImport",
     "LeRobotSource",
     "column_name",

@@ -25,133 +25,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
-from blobhouse.errors import InvalidInputError, LeRobotDatasetError
-from blobhouse.io.forks import in_fresh_process, lance_is_running
-from blobhouse.layout import TableLocation
-from blobhouse.lerobot.info import Episodes, dataset_info
+from blobhouse.errors import InvalidInputError
+from blobhouse.lerobot.info import LeRobotDatasetMetadata, load_pinned
 from blobhouse.lerobot.meta import LeRobotMeta
 from blobhouse.loader import PinnedRows, checked_frames, read_row_dicts
-from blobhouse.table import open_at
-
-
-def _load(location: TableLocation, version: int, storage_options: dict[str, str] | None):
-    """What a :class:`LeRobotDataset` needs before it reads rows (run in a fresh process when
-    this one has not started Lance, so DataLoader workers forked from it can read)."""
-    info = dataset_info(open_at(location, version, storage_options))
-    return None if info is None else (info.meta.to_json(), info.episodes)
-
-
-class EpisodeTable:
-    """``LeRobotDatasetMetadata.episodes`` as LeRobot's training code reads it: ``[i]`` is
-    episode ``i``'s row (a dict), ``["dataset_from_index"]`` a field over all episodes."""
-
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self._rows = rows
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __getitem__(self, key: int | str) -> Any:
-        if isinstance(key, str):
-            if self._rows and key not in self._rows[0]:
-                raise KeyError(key)
-            return [row[key] for row in self._rows]
-        return self._rows[key]
-
-    @property
-    def column_names(self) -> list[str]:
-        return list(self._rows[0]) if self._rows else []
-
-    def to_pandas(self) -> pd.DataFrame:
-        return pd.DataFrame(self._rows)
-
-
-class DatasetMetadata:
-    """What LeRobot's ``LeRobotDatasetMetadata`` offers a training script, for a table."""
-
-    def __init__(self, repo_id: str, root: str, meta: LeRobotMeta, episodes: Episodes) -> None:
-        self.repo_id = repo_id
-        self.root = root
-        self._meta = meta
-        self._episodes = episodes
-        self.episodes = EpisodeTable(episodes.rows(meta.video_keys))
-        tasks = sorted(meta.tasks.items())
-        self.tasks = pd.DataFrame(
-            {"task_index": [i for i, _ in tasks]},
-            index=pd.Index([t for _, t in tasks], name="task"),
-        )
-        self.stats = {
-            key: {name: np.asarray(value) for name, value in stats.items()}
-            for key, stats in meta.stats.items()
-        }
-        self.info = {
-            "codebase_version": meta.codebase_version,
-            "robot_type": meta.robot_type,
-            "total_episodes": len(episodes),
-            "total_frames": int(episodes.length.sum()),
-            "total_tasks": len(meta.tasks),
-            "fps": meta.fps,
-            "features": meta.features,
-        }
-
-    @property
-    def fps(self) -> float:
-        return self._meta.fps
-
-    @property
-    def robot_type(self) -> str | None:
-        return self._meta.robot_type
-
-    @property
-    def features(self) -> dict[str, dict]:
-        return self._meta.features
-
-    @property
-    def image_keys(self) -> list[str]:
-        return self._meta.image_keys
-
-    @property
-    def video_keys(self) -> list[str]:
-        return self._meta.video_keys
-
-    @property
-    def camera_keys(self) -> list[str]:
-        return self._meta.camera_keys
-
-    @property
-    def names(self) -> dict[str, Any]:
-        return {key: f.get("names") for key, f in self.features.items()}
-
-    @property
-    def shapes(self) -> dict[str, tuple]:
-        return {key: tuple(f["shape"]) for key, f in self.features.items()}
-
-    @property
-    def total_episodes(self) -> int:
-        return self.info["total_episodes"]
-
-    @property
-    def total_frames(self) -> int:
-        return self.info["total_frames"]
-
-    @property
-    def total_tasks(self) -> int:
-        return self.info["total_tasks"]
-
-    def get_task_index(self, task: str) -> int | None:
-        return self.tasks.loc[task].task_index if task in self.tasks.index else None
-
-    def __repr__(self) -> str:
-        return (
-            f"DatasetMetadata(repo_id={self.repo_id!r}, total_episodes={self.total_episodes}, "
-            f"total_frames={self.total_frames}, features={list(self.features)})"
-        )
 
 
 class LeRobotDataset(Dataset):
@@ -199,16 +81,8 @@ class LeRobotDataset(Dataset):
         self.tolerance_s = tolerance_s
         self.check_hashes = check_hashes
         self._rows = PinnedRows(uri, storage_options=storage_options)
-        args = (self._rows.location, self._rows.version, self._rows.storage_options)
-        loaded = _load(*args) if lance_is_running() else in_fresh_process(_load, *args)
-        if loaded is None:
-            raise LeRobotDatasetError(
-                f"table {uri} holds no LeRobot dataset's metadata: import the dataset with "
-                "blobhouse.lerobot.ingest_lerobot (a table imported before blobhouse kept "
-                "the metadata needs importing again)"
-            )
-        meta, self._episodes = LeRobotMeta.from_json(loaded[0]), loaded[1]
-        self.meta = DatasetMetadata(repo_id, uri, meta, self._episodes)
+        meta, self._episodes = load_pinned(self._rows)
+        self.meta = LeRobotDatasetMetadata(repo_id, uri, _loaded=(meta, self._episodes))
         self.episodes = None if episodes is None else list(episodes)
         self._positions = self._selected(self.episodes)
         self.delta_indices = None

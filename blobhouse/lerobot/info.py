@@ -6,16 +6,22 @@ Episodes are read from the rows, not kept: they stay true after deletes, updates
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow.compute as pc
 
+from blobhouse.errors import InvalidInputError, LeRobotDatasetError
+from blobhouse.io.forks import in_fresh_process, lance_is_running
+from blobhouse.layout import TableLocation
 from blobhouse.lerobot.meta import LeRobotMeta, table_meta
+from blobhouse.loader import PinnedRows
 from blobhouse.read.video import TIMESTAMP_SUFFIX
-from blobhouse.table import Table
+from blobhouse.table import Table, open_at
 
 _SCAN_ROWS = 65_536
 
@@ -157,3 +163,163 @@ def _episodes(table: Table, meta: LeRobotMeta) -> Episodes:
         {key: np.asarray(first[key]) for key in cameras},
         {key: np.asarray(last[key]) + step for key in cameras},
     )
+
+
+def _load(
+    location: TableLocation, version: int, storage_options: dict[str, str] | None
+) -> tuple[str, Episodes] | None:
+    """The meta (JSON) and episodes of a table version, picklable: what a reader needs before
+    it reads rows (run in a fresh process when this one has not started Lance, so DataLoader
+    workers forked from it can read)."""
+    info = dataset_info(open_at(location, version, storage_options))
+    return None if info is None else (info.meta.to_json(), info.episodes)
+
+
+def load_pinned(rows: PinnedRows) -> tuple[LeRobotMeta, Episodes]:
+    """The meta and episodes of the table version ``rows`` pins, without starting Lance in
+    this process if it has not (its DataLoader workers may fork), or an error naming the
+    way out when the table keeps no LeRobot dataset's meta."""
+    args = (rows.location, rows.version, rows.storage_options)
+    loaded = _load(*args) if lance_is_running() else in_fresh_process(_load, *args)
+    if loaded is None:
+        raise LeRobotDatasetError(
+            f"table {rows.location} holds no LeRobot dataset's metadata: import the dataset "
+            "with blobhouse.lerobot.ingest_lerobot (a table imported before blobhouse kept "
+            "the metadata needs importing again)"
+        )
+    return LeRobotMeta.from_json(loaded[0]), loaded[1]
+
+
+class EpisodeTable:
+    """``LeRobotDatasetMetadata.episodes`` as LeRobot's training code reads it: ``[i]`` is
+    episode ``i``'s row (a dict), ``["dataset_from_index"]`` a field over all episodes."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, key: int | str) -> Any:
+        if isinstance(key, str):
+            if self._rows and key not in self._rows[0]:
+                raise KeyError(key)
+            return [row[key] for row in self._rows]
+        return self._rows[key]
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self._rows[0]) if self._rows else []
+
+    def to_pandas(self) -> pd.DataFrame:
+        return pd.DataFrame(self._rows)
+
+
+class LeRobotDatasetMetadata:
+    """LeRobot's ``LeRobotDatasetMetadata`` for a table: what its training code reads (``fps``,
+    ``features``, ``stats`` as numpy arrays, ``camera_keys``, ``video_keys``, ``episodes``,
+    ``tasks``, ``total_episodes``, ``total_frames``, ``robot_type``, ...). ``root`` names the
+    table (without it ``repo_id`` does); ``revision`` and ``force_cache_sync`` are accepted and
+    do nothing here.
+
+    >>> import tempfile
+    >>> from blobhouse.lerobot import ingest_lerobot
+    >>> from blobhouse.lerobot.sample import write_sample_dataset
+    >>> root = write_sample_dataset(tempfile.mkdtemp(), episodes=2, frames=4, size=(16, 16))
+    >>> table = ingest_lerobot(root, tempfile.mkdtemp() + "/robot").table
+    >>> meta = LeRobotDatasetMetadata("me/robot", root=table.uri)
+    >>> meta.fps, meta.total_frames, meta.episodes["dataset_to_index"]
+    (30, 8, [4, 8])
+    """
+
+    def __init__(
+        self,
+        repo_id: str,
+        root: str | os.PathLike | None = None,
+        revision: str | None = None,
+        force_cache_sync: bool = False,
+        *,
+        storage_options: dict[str, str] | None = None,
+        _loaded: tuple[LeRobotMeta, Episodes] | None = None,
+    ) -> None:
+        uri = os.fspath(root) if root is not None else repo_id
+        if not isinstance(uri, str):
+            raise InvalidInputError(f"root must name a table (a path or URI), got {root!r}")
+        self.repo_id, self.root, self.revision = repo_id, uri, revision
+        if _loaded is None:
+            _loaded = load_pinned(PinnedRows(uri, storage_options=storage_options))
+        meta, episodes = _loaded
+        self._meta = meta
+        self.episodes = EpisodeTable(episodes.rows(meta.video_keys))
+        tasks = sorted(meta.tasks.items())
+        self.tasks = pd.DataFrame(
+            {"task_index": [i for i, _ in tasks]},
+            index=pd.Index([t for _, t in tasks], name="task"),
+        )
+        self.stats = {
+            key: {name: np.asarray(value) for name, value in stats.items()}
+            for key, stats in meta.stats.items()
+        }
+        self.info = {
+            "codebase_version": meta.codebase_version,
+            "robot_type": meta.robot_type,
+            "total_episodes": len(episodes),
+            "total_frames": int(episodes.length.sum()),
+            "total_tasks": len(meta.tasks),
+            "fps": meta.fps,
+            "features": meta.features,
+        }
+
+    @property
+    def fps(self) -> float:
+        return self._meta.fps
+
+    @property
+    def robot_type(self) -> str | None:
+        return self._meta.robot_type
+
+    @property
+    def features(self) -> dict[str, dict]:
+        return self._meta.features
+
+    @property
+    def image_keys(self) -> list[str]:
+        return self._meta.image_keys
+
+    @property
+    def video_keys(self) -> list[str]:
+        return self._meta.video_keys
+
+    @property
+    def camera_keys(self) -> list[str]:
+        return self._meta.camera_keys
+
+    @property
+    def names(self) -> dict[str, Any]:
+        return {key: f.get("names") for key, f in self.features.items()}
+
+    @property
+    def shapes(self) -> dict[str, tuple]:
+        return {key: tuple(f["shape"]) for key, f in self.features.items()}
+
+    @property
+    def total_episodes(self) -> int:
+        return self.info["total_episodes"]
+
+    @property
+    def total_frames(self) -> int:
+        return self.info["total_frames"]
+
+    @property
+    def total_tasks(self) -> int:
+        return self.info["total_tasks"]
+
+    def get_task_index(self, task: str) -> int | None:
+        return self.tasks.loc[task].task_index if task in self.tasks.index else None
+
+    def __repr__(self) -> str:
+        return (
+            f"LeRobotDatasetMetadata(repo_id={self.repo_id!r}, "
+            f"total_episodes={self.total_episodes}, total_frames={self.total_frames}, "
+            f"features={list(self.features)})"
+        )
