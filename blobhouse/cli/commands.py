@@ -114,7 +114,12 @@ def _ingest_lerobot(args: argparse.Namespace, run: Run) -> int:
     run.doing = f"importing {args.dataset}"
     run.will_write(args.table, options)
     done = ingest_lerobot(
-        args.dataset, args.table, mode=args.mode, storage_options=options, progress=run.progress
+        args.dataset,
+        args.table,
+        mode=args.mode,
+        storage_options=options,
+        progress=run.progress,
+        again=args.again,
     )
     _close(run)
     report = {

@@ -283,8 +283,15 @@ def _ingest_lerobot_command(command: _Command, parents: _Parents) -> None:
         "--mode",
         choices=["create", "append", "overwrite"],
         default="create",
-        help="create the table (the default; refused if it exists), append to it, or "
+        help="create the table (the default; refused if it exists), append to it (the "
+        "dataset's episodes numbered after the table's, as LeRobot's merge numbers them), or "
         "overwrite its rows with a new version",
+    )
+    ingest.add_argument(
+        "--again",
+        action="store_true",
+        help="append a dataset the table holds already (refused without it: its episodes "
+        "would be repeated as new ones)",
     )
 
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from blobhouse.commit import leases
 from blobhouse.commit.transaction import Transaction
@@ -33,6 +35,7 @@ from blobhouse.io.objects import StorageOptions, checked_options
 from blobhouse.layout import TableLocation
 from blobhouse.lerobot.meta import (
     LeRobotMeta,
+    Renumbering,
     append_meta,
     computed_stats,
     source_meta,
@@ -97,6 +100,13 @@ class ImportPlan:
     table_exists: bool
     mode: ImportMode
     meta: LeRobotMeta  # the dataset's, recorded with the rows (merged with the table's)
+    renumbering: Renumbering | None = None  # an append's, to the table's numbering
+
+    def frame_batches(
+        self, chunks: dict[ChunkKey, ChunkRef], files: Sequence[Path] | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """The rows of the frames of ``files`` (default: all), numbered for the table."""
+        return self.source.frame_batches(chunks, files, self.renumbering)
 
     @property
     def cameras(self) -> tuple[str, ...]:
@@ -159,7 +169,7 @@ class ImportPlan:
     def _schema(self, chunks: dict[ChunkKey, ChunkRef]) -> pa.Schema:
         """The rows' schema: the first batch's (every data file has the same columns), with
         the dataset's meta when the import makes the table (an append records it after)."""
-        schema = next(self.source.frame_batches(chunks)).schema  # read() found frames
+        schema = next(self.frame_batches(chunks)).schema  # read() found frames
         appending = self.mode == "append" and self.table_exists
         return schema if appending else with_meta(schema, self.meta)
 
@@ -196,10 +206,13 @@ def plan_import(
     table: str,
     mode: str,
     storage_options: dict[str, str] | None,
+    again: bool = False,
 ) -> tuple[ImportPlan, Transaction]:
     """Check the dataset and the target, and start the import's transaction."""
     if mode not in ("create", "append", "overwrite"):
         raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
+    if not isinstance(again, bool):
+        raise InvalidInputError(f"again must be True or False, got {again!r}")
     source = LeRobotSource.read(dataset)
     storage_options = checked_options(storage_options)
     location = TableLocation.of(table, None, storage_options)
@@ -212,10 +225,40 @@ def plan_import(
     if exists and mode == "append":
         snapshot = open_snapshot(location, None, storage_options)
         _check_blob_columns(plan, snapshot, table)
-        if (kept := table_meta(snapshot.dataset)) is not None:
-            kept.merged(meta, table)  # refused before a video file is stored
+        plan = _appended(plan, snapshot, table, again)
     txn = Transaction.start(location, None, storage_options, kind="write")
     return replace(plan, name_prefix=txn.name_prefix), txn
+
+
+def _appended(plan: ImportPlan, snapshot: TableSnapshot, where: str, again: bool) -> ImportPlan:
+    """``plan`` as an append to ``snapshot``'s dataset: checked against the table's meta (the
+    same fps and features; not a dataset the table holds already, unless ``again``) and
+    numbered after its frames, episodes and tasks; all before a video file is stored."""
+    kept = table_meta(snapshot.dataset)
+    if kept is None:  # imported before the meta was kept: nothing to check or number by
+        return plan
+    fingerprint = plan.meta.sources[0]
+    if fingerprint in kept.sources and not again:
+        raise LeRobotDatasetError(
+            f"the dataset {plan.source.root} is in the table {where} already (imported "
+            "before): importing it again would repeat its episodes (as new ones); pass "
+            "again=True (--again) if that is what you want"
+        )
+    next_index, next_episode = _next_numbers(snapshot)
+    renumbering = Renumbering.after(kept, next_index, next_episode, plan.source.tasks)
+    meta = plan.meta.renumbered(renumbering)
+    kept.merged(meta, where)  # the same fps and features, or refused here
+    return replace(plan, meta=meta, renumbering=renumbering)
+
+
+def _next_numbers(snapshot: TableSnapshot) -> tuple[int, int]:
+    """The ``index`` and ``episode_index`` after the table's largest (a scan of the two)."""
+    largest = [-1, -1]
+    for batch in snapshot.dataset.to_batches(columns=["index", "episode_index"]):
+        for n, column in enumerate(batch.columns):
+            if len(column):
+                largest[n] = max(largest[n], pc.max(column).as_py())
+    return largest[0] + 1, largest[1] + 1
 
 
 def _check_blob_columns(plan: ImportPlan, table: TableSnapshot, where: str) -> None:
@@ -240,6 +283,7 @@ def ingest_lerobot(
     mode: ImportMode = "create",
     storage_options: dict[str, str] | None = None,
     progress: Progress | None = None,
+    again: bool = False,
 ) -> LeRobotImport:
     """Import the LeRobot v3 dataset in folder ``dataset`` into the table at ``table``: one
     row per frame with the frame's columns (dots in names become underscores), ``task`` (the
@@ -248,7 +292,13 @@ def ingest_lerobot(
     first (its names, values and video files: :meth:`LeRobotSource.read`); nothing is written
     unless it is whole, and nothing of it is lost (two names that would become one column
     are refused). ``progress(step, done, total)`` hears of the video files stored and the
-    frames written.
+    frames written. The dataset's metadata is kept with the table (:func:`dataset_info`).
+
+    ``mode="append"`` adds a dataset as LeRobot's merge does: the same fps and features
+    (another is refused naming the feature), its ``index`` and ``episode_index`` numbered
+    after the table's, its tasks under the table's ``task_index`` for their text, its stats
+    aggregated with the table's. A dataset the table holds already is refused unless
+    ``again`` (its episodes would be repeated as new ones).
 
     >>> import tempfile
     >>> from blobhouse.lerobot.sample import write_sample_dataset
@@ -257,10 +307,10 @@ def ingest_lerobot(
     >>> done.frames, done.cameras, done.table.count_rows()
     (8, ('observation_images_cam',), 8)
     """
-    plan, txn = plan_import(dataset, table, mode, storage_options)
+    plan, txn = plan_import(dataset, table, mode, storage_options, again)
 
     def write_rows(stored: StoredVideos, begin: BeginRows) -> TableSnapshot:
-        frames = _counted(plan.source.frame_batches(stored.chunks), plan.source.frames, progress)
+        frames = _counted(plan.frame_batches(stored.chunks), plan.source.frames, progress)
         return plan.begin_write(stored, mode, begin, batches=frames).run().snapshot
 
     store = plan.store_step(lambda: plan.store(plan.source.videos, progress))

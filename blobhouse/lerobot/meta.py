@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import blake3
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -66,6 +67,7 @@ class LeRobotMeta:
     tasks: dict[int, str] = field(default_factory=dict)
     stats: Stats = field(default_factory=dict)
     stats_frames: int = 0
+    sources: tuple[str, ...] = ()  # fingerprints of the datasets imported (source_fingerprint)
 
     @property
     def columns(self) -> dict[str, str]:
@@ -95,6 +97,7 @@ class LeRobotMeta:
                 "tasks": {str(i): text for i, text in sorted(self.tasks.items())},
                 "stats": self.stats,
                 "stats_frames": self.stats_frames,
+                "sources": list(self.sources),
             }
         )
 
@@ -110,6 +113,7 @@ class LeRobotMeta:
                 {int(i): t for i, t in raw["tasks"].items()},
                 raw["stats"],
                 int(raw["stats_frames"]),
+                tuple(raw.get("sources", ())),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise TableMetadataError(
@@ -134,7 +138,7 @@ class LeRobotMeta:
                 )
         tasks = dict(self.tasks)
         for index, text in other.tasks.items():
-            if tasks.setdefault(index, text) != text:
+            if tasks.setdefault(index, text) != text:  # other was renumbered: never
                 raise LeRobotDatasetError(
                     f"the dataset's task_index {index} is {text!r}, the table {where}'s "
                     f"{tasks[index]!r}"
@@ -144,7 +148,76 @@ class LeRobotMeta:
             tasks=tasks,
             stats=aggregate_stats([self.stats, other.stats]),
             stats_frames=self.stats_frames + other.stats_frames,
+            sources=self.sources + other.sources,
         )
+
+    def renumbered(self, renumbering: Renumbering) -> LeRobotMeta:
+        """This dataset's meta as it reads once appended with ``renumbering``: its tasks under
+        their new indices, the stats of ``index`` and ``episode_index`` moved by the offsets
+        (min, max, mean; the spread stays)."""
+        stats = dict(self.stats)
+        for key, offset in (("index", renumbering.index), ("episode_index", renumbering.episode)):
+            if key in stats and offset:
+                stats[key] = {
+                    name: (np.asarray(value) + offset).tolist()
+                    if name in ("min", "max", "mean", "q01", "q10", "q50", "q90", "q99")
+                    else value
+                    for name, value in stats[key].items()
+                }
+        tasks = {renumbering.tasks.get(i, i): text for i, text in self.tasks.items()}
+        return replace(self, tasks=tasks, stats=stats)
+
+
+@dataclass(frozen=True)
+class Renumbering:
+    """How an appended dataset's frames are numbered in the table, as LeRobot's own merge
+    numbers them: ``index`` and ``episode_index`` moved past the table's, each task under the
+    table's ``task_index`` for its text (a new text under the next free one).
+
+    >>> table = LeRobotMeta("v3.0", 30, None, {}, tasks={0: "push", 1: "pick"})
+    >>> Renumbering.after(table, 100, 4, {0: "pick", 1: "stack"})
+    Renumbering(index=100, episode=4, tasks={0: 1, 1: 2})
+    """
+
+    index: int = 0
+    episode: int = 0
+    tasks: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def after(
+        cls, table: LeRobotMeta, next_index: int, next_episode: int, tasks: Mapping[int, str]
+    ) -> Renumbering:
+        by_text = {text: i for i, text in table.tasks.items()}
+        free = max(table.tasks, default=-1) + 1
+        mapping = {}
+        for index, text in sorted(tasks.items()):
+            if text not in by_text:
+                by_text[text], free = free, free + 1
+            mapping[index] = by_text[text]
+        return cls(next_index, next_episode, mapping)
+
+    def apply(self, column: str, values: np.ndarray) -> np.ndarray:
+        """A frame column's values renumbered (``index``, ``episode_index``, ``task_index``;
+        others as they are)."""
+        if column == "index":
+            return values + self.index
+        if column == "episode_index":
+            return values + self.episode
+        if column == "task_index" and self.tasks:
+            lookup = np.vectorize(lambda i: self.tasks.get(int(i), int(i)), otypes=[np.int64])
+            return lookup(values) if len(values) else values
+        return values
+
+
+def source_fingerprint(root: Path) -> str:
+    """What identifies a dataset folder: the blake3 of its ``meta/info.json``, its tasks and
+    its episode files (which name every data and video file, their frames and lengths)."""
+    digest = blake3.blake3()
+    episodes = sorted((root / "meta/episodes").glob("chunk-*/file-*.parquet"))
+    for path in [root / "meta/info.json", root / "meta/tasks.parquet", *episodes]:
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def _essentials(feature: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -177,6 +250,7 @@ def source_meta(root: Path, info: Mapping[str, Any], tasks: Mapping[int, str], f
         dict(tasks),
         stats,
         frames,
+        (source_fingerprint(root),),
     )
 
 

@@ -51,6 +51,7 @@ from blobhouse.lerobot.checks import (
     positive_number,
     task_texts,
 )
+from blobhouse.lerobot.meta import Renumbering
 from blobhouse.lerobot.videos import Segment, VideoCheck
 from blobhouse.read.video import TIMESTAMP_SUFFIX
 
@@ -187,11 +188,14 @@ class LeRobotSource:
         self,
         chunks: Mapping[tuple[str, int, int], ChunkRef],
         files: Sequence[Path] | None = None,
+        renumbering: Renumbering | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """Each data file's frame rows (of ``files``, by default all), renamed
         (:func:`column_name`), with ``task`` (the task's text) and per camera a reference to
         its video file (``chunks``, keyed by camera, chunk and file) and
-        ``<camera>_timestamp``, the frame's time in that file. :meth:`read` checked them."""
+        ``<camera>_timestamp``, the frame's time in that file; ``index``, ``episode_index``
+        and ``task_index`` renumbered as ``renumbering`` says (an append's). :meth:`read`
+        checked them."""
         for path in self.data_files if files is None else files:
             batches = _parquet(path).iter_batches(BATCH_ROWS)
             while True:
@@ -201,7 +205,8 @@ class LeRobotSource:
                     raise LeRobotDatasetError(f"{path} cannot be read: {error}") from None
                 if batch is None:
                     break
-                yield self._frame_rows(batch, path, chunks)
+                rows = self._frame_rows(batch, path, chunks)
+                yield rows if renumbering is None else _renumbered(rows, renumbering)
 
     def _frame_rows(
         self, batch: pa.RecordBatch, path: Path, chunks: Mapping[tuple[str, int, int], ChunkRef]
@@ -232,6 +237,16 @@ class LeRobotSource:
                 start.astype(np.float64) + seconds
             )
         return pa.record_batch(columns)
+
+
+def _renumbered(rows: pa.RecordBatch, renumbering: Renumbering) -> pa.RecordBatch:
+    columns = []
+    for name, column in zip(rows.schema.names, rows.columns, strict=True):
+        if name in ("index", "episode_index", "task_index"):
+            values = renumbering.apply(name, column.to_numpy(zero_copy_only=False))
+            column = pa.array(values, column.type)
+        columns.append(column)
+    return pa.record_batch(columns, schema=rows.schema)
 
 
 @dataclass(frozen=True)

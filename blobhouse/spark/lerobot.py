@@ -37,12 +37,13 @@ def ingest_lerobot(
     *,
     mode: ImportMode = "create",
     storage_options: dict[str, str] | None = None,
+    again: bool = False,
 ) -> LeRobotImport:
     """:func:`blobhouse.lerobot.ingest_lerobot` on Spark: the same table, each video file
     stored once (by whichever task stores it), the frame rows written by a task per data
     file, one commit; a failed task or commit leaves the table as it was and removes what the
-    tasks wrote."""
-    plan, txn = plan_import(dataset, table, mode, storage_options)
+    tasks wrote. ``again``: as there (an append of a dataset the table holds)."""
+    plan, txn = plan_import(dataset, table, mode, storage_options, again)
 
     def store() -> StoredVideos:
         return StoredVideos.merged(run_tasks(spark, [[v] for v in plan.source.videos], plan.store))
@@ -70,6 +71,6 @@ def _frames_writer(
     """What a task runs: the frame rows of its data files, written as data files."""
 
     def run(files: list[Path]) -> list[WrittenFile]:
-        return write.write(plan.source.frame_batches(stored.chunks, files))
+        return write.write(plan.frame_batches(stored.chunks, files))
 
     return run

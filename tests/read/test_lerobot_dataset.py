@@ -12,6 +12,8 @@ from pathlib import Path
 import av
 import lance
 import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -245,7 +247,7 @@ def test_an_append_aggregates_the_stats_and_keeps_the_tasks(source, tmp_path):
     uri = str(tmp_path / "robot")
     first = ingest_lerobot(source, uri).table
     once = dataset_info(first).meta
-    again = ingest_lerobot(source, uri, mode="append").table
+    again = ingest_lerobot(source, uri, mode="append", again=True).table
     info = dataset_info(again)
     assert info.total_frames == 320 and info.meta.stats_frames == 320
     state = info.meta.stats["observation.state"]
@@ -255,6 +257,33 @@ def test_an_append_aggregates_the_stats_and_keeps_the_tasks(source, tmp_path):
     assert info.meta.tasks == once.tasks
     # an older version reads the meta of its own rows
     assert dataset_info(first).meta.stats_frames == 160
+    # the second copy's episodes follow the first's, and LeRobot's reader sees 8 of them
+    dataset = LeRobotDataset("me/robot", root=uri, delta_timestamps={"action": [-STEP, 0]})
+    assert dataset.meta.episodes["episode_index"] == list(range(8))
+    assert dataset[160]["index"].item() == 160 and dataset[160]["episode_index"].item() == 4
+    assert dataset[160]["action_is_pad"].tolist() == [True, False]
+    assert info.meta.stats["index"]["max"] == [319.0]
+
+
+def test_another_datasets_tasks_are_numbered_by_their_text(source, tmp_path):
+    uri = str(tmp_path / "robot")
+    ingest_lerobot(source, uri)
+    other = _copy(source, tmp_path, "other")
+    tasks = pq.read_table(other / "meta/tasks.parquet").to_pandas()
+    texts = {int(i): t for t, i in zip(tasks.index, tasks["task_index"], strict=True)}
+    # the other dataset: task 0 is a new text, task 1 the table's task 1
+    renamed = {0: "stack the cups", 1: texts[1]}
+    table = pa.table(
+        {"task_index": pa.array([0, 1], pa.int64())},
+    ).to_pandas()
+    table.index = pd.Index([renamed[0], renamed[1]], name="task")
+    table.to_parquet(other / "meta/tasks.parquet")
+    appended = ingest_lerobot(other, uri, mode="append").table
+    meta = dataset_info(appended).meta
+    assert meta.tasks == {0: texts[0], 1: texts[1], 2: "stack the cups"}
+    rows = appended.to_arrow(columns=["task_index", "task"]).slice(160)
+    for index, text in zip(rows["task_index"].to_pylist(), rows["task"].to_pylist(), strict=True):
+        assert meta.tasks[index] == text
 
 
 def test_an_append_of_another_rate_or_shape_is_refused_before_anything_is_stored(source, tmp_path):

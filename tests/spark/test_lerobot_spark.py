@@ -55,7 +55,7 @@ def test_the_spark_import_makes_the_python_import_s_table(spark, dataset, tmp_pa
     video_bytes = sum(p.stat().st_size for p in dataset.glob("videos/*/*/*.mp4"))
     assert _packs(tmp_path / "spark") == video_bytes  # each file once, whichever task stored it
     # the same types: the Python import appends to the table Spark made
-    again = ingest_lerobot(dataset, str(tmp_path / "spark"), mode="append")
+    again = ingest_lerobot(dataset, str(tmp_path / "spark"), mode="append", again=True)
     assert again.table.count_rows() == 200 and _packs(tmp_path / "spark") == video_bytes
     assert dataset_info(again.table).meta.stats_frames == 200
 

@@ -104,8 +104,15 @@ def test_appending_the_same_dataset_stores_no_video_again(dataset, tmp_path):
     ingest_lerobot(dataset, uri)
     packs = tmp_path / "robot" / "_blobs" / "packs"
     before = {p.name: p.stat().st_size for p in packs.iterdir()}
-    again = ingest_lerobot(dataset, uri, mode="append")
+    with pytest.raises(LeRobotDatasetError, match=r"is in the table .* already.*again=True"):
+        ingest_lerobot(dataset, uri, mode="append")  # refused before a video file is stored
+    assert {p.name: p.stat().st_size for p in packs.iterdir()} == before
+    again = ingest_lerobot(dataset, uri, mode="append", again=True)
     assert again.table.count_rows() == 300
+    # numbered as LeRobot's merge numbers: after the table's frames and episodes
+    rows = again.table.to_arrow(columns=["index", "episode_index"])
+    assert rows["index"].to_pylist() == list(range(300))
+    assert sorted(set(rows["episode_index"].to_pylist())) == list(range(10))
     assert {p.name: p.stat().st_size for p in packs.iterdir()} == before
     assert again.table.read_blobs("observation_images_top", [160]) == [
         sorted((dataset / "videos/observation.images.top/chunk-000").iterdir())[0].read_bytes()
