@@ -6,7 +6,9 @@ frames, two cameras and an image feature. It is imported with ``ingest_lerobot``
 classes give the items of the same indices, with and without ``delta_timestamps`` and for a
 subset of ``episodes``, and every key is compared: the same keys, dtypes and shapes, and equal
 values (frames pixel for pixel); the ``meta`` fields training code reads are compared too.
-Then ``bench/lerobot_env/train_dropin.py`` runs LeRobot's own training steps for an ACT
+The table exported back (``export_lerobot``) is loaded by LeRobot: its items equal LeRobot's
+items of the original dataset, its video files the original's bytes. Then
+``bench/lerobot_env/train_dropin.py`` runs LeRobot's own training steps for an ACT
 policy (its policy factory from ``dataset.meta``, normalization from ``meta.stats``, CPU, no
 pretrained weights) twice with the same seed: on the table through blobhouse's classes, and on
 the dataset's folder through LeRobot's; the same items give the same losses, bit for bit.
@@ -26,7 +28,8 @@ import torch
 
 from bench.harness import Case, Scratch, Size
 from bench.robot_case import LEROBOT_PYTHON, LEROBOT_READY, LEROBOT_SIDE
-from blobhouse.lerobot import LeRobotDataset, ingest_lerobot
+from blobhouse import open_table
+from blobhouse.lerobot import LeRobotDataset, export_lerobot, ingest_lerobot
 
 TRAIN = LEROBOT_SIDE.parent / "train_dropin.py"
 LENGTHS = "31,120,64,45"
@@ -86,6 +89,24 @@ def lerobot_dropin(size: Size) -> Case:
                 equal=not problems,
                 differences="; ".join(problems[:5]) or "-",
             )
+        # the export, loaded by LeRobot itself: its items against the original dataset's
+        export = export_lerobot(open_table(table), root / "export").folder
+        plan = {**PLANS["delta_timestamps"], "indices": list(range(0, 260, 7))}
+        original = _lerobot_items(dataset, root, plan)
+        exported = _lerobot_items(export, root, plan)
+        problems = _same_lerobot_items(original, exported)
+        same_videos = all(
+            (export / p.relative_to(dataset)).read_bytes() == p.read_bytes()
+            for p in dataset.glob("videos/*/*/*.mp4")
+        )
+        case.add(
+            metric="export_loaded_by_lerobot",
+            plan="delta_timestamps",
+            items=len(plan["indices"]),
+            keys=len(original["items"][0]),
+            equal=not problems and same_videos,
+            differences="; ".join(problems[:5]) or ("-" if same_videos else "video bytes"),
+        )
         steps = 2 if size.name == "quick" else 5
         ours_run = _train(table, steps)
         theirs_run = _train(str(dataset), steps, "--lerobot")
@@ -121,6 +142,24 @@ def _lerobot_items(dataset: Path, root: Path, plan: dict[str, Any]) -> dict[str,
         capture_output=True,
     )
     return torch.load(out, weights_only=False)
+
+
+def _same_lerobot_items(one: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """What differs between two of LeRobot's own item lists (none: equal)."""
+    problems = [] if one["len"] == other["len"] else [f"len {one['len']} {other['len']}"]
+    for n, (a, b) in enumerate(zip(one["items"], other["items"], strict=True)):
+        if set(a) != set(b):
+            problems.append(f"item {n}: keys")
+            continue
+        for key, value in a.items():
+            same = (
+                torch.equal(value, b[key]) and value.dtype == b[key].dtype
+                if isinstance(value, torch.Tensor)
+                else value == b[key]
+            )
+            if not same:
+                problems.append(f"item {n} {key}")
+    return problems
 
 
 def _differences(ours: LeRobotDataset, indices: list[int], theirs: dict[str, Any]) -> list[str]:

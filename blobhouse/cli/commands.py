@@ -142,6 +142,29 @@ def _ingest_lerobot(args: argparse.Namespace, run: Run) -> int:
     return 0
 
 
+def _export_lerobot(args: argparse.Namespace, run: Run) -> int:
+    from blobhouse.lerobot.export import export_lerobot
+
+    run.doing = f"exporting {args.table} to {args.folder}"
+    done = export_lerobot(_open(args), args.folder, progress=run.progress)
+    _close(run)
+    report = {
+        "folder": str(done.folder),
+        "frames": done.frames,
+        "episodes": done.episodes,
+        "video_files": done.video_files,
+        "data_files": done.data_files,
+    }
+    if args.json:
+        _print_json(report)
+        return 0
+    print(
+        f"{done.folder}: {done.frames} frames of {done.episodes} episodes, "
+        f"{done.video_files} video files, {done.data_files} data files"
+    )
+    return 0
+
+
 def _stats(args: argparse.Namespace, run: Run) -> int:
     from blobhouse.lerobot.info import dataset_info  # here: --help loads no Lance
 
@@ -396,6 +419,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Run], int]] = {
     "demo": _demo,
     "ingest": _ingest,
     "ingest-lerobot": _ingest_lerobot,
+    "export-lerobot": _export_lerobot,
     "stats": _stats,
     "verify": _verify,
     "gc": _gc,

@@ -295,6 +295,22 @@ def _ingest_lerobot_command(command: _Command, parents: _Parents) -> None:
     )
 
 
+def _export_lerobot_command(command: _Command, parents: _Parents) -> None:
+    """``blobhouse export-lerobot``."""
+    export = command(
+        "export-lerobot",
+        "write a table imported from LeRobot back as a LeRobot dataset folder",
+        "Write a table made by ingest-lerobot as a LeRobot v3.0 dataset folder (meta/, data/, "
+        "videos/) that LeRobot's own tools load: each video file byte for byte as imported, "
+        "the frames, tasks, episodes and stats from the table and the metadata it kept. The "
+        "folder is new (refused if it holds anything) and appears whole or not at all "
+        "(docs/robot-learning.md).",
+        parents.common,
+    )
+    export.add_argument("table", help="the table (a path or a URI)")
+    export.add_argument("folder", help="the dataset folder to make (a local path)")
+
+
 def _stats_command(command: _Command, parents: _Parents) -> None:
     """``blobhouse stats``."""
     command(
@@ -451,6 +467,7 @@ _COMMAND_PARSERS = (
     _demo_command,
     _ingest_command,
     _ingest_lerobot_command,
+    _export_lerobot_command,
     _stats_command,
     _verify_command,
     _compact_command,

@@ -4,11 +4,13 @@ dataset's metadata kept with the table (:func:`dataset_info`);
 :class:`~blobhouse.lerobot.dataset.LeRobotDataset` reads it as LeRobot's class of the same name
 does (``from blobhouse.lerobot import LeRobotDataset``: needs torch);
 :class:`~blobhouse.lerobot.source.LeRobotSource` reads and checks a dataset folder;
+:func:`export_lerobot` writes a table back as a LeRobot dataset folder;
 :func:`~blobhouse.lerobot.sample.write_sample_dataset` writes a synthetic one.
 """
 
 from typing import Any
 
+from blobhouse.lerobot.export import LeRobotExport, export_lerobot
 from blobhouse.lerobot.info import DatasetInfo, LeRobotDatasetMetadata, dataset_info
 from blobhouse.lerobot.ingest import LeRobotImport, ingest_lerobot
 from blobhouse.lerobot.source import LeRobotSource, column_name
@@ -17,10 +19,12 @@ __all__ = [
     "DatasetInfo",
     "LeRobotDataset",
     "LeRobotDatasetMetadata",
+    "LeRobotExport",
     "LeRobotImport",
     "LeRobotSource",
     "column_name",
     "dataset_info",
+    "export_lerobot",
     "ingest_lerobot",
 ]
 
