@@ -9,6 +9,10 @@ import tempfile
 
 import pytest
 
+# a script of LeRobot's environment (.venv-lerobot): it imports lerobot where it starts, as the
+# training scripts it stands for do, so it cannot be imported for its doctests here
+collect_ignore = ["bench/lerobot_env/train_dropin.py"]
+
 _RUN_TMP = pytest.StashKey[str]()
 _RUN_PREFIX = "blobhouse-tests-"
 _OWNER = "owner.pid"
