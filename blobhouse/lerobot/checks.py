@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from blobhouse.columns import name_problem
 from blobhouse.errors import LeRobotDatasetError
+from blobhouse.lerobot.folder import readable
 
 #: the fields every frame row has (LeRobot's DEFAULT_FEATURES): integers, and the timestamp
 FRAME_INTEGERS = ("index", "episode_index", "frame_index", "task_index")
@@ -248,7 +249,7 @@ class FrameScan:
         """Check the frame rows of data file ``path`` (of columns ``schema``)."""
         texts = [f.name for f in schema if has_text(f.type)]
         try:
-            table = pq.read_table(path, columns=[*FRAME_COLUMNS, *texts])
+            table = pq.read_table(readable(path), columns=[*FRAME_COLUMNS, *texts])
         except (OSError, pa.ArrowException) as error:  # a damaged page
             raise LeRobotDatasetError(f"{path} cannot be read: {error}") from None
         frames = table["index"].to_numpy(zero_copy_only=False)

@@ -213,8 +213,8 @@ def plan_import(
         raise InvalidInputError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
     if not isinstance(again, bool):
         raise InvalidInputError(f"again must be True or False, got {again!r}")
-    source = LeRobotSource.read(dataset)
     storage_options = checked_options(storage_options)
+    source = LeRobotSource.read(dataset, storage_options)
     location = TableLocation.of(table, None, storage_options)
     exists = open_dataset(location, None, storage_options, doing="import into") is not None
     if exists and mode == "create":  # before any video file is stored

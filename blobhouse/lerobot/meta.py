@@ -34,6 +34,7 @@ from lance import LanceDataset, LanceOperation
 from blobhouse.commit.change import ManifestUpdate, run_change
 from blobhouse.errors import LeRobotDatasetError, TableMetadataError
 from blobhouse.lerobot.checks import column_name
+from blobhouse.lerobot.folder import readable
 from blobhouse.snapshot import TableSnapshot
 
 #: the schema metadata key of the meta
@@ -264,7 +265,7 @@ def computed_stats(meta: LeRobotMeta, data_files: Sequence[Path]) -> Stats:
         moments = _Moments()
         for path in data_files:
             try:
-                column = pq.read_table(path, columns=[key]).column(0)
+                column = pq.read_table(readable(path), columns=[key]).column(0)
             except (OSError, pa.ArrowException) as error:  # a damaged page
                 raise LeRobotDatasetError(f"{path} cannot be read: {error}") from None
             moments.add(_matrix(column))

@@ -29,7 +29,6 @@ import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,6 +50,7 @@ from blobhouse.lerobot.checks import (
     positive_number,
     task_texts,
 )
+from blobhouse.lerobot.folder import DatasetPath, dataset_path, readable
 from blobhouse.lerobot.meta import Renumbering
 from blobhouse.lerobot.videos import Segment, VideoCheck
 from blobhouse.read.video import TIMESTAMP_SUFFIX
@@ -71,7 +71,7 @@ class VideoFile:
     key: str
     chunk: int
     file: int
-    path: Path
+    path: DatasetPath
 
 
 @dataclass(frozen=True)
@@ -87,22 +87,25 @@ class LeRobotSource:
     (30.0, ('observation.images.cam',), 8)
     """
 
-    root: Path
+    root: DatasetPath
     info: Mapping[str, Any]
     fps: float
     video_keys: tuple[str, ...]
     image_keys: tuple[str, ...]
     episodes: pa.Table  # sorted by episode_index
     tasks: Mapping[int, str]
-    data_files: tuple[Path, ...]
+    data_files: tuple[DatasetPath, ...]
     videos: tuple[VideoFile, ...]
 
     @classmethod
-    def read(cls, root: str | os.PathLike) -> LeRobotSource:
-        """Check the dataset at ``root``: every file, field and value the import needs, and
-        every video file against the episodes that use it, naming the file and field of the
-        first problem (:class:`~blobhouse.errors.LeRobotDatasetError`)."""
-        root = Path(root)
+    def read(
+        cls, root: str | os.PathLike, storage_options: Mapping[str, str] | None = None
+    ) -> LeRobotSource:
+        """Check the dataset at ``root`` (a folder, or an object-store URI read with
+        ``storage_options``): every file, field and value the import needs, and every video
+        file against the episodes that use it, naming the file and field of the first problem
+        (:class:`~blobhouse.errors.LeRobotDatasetError`)."""
+        root = dataset_path(root, storage_options)
         if not root.is_dir():
             raise LeRobotDatasetError(
                 f"{root} is not a folder: a LeRobot dataset is a folder with meta/, data/ "
@@ -187,7 +190,7 @@ class LeRobotSource:
     def frame_batches(
         self,
         chunks: Mapping[tuple[str, int, int], ChunkRef],
-        files: Sequence[Path] | None = None,
+        files: Sequence[DatasetPath] | None = None,
         renumbering: Renumbering | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """Each data file's frame rows (of ``files``, by default all), renamed
@@ -209,7 +212,10 @@ class LeRobotSource:
                 yield rows if renumbering is None else _renumbered(rows, renumbering)
 
     def _frame_rows(
-        self, batch: pa.RecordBatch, path: Path, chunks: Mapping[tuple[str, int, int], ChunkRef]
+        self,
+        batch: pa.RecordBatch,
+        path: DatasetPath,
+        chunks: Mapping[tuple[str, int, int], ChunkRef],
     ) -> pa.RecordBatch:
         rows = episode_rows(
             self.episodes["episode_index"].to_numpy(),
@@ -305,14 +311,14 @@ def _plain_lists(kind: pa.DataType) -> pa.DataType:
     return kind
 
 
-def _parquet(path: Path) -> pq.ParquetFile:
+def _parquet(path: DatasetPath) -> pq.ParquetFile:
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(readable(path))
     except (OSError, pa.ArrowException) as error:
         raise LeRobotDatasetError(f"{path} is not a readable Parquet file: {error}") from None
 
 
-def _info(root: Path) -> dict[str, Any]:
+def _info(root: DatasetPath) -> dict[str, Any]:
     path = root / INFO
     if not path.is_file():
         raise LeRobotDatasetError(f"{path} is missing: {root} is not a LeRobot dataset")
@@ -363,7 +369,7 @@ def _has_videos(features: Mapping[str, Any]) -> bool:
 VIDEO_SIZE = ("video.width", "video.height")
 
 
-def _video_info(path: Path, key: str, feature: Mapping[str, Any]) -> None:
+def _video_info(path: DatasetPath, key: str, feature: Mapping[str, Any]) -> None:
     """A camera's declared frame size, if declared, is positive integers."""
     info = feature.get("info")
     if info is None:
@@ -390,7 +396,7 @@ def _declared_size(info: Mapping[str, Any], key: str) -> tuple[int, int] | None:
     return None if width is None or height is None else (width, height)
 
 
-def _data_schema(data_files: Sequence[Path], image_keys: Sequence[str]) -> pa.Schema:
+def _data_schema(data_files: Sequence[DatasetPath], image_keys: Sequence[str]) -> pa.Schema:
     """The frame rows' columns, the same in every data file (read from their footers), with
     LeRobot's frame fields of the right types and images as ``struct<bytes, path>``."""
     first = data_files[0]
@@ -416,11 +422,11 @@ def _data_schema(data_files: Sequence[Path], image_keys: Sequence[str]) -> pa.Sc
 
 
 def _check_all_names(
-    root: Path,
+    root: DatasetPath,
     features: Mapping[str, Any],
     video_keys: Sequence[str],
     schema: pa.Schema,
-    first: Path,
+    first: DatasetPath,
 ) -> None:
     """Every column the import makes, against every other (:func:`check_names`): the
     features and data columns, then the import's own (``task``, and per camera its video and
@@ -444,7 +450,9 @@ def _check_all_names(
     check_names(dataset, made)
 
 
-def _template_path(root: Path, info: Mapping[str, Any], template: str, **fields: Any) -> Path:
+def _template_path(
+    root: DatasetPath, info: Mapping[str, Any], template: str, **fields: Any
+) -> DatasetPath:
     try:
         relative = info[template].format(**fields)
     except (KeyError, IndexError, ValueError) as error:
@@ -457,7 +465,7 @@ def _template_path(root: Path, info: Mapping[str, Any], template: str, **fields:
     return path
 
 
-def _episodes(root: Path, video_keys: tuple[str, ...]) -> pa.Table:
+def _episodes(root: DatasetPath, video_keys: tuple[str, ...]) -> pa.Table:
     folder = root / EPISODES_DIR
     files = sorted(folder.glob("chunk-*/file-*.parquet"))
     if not files:
@@ -466,13 +474,13 @@ def _episodes(root: Path, video_keys: tuple[str, ...]) -> pa.Table:
     tables = []
     for path in files:
         try:
-            names = pq.read_schema(path).names
+            names = pq.read_schema(readable(path)).names
         except (OSError, pa.ArrowException) as error:
             raise LeRobotDatasetError(f"{path} is not a readable Parquet file: {error}") from None
         missing = [c for c in needed if c not in names]
         if missing:
             raise LeRobotDatasetError(f"{path} lacks the episode fields {missing}")
-        table = pq.read_table(path, columns=needed)
+        table = pq.read_table(readable(path), columns=needed)
         for column in needed:
             if table[column].null_count:
                 raise LeRobotDatasetError(f"{path}: field {column!r} is null for an episode")
@@ -485,7 +493,7 @@ def _episodes(root: Path, video_keys: tuple[str, ...]) -> pa.Table:
     return episodes
 
 
-def _check_episode_values(table: pa.Table, path: Path) -> None:
+def _check_episode_values(table: pa.Table, path: DatasetPath) -> None:
     """Indices and lengths are integers >= 0; where an episode starts in a video file is a
     finite number of seconds >= 0."""
     starts = [c for c in table.column_names if c.endswith("/from_timestamp")]
@@ -502,7 +510,9 @@ def _check_episode_values(table: pa.Table, path: Path) -> None:
         check_range(values, names, path, column, "episode", rule)
 
 
-def _check_frame_count(root: Path, data_files: tuple[Path, ...], episodes: pa.Table) -> None:
+def _check_frame_count(
+    root: DatasetPath, data_files: tuple[DatasetPath, ...], episodes: pa.Table
+) -> None:
     """The data files hold as many frames as the episodes' lengths add up to (from the
     files' footers: nothing is read)."""
     held = sum(_parquet(path).metadata.num_rows for path in data_files)
@@ -530,12 +540,12 @@ def _ints(episodes: pa.Table, column: str) -> np.ndarray:
     return episodes[column].to_numpy()
 
 
-def _tasks(root: Path) -> dict[int, str]:
+def _tasks(root: DatasetPath) -> dict[int, str]:
     path = root / TASKS
     if not path.is_file():
         raise LeRobotDatasetError(f"{path} is missing: it names the tasks of the frames")
     try:
-        frame = pd.read_parquet(path)
+        frame = pd.read_parquet(readable(path))
     except (OSError, ValueError, pa.ArrowException) as error:
         raise LeRobotDatasetError(f"{path} is not a readable Parquet file: {error}") from None
     if "task_index" not in frame.columns:

@@ -20,6 +20,7 @@ import numpy as np
 
 from blobhouse.errors import LeRobotDatasetError, VideoFrameError
 from blobhouse.extras import require_av
+from blobhouse.lerobot.folder import readable
 from blobhouse.read.video import TOLERANCE_S, check_frames, seconds
 
 #: how much longer than one frame (1 / fps) a step between two frames of the file may be
@@ -77,7 +78,7 @@ class VideoCheck:
         import av
 
         try:
-            container = av.open(str(self.path))
+            container = av.open(readable(self.path))
         except (av.FFmpegError, OSError, ValueError) as error:
             raise self.error(
                 segments,
@@ -141,7 +142,7 @@ class VideoCheck:
         for segment, wanted in ((first, [(first.start, "its first frame row")]), (last, ends)):
             try:
                 check_frames(
-                    self.path,
+                    readable(self.path),
                     [time for time, _ in wanted],
                     tolerance_s=TOLERANCE_S,
                     label=lambda i, segment=segment, wanted=wanted: (
