@@ -18,8 +18,10 @@ Without LeRobot the case only notes that it could not run.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,16 @@ import numpy as np
 import torch
 
 from bench.harness import Case, Scratch, Size
-from bench.robot_case import LEROBOT_PYTHON, LEROBOT_READY, LEROBOT_SIDE
+from bench.robot_case import (
+    BATCH,
+    LEROBOT_PYTHON,
+    LEROBOT_READY,
+    LEROBOT_SIDE,
+    PRELOAD,
+    batch_plan,
+    loader_rates,
+    make_dataset,
+)
 from blobhouse import open_table
 from blobhouse.lerobot import LeRobotDataset, export_lerobot, ingest_lerobot
 
@@ -107,6 +118,7 @@ def lerobot_dropin(size: Size) -> Case:
             equal=not problems and same_videos,
             differences="; ".join(problems[:5]) or ("-" if same_videos else "video bytes"),
         )
+        _speed(case, size, root)
         steps = 2 if size.name == "quick" else 5
         ours_run = _train(table, steps)
         theirs_run = _train(str(dataset), steps, "--lerobot")
@@ -120,6 +132,102 @@ def lerobot_dropin(size: Size) -> Case:
             lerobot_step_s=round(statistics.median(theirs_run["step_seconds"][1:]), 3),
         )
     return case
+
+
+def speed_deltas(cameras: list[str]) -> dict[str, list[float]]:
+    """A diffusion-policy-like reader's: two frames of each camera, two states, an action
+    chunk of 16."""
+    return {
+        **{key: [-STEP, 0.0] for key in cameras},
+        "observation.state": [-STEP, 0.0],
+        "action": [i * STEP for i in range(16)],
+    }
+
+
+FIRST_SCRIPT = """
+import json, sys, time
+started = time.perf_counter()
+import torch
+from torch.utils.data import DataLoader
+from blobhouse.lerobot import LeRobotDataset
+imported = time.perf_counter()
+plan = json.load(open(sys.argv[2]))
+dataset = LeRobotDataset("bench/robot", root=sys.argv[1], delta_timestamps=plan["delta_timestamps"])
+loader = DataLoader(dataset, batch_size=plan["batch_size"], shuffle=True,
+                    num_workers=plan["workers"])
+next(iter(loader))
+done = time.perf_counter()
+print(json.dumps({"import_s": imported - started, "first_batch_s": done - imported}))
+"""
+
+
+def _speed(case: Case, size: Size, root: Path) -> None:
+    """Items per second of both classes with :func:`speed_deltas`, on the same batches of 64
+    (random, and chunk windows), and the first batch of a fresh process with 2 workers."""
+    dataset = root / "speed"
+    make_dataset(dataset, size, lerobot=True)
+    table = ingest_lerobot(dataset, str(root / "speed_table")).table.uri
+    plain = LeRobotDataset("bench/robot", root=table)
+    frames, deltas = len(plain), speed_deltas(plain.meta.video_keys)
+    plan = batch_plan(frames, size.robot_batches, size.runs, size.loader_workers)
+    plan = {**plan, "delta_timestamps": deltas}
+    plan_path = root / "speed-plan.json"
+    plan_path.write_text(json.dumps(plan))
+    out = root / "speed-lerobot.json"
+    subprocess.run(
+        [str(LEROBOT_PYTHON), str(LEROBOT_SIDE), "read", str(dataset), str(plan_path), str(out)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    theirs = {(r["order"], r["workers"]): r["rows"] / r["seconds"]
+              for r in json.loads(out.read_text())["results"]}  # fmt: skip
+    dataset_ours = LeRobotDataset(
+        "bench/robot", root=table, delta_timestamps=plan["delta_timestamps"]
+    )
+    # this process used Lance (the import): workers start from a fresh one (PRELOAD), as the
+    # robot_video case's do; a training script that made nothing before forks them
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    ours = loader_rates(dataset_ours, plan, "lerobot_dropin", context="forkserver")
+    for key, rate in ours.items():
+        case.add(
+            metric="items_per_s_with_delta_timestamps",
+            order=key[0],
+            workers=key[1],
+            blobhouse=round(rate),
+            lerobot=round(theirs[key]),
+            vs_lerobot=round(rate / theirs[key], 3),
+            frames=frames,
+        )
+    first = {"delta_timestamps": deltas, "batch_size": BATCH, "workers": 2}
+    first_path = root / "first.json"
+    first_path.write_text(json.dumps(first))
+    runs = {"blobhouse": [], "lerobot": []}
+    for _ in range(max(size.runs, 1)):
+        mine = subprocess.run(
+            [sys.executable, "-c", FIRST_SCRIPT, table, str(first_path)],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        runs["blobhouse"].append(json.loads(mine.stdout.strip().splitlines()[-1]))
+        theirs_first = subprocess.run(
+            [str(LEROBOT_PYTHON), str(LEROBOT_SIDE), "first", str(dataset), str(first_path)],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        runs["lerobot"].append(json.loads(theirs_first.stdout.strip().splitlines()[-1]))
+    medians = {
+        who: {k: statistics.median(r[k] for r in rs) for k in ("import_s", "first_batch_s")}
+        for who, rs in runs.items()
+    }
+    case.add(
+        metric="first_batch_s_2_workers",
+        order="random",
+        workers=2,
+        blobhouse=round(medians["blobhouse"]["first_batch_s"], 3),
+        lerobot=round(medians["lerobot"]["first_batch_s"], 3),
+        vs_lerobot=round(
+            medians["lerobot"]["first_batch_s"] / medians["blobhouse"]["first_batch_s"], 3
+        ),
+        blobhouse_import_s=round(medians["blobhouse"]["import_s"], 3),
+        lerobot_import_s=round(medians["lerobot"]["import_s"], 3),
+    )
 
 
 def _train(root: str, steps: int, *flags: str) -> dict[str, Any]:

@@ -43,7 +43,9 @@ LEROBOT_PYTHON = ROOT / ".venv-lerobot" / "bin" / "python"
 LEROBOT_READY = ROOT / ".venv-lerobot" / ".ready"  # install.sh finished
 LEROBOT_SIDE = ROOT / "bench" / "lerobot_env" / "lerobot_side.py"
 BATCH = 64
-PRELOAD = ["torch", "av", "blobhouse.torch", "blobhouse.read.video"]
+PRELOAD = [
+    "torch", "av", "blobhouse.torch", "blobhouse.read.video", "blobhouse.lerobot.dataset"
+]  # fmt: skip
 
 
 def robot_video(size: Size) -> Case:
@@ -56,7 +58,7 @@ def robot_video(size: Size) -> Case:
     lerobot = LEROBOT_READY.exists()
     with Scratch() as root:
         dataset = root / "dataset"
-        made = _make_dataset(dataset, size, lerobot)
+        made = make_dataset(dataset, size, lerobot)
         started = time.perf_counter()
         done = ingest_lerobot(dataset, str(root / "table"))
         seconds = time.perf_counter() - started
@@ -73,7 +75,7 @@ def robot_video(size: Size) -> Case:
             table_vs_dataset=round(disk_bytes(root / "table") / disk_bytes(dataset), 3),
             import_s=round(seconds, 3),
         )
-        plan = _plan(done.frames, size.robot_batches, size.runs, size.loader_workers)
+        plan = batch_plan(done.frames, size.robot_batches, size.runs, size.loader_workers)
         (root / "plan.json").write_text(json.dumps(plan))
         table = str(root / "table")
         ours = _blobhouse_rates(table, cameras, plan)
@@ -104,7 +106,7 @@ def robot_video(size: Size) -> Case:
     return case
 
 
-def _make_dataset(dataset: Path, size: Size, lerobot: bool) -> str:
+def make_dataset(dataset: Path, size: Size, lerobot: bool) -> str:
     height, width = size.robot_image
     if lerobot:
         subprocess.run(
@@ -125,7 +127,7 @@ def _make_dataset(dataset: Path, size: Size, lerobot: bool) -> str:
     return "blobhouse.lerobot.sample"
 
 
-def _plan(rows: int, batches: int, runs: int, workers: tuple[int, ...]) -> dict:
+def batch_plan(rows: int, batches: int, runs: int, workers: tuple[int, ...]) -> dict:
     """The same batches for both readers: the first ``batches`` of an epoch in each order."""
 
     def first(window: int | None) -> list[list[int]]:
@@ -147,6 +149,16 @@ def _blobhouse_rates(table: str, cameras: list[str], plan: dict) -> dict[tuple[s
     dataset = TableRowDataset(
         table, ["index", "observation_state", "action"], frames=cameras, frame_layout="chw"
     )
+    rates = loader_rates(dataset, plan, "robot_video", collate_rows, "forkserver")
+    return {key: rate * len(cameras) for key, rate in rates.items()}  # frames, not rows
+
+
+def loader_rates(
+    dataset, plan: dict, case: str, collate=None, context: str | None = None
+) -> dict[tuple[str, int], float]:
+    """Rows per second of a DataLoader over ``dataset`` through each of ``plan``'s orders of
+    batches at each worker count (persistent workers, started by ``context``; a warm-up round
+    first, the median of the others)."""
     rates = {}
     for order, batches in plan["orders"].items():
         for workers in plan["workers"]:
@@ -154,9 +166,9 @@ def _blobhouse_rates(table: str, cameras: list[str], plan: dict) -> dict[tuple[s
                 dataset,
                 batch_sampler=batches,
                 num_workers=workers,
-                collate_fn=collate_rows,
+                collate_fn=collate,
                 persistent_workers=workers > 0,
-                multiprocessing_context="forkserver" if workers else None,
+                multiprocessing_context=context if workers else None,
             )
             seconds = []
             for round_ in range(plan["rounds"] + 1):  # the first round warms up
@@ -165,9 +177,9 @@ def _blobhouse_rates(table: str, cameras: list[str], plan: dict) -> dict[tuple[s
                 if round_:
                     seconds.append(time.perf_counter() - started)
             del loader
-            rates[(order, workers)] = rows * len(cameras) / statistics.median(seconds)
-            print(f"[robot_video] blobhouse {order} {workers} workers: "
-                  f"{rates[(order, workers)]:.0f} frames/s", file=sys.stderr)  # fmt: skip
+            rates[(order, workers)] = rows / statistics.median(seconds)
+            print(f"[{case}] blobhouse {order} {workers} workers: "
+                  f"{rates[(order, workers)]:.0f} rows/s", file=sys.stderr)  # fmt: skip
     return rates
 
 

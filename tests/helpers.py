@@ -156,6 +156,21 @@ def damage_page(path: Path, column: str) -> None:
     path.write_bytes(bytes(data))
 
 
+def declare_stats(dataset: Path) -> None:
+    """Give a LeRobot dataset a ``meta/stats.json`` for every feature that is not a camera, so
+    that an import reads none of their columns to compute stats: only the checks' fields are
+    read before the rows are written."""
+    import json
+
+    features = json.loads((dataset / "meta/info.json").read_text())["features"]
+    stats = {
+        key: {"mean": [0.0], "count": [1]}
+        for key, feature in features.items()
+        if feature["dtype"] not in ("video", "image")
+    }
+    (dataset / "meta/stats.json").write_text(json.dumps(stats))
+
+
 def flip_payload(table_uri: str, column: str, row: int, offset: int | None = None) -> None:
     """Damage one byte of the stored payload of ``column`` at ``row`` of the table's latest
     version: the byte at ``offset`` into the payload (default: its middle)."""

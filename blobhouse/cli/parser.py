@@ -299,7 +299,7 @@ def _export_lerobot_command(command: _Command, parents: _Parents) -> None:
     """``blobhouse export-lerobot``."""
     export = command(
         "export-lerobot",
-        "write a table imported from LeRobot back as a LeRobot dataset folder",
+        "write a table made by ingest-lerobot back as a LeRobot dataset folder",
         "Write a table made by ingest-lerobot as a LeRobot v3.0 dataset folder (meta/, data/, "
         "videos/) that LeRobot's own tools load: each video file byte for byte as imported, "
         "the frames, tasks, episodes and stats from the table and the metadata it kept. The "

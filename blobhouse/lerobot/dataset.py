@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -73,6 +74,11 @@ class LeRobotDataset(Dataset):
         **recording: Any,
     ) -> None:
         super().__init__()
+        # lance warns before every fork once imported; this reader checks for itself whether
+        # Lance had started before its DataLoader workers forked (it has not, unless the script
+        # used it: the meta is read in a fresh process), and reads through a fresh process with
+        # a ForkedAfterLanceWarning of its own if so (blobhouse.io.forks)
+        warnings.filterwarnings("ignore", message="lance is not fork-safe", category=UserWarning)
         uri = os.fspath(root) if root is not None else repo_id
         if not isinstance(uri, str):
             raise InvalidInputError(f"root must name a table (a path or URI), got {root!r}")

@@ -159,6 +159,7 @@ def test_every_option_and_argument_has_help_and_help_is_plain_text(capsys):
         "demo",
         "ingest",
         "ingest-lerobot",
+        "export-lerobot",
         "stats",
         "verify",
         "gc",

@@ -17,7 +17,7 @@ from blobhouse.layout import is_lance_temporary
 from blobhouse.lerobot import dataset_info, ingest_lerobot
 from blobhouse.lerobot.sample import write_sample_dataset
 from blobhouse.maintenance.garbage_collection import gc_at
-from tests.helpers import aged, damage_page
+from tests.helpers import aged, damage_page, declare_stats
 
 pytestmark = pytest.mark.usefixtures("spark")
 CAMERAS = ("observation.images.top", "observation.images.wrist")
@@ -65,6 +65,7 @@ def test_a_failed_task_leaves_nothing(spark, dataset, tmp_path):
     that data file fails, naming it, and the import removes what the tasks wrote."""
     root = tmp_path / "copy"
     shutil.copytree(dataset, root)
+    declare_stats(root)  # else the driver computes stats, and reads the page first
     damage_page(sorted(root.glob("data/*/*.parquet"))[-1], "action")
     with pytest.raises(LeRobotDatasetError, match=r"file-002\.parquet cannot be read: "):
         bs.ingest_lerobot(spark, root, str(tmp_path / "robot"))
