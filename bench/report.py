@@ -81,6 +81,13 @@ TARGETS = (
     "| robot video, fully random batches of 64: frames/s >= 1.0 x LeRobot's (0, 2, 4 workers) "
     "| {robot_random} |\n"
     "| robot video: decoded frames equal to LeRobot's, pixel for pixel | {robot_equal} |\n"
+    "| LeRobot drop-in: blobhouse.lerobot.LeRobotDataset's items equal LeRobot's (with and "
+    "without delta_timestamps, a subset of episodes), an export loaded by LeRobot, and "
+    "LeRobot's ACT training steps give the same losses | {dropin_equal} |\n"
+    "| LeRobot drop-in with delta_timestamps (2 frames per camera, 2 states, 16 actions): "
+    "items/s >= 2 x LeRobot's (chunk windows and random, 0, 2, 4 workers) | {dropin_deltas} |\n"
+    "| LeRobot drop-in: the first batch with 2 workers, in a fresh process, within 1.5 x "
+    "LeRobot's | {dropin_first} |\n"
     "{growth}"
 )
 # the heading bench/findings.md opens with, as a link inside BENCHMARKS.md
@@ -412,7 +419,33 @@ def _verdicts(data: dict) -> dict[str, str]:
             lambda v: v >= 1.0,
         ),
         "robot_equal": _robot_equal(rows("robot_video", metric="frames_equal_to_lerobot")),
+        "dropin_equal": _dropin_equal(rows("lerobot_dropin")),
+        "dropin_deltas": _range(
+            [
+                r["vs_lerobot"]
+                for r in rows("lerobot_dropin", metric="items_per_s_with_delta_timestamps")
+            ],
+            "x LeRobot",
+            lambda v: v >= 2.0,
+        ),
+        "dropin_first": _range(
+            [
+                round(1 / r["vs_lerobot"], 3)
+                for r in rows("lerobot_dropin", metric="first_batch_s_2_workers")
+            ],
+            "x LeRobot's seconds",
+            lambda v: v <= 1.5,
+        ),
     }
+
+
+def _dropin_equal(rows: list[dict]) -> str:
+    checks = [r for r in rows if "equal" in r]
+    if not checks:
+        return "-"
+    equal = sum(bool(r["equal"]) for r in checks)
+    met = equal == len(checks)
+    return f"{equal} of {len(checks)} comparisons equal ({'met' if met else 'missed'})"
 
 
 def _robot_equal(rows: list[dict]) -> str:
