@@ -32,17 +32,19 @@ import torch
 from torch.utils.data import Dataset
 
 from blobhouse.errors import InvalidInputError
-from blobhouse.lerobot.info import LeRobotDatasetMetadata, load_pinned
+from blobhouse.lerobot.info import LeRobotDatasetMetadata, load_pinned, pinned_rows
 from blobhouse.lerobot.meta import LeRobotMeta
-from blobhouse.loader import PinnedRows, checked_frames, read_row_dicts
+from blobhouse.loader import checked_frames, read_row_dicts
+from blobhouse.options import keywords_checked
 
 
 class LeRobotDataset(Dataset):
     """LeRobot's ``LeRobotDataset`` over a blobhouse table: ``root`` names the table (a path
     or an object-store URI; without it ``repo_id`` does). The arguments LeRobot's constructor
     takes for downloading or recording (``revision``, ``force_cache_sync``,
-    ``download_videos``, ``video_backend``, ``batch_encoding_size``, ...) are accepted and
-    have nothing to do here.
+    ``download_videos``, ``video_backend``, ``batch_encoding_size``, ``vcodec``, ...) are
+    accepted and have nothing to do here; a name it does not take is refused, naming the
+    closest.
 
     >>> import tempfile
     >>> from blobhouse.lerobot import ingest_lerobot
@@ -55,6 +57,7 @@ class LeRobotDataset(Dataset):
     (torch.Size([3, 16, 16]), torch.Size([2, 6]), [True, False])
     """
 
+    @keywords_checked
     def __init__(
         self,
         repo_id: str,
@@ -68,10 +71,13 @@ class LeRobotDataset(Dataset):
         download_videos: bool = True,
         video_backend: str | None = None,
         batch_encoding_size: int = 1,
+        vcodec: str = "libsvtav1",
+        streaming_encoding: bool = False,
+        encoder_queue_maxsize: int = 30,
+        encoder_threads: int | None = None,
         *,
         storage_options: dict[str, str] | None = None,
         check_hashes: bool = True,
-        **recording: Any,
     ) -> None:
         super().__init__()
         # lance warns before every fork once imported; this reader checks for itself whether
@@ -86,7 +92,7 @@ class LeRobotDataset(Dataset):
         self.image_transforms = image_transforms
         self.tolerance_s = tolerance_s
         self.check_hashes = check_hashes
-        self._rows = PinnedRows(uri, storage_options=storage_options)
+        self._rows = pinned_rows(uri, storage_options)
         meta, self._episodes = load_pinned(self._rows)
         self.meta = LeRobotDatasetMetadata(repo_id, uri, _loaded=(meta, self._episodes))
         self.episodes = None if episodes is None else list(episodes)

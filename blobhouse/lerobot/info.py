@@ -15,9 +15,10 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from blobhouse.errors import InvalidInputError, LeRobotDatasetError
+from blobhouse.errors import InvalidInputError, LeRobotDatasetError, NotATableError
 from blobhouse.io.forks import in_fresh_process, lance_is_running
 from blobhouse.layout import TableLocation
+from blobhouse.lerobot.folder import dataset_path
 from blobhouse.lerobot.meta import LeRobotMeta, table_meta
 from blobhouse.loader import PinnedRows
 from blobhouse.read.video import TIMESTAMP_SUFFIX
@@ -175,6 +176,21 @@ def _load(
     return None if info is None else (info.meta.to_json(), info.episodes)
 
 
+def pinned_rows(uri: str, storage_options: dict[str, str] | None) -> PinnedRows:
+    """The table at ``uri`` pinned at its latest version; a LeRobot dataset's folder given
+    where the table belongs is named as what it is."""
+    try:
+        return PinnedRows(uri, storage_options=storage_options)
+    except NotATableError:
+        if (dataset_path(uri, storage_options) / "meta/info.json").is_file():
+            raise LeRobotDatasetError(
+                f"{uri} is a LeRobot dataset's folder, not a table: import it once with "
+                "blobhouse.lerobot.ingest_lerobot(folder, table) (or blobhouse ingest-lerobot "
+                "FOLDER TABLE) and name the table as root"
+            ) from None
+        raise
+
+
 def load_pinned(rows: PinnedRows) -> tuple[LeRobotMeta, Episodes]:
     """The meta and episodes of the table version ``rows`` pins, without starting Lance in
     this process if it has not (its DataLoader workers may fork), or an error naming the
@@ -247,7 +263,7 @@ class LeRobotDatasetMetadata:
             raise InvalidInputError(f"root must name a table (a path or URI), got {root!r}")
         self.repo_id, self.root, self.revision = repo_id, uri, revision
         if _loaded is None:
-            _loaded = load_pinned(PinnedRows(uri, storage_options=storage_options))
+            _loaded = load_pinned(pinned_rows(uri, storage_options))
         meta, episodes = _loaded
         self._meta = meta
         self.episodes = EpisodeTable(episodes.rows(meta.video_keys))

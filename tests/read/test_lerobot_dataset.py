@@ -21,9 +21,10 @@ from lance import LanceOperation
 from torch.utils.data import DataLoader
 
 import blobhouse.read.video
+from blobhouse import open_table
 from blobhouse.cli import main
-from blobhouse.errors import InvalidInputError, LeRobotDatasetError
-from blobhouse.lerobot import LeRobotDataset, dataset_info, ingest_lerobot
+from blobhouse.errors import InvalidInputError, LeRobotDatasetError, UnknownOptionError
+from blobhouse.lerobot import LeRobotDataset, LeRobotDatasetMetadata, dataset_info, ingest_lerobot
 from blobhouse.lerobot.meta import META_KEY
 from blobhouse.lerobot.sample import STATE_DIM, write_sample_dataset
 
@@ -225,6 +226,27 @@ def test_a_dataloader_with_workers_gives_the_same_batches(table):
 def test_wrong_arguments_are_refused_naming_them(table, arguments, message):
     with pytest.raises(InvalidInputError, match=message):
         LeRobotDataset("me/robot", root=table, **arguments)
+
+
+def test_a_dataset_folder_or_a_misspelled_option_is_named(source, table):
+    with pytest.raises(LeRobotDatasetError, match=r"is a LeRobot dataset's folder, not a table"):
+        LeRobotDataset("me/robot", root=str(source))  # what LeRobot's root would have been
+    with pytest.raises(LeRobotDatasetError, match=r"is a LeRobot dataset's folder, not a table"):
+        LeRobotDatasetMetadata("me/robot", root=str(source))
+    with pytest.raises(UnknownOptionError, match=r"'delta_timestamp' \(did you mean 'delta_"):
+        LeRobotDataset("me/robot", root=table, delta_timestamp={"action": [0.0]})
+    # LeRobot's recording arguments are taken, and change nothing here
+    assert len(LeRobotDataset("me/robot", root=table, vcodec="h264", video_backend="pyav")) == 160
+
+
+def test_other_lance_tools_leave_the_reader_working(table, tmp_path):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(table, copy)
+    lance.dataset(copy).optimize.compact_files()
+    lance.dataset(copy).tags.create("gold", 1)
+    dataset = LeRobotDataset("me/robot", root=copy, delta_timestamps={"action": [0.0, STEP]})
+    assert len(dataset) == 160 and dataset[39]["action_is_pad"].tolist() == [False, True]
+    assert dataset_info(open_table(copy, "gold")).total_frames == 160
 
 
 def test_a_table_without_a_datasets_meta_is_refused_naming_the_way_out(table, tmp_path):
