@@ -118,7 +118,8 @@ class LeRobotDataset(Dataset):
                 f"{bounds.index.min()} to {bounds.index.max()})"
             )
         keep = [i for i, e in enumerate(bounds.index) if int(e) in wanted]
-        return np.concatenate([np.arange(bounds.start[i], bounds.stop[i]) for i in keep])
+        ranges = [np.arange(bounds.start[i], bounds.stop[i]) for i in keep]
+        return np.concatenate(ranges) if ranges else np.arange(0)
 
     @property
     def fps(self) -> float:
@@ -146,6 +147,8 @@ class LeRobotDataset(Dataset):
         """The items at ``indices``: one read for all of them (a DataLoader calls this with
         each batch of indices)."""
         positions = self._positions_of(indices)
+        if not len(positions):
+            return []
         queries, pads = self._queries(positions)
         needed = {key: q for key, q in queries.items() if key in self._values}
         values = self._read_values(
@@ -170,7 +173,9 @@ class LeRobotDataset(Dataset):
 
     def _positions_of(self, indices: Sequence[int]) -> np.ndarray:
         wanted = np.asarray(indices)
-        if wanted.ndim != 1 or (len(wanted) and wanted.dtype.kind not in "iu"):
+        if wanted.ndim == 1 and not len(wanted):
+            return np.arange(0)
+        if wanted.ndim != 1 or wanted.dtype.kind not in "iu":
             raise InvalidInputError(f"indices must be integers, got {indices!r}")
         outside = wanted[(wanted < -len(self)) | (wanted >= len(self))]
         if len(outside):

@@ -166,6 +166,8 @@ def test_episodes_select_frames_and_keep_their_edges(table, frames):
     assert np.array_equal(dataset[79]["observation.images.top"].numpy(), frames[CAMERAS[0]][159])
     with pytest.raises(IndexError, match="outside the 80 frames"):
         dataset[80]
+    assert dataset.__getitems__([]) == []
+    assert len(LeRobotDataset("me/robot", root=table, episodes=[])) == 0
 
 
 def test_meta_offers_what_training_code_reads(table, rows):
