@@ -28,14 +28,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
-from torch.utils.data import Dataset
 
-from blobhouse.errors import InvalidInputError
-from blobhouse.lerobot.info import LeRobotDatasetMetadata, load_pinned, pinned_rows
-from blobhouse.lerobot.meta import LeRobotMeta
-from blobhouse.loader import checked_frames, read_row_dicts
-from blobhouse.options import keywords_checked
+from blobhouse.extras import require_torch
+
+require_torch("blobhouse.lerobot.LeRobotDataset")
+
+import torch  # noqa: E402
+from torch.utils.data import Dataset  # noqa: E402
+
+from blobhouse.errors import InvalidInputError  # noqa: E402
+from blobhouse.lerobot.info import LeRobotDatasetMetadata, load_pinned, pinned_rows  # noqa: E402
+from blobhouse.lerobot.meta import LeRobotMeta  # noqa: E402
+from blobhouse.loader import checked_frames, read_row_dicts  # noqa: E402
+from blobhouse.options import keywords_checked  # noqa: E402
 
 
 class LeRobotDataset(Dataset):
