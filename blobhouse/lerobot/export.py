@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from blobhouse.errors import InvalidInputError, LeRobotDatasetError, cleanup_after
-from blobhouse.lerobot.info import DatasetInfo, dataset_info
+from blobhouse.lerobot.info import DatasetInfo, dataset_info, tasks_frame
 from blobhouse.table import Table
 
 CHUNK_SIZE = 1000  # files per chunk folder (LeRobot's default)
@@ -109,6 +108,7 @@ class _Export:
         self.meta = info.meta
         self.episodes = info.episodes
         self.ids = table.row_ids()
+        self.schema = self._schema()  # of the data files
         self.frames = 0
         self.episodes_written = 0
         self.video_files = 0
@@ -160,7 +160,7 @@ class _Export:
                     if writer is not None:
                         writer.close()
                     number += 1
-                    writer = pq.ParquetWriter(self._path(DATA_PATH, number), self._schema())
+                    writer = pq.ParquetWriter(self._path(DATA_PATH, number), self.schema)
                     self.data_files += 1
                     rows_in_file = 0
                 start, stop = int(self.episodes.start[episode]), int(self.episodes.stop[episode])
@@ -195,7 +195,7 @@ class _Export:
         keys = self._value_keys()
         columns = [self.meta.columns[k] for k in keys]
         taken = self.table.take_rows(self.ids[start:stop], columns, blobs="bytes")
-        schema = self._schema()
+        schema = self.schema
         arrays = []
         for key, column, field in zip(keys, columns, schema, strict=True):
             values = taken.column(column).combine_chunks()
@@ -240,12 +240,7 @@ class _Export:
 
     def _meta_files(self) -> None:
         meta = self.meta
-        tasks = sorted(meta.tasks.items())
-        frame = pd.DataFrame(
-            {"task_index": [i for i, _ in tasks]},
-            index=pd.Index([t for _, t in tasks], name="task"),
-        )
-        frame.to_parquet(self.root / "meta/tasks.parquet")
+        tasks_frame(meta.tasks).to_parquet(self.root / "meta/tasks.parquet")
         (self.root / "meta/stats.json").write_text(json.dumps(meta.stats, indent=4))
         info = {
             "codebase_version": meta.codebase_version,

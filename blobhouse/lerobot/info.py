@@ -7,7 +7,7 @@ Episodes are read from the rows, not kept: they stay true after deletes, updates
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,6 +206,16 @@ def load_pinned(rows: PinnedRows) -> tuple[LeRobotMeta, Episodes]:
     return LeRobotMeta.from_json(loaded[0]), loaded[1]
 
 
+def tasks_frame(tasks: Mapping[int, str]) -> pd.DataFrame:
+    """Tasks as LeRobot keeps them (``meta/tasks.parquet``, ``meta.tasks``): indexed by the
+    text, with its ``task_index``."""
+    ordered = sorted(tasks.items())
+    return pd.DataFrame(
+        {"task_index": [i for i, _ in ordered]},
+        index=pd.Index([t for _, t in ordered], name="task"),
+    )
+
+
 class EpisodeTable:
     """``LeRobotDatasetMetadata.episodes`` as LeRobot's training code reads it: ``[i]`` is
     episode ``i``'s row (a dict), ``["dataset_from_index"]`` a field over all episodes."""
@@ -267,11 +277,7 @@ class LeRobotDatasetMetadata:
         meta, episodes = _loaded
         self._meta = meta
         self.episodes = EpisodeTable(episodes.rows(meta.video_keys))
-        tasks = sorted(meta.tasks.items())
-        self.tasks = pd.DataFrame(
-            {"task_index": [i for i, _ in tasks]},
-            index=pd.Index([t for _, t in tasks], name="task"),
-        )
+        self.tasks = tasks_frame(meta.tasks)
         self.stats = {
             key: {name: np.asarray(value) for name, value in stats.items()}
             for key, stats in meta.stats.items()

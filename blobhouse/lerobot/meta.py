@@ -331,11 +331,11 @@ def aggregate_stats(parts: Iterable[Stats]) -> Stats:
     >>> aggregate_stats([a, b])["x"]
     {'min': [0.0], 'max': [4.0], 'mean': [2.5], 'std': [1.6583123951777], 'count': [4]}
     """
-    parts = [p for p in parts]
-    if len(parts) == 1:
-        return parts[0]
+    parts = list(parts)
+    if len(parts) <= 1:
+        return parts[0] if parts else {}
     merged: Stats = {}
-    for key in set.intersection(*(set(p) for p in parts)) if parts else ():
+    for key in set.intersection(*(set(p) for p in parts)):
         stats = [p[key] for p in parts]
         counts = np.array([float(np.asarray(s.get("count", [0])).sum()) for s in stats])
         if counts.sum() <= 0:
