@@ -4,9 +4,9 @@
 services); ``pip install "blobhouse[spark]"`` adds pyspark for :mod:`blobhouse.spark`,
 ``blobhouse ingest`` and ``blobhouse demo``; ``pip install "blobhouse[torch]"`` adds torch for
 :mod:`blobhouse.torch`; ``pip install "blobhouse[video]"`` adds PyAV for decoded video frames
-(:mod:`blobhouse.read.video`). :func:`require_spark`, :func:`require_torch` and :func:`require_av`
-turn a missing (or too old) package into a :class:`~blobhouse.errors.MissingExtraError` that
-says so in one line.
+(:mod:`blobhouse.read.video`) and Pillow for LeRobot's image features. :func:`require_spark`,
+:func:`require_torch`, :func:`require_av` and :func:`require_pillow` turn a missing (or too
+old) package into a :class:`~blobhouse.errors.MissingExtraError` that says so in one line.
 """
 
 from __future__ import annotations
@@ -50,6 +50,12 @@ def require_av(what: str = "decoded video frames") -> None:
     """Returns if PyAV is installed; otherwise raises :class:`MissingExtraError` naming the
     extra that installs it."""
     _require("av", f"{what} need PyAV", VIDEO_EXTRA)
+
+
+def require_pillow(what: str = "LeRobot's image features") -> None:
+    """Returns if Pillow is installed; otherwise raises :class:`MissingExtraError` naming the
+    extra that installs it."""
+    _require("PIL", f"{what} need Pillow", VIDEO_EXTRA)
 
 
 def _require(module: str, needs: str, extra: str) -> None:

@@ -157,17 +157,13 @@ def damage_page(path: Path, column: str) -> None:
 
 
 def declare_stats(dataset: Path) -> None:
-    """Give a LeRobot dataset a ``meta/stats.json`` for every feature that is not a camera, so
-    that an import reads none of their columns to compute stats: only the checks' fields are
-    read before the rows are written."""
+    """Give a LeRobot dataset a ``meta/stats.json`` for every feature, so that an import
+    reads none of their columns or frames to compute stats: only the checks' fields are read
+    before the rows are written."""
     import json
 
     features = json.loads((dataset / "meta/info.json").read_text())["features"]
-    stats = {
-        key: {"mean": [0.0], "count": [1]}
-        for key, feature in features.items()
-        if feature["dtype"] not in ("video", "image")
-    }
+    stats = {key: {"mean": [0.0], "count": [1]} for key in features}
     (dataset / "meta/stats.json").write_text(json.dumps(stats))
 
 

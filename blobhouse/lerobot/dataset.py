@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from blobhouse.extras import require_torch
+from blobhouse.extras import require_pillow, require_torch
 
 require_torch("blobhouse.lerobot.LeRobotDataset")
 
@@ -331,6 +331,7 @@ def _tensors(column: pa.ChunkedArray, feature: Mapping[str, Any]) -> list[torch.
 
 def _image_tensor(data: bytes) -> torch.Tensor:
     """An image feature's bytes (PNG) as LeRobot gives it: ``float32`` CHW in [0, 1]."""
+    require_pillow()
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as image:

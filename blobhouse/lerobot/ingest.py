@@ -37,12 +37,12 @@ from blobhouse.lerobot.meta import (
     LeRobotMeta,
     Renumbering,
     append_meta,
-    computed_stats,
     source_meta,
     table_meta,
     with_meta,
 )
 from blobhouse.lerobot.source import ChunkRef, LeRobotSource, VideoFile, column_name
+from blobhouse.lerobot.stats import computed_stats
 from blobhouse.options import WriteOptions
 from blobhouse.placement import Placement
 from blobhouse.snapshot import TableSnapshot, open_dataset, open_snapshot
@@ -162,7 +162,9 @@ class ImportPlan:
             self._schema(stored.chunks),
             self.write_options(),
             mode=mode,
-            load_store_index=False,
+            # image features are payloads of the rows: looked up in the store, so that a
+            # dataset imported again (or sharing images) stores each of them once
+            load_store_index=bool(self.source.image_keys),
             **how,
         )
 
@@ -220,23 +222,33 @@ def plan_import(
     if exists and mode == "create":  # before any video file is stored
         raise TableExistsError(f"table {table} already exists (use mode='append' or 'overwrite')")
     meta = source_meta(source.root, source.info, source.tasks, source.frames)
-    meta = replace(meta, stats={**meta.stats, **computed_stats(meta, source.data_files)})
     plan = ImportPlan(source, location, storage_options, "", exists, mode, meta)
+    renumbering = None
     if exists and mode == "append":
         snapshot = open_snapshot(location, None, storage_options)
         _check_blob_columns(plan, snapshot, table)
-        plan = _appended(plan, snapshot, table, again)
+        renumbering = _append_numbering(plan, snapshot, table, again)
+    # computed once the append is known to go ahead: camera stats decode frames
+    missing = [key for key in source.info["features"] if key not in meta.stats]
+    meta = replace(meta, stats={**meta.stats, **computed_stats(source, missing)})
+    if renumbering is not None:
+        plan = replace(plan, meta=meta.renumbered(renumbering), renumbering=renumbering)
+    else:
+        plan = replace(plan, meta=meta)
     txn = Transaction.start(location, None, storage_options, kind="write")
     return replace(plan, name_prefix=txn.name_prefix), txn
 
 
-def _appended(plan: ImportPlan, snapshot: TableSnapshot, where: str, again: bool) -> ImportPlan:
-    """``plan`` as an append to ``snapshot``'s dataset: checked against the table's meta (the
-    same fps and features; not a dataset the table holds already, unless ``again``) and
-    numbered after its frames, episodes and tasks; all before a video file is stored."""
+def _append_numbering(
+    plan: ImportPlan, snapshot: TableSnapshot, where: str, again: bool
+) -> Renumbering | None:
+    """How ``plan``'s dataset is numbered appended to ``snapshot``'s (after its frames,
+    episodes and tasks), once checked against the table's meta (the same fps and features;
+    not a dataset the table holds already, unless ``again``); all before a video file is
+    stored. None: the table keeps no meta (imported before it was kept)."""
     kept = table_meta(snapshot.dataset)
-    if kept is None:  # imported before the meta was kept: nothing to check or number by
-        return plan
+    if kept is None:
+        return None
     fingerprint = plan.meta.sources[0]
     if fingerprint in kept.sources and not again:
         raise LeRobotDatasetError(
@@ -246,9 +258,8 @@ def _appended(plan: ImportPlan, snapshot: TableSnapshot, where: str, again: bool
         )
     next_index, next_episode = _next_numbers(snapshot)
     renumbering = Renumbering.after(kept, next_index, next_episode, plan.source.tasks)
-    meta = plan.meta.renumbered(renumbering)
-    kept.merged(meta, where)  # the same fps and features, or refused here
-    return replace(plan, meta=meta, renumbering=renumbering)
+    kept.merged(plan.meta.renumbered(renumbering), where)  # the same fps and features
+    return renumbering
 
 
 def _next_numbers(snapshot: TableSnapshot) -> tuple[int, int]:

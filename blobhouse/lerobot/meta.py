@@ -19,7 +19,7 @@ them (:attr:`DatasetInfo.stats_frames` then differs from the frame count).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,25 +27,18 @@ from typing import Any
 import blake3
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from lance import LanceDataset, LanceOperation
 
 from blobhouse.commit.change import ManifestUpdate, run_change
 from blobhouse.errors import LeRobotDatasetError, TableMetadataError
 from blobhouse.lerobot.checks import column_name
-from blobhouse.lerobot.folder import readable
+from blobhouse.lerobot.stats import Stats, aggregate_stats
 from blobhouse.snapshot import TableSnapshot
 
 #: the schema metadata key of the meta
 META_KEY = "blobhouse:lerobot"
 STATS = "meta/stats.json"
-#: LeRobot's dtypes whose values are numbers (stats are computed for them when the dataset
-#: has no ``meta/stats.json``)
-_NUMERIC = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "bool"}
 _CAMERA = {"video", "image"}
-
-Stats = dict[str, dict[str, Any]]  # feature -> stat name -> nested lists of numbers
 
 
 @dataclass(frozen=True)
@@ -253,116 +246,6 @@ def source_meta(root: Path, info: Mapping[str, Any], tasks: Mapping[int, str], f
         frames,
         (source_fingerprint(root),),
     )
-
-
-def computed_stats(meta: LeRobotMeta, data_files: Sequence[Path]) -> Stats:
-    """LeRobot's stats of the numeric features of ``meta`` that it has none for, from the
-    frame rows of ``data_files`` (read a column at a time)."""
-    stats = {}
-    for key, feature in meta.features.items():
-        if key in meta.stats or feature["dtype"] not in _NUMERIC:
-            continue
-        moments = _Moments()
-        for path in data_files:
-            try:
-                column = pq.read_table(readable(path), columns=[key]).column(0)
-            except (OSError, pa.ArrowException) as error:  # a damaged page
-                raise LeRobotDatasetError(f"{path} cannot be read: {error}") from None
-            moments.add(_matrix(column))
-        if moments.count:
-            stats[key] = moments.stats()
-    return stats
-
-
-def _matrix(column: pa.ChunkedArray) -> np.ndarray:
-    """A column of numbers or fixed-size lists of numbers as rows x dimensions (float64)."""
-    column = column.combine_chunks()
-    if pa.types.is_fixed_size_list(column.type) or pa.types.is_list(column.type):
-        width = len(column[0]) if len(column) else 0
-        values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
-        return values.astype(np.float64).reshape(len(column), width)
-    return column.to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, 1)
-
-
-class _Moments:
-    """count, sum, sum of squares, min and max per dimension, added a block at a time."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.sum = self.squares = self.min = self.max = None
-
-    def add(self, values: np.ndarray) -> None:
-        if not len(values):
-            return
-        low, high = values.min(axis=0), values.max(axis=0)
-        if self.count == 0:
-            self.sum, self.squares, self.min, self.max = (
-                values.sum(axis=0),
-                (values**2).sum(axis=0),
-                low,
-                high,
-            )
-        else:
-            self.sum = self.sum + values.sum(axis=0)
-            self.squares = self.squares + (values**2).sum(axis=0)
-            self.min, self.max = np.minimum(self.min, low), np.maximum(self.max, high)
-        self.count += len(values)
-
-    def stats(self) -> dict[str, list]:
-        mean = self.sum / self.count
-        std = np.sqrt(np.maximum(self.squares / self.count - mean**2, 0.0))
-        return {
-            "min": self.min.tolist(),
-            "max": self.max.tolist(),
-            "mean": mean.tolist(),
-            "std": std.tolist(),
-            "count": [self.count],
-        }
-
-
-def aggregate_stats(parts: Iterable[Stats]) -> Stats:
-    """The stats of datasets taken together, from each one's (LeRobot's ``aggregate_stats``:
-    counts added, means weighted by count, variances pooled, min of mins, max of maxes; other
-    stats, such as quantiles, weighted by count). A feature some part has no stats for keeps
-    none: stats of part of its frames would misdescribe it.
-
-    >>> a = {"x": {"min": [0.0], "max": [2.0], "mean": [1.0], "std": [1.0], "count": [2]}}
-    >>> b = {"x": {"min": [4.0], "max": [4.0], "mean": [4.0], "std": [0.0], "count": [2]}}
-    >>> aggregate_stats([a, b])["x"]
-    {'min': [0.0], 'max': [4.0], 'mean': [2.5], 'std': [1.6583123951777], 'count': [4]}
-    """
-    parts = list(parts)
-    if len(parts) <= 1:
-        return parts[0] if parts else {}
-    merged: Stats = {}
-    for key in set.intersection(*(set(p) for p in parts)):
-        stats = [p[key] for p in parts]
-        counts = np.array([float(np.asarray(s.get("count", [0])).sum()) for s in stats])
-        if counts.sum() <= 0:
-            continue
-        weights = counts / counts.sum()
-        names = [n for n in stats[0] if all(n in s for s in stats)]
-        out: dict[str, Any] = {}
-        means = [np.asarray(s["mean"], np.float64) for s in stats] if "mean" in names else []
-        for name in (n for n in names if n != "count"):
-            values = [np.asarray(s[name], np.float64) for s in stats]
-            if name == "min":
-                out[name] = np.minimum.reduce(values)
-            elif name == "max":
-                out[name] = np.maximum.reduce(values)
-            elif name == "std" and means:
-                mean = sum(w * m for w, m in zip(weights, means, strict=True))
-                variance = sum(
-                    w * (v**2 + (m - mean) ** 2)
-                    for w, v, m in zip(weights, values, means, strict=True)
-                )
-                out[name] = np.sqrt(variance)
-            else:
-                out[name] = sum(w * v for w, v in zip(weights, values, strict=True))
-        out = {name: np.asarray(value).tolist() for name, value in out.items()}
-        out["count"] = [int(counts.sum())]
-        merged[key] = out
-    return merged
 
 
 def table_meta(dataset: LanceDataset) -> LeRobotMeta | None:

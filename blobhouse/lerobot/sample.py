@@ -4,11 +4,13 @@ examples, the tests and the benchmark on machines where ``lerobot`` cannot be in
 Like LeRobot's recorder it encodes each camera's episodes back to back into shared MP4 files
 (AV1 by default, a keyframe every 2 frames, ``yuv420p``: LeRobot's defaults), records where each
 episode's segment starts (``videos/<camera>/from_timestamp``), and writes one frame row per
-frame with a 6-dimensional state and action.
+frame with a 6-dimensional state and action; image features (``images``) are PNGs in the frame
+rows, as LeRobot keeps them (``struct<bytes, path>``).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Sequence
@@ -25,6 +27,8 @@ from blobhouse.read.video import encode_video
 CAMERA = "observation.images.cam"
 STATE_DIM = 6
 TASKS = ("pick up the cube", "push the block to the goal")
+#: the size of image features (LeRobot's ``dtype: image``): small, as a wrist snapshot or mask
+IMAGE_SIZE = (24, 32)
 _PATH = "chunk-{chunk_index:03d}/file-{file_index:03d}"
 
 
@@ -34,6 +38,7 @@ def write_sample_dataset(
     episodes: int = 4,
     frames: int = 60,
     cameras: Sequence[str] = (CAMERA,),
+    images: Sequence[str] = (),
     size: tuple[int, int] = (96, 128),
     fps: int = 30,
     episodes_per_file: int = 2,
@@ -43,7 +48,8 @@ def write_sample_dataset(
 ) -> Path:
     """Write a LeRobot v3 dataset of ``episodes`` episodes of ``frames`` frames each into
     ``root`` (made if missing) and return its path. Each camera's video files hold
-    ``episodes_per_file`` episodes each.
+    ``episodes_per_file`` episodes each; each of ``images`` is an image feature of
+    :data:`IMAGE_SIZE` PNGs.
 
     >>> import tempfile
     >>> root = write_sample_dataset(tempfile.mkdtemp(), episodes=3, frames=4, size=(16, 16))
@@ -64,7 +70,7 @@ def write_sample_dataset(
         meta[f"videos/{camera}/file_index"] = [g for g, group in enumerate(groups) for _ in group]
         meta[f"videos/{camera}/from_timestamp"] = starts
         meta[f"videos/{camera}/to_timestamp"] = [s + frames / fps for s in starts]
-    _write_frames(root, groups, frames, fps, rng)
+    _write_frames(root, groups, frames, fps, rng, images)
     meta.update(
         {
             "tasks": [[TASKS[e % len(TASKS)]] for e in range(episodes)],
@@ -83,7 +89,7 @@ def write_sample_dataset(
     )
     tasks = pd.DataFrame({"task_index": range(len(TASKS))}, index=list(TASKS))
     tasks.to_parquet(root / "meta/tasks.parquet")
-    _write_info(root, episodes, frames, cameras, size, fps, codec)
+    _write_info(root, episodes, frames, cameras, images, size, fps, codec)
     return root
 
 
@@ -129,7 +135,12 @@ def _image(size: tuple[int, int], episode: int, frame: int, camera: int) -> np.n
 
 
 def _write_frames(
-    root: Path, groups: list[list[int]], frames: int, fps: int, rng: np.random.Generator
+    root: Path,
+    groups: list[list[int]],
+    frames: int,
+    fps: int,
+    rng: np.random.Generator,
+    images: Sequence[str],
 ) -> None:
     for file_index, group in enumerate(groups):
         count = frames * len(group)
@@ -137,6 +148,10 @@ def _write_frames(
         frame = np.tile(np.arange(frames), len(group))
         table = pa.table(
             {
+                **{
+                    key: _pngs(episode, frame, 9 + number, episode * frames + frame)
+                    for number, key in enumerate(images)
+                },
                 "observation.state": pa.FixedSizeListArray.from_arrays(
                     pa.array(rng.standard_normal(count * STATE_DIM, np.float32)), STATE_DIM
                 ),
@@ -155,6 +170,21 @@ def _write_frames(
         )
 
 
+def _pngs(episode: np.ndarray, frame: np.ndarray, camera: int, index: np.ndarray) -> pa.Array:
+    """An image feature's column: each frame's PNG and its name, as LeRobot writes them."""
+    from PIL import Image
+
+    data = []
+    for e, f in zip(episode.tolist(), frame.tolist(), strict=True):
+        out = io.BytesIO()
+        Image.fromarray(_image(IMAGE_SIZE, e, f, camera)).save(out, format="PNG")
+        data.append(out.getvalue())
+    paths = [f"frame_{i:06d}.png" for i in index.tolist()]
+    return pa.StructArray.from_arrays(
+        [pa.array(data, pa.binary()), pa.array(paths, pa.string())], ["bytes", "path"]
+    )
+
+
 def _write_parquet(path: Path, table: pa.Table) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
@@ -165,6 +195,7 @@ def _write_info(
     episodes: int,
     frames: int,
     cameras: Sequence[str],
+    images: Sequence[str],
     size: tuple[int, int],
     fps: int,
     codec: str,
@@ -194,6 +225,12 @@ def _write_info(
                 "video.channels": 3,
                 "has_audio": False,
             },
+        }
+    for key in images:
+        features[key] = {
+            "dtype": "image",
+            "shape": [*IMAGE_SIZE, 3],
+            "names": ["height", "width", "channels"],
         }
     info = {
         "codebase_version": "v3.0",

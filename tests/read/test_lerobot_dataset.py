@@ -26,9 +26,10 @@ from blobhouse.cli import main
 from blobhouse.errors import InvalidInputError, LeRobotDatasetError, UnknownOptionError
 from blobhouse.lerobot import LeRobotDataset, LeRobotDatasetMetadata, dataset_info, ingest_lerobot
 from blobhouse.lerobot.meta import META_KEY
-from blobhouse.lerobot.sample import STATE_DIM, write_sample_dataset
+from blobhouse.lerobot.sample import IMAGE_SIZE, STATE_DIM, _image, write_sample_dataset
 
 CAMERAS = ("observation.images.top", "observation.images.wrist")
+IMAGE = "observation.images.gripper"  # an image feature: PNGs in the frame rows
 EPISODES, FRAMES, PER_FILE, SIZE = 4, 40, 2, (24, 32)
 STEP = 1 / 30
 
@@ -40,6 +41,7 @@ def source(tmp_path_factory) -> Path:
         episodes=EPISODES,
         frames=FRAMES,
         cameras=CAMERAS,
+        images=[IMAGE],
         size=SIZE,
         episodes_per_file=PER_FILE,
     )
@@ -80,6 +82,7 @@ def test_an_item_is_lerobots_dict(table, frames, rows):
         item = dataset[i]
         assert set(item) == {
             *CAMERAS,
+            IMAGE,
             "observation.state",
             "action",
             "timestamp",
@@ -92,6 +95,9 @@ def test_an_item_is_lerobots_dict(table, frames, rows):
         for key in CAMERAS:
             assert item[key].dtype == torch.float32 and item[key].shape == (3, *SIZE)
             assert np.array_equal(item[key].numpy(), frames[key][i]), (key, i)
+        drawn = _image(IMAGE_SIZE, i // FRAMES, i % FRAMES, 9)  # the PNG's pixels (lossless)
+        assert item[IMAGE].dtype == torch.float32 and item[IMAGE].shape == (3, *IMAGE_SIZE)
+        assert np.array_equal(item[IMAGE].numpy(), drawn.transpose(2, 0, 1) / np.float32(255))
         assert item["observation.state"].dtype == torch.float32
         assert item["observation.state"].shape == (STATE_DIM,)
         assert np.array_equal(item["observation.state"].numpy(), rows["observation.state"][i])
@@ -173,7 +179,8 @@ def test_episodes_select_frames_and_keep_their_edges(table, frames):
 def test_meta_offers_what_training_code_reads(table, rows):
     meta = LeRobotDataset("me/robot", root=table).meta
     assert meta.fps == 30 and isinstance(meta.fps, int)
-    assert meta.camera_keys == meta.video_keys == list(CAMERAS) and meta.image_keys == []
+    assert meta.video_keys == list(CAMERAS) and meta.image_keys == [IMAGE]
+    assert meta.camera_keys == [*CAMERAS, IMAGE]
     assert meta.features["observation.state"]["shape"] == [STATE_DIM]
     assert meta.shapes["observation.images.top"] == (*SIZE, 3)
     assert (meta.total_episodes, meta.total_frames, meta.total_tasks) == (4, 160, 2)
@@ -346,6 +353,6 @@ def test_stats_command_shows_the_dataset(table, capsys):
     assert main(["stats", table, "--json"]) == 0
     lerobot = json.loads(capsys.readouterr().out)["lerobot"]
     assert lerobot["fps"] == 30 and lerobot["total_frames"] == 160
-    assert lerobot["total_episodes"] == 4 and lerobot["cameras"] == list(CAMERAS)
+    assert lerobot["total_episodes"] == 4 and lerobot["cameras"] == [*CAMERAS, IMAGE]
     assert main(["stats", table]) == 0
     assert "LeRobot dataset" in capsys.readouterr().out

@@ -27,7 +27,13 @@ CAMERAS = ("observation.images.top", "observation.images.wrist")
 def dataset(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("lerobot") / "pick_place"
     return write_sample_dataset(
-        root, episodes=5, frames=20, cameras=CAMERAS, size=(24, 32), episodes_per_file=2
+        root,
+        episodes=5,
+        frames=20,
+        cameras=CAMERAS,
+        images=["observation.images.gripper"],  # PNGs in the frame rows
+        size=(24, 32),
+        episodes_per_file=2,
     )
 
 
@@ -41,9 +47,14 @@ def test_the_spark_import_makes_the_python_import_s_table(spark, dataset, tmp_pa
     assert done.frames == 100 and done.video_files == 6
     assert done.table.schema == python.schema
     assert dataset_info(done.table).meta == dataset_info(python).meta  # the dataset's meta kept
-    columns = [c for c in python.schema.names if c not in done.cameras]
+    blobs = (*done.cameras, "observation_images_gripper")  # references: compared by bytes
+    columns = [c for c in python.schema.names if c not in blobs]
     spark_rows = done.table.to_arrow(columns=columns).sort_by("index")
     assert spark_rows.equals(python.to_arrow(columns=columns).sort_by("index"))
+    order = done.table.to_arrow(columns=["index"])["index"].to_numpy().argsort()
+    assert done.table.read_blobs("observation_images_gripper", order.tolist()) == (
+        python.read_blobs("observation_images_gripper", list(range(100)))
+    )
     for camera in done.cameras:
         ids = done.table.row_ids()
         by_index = dict(
@@ -53,11 +64,20 @@ def test_the_spark_import_makes_the_python_import_s_table(spark, dataset, tmp_pa
         theirs = python.take_row_dicts(python.row_ids()[[0, 45, 99]], [camera])
         assert [r[camera] for r in ours] == [r[camera] for r in theirs]
     video_bytes = sum(p.stat().st_size for p in dataset.glob("videos/*/*/*.mp4"))
-    assert _packs(tmp_path / "spark") == video_bytes  # each file once, whichever task stored it
+    rows = pa.concat_tables(pq.read_table(p) for p in sorted(dataset.glob("data/*/*.parquet")))
+    pngs = set(rows["observation.images.gripper"].combine_chunks().field("bytes").to_pylist())
+    stored = video_bytes + sum(map(len, pngs))
+    assert _packs(tmp_path / "spark") == stored  # each file and image once, whichever task
     # the same types: the Python import appends to the table Spark made
     again = ingest_lerobot(dataset, str(tmp_path / "spark"), mode="append", again=True)
-    assert again.table.count_rows() == 200 and _packs(tmp_path / "spark") == video_bytes
+    assert again.table.count_rows() == 200 and _packs(tmp_path / "spark") == stored
     assert dataset_info(again.table).meta.stats_frames == 200
+    # and Spark's own append of it again: its tasks find every image in the store
+    thrice = bs.ingest_lerobot(spark, dataset, str(tmp_path / "spark"), mode="append", again=True)
+    assert thrice.table.count_rows() == 300 and _packs(tmp_path / "spark") == stored
+    assert thrice.table.read_blobs("observation_images_gripper", [250]) == [
+        rows["observation.images.gripper"].combine_chunks().field("bytes")[50].as_py()
+    ]
 
 
 def test_a_failed_task_leaves_nothing(spark, dataset, tmp_path):

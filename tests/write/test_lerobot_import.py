@@ -24,13 +24,20 @@ from blobhouse.lerobot.sample import write_sample_dataset
 from tests.helpers import damage_page, declare_stats
 
 CAMERAS = ("observation.images.top", "observation.images.wrist")
+IMAGE = "observation.images.gripper"  # an image feature: a PNG in each frame row
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("lerobot") / "pick_place"
     return write_sample_dataset(
-        root, episodes=5, frames=30, cameras=CAMERAS, size=(32, 48), episodes_per_file=2
+        root,
+        episodes=5,
+        frames=30,
+        cameras=CAMERAS,
+        images=[IMAGE],
+        size=(32, 48),
+        episodes_per_file=2,
     )
 
 
@@ -67,10 +74,12 @@ def test_an_import_has_a_row_per_frame_and_stores_each_video_file_once(dataset, 
     expected = (episode % 2) * 30 / 30 + stamp.astype(np.float64)
     assert np.array_equal(rows["observation_images_top_timestamp"].to_numpy(), expected)
 
-    # each video file once: the store holds exactly the distinct files' bytes
+    # each video file and image once: the store holds exactly the distinct files' and PNGs'
     video_bytes = sum(p.stat().st_size for p in _videos(dataset))
+    pngs = set(frames[IMAGE].combine_chunks().field("bytes").to_pylist())
     packs = list((tmp_path / "robot" / "_blobs" / "packs").iterdir())
-    assert sum(p.stat().st_size for p in packs) == video_bytes == done.video_bytes
+    assert video_bytes == done.video_bytes
+    assert sum(p.stat().st_size for p in packs) == video_bytes + sum(map(len, pngs))
     stats = table.stats()
     for key, camera in zip(CAMERAS, done.cameras, strict=True):
         column = stats["columns"][camera]  # every row references the store, each file once
@@ -99,7 +108,7 @@ def test_appending_a_dataset_with_other_cameras_is_refused_naming_them(dataset, 
     assert open_table(uri).version == 1 and _tree(Path(uri)) == before
 
 
-def test_appending_the_same_dataset_stores_no_video_again(dataset, tmp_path):
+def test_appending_the_same_dataset_stores_no_video_or_image_again(dataset, tmp_path):
     uri = str(tmp_path / "robot")
     ingest_lerobot(dataset, uri)
     packs = tmp_path / "robot" / "_blobs" / "packs"
@@ -117,6 +126,13 @@ def test_appending_the_same_dataset_stores_no_video_again(dataset, tmp_path):
     assert again.table.read_blobs("observation_images_top", [160]) == [
         sorted((dataset / "videos/observation.images.top/chunk-000").iterdir())[0].read_bytes()
     ]
+    pngs = pq.read_table(sorted(dataset.glob("data/*/*.parquet"))[0])[IMAGE].combine_chunks()
+    assert (
+        again.table.read_blobs("observation_images_gripper", [150, 151])
+        == (
+            pngs.field("bytes").to_pylist()[:2]  # the copies' images: the same bytes, stored once
+        )
+    )
     with pytest.raises(TableExistsError, match="already exists"):
         ingest_lerobot(dataset, uri)  # refused before a video file is read
 
