@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import av
@@ -63,18 +64,15 @@ def robot_video(size: Size) -> Case:
         done = ingest_lerobot(dataset, str(root / "table"))
         seconds = time.perf_counter() - started
         cameras = list(done.cameras)
-        case.add(
-            metric="bytes",
-            made_by=made,
-            frames=done.frames,
-            cameras=len(cameras),
-            video_files=done.video_files,
-            dataset_bytes=disk_bytes(dataset),
-            video_bytes=done.video_bytes,
-            table_bytes=disk_bytes(root / "table"),
-            table_vs_dataset=round(disk_bytes(root / "table") / disk_bytes(dataset), 3),
-            import_s=round(seconds, 3),
-        )
+        shape = DatasetShape.of(size)
+        _bytes_row(case, dataset, root / "table", made, _described(shape), done, seconds)
+        small = root / "small"
+        made_small = make_dataset(small, SMALL, lerobot)
+        started = time.perf_counter()
+        small_done = ingest_lerobot(small, str(root / "small_table"))
+        seconds = time.perf_counter() - started
+        _bytes_row(case, small, root / "small_table", made_small, _described(SMALL), small_done,
+                   seconds)  # fmt: skip
         plan = batch_plan(done.frames, size.robot_batches, size.runs, size.loader_workers)
         (root / "plan.json").write_text(json.dumps(plan))
         table = str(root / "table")
@@ -106,25 +104,74 @@ def robot_video(size: Size) -> Case:
     return case
 
 
-def make_dataset(dataset: Path, size: Size, lerobot: bool) -> str:
-    height, width = size.robot_image
+@dataclass(frozen=True)
+class DatasetShape:
+    """The dataset a case makes: episodes of frames, cameras of an image size, a codec."""
+
+    episodes: int
+    frames: int
+    image: tuple[int, int]
+    cameras: int
+    vcodec: str = "libsvtav1"  # LeRobot's default (AV1)
+
+    @classmethod
+    def of(cls, size: Size) -> DatasetShape:
+        return cls(size.robot_episodes, size.robot_frames, size.robot_image, size.robot_cameras)
+
+
+#: a small, low-resolution, highly compressible dataset: where a row's own bytes weigh most
+SMALL = DatasetShape(episodes=10, frames=90, image=(48, 64), cameras=2, vcodec="h264")
+
+
+def make_dataset(dataset: Path, size: Size | DatasetShape, lerobot: bool) -> str:
+    shape = size if isinstance(size, DatasetShape) else DatasetShape.of(size)
+    height, width = shape.image
     if lerobot:
         subprocess.run(
             [str(LEROBOT_PYTHON), str(LEROBOT_SIDE), "make", str(dataset),
-             f"--episodes={size.robot_episodes}", f"--frames={size.robot_frames}",
-             f"--height={height}", f"--width={width}", f"--cameras={size.robot_cameras}"],
+             f"--episodes={shape.episodes}", f"--frames={shape.frames}",
+             f"--height={height}", f"--width={width}", f"--cameras={shape.cameras}",
+             f"--vcodec={shape.vcodec}"],
             check=True, capture_output=True,
         )  # fmt: skip
         return "lerobot"
     write_sample_dataset(
         dataset,
-        episodes=size.robot_episodes,
-        frames=size.robot_frames,
-        cameras=[f"observation.images.cam{c}" for c in range(size.robot_cameras)],
+        episodes=shape.episodes,
+        frames=shape.frames,
+        cameras=[f"observation.images.cam{c}" for c in range(shape.cameras)],
         size=(height, width),
-        episodes_per_file=size.robot_episodes,  # LeRobot fills a file up to 200 MB
+        codec={"h264": "libx264"}.get(shape.vcodec, shape.vcodec),
+        episodes_per_file=shape.episodes,  # LeRobot fills a file up to 200 MB
     )
     return "blobhouse.lerobot.sample"
+
+
+def _bytes_row(case: Case, dataset: Path, table: Path, made: str, shape: str, done, seconds):
+    """How the table's bytes compare with the dataset folder's, and what each part holds."""
+    data = disk_bytes(table / "data")
+    return case.add(
+        metric="bytes",
+        dataset=shape,
+        made_by=made,
+        frames=done.frames,
+        cameras=len(done.cameras),
+        video_files=done.video_files,
+        dataset_bytes=disk_bytes(dataset),
+        video_bytes=done.video_bytes,
+        table_bytes=disk_bytes(table),
+        table_vs_dataset=round(disk_bytes(table) / disk_bytes(dataset), 3),
+        row_bytes=round(data / done.frames, 1),
+        dataset_row_bytes=round(disk_bytes(dataset / "data") / done.frames, 1),
+        import_s=round(seconds, 3),
+    )
+
+
+def _described(shape: DatasetShape) -> str:
+    return (
+        f"{shape.episodes} x {shape.frames} frames, {shape.cameras} cameras of "
+        f"{shape.image[0]} x {shape.image[1]}, {shape.vcodec}"
+    )
 
 
 def batch_plan(rows: int, batches: int, runs: int, workers: tuple[int, ...]) -> dict:

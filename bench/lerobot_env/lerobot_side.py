@@ -73,8 +73,9 @@ def make(args: argparse.Namespace) -> None:
     lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else None
     started = time.perf_counter()
     dataset = LeRobotDataset.create(
-        repo_id=REPO_ID, fps=30, root=args.root, features=features, use_videos=True
-    )
+        repo_id=REPO_ID, fps=30, root=args.root, features=features, use_videos=True,
+        vcodec=args.vcodec,
+    )  # fmt: skip
     rng = np.random.default_rng(0)
     for episode in range(len(lengths) if lengths else args.episodes):
         for frame in range(lengths[episode] if lengths else args.frames):
@@ -216,6 +217,7 @@ def main() -> None:
         maker.add_argument(f"--{name}", type=int, default=default)
     maker.add_argument("--lengths", default="")
     maker.add_argument("--image", action="store_true")
+    maker.add_argument("--vcodec", default="libsvtav1")  # LeRobot's default
     firster = commands.add_parser("first")
     firster.add_argument("root")
     firster.add_argument("plan")

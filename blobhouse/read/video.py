@@ -84,10 +84,17 @@ def decode_frames(
     blobhouse.errors.VideoFrameError: its frames are 16x16 (... 256 pixels), more than ...
     """
     converted: dict[int, np.ndarray] = {}  # by pts: a frame asked twice is converted once
+    require_av()
+    from av.video.reformatter import VideoReformatter
+
+    # one converter for the chunk: frame.to_ndarray makes a new one (an FFmpeg scaling context)
+    # per frame, which cost more than decoding the frame (240 x 320 AV1: 0.29 ms against
+    # 0.19 ms; 0.07 ms with the context kept), for the same pixels
+    reformatter = VideoReformatter()
 
     def convert(frame: Any) -> np.ndarray:
         if frame.pts not in converted:
-            converted[frame.pts] = frame.to_ndarray(format="rgb24")
+            converted[frame.pts] = reformatter.reformat(frame, format="rgb24").to_ndarray()
         return converted[frame.pts]
 
     return _frames_at(chunk, timestamps, tolerance_s, max_frame_pixels, label, convert)
