@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import re
 import statistics
 import subprocess
 import sys
@@ -35,6 +37,7 @@ from bench.robot_case import (
     LEROBOT_READY,
     LEROBOT_SIDE,
     PRELOAD,
+    ROOT,
     batch_plan,
     loader_rates,
     make_dataset,
@@ -43,6 +46,8 @@ from blobhouse import open_table
 from blobhouse.lerobot import LeRobotDataset, export_lerobot, ingest_lerobot
 
 TRAIN = LEROBOT_SIDE.parent / "train_dropin.py"
+#: LeRobot's training command, in its environment
+LEROBOT_TRAIN = LEROBOT_PYTHON.parent / "lerobot-train"
 LENGTHS = "31,120,64,45"
 STEP = 1 / 30
 PLANS: dict[str, dict[str, Any]] = {
@@ -131,7 +136,32 @@ def lerobot_dropin(size: Size) -> Case:
             blobhouse_step_s=round(statistics.median(ours_run["step_seconds"][1:]), 3),
             lerobot_step_s=round(statistics.median(theirs_run["step_seconds"][1:]), 3),
         )
+        ours_cli = _train_command(root / "cli-ours", table, steps, "-m", "blobhouse.lerobot.train")
+        theirs_cli = _train_command(root / "cli-lerobot", str(dataset), steps, str(LEROBOT_TRAIN))
+        case.add(
+            metric="lerobot_train_command",
+            plan="ACT, batches of 8, seed 0, 2 workers",
+            items=steps,
+            equal=bool(ours_cli) and ours_cli == theirs_cli,
+            differences=f"losses {ours_cli} against {theirs_cli}",
+        )
     return case
+
+
+def _train_command(out: Path, root: str, steps: int, *command: str) -> list[str]:
+    """The losses ``lerobot-train`` logs (``command``: LeRobot's, or blobhouse's
+    ``python -m blobhouse.lerobot.train``), for ACT on CPU on the dataset or table ``root``."""
+    done = subprocess.run(
+        [str(LEROBOT_PYTHON), *command, "--dataset.repo_id=bench/robot",
+         f"--dataset.root={root}", "--policy.type=act", "--policy.device=cpu",
+         "--policy.pretrained_backbone_weights=null", "--policy.push_to_hub=false",
+         "--policy.chunk_size=10", "--policy.n_action_steps=10", "--batch_size=8",
+         f"--steps={steps}", "--log_freq=1", "--save_checkpoint=false", "--num_workers=2",
+         "--seed=0", "--wandb.enable=false", "--eval_freq=0", f"--output_dir={out}"],
+        check=True, capture_output=True, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    return re.findall(r"\bloss:([0-9.]+)", done.stdout + done.stderr)
 
 
 def speed_deltas(cameras: list[str]) -> dict[str, list[float]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import av
@@ -356,3 +357,12 @@ def test_stats_command_shows_the_dataset(table, capsys):
     assert lerobot["total_episodes"] == 4 and lerobot["cameras"] == [*CAMERAS, IMAGE]
     assert main(["stats", table]) == 0
     assert "LeRobot dataset" in capsys.readouterr().out
+
+
+def test_the_training_command_without_lerobot_names_what_to_install(monkeypatch):
+    from blobhouse.errors import MissingExtraError
+    from blobhouse.lerobot.train import main as train
+
+    monkeypatch.setitem(sys.modules, "lerobot", None)  # as where LeRobot is not installed
+    with pytest.raises(MissingExtraError, match=r"runs LeRobot's lerobot-train.*install lerobot"):
+        train(["--steps=1"])
