@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from blobhouse.extras import require_av
+from blobhouse.extras import require_av, require_pillow
 from blobhouse.read.video import encode_video
 
 CAMERA = "observation.images.cam"
@@ -29,6 +29,8 @@ STATE_DIM = 6
 TASKS = ("pick up the cube", "push the block to the goal")
 #: the size of image features (LeRobot's ``dtype: image``): small, as a wrist snapshot or mask
 IMAGE_SIZE = (24, 32)
+#: image feature ``n`` shows what :func:`drawn_frame` draws for camera ``FIRST_IMAGE_CAMERA + n``
+FIRST_IMAGE_CAMERA = 9
 _PATH = "chunk-{chunk_index:03d}/file-{file_index:03d}"
 
 
@@ -113,7 +115,7 @@ def _write_videos(
         path.parent.mkdir(parents=True, exist_ok=True)
         starts += [position * frames / fps for position in range(len(group))]
         images = (
-            _image(size, episode, frame, camera_number)
+            drawn_frame(size, episode, frame, camera_number)
             for episode in group
             for frame in range(frames)
         )
@@ -121,8 +123,14 @@ def _write_videos(
     return starts
 
 
-def _image(size: tuple[int, int], episode: int, frame: int, camera: int) -> np.ndarray:
-    """A smooth scene with a moving block: it compresses like camera footage, not noise."""
+def drawn_frame(size: tuple[int, int], episode: int, frame: int, camera: int) -> np.ndarray:
+    """What camera number ``camera`` sees at ``frame`` of ``episode`` (height x width x 3,
+    ``uint8``): a smooth scene with a moving block, which compresses like camera footage, not
+    noise.
+
+    >>> drawn_frame((16, 16), episode=0, frame=3, camera=1).shape
+    (16, 16, 3)
+    """
     height, width = size
     y, x = np.mgrid[0:height, 0:width]
     image = np.empty((height, width, 3), np.uint8)
@@ -149,7 +157,9 @@ def _write_frames(
         table = pa.table(
             {
                 **{
-                    key: _pngs(episode, frame, 9 + number, episode * frames + frame)
+                    key: _pngs(
+                        episode, frame, FIRST_IMAGE_CAMERA + number, episode * frames + frame
+                    )
                     for number, key in enumerate(images)
                 },
                 "observation.state": pa.FixedSizeListArray.from_arrays(
@@ -172,12 +182,13 @@ def _write_frames(
 
 def _pngs(episode: np.ndarray, frame: np.ndarray, camera: int, index: np.ndarray) -> pa.Array:
     """An image feature's column: each frame's PNG and its name, as LeRobot writes them."""
+    require_pillow("a sample dataset's image features")
     from PIL import Image
 
     data = []
     for e, f in zip(episode.tolist(), frame.tolist(), strict=True):
         out = io.BytesIO()
-        Image.fromarray(_image(IMAGE_SIZE, e, f, camera)).save(out, format="PNG")
+        Image.fromarray(drawn_frame(IMAGE_SIZE, e, f, camera)).save(out, format="PNG")
         data.append(out.getvalue())
     paths = [f"frame_{i:06d}.png" for i in index.tolist()]
     return pa.StructArray.from_arrays(

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from blobhouse.errors import LeRobotDatasetError
+from blobhouse.errors import LeRobotDatasetError, VideoFrameError
 from blobhouse.extras import require_pillow
 from blobhouse.lerobot.folder import DatasetPath, readable
 
@@ -246,14 +246,14 @@ def _sampled_frames(source: DatasetLike, cameras: list[str]) -> Iterator[tuple[s
     features decoded from the data files' PNGs, video features from their files."""
     images = [key for key in cameras if key in source.image_keys]
     videos = [key for key in cameras if key in source.video_keys]
-    times: dict[int, list[float]] = {}
+    times: dict[int, list[np.ndarray]] = {}  # the sampled frames' times, per episode
     for episode, rows in _sampled_rows(source, images):
         for key in images:
             for data in rows.column(key).field("bytes").to_pylist():
                 yield key, _png(data, key, episode)
         if videos:
             seconds = rows.column("timestamp").to_numpy(zero_copy_only=False)
-            times.setdefault(episode, []).extend(seconds.astype(np.float64).tolist())
+            times.setdefault(episode, []).append(seconds.astype(np.float64))
     for key in videos:
         yield from ((key, frame) for frame in _video_frames(source, key, times))
 
@@ -301,7 +301,7 @@ def _png(data: bytes | None, key: str, episode: int) -> np.ndarray:
 
 
 def _video_frames(
-    source: DatasetLike, key: str, times: Mapping[int, list[float]]
+    source: DatasetLike, key: str, times: Mapping[int, list[np.ndarray]]
 ) -> Iterator[np.ndarray]:
     """The frames of camera ``key`` at each episode's sampled ``times`` (seconds from the
     episode's start), a batch of one episode's at a time."""
@@ -318,12 +318,20 @@ def _video_frames(
         strict=True,
     )
     for episode, chunk, file, start in where:
-        wanted = sorted(start + t for t in times.get(episode, ()))
+        parts = times.get(episode)
+        if not parts:
+            continue
+        wanted = np.sort(start + np.concatenate(parts)).tolist()
         path = files[(chunk, file)]
         for at in range(0, len(wanted), _DECODE_FRAMES):
-            yield from decode_frames(
-                readable(path), wanted[at : at + _DECODE_FRAMES], max_frame_pixels=None
-            )
+            try:  # frames past a 4K frame's pixels are refused, as readers refuse them
+                frames = decode_frames(readable(path), wanted[at : at + _DECODE_FRAMES])
+            except VideoFrameError as error:
+                raise LeRobotDatasetError(
+                    f"{path}: the frames of episode {episode} that the stats of {key!r} "
+                    f"sample cannot be decoded: {error}"
+                ) from None
+            yield from frames
 
 
 def aggregate_stats(parts: Iterable[Stats]) -> Stats:

@@ -27,7 +27,13 @@ from blobhouse.cli import main
 from blobhouse.errors import InvalidInputError, LeRobotDatasetError, UnknownOptionError
 from blobhouse.lerobot import LeRobotDataset, LeRobotDatasetMetadata, dataset_info, ingest_lerobot
 from blobhouse.lerobot.meta import META_KEY
-from blobhouse.lerobot.sample import IMAGE_SIZE, STATE_DIM, _image, write_sample_dataset
+from blobhouse.lerobot.sample import (
+    FIRST_IMAGE_CAMERA,
+    IMAGE_SIZE,
+    STATE_DIM,
+    drawn_frame,
+    write_sample_dataset,
+)
 
 CAMERAS = ("observation.images.top", "observation.images.wrist")
 IMAGE = "observation.images.gripper"  # an image feature: PNGs in the frame rows
@@ -96,7 +102,9 @@ def test_an_item_is_lerobots_dict(table, frames, rows):
         for key in CAMERAS:
             assert item[key].dtype == torch.float32 and item[key].shape == (3, *SIZE)
             assert np.array_equal(item[key].numpy(), frames[key][i]), (key, i)
-        drawn = _image(IMAGE_SIZE, i // FRAMES, i % FRAMES, 9)  # the PNG's pixels (lossless)
+        drawn = drawn_frame(
+            IMAGE_SIZE, i // FRAMES, i % FRAMES, FIRST_IMAGE_CAMERA
+        )  # the PNG's pixels (lossless)
         assert item[IMAGE].dtype == torch.float32 and item[IMAGE].shape == (3, *IMAGE_SIZE)
         assert np.array_equal(item[IMAGE].numpy(), drawn.transpose(2, 0, 1) / np.float32(255))
         assert item["observation.state"].dtype == torch.float32

@@ -15,7 +15,12 @@ import pytest
 
 from blobhouse.errors import LeRobotDatasetError
 from blobhouse.lerobot import dataset_info, ingest_lerobot
-from blobhouse.lerobot.sample import IMAGE_SIZE, _image, write_sample_dataset
+from blobhouse.lerobot.sample import (
+    FIRST_IMAGE_CAMERA,
+    IMAGE_SIZE,
+    drawn_frame,
+    write_sample_dataset,
+)
 from blobhouse.lerobot.stats import QUANTILES, downsampled, sample_offsets
 
 EPISODES, FRAMES, SIZE = 3, 120, (32, 48)
@@ -46,7 +51,7 @@ def _drawn(size: tuple[int, int], camera: int) -> np.ndarray:
     x channels, scaled to [0, 1]."""
     offsets = sample_offsets(FRAMES)
     frames = [
-        downsampled(_image(size, e, int(f), camera)) for e in range(EPISODES) for f in offsets
+        downsampled(drawn_frame(size, e, int(f), camera)) for e in range(EPISODES) for f in offsets
     ]
     return np.stack(frames).reshape(len(frames), -1, 3) / 255.0
 
@@ -58,7 +63,9 @@ def test_sampling_follows_lerobots_rule():
 
 
 def test_image_features_get_exact_per_channel_stats(stats):
-    pixels = _drawn(IMAGE_SIZE, 9)  # PNG is lossless: the stats are the drawn pixels'
+    pixels = _drawn(
+        IMAGE_SIZE, FIRST_IMAGE_CAMERA
+    )  # PNG is lossless: the stats are the drawn pixels'
     got = {name: np.asarray(value) for name, value in stats[WRIST].items()}
     assert got["mean"].shape == (3, 1, 1)  # LeRobot's per-channel shape
     assert got["count"].tolist() == [EPISODES * 100]
