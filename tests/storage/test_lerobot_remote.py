@@ -22,6 +22,7 @@ def source(tmp_path_factory) -> Path:
         episodes=3,
         frames=10,
         cameras=("observation.images.top",),
+        images=("observation.images.wrist",),  # PNGs in the frame rows
         size=(16, 16),
         episodes_per_file=2,
     )
@@ -56,6 +57,14 @@ def test_a_dataset_on_a_store_imports_as_a_local_one(source, bucket, tmp_path):
                 else mine[key] == value
             )
             assert same, key
+    # the same dataset again: its images are found in the remote store, none stored again
+    packs = bucket.objects("robot/_blobs/packs/")
+    again = ingest_lerobot(
+        remote, f"{bucket.uri}/robot", mode="append", again=True, storage_options=bucket.options
+    )
+    assert again.table.count_rows() == 60 and bucket.objects("robot/_blobs/packs/") == packs
+    wrist = again.table.read_blobs("observation_images_wrist", [0, 30])
+    assert wrist[0] == wrist[1]
 
 
 def test_a_missing_or_damaged_remote_dataset_is_named(source, bucket):
