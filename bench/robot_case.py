@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -147,7 +148,9 @@ def make_dataset(dataset: Path, size: Size | DatasetShape, lerobot: bool) -> str
     return "blobhouse.lerobot.sample"
 
 
-def _bytes_row(case: Case, dataset: Path, table: Path, made: str, shape: str, done, seconds):
+def _bytes_row(
+    case: Case, dataset: Path, table: Path, made: str, shape: str, done: Any, seconds: float
+) -> dict:
     """How the table's bytes compare with the dataset folder's, and what each part holds."""
     data = disk_bytes(table / "data")
     return case.add(

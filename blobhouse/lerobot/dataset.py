@@ -220,6 +220,7 @@ class LeRobotDataset(Dataset):
         texts = table.column("task").to_pylist()
         values["task"] = lambda p: texts[where[int(p)]]
         if images:
+            require_pillow()
             rows = read_row_dicts(
                 self._table(),
                 ids,
@@ -331,7 +332,6 @@ def _tensors(column: pa.ChunkedArray, feature: Mapping[str, Any]) -> list[torch.
 
 def _image_tensor(data: bytes) -> torch.Tensor:
     """An image feature's bytes (PNG) as LeRobot gives it: ``float32`` CHW in [0, 1]."""
-    require_pillow()
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as image:

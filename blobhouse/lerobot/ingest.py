@@ -232,9 +232,8 @@ def plan_import(
     missing = [key for key in source.info["features"] if key not in meta.stats]
     meta = replace(meta, stats={**meta.stats, **computed_stats(source, missing)})
     if renumbering is not None:
-        plan = replace(plan, meta=meta.renumbered(renumbering), renumbering=renumbering)
-    else:
-        plan = replace(plan, meta=meta)
+        meta = meta.renumbered(renumbering)
+    plan = replace(plan, meta=meta, renumbering=renumbering)
     txn = Transaction.start(location, None, storage_options, kind="write")
     return replace(plan, name_prefix=txn.name_prefix), txn
 

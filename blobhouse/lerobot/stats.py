@@ -246,6 +246,8 @@ def _sampled_frames(source: DatasetLike, cameras: list[str]) -> Iterator[tuple[s
     features decoded from the data files' PNGs, video features from their files."""
     images = [key for key in cameras if key in source.image_keys]
     videos = [key for key in cameras if key in source.video_keys]
+    if images:
+        require_pillow(f"the stats of image features {images}")
     times: dict[int, list[np.ndarray]] = {}  # the sampled frames' times, per episode
     for episode, rows in _sampled_rows(source, images):
         for key in images:
@@ -268,7 +270,7 @@ def _sampled_rows(source: DatasetLike, images: list[str]) -> Iterator[tuple[int,
             strict=True,
         )
     )
-    samples = {episode: set(sample_offsets(n).tolist()) for episode, n in lengths.items()}
+    samples = {episode: sample_offsets(n) for episode, n in lengths.items()}
     seen: dict[int, int] = {}
     columns = ["episode_index", "timestamp", *images]
     for path in source.data_files:
@@ -280,15 +282,15 @@ def _sampled_rows(source: DatasetLike, images: list[str]) -> Iterator[tuple[int,
                     episode = int(episodes[a])
                     first = seen.get(episode, 0)
                     seen[episode] = first + b - a
-                    wanted = [i for i in range(b - a) if first + i in samples[episode]]
-                    if wanted:
+                    offsets = first + np.arange(b - a)
+                    wanted = np.flatnonzero(np.isin(offsets, samples[episode]))
+                    if len(wanted):
                         yield episode, batch.slice(a, b - a).take(pa.array(wanted))
         except (OSError, pa.ArrowException) as error:  # a damaged page
             raise LeRobotDatasetError(f"{path} cannot be read: {error}") from None
 
 
 def _png(data: bytes | None, key: str, episode: int) -> np.ndarray:
-    require_pillow(f"the stats of image feature {key!r}")
     from PIL import Image, UnidentifiedImageError
 
     try:

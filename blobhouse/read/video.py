@@ -83,9 +83,10 @@ def decode_frames(
     Traceback (most recent call last):
     blobhouse.errors.VideoFrameError: its frames are 16x16 (... 256 pixels), more than ...
     """
-    converted: dict[int, np.ndarray] = {}  # by pts: a frame asked twice is converted once
     require_av()
     from av.video.reformatter import VideoReformatter
+
+    converted: dict[int, np.ndarray] = {}  # by pts: a frame asked twice is converted once
 
     # one converter for the chunk: frame.to_ndarray makes a new one (an FFmpeg scaling context)
     # per frame, which cost more than decoding the frame (240 x 320 AV1: 0.29 ms against
