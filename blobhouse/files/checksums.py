@@ -40,10 +40,10 @@ import pyarrow.compute as pc
 from lance.file import LanceFileWriter
 
 from blobhouse.cache import WeightedLRU
-from blobhouse.dedup import DIGEST_BYTES, content_hash, digest_matrix
+from blobhouse.dedup import DIGEST_BYTES, digest_matrix
 from blobhouse.errors import BlobhouseError, BlobReadError, CorruptBlobError
 from blobhouse.files.footer import DataFileFooter, foreign_file_error
-from blobhouse.files.ranges import RefColumns, Verify
+from blobhouse.files.ranges import DigestCheck, RefColumns
 from blobhouse.layout import data_file_of
 from blobhouse.placement import Kind
 
@@ -574,8 +574,8 @@ class RecordedHashes:
         file_column: Callable[[int], int],
         rows: ResolvedRows,
         data_file: Callable[[int], str] | None = None,
-    ) -> Verify | None:
-        """A :data:`~blobhouse.files.ranges.Verify` for reading ``rows.refs``: it raises
+    ) -> DigestCheck | None:
+        """A :class:`~blobhouse.files.ranges.DigestCheck` for reading ``rows.refs``: it raises
         :class:`CorruptBlobError` if a payload differs from the blake3 recorded when it was
         written. ``column`` names the blob column in errors; ``file_column(fragment id)`` is
         its column in that fragment's data file, ``data_file(fragment id)`` that file (where
@@ -584,35 +584,24 @@ class RecordedHashes:
         recorded = self.expected(file_column, rows, data_file)
         if not recorded.found.any():
             return None
-        expected = recorded.to_list()  # looked up once a row: the check runs per payload
-        # rows sharing a payload share its range, read once: hash it once
-        passed: set[tuple[int, int, int, bytes]] = set()
         refs, addresses = rows.refs, rows.addresses
         codes, positions, sizes = refs.codes.tolist(), refs.positions.tolist(), refs.sizes.tolist()
 
-        def verify(row: int, payload: memoryview) -> None:
-            digest = expected[row]
-            if digest is None:
-                return
-            key = (codes[row], positions[row], sizes[row], digest)
-            if key in passed:
-                return
-            # on the reading thread alone: reads run in parallel, and waking blake3's pool
-            # for one payload costs more than it gains (1 MB after a Lance take: 235 against
-            # 190 us; 8 MB: 1,550 against 1,480 us)
-            if content_hash(payload, threads=1) == digest:
-                passed.add(key)
-                return
+        def mismatch(row: int) -> CorruptBlobError:
             address = int(addresses[row])
             ref = refs.ref(row)
-            raise CorruptBlobError(
+            return CorruptBlobError(
                 f"blob column {column!r}, fragment {address >> 32} row {address & 0xFFFFFFFF}: "
                 f"the bytes at {ref.uri} [{ref.position}, +{ref.size}) do not match the blake3 "
                 "recorded when they were written (in the row's data file): the stored copy, or "
                 "that recorded hash, is damaged (`blobhouse verify --deep` lists every such row)"
             )
 
-        return verify
+        return DigestCheck(
+            recorded.to_list(),  # looked up once a row: the check runs per payload
+            lambda row: (codes[row], positions[row], sizes[row]),
+            mismatch,
+        )
 
     def expected_many(
         self,

@@ -310,6 +310,51 @@ Verify = Callable[[int, memoryview], None]
 thread (so checks of one range overlap the reads of others); raises to fail the read."""
 
 
+@dataclass
+class DigestCheck:
+    """A :data:`Verify` of references whose bytes must hash to a known blake3: ``expected[i]``
+    for reference i (None: not checked), ``place(i)`` the range it reads (references sharing
+    one are hashed once) and ``mismatch(i)`` the error of bytes that hash to anything else.
+
+    >>> check = DigestCheck([blake3.blake3(b"a").digest(), None], lambda i: i,
+    ...                     lambda i: ValueError(f"reference {i}"))
+    >>> check(0, memoryview(b"a")), check(1, memoryview(b"anything"))
+    (None, None)
+    >>> check.single(0, memoryview(b"b"))
+    Traceback (most recent call last):
+    ValueError: reference 0
+    """
+
+    expected: Sequence[bytes | None]
+    place: Callable[[int], object]
+    mismatch: Callable[[int], Exception]
+    _passed: set = field(default_factory=set, repr=False)
+
+    def __call__(self, index: int, payload: memoryview) -> None:
+        digest = self.expected[index]
+        if digest is None:
+            return
+        key = (self.place(index), digest)
+        if key in self._passed:
+            return
+        self.single(index, payload)
+        self._passed.add(key)
+
+    def single(self, index: int, payload: memoryview) -> None:
+        """The check of a range no other reference of the read shares: no bookkeeping, as
+        it runs once a payload, for millions of them. On the reading thread alone: reads run
+        in parallel, and waking blake3's pool for one payload costs more than it gains (1 MB
+        after a Lance take: 235 against 190 us; 8 MB: 1,550 against 1,480 us)."""
+        digest = self.expected[index]
+        if digest is not None and blake3.blake3(payload).digest() != digest:
+            raise self.mismatch(index)
+
+
+def _single_check(verify: Verify | None) -> Verify | None:
+    """What checks a payload whose range no other reference of the read shares."""
+    return verify.single if isinstance(verify, DigestCheck) else verify
+
+
 def read_ranges(
     refs: Sequence[BlobRef | None] | RefColumns,
     *,
@@ -338,14 +383,15 @@ def read_ranges(
     check_ends(refs, storage_options)
     out: list = [None] * len(refs)
     positions, sizes = refs.positions.tolist(), refs.sizes.tolist()
+    single = _single_check(verify)
 
     def fill(reader: _ObjectReader, read: RangeRead) -> None:
         data = reader.read(read.uri, read.start, read.end - read.start)
         members = read.members
         if len(members) == 1 and sizes[members[0]] == len(data):  # the common case
             out[members[0]] = data
-            if verify is not None:
-                verify(members[0], memoryview(data))
+            if single is not None:
+                single(members[0], memoryview(data))
             return
         raw, last, value = memoryview(data), None, b""
         for index in members:  # ordered by range: a repeated range follows its first
@@ -390,15 +436,16 @@ def read_ranges_arrow(
     data = _allocate(refs, int(offsets[-1]), storage_options)
     out = memoryview(data).cast("B") if data.size else memoryview(bytearray())
     slots, positions, sizes = offsets.tolist(), refs.positions.tolist(), sizes.tolist()
+    single = _single_check(verify)
 
     def fill(reader: _ObjectReader, read: RangeRead) -> None:
         members = read.members
         if len(members) == 1 and sizes[members[0]] == read.end - read.start:
-            slot = slots[members[0]]
-            target = out[slot : slot + sizes[members[0]]]
+            slot = slots[row := members[0]]
+            target = out[slot : slot + sizes[row]]
             reader.read_into(read.uri, read.start, target)
-            if verify is not None:
-                verify(members[0], target)
+            if single is not None:
+                single(row, target)
             return
         raw = memoryview(reader.read(read.uri, read.start, read.end - read.start))
         for index in members:
@@ -601,7 +648,8 @@ class _ObjectReader:
             return
         # try/except inline, not a context manager: this runs once per range, maybe millions
         try:
-            filled = self._source(uri).read_into(position, target)
+            source = self._open.get(uri) or self._source(uri)
+            filled = source.read_into(position, target)
         except OSError as exc:
             raise _read_error(uri, exc) from None
         if filled != len(target):
