@@ -22,10 +22,11 @@ with its own bytes, is told apart by that name (:meth:`DataFileFooter.foreign`).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from blobhouse.errors import BlobReadError, DataFileError, StoreError
+from blobhouse.files import protobuf
 from blobhouse.io.objects import RangeSource, object_store
 
 MISSING = "it is missing"  # what data_file_problem says of a data file that is not there
@@ -37,10 +38,9 @@ _ALIGNMENT = 64  # where Lance starts each global buffer
 # one read from the end usually holds the footer, the offset tables and the schema buffer
 _TAIL_BYTES = 64 << 10
 # protobuf field numbers: FileDescriptor.schema; Schema.fields, Schema.metadata; Field.name,
-# id, parent_id, logical_type, metadata; a map entry's key and value
+# id, parent_id, logical_type, metadata
 _SCHEMA, _FIELDS, _METADATA = 1, 1, 5
 _NAME, _ID, _PARENT, _TYPE, _FIELD_METADATA = 2, 3, 4, 5, 10
-_KEY, _VALUE = 1, 2
 _BLOB_MARKS = {(b"lance-encoding:blob", b"true"), (b"ARROW:extension:name", b"lance.blob.v2")}
 
 
@@ -146,15 +146,15 @@ class DataFileFooter:
         descriptor = _span(uri, source, tail, tail_at, *buffers[0])
         metadata: dict[bytes, bytes] = {}
         fields: list[FileField] = []
-        for number, schema in _messages(descriptor):
+        for number, schema in protobuf.fields(descriptor):
             if number != _SCHEMA:
                 continue
-            for key, value in _messages(_message(schema)):
+            for key, value in protobuf.fields(protobuf.message(schema)):
                 if key == _METADATA:
-                    entry = dict(_messages(_message(value)))
-                    metadata[_bytes(entry.get(_KEY))] = _bytes(entry.get(_VALUE))
+                    key_of, value_of = protobuf.map_entry(value)
+                    metadata[key_of] = value_of
                 elif key == _FIELDS:
-                    fields.append(_field(_message(value)))
+                    fields.append(_field(protobuf.message(value)))
         return cls(uri, metadata, fields, buffers, options)
 
     def foreign(self) -> str | None:
@@ -226,70 +226,19 @@ def _span(
 def _field(message: memoryview | bytes) -> FileField:
     values: dict[int, object] = {}
     metadata: dict[bytes, bytes] = {}
-    for number, value in _messages(message):
+    for number, value in protobuf.fields(message):
         if number == _FIELD_METADATA:
-            entry = dict(_messages(_message(value)))
-            metadata[_bytes(entry.get(_KEY))] = _bytes(entry.get(_VALUE))
+            key, value_of = protobuf.map_entry(value)
+            metadata[key] = value_of
         else:
             values[number] = value
     return FileField(
-        name=_bytes(values.get(_NAME)).decode(),
-        id=_int32(values.get(_ID, 0)),
-        parent_id=_int32(values.get(_PARENT, 0)),
-        logical_type=_bytes(values.get(_TYPE)).decode(),
+        name=protobuf.as_bytes(values.get(_NAME)).decode(),
+        id=protobuf.int32(values.get(_ID, 0)),
+        parent_id=protobuf.int32(values.get(_PARENT, 0)),
+        logical_type=protobuf.as_bytes(values.get(_TYPE)).decode(),
         metadata=metadata,
     )
-
-
-def _message(value: object) -> memoryview:
-    """A length-delimited value (a message, a string, bytes); ValueError for a varint where
-    one belongs (a damaged file: ``bytes(2**40)`` would allocate a terabyte)."""
-    if not isinstance(value, memoryview):
-        raise ValueError(f"a varint {value} where a message belongs")
-    return value
-
-
-def _bytes(value: object) -> bytes:
-    return b"" if value is None else bytes(_message(value))
-
-
-def _int32(value: object) -> int:
-    """A protobuf int32 (negative ones are ten-byte varints of their 64-bit two's complement)."""
-    if not isinstance(value, int):
-        raise ValueError("a message where a varint belongs")
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _messages(buf: memoryview | bytes) -> Iterator[tuple[int, memoryview | int]]:
-    """The ``(field number, value)`` pairs of a protobuf message: varints as ints,
-    length-delimited values as views (fixed-width ones are skipped: no field read here has one)."""
-    view = memoryview(buf)
-    at, end = 0, len(view)
-    while at < end:
-        key, at = _varint(view, at)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, at = _varint(view, at)
-            yield number, value
-        elif wire == 2:
-            size, at = _varint(view, at)
-            yield number, view[at : at + size]
-            at += size
-        elif wire in (1, 5):
-            at += 8 if wire == 1 else 4
-        else:
-            raise ValueError(f"protobuf wire type {wire} is not one Lance writes")
-
-
-def _varint(view: memoryview, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = view[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
 
 
 def data_file_problem(
