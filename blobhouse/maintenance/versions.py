@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from blobhouse.errors import BlobhouseError
+from blobhouse.files import transactions
 from blobhouse.files.references import Unresolved, file_path
 from blobhouse.snapshot import snapshot_of
 from blobhouse.values import ROW_ADDRESS, get_column, path_name, stored_blob_columns
@@ -312,17 +313,23 @@ def _appends_after(at: TableSnapshot, refs: list[VersionRef], i: int) -> list[li
     for before, ref in zip(refs[i:], refs[i + 1 :], strict=False):
         if ref.branch != before.branch or ref.version != before.version + 1:
             break
-        written = _appended(at.dataset, ref.version)
+        written = _appended(at, ref.version)
         if written is None:
             break
         appended.append(written)
     return appended
 
 
-def _appended(dataset: lance.LanceDataset, version: int) -> list[tuple] | None:
-    """The fragments ``version``'s transaction appends, as written (None: not an append)."""
+def _appended(at: TableSnapshot, version: int) -> list[tuple] | None:
+    """The fragments ``version``'s transaction appends, as written (None: not an append):
+    from its manifest's last bytes and its transaction file when they can be read so (a
+    constant cost a version), else from Lance (which decodes the version's whole manifest)."""
     try:
-        transaction = dataset.read_transaction(version)
+        return transactions.appended(at.location.dataset_uri, version, at.storage_options)
+    except transactions.UnreadTransaction:
+        pass
+    try:
+        transaction = at.dataset.read_transaction(version)
     except Exception:  # the manifest is read instead
         # not only a missing file: pylance 14 fails to convert some transactions to Python
         # (TypeError on a compaction that rewrote an index)

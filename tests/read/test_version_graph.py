@@ -399,3 +399,87 @@ def test_an_append_transaction_the_manifest_contradicts_is_not_trusted(table_uri
 
     monkeypatch.setattr(walk, "_appended", nothing_on_even_versions)
     assert walked(walk.fragment_states(table)) == every_manifest(table)
+
+
+def lance_appended(dataset: lance.LanceDataset, version: int):
+    """What Lance's own ``read_transaction`` says ``version`` appended (None: not an append)."""
+    from blobhouse.files.references import file_path
+
+    operation = dataset.read_transaction(version).operation
+    if not isinstance(operation, lance.LanceOperation.Append):
+        return None
+    return [
+        (tuple((file_path(f), f.base_id) for f in fragment.files), fragment.physical_rows)
+        for fragment in operation.fragments
+    ]
+
+
+def test_transaction_files_read_without_lance_say_what_lance_says(table_uri):
+    """Each version's transaction, read from its manifest's last bytes and its transaction
+    file (a constant cost a version), equals what Lance's read_transaction says (which decodes
+    the whole manifest), for appends, deletes, updates, compaction and a branch's appends."""
+    from blobhouse.files.transactions import appended
+
+    mixed_history(table_uri)
+    lance.dataset(table_uri).update({"id": "id + 5000"}, where="id = 2")
+    open_table(table_uri).compact()
+    write_table(rows(range(9000, 9001), [os.urandom(100)]), table_uri, mode="append")
+    kinds = set()
+    for uri in (table_uri, f"{table_uri}/tree/exp"):
+        dataset = lance.dataset(uri)
+        versions = [v["version"] for v in dataset.versions()]
+        said = {v: appended(uri, v) for v in versions[1:]}
+        assert said == {v: lance_appended(dataset, v) for v in versions[1:]}
+        kinds |= {written is not None for written in said.values()}
+    assert kinds == {True, False}  # appends and other commits
+
+
+def test_a_walk_of_appends_never_asks_lance_for_a_transaction(table_uri, monkeypatch):
+    from blobhouse.maintenance.versions import fragment_states
+
+    for i in range(6):
+        write_table(rows(range(i, i + 1), [os.urandom(100)]), table_uri, mode="append")
+    asked = []
+    real = lance.LanceDataset.read_transaction
+    monkeypatch.setattr(
+        lance.LanceDataset,
+        "read_transaction",
+        lambda self, version: asked.append(version) or real(self, version),
+    )
+    table = open_table(table_uri)
+    assert walked(fragment_states(table)) == every_manifest(table)
+    assert asked == []
+
+
+def test_a_transaction_name_shaped_value_in_the_table_config_is_not_taken(table_uri):
+    """A table config value shaped like a transaction file's name (framed as the manifest's
+    field 12, and written after it) is never taken for the version's transaction file."""
+    from blobhouse.files.transactions import appended, transaction_name
+
+    for i in range(2):
+        write_table(rows(range(i, i + 1), [os.urandom(100)]), table_uri, mode="append")
+    real = transaction_name(table_uri, 2)
+    fake = "1-00000000-0000-4000-8000-000000000000.txn"
+    lance.dataset(table_uri).update_config({"note": "b" + chr(len(fake)) + fake})
+    write_table(rows(range(2, 3), [os.urandom(100)]), table_uri, mode="append")
+    version = lance.dataset(table_uri).version
+    named = transaction_name(table_uri, version)
+    assert named != fake and named.endswith(".txn") and real != named
+    assert appended(table_uri, version) == lance_appended(lance.dataset(table_uri), version)
+
+
+def test_an_unreadable_transaction_is_asked_of_lance(table_uri):
+    """A transaction file gone, or a manifest whose last bytes name none, raises
+    UnreadTransaction (the walk then asks Lance, and still finds every version's fragments)."""
+    from blobhouse.files.transactions import UnreadTransaction, appended, transaction_name
+    from blobhouse.maintenance.versions import fragment_states
+
+    for i in range(4):
+        write_table(rows(range(i, i + 1), [os.urandom(100)]), table_uri, mode="append")
+    os.remove(f"{table_uri}/_transactions/{transaction_name(table_uri, 3)}")
+    with pytest.raises(UnreadTransaction, match="_transactions"):
+        appended(table_uri, 3)
+    with pytest.raises(UnreadTransaction, match="no manifest"):
+        appended(table_uri, 99)
+    table = open_table(table_uri)
+    assert walked(fragment_states(table)) == every_manifest(table)

@@ -1389,3 +1389,22 @@ def test_a_batch_of_claims_is_one_request_on_s3(s3):
     }
     assert second.claimed(digests[220]).pack == "b"
     assert second.claimed(digests[150]).pack == "a"
+
+
+def test_append_transactions_are_read_from_every_store_without_lance(bucket):
+    """What each append added is read from the manifest's last bytes and the transaction file
+    on the store, as Lance's read_transaction says it (the walk of versions stays linear)."""
+    import lance
+
+    from blobhouse.files.transactions import appended
+
+    uri = f"{bucket.uri}/t"
+    for _ in range(3):
+        table = write_table(rows(2), uri, mode="append", storage_options=bucket.options)
+    dataset = lance.dataset(uri, storage_options=table.storage_options)
+    for version in (2, 3):
+        said = appended(uri, version, bucket.options)
+        fragments = dataset.read_transaction(version).operation.fragments
+        assert [rows_ for _, rows_ in said] == [f.physical_rows for f in fragments] == [2]
+        assert [files[0][0] for files, _ in said] == [f.files[0].path for f in fragments]
+    assert table.verify()["problems"] == []
