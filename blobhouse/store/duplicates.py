@@ -84,7 +84,9 @@ def find_duplicates(
     others: set[str] = set()
     if index is not None:
         others = set(data_files(index)) - _appended_files(index)
-    filters = covering_filters(table_path, index, storage_options, files=others) if others else []
+    filters = []  # the filters live beside the index (level 0), not at the table's root
+    if others:
+        filters = covering_filters(index_uri(table_path), index, storage_options, files=others)
     found: set[bytes] = set()
     prefixes: list[np.ndarray] = []  # of every entry, for those stored twice by this write
     level1 = StoreIndex(table_path, index, storage_options) if _sharded(index) else None

@@ -96,17 +96,29 @@ def test_a_filter_file_cut_short_or_of_another_version_is_not_used(tmp_path):
     assert _read_each([gone, whole], None) == {whole.uri: data}
 
 
-def test_a_write_of_new_payloads_skips_the_lookup_and_repeats_are_found(table_uri, queries):
+def test_a_write_of_new_payloads_skips_the_lookup_and_repeats_are_found(
+    table_uri, queries, monkeypatch
+):
     for _ in range(3):
         write_table(
             rows([os.urandom(2000) for _ in range(20)]), table_uri, mode="append", dedup="global"
         )
     assert len(read_filters(filters_uri(index_uri(table_uri)))) == 3  # one per index fragment
     stored, asked = stored_bytes(table_uri), len(queries)
+    scanned = []  # the index scanned for copies of the new hashes a racing writer stored
+    real_scan = lance.LanceDataset.to_table
+    monkeypatch.setattr(
+        lance.LanceDataset,
+        "to_table",
+        lambda self, *a, **k: (
+            (index_uri(table_uri) in self.uri and scanned.append(k)) or real_scan(self, *a, **k)
+        ),
+    )
     write_table(
         rows([os.urandom(2000) for _ in range(50)]), table_uri, mode="append", dedup="global"
     )
     assert len(queries) == asked  # no hash any filter may hold: the index was not asked
+    assert scanned == []  # nor scanned for copies: the filters cover its other data files
     assert stored_bytes(table_uri) == stored + 50 * 2000
     known = open_table(table_uri).read_blobs("b", [0, 25, 40])
     asked = len(queries)  # the read asked for the hashes of the packs it read
