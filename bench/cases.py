@@ -417,65 +417,107 @@ def _access(
         )
 
 
-def checked_loader(size: Size) -> Case:
-    """One shuffled epoch of 100 KB images in this process, page cache warm: BatchLoader with
-    its hash check, without it, and a plain loop of pylance's read_blobs over the same
-    batches (the loader's own batch order)."""
-    from blobhouse.loader import BatchLoader, EpochPlan
+#: the checked loader's shapes: batch size, an ``id`` column beside the blob, the loader made
+#: once (as a training loop makes it) or anew each epoch
+LOADER_SHAPES = (
+    (32, False, True),
+    (16, True, True),
+    (64, True, True),
+    (256, True, True),
+    (64, False, True),
+    (64, True, False),
+)
 
+
+def checked_loader(size: Size) -> Case:
+    """One shuffled epoch of 100 KB images in this process, page cache warm, in each of
+    :data:`LOADER_SHAPES`: BatchLoader with its hash check, without it, and a plain loop of
+    pylance's read_blobs (and its take of the ``id`` column, when the shape has one) over the
+    same batches (the loader's own batch order)."""
     case = Case(
         "checked_loader",
-        "Median seconds of one shuffled epoch of 100 KB images, batches of 32, page cache warm, "
-        "in this process (0 workers; the loader case measures cold epochs with workers)",
+        "Median seconds of one shuffled epoch of 100 KB images, page cache warm, in this "
+        "process (0 workers; the loader case measures cold epochs with workers), by batch "
+        "size, with and without an id column beside the blob, the loader made once or per epoch",
     )
     rows = size.loader_images
     payloads = [np.random.default_rng((11, i)).bytes(100 * KB) for i in range(rows)]
+    ids = pa.array(range(rows), pa.int64())
     with Scratch() as root:
-        table = write_table(pa.table({"b": blob_array(payloads)}), str(root / "bh"))
-        lance.write_dataset(lance_table(payloads), root / "pl", data_storage_version="2.2")
+        uri = str(root / "bh")
+        write_table(pa.table({"id": ids, "b": blob_array(payloads)}), uri)
+        stock_table = lance_table(payloads).add_column(0, "id", ids)
+        lance.write_dataset(stock_table, root / "pl", data_storage_version="2.2")
         stock = lance.dataset(str(root / "pl"))
-        # the loader's own order (rows are positions: one fragment, nothing deleted)
-        plan = EpochPlan.of(
-            rows,
-            batch_size=32,
-            seed=3,
-            epoch=0,
-            shuffle=True,
-            world_size=1,
-            rank=0,
-            drop_last=False,
-        )
-        batches = [sorted(plan.batch(i).tolist()) for i in range(len(plan))]
-
-        # made once, as a training loop makes its loader: an epoch is one pass
-        loaders = {
-            check: BatchLoader(table, columns=["b"], batch_size=32, seed=3, check_hashes=check)
-            for check in (True, False)
-        }
-
-        def epoch(check: bool) -> None:
-            assert sum(b.num_rows for b in loaders[check]) == rows
-
-        def pylance_loop() -> None:
-            assert sum(len(stock.read_blobs("b", indices=b)) for b in batches) == rows
-
-        times = medians(
-            {
-                "blobhouse BatchLoader, checked": lambda: epoch(True),
-                "blobhouse BatchLoader, unchecked": lambda: epoch(False),
-                "pylance read_blobs loop": pylance_loop,
-            },
-            size.runs,
-        )
-    for contender, seconds in times.items():
-        case.add(
-            workload=f"{rows:,} x 100 KB, warm",
-            contender=contender,
-            seconds=round(seconds, 4),
-            mb_s=round(rows * 100 * KB / seconds / 1e6, 1),
-            vs_pylance=round(times["pylance read_blobs loop"] / seconds, 3),
-        )
+        for batch_size, with_id, made_once in LOADER_SHAPES:
+            times = _checked_epochs(uri, stock, rows, batch_size, with_id, made_once, size.runs)
+            columns = "id + blob" if with_id else "blob"
+            made = "made once" if made_once else "made per epoch"
+            for contender, seconds in times.items():
+                case.add(
+                    workload=f"{rows:,} x 100 KB, warm, batches of {batch_size}, {columns}, {made}",
+                    batch_size=batch_size,
+                    columns=columns,
+                    loader=made,
+                    contender=contender,
+                    seconds=round(seconds, 4),
+                    mb_s=round(rows * 100 * KB / seconds / 1e6, 1),
+                    vs_pylance=round(times["pylance read_blobs loop"] / seconds, 3),
+                )
     return case
+
+
+def _checked_epochs(
+    uri: str,
+    stock: lance.LanceDataset,
+    rows: int,
+    batch_size: int,
+    with_id: bool,
+    made_once: bool,
+    runs: int,
+) -> dict[str, float]:
+    """Median seconds of an epoch of each contender for one shape of :func:`checked_loader`."""
+    from blobhouse.loader import BatchLoader, EpochPlan
+
+    columns = ["id", "b"] if with_id else ["b"]
+    # the loader's own order (rows are positions: one fragment, nothing deleted)
+    plan = EpochPlan.of(
+        rows,
+        batch_size=batch_size,
+        seed=3,
+        epoch=0,
+        shuffle=True,
+        world_size=1,
+        rank=0,
+        drop_last=False,
+    )
+    batches = [sorted(plan.batch(i).tolist()) for i in range(len(plan))]
+
+    def loader(check: bool) -> BatchLoader:
+        return BatchLoader(uri, columns=columns, batch_size=batch_size, seed=3, check_hashes=check)
+
+    kept = {check: loader(check) for check in (True, False)}
+
+    def epoch(check: bool) -> None:
+        chosen = kept[check] if made_once else loader(check)
+        assert sum(b.num_rows for b in chosen) == rows
+
+    def pylance_loop() -> None:
+        read = 0
+        for batch in batches:
+            if with_id:
+                stock.take(batch, columns=["id"])
+            read += len(stock.read_blobs("b", indices=batch))
+        assert read == rows
+
+    return medians(
+        {
+            "blobhouse BatchLoader, checked": lambda: epoch(True),
+            "blobhouse BatchLoader, unchecked": lambda: epoch(False),
+            "pylance read_blobs loop": pylance_loop,
+        },
+        runs,
+    )
 
 
 def _lancedb():
@@ -651,9 +693,9 @@ SCALE_DEEP_UP_TO = 100  # deep verify reads every payload: measured at the small
 
 
 def scale(size: Size) -> Case:
-    """How costs grow, each point in a fresh process: streamed writes as rows, unique bytes and
-    duplicated bytes grow; stats, verify, gc and compaction as fragments and versions grow.
-    Seconds per unit and peak RSS should stay flat."""
+    """How writes grow, each point in a fresh process: streamed writes as rows, unique bytes
+    and duplicated bytes grow (the services' curve is the ``versions`` case). Seconds per unit
+    and peak RSS should stay flat."""
     case = Case(
         "scale",
         "Growth curves, each point in a fresh process: seconds, seconds per unit and peak RSS",
@@ -671,7 +713,20 @@ def scale(size: Size) -> Case:
                 result = _scale_run(SCALE_SCRIPT, str(fresh(root / "t")), mode, str(amount))
                 units = amount / 1e6 if mode == "rows" else amount
                 _scale_row(case, mode, "write", "blobhouse", amount, unit, units, result)
-        fresh(root / "t")
+    case.notes += _scale_notes(case)
+    return case
+
+
+def versions(size: Size) -> Case:
+    """How stats, verify, gc and compaction grow as fragments and versions grow (one table
+    grown by appends, each operation in a fresh process), against pylance's nearest
+    operations. Seconds per fragment and peak RSS should stay flat."""
+    case = Case(
+        "versions",
+        "Maintenance as fragments and versions grow, each point in a fresh process: seconds, "
+        "seconds per fragment and peak RSS",
+    )
+    with Scratch() as root:
         _version_curve(case, root, size.scale_versions)
     case.notes += _scale_notes(case)
     return case
@@ -2367,6 +2422,7 @@ CASES = {
     "random_access": random_access,
     "small_blobs": small_blobs,
     "scale": scale,
+    "versions": versions,
     "spark": spark,
     "maintenance": maintenance,
     "global_dedup": global_dedup,

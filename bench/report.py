@@ -68,7 +68,8 @@ TARGETS = (
     "| loader, 1-4 MB clips each in 30 rows, cold: >= 1.5 x the best contender "
     "(0, 2, 4 workers) | {loader_clips} |\n"
     "| loader, first batch of a 1 M-row table < 1 s | {loader_startup} |\n"
-    "| loader with its hash check >= 1.0 x a pylance read_blobs loop over the same batches "
+    "| loader with its hash check >= 1.0 x a pylance read_blobs loop over the same batches, "
+    "batches of 16-256, with and without an id column, the loader made once or per epoch "
     "(warm, 0 workers; cold with workers: the loader rows above) | {checked_loader} |\n"
     "| small blobs (5-64 KB) by row, K = 1, 64, 1000: read_blobs >= 1.0 x pylance take of a "
     "plain large_binary column (in the process that wrote the tables) | {small_blobs} |\n"
@@ -546,13 +547,23 @@ def _store_scale(modes: dict[str, list[dict]]) -> str:
     return f"{'; '.join(parts)} ({'met' if met else 'missed'})"
 
 
+def scale_rows(data: dict) -> list[dict]:
+    """The growth rows: the scale case's writes, and the versions case's maintenance (the
+    scale case measured it too before it was a case of its own: its rows count only when the
+    versions case has not run)."""
+    rows = data.get("scale", {}).get("rows", [])
+    if "versions" not in data:
+        return rows
+    return [r for r in rows if r["mode"] != "versions"] + data["versions"]["rows"]
+
+
 def growth_curves(data: dict) -> dict[tuple[str, str], list[dict]]:
     """blobhouse's growth curves by (mode, operation), each a list of points ``amount``,
     ``unit``, ``seconds_per_unit``, ``peak_rss_mb`` from the smallest to the largest:
     the scale case's, and the store_scale case's if it ran (the seconds of one append of the
     same payloads, whatever the store holds, are its seconds per unit)."""
     curves: dict[tuple[str, str], list[dict]] = {}
-    for row in data.get("scale", {}).get("rows", []):
+    for row in scale_rows(data):
         if row.get("contender", "blobhouse") == "blobhouse":
             key = (row["mode"], row.get("operation", "write"))
             curves.setdefault(key, []).append(row)
@@ -717,9 +728,7 @@ def _growth_panels(data: dict, axes) -> None:
             amounts, [p["seconds_per_unit"] for p in points], marker="o", color=color, label=key[1]
         )
         others = [
-            r
-            for r in data["scale"]["rows"]
-            if r.get("contender") == "pylance" and _paired(r, key[1])
+            r for r in scale_rows(data) if r.get("contender") == "pylance" and _paired(r, key[1])
         ]
         if others:
             axes[1].plot(

@@ -583,11 +583,15 @@ class LocalStore:
         root = uri_to_path(uri).rstrip("/")
         for folder, dirs, names in os.walk(root):
             links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+            # os.walk yields root's own subfolders below it: their names relative to root
+            # without a relpath per file (two abspaths each: most of a big folder's listing)
+            within = os.path.relpath(folder, root)
+            within = "" if within == "." else within + os.sep
             for name in [*names, *links]:
                 path = os.path.join(folder, name)
                 with contextlib.suppress(FileNotFoundError):  # removed while listed
                     info = os.lstat(path)
-                    yield ObjectInfo(os.path.relpath(path, root), info.st_size, info.st_mtime)
+                    yield ObjectInfo(within + name, info.st_size, info.st_mtime)
 
     def now(self, uri: str) -> float:
         return time.time()

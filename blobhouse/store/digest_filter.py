@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from blobhouse.cache import WeightedLRU
 from blobhouse.files.ranges import BlobRef, read_ranges
 from blobhouse.io.objects import ObjectInfo, StorageOptions, object_store
 
@@ -44,6 +46,13 @@ _ADDED_AT_ONCE = 8192
 HEADER = struct.Struct("<4sBBHQI")
 MAGIC, VERSION = b"BHBF", 1
 _WHOLE_BYTES = 64 << 10  # a filter file this small is read whole, once
+_PROBED_AT_ONCE = 4 << 20  # bytes of filters probed in one vectorized step
+# whole filter files already read, by (uri, size): a file never changes once whole (a new
+# filter gets a new random name), and a writer reads the folder's several times an append
+_READ: WeightedLRU[tuple[str, int], FilterFile] = WeightedLRU(
+    64 << 20, lambda f: 256 + len(f.uri) + sum(len(n) for n in f.covered) + _loaded_bytes(f)
+)
+_READ_LOCK = threading.Lock()
 _HEAD_BYTES = 4096  # what is read of a bigger one first: its header and covered names
 
 
@@ -64,6 +73,21 @@ def _contains(digests: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     bits = _bits(digests)
     held = blocks[np.arange(len(digests))[:, None], bits >> 3] & (1 << (bits & 7))
     return (held != 0).all(axis=1)
+
+
+def _any_contains(digests: np.ndarray, filters: np.ndarray, blocks: int) -> np.ndarray:
+    """Whether each digest may be in any of ``filters`` (``filters x blocks x 64`` uint8,
+    filters of one size: a digest falls in the same block of each), a few MB of probed bytes
+    at a time."""
+    maybe = np.zeros(len(digests), bool)
+    step = max(1, _PROBED_AT_ONCE // (len(filters) * PROBES))
+    for start in range(0, len(digests), step):
+        part = digests[start : start + step]
+        bits = _bits(part)
+        at = _blocks_of(part, blocks)[:, None]
+        held = filters[:, at, bits >> 3] & (1 << (bits & 7))  # filters x digests x probes
+        maybe[start : start + step] = (held != 0).all(axis=2).any(axis=0)
+    return maybe
 
 
 class DigestFilter:
@@ -156,6 +180,17 @@ def read_filters(
     if listed is None:
         listed = object_store(folder, storage_options).list(folder)
     sizes = {f"{folder}/{i.name}": i.size for i in listed if i.size >= HEADER.size}
+    with _READ_LOCK:
+        known = {u: _READ.find((u, s)) for u, s in sizes.items()}
+    fresh = _read_parsed({u: s for u, s in sizes.items() if known[u] is None}, storage_options)
+    with _READ_LOCK:
+        for uri, read in fresh.items():
+            _READ.get((uri, sizes[uri]), lambda read=read: read)
+    return [f for u in sizes if (f := known[u] or fresh.get(u)) is not None]
+
+
+def _read_parsed(sizes: dict[str, int], storage_options: StorageOptions | None) -> dict:
+    """The whole filter files among ``sizes`` (uri -> size), parsed, by uri."""
     firsts = [
         BlobRef(u, 0, s if s <= _WHOLE_BYTES else min(s, _HEAD_BYTES)) for u, s in sizes.items()
     ]
@@ -164,7 +199,7 @@ def read_filters(
     if longer:
         refs = [BlobRef(u, 0, min(end, sizes[u])) for u, end in longer.items()]
         heads.update(_read_each(refs, storage_options))
-    return [f for u, head in heads.items() if (f := _parsed(u, head, sizes[u])) is not None]
+    return {u: f for u, head in heads.items() if (f := _parsed(u, head, sizes[u])) is not None}
 
 
 def _read_each(refs: list[BlobRef], storage_options: StorageOptions | None) -> dict[str, bytes]:
@@ -179,6 +214,10 @@ def _read_each(refs: list[BlobRef], storage_options: StorageOptions | None) -> d
             with contextlib.suppress(OSError):
                 read[ref.uri] = read_ranges([ref], storage_options=storage_options)[0]
         return read
+
+
+def _loaded_bytes(bloom: FilterFile) -> int:
+    return 0 if bloom.loaded is None else bloom.loaded.bits.nbytes
 
 
 def _names_end(head: bytes) -> int:
@@ -210,14 +249,17 @@ def may_contain(
     maybe = np.zeros(len(digests), bool)
     refs: list[BlobRef] = []
     wanted: list[tuple[np.ndarray, int]] = []  # per unloaded filter: blocks per digest, count
+    loaded: dict[int, list[np.ndarray]] = {}  # filters held whole, by their number of blocks
     for bloom in filters:
         if bloom.loaded is not None:
-            maybe |= bloom.loaded.may_contain(digests)
+            loaded.setdefault(bloom.blocks, []).append(bloom.loaded.bits)
             continue
         needed, back = np.unique(_blocks_of(digests, bloom.blocks), return_inverse=True)
         start = bloom.start
         refs += [BlobRef(bloom.uri, start + b * BLOCK_BYTES, BLOCK_BYTES) for b in needed.tolist()]
         wanted.append((back, len(needed)))
+    for blocks, held in loaded.items():  # each size asked at once: an index of many small ones
+        maybe |= _any_contains(digests, np.stack(held), blocks)
     if refs:
         read = np.frombuffer(b"".join(read_ranges(refs, storage_options=storage_options)), np.uint8)
         blocks, first = read.reshape(-1, BLOCK_BYTES), 0

@@ -26,6 +26,7 @@ from blobhouse.errors import (
     StoreIndexWarning,
     lance_message,
 )
+from blobhouse.files.references import file_path
 from blobhouse.io.objects import StorageOptions, object_store
 from blobhouse.layout import INDEX_FILTERS_DIR, INDEX_RUNS_DIR, index_filter_name
 from blobhouse.store.digest_filter import (
@@ -442,7 +443,7 @@ def runs_uri(uri: str) -> str:
 def data_files(dataset: LanceDataset) -> dict[str, lance.LanceFragment]:
     """The index's data files (one per fragment) and their fragments."""
     return {
-        str(data_file.path): fragment
+        file_path(data_file): fragment
         for fragment in dataset.get_fragments()
         for data_file in fragment.data_files()
     }

@@ -29,6 +29,7 @@ def test_quick_benchmark_run(tmp_path):
         "write_throughput",
         "random_access",
         "scale",
+        "versions",
         "spark",
         "maintenance",
         "global_dedup",

@@ -17,6 +17,7 @@ import pytest
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.dedup import content_hash, digest_matrix
 from blobhouse.files.ranges import BlobRef
+from blobhouse.io.objects import uri_to_path
 from blobhouse.store.digest_filter import (
     DigestFilter,
     _read_each,
@@ -209,3 +210,33 @@ def test_gc_keeps_the_filter_of_a_data_file_it_did_not_see(table_uri):
     assert {Path(f.uri).name for f in read_filters(filters_uri(index_uri(table_uri)))} >= {
         "racing.bloom"
     }
+
+
+def test_each_filter_file_is_read_once_a_process(table_uri, monkeypatch):
+    """A writer reads the index's filters several times an append: a whole filter file never
+    changes (a new one gets a new name), so each is read once; a new one is read when it
+    appears, and one gc removed is no longer returned."""
+    import blobhouse.store.digest_filter as filters_module
+
+    for _ in range(3):
+        write_table(rows([os.urandom(2000) for _ in range(5)]), table_uri, mode="append")
+    folder = filters_uri(index_uri(table_uri))
+    first = read_filters(folder)
+    read = []
+    real = filters_module._read_each
+    monkeypatch.setattr(
+        filters_module, "_read_each", lambda refs, options: read.extend(refs) or real(refs, options)
+    )
+    assert [f.uri for f in read_filters(folder)] == [f.uri for f in first] and read == []
+    write_table(rows([os.urandom(2000) for _ in range(5)]), table_uri, mode="append")
+    read.clear()
+    now = read_filters(folder)
+    assert len(now) == 4 and len(read) == 0  # the writer read the new one already
+    gone = Path(uri_to_path(now[0].uri))
+    gone.unlink()
+    assert [f.uri for f in read_filters(folder)] == [f.uri for f in now[1:]]
+    # and a write still finds what the filters cover
+    known = open_table(table_uri).read_blobs("b", [0, 7])
+    stored = stored_bytes(table_uri)
+    write_table(rows(known), table_uri, mode="append")
+    assert stored_bytes(table_uri) == stored
