@@ -548,13 +548,8 @@ def _store_scale(modes: dict[str, list[dict]]) -> str:
 
 
 def scale_rows(data: dict) -> list[dict]:
-    """The growth rows: the scale case's writes, and the versions case's maintenance (the
-    scale case measured it too before it was a case of its own: its rows count only when the
-    versions case has not run)."""
-    rows = data.get("scale", {}).get("rows", [])
-    if "versions" not in data:
-        return rows
-    return [r for r in rows if r["mode"] != "versions"] + data["versions"]["rows"]
+    """The growth rows: the scale case's writes and the versions case's maintenance."""
+    return [*data.get("scale", {}).get("rows", []), *data.get("versions", {}).get("rows", [])]
 
 
 def growth_curves(data: dict) -> dict[tuple[str, str], list[dict]]:

@@ -636,4 +636,19 @@ def manifest_version(name: str) -> int | None:
     return None if version >= _DETACHED else version
 
 
+def manifest_path(dataset_path: str, version: int) -> str:
+    """Where Lance's V2 naming scheme (every manifest pylance 12+ writes) puts ``version``'s
+    manifest in the dataset at ``dataset_path``.
+
+    >>> manifest_path("/t", 3)
+    '/t/_versions/18446744073709551612.manifest'
+    """
+    return f"{dataset_path.rstrip('/')}/{VERSIONS_DIR}/{2**64 - 1 - version:020d}.manifest"
+
+
+def transaction_path(dataset_path: str, name: str) -> str:
+    """Where Lance keeps the transaction file ``name`` of the dataset at ``dataset_path``."""
+    return f"{dataset_path.rstrip('/')}/{TRANSACTIONS_DIR}/{name}"
+
+
 _DETACHED = 1 << 63  # Lance marks a detached version (on no branch) with the top bit

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 
 from blobhouse.files import protobuf
 from blobhouse.io.objects import object_store
+from blobhouse.layout import manifest_path, transaction_path
 
 TAIL_BYTES = 64 << 10  # what Lance itself reads first of a manifest
 _FOOTER_BYTES = 16
@@ -49,16 +50,6 @@ class UnreadTransaction(Exception):
     """This module cannot tell what a version's commit did: ask Lance."""
 
 
-def manifest_uri(dataset_uri: str, version: int) -> str:
-    """Where Lance's V2 naming scheme (every manifest pylance 12+ writes) puts ``version``'s
-    manifest.
-
-    >>> manifest_uri("/t", 3)
-    '/t/_versions/18446744073709551612.manifest'
-    """
-    return f"{dataset_uri.rstrip('/')}/_versions/{(1 << 64) - 1 - version:020d}.manifest"
-
-
 def appended(
     dataset_uri: str, version: int, storage_options: Mapping[str, str] | None = None
 ) -> list[Written] | None:
@@ -76,7 +67,7 @@ def appended(
     True
     """
     name = transaction_name(dataset_uri, version, storage_options)
-    uri = f"{dataset_uri.rstrip('/')}/_transactions/{name}"
+    uri = transaction_path(dataset_uri, name)
     try:
         return _appended_by(_whole(uri, storage_options))
     except (OSError, ValueError, IndexError, UnicodeDecodeError) as exc:
@@ -87,7 +78,7 @@ def transaction_name(
     dataset_uri: str, version: int, storage_options: Mapping[str, str] | None = None
 ) -> str:
     """The transaction file ``version``'s manifest names (in ``_transactions/``)."""
-    uri = manifest_uri(dataset_uri, version)
+    uri = manifest_path(dataset_uri, version)
     store = object_store(uri, storage_options)
     try:
         size = store.size(uri)
