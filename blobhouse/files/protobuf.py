@@ -34,7 +34,14 @@ def int32(value: object) -> int:
 
 def fields(buf: memoryview | bytes) -> Iterator[tuple[int, memoryview | int]]:
     """The ``(field number, value)`` pairs of a protobuf message: varints as ints,
-    length-delimited values as views (fixed-width ones are skipped: no field read here has one)."""
+    length-delimited values as views (fixed-width ones are skipped: no field read here has one).
+    A field that runs past the message's end is damage: ValueError (IndexError for a varint
+    cut short), never a shorter value.
+
+    >>> list(fields(b"\\x12\\x05hi"))
+    Traceback (most recent call last):
+    ValueError: field 2 runs past the end of its message (5 bytes at 2 of 4)
+    """
     view = memoryview(buf)
     at, end = 0, len(view)
     while at < end:
@@ -43,14 +50,20 @@ def fields(buf: memoryview | bytes) -> Iterator[tuple[int, memoryview | int]]:
         if wire == 0:
             value, at = varint(view, at)
             yield number, value
-        elif wire == 2:
+            continue
+        if wire == 2:
             size, at = varint(view, at)
-            yield number, view[at : at + size]
-            at += size
         elif wire in (1, 5):
-            at += 8 if wire == 1 else 4
+            size = 8 if wire == 1 else 4
         else:
             raise ValueError(f"protobuf wire type {wire} is not one Lance writes")
+        if at + size > end:
+            raise ValueError(
+                f"field {number} runs past the end of its message ({size} bytes at {at} of {end})"
+            )
+        if wire == 2:
+            yield number, view[at : at + size]
+        at += size
 
 
 def varint(view: memoryview, at: int) -> tuple[int, int]:

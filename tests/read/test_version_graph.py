@@ -483,3 +483,27 @@ def test_an_unreadable_transaction_is_asked_of_lance(table_uri):
         appended(table_uri, 99)
     table = open_table(table_uri)
     assert walked(fragment_states(table)) == every_manifest(table)
+
+
+def test_a_name_shaped_string_that_is_not_a_top_level_field_is_passed_over():
+    """Bytes shaped like the manifest's transaction_file field inside another field are taken
+    only if the fields from them parse to the message's exact end: a field running past it
+    rules them out, and the real field is found."""
+    import struct
+
+    from blobhouse.files.transactions import UnreadTransaction, _named
+
+    def framed(number: int, value: bytes) -> bytes:
+        return bytes([number << 3 | 2, len(value)]) + value
+
+    real, fake = (f"{v}-00000000-0000-4000-8000-00000000000{v}.txn".encode() for v in (7, 3))
+    message = (
+        framed(5, framed(12, fake) + b"\x12\x7f")  # inside field 5; then a field too long
+        + framed(12, real)
+        + framed(13, b"lance")
+    )
+    file = struct.pack("<I", len(message)) + message + struct.pack("<qHH", 0, 0, 2) + b"LANC"
+    assert _named(file, 0, len(file)) == real.decode()
+    cut = file[:4] + message[: len(message) - 7 - 1] + file[-16:]  # the real field cut away
+    with pytest.raises(UnreadTransaction, match="no transaction file"):
+        _named(cut, 0, len(cut))
