@@ -47,13 +47,13 @@ HEADER = struct.Struct("<4sBBHQI")
 MAGIC, VERSION = b"BHBF", 1
 _WHOLE_BYTES = 64 << 10  # a filter file this small is read whole, once
 _PROBED_AT_ONCE = 4 << 20  # bytes of filters probed in one vectorized step
+_HEAD_BYTES = 4096  # what is read of a bigger one first: its header and covered names
 # whole filter files already read, by (uri, size): a file never changes once whole (a new
 # filter gets a new random name), and a writer reads the folder's several times an append
 _READ: WeightedLRU[tuple[str, int], FilterFile] = WeightedLRU(
     64 << 20, lambda f: 256 + len(f.uri) + sum(len(n) for n in f.covered) + _loaded_bytes(f)
 )
 _READ_LOCK = threading.Lock()
-_HEAD_BYTES = 4096  # what is read of a bigger one first: its header and covered names
 
 
 def _blocks_of(digests: np.ndarray, blocks: int) -> np.ndarray:
