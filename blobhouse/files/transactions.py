@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 
 from blobhouse.files import protobuf
-from blobhouse.io.objects import object_store
+from blobhouse.io.objects import object_store, read_object
 from blobhouse.layout import manifest_path, transaction_path
 
 TAIL_BYTES = 64 << 10  # what Lance itself reads first of a manifest
@@ -69,7 +69,7 @@ def appended(
     name = transaction_name(dataset_uri, version, storage_options)
     uri = transaction_path(dataset_uri, name)
     try:
-        return _appended_by(_whole(uri, storage_options))
+        return _appended_by(read_object(uri, storage_options))
     except (OSError, ValueError, IndexError, UnicodeDecodeError) as exc:
         raise UnreadTransaction(f"{uri}: {exc}") from None
 
@@ -153,19 +153,3 @@ def _written(fragment: memoryview) -> Written:
                 raise ValueError("a fragment's rows are not a number")
             rows = value
     return tuple(files), rows
-
-
-def _whole(uri: str, storage_options: Mapping[str, str] | None) -> bytes:
-    """Every byte of a small object (a transaction file)."""
-    store = object_store(uri, storage_options)
-    size = store.size(uri)
-    if size is None:
-        raise FileNotFoundError(f"missing object {uri}")
-    source = store.open(uri)
-    try:
-        data = source.read(0, size)
-    finally:
-        source.close()
-    if len(data) != size:
-        raise ValueError(f"read {len(data)} of its {size} bytes")
-    return data
