@@ -80,6 +80,7 @@ QUICK = Size(
     2,
     (8, 256 * KB),
     ((2, 4), (2,)),
+    120,
 )
 FULL = Size(
     "full",
@@ -112,6 +113,7 @@ FULL = Size(
     16,
     (24, 512 * KB),
     ((2, 4, 8), (2, 4, 8)),
+    9000,
 )
 
 
@@ -875,6 +877,75 @@ def spark(size: Size) -> Case:
     case.add(**result)
     case.notes.append(f"ran in {time.perf_counter() - started:.0f} s")
     return case
+
+
+def demo_read(size: Size) -> Case:
+    """The demo's read-back (every payload read on the executors and checked against what was
+    generated) against a plain read of the same table's files, both from the disk (the files
+    evicted from the page cache first), on the bench's local[2] session."""
+    from bench.loader_case import evict
+    from bench.spark_targets import bench_session
+    from blobhouse.cli.demo import read_back, run_demo
+
+    case = Case(
+        "demo_read",
+        "Median seconds of the demo's read-back on local[2] against one thread reading every "
+        "file of the same table front to back, both from the disk",
+    )
+    spark = bench_session()
+    with Scratch() as root:
+        out = str(root / "episodes")
+        rows = size.demo_rows
+        run_demo(out, rows, master="local[2]", progress=lambda _: None)
+        data = EpisodeData(rows)
+        files = [p for p in Path(out).rglob("*") if p.is_file()]
+        table_bytes = sum(p.stat().st_size for p in files)
+        checked: dict[str, int] = {}
+
+        def demo() -> None:
+            checked.update(read_back(spark, out, data))
+
+        # Spark's part of the read-back: the same scan of references and mapInArrow,
+        # reading and checking nothing
+        floor = (
+            spark.read.format("blobhouse")
+            .load(out)
+            .select("row", *BLOB_COLUMNS)
+            .mapInArrow(_no_rows, "checked long")
+        )
+        times = medians(
+            {
+                "demo read-back": demo,
+                "plain read": lambda: _read_files(files),
+                "Spark floor (same scan and mapInArrow, no reads)": floor.collect,
+            },
+            size.runs,
+            before=lambda _: evict(out),
+        )
+        assert checked["mismatches"] == 0, checked
+        for contender, seconds in times.items():
+            case.add(
+                workload=f"{rows:,} frames, {table_bytes / 1e6:,.0f} MB of files, cold",
+                contender=contender,
+                seconds=round(seconds, 4),
+                mb_s=round(table_bytes / seconds / 1e6, 1),
+                vs_plain_read=round(times["plain read"] / seconds, 3),
+            )
+    return case
+
+
+def _no_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for _ in batches:
+        yield from ()
+
+
+def _read_files(files: list[Path]) -> int:
+    read = 0
+    for path in files:
+        with open(path, "rb", buffering=0) as file:
+            while chunk := file.read(8 * MB):
+                read += len(chunk)
+    return read
 
 
 def maintenance(size: Size) -> Case:
@@ -2424,6 +2495,7 @@ CASES = {
     "scale": scale,
     "versions": versions,
     "spark": spark,
+    "demo_read": demo_read,
     "maintenance": maintenance,
     "global_dedup": global_dedup,
     "space_back": space_back,

@@ -48,6 +48,7 @@ class Size:
     robot_batches: int  # batches of 64 rows each reader reads per order and round
     concurrent_payloads: tuple[int, int]  # payloads each concurrent writer appends, and size
     concurrent_writers: tuple[tuple[int, ...], tuple[int, ...]]  # writers: local, object stores
+    demo_rows: int  # frames of the demo table whose read-back is timed
 
 
 @dataclass

@@ -16,6 +16,8 @@
    chunk shared by 30 consecutive frames, rows dealt round-robin to the tasks, a thumbnail per
    frame), with the default dedup: bytes on disk against the unique bytes, and seconds against
    ``df.write.parquet`` of the same rows (which stores every row's bytes).
+5. A count: ``df.count()`` of the references and of the Parquet copy, and ``bs.count_rows``
+   (the table's metadata on the driver, no job).
 """
 
 from __future__ import annotations
@@ -274,9 +276,18 @@ def run(rows: int, blob_kb: int, runs: int) -> dict:
                 F.sum("id"), F.sum(F.col("payload.size"))
             ).collect(),
             "floor": lambda: floor.agg(F.sum("id"), F.sum(F.col("payload.size"))).collect(),
+            "count parquet": parquet.count,
+            "count refs": refs.count,
+            "count_rows": lambda: bs.count_rows(f"{root}/bh"),
         },
         runs,
     )
+    # a count: Spark's df.count() of each, and blobhouse's count from the table's metadata
+    results["count_parquet_s"] = scans["count parquet"]
+    results["count_refs_s"] = scans["count refs"]
+    results["count_ratio"] = scans["count parquet"] / scans["count refs"]
+    results["count_rows_s"] = scans["count_rows"]
+    results["count_rows_ratio"] = scans["count parquet"] / scans["count_rows"]
     results["scan_parquet_s"] = scans["parquet"]
     results["scan_refs_s"] = scans["refs"]
     results["scan_ratio"] = scans["parquet"] / scans["refs"]

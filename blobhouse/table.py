@@ -29,7 +29,6 @@ from blobhouse.files.session import WrittenFile
 from blobhouse.layout import TableLocation, data_file_name
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.table_maintenance import TableMaintenance
-from blobhouse.maintenance.versions import Progress
 from blobhouse.managed import borrow_carried
 from blobhouse.options import (
     CommitOptions,
@@ -39,6 +38,7 @@ from blobhouse.options import (
     keywords_checked,
     option_keywords,
 )
+from blobhouse.progress import ProgressCallback
 from blobhouse.properties import TableProperties
 from blobhouse.read.table_reader import TableReader, TableReads
 from blobhouse.snapshot import TableSnapshot, open_snapshot
@@ -584,7 +584,7 @@ class Table(TableReads):
         self,
         targets: CompactionTargets | None = None,
         *,
-        progress: Progress | None = None,
+        progress: ProgressCallback | None = None,
         commit: CommitOptions | None = None,
     ) -> CompactionReport:
         """:meth:`TableMaintenance.compact`: rewrites small fragments and those with many

@@ -14,16 +14,19 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
+from blobhouse.progress import ProgressEvent
+
 #: list cells show at most this many items, then "... (N more)"
 LIST_ITEMS = 8
 
 
 class ProgressBars:
-    """``progress(step, done, total)``, the callback the library reports long steps to.
+    """The :class:`~blobhouse.progress.ProgressEvent` callback the command line gives long steps.
 
-    On a terminal, a bar per step (rich), redrawn in place; elsewhere a line when a step starts
-    and one when it ends, so logs stay short. :meth:`message` prints a line above the bars.
-    Use it as a context manager (or call :meth:`close`) so the terminal is left tidy.
+    On a terminal, a bar per step (rich), redrawn in place, with the rows and bytes done so far
+    and their rate; elsewhere a line when a step starts and one when it ends (with its rows,
+    bytes and rate), so logs stay short. :meth:`message` prints a line above the bars. Use it
+    as a context manager (or call :meth:`close`) so the terminal is left tidy.
     """
 
     def __init__(self, stream: IO[str] | None = None) -> None:
@@ -37,19 +40,26 @@ class ProgressBars:
     def stream(self) -> IO[str]:
         return self._stream or sys.stderr  # sys.stderr at the time of use (tests swap it)
 
-    def __call__(self, step: str, done: int, total: int) -> None:
+    def __call__(self, event: ProgressEvent) -> None:
         if not self.tty:
-            if done == 0 or done >= total:
-                print(f"{step}: {done}/{total}", file=self.stream, flush=True)
+            if event.done == 0 or event.finished:
+                print(
+                    f"{event.step}: {event.done}/{event.total}{_amounts(event)}",
+                    file=self.stream,
+                    flush=True,
+                )
             return
         with self._lock:
             bars = self._start()
-            task = self._tasks.get(step)
-            if task is not None and bars.tasks[task].finished and done == 0:
+            task = self._tasks.get(event.step)
+            if task is not None and bars.tasks[task].finished and event.done == 0:
                 task = None  # the step runs again (a retry): a new bar
             if task is None:
-                task = self._tasks[step] = bars.add_task(step, total=total)
-            bars.update(task, completed=done, total=total)
+                task = self._tasks[event.step] = bars.add_task(
+                    event.step, total=event.total, amounts=""
+                )
+            amounts = _amounts(event).removeprefix(", ")
+            bars.update(task, completed=event.done, total=event.total, amounts=amounts)
 
     def message(self, text: str) -> None:
         """A line on the progress stream (above the bars on a terminal)."""
@@ -87,10 +97,32 @@ class ProgressBars:
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
+                TextColumn("{task.fields[amounts]}"),
                 console=Console(file=self.stream),
             )
             self._bars.start()
         return self._bars
+
+
+def _amounts(event: ProgressEvent) -> str:
+    """What a step's units held so far and how fast, e.g. ``, 5,400 rows, 231.4 MB, 85.2 MB/s``
+    (empty when the step counts neither rows nor bytes).
+
+    >>> _amounts(ProgressEvent("read", 2, 4, rows=5400, bytes=231_400_000, seconds=2.0))
+    ', 5,400 rows, 231.4 MB, 115.7 MB/s'
+    """
+    parts = []
+    if event.rows is not None:
+        parts.append(f"{event.rows:,} rows")
+    if event.bytes is not None:
+        parts.append(f"{event.bytes / 1e6:,.1f} MB")
+    rate, row_rate = event.bytes_per_second, event.rows_per_second
+    if event.done and event.seconds >= 0.5:  # a rate over less would be noise
+        if rate is not None:
+            parts.append(f"{rate / 1e6:,.1f} MB/s")
+        elif row_rate is not None:
+            parts.append(f"{row_rate:,.0f} rows/s")
+    return "".join(", " + part for part in parts)
 
 
 def print_report(

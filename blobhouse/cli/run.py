@@ -24,6 +24,7 @@ from blobhouse.cli.console import ProgressBars
 from blobhouse.cli.starting import STARTING_AS_COMMAND, interrupted_while_starting
 from blobhouse.commit.interrupts import HeldInterrupts, when_interrupted
 from blobhouse.errors import BlobhouseError, InvalidInputError, MissingExtraError
+from blobhouse.progress import ProgressEvent
 
 INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C
 
@@ -119,9 +120,9 @@ class Run:
         else:
             print(message, file=sys.stderr, flush=True)
 
-    def progress(self, step: str, done: int, total: int) -> None:
+    def progress(self, event: ProgressEvent) -> None:
         if self.bars is not None:
-            self.bars(step, done, total)
+            self.bars(event)
 
     def will_write(self, uri: str, options, branch: str | None = None) -> None:
         """Remember ``uri``'s version now, to tell after Ctrl-C what was committed."""

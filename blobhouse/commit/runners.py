@@ -21,12 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+from blobhouse.progress import Amounts, ProgressCallback, progress_to
+
 if TYPE_CHECKING:
     from blobhouse.snapshot import TableSnapshot
 
 U = TypeVar("U")
 T = TypeVar("T")
-Progress = Callable[[str, int, int], None]
 UnitFn = Callable[["TableSnapshot", Any], T]  # one unit of work on a version of the table
 # the (branch, version) a unit reads, when not the table's own: each is opened once here
 Where = Callable[[Any], tuple[str | None, int]]
@@ -36,8 +37,8 @@ class Runner(Protocol):
     """Runs a service's units: ``fn(table, unit)`` for each of ``units``, results in their
     order, ``table`` at the version ``where(unit)`` names (default: its own). ``into``: each
     result is handed to it as it comes instead (a union, a sum: nothing is kept here; the
-    list returned is empty). ``in_tasks``: elsewhere (Spark tasks, which may still run when a
-    change aborts)."""
+    list returned is empty). ``measure``: the rows and bytes a unit holds, for progress.
+    ``in_tasks``: elsewhere (Spark tasks, which may still run when a change aborts)."""
 
     in_tasks: ClassVar[bool]
 
@@ -49,16 +50,21 @@ class Runner(Protocol):
         step: str,
         where: Where | None = None,
         into: Callable[[T], None] | None = None,
+        measure: Callable[[Any], Amounts] | None = None,
     ) -> list[T]: ...
 
 
 @dataclass(frozen=True)
 class Here:
-    """The units one after another in this process, ``progress(step, done, total)`` told;
-    units reading other versions go version by version, each version opened once."""
+    """The units one after another in this process, ``progress`` told of each (with the rows
+    and bytes ``measure`` finds in the units done); units reading other versions go version
+    by version, each version opened once."""
 
-    progress: Progress | None = None
+    progress: ProgressCallback | None = None
     in_tasks: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "progress", progress_to(self.progress))
 
     def map(
         self,
@@ -68,24 +74,31 @@ class Here:
         step: str,
         where: Where | None = None,
         into: Callable[[T], None] | None = None,
+        measure: Callable[[Any], Amounts] | None = None,
     ) -> list[T]:
         order = list(range(len(units)))
         if where is not None:
             order.sort(key=lambda i: _sort_key(where(units[i])))
         results: list[Any] = [None] * len(units)
         opened = table
+        so_far = measure(units[order[0]]).zero() if measure and units else Amounts()
         for done, i in enumerate(order):
-            if self.progress:
-                self.progress(step, done, len(units))
+            self._tell(step, done, len(units), so_far)
             if where is not None:
                 opened = opened.on_version(*where(units[i]))
             if into is None:
                 results[i] = fn(opened, units[i])
             else:
                 into(fn(opened, units[i]))
-        if self.progress and units:
-            self.progress(step, len(units), len(units))
+            if measure is not None:
+                so_far += measure(units[i])
+        if units:
+            self._tell(step, len(units), len(units), so_far)
         return results if into is None else []
+
+    def _tell(self, step: str, done: int, total: int, amounts: Amounts) -> None:
+        if self.progress is not None:
+            self.progress(step, done, total, rows=amounts.rows, bytes=amounts.bytes)
 
 
 def _sort_key(where: tuple[str | None, int]) -> tuple[str, int]:

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import pyarrow.parquet as pq
 
 from blobhouse.errors import InvalidInputError, LeRobotDatasetError, cleanup_after
 from blobhouse.lerobot.info import DatasetInfo, dataset_info, tasks_frame
+from blobhouse.progress import ProgressCallback, progress_to
 from blobhouse.table import Table
 
 CHUNK_SIZE = 1000  # files per chunk folder (LeRobot's default)
@@ -35,8 +35,6 @@ EPISODES_PATH = "meta/episodes/chunk-000/file-000.parquet"
 #: frames per data file at most (a file holds whole episodes, so one may hold more)
 FILE_FRAMES = 500_000
 _READ_ROWS = 4096
-
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -51,12 +49,12 @@ class LeRobotExport:
 
 
 def export_lerobot(
-    table: Table, folder: str | os.PathLike, progress: Progress | None = None
+    table: Table, folder: str | os.PathLike, progress: ProgressCallback | None = None
 ) -> LeRobotExport:
     """Write ``table`` (imported from a LeRobot dataset) as a LeRobot v3.0 dataset in
     ``folder`` (made; refused if it holds anything), which ``lerobot``'s ``LeRobotDataset``
-    loads: each video file as it was imported, byte for byte. ``progress(step, done, total)``
-    hears of the video files and frames written.
+    loads: each video file as it was imported, byte for byte. ``progress``
+    (:mod:`blobhouse.progress`) hears of the video files (their bytes) and frames written.
 
     >>> import tempfile
     >>> from blobhouse.lerobot import ingest_lerobot
@@ -103,8 +101,11 @@ def _empty_target(folder: str | os.PathLike) -> Path:
 class _Export:
     """One export into ``root`` (a folder of its own until it is whole)."""
 
-    def __init__(self, table: Table, info: DatasetInfo, root: Path, progress: Progress | None):
-        self.table, self.info, self.root, self.progress = table, info, root, progress
+    def __init__(
+        self, table: Table, info: DatasetInfo, root: Path, progress: ProgressCallback | None
+    ):
+        self.table, self.info, self.root = table, info, root
+        self.progress = progress_to(progress)
         self.meta = info.meta
         self.episodes = info.episodes
         self.ids = table.row_ids()
@@ -121,9 +122,9 @@ class _Export:
         self._meta_files()
         return self
 
-    def _tell(self, step: str, done: int, total: int) -> None:
+    def _tell(self, step: str, done: int, total: int, **amounts: int) -> None:
         if self.progress is not None:
-            self.progress(step, done, total)
+            self.progress(step, done, total, **amounts)
 
     def _videos(self, key: str) -> list[tuple[int, int]]:
         """Each distinct video file of camera ``key`` written once, numbered in the order the
@@ -132,15 +133,16 @@ class _Export:
         starts = self.ids[self.episodes.start]
         refs = self.table.take_rows(starts, [column], blobs="refs").column(column).to_pylist()
         numbers: dict[bytes, int] = {}
+        written = 0
         for n, ref in enumerate(refs):
             if ref["blake3"] in numbers:
                 continue
             number = numbers[ref["blake3"]] = len(numbers)
             path = self._path(VIDEO_PATH, number, video_key=key)
             row = self.table.take_rows(starts[n : n + 1], [column], blobs="bytes")
-            path.write_bytes(row.column(column)[0].as_py())  # checked against its hash
+            written += path.write_bytes(row.column(column)[0].as_py())  # checked: its hash
             self.video_files += 1
-            self._tell(f"video files of {key}", len(numbers), len(refs))
+            self._tell(f"video files of {key}", len(numbers), len(refs), bytes=written)
         return [divmod(numbers[ref["blake3"]], CHUNK_SIZE) for ref in refs]
 
     def _path(self, template: str, number: int, **fields: str) -> Path:
@@ -168,7 +170,7 @@ class _Export:
                     writer.write_table(self._rows(episode, first, min(first + _READ_ROWS, stop)))
                 rows_in_file += stop - start
                 self.frames += stop - start
-                self._tell("frames", self.frames, total)
+                self._tell("frames", self.frames, total, rows=self.frames)
                 where.append(divmod(number, CHUNK_SIZE))
         finally:
             if writer is not None:

@@ -45,6 +45,7 @@ from blobhouse.lerobot.source import ChunkRef, LeRobotSource, VideoFile, column_
 from blobhouse.lerobot.stats import computed_stats
 from blobhouse.options import WriteOptions
 from blobhouse.placement import Placement
+from blobhouse.progress import ProgressCallback, progress_to
 from blobhouse.snapshot import TableSnapshot, open_dataset, open_snapshot
 from blobhouse.store.packs import StoredPayload, store_uri_prefix
 from blobhouse.store.writer import StoreWriter
@@ -53,7 +54,6 @@ from blobhouse.write.store_first import BeginRows, run_store_first
 from blobhouse.write.table_write import WriteAttempt
 
 ImportMode = Literal["create", "append", "overwrite"]
-Progress = Callable[[str, int, int], None]
 ChunkKey = tuple[str, int, int]  # camera, chunk, file
 
 
@@ -119,11 +119,15 @@ class ImportPlan:
             dedup=dict.fromkeys(self.cameras, "global") or None,
         )
 
-    def store(self, videos: Sequence[VideoFile], progress: Progress | None = None) -> StoredVideos:
+    def store(
+        self, videos: Sequence[VideoFile], progress: ProgressCallback | None = None
+    ) -> StoredVideos:
         """Each of ``videos`` in the store, once (one the store holds already is referenced),
         under the transaction's lease; on failure what it wrote is removed."""
         root = self.location.root
         prefix = store_uri_prefix(root)
+        report = progress_to(progress)
+        stored = 0
         with leases.held(root, self.name_prefix, self.storage_options):
             store = StoreWriter(
                 root,
@@ -136,9 +140,10 @@ class ImportPlan:
             try:
                 chunks = {}
                 for done, video in enumerate(videos):
-                    if progress is not None:
-                        progress("video files", done, len(videos))
+                    if report is not None:
+                        report("video files", done, len(videos), bytes=stored)
                     data = video.path.read_bytes()
+                    stored += len(data)
                     reference = store.place(data, content_hash(data))
                     del data
                     chunks[(video.key, video.chunk, video.file)] = ChunkRef(
@@ -148,8 +153,8 @@ class ImportPlan:
             except BaseException as exc:
                 cleanup_after(exc, store.abort)
                 raise
-        if progress is not None:
-            progress("video files", len(videos), len(videos))
+        if report is not None:
+            report("video files", len(videos), len(videos), bytes=stored)
         return StoredVideos(chunks, tuple(store.packs.stored))
 
     def begin_write(
@@ -292,7 +297,7 @@ def ingest_lerobot(
     *,
     mode: ImportMode = "create",
     storage_options: dict[str, str] | None = None,
-    progress: Progress | None = None,
+    progress: ProgressCallback | None = None,
     again: bool = False,
 ) -> LeRobotImport:
     """Import the LeRobot v3 dataset in folder ``dataset`` into the table at ``table``: one
@@ -301,8 +306,9 @@ def ingest_lerobot(
     once) plus ``<camera>_timestamp``, the frame's time in that file. The dataset is checked
     first (its names, values and video files: :meth:`LeRobotSource.read`); nothing is written
     unless it is whole, and nothing of it is lost (two names that would become one column
-    are refused). ``progress(step, done, total)`` hears of the video files stored and the
-    frames written. The dataset's metadata is kept with the table (:func:`dataset_info`).
+    are refused). ``progress`` (:mod:`blobhouse.progress`) hears of the video files stored
+    (their bytes) and the frames written. The dataset's metadata is kept with the table
+    (:func:`dataset_info`).
 
     ``mode="append"`` adds a dataset as LeRobot's merge does: the same fps and features
     (another is refused naming the feature), its ``index`` and ``episode_index`` numbered
@@ -329,13 +335,14 @@ def ingest_lerobot(
 
 
 def _counted(
-    batches: Iterator[pa.RecordBatch], total: int, progress: Progress | None
+    batches: Iterator[pa.RecordBatch], total: int, progress: ProgressCallback | None
 ) -> Iterator[pa.RecordBatch]:
+    report = progress_to(progress)
     done = 0
     for batch in batches:
-        if progress is not None:
-            progress("frames", done, total)
+        if report is not None:
+            report("frames", done, total, rows=done)
         done += batch.num_rows
         yield batch
-    if progress is not None:
-        progress("frames", done, total)
+    if report is not None:
+        report("frames", done, total, rows=done)

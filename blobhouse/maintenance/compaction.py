@@ -39,7 +39,7 @@ from blobhouse.files.session import WrittenFile
 from blobhouse.io.objects import object_store
 from blobhouse.layout import sidecar_folder
 from blobhouse.maintenance.reports import CompactionReport
-from blobhouse.maintenance.versions import Progress, fragment_references
+from blobhouse.maintenance.versions import fragment_references
 from blobhouse.options import (
     CommitOptions,
     CompactionTargets,
@@ -47,6 +47,7 @@ from blobhouse.options import (
     option_keywords,
 )
 from blobhouse.placement import AllowedBases, Kind, MiB
+from blobhouse.progress import Amounts, ProgressCallback
 from blobhouse.properties import TableProperties
 from blobhouse.snapshot import snapshot_of
 from blobhouse.store.duplicates import Duplicates, referenced_duplicates, settle_duplicates
@@ -413,7 +414,7 @@ def compact(
     table: TableSnapshot,
     targets: CompactionTargets | None = None,
     *,
-    progress: Progress | None = None,
+    progress: ProgressCallback | None = None,
     runner: Runner | None = None,
     commit: CommitOptions | None = None,
 ) -> CompactionReport:
@@ -478,7 +479,11 @@ class _Compaction(BaseChange):
         plan = run.plan
         groups = (
             self.runner.map(
-                run.table, lambda at, g: compact_group(at, plan, g), plan.groups, "compact"
+                run.table,
+                lambda at, g: compact_group(at, plan, g),
+                plan.groups,
+                "compact",
+                measure=lambda group: Amounts(group.rows, group.bytes),
             )
             if plan.groups
             else []

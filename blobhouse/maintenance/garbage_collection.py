@@ -79,7 +79,6 @@ from blobhouse.maintenance.reports import (
 )
 from blobhouse.maintenance.versions import (
     FragmentState,
-    Progress,
     VersionGraph,
     VersionRef,
     VersionSet,
@@ -90,6 +89,7 @@ from blobhouse.maintenance.versions import (
 )
 from blobhouse.managed import Reclaim, Registry
 from blobhouse.placement import AllowedBases
+from blobhouse.progress import Amounts, ProgressCallback, progress_to
 from blobhouse.properties import TableProperties
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import damaged_file_error, open_snapshot, snapshot_of, table_io
@@ -161,7 +161,7 @@ def _unjudged(unresolved: Iterable[tuple[int, str, str]], prefix: str) -> set[st
 def mark(
     table: TableSnapshot,
     graph: VersionGraph | None = None,
-    progress: Progress | None = None,
+    progress: ProgressCallback | None = None,
     registered: Container[str] = frozenset(),
     runner: Runner | None = None,
 ) -> set[str]:
@@ -178,7 +178,13 @@ def mark(
         return referenced_paths(at, state, registered)
 
     (runner or Here(progress)).map(
-        table, paths, states, "mark", where=version_of, into=referenced.update
+        table,
+        paths,
+        states,
+        "mark",
+        where=version_of,
+        into=referenced.update,
+        measure=FragmentState.amounts,
     )
     return referenced
 
@@ -186,18 +192,21 @@ def mark(
 def state_marks(
     table: TableSnapshot,
     graph: VersionGraph,
-    progress: Progress | None = None,
+    progress: ProgressCallback | None = None,
     registered: Container[str] = frozenset(),
 ) -> Iterator[tuple[FragmentState, set[str]]]:
     """Each fragment state of ``graph``'s versions with the paths (and ``registered`` managed
     objects) it references, one at a time."""
     states = fragment_states(table, list(graph.versions))
+    report = progress_to(progress)
+    read = Amounts(bytes=0)
     for done, (at, state) in enumerate(opened_states(table, states)):
-        if progress:
-            progress("mark", done, len(states))
+        if report:
+            report("mark", done, len(states), bytes=read.bytes)
         yield state, referenced_paths(at, state, registered)
-    if progress:
-        progress("mark", len(states), len(states))
+        read += state.amounts()
+    if report:
+        report("mark", len(states), len(states), bytes=read.bytes)
 
 
 def unreadable_marks(graph: VersionGraph) -> set[str]:
@@ -312,7 +321,7 @@ def gc(
     older_than: timedelta | None = None,
     grace: timedelta = DEFAULT_GRACE,
     dry_run: bool = False,
-    progress: Progress | None = None,
+    progress: ProgressCallback | None = None,
     runner: Runner | None = None,
 ) -> GcReport:
     """Remove old versions, then every file the table owns (under ``data/`` and
@@ -626,7 +635,7 @@ class _Sweep:
         self,
         managed: Reclaim,
         index_keep: timedelta,
-        progress: Progress | None,
+        progress: ProgressCallback | None,
         runner: Runner | None = None,
     ):
         """Remove the files, retire and reap packs, reclaim managed objects, clean the store
@@ -634,7 +643,7 @@ class _Sweep:
         table, owned = self.table, self.owned
         owned.delete(self.old, progress)
         index_before = _IndexCleanup.listed(table)  # retiring packs adds to the index too
-        self.packs.apply()
+        self.packs.apply(progress)
         managed.apply()
         index = _IndexCleanup.run(table, index_keep, index_before, runner)
         expired = leases.remove_expired(
@@ -845,7 +854,7 @@ def gc_at(
     older_than: timedelta | None = None,
     grace: timedelta = DEFAULT_GRACE,
     dry_run: bool = False,
-    progress: Progress | None = None,
+    progress: ProgressCallback | None = None,
 ) -> GcReport | FailedCreateReport:
     """:func:`gc` of the table at ``uri``; where there is no table but the leftovers of a
     create that never committed, :func:`clean_failed_create` (what ``blobhouse gc PATH``
@@ -1083,17 +1092,21 @@ class _TableFiles:
             return os.path.join(uri_to_path(self.root), *path.split("/"))
         return f"{self.root}/{path}"
 
-    def delete(self, paths: Sequence[str], progress: Progress | None = None) -> None:
+    def delete(
+        self, paths: Sequence[str], progress: ProgressCallback | None = None, step: str = "sweep"
+    ) -> None:
         """Remove ``paths`` a bulk request at a time (on S3, 1,000 objects a request),
-        telling ``progress``."""
-        done = 0
+        telling ``progress`` (as ``step``)."""
+        report = progress_to(progress)
+        done = swept = 0
         for batch in in_pages(paths, SWEEP_BATCH):
-            if progress:
-                progress("sweep", done, len(paths))
+            if report:
+                report(step, done, len(paths), bytes=swept)
             self.store.delete_many([f"{self.root}/{path}" for path in batch])
             done += len(batch)
-        if progress and paths:
-            progress("sweep", len(paths), len(paths))
+            swept += sum(self.objects[p].size for p in batch if p in self.objects)
+        if report and paths:
+            report(step, len(paths), len(paths), bytes=swept)
 
     def remove_empty_dirs(self, spared: Callable[[str, float], bool]) -> None:
         """Remove the empty folders of the owned directories but those ``spared(path relative
@@ -1159,10 +1172,10 @@ class _StorePacks:
         """The reaped packs that exist (a tombstone may outlive its pack)."""
         return [f"{STORE_DIR}/{p}" for p in self.reap if f"{STORE_DIR}/{p}" in self.owned.objects]
 
-    def apply(self) -> None:
+    def apply(self, progress: ProgressCallback | None = None) -> None:
         retire_packs(self.table_path, self.retire, self.options)
         forget_tombstones(self.table_path, self.resurrect, self.options)
-        self.owned.delete([f"{STORE_DIR}/{pack}" for pack in self.reap])
+        self.owned.delete([f"{STORE_DIR}/{pack}" for pack in self.reap], progress, "reap packs")
         forget_tombstones(self.table_path, self.reap, self.options)
 
     def size(self, pack: str) -> int:

@@ -25,7 +25,6 @@ from blobhouse.commit.runners import Here
 from blobhouse.maintenance import compaction, garbage_collection, verification
 from blobhouse.maintenance.reports import CompactionReport, GcReport, StatsReport, VerifyReport
 from blobhouse.maintenance.stats import blob_stats
-from blobhouse.maintenance.versions import Progress
 from blobhouse.options import (
     CommitOptions,
     CompactionTargets,
@@ -33,6 +32,7 @@ from blobhouse.options import (
     keywords_checked,
     option_keywords,
 )
+from blobhouse.progress import ProgressCallback
 from blobhouse.snapshot import TableSnapshot
 
 
@@ -54,7 +54,7 @@ class TableMaintenance:
         self,
         targets: CompactionTargets | Mapping[str, Any] | None = None,
         *,
-        progress: Progress | None = None,
+        progress: ProgressCallback | None = None,
         commit: CommitOptions | Mapping[str, Any] | None = None,
     ) -> CompactionReport:
         """Rewrite small fragments and fragments with many deleted rows, keeping blob sharing,
@@ -80,7 +80,7 @@ class TableMaintenance:
         older_than: timedelta | None = None,
         grace: timedelta | None = None,
         dry_run: bool = False,
-        progress: Progress | None = None,
+        progress: ProgressCallback | None = None,
     ) -> GcReport:
         """Remove old versions and files no retained version references (after ``grace``,
         24 hours by default); see :func:`blobhouse.maintenance.garbage_collection.gc`."""
@@ -94,7 +94,9 @@ class TableMaintenance:
         )
 
     @keywords_checked
-    def verify(self, *, deep: bool = False, progress: Progress | None = None) -> VerifyReport:
+    def verify(
+        self, *, deep: bool = False, progress: ProgressCallback | None = None
+    ) -> VerifyReport:
         """Check every blob reference of every retained version (``deep``: and its bytes against
         the hash recorded at write time): problems by version, column, row and path (see
         :func:`blobhouse.maintenance.verification.verify`)."""

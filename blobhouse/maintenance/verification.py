@@ -31,7 +31,6 @@ from blobhouse.layout import OWNER_DIR
 from blobhouse.maintenance.reports import VerifyReport
 from blobhouse.maintenance.versions import (
     FragmentState,
-    Progress,
     ReferenceBatch,
     VersionGraph,
     fragment_references,
@@ -41,6 +40,7 @@ from blobhouse.maintenance.versions import (
 from blobhouse.managed import Registry
 from blobhouse.ownership import read_owners
 from blobhouse.placement import MiB
+from blobhouse.progress import ProgressCallback
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import snapshot_of, table_io
 from blobhouse.store.checks import damaged_entries
@@ -337,7 +337,7 @@ def verify(
     graph: VersionGraph | None = None,
     *,
     deep: bool = False,
-    progress: Progress | None = None,
+    progress: ProgressCallback | None = None,
     runner: Runner | None = None,
 ) -> VerifyReport:
     """Check that every blob reference of every retained version of every branch (or of the
@@ -373,7 +373,9 @@ def verify(
         return verify_state(at, state, deep=deep, checker=checkers[0])
 
     runner = runner or Here(progress)
-    reports = runner.map(table, verified, states, "verify", where=version_of)
+    reports = runner.map(
+        table, verified, states, "verify", where=version_of, measure=FragmentState.amounts
+    )
     return summarize(table, graph, zip(states, reports, strict=True), deep=deep, damaged=damaged)
 
 

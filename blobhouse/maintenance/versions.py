@@ -19,6 +19,7 @@ import pyarrow as pa
 from blobhouse.errors import BlobhouseError
 from blobhouse.files import transactions
 from blobhouse.files.references import Unresolved, file_path
+from blobhouse.progress import Amounts
 from blobhouse.snapshot import snapshot_of
 from blobhouse.values import ROW_ADDRESS, get_column, path_name, stored_blob_columns
 
@@ -26,9 +27,6 @@ if TYPE_CHECKING:
     from lance.fragment import DataFile, FragmentMetadata
 
     from blobhouse.snapshot import TableSnapshot
-
-# called as progress(step, done, total) by long-running services (the CLI draws a bar)
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -122,6 +120,11 @@ class FragmentState:
     appearances: Appearances
     data_files: tuple[str, ...]
     data_file_sizes: tuple[int | None, ...]
+
+    def amounts(self) -> Amounts:
+        """The bytes of its data files (those the manifest records sizes of): what a service
+        reading the fragment reads, for progress."""
+        return Amounts(bytes=sum(size or 0 for size in self.data_file_sizes))
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from blobhouse.snapshot import open_dataset, open_snapshot
 from blobhouse.spark.datasource import (
     WRITE_OPTIONS,
     check_options,
+    count_rows,
     ensure_registered,
     parsed_write_options,
     spark_writer_options,
@@ -64,6 +65,7 @@ __all__ = [
     "backfill_blob_column",
     "blob_size",
     "compact",
+    "count_rows",
     "gc",
     "ingest_lerobot",
     "local_session",

@@ -222,6 +222,25 @@ class BlobhouseDataSource(DataSource):
         return BlobhouseWriter(write)
 
 
+def count_rows(path: str, **options: str) -> int:
+    """The rows ``spark.read.format("blobhouse").options(**options).load(path).count()``
+    counts, from the table's metadata on the driver, with no Spark job: pyspark gives a Python
+    data source no aggregate pushdown or column pruning, so ``df.count()`` reads every row's
+    columns (blob references included) in tasks. The same read options (``version``,
+    ``branch``, ``filter``, ``storage.*``); with ``filter``, Lance scans only the columns it
+    names.
+
+    >>> import tempfile, pyarrow as pa
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> _ = write_table(pa.table({"id": [1, 2, 3]}), uri)
+    >>> count_rows(uri), count_rows(uri, filter="id > 1"), count_rows(uri, version="1")
+    (3, 2, 3)
+    """
+    check_options(options, READ_OPTIONS, "blobhouse read option")
+    spec = ReadSpec.from_options({**options, "path": path})
+    return spec.open().count_rows(spec.filter)
+
+
 @dataclass(frozen=True)
 class WrittenFiles(WriterCommitMessage):
     """What one task wrote: complete data files, not yet visible."""

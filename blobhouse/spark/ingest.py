@@ -41,6 +41,7 @@ from blobhouse.io.uris import normalize_uri
 from blobhouse.layout import TableLocation
 from blobhouse.maintenance.reports import IngestReport
 from blobhouse.placement import AllowedBases
+from blobhouse.progress import ProgressCallback
 from blobhouse.settings import SETTINGS
 from blobhouse.write import check_target
 
@@ -125,7 +126,7 @@ class IngestPlan:
         spark,
         *,
         partitions: int | None = None,
-        progress: Callable[[str, int, int], None] | None = None,
+        progress: ProgressCallback | None = None,
     ) -> IngestReport:
         """Load the files on the executors and write the rows in one commit (Ctrl-C cancels
         the write and removes what its tasks staged: :func:`blobhouse.spark.jobs.run_spark_job`).
@@ -133,7 +134,7 @@ class IngestPlan:
         from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
         from blobhouse.spark.datasource import ensure_registered, storage_prefixed
-        from blobhouse.spark.jobs import run_spark_job
+        from blobhouse.spark.jobs import amounts_counter, run_spark_job
         from blobhouse.table import open_table
 
         ranges = self.ranges(partitions)
@@ -155,6 +156,7 @@ class IngestPlan:
             to_arrow_schema(spark_schema),
             self.storage_options,
             self.managed,
+            counter := amounts_counter(spark),
         )
         tasks = spark.range(len(ranges), numPartitions=len(ranges))
         ensure_registered(spark)
@@ -169,7 +171,13 @@ class IngestPlan:
         if self.allowed_bases is not None:
             writer = writer.option("allowed_bases", ",".join(self.allowed_bases))
         try:
-            run_spark_job(spark, lambda: writer.save(self.table), step="ingest", progress=progress)
+            run_spark_job(
+                spark,
+                lambda: writer.save(self.table),
+                step="ingest",
+                progress=progress,
+                counted=counter,
+            )
         finally:
             shared.unpersist()
         table = open_table(self.table, storage_options=self.storage_options)
@@ -360,7 +368,7 @@ def ingest(
     drop_path_columns: bool = False,
     partitions: int | None = None,
     storage_options: Mapping[str, str] | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: ProgressCallback | None = None,
     managed: bool = False,
     allowed_bases: Sequence[str] | None = None,
 ) -> IngestReport:
@@ -621,11 +629,20 @@ class _Loader:
     the broadcast manifest and yields them, in order, with every blob column's files loaded
     (``managed``: with every blob column a managed reference to its file)."""
 
-    def __init__(self, rows, ranges, blob_columns, schema, options, managed=False) -> None:
+    def __init__(
+        self, rows, ranges, blob_columns, schema, options, managed=False, counter=None
+    ) -> None:
         self.rows, self.ranges, self.blob_columns = rows, ranges, list(blob_columns)
         self.schema, self.options, self.managed = schema, options, managed
+        self.counter = counter  # of the rows and loaded bytes, for progress
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from blobhouse.spark.jobs import counted_batches
+
+        counted = () if self.managed else self.blob_columns
+        yield from counted_batches(self._batches(batches), self.counter, counted)
+
+    def _batches(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         rows = self.rows.value
         cache = _FileCache(CACHE_BYTES)
         for batch in batches:

@@ -18,12 +18,14 @@ import contextlib
 import pickle
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import SparkSession
 
 from blobhouse.commit.interrupts import _INTERRUPT_HOOKS
@@ -38,6 +40,7 @@ from blobhouse.maintenance.reports import CompactionReport, GcReport, VerifyRepo
 from blobhouse.maintenance.verification import verify as verify_table
 from blobhouse.maintenance.versions import VersionRef
 from blobhouse.options import CommitOptions, CompactionTargets, option_keywords
+from blobhouse.progress import Amounts, Progress, ProgressCallback, progress_to
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import TableSnapshot, open_snapshot
 from blobhouse.spark.errors import spark_entry_point
@@ -185,6 +188,7 @@ class SparkTasks:
         step: str,
         where: Where | None = None,
         into: Callable[[T], None] | None = None,
+        measure: Callable[[Any], Amounts] | None = None,  # progress is the job's, by task
     ) -> list[T]:
         at, own = _Opener.of(table), (table.branch, table.version)
 
@@ -199,10 +203,47 @@ class SparkTasks:
         return []
 
 
-ProgressFn = Callable[[str, int, int], None]
-
-
 T = TypeVar("T")
+
+
+class _AmountsParam(AccumulatorParam):
+    def zero(self, value: Amounts) -> Amounts:
+        return Amounts(0, 0)
+
+    def addInPlace(self, value1: Amounts, value2: Amounts) -> Amounts:
+        return value1 + value2
+
+
+def amounts_counter(spark) -> Accumulator:
+    """An accumulator that a Spark job's tasks ``add(Amounts(rows=, bytes=))`` to, for
+    :func:`run_spark_job`'s progress (Spark hands a task's additions to the driver when the
+    task ends; a retried task's are counted again).
+
+    >>> from blobhouse.spark import local_session
+    >>> counter = amounts_counter(local_session())
+    >>> counter.add(Amounts(rows=3, bytes=100)); counter.value
+    Amounts(rows=3, bytes=100)
+    """
+    return spark.sparkContext.accumulator(Amounts(0, 0), _AmountsParam())
+
+
+def counted_batches(
+    batches: Iterable[pa.RecordBatch], counter: Accumulator | None, columns: Sequence[str] = ()
+) -> Iterator[pa.RecordBatch]:
+    """``batches`` passed on (in a Spark task), the rows and the bytes of each (of its
+    ``columns``, or all of it) added to ``counter`` (None: passed on only)."""
+    for batch in batches:
+        if counter is not None:
+            held = [batch.column(c) for c in columns] if columns else batch.columns
+            counter.add(Amounts(batch.num_rows, sum(map(_held_bytes, held))))
+        yield batch
+
+
+def _held_bytes(array: pa.Array) -> int:
+    """The bytes of a binary column's values (its offsets left out), else its Arrow size."""
+    if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
+        return pc.sum(pc.binary_length(array)).as_py() or 0
+    return array.nbytes
 
 
 def run_spark_job(
@@ -210,12 +251,14 @@ def run_spark_job(
     job: Callable[[], T],
     *,
     step: str = "spark",
-    progress: ProgressFn | None = None,
+    progress: ProgressCallback | None = None,
+    counted: Accumulator | None = None,
 ) -> T:
     """Run ``job`` (Spark actions) so that Ctrl-C stops it cleanly.
 
     The actions run in a thread of their own, under a Spark job group; the calling thread
-    waits, reporting the running stages' tasks to ``progress(step, done, total)``. On Ctrl-C
+    waits, reporting the running stages' tasks to ``progress`` (with the rows and bytes the
+    finished tasks added to ``counted``, an :func:`amounts_counter`). On Ctrl-C
     (``KeyboardInterrupt`` in the waiting thread) the group's jobs are cancelled and the thread
     is awaited -- a cancelled write returns only after its ``abort`` removed what the tasks
     staged -- then ``KeyboardInterrupt`` is raised again. A second Ctrl-C stops the waiting.
@@ -242,7 +285,10 @@ def run_spark_job(
 
     thread = InheritableThread(target=target, daemon=True)
     thread.start()
-    watcher = _StageWatcher(context, group, step, progress) if progress else None
+    report = progress_to(progress)
+    if report is not None:
+        report.begin(step)  # its rate counts from here, not from the first poll
+    watcher = _StageWatcher(context, group, step, report, counted) if report else None
     try:
         while not finished.wait(0.1):
             pass
@@ -277,8 +323,11 @@ class _StageWatcher:
     """Polls Spark's status tracker for the tasks of a job group (its own thread, so Ctrl-C
     never lands inside one of its calls to the JVM)."""
 
-    def __init__(self, context, group: str, step: str, progress: ProgressFn) -> None:
+    def __init__(
+        self, context, group: str, step: str, progress: Progress, counted: Accumulator | None
+    ) -> None:
         self.context, self.group, self.step, self.progress = context, group, step, progress
+        self.counted = counted
         self.stopped = threading.Event()
         self.last: tuple[int, int] | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -288,28 +337,49 @@ class _StageWatcher:
         try:
             tracker = self.context.statusTracker()
             while not self.stopped.wait(0.5):
-                done = total = 0
-                for job_id in tracker.getJobIdsForGroup(self.group):
-                    job = tracker.getJobInfo(job_id)
-                    for stage_id in job.stageIds if job else ():
-                        stage = tracker.getStageInfo(stage_id)
-                        if stage is not None:
-                            done += stage.numCompletedTasks
-                            total += stage.numTasks
-                if self.stopped.is_set() or not total or (done, total) == self.last:
-                    continue
-                if self.last is None and done:
-                    self.progress(self.step, 0, total)  # logs get a line when a step starts
-                self.last = (done, total)
-                self.progress(self.step, done, total)
+                done, total = self._tasks(tracker)
+                if not self.stopped.is_set():
+                    self._update(done, total)
         except Exception:  # progress is a courtesy: a failed poll ends it quietly
             return
 
+    def _tasks(self, tracker) -> tuple[int, int]:
+        """The group's tasks done and in all, over its jobs' stages."""
+        done = total = 0
+        for job_id in tracker.getJobIdsForGroup(self.group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in job.stageIds if job else ():
+                stage = tracker.getStageInfo(stage_id)
+                if stage is not None:
+                    done += stage.numCompletedTasks
+                    total += stage.numTasks
+        return done, total
+
+    def _update(self, done: int, total: int) -> None:
+        if not total or (done, total) == self.last:
+            return
+        if self.last is None and done:
+            self._tell(0, total)  # logs get a line when a step starts
+        self.last = (done, total)
+        self._tell(done, total)
+
     def stop(self, finished: bool = False) -> None:
-        """Stop polling; ``finished``: the job succeeded, so its bar is shown full."""
+        """Stop polling; ``finished``: the job succeeded, so its bar is shown full (a job
+        quicker than a poll is asked for its tasks once now)."""
         if self.stopped.is_set():
             return
         self.stopped.set()
         self.thread.join(timeout=2)
-        if finished and self.last is not None and self.last[0] < self.last[1]:
-            self.progress(self.step, self.last[1], self.last[1])
+        if not finished:
+            return
+        total = self.last[1] if self.last is not None else 0
+        if not total:
+            with contextlib.suppress(Exception):
+                total = self._tasks(self.context.statusTracker())[1]
+        self._update(total, total)
+
+    def _tell(self, done: int, total: int) -> None:
+        amounts = Amounts()
+        if self.counted is not None:  # the start line: nothing done yet
+            amounts = self.counted.value if done else Amounts(0, 0)
+        self.progress(self.step, done, total, rows=amounts.rows, bytes=amounts.bytes)

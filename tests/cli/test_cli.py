@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -16,7 +17,8 @@ import pytest
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.cli import build_parser, main
 from blobhouse.cli.console import ProgressBars, print_report
-from blobhouse.cli.demo import FPS, EpisodeData
+from blobhouse.cli.demo import FPS, EpisodeData, read_back, run_demo
+from blobhouse.progress import ProgressEvent
 from tests.helpers import stock_read
 
 pytestmark = pytest.mark.usefixtures("spark")
@@ -37,6 +39,30 @@ def test_demo_writes_queries_verifies_and_reports(tmp_path, capsys):
     assert report["sql_first_frames"] == [{"episode": 0, "frames": 3, "video_bytes": sum(chunks)}]
     rows = open_table(out).to_arrow(columns=["row"]).column("row").to_pylist()
     assert stock_read(out, "video") == [data.payload("video", r) for r in rows]
+
+
+def test_demo_steps_report_rows_and_bytes_and_its_read_back_finds_damage(spark, tmp_path):
+    out = str(tmp_path / "episodes")
+    events: list[ProgressEvent] = []
+    report = run_demo(
+        out, 75, master="local[2]", progress=lambda _: None, task_progress=events.append
+    )
+    last = {e.step: e for e in events}
+    assert (last["write"].rows, last["write"].bytes) == (75, report["logical_bytes"])
+    assert last["read"].rows == 75 and last["read"].bytes == report["read_bytes"]
+    # each stored range read once by each task that reads rows sharing it
+    assert report["physical_bytes"] <= report["read_bytes"] < 2 * report["physical_bytes"]
+    data = EpisodeData(75)
+    assert read_back(spark, out, EpisodeData(75, seed=1))["mismatches"] == 225  # other bytes
+    packs = sorted(Path(out).rglob("*.pack"), key=lambda p: p.stat().st_size)
+    damaged = packs[-1]  # video chunks: a byte changed in the middle of the largest pack
+    with open(damaged, "r+b") as file:
+        file.seek(damaged.stat().st_size // 2)
+        byte = file.read(1)
+        file.seek(-1, 1)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    checked = read_back(spark, out, data)
+    assert checked["checked"] == 225 and 1 <= checked["mismatches"] < 225
 
 
 def test_demo_never_deletes_what_is_at_out(tmp_path, capsys):
@@ -468,13 +494,23 @@ def test_progress_bars_on_a_terminal_and_short_lines_elsewhere():
     screen = Terminal()
     with ProgressBars(screen) as bars:
         for done in range(4):
-            bars("verify", done, 3)
+            bars(
+                ProgressEvent(
+                    "verify", done, 3, rows=done * 100, bytes=done * 2_000_000, seconds=done
+                )
+            )
         bars.message("a line above the bars")
     drawn = screen.getvalue()
     assert "verify" in drawn and "3/3" in drawn and "a line above the bars" in drawn
+    assert "300 rows" in drawn and "6.0 MB" in drawn and "2.0 MB/s" in drawn
     log = io.StringIO()
     with ProgressBars(log) as bars:
         for done in range(4):
-            bars("mark", done, 3)
+            bars(ProgressEvent("mark", done, 3))
+        bars(ProgressEvent("sweep", 0, 2, rows=0, bytes=0))
+        bars(ProgressEvent("sweep", 2, 2, rows=2, bytes=3_000_000, seconds=1.5))
         bars.message("note")
-    assert log.getvalue() == "mark: 0/3\nmark: 3/3\nnote\n"
+    assert log.getvalue() == (
+        "mark: 0/3\nmark: 3/3\nsweep: 0/2, 0 rows, 0.0 MB\n"
+        "sweep: 2/2, 2 rows, 3.0 MB, 2.0 MB/s\nnote\n"
+    )

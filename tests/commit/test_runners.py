@@ -24,9 +24,9 @@ class Recording(Here):
 
     seen: dict[str, list] = field(default_factory=dict)
 
-    def map(self, table, fn, units, step, where=None, into=None):
+    def map(self, table, fn, units, step, where=None, into=None, measure=None):
         self.seen.setdefault(step, []).extend(units)
-        return super().map(table, fn, units, step, where=where, into=into)
+        return super().map(table, fn, units, step, where=where, into=into, measure=measure)
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ def test_quick_benchmark_run(tmp_path):
         "scale",
         "versions",
         "spark",
+        "demo_read",
         "maintenance",
         "global_dedup",
         "space_back",
@@ -45,6 +46,8 @@ def test_quick_benchmark_run(tmp_path):
         "robot_video",
         "lerobot_dropin",  # rows only where LeRobot is installed (bench/lerobot_env)
     }
+    demo = {r["contender"]: r for r in results["demo_read"]["rows"]}
+    assert {"demo read-back", "plain read"} < set(demo) and demo["plain read"]["vs_plain_read"] == 1
     shards = {r["step"] for r in results["index_shards"]["rows"]}  # the lookups checked theirs
     assert {"move", "maintain", "lookup found (level 1)", "one shard's maintenance"} <= shards
     robot = results["robot_video"]["rows"]

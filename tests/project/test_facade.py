@@ -28,8 +28,9 @@ SIGNATURES = {
     "blob_refs": "(self, column: 'str', indices: 'Sequence[int]') -> 'pa.StructArray'",
     "checkout": "(self, version: 'int | str | None', *, branch: 'str | None' = None) -> 'Table'",
     "compact": (
-        "(self, targets: 'CompactionTargets | None' = None, *, progress: 'Progress | None' = "
-        "None, commit: 'CommitOptions | None' = None, target_rows: 'int | None' = None, "
+        "(self, targets: 'CompactionTargets | None' = None, *, progress: "
+        "'ProgressCallback | None' = None, commit: 'CommitOptions | None' = None, "
+        "target_rows: 'int | None' = None, "
         "target_bytes: 'int | None' = None, deleted_fraction: 'float | None' = None, "
         "max_unused: 'float | None' = None, retries: 'int | None' = None) -> "
         "'CompactionReport'"

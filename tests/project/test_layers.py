@@ -28,7 +28,10 @@ SERVICES = (
 )
 # the layers, bottom up: a module imports modules of its own layer or of those below
 LAYERS = (
-    ("ground floor", ("blobhouse.errors", "blobhouse.extras", "blobhouse.cache")),
+    (
+        "ground floor",
+        ("blobhouse.errors", "blobhouse.extras", "blobhouse.cache", "blobhouse.progress"),
+    ),
     ("I/O", ("blobhouse.io", "blobhouse.testing")),
     (
         "settings and values",

@@ -17,6 +17,7 @@ import blobhouse.spark as bs
 from blobhouse import open_table
 from blobhouse.cli import main
 from blobhouse.errors import InvalidInputError
+from blobhouse.progress import ProgressEvent
 from blobhouse.spark.ingest import ingest, plan_ingest
 from tests.helpers import stock_read
 
@@ -238,6 +239,18 @@ def test_library_ingest_returns_a_report_and_plans_without_spark(spark, tmp_path
     )
     with pytest.raises(InvalidInputError, match="dedup must be one of"):
         plan_ingest(manifest, str(tmp_path / "t"), ["image"], dedup="ref_id")
+
+
+def test_ingest_progress_counts_the_rows_and_bytes_the_tasks_loaded(spark, tmp_path, media):
+    _, files = media
+    names = ["a.jpg", "c.mp4", "b.jpg", "a.jpg"]
+    manifest = write_manifest(tmp_path / "rows.jsonl", [{"image": f"media/{n}"} for n in names])
+    events: list[ProgressEvent] = []
+    plan = plan_ingest(manifest, str(tmp_path / "t"), ["image"])
+    plan.run(spark, partitions=2, progress=events.append)
+    assert events and events[0].done == 0 and events[-1].finished
+    assert events[0].rows in (0, None) or events[0].rows == 0
+    assert (events[-1].rows, events[-1].bytes) == (4, sum(len(files[n]) for n in names))
 
 
 def test_a_file_gone_after_the_check_fails_the_write_in_one_line(spark, tmp_path, media):

@@ -19,7 +19,7 @@ from pyspark.sql.utils import AnalysisException
 
 import blobhouse.spark as bs
 from blobhouse import open_table, write_table
-from blobhouse.errors import InvalidInputError
+from blobhouse.errors import InvalidInputError, PathNotFoundError
 from blobhouse.files.ranges import REF_TYPE
 from blobhouse.spark.functions import _runs, read_bytes
 from tests.helpers import disk_bytes, stock_read, tree, wait_for_idle_tasks
@@ -235,6 +235,25 @@ def test_partitions_split_big_fragments_and_filter_option(spark, table_uri):
     assert sorted((r.id, r.b) for r in filtered.collect()) == [
         (i, b"%d" % i) for i in range(90, 100)
     ]
+
+
+def test_count_rows_counts_what_the_data_source_counts_without_a_job(spark, table_uri):
+    ids = pa.array(range(50), pa.int64())
+    table = write_table(pa.table({"id": ids, "b": [b"%d" % (i % 7) for i in range(50)]}), table_uri)
+    table.delete("id % 5 = 0")
+    table.dataset.create_branch("side", table.version)
+    write_table(pa.table({"id": [100], "b": [b"x"]}), table_uri, mode="append")
+    reads = [{}, {"filter": "id > 20"}, {"version": "1"}, {"branch": "side"}]
+    for options in reads:
+        expected = spark.read.format("blobhouse").options(**options).load(table_uri).count()
+        jobs = spark.sparkContext.statusTracker().getJobIdsForGroup()
+        assert bs.count_rows(table_uri, **options) == expected, options
+        assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs  # no job ran
+    assert bs.count_rows(table_uri) == 41 and bs.count_rows(table_uri, version="1") == 50
+    with pytest.raises(InvalidInputError, match="filtr"):
+        bs.count_rows(table_uri, filtr="id > 1")
+    with pytest.raises(PathNotFoundError, match="no table at"):
+        bs.count_rows(table_uri + "-missing")
 
 
 def test_stale_pushed_filters_never_change_results(spark, table_uri):
