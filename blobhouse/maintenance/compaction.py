@@ -346,19 +346,38 @@ def commit_compaction(
         commit=commit,
         superseded=frozenset(plan.repack),
     )
-    retire_dead(table, plan, plan.repack)
+    retire_dead(table, plan, plan.repack, found=found_packs(written))
     return committed
 
 
-def retire_dead(table: TableSnapshot, plan: CompactionPlan, repacked: Sequence[str] = ()) -> None:
+def retired_by(plan: CompactionPlan, repacked: Sequence[str], found: frozenset[str]) -> list[str]:
+    """The packs a compaction retires: those it ``repacked`` and those it found dead, but
+    none its rewrite ``found`` a payload in (and none when it retires nothing)."""
+    if not plan.retires:
+        return []
+    return [p for p in dict.fromkeys([*repacked, *plan.dead]) if p not in found]
+
+
+def found_packs(written: Sequence[Sequence[WrittenFile]]) -> frozenset[str]:
+    """The store packs the rewritten rows reference because their writes found a payload
+    there (a dead pack among them is alive again)."""
+    return frozenset(p for files in written for w in files for p in w.found_packs)
+
+
+def retire_dead(
+    table: TableSnapshot,
+    plan: CompactionPlan,
+    repacked: Sequence[str] = (),
+    found: frozenset[str] = frozenset(),
+) -> None:
     """Retire the packs no current row references (repacked ones, and those deletes left
-    dead) unless the table has branches: writers stop finding them, and gc deletes them once
-    no retained version does -- in its next run past the grace, not a run later
-    (docs/global-dedup.md). On main, the records of duplicates are replaced by one of those
-    it leaves stored twice."""
+    dead, but those the rewrite ``found`` a payload in and references again) unless the
+    table has branches: writers stop finding them, and gc deletes them once no retained
+    version does -- in its next run past the grace, not a run later (docs/global-dedup.md).
+    On main, the records of duplicates are replaced by one of those it leaves stored twice."""
     root, options = table.location.root, table.storage_options
     if plan.retires:
-        retire_packs(root, [*repacked, *plan.dead], options)
+        retire_packs(root, retired_by(plan, repacked, found), options)
     if table.location.branch is None:  # a branch's rows say nothing of main's copies
         settle_duplicates(root, plan.duplicate_records, plan.unsettled_duplicates, options)
 
@@ -519,7 +538,7 @@ def report(version: int, plan: CompactionPlan, written: Sequence[Sequence[Writte
         "new_store_bytes": sum(s.size for w in files for s in w.stored),
         "unused_store_bytes": plan.unused_bytes,
         "duplicate_store_bytes": plan.duplicate_bytes,
-        "retired_packs": (len(plan.repack) if plan.retires else 0) + len(plan.dead),
+        "retired_packs": len(retired_by(plan, plan.repack, found_packs(written))),
     }
 
 

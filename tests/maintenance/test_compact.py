@@ -180,3 +180,35 @@ def test_compaction_refuses_to_copy_damaged_bytes(appended, table_uri):
     assert damaged["uri"] in str(error.value) and "'b'" in str(error.value)
     assert tree(table_uri) == files
     assert open_table(table_uri).version == appended.version
+
+
+def test_a_compaction_never_retires_a_dead_pack_its_own_rows_found_again(table_uri):
+    """A pack no row references (its rows deleted) is dead when compaction plans; rows the
+    compaction moves into the store (their column became global) may find their payload in
+    it and reference it again: it must not be retired under them (the next write or
+    compaction would refuse it as retired by gc, and gc would reap bytes rows read)."""
+    from blobhouse.store.packs import retired_packs
+
+    def rows(ids: list[int], payloads: list[bytes]) -> pa.Table:
+        return pa.table({"id": pa.array(ids, pa.int64()), "b": blob_array(payloads)})
+
+    shared, other = os.urandom(70_000), os.urandom(70_000)
+    write_table(rows([1], [shared]), table_uri, dedup="global")  # a pack of its own
+    write_table(rows([2], [other]), table_uri, mode="append")
+    open_table(table_uri).delete("id = 1")  # the first pack holds only a dead entry now
+    open_table(table_uri).set_properties(dedup="content")
+    write_table(rows([3, 4], [shared, shared]), table_uri, mode="append")
+    open_table(table_uri).set_properties(dedup="global")  # the content rows move to the store
+    open_table(table_uri).compact(target_rows=1)
+    table = open_table(table_uri)
+    referenced = {
+        ref["uri"].rsplit("/", 1)[-1]
+        for ref in table.to_arrow(blobs="refs").column("b").to_pylist()
+        if ref is not None and "/packs/" in ref["uri"]
+    }
+    retired = {p.rsplit("/", 1)[-1] for p in retired_packs(table_uri)}
+    assert referenced and not referenced & retired
+    open_table(table_uri).compact()  # refused before: a pack it references was retired
+    assert sorted(open_table(table_uri).read_blobs("b", [0, 1, 2])) == sorted(
+        [other, shared, shared]
+    )
