@@ -368,8 +368,7 @@ class SidecarFile:
             self._object = None
 
     def _write_run(self, run: list[memoryview]) -> None:
-        for view in run:
-            self._object.write(view)
+        self._object.write_many(run)
 
     def _close_now(self) -> None:
         if self._object is not None:

@@ -22,9 +22,11 @@ entry points. :func:`object_store` picks the backend of a URI:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import functools
+import itertools
 import os
 import queue
 import re
@@ -226,6 +228,9 @@ class NewObject(Protocol):
     visible whole at ``close``; it never replaces an object that exists."""
 
     def write(self, data: bytes | memoryview) -> None: ...
+
+    def write_many(self, chunks: Sequence[bytes | memoryview]) -> None:
+        """:meth:`write` each of ``chunks``, in order (a local file: a system call per 1,024)."""
 
     def close(self) -> None:
         """Finish the object; :class:`FileExistsError` if one appeared at its path meanwhile."""
@@ -637,6 +642,17 @@ class _LocalNewFile:
         while view:
             view = view[os.write(self._fd, view) :]
 
+    def write_many(self, chunks: Sequence[bytes | memoryview]) -> None:
+        # one writev per IOV_MAX chunks: a write each was a third of a write of 4 KB payloads
+        pending = collections.deque(memoryview(c).cast("B") for c in chunks if len(c))
+        while pending:
+            done = os.writev(self._fd, list(itertools.islice(pending, _IOV_MAX)))
+            while done:  # a short write ends inside one chunk: its rest goes first next time
+                if done < len(pending[0]):
+                    pending[0] = pending[0][done:]
+                    break
+                done -= len(pending.popleft())
+
     def close(self) -> None:
         os.close(self._fd)
 
@@ -647,6 +663,7 @@ class _LocalNewFile:
             os.remove(self._path)
 
 
+_IOV_MAX = os.sysconf("SC_IOV_MAX")
 LOCAL = LocalStore()
 
 
@@ -816,6 +833,9 @@ class _RemoteNewObject:
         self._fresh = fresh
         self._buffer = bytearray()
         self._upload: _Upload | None = None
+
+    def write_many(self, chunks: Sequence[bytes | memoryview]) -> None:
+        self.write(b"".join(chunks))  # one copy, which the upload makes of any part anyway
 
     def write(self, data: bytes | memoryview) -> None:
         if self._upload is not None:

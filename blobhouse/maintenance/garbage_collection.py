@@ -385,7 +385,7 @@ def gc(
     found = marks(graph)
     cleanup = planned
     if not dry_run and (retain_versions is not None or older_than is not None):
-        table, cleanup = _clean_versions(table, retain_versions, older_than)
+        table, cleanup = _clean_versions(table, retain_versions, older_than, planned, progress)
         graph, found = _marked_after_cleanup(table, graph, found, planned, cleanup, marks)
     removed_versions = list(cleanup.versions)
     marked = Marked(found)
@@ -464,9 +464,18 @@ def _planned_cleanup(
 
 
 def _clean_versions(
-    table: TableSnapshot, retain_versions: int | None, older_than: timedelta | None
+    table: TableSnapshot,
+    retain_versions: int | None,
+    older_than: timedelta | None,
+    planned: VersionCleanup,
+    progress: ProgressCallback | None,
 ) -> tuple[TableSnapshot, VersionCleanup]:
-    """Lance's cleanup of old versions: the table after it, and what it removed."""
+    """Lance's cleanup of old versions: the table after it, and what it removed. It is one
+    call, so ``progress`` hears of the step ``clean versions`` as it starts (the ``planned``
+    versions to remove) and once it ends (the versions and bytes it removed)."""
+    report = progress_to(progress)
+    if report is not None:
+        report("clean versions", 0, len(planned.versions), bytes=0)
     listed = lance_files(table)
     table.dataset.cleanup_old_versions(
         older_than=older_than,
@@ -474,7 +483,11 @@ def _clean_versions(
         error_if_tagged_old_versions=False,
     )
     table = table.checkout(table.version)
-    return table, VersionCleanup.between(listed, lance_files(table), _dataset_prefix(table))
+    cleanup = VersionCleanup.between(listed, lance_files(table), _dataset_prefix(table))
+    if report is not None:
+        removed = len(cleanup.versions)
+        report("clean versions", removed, removed, bytes=cleanup.bytes)
+    return table, cleanup
 
 
 def _marked_after_cleanup(

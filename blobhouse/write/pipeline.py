@@ -43,6 +43,7 @@ from blobhouse.files.session import (
     prepared_array,
     prepared_field,
 )
+from blobhouse.gc_pause import gc_paused
 from blobhouse.io.objects import StorageOptions
 from blobhouse.layout import TableLocation, data_file_name
 from blobhouse.managed import ManagedPolicy
@@ -294,6 +295,10 @@ class DataFileWriter:
 
     def write(self, batch: pa.RecordBatch, first_row: int = 0) -> None:
         """Add ``batch``; ``first_row`` is its first row's index in the whole write (errors)."""
+        with gc_paused():  # a few objects a payload: see blobhouse.gc_pause
+            self._write(batch, first_row)
+
+    def _write(self, batch: pa.RecordBatch, first_row: int) -> None:
         decided = [p.decide(batch, first_row) for p in self.placers]
         self._window.append((batch, decided))
         self._window_bytes += batch.nbytes
@@ -304,7 +309,8 @@ class DataFileWriter:
 
     def finish(self) -> WrittenFile:
         """Write what is pending, close the data file and its sidecars."""
-        self._flush()
+        with gc_paused():
+            self._flush()
         for placer in self.placers:
             placer.close()
         self.session.writes.close()

@@ -79,6 +79,13 @@ def test_verify_compact_and_gc_report_bytes_and_rows(tmp_path):
     swept = _last_of_each([e for e in events if e.step in ("sweep", "reap packs")])
     assert all(e.finished for e in swept) and "reap packs" in {e.step for e in swept}
     assert sum(e.bytes for e in swept) == gone["removed_by_sweep"]["bytes"] > 0
+    # Lance's cleanup is one call: told as it starts and as it ends, with what it removed
+    cleaned = [e for e in events if e.step == "clean versions"]
+    assert [(e.done, e.bytes) for e in cleaned] == [
+        (0, 0),
+        (len(gone["removed_versions"]), gone["removed_by_lance_cleanup"]["bytes"]),
+    ]
+    assert cleaned[0].total == len(gone["removed_versions"]) > 0 and cleaned[-1].finished
 
 
 def test_the_earlier_callback_form_hears_every_step_as_before(tmp_path):

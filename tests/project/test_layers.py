@@ -30,7 +30,13 @@ SERVICES = (
 LAYERS = (
     (
         "ground floor",
-        ("blobhouse.errors", "blobhouse.extras", "blobhouse.cache", "blobhouse.progress"),
+        (
+            "blobhouse.errors",
+            "blobhouse.extras",
+            "blobhouse.cache",
+            "blobhouse.progress",
+            "blobhouse.gc_pause",
+        ),
     ),
     ("I/O", ("blobhouse.io", "blobhouse.testing")),
     (

@@ -549,6 +549,43 @@ def test_new_objects_never_replace_existing_ones(bucket):
         assert bucket.uploads() == []
 
 
+@pytest.mark.parametrize("where", ["local", "s3", "azure"])
+def test_many_chunks_written_at_once_arrive_in_order(where, request, tmp_path):
+    """``write_many`` (a sidecar's run of payloads) on every store: more chunks than one system
+    call takes (a local file's writev), empty ones among them, before and after a single
+    write, and past a single PUT on an object store."""
+    root = tmp_path.as_uri() if where == "local" else request.getfixturevalue(where).uri
+    options = None if where == "local" else request.getfixturevalue(where).options
+    store = object_store(root, checked_options(options) if options else None)
+    chunks = [payload(i, (i * 37) % 9000) for i in range(3_000)]  # 13 MB, some empty
+    uri = f"{root}/many"
+    new = store.create(uri, fresh=True)
+    new.write(b"head")
+    new.write_many([memoryview(c) for c in chunks])
+    new.write_many([])
+    new.write(b"tail")
+    new.close()
+    assert read_object(uri, options) == b"head" + b"".join(chunks) + b"tail"
+
+
+def test_short_writes_of_a_local_file_are_resumed_where_they_stopped(tmp_path, monkeypatch):
+    """A writev the kernel cuts short (a signal, a full disk about to report it) resumes
+    inside the chunk it stopped in; here every call writes at most 1,000 bytes."""
+    real = os.writev
+
+    def short(fd: int, buffers: list) -> int:
+        data = b"".join(bytes(b) for b in buffers)[:1000]
+        return real(fd, [data])
+
+    chunks = [payload(i, 700 + i) for i in range(50)]
+    new = object_store(tmp_path.as_uri()).create(f"{tmp_path.as_uri()}/short", fresh=True)
+    monkeypatch.setattr(os, "writev", short)
+    new.write_many(chunks)
+    monkeypatch.undo()
+    new.close()
+    assert (tmp_path / "short").read_bytes() == b"".join(chunks)
+
+
 def test_racing_creators_of_a_big_object_one_wins_whole(bucket):
     """Two writers of one big name (which blobhouse never makes: big objects have random
     names): one object, whole, from one of them, and nothing else. Small ones race atomically
