@@ -40,7 +40,7 @@ from blobhouse.maintenance.versions import (
 from blobhouse.managed import Registry
 from blobhouse.ownership import read_owners
 from blobhouse.placement import MiB
-from blobhouse.progress import ProgressCallback
+from blobhouse.progress import Amounts, ProgressCallback
 from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import snapshot_of, table_io
 from blobhouse.store.checks import damaged_entries
@@ -111,6 +111,7 @@ class StateReport:
     hashed: int = 0
     unhashed: int = 0
     problems: list[tuple[str, int, str, int | None, int | None, str]] = field(default_factory=list)
+    read_bytes: int = 0  # payload bytes read to be hashed (deep: a range once per run)
 
 
 class Checker:
@@ -126,6 +127,7 @@ class Checker:
         self.hashes = table.recorded_hashes()
         # keyed with the hash it is checked against: a range is judged per expectation
         self.verdicts: dict[tuple[str, int, int, bytes], str | None] = {}
+        self.read_bytes = 0  # payload bytes read to be hashed, this run
         # data files whose recorded hashes are damaged, listed once each
         self.unreadable: set[str] = set()
         self.footers: dict[str, str | None] = {}  # data file -> why its footer is damaged
@@ -182,6 +184,7 @@ def verify_state(
             report.problems.append(("", 0, uri, None, None, reason))
     if report.problems:
         return report
+    read_before = checker.read_bytes
     try:
         _check_references(table, state, deep, checker, report)
         if deep:
@@ -197,6 +200,7 @@ def verify_state(
             f"{state.fragment_id} cannot be read"
         )
         report.problems.append(("", 0, " ".join(state.data_files), None, None, reason))
+    report.read_bytes = checker.read_bytes - read_before
     return report
 
 
@@ -294,6 +298,7 @@ def _hash_checked(
             if isinstance(data, str):  # the object could not be read: reported, walk goes on
                 checker.verdicts[_verdict_key(ref, expected)] = data
                 continue
+            checker.read_bytes += len(data)
             actual = content_hash(data)
             checker.verdicts[_verdict_key(ref, expected)] = (
                 None if actual == expected else _mismatch(expected, actual)
@@ -367,15 +372,23 @@ def verify(
     damaged = damaged_store_entries(table, runner) if deep else {}
     checkers: list[Checker] = []  # one per process: sizes and verdicts remembered across states
 
+    # payload bytes each state's check read, for progress (by the state object: the runner
+    # hands the same one to the check and to the measure)
+    read: dict[int, int] = {}
+
     def verified(at: TableSnapshot, state: FragmentState) -> StateReport:
         if not checkers:
             checkers.append(Checker(at, damaged))
-        return verify_state(at, state, deep=deep, checker=checkers[0])
+        report = verify_state(at, state, deep=deep, checker=checkers[0])
+        read[id(state)] = report.read_bytes
+        return report
+
+    def measure(state: FragmentState) -> Amounts:
+        """The bytes verify read for ``state``: its data files, and (deep) the payloads hashed."""
+        return state.amounts() + Amounts(bytes=read.pop(id(state), 0))
 
     runner = runner or Here(progress)
-    reports = runner.map(
-        table, verified, states, "verify", where=version_of, measure=FragmentState.amounts
-    )
+    reports = runner.map(table, verified, states, "verify", where=version_of, measure=measure)
     return summarize(table, graph, zip(states, reports, strict=True), deep=deep, damaged=damaged)
 
 

@@ -73,6 +73,12 @@ def test_verify_compact_and_gc_report_bytes_and_rows(tmp_path):
     latest = sum(f.file_size_bytes for frag in fragments for f in frag.metadata.files)
     assert verified[-1].bytes >= latest > 0  # every retained version's data files, once
     events.clear()
+    deep = table.verify(deep=True, progress=events.append)
+    hashed = [e for e in events if e.step == "verify"][-1]
+    # deep: the payloads read to be hashed too (each stored range once)
+    payloads = sum(len(v) for v in table.to_arrow(blobs="bytes")["img"].to_pylist())
+    assert deep["hashed"] > 0 and hashed.bytes >= verified[-1].bytes + payloads
+    events.clear()
     gone = table.gc(older_than=timedelta(0), grace=timedelta(0), progress=events.append)
     marked = [e for e in events if e.step == "mark"]
     assert marked[-1].finished and marked[-1].bytes >= latest
