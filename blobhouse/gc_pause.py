@@ -59,4 +59,5 @@ def _forked() -> None:
     _pauses = 0
 
 
-os.register_at_fork(after_in_child=_forked)
+if hasattr(os, "register_at_fork"):  # not on Windows, which never forks
+    os.register_at_fork(after_in_child=_forked)

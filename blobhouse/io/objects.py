@@ -644,6 +644,10 @@ class _LocalNewFile:
 
     def write_many(self, chunks: Sequence[bytes | memoryview]) -> None:
         # one writev per IOV_MAX chunks: a write each was a third of a write of 4 KB payloads
+        if not _IOV_MAX:  # no writev (Windows)
+            for chunk in chunks:
+                self.write(chunk)
+            return
         pending = collections.deque(memoryview(c).cast("B") for c in chunks if len(c))
         while pending:
             done = os.writev(self._fd, list(itertools.islice(pending, _IOV_MAX)))
@@ -663,7 +667,8 @@ class _LocalNewFile:
             os.remove(self._path)
 
 
-_IOV_MAX = os.sysconf("SC_IOV_MAX")
+# chunks one writev takes (0: the platform has no writev)
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "writev") else 0
 LOCAL = LocalStore()
 
 
