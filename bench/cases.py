@@ -584,6 +584,84 @@ def small_blobs(size: Size) -> Case:
     return case
 
 
+FIRST_CALL_ROWS = 64  # rows a first call reads, drawn at random
+
+FIRST_CALL_SCRIPT = textwrap.dedent(
+    f"""
+    import json, random, sys, time
+    import lance, numpy as np, pyarrow as pa
+    import blobhouse
+    contender, root, moment = sys.argv[1:4]
+    seed, rows = map(int, sys.argv[4:6])
+    draws = [sorted(random.Random(seed * 1000 + i).sample(range(rows), {FIRST_CALL_ROWS}))
+             for i in range(21)]
+    if contender == "blobhouse":
+        table = blobhouse.open_table(root + "/bh")
+        read = lambda t, r: t.read_blobs("b", r)
+    else:
+        table = lance.dataset(root + "/plain")
+        read = lambda t, r: t.take(r, columns=["b"])
+    if moment == "new version":  # reads of a version in a training loop, then an append
+        for draw in draws[1:]:
+            read(table, draw)
+        rng = np.random.default_rng(seed)
+        fresh = [rng.bytes(5 << 10) for _ in range(64)]
+        new = pa.table({{"b": pa.array(fresh, pa.large_binary())}})
+        if contender == "blobhouse":
+            table = blobhouse.write_table(new, root + "/bh", mode="append")
+        else:
+            table = lance.write_dataset(new, root + "/plain", mode="append",
+                                        data_storage_version="2.2")
+    started = time.perf_counter()
+    read(table, draws[0])
+    print(json.dumps({{"seconds": time.perf_counter() - started}}))
+    """
+)
+
+
+def first_call(size: Size) -> Case:
+    """The first read of 64 random 5-64 KB rows: in a fresh process (after the table is
+    opened), and on the new version an append returns in a process that read the old one;
+    blobhouse's read_blobs (checked) against pylance's take of a plain large_binary column."""
+    case = Case(
+        "first_call",
+        "Median seconds of the first read of 64 random 5-64 KB rows, each in a fresh process",
+    )
+    rows = size.access_rows * 20
+    rng = np.random.default_rng(6)
+    payloads = [rng_bytes(rng, int(n)) for n in rng.integers(5 * KB, 64 * KB, rows)]
+    processes = 9 if size.name == "full" else 2
+    with Scratch() as root:
+        binary = pa.table({"b": pa.array(payloads, pa.large_binary())})
+        write_table(binary, str(root / "bh"), blob_columns=["b"])
+        lance.write_dataset(binary, root / "plain", data_storage_version="2.2")
+        os.sync()  # the tables' writeback done before any is read (it slowed the first runs)
+        for moment in ("fresh process", "new version"):
+            seconds = {"blobhouse read_blobs": [], "pylance take, large_binary column": []}
+            for run in range(processes):  # alternating, as medians() does
+                for contender, out in seconds.items():
+                    name = contender.split()[0]
+                    argv = [sys.executable, "-c", FIRST_CALL_SCRIPT, name, str(root), moment]
+                    done = subprocess.run(  # rows drawn among the first: always there
+                        [*argv, str(run), str(rows)],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    )
+                    out.append(json.loads(done.stdout)["seconds"])
+            pylance = statistics.median(seconds["pylance take, large_binary column"])
+            for contender, values in seconds.items():
+                median = statistics.median(values)
+                case.add(
+                    moment=moment,
+                    k=FIRST_CALL_ROWS,
+                    contender=contender,
+                    seconds=round(median, 5),
+                    vs_pylance=round(pylance / median, 3),
+                )
+    return case
+
+
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec
 PEAK_RSS = """
 def peak_rss_mb():
@@ -2492,6 +2570,7 @@ CASES = {
     "write_throughput": write_throughput,
     "random_access": random_access,
     "small_blobs": small_blobs,
+    "first_call": first_call,
     "scale": scale,
     "versions": versions,
     "spark": spark,

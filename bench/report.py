@@ -78,6 +78,9 @@ TARGETS = (
     "(warm, 0 workers; cold with workers: the loader rows above) | {checked_loader} |\n"
     "| small blobs (5-64 KB) by row, K = 1, 64, 1000: read_blobs >= 1.0 x pylance take of a "
     "plain large_binary column (in the process that wrote the tables) | {small_blobs} |\n"
+    "| small blobs, the first read (64 random 5-64 KB rows) of a fresh process and of the new "
+    "version an append returns: read_blobs >= 1.0 x pylance's take of a plain large_binary "
+    "column | {first_call} |\n"
     "| CLI: --help and an argument error < 0.3 s; a command on a small table <= import lance "
     "+ 0.3 s | {cli_startup} |\n"
     "| robot video (LeRobot datasets, 2 cameras: 240 x 320 AV1, and a small 48 x 64 H.264 one): "
@@ -413,6 +416,7 @@ def _verdicts(data: dict) -> dict[str, str]:
             lambda v: v >= 1.0,
         ),
         "small_blobs": _small_blobs(rows("small_blobs")),
+        "first_call": _first_call(rows("first_call", contender="blobhouse read_blobs")),
         "robot_bytes": _range(
             [r["table_vs_dataset"] for r in rows("robot_video", metric="bytes")],
             "x the dataset",
@@ -481,6 +485,15 @@ def _small_blobs(rows: list[dict]) -> str:
     if not taken:
         return verdict
     return f'{verdict}; take(blobs="bytes") {min(taken)} to {max(taken)} x'
+
+
+def _first_call(rows: list[dict]) -> str:
+    """The verdict on both first calls, each named: a fresh process's and a new version's."""
+    if not rows:
+        return "-"
+    met = all(r["vs_pylance"] >= 1.0 for r in rows)
+    each = ", ".join(f"{r['moment']} {r['vs_pylance']}x" for r in rows)
+    return f"{each} pylance ({'met' if met else 'missed'})"
 
 
 def _spark_shared(rows: list[dict]) -> str:

@@ -9,28 +9,36 @@ resolving a fragment's whole descriptor column costs about a microsecond a row. 
 that touch a fragment are timed, and once they have cost as much as reading the fragment
 whole would, its rows are read and resolved once and kept (rent until buying pays: never more
 than twice the cheaper of the two). Kept fragments stay within a byte budget, least recently
-used out first. A version never changes, so what is kept stays right.
+used out first.
+
+What is kept is the process's, not one version's: a fragment's rows are kept by what the
+manifest says of it (its data files, its deletion file, its row count) and by what resolves its
+descriptors (the table's place and base paths, the column's field id), so a new version after
+an append, or another table object over the same version, reads the fragments that did not
+change from memory at once. None of these ever changes under the same description: Lance
+writes a new file, or a new deletion file, for every change.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 import pyarrow as pa
 from lance import LanceDataset
 from lance.fragment import LanceFragment
 
-from blobhouse.cache import WeightedLRU
+from blobhouse.cache import SharedCache
 from blobhouse.columns import lance_name
 from blobhouse.errors import BlobhouseError
 from blobhouse.files.references import ResolvedRows
 from blobhouse.placement import MiB
 from blobhouse.values import ROW_ADDRESS, ColumnPath, get_column
 
-#: resolved rows kept per blob column of a table version (~40 bytes a row: 1.6 M rows)
+#: resolved rows kept for the process, every table and version (~40 bytes a row: 1.6 M rows)
 KEPT_BYTES = 64 * MiB
 #: what reading and resolving a fragment's descriptors costs, per row (pylance 14: ~1 us)
 LOAD_SECONDS_PER_ROW = 1e-6
@@ -65,6 +73,9 @@ class KeptReferences:
         lance_read: LanceRead,
         resolve: Resolve,
         limit: int | None = None,
+        *,
+        scope: Hashable | None = None,
+        own: Callable[[ResolvedRows], bool] | None = None,
     ) -> None:
         self._dataset = dataset
         self._path = path
@@ -80,8 +91,17 @@ class KeptReferences:
         self._sorted_ids = ids[self._id_order]
         self._spent = np.zeros(len(self._rows))  # seconds of takes, each fragment's share
         self._limit = KEPT_BYTES if limit is None else limit
-        self._kept: WeightedLRU[int, ResolvedRows] = WeightedLRU(self._limit, _weight)
-        self._lock = threading.Lock()
+        # ``scope``: what resolves this column's descriptors (see the module's docstring);
+        # with one, kept rows are the process's; without, this object's own
+        self._scope = scope
+        self._kept: SharedCache[Hashable, ResolvedRows] = (
+            _KEPT if scope is not None and limit is None else SharedCache(self._limit, _weight)
+        )
+        self._keys: dict[int, Hashable] = {}  # fragment index -> its key in ``_kept``
+        # ``own(rows)``: whether rows were resolved from more than the manifest says (kept
+        # under a key no other object makes: it resolves them again itself)
+        self._own, self._token = own, next(_TOKENS)
+        self._lock = threading.Lock()  # guards ``_spent``
 
     def take(self, positions: Sequence[int]) -> ResolvedRows:
         """The rows at ``positions`` (in range, any order, repeats allowed), in that order."""
@@ -124,8 +144,7 @@ class KeptReferences:
         ``lance_take(request rows)``, all back in the request's order."""
         first = int(fragments[0])
         touched = [first] if (fragments == first).all() else np.unique(fragments).tolist()
-        with self._lock:
-            kept = {f: self._kept.find(f) for f in touched}
+        kept = {f: self._kept.find(self._key(f)) for f in touched}
         everything = np.arange(len(fragments))
         if len(touched) == 1 and kept[first] is not None:  # the common case: no copy
             return kept[first].take(local(first, kept[first], everything))
@@ -195,8 +214,31 @@ class KeptReferences:
             return
         if ((held.addresses >> np.uint64(32)) != self._fragments[fragment].fragment_id).any():
             return  # positions counted otherwise than Lance counts them: never serve them
-        with self._lock:
-            self._kept.get(fragment, lambda: held)
+        if self._own is not None and self._own(held):
+            self._keys[fragment] = (*self._key(fragment), self._token)
+        self._kept.put(self._key(fragment), held)
+
+    def _key(self, fragment: int) -> Hashable:
+        """The fragment at index ``fragment`` as kept rows are found by: the scope, and the
+        manifest's whole description of the fragment (its repr: id, data files with their
+        fields and sizes, deletion file, physical rows)."""
+        key = self._keys.get(fragment)
+        if key is None:
+            key = self._keys[fragment] = (self._scope, repr(self._fragments[fragment].metadata))
+        return key
+
+    def held(self) -> list[int]:
+        """Indices of this version's fragments whose rows are kept now.
+
+        >>> import tempfile, pyarrow as pa
+        >>> from blobhouse import blob_array, write_table
+        >>> t = write_table(pa.table({"b": blob_array([b"a" * 100])}), tempfile.mkdtemp() + "/t")
+        >>> kept = KeptReferences(t.dataset, ("b",), lambda read: read(),
+        ...                       lambda d, a: t.snapshot.resolve_rows(("b",), d, a))
+        >>> kept.held()
+        []
+        """
+        return [f for f in range(len(self._fragments)) if self._kept.find(self._key(f)) is not None]
 
 
 class DeletedRowsError(IndexError):
@@ -235,12 +277,12 @@ def _live_rows(fragment: LanceFragment) -> int:
 
 
 def _offsets_of(addresses: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Where each of ``wanted`` is in ``addresses`` (a kept fragment's, ascending); IndexError
-    for any that is not there (a deleted row, or past the fragment's end)."""
+    """Where each of ``wanted`` is in ``addresses`` (a kept fragment's, ascending);
+    :class:`DeletedRowsError` for those that are not there (a deleted row, or past the
+    fragment's end: the caller tells which)."""
     at = np.minimum(np.searchsorted(addresses, wanted), len(addresses) - 1)
     if (addresses[at] != wanted).any():
-        missing = wanted[addresses[at] != wanted]
-        raise IndexError(f"{missing[:5].tolist()} are deleted or past their fragment's end")
+        raise DeletedRowsError(wanted[addresses[at] != wanted].tolist())
     return at
 
 
@@ -248,3 +290,8 @@ def _weight(rows: ResolvedRows) -> int:
     refs = rows.refs
     arrays = (refs.codes, refs.positions, refs.sizes, refs.valid, rows.kinds, rows.blob_ids)
     return sum(a.nbytes for a in arrays) + rows.addresses.nbytes + sum(map(len, refs.uris))
+
+
+_TOKENS = itertools.count()
+# kept rows of every scoped KeptReferences of the process (see the module's docstring)
+_KEPT: SharedCache[Hashable, ResolvedRows] = SharedCache(KEPT_BYTES, _weight)

@@ -206,15 +206,20 @@ class TableSnapshot:
         """Resolves this version's stored descriptors into references."""
         return ReferenceResolver(self.dataset, self.location, self.storage_options)
 
-    def recorded_hashes(self) -> RecordedHashes:
-        """The blake3 recorded for this table's stored payloads (loaded as they are needed)."""
-        return self._recorded_hashes
+    def recorded_hashes(self, shared: bool = True) -> RecordedHashes:
+        """The blake3 recorded for this table's stored payloads (loaded as they are needed):
+        each data file's list loaded once for the process (``shared``), or read from the files
+        again (what a check of the files themselves needs)."""
+        return self._recorded_hashes if shared else self._new_recorded_hashes(shared=False)
 
     @cached_property
     def _recorded_hashes(self) -> RecordedHashes:
+        return self._new_recorded_hashes(shared=True)
+
+    def _new_recorded_hashes(self, shared: bool) -> RecordedHashes:
         root, options = self.location.root, self.storage_options
         store = (store_uri_prefix(self.uri), lambda: StoreIndex.open(root, options))
-        return RecordedHashes(options, store)
+        return RecordedHashes(options, store, shared=shared)
 
     def resolve_refs(
         self,
@@ -262,6 +267,8 @@ class TableSnapshot:
                     path,
                     functools.partial(self.lance_read, "read blobs of"),
                     lambda descriptors, addresses: self.resolve_rows(path, descriptors, addresses),
+                    scope=(path, self.field_id(path), self.resolver.fingerprint),
+                    own=lambda rows: self.resolver.sized_from_objects(rows.refs.uris),
                 ),
             )
         return kept

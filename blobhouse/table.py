@@ -262,9 +262,11 @@ class Table(TableReads):
         """Where one of this version's data files is (its branch's ``data/`` or a base)."""
         return self._snapshot.data_file_uri(data_file)
 
-    def recorded_hashes(self) -> RecordedHashes:
-        """The blake3 recorded for this table's stored payloads (loaded as they are needed)."""
-        return self._snapshot.recorded_hashes()
+    def recorded_hashes(self, shared: bool = True) -> RecordedHashes:
+        """The blake3 recorded for this table's stored payloads (loaded as they are needed):
+        each data file's list loaded once for the process (``shared``), or read from the files
+        again (what a check of the files themselves needs)."""
+        return self._snapshot.recorded_hashes(shared)
 
     @property
     def properties(self) -> TableProperties:

@@ -106,6 +106,26 @@ class ReferenceResolver:
                     else:
                         self._unreadable[key] = problem
 
+    @property
+    def fingerprint(self) -> tuple:
+        """What resolving a fragment's descriptors depends on besides the fragment itself:
+        where the table is read, its base paths as read from there, and the bases external
+        blobs may live under (equal fingerprints resolve equal fragments alike)."""
+        allowed = self._allowed
+        return (
+            self.location.dataset_uri,
+            tuple(sorted((i, b.uri, b.is_dataset_root) for i, b in self.base_paths.bases.items())),
+            tuple(allowed.bases),
+            tuple(allowed.managed),
+            allowed.damage,
+        )
+
+    def sized_from_objects(self, uris: Sequence[str]) -> bool:
+        """Whether any of ``uris`` is an external object rows reference whole: resolving them
+        asked the object its size, which the manifest does not hold (it may change or vanish
+        while the manifest stays the same)."""
+        return any(uri in self._whole_sizes for uri in uris)
+
     def _data_file(self, data_file) -> tuple[str, str | None]:
         """Where a data file of the manifest is: in this dataset's ``data/`` directory, or
         under a base path (a branch reading its parent's files); or why it cannot be read."""

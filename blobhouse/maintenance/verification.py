@@ -124,7 +124,7 @@ class Checker:
         # (pack uri, position, size) of damaged store index entries -> why: their rows are named
         self.damaged = damaged or {}
         self.storage_options = table.storage_options
-        self.hashes = table.recorded_hashes()
+        self.hashes = table.recorded_hashes(shared=False)  # what the files hold now
         # keyed with the hash it is checked against: a range is judged per expectation
         self.verdicts: dict[tuple[str, int, int, bytes], str | None] = {}
         self.read_bytes = 0  # payload bytes read to be hashed, this run

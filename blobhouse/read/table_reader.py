@@ -715,10 +715,10 @@ def _set_nested(row: dict[str, Any], path: ColumnPath, value: object) -> None:
 
 def _not_rows_here(snapshot: TableSnapshot, ids: list[int], why: Exception | str) -> IndexError:
     """Row ids of a take by id that are not all rows of ``snapshot``'s version: those that
-    name no fragment of it, or a row past a fragment's end, when Lance's error (``why``) is
-    about them."""
+    name no fragment of it, or a row past a fragment's end, when there are any; else the
+    others, with ``why`` (Lance's error, or why they were not found)."""
     detail = lance_message(why) if isinstance(why, OSError) else str(why)
-    if not isinstance(why, str) and (outside := _outside(snapshot, ids)):
+    if outside := _outside(snapshot, ids):
         ids, detail = list(outside), "; ".join(outside.values())
     return IndexError(
         f"row ids {ids[:5]}{' ...' if len(ids) > 5 else ''} are not all rows of version "

@@ -5,6 +5,7 @@ take of the same version would, checked, and errors name their rows as before.""
 from __future__ import annotations
 
 import random
+import shutil
 import threading
 
 import lance
@@ -46,21 +47,24 @@ def keep_at_once(monkeypatch):
     monkeypatch.setattr(kept_module, "LOAD_SECONDS_PER_ROW", 0.0)
 
 
+def rows_from(first: int, rows: int) -> pa.Table:
+    """Rows ``first`` to ``first + rows - 1`` of the fragments table: ``b`` holds payload(id),
+    ``meta.img`` payload(id + 1) unless the row's ``meta`` is null."""
+    ids = range(first, first + rows)
+    meta = pa.StructArray.from_arrays(
+        [blob_array([payload(i + 1) for i in ids]), pa.array(ids)],
+        names=["img", "n"],
+        mask=pa.array([i % 17 == 3 for i in ids]),
+    )
+    return pa.table({"id": ids, "b": blob_array([payload(i) for i in ids]), "meta": meta})
+
+
 @pytest.fixture
 def fragments_table(tmp_path):
     """Three fragments of 40 rows, some rows deleted from the middle one, a nested blob column
     with a null parent, written with each dedup mode's placement in turn."""
     uri = str(tmp_path / "t")
-    rows = 120
-    meta = pa.StructArray.from_arrays(
-        [blob_array([payload(i + 1) for i in range(rows)]), pa.array(range(rows))],
-        names=["img", "n"],
-        mask=pa.array([i % 17 == 3 for i in range(rows)]),
-    )
-    data = pa.table(
-        {"id": range(rows), "b": blob_array([payload(i) for i in range(rows)]), "meta": meta}
-    )
-    write_table(data, uri, max_rows_per_file=40, dedup="content")
+    write_table(rows_from(0, 120), uri, max_rows_per_file=40, dedup="content")
     open_table(uri).delete("id >= 50 AND id < 60 OR id = 79")
     return uri
 
@@ -97,18 +101,18 @@ def test_kept_rows_read_what_lance_reads(fragments_table, keep_at_once, column):
             fragments_table, column, positions
         )
     kept = table.snapshot._kept[tuple(column.split("."))]
-    assert len(kept._kept) == 3  # every fragment is read from memory now
+    assert kept.held() == [0, 1, 2]  # every fragment is read from memory now
 
 
 def test_reads_are_the_same_kept_or_taken(fragments_table, monkeypatch):
     monkeypatch.setattr(kept_module, "LOAD_SECONDS_PER_ROW", float("inf"))
     taken = open_table(fragments_table)
     expected = [taken.read_blobs("b", p) for p in draws(109, seed=3)]
-    assert not taken.snapshot._kept[("b",)]._kept  # never earned: each read is a take
+    assert not taken.snapshot._kept[("b",)].held()  # never earned: each read is a take
     monkeypatch.setattr(kept_module, "LOAD_SECONDS_PER_ROW", 0.0)
     kept = open_table(fragments_table)
     assert [kept.read_blobs("b", p) for p in draws(109, seed=3)] == expected
-    assert len(kept.snapshot._kept[("b",)]._kept) == 3
+    assert kept.snapshot._kept[("b",)].held() == [0, 1, 2]
 
 
 def test_kept_rows_stay_within_their_budget(fragments_table, keep_at_once):
@@ -123,7 +127,7 @@ def test_kept_rows_stay_within_their_budget(fragments_table, keep_at_once):
     )
     for positions in draws(109, seed=5):
         rows = kept.take(positions)
-        assert kept._kept.weight <= 3_000 and len(kept._kept) <= 1
+        assert kept._kept.weight <= 3_000 and len(kept.held()) <= 1
         want = snapshot.dataset.take(positions, ["b", "_rowaddr"])
         assert rows.addresses.tolist() == want.column("_rowaddr").to_pylist()
         sizes = [None if d is None else d["size"] for d in want.column("b").to_pylist()]
@@ -151,7 +155,7 @@ def test_a_fragment_with_a_row_that_does_not_resolve_is_read_by_take(tmp_path, k
         assert table.read_blobs("b", [3, 1, 0]) == [b"good" * 25, b"good" * 25, b"z" * 1000]
         with pytest.raises(ExternalBlobError, match=r"'b', fragment 1 row 1"):
             table.read_blobs("b", [2])
-    assert list(table.snapshot._kept[("b",)]._kept.keys()) == [0]
+    assert table.snapshot._kept[("b",)].held() == [0]
 
 
 def test_damage_is_caught_in_kept_rows(fragments_table, keep_at_once):
@@ -205,6 +209,42 @@ def test_each_version_keeps_its_own_rows(fragments_table, keep_at_once):
     new = open_table(fragments_table)
     expected = stock_read(fragments_table, "b")
     assert new.read_blobs("b", list(range(len(expected)))) == expected
+
+
+def test_a_new_version_reads_the_fragments_it_shares_from_memory(fragments_table, keep_at_once):
+    """What one version kept serves the next at once (the table object an append returns,
+    before any read), fragment by fragment as the manifest describes it: a fragment a delete
+    changed is read again, and every read is what Lance reads."""
+    table = open_table(fragments_table)
+    table.read_blobs("b", list(range(109)))
+    appended = write_table(rows_from(120, 30), fragments_table, mode="append", dedup="content")
+    assert appended.snapshot._kept_references(("b",)).held() == [0, 1, 2]
+    expected = stock_bytes(fragments_table, "b", list(range(139)))
+    assert appended.read_blobs("b", list(range(139))) == expected
+    assert appended.snapshot._kept_references(("b",)).held() == [0, 1, 2, 3]
+    version = appended.version
+    changed = appended.delete("id = 45")  # fragment 1, a new deletion file
+    assert changed.snapshot._kept_references(("b",)).held() == [0, 2, 3]
+    assert changed.read_blobs("b", list(range(138))) == stock_bytes(
+        fragments_table, "b", list(range(138))
+    )
+    # the older version reads its own rows still
+    assert changed.checkout(version).read_blobs("b", list(range(139))) == expected
+
+
+def test_a_copy_keeps_rows_of_its_own(fragments_table, keep_at_once, tmp_path):
+    """A copy of the table (``cp -r``, the original gone) kept nothing of the original's,
+    though its manifest describes the same fragments: its rows resolve into its own files."""
+    table = open_table(fragments_table)
+    expected = table.read_blobs("b", list(range(109)))
+    copy = str(tmp_path / "copy")
+    shutil.copytree(fragments_table, copy)
+    shutil.rmtree(fragments_table)
+    copied = open_table(copy)
+    assert copied.snapshot._kept_references(("b",)).held() == []
+    assert copied.read_blobs("b", list(range(109))) == expected
+    uris = {ref["uri"] for ref in copied.blob_refs("b", list(range(109))).to_pylist() if ref}
+    assert uris and all(uri.startswith(f"file://{copy}/") for uri in uris), uris
 
 
 def test_positions_are_counted_as_lance_counts_them(fragments_table):
@@ -397,3 +437,29 @@ def test_rows_are_asked_for_by_any_kind_of_integer(fragments_table):
     for read in (table.take, table.take_rows):
         with pytest.raises(TypeError, match=r"must be integers, got tensor\(True\)"):
             read(torch.tensor([True, False, True]), ["id"])
+
+
+def test_rows_sized_from_their_objects_are_kept_for_one_table_object(tmp_path, keep_at_once):
+    """A row stock Lance recorded as a whole external object takes its size from the object
+    when it is resolved: what one table object kept of its fragment is never another's (the
+    object may have changed since), though the manifest describes the fragment alike."""
+    import lance.blob as lance_blob
+
+    clip = tmp_path / "clip.bin"
+    clip.write_bytes(b"a" * 7000)
+    uri = str(tmp_path / "t")
+    write_table(pa.table({"id": [0], "v": blob_array([b"x"])}), uri, allowed_bases=[str(tmp_path)])
+    whole = lance_blob.blob_array([lance_blob.Blob(uri=f"file://{clip}")] * 2)
+    lance.write_dataset(
+        pa.table({"id": pa.array([1, 2], pa.int64()), "v": whole}),
+        uri,
+        mode="append",
+        allow_external_blob_outside_bases=True,
+    )
+    first = open_table(uri)
+    assert first.read_blobs("v", [0, 1, 2]) == [b"x", b"a" * 7000, b"a" * 7000]
+    assert first.snapshot._kept_references(("v",)).held() == [0, 1]
+    clip.write_bytes(b"b" * 5000)
+    second = open_table(uri)
+    assert second.snapshot._kept_references(("v",)).held() == [0]
+    assert second.read_blobs("v", [2, 0]) == [b"b" * 5000, b"x"]

@@ -19,6 +19,7 @@ import blobhouse.files.checksums
 import blobhouse.files.session
 import blobhouse.write.pipeline
 from blobhouse import Blob, BlobSession, Kind, blob_array, blob_field, write_table
+from blobhouse.cache import SharedCache
 from blobhouse.dedup import content_hash, content_hashes
 from blobhouse.files.checksums import (
     CHECKSUM_SCHEMA,
@@ -384,9 +385,11 @@ def test_many_sidecar_lookups_at_once_match_one_at_a_time():
 def test_a_walk_over_many_data_files_keeps_a_bounded_set_of_checksums(table_uri, monkeypatch):
     # one budget per two files: a read of every file's rows, twice, loads each file's
     # checksums again once evicted, checks every row, and never holds more than two files
+    checksums = blobhouse.files.checksums
     monkeypatch.setattr(
-        "blobhouse.files.checksums._CACHED_CHECKSUM_BYTES",
-        2 * blobhouse.files.checksums._FILE_BYTES + 4096,
+        checksums,
+        "_LOADED",
+        SharedCache(2 * checksums._FILE_BYTES + 4096, checksums._checksums_bytes),
     )
     payloads = [os.urandom(2_000 + n) for n in range(6)]
     for n, payload in enumerate(payloads):  # one data file per append, inline and packed rows
@@ -415,3 +418,66 @@ def test_a_walk_over_many_data_files_keeps_a_bounded_set_of_checksums(table_uri,
     flip(corrupt["uri"], corrupt["position"])
     with pytest.raises(blobhouse.CorruptBlobError):  # a file read again is checked again
         table.read_blobs("b", [0])
+
+
+def test_each_data_files_hashes_are_loaded_once_for_the_process(table_uri, monkeypatch):
+    """A data file never changes once written, so its recorded hashes are read once for the
+    process: by the first checked read (started beside Lance's take, and waited for, not
+    loaded twice), never again by a new version or another table object over that file."""
+    loaded = Counter()
+    real_load = blobhouse.files.checksums.load_checksums
+
+    def counting_load(uri, options=None):
+        loaded[uri.rsplit("/", 1)[-1]] += 1
+        return real_load(uri, options)
+
+    monkeypatch.setattr("blobhouse.files.checksums.load_checksums", counting_load)
+    payloads = [os.urandom(3_000 + n) for n in range(80)]
+    table = write_table(pa.table({"b": blob_array(payloads[:50])}), table_uri)
+    assert table.read_blobs("b", [3, 7]) == [payloads[3], payloads[7]]
+    (first,) = loaded
+    assert loaded[first] == 1
+    appended = write_table(pa.table({"b": blob_array(payloads[50:])}), table_uri, mode="append")
+    assert appended.read_blobs("b", [4, 49]) == [payloads[4], payloads[49]]
+    assert blobhouse.open_table(table_uri).read_blobs("b", [5, 60]) == [payloads[5], payloads[60]]
+    assert len(loaded) == 2 and set(loaded.values()) == {1}, loaded
+
+
+def test_verify_reads_the_hashes_from_the_files_not_what_reads_loaded(table_uri):
+    """A recorded hash damaged after this process loaded the file's list: reads check
+    payloads against the list as written (the payloads are intact), while verify reads the
+    files again and lists the damage."""
+    payloads = [bytes([i]) * 1000 for i in range(20)]
+    table = write_table(pa.table({"img": blob_array(payloads)}), table_uri)
+    assert table.read_blobs("img", [5]) == [payloads[5]]
+    (path,) = [p for p in os.listdir(f"{table_uri}/data") if p.endswith(".lance")]
+    path = f"{table_uri}/data/{path}"
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    at = data.find(digest(payloads[5]))
+    assert at > 0
+    data[at + 20] ^= 0xFF
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    assert blobhouse.open_table(table_uri).read_blobs("img", [5]) == [payloads[5]]
+    (problem,) = blobhouse.open_table(table_uri).verify(deep=True)["problems"]
+    assert problem["row"] == 5 and "recorded" in problem["reason"], problem
+
+
+def test_a_place_recorded_twice_finds_the_entry_written_first():
+    """Entries are sorted by a mix of their place with numpy's fast sort; a place recorded
+    twice (the one case of equal mixes but for a collision) is found at its first entry, the
+    same every time, among thousands of others."""
+    log = ChecksumLog()
+    places = [("packs/a", 100 * i, 100) for i in range(5_000)]
+    log.record_store(places, [digest(i.to_bytes(4, "little")) for i in range(5_000)])
+    log.record_store([("packs/a", 4_200, 100)], [b"\x01" * 32])  # place 42 again
+    checksums = FileChecksums(log.to_table())
+    wanted = [42, 4_999, 0, 42]
+    found = checksums.stored_many(
+        ["packs/a"],
+        np.zeros(4, np.uint32),
+        np.array([100 * i for i in wanted], np.uint64),
+        np.full(4, 100, np.uint64),
+    )
+    assert found == [digest(i.to_bytes(4, "little")) for i in wanted]
