@@ -98,10 +98,6 @@ class SharedCache(Generic[K, V]):
         self._loading: dict[K, Future] = {}
 
     @property
-    def limit(self) -> int:
-        return self._values.limit
-
-    @property
     def weight(self) -> int:
         """The weight of the values held."""
         return self._values.weight

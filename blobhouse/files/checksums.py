@@ -279,8 +279,8 @@ class FileChecksums:
         return _Places(sidecar, blob_ids, self._positions[sidecar], self._sizes[sidecar])
 
     @functools.cached_property
-    def _packs(self) -> dict[str, int]:
-        """Pack name -> its code in :attr:`_stored` (one per store payload rows reference)."""
+    def _code_of_name(self) -> dict[str, int]:
+        """Each entry name (a store entry's pack, an inline entry's column) -> its code."""
         return {name: code for code, name in enumerate(self._name_list)}
 
     @functools.cached_property
@@ -309,7 +309,7 @@ class FileChecksums:
         self, packs: Sequence[str], codes: np.ndarray, positions: np.ndarray, sizes: np.ndarray
     ) -> np.ndarray:
         """:meth:`stored_many`'s entries (rows of :attr:`digests`), -1 where none is."""
-        ours = np.array([self._packs.get(pack, _NO_PACK) for pack in packs], np.uint32)
+        ours = np.array([self._code_of_name.get(pack, _NO_PACK) for pack in packs], np.uint32)
         return self._stored.find(ours[codes], positions, sizes)
 
     def sidecar(self, blob_id: int, position: int, size: int) -> bytes | None:
