@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from blobhouse.errors import StoreError
-from blobhouse.io.objects import StorageOptions, object_store, read_object
+from blobhouse.io.objects import StorageOptions, each_uri, object_store, read_object
 from blobhouse.layout import (
     VERSIONS_DIR,
     TableLocation,
@@ -33,7 +33,7 @@ from blobhouse.layout import (
     borrower_id,
     borrower_marker,
 )
-from blobhouse.ownership import OWNER_FORMAT, each_uri
+from blobhouse.ownership import OWNER_FORMAT
 
 _MARKER_READ_BYTES = 64 * 1024  # more than a marker holds: one GET
 

@@ -7,9 +7,11 @@ costs ~0.6 ms a call however few rows it returns (an integer column's ~0.26 ms),
 reading a small blob, and resolving a handful of descriptors costs ~0.1 ms more; reading and
 resolving a fragment's whole descriptor column costs about a microsecond a row. So the takes
 that touch a fragment are timed, and once they have cost as much as reading the fragment
-whole would, its rows are read and resolved once and kept (rent until buying pays: never more
-than twice the cheaper of the two). Kept fragments stay within a byte budget, least recently
-used out first.
+whole would (a take's own cost, and a microsecond a row), its rows are read and resolved once
+and kept (rent until buying pays: never more than twice the cheaper of the two). The fragments
+one take earned are read whole together, in one take: a table of many small fragments pays a
+take's fixed cost once, not once a fragment. Kept fragments stay within a byte budget, least
+recently used out first.
 
 What is kept is the process's, not one version's: a fragment's rows are kept by what the
 manifest says of it (its data files, its deletion file, its row count) and by what resolves its
@@ -21,6 +23,7 @@ writes a new file, or a new deletion file, for every change.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -40,7 +43,9 @@ from blobhouse.values import ROW_ADDRESS, ColumnPath, get_column
 
 #: resolved rows kept for the process, every table and version (~40 bytes a row: 1.6 M rows)
 KEPT_BYTES = 64 * MiB
-#: what reading and resolving a fragment's descriptors costs, per row (pylance 14: ~1 us)
+#: what reading and resolving a fragment's descriptors costs: a take's own cost (pylance 14:
+#: ~0.6 ms a call however few rows), and per row (~1 us)
+KEEP_TAKE_SECONDS = 0.6e-3
 LOAD_SECONDS_PER_ROW = 1e-6
 _ROW_BYTES = 40
 _PIECE = 1 << 16  # rows read at a time when a fragment is kept
@@ -176,9 +181,10 @@ class KeptReferences:
         touched, counts = np.unique(fragments, return_counts=True)
         with self._lock:
             self._spent[touched] += spent * counts / len(fragments)
-            earned = self._spent[touched] >= self._rows[touched] * LOAD_SECONDS_PER_ROW
-        for fragment in touched[earned].tolist():
-            self._keep(fragment)
+            cost = KEEP_TAKE_SECONDS + self._rows[touched] * LOAD_SECONDS_PER_ROW
+            earned = touched[self._spent[touched] >= cost]
+            self._spent[earned] = 0.0  # charged from nothing again if it is ever dropped
+        self._keep(earned[self._rows[earned] > 0].tolist())
         return rows
 
     def _resolved(self, take: Callable[[], pa.Table]) -> ResolvedRows:
@@ -188,35 +194,48 @@ class KeptReferences:
         )
         return self._resolve(get_column(taken, self._path), taken.column(ROW_ADDRESS))
 
-    def _keep(self, fragment: int) -> None:
-        """Read and resolve ``fragment``'s rows whole and keep them, if they fit the budget
-        and all resolve (a row that does not is left to the take, which names it)."""
-        rows = int(self._rows[fragment])
-        if not rows:
+    def _keep(self, fragments: list[int]) -> None:
+        """Read and resolve the rows of ``fragments`` whole, in one take, and keep those that
+        fit the budget; if a row does not resolve, each fragment is tried alone (a fragment
+        with such a row is left to the takes, which name it)."""
+        fragments = [f for f in fragments if self._rows[f] * _ROW_BYTES <= self._limit // 2]
+        if not fragments:
             return
-        with self._lock:
-            self._spent[fragment] = 0.0  # charged from nothing again if it is ever dropped
-        if rows * _ROW_BYTES > self._limit // 2:
+        try:
+            held = self._read_whole(fragments)
+        except (BlobhouseError, OSError):
+            if len(fragments) > 1:
+                for fragment in fragments:
+                    self._keep([fragment])
             return
-        start = int(self._starts[fragment])
-        try:  # in pieces, as the take it replaces reads (a nested column's parents included)
-            held = ResolvedRows.concat(
-                [
-                    self._resolved(
-                        lambda at=at: self._dataset.take(
-                            list(range(at, min(at + _PIECE, start + rows))), self._columns
-                        )
-                    )
-                    for at in range(start, start + rows, _PIECE)
-                ]
-            )
-        except (BlobhouseError, OSError):  # the takes go on, and name what they meet
-            return
-        if ((held.addresses >> np.uint64(32)) != self._fragments[fragment].fragment_id).any():
+        ends = np.cumsum(self._rows[fragments])
+        if len(held) != ends[-1]:
             return  # positions counted otherwise than Lance counts them: never serve them
-        if self._own is not None and self._own(held):
-            self._keys[fragment] = (*self._key(fragment), self._token)
-        self._kept.put(self._key(fragment), held)
+        for fragment, end in zip(fragments, ends.tolist(), strict=True):
+            rows = held.take(np.arange(end - int(self._rows[fragment]), end))
+            rows = dataclasses.replace(rows, refs=rows.refs.compact())  # its own files only
+            if ((rows.addresses >> np.uint64(32)) != self._fragments[fragment].fragment_id).any():
+                continue  # positions counted otherwise than Lance counts them: never serve them
+            if self._own is not None and self._own(rows):
+                self._keys[fragment] = (*self._key(fragment), self._token)
+            self._kept.put(self._key(fragment), rows)
+
+    def _read_whole(self, fragments: list[int]) -> ResolvedRows:
+        """Every row of ``fragments``, resolved, in their order: taken by position in pieces,
+        as the take it replaces reads (a nested column's parents included)."""
+        positions = np.concatenate(
+            [np.arange(self._starts[f], self._starts[f + 1]) for f in fragments]
+        )
+        return ResolvedRows.concat(
+            [
+                self._resolved(
+                    lambda piece=positions[at : at + _PIECE]: self._dataset.take(
+                        piece.tolist(), self._columns
+                    )
+                )
+                for at in range(0, len(positions), _PIECE)
+            ]
+        )
 
     def _key(self, fragment: int) -> Hashable:
         """The fragment at index ``fragment`` as kept rows are found by: the scope, and the

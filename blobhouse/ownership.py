@@ -21,7 +21,6 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -36,10 +35,9 @@ from blobhouse.io.leftovers import (
 )
 from blobhouse.io.objects import (
     NAME_MAX,
-    STAT_THREADS,
     ObjectStore,
     StorageOptions,
-    is_local,
+    each_uri,
     long_name,
     object_store,
     put_new,
@@ -304,11 +302,3 @@ def _parsed(body: bytes) -> str | None:
     except (ValueError, AttributeError):
         return None
     return table if isinstance(table, str) and table else None
-
-
-def each_uri(uris: Sequence[str], call: Callable[[str], T]) -> list[T]:
-    """``call`` on each uri, in order; on an object store the requests run in parallel."""
-    if all(is_local(u) for u in uris):  # a system call each: threads would cost more
-        return [call(u) for u in uris]
-    with ThreadPoolExecutor(min(len(uris), STAT_THREADS)) as pool:
-        return list(pool.map(call, uris))

@@ -29,6 +29,7 @@ own rewrites (compaction, backfill) go through the write pipeline and record fre
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from array import array
@@ -45,6 +46,7 @@ from blobhouse.dedup import DIGEST_BYTES, digest_matrix
 from blobhouse.errors import BlobhouseError, BlobReadError, CorruptBlobError
 from blobhouse.files.footer import DataFileFooter, foreign_file_error
 from blobhouse.files.ranges import DigestCheck, RefColumns
+from blobhouse.io.objects import each_uri, is_local
 from blobhouse.layout import data_file_of
 from blobhouse.placement import Kind
 
@@ -666,6 +668,17 @@ class RecordedHashes:
         # inline rows: by their data file, one fragment's; sidecar rows: by the data file
         # their sidecar belongs to; other external rows are the user's: none recorded
         inline = valid & (kinds == Kind.INLINE)
+        sidecar = valid & ~inline & (kinds != Kind.EXTERNAL)
+        stored = external & in_store
+        self._load_at_once(
+            [refs.uris[c] for c in np.unique(codes[inline]).tolist()]
+            + [_sidecar_data_file(refs.uris[c]) for c in np.unique(codes[sidecar]).tolist()]
+            + (
+                [data_file(f) for f in np.unique(fragments[stored]).tolist()]
+                if data_file is not None
+                else []
+            )
+        )
         for code in np.unique(codes[inline]).tolist():
             rows = np.flatnonzero(inline & (codes == code))
             recorded = self._file(refs.uris[code])
@@ -673,7 +686,6 @@ class RecordedHashes:
                 at = file_column(int(fragments[rows[0]]))
                 rows_in_file = (addresses[rows] & 0xFFFFFFFF).astype(np.int64)
                 expected.put(rows, recorded, recorded.inline_entries(at, rows_in_file))
-        sidecar = valid & ~inline & (kinds != Kind.EXTERNAL)
         for code in np.unique(codes[sidecar]).tolist():
             rows = np.flatnonzero(sidecar & (codes == code))
             recorded = self._file(_sidecar_data_file(refs.uris[code]))
@@ -682,7 +694,6 @@ class RecordedHashes:
                 sizes = refs.sizes[rows].astype(np.uint64)
                 entries = recorded.sidecar_entries(blob_ids[rows], positions, sizes)
                 expected.put(rows, recorded, entries)
-        stored = external & in_store
         for fragment in np.unique(fragments[stored]).tolist():
             rows = np.flatnonzero(stored & (fragments == fragment))
             file = data_file(fragment) if data_file is not None else None
@@ -723,6 +734,22 @@ class RecordedHashes:
 
     def _file(self, data_file: str) -> FileChecksums | None:
         return self._files.get(data_file, lambda: load_checksums(data_file, self.storage_options))
+
+    def _load_at_once(self, data_files: list[str]) -> None:
+        """Load the lists of ``data_files`` not held yet in parallel, on an object store (a
+        few requests each, mostly waiting: one after another, the first checked read of rows
+        spread over 64 files waited for ~200 requests in turn). Locally they load as they are
+        looked up: threads would cost more than they do. A load that fails is left to the
+        lookup, which raises its error."""
+        missing = [f for f in dict.fromkeys(data_files) if not self._files.holds(f)]
+        if len(missing) < 2 or all(is_local(f) for f in missing):
+            return
+
+        def load(data_file: str) -> None:
+            with contextlib.suppress(Exception):
+                self._file(data_file)
+
+        each_uri(missing, load)
 
 
 def _checksums_bytes(checksums: FileChecksums | None) -> int:

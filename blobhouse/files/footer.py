@@ -21,6 +21,7 @@ with its own bytes, is told apart by that name (:meth:`DataFileFooter.foreign`).
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -82,6 +83,10 @@ class DataFileFooter:
     fields: list[FileField]
     buffers: list[tuple[int, int]]
     storage_options: Mapping[str, str] | None = None
+    # the file's last bytes as read for the footer, from ``tail_at``: a global buffer in them
+    # (a small file's recorded hashes) is read without another request
+    tail: bytes = dataclasses.field(default=b"", repr=False, compare=False)
+    tail_at: int = dataclasses.field(default=0, repr=False, compare=False)
 
     @classmethod
     def read(
@@ -155,7 +160,7 @@ class DataFileFooter:
                     metadata[key_of] = value_of
                 elif key == _FIELDS:
                     fields.append(_field(protobuf.message(value)))
-        return cls(uri, metadata, fields, buffers, options)
+        return cls(uri, metadata, fields, buffers, options, tail, tail_at)
 
     def foreign(self) -> str | None:
         """Why this file is not the data file its place names -- it records another name
@@ -175,6 +180,8 @@ class DataFileFooter:
         if not 0 <= index < len(self.buffers):
             raise _not_lance(self.uri, f"it has no global buffer {index}")
         position, size = self.buffers[index]
+        if self.tail_at <= position and position + size <= self.tail_at + len(self.tail):
+            return self.tail[position - self.tail_at : position - self.tail_at + size]
         source = object_store(self.uri, self.storage_options).open(self.uri)
         try:
             data = source.read(position, size)

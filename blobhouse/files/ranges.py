@@ -176,6 +176,27 @@ class RefColumns:
             self.uris, self.codes[rows], self.positions[rows], self.sizes[rows], self.valid[rows]
         )
 
+    def compact(self) -> RefColumns:
+        """These references naming only the uris they use (a slice of rows read from many
+        files keeps its own files' names only).
+
+        >>> refs = RefColumns.of([BlobRef("a", 0, 1), BlobRef("b", 0, 1), None]).take([1, 2])
+        >>> refs.uris, refs.compact().uris, refs.compact().codes.tolist()
+        (['a', 'b'], ['b'], [0, 0])
+        """
+        used = np.unique(self.codes[self.valid])
+        if len(used) == len(self.uris):
+            return self
+        code_of = np.zeros(len(self.uris), np.int64)
+        code_of[used] = np.arange(len(used))
+        return RefColumns(
+            [self.uris[u] for u in used.tolist()],
+            np.where(self.valid, code_of[self.codes], 0),
+            self.positions,
+            self.sizes,
+            self.valid,
+        )
+
     @staticmethod
     def concat(parts: Sequence[RefColumns]) -> RefColumns:
         """``parts`` one after the other (their uris merged).

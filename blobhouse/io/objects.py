@@ -301,10 +301,21 @@ def object_sizes(uris: Sequence[str], options: Mapping[str, str] | None = None) 
     >>> object_sizes(["/nonexistent/x"])
     [None]
     """
-    if all(is_local(u) for u in uris):  # a stat each: a thread would cost more than them
-        return [LOCAL.size(u) for u in uris]
+    return each_uri(uris, lambda u: object_store(u, options).size(u))
+
+
+def each_uri(uris: Sequence[str], call: Callable[[str], T]) -> list[T]:
+    """``call`` on each uri, in order; on an object store the calls (a request each, mostly
+    waiting) run in parallel, locally one after another (a system call each: a thread would
+    cost more than they do).
+
+    >>> each_uri(["/a", "/b"], len)
+    [2, 2]
+    """
+    if all(is_local(u) for u in uris):
+        return [call(u) for u in uris]
     with ThreadPoolExecutor(min(len(uris), STAT_THREADS)) as pool:
-        return list(pool.map(lambda u: object_store(u, options).size(u), uris))
+        return list(pool.map(call, uris))
 
 
 def put_new(store: ObjectStore, uri: str, data: bytes) -> bool:

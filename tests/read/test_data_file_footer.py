@@ -249,3 +249,25 @@ def test_any_flipped_bit_of_the_schema_is_read_or_named(mixed_table):
                 assert path.name in str(exc)
                 outcomes["named"] += 1
     assert outcomes["named"] > 0 and outcomes["read"] > 0
+
+
+def test_a_buffer_within_the_bytes_read_for_the_footer_is_taken_from_them(tmp_path):
+    """A small data file's recorded hashes lie in the last bytes read for its footer: they are
+    taken from those, a request less a file on an object store (a checked read of rows spread
+    over many small files loads a list per file); a large file's are read from the file."""
+    small, large = str(tmp_path / "small"), str(tmp_path / "large")
+    write_table(pa.table({"b": blob_array([b"x" * 100, b"y" * 200])}), small)
+    write_table(pa.table({"b": blob_array([os.urandom(1_000) for _ in range(500)])}), large)
+    footers = {}
+    for table in (small, large):
+        (path,) = data_files(table)
+        footer = DataFileFooter.read(str(path))
+        index = int(footer.metadata[CHECKSUMS_KEY.encode()])
+        expected = bytes(LanceFileReader(str(path)).read_global_buffer(index))
+        path.unlink()
+        footers[table] = footer, index, expected
+    footer, index, expected = footers[small]
+    assert footer.read_buffer(index) == expected
+    footer, index, _ = footers[large]
+    with pytest.raises(FileNotFoundError):  # outside the footer's read: read from the file
+        footer.read_buffer(index)

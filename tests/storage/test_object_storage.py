@@ -235,6 +235,7 @@ def test_a_store_that_goes_away_fails_reads_with_a_store_error_naming_it():
 def test_a_store_that_goes_away_fails_kept_reads_with_a_store_error(monkeypatch):
     """Reads from kept references (no Lance take) of a store that went away: a StoreError
     naming the row, fast (the row's name made it a plain BlobReadError, "missing or short")."""
+    monkeypatch.setattr(kept_references, "KEEP_TAKE_SECONDS", 0.0)
     monkeypatch.setattr(kept_references, "LOAD_SECONDS_PER_ROW", 0.0)
     with LocalS3Server() as server:
         server.bucket("gone-kept")
@@ -1448,3 +1449,32 @@ def test_append_transactions_are_read_from_every_store_without_lance(bucket):
         assert [rows_ for _, rows_ in said] == [f.physical_rows for f in fragments] == [2]
         assert [files[0][0] for files, _ in said] == [f.files[0].path for f in fragments]
     assert table.verify()["problems"] == []
+
+
+@pytest.mark.parametrize("dedup", ["content", "global"])
+def test_a_first_checked_read_over_many_data_files_loads_their_hashes_at_once_on_s3(
+    s3, monkeypatch, dedup
+):
+    """The first checked read of rows spread over many data files (a table grown by small
+    appends) loads each file's recorded hashes in parallel: one after another it waited for a
+    few requests a file in turn (seconds, at an object store's latency, for 64 files). Inline
+    rows (content) and store rows (global) alike; what is read is what was written."""
+    from blobhouse.files import checksums as checksums_module
+
+    uri = f"{s3.uri}/t"
+    payloads = [os.urandom(size) for size in (2_000, 70_000) * 3]
+    data = pa.table({"id": range(6), "b": blob_array(payloads)})
+    write_table(data, uri, storage_options=s3.options, dedup=dedup, max_rows_per_file=1)
+    together = threading.Barrier(2, timeout=30)  # two loads at once, or a broken barrier
+    original, loads = checksums_module.load_checksums, []
+
+    def load(data_file, options=None):
+        loads.append(data_file)
+        if len(loads) <= 2:
+            together.wait()
+        return original(data_file, options)
+
+    monkeypatch.setattr(checksums_module, "load_checksums", load)
+    table = open_table(uri, storage_options=s3.options)
+    assert table.read_blobs("b", [5, 0, 3, 2]) == [payloads[p] for p in (5, 0, 3, 2)]
+    assert len(loads) == len(set(loads)) == 4  # each file's list once
