@@ -585,6 +585,7 @@ def small_blobs(size: Size) -> Case:
 
 
 FIRST_CALL_ROWS = 64  # rows a first call reads, drawn at random
+FIRST_CALL_SMALL = 10  # rows a fragment of the many-fragment tables holds
 
 FIRST_CALL_SCRIPT = textwrap.dedent(
     f"""
@@ -593,13 +594,14 @@ FIRST_CALL_SCRIPT = textwrap.dedent(
     import blobhouse
     contender, root, moment = sys.argv[1:4]
     seed, rows = map(int, sys.argv[4:6])
+    layout = sys.argv[6]  # "" (one fragment) or "_small" (fragments of FIRST_CALL_SMALL rows)
     draws = [sorted(random.Random(seed * 1000 + i).sample(range(rows), {FIRST_CALL_ROWS}))
              for i in range(21)]
     if contender == "blobhouse":
-        table = blobhouse.open_table(root + "/bh")
+        table = blobhouse.open_table(root + "/bh" + layout)
         read = lambda t, r: t.read_blobs("b", r)
     else:
-        table = lance.dataset(root + "/plain")
+        table = lance.dataset(root + "/plain" + layout)
         read = lambda t, r: t.take(r, columns=["b"])
     if moment == "new version":  # reads of a version in a training loop, then an append
         for draw in draws[1:]:
@@ -608,9 +610,9 @@ FIRST_CALL_SCRIPT = textwrap.dedent(
         fresh = [rng.bytes(5 << 10) for _ in range(64)]
         new = pa.table({{"b": pa.array(fresh, pa.large_binary())}})
         if contender == "blobhouse":
-            table = blobhouse.write_table(new, root + "/bh", mode="append")
+            table = blobhouse.write_table(new, root + "/bh" + layout, mode="append")
         else:
-            table = lance.write_dataset(new, root + "/plain", mode="append",
+            table = lance.write_dataset(new, root + "/plain" + layout, mode="append",
                                         data_storage_version="2.2")
     started = time.perf_counter()
     read(table, draws[0])
@@ -622,7 +624,9 @@ FIRST_CALL_SCRIPT = textwrap.dedent(
 def first_call(size: Size) -> Case:
     """The first read of 64 random 5-64 KB rows: in a fresh process (after the table is
     opened), and on the new version an append returns in a process that read the old one;
-    blobhouse's read_blobs (checked) against pylance's take of a plain large_binary column."""
+    blobhouse's read_blobs (checked) against pylance's take of a plain large_binary column.
+    Each on a table of one fragment, and on the same rows in fragments of
+    ``FIRST_CALL_SMALL`` rows (a table grown by small appends: a file each to open)."""
     case = Case(
         "first_call",
         "Median seconds of the first read of 64 random 5-64 KB rows, each in a fresh process",
@@ -633,17 +637,21 @@ def first_call(size: Size) -> Case:
     processes = 9 if size.name == "full" else 2
     with Scratch() as root:
         binary = pa.table({"b": pa.array(payloads, pa.large_binary())})
-        write_table(binary, str(root / "bh"), blob_columns=["b"])
-        lance.write_dataset(binary, root / "plain", data_storage_version="2.2")
+        for layout, per_file in (("", None), ("_small", FIRST_CALL_SMALL)):
+            files = {} if per_file is None else {"max_rows_per_file": per_file}
+            write_table(binary, str(root / f"bh{layout}"), blob_columns=["b"], **files)
+            plain = root / f"plain{layout}"
+            lance.write_dataset(binary, plain, data_storage_version="2.2", **files)
         os.sync()  # the tables' writeback done before any is read (it slowed the first runs)
-        for moment in ("fresh process", "new version"):
+        for layout, moment in itertools.product(("", "_small"), ("fresh process", "new version")):
+            fragments = len(lance.dataset(root / f"plain{layout}").get_fragments())
             seconds = {"blobhouse read_blobs": [], "pylance take, large_binary column": []}
             for run in range(processes):  # alternating, as medians() does
                 for contender, out in seconds.items():
                     name = contender.split()[0]
                     argv = [sys.executable, "-c", FIRST_CALL_SCRIPT, name, str(root), moment]
                     done = subprocess.run(  # rows drawn among the first: always there
-                        [*argv, str(run), str(rows)],
+                        [*argv, str(run), str(rows), layout],
                         capture_output=True,
                         text=True,
                         check=True,
@@ -654,6 +662,7 @@ def first_call(size: Size) -> Case:
                 median = statistics.median(values)
                 case.add(
                     moment=moment,
+                    fragments=fragments,
                     k=FIRST_CALL_ROWS,
                     contender=contender,
                     seconds=round(median, 5),

@@ -79,8 +79,8 @@ TARGETS = (
     "| small blobs (5-64 KB) by row, K = 1, 64, 1000: read_blobs >= 1.0 x pylance take of a "
     "plain large_binary column (in the process that wrote the tables) | {small_blobs} |\n"
     "| small blobs, the first read (64 random 5-64 KB rows) of a fresh process and of the new "
-    "version an append returns: read_blobs >= 1.0 x pylance's take of a plain large_binary "
-    "column | {first_call} |\n"
+    "version an append returns, in one fragment and in fragments of 10 rows: read_blobs >= "
+    "1.0 x pylance's take of a plain large_binary column | {first_call} |\n"
     "| CLI: --help and an argument error < 0.3 s; a command on a small table <= import lance "
     "+ 0.3 s | {cli_startup} |\n"
     "| robot video (LeRobot datasets, 2 cameras: 240 x 320 AV1, and a small 48 x 64 H.264 one): "
@@ -488,11 +488,18 @@ def _small_blobs(rows: list[dict]) -> str:
 
 
 def _first_call(rows: list[dict]) -> str:
-    """The verdict on both first calls, each named: a fresh process's and a new version's."""
+    """The verdict on both first calls, each named: a fresh process's and a new version's, of
+    one fragment and of many small ones."""
     if not rows:
         return "-"
     met = all(r["vs_pylance"] >= 1.0 for r in rows)
-    each = ", ".join(f"{r['moment']} {r['vs_pylance']}x" for r in rows)
+    layouts: dict[int, list[str]] = {}
+    for r in rows:
+        layouts.setdefault(r.get("fragments", 1), []).append(f"{r['moment']} {r['vs_pylance']}x")
+    each = "; ".join(
+        f"{fragments:,} fragment{'s' if fragments > 1 else ''}: {', '.join(moments)}"
+        for fragments, moments in sorted(layouts.items())
+    )
     return f"{each} pylance ({'met' if met else 'missed'})"
 
 

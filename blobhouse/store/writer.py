@@ -4,6 +4,7 @@ distinct payload once, looked up and checked first), and store references."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -476,17 +477,17 @@ class StoreReference:
         self.prefix = normalize_uri(store_dir(table_path)) + "/"
         self.found: set[str] = set()  # packs referenced this way: checked before commit
         self._sizes: dict[str, int] = {}
+        # rows name a few packs again and again (a compaction carries every row's reference):
+        # normalize_uri resolves local links, ~70 us a row
+        self._canonical = functools.lru_cache(maxsize=4096)(_canonical_or_none)
 
     def reference(self, column: LogicalColumn, row: int) -> PreparedBlob | None:
         """The store reference of row ``row`` of ``column`` (whose row holds a uri), or None
         when the uri is not a pack of this table's store. The range must lie inside the pack."""
         if column.position is None:
             return None
-        try:
-            uri = normalize_uri(column.uri[row])
-        except InvalidInputError:
-            return None  # not a store reference; the external check names the problem
-        if not uri.startswith(f"{self.prefix}{PACKS_DIR}/"):
+        uri = self._canonical(column.uri[row])
+        if uri is None or not uri.startswith(f"{self.prefix}{PACKS_DIR}/"):
             return None
         pack = uri.removeprefix(self.prefix)
         if not PACK_NAME.fullmatch(pack):
@@ -512,3 +513,12 @@ class StoreReference:
         """The blake3 the rewritten rows recorded for the store payload ``reference`` names
         (None: unknown, e.g. rows Lance rewrote)."""
         return self.digests.get((reference.uri, reference.position, reference.size))
+
+
+def _canonical_or_none(uri: str) -> str | None:
+    """``uri`` in its canonical form, or None when it is no valid uri (not a store reference:
+    the external check names the problem)."""
+    try:
+        return normalize_uri(uri)
+    except InvalidInputError:
+        return None
