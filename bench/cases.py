@@ -634,7 +634,7 @@ def first_call(size: Size) -> Case:
     rows = size.access_rows * 20
     rng = np.random.default_rng(6)
     payloads = [rng_bytes(rng, int(n)) for n in rng.integers(5 * KB, 64 * KB, rows)]
-    processes = 9 if size.name == "full" else 2
+    processes = 9 if size.name == "full" else 1
     with Scratch() as root:
         binary = pa.table({"b": pa.array(payloads, pa.large_binary())})
         for layout, per_file in (("", None), ("_small", FIRST_CALL_SMALL)):

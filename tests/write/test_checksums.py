@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import types
 from collections import Counter
 
@@ -10,6 +11,7 @@ import blake3
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from lance.file import LanceFileReader
 
@@ -481,3 +483,39 @@ def test_a_place_recorded_twice_finds_the_entry_written_first():
         np.full(4, 100, np.uint64),
     )
     assert found == [digest(i.to_bytes(4, "little")) for i in wanted]
+
+
+def test_store_entries_are_written_in_the_order_a_reader_searches_them():
+    """A list's store entries are written sorted by the place mix a reader searches (names
+    coded by their sorted rank, so the codes do not depend on the entries' order): a fresh
+    process's first read sorts nothing. Lists written unsorted (blobhouse before, any order)
+    are sorted when read; both find every entry, and a place recorded twice at its first."""
+    rng = random.Random(5)
+    packs = [f"packs/{name}" for name in ("zz", "aa", "mm")]
+    places = [
+        (rng.choice(packs), rng.randrange(1 << 40), rng.randrange(1, 1 << 20)) for _ in range(3_000)
+    ]
+    digests = [digest(i.to_bytes(4, "little")) for i in range(3_000)]
+    log = ChecksumLog()
+    log.record_inline("img", row=0, size=1, digest=b"i" * 32)  # another name among the packs'
+    log.record_store(places, digests)
+    log.record_store([places[7]], [b"\x01" * 32])  # place 7 again: the first entry wins
+    written = pa.ipc.open_stream(log.to_bytes()).read_all()
+    # an older writer's order, its place 7 recorded once
+    once = written.filter(
+        pc.not_equal(written.column("blake3"), pa.scalar(b"\x01" * 32, pa.binary(32)))
+    )
+    shuffled = once.take(rng.sample(range(once.num_rows), once.num_rows))
+    wanted = [*range(0, 3_000, 7), 7]
+    names = sorted(packs)
+    codes = np.array([names.index(places[i][0]) for i in wanted], np.uint32)
+    positions = np.array([places[i][1] for i in wanted], np.uint64)
+    sizes = np.array([places[i][2] for i in wanted], np.uint64)
+    for table, sorted_when_read in ((written, False), (shuffled, True)):
+        checksums = FileChecksums(table, {"img": 0})
+        stored = checksums._stored
+        in_file_order = (np.diff(stored.entries) > 0).all()
+        assert in_file_order != sorted_when_read
+        found = checksums.stored_many(names, codes, positions, sizes)
+        assert found == [digests[i] for i in wanted]
+        assert checksums.inline(0, 0) == b"i" * 32
