@@ -195,10 +195,28 @@ class KeptReferences:
         return self._resolve(get_column(taken, self._path), taken.column(ROW_ADDRESS))
 
     def _keep(self, fragments: list[int]) -> None:
-        """Read and resolve the rows of ``fragments`` whole, in one take, and keep those that
-        fit the budget; if a row does not resolve, each fragment is tried alone (a fragment
-        with such a row is left to the takes, which name it)."""
-        fragments = [f for f in fragments if self._rows[f] * _ROW_BYTES <= self._limit // 2]
+        """Read and resolve the rows of ``fragments`` whole and keep those that fit the
+        budget: together, in takes of up to half the budget's rows (a fragment of more is
+        never kept), so many small fragments cost one take and large ones never all sit in
+        memory at once."""
+        most = self._limit // 2 // _ROW_BYTES
+        group: list[int] = []
+        rows = 0
+        for fragment in fragments:
+            count = int(self._rows[fragment])
+            if count > most:
+                continue
+            if rows + count > most:
+                self._keep_together(group)
+                group, rows = [], 0
+            group.append(fragment)
+            rows += count
+        self._keep_together(group)
+
+    def _keep_together(self, fragments: list[int]) -> None:
+        """Read and resolve the rows of ``fragments`` whole, in one take, and keep them; if a
+        row does not resolve, each fragment is tried alone (a fragment with such a row is left
+        to the takes, which name it)."""
         if not fragments:
             return
         try:
@@ -206,7 +224,7 @@ class KeptReferences:
         except (BlobhouseError, OSError):
             if len(fragments) > 1:
                 for fragment in fragments:
-                    self._keep([fragment])
+                    self._keep_together([fragment])
             return
         ends = np.cumsum(self._rows[fragments])
         if len(held) != ends[-1]:

@@ -524,3 +524,30 @@ def test_a_take_of_small_fragments_earns_them_only_past_a_takes_own_cost(tmp_pat
     kept._spent[[0, 1]] = 3600.0  # as if their takes had cost an hour
     assert table.read_blobs("b", [0, 5, 199]) == [payloads[0], payloads[5], payloads[199]]
     assert kept.held() == [0, 1]
+
+
+def test_fragments_earned_together_are_read_in_takes_of_half_the_budget(tmp_path, monkeypatch):
+    """Fragments earned by one read are read whole together, but never more rows at once
+    than half the budget holds: large fragments earned at once never all sit in memory."""
+    uri = str(tmp_path / "t")
+    payloads = [bytes([i % 251]) * (100 + i) for i in range(40)]
+    write_table(pa.table({"b": blob_array(payloads)}), uri, max_rows_per_file=10)
+    keep_every_take(monkeypatch)
+    snapshot = open_table(uri).snapshot
+    reads = []
+    original = lance.LanceDataset.take
+    monkeypatch.setattr(
+        lance.LanceDataset,
+        "take",
+        lambda self, rows, *a, **k: reads.append(len(rows)) or original(self, rows, *a, **k),
+    )
+    kept = KeptReferences(
+        snapshot.dataset,
+        ("b",),
+        lambda read: read(),
+        lambda d, a: snapshot.resolve_rows(("b",), d, a),
+        limit=20 * 40 * 2,  # half of it: the rows of two fragments of 10
+    )
+    rows = kept.take([0, 15, 25, 35])
+    assert rows.refs.sizes.tolist() == [100, 115, 125, 135]
+    assert reads == [4, 20, 20]  # the read, then its four fragments two at a time
