@@ -452,15 +452,57 @@ def _planned_cleanup(
     table: TableSnapshot, retain_versions: int | None, older_than: timedelta | None, dry_run: bool
 ) -> VersionCleanup:
     """What Lance's cleanup of old versions will remove (nothing without ``retain_versions`` or
-    ``older_than``), as Lance explains it. Unless this is a dry run, a damaged data file
-    refuses the run first: the versions written before it are the way back to its rows."""
+    ``older_than``): as Lance explains it for a dry run, which reports it; else its versions
+    as :func:`versions_to_clean` foresees them (the marks made before the cleanup rest on them,
+    and gc reconciles them with what Lance removed). Unless this is a dry run, a damaged data
+    file refuses the run first: the versions written before it are the way back to its rows."""
     if retain_versions is None and older_than is None:
         return VersionCleanup()
-    if not dry_run:
-        damaged = table.damaged_data_files()
-        if damaged:
-            raise damaged_file_error(table.location.root, "collect garbage in", damaged)
-    return explain_version_cleanup(table, retain_versions, older_than)
+    if dry_run:
+        return explain_version_cleanup(table, retain_versions, older_than)
+    damaged = table.damaged_data_files()
+    if damaged:
+        raise damaged_file_error(table.location.root, "collect garbage in", damaged)
+    return VersionCleanup(versions_to_clean(table, retain_versions, older_than))
+
+
+def versions_to_clean(
+    table: TableSnapshot, retain_versions: int | None, older_than: timedelta | None
+) -> tuple[int, ...]:
+    """The versions of ``table``'s branch ``cleanup_old_versions(older_than, retain_versions,
+    error_if_tagged_old_versions=False)`` is about to remove, foreseen from one listing of
+    the branch's manifests (their names and ages): all but the latest ``retain_versions``,
+    those older than ``older_than``, never the latest, a tagged version or one a branch was
+    made from. Lance's own explanation reads every manifest (1.5 s at 2,000 versions, as
+    long as the cleanup itself); a version foreseen wrongly costs gc nothing but a file kept
+    one run longer (:func:`_marked_after_cleanup`).
+
+    >>> import tempfile, pyarrow as pa
+    >>> from blobhouse import blob_array, write_table
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> for mode in ("create", "append", "append"):
+    ...     t = write_table(pa.table({"b": blob_array([b"x"])}), uri, mode=mode)
+    >>> versions_to_clean(t, 2, None), versions_to_clean(t, None, timedelta(0))
+    ((1,), (1, 2))
+    """
+    store = object_store(table.uri, table.storage_options)
+    listed = sorted(
+        (version, info.mtime)
+        for info in store.list(f"{table.location.dataset_path}/{VERSIONS_DIR}")
+        if (version := manifest_version(info.name)) is not None
+    )
+    keep = {version for version, _ in listed[-(retain_versions or 1) :]}
+    if older_than is not None:
+        cutoff = store.now(table.uri) - older_than.total_seconds()
+        keep |= {version for version, written in listed if written > cutoff}
+    branch = table.branch or "main"
+    keep |= {t["version"] for t in table.tags().values() if (t["branch"] or "main") == branch}
+    keep |= {
+        b["parent_version"]
+        for b in table.branches().values()
+        if (b["parent_branch"] or "main") == branch
+    }
+    return tuple(version for version, _ in listed if version not in keep)
 
 
 def _clean_versions(

@@ -424,3 +424,36 @@ def test_gc_keeps_the_empty_sidecar_folder_of_a_running_write(table_uri):
         set_age([folders["a"], folders["b"]], 2)  # b: older than the grace, no write
         open_table(table_uri).gc(grace=timedelta(hours=1))  # c: younger than the grace
         assert [os.path.isdir(f) for f in folders.values()] == [True, False, True]
+
+
+def test_gc_foresees_the_versions_lance_removes_without_asking_lance(table_uri, monkeypatch):
+    """A real gc foresees the versions Lance's cleanup removes from one listing of the
+    manifests (Lance's explanation reads every manifest: as long as the cleanup itself at
+    2,000 versions); the foresight is Lance's answer, tags and a branch's parent kept, on
+    main and on a branch, by count and by age. Only a dry run, which reports the files too,
+    asks Lance."""
+    from blobhouse.maintenance.garbage_collection import explain_version_cleanup, versions_to_clean
+
+    for _ in range(6):
+        write_table(pa.table({"b": blob_array([os.urandom(5_000)])}), table_uri, mode="append")
+    lance.dataset(table_uri).create_branch("exp", 3)
+    for _ in range(3):
+        write_table(
+            pa.table({"b": blob_array([os.urandom(5_000)])}), table_uri, branch="exp", mode="append"
+        )
+    lance.dataset(table_uri).tags.create("gold", 2)
+    lance.dataset(table_uri).tags.create("exp-gold", ("exp", 5))
+    for branch in (None, "exp"):
+        table = open_table(table_uri, branch=branch).snapshot
+        for retain, older in [(1, None), (2, None), (None, timedelta(0)), (3, timedelta(0))]:
+            foreseen = versions_to_clean(table, retain, older)
+            assert foreseen == explain_version_cleanup(table, retain, older).versions
+            assert foreseen  # each case removes some
+    monkeypatch.setattr(
+        lance.LanceDataset,
+        "explain_cleanup_old_versions",
+        lambda *a, **k: pytest.fail("a real gc asked Lance to explain its cleanup"),
+    )
+    done = open_table(table_uri).gc(retain_versions=1, grace=timedelta(0))
+    assert done["removed_versions"] == [1, 4, 5] and done["retained_versions"] == [2, 3, 6]
+    assert open_table(table_uri).verify(deep=True)["problems"] == []
