@@ -256,11 +256,7 @@ def _name_codes(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
     so a writer can sort store entries by the place mix a reader computes."""
     names = pc.dictionary_encode(column.combine_chunks())
     found: list[str] = names.dictionary.to_pylist()
-    ranks = _ranks(found)
-    in_order = [""] * len(found)
-    for name, rank in zip(found, ranks.tolist(), strict=True):
-        in_order[rank] = name
-    return in_order, ranks[names.indices.to_numpy(zero_copy_only=False)]
+    return sorted(found), _ranks(found)[names.indices.to_numpy(zero_copy_only=False)]
 
 
 def _check_digest(digest: bytes) -> None:

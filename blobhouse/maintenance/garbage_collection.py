@@ -495,14 +495,20 @@ def versions_to_clean(
     if older_than is not None:
         cutoff = store.now(table.uri) - older_than.total_seconds()
         keep |= {version for version, written in listed if written > cutoff}
+    keep |= _pinned_versions(table)
+    return tuple(version for version, _ in listed if version not in keep)
+
+
+def _pinned_versions(table: TableSnapshot) -> set[int]:
+    """Versions of ``table``'s branch that Lance's cleanup never removes: tagged ones, and
+    those a branch was made from."""
     branch = table.branch or "main"
-    keep |= {t["version"] for t in table.tags().values() if (t["branch"] or "main") == branch}
-    keep |= {
+    pinned = {t["version"] for t in table.tags().values() if (t["branch"] or "main") == branch}
+    return pinned | {
         b["parent_version"]
         for b in table.branches().values()
         if (b["parent_branch"] or "main") == branch
     }
-    return tuple(version for version, _ in listed if version not in keep)
 
 
 def _clean_versions(
@@ -1092,11 +1098,7 @@ def _kept_for_tags(
         cut = sorted(retained)[-retain_versions]  # the oldest of the versions it keeps anyway
     else:
         return []
-    pinned = {t["version"] for t in table.tags().values() if t["branch"] == table.branch}
-    pinned |= {
-        b["parent_version"] for b in table.branches().values() if b["parent_branch"] == table.branch
-    }
-    return sorted(v for v in pinned & set(retained) if v < cut)
+    return sorted(v for v in _pinned_versions(table) & set(retained) if v < cut)
 
 
 def owned_dirs(table: TableSnapshot) -> list[str]:
