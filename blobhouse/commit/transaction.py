@@ -85,7 +85,7 @@ from blobhouse.options import CommitOptions
 from blobhouse.ownership import claim, release
 from blobhouse.store.claims import adopt, remove_claims
 from blobhouse.store.duplicates import find_duplicates, record_duplicates
-from blobhouse.store.index import append_to_index
+from blobhouse.store.index import append_to_index, tidy_index
 from blobhouse.store.index_part import EntryBatches, entry_batches
 from blobhouse.store.packs import (
     StoredPayload,
@@ -429,9 +429,9 @@ def record_stored(
     superseded: frozenset[str] = frozenset(),
 ) -> None:
     """Record payloads a committed change added to the store in its index, and those a
-    concurrent writer stored too (:mod:`blobhouse.store.duplicates`: compaction merges them).
-    The commit stands whatever happens here: an index that lags only lowers dedup, so a failure
-    is a warning."""
+    concurrent writer stored too (:mod:`blobhouse.store.duplicates`: compaction merges them),
+    then do this write's share of the index's upkeep (:func:`tidy_index`). The commit stands
+    whatever happens here: an index that lags only lowers dedup, so a failure is a warning."""
     try:
         index = append_to_index(table_path, stored, storage_options)
     except Exception as exc:
@@ -446,6 +446,8 @@ def record_stored(
             f"compaction to merge: {exc}",
             stacklevel=3,
         )
+    if index is not None:
+        tidy_index(table_path, index, storage_options)
 
 
 def retrying(attempt: Callable[[int], T], retries: int = DEFAULT_RETRIES) -> T:

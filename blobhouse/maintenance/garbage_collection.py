@@ -95,6 +95,7 @@ from blobhouse.settings import SETTINGS
 from blobhouse.snapshot import damaged_file_error, open_snapshot, snapshot_of, table_io
 from blobhouse.store.index import indexed_packs, open_parts, retire_packs
 from blobhouse.store.index_maintenance import maintain_index
+from blobhouse.store.index_part import READER_WINDOW
 from blobhouse.store.packs import forget_tombstones, retired_packs
 
 if TYPE_CHECKING:
@@ -402,7 +403,7 @@ def gc(
     )
     sweep = _Sweep.plan(table, owned, packs, marked, mark_started, cutoff)
     # index versions a writer may be reading stay, whatever the grace
-    index_keep = max(grace, timedelta(hours=1))
+    index_keep = max(grace, READER_WINDOW)
     blocked = {uri for uri, _ in folders}  # a dry run lists nothing through them
     stale = _stale_leftovers(table, blocked)
     if dry_run:

@@ -60,6 +60,7 @@ from blobhouse.store.index_part import (
     append_to_part,
     open_part,
     packs_of,
+    tidy_level0,
 )
 from blobhouse.store.packs import (
     StoredPayload,
@@ -282,6 +283,15 @@ def append_to_index(
     """Record payloads a committed write stored, in level 0 (:func:`append_to_part`); the
     version of level 0 this append made, None when there was nothing to add."""
     return append_to_part(index_uri(table_path), stored, storage_options)
+
+
+def tidy_index(
+    table_path: str, index: LanceDataset, storage_options: StorageOptions | None = None
+) -> None:
+    """A writer's upkeep of level 0 after its append made ``index`` and it looked for
+    duplicates (:func:`~blobhouse.store.index_part.tidy_level0`): small fragments merged,
+    versions past the reader window removed, between gc runs."""
+    tidy_level0(index_uri(table_path), index, storage_options)
 
 
 def index_parts(table_path: str, storage_options: StorageOptions | None = None) -> list[str]:

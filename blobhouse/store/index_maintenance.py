@@ -47,6 +47,7 @@ from blobhouse.store.index import (
 )
 from blobhouse.store.index_part import (
     INDEX_SCHEMA,
+    MOVING,
     EntryBatches,
     append_to_part,
     maintain_part,
@@ -70,7 +71,6 @@ SHARD_AFTER = 1 << 24
 _SHARD_FILTERS = 8  # more filters than this over one shard and gc merges them into one
 
 
-_MOVING = "blobhouse.index.moving"  # in level 0's config while a move runs: what it takes
 _MOVED = "blobhouse.index.moved"  # in a shard's append: the move it took part of
 _RECENT_COMMITS = 32  # a shard's commits looked through for an earlier try of a move
 
@@ -192,13 +192,13 @@ def move_to_shards(
     level0 = open_index(table_path, storage_options)
     if level0 is None:
         return 0
-    moving = level0.config().get(_MOVING)
+    moving = level0.config().get(MOVING)
     resumed = moving is not None  # a move cut short: some shards may have taken it
     if moving is None:
         if level0.count_rows() <= threshold:
             return 0
         moving = _ranges([f.fragment_id for f in level0.get_fragments()])
-        level0.update_config({_MOVING: moving})
+        level0.update_config({MOVING: moving})
     taken = set(_ids(moving))
     fragments = [f for f in level0.get_fragments() if f.fragment_id in taken]
     shards = shards_of(level0) or SHARDS
@@ -214,7 +214,7 @@ def move_to_shards(
             _create_empty_shards(table_path, shards, storage_options)
             level0.update_config({LEVEL_ONE: str(shards)})
         _drop_fragments(level0, [f.fragment_id for f in fragments], storage_options)
-    lance.dataset(level0.uri, storage_options=storage_options).delete_config_keys([_MOVING])
+    lance.dataset(level0.uri, storage_options=storage_options).delete_config_keys([MOVING])
     return sum(moved.values())
 
 
