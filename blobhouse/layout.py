@@ -48,7 +48,9 @@ REFS_DIR = "_refs"
 DATA_DIR = "data"  # a dataset's data files (main's at the root, a branch's in tree/<name>)
 TRANSACTIONS_DIR = "_transactions"  # Lance's transaction files, one per commit
 # the directories of a dataset (main's root, or a branch's tree/<name>) Lance's cleanup lists
-LANCE_DIRS = (VERSIONS_DIR, TRANSACTIONS_DIR, DATA_DIR, "_indices", "_deletions")
+INDICES_DIR = "_indices"  # Lance's index files, a folder per index (and delta)
+DELETIONS_DIR = "_deletions"  # Lance's deletion files
+LANCE_DIRS = (VERSIONS_DIR, TRANSACTIONS_DIR, DATA_DIR, INDICES_DIR, DELETIONS_DIR)
 STORE_DIR = "_blobs"
 STORE_BASE_NAME = "blobhouse-store"  # a relocated store's base is named "<this>@<n>"
 TAGS_DIR = f"{REFS_DIR}/tags"  # Lance's tag records, one JSON file per tag
@@ -333,7 +335,7 @@ LANCE_TEMPORARY = re.compile(
 # folders with Lance's and blobhouse's names, which no user's folder has by accident: a new table
 # may be made where they stand (data/ is not among them: a project's data/ is its own)
 FAILED_CREATE_DIRS = frozenset(
-    (VERSIONS_DIR, TRANSACTIONS_DIR, "_deletions", "_indices", REFS_DIR, STORE_DIR, LEASES_DIR)
+    (VERSIONS_DIR, TRANSACTIONS_DIR, DELETIONS_DIR, INDICES_DIR, REFS_DIR, STORE_DIR, LEASES_DIR)
 )
 # the directories a create makes, deepest first (gc removes them when empty)
 CREATE_DIRS = (DATA_DIR, PACKS, STORED, STORE_DIR, LEASES_DIR, TRANSACTIONS_DIR)

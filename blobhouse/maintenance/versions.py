@@ -112,7 +112,8 @@ class FragmentState:
     ``(version, first_row)`` for every version holding it (on any branch), ``first_row`` being
     the position of the fragment's first live row among that version's rows. ``data_files``
     are the URIs of its data files, ``data_file_sizes`` their sizes as the manifest records
-    them (None where it records none).
+    them (None where it records none); ``deletion_file`` the URI of its deletion file (None:
+    it has none, or one under another base path, which Lance's cleanup never removes).
     """
 
     fragment_id: int
@@ -120,6 +121,7 @@ class FragmentState:
     appearances: Appearances
     data_files: tuple[str, ...]
     data_file_sizes: tuple[int | None, ...]
+    deletion_file: str | None = None
 
     def amounts(self) -> Amounts:
         """The bytes of its data files (those the manifest records sizes of): what a service
@@ -240,8 +242,8 @@ def fragment_states(
                 _record(found, next(fragments), refs[i + k], last.version)
         i += len(appended) + 1
     return [
-        FragmentState(fid, ref, Appearances(tuple(map(tuple, runs))), files, sizes)
-        for fid, ref, runs, files, sizes in found.values()
+        FragmentState(fid, ref, Appearances(tuple(map(tuple, runs))), files, sizes, deletion)
+        for fid, ref, runs, files, sizes, deletion in found.values()
     ]
 
 
@@ -256,6 +258,7 @@ class _Fragment:
     first_row: int
     written: tuple
     data_file_sizes: tuple[int | None, ...]
+    deletion: str | None
 
 
 @dataclass(frozen=True)
@@ -286,7 +289,10 @@ class _Manifest:
             )
             written = _written(metadata) if deletion is None else None
             sizes = tuple(f.file_size_bytes or None for f in metadata.files)
-            fragments.append(_Fragment(key, metadata.id, files, first_row, written, sizes))
+            deleted = None
+            if deletion is not None and deletion.base_id is None:
+                deleted = f"{at.location.dataset_uri}/{deletion.path(metadata.id)}"
+            fragments.append(_Fragment(key, metadata.id, files, first_row, written, sizes, deleted))
             first_row += metadata.num_rows
         return cls(names, tuple(fragments))
 
@@ -347,7 +353,14 @@ def _record(found: dict[tuple, list], fragment: _Fragment, ref: VersionRef, last
     """``fragment`` is in ``ref``'s version and every version of its branch up to ``last``."""
     entry = found.setdefault(
         fragment.key,
-        [fragment.fragment_id, ref, [], fragment.data_files, fragment.data_file_sizes],
+        [
+            fragment.fragment_id,
+            ref,
+            [],
+            fragment.data_files,
+            fragment.data_file_sizes,
+            fragment.deletion,
+        ],
     )
     entry[1] = VersionRef(ref.branch, last)
     runs = entry[2]
