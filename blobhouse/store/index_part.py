@@ -47,7 +47,10 @@ _INDEX_FRAGMENTS = 8  # more than this many and gc compacts the index
 # version's manifest lists every fragment (measured before writers merged and cleaned: 4.2 GB
 # of manifests and 0.55 s appends after 10,000 small writes). A writer keeps them bounded.
 _SMALL_ROWS = 8192  # fragments of fewer rows are small: merged by writers
-_SMALL_FRAGMENTS = 16  # more small fragments than this and the writer that adds one merges them
+# small fragments merge by size tiers (rows < width, < width^2, ...): once a tier holds this many
+# they merge into one of the next, so an entry is rewritten once a tier (5 times below
+# _SMALL_ROWS), and at most width - 1 small fragments a tier stay
+_MERGE_WIDTH = 8
 _CLEAN_EVERY = 256  # the writer whose commit makes a multiple of this many versions cleans
 
 
@@ -386,16 +389,18 @@ def tidy_level0(
     uri: str, dataset: LanceDataset, storage_options: StorageOptions | None = None
 ) -> None:
     """A writer's share of level 0's upkeep, after its append made ``dataset`` and it looked
-    for duplicates through that version and the one before (which this may remove): merge the
-    small fragments into one once more than :data:`_SMALL_FRAGMENTS` of them lie outside
-    the scalar indices and gc's sorted run (:func:`merge_small_fragments`), and on every
-    :data:`_CLEAN_EVERY`-th version remove versions older than :data:`READER_WINDOW`. So
+    for duplicates through that version and the one before (which this may remove): merge
+    small fragments of like size outside the scalar indices and gc's sorted run
+    (:func:`merge_small_fragments`), and once its commits make a multiple of
+    :data:`_CLEAN_EVERY` versions remove versions older than :data:`READER_WINDOW`. So
     appends, manifests and lookups stay the same size however many writes come between
     two gc runs. The index is a cache: a failure here is a warning, and a concurrent commit
     that wins (another writer's merge, gc) leaves the work to it."""
     try:
-        merge_small_fragments(uri, dataset, storage_options)
-        if dataset.version % _CLEAN_EVERY == 0:
+        merged = merge_small_fragments(uri, dataset, storage_options)
+        last = dataset.version if merged is None else merged.version
+        # this writer's commits (its append, its merge) made a multiple of _CLEAN_EVERY
+        if last // _CLEAN_EVERY > (dataset.version - 1) // _CLEAN_EVERY:
             lance.dataset(uri, storage_options=storage_options).cleanup_old_versions(
                 older_than=READER_WINDOW
             )
@@ -408,33 +413,34 @@ def tidy_level0(
 def merge_small_fragments(
     uri: str, dataset: LanceDataset, storage_options: StorageOptions | None = None
 ) -> LanceDataset | None:
-    """Rewrite the small fragments of ``dataset`` (fewer than :data:`_SMALL_ROWS` rows) that
-    no scalar index and no sorted run covers (both stay true) into one, once there are more
-    than :data:`_SMALL_FRAGMENTS`; the version made (None: nothing to merge). The new data
+    """Rewrite small fragments of ``dataset`` (fewer than :data:`_SMALL_ROWS` rows) that no
+    scalar index and no sorted run covers (both stay true) into one, once
+    :data:`_MERGE_WIDTH` of a size tier are there (:func:`_due`); the version made (None:
+    nothing to merge). The new data
     file gets its filter before the commit, and the filters that covered only the merged
     files go after it (a reader of an older version that misses them asks the scalar index).
 
     >>> import tempfile
     >>> from blobhouse.dedup import content_hash
     >>> uri = tempfile.mkdtemp() + "/index"
-    >>> for i in range(_SMALL_FRAGMENTS + 1):
+    >>> for i in range(_MERGE_WIDTH):
     ...     made = append_to_part(uri, [StoredPayload(content_hash(b"%d" % i), "p.pack", i, 1)])
-    >>> _ = merge_small_fragments(uri, made)  # due: 17 small fragments
+    >>> _ = merge_small_fragments(uri, made)  # due: 8 fragments of one entry
     >>> part = IndexPart.open(uri)
     >>> len(part.dataset.get_fragments()), part.dataset.count_rows()
-    (1, 17)
+    (1, 8)
     >>> part.find_copies([content_hash(b"3")])[content_hash(b"3")][0].position
     3
     """
     small = [f for f in dataset.get_fragments() if f.metadata.physical_rows < _SMALL_ROWS]
-    if len(small) <= _SMALL_FRAGMENTS or MOVING in dataset.config():
+    if not _due(small) or MOVING in dataset.config():
         return None
     covered = {i for d in dataset.describe_indices() for s in d.segments for i in s.fragment_ids}
     usable = _usable_run(read_runs(runs_uri(uri), storage_options), dataset)
     if usable:
         covered |= {int(sign.split(":", 1)[0]) for sign in usable[0].covered.values()}
-    merged = [f for f in small if f.fragment_id not in covered]
-    if len(merged) <= _SMALL_FRAGMENTS:
+    merged = _due([f for f in small if f.fragment_id not in covered])
+    if not merged:
         return None
     bloom = DigestFilter.for_entries(sum(f.metadata.physical_rows for f in merged))
 
@@ -472,6 +478,40 @@ def merge_small_fragments(
     stale = [f.uri for f in read_filters(folder, storage_options) if f.covered <= gone]
     object_store(folder, storage_options).delete_many(stale)
     return made
+
+
+def _due(fragments: Sequence[lance.LanceFragment]) -> list[lance.LanceFragment]:
+    """Those of ``fragments`` one merge takes: every one of the size tiers up to the highest
+    that holds :data:`_MERGE_WIDTH`, counting the fragment a merge of the tier below adds
+    to it (none: no tier is full).
+
+    >>> from types import SimpleNamespace as NS
+    >>> frags = lambda *rows: [NS(metadata=NS(physical_rows=r)) for r in rows]
+    >>> [f.metadata.physical_rows for f in _due(frags(1, 1, 1, 1, 1, 1, 1, 9))]
+    []
+    >>> [f.metadata.physical_rows for f in _due(frags(*[1] * 8, 9, 600))]
+    [1, 1, 1, 1, 1, 1, 1, 1]
+    >>> len(_due(frags(*[1] * 8, *[9] * 7, 600)))  # the merge of the first tier fills the next
+    15
+    """
+    tiers: defaultdict[int, list[lance.LanceFragment]] = defaultdict(list)
+    for fragment in fragments:
+        tiers[_tier(fragment.metadata.physical_rows)].append(fragment)
+    upto, carry = -1, 0
+    for tier in range(max(tiers, default=-1) + 1):
+        full = len(tiers[tier]) + carry >= _MERGE_WIDTH
+        upto, carry = (tier, 1) if full else (upto, 0)
+    return [f for tier in range(upto + 1) for f in tiers[tier]]
+
+
+def _tier(rows: int) -> int:
+    """The size tier of a fragment of ``rows`` rows: 0 below :data:`_MERGE_WIDTH`, 1 below
+    its square, ..."""
+    tier = 0
+    while rows >= _MERGE_WIDTH:
+        rows //= _MERGE_WIDTH
+        tier += 1
+    return tier
 
 
 def index_lookups(

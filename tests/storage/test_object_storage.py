@@ -800,7 +800,7 @@ def test_a_big_store_index_answers_found_hashes_from_its_sorted_run_on_every_sto
 def test_small_writes_merge_the_index_and_clean_its_versions_on_every_store(bucket, monkeypatch):
     """Writers' upkeep of level 0 between gc runs (merged small fragments, filters, old
     versions removed) through the store's own requests."""
-    monkeypatch.setattr("blobhouse.store.index_part._SMALL_FRAGMENTS", 3)
+    monkeypatch.setattr("blobhouse.store.index_part._MERGE_WIDTH", 3)
     monkeypatch.setattr("blobhouse.store.index_part._CLEAN_EVERY", 4)
     monkeypatch.setattr("blobhouse.store.index_part.READER_WINDOW", timedelta(0))
     uri = f"{bucket.uri}/t"
@@ -809,10 +809,10 @@ def test_small_writes_merge_the_index_and_clean_its_versions_on_every_store(buck
         rows = pa.table({"id": [i], "b": blob_array([data])})
         write_table(rows, uri, mode="append" if i else "create", storage_options=bucket.options)
     level0 = lance.dataset(index_uri(uri), storage_options=bucket.options)
-    assert len(level0.get_fragments()) <= 4 and level0.count_rows() == 10
+    assert len(level0.get_fragments()) <= 6 and level0.count_rows() == 10  # 2 a size tier
     assert len(level0.versions()) < 10
     filters = read_filters(filters_uri(index_uri(uri)), bucket.options)
-    assert len(filters) <= 4
+    assert len(filters) <= 6
     packs = bucket.objects("t/_blobs/packs/")
     again = pa.table({"id": range(10, 20), "b": blob_array(payloads)})
     table = write_table(again, uri, mode="append", storage_options=bucket.options)

@@ -444,10 +444,14 @@ def test_a_store_reference_past_the_end_of_its_pack_is_refused(table_uri):
     assert tree(table_uri) == before
 
 
-def test_gc_keeps_the_store_index_small_and_removes_what_a_killed_append_left(table_uri):
-    """One index fragment per write adds up: gc compacts the index. A kill between the table
-    commit and the index commit leaves an unreferenced index file: gc removes it (Lance's
-    cleanup, once it is 7 days old). The index still serves dedup afterwards."""
+def test_gc_keeps_the_store_index_small_and_removes_what_a_killed_append_left(
+    table_uri, monkeypatch
+):
+    """One index fragment per write adds up: gc compacts the index (writers merge small
+    fragments of like size too: tests/store/test_level0_upkeep.py; not here). A kill between
+    the table commit and the index commit leaves an unreferenced index file: gc removes it
+    (Lance's cleanup, once it is 7 days old). The index still serves dedup afterwards."""
+    monkeypatch.setattr("blobhouse.store.index_part._MERGE_WIDTH", 1000)
     for i in range(12):
         write_table(rows([i], [PAYLOADS[i % 2]]), table_uri, mode="append", dedup="global")
     index = Path(table_uri, "_blobs", "index")

@@ -21,7 +21,7 @@ from blobhouse.store import index_part
 from blobhouse.store.digest_filter import read_filters
 from blobhouse.store.index import StoreIndex, append_to_index
 from blobhouse.store.index_part import (
-    _SMALL_FRAGMENTS,
+    _MERGE_WIDTH,
     MOVING,
     filters_uri,
     merge_small_fragments,
@@ -52,27 +52,27 @@ def found_all(root: str, count: int) -> bool:
 
 def test_many_small_appends_keep_level0_fragments_and_filters_bounded(tmp_path):
     root = str(tmp_path)
-    appends = 5 * _SMALL_FRAGMENTS
+    appends = 5 * _MERGE_WIDTH  # two size tiers: fewer than 8 entries, fewer than 64
     for n in range(appends):
         record(root, n)
-        assert len(level0(root).get_fragments()) <= _SMALL_FRAGMENTS + 1
+        assert len(level0(root).get_fragments()) <= 2 * (_MERGE_WIDTH - 1)
     index = level0(root)
     assert index.count_rows() == appends  # merged, nothing lost or doubled
     covered = set().union(*(f.covered for f in read_filters(filters_uri(index_uri(root)))))
     files = {str(d.path) for f in index.get_fragments() for d in f.data_files()}
     assert files <= covered  # every data file covered: lookups skip absent hashes
-    assert len(read_filters(filters_uri(index_uri(root)))) <= _SMALL_FRAGMENTS + 1
+    assert len(read_filters(filters_uri(index_uri(root)))) <= 2 * (_MERGE_WIDTH - 1)
     assert found_all(root, appends)
 
 
 def test_table_writes_without_gc_merge_level0_and_read_back(tmp_path):
     """The natural door: small default-mode appends, then a duplicate of each found."""
     root = str(tmp_path / "t")
-    payloads = [os.urandom(2000) for _ in range(2 * _SMALL_FRAGMENTS + 3)]
+    payloads = [os.urandom(2000) for _ in range(2 * _MERGE_WIDTH + 3)]
     for n, payload in enumerate(payloads):
         table = pa.table({"id": [n], "b": blob_array([payload])})
         write_table(table, root, mode="append" if n else "create", dedup="global")
-    assert len(level0(root).get_fragments()) <= _SMALL_FRAGMENTS + 1
+    assert len(level0(root).get_fragments()) <= 2 * (_MERGE_WIDTH - 1)
     packs = set(Path(root, "_blobs", "packs").iterdir())
     again = pa.table({"id": list(range(100, 100 + len(payloads))), "b": blob_array(payloads)})
     table = write_table(again, root, mode="append", dedup="global")
@@ -82,16 +82,16 @@ def test_table_writes_without_gc_merge_level0_and_read_back(tmp_path):
 
 def test_fragments_a_sorted_run_covers_are_not_merged_and_the_run_holds(tmp_path):
     root = str(tmp_path)
-    for n in range(_SMALL_FRAGMENTS):
+    for n in range(_MERGE_WIDTH - 1):  # not merged yet
         record(root, n)
     run = write_run(runs_uri(index_uri(root)), level0(root))  # what gc writes of a big index
     before = {f.fragment_id for f in level0(root).get_fragments()}
-    later = range(_SMALL_FRAGMENTS, 3 * _SMALL_FRAGMENTS)
+    later = range(_MERGE_WIDTH - 1, 3 * _MERGE_WIDTH)
     for n in later:
         record(root, n)
     after = {f.fragment_id for f in level0(root).get_fragments()}
     assert before <= after and len(after) < len(before) + len(later)  # only later ones merged
-    assert found_all(root, 3 * _SMALL_FRAGMENTS)
+    assert found_all(root, 3 * _MERGE_WIDTH)
     index = StoreIndex.open(root)
     index.find([entry(0).digest])
     assert index._level0._run and index._level0._run[0].uri == run  # the run still answers
@@ -99,23 +99,23 @@ def test_fragments_a_sorted_run_covers_are_not_merged_and_the_run_holds(tmp_path
 
 def test_fragments_a_scalar_index_covers_are_not_merged(tmp_path):
     root = str(tmp_path)
-    for n in range(_SMALL_FRAGMENTS):
+    for n in range(_MERGE_WIDTH - 1):
         record(root, n)
     level0(root).create_scalar_index("blake3", "BTREE", name="blake3_idx")
     before = {f.fragment_id for f in level0(root).get_fragments()}
-    for n in range(_SMALL_FRAGMENTS, 3 * _SMALL_FRAGMENTS):
+    for n in range(_MERGE_WIDTH - 1, 3 * _MERGE_WIDTH):
         record(root, n)
     after = {f.fragment_id for f in level0(root).get_fragments()}
-    assert before <= after and len(after) <= len(before) + _SMALL_FRAGMENTS + 1
+    assert before <= after and len(after) < len(before) + 2 * _MERGE_WIDTH
     (lookup,) = level0(root).describe_indices()
-    assert lookup.num_rows_indexed == _SMALL_FRAGMENTS  # still true of what it covers
-    assert found_all(root, 3 * _SMALL_FRAGMENTS)
+    assert lookup.num_rows_indexed == _MERGE_WIDTH - 1  # still true of what it covers
+    assert found_all(root, 3 * _MERGE_WIDTH)
 
 
 def test_writers_merging_at_once_lose_and_double_nothing(tmp_path):
     root = str(tmp_path)
     append_to_index(root, [entry(0)])  # created: the writers below all append
-    per_writer, writers = 2 * _SMALL_FRAGMENTS, 4
+    per_writer, writers = 2 * _MERGE_WIDTH, 4
     errors: list[BaseException] = []
 
     def write(w: int) -> None:
@@ -136,16 +136,16 @@ def test_writers_merging_at_once_lose_and_double_nothing(tmp_path):
     assert [str(w.message) for w in caught if "tidied" in str(w.message)] == []
     total = 1 + writers * per_writer
     assert level0(root).count_rows() == total
-    assert len(level0(root).get_fragments()) <= 2 * _SMALL_FRAGMENTS  # they merged
+    assert len(level0(root).get_fragments()) <= 4 * _MERGE_WIDTH  # they merged
     assert found_all(root, total)
 
 
 def test_a_merge_that_loses_the_commit_leaves_no_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(index_part, "_SMALL_FRAGMENTS", 1000)  # writers do not merge here
+    monkeypatch.setattr(index_part, "_MERGE_WIDTH", 1000)  # writers do not merge here
     root = str(tmp_path)
-    for n in range(_SMALL_FRAGMENTS + 1):
+    for n in range(_MERGE_WIDTH + 1):
         append_to_index(root, [entry(n)])
-    monkeypatch.setattr(index_part, "_SMALL_FRAGMENTS", _SMALL_FRAGMENTS)
+    monkeypatch.setattr(index_part, "_MERGE_WIDTH", _MERGE_WIDTH)
     stale = level0(root)
     files = set(os.listdir(Path(index_uri(root), "data")))
     filters = set(os.listdir(filters_uri(index_uri(root))))
@@ -161,16 +161,16 @@ def test_a_merge_that_loses_the_commit_leaves_no_file(tmp_path, monkeypatch):
     assert set(os.listdir(Path(index_uri(root), "data"))) == merged_files
     assert set(os.listdir(filters_uri(index_uri(root)))) == merged_filters
     assert len(merged_files - files) == 1 and not merged_filters & filters - {""}
-    assert found_all(root, _SMALL_FRAGMENTS + 1)
+    assert found_all(root, _MERGE_WIDTH + 1)
 
 
 def test_no_merge_while_gc_moves_level0_into_the_shards(tmp_path):
     root = str(tmp_path)
     append_to_index(root, [entry(0)])
     level0(root).update_config({MOVING: "0"})
-    for n in range(1, _SMALL_FRAGMENTS + 3):
+    for n in range(1, _MERGE_WIDTH + 3):
         record(root, n)
-    assert len(level0(root).get_fragments()) == _SMALL_FRAGMENTS + 3
+    assert len(level0(root).get_fragments()) == _MERGE_WIDTH + 3
 
 
 def test_writers_clean_level0_versions_past_the_reader_window(tmp_path, monkeypatch):

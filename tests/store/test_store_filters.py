@@ -157,7 +157,10 @@ def test_dedup_holds_when_filters_are_missing_cut_short_or_gone_meanwhile(
     assert open_table(table_uri).verify(deep=True)["problems"] == []
 
 
-def test_gc_covers_a_compacted_index_with_one_filter_and_removes_the_rest(table_uri, queries):
+def test_gc_covers_a_compacted_index_with_one_filter_and_removes_the_rest(
+    table_uri, queries, monkeypatch
+):
+    monkeypatch.setattr("blobhouse.store.index_part._MERGE_WIDTH", 1000)  # left to gc here
     payloads = [os.urandom(1500) for _ in range(12)]
     for payload in payloads:  # an index fragment and a filter each
         write_table(rows([payload]), table_uri, mode="append", dedup="global")
