@@ -3,7 +3,10 @@ local S3-compatible server and Azure emulator object-storage tests run against."
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -178,6 +181,71 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         for marker in sorted(_markers(item)):
             item.add_marker(getattr(pytest.mark, marker))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Once the run's tests are chosen (-m, -k applied): the quick benchmark run starts if its
+    test is among them."""
+    if session.config.option.collectonly:
+        return
+    if any(item.nodeid == QUICK_BENCH_TEST for item in session.items):
+        session.config.stash[_QUICK_BENCH] = QuickBench.start()
+
+
+QUICK_BENCH_TEST = "tests/project/test_bench.py::test_quick_benchmark_run"
+_QUICK_BENCH = pytest.StashKey["QuickBench"]()
+
+
+@dataclass
+class QuickBench:
+    """The quick benchmark run (``python -m bench --quick``, 3 minutes on 2 cores), started in
+    the background as soon as a run that selects its test is collected, niced: the rest of
+    the suite runs beside it (the suite's wall time was over its 20 minutes with the run in
+    line), and the test waits for it and checks its numbers."""
+
+    process: subprocess.Popen
+    out: Path
+
+    @classmethod
+    def start(cls) -> QuickBench:
+        out = Path(tempfile.mkdtemp(prefix="quick-bench-"))  # under the run's folder
+        with open(out / "bench.log", "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "bench", "--quick", "--out", str(out / "results")],
+                cwd=Path(__file__).resolve().parent.parent,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=lambda: os.nice(5),  # the suite's own timings come first
+            )
+        return cls(process, out)
+
+    def results(self) -> Path:
+        """The run's results folder, once it ended; its log in the error if it failed."""
+        if self.process.wait() != 0:
+            log = (self.out / "bench.log").read_text(errors="replace")
+            raise AssertionError(f"the quick benchmark run failed:\n{log[-4000:]}")
+        return self.out / "results"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def quick_bench_results(request: pytest.FixtureRequest) -> Path:
+    """The folder of the quick benchmark run's results (the run started at collection)."""
+    bench = request.config.stash.get(_QUICK_BENCH, None)
+    if bench is None:  # collected some other way: run it now
+        bench = request.config.stash[_QUICK_BENCH] = QuickBench.start()
+    return bench.results()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A run that ends before the quick benchmark run's test (-x, Ctrl-C) stops it."""
+    bench = session.config.stash.get(_QUICK_BENCH, None)
+    if bench is not None:
+        bench.stop()
 
 
 @pytest.fixture
