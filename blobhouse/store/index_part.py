@@ -416,9 +416,9 @@ def merge_small_fragments(
     """Rewrite small fragments of ``dataset`` (fewer than :data:`_SMALL_ROWS` rows) that no
     scalar index and no sorted run covers (both stay true) into one, once
     :data:`_MERGE_WIDTH` of a size tier are there (:func:`_due`); the version made (None:
-    nothing to merge). The new data
-    file gets its filter before the commit, and the filters that covered only the merged
-    files go after it (a reader of an older version that misses them asks the scalar index).
+    nothing to merge). The new data file gets its filter before the commit, and the filters
+    that covered only the merged files go after it (a reader of an older version that misses
+    them asks the scalar index).
 
     >>> import tempfile
     >>> from blobhouse.dedup import content_hash
