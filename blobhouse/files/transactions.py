@@ -21,7 +21,9 @@ a manifest they read whole (:func:`blobhouse.maintenance.versions.fragment_state
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from blobhouse.files import protobuf
 from blobhouse.io.objects import object_store, read_object
@@ -41,6 +43,11 @@ _APPEND, _OPERATIONS = 100, range(100, 200)
 _FRAGMENTS = 1
 _FILES, _PHYSICAL_ROWS = 2, 4
 _PATH, _BASE_ID = 1, 7
+
+# names read inside remembered_names(), by (manifest uri, size): stats asks for each removed
+# version's twice (what it appended, then its files). Not kept past the block: a table
+# removed and made again at the same place writes manifests of the same sizes.
+_NAMES: ContextVar[dict[tuple[str, int], str] | None] = ContextVar("_NAMES", default=None)
 
 #: a fragment as an append writes it: its data files' (path, base id) and its physical rows
 Written = tuple[tuple[tuple[str, int | None], ...], int]
@@ -77,22 +84,53 @@ def appended(
 def transaction_name(
     dataset_uri: str, version: int, storage_options: Mapping[str, str] | None = None
 ) -> str:
-    """The transaction file ``version``'s manifest names (in ``_transactions/``)."""
+    """The transaction file ``version``'s manifest names (in ``_transactions/``).
+
+    >>> import tempfile, lance, pyarrow as pa
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> _ = lance.write_dataset(pa.table({"a": [1]}), uri)
+    >>> transaction_name(uri, 1).startswith("0-") and transaction_name(uri, 1).endswith(".txn")
+    True
+    """
     uri = manifest_path(dataset_uri, version)
     store = object_store(uri, storage_options)
     try:
         size = store.size(uri)
         if size is None or size < _FOOTER_BYTES + 4:
             raise UnreadTransaction(f"{uri}: no manifest of the V2 naming scheme")
+        names = _NAMES.get()
+        if names is not None and (uri, size) in names:
+            return names[uri, size]
         source = store.open(uri)
         try:
             start = max(0, size - TAIL_BYTES)
             tail = source.read(start, size - start)
         finally:
             source.close()
-        return _named(tail, start, size)
+        name = _named(tail, start, size)
+        if names is not None:
+            names[uri, size] = name
+        return name
     except (OSError, ValueError, IndexError) as exc:
         raise UnreadTransaction(f"{uri}: {exc}") from None
+
+
+@contextmanager
+def remembered_names() -> Iterator[None]:
+    """Inside the block, :func:`transaction_name` reads each manifest's last bytes once.
+
+    >>> import tempfile, lance, pyarrow as pa
+    >>> uri = tempfile.mkdtemp() + "/t"
+    >>> _ = lance.write_dataset(pa.table({"a": [1]}), uri)
+    >>> with remembered_names():
+    ...     transaction_name(uri, 1) == transaction_name(uri, 1)
+    True
+    """
+    token = _NAMES.set({} if _NAMES.get() is None else _NAMES.get())
+    try:
+        yield
+    finally:
+        _NAMES.reset(token)
 
 
 def _named(tail: bytes, start: int, size: int) -> str:

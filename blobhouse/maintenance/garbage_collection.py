@@ -33,7 +33,7 @@ from blobhouse.errors import (
     StoreIndexError,
     TableNotFoundError,
 )
-from blobhouse.files.transactions import UnreadTransaction, transaction_name
+from blobhouse.files.transactions import UnreadTransaction, remembered_names, transaction_name
 from blobhouse.io.leftovers import BREAK, Found, clear_once, folder_leftovers
 from blobhouse.io.objects import (
     ObjectInfo,
@@ -48,6 +48,7 @@ from blobhouse.layout import (
     CLAIMS,
     CREATE_DIRS,
     DATA_FOLDER_FILE,
+    DELETIONS_DIR,
     DOOMED_DIR,
     INDEX_DIR,
     INDEX_SHARDS_DIR,
@@ -267,6 +268,7 @@ def orphans(table: TableSnapshot, referenced: Iterable[str] | None = None) -> Or
     }
 
 
+@remembered_names()  # each removed version's name is asked twice: its appends, its files
 def reclaimable(table: TableSnapshot) -> ReclaimableReport:
     """What of the table's files no current row needs, by who would reclaim it:
 
@@ -294,17 +296,19 @@ def reclaimable(table: TableSnapshot) -> ReclaimableReport:
     latest = max(r.version for r in graph.versions if r.branch == table.branch)
     parents = _parent_versions(table) - _tagged_versions(table) - {latest}
     referenced, by_kept = unreadable_marks(graph), unreadable_marks(graph)
-    deletions: dict[bool, set[str | None]] = {True: set(), False: set()}  # by: only gone use it
+    gone_deletions: set[str | None] = set()
+    kept_deletions: set[str | None] = set()
     for state, paths in state_marks(table, graph):
         referenced |= paths
-        only_gone = state.appearances.within(gone)
-        deletions[only_gone].add(state.deletion_file)
-        if not only_gone:
+        if state.appearances.within(gone):
+            gone_deletions.add(state.deletion_file)
+        else:
+            kept_deletions.add(state.deletion_file)
             by_kept |= paths
     everything, kept = Marked(referenced), Marked(by_kept)
     owned = _TableFiles(table)
     orphaned = sorted(p for p in owned.objects if p not in everything)
-    old = _old_lance_files(table, versions, parents, deletions[True] - deletions[False])
+    old = _old_lance_files(table, versions, parents, gone_deletions - kept_deletions)
     old.update(
         (p, info.size) for p, info in owned.objects.items() if p in everything and p not in kept
     )
@@ -331,7 +335,7 @@ def _old_lance_files(
     listing every fragment so far (8x the time a fragment at 10,000 versions). A table with
     index files, or a manifest whose transaction cannot be told so, gets Lance's own answer
     (:func:`explain_version_cleanup`)."""
-    listed = lance_files(table)
+    listed = lance_files(table, (VERSIONS_DIR, TRANSACTIONS_DIR, DELETIONS_DIR, INDICES_DIR))
     within = _dataset_prefix(table)
     try:
         if any(p.startswith(f"{within}{INDICES_DIR}/") for p in listed):
@@ -849,13 +853,13 @@ def explain_version_cleanup(
     )
 
 
-def lance_files(table: TableSnapshot) -> dict[str, int]:
-    """Every file in the directories of ``table``'s branch that Lance's cleanup deletes in
-    (path relative to the table root -> size)."""
+def lance_files(table: TableSnapshot, directories: Sequence[str] = LANCE_DIRS) -> dict[str, int]:
+    """Every file in the ``directories`` of ``table``'s branch (default: all that Lance's
+    cleanup deletes in), path relative to the table root -> size."""
     store = object_store(table.uri, table.storage_options)
     within = _dataset_prefix(table)
     found = {}
-    for directory in LANCE_DIRS:
+    for directory in directories:
         for info in store.list(f"{table.uri}/{within}{directory}"):
             found[f"{within}{directory}/{info.name}"] = info.size
     return found

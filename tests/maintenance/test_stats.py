@@ -212,6 +212,42 @@ def test_old_versions_files_of_a_table_with_an_index_are_lances_answer(table_uri
     )
 
 
+def test_old_versions_stats_read_each_manifest_tail_once_and_a_remade_table_afresh(
+    table_uri, monkeypatch
+):
+    """Stats asks each removed version's transaction name twice (what it appended, then its
+    files): the manifest's last bytes are read once (a request each on an object store). A
+    table removed and made again at the same place, same shapes, in the same process is told
+    afresh: Lance's answer both times."""
+    import shutil
+
+    from blobhouse.files import transactions
+    from blobhouse.maintenance.garbage_collection import reclaimable
+
+    def make() -> None:
+        for n in range(4):
+            data = pa.table({"id": [n], "b": blob_array([os.urandom(100)])})
+            write_table(data, table_uri, mode="append" if n else "create")
+
+    make()
+    reads = []
+    named = transactions._named
+    monkeypatch.setattr(transactions, "_named", lambda *a: reads.append(a[1:]) or named(*a))
+    for attempt in range(2):
+        table = open_table(table_uri)
+        expected = lance_answer(table)
+        reads.clear()
+        told = reclaimable(table.snapshot)
+        assert (told["old_versions_files"], told["old_versions_bytes"]) == (
+            len(expected),
+            sum(expected.values()),
+        )
+        if attempt == 0:
+            assert reads and len(reads) == len(set(reads))
+        shutil.rmtree(table_uri)
+        make()
+
+
 def test_stats_command_prints_every_key(table_uri, capsys):
     write_table(pa.table({"b": blob_array(PAYLOADS[:1])}), table_uri)
     assert main(["stats", table_uri, "--json"]) == 0

@@ -526,6 +526,26 @@ def test_a_take_of_small_fragments_earns_them_only_past_a_takes_own_cost(tmp_pat
     assert kept.held() == [0, 1]
 
 
+def test_a_fragments_first_take_runs_cold_and_buys_nothing(tmp_path, monkeypatch):
+    """A fragment's first take opens its file (in a fresh process, Lance's runtime too: 3-11 ms
+    against 0.6-1 ms later) and is not charged: however cheap keeping is, a process's first
+    read is a take alone (it read the fragment whole too, 1.3x the time), and the second read
+    of the fragment keeps it."""
+    uri = str(tmp_path / "t")
+    payloads = [bytes([i]) * (100 + i) for i in range(40)]
+    write_table(pa.table({"b": blob_array(payloads)}), uri, max_rows_per_file=20)
+    monkeypatch.setattr(kept_module, "KEEP_TAKE_SECONDS", 1e-12)  # any charge buys it
+    monkeypatch.setattr(kept_module, "LOAD_SECONDS_PER_ROW", 0.0)
+    table = open_table(uri)
+    assert table.read_blobs("b", [3, 5]) == [payloads[3], payloads[5]]
+    kept = table.snapshot._kept[("b",)]
+    assert kept.held() == []
+    assert table.read_blobs("b", [5, 25]) == [payloads[5], payloads[25]]
+    assert kept.held() == [0]  # fragment 1's take was its first
+    assert table.read_blobs("b", [25]) == [payloads[25]]
+    assert kept.held() == [0, 1]
+
+
 def test_fragments_earned_together_are_read_in_takes_of_half_the_budget(tmp_path, monkeypatch):
     """Fragments earned by one read are read whole together, but never more rows at once
     than half the budget holds: large fragments earned at once never all sit in memory."""

@@ -87,14 +87,26 @@ def silent_store(kind: str, endpoint: str) -> tuple[str, dict[str, str]]:
     return "az://container/t", {**options, "azure_endpoint": f"{endpoint}/{account}"}
 
 
+@pytest.fixture
+def answer_bound(monkeypatch) -> float:
+    """A 2 s answer bound for this process's calls (the default, 10 s, is what the Spark test's
+    workers wait out): the bound's mechanism, in a fifth of the time."""
+    from blobhouse.io import objects
+
+    monkeypatch.setattr(objects, "ANSWER_SECONDS", 2.0)
+    return 2.0
+
+
 @pytest.mark.parametrize("kind", ["s3", "azure"])
-def test_a_store_that_does_not_answer_fails_open_and_write_fast(silent_endpoint, kind):
+def test_a_store_that_does_not_answer_fails_open_and_write_fast(
+    silent_endpoint, kind, answer_bound
+):
     uri, options = silent_store(kind, silent_endpoint)
     rows = pa.table({"img": blob_array([b"x" * 200_000])})
 
     def failing(call: Callable[[], object]) -> float:
         started = time.monotonic()
-        with pytest.raises(StoreError, match=f"{uri}.* did not answer .* within") as raised:
+        with pytest.raises(StoreError, match=f"{uri}.* did not answer .* within 2 s") as raised:
             call()
         assert isinstance(raised.value, OSError)
         return time.monotonic() - started
@@ -107,16 +119,16 @@ def test_a_store_that_does_not_answer_fails_open_and_write_fast(silent_endpoint,
                 lambda: write_table(rows, uri, storage_options=options),
             ],
         )
-        assert all(seconds < 30 for seconds in took)
+        assert all(seconds < 6 * answer_bound for seconds in took)
 
 
-def test_a_loader_on_a_store_that_does_not_answer_fails_fast(silent_endpoint):
+def test_a_loader_on_a_store_that_does_not_answer_fails_fast(silent_endpoint, answer_bound):
     """The loader lists the table's versions itself (to pin one) before Lance is asked."""
     uri, options = silent_store("s3", silent_endpoint)
     started = time.monotonic()
     with pytest.raises(StoreError, match=f"cannot read {uri}.* did not answer"):
         BatchLoader(uri, batch_size=2, storage_options=options)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 6 * answer_bound
 
 
 def test_requests_have_a_budget_unless_given_one():
@@ -198,10 +210,10 @@ def test_a_store_that_goes_silent_mid_write_fails_it_within_its_budget(s3, monke
     request budget plus the cleanup's bound (cleanup requests, each waiting a budget of its own,
     held a write more than 15 minutes; nested cleanups each waited a bound of their own), with
     the write's own StoreError, said once."""
-    monkeypatch.setattr(errors, "CLEANUP_SECONDS", 10.0)
+    monkeypatch.setattr(errors, "CLEANUP_SECONDS", 5.0)
     proxy = StallingProxy(s3.options["aws_endpoint"])
     options = {**s3.options, "aws_endpoint": proxy.endpoint}
-    options |= {"timeout": "4s", "connect_timeout": "2s", "client_max_retries": 0}
+    options |= {"timeout": "2s", "connect_timeout": "1s", "client_max_retries": 0}
     payloads = [bytes([i]) * 300_000 for i in range(6)]
 
     def batches():
@@ -217,9 +229,9 @@ def test_a_store_that_goes_silent_mid_write_fails_it_within_its_budget(s3, monke
             write_table(reader, f"{s3.uri}/t", storage_options=options, dedup="content")
     finally:
         proxy.close()
-    # the request's budget (4 s), then the cleanups' one bound (10 s) in all: nested cleanups
-    # (the write's, the table write's, the change's) each waited 10 s of their own (28 s)
-    assert time.monotonic() - started < 22
+    # the request's budget (2 s), then the cleanups' one bound (5 s) in all: nested cleanups
+    # (the write's, the table write's, the change's) each waited 5 s of their own (17 s)
+    assert time.monotonic() - started < 12
     notes = getattr(raised.value, "__notes__", [])
     assert len(notes) == len(set(notes)) and len(notes) <= 2
 
