@@ -14,16 +14,19 @@ maps positions to the names it recorded: the buffer's metadata ``file_columns`` 
 
 Rows that reference the table's store (``dedup="global"``) record the blake3 of the value they
 were written with once per store payload the data file references: *store entries* keyed by
-``(pack, position, size)`` (``column`` holds the pack's path in the store, ``row`` is -2).
+``(pack, position, size)``, ``row`` -2: the pack is numbered by ``blob_id``, its place in
+the sorted list of packs the buffer's metadata ``store_packs`` holds, and ``column`` is empty
+(lists written before 2026-12-01 name the pack's path in ``column`` instead; a blobhouse of
+that time finds no entry for such rows in newer lists and checks them by the store's index).
 
 No entry is written for external blobs (objects the user owns) nor for sidecar ranges a session
 only loaded (``load_packed`` / ``load_dedicated``): blobhouse never saw those bytes. Files that
 Lance itself writes (stock writers, compaction) carry no checksums; :func:`load_checksums`
 returns None for them.
 
-The buffer is an Arrow IPC stream (lz4-compressed; files written before: zstd) of
+The buffer is an uncompressed Arrow IPC stream (files written before: lz4 or zstd) of
 :data:`CHECKSUM_SCHEMA`; sidecar entries have ``column ""`` and ``row -1``, inline entries
-``blob_id 0`` and ``position 0``, store entries ``row -2`` and ``blob_id 0``. blobhouse's
+``blob_id 0`` and ``position 0``, store entries ``column ""`` and ``row -2``. blobhouse's
 own rewrites (compaction, backfill) go through the write pipeline and record fresh checksums.
 """
 
@@ -56,6 +59,7 @@ if TYPE_CHECKING:
 CHECKSUMS_KEY = "blobhouse:checksums"
 SIDECAR_ROW, STORE_ROW = -1, -2  # the ``row`` of sidecar and store entries
 FILE_COLUMNS_KEY = b"file_columns"  # {recorded column name: its column in the data file}
+STORE_PACKS_KEY = b"store_packs"  # [the store packs its store entries' blob_id numbers]
 _NO_PACK = 0xFFFFFFFF  # the code of a store pack a file records nothing of
 # files' checksums kept loaded for lookups, by their estimated memory: measured ~18 KB a file
 # (2,000 files of 4 entries) and ~180 bytes an entry (one file of 400,000)
@@ -150,14 +154,15 @@ class ChecksumLog:
         self._inline_digests += joined
 
     def to_table(self) -> pa.Table:
-        """Every entry (sidecar entries first) as a :data:`CHECKSUM_SCHEMA` table."""
+        """Every entry (sidecar entries first) as a :data:`CHECKSUM_SCHEMA` table; the store
+        packs its store entries number are in its metadata (:data:`STORE_PACKS_KEY`)."""
         names = pa.array(list(self._names), pa.utf8())
         sidecars, inline = len(self._sidecar_sizes), len(self._inline_sizes)
         stored = len(self._store_sizes)
-        store_names = names.take(_numbers(self._packs, pa.uint32()))
+        packs, codes = self._store_codes()
         positions = np.frombuffer(self._store_positions, np.uint64)
         sizes = np.frombuffer(self._store_sizes, np.uint64)
-        order = _store_order(names, self._name_use(), self._packs, positions, sizes)
+        order = _store_order(codes, positions, sizes)
         batches = [
             _batch(
                 names.take(np.zeros(sidecars, np.uint32)),
@@ -176,9 +181,9 @@ class ChecksumLog:
                 self._inline_digests,
             ),
             _batch(
-                store_names.take(order),
+                names.take(np.zeros(stored, np.uint32)),  # "": the pack is numbered instead
                 np.full(stored, STORE_ROW, np.int64),
-                np.zeros(stored, np.uint32),
+                codes[order],
                 positions[order],
                 sizes[order],
                 np.frombuffer(self._store_digests, np.uint8)
@@ -186,32 +191,37 @@ class ChecksumLog:
                 .reshape(-1),
             ),
         ]
-        return pa.Table.from_batches([b for b in batches if b.num_rows], CHECKSUM_SCHEMA)
+        table = pa.Table.from_batches([b for b in batches if b.num_rows], CHECKSUM_SCHEMA)
+        return table.replace_schema_metadata({STORE_PACKS_KEY: json.dumps(packs).encode()})
 
-    def _name_use(self) -> np.ndarray:
-        """Which of the log's names its entries use (code 0, the sidecars' name, may be
-        unused)."""
-        used = np.zeros(len(self._names), bool)
-        used[0] = len(self._sidecar_sizes) > 0
-        used[np.frombuffer(self._columns, np.uint32)] = True
-        used[np.frombuffer(self._packs, np.uint32)] = True
-        return used
+    def _store_codes(self) -> tuple[list[str], np.ndarray]:
+        """The packs store entries name, sorted, and each entry's pack as its place among
+        them."""
+        recorded = np.frombuffer(self._packs, np.uint32)
+        used = np.unique(recorded)
+        names = list(self._names)
+        packs = sorted(names[code] for code in used.tolist())
+        rank = {pack: i for i, pack in enumerate(packs)}
+        code_of = np.zeros(len(names), np.uint32)
+        code_of[used] = [rank[names[code]] for code in used.tolist()]
+        return packs, code_of[recorded]
 
     def to_bytes(self, file_schema: pa.Schema | None = None) -> bytes:
         """The entries as an Arrow IPC stream (what the data file's global buffer holds);
         ``file_schema`` (the data file's) maps each recorded column name to its column."""
         sink = pa.BufferOutputStream()
-        # compressed: names, rows and sizes repeat (digests don't shrink); lz4, not zstd: 14%
-        # larger, and decompressed in half the time (a fresh process's first read waits for it:
-        # 0.33 against 0.69 ms for 20,000 entries)
-        options = pa.ipc.IpcWriteOptions(compression="lz4")
-        schema = CHECKSUM_SCHEMA
+        # not compressed: a fresh process's first read waits for the list, and lz4 took 2-4
+        # ms to decompress 20,000 entries there, against 0.1-0.2 ms to read them in place
+        # (the digests, most of the bytes, do not shrink: 1.28 against 0.84 MB)
+        table = self.to_table()
+        metadata = dict(table.schema.metadata)
         if file_schema is not None:
             columns = {name: i for i, name in enumerate(leaf_names(file_schema))}
             recorded = {n: columns[n] for n in self._names if n in columns}
-            schema = schema.with_metadata({FILE_COLUMNS_KEY: json.dumps(recorded).encode()})
-        with pa.ipc.new_stream(sink, schema, options=options) as stream:
-            stream.write_table(self.to_table().replace_schema_metadata(schema.metadata))
+            metadata[FILE_COLUMNS_KEY] = json.dumps(recorded).encode()
+        table = table.replace_schema_metadata(metadata)
+        with pa.ipc.new_stream(sink, table.schema) as stream:
+            stream.write_table(table)
         # bytes, not the Arrow buffer: pylance copies any other buffer one byte at a time
         return sink.getvalue().to_pybytes()
 
@@ -225,19 +235,13 @@ class ChecksumLog:
         writer.add_schema_metadata(CHECKSUMS_KEY, str(index))
 
 
-def _store_order(
-    names: pa.Array, used: np.ndarray, packs: array, positions: np.ndarray, sizes: np.ndarray
-) -> np.ndarray:
+def _store_order(codes: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """The order store entries are written in: by their place's mix as a reader computes it
-    (:class:`_Places`: names coded by rank among the names the entries use), equal mixes in
-    the order recorded. A reader finds them sorted and sorts nothing (1-2 ms of a fresh
-    process's first read of 20,000 entries)."""
+    (:class:`_Places`, packs by their number), equal mixes in the order recorded. A reader
+    finds them sorted and sorts nothing (1-2 ms of a fresh process's first read of 20,000
+    entries)."""
     if not len(positions):
         return np.zeros(0, np.int64)
-    rank = np.zeros(len(names), np.int64)
-    in_use = np.flatnonzero(used)
-    rank[in_use] = _ranks(names.take(pa.array(in_use)).to_pylist())
-    codes = rank[np.frombuffer(packs, np.uint32)]
     return np.argsort(_mixed(*_place_fields(codes, positions, sizes)), kind="stable")
 
 
@@ -301,15 +305,12 @@ class FileChecksums:
             raise BlobhouseError(f"not a checksum table: {table.schema}")
         self.table = table
         self._names = {column: name for name, column in (columns or {}).items()}
+        self._packs = _recorded_packs(table.schema.metadata)
         table = table.combine_chunks()
         self._rows = table.column("row").to_numpy()
         self._positions = table.column("position").to_numpy()
         self._sizes = table.column("size").to_numpy()
         self._digests = digest_matrix(table.column("blake3"))
-        # the names (a store entry's pack, an inline entry's column) once, as codes: a numpy
-        # view of them would be a Python str per entry, and each pass over them in Arrow
-        # hashes or compares every entry's name again
-        self._name_list, self._name_codes = _name_codes(table.column("column"))
         self._blob_ids = table.column("blob_id")
         # the lookups below are built on first use: a read of a file's store rows needs no
         # other (a fresh process's first read pays for what it looks up)
@@ -322,29 +323,45 @@ class FileChecksums:
     # that imported torch)
 
     @functools.cached_property
+    def _entry_names(self) -> tuple[list[str], np.ndarray]:
+        """The names entries carry (an inline entry's column; in lists written before store
+        entries were numbered, a store entry's pack), sorted, and each entry's as its place
+        among them: a Python str per entry, or an Arrow pass hashing every name, would cost
+        each lookup again."""
+        return _name_codes(self.table.column("column"))
+
+    @functools.cached_property
     def _sidecars(self) -> _Places:
         sidecar = np.flatnonzero(self._rows == SIDECAR_ROW)
         blob_ids = self._blob_ids.to_numpy()[sidecar]
         return _Places(sidecar, blob_ids, self._positions[sidecar], self._sizes[sidecar])
 
     @functools.cached_property
-    def _code_of_name(self) -> dict[str, int]:
-        """Each entry name (a store entry's pack, an inline entry's column) -> its code."""
-        return {name: code for code, name in enumerate(self._name_list)}
+    def _store_packs(self) -> tuple[dict[str, int], np.ndarray]:
+        """Each store pack's number, and the store entries' numbers (by their ``blob_id``;
+        in lists written before, by their name)."""
+        stored = self._rows == STORE_ROW
+        if self._packs is not None:
+            return {p: i for i, p in enumerate(self._packs)}, self._blob_ids.to_numpy()[stored]
+        names, codes = self._entry_names
+        return {name: code for code, name in enumerate(names)}, codes[stored]
 
     @functools.cached_property
     def _stored(self) -> _Places:
         stored = np.flatnonzero(self._rows == STORE_ROW)
-        codes = self._name_codes[stored].astype(np.uint32)
+        codes = self._store_packs[1].astype(np.uint32)
         return _Places(stored, codes, self._positions[stored], self._sizes[stored])
 
     @functools.cached_property
     def _inline(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         inline = np.flatnonzero(self._rows >= 0)
+        if not len(inline):
+            return {}
+        names, codes = self._entry_names
         by_name = {}
-        for code in np.unique(self._name_codes[inline]).tolist():
-            of_column = inline[self._name_codes[inline] == code]
-            by_name[self._name_list[code]] = _sorted(of_column, self._rows[of_column])
+        for code in np.unique(codes[inline]).tolist():
+            of_column = inline[codes[inline] == code]
+            by_name[names[code]] = _sorted(of_column, self._rows[of_column])
         return by_name
 
     def stored_many(
@@ -358,7 +375,8 @@ class FileChecksums:
         self, packs: Sequence[str], codes: np.ndarray, positions: np.ndarray, sizes: np.ndarray
     ) -> np.ndarray:
         """:meth:`stored_many`'s entries (rows of :attr:`digests`), -1 where none is."""
-        ours = np.array([self._code_of_name.get(pack, _NO_PACK) for pack in packs], np.uint32)
+        number = self._store_packs[0]
+        ours = np.array([number.get(pack, _NO_PACK) for pack in packs], np.uint32)
         return self._stored.find(ours[codes], positions, sizes)
 
     def sidecar(self, blob_id: int, position: int, size: int) -> bytes | None:
@@ -558,7 +576,19 @@ def _parsed_checksums(buffer: bytes, footer: DataFileFooter) -> FileChecksums:
             raise ValueError(f"its column map is {recorded[:80]!r}")
     else:  # written before the map existed: the file's own schema names its columns
         columns = {name: i for i, name in enumerate(footer.leaf_names())}
-    return FileChecksums(table.replace_schema_metadata(None), columns)
+    return FileChecksums(table, columns)
+
+
+def _recorded_packs(metadata: dict[bytes, bytes] | None) -> list[str] | None:
+    """The store packs a list's store entries number (None: a list written before they were
+    numbered, its entries name their packs)."""
+    recorded = (metadata or {}).get(STORE_PACKS_KEY)
+    if recorded is None:
+        return None
+    packs = json.loads(recorded)
+    if not isinstance(packs, list) or not all(isinstance(p, str) for p in packs):
+        raise ValueError(f"its store packs are {recorded[:80]!r}")
+    return packs
 
 
 def leaf_names(schema: pa.Schema) -> list[str]:

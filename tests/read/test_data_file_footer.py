@@ -202,14 +202,17 @@ FLIP_SCRIPT = textwrap.dedent(
 )
 
 
-def test_damaged_recorded_hashes_are_named_never_a_crash(tmp_path):
+@pytest.mark.parametrize("dedup", ["content", "global"])
+def test_damaged_recorded_hashes_are_named_never_a_crash(tmp_path, dedup):
     """One flipped bit in a data file's recorded hashes: a BlobReadError naming the file, and
     deep verify lists it. Some flips crashed the process (pyarrow read the damaged IPC stream
-    without complaint; the lookups then segfaulted); others leaked raw pyarrow errors."""
+    without complaint; the lookups then segfaulted); others leaked raw pyarrow errors. The
+    global table's list numbers the store packs its entries refer to (a list of names in its
+    metadata)."""
     uri = str(tmp_path / "t")
     payloads = [bytes([i]) * (300 + i) for i in range(20)]
     data = pa.table({"id": range(20), "b": blob_array(payloads)})
-    write_table(data, uri, max_rows_per_file=10, dedup="content")
+    write_table(data, uri, max_rows_per_file=10, dedup=dedup)
     path = data_files(uri)[0]
     footer = DataFileFooter.read(str(path))
     position, size = footer.buffers[int(footer.metadata[CHECKSUMS_KEY.encode()])]
@@ -226,6 +229,24 @@ def test_damaged_recorded_hashes_are_named_never_a_crash(tmp_path):
     # every flip the loader named is a problem deep verify lists
     assert all(problems != "0" for loaded, problems in outcomes if loaded == "named")
     assert open_table(uri).verify(deep=True)["problems"] == []
+
+
+def test_a_damaged_list_of_store_packs_is_named(tmp_path):
+    """The store packs a data file's recorded hashes number, damaged: a BlobReadError naming
+    the file on a checked read, and deep verify lists it; the table's bytes are intact."""
+    uri = str(tmp_path / "t")
+    payloads = [bytes([i]) * 5_000 for i in range(4)]
+    write_table(pa.table({"b": blob_array(payloads)}), uri, dedup="global")
+    (path,) = data_files(uri)
+    pristine = path.read_bytes()
+    at = pristine.index(b'["packs/')
+    path.write_bytes(pristine[:at] + b"{" + pristine[at + 1 :])
+    with pytest.raises(BlobReadError, match=path.name):
+        open_table(uri).read_blobs("b", [1])
+    (problem,) = open_table(uri).verify(deep=True)["problems"]
+    assert path.name in str(problem), problem
+    path.write_bytes(pristine)
+    assert open_table(uri).read_blobs("b", [1]) == [payloads[1]]
 
 
 def test_any_flipped_bit_of_the_schema_is_read_or_named(mixed_table):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import types
@@ -486,10 +487,11 @@ def test_a_place_recorded_twice_finds_the_entry_written_first():
 
 
 def test_store_entries_are_written_in_the_order_a_reader_searches_them():
-    """A list's store entries are written sorted by the place mix a reader searches (names
-    coded by their sorted rank, so the codes do not depend on the entries' order): a fresh
-    process's first read sorts nothing. Lists written unsorted (blobhouse before, any order)
-    are sorted when read; both find every entry, and a place recorded twice at its first."""
+    """A list's store entries number their packs (the sorted names once, in the list's
+    metadata) and are written sorted by the place mix a reader searches: a fresh process's
+    first read neither reads a pack's name per entry nor sorts. Lists written before (each
+    entry naming its pack, in any order) are sorted when read; both find every entry, and a
+    place recorded twice at its first."""
     rng = random.Random(5)
     packs = [f"packs/{name}" for name in ("zz", "aa", "mm")]
     places = [
@@ -500,14 +502,36 @@ def test_store_entries_are_written_in_the_order_a_reader_searches_them():
     log.record_inline("img", row=0, size=1, digest=b"i" * 32)  # another name among the packs'
     log.record_store(places, digests)
     log.record_store([places[7]], [b"\x01" * 32])  # place 7 again: the first entry wins
-    written = pa.ipc.open_stream(log.to_bytes()).read_all()
-    # an older writer's order, its place 7 recorded once
-    once = written.filter(
-        pc.not_equal(written.column("blake3"), pa.scalar(b"\x01" * 32, pa.binary(32)))
+    data = log.to_bytes()
+    assert all(data.count(pack.encode()) == 1 for pack in packs)
+    written = pa.ipc.open_stream(data).read_all()
+    names = sorted(packs)
+    assert json.loads(written.schema.metadata[b"store_packs"]) == names
+    in_store = pc.equal(written.column("row"), -2)
+    assert set(written.filter(in_store).column("column").to_pylist()) == {""}
+    numbered = [names[code] for code in written.filter(in_store).column("blob_id").to_pylist()]
+    assert sorted(numbered) == sorted(place[0] for place in [*places, places[7]])
+    # what blobhouse wrote before 2026-12-01: each store entry names its pack, in any order
+    # (its place 7 recorded once)
+    older = (
+        written.set_column(
+            0,
+            "column",
+            pc.if_else(
+                in_store,
+                pa.array(names, pa.utf8()).take(written.column("blob_id")),
+                written.column("column"),
+            ),
+        )
+        .set_column(
+            2, "blob_id", pc.if_else(in_store, pa.scalar(0, pa.uint32()), written["blob_id"])
+        )
+        .cast(CHECKSUM_SCHEMA)
+        .replace_schema_metadata(None)
     )
+    once = older.filter(pc.not_equal(older["blake3"], pa.scalar(b"\x01" * 32, pa.binary(32))))
     shuffled = once.take(rng.sample(range(once.num_rows), once.num_rows))
     wanted = [*range(0, 3_000, 7), 7]
-    names = sorted(packs)
     codes = np.array([names.index(places[i][0]) for i in wanted], np.uint32)
     positions = np.array([places[i][1] for i in wanted], np.uint64)
     sizes = np.array([places[i][2] for i in wanted], np.uint64)
