@@ -20,7 +20,7 @@ from lance.file import LanceFileReader
 
 from blobhouse import BlobReadError, DataFileError, blob_array, open_table, write_table
 from blobhouse.files.checksums import CHECKSUMS_KEY, FILE_COLUMNS_KEY, load_checksums
-from blobhouse.files.footer import DataFileFooter
+from blobhouse.files.footer import DataFileFooter, data_file_problem
 
 FOOTER = "<QQQIIHH4s"  # a Lance 2.x file's last 40 bytes
 
@@ -292,3 +292,34 @@ def test_a_buffer_within_the_bytes_read_for_the_footer_is_taken_from_them(tmp_pa
     footer, index, _ = footers[large]
     with pytest.raises(FileNotFoundError):  # outside the footer's read: read from the file
         footer.read_buffer(index)
+
+
+def test_hashes_load_without_parsing_the_schema_and_a_damaged_field_is_still_named(mixed_table):
+    """Reading a file's recorded hashes needs its metadata alone: its fields are parsed on
+    first use (a first read over many small files parsed every field of every file). A flip
+    that damages a field only leaves the hashes loadable; the field's damage is still named
+    by the file check (verify's) and by what reads the fields."""
+    path = data_files(mixed_table)[0]
+    pristine = path.read_bytes()
+    position, size = DataFileFooter.read(str(path)).buffers[0]
+    found = 0
+    for at in range(position, position + size):
+        if found == 3:
+            break
+        damaged = bytearray(pristine)
+        damaged[at] ^= 0x80  # a varint's continuation bit: a length or a number runs on
+        path.write_bytes(bytes(damaged))
+        try:
+            footer = DataFileFooter.read(str(path))
+            load_checksums(str(path))
+        except (BlobReadError, DataFileError):
+            continue
+        try:
+            footer.fields  # noqa: B018
+        except BlobReadError as exc:
+            assert path.name in str(exc) and "schema does not parse" in str(exc)
+            assert "schema does not parse" in data_file_problem(str(path))
+            found += 1
+    path.write_bytes(pristine)
+    assert found > 0
+    assert data_file_problem(str(path)) is None
