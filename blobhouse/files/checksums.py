@@ -446,20 +446,37 @@ def _sorted(entries: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, ...]:
     return (entries[order], *(key[order] for key in keys))
 
 
+#: places a list holds at most to be found by a dict, not a vectorized search
+_FEW_PLACES = 64
+
+
 class _Places:
     """Entries by payload place (an object -- a sidecar's blob id, a store pack's code --, a
     position and a size), found with one vectorized binary search over a 64-bit mix of the
     three, each hit then compared field by field (numpy searches a structured array of the
-    three ~50x slower: 250 ms for 8,000 places among 200,000).
+    three ~50x slower: 250 ms for 8,000 places among 200,000). Up to ``_FEW_PLACES`` places
+    (a small file's) are a dict instead. A place recorded twice finds its first entry.
 
     >>> places = _Places(np.array([7, 8]), np.array([1, 1]), np.array([0, 10]), np.array([10, 5]))
     >>> places.find(np.array([1, 1, 2]), np.array([10, 0, 0]), np.array([5, 10, 10])).tolist()
     [8, 7, -1]
+    >>> n = np.arange(100)
+    >>> _Places(n, n % 3, n, n + 1).find(np.array([1, 0]), n[1:3], n[2:4]).tolist()
+    [1, -1]
     """
 
     def __init__(
         self, entries: np.ndarray, objects: np.ndarray, positions: np.ndarray, sizes: np.ndarray
     ) -> None:
+        self._few: dict[tuple[int, int, int], int] | None = None
+        if len(entries) <= _FEW_PLACES:
+            # a small file's list: a dict, its numpy set-up and search cost ~100 us a file
+            # (a first read of rows spread over 64 small files paid it 64 times)
+            self._few = {}
+            keys = zip(objects.tolist(), positions.tolist(), sizes.tolist(), strict=True)
+            for key, entry in zip(keys, np.asarray(entries).tolist(), strict=True):
+                self._few.setdefault(key, entry)  # one place recorded twice: the first entry
+            return
         fields = _place_fields(objects, positions, sizes)
         mixed = _mixed(*fields)
         entries = np.asarray(entries, np.int64)
@@ -479,6 +496,14 @@ class _Places:
 
     def find(self, objects: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         """The entry of each place, -1 where none is."""
+        if self._few is not None:
+            keys = zip(
+                np.asarray(objects).tolist(),
+                np.asarray(positions).tolist(),
+                np.asarray(sizes).tolist(),
+                strict=True,
+            )
+            return np.array([self._few.get(key, -1) for key in keys], np.int64)
         if not len(self.mixed) or not len(objects):
             return np.full(len(objects), -1, np.int64)
         wanted = _place_fields(objects, positions, sizes)

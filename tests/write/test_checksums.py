@@ -467,23 +467,25 @@ def test_verify_reads_the_hashes_from_the_files_not_what_reads_loaded(table_uri)
     assert problem["row"] == 5 and "recorded" in problem["reason"], problem
 
 
-def test_a_place_recorded_twice_finds_the_entry_written_first():
+@pytest.mark.parametrize("count", [50, 5_000])  # a small file's list (a dict), a large one's
+def test_a_place_recorded_twice_finds_the_entry_written_first(count):
     """Entries are sorted by a mix of their place with numpy's fast sort; a place recorded
     twice (the one case of equal mixes but for a collision) is found at its first entry, the
-    same every time, among thousands of others."""
+    same every time, among thousands of others, and among a few."""
     log = ChecksumLog()
-    places = [("packs/a", 100 * i, 100) for i in range(5_000)]
-    log.record_store(places, [digest(i.to_bytes(4, "little")) for i in range(5_000)])
+    places = [("packs/a", 100 * i, 100) for i in range(count)]
+    log.record_store(places, [digest(i.to_bytes(4, "little")) for i in range(count)])
     log.record_store([("packs/a", 4_200, 100)], [b"\x01" * 32])  # place 42 again
     checksums = FileChecksums(log.to_table())
-    wanted = [42, 4_999, 0, 42]
+    wanted = [42, count - 1, 0, 42, count, -1]
     found = checksums.stored_many(
-        ["packs/a"],
-        np.zeros(4, np.uint32),
-        np.array([100 * i for i in wanted], np.uint64),
-        np.full(4, 100, np.uint64),
+        ["packs/a", "packs/b"],
+        np.array([0, 0, 0, 0, 0, 1], np.uint32),
+        np.array([100 * i for i in wanted], np.int64),
+        np.full(6, 100, np.uint64),
     )
-    assert found == [digest(i.to_bytes(4, "little")) for i in wanted]
+    recorded = [digest(i.to_bytes(4, "little")) for i in wanted[:4]]
+    assert found == [*recorded, None, None]  # past the last place; in another pack
 
 
 def test_store_entries_are_written_in_the_order_a_reader_searches_them():
