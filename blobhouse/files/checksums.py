@@ -36,7 +36,7 @@ import contextlib
 import functools
 import json
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -473,7 +473,7 @@ class _Places:
             # a small file's list: a dict, its numpy set-up and search cost ~100 us a file
             # (a first read of rows spread over 64 small files paid it 64 times)
             self._few = {}
-            keys = zip(objects.tolist(), positions.tolist(), sizes.tolist(), strict=True)
+            keys = _place_keys(objects, positions, sizes)
             for key, entry in zip(keys, np.asarray(entries).tolist(), strict=True):
                 self._few.setdefault(key, entry)  # one place recorded twice: the first entry
             return
@@ -497,12 +497,7 @@ class _Places:
     def find(self, objects: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         """The entry of each place, -1 where none is."""
         if self._few is not None:
-            keys = zip(
-                np.asarray(objects).tolist(),
-                np.asarray(positions).tolist(),
-                np.asarray(sizes).tolist(),
-                strict=True,
-            )
+            keys = _place_keys(objects, positions, sizes)
             return np.array([self._few.get(key, -1) for key in keys], np.int64)
         if not len(self.mixed) or not len(objects):
             return np.full(len(objects), -1, np.int64)
@@ -525,6 +520,11 @@ class _Places:
                     break
                 j += 1
         return found
+
+
+def _place_keys(*fields: np.ndarray) -> Iterator[tuple[int, ...]]:
+    """Each place's numbers as a tuple of Python ints (the keys of a small list's dict)."""
+    return zip(*(np.asarray(field).tolist() for field in fields), strict=True)
 
 
 def _place_fields(*fields: np.ndarray) -> tuple[np.ndarray, ...]:
