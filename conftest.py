@@ -48,7 +48,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """Every temporary file of the run (tests' ``tmp_path``, doctests' ``mkdtemp``, child
     processes', the Spark JVMs' scratch) goes under one directory, removed when the run
     passes: a run used to leave ~200 directories and gigabytes in /tmp. Folders that failed
-    or killed runs left are removed when a later run starts, but for the newest one."""
+    or killed runs left are removed when a later run starts, but for the newest one. The
+    workers of a parallel run (pytest-xdist, ``bin/test``) share their controller's folder:
+    they inherit its environment, and the controller removes the folder."""
+    if hasattr(config, "workerinput"):
+        return
     _remove_folders_of_ended_runs(keep=1)
     run_tmp = tempfile.mkdtemp(prefix=_RUN_PREFIX)
     with open(os.path.join(run_tmp, _OWNER), "w") as owner:

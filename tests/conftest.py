@@ -3,10 +3,13 @@ local S3-compatible server and Azure emulator object-storage tests run against."
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -184,12 +187,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Once the run's tests are chosen (-m, -k applied): the quick benchmark run starts if its
-    test is among them."""
-    if session.config.option.collectonly:
+    """Once a run's tests are chosen (-m, -k applied): the quick benchmark run starts if its
+    test is among them. (A parallel run's workers leave it to their controller.)"""
+    if session.config.option.collectonly or hasattr(session.config, "workerinput"):
         return
     if any(item.nodeid == QUICK_BENCH_TEST for item in session.items):
         session.config.stash[_QUICK_BENCH] = QuickBench.start()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """In a parallel run's controller, once a worker collected: the quick benchmark run starts
+    if its test is among the tests (each worker collects all of them, so once)."""
+    config = node.config
+    if QUICK_BENCH_TEST in ids and _QUICK_BENCH not in config.stash:
+        config.stash[_QUICK_BENCH] = QuickBench.start()
 
 
 QUICK_BENCH_TEST = "tests/project/test_bench.py::test_quick_benchmark_run"
@@ -201,42 +213,64 @@ class QuickBench:
     """The quick benchmark run (``python -m bench --quick``, 3 minutes on 2 cores), started in
     the background as soon as a run that selects its test is collected, niced: the rest of
     the suite runs beside it (the suite's wall time was over its 20 minutes with the run in
-    line), and the test waits for it and checks its numbers."""
+    line), and the test waits for it and checks its numbers. It lives in the run's temporary
+    folder, ``quick-bench/``, where a parallel run's worker finds the run its controller
+    started: ``bench.log``, ``results/`` and, once it ended, ``exit`` (its exit status)."""
 
-    process: subprocess.Popen
     out: Path
+    process: subprocess.Popen | None = None  # in the process that started it
+
+    @staticmethod
+    def folder() -> Path:
+        return Path(tempfile.gettempdir()) / "quick-bench"  # the run's folder (conftest.py)
 
     @classmethod
     def start(cls) -> QuickBench:
-        out = Path(tempfile.mkdtemp(prefix="quick-bench-"))  # under the run's folder
+        """Starts the run, or finds the one this pytest run started already."""
+        out = cls.folder()
+        try:
+            out.mkdir()
+        except FileExistsError:
+            return cls(out)
+        bench = [sys.executable, "-m", "bench", "--quick", "--out", str(out / "results")]
+        then_exit = '"$@"; echo $? > "$0.tmp" && mv "$0.tmp" "$0"'  # $0: where the status goes
         with open(out / "bench.log", "wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "bench", "--quick", "--out", str(out / "results")],
+                ["/bin/sh", "-c", then_exit, str(out / "exit"), *bench],
                 cwd=Path(__file__).resolve().parent.parent,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # stopped as a group: the shell and the run
                 preexec_fn=lambda: os.nice(5),  # the suite's own timings come first
             )
-        return cls(process, out)
+        return cls(out, process)
 
     def results(self) -> Path:
         """The run's results folder, once it ended; its log in the error if it failed."""
-        if self.process.wait() != 0:
+        status = self.out / "exit"
+        deadline = time.monotonic() + 30 * 60  # ten times its usual length: it hangs
+        while not status.exists() and time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                break  # the shell was killed before it wrote the status
+            time.sleep(0.5)
+        if not status.exists() or status.read_text().strip() != "0":
             log = (self.out / "bench.log").read_text(errors="replace")
             raise AssertionError(f"the quick benchmark run failed:\n{log[-4000:]}")
         return self.out / "results"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
 
 @pytest.fixture
 def quick_bench_results(request: pytest.FixtureRequest) -> Path:
-    """The folder of the quick benchmark run's results (the run started at collection)."""
+    """The folder of the quick benchmark run's results (the run started at collection, in
+    this process or in a parallel run's controller)."""
     bench = request.config.stash.get(_QUICK_BENCH, None)
-    if bench is None:  # collected some other way: run it now
+    if bench is None:  # a parallel run's worker, or collected some other way
         bench = request.config.stash[_QUICK_BENCH] = QuickBench.start()
     return bench.results()
 

@@ -199,8 +199,8 @@ def one_line(exc: BaseException, command: str = "") -> str:
     """
     if _missing_spark(exc):
         return f'blobhouse {command or "on Spark"} needs Spark: pip install "blobhouse[spark]"'
-    if isinstance(exc, BlobhouseError):
-        return _first_line(str(exc))
+    if isinstance(exc, BlobhouseError):  # ours: whole, what to do is at its end
+        return _first_line(str(exc), limit=None)
     text = str(exc)
     inner = re.findall(r"blobhouse\.errors\.\w+: ([^\n]+)", text)
     if inner:
@@ -218,10 +218,12 @@ def one_line(exc: BaseException, command: str = "") -> str:
     return f"{type(exc).__name__}: {line} (--debug prints the traceback)"
 
 
-def _first_line(text: str) -> str:
+def _first_line(text: str, limit: int | None = 1000) -> str:
+    """The first line of ``text``, cut at ``limit`` characters (a Java exception's line can
+    run to many kilobytes)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     line = lines[0] if lines else "(no message)"
-    return line[:497] + "..." if len(line) > 500 else line
+    return line[: limit - 3] + "..." if limit is not None and len(line) > limit else line
 
 
 def _expected(exc: BaseException) -> bool:

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import lance
 import pyarrow as pa
 import pytest
 
@@ -122,6 +123,20 @@ def test_missing_table_is_one_line_and_debug_adds_the_traceback(tmp_path, capsys
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error: no table")
+
+
+def test_an_error_about_a_long_path_is_printed_whole(tmp_path, capsys):
+    """blobhouse's own messages are printed whole, however long the path they name (they were
+    cut at 500 characters, and the cut took the end of the message: what to do)."""
+    deep = tmp_path.joinpath(*["d" * 120] * 5)
+    deep.mkdir(parents=True)
+    write_table(pa.table({"video": blob_array([b"x" * 100])}), str(deep / "t"))
+    damaged = {"blobhouse:dedup": "bogus", "blobhouse:ref-id-field": "x9"}
+    lance.dataset(str(deep / "t")).update_field_metadata({"video": damaged})
+    assert main(["properties", str(deep / "t"), "--set", "dedup.video=content"]) == 2
+    err = capsys.readouterr().err
+    assert len(err) > 700 and err.count("\n") == 1, err
+    assert not err.rstrip().endswith("...") and str(deep / "t") in err, err
 
 
 def test_unexpected_errors_are_one_line_too(tmp_path, capsys, monkeypatch):

@@ -240,8 +240,11 @@ def test_a_test_run_keeps_its_temporary_files_in_one_folder(tmp_path):
     assert child.stdout.strip() == run_tmp
     assert f"-Djava.io.tmpdir={run_tmp}" in os.environ["SPARK_SUBMIT_OPTS"]
     assert os.environ["SPARK_LOCAL_DIRS"] == run_tmp
+    # the folder's owner is the run's pytest process: a parallel run's controller, which
+    # started this worker, or this process
+    owner_pid = os.getppid() if "PYTEST_XDIST_WORKER" in os.environ else os.getpid()
     with open(os.path.join(run_tmp, "owner.pid")) as owner:
-        assert int(owner.read()) == os.getpid()
+        assert int(owner.read()) == owner_pid
 
 
 def test_a_test_run_removes_the_folders_of_ended_runs_but_the_newest(tmp_path):
