@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -76,13 +77,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if exitstatus == 0:
         # multiprocessing removes its own folder (pymp-*) at exit, after this hook: removing
         # it here made its finalizer print a traceback; the emptied run folder goes next run
+        # (a parallel run's workers may still be removing files of their own: faulthandler's)
         for name in os.listdir(run_tmp):
             if not name.startswith("pymp-"):
                 path = os.path.join(run_tmp, name)
                 if os.path.isdir(path) and not os.path.islink(path):
                     shutil.rmtree(path, ignore_errors=True)
                 else:
-                    os.unlink(path)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
     else:
         print(f"\nthe failed run's temporary files are in {run_tmp}", file=sys.stderr)
 
