@@ -54,6 +54,8 @@ LanceRead = Callable[[Callable[[], pa.Table]], pa.Table]
 """Runs one of Lance's reads of the table (its errors raised as blobhouse's)."""
 Resolve = Callable[[pa.Array, pa.Array], ResolvedRows]
 """Resolves descriptors read at row addresses."""
+BeforeTake = Callable[[list[int]], None]
+"""Called with the ids of the fragments Lance's take is about to read."""
 
 
 class KeptReferences:
@@ -92,6 +94,7 @@ class KeptReferences:
         self._starts = np.zeros(len(self._rows) + 1, np.int64)
         np.cumsum(self._rows, out=self._starts[1:])
         ids = np.array([f.fragment_id for f in self._fragments], np.uint64)
+        self._ids = ids
         self._id_order = np.argsort(ids)
         self._sorted_ids = ids[self._id_order]
         self._spent = np.zeros(len(self._rows))  # seconds of takes, each fragment's share
@@ -109,19 +112,22 @@ class KeptReferences:
         self._own, self._token = own, next(_TOKENS)
         self._lock = threading.Lock()  # guards ``_spent``
 
-    def take(self, positions: Sequence[int]) -> ResolvedRows:
-        """The rows at ``positions`` (in range, any order, repeats allowed), in that order."""
+    def take(self, positions: Sequence[int], before_take: BeforeTake | None = None) -> ResolvedRows:
+        """The rows at ``positions`` (in range, any order, repeats allowed), in that order.
+        ``before_take(fragment ids)`` is called before Lance's take of the fragments not kept
+        (what the caller will need of their files can load while Lance reads)."""
         positions = np.asarray(positions, np.int64)
         return self._serve(
             np.searchsorted(self._starts, positions, side="right") - 1,
             lambda fragment, _, rows: positions[rows] - self._starts[fragment],
             lambda rows: self._dataset.take(positions[rows].tolist(), self._columns),
+            before_take,
         )
 
-    def take_ids(self, ids: np.ndarray) -> ResolvedRows:
+    def take_ids(self, ids: np.ndarray, before_take: BeforeTake | None = None) -> ResolvedRows:
         """The rows with row ids ``ids`` (any order, repeats allowed), in that order, of a
         version without stable row ids, where a row's id is its address. IndexError names
-        the ids that are not live rows of this version."""
+        the ids that are not live rows of this version. ``before_take``: as :meth:`take`."""
         ids = np.asarray(ids, np.uint64)
         fragment_ids = ids >> np.uint64(32)
         # where each id's fragment sits among the version's (one search, not np.isin's sort:
@@ -137,6 +143,7 @@ class KeptReferences:
             self._id_order[at],
             lambda _, held, rows: _offsets_of(held.addresses, ids[rows]),
             lambda rows: take_rows_by_id(self._dataset, ids[rows], self._columns),
+            before_take,
         )
 
     def _serve(
@@ -144,6 +151,7 @@ class KeptReferences:
         fragments: np.ndarray,
         local: Callable[[int, ResolvedRows, np.ndarray], np.ndarray],
         lance_take: Callable[[np.ndarray], pa.Table],
+        before_take: BeforeTake | None,
     ) -> ResolvedRows:
         """The request's rows, each from the fragment at index ``fragments[i]``: rows of kept
         fragments at ``local(fragment, kept rows, request rows)``, the others from
@@ -156,6 +164,8 @@ class KeptReferences:
             return kept[first].take(local(first, kept[first], everything))
         parts, rows_of_parts = [], []
         taken = [f for f, held in kept.items() if held is None]
+        if taken and before_take is not None:
+            before_take(self._ids[taken].tolist())
         if taken:
             rows = (
                 everything if len(taken) == len(kept) else np.flatnonzero(np.isin(fragments, taken))
