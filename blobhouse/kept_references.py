@@ -28,11 +28,12 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from lance import LanceDataset
-from lance.fragment import LanceFragment
+from lance.fragment import FragmentMetadata, LanceFragment
 
 from blobhouse.cache import SharedCache
 from blobhouse.columns import lance_name
@@ -54,8 +55,7 @@ LanceRead = Callable[[Callable[[], pa.Table]], pa.Table]
 """Runs one of Lance's reads of the table (its errors raised as blobhouse's)."""
 Resolve = Callable[[pa.Array, pa.Array], ResolvedRows]
 """Resolves descriptors read at row addresses."""
-BeforeTake = Callable[[list[int]], None]
-"""Called with the ids of the fragments Lance's take is about to read."""
+Fragment = Any  # pylance's LanceFragment, or the native fragment it wraps
 
 
 class KeptReferences:
@@ -89,12 +89,11 @@ class KeptReferences:
         self._columns = [lance_name(path), ROW_ADDRESS]
         self._read = lance_read
         self._resolve = resolve
-        self._fragments: list[LanceFragment] = dataset.get_fragments()
+        self._fragments = _fragments_of(dataset)
         self._rows = np.array([_live_rows(f) for f in self._fragments], np.int64)
         self._starts = np.zeros(len(self._rows) + 1, np.int64)
         np.cumsum(self._rows, out=self._starts[1:])
-        ids = np.array([f.fragment_id for f in self._fragments], np.uint64)
-        self._ids = ids
+        self._ids = ids = np.array([_fragment_id(f) for f in self._fragments], np.uint64)
         self._id_order = np.argsort(ids)
         self._sorted_ids = ids[self._id_order]
         self._spent = np.zeros(len(self._rows))  # seconds of takes, each fragment's share
@@ -112,22 +111,19 @@ class KeptReferences:
         self._own, self._token = own, next(_TOKENS)
         self._lock = threading.Lock()  # guards ``_spent``
 
-    def take(self, positions: Sequence[int], before_take: BeforeTake | None = None) -> ResolvedRows:
-        """The rows at ``positions`` (in range, any order, repeats allowed), in that order.
-        ``before_take(fragment ids)`` is called before Lance's take of the fragments not kept
-        (what the caller will need of their files can load while Lance reads)."""
+    def take(self, positions: Sequence[int]) -> ResolvedRows:
+        """The rows at ``positions`` (in range, any order, repeats allowed), in that order."""
         positions = np.asarray(positions, np.int64)
         return self._serve(
             np.searchsorted(self._starts, positions, side="right") - 1,
             lambda fragment, _, rows: positions[rows] - self._starts[fragment],
             lambda rows: self._dataset.take(positions[rows].tolist(), self._columns),
-            before_take,
         )
 
-    def take_ids(self, ids: np.ndarray, before_take: BeforeTake | None = None) -> ResolvedRows:
+    def take_ids(self, ids: np.ndarray) -> ResolvedRows:
         """The rows with row ids ``ids`` (any order, repeats allowed), in that order, of a
         version without stable row ids, where a row's id is its address. IndexError names
-        the ids that are not live rows of this version. ``before_take``: as :meth:`take`."""
+        the ids that are not live rows of this version."""
         ids = np.asarray(ids, np.uint64)
         fragment_ids = ids >> np.uint64(32)
         # where each id's fragment sits among the version's (one search, not np.isin's sort:
@@ -143,7 +139,6 @@ class KeptReferences:
             self._id_order[at],
             lambda _, held, rows: _offsets_of(held.addresses, ids[rows]),
             lambda rows: take_rows_by_id(self._dataset, ids[rows], self._columns),
-            before_take,
         )
 
     def _serve(
@@ -151,7 +146,6 @@ class KeptReferences:
         fragments: np.ndarray,
         local: Callable[[int, ResolvedRows, np.ndarray], np.ndarray],
         lance_take: Callable[[np.ndarray], pa.Table],
-        before_take: BeforeTake | None,
     ) -> ResolvedRows:
         """The request's rows, each from the fragment at index ``fragments[i]``: rows of kept
         fragments at ``local(fragment, kept rows, request rows)``, the others from
@@ -164,8 +158,6 @@ class KeptReferences:
             return kept[first].take(local(first, kept[first], everything))
         parts, rows_of_parts = [], []
         taken = [f for f, held in kept.items() if held is None]
-        if taken and before_take is not None:
-            before_take(self._ids[taken].tolist())
         if taken:
             rows = (
                 everything if len(taken) == len(kept) else np.flatnonzero(np.isin(fragments, taken))
@@ -248,7 +240,7 @@ class KeptReferences:
         for fragment, end in zip(fragments, ends.tolist(), strict=True):
             rows = held.take(np.arange(end - int(self._rows[fragment]), end))
             rows = dataclasses.replace(rows, refs=rows.refs.compact())  # its own files only
-            if ((rows.addresses >> np.uint64(32)) != self._fragments[fragment].fragment_id).any():
+            if ((rows.addresses >> np.uint64(32)) != self._ids[fragment]).any():
                 continue  # positions counted otherwise than Lance counts them: never serve them
             if self._own is not None and self._own(rows):
                 self._keys[fragment] = (*self._key(fragment), self._token)
@@ -277,7 +269,8 @@ class KeptReferences:
         fields and sizes, deletion file, physical rows)."""
         key = self._keys.get(fragment)
         if key is None:
-            key = self._keys[fragment] = (self._scope, repr(self._fragments[fragment].metadata))
+            metadata = _metadata(self._fragments[fragment])
+            key = self._keys[fragment] = (self._scope, repr(metadata))
         return key
 
     def held(self) -> list[int]:
@@ -317,17 +310,36 @@ def take_rows_by_id(dataset: LanceDataset, ids: np.ndarray, columns: list[str]) 
     return taken if back is None else taken.take(pa.array(back.reshape(-1)))
 
 
-def _live_rows(fragment: LanceFragment) -> int:
+def _fragments_of(dataset: LanceDataset) -> list[Fragment]:
+    """The version's fragments as Lance's own objects where pylance has them (its
+    ``get_fragments()`` wraps each in a Python object: at 2,000 fragments ~3 ms, and 2,000
+    objects the cyclic collector counts, which can set off a full collection: ~50 ms in any
+    process that imports ``pyarrow.dataset``; a new version's first read of 64 rows over 2,000
+    fragments took 46 ms, now 33, against pylance's 14-16), else pylance's wrappers."""
+    native = getattr(getattr(dataset, "_ds", None), "get_fragments", None)
+    return native() if native is not None else dataset.get_fragments()
+
+
+def _fragment_id(fragment: Fragment) -> int:
+    return fragment.fragment_id if isinstance(fragment, LanceFragment) else fragment.id()
+
+
+def _metadata(fragment: Fragment) -> FragmentMetadata:
+    metadata = fragment.metadata  # a property of pylance's wrapper, a method of Lance's own
+    return metadata if isinstance(fragment, LanceFragment) else metadata()
+
+
+def _live_rows(fragment: Fragment) -> int:
     """Rows of ``fragment`` a take by position counts: its physical rows less the deleted."""
     if fragment.deletion_file() is None:  # the common case, without the whole metadata (5x)
         return fragment.physical_rows
-    metadata = fragment.metadata
+    metadata = _metadata(fragment)
     deletion = metadata.deletion_file
     if deletion is None:
         return metadata.physical_rows
     deleted = getattr(deletion, "num_deleted_rows", None)
     if deleted is None:  # an old deletion file without a count: read it
-        return fragment.count_rows()
+        return fragment.count_rows(None)
     return metadata.physical_rows - deleted
 
 

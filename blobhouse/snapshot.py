@@ -236,30 +236,17 @@ class TableSnapshot:
             descriptors, row_addresses, self.field_id(path), path_name(path), unresolved
         )
 
-    def rows_at(
-        self, path: ColumnPath, positions: list[int], checked: bool = False
-    ) -> ResolvedRows:
+    def rows_at(self, path: ColumnPath, positions: list[int]) -> ResolvedRows:
         """Blob column ``path`` at ``positions`` (among the live rows, checked in range),
         resolved: from Lance's take or, for fragments read often, from memory
-        (:mod:`blobhouse.kept_references`). ``checked``: the rows' payloads will be checked,
-        so their data files' recorded hashes load while Lance takes the rows."""
-        return self._kept_references(path).take(positions, self._hashes_ahead(path, checked))
+        (:mod:`blobhouse.kept_references`)."""
+        return self._kept_references(path).take(positions)
 
-    def rows_by_id(self, path: ColumnPath, ids: np.ndarray, checked: bool = False) -> ResolvedRows:
+    def rows_by_id(self, path: ColumnPath, ids: np.ndarray) -> ResolvedRows:
         """Blob column ``path`` at row ``ids`` of a version without stable row ids (ids are
         row addresses), resolved as :meth:`rows_at` does; IndexError for an id that is not a
         row of this version."""
-        return self._kept_references(path).take_ids(ids, self._hashes_ahead(path, checked))
-
-    def _hashes_ahead(self, path: ColumnPath, checked: bool) -> Callable[[list[int]], None] | None:
-        """For a checked read of blob column ``path``: what starts loading the recorded hashes
-        of fragments (by id) in the background. A first read in a fresh process waited for
-        Lance's take, then for each data file's list in turn: 64 small fragments' lists took
-        as long as the take, which runs in Lance's threads without the GIL."""
-        if not checked:
-            return None
-        data_file, hashes = self.data_file_of(path), self.recorded_hashes()
-        return lambda fragment_ids: hashes.load_in_background([data_file(f) for f in fragment_ids])
+        return self._kept_references(path).take_ids(ids)
 
     def resolve_rows(
         self, path: ColumnPath, descriptors: pa.Array, row_addresses: pa.Array

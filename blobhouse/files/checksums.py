@@ -49,7 +49,6 @@ from blobhouse.dedup import DIGEST_BYTES, digest_matrix
 from blobhouse.errors import BlobhouseError, BlobReadError, CorruptBlobError
 from blobhouse.files.footer import DataFileFooter, foreign_file_error
 from blobhouse.files.ranges import DigestCheck, RefColumns
-from blobhouse.io.kept_threads import KeptThreads
 from blobhouse.io.objects import each_uri, is_local
 from blobhouse.layout import data_file_of
 from blobhouse.placement import Kind
@@ -844,18 +843,6 @@ class RecordedHashes:
     def _file(self, data_file: str) -> FileChecksums | None:
         return self._files.get(data_file, lambda: load_checksums(data_file, self.storage_options))
 
-    def load_in_background(self, data_files: list[str]) -> None:
-        """Start loading the lists of ``data_files`` not held yet on a kept thread (errors
-        are left to the lookups, which raise them); a lookup of a list being loaded waits for
-        it, one not reached yet loads it itself."""
-        missing = [f for f in dict.fromkeys(data_files) if not self._files.holds(f)]
-        if missing:
-            _BACKGROUND_LOADS.pool().submit(each_uri, missing, self._load_quietly)
-
-    def _load_quietly(self, data_file: str) -> None:
-        with contextlib.suppress(Exception):
-            self._file(data_file)
-
     def _load_at_once(self, data_files: list[str]) -> None:
         """Load the lists of ``data_files`` not held yet in parallel, on an object store (a
         few requests each, mostly waiting: one after another, the first checked read of rows
@@ -865,12 +852,12 @@ class RecordedHashes:
         missing = [f for f in dict.fromkeys(data_files) if not self._files.holds(f)]
         if len(missing) < 2 or all(is_local(f) for f in missing):
             return
-        each_uri(missing, self._load_quietly)
 
+        def load(data_file: str) -> None:
+            with contextlib.suppress(Exception):
+                self._file(data_file)
 
-# background loads of lists (:meth:`RecordedHashes.load_in_background`): one thread, as a
-# local list loads in Python, under the GIL (an object store's load its lists in parallel)
-_BACKGROUND_LOADS = KeptThreads(1, "blobhouse-hash-lists")
+        each_uri(missing, load)
 
 
 def _checksums_bytes(checksums: FileChecksums | None) -> int:

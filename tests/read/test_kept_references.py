@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 import shutil
 import threading
-import time
 
 import lance
 import numpy as np
@@ -254,9 +253,13 @@ def test_a_copy_keeps_rows_of_its_own(fragments_table, keep_at_once, tmp_path):
     assert uris and all(uri.startswith(f"file://{copy}/") for uri in uris), uris
 
 
-def test_positions_are_counted_as_lance_counts_them(fragments_table):
+@pytest.mark.parametrize("fragments", ["native", "pylance's wrappers"])
+def test_positions_are_counted_as_lance_counts_them(fragments_table, fragments, monkeypatch):
     """The fragment of every position, from the manifest's row and deletion counts alone,
-    is the one Lance's take reads it from."""
+    is the one Lance's take reads it from: counted from Lance's own fragment objects, or
+    from pylance's wrappers of them (a pylance without the former)."""
+    if fragments != "native":
+        monkeypatch.setattr(kept_module, "_fragments_of", lambda dataset: dataset.get_fragments())
     dataset = lance.dataset(fragments_table)
     kept = KeptReferences(dataset, ("b",), lambda read: read(), lambda d, a: None)
     addresses = dataset.take(list(range(109)), ["_rowaddr"]).column("_rowaddr").to_numpy()
@@ -572,44 +575,3 @@ def test_fragments_earned_together_are_read_in_takes_of_half_the_budget(tmp_path
     rows = kept.take([0, 15, 25, 35])
     assert rows.refs.sizes.tolist() == [100, 115, 125, 135]
     assert reads == [4, 20, 20]  # the read, then its four fragments two at a time
-
-
-def test_a_checked_read_loads_its_recorded_hashes_while_lance_takes_the_rows(tmp_path, monkeypatch):
-    """A checked read starts loading the recorded hashes of the fragments it takes before
-    Lance's take (which runs without the GIL), each list once; an unchecked read loads none.
-    A fresh process's first read of 64 rows over 64 small fragments waited for the take, then
-    for 64 lists in turn (as long as the take again)."""
-    from blobhouse.files import checksums
-
-    uri = str(tmp_path / "t")
-    payloads = [bytes([i]) * (100 + i) for i in range(200)]
-    write_table(pa.table({"b": blob_array(payloads)}), uri, max_rows_per_file=4)
-    loads = []
-    load = checksums.load_checksums
-    monkeypatch.setattr(
-        checksums, "load_checksums", lambda f, *a, **k: loads.append(f) or load(f, *a, **k)
-    )
-    table = open_table(uri)
-    files = table.snapshot.data_file_of(("b",))
-    spread = list(range(2, 200, 8))  # a row of every other fragment
-    wanted = {files(f.fragment_id) for f in table.dataset.get_fragments()[::2]}
-    held_during_take = []
-    take = lance.LanceDataset.take
-    waits = [0.2, 10.0]  # the unchecked read's take waits a moment, the checked one's longer
-
-    def watched_take(self, *args, **kwargs):
-        deadline = time.monotonic() + (waits.pop(0) if waits else 0.0)
-        while not all(checksums._LOADED.find(f) for f in wanted) and time.monotonic() < deadline:
-            time.sleep(0.005)  # loading on the background thread, as Lance would be taking
-        held_during_take.append(all(checksums._LOADED.find(f) for f in wanted))
-        return take(self, *args, **kwargs)
-
-    monkeypatch.setattr(lance.LanceDataset, "take", watched_take)
-    assert table.take(spread, ["b"], blobs="bytes", check_hashes=False)["b"].to_pylist() == [
-        payloads[p] for p in spread
-    ]
-    assert loads == [] and held_during_take == [False]
-    held_during_take.clear()
-    assert table.read_blobs("b", spread) == [payloads[p] for p in spread]
-    assert held_during_take[0] is True
-    assert sorted(loads) == sorted(wanted)  # each once, none beside the read's
