@@ -48,6 +48,7 @@ from blobhouse.errors import InvalidInputError, SchemaError, closest
 from blobhouse.files.session import WrittenFile
 from blobhouse.options import CommitOptions, WriteOptions
 from blobhouse.properties import TableProperties
+from blobhouse.snapshot import in_fresh_datasets
 from blobhouse.values import (
     ROW_ADDRESS,
     is_lance_blob_field,
@@ -376,7 +377,7 @@ class _Merge(BaseChange):
         table = prepared_for_write(snapshot, store_mode(merge.resolved(snapshot)))
         source = merge.check_source(table, self.source)
         clauses = merge.clauses
-        matches = _match(table.dataset, source, merge.on, clauses.delete)
+        matches = _match(table, source, merge.on, clauses.delete)
         txn = Transaction.start(table.location, table.version, table.storage_options, kind="merge")
         matched_source = matches.source_rows()
         written_rows: list[int] = matched_source.tolist() if clauses.update_all else []
@@ -478,12 +479,28 @@ class _Matches:
         return sum(len(v) for v in self.unmatched.values())
 
 
-def _match(dataset: LanceDataset, source: pa.Table, on: list[str], delete: str | bool) -> _Matches:
+def _match(table: TableSnapshot, source: pa.Table, on: list[str], delete: str | bool) -> _Matches:
     """Join the table's keys with the source's, one fragment at a time (one join each: the
-    source's keys are hashed once per fragment, not once per scan batch)."""
+    source's keys are hashed once per fragment, not once per scan batch), a run of fragments
+    per dataset object (:func:`~blobhouse.snapshot.in_fresh_datasets`)."""
     keys = source.select(on).append_column(_SOURCE_ROW, pa.array(np.arange(source.num_rows)))
     matches = _Matches()
-    for fragment in dataset.get_fragments():
+    ids = [f.fragment_id for f in table.dataset.get_fragments()]
+    for at, run in in_fresh_datasets(table, ids):
+        _match_run(at.dataset, run, keys, on, delete, matches)
+    return matches
+
+
+def _match_run(
+    dataset: LanceDataset,
+    fragment_ids: Sequence[int],
+    keys: pa.Table,
+    on: list[str],
+    delete: str | bool,
+    matches: _Matches,
+) -> None:
+    """:func:`_match` over one run of fragments, into ``matches``."""
+    for fragment in (dataset.get_fragment(i) for i in fragment_ids):
         joined = _fragment_keys(fragment, on).join(keys, on, join_type="inner")
         if joined.num_rows:
             addresses = joined[ROW_ADDRESS].to_numpy()
@@ -496,7 +513,6 @@ def _match(dataset: LanceDataset, source: pa.Table, on: list[str], delete: str |
             if alone.num_rows:
                 offsets = alone[ROW_ADDRESS].to_numpy() & 0xFFFFFFFF
                 matches.unmatched[fragment.fragment_id] = offsets
-    return matches
 
 
 def _fragment_keys(fragment, on: list[str], expr: str | None = None) -> pa.Table:

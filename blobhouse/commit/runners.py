@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from blobhouse.progress import Amounts, ProgressCallback, progress_to
+from blobhouse.snapshot import one_more_fragment
 
 if TYPE_CHECKING:
     from blobhouse.snapshot import TableSnapshot
@@ -58,7 +59,9 @@ class Runner(Protocol):
 class Here:
     """The units one after another in this process, ``progress`` told of each (with the rows
     and bytes ``measure`` finds in the units done); units reading other versions go version
-    by version, each version opened once."""
+    by version, each version opened once, and again every
+    :data:`~blobhouse.snapshot.FRAGMENTS_PER_DATASET` units (what Lance keeps of the files a
+    dataset scanned goes with the dataset: :meth:`~blobhouse.snapshot.TableSnapshot.reopened`)."""
 
     progress: ProgressCallback | None = None
     in_tasks: ClassVar[bool] = False
@@ -80,12 +83,13 @@ class Here:
         if where is not None:
             order.sort(key=lambda i: _sort_key(where(units[i])))
         results: list[Any] = [None] * len(units)
-        opened = table
+        opened, scanned = table, 0
         so_far = measure(units[order[0]]).zero() if measure and units else Amounts()
         for done, i in enumerate(order):
             self._tell(step, done, len(units), so_far)
             if where is not None:
-                opened = opened.on_version(*where(units[i]))
+                at = opened.on_version(*where(units[i]))
+                opened, scanned = (at, 1) if at is not opened else one_more_fragment(at, scanned)
             if into is None:
                 results[i] = fn(opened, units[i])
             else:

@@ -49,7 +49,7 @@ from blobhouse.options import (
 from blobhouse.placement import AllowedBases, Kind, MiB
 from blobhouse.progress import Amounts, ProgressCallback
 from blobhouse.properties import TableProperties
-from blobhouse.snapshot import snapshot_of
+from blobhouse.snapshot import in_fresh_datasets, snapshot_of
 from blobhouse.store.duplicates import Duplicates, referenced_duplicates, settle_duplicates
 from blobhouse.store.index import indexed_packs, retire_packs
 from blobhouse.store.packs import store_base_id, store_uri_prefix
@@ -314,7 +314,7 @@ def commit_compaction(
         raise InvalidInputError(f"{len(written)} results for {len(plan.groups)} groups")
     if dataset.describe_indices():
         rewrites = [
-            _rewrite_result(dataset, plan, group, files)
+            _rewrite_result(table, plan, group, files)
             for group, files in zip(plan.groups, written, strict=True)
         ]
 
@@ -394,17 +394,20 @@ def _dead_packs(table: TableSnapshot, usage: StoreUsage, runner: Runner | None) 
 
 
 def _rewrite_result(
-    dataset: LanceDataset, plan: CompactionPlan, group: CompactionGroup, files: Sequence
+    table: TableSnapshot, plan: CompactionPlan, group: CompactionGroup, files: Sequence
 ) -> RewriteResult:
     """What Lance's compaction commit takes for one group: the old and new fragments, and the
     live rows of the old ones (their row addresses, ascending: the new files hold them in that
     order), from which it maps every index entry to its new row."""
+    dataset = table.dataset
     old = [dataset.get_fragment(i) for i in group.fragment_ids]
     live = BitMap64()
-    for fragment in old:
-        scan = dataset.scanner(columns=[], with_row_address=True, fragments=[fragment])
-        for batch in scan.to_batches():
-            live.update(batch.column(ROW_ADDRESS).to_numpy())
+    for at, run in in_fresh_datasets(table, group.fragment_ids):
+        for fragment_id in run:
+            fragment = at.dataset.get_fragment(fragment_id)
+            scan = at.dataset.scanner(columns=[], with_row_address=True, fragments=[fragment])
+            for batch in scan.to_batches():
+                live.update(batch.column(ROW_ADDRESS).to_numpy())
     ids = leaf_field_ids(dataset.lance_schema.fields())
     new = [w.fragment(ids) for w in files]
     if len(live) != sum(f.physical_rows for f in new):
@@ -579,30 +582,32 @@ def _logical_batches(
 ) -> Iterator[pa.RecordBatch]:
     """The live rows of ``fragment_ids`` in order, blob columns as logical values: bytes for
     what the table stores (checked against their recorded hashes), the reference for external
-    blobs."""
-    dataset = table.dataset
+    blobs. Each run of fragments is read in a dataset object of its own, with hash lists of
+    its own (:func:`~blobhouse.snapshot.in_fresh_datasets`): the commit retires these files,
+    nothing read of them is worth keeping, and memory stays flat however many there are."""
     paths = stored_blob_columns(table.schema)
     prefix = store_uri_prefix(table.uri)
-    hashes = table.recorded_hashes()
     repack = frozenset(f"{prefix}{p}" for p in plan.repack)
     leave = {tuple(c.split(".")) for c in plan.leave_store}
-    scanner = dataset.scanner(
-        fragments=[dataset.get_fragment(i) for i in fragment_ids],
-        with_row_address=True,
-        scan_in_order=True,
-    )
-    for batch in scanner.to_batches():
-        for piece in _pieces(batch, paths):
-            for path in paths:
-                piece = replace_column(
-                    piece,
-                    path,
-                    logical_values(
-                        table, path, piece, hashes, repack, path in leave, store_digests
-                    ),
-                    pa.field(path[-1], INPUT_BLOB_TYPE),
-                )
-            yield piece.drop_columns([ROW_ADDRESS])
+    for at, run in in_fresh_datasets(table, fragment_ids):
+        hashes = at.recorded_hashes(shared=False)
+        scanner = at.dataset.scanner(
+            fragments=[at.dataset.get_fragment(i) for i in run],
+            with_row_address=True,
+            scan_in_order=True,
+        )
+        for batch in scanner.to_batches():
+            for piece in _pieces(batch, paths):
+                for path in paths:
+                    piece = replace_column(
+                        piece,
+                        path,
+                        logical_values(
+                            at, path, piece, hashes, repack, path in leave, store_digests
+                        ),
+                        pa.field(path[-1], INPUT_BLOB_TYPE),
+                    )
+                yield piece.drop_columns([ROW_ADDRESS])
 
 
 def _pieces(batch: pa.RecordBatch, paths: list[ColumnPath]) -> Iterator[pa.RecordBatch]:
@@ -641,28 +646,34 @@ class StoreUsage:
         if store_base_id(table.dataset) is None and not scan:
             return usage
         prefix = store_uri_prefix(table.uri)
-        for fragment in table.dataset.get_fragments():
-            for batch in fragment_references(table, fragment.fragment_id):
-                sizes = batch.refs.field("size").to_numpy(zero_copy_only=False)
-                if ((batch.kinds <= int(Kind.DEDICATED)) & (sizes > 0)).any():
-                    usage.per_file.setdefault(batch.column, set()).add(fragment.fragment_id)
-                refs = zip(
-                    batch.refs.field("uri").to_pylist(),
-                    batch.refs.field("position").to_pylist(),
-                    batch.refs.field("size").to_pylist(),
-                    strict=True,
-                )
-                for uri, position, size in refs:
-                    if uri.startswith(prefix):
-                        pack = uri.removeprefix(prefix)
-                        usage.ranges.setdefault(pack, set()).add((position, size))
-                        usage.fragments.setdefault(pack, set()).add(fragment.fragment_id)
-                        usage.columns.add(batch.column)
-                        usage.in_store.setdefault(batch.column, set()).add(fragment.fragment_id)
+        ids = [f.fragment_id for f in table.dataset.get_fragments()]
+        for at, run in in_fresh_datasets(table, ids):
+            for fragment_id in run:
+                usage._add(at, fragment_id, prefix)
         store = object_store(prefix, table.storage_options)
         for pack in usage.ranges:
             usage.pack_sizes[pack] = store.size(f"{prefix}{pack}") or 0
         return usage
+
+    def _add(self, table: TableSnapshot, fragment_id: int, prefix: str) -> None:
+        """Add what one fragment references (``prefix``: the store's)."""
+        for batch in fragment_references(table, fragment_id):
+            sizes = batch.refs.field("size").to_numpy(zero_copy_only=False)
+            if ((batch.kinds <= int(Kind.DEDICATED)) & (sizes > 0)).any():
+                self.per_file.setdefault(batch.column, set()).add(fragment_id)
+            refs = zip(
+                batch.refs.field("uri").to_pylist(),
+                batch.refs.field("position").to_pylist(),
+                batch.refs.field("size").to_pylist(),
+                strict=True,
+            )
+            for uri, position, size in refs:
+                if uri.startswith(prefix):
+                    pack = uri.removeprefix(prefix)
+                    self.ranges.setdefault(pack, set()).add((position, size))
+                    self.fragments.setdefault(pack, set()).add(fragment_id)
+                    self.columns.add(batch.column)
+                    self.in_store.setdefault(batch.column, set()).add(fragment_id)
 
     def to_repack(
         self, max_unused: float, redundant: Mapping[str, int] | None = None

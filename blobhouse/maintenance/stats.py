@@ -7,6 +7,7 @@ Reads descriptors only, never blob bytes, one batch at a time.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,12 +18,12 @@ from blobhouse.maintenance.garbage_collection import disk_usage, reclaimable
 from blobhouse.maintenance.reports import StatsReport
 from blobhouse.managed import Registry
 from blobhouse.placement import Kind
-from blobhouse.snapshot import snapshot_of, table_io
+from blobhouse.snapshot import in_fresh_datasets, snapshot_of, table_io
 from blobhouse.store.packs import store_uri_prefix
 from blobhouse.values import ROW_ADDRESS, ColumnPath, get_column, path_name, stored_blob_columns
 
 if TYPE_CHECKING:
-    from lance import LanceFragment
+    from lance import LanceFragment, LanceScanner
 
     from blobhouse.snapshot import TableSnapshot
 
@@ -203,24 +204,7 @@ def _references(
     """Per batch of the column's non-null values: the resolved references, each row's kind
     (store references and managed objects told apart from external ones), and whether the row
     is live (rows deleted in this version are read too, from fragments that have deletions)."""
-    dataset = table.dataset
-    whole = [f for f in fragments if f.metadata.deletion_file is None]
-    scans = []
-    if whole:  # one scan for every fragment without deletions
-        scans.append(
-            (dataset.scanner(columns=[path[0]], with_row_address=True, fragments=whole), None)
-        )
-    for fragment in fragments:
-        if fragment.metadata.deletion_file is not None:
-            scanner = dataset.scanner(
-                columns=[path[0]],
-                with_row_address=True,
-                with_row_id=True,  # Lance asks for it with deleted rows
-                fragments=[fragment],
-                include_deleted_rows=True,
-            )
-            scans.append((scanner, fragment.fragment_id))
-    for scanner, fragment_id in scans:
+    for scanner, fragment_id in _scans(table, path, fragments):
         offset = 0  # physical row of the batch's first row (fragments with deletions)
         for batch in scanner.to_batches():
             descriptors = get_column(batch, path)
@@ -243,6 +227,29 @@ def _references(
                 live[valid],
                 int(live[[u.row for u in unresolved]].sum()),
             )
+
+
+def _scans(
+    table: TableSnapshot, path: ColumnPath, fragments: list
+) -> Iterator[tuple[LanceScanner, int | None]]:
+    """Scanners of the column's values: one for each run of fragments without deletions, then
+    one for each fragment with deletions (its deleted rows too, and its id), each run of
+    fragments in a dataset object of its own (:func:`~blobhouse.snapshot.in_fresh_datasets`)."""
+    whole = [f.fragment_id for f in fragments if f.metadata.deletion_file is None]
+    for at, run in in_fresh_datasets(table, whole):
+        chosen = [at.dataset.get_fragment(i) for i in run]
+        yield at.dataset.scanner(columns=[path[0]], with_row_address=True, fragments=chosen), None
+    deleted = [f.fragment_id for f in fragments if f.metadata.deletion_file is not None]
+    for at, run in in_fresh_datasets(table, deleted):
+        for fragment_id in run:
+            scanner = at.dataset.scanner(
+                columns=[path[0]],
+                with_row_address=True,
+                with_row_id=True,  # Lance asks for it with deleted rows
+                fragments=[at.dataset.get_fragment(fragment_id)],
+                include_deleted_rows=True,
+            )
+            yield scanner, fragment_id
 
 
 def _ranges(refs: pa.StructArray) -> zip:

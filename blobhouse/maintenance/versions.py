@@ -20,7 +20,7 @@ from blobhouse.errors import BlobhouseError
 from blobhouse.files import transactions
 from blobhouse.files.references import Unresolved, file_path
 from blobhouse.progress import Amounts
-from blobhouse.snapshot import snapshot_of
+from blobhouse.snapshot import one_more_fragment, snapshot_of
 from blobhouse.values import ROW_ADDRESS, get_column, path_name, stored_blob_columns
 
 if TYPE_CHECKING:
@@ -414,14 +414,20 @@ def version_of(state: FragmentState) -> tuple[str | None, int]:
 def opened_states(
     table: TableSnapshot, states: list[FragmentState]
 ) -> Iterator[tuple[TableSnapshot, FragmentState]]:
-    """Each state with the table opened at its version; every version is opened once."""
+    """Each state with the table opened at its version: every version is opened once, and
+    again every :data:`~blobhouse.snapshot.FRAGMENTS_PER_DATASET` states (what Lance keeps of
+    the files a dataset scanned is dropped with it: see
+    :meth:`~blobhouse.snapshot.TableSnapshot.reopened`)."""
     opened: TableSnapshot | None = None
+    scanned = 0
     for state in sorted(states, key=lambda s: (s.ref.sort_key(), s.fragment_id)):
         if opened is None or (opened.branch, opened.version) != (
             state.ref.branch,
             state.ref.version,
         ):
-            opened = open_version(table, state.ref)
+            opened, scanned = open_version(table, state.ref), 1
+        else:
+            opened, scanned = one_more_fragment(opened, scanned)
         yield opened, state
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import lance
@@ -12,11 +13,13 @@ import pyarrow as pa
 import pytest
 
 import blobhouse.spark as bs
-from blobhouse import Blob, CompactionTargets, blob_array, open_table, write_table
+from blobhouse import Blob, CompactionTargets, blob_array, open_table, snapshot, write_table
 from blobhouse.cli import main
+from blobhouse.commit.runners import Here
 from blobhouse.errors import CorruptBlobError
 from blobhouse.maintenance.compaction import plan_compaction
-from tests.helpers import flip, stock_read, tree
+from blobhouse.maintenance.versions import fragment_states, opened_states, version_of
+from tests.helpers import flip, flip_payload, stock_read, tree
 
 SHARED = os.urandom(300_000)
 
@@ -212,3 +215,72 @@ def test_a_compaction_never_retires_a_dead_pack_its_own_rows_found_again(table_u
     assert sorted(open_table(table_uri).read_blobs("b", [0, 1, 2])) == sorted(
         [other, shared, shared]
     )
+
+
+@pytest.mark.parametrize(
+    ("dedup", "indexed"), [("content", False), ("global", False), ("global", True)]
+)
+def test_a_compaction_reads_its_fragments_a_run_at_a_time(table_uri, monkeypatch, dedup, indexed):
+    """Compaction reads the version's fragments a run at a time, each run in a dataset object
+    of its own (Lance keeps state for every file a dataset scanned until the dataset goes):
+    runs of 2 over 5 fragments lose and repeat nothing (an index's rows remapped too)."""
+    monkeypatch.setattr(snapshot, "FRAGMENTS_PER_DATASET", 2)
+    payloads = [os.urandom(100_000 + i) for i in range(3)] + [b"tiny"]
+    for i in range(5):
+        ids = [2 * i, 2 * i + 1]
+        data = pa.table({"id": ids, "b": blob_array([payloads[j % 4] for j in ids])})
+        write_table(data, table_uri, mode="append", dedup=dedup)
+    if indexed:
+        lance.dataset(table_uri).create_scalar_index("id", "BTREE")
+    table = open_table(table_uri)
+    table.delete("id = 3")
+    before = live_rows(table_uri)
+    report = table.compact()
+    assert (report["fragments_removed"], report["fragments_added"]) == (5, 1)
+    assert report["rows"] == 9 and report["deleted_rows_dropped"] == 1
+    assert live_rows(table_uri) == before
+    assert stock_read(table_uri, "b") == [b for _, b in before]
+    if indexed:  # the index still finds each row, through its remapped addresses
+        found = lance.dataset(table_uri).to_table(columns=["id"], filter="id >= 8")
+        assert sorted(found.column("id").to_pylist()) == [8, 9]
+        assert lance.dataset(table_uri).describe_indices()
+    open_table(table_uri).gc(older_than=timedelta(0), grace=timedelta(0), retain_versions=1)
+    after = open_table(table_uri)
+    assert live_rows(table_uri) == before
+    assert after.verify(deep=True)["problems"] == []
+    assert after.stats()["physical_bytes"] <= 1.05 * sum(len(p) for p in payloads)
+
+
+def test_a_walk_over_one_versions_fragments_reopens_it_every_run(table_uri, monkeypatch):
+    """verify, gc, stats and merges walk fragments a run at a time, and open the version again
+    for every run of FRAGMENTS_PER_DATASET fragments (here 2, over 5 fragments of one write):
+    each finds what it finds in one pass."""
+    monkeypatch.setattr(snapshot, "FRAGMENTS_PER_DATASET", 2)
+    payloads = [os.urandom(100_000 + i) for i in range(10)]
+    table = write_table(
+        pa.table({"id": range(10), "b": blob_array(payloads)}), table_uri, max_rows_per_file=2
+    )
+    states = fragment_states(table.snapshot)
+    assert len(states) == 5
+    opened = [id(at.dataset) for at, _ in opened_states(table.snapshot, states)]  # gc's walk
+    assert len(set(opened)) == 3 and opened[0] == opened[1] != opened[2] == opened[3]
+    by_runner: list = []  # verify's walk
+    Here().map(table.snapshot, lambda at, _: by_runner.append(at.dataset), states, "", version_of)
+    assert len({id(d) for d in by_runner}) == 3 and by_runner[1] is not by_runner[2]
+    checked = table.verify(deep=True)
+    assert checked["problems"] == [] and checked["references"] == 10
+    stats = table.stats()  # its scans too, by runs
+    assert stats["logical_bytes"] == stats["physical_bytes"] == sum(map(len, payloads))
+    # a merge matches keys in every run: rows 1 (first run) and 8 (last) updated, 10 added
+    source = pa.table({"id": [1, 8, 10], "b": blob_array([payloads[0], payloads[0], b"new"])})
+    merged = table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+    result = merged.execute(source)
+    assert (result.num_updated_rows, result.num_inserted_rows) == (2, 1)
+    payloads[1] = payloads[8] = payloads[0]
+    payloads.append(b"new")
+    open_table(table_uri).gc(older_than=timedelta(0), grace=timedelta(0))
+    assert sorted(live_rows(table_uri)) == list(enumerate(payloads))  # gc kept every payload
+    flip_payload(table_uri, "b", 7)  # in the walk's third run, of a reopened dataset
+    problems = open_table(table_uri).verify(deep=True)["problems"]
+    assert {p["row"] for p in problems} == {7}  # the row, and the store's entry of its bytes
+    assert any("content hash mismatch" in p["reason"] for p in problems)
