@@ -18,7 +18,8 @@ import pytest
 from blobhouse import blob_array, open_table, write_table
 from blobhouse.cli import build_parser, main
 from blobhouse.cli.console import ProgressBars, print_report
-from blobhouse.cli.demo import FPS, EpisodeData, read_back, run_demo
+from blobhouse.cli.demo import BLOB_COLUMNS, FPS, EpisodeData, ReadBack, read_back, run_demo
+from blobhouse.files.ranges import REF_TYPE
 from blobhouse.progress import ProgressEvent
 from tests.helpers import stock_read
 
@@ -64,6 +65,37 @@ def test_demo_steps_report_rows_and_bytes_and_its_read_back_finds_damage(spark, 
         file.write(bytes([byte[0] ^ 0xFF]))
     checked = read_back(spark, out, data)
     assert checked["checked"] == 225 and 1 <= checked["mismatches"] < 225
+
+
+def test_the_read_back_finds_a_range_holding_another_rows_payload(tmp_path):
+    """A row whose reference points at another row's bytes is a mismatch, whether the range
+    is read in the same batch or was read (and hashed) by an earlier one; a recorded blake3
+    that differs from the bytes is one too."""
+    data = EpisodeData(60)
+    out = str(tmp_path / "episodes")
+    write_table(pa.Table.from_batches(data.batches_for(range(2))), out, blob_columns=BLOB_COLUMNS)
+    table = open_table(out)
+    rows = table.to_arrow(columns=["row"]).column("row").to_pylist()
+    refs = {c: table.blob_refs(c, list(range(60))).to_pylist() for c in BLOB_COLUMNS}
+
+    def batch(positions: list[int], thumbnails: list[int]) -> pa.RecordBatch:
+        columns = {"row": pa.array([rows[p] for p in positions], pa.int64())}
+        for column in BLOB_COLUMNS:
+            chosen = thumbnails if column == "thumbnail" else positions
+            columns[column] = pa.array([refs[column][p] for p in chosen], REF_TYPE)
+        return pa.record_batch(columns)
+
+    def mismatches(*batches: pa.RecordBatch) -> list[int]:
+        return [b.column("mismatches")[0].as_py() for b in ReadBack(data)(iter(batches))]
+
+    right = list(range(30))
+    assert mismatches(batch(right, right), batch(right, right)) == [0, 0]
+    swapped = [1, 0, *range(2, 30)]  # rows 0 and 1 each reference the other's thumbnail
+    assert mismatches(batch(right, swapped)) == [2]  # the ranges read in this batch
+    assert mismatches(batch(right, right), batch(right, swapped)) == [0, 2]  # read before
+    forged = dict(refs["thumbnail"][5], blake3=bytes(32))  # bytes right, recorded hash not
+    refs["thumbnail"][5] = forged
+    assert mismatches(batch(right, right)) == [1]
 
 
 def test_demo_never_deletes_what_is_at_out(tmp_path, capsys):
