@@ -31,6 +31,7 @@ from blobhouse import (
     kept_references,
     open_table,
     read_ranges,
+    snapshot,
     write_table,
 )
 from blobhouse.cache import WeightedLRU
@@ -513,6 +514,34 @@ def test_schema_changes_on_every_store(bucket):
     written = [v["data"] if v else None for v in rows(4)["media"].to_pylist()]
     assert [r["media"] for r in got] == [*written, b"new"]
     assert stock_blobs(uri, bucket.options, "media")[1] == payload(1, 300 * KIB)
+
+
+def test_services_walk_a_versions_fragments_a_run_at_a_time_on_every_store(bucket, monkeypatch):
+    """Each run of FRAGMENTS_PER_DATASET fragments (here 2) is read through the version opened
+    again on the store, with the table's storage options: stats, verify, a merge, compaction
+    and gc find every row as one pass would."""
+    monkeypatch.setattr(snapshot, "FRAGMENTS_PER_DATASET", 2)
+    uri, options = f"{bucket.uri}/t", bucket.options
+    payloads = [payload(i, 100 * KIB + i) for i in range(10)]
+    for i in range(5):
+        ids = [2 * i, 2 * i + 1]
+        data = pa.table({"id": ids, "media": blob_array([payloads[j] for j in ids])})
+        write_table(data, uri, mode="append", storage_options=options)
+    table = open_table(uri, storage_options=options)
+    table.delete("id = 3")
+    source = pa.table({"id": [8, 10], "media": blob_array([payloads[0], b"new"])})
+    merge = table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+    merged = merge.execute(source)
+    assert (merged.num_updated_rows, merged.num_inserted_rows) == (1, 1)
+    expected = {i: p for i, p in enumerate(payloads) if i != 3} | {8: payloads[0], 10: b"new"}
+    assert table.stats()["logical_bytes"] == sum(map(len, expected.values()))
+    assert table.verify(deep=True)["problems"] == []
+    report = table.compact()
+    assert (report["fragments_removed"], report["fragments_added"]) == (6, 1)
+    table.gc(older_than=timedelta(0), grace=timedelta(0), retain_versions=1)
+    after = open_table(uri, storage_options=options)
+    got = {r["id"]: r["media"] for r in after.to_arrow(blobs="bytes").to_pylist()}
+    assert got == expected and after.verify(deep=True)["problems"] == []
 
 
 # -- the object store layer -----------------------------------------------------------------
