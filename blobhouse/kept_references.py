@@ -23,6 +23,7 @@ writes a new file, or a new deletion file, for every change.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import threading
@@ -38,17 +39,19 @@ from lance.fragment import FragmentMetadata, LanceFragment
 from blobhouse.cache import SharedCache
 from blobhouse.columns import lance_name
 from blobhouse.errors import BlobhouseError
+from blobhouse.files.checksums import Digests
 from blobhouse.files.references import ResolvedRows
 from blobhouse.placement import MiB
 from blobhouse.values import ROW_ADDRESS, ColumnPath, get_column
 
-#: resolved rows kept for the process, every table and version (~40 bytes a row: 1.6 M rows)
-KEPT_BYTES = 64 * MiB
+#: resolved rows kept for the process, every table and version (~72 bytes a row with their
+#: recorded hashes: 3.7 M rows; a fragment of Lance's default 1 Mi rows fits in half of it)
+KEPT_BYTES = 256 * MiB
 #: what reading and resolving a fragment's descriptors costs: a take's own cost (pylance 14:
 #: ~0.6 ms a call however few rows), and per row (~1 us)
 KEEP_TAKE_SECONDS = 0.6e-3
 LOAD_SECONDS_PER_ROW = 1e-6
-_ROW_BYTES = 40
+_ROW_BYTES = 72
 _PIECE = 1 << 16  # rows read at a time when a fragment is kept
 
 LanceRead = Callable[[Callable[[], pa.Table]], pa.Table]
@@ -83,6 +86,7 @@ class KeptReferences:
         *,
         scope: Hashable | None = None,
         own: Callable[[ResolvedRows], bool] | None = None,
+        recorded: Callable[[ResolvedRows], Digests] | None = None,
     ) -> None:
         self._dataset = dataset
         self._path = path
@@ -109,21 +113,25 @@ class KeptReferences:
         # ``own(rows)``: whether rows were resolved from more than the manifest says (kept
         # under a key no other object makes: it resolves them again itself)
         self._own, self._token = own, next(_TOKENS)
+        # ``recorded(rows)``: their recorded hashes (what a checked read asks with its rows)
+        self._recorded = recorded
         self._lock = threading.Lock()  # guards ``_spent``
 
-    def take(self, positions: Sequence[int]) -> ResolvedRows:
-        """The rows at ``positions`` (in range, any order, repeats allowed), in that order."""
+    def take(self, positions: Sequence[int], recorded: bool = False) -> ResolvedRows:
+        """The rows at ``positions`` (in range, any order, repeats allowed), in that order;
+        with ``recorded``, carrying their recorded hashes (:attr:`ResolvedRows.recorded`)."""
         positions = np.asarray(positions, np.int64)
         return self._serve(
             np.searchsorted(self._starts, positions, side="right") - 1,
             lambda fragment, _, rows: positions[rows] - self._starts[fragment],
             lambda rows: self._dataset.take(positions[rows].tolist(), self._columns),
+            recorded,
         )
 
-    def take_ids(self, ids: np.ndarray) -> ResolvedRows:
+    def take_ids(self, ids: np.ndarray, recorded: bool = False) -> ResolvedRows:
         """The rows with row ids ``ids`` (any order, repeats allowed), in that order, of a
-        version without stable row ids, where a row's id is its address. IndexError names
-        the ids that are not live rows of this version."""
+        version without stable row ids, where a row's id is its address (``recorded`` as
+        :meth:`take`). IndexError names the ids that are not live rows of this version."""
         ids = np.asarray(ids, np.uint64)
         fragment_ids = ids >> np.uint64(32)
         # where each id's fragment sits among the version's (one search, not np.isin's sort:
@@ -139,6 +147,7 @@ class KeptReferences:
             self._id_order[at],
             lambda _, held, rows: _offsets_of(held.addresses, ids[rows]),
             lambda rows: take_rows_by_id(self._dataset, ids[rows], self._columns),
+            recorded,
         )
 
     def _serve(
@@ -146,13 +155,18 @@ class KeptReferences:
         fragments: np.ndarray,
         local: Callable[[int, ResolvedRows, np.ndarray], np.ndarray],
         lance_take: Callable[[np.ndarray], pa.Table],
+        recorded: bool,
     ) -> ResolvedRows:
         """The request's rows, each from the fragment at index ``fragments[i]``: rows of kept
         fragments at ``local(fragment, kept rows, request rows)``, the others from
-        ``lance_take(request rows)``, all back in the request's order."""
+        ``lance_take(request rows)``, all back in the request's order (with ``recorded``,
+        each carrying its recorded hash)."""
+        recorded = recorded and self._recorded is not None
         first = int(fragments[0])
         touched = [first] if (fragments == first).all() else np.unique(fragments).tolist()
         kept = {f: self._kept.find(self._key(f)) for f in touched}
+        if recorded:
+            kept = {f: self._with_recorded(f, held) for f, held in kept.items()}
         everything = np.arange(len(fragments))
         if len(touched) == 1 and kept[first] is not None:  # the common case: no copy
             return kept[first].take(local(first, kept[first], everything))
@@ -162,7 +176,7 @@ class KeptReferences:
             rows = (
                 everything if len(taken) == len(kept) else np.flatnonzero(np.isin(fragments, taken))
             )
-            parts.append(self._lance_take(lambda: lance_take(rows), fragments[rows]))
+            parts.append(self._lance_take(lambda: lance_take(rows), fragments[rows], recorded))
             rows_of_parts.append(rows)
         for fragment, held in kept.items():
             if held is not None:
@@ -175,11 +189,18 @@ class KeptReferences:
         order[np.concatenate(rows_of_parts)] = everything
         return ResolvedRows.concat(parts).take(order)
 
-    def _lance_take(self, take: Callable[[], pa.Table], fragments: np.ndarray) -> ResolvedRows:
-        """Lance's ``take()``, resolved; its time is charged to the fragments it read, and
-        those whose charges reached their reading cost are read whole for the next calls."""
+    def _lance_take(
+        self, take: Callable[[], pa.Table], fragments: np.ndarray, recorded: bool
+    ) -> ResolvedRows:
+        """Lance's ``take()``, resolved (with ``recorded``, its rows' recorded hashes looked
+        up); its time is charged to the fragments it read, and those whose charges reached
+        their reading cost are read whole for the next calls. A checked read pays for the
+        lookup too: a data file's hash list too large to stay loaded is read again by every
+        such take, and that is what keeping the fragment (with its hashes) saves."""
         started = time.perf_counter()
         rows = self._resolved(take)
+        if recorded:
+            rows = rows.with_recorded(self._recorded(rows))
         spent = time.perf_counter() - started
         touched, counts = np.unique(fragments, return_counts=True)
         with self._lock:
@@ -192,8 +213,17 @@ class KeptReferences:
             cost = KEEP_TAKE_SECONDS + self._rows[touched] * LOAD_SECONDS_PER_ROW
             earned = touched[self._spent[touched] >= cost]
             self._spent[earned] = 0.0  # charged from nothing again if it is ever dropped
-        self._keep(earned[self._rows[earned] > 0].tolist())
+        self._keep(earned[self._rows[earned] > 0].tolist(), recorded)
         return rows
+
+    def _with_recorded(self, fragment: int, held: ResolvedRows | None) -> ResolvedRows | None:
+        """Kept rows of the fragment at index ``fragment`` with their recorded hashes, looked
+        up once for all of them and kept with them."""
+        if held is None or (held.recorded is not None and held.looked is None):
+            return held
+        held = held.with_recorded(self._recorded(held))
+        self._kept.put(self._key(fragment), held)
+        return held
 
     def _resolved(self, take: Callable[[], pa.Table]) -> ResolvedRows:
         """The rows Lance's ``take()`` returns, resolved."""
@@ -202,11 +232,11 @@ class KeptReferences:
         )
         return self._resolve(get_column(taken, self._path), taken.column(ROW_ADDRESS))
 
-    def _keep(self, fragments: list[int]) -> None:
-        """Read and resolve the rows of ``fragments`` whole and keep those that fit the
-        budget: together, in takes of up to half the budget's rows (a fragment of more is
-        never kept), so many small fragments cost one take and large ones never all sit in
-        memory at once."""
+    def _keep(self, fragments: list[int], recorded: bool) -> None:
+        """Read and resolve the rows of ``fragments`` whole (with ``recorded``, their recorded
+        hashes too) and keep those that fit the budget: together, in takes of up to half the
+        budget's rows (a fragment of more is never kept), so many small fragments cost one
+        take and large ones never all sit in memory at once."""
         most = self._limit // 2 // _ROW_BYTES
         group: list[int] = []
         rows = 0
@@ -215,16 +245,16 @@ class KeptReferences:
             if count > most:
                 continue
             if rows + count > most:
-                self._keep_together(group)
+                self._keep_together(group, recorded)
                 group, rows = [], 0
             group.append(fragment)
             rows += count
-        self._keep_together(group)
+        self._keep_together(group, recorded)
 
-    def _keep_together(self, fragments: list[int]) -> None:
-        """Read and resolve the rows of ``fragments`` whole, in one take, and keep them; if a
-        row does not resolve, each fragment is tried alone (a fragment with such a row is left
-        to the takes, which name it)."""
+    def _keep_together(self, fragments: list[int], recorded: bool) -> None:
+        """Read and resolve the rows of ``fragments`` whole, in one take, and keep them (with
+        ``recorded``, with their recorded hashes); if a row does not resolve, each fragment is
+        tried alone (a fragment with such a row is left to the takes, which name it)."""
         if not fragments:
             return
         try:
@@ -232,8 +262,12 @@ class KeptReferences:
         except (BlobhouseError, OSError):
             if len(fragments) > 1:
                 for fragment in fragments:
-                    self._keep_together([fragment])
+                    self._keep_together([fragment], recorded)
             return
+        if recorded:
+            # kept without them if a list cannot be read: the next checked read names it
+            with contextlib.suppress(BlobhouseError, OSError):
+                held = held.with_recorded(self._recorded(held))
         ends = np.cumsum(self._rows[fragments])
         if len(held) != ends[-1]:
             return  # positions counted otherwise than Lance counts them: never serve them
@@ -356,7 +390,11 @@ def _offsets_of(addresses: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 def _weight(rows: ResolvedRows) -> int:
     refs = rows.refs
     arrays = (refs.codes, refs.positions, refs.sizes, refs.valid, rows.kinds, rows.blob_ids)
-    return sum(a.nbytes for a in arrays) + rows.addresses.nbytes + sum(map(len, refs.uris))
+    carried = rows.recorded.nbytes if rows.recorded is not None else 0
+    carried += rows.looked.nbytes if rows.looked is not None else 0
+    return (
+        sum(a.nbytes for a in arrays) + rows.addresses.nbytes + sum(map(len, refs.uris)) + carried
+    )
 
 
 _TOKENS = itertools.count()

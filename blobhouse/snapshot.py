@@ -54,7 +54,7 @@ from blobhouse.errors import (
     lance_io,
     lance_message,
 )
-from blobhouse.files.checksums import RecordedHashes
+from blobhouse.files.checksums import Digests, RecordedHashes
 from blobhouse.files.footer import MISSING, data_file_problem
 from blobhouse.files.references import ReferenceResolver, ResolvedRows, Unresolved, field_id
 from blobhouse.io.objects import (
@@ -246,17 +246,20 @@ class TableSnapshot:
             descriptors, row_addresses, self.field_id(path), path_name(path), unresolved
         )
 
-    def rows_at(self, path: ColumnPath, positions: list[int]) -> ResolvedRows:
+    def rows_at(
+        self, path: ColumnPath, positions: list[int], recorded: bool = False
+    ) -> ResolvedRows:
         """Blob column ``path`` at ``positions`` (among the live rows, checked in range),
         resolved: from Lance's take or, for fragments read often, from memory
-        (:mod:`blobhouse.kept_references`)."""
-        return self._kept_references(path).take(positions)
+        (:mod:`blobhouse.kept_references`); with ``recorded``, carrying their recorded
+        hashes (what a checked read needs: kept rows keep theirs)."""
+        return self._kept_references(path).take(positions, recorded)
 
-    def rows_by_id(self, path: ColumnPath, ids: np.ndarray) -> ResolvedRows:
+    def rows_by_id(self, path: ColumnPath, ids: np.ndarray, recorded: bool = False) -> ResolvedRows:
         """Blob column ``path`` at row ``ids`` of a version without stable row ids (ids are
         row addresses), resolved as :meth:`rows_at` does; IndexError for an id that is not a
         row of this version."""
-        return self._kept_references(path).take_ids(ids)
+        return self._kept_references(path).take_ids(ids, recorded)
 
     def resolve_rows(
         self, path: ColumnPath, descriptors: pa.Array, row_addresses: pa.Array
@@ -279,9 +282,19 @@ class TableSnapshot:
                     lambda descriptors, addresses: self.resolve_rows(path, descriptors, addresses),
                     scope=(path, self.field_id(path), self.resolver.fingerprint),
                     own=lambda rows: self.resolver.sized_from_objects(rows.refs.uris),
+                    recorded=functools.partial(self._recorded_of, path),
                 ),
             )
         return kept
+
+    def _recorded_of(self, path: ColumnPath, rows: ResolvedRows) -> Digests:
+        """The recorded hashes of ``rows`` of blob column ``path``, from their data files."""
+        return self.lance_read(
+            "read blobs of",
+            lambda: self.recorded_hashes().expected(
+                self.file_column(path), rows, self.data_file_of(path)
+            ),
+        )
 
     def file_column(self, path: ColumnPath) -> Callable[[int], int]:
         """For blob column ``path``: fragment id -> the column it is in that fragment's data

@@ -764,7 +764,25 @@ class RecordedHashes:
         rows: ResolvedRows,
         data_file: Callable[[int], str] | None = None,
     ) -> Digests:
-        """:meth:`expected_many` as :class:`Digests` (no Python object per row)."""
+        """:meth:`expected_many` as :class:`Digests` (no Python object per row). Rows that
+        carry their recorded hashes (:attr:`ResolvedRows.recorded`) are not looked up again."""
+        if rows.recorded is None:
+            return self._looked_up(file_column, rows, data_file)
+        if rows.looked is None:
+            return rows.recorded
+        missing = np.flatnonzero(~rows.looked)
+        expected = Digests(rows.recorded.matrix.copy(), rows.recorded.found.copy())
+        looked_up = self._looked_up(file_column, rows.take(missing).without_recorded(), data_file)
+        expected.put_rows(missing, looked_up)
+        return expected
+
+    def _looked_up(
+        self,
+        file_column: Callable[[int], int],
+        rows: ResolvedRows,
+        data_file: Callable[[int], str] | None,
+    ) -> Digests:
+        """The recorded hashes of ``rows``, from their data files' lists."""
         refs, kinds, blob_ids, addresses = rows.refs, rows.kinds, rows.blob_ids, rows.addresses
         expected = Digests.none(len(refs))
         if not refs.uris:
@@ -891,6 +909,26 @@ class Digests:
     @classmethod
     def none(cls, count: int) -> Digests:
         return cls(np.zeros((count, DIGEST_BYTES), np.uint8), np.zeros(count, bool))
+
+    @classmethod
+    def concat(cls, parts: Sequence[Digests]) -> Digests:
+        """``parts`` one after the other."""
+        return cls(
+            np.concatenate([p.matrix for p in parts]), np.concatenate([p.found for p in parts])
+        )
+
+    def take(self, rows: np.ndarray) -> Digests:
+        """The digests of ``rows`` (indices into these)."""
+        return Digests(self.matrix[rows], self.found[rows])
+
+    def put_rows(self, rows: np.ndarray, digests: Digests) -> None:
+        """Row ``rows[i]`` gets ``digests``' row ``i``."""
+        self.matrix[rows] = digests.matrix
+        self.found[rows] = digests.found
+
+    @property
+    def nbytes(self) -> int:
+        return self.matrix.nbytes + self.found.nbytes
 
     def put(self, rows: np.ndarray, recorded: FileChecksums, entries: np.ndarray) -> None:
         """Row ``rows[i]`` gets ``recorded``'s entry ``entries[i]`` (none for -1)."""

@@ -8,6 +8,7 @@ blob column and produces absolute references any process can read on its own.
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import pyarrow.compute as pc
 from lance import LanceDataset
 
 from blobhouse.errors import BlobhouseError, DataFileError, ExternalBlobError, InvalidInputError
+from blobhouse.files.checksums import Digests
 from blobhouse.files.ranges import RefColumns
 from blobhouse.io.objects import StorageOptions, object_store
 from blobhouse.io.uris import normalize_uri
@@ -408,12 +410,17 @@ class ReferenceResolver:
 @dataclass(frozen=True)
 class ResolvedRows:
     """Rows of a blob column ready to read: their references, and what their recorded hashes
-    are found by (each row's descriptor kind and blob id, and its row address)."""
+    are found by (each row's descriptor kind and blob id, and its row address). ``recorded``
+    holds the recorded hashes of the rows ``looked`` marks (None: of every row), where they
+    were looked up already: rows kept in memory carry theirs, so a checked read of them
+    opens no data file's list again."""
 
     refs: RefColumns
     kinds: np.ndarray
     blob_ids: np.ndarray
     addresses: np.ndarray
+    recorded: Digests | None = None
+    looked: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.addresses)
@@ -421,18 +428,49 @@ class ResolvedRows:
     def take(self, rows: np.ndarray) -> ResolvedRows:
         """The rows at ``rows`` (indices into these)."""
         return ResolvedRows(
-            self.refs.take(rows), self.kinds[rows], self.blob_ids[rows], self.addresses[rows]
+            self.refs.take(rows),
+            self.kinds[rows],
+            self.blob_ids[rows],
+            self.addresses[rows],
+            self.recorded.take(rows) if self.recorded is not None else None,
+            self.looked[rows] if self.looked is not None else None,
         )
+
+    def with_recorded(self, recorded: Digests) -> ResolvedRows:
+        """These rows carrying ``recorded``, the recorded hash of every row."""
+        if len(recorded) != len(self):
+            raise ValueError(f"{len(recorded)} recorded hashes for {len(self)} rows")
+        return dataclasses.replace(self, recorded=recorded, looked=None)
+
+    def without_recorded(self) -> ResolvedRows:
+        """These rows carrying no recorded hash."""
+        return dataclasses.replace(self, recorded=None, looked=None)
 
     @staticmethod
     def concat(parts: Sequence[ResolvedRows]) -> ResolvedRows:
         """``parts`` one after the other."""
+        recorded = looked = None
+        if any(p.recorded is not None for p in parts):
+            recorded = Digests.concat(
+                [p.recorded if p.recorded is not None else Digests.none(len(p)) for p in parts]
+            )
+            looked = np.concatenate([_looked(p) for p in parts])
+            looked = None if looked.all() else looked
         return ResolvedRows(
             RefColumns.concat([p.refs for p in parts]),
             np.concatenate([p.kinds for p in parts]),
             np.concatenate([p.blob_ids for p in parts]),
             np.concatenate([p.addresses for p in parts]),
+            recorded,
+            looked,
         )
+
+
+def _looked(rows: ResolvedRows) -> np.ndarray:
+    """Which of ``rows`` carry their recorded hash."""
+    if rows.looked is not None:
+        return rows.looked
+    return np.full(len(rows), rows.recorded is not None)
 
 
 @dataclass(frozen=True)

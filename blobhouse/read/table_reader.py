@@ -175,7 +175,9 @@ class TableReads(ABC):
             return reader.snapshot.dataset.take(indices, columns=cols)
 
         if indices and reader._kept_serves(selection, blobs, by_id=False):
-            kept = functools.partial(reader.snapshot.rows_at, positions=indices)
+            kept = functools.partial(
+                reader.snapshot.rows_at, positions=indices, recorded=check_hashes
+            )
             return reader._kept_table(take, kept, selection, blobs, check_hashes)
         return reader._taken(take, columns, blobs, check_hashes)
 
@@ -226,7 +228,7 @@ class TableReads(ABC):
         selection = reader._taken_columns(columns, blobs)
         take = functools.partial(reader._by_id, ids.tolist())
         if len(ids) and reader._kept_serves(selection, blobs, by_id=True):
-            kept = functools.partial(reader._kept_by_id, ids=ids)
+            kept = functools.partial(reader._kept_by_id, ids=ids, recorded=check_hashes)
             return reader._kept_table(take, kept, selection, blobs, check_hashes)
         return reader._taken(take, columns, blobs, check_hashes)
 
@@ -279,7 +281,7 @@ class TableReads(ABC):
         indices = reader._check_indices(indices)
         if not indices:
             return pa.array([], type=REF_TYPE)
-        return reader._refs(path, reader.snapshot.rows_at(path, indices))
+        return reader._refs(path, reader.snapshot.rows_at(path, indices, recorded=True))
 
     def read_blobs(self, column: str, indices: Sequence[int]) -> list[bytes | None]:
         """The bytes of ``column`` at ``indices`` (None for null), with coalesced ranged reads,
@@ -290,7 +292,7 @@ class TableReads(ABC):
         if not indices:
             return []
         # each payload read into its own bytes
-        rows = reader.snapshot.rows_at(path, indices)
+        rows = reader.snapshot.rows_at(path, indices, recorded=True)
         return reader._checked_bytes(path, rows, read_ranges, doing="read blobs of")
 
     def open_blob(self, column: str, index: int) -> BinaryIO | None:
@@ -308,7 +310,7 @@ class TableReads(ABC):
         reader = self._reader()
         path = reader.snapshot.blob_path(column, "open_blob")
         (index,) = reader._check_indices([index])
-        rows = reader.snapshot.rows_at(path, [index])
+        rows = reader.snapshot.rows_at(path, [index], recorded=True)
         ref = rows.refs.ref(0)
         if ref is None:
             return None
@@ -444,7 +446,7 @@ class TableReader(TableReads):
         """:meth:`take_row_dicts` with the blob columns from kept references."""
         plain, blob_rows = self._kept_parts(
             functools.partial(self._by_id, ids.tolist()),
-            functools.partial(self._kept_by_id, ids=ids),
+            functools.partial(self._kept_by_id, ids=ids, recorded=check_hashes),
             selection,
         )
         rows = plain.to_pylist() if plain is not None else [{} for _ in range(len(ids))]
@@ -479,9 +481,9 @@ class TableReader(TableReads):
         blob_rows = {i: kept(path) for i, path in enumerate(selection.paths) if path in blob_paths}
         return batch, blob_rows
 
-    def _kept_by_id(self, path: ColumnPath, ids: np.ndarray) -> ResolvedRows:
+    def _kept_by_id(self, path: ColumnPath, ids: np.ndarray, recorded: bool) -> ResolvedRows:
         try:
-            return self.snapshot.rows_by_id(path, ids)
+            return self.snapshot.rows_by_id(path, ids, recorded)
         except DeletedRowsError as exc:
             raise _not_rows_here(self.snapshot, exc.ids, _absent(self.snapshot)) from None
         except (IndexError, OSError) as exc:
