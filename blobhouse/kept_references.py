@@ -39,7 +39,7 @@ from lance.fragment import FragmentMetadata, LanceFragment
 from blobhouse.cache import SharedCache
 from blobhouse.columns import lance_name
 from blobhouse.errors import BlobhouseError
-from blobhouse.files.checksums import Digests
+from blobhouse.files.digests import Digests
 from blobhouse.files.references import ResolvedRows
 from blobhouse.placement import MiB
 from blobhouse.values import ROW_ADDRESS, ColumnPath, get_column

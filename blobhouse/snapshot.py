@@ -54,7 +54,8 @@ from blobhouse.errors import (
     lance_io,
     lance_message,
 )
-from blobhouse.files.checksums import Digests, RecordedHashes
+from blobhouse.files.checksums import RecordedHashes
+from blobhouse.files.digests import Digests
 from blobhouse.files.footer import MISSING, data_file_problem
 from blobhouse.files.references import ReferenceResolver, ResolvedRows, Unresolved, field_id
 from blobhouse.io.objects import (

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from lance import LanceDataset
 
 from blobhouse.errors import BlobhouseError, DataFileError, ExternalBlobError, InvalidInputError
-from blobhouse.files.checksums import Digests
+from blobhouse.files.digests import Digests
 from blobhouse.files.ranges import RefColumns
 from blobhouse.io.objects import StorageOptions, object_store
 from blobhouse.io.uris import normalize_uri

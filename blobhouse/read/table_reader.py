@@ -29,7 +29,7 @@ from blobhouse.errors import (
     is_damaged_file_error,
     lance_message,
 )
-from blobhouse.files.checksums import Digests
+from blobhouse.files.digests import Digests
 from blobhouse.files.ranges import REF_TYPE, open_ref, read_ranges, read_ranges_arrow
 from blobhouse.files.references import ResolvedRows
 from blobhouse.kept_references import DeletedRowsError, take_rows_by_id
