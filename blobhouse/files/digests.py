@@ -38,11 +38,11 @@ class Digests:
 
     def take(self, rows: np.ndarray) -> Digests:
         """The digests of ``rows`` (indices into these)."""
-        return Digests(self.matrix[rows], self.found[rows])
+        return Digests(np.take(self.matrix, rows, axis=0), self.found[rows])
 
     def put_rows(self, rows: np.ndarray, digests: Digests) -> None:
         """Row ``rows[i]`` gets ``digests``' row ``i``."""
-        self.matrix[rows] = digests.matrix
+        _scatter(self.matrix, rows, digests.matrix)
         self.found[rows] = digests.found
 
     @property
@@ -53,7 +53,7 @@ class Digests:
         """Row ``rows[i]`` gets row ``entries[i]`` of ``recorded`` (a list's digests, 32 bytes
         a row; none for -1)."""
         hit = entries >= 0
-        self.matrix[rows[hit]] = recorded[entries[hit]]
+        _scatter(self.matrix, rows[hit], np.take(recorded, entries[hit], axis=0))
         self.found[rows[hit]] = True
 
     def put_each(self, rows: np.ndarray, digests: Sequence[bytes | None]) -> None:
@@ -86,3 +86,13 @@ class Digests:
             [validity, pa.py_buffer(offsets), pa.py_buffer(values)],
             null_count=nulls,
         )
+
+
+def _scatter(matrix: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """``matrix[rows] = values`` for rows of 32 bytes, each moved as one value (numpy moves a
+    row of a 2-D array byte by byte: 0.2 s for a million rows, against 0.03 s)."""
+    np.put(_as_values(matrix), rows, _as_values(np.ascontiguousarray(values)))
+
+
+def _as_values(matrix: np.ndarray) -> np.ndarray:
+    return matrix.view(f"V{DIGEST_BYTES}").reshape(-1)
