@@ -281,19 +281,24 @@ class KeptReferences:
             self._kept.put(self._key(fragment), rows)
 
     def _read_whole(self, fragments: list[int]) -> ResolvedRows:
-        """Every row of ``fragments``, resolved, in their order: taken by position in pieces,
-        as the take it replaces reads (a nested column's parents included)."""
-        positions = np.concatenate(
-            [np.arange(self._starts[f], self._starts[f + 1]) for f in fragments]
+        """Every row of ``fragments``, resolved, in their order: one scan of the column and
+        the row addresses (a scan reads a million descriptors in ~0.6 s, Lance's takes by
+        position in ~1 s), resolved in pieces of ``_PIECE`` rows."""
+        chosen = [self._dataset.get_fragment(int(self._ids[f])) for f in fragments]
+        scanned = self._read(
+            lambda: self._dataset.scanner(
+                columns=[self._columns[0]],
+                with_row_address=True,
+                fragments=chosen,
+                batch_size=_PIECE,
+                scan_in_order=True,
+            ).to_table()
         )
+        # a nested column comes as one flat column, its parents' nulls applied
         return ResolvedRows.concat(
             [
-                self._resolved(
-                    lambda piece=positions[at : at + _PIECE]: self._dataset.take(
-                        piece.tolist(), self._columns
-                    )
-                )
-                for at in range(0, len(positions), _PIECE)
+                self._resolve(batch.column(0), batch.column(ROW_ADDRESS))
+                for batch in scanned.to_batches(max_chunksize=_PIECE)
             ]
         )
 

@@ -494,26 +494,40 @@ def test_a_read_of_a_few_rows_looks_at_their_fragments_files_only(tmp_path):
     assert table.snapshot.resolver._loaded == {2, 30, 44}
 
 
-def test_fragments_one_read_earns_are_kept_in_one_take(tmp_path, monkeypatch):
+def count_lance_reads(monkeypatch) -> list[tuple[str, int]]:
+    """Lance's takes (and their rows) and scans (and their fragments) from now on."""
+    reads: list[tuple[str, int]] = []
+    take, scanner = lance.LanceDataset.take, lance.LanceDataset.scanner
+
+    def counted_take(self, rows, *args, **kwargs):
+        reads.append(("take", len(rows)))
+        return take(self, rows, *args, **kwargs)
+
+    def counted_scanner(self, *args, **kwargs):
+        reads.append(("scan", len(kwargs.get("fragments") or ())))
+        return scanner(self, *args, **kwargs)
+
+    monkeypatch.setattr(lance.LanceDataset, "take", counted_take)
+    monkeypatch.setattr(lance.LanceDataset, "scanner", counted_scanner)
+    return reads
+
+
+def test_fragments_one_read_earns_are_kept_in_one_read_of_lance(tmp_path, monkeypatch):
     """A read spread over many small fragments (a table grown by small appends) keeps the
-    fragments it earned with one more take of Lance, not one a fragment: a fresh process's first
+    fragments it earned with one more read of Lance, not one a fragment: a fresh process's first
     read of 64 rows of 2,000 fragments of 10 rows took 65 takes (0.2 s against pylance's 20 ms)."""
     uri = str(tmp_path / "t")
     payloads = [bytes([i]) * (100 + i) for i in range(200)]
     write_table(pa.table({"b": blob_array(payloads)}), uri, max_rows_per_file=4)
-    takes = []
-    original = lance.LanceDataset.take
-    monkeypatch.setattr(
-        lance.LanceDataset, "take", lambda self, *a, **k: takes.append(1) or original(self, *a, **k)
-    )
     keep_every_take(monkeypatch)
     table = open_table(uri)
+    reads = count_lance_reads(monkeypatch)
     spread = list(range(1, 200, 4))  # a row of every fragment
     assert table.read_blobs("b", spread) == [payloads[p] for p in spread]
-    assert len(takes) == 2  # the read's own take, and the one that keeps the 50 fragments
+    assert reads == [("take", 50), ("scan", 50)]  # the read's own take; one scan keeps them
     assert table.snapshot._kept[("b",)].held() == list(range(50))
     assert table.read_blobs("b", spread[::-1]) == [payloads[p] for p in spread[::-1]]
-    assert len(takes) == 2  # from memory
+    assert len(reads) == 2  # from memory
 
 
 def test_a_take_of_small_fragments_earns_them_only_past_a_takes_own_cost(tmp_path, monkeypatch):
@@ -554,7 +568,7 @@ def test_a_fragments_first_take_runs_cold_and_buys_nothing(tmp_path, monkeypatch
     assert kept.held() == [0, 1]
 
 
-def test_fragments_earned_together_are_read_in_takes_of_half_the_budget(tmp_path, monkeypatch):
+def test_fragments_earned_together_are_read_in_scans_of_half_the_budget(tmp_path, monkeypatch):
     """Fragments earned by one read are read whole together, but never more rows at once
     than half the budget holds: large fragments earned at once never all sit in memory."""
     uri = str(tmp_path / "t")
@@ -562,13 +576,7 @@ def test_fragments_earned_together_are_read_in_takes_of_half_the_budget(tmp_path
     write_table(pa.table({"b": blob_array(payloads)}), uri, max_rows_per_file=10)
     keep_every_take(monkeypatch)
     snapshot = open_table(uri).snapshot
-    reads = []
-    original = lance.LanceDataset.take
-    monkeypatch.setattr(
-        lance.LanceDataset,
-        "take",
-        lambda self, rows, *a, **k: reads.append(len(rows)) or original(self, rows, *a, **k),
-    )
+    reads = count_lance_reads(monkeypatch)
     kept = KeptReferences(
         snapshot.dataset,
         ("b",),
@@ -578,7 +586,7 @@ def test_fragments_earned_together_are_read_in_takes_of_half_the_budget(tmp_path
     )
     rows = kept.take([0, 15, 25, 35])
     assert rows.refs.sizes.tolist() == [100, 115, 125, 135]
-    assert reads == [4, 20, 20]  # the read, then its four fragments two at a time
+    assert reads == [("take", 4), ("scan", 2), ("scan", 2)]  # the read, then two at a time
 
 
 def test_kept_rows_carry_their_recorded_hashes(fragments_table, keep_at_once, monkeypatch):
