@@ -671,6 +671,99 @@ def first_call(size: Size) -> Case:
     return case
 
 
+#: rows of the tiny_rows table, and rows a file of it holds (full: Lance's default file size)
+TINY_ROWS = {"quick": (20_000, 10_000), "full": (2 << 20, 1 << 20)}
+TINY_READS = {"quick": 30, "full": 300}  # reads of 64 random rows each process makes
+TINY_BYTES = 100
+
+TINY_ROWS_SCRIPT = textwrap.dedent(
+    f"""
+    import json, random, sys, time
+    import lance
+    import blobhouse
+    contender, root, seed, reads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    if contender == "pylance":
+        table = lance.dataset(root + "/plain")
+        read = lambda r: table.take(r, columns=["b"])
+    else:
+        table = blobhouse.open_table(root + "/bh")
+        if contender == "read_blobs":
+            read = lambda r: table.read_blobs("b", r)
+        else:
+            read = lambda r: table.take(r, columns=["b"], blobs="bytes")
+    rows = table.count_rows()
+    rng = random.Random(seed)
+    seconds = []
+    for _ in range(reads):  # a fresh draw per read, as a training loop's rows are
+        draw = sorted(rng.sample(range(rows), {FIRST_CALL_ROWS}))
+        started = time.perf_counter()
+        read(draw)
+        seconds.append(time.perf_counter() - started)
+    print(json.dumps(seconds))
+    """
+)
+
+
+def tiny_rows(size: Size) -> Case:
+    """Checked reads of 64 random rows of 100-byte payloads, in files of Lance's default 1 Mi
+    rows (metadata-sized values: captions, labels, embeddings' ids), each contender in fresh
+    processes: the first read, the process's first reads together (the rows' references and
+    recorded hashes are kept in memory once reads have paid for it) and the steady state after,
+    against pylance's take of a plain large_binary column."""
+    case = Case(
+        "tiny_rows",
+        "Checked reads of 64 random 100-byte rows in 1 Mi-row files, each in fresh processes",
+    )
+    rows, per_file = TINY_ROWS[size.name]
+    reads = TINY_READS[size.name]
+    processes = 3 if size.name == "full" else 1
+    rng = np.random.default_rng(8)
+    block = rng.bytes(rows * TINY_BYTES)
+    payloads = pa.array(
+        [block[i * TINY_BYTES : (i + 1) * TINY_BYTES] for i in range(rows)], pa.large_binary()
+    )
+    contenders = {
+        "blobhouse read_blobs": "read_blobs",
+        'blobhouse take, blobs="bytes"': "take",
+        "pylance take, large_binary column": "pylance",
+    }
+    with Scratch() as root:
+        binary = pa.table({"b": payloads})
+        write_table(binary, str(root / "bh"), blob_columns=["b"], max_rows_per_file=per_file)
+        lance.write_dataset(
+            binary, root / "plain", data_storage_version="2.2", max_rows_per_file=per_file
+        )
+        os.sync()
+        runs: dict[str, list[list[float]]] = {name: [] for name in contenders}
+        for run in range(processes):  # alternating, as medians() does
+            for name, argv in contenders.items():
+                done = subprocess.run(
+                    [sys.executable, "-c", TINY_ROWS_SCRIPT, argv, str(root), str(run), str(reads)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                runs[name].append(json.loads(done.stdout))
+    phases = {
+        "first read": lambda s: s[0],
+        f"first {reads} reads": sum,
+        "steady state (a read, the last half)": lambda s: statistics.median(s[len(s) // 2 :]),
+    }
+    for phase, measure in phases.items():
+        seconds = {n: statistics.median(measure(s) for s in r) for n, r in runs.items()}
+        pylance = seconds["pylance take, large_binary column"]
+        for name, value in seconds.items():
+            case.add(
+                phase=phase,
+                rows=rows,
+                rows_per_file=per_file,
+                contender=name,
+                seconds=round(value, 6),
+                vs_pylance=round(pylance / value, 3),
+            )
+    return case
+
+
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec
 PEAK_RSS = """
 def peak_rss_mb():
@@ -2580,6 +2673,7 @@ CASES = {
     "random_access": random_access,
     "small_blobs": small_blobs,
     "first_call": first_call,
+    "tiny_rows": tiny_rows,
     "scale": scale,
     "versions": versions,
     "spark": spark,

@@ -34,6 +34,7 @@ def test_quick_benchmark_run(quick_bench_results):
         "startup",
         "small_blobs",
         "first_call",
+        "tiny_rows",
         "checked_loader",
         "robot_video",
         "lerobot_dropin",  # rows only where LeRobot is installed (bench/lerobot_env)
@@ -42,6 +43,9 @@ def test_quick_benchmark_run(quick_bench_results):
         (r["moment"], r["fragments"] > 1, r["contender"]) for r in results["first_call"]["rows"]
     }
     assert {m for m, _, _ in first} == {"fresh process", "new version"} and len(first) == 8
+    tiny = {(r["phase"], r["contender"]): r for r in results["tiny_rows"]["rows"]}
+    assert len(tiny) == 9 and all(r["seconds"] > 0 for r in tiny.values())
+    assert tiny[("first 30 reads", "pylance take, large_binary column")]["vs_pylance"] == 1
     demo = {r["contender"]: r for r in results["demo_read"]["rows"]}
     assert {"demo read-back", "plain read"} < set(demo) and demo["plain read"]["vs_plain_read"] == 1
     shards = {r["step"] for r in results["index_shards"]["rows"]}  # the lookups checked theirs
