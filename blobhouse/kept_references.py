@@ -9,9 +9,14 @@ column costs about a microsecond a row. So the takes that touch a fragment are t
 its first, which runs cold), and once they have cost as much as reading the fragment whole
 would (a take's own cost, and a microsecond a row), its rows are read and resolved once and
 kept (rent until buying pays: never more than twice the cheaper of the two). The fragments one
-take earned are read whole together, in one take: a table of many small fragments pays a
-take's fixed cost once, not once a fragment. Kept fragments stay within a byte budget, least
+take earned are read whole together, in one scan: a table of many small fragments pays a
+read's fixed cost once, not once a fragment. Kept fragments stay within a byte budget, least
 recently used out first.
+
+A checked read needs each row's recorded hash too, from its data file's hash list, and a list
+too large to stay loaded beside the others (a million small rows: ~100 MB) is read again by
+every such read. So a checked take's lookups are charged to its fragments with the take, and
+kept rows carry their hashes, looked up once when a checked read first meets them.
 
 What is kept is the process's, not one version's: a fragment's rows are kept by what the
 manifest says of it (its data files, its deletion file, its row count) and by what resolves its
@@ -23,7 +28,6 @@ writes a new file, or a new deletion file, for every change.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import threading
@@ -166,7 +170,7 @@ class KeptReferences:
         touched = [first] if (fragments == first).all() else np.unique(fragments).tolist()
         kept = {f: self._kept.find(self._key(f)) for f in touched}
         if recorded:
-            kept = {f: self._with_recorded(f, held) for f, held in kept.items()}
+            self._add_recorded(kept)
         everything = np.arange(len(fragments))
         if len(touched) == 1 and kept[first] is not None:  # the common case: no copy
             return kept[first].take(local(first, kept[first], everything))
@@ -213,17 +217,24 @@ class KeptReferences:
             cost = KEEP_TAKE_SECONDS + self._rows[touched] * LOAD_SECONDS_PER_ROW
             earned = touched[self._spent[touched] >= cost]
             self._spent[earned] = 0.0  # charged from nothing again if it is ever dropped
-        self._keep(earned[self._rows[earned] > 0].tolist(), recorded)
+        self._keep(earned[self._rows[earned] > 0].tolist())
         return rows
 
-    def _with_recorded(self, fragment: int, held: ResolvedRows | None) -> ResolvedRows | None:
-        """Kept rows of the fragment at index ``fragment`` with their recorded hashes, looked
-        up once for all of them and kept with them."""
-        if held is None or (held.recorded is not None and held.looked is None):
-            return held
-        held = held.with_recorded(self._recorded(held))
-        self._kept.put(self._key(fragment), held)
-        return held
+    def _add_recorded(self, kept: dict[int, ResolvedRows | None]) -> None:
+        """Give the kept rows in ``kept`` (fragment index -> its kept rows, or None) that carry
+        no recorded hashes theirs, looked up for all of them at once, and keep them so. Looked
+        up when a checked read first meets them, not when they are kept: a list no checked
+        read asked for is never loaded."""
+        lacking = [f for f, held in kept.items() if held is not None and held.recorded is None]
+        if not lacking:
+            return
+        joined = ResolvedRows.concat([kept[f] for f in lacking])
+        digests = self._recorded(joined)
+        ends = np.cumsum([len(kept[f]) for f in lacking]).tolist()
+        for fragment, end in zip(lacking, ends, strict=True):
+            rows = np.arange(end - len(kept[fragment]), end)
+            kept[fragment] = kept[fragment].with_recorded(digests.take(rows))
+            self._kept.put(self._key(fragment), kept[fragment])
 
     def _resolved(self, take: Callable[[], pa.Table]) -> ResolvedRows:
         """The rows Lance's ``take()`` returns, resolved."""
@@ -232,11 +243,11 @@ class KeptReferences:
         )
         return self._resolve(get_column(taken, self._path), taken.column(ROW_ADDRESS))
 
-    def _keep(self, fragments: list[int], recorded: bool) -> None:
-        """Read and resolve the rows of ``fragments`` whole (with ``recorded``, their recorded
-        hashes too) and keep those that fit the budget: together, in takes of up to half the
-        budget's rows (a fragment of more is never kept), so many small fragments cost one
-        take and large ones never all sit in memory at once."""
+    def _keep(self, fragments: list[int]) -> None:
+        """Read and resolve the rows of ``fragments`` whole and keep those that fit the
+        budget: together, in scans of up to half the budget's rows (a fragment of more is
+        never kept), so many small fragments cost one scan and large ones never all sit in
+        memory at once."""
         most = self._limit // 2 // _ROW_BYTES
         group: list[int] = []
         rows = 0
@@ -245,16 +256,16 @@ class KeptReferences:
             if count > most:
                 continue
             if rows + count > most:
-                self._keep_together(group, recorded)
+                self._keep_together(group)
                 group, rows = [], 0
             group.append(fragment)
             rows += count
-        self._keep_together(group, recorded)
+        self._keep_together(group)
 
-    def _keep_together(self, fragments: list[int], recorded: bool) -> None:
-        """Read and resolve the rows of ``fragments`` whole, in one take, and keep them (with
-        ``recorded``, with their recorded hashes); if a row does not resolve, each fragment is
-        tried alone (a fragment with such a row is left to the takes, which name it)."""
+    def _keep_together(self, fragments: list[int]) -> None:
+        """Read and resolve the rows of ``fragments`` whole, in one scan, and keep them; if a
+        row does not resolve, each fragment is tried alone (a fragment with such a row is left
+        to the takes, which name it)."""
         if not fragments:
             return
         try:
@@ -262,12 +273,8 @@ class KeptReferences:
         except (BlobhouseError, OSError):
             if len(fragments) > 1:
                 for fragment in fragments:
-                    self._keep_together([fragment], recorded)
+                    self._keep_together([fragment])
             return
-        if recorded:
-            # kept without them if a list cannot be read: the next checked read names it
-            with contextlib.suppress(BlobhouseError, OSError):
-                held = held.with_recorded(self._recorded(held))
         ends = np.cumsum(self._rows[fragments])
         if len(held) != ends[-1]:
             return  # positions counted otherwise than Lance counts them: never serve them

@@ -596,7 +596,8 @@ def test_kept_rows_carry_their_recorded_hashes(fragments_table, keep_at_once, mo
     positions = list(range(109))
     table = open_table(fragments_table)
     expected = stock_bytes(fragments_table, "b", positions)
-    assert table.read_blobs("b", positions) == expected  # every fragment kept, with its hashes
+    assert table.read_blobs("b", positions) == expected  # every fragment kept
+    assert table.read_blobs("b", positions) == expected  # their hashes looked up, and kept
     loads = []
     real_load = checksums.load_checksums
     monkeypatch.setattr(checksums, "_LOADED", SharedCache(1 << 30, lambda _: 1))  # none held
@@ -676,3 +677,26 @@ def test_rows_carrying_some_hashes_have_the_rest_looked_up(fragments_table):
     assert expected(joined.take(shuffled)) == every.take(order[shuffled]).to_list()
     with pytest.raises(ValueError, match="50 recorded hashes for 109 rows"):
         rows.with_recorded(every.take(np.arange(50)))
+
+
+def test_unchecked_reads_load_no_hash_list_kept_or_taken(
+    fragments_table, keep_at_once, monkeypatch
+):
+    """Kept rows get their recorded hashes when a checked read first meets them, not when they
+    are kept: unchecked reads open no data file's hash list, and the first checked read loads
+    each of its fragments' lists once."""
+    loads = []
+    real_load = checksums.load_checksums
+    monkeypatch.setattr(checksums, "_LOADED", SharedCache(1 << 30, lambda _: 1))
+    monkeypatch.setattr(
+        checksums, "load_checksums", lambda *a, **k: loads.append(a[0]) or real_load(*a, **k)
+    )
+    table = open_table(fragments_table)
+    for draw in draws(109, seed=9):
+        taken = table.take(draw, columns=["b"], blobs="bytes", check_hashes=False)
+        assert taken.column("b").to_pylist() == stock_bytes(fragments_table, "b", draw)
+    assert table.snapshot._kept[("b",)].held() == [0, 1, 2] and loads == []
+    assert table.read_blobs("b", [0, 50, 100]) == stock_bytes(fragments_table, "b", [0, 50, 100])
+    assert len(loads) == len(set(loads)) == 3  # each fragment's data file, once
+    table.read_blobs("b", list(range(109)))
+    assert len(loads) == 3
